@@ -1,0 +1,93 @@
+"""The three routing costs of the paper (section 3.2.3), evaluated for every destination at once.
+
+``c_ij(N_j)``: RIF ``N_j/k_j``; latency ``ℓ_j(N_j) + 2τ_ij``; gradient ``1/μ_j'(N_j) + 2τ_ij``.
+Latency-model parameters come as a :class:`ModelTable` (one row per cell), so a root router evaluates
+all destinations in a handful of numpy operations.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlb.control_plane.latency_model import LatencyParams, inv_marginal_rate, latency
+
+
+class Cost(str, enum.Enum):
+    RIF = "rif"
+    LATENCY = "latency"
+    GRADIENT = "gradient"
+
+
+@dataclass(frozen=True, eq=False)
+class ModelTable:
+    """Latency-model parameters of every cell as arrays (a, b, c, s), each of shape (n,)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    s: np.ndarray
+
+    @classmethod
+    def from_params(cls, params: Sequence[LatencyParams]) -> "ModelTable":
+        m = np.array([p.as_array() for p in params], dtype=float).reshape(-1, 4)
+        return cls(m[:, 0].copy(), m[:, 1].copy(), m[:, 2].copy(), m[:, 3].copy())
+
+    def with_row(self, j: int, p: LatencyParams) -> "ModelTable":
+        """A copy with cell j's parameters replaced (model updates arrive one cell at a time)."""
+        a, b, c, s = self.a.copy(), self.b.copy(), self.c.copy(), self.s.copy()
+        a[j], b[j], c[j], s[j] = p.a, p.b, p.c, p.s
+        return ModelTable(a, b, c, s)
+
+    def row(self, j: int) -> LatencyParams:
+        return LatencyParams(float(self.a[j]), float(self.b[j]), float(self.c[j]), float(self.s[j]))
+
+    @property
+    def n(self) -> int:
+        return int(self.a.shape[0])
+
+
+def cost_vector(
+    cost: Cost,
+    workload: np.ndarray,
+    replicas: np.ndarray,
+    models: ModelTable | None,
+    rtt: np.ndarray,
+) -> np.ndarray:
+    """Costs ``c_ij`` for one source i and every destination j.
+
+    ``workload``: N_j as the source sees it; ``rtt``: 2τ_ij (round trip) for this source, shape (n,).
+    """
+    if cost is Cost.RIF:
+        return workload / replicas
+    if models is None:
+        raise ValueError(f"cost {cost.value!r} needs latency models")
+    if cost is Cost.LATENCY:
+        return latency(workload, models.a, models.b, models.c, models.s) + rtt
+    if cost is Cost.GRADIENT:
+        return inv_marginal_rate(workload, models.a, models.b, models.c, models.s) + rtt
+    raise ValueError(f"unknown cost {cost!r}")
+
+
+def cost_derivative_scale(
+    cost: Cost,
+    workload: np.ndarray,
+    replicas: np.ndarray,
+    models: ModelTable | None,
+) -> np.ndarray:
+    """∂c_j/∂N_j per destination (numerical for the gradient cost): the ``ĥ`` of the flow step size.
+
+    The flow step converts a cost difference (seconds, or RIF per replica) into a probability change;
+    dividing by this scale makes the step dimensionless and comparable across endpoints.
+    """
+    if cost is Cost.RIF:
+        return 1.0 / replicas
+    assert models is not None
+    h = np.maximum(1e-3, 1e-3 * workload)
+    zero = np.zeros_like(workload)
+    up = cost_vector(cost, workload + h, replicas, models, zero)
+    down = cost_vector(cost, np.maximum(workload - h, 0.0), replicas, models, zero)
+    return (up - down) / (workload + h - np.maximum(workload - h, 0.0))

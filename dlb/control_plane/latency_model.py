@@ -1,0 +1,117 @@
+"""The softplus latency model ℓ(N; θ) and the quantities the costs derive from it.
+
+``ℓ(N) = a + b·s·softplus((N − c)/s)``: flat at ``a`` (unloaded latency) while the cell has free
+slots, then growing with slope ``b`` (≈ 1/throughput) past the knee ``c``; ``s`` sets how smooth the
+knee is. By Little's law μ(N) = N/ℓ(N), and the gradient cost uses
+``1/μ'(N) = ℓ(N)² / (ℓ(N) − N·ℓ'(N))``. Requiring ``c < a/b`` keeps μ increasing (the denominator is
+positive for all N) and bounded by ``1/b``, which is the paper's Assumption 1.
+
+All functions are numpy-vectorised over N and over parameter arrays, so a root can evaluate every cell
+in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Floor for the denominator ℓ − Nℓ' of 1/μ': the exact value is > 0 under ``c < a/b`` but can
+#: approach 0 for fitted parameters near the boundary, where 1/μ' would explode.
+GRAD_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class LatencyParams:
+    """θ = (a, b, c, s): a in seconds, b in seconds per request, c and s in requests."""
+
+    a: float
+    b: float
+    c: float
+    s: float
+
+    def __post_init__(self) -> None:
+        if not (self.a > 0 and self.b > 0 and self.s > 0 and self.c >= 0):
+            raise ValueError(f"latency parameters need a, b, s > 0 and c >= 0: {self}")
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.a, self.b, self.c, self.s])
+
+    @classmethod
+    def from_array(cls, v: np.ndarray) -> "LatencyParams":
+        return cls(float(v[0]), float(v[1]), float(v[2]), float(v[3]))
+
+    @property
+    def capacity(self) -> float:
+        """sup μ = 1/b (requests per second)."""
+        return 1.0 / self.b
+
+    def is_stable_shape(self) -> bool:
+        """``c < a/b``: μ strictly increasing for every N ≥ 0."""
+        return self.c * self.b < self.a
+
+
+def softplus(x: np.ndarray | float) -> np.ndarray:
+    """log(1 + e^x) without overflow."""
+    x = np.asarray(x, dtype=float)
+    return np.logaddexp(0.0, x)
+
+
+def sigmoid(x: np.ndarray | float) -> np.ndarray:
+    x = np.asarray(x, dtype=float)
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def latency(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+    """ℓ(N)."""
+    return a + b * s * softplus((np.asarray(n, float) - c) / s)
+
+
+def d_latency(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+    """ℓ'(N) = b·σ((N − c)/s)."""
+    return b * sigmoid((np.asarray(n, float) - c) / s)
+
+
+def service_rate(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+    """μ(N) = N / ℓ(N) (Little's law applied to the instantaneous state)."""
+    n = np.asarray(n, float)
+    return n / latency(n, a, b, c, s)
+
+
+def d_service_rate(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+    """μ'(N) = (ℓ − Nℓ') / ℓ²."""
+    n = np.asarray(n, float)
+    ell = latency(n, a, b, c, s)
+    return (ell - n * d_latency(n, a, b, c, s)) / (ell * ell)
+
+
+def inv_marginal_rate(n: np.ndarray | float, a, b, c, s, eps: float = GRAD_EPS) -> np.ndarray:
+    """1/μ'(N) = ℓ² / (ℓ − Nℓ'), with the denominator clipped at ``eps`` seconds."""
+    n = np.asarray(n, float)
+    ell = latency(n, a, b, c, s)
+    denom = np.maximum(ell - n * d_latency(n, a, b, c, s), eps)
+    return ell * ell / denom
+
+
+def workload_for_rate(lam: float, a: float, b: float, c: float, s: float, tol: float = 1e-12) -> float:
+    """Inverse of μ: the workload N at which the cell processes ``lam`` requests per second.
+
+    Used by the theory check and the simulator's sanity tests; μ is increasing, so bisection is exact.
+    Returns ``inf`` when ``lam >= 1/b`` (beyond capacity).
+    """
+    if lam <= 0:
+        return 0.0
+    if lam * b >= 1.0:
+        return float("inf")
+    lo, hi = 0.0, 1.0
+    while float(service_rate(hi, a, b, c, s)) < lam:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if float(service_rate(mid, a, b, c, s)) < lam:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= tol * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)

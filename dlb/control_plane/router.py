@@ -1,0 +1,251 @@
+"""The root router's decision logic: one object per (endpoint, source cell).
+
+This is the single implementation shared by the root ext_proc service (real time) and the simulator
+(simulated time): it holds the cached probe state and turns it into a destination cell per request.
+It never does I/O and never reads a clock; callers pass ``now``.
+
+Discrete: ``argmin_j c_ij`` over usable cells on the root's own view — the last probe's RIF plus the
+requests this root has sent to the cell since that probe (without that correction every request
+between two probes herds onto the same cell). Flow: sample from ``x_i``, which :meth:`tick` moves by
+projected gradient descent every period (see :mod:`dlb.control_plane.flow`).
+
+Both honour error aversion (skip cell j with probability ``a_j``, then choose among the rest) and
+conditional session affinity (stay while ``c_stay − savings ≤ min_other``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlb.control_plane.affinity import AffinityCache, AffinityConfig
+from dlb.control_plane.aversion import AversionConfig, update_aversion
+from dlb.control_plane.costs import Cost, ModelTable, cost_vector
+from dlb.control_plane.flow import FlowConfig, feedback_delay, flow_step
+from dlb.control_plane.latency_model import LatencyParams, d_latency, d_service_rate, latency
+from dlb.control_plane.topology import Topology
+
+NO_CELL = -1
+
+
+class Mechanism(str, enum.Enum):
+    DISCRETE = "discrete"
+    FLOW = "flow"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """An endpoint's routing policy: mechanism × cost, plus aversion and affinity."""
+
+    mechanism: Mechanism = Mechanism.DISCRETE
+    cost: Cost = Cost.LATENCY
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    aversion: AversionConfig = field(default_factory=AversionConfig)
+    affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    #: Probe state older than this makes a cell unusable (the leaf may be gone).
+    stale_after_s: float = 1.0
+    #: Time constant of the EMA of this root's own arrival rate (used by the flow step size).
+    rate_tau_s: float = 5.0
+
+    @property
+    def name(self) -> str:
+        return f"{'Disc' if self.mechanism is Mechanism.DISCRETE else 'Flow'}-{ {'rif': 'RIF', 'latency': 'Lat', 'gradient': 'Grad'}[self.cost.value]}"
+
+
+@dataclass
+class CellView:
+    """What a root knows about every cell, as arrays indexed by cell."""
+
+    rif: np.ndarray
+    sent: np.ndarray
+    last_probe: np.ndarray
+    error_rate: np.ndarray
+    confidence: np.ndarray
+    available: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> "CellView":
+        return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool))
+
+
+class RootRouter:
+    """Decision state of one root for one endpoint."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        source: int,
+        policy: PolicyConfig,
+        prior: LatencyParams,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self.topology = topology
+        self.source = source
+        self.policy = policy
+        self.rng = rng if rng is not None else np.random.default_rng()
+        n = topology.n
+        self.allowed = topology.allowed[source].copy()
+        self.rtt = 2.0 * topology.tau[source]
+        self.replicas = topology.replicas
+        self.models = ModelTable.from_params([prior] * n)
+        self.view = CellView.empty(n)
+        self.aversion = np.zeros(n)
+        # Flow state: start from the replica-weighted split over allowed cells (Rand's split).
+        w = np.where(self.allowed, self.replicas, 0.0)
+        self.x = w / w.sum()
+        self._cum = np.cumsum(self.x)
+        self._last_flow = -math.inf
+        self._last_aversion = -math.inf
+        self._last_tick = math.nan
+        self._arrivals = 0
+        self.rate = 0.0
+        self.affinity = AffinityCache(policy.affinity.max_sessions, policy.affinity.ttl_s) if policy.affinity.enabled else None
+
+    # -- state in ---------------------------------------------------------------------------------
+    def on_probe(
+        self,
+        cell: int,
+        now: float,
+        rif: float,
+        params: LatencyParams | None = None,
+        error_rate: float = 0.0,
+        confidence: float = 1.0,
+    ) -> None:
+        """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time)."""
+        v = self.view
+        v.rif[cell] = max(0.0, rif)
+        v.sent[cell] = 0.0
+        v.last_probe[cell] = now
+        v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
+        v.confidence[cell] = confidence
+        v.available[cell] = True
+        if params is not None:
+            m = self.models
+            m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
+
+    def set_available(self, cell: int, available: bool) -> None:
+        """The probe client's verdict (e.g. consecutive probe failures, leaf removed)."""
+        self.view.available[cell] = available
+
+    def usable(self, now: float) -> np.ndarray:
+        v = self.view
+        return self.allowed & v.available & (now - v.last_probe <= self.policy.stale_after_s)
+
+    # -- periodic control ---------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Run the periodic loops that are due: arrival-rate EMA, flow step, aversion update."""
+        if math.isnan(self._last_tick):
+            self._last_tick = now
+        dt = now - self._last_tick
+        if dt > 0:
+            alpha = 1.0 - math.exp(-dt / self.policy.rate_tau_s)
+            self.rate += alpha * (self._arrivals / dt - self.rate)
+            self._arrivals = 0
+            self._last_tick = now
+        usable = self.usable(now)
+        av = self.policy.aversion
+        if now - self._last_aversion >= av.period_s:
+            self.aversion = update_aversion(self.aversion, self.view.error_rate, usable, av)
+            self._last_aversion = now
+        if self.policy.mechanism is Mechanism.FLOW and now - self._last_flow >= self.policy.flow.period_s:
+            step_dt = self.policy.flow.period_s if math.isinf(self._last_flow) else now - self._last_flow
+            self._last_flow = now
+            if usable.any():
+                self._flow_update(usable, min(step_dt, 10 * self.policy.flow.period_s))
+
+    def _flow_update(self, usable: np.ndarray, dt: float) -> None:
+        n_obs = self.view.rif
+        costs = cost_vector(self.policy.cost, n_obs, self.replicas, self.models, self.rtt)
+        m = self.models
+        in_use = usable & (self.x > 0)
+        if not in_use.any():
+            in_use = usable
+        serving = float(np.mean(latency(n_obs[in_use], m.a[in_use], m.b[in_use], m.c[in_use], m.s[in_use])))
+        delay = feedback_delay(self.rtt, usable, self.policy.flow.period_s, serving, self.policy.flow.min_delay_s)
+        h = self._h_scale(n_obs, in_use)
+        self.x = flow_step(self.x, costs, usable, dt, delay, h, self.policy.flow)
+        self._cum = np.cumsum(self.x)
+
+    def _h_scale(self, n_obs: np.ndarray, in_use: np.ndarray) -> float:
+        """ĥ_i ≈ mean_j c_j'(N_j)·λ_i/μ_j'(N_j) over arcs in use (cost per unit of probability)."""
+        m = self.models
+        a, b, c, s = m.a[in_use], m.b[in_use], m.c[in_use], m.s[in_use]
+        nn = n_obs[in_use]
+        dmu = np.maximum(d_service_rate(nn, a, b, c, s), 1e-9)
+        cost = self.policy.cost
+        if cost is Cost.RIF:
+            dc = 1.0 / self.replicas[in_use]
+        elif cost is Cost.LATENCY:
+            dc = d_latency(nn, a, b, c, s)
+        else:
+            eps = np.maximum(1e-3, 1e-3 * nn)
+            zero = np.zeros_like(nn)
+            sub = ModelTable(a, b, c, s)
+            up = cost_vector(cost, nn + eps, self.replicas[in_use], sub, zero)
+            down = cost_vector(cost, np.maximum(nn - eps, 0), self.replicas[in_use], sub, zero)
+            dc = (up - down) / (nn + eps - np.maximum(nn - eps, 0))
+        # A rate floor keeps the step finite before the arrival EMA has warmed up.
+        lam = max(self.rate, 1e-3)
+        return float(np.mean(np.abs(dc) * lam / dmu))
+
+    # -- per request --------------------------------------------------------------------------------
+    def costs(self, now: float) -> np.ndarray:
+        """The cost vector a discrete decision would use now (probe RIF + local correction)."""
+        return cost_vector(self.policy.cost, self.view.rif + self.view.sent, self.replicas, self.models, self.rtt)
+
+    def pick(self, now: float, session: str | None = None) -> int:
+        """Destination cell for one request, or ``NO_CELL`` when no cell is usable."""
+        usable = self.usable(now)
+        if not usable.any():
+            return NO_CELL
+        self._arrivals += 1
+        cand = usable
+        if self.aversion.any():
+            skip = self.rng.random(self.aversion.shape[0]) < self.aversion
+            kept = usable & ~skip
+            if kept.any():
+                cand = kept
+        if self.policy.mechanism is Mechanism.DISCRETE:
+            costs = self.costs(now)
+            cell = self._argmin(costs, cand)
+        else:
+            costs = None
+            cell = self._sample(cand)
+        if self.affinity is not None and session is not None:
+            cell = self._affine(session, cell, cand, costs, now)
+        self.view.sent[cell] += 1.0
+        return cell
+
+    def _argmin(self, costs: np.ndarray, cand: np.ndarray) -> int:
+        masked = np.where(cand, costs, np.inf)
+        best = masked.min()
+        ties = np.flatnonzero(masked <= best + 1e-12 * max(1.0, abs(best)))
+        return int(ties[0] if ties.size == 1 else ties[self.rng.integers(ties.size)])
+
+    def _sample(self, cand: np.ndarray) -> int:
+        if not (self.x[~cand] > 0).any():
+            cum = self._cum
+        else:
+            w = np.where(cand, self.x, 0.0)
+            if w.sum() <= 0:
+                w = np.where(cand, self.replicas, 0.0)
+            cum = np.cumsum(w)
+        u = self.rng.random() * cum[-1]
+        j = int(np.searchsorted(cum, u, side="right"))
+        return min(j, cum.shape[0] - 1)
+
+    def _affine(self, session: str, cell: int, cand: np.ndarray, costs: np.ndarray | None, now: float) -> int:
+        assert self.affinity is not None
+        pinned = self.affinity.get(session, now)
+        if pinned is not None and pinned != cell and cand[pinned]:
+            if costs is None:
+                costs = self.costs(now)
+            others = np.where(cand, costs, np.inf)
+            others[pinned] = np.inf
+            if costs[pinned] - self.policy.affinity.prefix_savings <= others.min():
+                cell = pinned
+        self.affinity.put(session, cell, now)
+        return cell
