@@ -15,7 +15,6 @@ from collections.abc import Sequence
 # (group, "module:function"). group None = top-level command; otherwise a command group such as
 # ``serve`` or ``bench`` that the registered command is nested under.
 _COMMANDS: list[tuple[str | None, str]] = [
-    (None, "dlb.control_plane.theory:register"),
 ]
 
 _GROUP_HELP = {
