@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # (group, "module:function"). group None = top-level command; otherwise a command group such as
 # ``serve`` or ``bench`` that the registered command is nested under.
 _COMMANDS: list[tuple[str | None, str]] = [
+    ("config", "dlb.config.cli:register"),
 ]
 
 _GROUP_HELP = {

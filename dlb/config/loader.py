@@ -1,0 +1,599 @@
+"""Parse and check a DLB config file, reporting every problem at once.
+
+Why a hand-written checker rather than a schema library: we want one message per problem with the
+file, the line, the field path and a reason a person can act on (``dlb.yaml:12: cells[1].leaf.probe:
+'localhost' is not host:port``), unknown keys reported (typos must never be silently ignored), duplicate
+YAML keys caught (PyYAML silently keeps the last one), and cross-field checks (latency pairs, arcs,
+shadowed prefixes) in the same list. The YAML is composed into nodes first so each path keeps the line
+it came from. Checking never stops at the first problem: a bad field records a problem and yields its
+default so the rest of the file is still checked; ``ConfigError`` is raised at the end with all of them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+import yaml
+
+from dlb.config.model import (
+    AffinityParams,
+    AversionParams,
+    Cell,
+    Config,
+    ControlPlaneAddrs,
+    Cost,
+    Endpoint,
+    FlowParams,
+    HostPort,
+    LatencyPrior,
+    Leaf,
+    Match,
+    Mechanism,
+    Network,
+    Policy,
+    ProbeParams,
+    Root,
+    RootAddrs,
+    Server,
+    Services,
+)
+
+CELL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")  # RFC 9110 token, lower case (HTTP/2 form)
+HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+SUPPORTED_VERSIONS = (1,)
+
+E = TypeVar("E", bound=Enum)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config file."""
+
+    file: str
+    path: str  # field path, e.g. ``cells[1].leaf.probe``; "" for the whole document
+    reason: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.path or '(document)'}: {self.reason}"
+
+
+class ConfigError(ValueError):
+    """An invalid config; ``problems`` lists every problem found (services refuse to start on it)."""
+
+    def __init__(self, problems: Iterable[Problem]):
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        n = len(self.problems)
+        super().__init__(f"{n} problem{'s' if n != 1 else ''} in config:\n" + "\n".join(str(p) for p in self.problems))
+
+
+# --------------------------------------------------------------------------------------------
+# YAML → plain data, remembering the line of every path and catching duplicate keys
+# --------------------------------------------------------------------------------------------
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]]:
+    problems: list[Problem] = []
+    marks: dict[str, int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        reason = f"not valid YAML: {getattr(exc, 'problem', None) or exc}"
+        problems.append(Problem(source, "", reason, mark.line + 1 if mark else None))
+        return None, marks, problems
+    constructor = yaml.SafeLoader("")
+
+    def conv(node: yaml.Node, path: str) -> Any:
+        marks.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for knode, vnode in node.value:
+                if not isinstance(knode, yaml.ScalarNode):
+                    problems.append(Problem(source, path, "mapping keys must be plain scalars", knode.start_mark.line + 1))
+                    continue
+                key = str(constructor.construct_object(knode))
+                child = _join(path, key)
+                if key in out:
+                    problems.append(Problem(source, child, f"duplicate key (first given on line {marks.get(child)})", knode.start_mark.line + 1))
+                    continue
+                out[key] = conv(vnode, child)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [conv(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        try:
+            return constructor.construct_object(node)
+        except yaml.YAMLError as exc:
+            problems.append(Problem(source, path, f"bad value: {exc}", node.start_mark.line + 1))
+            return None
+
+    data = conv(root, "") if root is not None else None
+    return data, marks, problems
+
+
+# --------------------------------------------------------------------------------------------
+# Field checkers: each records a problem and returns a fallback, so checking goes on
+# --------------------------------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+class _Checker:
+    def __init__(self, source: str, marks: dict[str, int], problems: list[Problem]):
+        self.source = source
+        self.marks = marks
+        self.problems = problems
+
+    def err(self, path: str, reason: str) -> None:
+        p = path
+        while p and p not in self.marks:  # nearest ancestor that has a line
+            p = _parent(p)
+        self.problems.append(Problem(self.source, path, reason, self.marks.get(p)))
+
+    # -- structure ---------------------------------------------------------------------------
+    def mapping(self, value: Any, path: str, keys: Iterable[str], required: Iterable[str] = (), unknown: str = "unknown key") -> dict[str, Any]:
+        """``value`` as a dict with only ``keys``; unknown and missing required keys are problems.
+
+        Required keys are reported here, once; the scalar checkers below return their default for a
+        missing key without a second message.
+        """
+        if value is _MISSING or value is None:
+            value = {}
+        if not isinstance(value, dict):
+            self.err(path, f"must be a mapping, got {_kind(value)}")
+            return {}
+        known = set(keys)
+        for k in value:
+            if k not in known:
+                hint = _close(k, known)
+                self.err(_join(path, k), unknown + (f" (did you mean {hint!r}?)" if hint else f"; allowed: {', '.join(sorted(known)) or 'none'}"))
+        for k in required:
+            if k not in value:
+                self.err(_join(path, k), "required")
+        return {k: v for k, v in value.items() if k in known}
+
+    def sequence(self, value: Any, path: str, *, required: bool = False, nonempty: bool = False) -> list[Any]:
+        if value is _MISSING or value is None:
+            if required:
+                self.err(path, "required")
+            return []
+        if not isinstance(value, list):
+            self.err(path, f"must be a list, got {_kind(value)}")
+            return []
+        if nonempty and not value:
+            self.err(path, "must not be empty")
+        return value
+
+    # -- scalars -----------------------------------------------------------------------------
+    def number(
+        self,
+        m: dict[str, Any],
+        key: str,
+        path: str,
+        default: float,
+        *,
+        gt: float | None = None,
+        ge: float | None = None,
+        lt: float | None = None,
+        le: float | None = None,
+        integer: bool = False,
+    ) -> Any:
+        p = _join(path, key)
+        v = m.get(key, _MISSING)
+        if v is _MISSING or v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+            self.err(p, f"must be {'an integer' if integer else 'a number'}, got {_show(v)}")
+            return default
+        if not math.isfinite(v):
+            self.err(p, f"must be finite, got {v}")
+            return default
+        for bound, ok, word in ((gt, lambda b: v > b, ">"), (ge, lambda b: v >= b, ">="), (lt, lambda b: v < b, "<"), (le, lambda b: v <= b, "<=")):
+            if bound is not None and not ok(bound):
+                self.err(p, f"must be {word} {_fmt(bound)}, got {_fmt(v)}")
+                return default
+        return int(v) if integer else float(v)
+
+    def boolean(self, m: dict[str, Any], key: str, path: str, default: bool) -> bool:
+        v = m.get(key, _MISSING)
+        if v is _MISSING:
+            return default
+        if not isinstance(v, bool):
+            self.err(_join(path, key), f"must be true or false, got {_show(v)}")
+            return default
+        return v
+
+    def string(self, m: dict[str, Any], key: str, path: str, default: str | None, *, pattern: re.Pattern[str] | None = None, what: str = "") -> Any:
+        p = _join(path, key)
+        v = m.get(key, _MISSING)
+        if v is _MISSING:
+            return default
+        if not isinstance(v, str):
+            self.err(p, f"must be a string, got {_show(v)}")
+            return default
+        if pattern is not None and not pattern.match(v):
+            self.err(p, f"{v!r} is not {what or 'valid'}")
+            return default
+        return v
+
+    def choice(self, m: dict[str, Any], key: str, path: str, enum: type[E], default: E) -> E:
+        v = m.get(key, _MISSING)
+        if v is _MISSING:
+            return default
+        try:
+            return enum(v)
+        except ValueError:
+            self.err(_join(path, key), f"{_show(v)} is not one of: {', '.join(e.value for e in enum)}")
+            return default
+
+    def hostport(self, m: dict[str, Any], key: str, path: str, default: HostPort | None) -> HostPort | None:
+        p = _join(path, key)
+        v = m.get(key, _MISSING)
+        if v is _MISSING or v is None:
+            return default
+        hp = parse_hostport(v)
+        if hp is None:
+            self.err(p, f"{_show(v)} is not host:port (e.g. 127.0.0.1:8080, [::1]:8080, leaf.example:10000; quote it in YAML)")
+            return default
+        return hp
+
+
+def parse_hostport(v: Any) -> HostPort | None:
+    """``host:port`` → HostPort, or None. IPv6 needs brackets; ports 1..65535; hosts are IPs or DNS names."""
+    if not isinstance(v, str):
+        return None
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^:\[\]\s]+):(\d{1,5})", v)
+    if not m:
+        return None
+    host, port_s = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    port = int(port_s)
+    if not 1 <= port <= 65535:
+        return None
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if m.group(1) or not HOSTNAME_RE.match(host):
+            return None
+    return HostPort(host, port)
+
+
+def _parent(path: str) -> str:
+    if path.endswith("]"):
+        return path[: path.rindex("[")]
+    return path.rsplit(".", 1)[0] if "." in path else ""
+
+
+def _kind(v: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    return repr(v) if isinstance(v, (str, int, float, bool)) or v is None else _kind(v)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _close(word: str, options: Iterable[str]) -> str | None:
+    import difflib
+
+    hits = difflib.get_close_matches(word, list(options), n=1, cutoff=0.7)
+    return hits[0] if hits else None
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+def _cells(ck: _Checker, raw: Any) -> list[Cell]:
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    for i, item in enumerate(ck.sequence(raw, "cells", required=True, nonempty=True)):
+        p = f"cells[{i}]"
+        m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root"), required=("name", "leaf", "servers"))
+        name = ck.string(m, "name", p, None, pattern=CELL_NAME_RE, what="a cell name (^[a-z][a-z0-9-]{0,62}$)")
+        if name:
+            if name in seen:
+                ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
+            seen.setdefault(name, p)
+        lp = f"{p}.leaf"
+        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc"), required=("address", "probe") if "leaf" in m else ())
+        leaf = Leaf(
+            address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
+            probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
+            ext_proc=ck.hostport(lm, "ext_proc", lp, None),
+        )
+        servers: list[Server] = []
+        for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
+            sp = f"{p}.servers[{k}]"
+            if isinstance(s, str):  # shorthand: a bare "host:port"
+                s = {"address": s}
+            sm = ck.mapping(s, sp, ("address", "weight"), required=("address",))
+            addr = ck.hostport(sm, "address", sp, None)
+            weight = ck.number(sm, "weight", sp, 1, ge=1, le=1_000_000, integer=True)
+            servers.append(Server(addr or HostPort("invalid", 1), weight))
+        replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
+        rp = f"{p}.root"
+        rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc"))
+        root = Root(address=ck.hostport(rm, "address", rp, None), ext_proc=ck.hostport(rm, "ext_proc", rp, None))
+        # An invalid name becomes "" so the network checks below skip it instead of adding noise.
+        cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root))
+    _unique_addresses(ck, cells)
+    return cells
+
+
+def _unique_addresses(ck: _Checker, cells: list[Cell]) -> None:
+    """Two things cannot listen on one address; a copy-paste slip here makes a confusing testbed."""
+    owner: dict[HostPort, str] = {}
+    for c in cells:
+        p = f"cells[{c.index}]"
+        uses = [(f"{p}.leaf.address", c.leaf.address), (f"{p}.leaf.probe", c.leaf.probe), (f"{p}.leaf.ext_proc", c.leaf.ext_proc)]
+        uses += [(f"{p}.servers[{k}].address", s.address) for k, s in enumerate(c.servers)]
+        uses += [(f"{p}.root.address", c.root.address)]
+        for path, hp in uses:
+            if hp is None or hp.host == "invalid":
+                continue
+            if hp in owner:
+                ck.err(path, f"address {hp} is also used by {owner[hp]}")
+            else:
+                owner[hp] = path
+
+
+def _network(ck: _Checker, raw: Any, cells: list[Cell]) -> Network:
+    n = len(cells)
+    index: dict[str, int] = {}
+    for c in cells:  # first cell of each valid name; invalid/duplicate ones were reported already
+        if c.name:
+            index.setdefault(c.name, c.index)
+    good = set(index.values())
+    m = ck.mapping(raw, "network", ("one_way_ms", "symmetric", "default_one_way_ms", "allowed"))
+    symmetric = ck.boolean(m, "symmetric", "network", True)
+    default = ck.number(m, "default_one_way_ms", "network", None, ge=0)
+
+    given: dict[tuple[int, int], tuple[float, str]] = {}
+    ow = ck.mapping(m.get("one_way_ms"), "network.one_way_ms", index.keys(), unknown="not a cell")
+    for src, row in ow.items():
+        rp = f"network.one_way_ms.{src}"
+        rowm = ck.mapping(row, rp, index.keys(), unknown="not a cell")
+        for dst in rowm:
+            v = ck.number(rowm, dst, rp, None, ge=0)
+            if v is not None:
+                given[(index[src], index[dst])] = (v, f"{rp}.{dst}")
+
+    tau = [[math.nan] * n for _ in range(n)]
+    for (i, j), (v, _) in given.items():
+        tau[i][j] = v
+    if symmetric:
+        for (i, j), (v, path) in given.items():
+            if (j, i) in given and given[(j, i)][0] != v and i < j:
+                ck.err(path, f"{_fmt(v)} differs from {given[(j, i)][1]} = {_fmt(given[(j, i)][0])} while network.symmetric is true")
+            elif (j, i) not in given:
+                tau[j][i] = v
+    missing: list[str] = []
+    for i in range(n):
+        if math.isnan(tau[i][i]):
+            tau[i][i] = 0.0
+        for j in range(n):
+            if not math.isnan(tau[i][j]):
+                continue
+            if default is not None:
+                tau[i][j] = default
+            elif i in good and j in good and not (symmetric and j < i):  # a symmetric pair is reported once
+                missing.append(f"{cells[i].name} {'<->' if symmetric else '->'} {cells[j].name}")
+            tau[i][j] = tau[i][j] if not math.isnan(tau[i][j]) else 0.0
+    if missing and n > 1:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        ck.err("network.one_way_ms", f"no latency for {shown} (give them, or set network.default_one_way_ms)")
+
+    allowed = [[True] * n for _ in range(n)]
+    am = ck.mapping(m.get("allowed"), "network.allowed", index.keys(), unknown="not a cell")
+    for src, dsts in am.items():
+        ap = f"network.allowed.{src}"
+        lst = ck.sequence(dsts, ap, required=True, nonempty=True)
+        if not lst:
+            continue
+        row = [False] * n
+        for k, d in enumerate(lst):
+            if not isinstance(d, str) or d not in index:
+                ck.err(f"{ap}[{k}]", f"{_show(d)} is not a cell (cells: {', '.join(index)})")
+            elif row[index[d]]:
+                ck.err(f"{ap}[{k}]", f"{d!r} listed twice")
+            else:
+                row[index[d]] = True
+        if any(row):
+            allowed[index[src]] = row
+    return Network(one_way_ms=tuple(tuple(r) for r in tau), allowed=tuple(tuple(r) for r in allowed))
+
+
+def _policy(ck: _Checker, raw: Any, path: str) -> Policy:
+    m = ck.mapping(raw, path, ("mechanism", "cost", "flow", "aversion", "affinity"))
+    d = Policy()
+    fp = f"{path}.flow"
+    fm = ck.mapping(m.get("flow"), fp, ("period_ms", "kappa"))
+    flow = FlowParams(
+        period_ms=ck.number(fm, "period_ms", fp, d.flow.period_ms, gt=0),
+        kappa=ck.number(fm, "kappa", fp, d.flow.kappa, gt=0, lt=math.pi / 2),
+    )
+    ap = f"{path}.aversion"
+    am = ck.mapping(m.get("aversion"), ap, ("enabled", "margin", "gain", "decay", "max", "period_ms"))
+    da = d.aversion
+    aversion = AversionParams(
+        enabled=ck.boolean(am, "enabled", ap, da.enabled),
+        margin=ck.number(am, "margin", ap, da.margin, ge=0, le=1),
+        gain=ck.number(am, "gain", ap, da.gain, gt=0),
+        decay=ck.number(am, "decay", ap, da.decay, ge=0, le=1),
+        max=ck.number(am, "max", ap, da.max, ge=0, lt=1),
+        period_ms=ck.number(am, "period_ms", ap, da.period_ms, gt=0),
+    )
+    fp = f"{path}.affinity"
+    fm = ck.mapping(m.get("affinity"), fp, ("enabled", "header", "ttl_s", "max_sessions", "prefix_savings_ms"))
+    df = d.affinity
+    header = ck.string(fm, "header", fp, df.header, pattern=HEADER_NAME_RE, what="a lower-case HTTP header name")
+    if header.startswith("x-dlb-"):
+        ck.err(f"{fp}.header", f"{header!r}: x-dlb-* headers are internal (stripped from client requests by the root Envoy)")
+        header = df.header
+    affinity = AffinityParams(
+        enabled=ck.boolean(fm, "enabled", fp, df.enabled),
+        header=header,
+        ttl_s=ck.number(fm, "ttl_s", fp, df.ttl_s, gt=0),
+        max_sessions=ck.number(fm, "max_sessions", fp, df.max_sessions, ge=1, integer=True),
+        prefix_savings_ms=ck.number(fm, "prefix_savings_ms", fp, df.prefix_savings_ms, ge=0),
+    )
+    return Policy(
+        mechanism=ck.choice(m, "mechanism", path, Mechanism, d.mechanism),
+        cost=ck.choice(m, "cost", path, Cost, d.cost),
+        flow=flow,
+        aversion=aversion,
+        affinity=affinity,
+    )
+
+
+def _prior(ck: _Checker, raw: Any, path: str) -> LatencyPrior:
+    m = ck.mapping(raw, path, ("a_s", "b_s", "c", "s"))
+    d = LatencyPrior()
+    prior = LatencyPrior(
+        a_s=ck.number(m, "a_s", path, d.a_s, gt=0),
+        b_s=ck.number(m, "b_s", path, d.b_s, gt=0),
+        c=ck.number(m, "c", path, d.c, ge=0),
+        s=ck.number(m, "s", path, d.s, gt=0),
+    )
+    # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (DESIGN.md, latency model).
+    if prior.c >= prior.a_s / prior.b_s:
+        ck.err(f"{path}.c", f"knee c={_fmt(prior.c)} must be below a_s/b_s={_fmt(prior.a_s / prior.b_s)} (else throughput falls as load grows)")
+    return prior
+
+
+def _endpoints(ck: _Checker, raw: Any) -> list[Endpoint]:
+    out: list[Endpoint] = []
+    names: dict[str, str] = {}
+    prefixes: list[tuple[str, str]] = []
+    keys = ("name", "match", "policy", "latency_prior", "timeout_s", "idle_timeout_s")
+    for i, item in enumerate(ck.sequence(raw, "endpoints", required=True, nonempty=True)):
+        p = f"endpoints[{i}]"
+        m = ck.mapping(item, p, keys, required=("name", "match"))
+        name = ck.string(m, "name", p, None, pattern=ENDPOINT_NAME_RE, what="an endpoint name (^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$)")
+        name = name or f"invalid-{i}"
+        if name in names:
+            ck.err(f"{p}.name", f"duplicate endpoint name {name!r} (also {names[name]})")
+        names.setdefault(name, p)
+        mp = f"{p}.match"
+        mm = ck.mapping(m.get("match"), mp, ("prefix",), required=("prefix",) if "match" in m else ())
+        prefix = ck.string(mm, "prefix", mp, None)
+        if prefix is not None and not prefix.startswith("/"):
+            ck.err(f"{mp}.prefix", f"{prefix!r} must start with '/'")
+        elif prefix is not None:
+            for other, opath in prefixes:
+                if prefix.startswith(other):
+                    ck.err(f"{mp}.prefix", f"{prefix!r} never matches: {opath} = {other!r} comes first and matches all of it")
+                    break
+            prefixes.append((prefix, f"{mp}.prefix"))
+        out.append(
+            Endpoint(
+                name=name,
+                match=Match(prefix or "/"),
+                policy=_policy(ck, m.get("policy"), f"{p}.policy"),
+                latency_prior=_prior(ck, m.get("latency_prior"), f"{p}.latency_prior"),
+                timeout_s=ck.number(m, "timeout_s", p, Endpoint.timeout_s, ge=0),
+                idle_timeout_s=ck.number(m, "idle_timeout_s", p, Endpoint.idle_timeout_s, ge=0),
+            )
+        )
+    return out
+
+
+def _probe(ck: _Checker, raw: Any) -> ProbeParams:
+    m = ck.mapping(raw, "probe", ("period_ms", "timeout_ms", "stale_after_ms", "backoff_max_ms"))
+    d = ProbeParams()
+    period = ck.number(m, "period_ms", "probe", d.period_ms, gt=0)
+    out = ProbeParams(
+        period_ms=period,
+        timeout_ms=ck.number(m, "timeout_ms", "probe", d.timeout_ms, gt=0),
+        stale_after_ms=ck.number(m, "stale_after_ms", "probe", d.stale_after_ms, gt=0),
+        backoff_max_ms=ck.number(m, "backoff_max_ms", "probe", d.backoff_max_ms, gt=0),
+    )
+    if out.stale_after_ms <= out.period_ms:
+        ck.err("probe.stale_after_ms", f"{_fmt(out.stale_after_ms)} must exceed probe.period_ms={_fmt(out.period_ms)} (else every state is stale)")
+    if out.backoff_max_ms < out.period_ms:
+        ck.err("probe.backoff_max_ms", f"{_fmt(out.backoff_max_ms)} must be >= probe.period_ms={_fmt(out.period_ms)}")
+    return out
+
+
+def _services(ck: _Checker, raw: Any) -> Services:
+    m = ck.mapping(raw, "services", ("control_plane", "root"))
+    cm = ck.mapping(m.get("control_plane"), "services.control_plane", ("xds", "status"))
+    rm = ck.mapping(m.get("root"), "services.root", ("ext_proc", "metrics"))
+    dc, dr = ControlPlaneAddrs(), RootAddrs()
+    return Services(
+        control_plane=ControlPlaneAddrs(
+            xds=ck.hostport(cm, "xds", "services.control_plane", dc.xds) or dc.xds,
+            status=ck.hostport(cm, "status", "services.control_plane", dc.status) or dc.status,
+        ),
+        root=RootAddrs(
+            ext_proc=ck.hostport(rm, "ext_proc", "services.root", dr.ext_proc) or dr.ext_proc,
+            metrics=ck.hostport(rm, "metrics", "services.root", dr.metrics) or dr.metrics,
+        ),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services")
+
+
+def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
+    ck = _Checker(source, marks, problems)
+    if data is None and not problems:
+        ck.err("", "empty file: expected a mapping with version, cells, endpoints")
+    top = ck.mapping(data, "", TOP_KEYS, required=("version", "cells", "endpoints") if isinstance(data, dict) else ())
+    version = ck.number(top, "version", "", 1, integer=True)
+    if "version" in top and version not in SUPPORTED_VERSIONS and isinstance(top.get("version"), int):
+        ck.err("version", f"unsupported version {version} (supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
+    cells = _cells(ck, top.get("cells")) if "cells" in top else []
+    network = _network(ck, top.get("network"), cells)
+    endpoints = _endpoints(ck, top.get("endpoints")) if "endpoints" in top else []
+    probe = _probe(ck, top.get("probe"))
+    services = _services(ck, top.get("services"))
+    if problems:
+        raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
+    return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, source=source)
+
+
+def parse_config(text: str, source: str = "<string>") -> Config:
+    """Parse YAML text; raises ConfigError listing every problem (``source`` names the file in messages)."""
+    data, marks, problems = _compose(text, source)
+    return _build(data, source, marks, problems)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+    """Check and build a config from already-parsed data (tests, generated testbeds); no line numbers."""
+    return _build(data, source, {}, [])
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Load and check a config file. Services call this at start and refuse to run on ConfigError."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError([Problem(source, "", f"cannot read: {exc.strerror or exc}")]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([Problem(source, "", f"not UTF-8 text: {exc}")]) from exc
+    return parse_config(text, source)

@@ -1,0 +1,246 @@
+"""The DLB config as frozen dataclasses: what services, the testbed and the Envoy renderer read.
+
+A config is parsed and checked once (``dlb.config.loader``); everything downstream works on these
+immutable objects, so a service can never observe a half-valid config. Field names match the YAML keys
+(docs/config.md) and are kept stable: other modules build on them. Cells are indexed 0..n-1 in file
+order; matrices are stored as tuples (hashable, immutable) and exposed as numpy arrays on demand.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover - import only for type checkers
+    from dlb.control_plane.topology import Topology
+
+#: Envoy cluster name of a cell on a root Envoy: ``cell-<name>``.
+CELL_CLUSTER_PREFIX = "cell-"
+
+
+@dataclass(frozen=True, order=True)
+class HostPort:
+    """A TCP address ``host:port``; ``host`` may be a name, an IPv4 or an IPv6 address (no brackets)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Server:
+    """One inference server (OpenAI-compatible HTTP) behind a cell's leaf Envoy."""
+
+    address: HostPort
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A cell's leaf tier: the leaf Envoy that roots send to, and the leaf agent."""
+
+    address: HostPort  # leaf Envoy HTTP listener; roots' ``cell-<name>`` cluster points here
+    probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
+    ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
+
+
+@dataclass(frozen=True)
+class Root:
+    """A cell's root tier (optional): where that cell's clients enter and its root ext_proc listens."""
+
+    address: HostPort | None = None  # root Envoy HTTP listener for clients of this cell
+    ext_proc: HostPort | None = None  # this cell's root ext_proc; None = services.root.ext_proc
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    index: int  # position in the file, 0..n-1; the row/column in every matrix
+    replicas: int  # k_j; defaults to the number of servers
+    leaf: Leaf
+    servers: tuple[Server, ...]
+    root: Root = field(default_factory=Root)
+
+    @property
+    def cluster_name(self) -> str:
+        """Envoy cluster of this cell on root Envoys; also the value the root ext_proc puts in x-dlb-cell."""
+        return CELL_CLUSTER_PREFIX + self.name
+
+
+@dataclass(frozen=True)
+class Network:
+    """Resolved network model: every pair filled in (defaults, symmetry applied)."""
+
+    one_way_ms: tuple[tuple[float, ...], ...]  # [i][j] = τ_ij, one-way, milliseconds
+    allowed: tuple[tuple[bool, ...], ...]  # [i][j] = traffic entering cell i may be served by cell j
+
+
+class Mechanism(str, enum.Enum):
+    DISCRETE = "discrete"
+    FLOW = "flow"
+
+
+class Cost(str, enum.Enum):
+    RIF = "rif"
+    LATENCY = "latency"
+    GRADIENT = "gradient"
+
+
+@dataclass(frozen=True)
+class FlowParams:
+    """Flow mechanism (projected gradient descent): step every ``period_ms``; ``kappa`` < π/2 scales η."""
+
+    period_ms: float = 200.0
+    kappa: float = 0.5
+
+
+@dataclass(frozen=True)
+class AversionParams:
+    """Error aversion: skip probability a_j raised by ``gain``·gap above ``e_min + margin``, decays otherwise."""
+
+    enabled: bool = True
+    margin: float = 0.02
+    gain: float = 2.0
+    decay: float = 0.5
+    max: float = 0.9
+    period_ms: float = 1000.0
+
+
+@dataclass(frozen=True)
+class AffinityParams:
+    """Conditional session affinity keyed by a request header (bounded LRU with TTL)."""
+
+    enabled: bool = False
+    header: str = "x-session-id"
+    ttl_s: float = 600.0
+    max_sessions: int = 100_000
+    prefix_savings_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    mechanism: Mechanism = Mechanism.DISCRETE
+    cost: Cost = Cost.LATENCY
+    flow: FlowParams = field(default_factory=FlowParams)
+    aversion: AversionParams = field(default_factory=AversionParams)
+    affinity: AffinityParams = field(default_factory=AffinityParams)
+
+
+@dataclass(frozen=True)
+class LatencyPrior:
+    """Fleet prior of ℓ(N) = a + b·s·softplus((N − c)/s); seconds for a and b, requests for c and s."""
+
+    a_s: float = 1.0
+    b_s: float = 0.05
+    c: float = 8.0
+    s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Match:
+    """Which requests belong to an endpoint on the root Envoy (first endpoint that matches wins)."""
+
+    prefix: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    match: Match
+    policy: Policy = field(default_factory=Policy)
+    latency_prior: LatencyPrior = field(default_factory=LatencyPrior)
+    timeout_s: float = 600.0  # whole-request limit on the root route (0 = none); generation is long
+    idle_timeout_s: float = 300.0  # no bytes either way for this long ends the stream
+
+
+@dataclass(frozen=True)
+class ProbeParams:
+    period_ms: float = 20.0
+    timeout_ms: float = 200.0
+    stale_after_ms: float = 1000.0
+    backoff_max_ms: float = 5000.0
+
+
+@dataclass(frozen=True)
+class ControlPlaneAddrs:
+    xds: HostPort = HostPort("127.0.0.1", 18000)
+    status: HostPort = HostPort("127.0.0.1", 18001)
+
+
+@dataclass(frozen=True)
+class RootAddrs:
+    ext_proc: HostPort = HostPort("127.0.0.1", 18080)
+    metrics: HostPort = HostPort("127.0.0.1", 19080)
+
+
+@dataclass(frozen=True)
+class Services:
+    control_plane: ControlPlaneAddrs = field(default_factory=ControlPlaneAddrs)
+    root: RootAddrs = field(default_factory=RootAddrs)
+
+
+@dataclass(frozen=True)
+class Config:
+    version: int
+    cells: tuple[Cell, ...]
+    network: Network
+    endpoints: tuple[Endpoint, ...]
+    probe: ProbeParams = field(default_factory=ProbeParams)
+    services: Services = field(default_factory=Services)
+    source: str = "<memory>"  # file the config came from (for messages)
+
+    # -- lookups -------------------------------------------------------------------------------
+    @property
+    def cell_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.cells)
+
+    def cell(self, name: str) -> Cell:
+        for c in self.cells:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.source}: no cell named {name!r} (cells: {', '.join(self.cell_names)})")
+
+    def endpoint(self, name: str) -> Endpoint:
+        for e in self.endpoints:
+            if e.name == name:
+                return e
+        raise KeyError(f"{self.source}: no endpoint named {name!r}")
+
+    def endpoint_for_path(self, path: str) -> Endpoint | None:
+        """The endpoint a request path belongs to: first prefix match in file order (as on the root Envoy)."""
+        for e in self.endpoints:
+            if path.startswith(e.match.prefix):
+                return e
+        return None
+
+    # -- matrices ------------------------------------------------------------------------------
+    def one_way_s(self) -> np.ndarray:
+        """τ as an (n, n) float array in seconds (one-way)."""
+        return np.asarray(self.network.one_way_ms, dtype=float) / 1000.0
+
+    def allowed_matrix(self) -> np.ndarray:
+        return np.asarray(self.network.allowed, dtype=bool)
+
+    def replicas(self) -> np.ndarray:
+        return np.asarray([c.replicas for c in self.cells], dtype=float)
+
+    def rtt_ms(self, src: str, dst: str) -> float:
+        """Round trip src → dst → src in milliseconds (what WAN emulation delays a request by)."""
+        i, j = self.cell(src).index, self.cell(dst).index
+        return self.network.one_way_ms[i][j] + self.network.one_way_ms[j][i]
+
+    def allowed_destinations(self, src: str) -> tuple[Cell, ...]:
+        i = self.cell(src).index
+        return tuple(c for c in self.cells if self.network.allowed[i][c.index])
+
+    def topology(self) -> "Topology":
+        """The routing core's view of this deployment (replicas, one-way τ in seconds, allowed arcs)."""
+        from dlb.control_plane.topology import Topology  # lazy: the routing core does not need the loader
+
+        return Topology(names=self.cell_names, replicas=self.replicas(), tau=self.one_way_s(), allowed=self.allowed_matrix())
+
