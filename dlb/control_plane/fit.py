@@ -3,8 +3,8 @@
 ``scipy.optimize.least_squares`` with bounds and a robust (soft-L1) loss, because serving latencies
 are heavy-tailed (a few very long generations must not drag the whole curve). When samples are few
 or cover only part of the load range, the fit is unidentifiable (no knee seen yet), so we add
-*shrinkage residuals* pulling each parameter toward the fleet prior, weighted by ``prior_weight/√n``
-so that their influence fades as data accumulates. The returned confidence in [0, 1] combines the
+*shrinkage residuals* pulling each parameter toward the fleet prior with a fixed weight, so their
+share of the objective fades like 1/n as data accumulates. The returned confidence in [0, 1] combines the
 sample count and the spread of RIF seen, so roots can tell a fitted model from a guess.
 
 Caveat the paper notes and we inherit: a window of *completed* requests is biased toward short
@@ -60,7 +60,9 @@ def fit_latency_model(
     lo = np.array([1e-6, 1e-9, 0.0, 1e-3])
     hi = np.array([1e3, 1e3, 10.0, 10.0])
     z0 = np.clip(z0, lo * 1.0001, hi * 0.9999)
-    w_prior = prior_weight / math.sqrt(n)
+    # Data residuals are not scaled by n (the robust loss must see them at their natural size); the
+    # shrinkage residuals have a fixed weight, so their share of the objective fades like 1/n.
+    w_prior = prior_weight
     log_p0 = np.log(np.maximum(p0, 1e-12))
 
     def residuals(z: np.ndarray) -> np.ndarray:
@@ -69,10 +71,10 @@ def fit_latency_model(
         # Shrinkage on log-parameters (c may be 0, so it is shrunk additively relative to x_max).
         shrink_log = np.log(np.maximum(p[[0, 1, 3]], 1e-12)) - log_p0[[0, 1, 3]]
         shrink_c = (p[2] - p0[2]) / x_max
-        return np.concatenate([r / math.sqrt(n), w_prior * shrink_log, [w_prior * shrink_c]])
+        return np.concatenate([r, w_prior * shrink_log, [w_prior * shrink_c]])
 
     try:
-        res = least_squares(residuals, z0, bounds=(lo, hi), loss=loss, f_scale=0.5, max_nfev=200)
+        res = least_squares(residuals, z0, bounds=(lo, hi), loss=loss, f_scale=0.25, max_nfev=200)
         p = res.x * scale
         converged = bool(res.success)
     except (ValueError, np.linalg.LinAlgError):

@@ -101,7 +101,7 @@ def workload_for_rate(lam: float, a: float, b: float, c: float, s: float, tol: f
     """
     if lam <= 0:
         return 0.0
-    if lam * b >= 1.0:
+    if lam * b >= 1.0 - 1e-12:
         return float("inf")
     lo, hi = 0.0, 1.0
     while float(service_rate(hi, a, b, c, s)) < lam:

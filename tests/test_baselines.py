@@ -1,0 +1,51 @@
+"""Rand and MNLB baselines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlb.control_plane.baselines import WeightedRouter, mnlb_solve, rand_weights
+from dlb.control_plane.topology import Topology
+
+
+def test_rand_weights_by_replicas_on_allowed_arcs() -> None:
+    t = Topology.build(["a", "b", "c"], [1, 3, 6], np.zeros((3, 3)), [[1, 1, 0], [1, 1, 1], [0, 0, 1]])
+    w = rand_weights(t)
+    np.testing.assert_allclose(w[0], [0.25, 0.75, 0])
+    np.testing.assert_allclose(w[1], [0.1, 0.3, 0.6])
+    np.testing.assert_allclose(w[2], [0, 0, 1])
+
+
+def test_mnlb_keeps_local_when_capacity_allows() -> None:
+    t = Topology.build(["a", "b"], [1, 1], [[0, 0.05], [0.05, 0]])
+    y = mnlb_solve(t, np.array([10.0, 10.0]), np.array([100.0, 100.0]))
+    np.testing.assert_allclose(y, np.eye(2), atol=1e-9)
+
+
+def test_mnlb_respects_capacity_and_minimises_network_cost() -> None:
+    t = Topology.build(["a", "b", "c"], [1, 1, 1], [[0, 0.01, 0.1], [0.01, 0, 0.1], [0.1, 0.1, 0]])
+    lam = np.array([90.0, 10.0, 10.0])
+    cap = np.array([50.0, 100.0, 100.0])
+    y = mnlb_solve(t, lam, cap, rho=0.8)
+    load = lam @ y
+    assert np.all(load <= 0.8 * cap + 1e-6)
+    np.testing.assert_allclose(y.sum(axis=1), 1.0)
+    # Cell a overflows to the nearest cell b, not c.
+    assert y[0, 1] > 0.5 and y[0, 2] < 1e-9
+    # By hand: a keeps 0.8·50 = 40 of its 90 req/s and sends the other 50 to b at τ = 10 ms.
+    assert lam[0] * (t.tau[0] @ y[0]) == pytest.approx(50 * 0.01, abs=1e-9)
+
+
+def test_mnlb_overload_uses_slack_not_failure() -> None:
+    t = Topology.build(["a", "b"], [1, 1], [[0, 0.05], [0.05, 0]], [[1, 0], [1, 1]])
+    y = mnlb_solve(t, np.array([500.0, 1.0]), np.array([10.0, 10.0]))
+    np.testing.assert_allclose(y[0], [1.0, 0.0])  # residency: a can only use a
+
+
+def test_weighted_router_samples_weights() -> None:
+    r = WeightedRouter(np.array([0.2, 0.0, 0.8]), np.random.default_rng(0))
+    counts = np.bincount([r.pick(0.0) for _ in range(5000)], minlength=3) / 5000
+    np.testing.assert_allclose(counts, [0.2, 0.0, 0.8], atol=0.02)
+    with pytest.raises(ValueError):
+        r.set_weights(np.zeros(3))

@@ -1,0 +1,80 @@
+"""The latency-model fitter recovers known parameters and falls back to the prior when data is thin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlb.control_plane.fit import MIN_SAMPLES, fit_latency_model, shrink_toward_prior
+from dlb.control_plane.latency_model import LatencyParams, latency
+
+TRUE = LatencyParams(a=0.8, b=0.06, c=10.0, s=1.5)
+PRIOR = LatencyParams(a=2.0, b=0.2, c=4.0, s=1.0)
+
+
+def samples(n: int, n_max: float, noise: float, seed: int = 0, outliers: float = 0.0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, n_max, n)
+    y = latency(x, *TRUE.as_array()) * rng.lognormal(0, noise, n)
+    if outliers:
+        k = int(outliers * n)
+        y[:k] *= 20.0  # a few very long generations
+    return x, y
+
+
+def test_recovers_parameters_from_clean_data() -> None:
+    x, y = samples(600, 40, 0.02)
+    res = fit_latency_model(x, y, PRIOR)
+    p = res.params
+    assert res.converged
+    assert p.a == pytest.approx(TRUE.a, rel=0.05)
+    assert p.b == pytest.approx(TRUE.b, rel=0.05)
+    assert p.c == pytest.approx(TRUE.c, abs=1.5)
+    assert res.confidence > 0.8
+    assert p.is_stable_shape()
+
+
+def test_robust_to_outliers() -> None:
+    x, y = samples(600, 40, 0.05, outliers=0.03)
+    res = fit_latency_model(x, y, PRIOR)
+    grid = np.linspace(0, 40, 50)
+    err = np.abs(latency(grid, *res.params.as_array()) - latency(grid, *TRUE.as_array())) / latency(grid, *TRUE.as_array())
+    assert err.max() < 0.15
+
+
+def test_linear_loss_is_hurt_by_outliers() -> None:
+    """The robust loss matters: with plain least squares the same outliers bias the fit more."""
+    x, y = samples(600, 40, 0.05, outliers=0.03)
+    grid = np.linspace(0, 40, 50)
+    truth = latency(grid, *TRUE.as_array())
+
+    def worst(loss: str) -> float:
+        p = fit_latency_model(x, y, PRIOR, loss=loss).params
+        return float((np.abs(latency(grid, *p.as_array()) - truth) / truth).max())
+
+    assert worst("soft_l1") < worst("linear")
+
+
+def test_few_samples_return_prior() -> None:
+    x, y = samples(MIN_SAMPLES - 1, 40, 0.02)
+    res = fit_latency_model(x, y, PRIOR)
+    assert res.params == PRIOR and res.confidence == 0.0
+
+
+def test_shrinkage_when_no_knee_seen() -> None:
+    """Only low-load samples: the slope is unidentifiable, so it must stay near the prior."""
+    x, y = samples(30, 3.0, 0.02)
+    res = fit_latency_model(x, y, PRIOR)
+    assert res.params.a == pytest.approx(TRUE.a, rel=0.1)  # the flat part is seen
+    assert res.confidence < 0.5
+    blended = shrink_toward_prior(res, PRIOR)
+    assert min(res.params.b, PRIOR.b) <= blended.b <= max(res.params.b, PRIOR.b)
+
+
+def test_ignores_bad_samples() -> None:
+    x, y = samples(300, 40, 0.02)
+    x = np.concatenate([x, [np.nan, -1.0, 5.0]])
+    y = np.concatenate([y, [1.0, 1.0, np.inf]])
+    res = fit_latency_model(x, y, PRIOR)
+    assert res.samples == 300
+    assert res.params.b == pytest.approx(TRUE.b, rel=0.1)

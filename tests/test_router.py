@@ -1,0 +1,175 @@
+"""The root router: discrete argmin with local correction, flow sampling, aversion and affinity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlb.control_plane.affinity import AffinityCache, AffinityConfig
+from dlb.control_plane.aversion import AversionConfig, update_aversion
+from dlb.control_plane.costs import Cost, ModelTable, cost_vector
+from dlb.control_plane.flow import FlowConfig
+from dlb.control_plane.latency_model import LatencyParams, inv_marginal_rate, latency
+from dlb.control_plane.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
+from dlb.control_plane.topology import Topology
+
+P = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)
+
+
+def topo3(allowed=None) -> Topology:
+    tau = [[0, 0.02, 0.05], [0.02, 0, 0.03], [0.05, 0.03, 0]]
+    return Topology.build(["a", "b", "c"], [4, 8, 2], tau, allowed)
+
+
+def probed(router: RootRouter, rif, now: float = 0.0, params=None, errors=None) -> RootRouter:
+    for j, n in enumerate(rif):
+        router.on_probe(j, now, n, params[j] if params else P, errors[j] if errors else 0.0)
+    return router
+
+
+def test_costs_formulas() -> None:
+    t = topo3()
+    n = np.array([4.0, 4.0, 4.0])
+    m = ModelTable.from_params([P, P, P])
+    rtt = 2 * t.tau[0]
+    np.testing.assert_allclose(cost_vector(Cost.RIF, n, t.replicas, m, rtt), [1.0, 0.5, 2.0])
+    np.testing.assert_allclose(cost_vector(Cost.LATENCY, n, t.replicas, m, rtt), latency(n, *P.as_array()) + rtt)
+    np.testing.assert_allclose(cost_vector(Cost.GRADIENT, n, t.replicas, m, rtt), inv_marginal_rate(n, *P.as_array()) + rtt)
+    with pytest.raises(ValueError):
+        cost_vector(Cost.LATENCY, n, t.replicas, None, rtt)
+
+
+def test_discrete_picks_argmin() -> None:
+    r = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF), P, np.random.default_rng(0)), [8, 4, 0])
+    assert r.pick(0.1) == 2  # 0/2 < 4/8 < 8/4
+
+
+def test_discrete_local_correction_prevents_herding() -> None:
+    """Between probes, requests spread as the root's own sends raise a cell's cost."""
+    r = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF), P, np.random.default_rng(0)), [0, 0, 0])
+    picks = [r.pick(0.1) for _ in range(140)]
+    counts = np.bincount(picks, minlength=3)
+    # Equalising N/k with k = (4, 8, 2) → shares 4:8:2 of 140.
+    np.testing.assert_allclose(counts, [40, 80, 20], atol=1)
+    r.on_probe(0, 0.2, 0.0, P)
+    assert r.view.sent[0] == 0
+
+
+def test_discrete_latency_prefers_near_cell_when_idle() -> None:
+    r = probed(RootRouter(topo3(), 2, PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY), P, np.random.default_rng(0)), [0, 0, 0])
+    assert r.pick(0.0) == 2
+
+
+def test_residency_never_violated() -> None:
+    allowed = [[True, False, True], [True, True, True], [False, False, True]]
+    for mech in Mechanism:
+        r = probed(RootRouter(topo3(allowed), 0, PolicyConfig(mech, Cost.LATENCY), P, np.random.default_rng(1)), [100, 0, 50])
+        for k in range(50):
+            r.tick(0.2 * k)
+            probed(r, [100, 0, 50], now=0.2 * k)
+            assert r.pick(0.2 * k + 0.01) in (0, 2)
+        assert r.x[1] == 0.0
+
+
+def test_stale_and_unavailable_cells_are_skipped() -> None:
+    r = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF, stale_after_s=1.0), P, np.random.default_rng(0)), [0, 0, 0])
+    r.set_available(2, False)
+    r.set_available(1, False)
+    assert r.pick(0.5) == 0
+    assert r.pick(5.0) == NO_CELL  # everything stale
+    fresh = RootRouter(topo3(), 0, PolicyConfig(), P)
+    assert fresh.pick(0.0) == NO_CELL  # never probed
+
+
+def test_flow_moves_toward_lower_cost_and_stays_on_simplex() -> None:
+    r = RootRouter(topo3(), 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(period_s=0.1)), P, np.random.default_rng(0))
+    x0 = r.x.copy()
+    for k in range(30):
+        probed(r, [30, 2, 2], now=0.1 * k)
+        for _ in range(20):
+            r.pick(0.1 * k)
+        r.tick(0.1 * k)
+    assert r.x.sum() == pytest.approx(1.0)
+    assert np.all(r.x >= 0)
+    assert r.x[0] < x0[0]
+    counts = np.bincount([r.pick(3.0) for _ in range(4000)], minlength=3) / 4000
+    np.testing.assert_allclose(counts, r.x, atol=0.03)
+
+
+def test_update_aversion_controller() -> None:
+    cfg = AversionConfig(margin=0.02, gain=2.0, decay=0.5, max_rate=0.9)
+    active = np.ones(3, bool)
+    a = np.zeros(3)
+    for _ in range(10):
+        a = update_aversion(a, np.array([0.0, 0.5, 0.01]), active, cfg)
+    assert a[1] == pytest.approx(0.9)  # saturates at max < 1
+    assert a[0] == 0.0 and a[2] == 0.0  # within margin of the best
+    for _ in range(20):
+        a = update_aversion(a, np.zeros(3), active, cfg)
+    assert a[1] < 1e-5  # recovery
+    off = update_aversion(np.full(3, 0.5), np.array([0.0, 0.5, 0.0]), active, AversionConfig(enabled=False))
+    assert not off.any()
+
+
+def test_aversion_moves_traffic_but_keeps_a_trickle() -> None:
+    pol = PolicyConfig(Mechanism.DISCRETE, Cost.RIF, aversion=AversionConfig(period_s=0.1, max_rate=0.9))
+    r = RootRouter(topo3(), 0, pol, P, np.random.default_rng(0))
+    for k in range(20):
+        probed(r, [0, 0, 0], now=0.1 * k, errors=[0.0, 0.6, 0.0])
+        r.tick(0.1 * k)
+    picks = []
+    for _ in range(3000):
+        probed(r, [0, 0, 0], now=2.0, errors=[0.0, 0.6, 0.0])
+        picks.append(r.pick(2.0))
+    share_bad = np.mean(np.array(picks) == 1)
+    # Without aversion cell 1 (lowest N/k tie-broken randomly) would get ~1/3; with a = 0.9, ~1/30.
+    assert 0.005 < share_bad < 0.08
+
+
+def test_affinity_cache_lru_and_ttl() -> None:
+    c = AffinityCache(max_sessions=2, ttl_s=10.0)
+    c.put("s1", 1, 0.0)
+    c.put("s2", 2, 0.0)
+    assert c.get("s1", 1.0) == 1  # s1 now most recent
+    c.put("s3", 0, 1.0)  # evicts s2
+    assert c.get("s2", 1.0) is None and c.evictions == 1
+    assert c.get("s1", 10.5) is None  # expired
+    c.forget_cell(0)
+    assert len(c) == 0
+
+
+def test_conditional_affinity_stays_then_leaves() -> None:
+    aff = AffinityConfig(enabled=True, prefix_savings=0.5)
+    r = RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF, affinity=aff), P, np.random.default_rng(0))
+    probed(r, [0, 0, 0])
+    first = r.pick(0.0, session="sess")
+    # Make the pinned cell slightly worse than the best: within the savings, the session stays.
+    loads = [0.0, 0.0, 0.0]
+    loads[first] = 0.4 * r.replicas[first]
+    probed(r, loads, now=0.1)
+    assert r.pick(0.1, session="sess") == first
+    # Much worse: re-route and re-affinitise.
+    loads[first] = 10 * r.replicas[first]
+    probed(r, loads, now=0.2)
+    moved = r.pick(0.2, session="sess")
+    assert moved != first
+    probed(r, [0.0, 0.0, 0.0], now=0.3)
+    assert r.affinity is not None and r.affinity.get("sess", 0.3) == moved
+
+
+def test_policy_names() -> None:
+    assert PolicyConfig(Mechanism.FLOW, Cost.GRADIENT).name == "Flow-Grad"
+    assert PolicyConfig(Mechanism.DISCRETE, Cost.RIF).name == "Disc-RIF"
+
+
+def test_topology_validation() -> None:
+    with pytest.raises(ValueError):
+        Topology.build(["a", "a"], [1, 1], np.zeros((2, 2)))
+    with pytest.raises(ValueError):
+        Topology.build(["a", "b"], [1, 0], np.zeros((2, 2)))
+    with pytest.raises(ValueError):
+        Topology.build(["a", "b"], [1, 1], np.zeros((2, 2)), [[False, False], [True, True]])
+    t = topo3([[True, False, True], [True, True, True], [False, False, True]])
+    assert list(t.out_neighbors(0)) == [0, 2] and list(t.in_neighbors(0)) == [0, 1]
+    with pytest.raises(ValueError):
+        t.tau[0, 0] = 1.0  # read-only
