@@ -89,7 +89,8 @@ class RootRouter:
         n = topology.n
         self.allowed = topology.allowed[source].copy()
         self.rtt = 2.0 * topology.tau[source]
-        self.replicas = topology.replicas
+        # A private copy: probes update it when a cell's serving replica count changes (outages).
+        self.replicas = topology.replicas.copy()
         self.models = ModelTable.from_params([prior] * n)
         self.view = CellView.empty(n)
         self.aversion = np.zeros(n)
@@ -113,8 +114,15 @@ class RootRouter:
         params: LatencyParams | None = None,
         error_rate: float = 0.0,
         confidence: float = 1.0,
+        replicas: float | None = None,
     ) -> None:
-        """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time)."""
+        """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time).
+
+        ``replicas``: the leaf's current count of serving replicas, when it reports one; the RIF
+        cost ``N_j/k_j`` must use the live count or it keeps loading a cell that lost servers.
+        """
+        if replicas is not None and replicas > 0:
+            self.replicas[cell] = replicas
         v = self.view
         v.rif[cell] = max(0.0, rif)
         v.sent[cell] = 0.0

@@ -1,0 +1,131 @@
+"""What a leaf measures about its cell: the latency model (sliding-window fit) and the error rate.
+
+Pure and clock-free (callers pass ``now``), so the leaf agent (real time) and the simulator
+(simulated time) run the same code:
+
+- :class:`LatencyEstimator` keeps a sliding window of completed requests, each tagged with the cell's
+  RIF at its arrival, and refits :func:`dlb.control_plane.fit.fit_latency_model` every
+  ``refit_period`` seconds. The published parameters are the fit blended toward the prior by the
+  fit's confidence (:func:`shrink_toward_prior`), so a cell that has seen little traffic reports
+  something close to the fleet prior rather than a wild guess. A window of *completed* requests is
+  biased toward short ones (long ones are still in flight); the paper notes this and so do we.
+- :class:`ErrorTracker` is an exponentially-decaying error *fraction*: errors and outcomes are both
+  decayed with time constant ``tau``, and the rate is their ratio. Decaying counts (rather than an EMA
+  per sample) makes the value independent of the request rate, which differs by orders of magnitude
+  between endpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlb.control_plane.fit import FitResult, fit_latency_model, shrink_toward_prior
+from dlb.control_plane.latency_model import LatencyParams
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    #: Samples older than this (seconds before ``now``) leave the window.
+    window_s: float = 60.0
+    #: Seconds between two fits (a fit costs milliseconds; the root only needs fresh-ish curves).
+    refit_period_s: float = 5.0
+    #: Upper bound on the samples kept (bounds the cost of one fit on high-rate endpoints).
+    max_samples: int = 2000
+    #: Weight of the shrinkage toward the prior inside the fit.
+    prior_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.refit_period_s <= 0 or self.max_samples < 1:
+            raise ValueError(
+                f"estimator window_s and refit_period_s must be > 0 and max_samples >= 1: {self}"
+            )
+
+
+class LatencyEstimator:
+    """Sliding window of (arrival RIF, latency) samples and the latency model fitted to it."""
+
+    def __init__(self, prior: LatencyParams, config: EstimatorConfig | None = None) -> None:
+        self.prior = prior
+        self.config = config or EstimatorConfig()
+        self._t: deque[float] = deque(maxlen=self.config.max_samples)
+        self._rif: deque[float] = deque(maxlen=self.config.max_samples)
+        self._lat: deque[float] = deque(maxlen=self.config.max_samples)
+        self._last_fit = -math.inf
+        self.params: LatencyParams = prior
+        self.confidence: float = 0.0
+        self.last_result: FitResult | None = None
+
+    def record(self, now: float, rif_at_arrival: float, latency_s: float) -> None:
+        """One completed request: the cell's RIF when it arrived and its serving latency."""
+        self._t.append(now)
+        self._rif.append(rif_at_arrival)
+        self._lat.append(latency_s)
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.config.window_s
+        t = self._t
+        while t and t[0] < horizon:
+            t.popleft()
+            self._rif.popleft()
+            self._lat.popleft()
+
+    def maybe_refit(self, now: float) -> bool:
+        """Refit if ``refit_period`` has passed since the last fit; return whether it did."""
+        if now - self._last_fit < self.config.refit_period_s:
+            return False
+        self.refit(now)
+        return True
+
+    def refit(self, now: float) -> FitResult:
+        """Fit now on the samples inside the window and publish the shrunk parameters."""
+        self._last_fit = now
+        self._expire(now)
+        res = fit_latency_model(
+            np.fromiter(self._rif, float, len(self._rif)),
+            np.fromiter(self._lat, float, len(self._lat)),
+            self.prior,
+            prior_weight=self.config.prior_weight,
+        )
+        self.last_result = res
+        self.params = shrink_toward_prior(res, self.prior) if res.confidence > 0 else self.prior
+        self.confidence = res.confidence
+        return res
+
+
+class ErrorTracker:
+    """Time-decayed error fraction e ∈ [0, 1] (what the leaf reports in probes)."""
+
+    def __init__(self, tau_s: float = 5.0) -> None:
+        if tau_s <= 0:
+            raise ValueError(f"error tracker tau_s must be > 0: {tau_s}")
+        self.tau_s = tau_s
+        self._errors = 0.0
+        self._total = 0.0
+        self._t = -math.inf
+
+    def _decay(self, now: float) -> None:
+        if now > self._t:
+            if self._total > 0:
+                f = math.exp(-(now - self._t) / self.tau_s)
+                self._errors *= f
+                self._total *= f
+            self._t = now
+
+    def record(self, now: float, error: bool) -> None:
+        """One outcome (a success or an error) at ``now``."""
+        self._decay(now)
+        self._total += 1.0
+        if error:
+            self._errors += 1.0
+
+    def rate(self, now: float) -> float:
+        """Error fraction over roughly the last ``tau`` seconds (0 when nothing was seen)."""
+        self._decay(now)
+        return self._errors / self._total if self._total > 1e-9 else 0.0
