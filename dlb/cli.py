@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # ``serve`` or ``bench`` that the registered command is nested under.
 _COMMANDS: list[tuple[str | None, str]] = [
     ("config", "dlb.config.cli:register"),
+    ("serve", "dlb.emulator.cli:register"),
 ]
 
 _GROUP_HELP = {

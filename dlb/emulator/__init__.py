@@ -1,0 +1,32 @@
+"""Emulated OpenAI-compatible GPU inference server (see docs/emulator.md).
+
+- :mod:`dlb.emulator.profile` — step-time profiles (pure), built-ins and loading.
+- :mod:`dlb.emulator.engine` — the continuous-batching scheduler model (pure, fake-clock testable).
+- :mod:`dlb.emulator.openai` — request parsing and response bodies (pure).
+- :mod:`dlb.emulator.faults` — fault knobs; :mod:`dlb.emulator.metrics` — vLLM-named metrics.
+- :mod:`dlb.emulator.server` — the aiohttp service: ``EmulatorServer`` (async) and ``ThreadedEmulator``.
+- :mod:`dlb.emulator.process` — ``EmulatorProcess``: the same as a child process on a free port.
+- :mod:`dlb.emulator.client` — admin API helpers (``set_faults`` …); :mod:`dlb.emulator.cli` — the command.
+"""
+
+from dlb.emulator.engine import Arrival, Engine, EngineRequest, simulate
+from dlb.emulator.faults import Faults
+from dlb.emulator.process import EmulatorProcess
+from dlb.emulator.profile import BUILTIN_PROFILES, Profile, load_profile
+from dlb.emulator.server import SERVER_HEADER, EmulatorConfig, EmulatorServer, ThreadedEmulator
+
+__all__ = [
+    "Arrival",
+    "BUILTIN_PROFILES",
+    "EmulatorConfig",
+    "EmulatorProcess",
+    "EmulatorServer",
+    "Engine",
+    "EngineRequest",
+    "Faults",
+    "Profile",
+    "SERVER_HEADER",
+    "ThreadedEmulator",
+    "load_profile",
+    "simulate",
+]

@@ -1,0 +1,266 @@
+"""Continuous-batching engine model (pure: no I/O, no clock; times are passed in).
+
+This is the part of a vLLM-style server that decides latency, reduced to its scheduling rules:
+
+- A request is *waiting* until the scheduler admits it into the *running* set (at most ``max_batch``
+  sequences, and only while its prompt fits in the free KV cache). Waiting beyond the free slots is
+  bounded by ``max_queue``; an arrival past that is rejected (the HTTP layer answers 429/503).
+- Each engine step runs every running sequence together: sequences past their prompt decode one
+  token each; newly admitted ones get a chunk of their prompt within the per-step token budget
+  (chunked prefill). A request whose prompt completes in a step emits its first token in that step.
+- The step takes ``profile.step_time(batch, prefill_tokens)``: flat at low batch, linear past the knee,
+  so end-to-end latency is flat at low load and grows linearly past it.
+
+The HTTP layer drives it with the wall clock (``plan`` → sleep ``plan.duration`` → ``complete``);
+:func:`simulate` drives it with a virtual clock, which is how the tests check the latency model
+exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from dlb.emulator.profile import Profile
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One sequence's progress through the engine (identity equality: two requests are never "equal")."""
+
+    rid: int
+    prompt_tokens: int
+    output_tokens: int  # tokens this request will generate (max_tokens or sampled)
+    model: str = ""
+    arrival: float = 0.0
+    prefilled: int = 0
+    generated: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    aborted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"request {self.rid}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.output_tokens < 1:
+            raise ValueError(f"request {self.rid}: output_tokens must be >= 1, got {self.output_tokens}")
+
+    @property
+    def in_decode(self) -> bool:
+        return self.prefilled >= self.prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output_tokens
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prefilled + self.generated
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one engine step computes; ``duration`` is in profile seconds (before any time scale)."""
+
+    decode: tuple[EngineRequest, ...]
+    prefill: tuple[tuple[EngineRequest, int], ...]  # (request, prompt tokens computed this step)
+    duration: float
+
+    @property
+    def batch(self) -> int:
+        return len(self.decode) + len(self.prefill)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefill)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A request produced a token in a step (``index`` 0 is the first token)."""
+
+    request: EngineRequest
+    index: int
+    finished: bool
+
+
+@dataclass
+class Engine:
+    """The scheduler state of one emulated GPU."""
+
+    profile: Profile
+    max_batch: int = 16
+    max_queue: int = 64
+    waiting: deque[EngineRequest] = field(default_factory=deque)
+    running: list[EngineRequest] = field(default_factory=list)
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+
+    # -- admission -------------------------------------------------------------------------------------
+
+    def can_accept(self) -> bool:
+        """Whether one more arrival fits: free batch slots absorb arrivals, then ``max_queue`` more wait."""
+        free = max(0, self.max_batch - len(self.running))
+        return len(self.waiting) < self.max_queue + free
+
+    def submit(self, req: EngineRequest, now: float) -> bool:
+        """Queue a request; False (and nothing changes) if the queue is full."""
+        if not self.can_accept():
+            return False
+        req.arrival = now
+        self.waiting.append(req)
+        return True
+
+    def abort(self, req: EngineRequest) -> None:
+        """Drop a request (client went away); frees its slot at once, like vLLM's abort."""
+        req.aborted = True
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+
+    @property
+    def kv_used(self) -> int:
+        return sum(r.kv_tokens for r in self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV cache in use (vLLM reports ``gpu_cache_usage_perc`` as a 0..1 fraction)."""
+        return min(1.0, self.kv_used / self.profile.kv_cache_tokens)
+
+    def _admit(self, now: float) -> None:
+        # Reserve each admitted prompt's KV up front: a prompt that does not fit waits (FCFS, no
+        # overtaking), which is how a full KV cache turns into queueing on a real server.
+        reserved = sum(max(r.kv_tokens, r.prompt_tokens) for r in self.running)
+        while self.waiting and len(self.running) < self.max_batch:
+            head = self.waiting[0]
+            if self.running and reserved + head.prompt_tokens > self.profile.kv_cache_tokens:
+                break
+            self.waiting.popleft()
+            head.admitted_at = now
+            reserved += head.prompt_tokens
+            self.running.append(head)
+
+    # -- stepping --------------------------------------------------------------------------------------
+
+    def plan(self, now: float) -> StepPlan | None:
+        """Admit what fits and describe the next step, or None when there is nothing to run."""
+        self._admit(now)
+        if not self.running:
+            return None
+        decode = tuple(r for r in self.running if r.in_decode)
+        budget = max(0, self.profile.max_batch_tokens - len(decode))
+        prefill: list[tuple[EngineRequest, int]] = []
+        for r in self.running:
+            if r.in_decode:
+                continue
+            if budget <= 0:
+                break
+            take = min(r.prompt_tokens - r.prefilled, budget)
+            prefill.append((r, take))
+            budget -= take
+        batch = len(decode) + len(prefill)
+        duration = self.profile.step_time(batch, sum(n for _, n in prefill))
+        return StepPlan(decode=decode, prefill=tuple(prefill), duration=duration)
+
+    def complete(self, plan: StepPlan, now: float) -> list[TokenEvent]:
+        """Apply a finished step at time ``now``: emit tokens, retire finished requests."""
+        self.steps += 1
+        events: list[TokenEvent] = []
+        for r in plan.decode:
+            if r.aborted:
+                continue
+            r.generated += 1
+            events.append(TokenEvent(r, r.generated - 1, r.finished))
+        for r, n in plan.prefill:
+            if r.aborted:
+                continue
+            r.prefilled += n
+            if r.in_decode:
+                r.generated += 1
+                r.first_token_at = now
+                events.append(TokenEvent(r, 0, r.finished))
+        for ev in events:
+            if ev.finished:
+                ev.request.finished_at = now
+                self.running.remove(ev.request)
+        return events
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """Input to :func:`simulate`."""
+
+    time: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    arrival: float
+    first_token_at: float | None  # None if rejected
+    finished_at: float | None
+    rejected: bool
+
+    @property
+    def e2e(self) -> float:
+        assert self.finished_at is not None
+        return self.finished_at - self.arrival
+
+    @property
+    def ttft(self) -> float:
+        assert self.first_token_at is not None
+        return self.first_token_at - self.arrival
+
+
+def simulate(engine: Engine, arrivals: list[Arrival]) -> list[SimResult]:
+    """Run the engine on a virtual clock until every request finished; results in arrival order.
+
+    Same rule as the live server: arrivals during a step wait for the next step boundary.
+    """
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].time)
+    reqs: list[EngineRequest | None] = [None] * len(arrivals)
+    rejected = [False] * len(arrivals)
+    pending = [(arrivals[i].time, i) for i in order]
+    heapq.heapify(pending)
+    now = 0.0
+    while pending or engine.running or engine.waiting:
+        while pending and pending[0][0] <= now:
+            t, i = heapq.heappop(pending)
+            a = arrivals[i]
+            r = EngineRequest(rid=i, prompt_tokens=a.prompt_tokens, output_tokens=a.output_tokens)
+            if engine.submit(r, t):
+                reqs[i] = r
+            else:
+                rejected[i] = True
+        plan = engine.plan(now)
+        if plan is None:
+            if not pending:
+                break
+            now = pending[0][0]
+            continue
+        now += plan.duration
+        engine.complete(plan, now)
+    out = []
+    for i, a in enumerate(arrivals):
+        r = reqs[i]
+        out.append(
+            SimResult(
+                arrival=a.time,
+                first_token_at=r.first_token_at if r else None,
+                finished_at=r.finished_at if r else None,
+                rejected=rejected[i],
+            )
+        )
+    return out
