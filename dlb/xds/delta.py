@@ -1,0 +1,126 @@
+"""Incremental (delta) xDS streams (``DeltaAggregatedResources`` and ``Delta<Type>``).
+
+Per type the stream tracks the client's subscription and ``client``: name → version the client holds
+(seeded from ``initial_resource_versions`` on reconnect, then updated with every response). A push
+sends only resources whose content hash differs from what the client holds, and lists in
+``removed_resources`` names the client holds that no longer exist (or that it may no longer read).
+Resource versions are content hashes, so a reconnecting client with current resources gets nothing.
+
+Unlike SotW, subscription changes in a request with a stale nonce are still applied: delta requests
+are deltas and dropping one would lose a subscription. A NACK leaves ``client`` at the rejected
+versions, so the rejected content is never re-sent; new content has a new hash and goes out.
+Make-before-break as in SotW: cluster removals wait while LDS/RDS responses are in flight; a changed
+EDS cluster makes its ClusterLoadAssignment go out again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from dlb.xds import types, wire
+from dlb.xds.snapshot import Resource, Snapshot
+from dlb.xds.stream import StreamBase
+
+_MAX_PENDING = 64
+
+
+@dataclass
+class DeltaTypeState:
+    names: set[str] = field(default_factory=set)
+    wildcard: bool = False
+    client: dict[str, str] = field(default_factory=dict)  # name -> version the client holds
+    pending: dict[str, str] = field(default_factory=dict)  # nonce -> system version, awaiting ACK/NACK
+    initial_pending: bool = True
+
+
+class DeltaStream(StreamBase):
+    kind = "delta"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.states: dict[str, DeltaTypeState] = {}
+
+    def _handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> None:
+        type_url = self.type_of(req.type_url)
+        self.adopt_node(req.node, req.HasField("node"))
+        assert self.node is not None
+        st = self.states.get(type_url)
+        subscribe = set(req.resource_names_subscribe)
+        unsubscribe = set(req.resource_names_unsubscribe)
+        if st is None:
+            st = self.states[type_url] = DeltaTypeState(client=dict(req.initial_resource_versions))
+            if not subscribe and types.supports_legacy_wildcard(type_url):
+                st.wildcard = True
+        if req.response_nonce:
+            version = st.pending.pop(req.response_nonce, None)
+            if version is None:
+                self.ctx.status.stale_nonces += 1
+            elif req.HasField("error_detail"):
+                self.ctx.status.nacked(self.node.id, type_url, version, req.error_detail.message)
+                self.log.warning("NACK", type=types.short(type_url), version=version, reason=req.error_detail.message)
+            else:
+                self.ctx.status.acked(self.node.id, type_url, version)
+        if types.WILDCARD in subscribe:
+            st.wildcard = True
+        if types.WILDCARD in unsubscribe:
+            st.wildcard = False
+        subscribe.discard(types.WILDCARD)
+        unsubscribe.discard(types.WILDCARD)
+        st.names |= subscribe
+        st.names -= unsubscribe
+        for n in unsubscribe:
+            st.client.pop(n, None)  # the client dropped it; never respond for it
+
+    def _diff(self, snap: Snapshot, type_url: str) -> tuple[list[Resource], list[str]]:
+        st = self.states[type_url]
+        view = self.visible(snap, type_url, st.names, st.wildcard)
+        updates = [view[n] for n in sorted(view) if st.client.get(n) != view[n].version]
+        removed = sorted(n for n in st.client if n not in view and (st.wildcard or n in st.names))
+        return updates, removed
+
+    def _wants(self, type_url: str, updates: list[Resource], removed: list[str]) -> bool:
+        st = self.states[type_url]
+        first = st.initial_pending and (type_url in types.FULL_STATE or st.wildcard)
+        return bool(updates or removed or first)
+
+    def _push(self) -> list[bytes]:
+        snap = self.snapshot()
+        if snap is None:
+            return []
+        gated = [t for t in (types.LISTENER, types.ROUTE) if t in self.states]
+        diffs = {t: self._diff(snap, t) for t in gated}
+        hold_removals = (self.ctx.make_before_break and self.fixed_type is None and
+                         any(self.states[t].pending or self._wants(t, *diffs[t]) for t in gated))
+        out: list[bytes] = []
+        for t in sorted(self.states, key=types.order_key):
+            st = self.states[t]
+            updates, removed = diffs.get(t) or self._diff(snap, t)
+            if t == types.CLUSTER and hold_removals:
+                removed = []
+            if not self._wants(t, updates, removed):
+                continue
+            if t == types.CLUSTER and types.ENDPOINT in self.states:
+                eds = self.states[types.ENDPOINT]
+                for r in updates:
+                    if r.name in st.client and r.eds_name:
+                        eds.client.pop(r.eds_name, None)  # re-send endpoints for the re-warming cluster
+            nonce = self.next_nonce()
+            msg = (wire.string_field(wire.DeltaResponseField.SYSTEM_VERSION_INFO, snap.version)
+                   + b"".join(r.delta_field for r in updates)
+                   + wire.string_field(wire.DeltaResponseField.TYPE_URL, t)
+                   + b"".join(wire.string_field(wire.DeltaResponseField.REMOVED_RESOURCES, n) for n in removed)
+                   + wire.string_field(wire.DeltaResponseField.NONCE, nonce))
+            for r in updates:
+                st.client[r.name] = r.version
+            for n in removed:
+                st.client.pop(n, None)
+            st.initial_pending = False
+            st.pending[nonce] = snap.version
+            if len(st.pending) > _MAX_PENDING:
+                del st.pending[next(iter(st.pending))]
+            assert self.node is not None
+            self.ctx.status.sent(self.node.id, t, snap.version, nonce)
+            out.append(msg)
+        return out

@@ -1,0 +1,117 @@
+"""gRPC wiring: ADS (SotW + delta) and the per-type discovery services on one grpc.aio server.
+
+Handlers are registered generically with an identity response serializer: streams yield responses
+already encoded (see ``dlb.xds.wire``), so resources are serialized once per snapshot, not once per
+stream. Requests are parsed with the xds-protos (upb) classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from dlb.log import get_logger
+from dlb.xds import types
+from dlb.xds.cache import SnapshotCache
+from dlb.xds.delta import DeltaStream
+from dlb.xds.sotw import SotwStream
+from dlb.xds.status import StatusRegistry
+from dlb.xds.stream import Authorizer, ServerContext, StreamBase, StreamError
+
+log = get_logger("dlb.xds.server")
+
+# service name -> (SotW method, delta method, type served; None = ADS)
+SERVICES: dict[str, tuple[str, str, str | None]] = {
+    "envoy.service.discovery.v3.AggregatedDiscoveryService": ("StreamAggregatedResources", "DeltaAggregatedResources", None),
+    "envoy.service.cluster.v3.ClusterDiscoveryService": ("StreamClusters", "DeltaClusters", types.CLUSTER),
+    "envoy.service.endpoint.v3.EndpointDiscoveryService": ("StreamEndpoints", "DeltaEndpoints", types.ENDPOINT),
+    "envoy.service.listener.v3.ListenerDiscoveryService": ("StreamListeners", "DeltaListeners", types.LISTENER),
+    "envoy.service.route.v3.RouteDiscoveryService": ("StreamRoutes", "DeltaRoutes", types.ROUTE),
+    "envoy.service.secret.v3.SecretDiscoveryService": ("StreamSecrets", "DeltaSecrets", types.SECRET),
+}
+
+# Server-side keepalive: notice dead clients (a stopped Envoy) so their watches are cancelled.
+DEFAULT_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_concurrent_streams", 10_000),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+class XdsServer:
+    """The xDS management server over a :class:`SnapshotCache`.
+
+    ``authorizer(node, type_url, name) -> bool`` restricts what a node may read (names it may not
+    read behave as if they did not exist, and wildcard subscriptions skip them). Combine it with a
+    ``node_key`` on the cache that gives each cell its own snapshot.
+    """
+
+    def __init__(self, cache: SnapshotCache, status: StatusRegistry | None = None,
+                 authorizer: Authorizer | None = None, make_before_break: bool = True) -> None:
+        self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
+                                 make_before_break=make_before_break)
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+
+    @property
+    def cache(self) -> SnapshotCache:
+        return self.ctx.cache
+
+    @property
+    def status(self) -> StatusRegistry:
+        return self.ctx.status
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        out = []
+        for service, (sotw_method, delta_method, fixed) in SERVICES.items():
+            out.append(grpc.method_handlers_generic_handler(service, {
+                sotw_method: grpc.stream_stream_rpc_method_handler(
+                    self._handler(SotwStream, fixed), request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                    response_serializer=_identity),
+                delta_method: grpc.stream_stream_rpc_method_handler(
+                    self._handler(DeltaStream, fixed), request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+                    response_serializer=_identity),
+            }))
+        return out
+
+    def _handler(self, cls: type[StreamBase], fixed: str | None):
+        ctx = self.ctx
+
+        async def handle(request_iterator: AsyncIterator, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            stream = cls(ctx, fixed, context.peer())
+            try:
+                async for response in stream.run(request_iterator):
+                    yield response
+            except StreamError as exc:
+                stream.log.warning("stream rejected", code=exc.code.name, reason=str(exc))
+                await context.abort(exc.code, str(exc))
+
+        return handle
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers(tuple(self.handlers()))
+
+    async def start(self, address: str = "127.0.0.1:0", options: list[tuple[str, int]] | None = None) -> int:
+        """Start a grpc.aio server serving xDS on ``address``; returns the bound port."""
+        self._server = grpc.aio.server(options=options or DEFAULT_OPTIONS)
+        self.add_to(self._server)
+        self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot bind xDS server to {address}")
+        await self._server.start()
+        log.info("xds server listening", address=address, port=self.port, boot_id=self.cache.boot_id)
+        return self.port
+
+    async def stop(self, grace: float | None = 0.5) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None

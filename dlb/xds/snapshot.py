@@ -1,0 +1,138 @@
+"""Immutable snapshots of resources, serialized once.
+
+A :class:`Resource` is one named xDS resource of any type: our code never looks inside it except to
+find a cluster's EDS service name (for make-before-break). It is packed into ``google.protobuf.Any``
+and serialized exactly once, deterministically, when the snapshot is built; the content hash of those
+bytes is the resource's delta ``version`` and lets the server skip pushes that would change nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from dlb.xds import types, wire
+
+
+class SnapshotError(ValueError):
+    """A snapshot could not be built (duplicate or missing names, wrong types)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    name: str
+    type_url: str
+    version: str  # content hash of the serialized message
+    any_bytes: bytes  # serialized google.protobuf.Any
+    sotw_field: bytes  # DiscoveryResponse.resources entry, ready to concatenate
+    delta_field: bytes  # DeltaDiscoveryResponse.resources entry (a discovery Resource), ready to concatenate
+    eds_name: str = ""  # clusters only: the ClusterLoadAssignment name this cluster subscribes to
+
+    @staticmethod
+    def from_message(message: Message, name: str | None = None, type_url: str | None = None) -> "Resource":
+        """Pack ``message`` once. ``type_url`` defaults to the message's own full name."""
+        if isinstance(message, any_pb2.Any):
+            packed = message
+            if type_url and type_url != packed.type_url:
+                raise SnapshotError(f"Any carries {packed.type_url!r}, expected {type_url!r}")
+        else:
+            packed = any_pb2.Any(type_url=type_url or types.type_url_of(message.DESCRIPTOR.full_name),
+                                 value=message.SerializeToString(deterministic=True))
+        if name is None:
+            if isinstance(message, any_pb2.Any):
+                raise SnapshotError(f"resource of type {packed.type_url} packed in Any needs an explicit name")
+            name = resource_name(message)
+        if not name:
+            raise SnapshotError(f"resource of type {packed.type_url} has an empty name")
+        any_bytes = packed.SerializeToString(deterministic=True)
+        version = hashlib.sha256(packed.type_url.encode() + b"\0" + packed.value).hexdigest()[:16]
+        delta = discovery_pb2.Resource(name=name, version=version, resource=packed).SerializeToString(deterministic=True)
+        eds_name = ""
+        if packed.type_url == types.CLUSTER:
+            eds_name = _cluster_eds_name(message if not isinstance(message, any_pb2.Any) else None, packed, name)
+        return Resource(name=name, type_url=packed.type_url, version=version, any_bytes=any_bytes,
+                        sotw_field=wire.length_delimited(wire.SotwResponseField.RESOURCES, any_bytes),
+                        delta_field=wire.length_delimited(wire.DeltaResponseField.RESOURCES, delta),
+                        eds_name=eds_name)
+
+
+def resource_name(message: Message) -> str:
+    """The xDS name of a message: ``cluster_name`` for ClusterLoadAssignment, else its ``name`` field."""
+    for attr in ("cluster_name", "name"):
+        if attr in message.DESCRIPTOR.fields_by_name:
+            return str(getattr(message, attr))
+    raise SnapshotError(f"{message.DESCRIPTOR.full_name} has no name field; pass (name, message)")
+
+
+def _cluster_eds_name(message: Message | None, packed: any_pb2.Any, name: str) -> str:
+    from envoy.config.cluster.v3 import cluster_pb2
+
+    cluster = message if message is not None else cluster_pb2.Cluster.FromString(packed.value)
+    if cluster.type != cluster_pb2.Cluster.EDS:
+        return ""
+    return cluster.eds_cluster_config.service_name or name
+
+
+ResourceInput = Message | tuple[str, Message] | Resource
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """All resources one node (or group of nodes) may see, by type URL and name.
+
+    ``version`` is empty until :meth:`SnapshotCache.set_snapshot` assigns one; it is unique across
+    restarts because it embeds the cache's boot id. ``digest`` identifies the content, so setting an
+    identical snapshot is a no-op.
+    """
+
+    resources: Mapping[str, Mapping[str, Resource]]
+    version: str = ""
+    digest: str = ""
+    type_digests: Mapping[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def build(items: Iterable[ResourceInput], extra_types: Iterable[str] = ()) -> "Snapshot":
+        """Build from messages, ``(name, message)`` pairs or :class:`Resource` s.
+
+        ``extra_types`` lists types that exist but are empty (a full-state type with no resources
+        tells a wildcard client to delete everything it has of that type).
+        """
+        by_type: dict[str, dict[str, Resource]] = {t: {} for t in extra_types}
+        for item in items:
+            if isinstance(item, Resource):
+                res = item
+            elif isinstance(item, tuple):
+                res = Resource.from_message(item[1], name=item[0])
+            else:
+                res = Resource.from_message(item)
+            bucket = by_type.setdefault(res.type_url, {})
+            if res.name in bucket:
+                raise SnapshotError(f"duplicate resource name {res.name!r} for type {res.type_url}")
+            bucket[res.name] = res
+        return Snapshot.of(by_type)
+
+    @staticmethod
+    def of(by_type: Mapping[str, Mapping[str, Resource]], version: str = "") -> "Snapshot":
+        type_digests = {t: _digest(sorted((n, r.version) for n, r in rs.items())) for t, rs in by_type.items()}
+        digest = _digest(sorted(type_digests.items()))
+        return Snapshot(resources={t: dict(rs) for t, rs in by_type.items()}, version=version, digest=digest,
+                        type_digests=type_digests)
+
+    def get(self, type_url: str) -> Mapping[str, Resource]:
+        return self.resources.get(type_url, {})
+
+    def type_urls(self) -> list[str]:
+        return sorted(self.resources, key=types.order_key)
+
+
+def _digest(pairs: Iterable[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for a, b in pairs:
+        h.update(a.encode() + b"\0" + b.encode() + b"\n")
+    return h.hexdigest()[:16]

@@ -1,0 +1,169 @@
+"""State-of-the-world xDS streams (``StreamAggregatedResources`` and ``Stream<Type>``).
+
+Per type, a stream remembers what the client asked for (names or wildcard) and exactly which
+resources the last response carried (``sent``). A push sends a type only if the client's view changed:
+a resource it asked for appeared or changed, or (full-state types) disappeared. Consequences:
+
+* unchanged config is never pushed, even when the snapshot version moves because another type changed;
+* a NACKed response is never re-sent: ``sent`` still holds the rejected content, so the same content
+  in later snapshots is "no change", and only different content goes out;
+* newly requested names are answered at an unchanged version, names that don't exist yet are
+  remembered and sent when they appear, and withdrawn names never trigger a response;
+* responses are never held until a client names everything in the snapshot.
+
+Make-before-break (ADS only): types go out in CDS → EDS → LDS → RDS → custom order; while LDS/RDS
+changes are in flight (sent in this push or not yet ACKed/NACKed), a CDS response keeps the clusters
+being removed (version ``<v>~partial``), and the final CDS without them follows once LDS/RDS are
+answered. After a CDS response that changed EDS clusters, EDS is re-sent so the re-warming clusters
+get their endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from dlb.xds import types, wire
+from dlb.xds.snapshot import Resource, Snapshot
+from dlb.xds.stream import StreamBase
+
+PARTIAL_SUFFIX = "~partial"
+
+
+@dataclass
+class SotwTypeState:
+    names: set[str] = field(default_factory=set)
+    wildcard: bool = False
+    explicit: bool = False  # the client has named resources once: legacy wildcard no longer applies
+    nonce: str = ""  # latest nonce sent for this type; any other nonce is stale
+    outstanding: bool = False  # a response awaits its ACK/NACK
+    initial_pending: bool = True  # answer the first request even when it changes nothing
+    resend: bool = False  # send even if unchanged (EDS after a CDS change)
+    sent: dict[str, Resource] = field(default_factory=dict)
+    sent_version: str = ""
+    acked_version: str = ""
+
+
+@dataclass
+class _Plan:
+    view: dict[str, Resource]
+    changed: list[Resource]
+    deleted: list[str]
+    whole_type: bool  # view is the snapshot's whole type (lets streams share a cached body)
+
+
+class SotwStream(StreamBase):
+    kind = "sotw"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.states: dict[str, SotwTypeState] = {}
+
+    def _handle(self, req: discovery_pb2.DiscoveryRequest) -> None:
+        type_url = self.type_of(req.type_url)
+        self.adopt_node(req.node, req.HasField("node"))
+        assert self.node is not None
+        st = self.states.get(type_url)
+        if st is None:
+            st = self.states[type_url] = SotwTypeState()
+        if req.response_nonce:
+            if req.response_nonce != st.nonce:
+                # Superseded by a newer response; the client will answer that one (xDS protocol).
+                self.ctx.status.stale_nonces += 1
+                self.log.debug("stale nonce ignored", type=types.short(type_url), nonce=req.response_nonce, current=st.nonce)
+                return
+            st.outstanding = False
+            if req.HasField("error_detail"):
+                self.ctx.status.nacked(self.node.id, type_url, st.sent_version, req.error_detail.message)
+                self.log.warning("NACK", type=types.short(type_url), version=st.sent_version,
+                                 kept_version=req.version_info, reason=req.error_detail.message)
+            else:
+                st.acked_version = req.version_info
+                self.ctx.status.acked(self.node.id, type_url, req.version_info)
+        else:
+            st.initial_pending = True
+        names = set(req.resource_names)
+        wildcard = types.WILDCARD in names
+        names.discard(types.WILDCARD)
+        if names or wildcard:
+            st.explicit = True
+        elif not st.explicit and types.supports_legacy_wildcard(type_url):
+            wildcard = True  # legacy wildcard: empty names before any explicit subscription
+        if not wildcard:
+            for n in [n for n in st.sent if n not in names]:
+                del st.sent[n]  # withdrawn: forget silently, never respond for it
+        st.names, st.wildcard = names, wildcard
+
+    def _plan(self, snap: Snapshot, type_url: str) -> _Plan:
+        st = self.states[type_url]
+        view = self.visible(snap, type_url, st.names, st.wildcard)
+        changed = [r for n, r in view.items() if (s := st.sent.get(n)) is None or s.version != r.version]
+        missing = [n for n in st.sent if n not in view]
+        if type_url in types.FULL_STATE:
+            deleted = missing
+        else:
+            deleted = []
+            for n in missing:  # nothing to tell the client; forget so a reappearance is sent
+                del st.sent[n]
+        return _Plan(dict(view), changed, deleted, whole_type=view is snap.get(type_url))
+
+    @staticmethod
+    def _wants(st: SotwTypeState, type_url: str, plan: _Plan) -> bool:
+        first = st.initial_pending and (bool(plan.view) or type_url in types.FULL_STATE or st.wildcard)
+        return bool(plan.changed or plan.deleted or first or (st.resend and plan.view))
+
+    def _push(self) -> list[bytes]:
+        snap = self.snapshot()
+        if snap is None:
+            return []
+        order = sorted(self.states, key=types.order_key)
+        gated = [t for t in (types.LISTENER, types.ROUTE) if t in self.states]
+        plans = {t: self._plan(snap, t) for t in gated}
+        hold_removals = (self.ctx.make_before_break and self.fixed_type is None and
+                         any(self.states[t].outstanding or self._wants(self.states[t], t, plans[t]) for t in gated))
+        out: list[bytes] = []
+        for t in order:
+            st = self.states[t]
+            plan = plans.get(t) or self._plan(snap, t)
+            if not self._wants(st, t, plan):
+                continue
+            resources = plan.view
+            version = snap.version
+            partial = t == types.CLUSTER and hold_removals and bool(plan.deleted)
+            if partial:
+                if not (plan.changed or st.initial_pending):
+                    continue  # only removals: wait until LDS/RDS are answered
+                resources = {**{n: st.sent[n] for n in plan.deleted}, **plan.view}
+                version += PARTIAL_SUFFIX
+            if t == types.CLUSTER and types.ENDPOINT in self.states:
+                self._flag_eds_resend(plan)
+            out.append(self._respond(t, st, version, resources, plan.whole_type and not partial, snap))
+        return out
+
+    def _flag_eds_resend(self, plan: _Plan) -> None:
+        eds = self.states[types.ENDPOINT]
+        cds = self.states[types.CLUSTER]
+        for r in plan.changed:
+            if r.name in cds.sent and r.eds_name and (eds.wildcard or r.eds_name in eds.names):
+                eds.resend = True
+                return
+
+    def _respond(self, t: str, st: SotwTypeState, version: str, resources: dict[str, Resource], whole: bool,
+                 snap: Snapshot) -> bytes:
+        names = sorted(resources)
+        key = (t, version, snap.type_digests.get(t, "")) if whole else (t, version, tuple((n, resources[n].version) for n in names))
+
+        def build() -> bytes:
+            return (wire.string_field(wire.SotwResponseField.VERSION_INFO, version)
+                    + b"".join(resources[n].sotw_field for n in names)
+                    + wire.string_field(wire.SotwResponseField.TYPE_URL, t))
+
+        body = self.ctx.body_cache.get(key, build)
+        nonce = self.next_nonce()
+        st.nonce, st.outstanding, st.initial_pending, st.resend = nonce, True, False, False
+        st.sent, st.sent_version = resources, version
+        assert self.node is not None
+        self.ctx.status.sent(self.node.id, t, version, nonce)
+        self.log.debug("response", type=types.short(t), version=version, nonce=nonce, resources=len(names))
+        return body + wire.string_field(wire.SotwResponseField.NONCE, nonce)

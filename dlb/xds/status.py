@@ -1,0 +1,163 @@
+"""Per-node xDS delivery state: what was sent, what was ACKed, why something was NACKed.
+
+Operators need to answer "which Envoys run which config, and which rejected it?" without reading
+logs. :class:`StatusRegistry` is updated by the streams and read by three consumers: the JSON status
+endpoint, a Prometheus collector (built at scrape time, so stale label sets never linger), and
+optional ``on_ack`` hooks (the scale benchmark measures push-to-ACK latency with one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from dlb.xds import types
+
+
+@dataclass
+class TypeStatus:
+    sent_version: str = ""
+    sent_nonce: str = ""
+    acked_version: str = ""
+    last_nack_version: str = ""
+    last_nack_reason: str = ""
+    responses: int = 0
+    acks: int = 0
+    nacks: int = 0
+    last_ack_unix: float = 0.0
+
+
+@dataclass
+class NodeStatus:
+    node_id: str
+    cluster: str = ""
+    streams: int = 0
+    types: dict[str, TypeStatus] = field(default_factory=dict)
+    last_seen_unix: float = 0.0
+
+    def type(self, type_url: str) -> TypeStatus:
+        st = self.types.get(type_url)
+        if st is None:
+            st = self.types[type_url] = TypeStatus()
+        return st
+
+
+AckHook = Callable[[str, str, str], None]  # node_id, type_url, version
+
+
+@dataclass
+class StatusRegistry:
+    nodes: dict[str, NodeStatus] = field(default_factory=dict)
+    stale_nonces: int = 0
+    ack_hooks: list[AckHook] = field(default_factory=list)
+
+    def node(self, node_id: str, cluster: str = "") -> NodeStatus:
+        ns = self.nodes.get(node_id)
+        if ns is None:
+            ns = self.nodes[node_id] = NodeStatus(node_id=node_id, cluster=cluster)
+        ns.last_seen_unix = time.time()
+        return ns
+
+    def stream_opened(self, node_id: str, cluster: str) -> None:
+        self.node(node_id, cluster).streams += 1
+
+    def stream_closed(self, node_id: str) -> None:
+        self.node(node_id).streams -= 1
+
+    def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
+        st = self.node(node_id).type(type_url)
+        st.sent_version, st.sent_nonce = version, nonce
+        st.responses += 1
+
+    def acked(self, node_id: str, type_url: str, version: str) -> None:
+        st = self.node(node_id).type(type_url)
+        st.acked_version = version
+        st.acks += 1
+        st.last_ack_unix = time.time()
+        for hook in self.ack_hooks:
+            hook(node_id, type_url, version)
+
+    def nacked(self, node_id: str, type_url: str, version: str, reason: str) -> None:
+        st = self.node(node_id).type(type_url)
+        st.last_nack_version, st.last_nack_reason = version, reason
+        st.nacks += 1
+
+    def to_json(self) -> dict:
+        return {
+            "stale_nonces": self.stale_nonces,
+            "nodes": {nid: {"cluster": ns.cluster, "streams": ns.streams, "last_seen_unix": ns.last_seen_unix,
+                            "types": {types.short(t): {"type_url": t, **asdict(st)} for t, st in sorted(ns.types.items())}}
+                      for nid, ns in sorted(self.nodes.items())},
+        }
+
+
+class StatusCollector:
+    """Prometheus view of a :class:`StatusRegistry` (register it in a CollectorRegistry)."""
+
+    def __init__(self, status: StatusRegistry, snapshot_count: Callable[[], int] | None = None) -> None:
+        self.status = status
+        self.snapshot_count = snapshot_count
+
+    def collect(self) -> Iterator:
+        streams = GaugeMetricFamily("dlb_xds_streams", "open xDS streams per node", labels=["node"])
+        acked = InfoMetricFamily("dlb_xds_acked_version", "last version each node ACKed, per type", labels=["node", "type"])
+        sent = InfoMetricFamily("dlb_xds_sent_version", "last version sent to each node, per type", labels=["node", "type"])
+        responses = CounterMetricFamily("dlb_xds_responses", "responses sent", labels=["node", "type"])
+        nacks = CounterMetricFamily("dlb_xds_nacks", "NACKs received", labels=["node", "type"])
+        for nid, ns in self.status.nodes.items():
+            streams.add_metric([nid], ns.streams)
+            for t, st in ns.types.items():
+                label = [nid, types.short(t)]
+                if st.acked_version:
+                    acked.add_metric(label, {"version": st.acked_version})
+                if st.sent_version:
+                    sent.add_metric(label, {"version": st.sent_version})
+                responses.add_metric(label, st.responses)
+                nacks.add_metric(label, st.nacks)
+        yield from (streams, acked, sent, responses, nacks)
+        yield CounterMetricFamily("dlb_xds_stale_nonces", "requests ignored for a stale nonce", value=self.status.stale_nonces)
+        if self.snapshot_count is not None:
+            yield GaugeMetricFamily("dlb_xds_snapshots", "node keys with a snapshot", value=self.snapshot_count())
+
+
+class StatusServer:
+    """Small HTTP endpoint: ``/status`` (JSON), ``/metrics`` (Prometheus), ``/healthz``."""
+
+    def __init__(self, status: StatusRegistry, snapshot_count: Callable[[], int] | None = None,
+                 extra_routes: list[web.RouteDef] | None = None) -> None:
+        self.status = status
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(StatusCollector(status, snapshot_count))
+        self.app = web.Application()
+        self.app.add_routes([web.get("/status", self._status), web.get("/metrics", self._metrics),
+                             web.get("/healthz", self._healthz), *(extra_routes or [])])
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def _status(self, _req: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(self.status.to_json(), indent=1), content_type="application/json")
+
+    async def _metrics(self, _req: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def _healthz(self, _req: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,181 @@
+"""What SotW and delta streams share: node caching, watch lifetime, wake-ups, authorisation, nonces.
+
+A stream is one task: a reader task only appends requests to a deque and sets the wake event; the
+stream's own loop drains all queued requests, then computes one push from the *newest* snapshot. So
+neither a burst of requests nor a burst of snapshots produces more than one response per type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+
+from dlb.log import get_logger
+from dlb.xds import types
+from dlb.xds.cache import SnapshotCache, Watch
+from dlb.xds.snapshot import Resource, Snapshot
+from dlb.xds.status import StatusRegistry
+
+# authorizer(node, type_url, resource_name) -> may this node read it?
+Authorizer = Callable[[base_pb2.Node, str, str], bool]
+
+log = get_logger("dlb.xds.server")
+
+_EOF = object()
+
+
+class StreamError(Exception):
+    """A protocol violation by the client; the stream is closed with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ServerContext:
+    """Everything a stream needs from its server."""
+
+    cache: SnapshotCache
+    status: StatusRegistry = field(default_factory=StatusRegistry)
+    authorizer: Authorizer | None = None
+    make_before_break: bool = True
+    body_cache: "BodyCache" = field(default_factory=lambda: BodyCache(4096))
+
+
+class BodyCache:
+    """LRU of response bodies shared by streams that see the same view of the same snapshot."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple, build: Callable[[], bytes]) -> bytes:
+        body = self._items.get(key)
+        if body is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return body
+        self.misses += 1
+        body = self._items[key] = build()
+        if len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return body
+
+
+class StreamBase:
+    """One xDS stream. Subclasses implement ``_handle`` (a request) and ``_push`` (responses)."""
+
+    kind = "sotw"
+
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
+        self.ctx = ctx
+        self.fixed_type = fixed_type  # per-type service (CDS, EDS, ...) rather than ADS
+        self.peer = peer
+        self.node: base_pb2.Node | None = None
+        self.key: str | None = None
+        self._watch: Watch | None = None
+        self._wake = asyncio.Event()
+        self._requests: collections.deque = collections.deque()
+        self._nonce = 0
+        self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
+
+    # --- helpers for subclasses -------------------------------------------------------------
+    def next_nonce(self) -> str:
+        self._nonce += 1
+        return str(self._nonce)
+
+    def type_of(self, request_type_url: str) -> str:
+        if self.fixed_type is None:
+            if not request_type_url:
+                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "type_url is required on ADS requests")
+            return request_type_url
+        if request_type_url and request_type_url != self.fixed_type:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"type_url {request_type_url!r} on the {types.short(self.fixed_type)} service")
+        return self.fixed_type
+
+    def adopt_node(self, node: base_pb2.Node | None, has_node: bool) -> None:
+        """Cache the node from the first request; later requests may omit it (and may not change it)."""
+        if self.node is not None:
+            return
+        if not has_node or node is None or not node.id:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first request on a stream must carry node.id")
+        self.node = node
+        self.key = self.ctx.cache.node_key(node)
+        self.log = self.log.bind(node=node.id)
+        self._watch = self.ctx.cache.watch(self.key, self._on_snapshot)
+        self.ctx.status.stream_opened(node.id, node.cluster)
+        self.log.info("stream opened", key=self.key)
+
+    def snapshot(self) -> Snapshot | None:
+        return self.ctx.cache.get_snapshot(self.key) if self.key is not None else None
+
+    def visible(self, snap: Snapshot, type_url: str, names: set[str], wildcard: bool) -> Mapping[str, Resource]:
+        """Resources of ``type_url`` this stream asked for and may read (unknown names are skipped)."""
+        all_res = snap.get(type_url)
+        auth = self.ctx.authorizer
+        if wildcard:
+            if auth is None:
+                return all_res
+            return {n: r for n, r in all_res.items() if auth(self.node, type_url, n)}  # type: ignore[arg-type]
+        out = {}
+        for n in names:
+            r = all_res.get(n)
+            if r is not None and (auth is None or auth(self.node, type_url, n)):  # type: ignore[arg-type]
+                out[n] = r
+        return out
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _on_snapshot(self) -> None:
+        self._wake.set()
+
+    async def _read(self, request_iterator: AsyncIterator) -> None:
+        try:
+            async for req in request_iterator:
+                self._requests.append(req)
+                self._wake.set()
+        except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AioRpcError):
+            pass
+        except Exception as exc:  # a broken peer ends its own stream, nothing else
+            self.log.warning("request stream failed", error=repr(exc))
+        finally:
+            self._requests.append(_EOF)
+            self._wake.set()
+
+    async def run(self, request_iterator: AsyncIterator) -> AsyncIterator[bytes]:
+        reader = asyncio.create_task(self._read(request_iterator))
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._requests:
+                    req = self._requests.popleft()
+                    if req is _EOF:
+                        return
+                    self._handle(req)
+                if self.node is None:
+                    continue
+                for response in self._push():
+                    yield response
+        finally:
+            reader.cancel()
+            if self._watch is not None:
+                self.ctx.cache.cancel(self._watch)
+                self._watch = None
+            if self.node is not None:
+                self.ctx.status.stream_closed(self.node.id)
+                self.log.info("stream closed")
+
+    def _handle(self, req) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _push(self) -> list[bytes]:  # pragma: no cover - abstract
+        raise NotImplementedError

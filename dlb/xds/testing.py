@@ -1,0 +1,169 @@
+"""Test and benchmark helpers: a raw xDS stream driver and hand-built Envoy resources.
+
+``RawStream`` speaks the protocol with the plain xds-protos stubs (no client logic), so tests can send
+exactly the requests they mean (stale nonces, NACKs, withdrawn names). ``barrier`` proves the absence
+of a push without sleeping: it subscribes to a fresh custom type, which the server answers at once;
+responses of one push go out in type order with unknown custom types last, so anything the server
+meant to send before the barrier arrives first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import grpc
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2, config_source_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import any_pb2
+
+_barrier_ids = itertools.count(1)
+BARRIER_PREFIX = "type.googleapis.com/zzz.dlb.barrier"
+
+
+class RawStream:
+    """One ADS stream (SotW or delta) driven request by request."""
+
+    def __init__(self, channel: grpc.aio.Channel, delta: bool = False) -> None:
+        self.delta = delta
+        self._queue: asyncio.Queue = asyncio.Queue()
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+
+        async def requests():
+            while True:
+                item = await self._queue.get()
+                if item is None:
+                    return
+                yield item
+
+        method = stub.DeltaAggregatedResources if delta else stub.StreamAggregatedResources
+        self.call = method(requests())
+
+    async def send(self, req) -> None:
+        await self._queue.put(req)
+
+    async def recv(self, timeout: float = 20.0):
+        resp = await asyncio.wait_for(self.call.read(), timeout)
+        if resp is grpc.aio.EOF:
+            raise EOFError(f"stream ended: {await self.call.code()} {await self.call.details()}")
+        return resp
+
+    async def barrier(self, node: base_pb2.Node | None = None) -> list:
+        """Return every response that arrives before the barrier's own response."""
+        type_url = f"{BARRIER_PREFIX}{next(_barrier_ids):06d}"
+        if self.delta:
+            await self.send(discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, node=node))
+        else:
+            await self.send(discovery_pb2.DiscoveryRequest(type_url=type_url, node=node))
+        before = []
+        while True:
+            resp = await self.recv()
+            if resp.type_url == type_url:
+                return before
+            before.append(resp)
+
+    async def close(self) -> None:
+        await self._queue.put(None)
+        self.call.cancel()
+
+
+def sotw_request(type_url: str, names=(), version: str = "", nonce: str = "", node=None, error: str | None = None):
+    req = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=list(names), version_info=version,
+                                         response_nonce=nonce)
+    if node is not None:
+        req.node.CopyFrom(node)
+    if error is not None:
+        req.error_detail.code = 3
+        req.error_detail.message = error
+    return req
+
+
+def ack(resp, names=(), node=None):
+    return sotw_request(resp.type_url, names, resp.version_info, resp.nonce, node)
+
+
+def nack(resp, kept_version: str, reason: str, names=()):
+    return sotw_request(resp.type_url, names, kept_version, resp.nonce, error=reason)
+
+
+def names_of(resp, cls) -> list[str]:
+    """Resource names in a SotW response, unpacked as ``cls``."""
+    out = []
+    for a in resp.resources:
+        m = cls.FromString(a.value)
+        out.append(m.cluster_name if hasattr(m, "cluster_name") and "cluster_name" in m.DESCRIPTOR.fields_by_name else m.name)
+    return out
+
+
+# --- hand-built Envoy resources (tests, benchmark) ---------------------------------------------
+
+def _ads_source() -> config_source_pb2.ConfigSource:
+    return config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
+                                          resource_api_version=config_source_pb2.V3)
+
+
+def eds_cluster(name: str, connect_timeout_s: float = 1.0) -> cluster_pb2.Cluster:
+    c = cluster_pb2.Cluster(name=name, type=cluster_pb2.Cluster.EDS)
+    c.connect_timeout.FromNanoseconds(int(connect_timeout_s * 1e9))
+    c.eds_cluster_config.eds_config.CopyFrom(_ads_source())
+    return c
+
+
+def load_assignment(cluster: str, ports: list[int], host: str = "127.0.0.1") -> endpoint_pb2.ClusterLoadAssignment:
+    cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster)
+    group = cla.endpoints.add()
+    for port in ports:
+        ep = group.lb_endpoints.add()
+        ep.endpoint.address.socket_address.address = host
+        ep.endpoint.address.socket_address.port_value = port
+    return cla
+
+
+def route_config(name: str, weights: dict[str, int] | None = None, cluster: str | None = None,
+                 direct_body: str | None = None) -> route_pb2.RouteConfiguration:
+    """One virtual host, one catch-all route: to ``cluster``, to weighted clusters, or a direct response."""
+    rc = route_pb2.RouteConfiguration(name=name)
+    vh = rc.virtual_hosts.add(name="all", domains=["*"])
+    r = vh.routes.add()
+    r.match.prefix = "/"
+    if direct_body is not None:
+        r.direct_response.status = 200
+        r.direct_response.body.inline_string = direct_body
+    elif cluster is not None:
+        r.route.cluster = cluster
+    else:
+        for c, w in (weights or {}).items():
+            wc = r.route.weighted_clusters.clusters.add(name=c)
+            wc.weight.value = w
+    return rc
+
+
+def http_listener(name: str, port: int, route_name: str) -> listener_pb2.Listener:
+    hcm = hcm_pb2.HttpConnectionManager(stat_prefix=name)
+    hcm.rds.route_config_name = route_name
+    hcm.rds.config_source.CopyFrom(_ads_source())
+    router = any_pb2.Any()
+    router.Pack(router_pb2.Router())
+    hcm.http_filters.add(name="envoy.filters.http.router", typed_config=router)
+    packed = any_pb2.Any()
+    packed.Pack(hcm)
+    lst = listener_pb2.Listener(name=name)
+    lst.address.socket_address.address = "127.0.0.1"
+    lst.address.socket_address.port_value = port
+    chain = lst.filter_chains.add()
+    chain.filters.add(name="envoy.filters.network.http_connection_manager", typed_config=packed)
+    return lst
+
+
+def node(node_id: str, cluster: str = "test") -> base_pb2.Node:
+    return base_pb2.Node(id=node_id, cluster=cluster)
+
+
+__all__ = ["RawStream", "ack", "eds_cluster", "http_listener", "load_assignment", "nack", "names_of", "node",
+           "route_config", "sotw_request"]

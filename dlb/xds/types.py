@@ -1,0 +1,56 @@
+"""Type URLs and the per-type protocol rules the server applies.
+
+The cache is type-agnostic (any protobuf message under any type URL flows over ADS, including our own
+``type.googleapis.com/dlb.v1.*`` types). Only three things depend on the type, all from the xDS
+protocol: which types are *full state* in state-of-the-world (a missing name means "deleted"), which
+types allow the legacy wildcard (an empty first request means "everything"), and the make-before-break
+push order across types on one ADS stream.
+"""
+
+from __future__ import annotations
+
+_PREFIX = "type.googleapis.com/"
+CLUSTER = _PREFIX + "envoy.config.cluster.v3.Cluster"
+ENDPOINT = _PREFIX + "envoy.config.endpoint.v3.ClusterLoadAssignment"
+LISTENER = _PREFIX + "envoy.config.listener.v3.Listener"
+ROUTE = _PREFIX + "envoy.config.route.v3.RouteConfiguration"
+SCOPED_ROUTE = _PREFIX + "envoy.config.route.v3.ScopedRouteConfiguration"
+VIRTUAL_HOST = _PREFIX + "envoy.config.route.v3.VirtualHost"
+SECRET = _PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret"
+RUNTIME = _PREFIX + "envoy.service.runtime.v3.Runtime"
+
+SHORT_NAMES = {CLUSTER: "CDS", ENDPOINT: "EDS", LISTENER: "LDS", ROUTE: "RDS", SCOPED_ROUTE: "SRDS",
+               VIRTUAL_HOST: "VHDS", SECRET: "SDS", RUNTIME: "RTDS"}
+
+# Make-before-break order on one ADS stream (xDS protocol, "eventual consistency considerations"):
+# clusters first, then their endpoints, then listeners, then the routes that reference the clusters.
+# Types not listed (our own custom types) go last, in type-URL order, so pushes are deterministic.
+PUSH_ORDER = [CLUSTER, ENDPOINT, LISTENER, ROUTE, SCOPED_ROUTE, VIRTUAL_HOST, SECRET, RUNTIME]
+
+# Types whose SotW responses must carry every subscribed resource (omission = deletion).
+FULL_STATE = frozenset({CLUSTER, LISTENER, SCOPED_ROUTE})
+
+# Types a client always requests by name; an empty request for these is "nothing", never wildcard.
+NAMED_ONLY = frozenset({ENDPOINT, ROUTE, VIRTUAL_HOST, SECRET})
+
+WILDCARD = "*"
+
+
+def short(type_url: str) -> str:
+    """A short label for logs and metrics (``CDS``, or the message name for custom types)."""
+    return SHORT_NAMES.get(type_url) or type_url.rsplit("/", 1)[-1]
+
+
+def supports_legacy_wildcard(type_url: str) -> bool:
+    return type_url not in NAMED_ONLY
+
+
+def order_key(type_url: str) -> tuple[int, str]:
+    try:
+        return (PUSH_ORDER.index(type_url), "")
+    except ValueError:
+        return (len(PUSH_ORDER), type_url)
+
+
+def type_url_of(message_full_name: str) -> str:
+    return _PREFIX + message_full_name

@@ -1,0 +1,436 @@
+"""xDS protocol behaviour of dlb.xds (DESIGN.md §5) driven by a raw gRPC client (xds-protos stubs).
+
+Absence of a push is proven with ``RawStream.barrier`` (no sleeps, no timed assertions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import urllib.request
+
+import grpc
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.service.cluster.v3 import cds_pb2_grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import struct_pb2
+
+from dlb.xds import Snapshot, SnapshotCache, SnapshotError, StatusServer, XdsServer, types
+from dlb.xds.snapshot import Resource
+from dlb.xds.testing import (RawStream, ack, eds_cluster, http_listener, load_assignment, nack, names_of, node,
+                             route_config, sotw_request)
+
+CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
+CUSTOM = "type.googleapis.com/google.protobuf.Struct"
+N1 = node("n1")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+class Env:
+    def __init__(self, **kw) -> None:
+        self.cache = SnapshotCache(**{k: v for k, v in kw.items() if k == "node_key"})
+        self.server = XdsServer(self.cache, **{k: v for k, v in kw.items() if k != "node_key"})
+        self.streams: list[RawStream] = []
+
+    def stream(self, delta: bool = False) -> RawStream:
+        s = RawStream(self.channel, delta=delta)
+        self.streams.append(s)
+        return s
+
+
+@contextlib.asynccontextmanager
+async def xds(**kw):
+    env = Env(**kw)
+    port = await env.server.start()
+    env.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield env
+    finally:
+        for s in env.streams:
+            await s.close()
+        await env.channel.close()
+        await env.server.stop(None)
+
+
+def snap(clusters=("c1",), eds=None, routes=None, listeners=(), custom=None) -> Snapshot:
+    items = [eds_cluster(c) for c in clusters]
+    items += [load_assignment(c, [p]) for c, p in (eds or {}).items()]
+    items += [route_config(r, cluster=c) for r, c in (routes or {}).items()]
+    items += [http_listener(name, 10000 + i, "r") for i, name in enumerate(listeners)]
+    items += [(n, s) for n, s in (custom or {}).items()]
+    return Snapshot.build(items, extra_types=[CDS, LDS])
+
+
+def struct(**fields) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(fields)
+    return s
+
+
+# --- SotW ---------------------------------------------------------------------------------------
+
+def test_wildcard_cds_full_state_nonce_and_version():
+    async def main():
+        async with xds() as env:
+            v1 = env.cache.set_snapshot("n1", snap(clusters=("c1", "c2")))
+            s = env.stream()
+            await s.send(sotw_request(CDS, node=N1))  # legacy wildcard: empty names on the first CDS request
+            r1 = await s.recv()
+            assert r1.type_url == CDS and r1.version_info == v1 and r1.nonce
+            assert sorted(names_of(r1, cluster_pb2.Cluster)) == ["c1", "c2"]
+            await s.send(ack(r1))
+            assert await s.barrier() == []  # an ACK is not answered
+            v2 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))  # deletion: full state without c2
+            r2 = await s.recv()
+            assert r2.version_info == v2 and names_of(r2, cluster_pb2.Cluster) == ["c1"]
+            assert r2.nonce != r1.nonce
+            await s.send(ack(r2))
+            await s.barrier()
+            assert env.server.status.nodes["n1"].types[CDS].acked_version == v2
+    run(main())
+
+
+def test_type_url_required_and_node_required():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap())
+            s = env.stream()
+            await s.send(sotw_request("", node=N1))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await s.recv()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "type_url" in err.value.details()
+            s2 = env.stream()
+            await s2.send(sotw_request(CDS))  # no node on the first request
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await s2.recv()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "node" in err.value.details()
+            s3 = env.stream()  # node only on the first request: later requests reuse it
+            await s3.send(sotw_request(CDS, node=N1))
+            r = await s3.recv()
+            await s3.send(ack(r))
+            await s3.send(sotw_request(EDS, ["c1"]))
+            assert await s3.barrier() == []  # c1 has no endpoints yet: nothing, but the stream lives
+    run(main())
+
+
+def test_unchanged_snapshot_not_pushed_and_bursts_coalesced():
+    async def main():
+        async with xds() as env:
+            v1 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+            s = env.stream()
+            await s.send(sotw_request(CDS, node=N1))
+            await s.send(ack(await s.recv()))
+            assert await s.barrier() == []
+            assert env.cache.set_snapshot("n1", snap(clusters=("c1",))) == v1  # same content: same version
+            assert await s.barrier() == []
+            # A snapshot whose CDS view is unchanged (only custom resources moved) pushes no CDS.
+            env.cache.set_snapshot("n1", snap(clusters=("c1",), custom={"x": struct(a=1)}))
+            assert await s.barrier() == []
+            last = ""
+            for i in range(20):  # a burst without yielding to the loop: one push of the newest
+                last = env.cache.set_snapshot("n1", snap(clusters=("c1", f"burst{i}")))
+            r = await s.recv()
+            assert r.version_info == last and sorted(names_of(r, cluster_pb2.Cluster)) == ["burst19", "c1"]
+            await s.send(ack(r))
+            assert await s.barrier() == []
+    run(main())
+
+
+def test_stale_nonce_ignored():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(eds={"a": 1, "b": 2}))
+            s = env.stream()
+            await s.send(sotw_request(EDS, ["a"], node=N1))
+            r1 = await s.recv()
+            env.cache.set_snapshot("n1", snap(eds={"a": 3, "b": 2}))
+            r2 = await s.recv()
+            # A request carrying the superseded nonce is ignored, names included.
+            await s.send(sotw_request(EDS, ["a", "b"], r1.version_info, r1.nonce))
+            assert await s.barrier() == []
+            assert env.server.status.stale_nonces == 1
+            assert env.server.status.nodes["n1"].types[EDS].acked_version == ""
+            await s.send(ack(r2, ["a", "b"]))  # the current nonce: ACK + new name b is served
+            r3 = await s.recv()
+            assert r3.version_info == r2.version_info and sorted(names_of(r3, endpoint_pb2.ClusterLoadAssignment)) == ["a", "b"]
+            assert env.server.status.nodes["n1"].types[EDS].acked_version == r2.version_info
+    run(main())
+
+
+def test_named_subscriptions_new_withdrawn_and_missing_names():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(eds={"a": 1, "b": 2}))
+            s = env.stream()
+            await s.send(sotw_request(EDS, ["a"], node=N1))
+            r1 = await s.recv()
+            assert names_of(r1, endpoint_pb2.ClusterLoadAssignment) == ["a"]  # a subset, never held for b
+            await s.send(ack(r1, ["a", "b"]))  # newly named b at an unchanged version is sent
+            r2 = await s.recv()
+            assert r2.version_info == r1.version_info
+            assert sorted(names_of(r2, endpoint_pb2.ClusterLoadAssignment)) == ["a", "b"]
+            await s.send(ack(r2, ["a", "zz"]))  # withdraw b, ask for zz which does not exist yet
+            assert await s.barrier() == []  # (also makes sure the server has the request before we go on)
+            env.cache.set_snapshot("n1", snap(eds={"a": 1, "b": 9}))  # change of a withdrawn name: silence
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(eds={"a": 1, "b": 9, "zz": 5}))  # remembered name appears
+            r3 = await s.recv()
+            assert sorted(names_of(r3, endpoint_pb2.ClusterLoadAssignment)) == ["a", "zz"]
+            await s.send(ack(r3, []))  # empty names after explicit ones = unsubscribe all (not wildcard)
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(eds={"a": 7, "zz": 7}))
+            assert await s.barrier() == []
+    run(main())
+
+
+def test_nack_logged_exposed_and_not_resent():
+    async def main():
+        async with xds() as env:
+            v1 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+            s = env.stream()
+            await s.send(sotw_request(CDS, node=N1))
+            await s.send(ack(await s.recv()))
+            assert await s.barrier() == []
+            v2 = env.cache.set_snapshot("n1", snap(clusters=("c1", "bad")))
+            r2 = await s.recv()
+            await s.send(nack(r2, v1, "cluster bad: invalid"))
+            assert await s.barrier() == []  # not re-sent in reply to the NACK
+            env.cache.set_snapshot("n1", snap(clusters=("c1", "bad"), custom={"x": struct(a=1)}))
+            assert await s.barrier() == []  # new snapshot, same rejected CDS content: still not re-sent
+            st = env.server.status.nodes["n1"].types[CDS]
+            assert (st.acked_version, st.sent_version, st.last_nack_version) == (v1, v2, v2)
+            assert st.last_nack_reason == "cluster bad: invalid" and st.nacks == 1
+            v4 = env.cache.set_snapshot("n1", snap(clusters=("c1", "good")))
+            r4 = await s.recv()
+            assert r4.version_info == v4 and sorted(names_of(r4, cluster_pb2.Cluster)) == ["c1", "good"]
+    run(main())
+
+
+def test_make_before_break_order_and_stale_cluster_removal():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("old",), eds={"old": 1}, routes={"r": "old"}, listeners=("l",)))
+            s = env.stream()
+            await s.send(sotw_request(CDS, node=N1))
+            await s.send(ack(await s.recv()))
+            assert await s.barrier() == []
+            await s.send(sotw_request(EDS, ["old"]))
+            await s.send(ack(await s.recv(), ["old"]))
+            await s.send(sotw_request(LDS))
+            await s.send(ack(await s.recv()))
+            await s.send(sotw_request(RDS, ["r"]))
+            await s.send(ack(await s.recv(), ["r"]))
+            assert await s.barrier() == []
+            # Switch the route from "old" to "new": add first, move the route, then remove.
+            v2 = env.cache.set_snapshot("n1", snap(clusters=("new",), eds={"new": 2}, routes={"r": "new"}, listeners=("l",)))
+            cds = await s.recv()
+            rds = await s.recv()
+            assert (cds.type_url, rds.type_url) == (CDS, RDS)  # CDS before RDS on the stream
+            assert sorted(names_of(cds, cluster_pb2.Cluster)) == ["new", "old"] and cds.version_info == v2 + "~partial"
+            assert route_pb2.RouteConfiguration.FromString(rds.resources[0].value).virtual_hosts[0].routes[0].route.cluster == "new"
+            await s.send(ack(cds))
+            await s.send(sotw_request(EDS, ["new", "old"], "v", await_nonce(env, s, EDS)))
+            eds = await s.recv()  # the new cluster's endpoints
+            assert eds.type_url == EDS and "new" in names_of(eds, endpoint_pb2.ClusterLoadAssignment)
+            await s.send(ack(eds, ["new", "old"]))
+            assert await s.barrier() == []  # "old" still present until RDS is ACKed
+            await s.send(ack(rds, ["r"]))
+            final = await s.recv()
+            assert final.type_url == CDS and final.version_info == v2 and names_of(final, cluster_pb2.Cluster) == ["new"]
+    run(main())
+
+
+def await_nonce(env: Env, s: RawStream, type_url: str) -> str:
+    return env.server.status.nodes["n1"].types[type_url].sent_nonce
+
+
+def test_eds_resent_after_cluster_change():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("c1",), eds={"c1": 1}))
+            s = env.stream()
+            await s.send(sotw_request(CDS, node=N1))
+            await s.send(ack(await s.recv()))
+            assert await s.barrier() == []
+            await s.send(sotw_request(EDS, ["c1"]))
+            e1 = await s.recv()
+            await s.send(ack(e1, ["c1"]))
+            assert await s.barrier() == []
+            changed = Snapshot.build([eds_cluster("c1", connect_timeout_s=5), load_assignment("c1", [1])])
+            v2 = env.cache.set_snapshot("n1", changed)
+            cds, eds = await s.recv(), await s.recv()
+            assert (cds.type_url, eds.type_url) == (CDS, EDS) and eds.version_info == v2
+            assert eds.resources[0].value == e1.resources[0].value  # same endpoints, sent again for re-warming
+    run(main())
+
+
+def test_authorizer_and_per_node_snapshots():
+    def only_own_cell(nd, type_url, name):
+        return name.startswith(nd.cluster + "-")
+
+    async def main():
+        async with xds(authorizer=only_own_cell) as env:
+            env.cache.set_snapshot("a1", snap(clusters=("cellA-x", "cellB-secret"), eds={"cellA-x": 1, "cellB-secret": 2}))
+            env.cache.set_snapshot("b1", snap(clusters=("cellB-y",)))
+            sa, sb = env.stream(), env.stream()
+            await sa.send(sotw_request(CDS, node=node("a1", "cellA")))
+            await sb.send(sotw_request(CDS, node=node("b1", "cellB")))
+            assert names_of(await sa.recv(), cluster_pb2.Cluster) == ["cellA-x"]
+            assert names_of(await sb.recv(), cluster_pb2.Cluster) == ["cellB-y"]
+            await sa.send(sotw_request(EDS, ["cellB-secret"]))  # asking by name does not help
+            assert await sa.barrier() == []
+    run(main())
+
+
+def test_custom_types_over_ads_and_watch_cancelled_on_close():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(custom={"policy-a": struct(gain=2.0), "policy-b": struct(gain=1.0)}))
+            s = env.stream()
+            await s.send(sotw_request(CUSTOM, ["policy-a"], node=N1))
+            r = await s.recv()
+            assert r.type_url == CUSTOM and struct_pb2.Struct.FromString(r.resources[0].value)["gain"] == 2.0
+            assert env.cache.watch_count == 1 and env.server.status.nodes["n1"].streams == 1
+            await s.close()
+            for _ in range(200):
+                if env.cache.watch_count == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert env.cache.watch_count == 0 and env.server.status.nodes["n1"].streams == 0
+    run(main())
+
+
+def test_per_type_service_without_ads():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+            q: asyncio.Queue = asyncio.Queue()
+
+            async def reqs():
+                while (item := await q.get()) is not None:
+                    yield item
+
+            call = cds_pb2_grpc.ClusterDiscoveryServiceStub(env.channel).StreamClusters(reqs())
+            await q.put(discovery_pb2.DiscoveryRequest(node=N1))  # type_url implied by the service
+            r = await asyncio.wait_for(call.read(), 20)
+            assert r.type_url == CDS and names_of(r, cluster_pb2.Cluster) == ["c1"]
+            await q.put(None)
+            call.cancel()
+    run(main())
+
+
+def test_versions_unique_across_restarts_and_no_duplicate_names():
+    a, b = SnapshotCache(), SnapshotCache()
+    assert a.set_snapshot("n", snap()) != b.set_snapshot("n", snap())
+    with pytest.raises(SnapshotError, match="duplicate resource name 'c1'"):
+        Snapshot.build([eds_cluster("c1"), eds_cluster("c1")])
+    r1, r2 = Resource.from_message(eds_cluster("c1")), Resource.from_message(eds_cluster("c1"))
+    assert r1.version == r2.version  # delta versions are content hashes
+    assert Resource.from_message(eds_cluster("c1", 3)).version != r1.version
+
+
+def test_status_endpoint_and_metrics():
+    async def main():
+        async with xds() as env:
+            status = StatusServer(env.server.status, snapshot_count=lambda: len(env.cache.keys()))
+            port = await status.start()
+            try:
+                v1 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+                s = env.stream()
+                await s.send(sotw_request(CDS, node=N1))
+                await s.send(ack(await s.recv()))
+                assert await s.barrier() == []
+                v2 = env.cache.set_snapshot("n1", snap(clusters=("c2",)))
+                await s.send(nack(await s.recv(), v1, "no good"))
+                await s.barrier()
+                loop = asyncio.get_running_loop()
+                body = await loop.run_in_executor(None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/status").read())
+                cds = json.loads(body)["nodes"]["n1"]["types"]["CDS"]
+                assert (cds["sent_version"], cds["acked_version"], cds["last_nack_reason"]) == (v2, v1, "no good")
+                assert json.loads(body)["nodes"]["n1"]["streams"] == 1
+                metrics = (await loop.run_in_executor(None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())).decode()
+                assert f'dlb_xds_acked_version_info{{node="n1",type="CDS",version="{v1}"}} 1.0' in metrics
+                assert 'dlb_xds_nacks_total{node="n1",type="CDS"} 1.0' in metrics
+            finally:
+                await status.stop()
+    run(main())
+
+
+# --- delta --------------------------------------------------------------------------------------
+
+def delta_req(type_url, sub=(), unsub=(), nonce="", node=None, initial=None, error=None):
+    req = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, resource_names_subscribe=list(sub),
+                                              resource_names_unsubscribe=list(unsub), response_nonce=nonce,
+                                              initial_resource_versions=initial or {})
+    if node is not None:
+        req.node.CopyFrom(node)
+    if error is not None:
+        req.error_detail.message = error
+    return req
+
+
+def test_delta_wildcard_updates_removals_and_named_subscriptions():
+    async def main():
+        async with xds() as env:
+            v1 = env.cache.set_snapshot("n1", snap(clusters=("c1", "c2"), eds={"c1": 1, "c2": 2}))
+            s = env.stream(delta=True)
+            await s.send(delta_req(CDS, node=N1))
+            r1 = await s.recv()
+            assert r1.system_version_info == v1 and sorted(r.name for r in r1.resources) == ["c1", "c2"]
+            assert all(r.version == Resource.from_message(eds_cluster(r.name)).version for r in r1.resources)
+            await s.send(delta_req(CDS, nonce=r1.nonce))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(clusters=("c1", "c3"), eds={"c1": 1, "c2": 2}))
+            r2 = await s.recv()
+            assert [r.name for r in r2.resources] == ["c3"] and list(r2.removed_resources) == ["c2"]
+            await s.send(delta_req(CDS, nonce=r2.nonce))
+            await s.send(delta_req(EDS, sub=["c1"]))
+            e1 = await s.recv()
+            assert [r.name for r in e1.resources] == ["c1"]
+            await s.send(delta_req(EDS, sub=["c2"], nonce=e1.nonce))
+            e2 = await s.recv()
+            assert [r.name for r in e2.resources] == ["c2"]  # only the newly subscribed one
+            await s.send(delta_req(EDS, unsub=["c2"], nonce=e2.nonce))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(clusters=("c1", "c3"), eds={"c1": 1, "c2": 5}))
+            assert await s.barrier() == []  # withdrawn: no response
+    run(main())
+
+
+def test_delta_reconnect_with_initial_resource_versions():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("c1", "c2")))
+            held = {"c1": Resource.from_message(eds_cluster("c1")).version,  # current
+                    "c2": "stale-version", "gone": "x"}
+            s = env.stream(delta=True)
+            await s.send(delta_req(CDS, node=N1, initial=held))
+            r = await s.recv()
+            assert [x.name for x in r.resources] == ["c2"] and list(r.removed_resources) == ["gone"]
+    run(main())
+
+
+def test_delta_nack_not_resent():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+            s = env.stream(delta=True)
+            await s.send(delta_req(CDS, node=N1))
+            r1 = await s.recv()
+            await s.send(delta_req(CDS, nonce=r1.nonce))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(clusters=("c1", "bad")))
+            r2 = await s.recv()
+            await s.send(delta_req(CDS, nonce=r2.nonce, error="bad cluster"))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(clusters=("c1", "bad"), custom={"x": struct(a=1)}))
+            assert await s.barrier() == []
+            assert env.server.status.nodes["n1"].types[CDS].last_nack_reason == "bad cluster"
+    run(main())
