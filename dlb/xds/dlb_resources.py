@@ -1,0 +1,174 @@
+"""DLB's own xDS resources (``dlb.v1`` protos): built from the config, and decoded by the services.
+
+The control plane serves, next to Envoy's types:
+
+| type URL (``type.googleapis.com/…``) | name | consumer |
+| --- | --- | --- |
+| ``dlb.v1.RoutingPolicy`` | endpoint name | root services |
+| ``dlb.v1.Topology`` | ``topology`` | root services |
+| ``dlb.v1.CellLatencyModel`` | cell name | root services (fallback model), leaves (fleet prior) |
+| ``dlb.v1.CellAversion`` | cell name | root services |
+| ``dlb.v1.FlowWeights`` | ``<endpoint>/<source cell>`` | root services (the weights Envoy got) |
+
+Decoding validates: a resource that would put a service in a bad state raises
+:class:`ResourceError`, which the xDS client turns into a NACK, so the service keeps its last good
+state and the operator sees the reason in the control plane's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from google.protobuf.message import Message
+
+from dlb.config.model import Config, Endpoint
+from dlb.control_plane.affinity import AffinityConfig
+from dlb.control_plane.aversion import AversionConfig
+from dlb.control_plane.costs import Cost
+from dlb.control_plane.flow import FlowConfig
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import Mechanism, PolicyConfig
+from dlb.control_plane.topology import Topology
+from dlb.proto import probe_pb2, resources_pb2 as pb
+from dlb.xds import types
+
+ROUTING_POLICY = types.type_url_of("dlb.v1.RoutingPolicy")
+TOPOLOGY = types.type_url_of("dlb.v1.Topology")
+CELL_LATENCY_MODEL = types.type_url_of("dlb.v1.CellLatencyModel")
+CELL_AVERSION = types.type_url_of("dlb.v1.CellAversion")
+FLOW_WEIGHTS = types.type_url_of("dlb.v1.FlowWeights")
+TOPOLOGY_NAME = "topology"
+
+_MECH = {Mechanism.DISCRETE: pb.RoutingPolicy.DISCRETE, Mechanism.FLOW: pb.RoutingPolicy.FLOW}
+_COST = {Cost.RIF: pb.RoutingPolicy.RIF, Cost.LATENCY: pb.RoutingPolicy.LATENCY, Cost.GRADIENT: pb.RoutingPolicy.GRADIENT}
+
+
+class ResourceError(ValueError):
+    """A DLB resource that must be rejected (NACKed)."""
+
+
+def model_to_pb(p: LatencyParams, confidence: float = 0.0, samples: int = 0) -> probe_pb2.LatencyModel:
+    return probe_pb2.LatencyModel(a_s=p.a, b_s=p.b, c=p.c, s=p.s, confidence=confidence, samples=samples)
+
+
+def model_from_pb(m: probe_pb2.LatencyModel, what: str) -> LatencyParams:
+    try:
+        return LatencyParams(m.a_s, m.b_s, m.c, m.s)
+    except ValueError as e:
+        raise ResourceError(f"{what}: {e}") from e
+
+
+# -- build (control plane) --------------------------------------------------------------------------
+def routing_policy(config: Config, ep: Endpoint) -> pb.RoutingPolicy:
+    pol = ep.policy
+    return pb.RoutingPolicy(
+        endpoint=ep.name,
+        path_prefix=ep.match.prefix,
+        mechanism=_MECH[pol.mechanism],
+        cost=_COST[pol.cost],
+        flow=pb.RoutingPolicy.Flow(period_ms=pol.flow.period_ms, kappa=pol.flow.kappa),
+        aversion=pb.RoutingPolicy.Aversion(enabled=pol.aversion.enabled, margin=pol.aversion.margin, gain=pol.aversion.gain,
+                                           decay=pol.aversion.decay, max=pol.aversion.max, period_ms=pol.aversion.period_ms),
+        affinity=pb.RoutingPolicy.Affinity(enabled=pol.affinity.enabled, header=pol.affinity.header, ttl_s=pol.affinity.ttl_s,
+                                           max_sessions=pol.affinity.max_sessions, prefix_savings_ms=pol.affinity.prefix_savings_ms),
+        latency_prior=model_to_pb(ep.latency_prior.to_core()),
+        stale_after_ms=config.probe.stale_after_ms,
+    )
+
+
+def topology(config: Config) -> pb.Topology:
+    msg = pb.Topology()
+    for c in config.cells:
+        msg.cells.add(name=c.name, replicas=c.replicas, probe_address=str(c.leaf.probe), leaf_address=str(c.leaf.address))
+    for i in range(len(config.cells)):
+        msg.rows.add(one_way_ms=list(config.network.one_way_ms[i]), allowed=list(config.network.allowed[i]))
+    return msg
+
+
+def cell_latency_model(cell: str, model: LatencyParams, prior: LatencyParams, confidence: float, samples: int, observed_ns: int) -> pb.CellLatencyModel:
+    return pb.CellLatencyModel(cell=cell, model=model_to_pb(model, confidence, samples), fleet_prior=model_to_pb(prior),
+                               observed_unix_ns=observed_ns)
+
+
+def cell_aversion(cell: str, error_rate: float, aversion_rate: float) -> pb.CellAversion:
+    return pb.CellAversion(cell=cell, error_rate=error_rate, aversion_rate=aversion_rate)
+
+
+def flow_weights(endpoint: str, source: str, names: tuple[str, ...], x: np.ndarray) -> pb.FlowWeights:
+    return pb.FlowWeights(endpoint=endpoint, source_cell=source, weights={n: float(v) for n, v in zip(names, x) if v > 0})
+
+
+def flow_weights_name(endpoint: str, source: str) -> str:
+    return f"{endpoint}/{source}"
+
+
+def config_resources(config: Config) -> dict[str, list[tuple[str, Message]]]:
+    """The static part of the DLB resources (policies and topology) as (name, message) by type URL."""
+    return {
+        ROUTING_POLICY: [(ep.name, routing_policy(config, ep)) for ep in config.endpoints],
+        TOPOLOGY: [(TOPOLOGY_NAME, topology(config))],
+    }
+
+
+# -- decode (services) ------------------------------------------------------------------------------
+def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams]:
+    """The routing core's policy and the fleet prior carried by a RoutingPolicy resource."""
+    what = f"RoutingPolicy {msg.endpoint!r}"
+    if not msg.endpoint:
+        raise ResourceError("RoutingPolicy without an endpoint name")
+    mech = {v: k for k, v in _MECH.items()}.get(msg.mechanism)
+    cost = {v: k for k, v in _COST.items()}.get(msg.cost)
+    if mech is None or cost is None:
+        raise ResourceError(f"{what}: mechanism and cost must be set (got {msg.mechanism}, {msg.cost})")
+    try:
+        a = msg.aversion
+        f = msg.affinity
+        policy = PolicyConfig(
+            mechanism=mech,
+            cost=cost,
+            flow=FlowConfig(kappa=msg.flow.kappa or 0.5, period_s=(msg.flow.period_ms or 200.0) / 1000.0),
+            aversion=AversionConfig(a.enabled, a.margin, a.gain, a.decay, max_rate=a.max, period_s=(a.period_ms or 1000.0) / 1000.0),
+            affinity=AffinityConfig(f.enabled, f.header or "x-session-id", f.ttl_s or 600.0, f.max_sessions or 100_000,
+                                    prefix_savings=0.0 if cost is Cost.RIF else f.prefix_savings_ms / 1000.0),
+            stale_after_s=(msg.stale_after_ms or 1000.0) / 1000.0,
+        )
+    except ValueError as e:
+        raise ResourceError(f"{what}: {e}") from e
+    return policy, model_from_pb(msg.latency_prior, f"{what}.latency_prior")
+
+
+def topology_from_pb(msg: pb.Topology) -> Topology:
+    n = len(msg.cells)
+    if n == 0 or len(msg.rows) != n or any(len(r.one_way_ms) != n or len(r.allowed) != n for r in msg.rows):
+        raise ResourceError(f"Topology: {n} cells need {n} rows of {n} latencies and {n} allowed flags")
+    try:
+        return Topology(
+            names=tuple(c.name for c in msg.cells),
+            replicas=np.array([c.replicas for c in msg.cells], dtype=float),
+            tau=np.array([list(r.one_way_ms) for r in msg.rows], dtype=float) / 1000.0,
+            allowed=np.array([list(r.allowed) for r in msg.rows], dtype=bool),
+        )
+    except ValueError as e:
+        raise ResourceError(f"Topology: {e}") from e
+
+
+def weights_from_pb(msg: pb.FlowWeights, names: tuple[str, ...]) -> np.ndarray:
+    unknown = set(msg.weights) - set(names)
+    if unknown:
+        raise ResourceError(f"FlowWeights {msg.endpoint}/{msg.source_cell}: unknown cells {sorted(unknown)}")
+    x = np.array([msg.weights.get(n, 0.0) for n in names])
+    if np.any(x < 0) or x.sum() <= 0:
+        raise ResourceError(f"FlowWeights {msg.endpoint}/{msg.source_cell}: weights must be >= 0 with a positive sum")
+    return x / x.sum()
+
+
+def aversion_from_pb(msgs: Mapping[str, pb.CellAversion], names: tuple[str, ...]) -> np.ndarray:
+    rates = np.zeros(len(names))
+    for i, n in enumerate(names):
+        m = msgs.get(n)
+        if m is not None:
+            if not 0.0 <= m.aversion_rate < 1.0:
+                raise ResourceError(f"CellAversion {n}: aversion_rate must be in [0, 1): {m.aversion_rate}")
+            rates[i] = m.aversion_rate
+    return rates

@@ -1,0 +1,165 @@
+"""Envoy resources (LDS/RDS/CDS/EDS) for the control plane, derived from the static bootstraps.
+
+There is exactly one description of what a root or leaf Envoy runs: :mod:`dlb.envoy_bootstrap`, which
+renders a static bootstrap from the DLB config (and is what ``envoy --mode validate`` checks in the
+tests). This module turns such a bootstrap into dynamic resources instead of writing the listeners,
+routes and clusters a second time:
+
+- every ``STATIC`` cluster becomes an ``EDS`` cluster over ADS plus a ``ClusterLoadAssignment``
+  (so endpoint changes are EDS pushes that do not drain the cluster); other cluster types (DNS,
+  ORIGINAL_DST) are served as they are;
+- every HTTP connection manager's inline ``route_config`` becomes an ``rds`` reference over ADS plus
+  a ``RouteConfiguration`` resource;
+- for endpoints with the flow mechanism, the fail-open ``weighted_clusters`` route carries the flow
+  weights the control plane computed for this source cell, rounded by :func:`round_weights`.
+
+Invariant the control plane relies on: a route never names a cluster that is not in the same
+resource set (:func:`check_references`); with the server's make-before-break order (CDS → EDS → LDS
+→ RDS) Envoy never sees a route to a cluster it has not received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+# Registered so json_format can resolve the typed_config "@type"s of the bootstraps.
+from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import config_source_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
+from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
+from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+
+from dlb import envoy_bootstrap
+from dlb.config.model import Config
+from dlb.control_plane.router import Mechanism
+from dlb.xds import types
+from dlb.xds.weights import round_weights
+
+HCM_FILTER = "envoy.filters.network.http_connection_manager"
+HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+
+
+@dataclass(frozen=True)
+class ResourceSet:
+    """Resources for one Envoy, in deterministic order."""
+
+    listeners: tuple[listener_pb2.Listener, ...]
+    routes: tuple[route_pb2.RouteConfiguration, ...]
+    clusters: tuple[cluster_pb2.Cluster, ...]
+    endpoints: tuple[endpoint_pb2.ClusterLoadAssignment, ...]
+
+    def by_type(self) -> dict[str, list[Message]]:
+        return {
+            types.CLUSTER: list(self.clusters),
+            types.ENDPOINT: list(self.endpoints),
+            types.LISTENER: list(self.listeners),
+            types.ROUTE: list(self.routes),
+        }
+
+
+def _ads() -> config_source_pb2.ConfigSource:
+    return config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3)
+
+
+def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
+    """Dynamic resources equivalent to a static bootstrap's listeners and clusters."""
+    static = bootstrap_pb2.Bootstrap.StaticResources()
+    json_format.ParseDict(dict(bootstrap.get("static_resources", {})), static)
+    clusters: list[cluster_pb2.Cluster] = []
+    endpoints: list[endpoint_pb2.ClusterLoadAssignment] = []
+    for c in static.clusters:
+        c = cluster_pb2.Cluster.FromString(c.SerializeToString())
+        if c.type == cluster_pb2.Cluster.STATIC and c.HasField("load_assignment"):
+            cla = endpoint_pb2.ClusterLoadAssignment()
+            cla.CopyFrom(c.load_assignment)
+            cla.cluster_name = c.name
+            c.ClearField("load_assignment")
+            c.type = cluster_pb2.Cluster.EDS
+            c.eds_cluster_config.eds_config.CopyFrom(_ads())
+            endpoints.append(cla)
+        clusters.append(c)
+    listeners: list[listener_pb2.Listener] = []
+    routes: list[route_pb2.RouteConfiguration] = []
+    for lis in static.listeners:
+        lis = listener_pb2.Listener.FromString(lis.SerializeToString())
+        for chain in lis.filter_chains:
+            for f in chain.filters:
+                if f.name != HCM_FILTER or f.typed_config.type_url != HCM_TYPE:
+                    continue
+                hcm = hcm_pb2.HttpConnectionManager()
+                f.typed_config.Unpack(hcm)
+                if hcm.HasField("route_config"):
+                    rc = route_pb2.RouteConfiguration()
+                    rc.CopyFrom(hcm.route_config)
+                    routes.append(rc)
+                    hcm.ClearField("route_config")
+                    hcm.rds.config_source.CopyFrom(_ads())
+                    hcm.rds.route_config_name = rc.name
+                    f.typed_config.Pack(hcm)
+        listeners.append(lis)
+    return ResourceSet(tuple(listeners), tuple(routes), tuple(clusters), tuple(endpoints))
+
+
+def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Mapping[str, np.ndarray]) -> None:
+    """Write each flow endpoint's weights (x_src over cells, index order) into its fallback route."""
+    allowed = np.asarray(config.network.allowed[config.cell(src).index], dtype=bool)
+    by_route = {f"{ep.name}-fallback": ep for ep in config.endpoints}
+    for rc in rs.routes:
+        for vh in rc.virtual_hosts:
+            for r in vh.routes:
+                ep = by_route.get(r.name)
+                if ep is None or ep.name not in flow_weights:
+                    continue
+                if ep.policy.mechanism is not Mechanism.FLOW:
+                    raise ValueError(f"endpoint {ep.name} is not a flow endpoint; it has no flow weights")
+                x = np.asarray(flow_weights[ep.name], dtype=float)
+                if x.shape != allowed.shape or np.any(x[~allowed] > 0):
+                    raise ValueError(f"flow weights of {ep.name} from {src} must have {allowed.size} entries, 0 off the allowed arcs: {x}")
+                ints = round_weights(x)
+                wc = r.route.weighted_clusters
+                del wc.clusters[:]
+                for cell in config.cells:
+                    if ints[cell.index] > 0:
+                        wc.clusters.add(name=cell.cluster_name).weight.value = ints[cell.index]
+
+
+def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None) -> ResourceSet:
+    """Everything a root Envoy in ``cell`` gets over ADS; flow endpoints run natively in Envoy."""
+    rs = from_bootstrap(envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True))
+    if flow_weights:
+        set_flow_weights(rs, config, cell, flow_weights)
+    check_references(rs)
+    return rs
+
+
+def leaf_resources(config: Config, cell: str, emulate_wan: bool = False) -> ResourceSet:
+    """Everything a leaf Envoy in ``cell`` gets over ADS."""
+    rs = from_bootstrap(envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan))
+    check_references(rs)
+    return rs
+
+
+def check_references(rs: ResourceSet) -> None:
+    """Raise if a route names a cluster the set does not contain (such a route is never pushed)."""
+    have = {c.name for c in rs.clusters}
+    for rc in rs.routes:
+        for vh in rc.virtual_hosts:
+            for r in vh.routes:
+                names = [w.name for w in r.route.weighted_clusters.clusters]
+                if r.route.cluster:
+                    names.append(r.route.cluster)
+                missing = [n for n in names if n not in have]
+                if missing:
+                    raise ValueError(f"route {rc.name}/{r.name} names clusters not in the resource set: {missing}")
