@@ -1,0 +1,295 @@
+"""Pure parts of the emulator: step-time profiles, the continuous-batching scheduler (fake clock),
+request parsing and fault settings. No sockets, no sleeping."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from dlb.emulator.engine import Arrival, Engine, EngineRequest, simulate
+from dlb.emulator.faults import FaultError, Faults
+from dlb.emulator.openai import ApiError, OutputSampler, estimate_tokens, parse_request, token_text
+from dlb.emulator.profile import (
+    BUILTIN_PROFILES,
+    Profile,
+    ProfileError,
+    load_profile,
+    packaged_step_times,
+    profile_from_step_times,
+)
+
+FAST = BUILTIN_PROFILES["fast-test"]
+
+
+# -- profiles -----------------------------------------------------------------------------------------
+
+
+def test_step_time_is_flat_then_linear_in_batch() -> None:
+    p = Profile("t", base_ms=5.0, prefill_us_per_token=10.0, decode_us_per_seq=0.0, batch_knee=8, past_knee_ms_per_seq=0.5)
+    assert p.step_time(1) == pytest.approx(0.005)
+    assert p.step_time(8) == pytest.approx(0.005)
+    assert p.step_time(12) == pytest.approx(0.005 + 4 * 0.0005)
+    assert p.step_time(20) - p.step_time(16) == pytest.approx(p.step_time(16) - p.step_time(12))
+    assert p.step_time(1, prefill_tokens=1000) == pytest.approx(0.005 + 0.010)
+
+
+def test_measured_profile_reproduces_the_h200_measurement() -> None:
+    data = packaged_step_times()
+    for run in data["runs"]:
+        prof = profile_from_step_times(data, run["model"])
+        for point in run["decode"]:
+            predicted = prof.step_time(point["batch"]) * 1e3
+            assert predicted == pytest.approx(point["ms"], rel=0.3), (run["model"], point)  # eager-mode noise
+        big = [p for p in run["decode"] if p["batch"] >= 64]
+        for point in big:  # the linear part is fitted, so it must be close
+            assert prof.step_time(point["batch"]) * 1e3 == pytest.approx(point["ms"], rel=0.03)
+    p8 = profile_from_step_times(data, "llama-8b-shape")
+    assert 16 <= p8.batch_knee <= 32  # "flat up to a batch of ~16-32"
+    assert p8.prefill_us_per_token == pytest.approx(29, rel=0.05)  # "~29 us per token at 4096"
+
+
+def test_builtin_llama_8b_h100_uses_production_floor_and_measured_shape() -> None:
+    p = BUILTIN_PROFILES["llama-8b-h100"]
+    measured = profile_from_step_times(packaged_step_times(), "llama-8b-shape")
+    assert p.base_ms == 5.753 and p.prefill_us_per_token == 17.25 and p.decode_us_per_seq == 6.0
+    assert p.batch_knee == measured.batch_knee and p.past_knee_ms_per_seq == measured.past_knee_ms_per_seq
+    assert 5.7 < p.step_time(1) * 1e3 < 6.5  # ~6.5 ms/token at concurrency 1 on a real vLLM
+
+
+def test_load_profile_from_files(tmp_path) -> None:
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps({"base_ms": 3, "prefill_us_per_token": 1, "decode_us_per_seq": 0, "batch_knee": 2,
+                             "past_knee_ms_per_seq": 1}))  # fmt: skip
+    p = load_profile(str(f))
+    assert p.name == "mine" and p.step_time(4) == pytest.approx(0.005)
+    data = tmp_path / "steps.json"
+    data.write_text(json.dumps(packaged_step_times()))
+    assert load_profile(f"{data}#llama-1b-shape").batch_knee > 30
+    assert load_profile("fast-test", base_ms=7.0).base_ms == 7.0
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ({"base_ms": 3, "prefill_us_per_token": 1, "decode_us_per_seq": 0, "batch_knee": 2, "past_knee_ms_per_seq": 1,
+          "bogus": 1}, "bogus: unknown profile field"),  # fmt: skip
+        ({"base_ms": 3}, "required profile field is missing"),
+        ({"base_ms": -1, "prefill_us_per_token": 1, "decode_us_per_seq": 0, "batch_knee": 2, "past_knee_ms_per_seq": 1},
+         "base_ms"),  # fmt: skip
+        ({"runs": []}, "#MODEL"),
+    ],
+)
+def test_bad_profile_files_name_file_and_field(tmp_path, content, needle) -> None:
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(content))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(f))
+    assert str(f) in str(e.value) and needle in str(e.value)
+
+
+def test_unknown_profile_name_lists_builtins() -> None:
+    with pytest.raises(ProfileError, match="fast-test"):
+        load_profile("no-such-profile")
+
+
+# -- scheduler ------------------------------------------------------------------------------------------
+
+
+def closed_form_e2e(p: Profile, n: int, prompt: int, output: int) -> float:
+    """n identical requests arriving together, all fitting in one batch and one prefill step."""
+    return p.step_time(n, n * prompt) + (output - 1) * p.step_time(n, 0)
+
+
+def test_concurrent_latency_matches_closed_form_flat_then_linear() -> None:
+    prompt, output = 10, 20
+    e2e = {}
+    for n in range(1, 17):
+        res = simulate(Engine(FAST, max_batch=64, max_queue=0), [Arrival(0.0, prompt, output)] * n)
+        assert not any(r.rejected for r in res)
+        for r in res:
+            assert r.e2e == pytest.approx(closed_form_e2e(FAST, n, prompt, output))
+            assert r.ttft == pytest.approx(FAST.step_time(n, n * prompt))
+        e2e[n] = res[0].e2e
+    knee = int(FAST.batch_knee)
+    # Flat at low load: below the knee only the tiny per-sequence term grows.
+    assert e2e[knee] / e2e[1] < 1.05
+    # Linear past it: equal increments, each ~ output × slope.
+    incs = [e2e[n + 1] - e2e[n] for n in range(knee, 16)]
+    assert max(incs) - min(incs) < 1e-9
+    assert incs[0] == pytest.approx(output * FAST.past_knee_ms_per_seq * 1e-3, rel=0.05)
+    assert e2e[16] > 3 * e2e[1]
+
+
+def test_batch_limit_queues_the_rest_in_waves() -> None:
+    prompt, output = 10, 5
+    res = simulate(Engine(FAST, max_batch=4, max_queue=100), [Arrival(0.0, prompt, output)] * 8)
+    first = closed_form_e2e(FAST, 4, prompt, output)
+    assert [r.e2e for r in res[:4]] == pytest.approx([first] * 4)
+    assert [r.e2e for r in res[4:]] == pytest.approx([2 * first] * 4)  # second wave starts when the first ends
+
+
+def test_queue_overflow_rejects_beyond_batch_plus_queue() -> None:
+    eng = Engine(FAST, max_batch=2, max_queue=3)
+    accepted = [eng.submit(EngineRequest(i, 10, 5), 0.0) for i in range(7)]
+    assert accepted == [True] * 5 + [False] * 2
+    eng.plan(0.0)
+    assert len(eng.running) == 2 and len(eng.waiting) == 3 and not eng.can_accept()
+
+
+def test_chunked_prefill_spreads_long_prompts_over_steps() -> None:
+    p = replace(FAST, max_batch_tokens=1000)
+    res = simulate(Engine(p, max_batch=4), [Arrival(0.0, 2500, 3)])
+    ttft = 2 * p.step_time(1, 1000) + p.step_time(1, 500)
+    assert res[0].ttft == pytest.approx(ttft)
+    assert res[0].e2e == pytest.approx(ttft + 2 * p.step_time(1, 0))
+
+
+def test_decode_continues_while_a_newcomer_prefills() -> None:
+    eng = Engine(FAST, max_batch=4)
+    a = EngineRequest(1, 10, 10)
+    eng.submit(a, 0.0)
+    eng.complete(eng.plan(0.0), 1.0)
+    assert a.generated == 1
+    b = EngineRequest(2, 100, 10)
+    eng.submit(b, 1.0)
+    plan = eng.plan(1.0)
+    assert plan.decode == (a,) and plan.prefill == ((b, 100),)
+    assert plan.duration == pytest.approx(FAST.step_time(2, 100))
+    events = eng.complete(plan, 2.0)
+    assert {(e.request.rid, e.index) for e in events} == {(1, 1), (2, 0)}
+
+
+def test_kv_cache_limit_delays_admission_and_reports_usage() -> None:
+    p = replace(FAST, kv_cache_tokens=150)
+    eng = Engine(p, max_batch=8)
+    a, b = EngineRequest(1, 100, 2), EngineRequest(2, 100, 2)
+    eng.submit(a, 0.0)
+    eng.submit(b, 0.0)
+    eng.complete(eng.plan(0.0), 1.0)
+    assert eng.running == [a] and list(eng.waiting) == [b]  # b's prompt does not fit next to a's
+    assert eng.kv_usage == pytest.approx(101 / 150)
+    eng.complete(eng.plan(1.0), 2.0)  # a finishes
+    eng.plan(2.0)
+    assert eng.running == [b]
+
+
+def test_abort_frees_the_slot_and_drops_pending_tokens() -> None:
+    eng = Engine(FAST, max_batch=1, max_queue=1)
+    a, b = EngineRequest(1, 10, 50), EngineRequest(2, 10, 5)
+    eng.submit(a, 0.0)
+    eng.submit(b, 0.0)
+    plan = eng.plan(0.0)
+    eng.abort(a)  # client disconnects mid-step
+    assert eng.complete(plan, 1.0) == []
+    assert eng.plan(1.0) is not None and eng.running == [b]
+
+
+def test_idle_gaps_do_not_count_as_latency() -> None:
+    res = simulate(Engine(FAST, max_batch=4), [Arrival(0.0, 10, 3), Arrival(5.0, 10, 3)])
+    assert res[0].e2e == pytest.approx(res[1].e2e)
+    assert res[1].finished_at > 5.0
+
+
+# -- request parsing -------------------------------------------------------------------------------------
+
+MODELS = ("m1", "m2")
+
+
+def parse(kind, body, max_model_len=1000):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return parse_request(kind, raw, MODELS, max_model_len)
+
+
+def test_prompt_tokens_are_estimated_from_text_length() -> None:
+    assert parse("completion", {"prompt": "x" * 40}).prompt_tokens == 10
+    assert parse("completion", {"prompt": "x" * 41}).prompt_tokens == 11
+    assert parse("completion", {"prompt": [1, 2, 3]}).prompt_tokens == 3
+    assert parse("completion", {"prompt": ["x" * 8]}).prompt_tokens == 2
+    chat = parse("chat", {"messages": [{"role": "system", "content": "x" * 20},
+                                       {"role": "user", "content": [{"type": "text", "text": "y" * 20}]}]})  # fmt: skip
+    assert chat.prompt_tokens == 10 + 2 * 4
+    assert chat.model == "m1" and chat.max_tokens is None and not chat.stream
+
+
+def test_generated_text_re_estimates_to_the_token_count() -> None:
+    text = "".join(token_text(7, i) for i in range(33))
+    assert estimate_tokens(text) == 33
+
+
+def test_stream_options_and_max_tokens() -> None:
+    r = parse("chat", {"model": "m2", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
+                       "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert (r.model, r.max_tokens, r.stream, r.include_usage) == ("m2", 9, True, True)
+
+
+@pytest.mark.parametrize(
+    "kind, body, status, param",
+    [
+        ("completion", b"{not json", 400, None),
+        ("completion", b"[1, 2]", 400, None),
+        ("completion", {"max_tokens": 5}, 400, "prompt"),
+        ("completion", {"prompt": "x", "model": "other"}, 404, "model"),
+        ("completion", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ("completion", {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+        ("completion", {"prompt": ["a", "b"]}, 400, "prompt"),
+        ("completion", {"prompt": "x", "n": 2}, 400, "n"),
+        ("completion", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+        ("completion", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ("completion", {"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
+        ("chat", {"messages": []}, 400, "messages"),
+        ("chat", {"messages": [{"content": "x"}]}, 400, "messages[0]"),
+        ("chat", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ],
+)
+def test_bad_requests_name_the_field(kind, body, status, param) -> None:
+    with pytest.raises(ApiError) as e:
+        parse(kind, body)
+    assert e.value.status == status and e.value.param == param
+    body_json = e.value.body()
+    assert set(body_json["error"]) == {"message", "type", "param", "code"} and body_json["error"]["message"]
+
+
+def test_output_sampler_is_seeded_and_capped() -> None:
+    req = parse("completion", {"prompt": "x" * 40})
+    a = [OutputSampler(mean=50, seed=3).output_tokens(req, 1000) for _ in range(1)]
+    s1, s2 = OutputSampler(mean=50, seed=3), OutputSampler(mean=50, seed=3)
+    seq1 = [s1.output_tokens(req, 1000) for _ in range(200)]
+    assert seq1 == [s2.output_tokens(req, 1000) for _ in range(200)]
+    assert seq1[0] == a[0]
+    counts = [n for n, _ in seq1]
+    assert 35 < sum(counts) / len(counts) < 65 and len(set(counts)) > 20
+    exact = parse("completion", {"prompt": "x", "max_tokens": 7})
+    assert OutputSampler(mode="max_tokens").output_tokens(exact, 1000) == (7, "length")
+    capped = [OutputSampler(mean=50, mode="sample", seed=s).output_tokens(exact, 1000) for s in range(50)]
+    assert all(n <= 7 for n, _ in capped) and {r for _, r in capped} == {"length", "stop"}
+
+
+# -- faults ---------------------------------------------------------------------------------------------
+
+
+def test_fault_updates_are_partial_and_validated() -> None:
+    f = Faults().updated({"error_rate": 0.5, "slowdown": 3})
+    assert (f.error_rate, f.slowdown, f.error_status, f.down) == (0.5, 3, 500, False)
+    for patch, field in [({"error_rate": 2}, "error_rate"), ({"error_status": 200}, "error_status"),
+                         ({"slowdown": 0}, "slowdown"), ({"down": "yes"}, "down"), ({"eror_rate": 1}, "eror_rate")]:  # fmt: skip
+        with pytest.raises(FaultError, match=f"^{re_escape(field)}:"):
+            f.updated(patch)
+
+
+def re_escape(s: str) -> str:
+    import re
+
+    return re.escape(s)
+
+
+def test_error_rate_fraction_is_roughly_honoured() -> None:
+    import random
+
+    rng = random.Random(1)
+    f = Faults(error_rate=0.3)
+    hits = sum(f.inject_error(rng) for _ in range(2000))
+    assert math.isclose(hits / 2000, 0.3, abs_tol=0.05)
+    assert not any(Faults().inject_error(rng) for _ in range(100))
