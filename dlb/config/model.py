@@ -8,14 +8,20 @@ order; matrices are stored as tuples (hashable, immutable) and exposed as numpy 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover - import only for type checkers
-    from dlb.control_plane.topology import Topology
+# The routing core's enums are the config's enums: a loaded policy compares equal to router constants.
+from dlb.control_plane.affinity import AffinityConfig
+from dlb.control_plane.aversion import AversionConfig
+from dlb.control_plane.costs import Cost
+from dlb.control_plane.flow import FlowConfig
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import Mechanism, PolicyConfig
+from dlb.control_plane.topology import Topology
+
+__all__ = ["Cost", "Mechanism"]  # re-exported; the dataclasses below are listed in dlb.config
 
 #: Envoy cluster name of a cell on a root Envoy: ``cell-<name>``.
 CELL_CLUSTER_PREFIX = "cell-"
@@ -80,23 +86,15 @@ class Network:
     allowed: tuple[tuple[bool, ...], ...]  # [i][j] = traffic entering cell i may be served by cell j
 
 
-class Mechanism(str, enum.Enum):
-    DISCRETE = "discrete"
-    FLOW = "flow"
-
-
-class Cost(str, enum.Enum):
-    RIF = "rif"
-    LATENCY = "latency"
-    GRADIENT = "gradient"
-
-
 @dataclass(frozen=True)
 class FlowParams:
     """Flow mechanism (projected gradient descent): step every ``period_ms``; ``kappa`` < π/2 scales η."""
 
     period_ms: float = 200.0
     kappa: float = 0.5
+
+    def to_core(self) -> FlowConfig:
+        return FlowConfig(kappa=self.kappa, period_s=self.period_ms / 1000.0)
 
 
 @dataclass(frozen=True)
@@ -110,6 +108,9 @@ class AversionParams:
     max: float = 0.9
     period_ms: float = 1000.0
 
+    def to_core(self) -> AversionConfig:
+        return AversionConfig(self.enabled, self.margin, self.gain, self.decay, max_rate=self.max, period_s=self.period_ms / 1000.0)
+
 
 @dataclass(frozen=True)
 class AffinityParams:
@@ -121,6 +122,12 @@ class AffinityParams:
     max_sessions: int = 100_000
     prefix_savings_ms: float = 0.0
 
+    def to_core(self, cost: Cost) -> AffinityConfig:
+        # Savings are in cost units: seconds for latency/gradient; the loader rejects a non-zero value
+        # with cost rif, where a time has no meaning.
+        savings = 0.0 if cost is Cost.RIF else self.prefix_savings_ms / 1000.0
+        return AffinityConfig(self.enabled, self.header, self.ttl_s, self.max_sessions, prefix_savings=savings)
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -129,6 +136,17 @@ class Policy:
     flow: FlowParams = field(default_factory=FlowParams)
     aversion: AversionParams = field(default_factory=AversionParams)
     affinity: AffinityParams = field(default_factory=AffinityParams)
+
+    def to_core(self, probe: "ProbeParams") -> PolicyConfig:
+        """The routing core's policy object (seconds, its own field names) for this endpoint."""
+        return PolicyConfig(
+            mechanism=self.mechanism,
+            cost=self.cost,
+            flow=self.flow.to_core(),
+            aversion=self.aversion.to_core(),
+            affinity=self.affinity.to_core(self.cost),
+            stale_after_s=probe.stale_after_ms / 1000.0,
+        )
 
 
 @dataclass(frozen=True)
@@ -139,6 +157,9 @@ class LatencyPrior:
     b_s: float = 0.05
     c: float = 8.0
     s: float = 1.0
+
+    def to_core(self) -> LatencyParams:
+        return LatencyParams(a=self.a_s, b=self.b_s, c=self.c, s=self.s)
 
 
 @dataclass(frozen=True)
@@ -238,9 +259,7 @@ class Config:
         i = self.cell(src).index
         return tuple(c for c in self.cells if self.network.allowed[i][c.index])
 
-    def topology(self) -> "Topology":
+    def topology(self) -> Topology:
         """The routing core's view of this deployment (replicas, one-way τ in seconds, allowed arcs)."""
-        from dlb.control_plane.topology import Topology  # lazy: the routing core does not need the loader
-
         return Topology(names=self.cell_names, replicas=self.replicas(), tau=self.one_way_s(), allowed=self.allowed_matrix())
 

@@ -1,0 +1,393 @@
+"""Render concrete Envoy bootstraps (root and leaf) from a DLB config.
+
+``envoy_configs/root.yaml`` and ``leaf.yaml`` are the commented templates people copy; this module
+produces the same shape for a given config and cell (ports, cells, weights, WAN delays), as plain dicts
+dumped with ``yaml.safe_dump``, for the testbed and the tests. docs/envoy-configs.md explains each
+setting. The header names here are the contract between the Envoys and the DLB services:
+
+* ``x-dlb-cell``: set by the root ext_proc; the value is the *cluster name* ``cell-<name>``.
+* ``x-dlb-src-cell``: the root Envoy's own cell, added by the root's route config (not by the
+  ext_proc, so it is present even when the ext_proc is down); the leaf uses it for WAN emulation.
+* ``x-dlb-endpoint``: the endpoint name, added by the root route that matched.
+* ``x-dlb-server``: set by an optional leaf ext_proc; ``ip:port`` of the chosen server, read by an
+  ORIGINAL_DST cluster on the leaf.
+
+All four are ``internal_only_headers`` on the root: Envoy strips them from client requests before
+any filter runs or any route is chosen, so a client cannot steer traffic. A leaf trusts them because
+its listener is reachable only by root Envoys (bind it to an internal address / network policy).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from dlb.config.model import Config, Endpoint, HostPort
+from dlb.ext_proc import headers as _h
+
+HEADER_CELL = _h.CELL
+HEADER_SRC_CELL = _h.SRC_CELL
+HEADER_SERVER = _h.SERVER
+HEADER_ENDPOINT = "x-dlb-endpoint"
+#: Every x-dlb-* header the system uses; all are stripped from client requests at the root.
+INTERNAL_HEADERS = tuple(dict.fromkeys((*_h.INTERNAL, HEADER_ENDPOINT)))
+
+ROOT_EXT_PROC_CLUSTER = "dlb_root_ext_proc"
+LEAF_EXT_PROC_CLUSTER = "dlb_leaf_ext_proc"
+LEAF_SERVERS_CLUSTER = "servers"
+LEAF_PICKED_CLUSTER = "picked_server"
+
+#: Largest request header block a client may send (Envoy's default, stated explicitly). Only headers
+#: go to the ext_proc, so a gRPC message never carries more than this plus framing.
+MAX_REQUEST_HEADERS_KB = 60
+#: Per-connection buffer limit on listeners and clusters (Envoy's default, stated explicitly).
+BUFFER_LIMIT_BYTES = 1 << 20
+#: Largest gRPC message Envoy accepts from an ext_proc: a full header map plus mutations fits with
+#: room to spare, and it stays well under the buffer limit so one message never stalls a connection.
+EXT_PROC_MAX_MESSAGE_BYTES = 4 * MAX_REQUEST_HEADERS_KB * 1024
+#: Circuit-breaker thresholds: DLB does the balancing, so Envoy's defaults (1024 requests per cluster)
+#: must not turn a busy cell into 503 overflows; long generations keep many requests in flight.
+HIGH_THRESHOLDS = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000, "max_retries": 16}
+MAX_DOWNSTREAM_CONNECTIONS = 50000
+#: An internal-address list that matches no TCP peer, so every client request is external.
+NO_INTERNAL_ADDRESSES = {"cidr_ranges": [{"address_prefix": "255.255.255.255", "prefix_len": 32}]}
+
+
+# --------------------------------------------------------------------------------------------
+# Small builders
+# --------------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s" if seconds else "0s"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _socket(hp: HostPort) -> dict[str, Any]:
+    return {"socket_address": {"address": hp.host, "port_value": hp.port}}
+
+
+def _lb_endpoints(addrs: list[tuple[HostPort, int]]) -> list[dict[str, Any]]:
+    return [{"endpoint": {"address": _socket(hp)}, "load_balancing_weight": w} for hp, w in addrs]
+
+
+def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "ROUND_ROBIN", http2: bool = False,
+             connect_timeout_s: float = 1.0) -> dict[str, Any]:
+    """A cluster of fixed hosts: STATIC for IPs, STRICT_DNS when any host is a DNS name."""
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC" if all(_is_ip(hp.host) for hp, _ in addrs) else "STRICT_DNS",
+        "connect_timeout": _duration(connect_timeout_s),
+        "lb_policy": lb_policy,
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "circuit_breakers": {"thresholds": [dict(HIGH_THRESHOLDS, priority="DEFAULT")]},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": _lb_endpoints(addrs)}]},
+    }
+    if cluster["type"] == "STRICT_DNS":
+        cluster["dns_lookup_family"] = "V4_PREFERRED"
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {
+                    "http2_protocol_options": {
+                        # Windows at least the buffer limit: a header message is never held back by flow control.
+                        "initial_stream_window_size": BUFFER_LIMIT_BYTES,
+                        "initial_connection_window_size": BUFFER_LIMIT_BYTES,
+                        # Detect a dead ext_proc on an idle connection instead of on the next request.
+                        "connection_keepalive": {"interval": "10s", "timeout": "5s"},
+                    }
+                },
+            }
+        }
+    return cluster
+
+
+def _picked_cluster() -> dict[str, Any]:
+    """ORIGINAL_DST cluster that connects to the ``ip:port`` in x-dlb-server (the leaf ext_proc's pick)."""
+    return {
+        "name": LEAF_PICKED_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "1s",
+        "cleanup_interval": "60s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": HEADER_SERVER},
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "circuit_breakers": {"thresholds": [dict(HIGH_THRESHOLDS, priority="DEFAULT")]},
+    }
+
+
+def _admin(port: int) -> dict[str, Any]:
+    return {"address": _socket(HostPort("127.0.0.1", port))}
+
+
+def _overload() -> dict[str, Any]:
+    return {
+        "resource_monitors": [
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": MAX_DOWNSTREAM_CONNECTIONS,
+                },
+            }
+        ]
+    }
+
+
+def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster, "max_receive_message_length": EXT_PROC_MAX_MESSAGE_BYTES}},
+            # Fail open: a dead or slow service means "route by the last weights", never a 5xx.
+            "failure_mode_allow": True,
+            "message_timeout": _duration(message_timeout_ms / 1000.0),
+            # Request headers only: bodies and responses (streamed tokens) never pass through Python.
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SKIP",
+                "request_body_mode": "NONE",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "allow_mode_override": False,
+            # Re-pick the route only when the service asks (clear_route_cache after setting the header).
+            "route_cache_action": "DEFAULT",
+            "stat_prefix": stat_prefix,
+        },
+    }
+
+
+def _router() -> dict[str, Any]:
+    return {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+
+
+def _hcm(stat_prefix: str, route_config: dict[str, Any], http_filters: list[dict[str, Any]], *, edge: bool) -> dict[str, Any]:
+    hcm: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": stat_prefix,
+        "codec_type": "AUTO",
+        "route_config": route_config,
+        "http_filters": http_filters,
+        "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
+        "request_headers_timeout": "10s",  # slow-loris guard; does not limit long generations
+        "stream_idle_timeout": "300s",
+        "request_timeout": "0s",  # whole-request limits are per endpoint on the routes
+        "normalize_path": True,
+        "merge_slashes": True,
+        "common_http_protocol_options": {"idle_timeout": "3600s", "headers_with_underscores_action": "DROP_HEADER"},
+    }
+    if edge:
+        # The root is the edge: the peer address, not a client-supplied X-Forwarded-For, decides whether
+        # a request is internal, and *no* peer may be internal, else internal_only_headers are kept.
+        # Measured on Envoy 1.40 (tests/test_envoy_configs.py): with `internal_address_config:
+        # {cidr_ranges: []}` a loopback/RFC1918 client counts as internal and its spoofed x-dlb-cell
+        # wins; so we list one range no TCP peer can have (the limited broadcast address).
+        hcm["use_remote_address"] = True
+        hcm["xff_num_trusted_hops"] = 0
+        hcm["internal_address_config"] = NO_INTERNAL_ADDRESSES
+    return hcm
+
+
+def _listener(name: str, listen: HostPort, hcm: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "address": _socket(listen),
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+
+
+def _bind(hp: HostPort) -> HostPort:
+    """A listener needs an IP: a DNS name in the config is how *others* reach us, so bind all interfaces."""
+    return hp if _is_ip(hp.host) else HostPort("0.0.0.0", hp.port)
+
+
+# --------------------------------------------------------------------------------------------
+# Root
+# --------------------------------------------------------------------------------------------
+
+
+def fallback_weights(cfg: Config, cell: str) -> dict[str, int]:
+    """Fail-open weights of a root in ``cell``: replica counts over the allowed destinations (Rand)."""
+    return {d.name: d.replicas for d in cfg.allowed_destinations(cell)}
+
+
+def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool) -> list[dict[str, Any]]:
+    action = {"timeout": _duration(ep.timeout_s), "idle_timeout": _duration(ep.idle_timeout_s)}
+    clusters = [{"name": cfg.cell(name).cluster_name, "weight": int(w)} for name, w in weights.items() if w > 0]
+    per_filter: dict[str, Any] = {}
+    # Tell the root service which endpoint this is (gRPC metadata on the ext_proc stream).
+    ext_proc_route: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+        "overrides": {"grpc_initial_metadata": [{"key": HEADER_ENDPOINT, "value": ep.name}]},
+    }
+    if native_flow and ep.policy.mechanism.value == "flow" and not ep.policy.affinity.enabled:
+        # Flow without affinity runs natively: Envoy samples weighted_clusters, no Python hop.
+        ext_proc_route = {"@type": ext_proc_route["@type"], "disabled": True}
+    per_filter["envoy.filters.http.ext_proc"] = ext_proc_route
+    add_endpoint = [{"header": {"key": HEADER_ENDPOINT, "value": ep.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    return [
+        {
+            "name": f"{ep.name}-picked",
+            "match": {"prefix": ep.match.prefix, "headers": [{"name": HEADER_CELL, "present_match": True}]},
+            "route": dict(action, cluster_header=HEADER_CELL),
+            "request_headers_to_add": add_endpoint,
+            "typed_per_filter_config": per_filter,
+        },
+        {
+            "name": f"{ep.name}-fallback",
+            "match": {"prefix": ep.match.prefix},
+            "route": dict(action, weighted_clusters={"clusters": clusters}),
+            "request_headers_to_add": add_endpoint,
+            "typed_per_filter_config": per_filter,
+        },
+    ]
+
+
+def root_bootstrap(
+    cfg: Config,
+    cell: str,
+    *,
+    admin_port: int,
+    listen: HostPort | None = None,
+    ext_proc: HostPort | None = None,
+    weights: Mapping[str, int] | None = None,
+    message_timeout_ms: float = 200.0,
+    native_flow: bool = False,
+) -> dict[str, Any]:
+    """The root Envoy of ``cell``: client listener → ext_proc (picks a cell) → router.
+
+    ``listen`` defaults to ``cells[].root.address``; ``ext_proc`` to ``cells[].root.ext_proc`` or
+    ``services.root.ext_proc``; ``weights`` (cell name → integer weight, fail-open fallback) to
+    :func:`fallback_weights`. ``native_flow`` disables the ext_proc on flow endpoints without affinity.
+    """
+    me = cfg.cell(cell)
+    listen = listen or me.root.address
+    if listen is None:
+        raise ValueError(f"{cfg.source}: cells[{me.index}].root.address is not set; pass listen=")
+    ext_proc = ext_proc or me.root.ext_proc or cfg.services.root.ext_proc
+    allowed = {d.name for d in cfg.allowed_destinations(cell)}
+    weights = dict(weights) if weights is not None else fallback_weights(cfg, cell)
+    bad = sorted(set(weights) - allowed)
+    if bad:
+        raise ValueError(f"weights name cells {bad} that {cell} may not send to (allowed: {sorted(allowed)})")
+    if not any(w > 0 for w in weights.values()):
+        raise ValueError(f"fallback weights of {cell} are all zero: {weights}")
+    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow)]
+    route_config = {
+        "name": "dlb_root",
+        # Stripped from client requests before any filter runs or any route is picked (DESIGN.md).
+        "internal_only_headers": list(INTERNAL_HEADERS),
+        # Our own cell, for the leaf's WAN emulation and accounting; added by Envoy itself so it is
+        # there when the ext_proc is down too.
+        "request_headers_to_add": [{"header": {"key": HEADER_SRC_CELL, "value": me.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
+    }
+    filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root"), _router()]
+    clusters = [_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25)]
+    clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
+    return {
+        "node": {"id": f"root-{me.name}", "cluster": "dlb-root", "locality": {"zone": me.name}},
+        "admin": _admin(admin_port),
+        "static_resources": {
+            "listeners": [_listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True))],
+            "clusters": clusters,
+        },
+        "overload_manager": _overload(),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Leaf
+# --------------------------------------------------------------------------------------------
+
+
+def wan_delays_ms(cfg: Config, cell: str) -> dict[str, float]:
+    """Round-trip delay the leaf of ``cell`` adds per source cell (only non-zero ones, allowed arcs)."""
+    me = cfg.cell(cell)
+    return {
+        src.name: cfg.rtt_ms(src.name, cell)
+        for src in cfg.cells
+        if src.name != cell and cfg.network.allowed[src.index][me.index] and cfg.rtt_ms(src.name, cell) > 0
+    }
+
+
+def _fault_filter(src: str, delay_ms: float) -> dict[str, Any]:
+    return {
+        "name": f"dlb.wan_delay.{src}",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "delay": {"fixed_delay": _duration(delay_ms / 1000.0), "percentage": {"numerator": 100, "denominator": "HUNDRED"}},
+            "headers": [{"name": HEADER_SRC_CELL, "string_match": {"exact": src}}],
+        },
+    }
+
+
+def leaf_bootstrap(
+    cfg: Config,
+    cell: str,
+    *,
+    admin_port: int,
+    emulate_wan: bool,
+    listen: HostPort | None = None,
+    message_timeout_ms: float = 200.0,
+) -> dict[str, Any]:
+    """The leaf Envoy of ``cell``: root-facing listener → [WAN delay] → [leaf ext_proc] → servers.
+
+    ``emulate_wan`` adds one fault filter per source cell delaying its requests by the round trip
+    ``τ_src,cell + τ_cell,src`` (testbeds only; on a real WAN leave it off). A leaf ext_proc is used
+    when ``cells[].leaf.ext_proc`` is set: it may name a server in ``x-dlb-server``; without it, or
+    when it is down, Envoy's LEAST_REQUEST picks.
+    """
+    me = cfg.cell(cell)
+    listen = listen or me.leaf.address
+    filters: list[dict[str, Any]] = []
+    if emulate_wan:
+        filters += [_fault_filter(src, ms) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
+    servers = [(s.address, s.weight) for s in me.servers]
+    clusters = [_cluster(LEAF_SERVERS_CLUSTER, servers, lb_policy="LEAST_REQUEST")]
+    routes: list[dict[str, Any]] = []
+    # Generation deadlines are the root's (per endpoint); the leaf only relies on idle timeouts.
+    action = {"timeout": "0s"}
+    if me.leaf.ext_proc is not None:
+        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf"))
+        clusters.append(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25))
+        clusters.append(_picked_cluster())
+        # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
+        # to this listener. Unpicked requests (ext_proc down or undecided) fall through to LEAST_REQUEST.
+        routes.append({"name": "picked", "match": {"prefix": "/", "headers": [{"name": HEADER_SERVER, "present_match": True}]},
+                       "route": dict(action, cluster=LEAF_PICKED_CLUSTER)})
+    routes.append({"name": "least-request", "match": {"prefix": "/"}, "route": dict(action, cluster=LEAF_SERVERS_CLUSTER)})
+    filters.append(_router())
+    route_config = {"name": "dlb_leaf", "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}]}
+    return {
+        "node": {"id": f"leaf-{me.name}", "cluster": "dlb-leaf", "locality": {"zone": me.name}},
+        "admin": _admin(admin_port),
+        "static_resources": {
+            "listeners": [_listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False))],
+            "clusters": clusters,
+        },
+        "overload_manager": _overload(),
+    }
+
+
+def write_bootstrap(bootstrap: Mapping[str, Any], path: str | os.PathLike[str]) -> str:
+    """Dump a bootstrap as YAML (what ``envoy -c`` reads); returns the path."""
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(dict(bootstrap), fh, sort_keys=False, default_flow_style=False)
+    return os.fspath(path)

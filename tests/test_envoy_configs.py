@@ -1,0 +1,388 @@
+"""Real-Envoy tests of the root and leaf bootstraps (templates in envoy_configs/ and rendered ones).
+
+Upstreams are tiny ``http.server`` echo servers on 127.0.0.1 standing in for leaves and inference
+servers; they answer with their own name and the headers they received, so a test can see which cell
+a request reached and what Envoy forwarded. The ext_proc is either absent (nothing listens on its
+port: fail-open) or a minimal grpc ExternalProcessor defined here that names one cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from dlb.config import Config, config_from_dict
+from dlb.envoy import EnvoyProcess, validate
+from dlb.envoy_bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
+
+pytestmark = pytest.mark.envoy
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO / "envoy_configs"
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _EchoHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = json.dumps({"name": self.server.name, "path": self.path,  # type: ignore[attr-defined]
+                           "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = _answer
+    do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:  # keep test output clean
+        pass
+
+
+@contextlib.contextmanager
+def echo_servers(*names: str) -> Iterator[dict[str, int]]:
+    """One echo server per name on 127.0.0.1:<free port>; yields name → port; always shut down."""
+    servers: list[ThreadingHTTPServer] = []
+    try:
+        for name in names:
+            srv = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
+            srv.daemon_threads = True
+            srv.name = name  # type: ignore[attr-defined]
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            servers.append(srv)
+        yield {s.name: s.server_address[1] for s in servers}  # type: ignore[attr-defined]
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
+
+
+def request(port: int, path: str = "/v1/chat/completions", headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        conn.request("POST", path, body=b'{"model":"m"}', headers={"content-type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, {"raw": raw.decode(errors="replace")}
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def running_envoy(bootstrap: dict[str, Any], tmp_path: Path, name: str) -> Iterator[EnvoyProcess]:
+    path = write_bootstrap(bootstrap, tmp_path / f"{name}.yaml")
+    admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    with EnvoyProcess(path, admin_port) as envoy:
+        yield envoy
+
+
+def three_cell_config(leaf_ports: dict[str, int], *, one_way_ms: float = 20.0, allowed: dict[str, list[str]] | None = None) -> Config:
+    """Cells a, b, c whose leaf addresses are the given ports; root listeners on free ports."""
+    cells = []
+    for name in ("a", "b", "c"):
+        cells.append({
+            "name": name,
+            "leaf": {"address": f"127.0.0.1:{leaf_ports[name]}", "probe": f"127.0.0.1:{free_port()}"},
+            "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"},
+            "servers": [f"127.0.0.1:{leaf_ports[name + '-srv']}"] if name + "-srv" in leaf_ports else [f"127.0.0.1:{free_port()}"],
+        })
+    data: dict[str, Any] = {
+        "version": 1,
+        "cells": cells,
+        "network": {"default_one_way_ms": one_way_ms, **({"allowed": allowed} if allowed else {})},
+        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
+    }
+    return config_from_dict(data, "test")
+
+
+class _PickCell(ep_grpc.ExternalProcessorServicer):
+    """Minimal root ext_proc: names one cell in x-dlb-cell and clears the route cache."""
+
+    def __init__(self, cluster: str):
+        self.cluster = cluster
+        self.seen_headers: list[dict[str, str]] = []
+        self.seen_metadata: list[dict[str, str]] = []
+
+    def Process(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        self.seen_metadata.append({k: v for k, v in context.invocation_metadata()})
+        for req in request_iterator:
+            if req.HasField("request_headers"):
+                hdrs = {h.key: (h.raw_value.decode() if h.raw_value else h.value) for h in req.request_headers.headers.headers}
+                self.seen_headers.append(hdrs)
+                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=HEADER_CELL, raw_value=self.cluster.encode()))])
+                yield ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=ep.CommonResponse(header_mutation=mutation, clear_route_cache=True)))
+
+
+@contextlib.contextmanager
+def ext_proc_server(port: int, servicer: _PickCell) -> Iterator[_PickCell]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        yield servicer
+    finally:
+        server.stop(grace=None)
+
+
+# --------------------------------------------------------------------------------------------
+# every YAML validates
+# --------------------------------------------------------------------------------------------
+
+TEMPLATES = sorted(p for p in CONFIG_DIR.glob("*.yaml") if not p.name.startswith("dlb."))
+
+
+def test_templates_exist() -> None:
+    assert {p.name for p in TEMPLATES} >= {"root.yaml", "leaf.yaml"}
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_template_validates(path: Path) -> None:
+    result = validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rendered_bootstraps_of_example_validate(tmp_path: Path) -> None:
+    from dlb.config import load_config
+
+    cfg = load_config(CONFIG_DIR / "dlb.example.yaml")
+    for cell in cfg.cell_names:
+        for kind, boot in (("root", root_bootstrap(cfg, cell, admin_port=free_port(), native_flow=True)),
+                           ("leaf", leaf_bootstrap(cfg, cell, admin_port=free_port(), emulate_wan=True))):
+            path = write_bootstrap(boot, tmp_path / f"{kind}-{cell}.yaml")
+            result = validate(path)
+            assert result.returncode == 0, f"{kind} {cell}: {result.stdout}{result.stderr}"
+
+
+def test_rendered_leaf_with_ext_proc_validates(tmp_path: Path) -> None:
+    cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()})
+    data = cfg.cells[0]
+    import dataclasses
+
+    from dlb.config import HostPort
+
+    cells = (dataclasses.replace(data, leaf=dataclasses.replace(data.leaf, ext_proc=HostPort("127.0.0.1", free_port()))),) + cfg.cells[1:]
+    boot = leaf_bootstrap(dataclasses.replace(cfg, cells=cells), "a", admin_port=free_port(), emulate_wan=False)
+    result = validate(write_bootstrap(boot, tmp_path / "leaf.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_templates_match_renderer_on_what_matters() -> None:
+    """The hand-written root template and the renderer agree on the security and fail-open settings."""
+    from dlb.config import load_config
+
+    cfg = load_config(CONFIG_DIR / "dlb.example.yaml")
+    rendered = root_bootstrap(cfg, "us-east1", admin_port=9901)
+    template = yaml.safe_load((CONFIG_DIR / "root.yaml").read_text())
+    t_hcm, r_hcm = _hcm(template), _hcm(rendered)
+    assert set(t_hcm["route_config"]["internal_only_headers"]) == set(INTERNAL_HEADERS)
+    for key in ("use_remote_address", "xff_num_trusted_hops", "internal_address_config", "max_request_headers_kb",
+                "request_timeout", "normalize_path", "merge_slashes", "common_http_protocol_options"):
+        assert t_hcm[key] == r_hcm[key], key
+    assert t_hcm["route_config"]["request_headers_to_add"] == r_hcm["route_config"]["request_headers_to_add"]
+    assert _filter(t_hcm, "envoy.filters.http.ext_proc") == _filter(r_hcm, "envoy.filters.http.ext_proc")
+    assert template["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+    leaf_t = yaml.safe_load((CONFIG_DIR / "leaf.yaml").read_text())
+    leaf_r = leaf_bootstrap(cfg, "us-east1", admin_port=9902, emulate_wan=True)
+    assert leaf_t["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    for name in ("dlb.wan_delay.us-west1", "dlb.wan_delay.eu-west1"):
+        assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}}]
+    # Same delay as rendered from the example config (eu-west1 may not send to us-east1 there, so only us-west1).
+    assert _filter(_hcm(leaf_t), "dlb.wan_delay.us-west1") == _filter(_hcm(leaf_r), "dlb.wan_delay.us-west1")
+
+
+def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
+    return boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def _filter(hcm: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(f for f in hcm["http_filters"] if f["name"] == name)
+
+
+# --------------------------------------------------------------------------------------------
+# root: fail-open by weights, spoofed headers ignored, ext_proc pick honoured
+# --------------------------------------------------------------------------------------------
+
+
+def test_root_fail_open_routes_by_weights_and_ignores_spoofed_cell(tmp_path: Path) -> None:
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        # Only a and b carry fallback weight; c is a valid cluster a spoofer might name.
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1, "b": 1, "c": 0})
+        listen = cfg.cell("a").root.address.port
+        with running_envoy(boot, tmp_path, "root"):  # nothing listens on the ext_proc port: fail-open
+            reached = []
+            for k in range(30):
+                spoof = {HEADER_CELL: "cell-c", HEADER_SRC_CELL: "c", HEADER_ENDPOINT: "evil",
+                         "x-forwarded-for": "10.0.0.1", "x-envoy-internal": "true"} if k % 2 else {}
+                status, body = request(listen, headers=spoof)
+                assert status == 200, body
+                reached.append(body["name"])
+                hdrs = body["headers"]
+                assert hdrs[HEADER_SRC_CELL] == "a"  # added by the root, the client's value is gone
+                assert hdrs[HEADER_ENDPOINT] == "chat"
+                assert HEADER_CELL not in hdrs
+            assert "c" not in reached, reached  # the spoofed cell never wins
+            assert set(reached) == {"a", "b"}, reached  # traffic flows by the weights (P[miss] = 2^-29)
+
+
+@pytest.mark.parametrize("xff", [None, "10.0.0.1", "127.0.0.1"])
+def test_root_strips_spoofed_headers_from_local_clients(tmp_path: Path, xff: str | None) -> None:
+    """A client on loopback (internal by Envoy's legacy rules), with or without its own XFF."""
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        with running_envoy(boot, tmp_path, "root"):
+            spoof = {HEADER_CELL: "cell-c", **({"x-forwarded-for": xff} if xff else {})}
+            status, body = request(cfg.cell("a").root.address.port, headers=spoof)
+            assert status == 200 and body["name"] == "a", body
+            assert HEADER_CELL not in body["headers"] and "x-envoy-internal" not in body["headers"]
+
+
+def test_root_routes_by_ext_proc_pick(tmp_path: Path) -> None:
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        me = cfg.cell("a")
+        with ext_proc_server(me.root.ext_proc.port, _PickCell("cell-c")) as svc, running_envoy(boot, tmp_path, "root"):
+            for _ in range(3):
+                status, body = request(me.root.address.port, headers={HEADER_CELL: "cell-b"})
+                assert status == 200 and body["name"] == "c", body
+            assert svc.seen_headers and all(HEADER_CELL not in h for h in svc.seen_headers)  # stripped before the ext_proc
+            assert all(m.get(HEADER_ENDPOINT) == "chat" for m in svc.seen_metadata)  # per-route gRPC metadata
+            assert all(h[":path"] == "/v1/chat/completions" for h in svc.seen_headers)
+
+
+def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        with running_envoy(root_bootstrap(cfg, "a", admin_port=free_port()), tmp_path, "root"):
+            status, _ = request(cfg.cell("a").root.address.port, path="/admin/secret")
+            assert status == 404
+
+
+def test_root_respects_residency_in_fallback(tmp_path: Path) -> None:
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports, allowed={"c": ["c"]})
+        boot = root_bootstrap(cfg, "c", admin_port=free_port())
+        clusters = {c["name"] for c in boot["static_resources"]["clusters"]}
+        assert clusters == {"dlb_root_ext_proc", "cell-c"}  # no route to a disallowed cell even by spoofing
+        with running_envoy(boot, tmp_path, "root"):
+            for _ in range(5):
+                status, body = request(cfg.cell("c").root.address.port, headers={HEADER_CELL: "cell-a"})
+                assert status == 200 and body["name"] == "c"
+
+
+# Controls: these show the protection above is real by removing it (and document Envoy's behaviour).
+
+
+def test_control_without_internal_only_headers_spoof_wins(tmp_path: Path) -> None:
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        del hcm["route_config"]["internal_only_headers"]
+        with running_envoy(boot, tmp_path, "root"):
+            status, body = request(cfg.cell("a").root.address.port, headers={HEADER_CELL: "cell-c"})
+            assert status == 200 and body["name"] == "c"
+
+
+def test_control_empty_internal_address_config_lets_spoof_through(tmp_path: Path) -> None:
+    """Why the renderer lists a never-matching CIDR: an explicitly empty list makes loopback internal."""
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        hcm["internal_address_config"] = {"cidr_ranges": []}
+        with running_envoy(boot, tmp_path, "root"):
+            status, body = request(cfg.cell("a").root.address.port, headers={HEADER_CELL: "cell-c"})
+            assert status == 200 and body["name"] == "c", body
+
+
+def test_control_header_mutation_filter_does_not_protect(tmp_path: Path) -> None:
+    """DESIGN.md: removing x-dlb-cell with a header_mutation filter before ext_proc is too late."""
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        del hcm["route_config"]["internal_only_headers"]
+        strip = {"name": "envoy.filters.http.header_mutation", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": [{"remove": HEADER_CELL}]}}}
+        hcm["http_filters"].insert(0, strip)
+        with running_envoy(boot, tmp_path, "root"):
+            status, body = request(cfg.cell("a").root.address.port, headers={HEADER_CELL: "cell-c"})
+            assert status == 200 and body["name"] == "c", body
+            assert HEADER_CELL not in body["headers"]  # the header was removed, yet its route stuck
+
+
+# --------------------------------------------------------------------------------------------
+# leaf: WAN emulation by source cell
+# --------------------------------------------------------------------------------------------
+
+
+def test_leaf_delays_by_source_cell_rtt(tmp_path: Path) -> None:
+    with echo_servers("a-srv", "b-srv", "c-srv") as srv:
+        ports = {"a": free_port(), "b": free_port(), "c": free_port(), **srv}
+        cfg = three_cell_config(ports, one_way_ms=150.0)  # RTT 300 ms between any two cells
+        boot = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=True)
+        with running_envoy(boot, tmp_path, "leaf") as envoy:
+            leaf = cfg.cell("b").leaf.address.port
+            status, body = request(leaf, headers={HEADER_SRC_CELL: "b"})  # local: no delay
+            assert status == 200 and body["name"] == "b-srv"
+            stats = envoy.stats("fault")
+            assert int(stats.get("http.dlb_leaf.fault.delays_injected", "0")) == 0
+            t0 = time.monotonic()
+            status, body = request(leaf, headers={HEADER_SRC_CELL: "a"})
+            elapsed = time.monotonic() - t0
+            assert status == 200 and body["name"] == "b-srv"
+            assert elapsed >= 0.9 * 0.300  # generous lower bound only (the delay cannot be skipped)
+            assert int(envoy.stats("fault")["http.dlb_leaf.fault.delays_injected"]) == 1
+
+
+def test_leaf_without_emulation_adds_no_fault_filter() -> None:
+    cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=150.0)
+    boot = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=False)
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
+    boot2 = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=True)
+    hcm2 = boot2["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    delays = {f["name"]: f["typed_config"]["delay"]["fixed_delay"] for f in hcm2["http_filters"] if "fault" in f["typed_config"]["@type"]}
+    assert delays == {"dlb.wan_delay.a": "0.3s", "dlb.wan_delay.c": "0.3s"}
