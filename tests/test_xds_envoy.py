@@ -1,0 +1,202 @@
+"""A real Envoy (1.40) bootstrapped only from dlb.xds over ADS: dynamic LDS/CDS, RDS and EDS.
+
+Checks that Envoy reports the pushed versions in /config_dump, serves traffic through the pushed
+route, NACKs a cluster that parses but fails Envoy's validation (``update_rejected``), that the
+server never re-sends the rejected content, and that Envoy then accepts a valid update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import socket
+import tempfile
+import threading
+import urllib.request
+
+import pytest
+
+from dlb.envoy import EnvoyProcess
+from dlb.xds import Resource, Snapshot, SnapshotCache, XdsServer, types
+from dlb.xds.testing import eds_cluster, http_listener, load_assignment, route_config
+
+pytestmark = pytest.mark.envoy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Backend(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = b"backend-ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def bootstrap(admin_port: int, xds_port: int, node_id: str, api_type: str = "GRPC") -> dict:
+    ads = {"ads": {}, "resource_api_version": "V3"}
+
+    return {
+        "node": {"id": node_id, "cluster": "test"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "dynamic_resources": {
+            "ads_config": {"api_type": api_type, "transport_api_version": "V3", "set_node_on_first_message_only": True,
+                           "grpc_services": [{"envoy_grpc": {"cluster_name": "xds"}}]},
+            "cds_config": ads, "lds_config": ads,
+        },
+        "static_resources": {"clusters": [{
+            "name": "xds", "type": "STATIC", "connect_timeout": "1s",
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+            "load_assignment": {"cluster_name": "xds", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": "127.0.0.1", "port_value": xds_port}}}}]}]},
+        }]},
+    }
+
+
+def cluster(name: str, connect_timeout_s: float = 1.0):
+    c = eds_cluster(name, connect_timeout_s)
+    c.eds_cluster_config.eds_config.initial_fetch_timeout.SetInParent()  # 0s: wait for EDS forever
+    return c
+
+
+def resources(backend_port: int, listener_port: int, extra_clusters=(), tag: str = "a") -> Snapshot:
+    rc = route_config("local_route", cluster="backend")
+    rc.response_headers_to_add.add().header.key = "x-config"
+    rc.response_headers_to_add[0].header.value = tag
+    return Snapshot.build([cluster("backend"), load_assignment("backend", [backend_port]),
+                           http_listener("http", listener_port, "local_route"), rc, *extra_clusters])
+
+
+async def until(predicate, what: str, timeout: float = 30.0) -> None:
+    """Wait for a condition (not a timing assertion: the bound only stops a hung test)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("api_type", ["GRPC", "DELTA_GRPC"])
+def test_envoy_acks_nacks_and_never_gets_rejected_config_again(api_type: str):
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    try:
+        asyncio.run(asyncio.wait_for(_scenario(backend.server_address[1], api_type), 120))
+    finally:
+        backend.shutdown()
+        backend.server_close()
+
+
+async def _scenario(backend_port: int, api_type: str) -> None:
+    loop = asyncio.get_running_loop()
+    run = lambda f, *a: loop.run_in_executor(None, f, *a)  # noqa: E731  (Envoy admin calls are blocking)
+    cache = SnapshotCache()
+    server = XdsServer(cache)
+    xds_port = await server.start()
+    admin_port, listener_port = free_port(), free_port()
+    v1 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bootstrap.json")
+        with open(path, "w") as f:
+            json.dump(bootstrap(admin_port, xds_port, "envoy-1", api_type), f)
+        envoy = EnvoyProcess(path, admin_port)
+        try:
+            await run(envoy.start)
+            status = server.status
+
+            def acked(type_url: str) -> str:
+                ns = status.nodes.get("envoy-1")
+                return ns.types[type_url].acked_version if ns and type_url in ns.types else ""
+
+            async def all_acked(version: str) -> bool:
+                return all(acked(t) == version for t in (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE))
+
+            await until(lambda: all_acked(v1), "Envoy to ACK every type at v1")
+
+            def shown(version: str, type_url: str, name: str) -> str:
+                """The version Envoy's config_dump shows: SotW the response version, delta the resource hash."""
+                return version if api_type == "GRPC" else cache.get_snapshot("envoy-1").get(type_url)[name].version
+
+            async def served() -> bool:
+                try:
+                    body = await run(lambda: urllib.request.urlopen(f"http://127.0.0.1:{listener_port}/", timeout=2).read())
+                    return body == b"backend-ok"
+                except OSError:
+                    return False
+
+            await until(served, "traffic through the pushed listener/route/cluster")
+            dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
+            assert {c["cluster"]["name"]: c["version_info"] for c in dump["configs"]} == {"backend": shown(v1, types.CLUSTER, "backend")}
+            dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_listeners"))
+            assert [(c["name"], c["active_state"]["version_info"]) for c in dump["configs"]] == [("http", shown(v1, types.LISTENER, "http"))]
+
+            # A cluster that parses but breaks Envoy's validation rules (connect_timeout must be > 0).
+            bad = eds_cluster("bad")
+            bad.connect_timeout.seconds = -1
+            v2 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port, [bad]))
+            await until(lambda: _true(status.nodes["envoy-1"].types[types.CLUSTER].nacks == 1), "Envoy's NACK")
+            cds = status.nodes["envoy-1"].types[types.CLUSTER]
+            assert cds.last_nack_version == v2 and cds.acked_version == v1
+            assert "positive duration" in cds.last_nack_reason  # Envoy's own reason, kept for operators
+            stats = await run(envoy.stats, "cluster_manager.cds")
+            assert stats["cluster_manager.cds.update_rejected"] == "1"
+            cds_responses = cds.responses
+
+            # A new snapshot with a new route but the same rejected cluster set: RDS goes out, CDS does not.
+            v3 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port, [bad], tag="b"))
+            await until(lambda: _true(acked(types.ROUTE) == v3), "Envoy to ACK the new route")
+            assert cds.responses == cds_responses
+            stats = await run(envoy.stats, "cluster_manager.cds")
+            assert stats["cluster_manager.cds.update_rejected"] == "1"
+            dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_route_configs"))
+            assert dump["configs"][0]["version_info"] == shown(v3, types.ROUTE, "local_route")
+
+            # A valid update is accepted.
+            v4 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port, [cluster("good"), load_assignment("good", [backend_port])], tag="b"))
+            await until(lambda: _true(acked(types.CLUSTER) == v4), "Envoy to ACK the valid clusters")
+            dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_warming_clusters"))
+            dump_active = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
+            names = {c["cluster"]["name"]: c["version_info"] for c in dump_active.get("configs", []) + dump.get("configs", [])}
+            assert names == {"backend": shown(v1, types.CLUSTER, "backend"), "good": shown(v4, types.CLUSTER, "good")}
+            assert (await run(envoy.stats, "cluster_manager.cds"))["cluster_manager.cds.update_rejected"] == "1"
+            assert await served()
+
+            # Changing an EDS cluster makes Envoy re-create (re-warm) it; the server re-sends its
+            # endpoints right after the CDS response, so the cluster activates with the new version.
+            changed = cluster("backend", connect_timeout_s=2.0)
+            items = resources(backend_port, listener_port, [cluster("good"), load_assignment("good", [backend_port])], tag="b")
+            v5 = cache.set_snapshot("envoy-1", Snapshot.of({**items.resources, types.CLUSTER: {
+                **items.get(types.CLUSTER), "backend": Resource.from_message(changed)}}))
+            await until(lambda: _true(acked(types.CLUSTER) == v5), "Envoy to ACK the changed cluster")
+
+            async def active_backend_version() -> str:
+                dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
+                return {c["cluster"]["name"]: c["version_info"] for c in dump["configs"]}.get("backend", "")
+
+            await until(lambda: _eq(active_backend_version(), shown(v5, types.CLUSTER, "backend")),
+                        "the changed cluster to become active")
+            assert await served()
+        finally:
+            await run(envoy.stop)
+            await server.stop(None)
+
+
+async def _eq(coro, want) -> bool:
+    return await coro == want
+
+
+async def _true(value: bool) -> bool:
+    return value
