@@ -16,7 +16,12 @@ from collections.abc import Sequence
 # ``serve`` or ``bench`` that the registered command is nested under.
 _COMMANDS: list[tuple[str | None, str]] = [
     ("config", "dlb.config.cli:register"),
+    ("config", "dlb.xds.cli:register_bootstrap"),
+    ("serve", "dlb.xds.cli:register_serve"),
     ("serve", "dlb.emulator.cli:register"),
+    ("serve", "dlb.ext_proc.root:register"),
+    ("serve", "dlb.ext_proc.leaf:register"),
+    (None, "dlb.sim.cli:register"),
 ]
 
 _GROUP_HELP = {

@@ -1,0 +1,14 @@
+"""Header names shared by the services, the Envoy configs and the tests (one place to change them).
+
+Every ``x-dlb-*`` header is internal: the root Envoy strips them from client requests
+(``route_config.internal_only_headers``) and the services never read them from a client.
+"""
+
+#: Root → root Envoy route: the chosen cell's cluster, ``cell-<name>`` (read by ``cluster_header``).
+CELL = "x-dlb-cell"
+#: Root → leaf Envoy: the cell the request entered at (the leaf's WAN emulation delays by its RTT).
+SRC_CELL = "x-dlb-src-cell"
+#: Leaf → leaf Envoy: ``ip:port`` of the chosen server (ORIGINAL_DST cluster reads it).
+SERVER = "x-dlb-server"
+
+INTERNAL = (CELL, SRC_CELL, SERVER)

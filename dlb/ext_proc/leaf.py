@@ -1,0 +1,316 @@
+"""The leaf agent (``dlb serve leaf``): picks servers in its cell, measures it, answers probes.
+
+One gRPC server (grpc.aio + uvloop) carries three services on one port:
+
+- ``dlb.v1.Probe`` — roots poll it; the answer is built from memory (no I/O).
+- Envoy ``ExternalProcessor`` — the leaf Envoy asks which server gets a request; we answer
+  ``x-dlb-server: ip:port`` (pre-serialised per server) for its ORIGINAL_DST cluster.
+- Envoy ``AccessLogService`` — the leaf Envoy streams one entry per finished request (and, with
+  ``flush_access_log_on_new_request``, one per started request). Completions release RIF and feed
+  the latency fit and the error rate, off the request path and batched by Envoy.
+
+Why the access log and not ext_proc response processing for completions: the ext_proc response
+phase would add a second synchronous round trip per request and only sees response *headers* (for
+streamed generations the end of the stream, hence the latency, is only known at stream end, which the
+access log reports with the status and timings). See docs/data-plane.md for the measurement.
+
+Background tasks (never on the request path): scrape each server's ``/metrics`` (vLLM gauges
+``vllm:num_requests_running`` / ``vllm:num_requests_waiting``), refit the latency model in a worker
+thread, expire lost in-flight records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+import numpy as np
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from dlb.config import Config, load_config
+from dlb.control_plane.estimator import EstimatorConfig
+from dlb.ext_proc import headers
+from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
+from dlb.ext_proc.metrics import FastHistogram, serve_metrics
+from dlb.ext_proc.protocol import CONTINUE, ext_proc_handler, header_response, header_value, serve_until_signal
+from dlb.ext_proc.root import _write_ready, run_event_loop
+from dlb.log import get_logger
+from dlb.proto import probe_pb2, probe_pb2_grpc
+
+log = get_logger("dlb.leaf")
+
+REQUEST_ID = "x-request-id"
+_START = accesslog_pb2.AccessLogType.Value("DownstreamStart")
+_PERIODIC = (accesslog_pb2.AccessLogType.Value("DownstreamPeriodic"), accesslog_pb2.AccessLogType.Value("UpstreamPeriodic"),
+             accesslog_pb2.AccessLogType.Value("UpstreamPoolReady"))
+
+
+def _seconds(d) -> float:
+    return d.seconds + d.nanos * 1e-9
+
+
+def _address(addr) -> str:
+    sa = addr.socket_address
+    return f"{sa.address}:{sa.port_value}" if sa.address else ""
+
+
+class LeafAgent:
+    """The leaf's gRPC servicers around one :class:`LeafState`."""
+
+    def __init__(self, state: LeafState, clock=time.monotonic) -> None:
+        self.state = state
+        self.clock = clock
+        self.responses = [header_response([(headers.SERVER, s.address)], clear_route_cache=True) for s in state.servers]
+        self.processing = FastHistogram()
+        self.als_entries = 0
+        self.als_streams = 0
+        self.probes = 0
+        self.fits = 0
+        self.fit_seconds = 0.0
+
+    # -- ext_proc (request path) -------------------------------------------------------------------
+    async def process(self, requests: AsyncIterator[ep.ProcessingRequest], context) -> AsyncIterator[bytes]:
+        perf = time.perf_counter
+        for_state = self.state
+        async for req in requests:
+            t0 = perf()
+            if req.WhichOneof("request") == "request_headers":
+                rid = None
+                for h in req.request_headers.headers.headers:
+                    if h.key == REQUEST_ID:
+                        rid = header_value(h)
+                        break
+                i = for_state.pick(self.clock(), rid)
+                out = self.responses[i]
+            else:
+                out = CONTINUE.get(req.WhichOneof("request"), CONTINUE["request_headers"])
+            self.processing.observe(perf() - t0)
+            yield out
+
+    # -- access log (completions) -------------------------------------------------------------------
+    async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
+        self.als_streams += 1
+        async for msg in requests:
+            if not msg.HasField("http_logs"):
+                continue
+            now = self.clock()
+            st = self.state
+            for e in msg.http_logs.log_entry:
+                self.als_entries += 1
+                common = e.common_properties
+                kind = common.access_log_type
+                rid = e.request.request_id
+                if kind == _START:
+                    st.start(now, rid)
+                    continue
+                if kind in _PERIODIC:
+                    continue
+                flags = common.response_flags
+                st.complete(now, Completion(
+                    request_id=rid,
+                    upstream=_address(common.upstream_remote_address),
+                    status=e.response.response_code.value,
+                    duration_s=_seconds(common.time_to_last_downstream_tx_byte) if common.HasField("time_to_last_downstream_tx_byte") else _seconds(common.duration),
+                    client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
+                ))
+        return als_pb2.StreamAccessLogsResponse()
+
+    # -- probes -------------------------------------------------------------------------------------
+    async def Probe(self, request: probe_pb2.ProbeRequest, context) -> probe_pb2.ProbeResponse:
+        self.probes += 1
+        return self.snapshot(self.clock())
+
+    def snapshot(self, now: float) -> probe_pb2.ProbeResponse:
+        st = self.state
+        est = st.estimator
+        p = est.params
+        return probe_pb2.ProbeResponse(
+            cell=st.cell, rif=float(st.rif), replicas=st.replicas, healthy_replicas=st.healthy(now),
+            model=probe_pb2.LatencyModel(a_s=p.a, b_s=p.b, c=p.c, s=p.s, confidence=est.confidence, samples=len(est)),
+            error_rate=st.errors.rate(now), timestamp_unix_ns=time.time_ns(), completed=st.completed,
+            errors=st.failed, waiting=st.waiting(),
+        )
+
+    # -- background work ----------------------------------------------------------------------------
+    async def fit_loop(self) -> None:
+        """Refit the latency model every ``refit_period_s`` in a worker thread.
+
+        The fit (scipy least squares) takes milliseconds; running it on the event loop would stall
+        every request the leaf is picking for. We refit a shallow copy whose sample deques are copied
+        on the loop thread (so the worker never iterates a deque that is being appended to), then
+        publish the result.
+        """
+        est = self.state.estimator
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(est.config.refit_period_s)
+            try:
+                now = self.clock()
+                self.state.expire(now)
+                shadow = copy.copy(est)
+                shadow._t, shadow._rif, shadow._lat = copy.copy(est._t), copy.copy(est._rif), copy.copy(est._lat)
+                t0 = time.perf_counter()
+                await loop.run_in_executor(None, shadow.refit, now)
+                self.fit_seconds += time.perf_counter() - t0
+                self.fits += 1
+                est.params, est.confidence, est.last_result, est._last_fit = shadow.params, shadow.confidence, shadow.last_result, now
+            except Exception:
+                log.exception("fit_failed", cell=self.state.cell)
+
+    async def scrape_loop(self, period_s: float, timeout_s: float) -> None:
+        """Poll every server's Prometheus ``/metrics`` for vLLM queue gauges."""
+        while True:
+            started = self.clock()
+            results = await asyncio.gather(*(scrape_vllm(s.address, timeout_s) for s in self.state.servers))
+            for i, r in enumerate(results):
+                self.state.on_scrape(i, *r)
+            await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
+
+    # -- metrics -----------------------------------------------------------------------------------
+    def collect(self) -> Iterable:
+        st = self.state
+        now = self.clock()
+        c = st.cell
+        yield GaugeMetricFamily("dlb_leaf_rif", "Requests in flight counted by the leaf", value=st.rif)
+        srif = GaugeMetricFamily("dlb_leaf_server_rif", "Leaf-counted RIF per server", labels=["server"])
+        sscr = GaugeMetricFamily("dlb_leaf_server_scraped_load", "running + waiting scraped from the server (-1 unknown)", labels=["server"])
+        picks = CounterMetricFamily("dlb_leaf_server_picks", "Requests sent to each server", labels=["server"])
+        serr = CounterMetricFamily("dlb_leaf_server_errors", "Failed completions per server", labels=["server"])
+        for s in st.servers:
+            srif.add_metric([s.address], s.rif)
+            sscr.add_metric([s.address], s.scraped)
+            picks.add_metric([s.address], s.picks)
+            serr.add_metric([s.address], s.errors)
+        yield from (srif, sscr, picks, serr)
+        yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
+        yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
+        yield CounterMetricFamily("dlb_leaf_completed", "Completions seen in the access log", value=st.completed)
+        yield CounterMetricFamily("dlb_leaf_failed", "Completions counted as errors", value=st.failed)
+        yield CounterMetricFamily("dlb_leaf_inflight_expired", "In-flight records dropped after max age", value=st.expired)
+        yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probes)
+        yield CounterMetricFamily("dlb_leaf_als_entries", "Access-log entries received", value=self.als_entries)
+        model = GaugeMetricFamily("dlb_leaf_model", "Published latency-model parameter", labels=["param"])
+        p = st.estimator.params
+        for name, v in (("a_s", p.a), ("b_s", p.b), ("c", p.c), ("s", p.s), ("confidence", st.estimator.confidence),
+                        ("samples", float(len(st.estimator)))):
+            model.add_metric([name], v)
+        yield model
+        yield CounterMetricFamily("dlb_leaf_fit_seconds", "Time spent fitting the latency model", value=self.fit_seconds)
+        yield self.processing.family("dlb_leaf_processing_seconds", "Time to pick a server inside the service")
+        del c
+
+
+async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None]:
+    """(running, waiting) summed over label sets from ``http://address/metrics``; (None, None) on failure.
+
+    A tiny HTTP/1.0 GET on asyncio streams: no client library on the leaf, and nothing blocks.
+    """
+    host, _, port = address.rpartition(":")
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+        writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+        body = await asyncio.wait_for(reader.read(-1), timeout_s)
+    except (OSError, asyncio.TimeoutError, ValueError):
+        return None, None
+    finally:
+        if writer is not None:
+            writer.close()
+    head, _, text = body.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
+        return None, None
+    running = waiting = None
+    for line in text.decode("utf-8", "replace").splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:num_requests_waiting"):
+            waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
+    if running is None and waiting is None:
+        return 0.0, 0.0  # reachable, but no vLLM gauges: treat as "no extra load known"
+    return running, waiting
+
+
+def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
+                      refit_period_s: float = 5.0, window_s: float = 60.0) -> LeafState:
+    cell = cfg.cell(cell_name)
+    # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
+    prior = cfg.endpoints[0].latency_prior.to_core()
+    servers = [ServerState(str(s.address), float(s.weight)) for s in cell.servers]
+    return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices,
+                     estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
+                     rng=np.random.default_rng(seed))
+
+
+async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
+                   choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float) -> None:
+    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
+    agent = LeafAgent(state)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
+    server.add_generic_rpc_handlers((ext_proc_handler(agent.process),))
+    probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
+    ports = []
+    for addr in listen:
+        port = server.add_insecure_port(addr)
+        if port == 0:
+            raise SystemExit(f"dlb serve leaf: cannot listen on {addr}")
+        ports.append(port)
+    metrics_port = None
+    if metrics:
+        host, _, mport = metrics.rpartition(":")
+        _, metrics_port = serve_metrics(agent.collect, host or "127.0.0.1", int(mport))
+    await server.start()
+    tasks = [asyncio.create_task(agent.fit_loop())]
+    if scrape_period_s > 0:
+        tasks.append(asyncio.create_task(agent.scrape_loop(scrape_period_s, min(1.0, max(0.2, scrape_period_s)))))
+    log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port,
+             servers=[s.address for s in state.servers], choices=choices)
+    if ready_file:
+        _write_ready(ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
+
+    async def on_stop() -> None:
+        for t in tasks:
+            t.cancel()
+        log.info("leaf_stopping", cell=cell_name)
+
+    await serve_until_signal(server, on_stop)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    try:
+        cell = cfg.cell(args.cell)
+    except KeyError as exc:
+        raise SystemExit(str(exc.args[0]))
+    # Probe, ext_proc and access log share one gRPC server; it also listens on leaf.ext_proc when set.
+    listen = [args.listen or str(cell.leaf.probe)]
+    if args.listen is None and cell.leaf.ext_proc is not None and cell.leaf.ext_proc != cell.leaf.probe:
+        listen.append(str(cell.leaf.ext_proc))
+    metrics = args.metrics
+    if metrics is None:
+        metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 1000}"
+    run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
+                            args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("leaf", help="leaf agent: picks servers in a cell, measures it, answers probes")
+    p.add_argument("--config", required=True, help="DLB config YAML")
+    p.add_argument("--cell", required=True, help="the cell this leaf serves")
+    p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
+    p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe port + 1000)")
+    p.add_argument("--choices", type=int, default=2, help="power-of-d: servers sampled per pick (>= servers = least loaded)")
+    p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
+    p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
+    p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=run)

@@ -1,0 +1,212 @@
+"""The leaf's bookkeeping for one cell, pure and clock-free (callers pass ``now``).
+
+What it does, and why here rather than in Envoy:
+
+- **Pick a server** (power-of-d choices, Prequal-style): sample ``d`` distinct usable servers and take
+  the least loaded, where load = ``max(RIF counted by this leaf, running + waiting scraped from the
+  server's vLLM metrics) / weight``. The leaf's own count is exact and immediate (incremented at pick
+  time); the scraped number is stale but also sees work that did not come through this leaf. With
+  ``d ≥ n`` this is join-the-shortest-queue. Random sampling keeps several leaf replicas from herding.
+- **Count RIF** at pick time, keyed by Envoy's ``x-request-id``, and release it when the access log
+  reports the request finished (or after ``max_age_s``, so a lost log entry cannot leak RIF forever).
+  Without a leaf ext_proc (Envoy ``LEAST_REQUEST`` picks), the access log's *start* entries open the
+  same records, so RIF is counted either way.
+- **Measure**: each completion gives a (cell RIF at arrival, latency) sample for
+  :class:`LatencyEstimator` and an outcome for :class:`ErrorTracker` (both from the routing core).
+- **Passive health**: ``eject_after`` consecutive failures of one server remove it from picking for
+  ``eject_s``; if every server is ejected we pick among all (fail open, never a local 503).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlb.control_plane.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.control_plane.latency_model import LatencyParams
+
+UNKNOWN = -1
+
+
+@dataclass
+class ServerState:
+    address: str  # "ip:port" as Envoy's ORIGINAL_DST cluster expects it
+    weight: float = 1.0
+    rif: int = 0  # requests this leaf sent there and has not seen finish
+    scraped: float = -1.0  # running + waiting from the server's metrics, -1 = unknown
+    waiting: float = -1.0
+    scrape_failures: int = 0
+    consecutive_errors: int = 0
+    ejected_until: float = -math.inf
+    picks: int = 0
+    completed: int = 0
+    errors: int = 0
+
+
+@dataclass
+class InFlight:
+    server: int  # index into servers, UNKNOWN when Envoy picked (LEAST_REQUEST mode)
+    started: float
+    cell_rif: int  # cell RIF at arrival, this request included
+
+
+@dataclass
+class Completion:
+    """One finished request as the access log reports it."""
+
+    request_id: str
+    upstream: str  # "ip:port" of the server Envoy talked to ("" if none)
+    status: int  # HTTP status (0 = no response: reset, connect failure)
+    duration_s: float  # leaf-side latency (first byte in → last byte out)
+    client_abort: bool = False  # downstream went away: not the cell's fault, not a latency sample
+
+
+def is_error(status: int) -> bool:
+    """5xx, 429 (queue full) and "no response at all" count against the cell."""
+    return status == 0 or status == 429 or status >= 500
+
+
+@dataclass
+class LeafState:
+    cell: str
+    servers: list[ServerState]
+    replicas: int
+    prior: LatencyParams
+    choices: int = 2
+    max_age_s: float = 900.0
+    eject_after: int = 3
+    eject_s: float = 2.0
+    scrape_fail_threshold: int = 2
+    error_tau_s: float = 5.0
+    estimator_config: EstimatorConfig = field(default_factory=EstimatorConfig)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError(f"cell {self.cell}: a leaf needs at least one server")
+        self.inflight: dict[str, InFlight] = {}
+        self.by_address = {s.address: i for i, s in enumerate(self.servers)}
+        self.estimator = LatencyEstimator(self.prior, self.estimator_config)
+        self.errors = ErrorTracker(self.error_tau_s)
+        self.completed = 0
+        self.failed = 0
+        self.expired = 0
+        self.unmatched = 0
+        self._seq = 0
+
+    # -- picking ---------------------------------------------------------------------------------
+    def usable(self, now: float) -> list[int]:
+        ok = [i for i, s in enumerate(self.servers)
+              if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
+        return ok or list(range(len(self.servers)))
+
+    def load(self, i: int) -> float:
+        s = self.servers[i]
+        return max(float(s.rif), s.scraped) / s.weight
+
+    def choose(self, now: float) -> int:
+        """Power-of-d choice among usable servers (no side effects)."""
+        cand = self.usable(now)
+        if len(cand) > self.choices:
+            idx = self.rng.choice(len(cand), size=self.choices, replace=False)
+            cand = [cand[int(k)] for k in idx]
+        best = min(self.load(i) for i in cand)
+        ties = [i for i in cand if self.load(i) <= best]
+        return ties[0] if len(ties) == 1 else ties[int(self.rng.integers(len(ties)))]
+
+    def pick(self, now: float, request_id: str | None) -> int:
+        """Choose a server for a request and count it in flight."""
+        i = self.choose(now)
+        self.start(now, request_id, i)
+        return i
+
+    def start(self, now: float, request_id: str | None, server: int = UNKNOWN) -> str:
+        """Open an in-flight record (returns its key; a synthetic one if Envoy gave no request id)."""
+        if not request_id:
+            self._seq += 1
+            request_id = f"dlb-anon-{self._seq}"
+        prev = self.inflight.get(request_id)
+        if prev is not None:  # duplicate start (ext_proc + ALS start entry): keep the first record
+            if prev.server == UNKNOWN and server != UNKNOWN:
+                prev.server = server
+                self.servers[server].rif += 1
+                self.servers[server].picks += 1
+            return request_id
+        if server != UNKNOWN:
+            self.servers[server].rif += 1
+            self.servers[server].picks += 1
+        self.inflight[request_id] = InFlight(server, now, len(self.inflight) + 1)
+        return request_id
+
+    # -- completions ------------------------------------------------------------------------------
+    def complete(self, now: float, c: Completion) -> None:
+        rec = self.inflight.pop(c.request_id, None)
+        if rec is None:
+            self.unmatched += 1  # e.g. the leaf restarted mid-request; still an outcome
+            cell_rif = len(self.inflight) + 1
+            server = UNKNOWN
+        else:
+            cell_rif = rec.cell_rif
+            server = rec.server
+            if server != UNKNOWN:
+                self.servers[server].rif -= 1
+        if server == UNKNOWN and c.upstream:
+            server = self.by_address.get(c.upstream, UNKNOWN)
+        if c.client_abort:
+            return  # the client left: says nothing about the cell's health or speed
+        err = is_error(c.status)
+        self.completed += 1
+        self.errors.record(now, err)
+        if server != UNKNOWN:
+            s = self.servers[server]
+            s.completed += 1
+            if err:
+                s.errors += 1
+                s.consecutive_errors += 1
+                if s.consecutive_errors >= self.eject_after:
+                    s.ejected_until = now + self.eject_s
+                    s.consecutive_errors = 0
+            else:
+                s.consecutive_errors = 0
+        if err:
+            self.failed += 1
+        elif c.duration_s > 0:
+            self.estimator.record(now, float(cell_rif), c.duration_s)
+
+    def expire(self, now: float) -> int:
+        """Forget in-flight records older than ``max_age_s`` (their completion was lost)."""
+        horizon = now - self.max_age_s
+        old = [k for k, r in self.inflight.items() if r.started < horizon]
+        for k in old:
+            rec = self.inflight.pop(k)
+            if rec.server != UNKNOWN:
+                self.servers[rec.server].rif -= 1
+        self.expired += len(old)
+        return len(old)
+
+    # -- scraped metrics -------------------------------------------------------------------------
+    def on_scrape(self, i: int, running: float | None, waiting: float | None) -> None:
+        s = self.servers[i]
+        if running is None and waiting is None:
+            s.scrape_failures += 1
+            if s.scrape_failures >= self.scrape_fail_threshold:
+                s.scraped = -1.0
+                s.waiting = -1.0
+            return
+        s.scrape_failures = 0
+        s.scraped = (running or 0.0) + (waiting or 0.0)
+        s.waiting = waiting if waiting is not None else -1.0
+
+    # -- what probes report -------------------------------------------------------------------------
+    @property
+    def rif(self) -> int:
+        return len(self.inflight)
+
+    def healthy(self, now: float) -> int:
+        return sum(1 for s in self.servers if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold)
+
+    def waiting(self) -> float:
+        vals = [s.waiting for s in self.servers if s.waiting >= 0]
+        return float(sum(vals)) if vals else -1.0

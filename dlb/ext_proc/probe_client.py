@@ -1,0 +1,136 @@
+"""The root's probe client: polls every leaf's ``dlb.v1.Probe`` and caches the answers.
+
+One asyncio task per destination cell, so a slow or dead leaf delays nobody else. Requests never
+wait for a probe: the router reads whatever the cache holds, and :class:`RootRouter` itself treats
+state older than ``stale_after`` as unusable. On failure the task backs off exponentially (period ×
+2^failures, capped at ``backoff_max``) so a dead leaf costs little, and after ``fail_threshold``
+consecutive failures it marks the cell unavailable at once instead of waiting for staleness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from dlb.log import get_logger
+from dlb.proto import probe_pb2, probe_pb2_grpc
+
+log = get_logger("dlb.probe_client")
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    index: int  # cell index in the topology
+    name: str  # cell name (the leaf must answer with the same name)
+    address: str  # host:port of the leaf agent's probe service
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    period_s: float = 0.02
+    timeout_s: float = 0.2
+    backoff_max_s: float = 5.0
+    fail_threshold: int = 2
+
+
+@dataclass
+class ProbeStats:
+    """Per-cell probe bookkeeping (exported as metrics)."""
+
+    ok: int = 0
+    errors: int = 0
+    consecutive_failures: int = 0
+    last_ok: float = -math.inf  # monotonic time of the last good answer
+    last_error: str = ""
+    last_rtt_s: float = math.nan
+    last: probe_pb2.ProbeResponse | None = None
+    available: bool = False
+
+
+@dataclass
+class ProbeClient:
+    """Probes a set of leaves forever; calls ``on_result(target, response|None, now)`` per probe."""
+
+    targets: list[ProbeTarget]
+    on_result: Callable[[ProbeTarget, probe_pb2.ProbeResponse | None, float], None]
+    timing: ProbeTiming = field(default_factory=ProbeTiming)
+    source_cell: str = ""
+    clock: Callable[[], float] = time.monotonic
+    stats: dict[int, ProbeStats] = field(default_factory=dict)
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+    _channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    def start(self) -> None:
+        for t in self.targets:
+            self.stats[t.index] = ProbeStats()
+            channel = grpc.aio.insecure_channel(
+                t.address,
+                options=[("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 100),
+                         ("grpc.max_reconnect_backoff_ms", int(self.timing.backoff_max_s * 1000))],
+            )
+            self._channels.append(channel)
+            self._tasks.append(asyncio.create_task(self._loop(t, probe_pb2_grpc.ProbeStub(channel)), name=f"probe-{t.name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for ch in self._channels:
+            await ch.close()
+        self._tasks.clear()
+        self._channels.clear()
+
+    async def _loop(self, target: ProbeTarget, stub: probe_pb2_grpc.ProbeStub) -> None:
+        st = self.stats[target.index]
+        request = probe_pb2.ProbeRequest(source_cell=self.source_cell)
+        timing = self.timing
+        while True:
+            started = self.clock()
+            try:
+                resp = await stub.Probe(request, timeout=timing.timeout_s)
+                if resp.cell != target.name:
+                    raise ValueError(f"leaf at {target.address} answered for cell {resp.cell!r}, expected {target.name!r}")
+            except (grpc.aio.AioRpcError, ValueError) as exc:
+                now = self.clock()
+                st.errors += 1
+                st.consecutive_failures += 1
+                reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                if reason != st.last_error or st.consecutive_failures == timing.fail_threshold:
+                    log.warning("probe_failed", cell=target.name, address=target.address, reason=reason,
+                                consecutive=st.consecutive_failures)
+                st.last_error = reason
+                if st.consecutive_failures >= timing.fail_threshold and st.available:
+                    st.available = False
+                    self.on_result(target, None, now)
+                delay = min(timing.backoff_max_s, timing.period_s * (2.0 ** st.consecutive_failures))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one bad answer kill the probe loop
+                log.exception("probe_loop_error", cell=target.name)
+                delay = timing.backoff_max_s
+            else:
+                now = self.clock()
+                if st.consecutive_failures:
+                    log.info("probe_recovered", cell=target.name, after_failures=st.consecutive_failures)
+                st.ok += 1
+                st.consecutive_failures = 0
+                st.last_error = ""
+                st.last_ok = now
+                st.last_rtt_s = now - started
+                st.last = resp
+                st.available = True
+                self.on_result(target, resp, now)
+                delay = timing.period_s - (now - started)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)

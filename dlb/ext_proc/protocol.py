@@ -1,0 +1,89 @@
+"""Envoy ext_proc plumbing shared by the root and the leaf: pre-built responses and a raw-bytes handler.
+
+Why pre-serialised bytes: a per-request ``ProcessingResponse`` build + serialise costs several µs of
+Python; the answers are drawn from a small fixed set (one per destination cell, plus a few
+"continue" and error replies), so we serialise them once at start-up and register the handler with
+an identity response serializer — the hot path then only parses the request and picks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.type.v3 import http_status_pb2
+
+PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_response(set_headers: Sequence[tuple[str, str]], remove: Sequence[str] = (), clear_route_cache: bool = True) -> bytes:
+    """A request-headers reply that sets/removes headers (and re-resolves the route)."""
+    mutation = ep.HeaderMutation(
+        set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
+                     for k, v in set_headers],
+        remove_headers=list(remove),
+    )
+    common = ep.CommonResponse(header_mutation=mutation, clear_route_cache=clear_route_cache)
+    return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common)).SerializeToString()
+
+
+def immediate_response(code: int, body: str, details: str) -> bytes:
+    """A local reply (Envoy answers the client without going upstream)."""
+    resp = ep.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=code),
+        headers=ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key="content-type", raw_value=b"text/plain"), append_action=_OVERWRITE)]),
+        body=body.encode(),
+        details=details,
+    )
+    return ep.ProcessingResponse(immediate_response=resp).SerializeToString()
+
+
+#: "Continue unchanged" for every other phase, in case an Envoy config sends more than request headers.
+CONTINUE = {
+    "request_headers": ep.ProcessingResponse(request_headers=ep.HeadersResponse()).SerializeToString(),
+    "response_headers": ep.ProcessingResponse(response_headers=ep.HeadersResponse()).SerializeToString(),
+    "request_body": ep.ProcessingResponse(request_body=ep.BodyResponse()).SerializeToString(),
+    "response_body": ep.ProcessingResponse(response_body=ep.BodyResponse()).SerializeToString(),
+    "request_trailers": ep.ProcessingResponse(request_trailers=ep.TrailersResponse()).SerializeToString(),
+    "response_trailers": ep.ProcessingResponse(response_trailers=ep.TrailersResponse()).SerializeToString(),
+}
+
+
+def header_value(h: base_pb2.HeaderValue) -> str:
+    """Envoy sends ``raw_value`` (bytes) in current versions and ``value`` in old ones."""
+    raw = h.raw_value
+    return raw.decode("utf-8", "replace") if raw else h.value
+
+
+Handler = Callable[[AsyncIterator[ep.ProcessingRequest], grpc.aio.ServicerContext], AsyncIterator[bytes]]
+
+
+def ext_proc_handler(process: Handler) -> grpc.GenericRpcHandler:
+    """Register ``process`` as ExternalProcessor.Process, yielding pre-serialised responses."""
+    method = grpc.stream_stream_rpc_method_handler(
+        process, request_deserializer=ep.ProcessingRequest.FromString, response_serializer=_identity
+    )
+    return grpc.method_handlers_generic_handler("envoy.service.ext_proc.v3.ExternalProcessor", {"Process": method})
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awaitable[None]] | None = None, grace_s: float = 2.0) -> None:
+    """Run until SIGTERM/SIGINT, then stop gracefully (in-flight streams get ``grace_s``)."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if on_stop is not None:
+        await on_stop()
+    await server.stop(grace_s)

@@ -1,0 +1,301 @@
+"""The root ext_proc service (``dlb serve root``): picks a destination cell for every request.
+
+Envoy's ext_proc filter opens one gRPC stream per HTTP request and sends the request headers; we
+answer with a header mutation ``x-dlb-cell: cell-<name>`` (+ ``x-dlb-src-cell: <own cell>``) and
+``clear_route_cache`` so the route's ``cluster_header`` sends the request to that cell's leaf Envoy.
+The decision is made by the routing core's :class:`RootRouter` (one per endpoint) from probe state
+cached by :class:`ProbeClient`; nothing on the request path waits for I/O.
+
+Client-supplied ``x-dlb-*`` headers are never read here (only ``:path`` and the endpoint's session
+header are), and the root Envoy strips them before any filter runs (``internal_only_headers``).
+A request no cell can take gets a 503 ImmediateResponse naming the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from dlb.config import Config, load_config
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import NO_CELL, Mechanism, RootRouter
+from dlb.ext_proc import headers
+from dlb.ext_proc.metrics import FastHistogram, serve_metrics
+from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
+from dlb.ext_proc.protocol import CONTINUE, ext_proc_handler, header_response, header_value, immediate_response, serve_until_signal
+from dlb.log import get_logger
+from dlb.proto import probe_pb2
+
+log = get_logger("dlb.root")
+
+PATH = ":path"
+
+
+@dataclass
+class EndpointState:
+    """One endpoint on this root: its path prefix, router and decision counters."""
+
+    name: str
+    prefix: str
+    router: RootRouter
+    session_header: str | None  # lower-case header name, or None when affinity is off
+    decisions: list[int]
+    rejected: int = 0
+
+
+@dataclass
+class RootService:
+    """Per-request decisions + the probe-state sink. Build with :meth:`from_config`."""
+
+    cell: str
+    cell_names: tuple[str, ...]
+    endpoints: list[EndpointState]
+    #: Pre-serialised ``ProcessingResponse`` per destination cell index.
+    responses: list[bytes]
+    no_cell_response: bytes = field(default_factory=lambda: immediate_response(
+        503, "dlb: no usable cell for this request (all destinations down, stale or not allowed)\n", "dlb_no_usable_cell"))
+    no_endpoint_response: bytes = field(default_factory=lambda: immediate_response(
+        404, "dlb: no endpoint matches this path\n", "dlb_no_endpoint"))
+    processing: FastHistogram = field(default_factory=FastHistogram)
+    unmatched: int = 0
+    streams: int = 0
+    probe_client: ProbeClient | None = None
+    clock: object = time.monotonic
+
+    @classmethod
+    def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> "RootService":
+        src = cfg.cell(cell).index
+        topology = cfg.topology()
+        rng = np.random.default_rng(seed)
+        endpoints = []
+        for e in cfg.endpoints:
+            policy = e.policy.to_core(cfg.probe)
+            router = RootRouter(topology, src, policy, e.latency_prior.to_core(), rng=rng)
+            header = policy.affinity.header.lower() if policy.affinity.enabled else None
+            endpoints.append(EndpointState(e.name, e.match.prefix, router, header, [0] * topology.n))
+        responses = [
+            header_response([(headers.CELL, c.cluster_name), (headers.SRC_CELL, cell)], remove=[headers.SERVER])
+            for c in cfg.cells
+        ]
+        return cls(cell=cell, cell_names=cfg.cell_names, endpoints=endpoints, responses=responses)
+
+    # -- request path ---------------------------------------------------------------------------
+    def decide(self, header_list: Iterable) -> bytes:
+        """The serialised reply to one request-headers message."""
+        path = ""
+        session_keys = self._session_keys
+        sessions: dict[str, str] | None = None
+        for h in header_list:
+            key = h.key
+            if key == PATH:
+                path = header_value(h)
+            elif session_keys and key in session_keys:
+                if sessions is None:
+                    sessions = {}
+                sessions[key] = header_value(h)
+        for ep_state in self.endpoints:
+            if path.startswith(ep_state.prefix):
+                break
+        else:
+            self.unmatched += 1
+            return self.no_endpoint_response
+        session = sessions.get(ep_state.session_header) if sessions and ep_state.session_header else None
+        cell = ep_state.router.pick(self.clock(), session)
+        if cell == NO_CELL:
+            ep_state.rejected += 1
+            return self.no_cell_response
+        ep_state.decisions[cell] += 1
+        return self.responses[cell]
+
+    @property
+    def _session_keys(self) -> frozenset[str]:
+        keys = self.__dict__.get("_skeys")
+        if keys is None:
+            keys = frozenset(e.session_header for e in self.endpoints if e.session_header)
+            self.__dict__["_skeys"] = keys
+        return keys
+
+    async def process(self, requests: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """ExternalProcessor.Process: one stream per HTTP request."""
+        self.streams += 1
+        perf = time.perf_counter
+        observe = self.processing.observe
+        async for req in requests:
+            t0 = perf()
+            which = req.WhichOneof("request")
+            if which == "request_headers":
+                out = self.decide(req.request_headers.headers.headers)
+            else:
+                out = CONTINUE.get(which, CONTINUE["request_headers"])
+            observe(perf() - t0)
+            yield out
+
+    # -- probe state in -------------------------------------------------------------------------
+    def on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        if resp is None:
+            for e in self.endpoints:
+                e.router.set_available(target.index, False)
+            return
+        params = None
+        if resp.HasField("model"):
+            m = resp.model
+            try:
+                params = LatencyParams(m.a_s, m.b_s, m.c, m.s)
+            except ValueError:
+                params = None  # a leaf without a usable model: keep the previous/prior curve
+        conf = resp.model.confidence if resp.HasField("model") else 0.0
+        for e in self.endpoints:
+            e.router.on_probe(target.index, now, resp.rif, params, resp.error_rate, conf)
+
+    def tick(self, now: float) -> None:
+        for e in self.endpoints:
+            e.router.tick(now)
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def collect(self) -> Iterable:
+        now = self.clock()
+        names = self.cell_names
+        dec = CounterMetricFamily("dlb_root_decisions", "Requests routed, by endpoint and destination cell", labels=["endpoint", "cell"])
+        rej = CounterMetricFamily("dlb_root_rejected", "Requests answered 503 (no usable cell)", labels=["endpoint"])
+        av = GaugeMetricFamily("dlb_root_aversion_rate", "Error-aversion skip probability a_j", labels=["endpoint", "cell"])
+        flow = GaugeMetricFamily("dlb_root_flow_weight", "Flow routing vector x_ij", labels=["endpoint", "cell"])
+        usable = GaugeMetricFamily("dlb_root_cell_usable", "1 if the cell is usable now (allowed, fresh, available)", labels=["endpoint", "cell"])
+        for e in self.endpoints:
+            r = e.router
+        
+            u = r.usable(now)
+            for j, name in enumerate(names):
+                dec.add_metric([e.name, name], e.decisions[j])
+                av.add_metric([e.name, name], float(r.aversion[j]))
+                usable.add_metric([e.name, name], float(u[j]))
+                if r.policy.mechanism is Mechanism.FLOW:
+                    flow.add_metric([e.name, name], float(r.x[j]))
+            rej.add_metric([e.name], e.rejected)
+        yield from (dec, rej, av, flow, usable)
+        yield CounterMetricFamily("dlb_root_unmatched", "Requests whose path matched no endpoint", value=self.unmatched)
+        yield CounterMetricFamily("dlb_root_streams", "ext_proc streams opened by Envoy", value=self.streams)
+        yield self.processing.family("dlb_root_processing_seconds", "Time to decide one ext_proc message inside the service")
+        pc = self.probe_client
+        if pc is None:
+            return
+        age = GaugeMetricFamily("dlb_root_probe_age_seconds", "Seconds since the last good probe answer", labels=["cell"])
+        errs = CounterMetricFamily("dlb_root_probe_errors", "Failed probes", labels=["cell"])
+        oks = CounterMetricFamily("dlb_root_probes", "Successful probes", labels=["cell"])
+        rtt = GaugeMetricFamily("dlb_root_probe_rtt_seconds", "Round trip of the last good probe", labels=["cell"])
+        rif = GaugeMetricFamily("dlb_root_cell_rif", "Cell RIF reported by the last probe", labels=["cell"])
+        err = GaugeMetricFamily("dlb_root_cell_error_rate", "Cell error rate reported by the last probe", labels=["cell"])
+        model = GaugeMetricFamily("dlb_root_cell_model", "Cell latency-model parameter from the last probe", labels=["cell", "param"])
+        for t in pc.targets:
+            st = pc.stats.get(t.index)
+            if st is None:
+                continue
+            age.add_metric([t.name], now - st.last_ok if math.isfinite(st.last_ok) else math.inf)
+            errs.add_metric([t.name], st.errors)
+            oks.add_metric([t.name], st.ok)
+            rtt.add_metric([t.name], st.last_rtt_s)
+            if st.last is not None:
+                rif.add_metric([t.name], st.last.rif)
+                err.add_metric([t.name], st.last.error_rate)
+                m = st.last.model
+                for pname, v in (("a_s", m.a_s), ("b_s", m.b_s), ("c", m.c), ("s", m.s), ("confidence", m.confidence)):
+                    model.add_metric([t.name, pname], v)
+        yield from (age, errs, oks, rtt, rif, err, model)
+
+
+# -- service runner ------------------------------------------------------------------------------
+async def _tick_loop(service: RootService, period_s: float) -> None:
+    while True:
+        try:
+            service.tick(service.clock())
+        except Exception:  # a numerical surprise must not stop routing updates forever
+            log.exception("tick_failed")
+        await asyncio.sleep(period_s)
+
+
+async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
+                   seed: int | None = None) -> None:
+    service = RootService.from_config(cfg, cell, seed=seed)
+    targets = [ProbeTarget(c.index, c.name, str(c.leaf.probe)) for c in cfg.allowed_destinations(cell)]
+    p = cfg.probe
+    timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
+    client = ProbeClient(targets, service.on_probe, timing, source_cell=cell)
+    service.probe_client = client
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
+    server.add_generic_rpc_handlers((ext_proc_handler(service.process),))
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"dlb serve root: cannot listen on {listen}")
+    metrics_port = None
+    if metrics:
+        host, _, mport = metrics.rpartition(":")
+        _, metrics_port = serve_metrics(service.collect, host or "127.0.0.1", int(mport))
+    await server.start()
+    client.start()
+    tick_period = min([0.05] + [e.router.policy.flow.period_s / 2 for e in service.endpoints])
+    ticker = asyncio.create_task(_tick_loop(service, tick_period))
+    log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
+             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in targets])
+    if ready_file:
+        _write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid()})
+
+    async def on_stop() -> None:
+        ticker.cancel()
+        await client.stop()
+        log.info("root_stopping", cell=cell)
+
+    await serve_until_signal(server, on_stop)
+
+
+def _write_ready(path: str, data: dict) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)  # atomic: a watcher never reads half a file
+
+
+def run_event_loop(coro) -> None:
+    """Run with uvloop (measured faster for grpc.aio here) when available."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a runtime dependency
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    try:
+        cell = cfg.cell(args.cell)
+    except KeyError as exc:
+        raise SystemExit(str(exc.args[0]))
+    listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
+    metrics = args.metrics
+    if metrics is None:
+        m = cfg.services.root.metrics
+        metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
+    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, args.seed))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("root", help="root ext_proc service: picks a cell per request (Envoy ExternalProcessor)")
+    p.add_argument("--config", required=True, help="DLB config YAML")
+    p.add_argument("--cell", required=True, help="the cell this root serves (source of its traffic)")
+    p.add_argument("--listen", default=None, help="gRPC host:port (default: cells[].root.ext_proc, else services.root.ext_proc)")
+    p.add_argument("--metrics", default=None,
+                   help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")
+    p.add_argument("--ready-file", default=None, help="write {ext_proc, metrics, pid} JSON here once serving")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (tie-breaks, aversion, flow sampling)")
+    p.set_defaults(func=run)

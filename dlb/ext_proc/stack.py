@@ -1,0 +1,188 @@
+"""A whole data plane on 127.0.0.1 for tests and benchmarks: emulators, leaf agents, a root, Envoys.
+
+Everything is started from the same code paths a user runs (``dlb serve root|leaf`` as child
+processes, Envoy with bootstraps from :mod:`dlb.envoy_bootstrap`), with every port picked free, and
+:meth:`DataPlane.close` stops every process even when start-up fails half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import random
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlb.config import Config, config_from_dict
+from dlb.envoy import EnvoyProcess
+from dlb.ext_proc.envoy_als import add_leaf_access_log
+from dlb.ext_proc.process import ServiceProcess, free_port
+
+
+@dataclass
+class CellSpec:
+    name: str
+    servers: int = 1
+    emulator: dict[str, Any] = field(default_factory=dict)  # ThreadedEmulator overrides
+
+
+@dataclass
+class DataPlane:
+    """Handles to every running part; ``root_url`` is where clients send requests."""
+
+    cfg: Config
+    config_path: str
+    emulators: dict[str, list[Any]] = field(default_factory=dict)
+    leaves: dict[str, ServiceProcess] = field(default_factory=dict)
+    leaf_envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
+    root: ServiceProcess | None = None
+    root_envoy: EnvoyProcess | None = None
+    root_cell: str = ""
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _tmp: Any = None
+
+    @property
+    def root_url(self) -> tuple[str, int]:
+        hp = self.cfg.cell(self.root_cell).root.address
+        return hp.host, hp.port
+
+    def root_metrics(self) -> str:
+        assert self.root is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.root.ready['metrics']}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def leaf_metrics(self, cell: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.leaves[cell].ready['metrics']}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def restart_leaf(self, cell: str) -> ServiceProcess:
+        old = self.leaves[cell]
+        old.stop()
+        new = ServiceProcess("leaf", *old.args)
+        self._stack.enter_context(new)
+        self.leaves[cell] = new
+        return new
+
+    def close(self) -> None:
+        self._stack.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text format (labels must match exactly the ones given)."""
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, lbl = head.partition("{")
+        if metric != name:
+            continue
+        got = dict(kv.split("=", 1) for kv in lbl.rstrip("}").split(",") if kv) if lbl else {}
+        got = {k: v.strip('"') for k, v in got.items()}
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root_cell: str, endpoint: dict[str, Any],
+                 one_way_ms: dict[str, dict[str, float]], leaf_ext_proc: bool, probe: dict[str, Any]) -> dict[str, Any]:
+    raw_cells = []
+    for c in cells:
+        leaf = {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"}
+        if leaf_ext_proc:
+            leaf["ext_proc"] = f"127.0.0.1:{free_port()}"
+        item: dict[str, Any] = {"name": c.name, "leaf": leaf, "servers": server_addrs[c.name]}
+        if c.name == root_cell:
+            item["root"] = {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"}
+        raw_cells.append(item)
+    return {
+        "version": 1,
+        "cells": raw_cells,
+        "network": {"one_way_ms": one_way_ms, "default_one_way_ms": 0},
+        "endpoints": [endpoint],
+        "probe": probe,
+        "services": {"root": {"ext_proc": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"}},
+    }
+
+
+def start_data_plane(
+    cells: list[CellSpec],
+    root_cell: str,
+    endpoint: dict[str, Any],
+    one_way_ms: dict[str, dict[str, float]] | None = None,
+    leaf_ext_proc: bool = True,
+    emulate_wan: bool = True,
+    probe: dict[str, Any] | None = None,
+    root_seed: int = 1,
+) -> DataPlane:
+    """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``."""
+    from dlb.emulator.server import ThreadedEmulator
+    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+
+    tmp = tempfile.TemporaryDirectory(prefix="dlb-dataplane-")
+    stack = contextlib.ExitStack()
+    try:
+        emulators: dict[str, list[Any]] = {}
+        addrs: dict[str, list[str]] = {}
+        for c in cells:
+            emulators[c.name] = []
+            for k in range(c.servers):
+                opts = {"server_id": f"{c.name}-{k}", "profile": "fast-test", **c.emulator}
+                emu = stack.enter_context(ThreadedEmulator(**opts))
+                emulators[c.name].append(emu)
+            addrs[c.name] = [e.address for e in emulators[c.name]]
+        raw = build_config(cells, addrs, root_cell, endpoint, one_way_ms or {}, leaf_ext_proc,
+                           probe or {"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 600, "backoff_max_ms": 500})
+        config_path = str(Path(tmp.name) / "dlb.yaml")
+        Path(config_path).write_text(json.dumps(raw, indent=1))  # JSON is YAML
+        cfg = config_from_dict(raw, source=config_path)
+        plane = DataPlane(cfg=cfg, config_path=config_path, emulators=emulators, root_cell=root_cell, _stack=stack, _tmp=tmp)
+        procs = []
+        for c in cells:
+            leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
+                                  "--refit-period-s", "1", "--scrape-period-ms", "100", "--seed", "7")
+            plane.leaves[c.name] = leaf
+            procs.append(leaf)
+        plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
+                                    "--seed", str(root_seed))
+        procs.append(plane.root)
+        # Start the Python services concurrently (each takes ~1 s to import), then wait for all.
+        for p in procs:
+            stack.callback(p.stop)
+            p.spawn()
+        for p in procs:
+            p.wait_ready()
+        for c in cells:
+            admin = free_port()
+            boot = leaf_bootstrap(cfg, c.name, admin_port=admin, emulate_wan=emulate_wan)
+            add_leaf_access_log(boot, cfg, c.name)
+            path = write_bootstrap(boot, Path(tmp.name) / f"leaf-{c.name}.yaml")
+            plane.leaf_envoys[c.name] = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
+        admin = free_port()
+        path = write_bootstrap(root_bootstrap(cfg, root_cell, admin_port=admin), Path(tmp.name) / "root.yaml")
+        plane.root_envoy = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
+        return plane
+    except BaseException:
+        stack.close()
+        tmp.cleanup()
+        raise
+
+
+def request(host: str, port: int, path: str = "/v1/chat/completions", body: dict[str, Any] | None = None,
+            headers: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """One POST; returns (status, lower-cased headers, body)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        data = json.dumps(body if body is not None else {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}],
+                                                          "max_tokens": 4}).encode()
+        conn.request("POST", path, body=data, headers={"content-type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
