@@ -156,6 +156,7 @@ class _Checker:
         if not isinstance(value, dict):
             self.err(path, f"must be a mapping, got {_kind(value)}")
             return {}
+        value = {str(k): v for k, v in value.items()}  # config_from_dict may get non-string keys
         known = set(keys)
         for k in value:
             if k not in known:
