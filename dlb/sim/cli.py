@@ -1,0 +1,120 @@
+"""``dlb sim``: run the paper's simulation experiments; ``dlb sim report``: write the reproduction report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from dlb.sim.experiments import EXPERIMENTS, default_workers, make_jobs, normalise, run_jobs
+from dlb.sim.policies import POLICIES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sim",
+        help="run the paper's simulation experiments (discrete-event, production routing code)",
+        description="Simulate DLB and the baselines on generated scenarios (paper Appendix B). "
+        "Writes results.json, results.md and one PNG per experiment to --out.",
+    )
+    p.add_argument("--experiment", action="append", choices=[*EXPERIMENTS, "all"],
+                   help="experiment to run (repeatable; 'all' = every one); default baseline")
+    p.add_argument("--scenarios", type=int, default=10, help="scenarios per experiment (default 10)")
+    p.add_argument("--trials", type=int, default=5, help="trials per scenario (default 5)")
+    p.add_argument("--minutes", type=float, default=10.0, help="simulated minutes per run (default 10)")
+    p.add_argument("--seed", type=int, default=1, help="base seed; scenario k has seed 1000·seed + k")
+    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
+    p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+    sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    r = sub.add_parser("report", help="write the paper-reproduction report from a results.json")
+    r.add_argument("--results", default="sim-results/results.json", help="results file (default sim-results/results.json)")
+    r.add_argument("--output", default="docs/paper-reproduction.md", help="report path (default docs/paper-reproduction.md)")
+    r.add_argument("--plots-dir", default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
+    r.add_argument("--analysis", default=None, help="Markdown file with the investigation of failed claims, included verbatim")
+    r.set_defaults(func=run_report)
+
+
+def _validate(args: argparse.Namespace) -> list[str]:
+    for name in ("scenarios", "trials", "workers"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"dlb sim: --{name} must be >= 1")
+    if not args.minutes > 0:
+        raise SystemExit("dlb sim: --minutes must be > 0")
+    pols = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in pols if p not in POLICIES]
+    if bad:
+        raise SystemExit(f"dlb sim: unknown policy in --policies: {', '.join(bad)} (choose from {', '.join(POLICIES)})")
+    return pols
+
+
+def run(args: argparse.Namespace) -> int:
+    from dlb.sim.report import markdown_table, plot
+
+    policies = _validate(args)
+    exps = args.experiment or ["baseline"]
+    if "all" in exps:
+        exps = list(EXPERIMENTS)
+    exps = list(dict.fromkeys(exps))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies)
+    t0 = time.perf_counter()
+    records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress)
+    wall = time.perf_counter() - t0
+    # Keep results of other experiments already in the directory, so experiments can run separately.
+    path = out / "results.json"
+    kept: list[dict] = []
+    if path.exists():
+        try:
+            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") not in exps]
+        except (OSError, json.JSONDecodeError):
+            kept = []
+    all_records = normalise(kept + records)
+    path.write_text(json.dumps(all_records, indent=1, allow_nan=True))
+    (out / "results.md").write_text(markdown_table(all_records) + "\n")
+    plot(all_records, out)
+    events = sum(r["events"] for r in records)
+    cpu = sum(r["wall_s"] for r in records)
+    bench = {
+        "experiments": exps, "jobs": len(jobs), "workers": args.workers, "wall_s": wall,
+        "events": events, "events_per_s_wall": events / wall if wall > 0 else math.nan,
+        "events_per_s_cpu": events / cpu if cpu > 0 else math.nan,
+        "scenarios": args.scenarios, "trials": args.trials, "minutes": args.minutes,
+    }
+    (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
+    print(markdown_table(records))
+    print(f"\n{len(jobs)} runs, {events} events in {wall:.1f} s wall ({bench['events_per_s_wall']:.0f} events/s; "
+          f"{bench['events_per_s_cpu']:.0f} events/s per worker) → {path}", file=sys.stderr)
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from dlb.sim.report import load, plot, reproduction_report
+
+    try:
+        records = load(args.results)
+    except ValueError as e:
+        print(f"dlb sim report: {e}", file=sys.stderr)
+        return 2
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    plots_dir = Path(args.plots_dir) if args.plots_dir else output.parent / "sim-plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    plot(records, plots_dir)
+    analysis = None
+    if args.analysis:
+        try:
+            analysis = Path(args.analysis).read_text()
+        except OSError as e:
+            print(f"dlb sim report: cannot read --analysis file {args.analysis}: {e}", file=sys.stderr)
+            return 2
+    rel = Path(*([".."] * 0)) / plots_dir.relative_to(output.parent) if plots_dir.is_relative_to(output.parent) else plots_dir
+    output.write_text(reproduction_report(records, args.results, str(rel), analysis))
+    print(f"wrote {output} and plots in {plots_dir}", file=sys.stderr)
+    return 0

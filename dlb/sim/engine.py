@@ -1,0 +1,353 @@
+"""Discrete-event simulation of one (scenario, policy, trial), driving the production policy objects.
+
+Model (paper, Appendix B.1 and Figure 9):
+
+- **Cells** of inference servers. A server has one prefill engine (FIFO, one request at a time,
+  ``prefill_tokens × prefill_token_s``) and two decode engines × four slots (eight parallel slots,
+  ``decode_tokens × decode_token_s`` each). Requests wait in the server's prefill queue and then its
+  decode queue; a request that finds ``queue_limit`` requests waiting is rejected: an overflow error.
+- **Roots** (one per cell) pick the destination cell with the policy object (``pick(now)``); the
+  request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
+- **Leaves** pick a server inside the cell by power-of-two choices on server RIF, count the cell's
+  RIF, fit the latency model with :class:`LatencyEstimator` on (RIF-at-arrival, serving latency) of
+  completed requests, and track the error fraction with :class:`ErrorTracker`.
+- **Probes**: every ``probe_period_s`` each root receives every leaf's state (RIF, model, error rate,
+  confidence, live replica count). A probe answer received at t carries the RIF the leaf had at
+  ``t − τ_ij`` (the leaf answered when the probe reached it), quantised to the ``snapshot_s`` grid;
+  the slowly-changing model/error/replica fields are taken as of delivery. Then ``tick(now)``.
+- **Arrivals**: time-varying Poisson per source cell (thinning), generated up front with numpy (all
+  policies of a (scenario, trial) see the same arrivals and request sizes: common random numbers).
+- **Disruptions**: a burst adds demand at one cell; an outage takes servers out of the leaf's pick
+  set (they finish what they hold).
+- **Latency-model noise** (paper 5.4): the parameters a leaf reports are multiplied by
+  ``1 + ε ξ_j``, ``ξ_j ~ U[−1, 1]`` fixed per cell and trial.
+
+Determinism: every random stream is derived from (scenario seed, trial, policy), so a run is
+reproducible bit for bit. Event order at equal times follows a sequence number (FIFO).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlb.control_plane.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import NO_CELL
+from dlb.control_plane.topology import Topology
+from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
+from dlb.sim.scenario import Scenario
+
+_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE = range(7)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    probe_period_s: float = 0.05
+    snapshot_s: float = 0.01
+    estimator: EstimatorConfig = field(default_factory=lambda: EstimatorConfig(window_s=60.0, refit_period_s=10.0, max_samples=500))
+    error_tau_s: float = 5.0
+    mnlb_period_s: float = 10.0
+    #: After the last arrival, keep simulating at most this long for in-flight requests.
+    drain_s: float = 300.0
+    #: Fit latency models even for policies that do not read them (costs time, changes nothing).
+    always_fit: bool = False
+
+
+@dataclass
+class RunResult:
+    """Outcome of one run. ``latency`` holds the end-to-end seconds of every successful request."""
+
+    scenario: int
+    policy: str
+    trial: int
+    arrivals: int
+    completed: int
+    errors: int
+    in_flight: int
+    latency: np.ndarray
+    events: int
+    sim_time_s: float
+    per_cell_served: np.ndarray
+
+    def summary(self) -> dict:
+        lat = self.latency
+        ok = lat.size > 0
+        q = np.quantile(lat, [0.5, 0.9, 0.99]) if ok else [math.nan] * 3
+        return {
+            "mean": float(lat.mean()) if ok else math.nan,
+            "p50": float(q[0]),
+            "p90": float(q[1]),
+            "p99": float(q[2]),
+            "error_rate": self.errors / max(self.arrivals, 1),
+            "arrivals": self.arrivals,
+            "completed": self.completed,
+            "errors": self.errors,
+            "in_flight": self.in_flight,
+            "events": self.events,
+        }
+
+
+def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """All arrivals of a (scenario, trial): sorted times, source cells, prefill and decode tokens."""
+    rng = np.random.default_rng([sc.seed, trial, 1])
+    T = sc.duration_s
+    times, srcs = [], []
+    d = sc.disruption
+    for i in range(sc.n):
+        lam = float(sc.demand[i])
+        extra = d.burst_extra if d is not None and d.kind == "burst" and d.burst_cell == i else 0.0
+        lam_max = lam * (1.0 + sc.mod_amp) + extra
+        if lam_max <= 0:
+            continue
+        k = int(rng.poisson(lam_max * T))
+        t = np.sort(rng.uniform(0.0, T, k))
+        rate = lam * (1.0 + sc.mod_amp * np.sin(2 * math.pi * t / sc.mod_period_s[i] + sc.mod_phase[i]))
+        if extra > 0:
+            rate = rate + np.where((t >= d.start_s) & (t < d.end_s), extra, 0.0)
+        keep = rng.random(k) * lam_max < rate
+        times.append(t[keep])
+        srcs.append(np.full(int(keep.sum()), i, dtype=np.int64))
+    t_all = np.concatenate(times) if times else np.zeros(0)
+    s_all = np.concatenate(srcs) if srcs else np.zeros(0, dtype=np.int64)
+    order = np.argsort(t_all, kind="stable")
+    t_all, s_all = t_all[order], s_all[order]
+    w = sc.workload
+    m = t_all.size
+    ptok = w.prefill_shift + rng.gamma(w.prefill_shape, w.prefill_scale, m)
+    dtok = w.decode_shift + rng.gamma(w.decode_shape, w.decode_scale, m)
+    return t_all, s_all, ptok, dtok
+
+
+def _perturb(p: LatencyParams, factor: float) -> LatencyParams:
+    a, b, c, s = p.a * factor, p.b * factor, p.c * factor, p.s * factor
+    if c * b >= a:
+        c = 0.99 * a / b
+    return LatencyParams(a, b, c, s)
+
+
+def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None = None,
+             arrivals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> RunResult:
+    """Run ``policy`` on scenario ``sc`` for one trial and return its outcome."""
+    cfg = config or SimConfig()
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    pidx = POLICIES.index(policy)
+    n = sc.n
+    w = sc.workload
+    topo = Topology.build(sc.names, sc.servers, sc.tau)
+    prior_root = sc.prior(float(np.mean(sc.servers)))
+    roots = build_roots(policy, topo, prior_root, lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i]))
+    pick_fns = [r.pick for r in roots]
+    fit_models = cfg.always_fit or uses_latency_model(policy)
+    mnlb = MnlbController(topo, roots, sc.server_rate(), period_s=cfg.mnlb_period_s) if policy == "MNLB" else None
+
+    t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
+    R = int(t_arr.size)
+    t_list = t_arr.tolist()
+    src_list = src_arr.tolist()
+    tau = sc.tau.tolist()
+    tp = sc.prefill_token_s.tolist()
+    td = sc.decode_token_s.tolist()
+    prefill_s = ptok.tolist()
+    decode_s = dtok.tolist()
+
+    # Servers: global index; state in flat lists (no per-event allocation beyond heap tuples).
+    cell_of: list[int] = []
+    cell_servers: list[list[int]] = []
+    for j in range(n):
+        cell_servers.append(list(range(len(cell_of), len(cell_of) + sc.servers[j])))
+        cell_of.extend([j] * sc.servers[j])
+    S = len(cell_of)
+    online = [list(s) for s in cell_servers]
+    pq: list[deque] = [deque() for _ in range(S)]
+    dq: list[deque] = [deque() for _ in range(S)]
+    busy = [False] * S
+    free = [w.slots] * S
+    srif = [0] * S
+    crif = [0] * n
+    qlim = w.queue_limit
+    served = [0] * n
+
+    priors = [sc.prior(float(k)) for k in sc.servers]
+    est = [LatencyEstimator(priors[j], cfg.estimator) for j in range(n)]
+    errs = [ErrorTracker(cfg.error_tau_s) for _ in range(n)]
+    noise_rng = np.random.default_rng([sc.seed, trial, 3])
+    noise = (1.0 + sc.noise_eps * noise_rng.uniform(-1.0, 1.0, n)).tolist()
+    reported = [_perturb(priors[j], noise[j]) if sc.noise_eps else priors[j] for j in range(n)]
+    confidence = [0.0] * n
+    k_live = [float(k) for k in sc.servers]
+
+    dst = [0] * R
+    t_leaf = [0.0] * R
+    rif0 = [0] * R
+    lat = np.full(R, math.nan)
+    lrng = random.Random(hash((sc.seed, trial, 4)) & 0xFFFFFFFF)
+    rnd = lrng.random
+
+    T = sc.duration_s
+    heap: list = []
+    seq = 0
+    push = heapq.heappush
+    pop = heapq.heappop
+
+    def schedule(t: float, kind: int, a: int = 0, b: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        push(heap, (t, seq, kind, a, b))
+
+    snap_every = max(1, int(round(cfg.probe_period_s / cfg.snapshot_s)))
+    lag = [[int(round(tau[i][j] / cfg.snapshot_s)) for j in range(n)] for i in range(n)]
+    max_lag = max(max(r) for r in lag)
+    history: deque[list[int]] = deque(maxlen=max_lag + 1)
+    arrivals_since = [0] * n
+
+    schedule(0.0, _SNAP, 0)
+    if fit_models:
+        schedule(cfg.estimator.refit_period_s, _REFIT)
+    if mnlb is not None:
+        mnlb.solve(np.asarray(sc.demand, float), np.asarray(sc.servers, float))
+        schedule(cfg.mnlb_period_s, _MNLB)
+    d = sc.disruption
+    if d is not None and d.kind == "outage":
+        schedule(d.start_s, _PHASE, 1)
+        schedule(d.end_s, _PHASE, 0)
+
+    completed = errors = events = 0
+    in_flight = 0
+    r = 0
+    now = 0.0
+    end_time = T + cfg.drain_s
+    # The first probe round must land before the first arrival (routers refuse with no state).
+    next_arrival = t_list[0] if R else math.inf
+    while True:
+        if heap and heap[0][0] <= next_arrival:
+            now, _s, kind, a, b = pop(heap)
+            if now > end_time:
+                break
+            events += 1
+            if kind == _DECODE_DONE:
+                srv = a
+                free[srv] += 1
+                q = dq[srv]
+                if q:
+                    nxt = q.popleft()
+                    free[srv] -= 1
+                    schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
+                j = cell_of[srv]
+                srif[srv] -= 1
+                crif[j] -= 1
+                in_flight -= 1
+                completed += 1
+                served[j] += 1
+                serving = now - t_leaf[b]
+                if fit_models:
+                    est[j].record(now, rif0[b], serving)
+                errs[j].record(now, False)
+                i = src_list[b]
+                lat[b] = now + tau[j][i] - t_list[b]
+            elif kind == _PREFILL_DONE:
+                srv = a
+                q = pq[srv]
+                if q:
+                    nxt = q.popleft()
+                    schedule(now + prefill_s[nxt] * tp[cell_of[srv]], _PREFILL_DONE, srv, nxt)
+                else:
+                    busy[srv] = False
+                if free[srv] > 0:
+                    free[srv] -= 1
+                    schedule(now + decode_s[b] * td[cell_of[srv]], _DECODE_DONE, srv, b)
+                else:
+                    dq[srv].append(b)
+            elif kind == _LEAF:
+                j = dst[a]
+                cand = online[j]
+                m = len(cand)
+                s1 = cand[int(rnd() * m)]
+                if m > 1:
+                    s2 = cand[int(rnd() * m)]
+                    if srif[s2] < srif[s1]:
+                        s1 = s2
+                if len(pq[s1]) + len(dq[s1]) >= qlim:
+                    errors += 1
+                    in_flight -= 1
+                    errs[j].record(now, True)
+                    continue
+                srif[s1] += 1
+                crif[j] += 1
+                rif0[a] = crif[j]
+                t_leaf[a] = now
+                if busy[s1]:
+                    pq[s1].append(a)
+                else:
+                    busy[s1] = True
+                    schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
+            elif kind == _SNAP:
+                history.append(crif[:])
+                if a % snap_every == 0:
+                    hl = len(history)
+                    er = [e.rate(now) for e in errs]
+                    for i in range(n):
+                        root = roots[i]
+                        lg = lag[i]
+                        for j in range(n):
+                            h = history[max(hl - 1 - lg[j], 0)]
+                            root.on_probe(j, now, h[j], reported[j], er[j], confidence[j], k_live[j])
+                        root.tick(now)
+                if now < T or in_flight > 0:
+                    schedule(now + cfg.snapshot_s, _SNAP, a + 1)
+            elif kind == _REFIT:
+                for j in range(n):
+                    e = est[j]
+                    e.refit(now)
+                    reported[j] = _perturb(e.params, noise[j]) if sc.noise_eps else e.params
+                    confidence[j] = e.confidence
+                if now < T:
+                    schedule(now + cfg.estimator.refit_period_s, _REFIT)
+            elif kind == _MNLB:
+                lam_hat = np.asarray(arrivals_since, float) / cfg.mnlb_period_s
+                arrivals_since = [0] * n
+                mnlb.solve(lam_hat, np.asarray(k_live, float))
+                if now < T:
+                    schedule(now + cfg.mnlb_period_s, _MNLB)
+            elif kind == _PHASE:
+                counts = d.outage_servers if a == 1 else sc.servers
+                for j in range(n):
+                    online[j] = cell_servers[j][: counts[j]]
+                    k_live[j] = float(counts[j])
+        elif r < R:
+            now = next_arrival
+            i = src_list[r]
+            j = pick_fns[i](now)
+            arrivals_since[i] += 1
+            in_flight += 1
+            if j == NO_CELL:
+                errors += 1
+                in_flight -= 1
+            else:
+                dst[r] = j
+                schedule(now + tau[i][j], _LEAF, r)
+            r += 1
+            next_arrival = t_list[r] if r < R else math.inf
+        else:
+            break
+
+    ok = ~np.isnan(lat)
+    return RunResult(
+        scenario=sc.seed,
+        policy=policy,
+        trial=trial,
+        arrivals=R,
+        completed=completed,
+        errors=errors,
+        in_flight=in_flight,
+        latency=lat[ok],
+        events=events + R,
+        sim_time_s=now,
+        per_cell_served=np.asarray(served),
+    )

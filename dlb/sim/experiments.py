@@ -1,0 +1,206 @@
+"""The paper's experiments (Appendix B) as job lists, run in parallel, reduced to result records.
+
+A job is one (experiment, variant, scenario, trial, policy). Scenario ``k`` of a run with ``--seed s``
+has seed ``s·1000 + k``; every variant of an experiment reuses that seed, so a sweep changes only the
+swept quantity, and every policy sees the same arrivals (common random numbers), which is what makes
+the per-scenario normalisation by Rand meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from multiprocessing import get_context
+
+import numpy as np
+
+from dlb.sim.engine import simulate
+from dlb.sim.policies import POLICIES
+from dlb.sim.scenario import generate
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    #: Keyword arguments of :func:`dlb.sim.scenario.generate`.
+    params: tuple[tuple[str, object], ...]
+    #: Numeric x value for sweep plots.
+    x: float = 0.0
+
+
+def _v(label: str, x: float = 0.0, **params: object) -> Variant:
+    return Variant(label, tuple(sorted(params.items())), x)
+
+
+EXPERIMENTS: dict[str, tuple[Variant, ...]] = {
+    "baseline": (_v("util=0.8", 0.8, utilization=0.8),),
+    "utilization": tuple(_v(f"util={u}", u, utilization=u) for u in (0.5, 0.65, 0.8, 0.9, 0.95)),
+    "length": tuple(
+        _v(f"y={lbl}", y, length_factor=y)
+        for lbl, y in (("1/10", 0.1), ("1/4", 0.25), ("1/2", 0.5), ("1", 1.0), ("2", 2.0), ("4", 4.0), ("10", 10.0))
+    ),
+    "homogeneous": (_v("homogeneous", 0.8, homogeneous=True),),
+    "burst": (_v("burst", 0.8, disruption="burst"),),
+    "outage": (_v("outage", 0.8, disruption="outage"),),
+    "noise": tuple(_v(f"eps={e}", e, noise_eps=e) for e in (0.0, 0.1, 0.25, 0.5, 0.75)),
+}
+
+METRICS = ("mean", "p50", "p90", "p99", "error_rate")
+
+
+@dataclass(frozen=True)
+class Job:
+    experiment: str
+    variant: Variant
+    scenario: int
+    trial: int
+    policy: str
+    duration_s: float
+
+    def cost(self) -> float:
+        """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
+        sc = generate(self.scenario, duration_s=self.duration_s, **dict(self.variant.params))
+        factor = 1.0 if self.policy in ("Rand", "MNLB") else 3.0
+        return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
+
+
+def make_jobs(experiments: Iterable[str], scenarios: int, trials: int, minutes: float, seed: int,
+              policies: Iterable[str] = POLICIES) -> list[Job]:
+    jobs = []
+    for exp in experiments:
+        if exp not in EXPERIMENTS:
+            raise ValueError(f"unknown experiment {exp!r}; choose from {', '.join(EXPERIMENTS)}")
+        for var in EXPERIMENTS[exp]:
+            for k in range(scenarios):
+                for t in range(trials):
+                    for p in policies:
+                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0))
+    return jobs
+
+
+def run_job(job: Job) -> dict:
+    """Simulate one job; returns its record (without the normalised fields) plus timing."""
+    t0 = time.perf_counter()
+    sc = generate(job.scenario, duration_s=job.duration_s, **dict(job.variant.params))
+    res = simulate(sc, job.policy, job.trial)
+    wall = time.perf_counter() - t0
+    s = res.summary()
+    rec = {
+        "experiment": job.experiment,
+        "variant": job.variant.label,
+        "x": job.variant.x,
+        "policy": job.policy,
+        "scenario": job.scenario,
+        "trial": job.trial,
+        "duration_s": job.duration_s,
+        **{m: s[m] for m in METRICS},
+        "arrivals": s["arrivals"],
+        "errors": s["errors"],
+        "in_flight": s["in_flight"],
+        "cells": sc.n,
+        "events": s["events"],
+        "wall_s": wall,
+    }
+    return rec
+
+
+def normalise(records: list[dict]) -> list[dict]:
+    """Add ``norm_mean``/``norm_p90``: divided by Rand's value in the same scenario, trial, variant."""
+    rand = {(r["experiment"], r["variant"], r["scenario"], r["trial"]): r for r in records if r["policy"] == "Rand"}
+    for r in records:
+        base = rand.get((r["experiment"], r["variant"], r["scenario"], r["trial"]))
+        for m in ("mean", "p90"):
+            ok = base is not None and base[m] > 0 and math.isfinite(base[m])
+            r[f"norm_{m}"] = r[m] / base[m] if ok else math.nan
+    return records
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency): done/total, elapsed, ETA."""
+
+    def __init__(self, total: int, stream=sys.stderr, width: int = 30) -> None:
+        self.total, self.stream, self.width = total, stream, width
+        self.done = 0
+        self.t0 = time.monotonic()
+        self.enabled = total > 0
+        self._draw("")
+
+    def step(self, label: str = "") -> None:
+        self.done += 1
+        self._draw(label)
+
+    def _draw(self, label: str) -> None:
+        if not self.enabled:
+            return
+        el = time.monotonic() - self.t0
+        frac = self.done / self.total
+        eta = el / frac - el if frac > 0 else math.nan
+        bar = "#" * int(self.width * frac) + "." * (self.width - int(self.width * frac))
+        eta_s = f"{eta:5.0f}s" if math.isfinite(eta) else "    ?"
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {el:5.0f}s eta {eta_s} {label[:40]:<40}")
+        if self.done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True,
+             on_record: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run jobs (largest first) on ``workers`` processes; returns normalised records in job order."""
+    order = sorted(range(len(jobs)), key=lambda k: -jobs[k].cost())
+    bar = Progress(len(jobs)) if progress else None
+    out: list[dict | None] = [None] * len(jobs)
+    if workers <= 1:
+        for k in order:
+            out[k] = run_job(jobs[k])
+            if on_record:
+                on_record(out[k])
+            if bar:
+                bar.step(f"{jobs[k].experiment}/{jobs[k].variant.label}/{jobs[k].policy}")
+    else:
+        # fork: workers inherit the imported modules (fast start); the jobs share nothing mutable.
+        ctx = get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        with ctx.Pool(workers, maxtasksperchild=50) as pool:
+            for k, rec in pool.imap_unordered(_indexed, [(k, jobs[k]) for k in order], chunksize=1):
+                out[k] = rec
+                if on_record:
+                    on_record(rec)
+                if bar:
+                    bar.step(f"{jobs[k].experiment}/{jobs[k].variant.label}/{jobs[k].policy}")
+    return normalise([r for r in out if r is not None])
+
+
+def _indexed(item: tuple[int, Job]) -> tuple[int, dict]:
+    k, job = item
+    return k, run_job(job)
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def aggregate(records: list[dict]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(experiment, variant, policy) → mean over scenarios×trials of the normalised metrics and errors."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["experiment"], r["variant"], r["policy"]), []).append(r)
+    agg = {}
+    for key, rs in groups.items():
+        def col(m: str) -> np.ndarray:
+            v = np.array([r[m] for r in rs], float)
+            return v[np.isfinite(v)]
+
+        nm, np90, er, mean = col("norm_mean"), col("norm_p90"), col("error_rate"), col("mean")
+        agg[key] = {
+            "norm_mean": float(nm.mean()) if nm.size else math.nan,
+            "norm_mean_sd": float(nm.std()) if nm.size else math.nan,
+            "norm_p90": float(np90.mean()) if np90.size else math.nan,
+            "error_rate": float(er.mean()) if er.size else math.nan,
+            "mean": float(mean.mean()) if mean.size else math.nan,
+            "n": len(rs),
+            "x": float(rs[0].get("x", 0.0)),
+        }
+    return agg
