@@ -404,3 +404,15 @@ def test_child_process_emulator_serves_and_stops_cleanly() -> None:
 def test_cli_rejects_bad_configuration() -> None:
     assert cli.main(["serve", "emulator", "--profile", "no-such-profile", "--port", "0"]) == 2
     assert cli.main(["serve", "emulator", "--profile", "fast-test", "--error-rate", "3", "--port", "0"]) == 2
+
+
+def test_fidelity_tool_measures_the_live_server_against_its_model() -> None:
+    """The live emulator is never faster than its own model (a step cannot end early), and the tool
+    reports one row per concurrency with the model's prediction from the pure scheduler."""
+    from dlb.emulator.fidelity import measure
+
+    rows = measure("fast-test", [1, 3], prompt_tokens=16, output_tokens=5, waves=1, time_scale=2.0)
+    assert [r.concurrency for r in rows] == [1, 3]
+    assert rows[0].model_e2e_s == pytest.approx(2.0 * (FAST.step_time(1, 16) + 4 * FAST.step_time(1)))
+    for r in rows:
+        assert r.e2e_ratio >= 0.95 and r.ttft_ratio >= 0.95
