@@ -128,8 +128,14 @@ def _picked_cluster() -> dict[str, Any]:
     }
 
 
-def _admin(port: int) -> dict[str, Any]:
-    return {"address": _socket(HostPort("127.0.0.1", port))}
+def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], clusters: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "node": {"id": f"{role}-{cell}", "cluster": f"dlb-{role}", "locality": {"zone": cell}},
+        # Admin can quit Envoy and dump its config: loopback only, whatever the listeners bind to.
+        "admin": {"address": _socket(HostPort("127.0.0.1", admin_port))},
+        "static_resources": {"listeners": [listener], "clusters": clusters},
+        "overload_manager": _overload(),
+    }
 
 
 def _overload() -> dict[str, Any]:
@@ -301,15 +307,7 @@ def root_bootstrap(
     filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root"), _router()]
     clusters = [_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25)]
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
-    return {
-        "node": {"id": f"root-{me.name}", "cluster": "dlb-root", "locality": {"zone": me.name}},
-        "admin": _admin(admin_port),
-        "static_resources": {
-            "listeners": [_listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True))],
-            "clusters": clusters,
-        },
-        "overload_manager": _overload(),
-    }
+    return _bootstrap("root", me.name, admin_port, _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True)), clusters)
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,15 +373,7 @@ def leaf_bootstrap(
     routes.append({"name": "least-request", "match": {"prefix": "/"}, "route": dict(action, cluster=LEAF_SERVERS_CLUSTER)})
     filters.append(_router())
     route_config = {"name": "dlb_leaf", "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}]}
-    return {
-        "node": {"id": f"leaf-{me.name}", "cluster": "dlb-leaf", "locality": {"zone": me.name}},
-        "admin": _admin(admin_port),
-        "static_resources": {
-            "listeners": [_listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False))],
-            "clusters": clusters,
-        },
-        "overload_manager": _overload(),
-    }
+    return _bootstrap("leaf", me.name, admin_port, _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False)), clusters)
 
 
 def write_bootstrap(bootstrap: Mapping[str, Any], path: str | os.PathLike[str]) -> str:

@@ -386,3 +386,17 @@ def test_leaf_without_emulation_adds_no_fault_filter() -> None:
     hcm2 = boot2["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     delays = {f["name"]: f["typed_config"]["delay"]["fixed_delay"] for f in hcm2["http_filters"] if "fault" in f["typed_config"]["@type"]}
     assert delays == {"dlb.wan_delay.a": "0.3s", "dlb.wan_delay.c": "0.3s"}
+
+
+def test_cli_render_writes_a_valid_bootstrap(tmp_path: Path) -> None:
+    from dlb.cli import main
+
+    out = tmp_path / "leaf.yaml"
+    assert main(["config", "render", str(CONFIG_DIR / "dlb.example.yaml"), "leaf", "eu-west1", "--admin-port", "9903",
+                 "--emulate-wan", "-o", str(out)]) == 0
+    boot = yaml.safe_load(out.read_text())
+    delays = {f["name"]: f["typed_config"]["delay"]["fixed_delay"] for f in _hcm(boot)["http_filters"] if f["name"].startswith("dlb.wan_delay")}
+    assert delays == {"dlb.wan_delay.us-east1": "0.076s", "dlb.wan_delay.us-west1": "0.132s"}
+    result = validate(out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert main(["config", "render", str(CONFIG_DIR / "dlb.example.yaml"), "root", "mars", "--admin-port", "1"]) == 1

@@ -44,8 +44,52 @@ def run_validate(args: argparse.Namespace) -> int:
     return status
 
 
+def run_render(args: argparse.Namespace) -> int:
+    from dlb.config.loader import parse_hostport
+    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+
+    try:
+        cfg = load_config(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.cell not in cfg.cell_names:
+        print(f"{args.file}: no cell {args.cell!r} (cells: {', '.join(cfg.cell_names)})", file=sys.stderr)
+        return 1
+    listen = parse_hostport(args.listen) if args.listen else None
+    if args.listen and listen is None:
+        print(f"--listen {args.listen!r} is not host:port", file=sys.stderr)
+        return 2
+    try:
+        if args.role == "root":
+            boot = root_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, native_flow=args.native_flow)
+        else:
+            boot = leaf_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, emulate_wan=args.emulate_wan)
+    except ValueError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    if args.output == "-":
+        import yaml
+
+        yaml.safe_dump(boot, sys.stdout, sort_keys=False)
+    else:
+        write_bootstrap(boot, args.output)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check DLB config files; report every problem (exit 1 if any)")
     p.add_argument("files", nargs="+", metavar="FILE", help="DLB config YAML")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing when valid")
     p.set_defaults(func=run_validate)
+
+    r = subparsers.add_parser("render", help="write the Envoy bootstrap of one cell's root or leaf")
+    r.add_argument("file", metavar="FILE", help="DLB config YAML")
+    r.add_argument("role", choices=["root", "leaf"])
+    r.add_argument("cell", help="cell name")
+    r.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (bound to 127.0.0.1)")
+    r.add_argument("--listen", help="listener host:port (default: cells[].root.address / cells[].leaf.address)")
+    r.add_argument("--emulate-wan", action="store_true", help="leaf: delay requests by the source cell's RTT (testbeds)")
+    r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")
+    r.add_argument("-o", "--output", default="-", help="output file (default stdout)")
+    r.set_defaults(func=run_render)
