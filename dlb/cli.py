@@ -21,6 +21,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("serve", "dlb.emulator.cli:register"),
     ("serve", "dlb.ext_proc.root:register"),
     ("serve", "dlb.ext_proc.leaf:register"),
+    ("bench", "dlb.ext_proc.bench:register"),
     (None, "dlb.sim.cli:register"),
 ]
 

@@ -1,0 +1,127 @@
+"""The control plane's central loops, pure: flow weights per (endpoint, source cell) and fleet state.
+
+For endpoints routed natively by Envoy (flow mechanism, DESIGN.md section 2) no root service runs
+the flow update, so the control plane does: one :class:`RootRouter` per (flow endpoint, source
+cell) — the same object a root service would run — fed with the control plane's own probes of every
+leaf, ticked every period; its ``x`` becomes that source's RDS ``weighted_clusters``.
+
+The routers' step size needs each source's arrival rate λ_i (``RootRouter.note_arrivals``). The
+control plane does not see requests; it sees every leaf's monotone ``completed`` counter, whose
+sum over cells measures the fleet's throughput, and splits it evenly over the sources that have
+root Envoys. That is exact in aggregate and approximate per source; a source whose real share
+differs by a factor f gets a step size off by 1/f, inside the κ < π/2 stability margin for f up to
+~3 (docs/xds.md).
+
+Also here: the fleet view the control plane publishes as DLB resources — each cell's latest model
+and confidence, and aversion rates from :func:`update_aversion`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlb.control_plane.aversion import AversionConfig, update_aversion
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
+from dlb.control_plane.topology import Topology
+
+
+@dataclass(frozen=True)
+class FlowEndpoint:
+    name: str
+    policy: PolicyConfig
+    prior: LatencyParams
+
+
+@dataclass
+class CellState:
+    """The latest probe answer of one cell (``time`` is the control plane's receive time)."""
+
+    rif: float = 0.0
+    replicas: float = 0.0
+    model: LatencyParams | None = None
+    confidence: float = 0.0
+    samples: int = 0
+    error_rate: float = 0.0
+    completed: float = math.nan
+    time: float = -math.inf
+    available: bool = False
+
+
+@dataclass
+class FlowController:
+    topology: Topology
+    endpoints: Sequence[FlowEndpoint]
+    sources: Sequence[int]
+    aversion_config: AversionConfig = field(default_factory=AversionConfig)
+    seed: int = 0
+    routers: dict[tuple[str, int], RootRouter] = field(init=False)
+    cells: list[CellState] = field(init=False)
+    aversion: np.ndarray = field(init=False)
+    throughput: float = field(init=False, default=0.0)
+    _last_step: float = field(init=False, default=math.nan)
+    _last_aversion: float = field(init=False, default=-math.inf)
+    _completed_prev: dict[int, tuple[float, float]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for ep in self.endpoints:
+            if ep.policy.mechanism is not Mechanism.FLOW:
+                raise ValueError(f"endpoint {ep.name} is not a flow endpoint")
+        rng = np.random.default_rng(self.seed)
+        self.routers = {
+            (ep.name, i): RootRouter(self.topology, i, ep.policy, ep.prior, np.random.default_rng(rng.integers(1 << 63)))
+            for ep in self.endpoints
+            for i in self.sources
+        }
+        self.cells = [CellState() for _ in range(self.topology.n)]
+        self.aversion = np.zeros(self.topology.n)
+
+    # -- probe results in ---------------------------------------------------------------------------
+    def on_probe(self, cell: int, now: float, rif: float, replicas: float | None, model: LatencyParams | None,
+                 confidence: float, samples: int, error_rate: float, completed: float) -> None:
+        st = self.cells[cell]
+        st.rif, st.model, st.confidence, st.samples, st.error_rate = rif, model, confidence, samples, error_rate
+        st.replicas = replicas or float(self.topology.replicas[cell])
+        st.time, st.available = now, True
+        prev = self._completed_prev.get(cell)
+        if prev is not None and completed >= prev[0] and now > prev[1]:
+            st.completed = (completed - prev[0]) / (now - prev[1])  # completions per second
+        self._completed_prev[cell] = (completed, now)
+        for r in self.routers.values():
+            r.on_probe(cell, now, rif, model, error_rate, confidence, replicas)
+
+    def on_probe_failure(self, cell: int) -> None:
+        self.cells[cell].available = False
+        self._completed_prev.pop(cell, None)
+        for r in self.routers.values():
+            r.set_available(cell, False)
+
+    # -- periodic ------------------------------------------------------------------------------------
+    def step(self, now: float) -> dict[str, dict[int, np.ndarray]]:
+        """Advance every router to ``now``; return ``{endpoint: {source: x_source}}``."""
+        dt = 0.0 if math.isnan(self._last_step) else max(0.0, now - self._last_step)
+        self._last_step = now
+        rates = [c.completed for c in self.cells if c.available and not math.isnan(c.completed)]
+        self.throughput = float(sum(rates)) if rates else 0.0
+        per_source = self.throughput / max(1, len(self.sources))
+        out: dict[str, dict[int, np.ndarray]] = {ep.name: {} for ep in self.endpoints}
+        for (name, src), r in self.routers.items():
+            r.note_arrivals(per_source * dt)
+            r.tick(now)
+            out[name][src] = r.x.copy()
+        if now - self._last_aversion >= self.aversion_config.period_s:
+            active = np.array([c.available for c in self.cells])
+            errors = np.array([c.error_rate for c in self.cells])
+            self.aversion = update_aversion(self.aversion, errors, active, self.aversion_config)
+            self._last_aversion = now
+        return out
+
+    def weights(self) -> Mapping[str, Mapping[int, np.ndarray]]:
+        out: dict[str, dict[int, np.ndarray]] = {}
+        for (name, src), r in self.routers.items():
+            out.setdefault(name, {})[src] = r.x.copy()
+        return out

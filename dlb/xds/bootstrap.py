@@ -1,0 +1,62 @@
+"""xDS-driven Envoy bootstraps: the Envoy knows only the control plane's address.
+
+The bootstrap names the node (``node.cluster`` = tier, ``node.locality.zone`` = cell, which is the
+control plane's snapshot key), one static cluster for the control plane (HTTP/2, since xDS is gRPC)
+and ADS as the source of listeners and clusters; everything else arrives over ADS.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dlb.config.model import HostPort
+
+XDS_CLUSTER = "dlb_xds"
+ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
+
+
+def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id: str | None = None,
+                  delta: bool = False) -> dict[str, Any]:
+    """Bootstrap of an Envoy of ``role`` (root|leaf) in ``cell``, configured entirely over ADS.
+
+    ``delta`` selects the incremental protocol (``DELTA_GRPC``) instead of state of the world.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
+    ads = {"ads": {}, "resource_api_version": "V3"}
+    return {
+        "node": {
+            "id": node_id or f"{role}-{cell}-{os.getpid()}",
+            "cluster": ROLES[role],
+            "locality": {"zone": cell},
+        },
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC" if delta else "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                "set_node_on_first_message_only": True,
+            },
+            "cds_config": ads,
+            "lds_config": ads,
+        },
+        "static_resources": {
+            "clusters": [{
+                "name": XDS_CLUSTER,
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": xds.host, "port_value": xds.port}}}}]}]},
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": {"http2_protocol_options": {
+                            # Notice a dead control plane and reconnect; Envoy keeps serving its last config.
+                            "connection_keepalive": {"interval": "10s", "timeout": "5s"}}},
+                    }
+                },
+            }],
+        },
+    }

@@ -1,0 +1,284 @@
+"""``dlb serve control-plane``: the DLB config turned into xDS snapshots, kept current.
+
+Per cell it keeps two snapshots, keyed ``dlb-root/<cell>`` and ``dlb-leaf/<cell>`` (the node key is
+``node.cluster/node.locality.zone``, which the bootstraps set), so every Envoy and DLB service of a
+cell shares one snapshot and a node can read nothing of another cell's. Root snapshots hold the root
+Envoy resources plus DLB's policy, topology, latency models, aversion rates and flow weights; leaf
+snapshots the leaf Envoy resources plus policies (for the latency prior) and the cell's own model.
+
+Loops:
+- the *probe client* (the root's own, :mod:`dlb.ext_proc.probe_client`) polls every leaf;
+- the *flow loop* (every ``flow.period_ms`` of the fastest flow endpoint) steps
+  :class:`FlowController` and rebuilds the root snapshots, so new weights reach Envoy by RDS;
+- the *state loop* (every second) republishes latency models and aversion rates, quantised so that
+  noise does not produce a new version each time (the cache drops identical content).
+
+Static resources (listeners, clusters, endpoints, policy, topology) are packed once per config; a
+flow step re-packs only the route configuration and the FlowWeights resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from aiohttp import web
+from envoy.config.core.v3 import base_pb2
+
+from dlb.config.model import Config
+from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import Mechanism
+from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
+from dlb.log import get_logger
+from dlb.proto import probe_pb2
+from dlb.xds import dlb_resources as dr
+from dlb.xds import envoy_resources as er
+from dlb.xds.cache import SnapshotCache
+from dlb.xds.server import XdsServer
+from dlb.xds.snapshot import Resource, Snapshot
+from dlb.xds.status import StatusServer
+
+log = get_logger("dlb.control_plane")
+
+ROOT_GROUP = "dlb-root"
+LEAF_GROUP = "dlb-leaf"
+
+
+def dlb_node_key(node: base_pb2.Node) -> str:
+    """``<node.cluster>/<node.locality.zone>``: the tier and the cell of an Envoy or DLB service."""
+    return f"{node.cluster}/{node.locality.zone}"
+
+
+def root_key(cell: str) -> str:
+    return f"{ROOT_GROUP}/{cell}"
+
+
+def leaf_key(cell: str) -> str:
+    return f"{LEAF_GROUP}/{cell}"
+
+
+def _q(v: float, digits: int = 3) -> float:
+    """Round to ``digits`` significant digits (publishing noise-free values keeps versions stable)."""
+    if v == 0 or not math.isfinite(v):
+        return v
+    return round(v, digits - 1 - int(math.floor(math.log10(abs(v)))))
+
+
+@dataclass
+class _Static:
+    """Per-config packed resources."""
+
+    root: dict[str, list[Resource]]
+    leaf: dict[str, list[Resource]]
+    root_sets: dict[str, er.ResourceSet]
+
+
+class ControlPlane:
+    """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
+
+    def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
+                 probe: bool = True) -> None:
+        self.cache = SnapshotCache(node_key=dlb_node_key)
+        self.server = XdsServer(self.cache)
+        self.clock = clock
+        self.emulate_wan = emulate_wan
+        self.probe_enabled = probe
+        self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
+        self._tasks: list[asyncio.Task] = []
+        self._probes: ProbeClient | None = None
+        self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
+                                          extra_routes=[web.get("/fleet", self._fleet)])
+        self._load(config)
+
+    # -- config -------------------------------------------------------------------------------------
+    def _load(self, config: Config) -> None:
+        self.config = config
+        topo = config.topology()
+        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core())
+                    for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW]
+        # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
+        self.sources = [c.index for c in config.cells if c.root.address is not None]
+        self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
+        self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
+        self.prior = config.endpoints[0].latency_prior.to_core()
+        self.models: dict[str, tuple[LatencyParams, float, int]] = {}
+        self._static = self._pack_static(config)
+        versions = self.rebuild()
+        for key in set(self.cache.keys()) - set(versions):
+            # A cell left the config: its Envoys keep their last config (xDS has no "go away"), but
+            # nothing new is served to it and a reconnecting node of that cell gets nothing.
+            self.cache.clear_snapshot(key)
+
+    def reload(self, config: Config) -> None:
+        """Swap in a new (already validated) config; snapshots follow, unchanged resources keep versions."""
+        log.info("config reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
+        restart_probes = self._probes is not None
+        self._load(config)
+        if restart_probes:
+            self._tasks.append(asyncio.ensure_future(self._restart_probes()))
+
+    def _pack_static(self, config: Config) -> _Static:
+        common = [Resource.from_message(m, name=n, type_url=t) for t, items in dr.config_resources(config).items() for n, m in items]
+        root, leaf, root_sets = {}, {}, {}
+        for cell in config.cells:
+            if cell.root.address is not None:
+                rs = er.root_resources(config, cell.name)
+                root_sets[cell.name] = rs
+                root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *rs.endpoints)]
+            ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
+            leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
+        return _Static(root, leaf, root_sets)
+
+    # -- snapshots ----------------------------------------------------------------------------------
+    def _state_resources(self) -> list[Resource]:
+        out = []
+        names = self.config.cell_names
+        aversion = self.flow.aversion if self.flow is not None else np.zeros(len(names))
+        for i, name in enumerate(names):
+            model, conf, samples = self.models.get(name, (self.prior, 0.0, 0))
+            q = LatencyParams(_q(model.a), _q(model.b), _q(model.c), _q(model.s))
+            msg = dr.cell_latency_model(name, q, self.prior, round(conf, 2), 0, 0)
+            out.append(Resource.from_message(msg, name=name, type_url=dr.CELL_LATENCY_MODEL))
+            err = self.flow.cells[i].error_rate if self.flow is not None else 0.0
+            out.append(Resource.from_message(dr.cell_aversion(name, round(err, 2), round(float(aversion[i]), 2)),
+                                             name=name, type_url=dr.CELL_AVERSION))
+        return out
+
+    def rebuild(self) -> dict[str, str]:
+        """Install every cell's snapshots from the current state; returns key → version in effect."""
+        cfg = self.config
+        weights = self.flow.weights() if self.flow is not None else {}
+        state = self._state_resources()
+        versions = {}
+        for cell in cfg.cells:
+            versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
+            if cell.name not in self._static.root_sets:
+                continue
+            per_ep = {ep: x[cell.index] for ep, x in weights.items() if cell.index in x}
+            rs = self._static.root_sets[cell.name]
+            if per_ep:
+                routes = tuple(type(r).FromString(r.SerializeToString()) for r in rs.routes)
+                patched = er.ResourceSet(rs.listeners, routes, rs.clusters, rs.endpoints)
+                er.set_flow_weights(patched, cfg, cell.name, per_ep)
+            else:
+                patched = rs
+            items: list = list(self._static.root[cell.name])
+            items += [Resource.from_message(r) for r in patched.routes]
+            items += [Resource.from_message(dr.flow_weights(ep, cell.name, cfg.cell_names, x), name=dr.flow_weights_name(ep, cell.name),
+                                            type_url=dr.FLOW_WEIGHTS) for ep, x in per_ep.items()]
+            items += state
+            versions[root_key(cell.name)] = self._set(root_key(cell.name), items)
+        return versions
+
+    def _set(self, key: str, items: Iterable) -> str:
+        before = self.cache.get_snapshot(key)
+        version = self.cache.set_snapshot(key, Snapshot.build(items))
+        if before is None or before.version != version:
+            self.push_log.append((time.monotonic(), key, version))
+            del self.push_log[:-256]
+        return version
+
+    # -- probes -------------------------------------------------------------------------------------
+    def _on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        if self.flow is None:
+            if resp is not None and resp.HasField("model"):
+                self._remember_model(target.name, resp)
+            return
+        if resp is None:
+            self.flow.on_probe_failure(target.index)
+            return
+        model = None
+        if resp.HasField("model"):
+            model = self._remember_model(target.name, resp)
+        self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) or None, model,
+                           resp.model.confidence if resp.HasField("model") else 0.0, resp.model.samples,
+                           resp.error_rate, float(resp.completed))
+
+    def _remember_model(self, cell: str, resp: probe_pb2.ProbeResponse) -> LatencyParams | None:
+        try:
+            p = dr.model_from_pb(resp.model, f"probe of {cell}")
+        except dr.ResourceError as e:
+            log.warning("bad model in probe", cell=cell, error=str(e))
+            return None
+        self.models[cell] = (p, resp.model.confidence, resp.model.samples)
+        return p
+
+    async def _restart_probes(self) -> None:
+        if self._probes is not None:
+            await self._probes.stop()
+        self._start_probes()
+
+    def _start_probes(self) -> None:
+        p = self.config.probe
+        self._probes = ProbeClient(
+            targets=[ProbeTarget(c.index, c.name, str(c.leaf.probe)) for c in self.config.cells],
+            on_result=self._on_probe,
+            timing=ProbeTiming(period_s=max(p.period_ms / 1000.0, 0.05), timeout_s=p.timeout_ms / 1000.0,
+                               backoff_max_s=p.backoff_max_ms / 1000.0),
+            source_cell="control-plane",
+            clock=self.clock,
+        )
+        self._probes.start()
+
+    # -- loops --------------------------------------------------------------------------------------
+    async def _flow_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flow_period_s)
+            try:
+                if self.flow is not None:
+                    self.flow.step(self.clock())
+                self.rebuild()
+            except Exception:  # a bad step must not stop the control plane; the last snapshots stay
+                log.exception("flow step failed")
+
+    async def _fleet(self, _req: web.Request) -> web.Response:
+        out: dict = {"cells": {}, "flow_weights": {}}
+        for i, name in enumerate(self.config.cell_names):
+            st = self.flow.cells[i] if self.flow is not None else None
+            model = self.models.get(name)
+            out["cells"][name] = {
+                "available": st.available if st else None, "rif": st.rif if st else None,
+                "error_rate": st.error_rate if st else None,
+                "aversion": float(self.flow.aversion[i]) if self.flow is not None else 0.0,
+                "model": None if model is None else {"a_s": model[0].a, "b_s": model[0].b, "c": model[0].c, "s": model[0].s,
+                                                      "confidence": model[1], "samples": model[2]},
+            }
+        if self.flow is not None:
+            for ep, per_src in self.flow.weights().items():
+                out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x)))
+                                           for s, x in per_src.items()}
+            out["throughput_rps"] = self.flow.throughput
+        return web.json_response(out)
+
+    async def start(self, xds_address: str | None = None, status_address: str | None = None) -> tuple[int, int]:
+        """Serve xDS and the status endpoint; start probing and the flow loop. Returns (xds, status) ports."""
+        cp = self.config.services.control_plane
+        xds_port = await self.server.start(xds_address or str(cp.xds))
+        host, _, port = (status_address or str(cp.status)).rpartition(":")
+        status_port = await self.status_server.start(host.strip("[]"), int(port))
+        if self.probe_enabled:
+            self._start_probes()
+        self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
+        log.info("control plane started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
+                 flow_endpoints=[ep.name for ep in (self.flow.endpoints if self.flow else [])])
+        return xds_port, status_port
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self._probes is not None:
+            await self._probes.stop()
+            self._probes = None
+        await self.status_server.stop()
+        await self.server.stop()

@@ -1,0 +1,223 @@
+"""A real Envoy that knows only the control plane's address, driven by the DLB config.
+
+The root Envoy of cell ``a`` is bootstrapped by ``dlb.xds.bootstrap.ads_bootstrap``; every listener,
+route, cluster and endpoint comes from ``dlb.xds.control_plane.ControlPlane``. Stand-in "leaf"
+servers answer with their cell's name, so the traffic split is measured per cell. The root ext_proc
+address has nothing listening: with ``failure_mode_allow`` the request keeps its fail-open route, the
+``weighted_clusters`` the control plane computes — the path flow endpoints take natively.
+
+Sequence (each step checked in Envoy's admin): initial version served; flow weights changed and
+followed within a stated tolerance; a new cell added; a cell removed; a route Envoy rejects (NACK,
+never re-sent, ``update_rejected`` only for it); a valid version accepted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import tempfile
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import yaml
+from aiohttp import ClientSession, ClientTimeout, web
+
+from dlb.config import load_config
+from dlb.config.model import HostPort
+from dlb.envoy import EnvoyProcess
+from dlb.xds import types
+from dlb.xds.bootstrap import ads_bootstrap
+from dlb.xds.control_plane import ControlPlane, root_key
+from dlb.xds.snapshot import Resource, Snapshot
+
+pytestmark = pytest.mark.envoy
+
+#: Share tolerance for N = 800 requests: 4σ of a binomial at p = 0.5 is 0.071; we allow 0.08.
+N_REQUESTS = 800
+TOLERANCE = 0.08
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: str, cells: dict[str, int], root_port: int, ext_proc_port: int) -> None:
+    names = list(cells)
+    doc = {
+        "version": 1,
+        "cells": [
+            {
+                "name": n,
+                "leaf": {"address": f"127.0.0.1:{port}", "probe": f"127.0.0.1:{free_port()}"},
+                **({"root": {"address": f"127.0.0.1:{root_port}", "ext_proc": f"127.0.0.1:{ext_proc_port}"}} if n == "a" else {}),
+                "servers": [f"127.0.0.1:{free_port()}"],  # unused: the stand-in leaf answers itself
+            }
+            for n, port in cells.items()
+        ],
+        "network": {"one_way_ms": {names[0]: {m: 10 for m in names[1:]}}, "default_one_way_ms": 10},
+        "endpoints": [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "flow", "cost": "latency"}}],
+    }
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+
+
+async def start_leaf(name: str, port: int) -> web.AppRunner:
+    async def handle(_req: web.Request) -> web.Response:
+        return web.Response(text=name)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def split(port: int, n: int = N_REQUESTS) -> dict[str, float]:
+    counts: Counter[str] = Counter()
+    sem = asyncio.Semaphore(16)
+    async with ClientSession(timeout=ClientTimeout(total=10)) as s:
+        async def one() -> None:
+            async with sem, s.get(f"http://127.0.0.1:{port}/v1/completions") as r:
+                counts[await r.text() if r.status == 200 else f"status-{r.status}"] += 1
+
+        await asyncio.gather(*(one() for _ in range(n)))
+    return {k: v / n for k, v in counts.items()}
+
+
+def dump_versions(envoy: EnvoyProcess) -> dict[str, str]:
+    dump = json.loads(envoy.admin_get("/config_dump"))
+    out = {}
+    for cfg in dump["configs"]:
+        t = cfg["@type"].rsplit(".", 1)[-1]
+        if t == "RoutesConfigDump":
+            out["RDS"] = [r["version_info"] for r in cfg.get("dynamic_route_configs", [])]
+        elif t == "ClustersConfigDump":
+            out["CDS"] = cfg.get("version_info", "")
+            out["clusters"] = sorted(c["cluster"]["name"] for c in cfg.get("dynamic_active_clusters", []))
+        elif t == "ListenersConfigDump":
+            out["LDS"] = cfg.get("version_info", "")
+    return out
+
+
+async def wait_for(cond, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = await asyncio.to_thread(cond)
+        if v:
+            return v
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def set_weights(cp: ControlPlane, x: list[float]) -> str:
+    """Put the flow controller's vector for (gen, a) — what its flow step would produce — and push."""
+    assert cp.flow is not None
+    cp.flow.routers[("gen", 0)].x = np.array(x)
+    return cp.rebuild()[root_key("a")]
+
+
+def rejected(envoy: EnvoyProcess) -> int:
+    return sum(int(v) for k, v in envoy.stats("rds").items() if k.endswith("update_rejected"))
+
+
+def test_envoy_follows_the_control_plane() -> None:
+    asyncio.run(_scenario())
+
+
+async def _scenario() -> None:
+    tmp = tempfile.mkdtemp(prefix="dlb-cp-")
+    cfg_path = os.path.join(tmp, "dlb.yaml")
+    ports = {"a": free_port(), "b": free_port(), "c": free_port()}
+    root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
+    write_config(cfg_path, {"a": ports["a"], "b": ports["b"]}, root_port, ext_proc_port)
+    leaves = [await start_leaf(n, p) for n, p in ports.items()]
+    cp = ControlPlane(load_config(cfg_path), probe=False)
+    xds_port, status_port = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+    boot = os.path.join(tmp, "root.yaml")
+    with open(boot, "w") as fh:
+        yaml.safe_dump(ads_bootstrap("root", "a", HostPort("127.0.0.1", xds_port), admin_port, node_id="root-a-test"), fh)
+    envoy = EnvoyProcess(boot, admin_port)
+    try:
+        await asyncio.to_thread(envoy.start)
+        v1 = cp.cache.get_snapshot(root_key("a")).version
+        await wait_for(lambda: dump_versions(envoy).get("RDS") == [v1], what="initial RDS version")
+        got = dump_versions(envoy)
+        assert got["CDS"] == v1 and got["LDS"] == v1
+        assert got["clusters"] == ["cell-a", "cell-b", "dlb_root_ext_proc"]
+        share = await split(root_port)
+        assert set(share) == {"a", "b"}  # Rand's start: by replicas (1:1)
+        assert abs(share["a"] - 0.5) < TOLERANCE
+
+        # Weights changed: Envoy follows; measure the push-to-applied time through the admin API.
+        t0 = time.monotonic()
+        v2 = set_weights(cp, [0.8, 0.2])
+        await wait_for(lambda: dump_versions(envoy).get("RDS") == [v2], what="weights version")
+        applied_ms = (time.monotonic() - t0) * 1000
+        share = await split(root_port)
+        assert abs(share["a"] - 0.8) < TOLERANCE and abs(share["b"] - 0.2) < TOLERANCE, share
+        print(f"weight change applied by Envoy after {applied_ms:.1f} ms")
+        # Unchanged state: no new version, nothing pushed.
+        assert cp.rebuild()[root_key("a")] == v2
+
+        # A new cell: clusters first (make-before-break), then routes that use it.
+        write_config(cfg_path, ports, root_port, ext_proc_port)
+        cp.reload(load_config(cfg_path))
+        v3 = set_weights(cp, [0.4, 0.3, 0.3])
+        await wait_for(lambda: dump_versions(envoy).get("RDS") == [v3], what="3-cell version")
+        assert dump_versions(envoy)["clusters"] == ["cell-a", "cell-b", "cell-c", "dlb_root_ext_proc"]
+        share = await split(root_port)
+        assert set(share) == {"a", "b", "c"} and abs(share["c"] - 0.3) < TOLERANCE, share
+
+        # A cell removed: routes stop naming it and its cluster goes.
+        write_config(cfg_path, {"a": ports["a"], "c": ports["c"]}, root_port, ext_proc_port)
+        cp.reload(load_config(cfg_path))
+        v4 = set_weights(cp, [0.5, 0.5])
+        await wait_for(lambda: dump_versions(envoy).get("CDS") == v4 and dump_versions(envoy).get("RDS") == [v4], what="cell removal")
+        assert dump_versions(envoy)["clusters"] == ["cell-a", "cell-c", "dlb_root_ext_proc"]
+        share = await split(root_port, 200)
+        assert set(share) == {"a", "c"}, share
+        assert rejected(envoy) == 0  # every valid version accepted
+
+        # An invalid route (a regex Envoy cannot compile): NACKed, never re-sent, old config kept.
+        snap = cp.cache.get_snapshot(root_key("a"))
+        route = [r for r in snap.get(types.ROUTE).values()][0]
+        from envoy.config.route.v3 import route_pb2
+        from google.protobuf import any_pb2
+
+        rc = route_pb2.RouteConfiguration()
+        any_pb2.Any.FromString(route.any_bytes).Unpack(rc)
+        rc.virtual_hosts[0].routes[0].match.ClearField("prefix")
+        rc.virtual_hosts[0].routes[0].match.safe_regex.regex = "(unclosed"
+        bad = {t: dict(rs) for t, rs in snap.resources.items()}
+        bad[types.ROUTE] = {rc.name: Resource.from_message(rc)}
+        v_bad = cp.cache.set_snapshot(root_key("a"), Snapshot.of(bad))
+        await wait_for(lambda: rejected(envoy) == 1, what="Envoy NACK")
+        rds = cp.server.status.nodes["root-a-test"].types[types.ROUTE]
+        assert rds.nacks == 1 and rds.last_nack_version == v_bad and "(unclosed" in rds.last_nack_reason
+        assert rds.acked_version == v4
+        await asyncio.sleep(1.0)
+        assert rejected(envoy) == 1  # not re-sent
+        assert dump_versions(envoy).get("RDS") == [v4]
+        share = await split(root_port, 100)
+        assert set(share) == {"a", "c"}  # still served by the last good config
+
+        # A valid version again is accepted.
+        v5 = set_weights(cp, [0.9, 0.1])
+        assert v5 != v_bad
+        await wait_for(lambda: dump_versions(envoy).get("RDS") == [v5], what="recovery version")
+        assert rejected(envoy) == 1
+        status = json.loads(await asyncio.to_thread(lambda: __import__("urllib.request").request.urlopen(
+            f"http://127.0.0.1:{status_port}/status", timeout=5).read()))
+        assert status["nodes"]["root-a-test"]["types"]["RDS"]["acked_version"] == v5
+    finally:
+        await asyncio.to_thread(envoy.stop)
+        await cp.stop()
+        for r in leaves:
+            await r.cleanup()
