@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2
 
 from dlb.xds import Snapshot, SnapshotCache, SnapshotError, StatusServer, XdsServer, types
 from dlb.xds.snapshot import Resource
-from dlb.xds.testing import (RawStream, ack, eds_cluster, http_listener, load_assignment, nack, names_of, node,
+from dlb.xds.testing import (RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node,
                              route_config, sotw_request)
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
@@ -296,7 +296,7 @@ def test_custom_types_over_ads_and_watch_cancelled_on_close():
             s = env.stream()
             await s.send(sotw_request(CUSTOM, ["policy-a"], node=N1))
             r = await s.recv()
-            assert r.type_url == CUSTOM and struct_pb2.Struct.FromString(r.resources[0].value)["gain"] == 2.0
+            assert r.type_url == CUSTOM and {k: v["gain"] for k, v in decode(r, struct_pb2.Struct).items()} == {"policy-a": 2.0}
             assert env.cache.watch_count == 1 and env.server.status.nodes["n1"].streams == 1
             await s.close()
             for _ in range(200):

@@ -53,6 +53,10 @@ class Resource:
         any_bytes = packed.SerializeToString(deterministic=True)
         version = hashlib.sha256(packed.type_url.encode() + b"\0" + packed.value).hexdigest()[:16]
         delta = discovery_pb2.Resource(name=name, version=version, resource=packed).SerializeToString(deterministic=True)
+        if isinstance(message, any_pb2.Any) or _derived_name(message) != name:
+            # SotW responses carry bare Any; a name that is not inside the message travels in the
+            # envoy.service.discovery.v3.Resource wrapper, which Envoy and our client unwrap.
+            any_bytes = any_pb2.Any(type_url=RESOURCE_WRAPPER, value=delta).SerializeToString(deterministic=True)
         eds_name = ""
         if packed.type_url == types.CLUSTER:
             eds_name = _cluster_eds_name(message if not isinstance(message, any_pb2.Any) else None, packed, name)
@@ -60,6 +64,24 @@ class Resource:
                         sotw_field=wire.length_delimited(wire.SotwResponseField.RESOURCES, any_bytes),
                         delta_field=wire.length_delimited(wire.DeltaResponseField.RESOURCES, delta),
                         eds_name=eds_name)
+
+
+RESOURCE_WRAPPER = types.type_url_of("envoy.service.discovery.v3.Resource")
+
+
+def unwrap(packed: any_pb2.Any) -> tuple[str | None, any_pb2.Any]:
+    """A SotW response entry as (name if wrapped, the resource's Any)."""
+    if packed.type_url == RESOURCE_WRAPPER:
+        res = discovery_pb2.Resource.FromString(packed.value)
+        return res.name, res.resource
+    return None, packed
+
+
+def _derived_name(message: Message) -> str:
+    try:
+        return resource_name(message)
+    except SnapshotError:
+        return ""
 
 
 def resource_name(message: Message) -> str:
@@ -116,6 +138,12 @@ class Snapshot:
                 raise SnapshotError(f"duplicate resource name {res.name!r} for type {res.type_url}")
             bucket[res.name] = res
         return Snapshot.of(by_type)
+
+    @staticmethod
+    def from_types(by_type: Mapping[str, Iterable[tuple[str, Message]]]) -> "Snapshot":
+        """Build from ``{type_url: [(name, message), ...]}`` (empty lists keep the type present)."""
+        return Snapshot.build([Resource.from_message(m, name=n, type_url=t) for t, items in by_type.items() for n, m in items],
+                              extra_types=list(by_type))
 
     @staticmethod
     def of(by_type: Mapping[str, Mapping[str, Resource]], version: str = "") -> "Snapshot":

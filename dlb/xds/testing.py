@@ -23,6 +23,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2
 
+from dlb.xds.snapshot import resource_name, unwrap
+
 _barrier_ids = itertools.count(1)
 BARRIER_PREFIX = "type.googleapis.com/zzz.dlb.barrier"
 
@@ -94,10 +96,16 @@ def nack(resp, kept_version: str, reason: str, names=()):
 
 def names_of(resp, cls) -> list[str]:
     """Resource names in a SotW response, unpacked as ``cls``."""
-    out = []
+    return list(decode(resp, cls))
+
+
+def decode(resp, cls) -> dict:
+    """A SotW response as {name: message}, unwrapping envoy.service.discovery.v3.Resource entries."""
+    out = {}
     for a in resp.resources:
-        m = cls.FromString(a.value)
-        out.append(m.cluster_name if hasattr(m, "cluster_name") and "cluster_name" in m.DESCRIPTOR.fields_by_name else m.name)
+        name, inner = unwrap(a)
+        m = cls.FromString(inner.value)
+        out[name if name is not None else resource_name(m)] = m
     return out
 
 
