@@ -290,6 +290,27 @@ def test_root_routes_by_ext_proc_pick(tmp_path: Path) -> None:
             assert all(h[":path"] == "/v1/chat/completions" for h in svc.seen_headers)
 
 
+class _SlowPick(_PickCell):
+    """Answers only after Envoy's message_timeout has passed: Envoy must fail open."""
+
+    def Process(self, request_iterator, context):  # noqa: N802
+        for resp in super().Process(request_iterator, context):
+            time.sleep(1.0)
+            yield resp
+
+
+def test_root_fails_open_when_ext_proc_is_slow(tmp_path: Path) -> None:
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1}, message_timeout_ms=200)
+        me = cfg.cell("a")
+        with ext_proc_server(me.root.ext_proc.port, _SlowPick("cell-c")) as svc, running_envoy(boot, tmp_path, "root") as envoy:
+            status, body = request(me.root.address.port)
+            assert status == 200 and body["name"] == "a", body  # by the weights, not the late pick
+            assert svc.seen_headers  # the service was asked
+            assert int(envoy.stats("ext_proc")["http.dlb_root.ext_proc.dlb_root.message_timeouts"]) >= 1
+
+
 def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:
     with echo_servers("a", "b", "c") as ports:
         cfg = three_cell_config(ports)
@@ -400,3 +421,65 @@ def test_cli_render_writes_a_valid_bootstrap(tmp_path: Path) -> None:
     result = validate(out)
     assert result.returncode == 0, result.stdout + result.stderr
     assert main(["config", "render", str(CONFIG_DIR / "dlb.example.yaml"), "root", "mars", "--admin-port", "1"]) == 1
+
+
+class _StreamHandler(BaseHTTPRequestHandler):
+    """Streams two chunks; the second only after the test says it has read the first."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.server.seen_headers.append({k.lower(): v for k, v in self.headers.items()})  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for part in (b"data: first\n\n", b"data: second\n\n"):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
+            if part.endswith(b"first\n\n"):
+                # If anything on the way buffered the response, the client never sees "first" and
+                # never releases us: we time out and record it.
+                self.server.released.append(self.server.go.wait(10.0))  # type: ignore[attr-defined]
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_streaming_passes_through(tmp_path: Path) -> None:
+    """Root (ext_proc up, picks b) → leaf b (WAN emulation) → streaming server: chunks flow as produced."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StreamHandler)
+    srv.daemon_threads = True
+    srv.go, srv.released, srv.seen_headers = threading.Event(), [], []  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with echo_servers("a-srv", "c-srv") as echo:
+            ports = {"a": free_port(), "b": free_port(), "c": free_port(), "b-srv": srv.server_address[1], **echo}
+            cfg = three_cell_config(ports, one_way_ms=50.0)
+            root = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+            leaf = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=True)
+            me = cfg.cell("a")
+            with ext_proc_server(me.root.ext_proc.port, _PickCell("cell-b")), running_envoy(root, tmp_path, "root"), \
+                    running_envoy(leaf, tmp_path, "leaf") as leaf_envoy:
+                conn = http.client.HTTPConnection("127.0.0.1", me.root.address.port, timeout=30)
+                try:
+                    conn.request("POST", "/v1/chat/completions", body=b"{}", headers={"content-type": "application/json"})
+                    resp = conn.getresponse()
+                    assert resp.status == 200
+                    first = resp.read(len(b"data: first\n\n"))
+                    srv.go.set()  # type: ignore[attr-defined]
+                    rest = resp.read()
+                finally:
+                    conn.close()
+                assert first == b"data: first\n\n" and rest == b"data: second\n\n"
+                assert srv.released == [True]  # type: ignore[attr-defined]
+                (hdrs,) = srv.seen_headers  # type: ignore[attr-defined]
+                assert hdrs[HEADER_SRC_CELL] == "a" and hdrs[HEADER_ENDPOINT] == "chat"
+                assert int(leaf_envoy.stats("fault")["http.dlb_leaf.fault.delays_injected"]) == 1
+    finally:
+        srv.go.set()  # type: ignore[attr-defined]
+        srv.shutdown()
+        srv.server_close()
