@@ -87,3 +87,23 @@ def test_probe_replicas_update_rif_cost() -> None:
     r.on_probe(1, 0.1, 4.0, replicas=1)  # b lost 9 of its 10 servers
     assert r.pick(0.1) == 0
     assert topo.replicas[1] == 10  # the shared topology is untouched
+
+
+def test_fit_near_saturation_stays_near_data() -> None:
+    """Core fix (fit.py): the knee is fitted inside c < a/b instead of clamped afterwards.
+
+    A window seen only near saturation, rising faster than the stable family allows, used to make
+    the optimum violate c·b < a; the post-hoc clamp then moved the knee far left and the published
+    curve overestimated latency ~10× at the observed RIF (seen in the simulator's busy cells).
+    """
+    from dlb.control_plane.fit import fit_latency_model
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(150, 180, 400)
+    y = (1.9 + 0.05 * np.maximum(0.0, x - 160)) * rng.lognormal(0, 0.3, x.size)
+    prior = LatencyParams(a=1.4, b=0.011, c=111.0, s=28.0)
+    res = fit_latency_model(x, y, prior)
+    assert res.params.is_stable_shape()
+    model = latency(np.array([155.0, 170.0]), *res.params.as_array())
+    data = np.array([y[np.abs(x - 155) < 5].mean(), y[np.abs(x - 170) < 5].mean()])
+    assert np.all(model < 1.5 * data), (model, data)

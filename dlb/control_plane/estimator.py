@@ -9,6 +9,10 @@ Pure and clock-free (callers pass ``now``), so the leaf agent (real time) and th
   fit's confidence (:func:`shrink_toward_prior`), so a cell that has seen little traffic reports
   something close to the fleet prior rather than a wild guess. A window of *completed* requests is
   biased toward short ones (long ones are still in flight); the paper notes this and so do we.
+  The window is bounded in *time*, and its sample count is bounded by thinning: when the request
+  rate would put more than ``max_samples`` in the window, only every k-th completion is kept
+  (k from the rate seen at the last refit). Keeping the *newest* ``max_samples`` instead would shrink
+  a busy cell's window to a few seconds of one transient, which the fit then mistakes for the curve.
 - :class:`ErrorTracker` is an exponentially-decaying error *fraction*: errors and outcomes are both
   decayed with time constant ``tau``, and the rate is their ratio. Decaying counts (rather than an EMA
   per sample) makes the value independent of the request rate, which differs by orders of magnitude
@@ -55,12 +59,19 @@ class LatencyEstimator:
         self._rif: deque[float] = deque(maxlen=self.config.max_samples)
         self._lat: deque[float] = deque(maxlen=self.config.max_samples)
         self._last_fit = -math.inf
+        self._stride = 1
+        self._skip = 0
         self.params: LatencyParams = prior
         self.confidence: float = 0.0
         self.last_result: FitResult | None = None
 
     def record(self, now: float, rif_at_arrival: float, latency_s: float) -> None:
         """One completed request: the cell's RIF when it arrived and its serving latency."""
+        if self._stride > 1:
+            self._skip += 1
+            if self._skip < self._stride:
+                return
+            self._skip = 0
         self._t.append(now)
         self._rif.append(rif_at_arrival)
         self._lat.append(latency_s)
@@ -94,6 +105,11 @@ class LatencyEstimator:
             prior_weight=self.config.prior_weight,
         )
         self.last_result = res
+        # Thinning for the next period: kept samples per window ≈ max_samples.
+        if self._t:
+            span = max(now - self._t[0], self.config.refit_period_s)
+            rate = len(self._t) * self._stride / span
+            self._stride = max(1, math.ceil(rate * self.config.window_s / self.config.max_samples))
         self.params = shrink_toward_prior(res, self.prior) if res.confidence > 0 else self.prior
         self.confidence = res.confidence
         return res

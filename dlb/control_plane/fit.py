@@ -24,6 +24,8 @@ from dlb.control_plane.latency_model import LatencyParams, latency
 
 #: Below this many samples the fit returns the prior with zero confidence.
 MIN_SAMPLES = 8
+#: Largest knee as a fraction of a/b (the stability boundary c < a/b).
+R_MAX = 0.99
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,15 @@ def fit_latency_model(
     x_max = max(float(x.max()), 1.0)
     p0 = prior.as_array()
     # Work in scaled units so the optimiser sees O(1) numbers whatever the endpoint's latency scale.
-    scale = np.array([y_scale, y_scale / x_max, x_max, x_max])
+    # The knee is searched as r = c·b/a ∈ [0, R_MAX] so every candidate satisfies the stability
+    # shape c < a/b. (Fitting c freely and clamping afterwards moved the knee far left of the data
+    # whenever the unconstrained optimum had c·b ≥ a, e.g. a window seen only near saturation, and
+    # the published curve then overestimated latency by 10×.)
+    scale = np.array([y_scale, y_scale / x_max, 1.0, x_max])
     z0 = np.clip(p0 / scale, 1e-6, 1e6)
+    z0[2] = p0[2] * p0[1] / p0[0]
     lo = np.array([1e-6, 1e-9, 0.0, 1e-3])
-    hi = np.array([1e3, 1e3, 10.0, 10.0])
+    hi = np.array([1e3, 1e3, R_MAX, 10.0])
     z0 = np.clip(z0, lo * 1.0001, hi * 0.9999)
     # Data residuals are not scaled by n (the robust loss must see them at their natural size); the
     # shrinkage residuals have a fixed weight, so their share of the objective fades like 1/n.
@@ -67,6 +74,7 @@ def fit_latency_model(
 
     def residuals(z: np.ndarray) -> np.ndarray:
         p = z * scale
+        p[2] = z[2] * p[0] / p[1]
         r = (latency(x, p[0], p[1], p[2], p[3]) - y) / y_scale
         # Shrinkage on log-parameters (c may be 0, so it is shrunk additively relative to x_max).
         shrink_log = np.log(np.maximum(p[[0, 1, 3]], 1e-12)) - log_p0[[0, 1, 3]]
@@ -76,6 +84,7 @@ def fit_latency_model(
     try:
         res = least_squares(residuals, z0, bounds=(lo, hi), loss=loss, f_scale=0.25, max_nfev=200)
         p = res.x * scale
+        p[2] = res.x[2] * p[0] / p[1]
         converged = bool(res.success)
     except (ValueError, np.linalg.LinAlgError):
         return FitResult(prior, 0.0, n, math.nan, False)

@@ -50,7 +50,7 @@ _LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE = range(7)
 class SimConfig:
     probe_period_s: float = 0.05
     snapshot_s: float = 0.01
-    estimator: EstimatorConfig = field(default_factory=lambda: EstimatorConfig(window_s=60.0, refit_period_s=10.0, max_samples=500))
+    estimator: EstimatorConfig = field(default_factory=lambda: EstimatorConfig(window_s=30.0, refit_period_s=5.0, max_samples=400))
     error_tau_s: float = 5.0
     mnlb_period_s: float = 10.0
     #: After the last arrival, keep simulating at most this long for in-flight requests.
