@@ -296,3 +296,12 @@ async def _flow_loop_scenario() -> None:
             await s.stop(None)
         for r in leaves:
             await r.cleanup()
+
+
+def test_envoy_push_bench_smoke() -> None:
+    """CI-sized run of ``dlb bench envoy-push``: both protocols deliver every change to Envoy."""
+    from dlb.xds.bench_envoy import measure
+
+    for delta in (False, True):
+        rec = asyncio.run(measure(rounds=3, cells=2, delta=delta))
+        assert rec["rounds"] == 3 and 0 < rec["p50_ms"] <= rec["max_ms"] < 10_000
