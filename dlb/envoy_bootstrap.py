@@ -344,13 +344,16 @@ def leaf_bootstrap(
     emulate_wan: bool,
     listen: HostPort | None = None,
     message_timeout_ms: float = 200.0,
+    access_log: bool = False,
 ) -> dict[str, Any]:
     """The leaf Envoy of ``cell``: root-facing listener → [WAN delay] → [leaf ext_proc] → servers.
 
     ``emulate_wan`` adds one fault filter per source cell delaying its requests by the round trip
     ``τ_src,cell + τ_cell,src`` (testbeds only; on a real WAN leave it off). A leaf ext_proc is used
     when ``cells[].leaf.ext_proc`` is set: it may name a server in ``x-dlb-server``; without it, or
-    when it is down, Envoy's LEAST_REQUEST picks.
+    when it is down, Envoy's LEAST_REQUEST picks. ``access_log`` wires Envoy's gRPC access log to the
+    leaf agent (``cells[].leaf.probe``), which is how the agent learns completions and latencies
+    (:mod:`dlb.ext_proc.envoy_als` owns that wiring).
     """
     me = cfg.cell(cell)
     listen = listen or me.leaf.address
@@ -373,7 +376,12 @@ def leaf_bootstrap(
     routes.append({"name": "least-request", "match": {"prefix": "/"}, "route": dict(action, cluster=LEAF_SERVERS_CLUSTER)})
     filters.append(_router())
     route_config = {"name": "dlb_leaf", "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}]}
-    return _bootstrap("leaf", me.name, admin_port, _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False)), clusters)
+    boot = _bootstrap("leaf", me.name, admin_port, _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False)), clusters)
+    if access_log:
+        from dlb.ext_proc.envoy_als import add_leaf_access_log
+
+        add_leaf_access_log(boot, cfg, cell)
+    return boot
 
 
 def write_bootstrap(bootstrap: Mapping[str, Any], path: str | os.PathLike[str]) -> str:

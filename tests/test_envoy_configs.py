@@ -9,10 +9,9 @@ port: fail-open) or a minimal grpc ExternalProcessor defined here that names one
 from __future__ import annotations
 
 import contextlib
-import copy
 import http.client
 import json
-import os
+import random
 import socket
 import threading
 import time
@@ -108,7 +107,8 @@ def request(port: int, path: str = "/v1/chat/completions", headers: dict[str, st
 def running_envoy(bootstrap: dict[str, Any], tmp_path: Path, name: str) -> Iterator[EnvoyProcess]:
     path = write_bootstrap(bootstrap, tmp_path / f"{name}.yaml")
     admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
-    with EnvoyProcess(path, admin_port) as envoy:
+    # A base id of our own: several Envoys run at once (this test and other suites on the machine).
+    with EnvoyProcess(path, admin_port, base_id=random.randrange(1, 60000)) as envoy:
         yield envoy
 
 
@@ -414,10 +414,11 @@ def test_cli_render_writes_a_valid_bootstrap(tmp_path: Path) -> None:
 
     out = tmp_path / "leaf.yaml"
     assert main(["config", "render", str(CONFIG_DIR / "dlb.example.yaml"), "leaf", "eu-west1", "--admin-port", "9903",
-                 "--emulate-wan", "-o", str(out)]) == 0
+                 "--emulate-wan", "--access-log", "-o", str(out)]) == 0
     boot = yaml.safe_load(out.read_text())
     delays = {f["name"]: f["typed_config"]["delay"]["fixed_delay"] for f in _hcm(boot)["http_filters"] if f["name"].startswith("dlb.wan_delay")}
     assert delays == {"dlb.wan_delay.us-east1": "0.076s", "dlb.wan_delay.us-west1": "0.132s"}
+    assert _hcm(boot)["access_log"][0]["name"] == "envoy.access_loggers.http_grpc"  # to the leaf agent
     result = validate(out)
     assert result.returncode == 0, result.stdout + result.stderr
     assert main(["config", "render", str(CONFIG_DIR / "dlb.example.yaml"), "root", "mars", "--admin-port", "1"]) == 1

@@ -64,7 +64,8 @@ def run_render(args: argparse.Namespace) -> int:
         if args.role == "root":
             boot = root_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, native_flow=args.native_flow)
         else:
-            boot = leaf_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, emulate_wan=args.emulate_wan)
+            boot = leaf_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, emulate_wan=args.emulate_wan,
+                                  access_log=args.access_log)
     except ValueError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
@@ -90,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (bound to 127.0.0.1)")
     r.add_argument("--listen", help="listener host:port (default: cells[].root.address / cells[].leaf.address)")
     r.add_argument("--emulate-wan", action="store_true", help="leaf: delay requests by the source cell's RTT (testbeds)")
+    r.add_argument("--access-log", action="store_true", help="leaf: send Envoy's gRPC access log to the leaf agent")
     r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")
     r.add_argument("-o", "--output", default="-", help="output file (default stdout)")
     r.set_defaults(func=run_render)

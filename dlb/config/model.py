@@ -21,8 +21,6 @@ from dlb.control_plane.latency_model import LatencyParams
 from dlb.control_plane.router import Mechanism, PolicyConfig
 from dlb.control_plane.topology import Topology
 
-__all__ = ["Cost", "Mechanism"]  # re-exported; the dataclasses below are listed in dlb.config
-
 #: Envoy cluster name of a cell on a root Envoy: ``cell-<name>``.
 CELL_CLUSTER_PREFIX = "cell-"
 
