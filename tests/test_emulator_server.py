@@ -110,7 +110,7 @@ def test_non_streaming_completion_and_chat_are_well_formed() -> None:
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 def test_streaming_is_incremental_and_ends_with_usage_and_done(kind: str) -> None:
-    n_tokens = 8
+    n_tokens = 12
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
     req: dict[str, Any] = {"max_tokens": n_tokens, "stream": True, "stream_options": {"include_usage": True}}
     req.update({"prompt": "hello"} if kind == "completion" else {"messages": [{"role": "user", "content": "hello"}]})
@@ -344,12 +344,11 @@ def test_slowdown_and_extra_latency_increase_latency() -> None:
     async def go() -> None:
         async with emulator() as emu, aiohttp.ClientSession() as s:
             url = emu.url + "/v1/completions"
-            base = await timed(s, url)
+            assert await timed(s, url) >= tokens * FAST.step_time(1)
             engine_time = tokens * FAST.step_time(1)
             emu.set_faults(slowdown=20.0)
             slow = await timed(s, url)
             assert slow >= 20.0 * engine_time  # a lower bound: a slowed step never ends early
-            assert slow > base
             emu.set_faults({"slowdown": 1.0, "extra_latency_ms": 300.0})
             delayed = await timed(s, url)
             assert delayed >= 0.3 + engine_time

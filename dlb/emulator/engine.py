@@ -57,7 +57,9 @@ class EngineRequest:
 
     @property
     def kv_tokens(self) -> int:
-        return self.prefilled + self.generated
+        """KV cache held: the whole prompt is reserved at admission (as vLLM allocates blocks when it
+        schedules), plus every generated token."""
+        return self.prompt_tokens + self.generated
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,9 @@ class Engine:
         return min(1.0, self.kv_used / self.profile.kv_cache_tokens)
 
     def _admit(self, now: float) -> None:
-        # Reserve each admitted prompt's KV up front: a prompt that does not fit waits (FCFS, no
+        # Each admitted prompt's KV is reserved up front: a prompt that does not fit waits (FCFS, no
         # overtaking), which is how a full KV cache turns into queueing on a real server.
-        reserved = sum(max(r.kv_tokens, r.prompt_tokens) for r in self.running)
+        reserved = self.kv_used
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
             if self.running and reserved + head.prompt_tokens > self.profile.kv_cache_tokens:
