@@ -18,10 +18,12 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("config", "dlb.config.cli:register"),
     ("config", "dlb.xds.cli:register_bootstrap"),
     ("serve", "dlb.xds.cli:register_serve"),
+    ("bench", "dlb.xds.bench_envoy:register"),
     ("serve", "dlb.emulator.cli:register"),
     ("serve", "dlb.ext_proc.root:register"),
     ("serve", "dlb.ext_proc.leaf:register"),
     ("bench", "dlb.ext_proc.bench:register"),
+    ("bench", "dlb.xds.bench:register"),
     (None, "dlb.sim.cli:register"),
 ]
 

@@ -265,7 +265,27 @@ def _write_ready(path: str, data: dict) -> None:
 
 
 def run_event_loop(coro) -> None:
-    """Run with uvloop (measured faster for grpc.aio here) when available."""
+    """Run with uvloop (measured faster for grpc.aio here) when available.
+
+    ``DLB_PROFILE=FILE`` runs the service under cProfile and writes the stats to FILE.<pid> at exit: the
+    way the hot path was profiled (docs/data-plane.md).
+    """
+    prof_path = os.environ.get("DLB_PROFILE")
+    if prof_path:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            _run(coro)
+        finally:
+            prof.disable()
+            prof.dump_stats(f"{prof_path}.{os.getpid()}")  # one file per service process
+        return
+    _run(coro)
+
+
+def _run(coro) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a runtime dependency

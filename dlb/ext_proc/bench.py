@@ -1,0 +1,273 @@
+"""``dlb bench overhead``: what the Python hops cost, through real Envoys, measured in one run.
+
+Three systems under test share one upstream (an Envoy ``direct_response`` listener, so the upstream
+costs the same and almost nothing):
+
+- ``plain``: the root Envoy as rendered by :func:`dlb.envoy_bootstrap.root_bootstrap` minus the
+  ext_proc filter (requests take the fail-open weighted route) → upstream.
+- ``root``: the same root Envoy with its ext_proc filter → ``dlb serve root`` → upstream.
+- ``root+leaf``: root Envoy + root ext_proc → leaf Envoy + leaf ext_proc/ALS (``dlb serve leaf``) →
+  upstream.
+
+For each, a closed loop (``--connections`` workers) finds the saturation throughput, then an open
+loop at half of the *root* configuration's saturation rate (the same rate for all three, so latencies
+compare at equal load) gives p50/p99. CPU per 1000 requests sums user+system time of the processes on
+the request path (Envoys and DLB services; not the load generator, not the upstream), read from
+/proc before and after each run. The load generator (:mod:`dlb.ext_proc.loadgen`) runs in this
+process; on a 2-core machine it competes for CPU with the system under test equally in all runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dlb.config import config_from_dict
+from dlb.envoy import EnvoyProcess
+from dlb.ext_proc.envoy_als import add_leaf_access_log
+from dlb.ext_proc.loadgen import LoadResult, build_request, closed_loop, open_loop
+from dlb.ext_proc.process import ServiceProcess, free_port
+from dlb.log import get_logger
+
+log = get_logger("dlb.bench.overhead")
+
+CONFIGS = ("plain", "root", "root+leaf")
+#: Extra configuration for the leaf's measurement choice: the leaf ext_proc also processes response
+#: headers (the alternative to the access log for completions). Not in the default set.
+RESP_CONFIG = "root+leaf-resp"
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / tick
+
+
+def _upstream_bootstrap(port: int, admin: int) -> dict[str, Any]:
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "upstream",
+        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {"listeners": [{"name": "upstream", "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                                            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}]},
+    }
+
+
+def _point_cluster(boot: dict[str, Any], cluster: str, port: int) -> None:
+    for c in boot["static_resources"]["clusters"]:
+        if c["name"] == cluster:
+            c["type"] = "STATIC"
+            c["load_assignment"] = {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}
+
+
+def _strip_ext_proc(boot: dict[str, Any]) -> None:
+    for listener in boot["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                hcm = f["typed_config"]
+                hcm["http_filters"] = [h for h in hcm["http_filters"] if h["name"] != "envoy.filters.http.ext_proc"]
+                for vh in hcm["route_config"]["virtual_hosts"]:
+                    for r in vh["routes"]:
+                        r.pop("typed_per_filter_config", None)
+
+
+def _leaf_response_processing(boot: dict[str, Any]) -> None:
+    """Make the leaf ext_proc see response headers too (a second round trip per request)."""
+    for listener in boot["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                for h in f["typed_config"]["http_filters"]:
+                    if h["name"] == "envoy.filters.http.ext_proc":
+                        h["typed_config"]["processing_mode"]["response_header_mode"] = "SEND"
+
+
+def bench_config(upstream: int) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "cells": [{
+            "name": "x",
+            "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"},
+            "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"},
+            "servers": [f"127.0.0.1:{upstream}"],
+        }],
+        "network": {"default_one_way_ms": 0},
+        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "latency"}}],
+    }
+
+
+def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu_s: float, connections: int | None) -> dict[str, Any]:
+    n = len(res.latencies_s)
+    return {
+        "config": config, "mode": mode, "rate": rate,
+        "p50_ms": round(res.pct_ms(50), 4), "p99_ms": round(res.pct_ms(99), 4), "rps": round(res.rps, 1),
+        "cpu_s_per_1k": round(cpu_s / n * 1000, 5) if n else None,
+        "requests": n, "errors": res.errors, "duration_s": round(res.duration_s, 3), "connections": connections,
+    }
+
+
+async def _measure(target: tuple[int, list[int]], mode: str, *, connections: int, rate: float | None, duration_s: float) -> tuple[LoadResult, float]:
+    port, pids = target
+    req = build_request("127.0.0.1", port, "/v1/chat/completions", b'{"model":"m","messages":[]}')
+    cpu0 = _cpu_seconds(pids)
+    if mode == "closed":
+        res = await closed_loop("127.0.0.1", port, req, connections, duration_s)
+    else:
+        assert rate is not None
+        res = await open_loop("127.0.0.1", port, req, rate, duration_s)
+    return res, _cpu_seconds(pids) - cpu0
+
+
+def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, repeats: int = 1) -> list[dict[str, Any]]:
+    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+
+    tmp = tempfile.TemporaryDirectory(prefix="dlb-bench-overhead-")
+    d = Path(tmp.name)
+    records: list[dict[str, Any]] = []
+    envoys: list[EnvoyProcess] = []
+    services: list[ServiceProcess] = []
+
+    def envoy(boot: dict[str, Any], name: str, admin: int) -> EnvoyProcess:
+        e = EnvoyProcess(write_bootstrap(boot, d / f"{name}.yaml"), admin, base_id=random.randrange(1, 60000))
+        envoys.append(e)
+        return e.start()
+
+    try:
+        up_port, up_admin = free_port(), free_port()
+        envoy(_upstream_bootstrap(up_port, up_admin), "upstream", up_admin)
+        raw = bench_config(up_port)
+        cfg_path = d / "dlb.yaml"
+        cfg_path.write_text(json.dumps(raw))
+        cfg = config_from_dict(raw, source=str(cfg_path))
+        root_svc = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--metrics", f"127.0.0.1:{free_port()}")
+        leaf_svc = ServiceProcess("leaf", "--config", str(cfg_path), "--cell", "x", "--metrics", f"127.0.0.1:{free_port()}",
+                                  "--scrape-period-ms", "0")
+        services += [root_svc, leaf_svc]
+        for s in services:
+            s.spawn()
+        for s in services:
+            s.wait_ready()
+        targets: dict[str, tuple[int, list[int]]] = {}
+        if "plain" in configs:
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
+            _strip_ext_proc(b)
+            _point_cluster(b, "cell-x", up_port)
+            targets["plain"] = (p, [envoy(b, "plain", a).proc.pid])
+        if "root" in configs:
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
+            _point_cluster(b, "cell-x", up_port)
+            targets["root"] = (p, [envoy(b, "root", a).proc.pid, root_svc.pid])
+        if "root+leaf" in configs:
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
+            la = free_port()
+            lb = add_leaf_access_log(leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False), cfg, "x")
+            leaf_env = envoy(lb, "leaf", la)
+            targets["root+leaf"] = (p, [envoy(b, "root-leaf", a).proc.pid, root_svc.pid, leaf_env.proc.pid, leaf_svc.pid])
+        if RESP_CONFIG in configs:
+            p, a = free_port(), free_port()
+            leaf_port = free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
+            _point_cluster(b, "cell-x", leaf_port)
+            la = free_port()
+            lb = add_leaf_access_log(leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port)), cfg, "x")
+            _leaf_response_processing(lb)
+            leaf_env = envoy(lb, "leaf-resp", la)
+            targets[RESP_CONFIG] = (p, [envoy(b, "root-leaf-resp", a).proc.pid, root_svc.pid, leaf_env.proc.pid, leaf_svc.pid])
+
+        async def main() -> None:
+            await asyncio.sleep(1.0)  # probes warm up: the root needs fresh state for its cell
+            for name in configs:  # warm-up pass: connections, caches, JIT-less Python paths
+                await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=min(1.0, duration_s))
+            sat: dict[str, float] = {}
+            for _ in range(repeats):
+                for name in configs:
+                    res, cpu = await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=duration_s)
+                    records.append(_record(name, "closed", None, res, cpu, connections))
+                    sat[name] = max(sat.get(name, 0.0), res.rps)
+                    log.info("bench_point", **records[-1])
+            ref = sat.get("root") or max(sat.values())
+            rate = round(0.5 * ref, 1)
+            for _ in range(repeats):
+                for name in configs:
+                    res, cpu = await _measure(targets[name], "open", connections=connections, rate=rate, duration_s=duration_s)
+                    records.append(_record(name, "open", rate, res, cpu, None))
+                    log.info("bench_point", **records[-1])
+
+        from dlb.ext_proc.root import run_event_loop
+
+        run_event_loop(main())
+    finally:
+        for e in envoys:
+            e.stop()
+        for s in services:
+            s.stop()
+        tmp.cleanup()
+    return records
+
+
+def _hp(port: int):
+    from dlb.config import HostPort
+
+    return HostPort("127.0.0.1", port)
+
+
+def summarize(records: list[dict[str, Any]]) -> str:
+    """Added latency and throughput ratios against ``plain`` (same run)."""
+    def pick(config: str, mode: str) -> dict[str, Any] | None:
+        rows = [r for r in records if r["config"] == config and r["mode"] == mode]
+        return min(rows, key=lambda r: r["p50_ms"]) if rows else None
+
+    lines = [f"{'config':<10} {'mode':<6} {'rate':>8} {'p50 ms':>8} {'p99 ms':>8} {'rps':>8} {'cpu s/1k':>9} {'+p50':>7} {'+p99':>7} {'rps/plain':>9}"]
+    for r in records:
+        base = pick("plain", r["mode"])
+        dp50 = r["p50_ms"] - base["p50_ms"] if base else float("nan")
+        dp99 = r["p99_ms"] - base["p99_ms"] if base else float("nan")
+        ratio = r["rps"] / base["rps"] if base and base["rps"] else float("nan")
+        rate = f"{r['rate']:.0f}" if r["rate"] else "-"
+        lines.append(f"{r['config']:<10} {r['mode']:<6} {rate:>8} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['rps']:>8.0f} "
+                     f"{(r['cpu_s_per_1k'] or 0):>9.4f} {dp50:>7.3f} {dp99:>7.3f} {ratio:>9.2f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    duration = 0.5 if args.smoke else args.duration
+    connections = 4 if args.smoke else args.connections
+    records = run_overhead(duration, connections, tuple(args.configs), repeats=1 if args.smoke else args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    print(summarize(records))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("overhead", help="added latency/throughput/CPU of the root (and leaf) ext_proc hop through real Envoys")
+    p.add_argument("--json", default=None, help="write the records here (list of {config, mode, rate, p50_ms, p99_ms, rps, cpu_s_per_1k, ...})")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per measured point (default 5)")
+    p.add_argument("--connections", type=int, default=16, help="closed-loop concurrency (default 16)")
+    p.add_argument("--repeats", type=int, default=1, help="repeat each point (records all; summary takes each config's best)")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS + (RESP_CONFIG,), default=list(CONFIGS),
+                   help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers)")
+    p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
+    p.set_defaults(func=run)
