@@ -42,7 +42,7 @@ class DeltaStream(StreamBase):
         super().__init__(*args, **kwargs)
         self.states: dict[str, DeltaTypeState] = {}
 
-    def _handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> None:
+    def _handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> bool:
         type_url = self.type_of(req.type_url)
         self.adopt_node(req.node, req.HasField("node"))
         assert self.node is not None
@@ -72,6 +72,8 @@ class DeltaStream(StreamBase):
         st.names -= unsubscribe
         for n in unsubscribe:
             st.client.pop(n, None)  # the client dropped it; never respond for it
+        return bool(st.initial_pending or subscribe or types.WILDCARD in req.resource_names_subscribe
+                    or type_url in (types.LISTENER, types.ROUTE))
 
     def _diff(self, snap: Snapshot, type_url: str) -> tuple[list[Resource], list[str]]:
         st = self.states[type_url]

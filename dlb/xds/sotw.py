@@ -60,7 +60,7 @@ class SotwStream(StreamBase):
         super().__init__(*args, **kwargs)
         self.states: dict[str, SotwTypeState] = {}
 
-    def _handle(self, req: discovery_pb2.DiscoveryRequest) -> None:
+    def _handle(self, req: discovery_pb2.DiscoveryRequest) -> bool:
         type_url = self.type_of(req.type_url)
         self.adopt_node(req.node, req.HasField("node"))
         assert self.node is not None
@@ -72,7 +72,7 @@ class SotwStream(StreamBase):
                 # Superseded by a newer response; the client will answer that one (xDS protocol).
                 self.ctx.status.stale_nonces += 1
                 self.log.debug("stale nonce ignored", type=types.short(type_url), nonce=req.response_nonce, current=st.nonce)
-                return
+                return False
             st.outstanding = False
             if req.HasField("error_detail"):
                 self.ctx.status.nacked(self.node.id, type_url, st.sent_version, req.error_detail.message)
@@ -93,7 +93,11 @@ class SotwStream(StreamBase):
         if not wildcard:
             for n in [n for n in st.sent if n not in names]:
                 del st.sent[n]  # withdrawn: forget silently, never respond for it
+        grew = wildcard != st.wildcard or not names <= st.names
         st.names, st.wildcard = names, wildcard
+        # A push may be due after: a first request, new names, or an answer to LDS/RDS (which can
+        # release held cluster removals). A plain ACK of anything else changes nothing.
+        return st.initial_pending or grew or type_url in (types.LISTENER, types.ROUTE)
 
     def _plan(self, snap: Snapshot, type_url: str) -> _Plan:
         st = self.states[type_url]

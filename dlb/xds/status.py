@@ -3,7 +3,7 @@
 Operators need to answer "which Envoys run which config, and which rejected it?" without reading
 logs. :class:`StatusRegistry` is updated by the streams and read by three consumers: the JSON status
 endpoint, a Prometheus collector (built at scrape time, so stale label sets never linger), and
-optional ``on_ack`` hooks (the scale benchmark measures push-to-ACK latency with one).
+optional ``ack_hooks`` / ``sent_hooks`` (the scale benchmark measures push-to-ACK latency with them).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class StatusRegistry:
     nodes: dict[str, NodeStatus] = field(default_factory=dict)
     stale_nonces: int = 0
     ack_hooks: list[AckHook] = field(default_factory=list)
+    sent_hooks: list[AckHook] = field(default_factory=list)
 
     def node(self, node_id: str, cluster: str = "") -> NodeStatus:
         ns = self.nodes.get(node_id)
@@ -74,6 +75,8 @@ class StatusRegistry:
         st = self.node(node_id).type(type_url)
         st.sent_version, st.sent_nonce = version, nonce
         st.responses += 1
+        for hook in self.sent_hooks:
+            hook(node_id, type_url, version)
 
     def acked(self, node_id: str, type_url: str, version: str) -> None:
         st = self.node(node_id).type(type_url)

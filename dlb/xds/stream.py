@@ -83,6 +83,7 @@ class StreamBase:
         self.key: str | None = None
         self._watch: Watch | None = None
         self._wake = asyncio.Event()
+        self._snapshot_changed = False
         self._requests: collections.deque = collections.deque()
         self._nonce = 0
         self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
@@ -135,6 +136,7 @@ class StreamBase:
 
     # --- the loop ---------------------------------------------------------------------------
     def _on_snapshot(self) -> None:
+        self._snapshot_changed = True
         self._wake.set()
 
     async def _read(self, request_iterator: AsyncIterator) -> None:
@@ -156,13 +158,14 @@ class StreamBase:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
+                need_push, self._snapshot_changed = self._snapshot_changed, False
                 while self._requests:
                     req = self._requests.popleft()
                     if req is _EOF:
                         return
-                    self._handle(req)
-                if self.node is None:
-                    continue
+                    need_push |= self._handle(req)
+                if self.node is None or not need_push:
+                    continue  # e.g. only plain ACKs: nothing can have changed for this stream
                 for response in self._push():
                     yield response
         finally:
@@ -174,7 +177,8 @@ class StreamBase:
                 self.ctx.status.stream_closed(self.node.id)
                 self.log.info("stream closed")
 
-    def _handle(self, req) -> None:  # pragma: no cover - abstract
+    def _handle(self, req) -> bool:  # pragma: no cover - abstract
+        """Apply one request; True if a push could now be due."""
         raise NotImplementedError
 
     def _push(self) -> list[bytes]:  # pragma: no cover - abstract

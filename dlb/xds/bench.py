@@ -1,0 +1,240 @@
+"""``dlb bench xds``: push-to-ACK latency and memory of one xDS server process with N streams.
+
+The server runs in a child process (``python -m dlb.xds.bench --serve``) so its RSS is measured
+alone; all simulated clients (``dlb.xds.client.XdsClient``, one grpc.aio channel and ADS stream each,
+subscribed to one RDS RouteConfiguration) run in this process. Each round changes the route's
+weighted-cluster weights (what the flow loop does), and the server records, per stream, the time
+from ``set_snapshot`` to the stream's ACK of that version. Latency therefore includes the clients'
+own work: with hundreds of clients on a 2-core machine the client process is part of what is
+measured, and the record says so (``clients_in_one_process``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+
+import numpy as np
+from aiohttp import web
+from envoy.config.route.v3 import route_pb2
+
+from dlb.log import get_logger
+from dlb.xds import types
+from dlb.xds.cache import SnapshotCache
+from dlb.xds.client import Backoff, XdsClient
+from dlb.xds.server import XdsServer
+from dlb.xds.snapshot import Snapshot
+from dlb.xds.status import StatusServer
+from dlb.xds.testing import node, route_config
+
+log = get_logger("dlb.xds.bench")
+ROUTE_NAME = "bench-route"
+CELLS = [f"cell-{i}" for i in range(8)]
+
+
+def _route_snapshot(round_no: int) -> Snapshot:
+    rng = np.random.default_rng(round_no)
+    weights = {c: int(w) for c, w in zip(CELLS, rng.integers(1, 1000, len(CELLS)))}
+    return Snapshot.build([route_config(ROUTE_NAME, weights=weights)])
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# --- server side (child process) --------------------------------------------------------------
+
+async def _serve() -> None:
+    cache = SnapshotCache(node_key=lambda _n: "bench")
+    server = XdsServer(cache)
+    acks: dict[str, list[float]] = {}
+
+    def on_ack(_node_id: str, type_url: str, version: str) -> None:
+        t0 = cache.set_time(version)
+        if type_url == types.ROUTE and t0 is not None:
+            acks.setdefault(version, []).append((time.monotonic() - t0) * 1000)
+
+    sends: dict[str, list[float]] = {}
+
+    def on_sent(_node_id: str, type_url: str, version: str) -> None:
+        t0 = cache.set_time(version)
+        if type_url == types.ROUTE and t0 is not None:
+            sends.setdefault(version, []).append((time.monotonic() - t0) * 1000)
+
+    server.status.ack_hooks.append(on_ack)
+    server.status.sent_hooks.append(on_sent)
+    round_no = 0
+    cache.set_snapshot("bench", _route_snapshot(round_no))
+
+    async def update(_req: web.Request) -> web.Response:
+        nonlocal round_no
+        round_no += 1
+        version = cache.set_snapshot("bench", _route_snapshot(round_no))
+        return web.json_response({"version": version})
+
+    async def ack_latencies(req: web.Request) -> web.Response:
+        v = req.query["version"]
+        return web.json_response({"latencies_ms": acks.get(v, []), "sent_ms": sends.get(v, [])})
+
+    async def rss(_req: web.Request) -> web.Response:
+        return web.json_response({"rss_mb": _rss_mb(), "watches": cache.watch_count,
+                                  "body_cache_hits": server.ctx.body_cache.hits})
+
+    status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
+                                                       web.get("/bench/acks", ack_latencies), web.get("/bench/rss", rss)])
+    xds_port = await server.start()
+    http_port = await status.start()
+    print(json.dumps({"xds_port": xds_port, "http_port": http_port}), flush=True)
+    try:
+        await asyncio.Event().wait()  # until the parent terminates us
+    finally:
+        await status.stop()
+        await server.stop(None)
+
+
+# --- client side ------------------------------------------------------------------------------
+
+@dataclass
+class _ServerProc:
+    proc: subprocess.Popen
+    xds_port: int
+    http_port: int
+
+    def call(self, path: str, method: str = "GET") -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", method=method)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+
+def _start_server(uvloop: bool) -> _ServerProc:
+    cmd = [sys.executable, "-m", "dlb.xds.bench", "--serve"] + (["--uvloop"] if uvloop else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            env={**os.environ, "DLB_LOG_LEVEL": "WARNING"})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RuntimeError(f"bench xDS server exited with {proc.returncode}")
+    ports = json.loads(line)
+    return _ServerProc(proc, ports["xds_port"], ports["http_port"])
+
+
+async def _until(cond, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench: timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float) -> dict:
+    loop = asyncio.get_running_loop()
+    call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)  # noqa: E731
+    clients = [XdsClient(f"127.0.0.1:{srv.xds_port}", node(f"bench-{streams}-{i}", "bench"),
+                         backoff=Backoff(initial=0.2, maximum=2.0)) for i in range(streams)]
+    subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
+    try:
+        for c in clients:
+            await c.start()
+        await _until(lambda: all(s.version for s in subs), f"{streams} initial ACKs", timeout)
+        rss_mb = (await call("/bench/rss"))["rss_mb"]
+        latencies: list[float] = []
+        fanout: list[float] = []
+        for _ in range(updates):
+            version = (await call("/bench/update", "POST"))["version"]
+            await _until(lambda: all(s.version == version for s in subs), f"{streams} clients at {version}", timeout)
+            for _ in range(1000):  # the last ACKs may still be in flight to the server
+                got = await call(f"/bench/acks?version={version}")
+                if len(got["latencies_ms"]) >= streams:
+                    break
+                await asyncio.sleep(0.01)
+            latencies += got["latencies_ms"]
+            fanout.append(max(got["sent_ms"]))
+    finally:
+        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+    lat = np.array(latencies)
+    return {"streams": streams, "updates": updates, "p50_ms": round(float(np.percentile(lat, 50)), 3),
+            "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
+            # server alone: time from set_snapshot until the response was handed to the last stream
+            "fanout_ms": round(float(np.median(fanout)), 3), "rss_mb": round(rss_mb, 2)}
+
+
+async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
+                    uvloop: bool = False) -> list[dict]:
+    srv = _start_server(uvloop)
+    try:
+        loop = asyncio.get_running_loop()
+        base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
+        records = []
+        for n in stream_counts:
+            rec = await _measure(srv, n, updates, timeout)
+            rec["rss_base_mb"] = round(base, 2)
+            rec["rss_per_stream_kb"] = round((rec["rss_mb"] - base) * 1024 / n, 2)
+            rec["clients_in_one_process"] = True
+            rec["server_loop"] = "uvloop" if uvloop else "asyncio"
+            log.info("xds bench", **rec)
+            records.append(rec)
+        return records
+    finally:
+        srv.proc.terminate()
+        try:
+            srv.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            srv.proc.wait(10)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("xds", help="xDS server scale: push-to-ACK latency and memory per stream")
+    p.add_argument("--streams", default="10,100,500", help="comma-separated stream counts (default 10,100,500)")
+    p.add_argument("--updates", type=int, default=5, help="weight updates per stream count (default 5)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all ACKs of one update")
+    p.add_argument("--json", default=None, help="write the records to this file")
+    p.add_argument("--uvloop", action="store_true", help="run the server process on uvloop")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        counts = [int(x) for x in args.streams.split(",") if x.strip()]
+    except ValueError:
+        print(f"--streams: {args.streams!r} is not a comma-separated list of integers", file=sys.stderr)
+        return 2
+    if not counts or min(counts) < 1 or args.updates < 1:
+        print("--streams needs positive counts and --updates >= 1", file=sys.stderr)
+        return 2
+    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop))
+    text = json.dumps(records, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        from dlb import log as _log
+
+        _log.configure()
+        if "--uvloop" in sys.argv:
+            import uvloop
+
+            uvloop.install()
+        try:
+            asyncio.run(_serve())
+        except KeyboardInterrupt:
+            pass
+    else:
+        raise SystemExit("usage: dlb bench xds (this module's --serve is the benchmark's server process)")
