@@ -434,3 +434,63 @@ def test_delta_nack_not_resent():
             assert await s.barrier() == []
             assert env.server.status.nodes["n1"].types[CDS].last_nack_reason == "bad cluster"
     run(main())
+
+
+def test_delta_make_before_break_and_eds_resend():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("old",), eds={"old": 1}, routes={"r": "old"}, listeners=("l",)))
+            s = env.stream(delta=True)
+            await s.send(delta_req(CDS, node=N1))
+            c1 = await s.recv()
+            await s.send(delta_req(CDS, nonce=c1.nonce))
+            await s.send(delta_req(EDS, sub=["old"]))
+            e1 = await s.recv()
+            await s.send(delta_req(EDS, nonce=e1.nonce))
+            await s.send(delta_req(RDS, sub=["r"]))
+            r1 = await s.recv()
+            await s.send(delta_req(RDS, nonce=r1.nonce))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(clusters=("new",), eds={"new": 2}, routes={"r": "new"}, listeners=("l",)))
+            cds, rds = await s.recv(), await s.recv()
+            assert (cds.type_url, rds.type_url) == (CDS, RDS)
+            assert [r.name for r in cds.resources] == ["new"] and list(cds.removed_resources) == []  # removal held
+            await s.send(delta_req(CDS, nonce=cds.nonce))
+            await s.send(delta_req(EDS, sub=["new"]))
+            eds = await s.recv()
+            assert [r.name for r in eds.resources] == ["new"]
+            await s.send(delta_req(EDS, nonce=eds.nonce))
+            assert await s.barrier() == []
+            await s.send(delta_req(RDS, nonce=rds.nonce))  # route moved: now the stale cluster goes
+            final, final_eds = await s.recv(), await s.recv()
+            assert final.type_url == CDS and list(final.removed_resources) == ["old"] and not final.resources
+            assert final_eds.type_url == EDS and list(final_eds.removed_resources) == ["old"]
+            await s.send(delta_req(CDS, nonce=final.nonce))
+            await s.send(delta_req(EDS, nonce=final_eds.nonce))
+            assert await s.barrier() == []
+            # A changed EDS cluster makes its endpoints go out again, right after the CDS update.
+            env.cache.set_snapshot("n1", Snapshot.build([eds_cluster("new", 9), load_assignment("new", [2]),
+                                                         route_config("r", cluster="new"), http_listener("l", 10000, "r")]))
+            cds2, eds2 = await s.recv(), await s.recv()
+            assert (cds2.type_url, [r.name for r in cds2.resources]) == (CDS, ["new"])
+            assert (eds2.type_url, [r.name for r in eds2.resources]) == (EDS, ["new"])
+    run(main())
+
+
+def test_delta_per_type_service():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+            q: asyncio.Queue = asyncio.Queue()
+
+            async def reqs():
+                while (item := await q.get()) is not None:
+                    yield item
+
+            call = cds_pb2_grpc.ClusterDiscoveryServiceStub(env.channel).DeltaClusters(reqs())
+            await q.put(discovery_pb2.DeltaDiscoveryRequest(node=N1))
+            r = await asyncio.wait_for(call.read(), 20)
+            assert r.type_url == CDS and [x.name for x in r.resources] == ["c1"]
+            await q.put(None)
+            call.cancel()
+    run(main())

@@ -9,8 +9,8 @@ Resource versions are content hashes, so a reconnecting client with current reso
 Unlike SotW, subscription changes in a request with a stale nonce are still applied: delta requests
 are deltas and dropping one would lose a subscription. A NACK leaves ``client`` at the rejected
 versions, so the rejected content is never re-sent; new content has a new hash and goes out.
-Make-before-break as in SotW: cluster removals wait while LDS/RDS responses are in flight; a changed
-EDS cluster makes its ClusterLoadAssignment go out again.
+Make-before-break as in SotW: cluster and endpoint removals wait while LDS/RDS responses are in
+flight; a changed EDS cluster makes its ClusterLoadAssignment go out again.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ class DeltaStream(StreamBase):
         for t in sorted(self.states, key=types.order_key):
             st = self.states[t]
             updates, removed = diffs.get(t) or self._diff(snap, t)
-            if t == types.CLUSTER and hold_removals:
-                removed = []
+            if t in (types.CLUSTER, types.ENDPOINT) and hold_removals:
+                removed = []  # stale clusters and their endpoints go once routes no longer use them
             if not self._wants(t, updates, removed):
                 continue
             if t == types.CLUSTER and types.ENDPOINT in self.states:
