@@ -1,0 +1,204 @@
+"""Root ext_proc service: decisions on real ext_proc protobufs, over a real gRPC stream, and the
+probe client against real (in-process) leaf agents, including dead and mis-addressed ones."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from dlb.config import config_from_dict
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.ext_proc.leaf import LeafAgent
+from dlb.ext_proc.leaf_state import LeafState, ServerState
+from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
+from dlb.ext_proc.protocol import ext_proc_handler
+from dlb.ext_proc.root import RootService
+from dlb.proto import probe_pb2, probe_pb2_grpc
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def config(affinity: bool = False, cost: str = "latency"):
+    cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
+              "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["a", "b"])]
+    policy = {"mechanism": "discrete", "cost": cost, "aversion": {"enabled": False}}
+    if affinity:
+        policy["affinity"] = {"enabled": True, "header": "x-session-id", "prefix_savings_ms": 1000}
+    return config_from_dict({
+        "version": 1, "cells": cells, "network": {"one_way_ms": {"a": {"b": 20}}},
+        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": policy,
+                       "latency_prior": {"a_s": 0.1, "b_s": 0.01, "c": 4, "s": 1}}],
+    })
+
+
+def headers_msg(path: str = "/v1/chat/completions", **extra: str) -> ep.ProcessingRequest:
+    hs = [(":path", path), (":method", "POST"), ("x-request-id", "r1"), *[(k.replace("_", "-"), v) for k, v in extra.items()]]
+    return ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs])))
+
+
+def set_headers(raw: bytes) -> dict[str, str]:
+    resp = ep.ProcessingResponse.FromString(raw)
+    assert resp.WhichOneof("response") == "request_headers", resp
+    common = resp.request_headers.response
+    assert common.clear_route_cache
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
+def probe(svc: RootService, cell: int, now: float, rif: float = 0.0, err: float = 0.0) -> None:
+    name = svc.cell_names[cell]
+    svc.on_probe(ProbeTarget(cell, name, ""), probe_pb2.ProbeResponse(
+        cell=name, rif=rif, error_rate=err, model=probe_pb2.LatencyModel(a_s=0.1, b_s=0.01, c=4, s=1, confidence=1)), now)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def service(**kw) -> tuple[RootService, Clock]:
+    svc = RootService.from_config(config(**kw), "a", seed=3)
+    clock = Clock()
+    svc.clock = clock
+    return svc, clock
+
+
+def test_decision_sets_cell_and_source_headers():
+    svc, clock = service()
+    probe(svc, 0, clock.t)
+    probe(svc, 1, clock.t)
+    h = set_headers(svc.decide(headers_msg().request_headers.headers.headers))
+    assert h == {"x-dlb-cell": "cell-a", "x-dlb-src-cell": "a"}
+    assert svc.endpoints[0].decisions == [1, 0]
+
+
+def test_load_moves_the_decision_and_spoofed_headers_are_ignored():
+    svc, clock = service()
+    probe(svc, 0, clock.t, rif=50)  # local cell deep past its knee: ℓ ≈ 0.1 + 0.46 s ≫ 40 ms RTT
+    probe(svc, 1, clock.t, rif=0)
+    msg = headers_msg(x_dlb_cell="cell-a", x_dlb_src_cell="a")
+    assert set_headers(svc.decide(msg.request_headers.headers.headers))["x-dlb-cell"] == "cell-b"
+
+
+def test_no_fresh_probe_state_gives_503_and_unknown_path_404():
+    svc, clock = service()
+    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
+    assert resp.immediate_response.status.code == 503 and b"no usable cell" in resp.immediate_response.body
+    probe(svc, 0, clock.t)
+    clock.t += 5.0  # stale (stale_after 1 s by default)
+    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
+    assert resp.immediate_response.status.code == 503
+    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg(path="/other").request_headers.headers.headers))
+    assert resp.immediate_response.status.code == 404
+    assert svc.unmatched == 1 and svc.endpoints[0].rejected == 2
+
+
+def test_failed_probe_verdict_removes_cell_at_once():
+    svc, clock = service()
+    probe(svc, 0, clock.t)
+    probe(svc, 1, clock.t)
+    svc.on_probe(ProbeTarget(0, "a", ""), None, clock.t)
+    assert set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] == "cell-b"
+
+
+def test_session_affinity_from_configured_header():
+    svc, clock = service(affinity=True)
+    probe(svc, 0, clock.t, rif=50)
+    probe(svc, 1, clock.t, rif=0)
+    first = set_headers(svc.decide(headers_msg(x_session_id="s1").request_headers.headers.headers))["x-dlb-cell"]
+    assert first == "cell-b"
+    # Now b is the loaded one; the session stays (prefix savings 1 s outweigh the cost gap) ...
+    probe(svc, 0, clock.t, rif=0)
+    probe(svc, 1, clock.t, rif=50)
+    again = set_headers(svc.decide(headers_msg(x_session_id="s1").request_headers.headers.headers))["x-dlb-cell"]
+    assert again == "cell-b"
+    # ... while a new session goes to the cheap cell.
+    other = set_headers(svc.decide(headers_msg(x_session_id="s2").request_headers.headers.headers))["x-dlb-cell"]
+    assert other == "cell-a"
+
+
+def test_ext_proc_stream_over_real_grpc():
+    svc, clock = service()
+    svc.clock = time.monotonic
+    now = time.monotonic()
+    probe(svc, 0, now)
+    probe(svc, 1, now)
+
+    async def main():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((ext_proc_handler(svc.process),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = ep_grpc.ExternalProcessorStub(ch)
+                call = stub.Process()
+                await call.write(headers_msg())
+                first = await call.read()
+                await call.write(ep.ProcessingRequest(response_headers=ep.HttpHeaders()))
+                second = await call.read()
+                await call.done_writing()
+                return first, second
+        finally:
+            await server.stop(0)
+
+    first, second = asyncio.run(main())
+    hs = {h.header.key: h.header.raw_value for h in first.request_headers.response.header_mutation.set_headers}
+    assert hs["x-dlb-cell"] == b"cell-a"
+    assert second.WhichOneof("response") == "response_headers"
+    assert svc.processing.counts and sum(svc.processing.counts) == 2
+
+
+def _leaf(cell: str) -> LeafAgent:
+    st = LeafState(cell=cell, servers=[ServerState("127.0.0.1:9")], replicas=1, prior=LatencyParams(0.1, 0.01, 4, 1),
+                   rng=np.random.default_rng(0))
+    st.pick(0.0, "x")  # one request in flight
+    return LeafAgent(st)
+
+
+def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
+    results: list[tuple[str, bool]] = []
+
+    async def main():
+        servers, addrs = [], {}
+        for name, answers_as in (("a", "a"), ("b", "zzz")):
+            server = grpc.aio.server()
+            probe_pb2_grpc.add_ProbeServicer_to_server(_leaf(answers_as), server)
+            addrs[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+            await server.start()
+            servers.append(server)
+        from dlb.ext_proc.process import free_port
+
+        targets = [ProbeTarget(0, "a", addrs["a"]), ProbeTarget(1, "b", addrs["b"]),
+                   ProbeTarget(2, "c", f"127.0.0.1:{free_port()}")]  # nobody listens there
+        client = ProbeClient(targets, lambda t, r, now: results.append((t.name, r is not None)),
+                             ProbeTiming(period_s=0.01, timeout_s=0.2, backoff_max_s=0.1, fail_threshold=2))
+        # Dead/wrong targets are never "available", so they only report after a success; make them
+        # start available to see the explicit down verdict.
+        client.start()
+        for t in targets[1:]:
+            client.stats[t.index].available = True
+        await asyncio.sleep(1.0)
+        stats = {t.name: client.stats[t.index] for t in targets}
+        await client.stop()
+        for s in servers:
+            await s.stop(0)
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats["a"].ok >= 10 and stats["a"].errors == 0 and stats["a"].last.rif == 1.0
+    assert stats["b"].ok == 0 and stats["b"].errors >= 2 and "expected 'b'" in stats["b"].last_error
+    assert stats["c"].ok == 0 and stats["c"].errors >= 2
+    # Backoff: 1 s at a 10 ms period would be ~100 attempts without it.
+    assert stats["c"].errors < 40
+    assert ("b", False) in results and ("c", False) in results and ("a", True) in results
