@@ -293,3 +293,49 @@ def test_error_rate_fraction_is_roughly_honoured() -> None:
     hits = sum(f.inject_error(rng) for _ in range(2000))
     assert math.isclose(hits / 2000, 0.3, abs_tol=0.05)
     assert not any(Faults().inject_error(rng) for _ in range(100))
+
+
+# -- invariants under random load (hypothesis) -----------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+arrivals_st = st.lists(
+    st.tuples(st.floats(0, 0.5), st.integers(1, 3000), st.integers(1, 40)).map(lambda t: Arrival(*t)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(arrivals=arrivals_st, max_batch=st.integers(1, 8), max_queue=st.integers(0, 10),
+       budget=st.integers(64, 4096), kv=st.integers(3100, 20000))  # fmt: skip
+def test_engine_invariants_under_random_load(arrivals, max_batch, max_queue, budget, kv) -> None:
+    prof = replace(FAST, max_batch_tokens=budget, kv_cache_tokens=kv)
+    eng = Engine(prof, max_batch=max_batch, max_queue=max_queue)
+    # Instrument steps: the batch limit and token budget hold in every step.
+    orig_plan = eng.plan
+
+    def checked_plan(now):
+        plan = orig_plan(now)
+        if plan is not None:
+            assert plan.batch <= max_batch and len(eng.running) <= max_batch
+            assert plan.prefill_tokens + len(plan.decode) <= max(budget, len(plan.decode))
+            assert plan.duration == pytest.approx(prof.step_time(plan.batch, plan.prefill_tokens))
+        assert len(eng.waiting) <= max_queue + max_batch
+        return plan
+
+    eng.plan = checked_plan  # type: ignore[method-assign]
+    res = simulate(eng, arrivals)
+    assert not eng.running and not eng.waiting
+    served = [r for r in res if not r.rejected]
+    assert served  # the first arrival always finds a free slot
+    for a, r in zip(arrivals, res):
+        if r.rejected:
+            continue
+        # Never faster than running alone on an idle GPU.
+        alone = simulate(Engine(prof, max_batch=1, max_queue=0), [Arrival(0.0, a.prompt_tokens, a.output_tokens)])[0]
+        assert r.ttft >= alone.ttft - 1e-12 and r.e2e >= alone.e2e - 1e-12
+        assert r.first_token_at <= r.finished_at
+    if max_queue + max_batch >= len(arrivals):
+        assert len(served) == len(arrivals)  # nothing rejected while there was room

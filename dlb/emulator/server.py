@@ -155,6 +155,7 @@ class EmulatorServer:
         await site.start()
         self.port = self._runner.addresses[0][1]
         self._engine_task = asyncio.create_task(self._engine_loop(), name=f"emulator-engine-{self.config.server_id}")
+        self._engine_task.add_done_callback(self._engine_died)
         _log().info(
             "emulator_started",
             server_id=self.config.server_id,
@@ -179,7 +180,7 @@ class EmulatorServer:
         for live in list(self._live.values()):  # let waiting handlers answer before the socket closes
             if live.stream is not None:
                 live.stream.put_nowait(None)
-            if not live.done.done():
+            elif not live.done.done():
                 live.done.set_exception(ApiError(503, "server is shutting down", type_="server_error"))
         if self._runner is not None:
             await self._runner.cleanup()
@@ -202,6 +203,17 @@ class EmulatorServer:
         return self.faults
 
     # -- the GPU ---------------------------------------------------------------------------------------
+
+    def _engine_died(self, task: asyncio.Task[None]) -> None:
+        """A bug in the engine loop must not leave requests hanging silently: log it, fail them."""
+        if task.cancelled() or task.exception() is None:
+            return
+        _log().error("emulator_engine_failed", server_id=self.config.server_id, error=repr(task.exception()))
+        for live in list(self._live.values()):
+            if live.stream is not None:
+                live.stream.put_nowait(None)
+            elif not live.done.done():
+                live.done.set_exception(ApiError(500, "emulator engine failed", type_="server_error"))
 
     async def _engine_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -297,6 +309,8 @@ class EmulatorServer:
             self.metrics.rejected.labels(parsed.model, "injected_error").inc()
             return _error(ApiError(faults.error_status, f"injected error (error_rate={faults.error_rate})",
                                    type_="server_error", code="injected_fault"))  # fmt: skip
+        if self._engine_task is None or self._engine_task.done():
+            return _error(ApiError(503, "emulator engine is not running", type_="server_error"))
         n_out, finish_reason = self.sampler.output_tokens(parsed, self.config.max_model_len)
         rid = next(self._ids)
         req = EngineRequest(rid=rid, prompt_tokens=parsed.prompt_tokens, output_tokens=n_out, model=parsed.model)
