@@ -5,7 +5,8 @@ produces the same shape for a given config and cell (ports, cells, weights, WAN 
 dumped with ``yaml.safe_dump``, for the testbed and the tests. docs/envoy-configs.md explains each
 setting. The header names here are the contract between the Envoys and the DLB services:
 
-* ``x-dlb-cell``: set by the root ext_proc; the value is the *cluster name* ``cell-<name>``.
+* ``x-dlb-cell``: set by the root ext_proc; the value is the *cluster name* ``cell-<name>``; the
+  root routes match it exactly per allowed cell (anything else falls back to the weights).
 * ``x-dlb-src-cell``: the root Envoy's own cell, added by the root's route config (not by the
   ext_proc, so it is present even when the ext_proc is down); the leaf uses it for WAN emulation.
 * ``x-dlb-endpoint``: the endpoint name, added by the root route that matched.
@@ -233,7 +234,14 @@ def fallback_weights(cfg: Config, cell: str) -> dict[str, int]:
     return {d.name: d.replicas for d in cfg.allowed_destinations(cell)}
 
 
-def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool) -> list[dict[str, Any]]:
+def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str]) -> list[dict[str, Any]]:
+    """One route per allowed cell (x-dlb-cell == cell-<name>), then the fail-open weighted route.
+
+    Exact per-cell matches rather than ``cluster_header``: a pick naming an unknown or forbidden cell,
+    or a cluster that is not a cell at all (the ext_proc's own), falls through to the weights instead
+    of a 503 or a request sent to the wrong place. Measured with cluster_header on Envoy 1.40: all
+    three gave 503s (tests/test_envoy_configs.py::test_root_bad_pick_falls_back_to_weights).
+    """
     action = {"timeout": _duration(ep.timeout_s), "idle_timeout": _duration(ep.idle_timeout_s)}
     clusters = [{"name": cfg.cell(name).cluster_name, "weight": int(w)} for name, w in weights.items() if w > 0]
     per_filter: dict[str, Any] = {}
@@ -247,14 +255,17 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         ext_proc_route = {"@type": ext_proc_route["@type"], "disabled": True}
     per_filter["envoy.filters.http.ext_proc"] = ext_proc_route
     add_endpoint = [{"header": {"key": HEADER_ENDPOINT, "value": ep.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
-    return [
+    picked = [
         {
-            "name": f"{ep.name}-picked",
-            "match": {"prefix": ep.match.prefix, "headers": [{"name": HEADER_CELL, "present_match": True}]},
-            "route": dict(action, cluster_header=HEADER_CELL),
+            "name": f"{ep.name}-to-{name}",
+            "match": {"prefix": ep.match.prefix, "headers": [{"name": HEADER_CELL, "string_match": {"exact": cfg.cell(name).cluster_name}}]},
+            "route": dict(action, cluster=cfg.cell(name).cluster_name),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
-        },
+        }
+        for name in allowed
+    ]
+    return picked + [
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
@@ -287,14 +298,14 @@ def root_bootstrap(
     if listen is None:
         raise ValueError(f"{cfg.source}: cells[{me.index}].root.address is not set; pass listen=")
     ext_proc = ext_proc or me.root.ext_proc or cfg.services.root.ext_proc
-    allowed = {d.name for d in cfg.allowed_destinations(cell)}
+    allowed = [d.name for d in cfg.allowed_destinations(cell)]
     weights = dict(weights) if weights is not None else fallback_weights(cfg, cell)
-    bad = sorted(set(weights) - allowed)
+    bad = sorted(set(weights) - set(allowed))
     if bad:
         raise ValueError(f"weights name cells {bad} that {cell} may not send to (allowed: {sorted(allowed)})")
     if not any(w > 0 for w in weights.values()):
         raise ValueError(f"fallback weights of {cell} are all zero: {weights}")
-    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow)]
+    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed)]
     route_config = {
         "name": "dlb_root",
         # Stripped from client requests before any filter runs or any route is picked (DESIGN.md).

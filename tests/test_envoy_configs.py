@@ -290,6 +290,34 @@ def test_root_routes_by_ext_proc_pick(tmp_path: Path) -> None:
             assert all(h[":path"] == "/v1/chat/completions" for h in svc.seen_headers)
 
 
+class _PickSequence(_PickCell):
+    """Names the next cluster of a list on each request."""
+
+    def __init__(self, picks: list[str]):
+        super().__init__(picks[0])
+        self.picks = list(picks)
+
+    def Process(self, request_iterator, context):  # noqa: N802
+        self.cluster = self.picks.pop(0)
+        yield from super().Process(request_iterator, context)
+
+
+def test_root_bad_pick_falls_back_to_weights(tmp_path: Path) -> None:
+    """A pick naming an unknown cell, a forbidden cell, or a non-cell cluster goes by the weights."""
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports, allowed={"a": ["a", "b"]})
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        me = cfg.cell("a")
+        picks = ["cell-zzz", "cell-c", "dlb_root_ext_proc", "b", "cell-b"]
+        with ext_proc_server(me.root.ext_proc.port, _PickSequence(picks)), running_envoy(boot, tmp_path, "root"):
+            reached = []
+            for _ in picks:
+                status, body = request(me.root.address.port)
+                assert status == 200, body
+                reached.append(body["name"])
+            assert reached == ["a", "a", "a", "a", "b"]  # only a well-formed allowed pick steers
+
+
 class _SlowPick(_PickCell):
     """Answers only after Envoy's message_timeout has passed: Envoy must fail open."""
 
