@@ -415,3 +415,18 @@ def test_fidelity_tool_measures_the_live_server_against_its_model() -> None:
     assert rows[0].model_e2e_s == pytest.approx(2.0 * (FAST.step_time(1, 16) + 4 * FAST.step_time(1)))
     for r in rows:
         assert r.e2e_ratio >= 0.95 and r.ttft_ratio >= 0.95
+
+
+def test_engine_failure_answers_instead_of_hanging() -> None:
+    async def go() -> None:
+        async with emulator(time_scale=5.0) as emu, aiohttp.ClientSession() as s:
+            def broken(plan, now):
+                raise RuntimeError("engine bug")
+
+            emu.engine.complete = broken  # type: ignore[method-assign]
+            st, body, _ = await post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 3})
+            assert st == 500 and body["error"]["message"] == "emulator engine failed"
+            st, body, _ = await post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 3})
+            assert st == 503
+
+    run(go())

@@ -176,6 +176,8 @@ class EmulatorServer:
                 await self._engine_task
             except asyncio.CancelledError:
                 pass
+            except Exception:  # already logged by _engine_died
+                pass
             self._engine_task = None
         for live in list(self._live.values()):  # let waiting handlers answer before the socket closes
             if live.stream is not None:
