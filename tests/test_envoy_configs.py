@@ -30,7 +30,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from dlb.config import Config, config_from_dict
 from dlb.envoy import EnvoyProcess, validate
-from dlb.envoy_bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
+from dlb.envoy_bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SERVER, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
 
 pytestmark = pytest.mark.envoy
 
@@ -134,8 +134,9 @@ def three_cell_config(leaf_ports: dict[str, int], *, one_way_ms: float = 20.0, a
 class _PickCell(ep_grpc.ExternalProcessorServicer):
     """Minimal root ext_proc: names one cell in x-dlb-cell and clears the route cache."""
 
-    def __init__(self, cluster: str):
+    def __init__(self, cluster: str, header: str = HEADER_CELL):
         self.cluster = cluster
+        self.header = header
         self.seen_headers: list[dict[str, str]] = []
         self.seen_metadata: list[dict[str, str]] = []
 
@@ -145,7 +146,7 @@ class _PickCell(ep_grpc.ExternalProcessorServicer):
             if req.HasField("request_headers"):
                 hdrs = {h.key: (h.raw_value.decode() if h.raw_value else h.value) for h in req.request_headers.headers.headers}
                 self.seen_headers.append(hdrs)
-                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=HEADER_CELL, raw_value=self.cluster.encode()))])
+                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=self.header, raw_value=self.cluster.encode()))])
                 yield ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=ep.CommonResponse(header_mutation=mutation, clear_route_cache=True)))
 
 
@@ -512,3 +513,26 @@ def test_streaming_passes_through(tmp_path: Path) -> None:
         srv.go.set()  # type: ignore[attr-defined]
         srv.shutdown()
         srv.server_close()
+
+
+def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
+    """Leaf ext_proc names a server in x-dlb-server (ORIGINAL_DST); when it is down, LEAST_REQUEST picks."""
+    import dataclasses
+
+    from dlb.config import HostPort, Server
+
+    with echo_servers("s0", "s1") as srv:
+        cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()})
+        ext = HostPort("127.0.0.1", free_port())
+        a = cfg.cells[0]
+        a = dataclasses.replace(a, servers=(Server(HostPort("127.0.0.1", srv["s0"])), Server(HostPort("127.0.0.1", srv["s1"]))),
+                                leaf=dataclasses.replace(a.leaf, ext_proc=ext))
+        cfg = dataclasses.replace(cfg, cells=(a,) + cfg.cells[1:])
+        boot = leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False)
+        leaf_port = a.leaf.address.port
+        with running_envoy(boot, tmp_path, "leaf"):
+            down = [request(leaf_port)[1]["name"] for _ in range(16)]  # nothing on the ext_proc port
+            assert set(down) == {"s0", "s1"}, down  # LEAST_REQUEST spreads (P[one server] = 2^-15)
+            with ext_proc_server(ext.port, _PickCell(f"127.0.0.1:{srv['s1']}", header=HEADER_SERVER)):
+                up = [request(leaf_port)[1]["name"] for _ in range(6)]
+            assert up == ["s1"] * 6, up
