@@ -31,7 +31,6 @@ from typing import Any
 
 from dlb.config import config_from_dict
 from dlb.envoy import EnvoyProcess
-from dlb.ext_proc.envoy_als import add_leaf_access_log
 from dlb.ext_proc.loadgen import LoadResult, build_request, closed_loop, open_loop
 from dlb.ext_proc.process import ServiceProcess, free_port
 from dlb.log import get_logger
@@ -121,7 +120,7 @@ def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu_s: 
         "config": config, "mode": mode, "rate": rate,
         "p50_ms": round(res.pct_ms(50), 4), "p99_ms": round(res.pct_ms(99), 4), "rps": round(res.rps, 1),
         "cpu_s_per_1k": round(cpu_s / n * 1000, 5) if n else None,
-        "requests": n, "errors": res.errors, "duration_s": round(res.duration_s, 3), "connections": connections,
+        "requests": n, "errors": res.errors, "dropped": res.dropped, "duration_s": round(res.duration_s, 3), "connections": connections,
     }
 
 
@@ -182,7 +181,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
             la = free_port()
-            lb = add_leaf_access_log(leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False), cfg, "x")
+            lb = leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, access_log=True)
             leaf_env = envoy(lb, "leaf", la)
             targets["root+leaf"] = (p, [envoy(b, "root-leaf", a).proc.pid, root_svc.pid, leaf_env.proc.pid, leaf_svc.pid])
         if RESP_CONFIG in configs:
@@ -191,7 +190,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
             _point_cluster(b, "cell-x", leaf_port)
             la = free_port()
-            lb = add_leaf_access_log(leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port)), cfg, "x")
+            lb = leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port), access_log=True)
             _leaf_response_processing(lb)
             leaf_env = envoy(lb, "leaf-resp", la)
             targets[RESP_CONFIG] = (p, [envoy(b, "root-leaf-resp", a).proc.pid, root_svc.pid, leaf_env.proc.pid, leaf_svc.pid])

@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
         listen.append(str(cell.leaf.ext_proc))
     metrics = args.metrics
     if metrics is None:
-        metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 1000}"
+        metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s))
     return 0
@@ -307,7 +307,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="DLB config YAML")
     p.add_argument("--cell", required=True, help="the cell this leaf serves")
     p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
-    p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe port + 1000)")
+    p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")
     p.add_argument("--choices", type=int, default=2, help="power-of-d: servers sampled per pick (>= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")

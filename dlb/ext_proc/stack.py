@@ -20,7 +20,6 @@ from typing import Any
 
 from dlb.config import Config, config_from_dict
 from dlb.envoy import EnvoyProcess
-from dlb.ext_proc.envoy_als import add_leaf_access_log
 from dlb.ext_proc.process import ServiceProcess, free_port
 
 
@@ -160,8 +159,7 @@ def start_data_plane(
             p.wait_ready()
         for c in cells:
             admin = free_port()
-            boot = leaf_bootstrap(cfg, c.name, admin_port=admin, emulate_wan=emulate_wan)
-            add_leaf_access_log(boot, cfg, c.name)
+            boot = leaf_bootstrap(cfg, c.name, admin_port=admin, emulate_wan=emulate_wan, access_log=True)
             path = write_bootstrap(boot, Path(tmp.name) / f"leaf-{c.name}.yaml")
             plane.leaf_envoys[c.name] = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
         admin = free_port()

@@ -1,0 +1,25 @@
+"""CI-sized run of ``dlb bench overhead``: every configuration serves real traffic with no errors and
+the JSON records have the documented shape. (Numbers are reported by the benchmark, not asserted.)"""
+
+import json
+
+import pytest
+
+from dlb.cli import main
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
+
+
+def test_overhead_bench_smoke(tmp_path):
+    out = tmp_path / "overhead.json"
+    assert main(["bench", "overhead", "--smoke", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    keys = {"config", "mode", "rate", "p50_ms", "p99_ms", "rps", "cpu_s_per_1k"}
+    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in ("plain", "root", "root+leaf") for m in ("closed", "open")}
+    for r in records:
+        assert keys <= set(r)
+        assert r["requests"] > 0 and r["errors"] == 0, r
+        assert r["p99_ms"] >= r["p50_ms"] > 0 and r["rps"] > 0 and r["cpu_s_per_1k"] > 0
+        assert (r["rate"] is None) == (r["mode"] == "closed")
+    open_rates = {r["rate"] for r in records if r["mode"] == "open"}
+    assert len(open_rates) == 1  # all configurations compared at the same offered load

@@ -1,0 +1,90 @@
+"""The leaf agent behind a real leaf Envoy, in both modes:
+
+- with a leaf ext_proc, the agent picks the server (``x-dlb-server`` → ORIGINAL_DST) and spreads
+  concurrent requests over the servers by the RIF it counts at pick time;
+- without one (Envoy ``LEAST_REQUEST`` picks), the agent still counts RIF from the access log's
+  request-start entries, and completions release it.
+
+The probe service is read over gRPC exactly as a root reads it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import grpc
+import pytest
+
+from dlb.ext_proc.stack import CellSpec, metric_value, request, start_data_plane
+from dlb.proto import probe_pb2, probe_pb2_grpc
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]
+
+ENDPOINT = {"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"},
+            "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 4, "s": 1}}
+
+
+def probe(plane, cell: str) -> probe_pb2.ProbeResponse:
+    with grpc.insecure_channel(str(plane.cfg.cell(cell).leaf.probe)) as ch:
+        return probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(source_cell="test"), timeout=5)
+
+
+def _wait(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+class Stream:
+    """A streaming completion held open: read the first event, finish later."""
+
+    def __init__(self, host: str, port: int, tokens: int = 400) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=60)
+        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True}
+        self.conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200
+        self.server = self.resp.getheader("x-dlb-server")
+        assert self.resp.readline().startswith(b"data: ")
+
+    def finish(self) -> bytes:
+        try:
+            return self.resp.read()
+        finally:
+            self.conn.close()
+
+
+@pytest.mark.parametrize("leaf_ext_proc", [True, False], ids=["leaf-ext-proc", "least-request"])
+def test_leaf_counts_rif_and_completions(leaf_ext_proc):
+    plane = start_data_plane([CellSpec("a", servers=2)], "a", ENDPOINT, leaf_ext_proc=leaf_ext_proc)
+    try:
+        _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0, "cell usable")
+        host, port = plane.root_url
+        streams = [Stream(host, port) for _ in range(4)]
+        try:
+            # All four are mid-generation: the leaf reports them in flight (picked, or seen starting in the log).
+            _wait(lambda: probe(plane, "a").rif == 4, "probe reports 4 in flight")
+            servers = sorted(s.server for s in streams)
+            if leaf_ext_proc:
+                # RIF counted at pick time → join-the-shortest-queue over 2 servers: 2 and 2.
+                assert servers == ["a-0", "a-0", "a-1", "a-1"]
+                leaf = plane.leaf_metrics("a")
+                assert sum(metric_value(leaf, "dlb_leaf_server_rif", server=e.address) for e in plane.emulators["a"]) == 4
+        finally:
+            bodies = [s.finish() for s in streams]
+        assert all(b.rstrip().endswith(b"data: [DONE]") for b in bodies)
+        _wait(lambda: probe(plane, "a").rif == 0, "completions release RIF")
+        for _ in range(6):
+            assert request(host, port)[0] == 200
+        _wait(lambda: probe(plane, "a").completed >= 10, "ALS completions counted")
+        p = probe(plane, "a")
+        assert p.cell == "a" and p.replicas == 2 and p.healthy_replicas == 2 and p.errors == 0
+        assert p.error_rate == 0.0 and p.timestamp_unix_ns > 0 and p.HasField("model") and p.model.a_s > 0
+        assert p.waiting >= 0  # scraped from the emulators' vLLM gauges
+    finally:
+        plane.close()
