@@ -195,6 +195,18 @@ def test_symmetric_conflict() -> None:
     assert "differs from network.one_way_ms.b.a = 12" in info.value.problems[0].reason
 
 
+def test_latency_unit_slip_is_caught() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(minimal(network={"one_way_ms": {"a": {"b": 3_600_000}}}))
+    assert [str(p) for p in info.value.problems] == ["<dict>: network.one_way_ms.a.b: must be <= 60000, got 3600000"]
+
+
+def test_null_latency_is_an_error_not_zero() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(minimal(network={"one_way_ms": {"a": {"b": None}}}))
+    assert [p.path for p in info.value.problems] == ["network.one_way_ms.a.b"]
+
+
 def test_allowed_errors() -> None:
     data = minimal()
     data["network"]["allowed"] = {"a": ["a", "a", "zz"], "b": [], "q": ["a"]}
@@ -290,6 +302,19 @@ def test_cli_validate_reports_all_and_fails(tmp_path: Path, capsys: pytest.Captu
     assert len(lines) == 20 and lines[-1] == f"{bad}: invalid: 19 problems"
     assert f"{bad}:8: cells[1].leaf.prob: unknown key (did you mean 'probe'?)" in lines
     assert captured.out == ""  # the valid file is quiet under -q
+
+
+def test_cli_validate_envoy(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["config", "validate", "--envoy", str(EXAMPLE)]) == 0  # the real Envoy accepts every bootstrap
+    assert "every root and leaf bootstrap OK" in capsys.readouterr().out
+    fake = tmp_path / "envoy"
+    fake.write_text("#!/bin/sh\necho 'Proto constraint validation failed (something)' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("DLB_ENVOY", str(fake))
+    assert main(["config", "validate", "--envoy", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 6  # 3 leaves + 3 roots, each named
+    assert err[0] == f"{EXAMPLE}: cells[0] (us-east1): Envoy rejects the leaf bootstrap: Proto constraint validation failed (something)"
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,34 @@ def summary(cfg: Config) -> str:
     return "\n".join(lines)
 
 
+def envoy_problems(cfg: Config) -> list[str]:
+    """Render every cell's root (if it has root.address) and leaf bootstrap and run ``envoy --mode validate``.
+
+    The config checks cannot know everything Envoy will refuse (a DNS name where Envoy needs an IP, a
+    future Envoy's stricter validation); this asks the real binary, once per bootstrap.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from dlb.envoy import validate
+    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+
+    out: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="dlb-validate-") as tmp:
+        for c in cfg.cells:
+            boots = [("leaf", leaf_bootstrap(cfg, c.name, admin_port=9901, emulate_wan=True, access_log=True))]
+            if c.root.address is not None:
+                boots.append(("root", root_bootstrap(cfg, c.name, admin_port=9901)))
+            for role, boot in boots:
+                path = write_bootstrap(boot, Path(tmp) / f"{role}-{c.name}.yaml")
+                result = validate(path)
+                if result.returncode != 0:
+                    detail = (result.stderr or result.stdout).strip().splitlines()
+                    out.append(f"{cfg.source}: cells[{c.index}] ({c.name}): Envoy rejects the {role} bootstrap: "
+                               + (detail[-1] if detail else f"exit {result.returncode}"))
+    return out
+
+
 def run_validate(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
@@ -39,8 +67,14 @@ def run_validate(args: argparse.Namespace) -> int:
             n = len(exc.problems)
             print(f"{path}: invalid: {n} problem{'s' * (n != 1)}", file=sys.stderr)
             continue
+        if args.envoy:
+            bad = envoy_problems(cfg)
+            if bad:
+                status = 1
+                print("\n".join(bad), file=sys.stderr)
+                continue
         if not args.quiet:
-            print(summary(cfg))
+            print(summary(cfg) + ("\n  envoy --mode validate: every root and leaf bootstrap OK" if args.envoy else ""))
     return status
 
 
@@ -82,6 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check DLB config files; report every problem (exit 1 if any)")
     p.add_argument("files", nargs="+", metavar="FILE", help="DLB config YAML")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing when valid")
+    p.add_argument("--envoy", action="store_true", help="also render every cell's Envoy bootstraps and run envoy --mode validate")
     p.set_defaults(func=run_validate)
 
     r = subparsers.add_parser("render", help="write the Envoy bootstrap of one cell's root or leaf")

@@ -50,6 +50,8 @@ ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")  # RFC 9110 token, lower case (HTTP/2 form)
 HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 SUPPORTED_VERSIONS = (1,)
+#: A one-way latency above a minute is a unit slip (seconds or µs typed as ms), not a network.
+MAX_ONE_WAY_MS = 60_000.0
 
 E = TypeVar("E", bound=Enum)
 
@@ -365,7 +367,7 @@ def _network(ck: _Checker, raw: Any, cells: list[Cell]) -> Network:
     good = set(index.values())
     m = ck.mapping(raw, "network", ("one_way_ms", "symmetric", "default_one_way_ms", "allowed"))
     symmetric = ck.boolean(m, "symmetric", "network", True)
-    default = ck.number(m, "default_one_way_ms", "network", None, ge=0)
+    default = ck.number(m, "default_one_way_ms", "network", None, ge=0, le=MAX_ONE_WAY_MS)
 
     given: dict[tuple[int, int], tuple[float, str]] = {}
     ow = ck.mapping(m.get("one_way_ms"), "network.one_way_ms", index.keys(), unknown="not a cell")
@@ -373,9 +375,11 @@ def _network(ck: _Checker, raw: Any, cells: list[Cell]) -> Network:
         rp = f"network.one_way_ms.{src}"
         rowm = ck.mapping(row, rp, index.keys(), unknown="not a cell")
         for dst in rowm:
-            v = ck.number(rowm, dst, rp, None, ge=0)
-            if v is not None:
-                given[(index[src], index[dst])] = (v, f"{rp}.{dst}")
+            if rowm[dst] is None:
+                ck.err(f"{rp}.{dst}", "must be a number (milliseconds), got null")
+            v = ck.number(rowm, dst, rp, None, ge=0, le=MAX_ONE_WAY_MS)
+            # A bad value was reported above; count the pair as given so it is not also "missing".
+            given[(index[src], index[dst])] = (0.0 if v is None else v, f"{rp}.{dst}")
 
     tau = [[math.nan] * n for _ in range(n)]
     for (i, j), (v, _) in given.items():
