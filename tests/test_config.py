@@ -355,3 +355,17 @@ def test_mutated_configs_never_crash(data: st.DataObject) -> None:
         assert exc.problems and all(p.reason for p in exc.problems)
     else:
         cfg.topology()  # a config that passes is one the routing core accepts
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("abc:-[]{}!&*|>'\"#%@`,?\n \t0123456789./")), max_size=80))
+def test_arbitrary_text_only_raises_config_error(text: str) -> None:
+    try:
+        parse_config(text, "fuzz.yaml")
+    except ConfigError as exc:
+        assert exc.problems and all(p.file == "fuzz.yaml" for p in exc.problems)
+
+
+def test_yaml_tags_are_not_constructed() -> None:
+    found = problems_of("version: !!python/object:os.system 1\ncells: []\nendpoints: []\n")
+    assert any(p == "version" and "bad value" in r for p, r, _ in found), found
