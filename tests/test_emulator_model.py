@@ -339,3 +339,16 @@ def test_engine_invariants_under_random_load(arrivals, max_batch, max_queue, bud
         assert r.first_token_at <= r.finished_at
     if max_queue + max_batch >= len(arrivals):
         assert len(served) == len(arrivals)  # nothing rejected while there was room
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_chunk_encoder_fast_path_is_byte_identical(kind, include_usage) -> None:
+    from dlb.emulator.openai import ChunkEncoder, chunk, sse
+
+    enc = ChunkEncoder(kind, 'id-"1', 123, 'mo"del\\', include_usage)
+    for text in (" the", 'a"b\\c\n', "\u00fc\u4e2d"):
+        for reason in (None, "length", "stop"):
+            for role in (False, True):
+                expected = sse(chunk(kind, 'id-"1', 123, 'mo"del\\', text, reason, include_usage, role=role))
+                assert enc.token(text, reason, role=role) == expected

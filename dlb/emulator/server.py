@@ -31,9 +31,9 @@ from dlb.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from dlb.emulator.openai import (
     SSE_DONE,
     ApiError,
+    ChunkEncoder,
     Kind,
     OutputSampler,
-    chunk,
     full_response,
     parse_request,
     sse,
@@ -354,17 +354,24 @@ class EmulatorServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         req = live.req
+        enc = ChunkEncoder(kind, resp_id, created, model, include_usage)
+        finished = False
         try:
-            while True:
-                ev = await live.stream.get()
-                if ev is None:  # server stopping: end the stream without [DONE], as a dying server would
-                    return resp
-                reason = live.finish_reason if ev.finished else None
-                body = chunk(kind, resp_id, created, model, token_text(req.rid, ev.index), reason, include_usage,
-                             role=(kind == "chat" and ev.index == 0))  # fmt: skip
-                await resp.write(sse(body))
-                if ev.finished:
-                    break
+            while not finished:
+                # One chunk per token; tokens that piled up while we were writing go out in one write.
+                events = [await live.stream.get()]
+                while not live.stream.empty():
+                    events.append(live.stream.get_nowait())
+                out = []
+                for ev in events:
+                    if ev is None:  # server stopping: end the stream without [DONE], as a dying server would
+                        if out:
+                            await resp.write(b"".join(out))
+                        return resp
+                    reason = live.finish_reason if ev.finished else None
+                    out.append(enc.token(token_text(req.rid, ev.index), reason, role=(kind == "chat" and ev.index == 0)))
+                    finished = ev.finished
+                await resp.write(b"".join(out))
             if include_usage:
                 await resp.write(sse(usage_chunk(kind, resp_id, created, model, req.prompt_tokens, req.generated)))
             await resp.write(SSE_DONE)
