@@ -161,6 +161,11 @@ def test_stale_nonce_ignored():
             r3 = await s.recv()
             assert r3.version_info == r2.version_info and sorted(names_of(r3, endpoint_pb2.ClusterLoadAssignment)) == ["a", "b"]
             assert env.server.status.nodes["n1"].types[EDS].acked_version == r2.version_info
+            # A new stream whose first request carries a nonce from an old stream is still answered.
+            s2 = env.stream()
+            await s2.send(sotw_request(EDS, ["a"], r2.version_info, r2.nonce, node=N1))
+            r4 = await s2.recv()
+            assert names_of(r4, endpoint_pb2.ClusterLoadAssignment) == ["a"]
     run(main())
 
 
@@ -493,4 +498,33 @@ def test_delta_per_type_service():
             assert r.type_url == CDS and [x.name for x in r.resources] == ["c1"]
             await q.put(None)
             call.cancel()
+    run(main())
+
+
+def test_body_cache_shares_bodies_and_is_bounded_by_bytes():
+    from dlb.xds.stream import BodyCache
+
+    cache = BodyCache(capacity_bytes=100)
+    built = []
+    for key in ["a", "b", "a", "c"]:
+        cache.get((key,), lambda k=key: built.append(k) or k.encode() * 20)  # 20 bytes each
+    assert built == ["a", "b", "c"] and cache.hits == 1
+    for i in range(10):
+        cache.get((i,), lambda: b"x" * 20)
+    assert cache._bytes <= 100
+    cache.get(("huge",), lambda: b"y" * 60)  # > capacity/4: returned, not cached
+    assert ("huge",) not in cache._items
+
+
+def test_streams_with_the_same_view_share_one_serialized_body():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("shared", snap(clusters=("c1", "c2")))
+            env.cache.node_key = lambda _n: "shared"
+            streams = [env.stream() for _ in range(3)]
+            for i, s in enumerate(streams):
+                await s.send(sotw_request(CDS, node=node(f"n{i}")))
+            bodies = [await s.recv() for s in streams]
+            assert all(b.resources == bodies[0].resources for b in bodies)
+            assert env.server.ctx.body_cache.misses == 1 and env.server.ctx.body_cache.hits == 2
     run(main())

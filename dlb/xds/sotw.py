@@ -67,7 +67,7 @@ class SotwStream(StreamBase):
         st = self.states.get(type_url)
         if st is None:
             st = self.states[type_url] = SotwTypeState()
-        if req.response_nonce:
+        if req.response_nonce and st.nonce:
             if req.response_nonce != st.nonce:
                 # Superseded by a newer response; the client will answer that one (xDS protocol).
                 self.ctx.status.stale_nonces += 1
@@ -82,6 +82,8 @@ class SotwStream(StreamBase):
                 st.acked_version = req.version_info
                 self.ctx.status.acked(self.node.id, type_url, req.version_info)
         else:
+            # No nonce, or a nonce from before this stream (a client that kept it across a
+            # reconnect): either way nothing was sent on this stream yet, so answer it.
             st.initial_pending = True
         names = set(req.resource_names)
         wildcard = types.WILDCARD in names

@@ -45,15 +45,19 @@ class ServerContext:
     status: StatusRegistry = field(default_factory=StatusRegistry)
     authorizer: Authorizer | None = None
     make_before_break: bool = True
-    body_cache: "BodyCache" = field(default_factory=lambda: BodyCache(4096))
+    body_cache: "BodyCache" = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
 
 
 class BodyCache:
-    """LRU of response bodies shared by streams that see the same view of the same snapshot."""
+    """LRU of response bodies shared by streams that see the same view of the same snapshot.
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    Bounded by total bytes, not entries: one wildcard CDS body can be megabytes.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
         self._items: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+        self._bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -64,9 +68,12 @@ class BodyCache:
             self.hits += 1
             return body
         self.misses += 1
-        body = self._items[key] = build()
-        if len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        body = build()
+        if len(body) <= self.capacity_bytes // 4:  # a huge one-off body is not worth evicting others for
+            self._items[key] = body
+            self._bytes += len(body)
+            while self._bytes > self.capacity_bytes:
+                self._bytes -= len(self._items.popitem(last=False)[1])
         return body
 
 
