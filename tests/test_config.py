@@ -269,6 +269,8 @@ def test_unreadable_file(tmp_path: Path) -> None:
         ("::1:80", None),
         ("[leaf]:80", None),
         ("bad_host:80", None),
+        ("999.1.1.1:80", None),
+        ("10.0.0:80", None),
         (8080, None),
     ],
 )

@@ -269,7 +269,8 @@ def parse_hostport(v: Any) -> HostPort | None:
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        if m.group(1) or not HOSTNAME_RE.match(host):
+        # Not an IP: a DNS name, whose last label is never all digits (so 999.1.1.1 is a typo, not a name).
+        if m.group(1) or not HOSTNAME_RE.match(host) or host.rsplit(".", 1)[-1].isdigit():
             return None
     return HostPort(host, port)
 
