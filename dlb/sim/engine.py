@@ -50,7 +50,7 @@ _LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE = range(7)
 class SimConfig:
     probe_period_s: float = 0.05
     snapshot_s: float = 0.01
-    estimator: EstimatorConfig = field(default_factory=lambda: EstimatorConfig(window_s=30.0, refit_period_s=5.0, max_samples=400))
+    estimator: EstimatorConfig = field(default_factory=lambda: EstimatorConfig(window_s=30.0, refit_period_s=10.0, max_samples=200))
     error_tau_s: float = 5.0
     mnlb_period_s: float = 10.0
     #: After the last arrival, keep simulating at most this long for in-flight requests.
@@ -74,6 +74,8 @@ class RunResult:
     events: int
     sim_time_s: float
     per_cell_served: np.ndarray
+    #: Time-average RIF of every cell (sampled on the snapshot grid while arrivals last).
+    mean_rif: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def summary(self) -> dict:
         lat = self.latency
@@ -205,6 +207,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     lag = [[int(round(tau[i][j] / cfg.snapshot_s)) for j in range(n)] for i in range(n)]
     max_lag = max(max(r) for r in lag)
     history: deque[list[int]] = deque(maxlen=max_lag + 1)
+    rif_sum = [0] * n
+    n_snaps = 0
     arrivals_since = [0] * n
 
     schedule(0.0, _SNAP, 0)
@@ -289,6 +293,10 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
             elif kind == _SNAP:
                 history.append(crif[:])
+                if now < T:
+                    n_snaps += 1
+                    for j in range(n):
+                        rif_sum[j] += crif[j]
                 if a % snap_every == 0:
                     hl = len(history)
                     er = [e.rate(now) for e in errs]
@@ -350,4 +358,5 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         events=events + R,
         sim_time_s=now,
         per_cell_served=np.asarray(served),
+        mean_rif=np.asarray(rif_sum, float) / max(n_snaps, 1),
     )

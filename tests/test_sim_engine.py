@@ -1,0 +1,127 @@
+"""The discrete-event simulator: queueing theory, conservation, determinism, every policy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dlb.sim.engine import SimConfig, generate_arrivals, simulate
+from dlb.sim.policies import POLICIES
+from dlb.sim.scenario import Scenario, Workload, generate
+
+
+def erlang_c_wait(c: int, lam: float, mu: float) -> float:
+    """Mean sojourn time of M/M/c (Erlang C): P(wait)/(cμ − λ) + 1/μ."""
+    a = lam / mu
+    rho = a / c
+    top = a**c / math.factorial(c) / (1 - rho)
+    p_wait = top / (sum(a**k / math.factorial(k) for k in range(c)) + top)
+    return p_wait / (c * mu - lam) + 1 / mu
+
+
+def mmc_scenario(lam: float, duration: float, servers: int = 1) -> Scenario:
+    """One cell, 8 slots per server, exponential decode (mean 1 s), negligible prefill, no overflow."""
+    w = Workload(prefill_shift=0.0, prefill_shape=1.0, prefill_scale=1e-6, decode_shift=0.0, decode_shape=1.0,
+                 decode_scale=100.0, prefill_token_s=1e-9, decode_token_s=0.01, queue_limit=10**9)
+    return Scenario(seed=7, names=("only",), tau=np.array([[0.0002]]), servers=(servers,),
+                    prefill_token_s=np.array([1e-9]), decode_token_s=np.array([0.01]), demand=np.array([lam]),
+                    workload=w, utilization=0.75, duration_s=duration, mod_amp=0.0,
+                    mod_period_s=np.array([100.0]), mod_phase=np.array([0.0]))
+
+
+@pytest.mark.parametrize("lam", [4.0, 6.0])
+def test_single_cell_matches_erlang_c_and_littles_law(lam: float) -> None:
+    sc = mmc_scenario(lam, duration=2000.0)
+    res = simulate(sc, "Rand", 0)
+    assert res.errors == 0 and res.in_flight == 0 and res.completed == res.arrivals
+    serving = res.latency - 2 * 0.0002
+    want = erlang_c_wait(8, lam, 1.0)
+    # 8k–12k requests at ρ ≤ 0.75: the standard error of the mean sojourn is ~1–2 % (ρ = 0.9 needs far longer runs).
+    assert serving.mean() == pytest.approx(want, rel=0.05)
+    # Little's law: time-average RIF = throughput × mean time in system.
+    lam_obs = res.arrivals / sc.duration_s
+    assert res.mean_rif[0] == pytest.approx(lam_obs * serving.mean(), rel=0.05)
+
+
+def test_conservation_with_overflow_and_cut_drain() -> None:
+    sc = generate(11, utilization=1.1, duration_s=30.0)
+    sc = replace(sc, workload=replace(sc.workload, queue_limit=2))
+    for policy in ("Rand", "Disc-RIF", "Flow-Lat"):
+        res = simulate(sc, policy, 0)
+        assert res.errors > 0
+        assert res.completed + res.errors + res.in_flight == res.arrivals
+        assert res.in_flight == 0 and res.latency.size == res.completed
+        cut = simulate(sc, policy, 0, SimConfig(drain_s=0.0))
+        assert cut.in_flight > 0
+        assert cut.completed + cut.errors + cut.in_flight == cut.arrivals
+
+
+def test_deterministic_for_a_seed() -> None:
+    sc = generate(5, duration_s=20.0)
+    a = simulate(sc, "Disc-Grad", 0)
+    b = simulate(sc, "Disc-Grad", 0)
+    np.testing.assert_array_equal(a.latency, b.latency)
+    assert a.events == b.events and a.errors == b.errors
+    c = simulate(sc, "Disc-Grad", 1)
+    assert c.arrivals != a.arrivals or not np.array_equal(c.latency, a.latency)
+
+
+def test_common_random_numbers_across_policies() -> None:
+    sc = generate(5, duration_s=10.0)
+    t1, s1, p1, d1 = generate_arrivals(sc, 0)
+    t2, s2, p2, d2 = generate_arrivals(sc, 0)
+    np.testing.assert_array_equal(t1, t2)
+    np.testing.assert_array_equal(d1, d2)
+    assert simulate(sc, "Rand").arrivals == simulate(sc, "Flow-Grad").arrivals == t1.size
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_policy_on_a_tiny_scenario(policy: str) -> None:
+    sc = generate(3, duration_s=20.0)
+    res = simulate(sc, policy, 0)
+    s = res.summary()
+    assert res.arrivals > 100
+    assert res.completed + res.errors == res.arrivals
+    assert s["error_rate"] < 0.05
+    # Serving latency is ≥ the unloaded latency of the fastest cell's short requests and finite.
+    assert 0.1 < s["mean"] < 20.0 and s["p50"] <= s["p90"] <= s["p99"]
+    assert res.per_cell_served.sum() == res.completed
+
+
+def test_unknown_policy_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'Nope'"):
+        simulate(generate(1, duration_s=5.0), "Nope")
+
+
+def test_noise_moves_latency_policies_only() -> None:
+    clean = generate(4, duration_s=30.0)
+    noisy = generate(4, duration_s=30.0, noise_eps=0.5)
+    for policy in ("Disc-RIF", "Rand"):
+        np.testing.assert_array_equal(simulate(clean, policy).latency, simulate(noisy, policy).latency)
+    assert not np.array_equal(simulate(clean, "Disc-Lat").latency, simulate(noisy, "Disc-Lat").latency)
+
+
+def test_outage_reduces_traffic_to_the_hit_cells() -> None:
+    base = generate(2, duration_s=60.0)
+    out = generate(2, duration_s=60.0, disruption="outage")
+    d = out.disruption
+    assert d is not None and d.kind == "outage"
+    hit = [j for j in range(out.n) if d.outage_servers[j] < out.servers[j]]
+    assert hit, "the outage cuts at least one cell"
+    assert out.demand.sum() / out.capacity(d.outage_servers).sum() > 0.95
+    a = simulate(base, "Disc-RIF")
+    b = simulate(out, "Disc-RIF")
+    assert b.per_cell_served[hit].sum() < a.per_cell_served[hit].sum()
+
+
+def test_burst_adds_demand_in_its_window() -> None:
+    sc = generate(2, duration_s=100.0, disruption="burst")
+    d = sc.disruption
+    assert d is not None and d.burst_extra > 0
+    t, s, _p, _d = generate_arrivals(sc, 0)
+    inside = ((t >= d.start_s) & (t < d.end_s) & (s == d.burst_cell)).sum() / (d.end_s - d.start_s)
+    outside = ((t < d.start_s) & (s == d.burst_cell)).sum() / d.start_s
+    assert inside - outside == pytest.approx(d.burst_extra, rel=0.2)
