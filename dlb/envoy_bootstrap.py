@@ -64,7 +64,9 @@ NO_INTERNAL_ADDRESSES = {"cidr_ranges": [{"address_prefix": "255.255.255.255", "
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s" if seconds else "0s"
+    """Protobuf JSON duration at microsecond resolution ("0.062s", "600s", "0s")."""
+    text = f"{seconds:.6f}".rstrip("0").rstrip(".")
+    return (text if text not in ("", "0", "-0") else "0") + "s"
 
 
 def _is_ip(host: str) -> bool:
@@ -332,7 +334,8 @@ def wan_delays_ms(cfg: Config, cell: str) -> dict[str, float]:
     return {
         src.name: cfg.rtt_ms(src.name, cell)
         for src in cfg.cells
-        if src.name != cell and cfg.network.allowed[src.index][me.index] and cfg.rtt_ms(src.name, cell) > 0
+        # Below a microsecond there is nothing to emulate (and Envoy refuses a zero fixed_delay).
+        if src.name != cell and cfg.network.allowed[src.index][me.index] and cfg.rtt_ms(src.name, cell) >= 0.001
     }
 
 

@@ -536,3 +536,11 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
             with ext_proc_server(ext.port, _PickCell(f"127.0.0.1:{srv['s1']}", header=HEADER_SERVER)):
                 up = [request(leaf_port)[1]["name"] for _ in range(6)]
             assert up == ["s1"] * 6, up
+
+
+def test_durations_and_tiny_delays() -> None:
+    from dlb.envoy_bootstrap import _duration, wan_delays_ms
+
+    assert [_duration(x) for x in (0, 600, 0.062, 1e-7, 0.0000015, 2.5)] == ["0s", "600s", "0.062s", "0s", "0.000002s", "2.5s"]
+    cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=0.0001)
+    assert wan_delays_ms(cfg, "a") == {}  # 0.2 µs round trips: no zero-length fault filters
