@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from google.protobuf import struct_pb2
 
 from dlb.xds import Snapshot, SnapshotCache, XdsServer
@@ -32,7 +34,8 @@ async def until(cond, what: str, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_updates_nack_and_reconnect_keep_last_good():
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_updates_nack_and_reconnect_keep_last_good(delta: bool):
     async def main():
         cache = SnapshotCache()
         server = XdsServer(cache)
@@ -46,7 +49,8 @@ def test_updates_nack_and_reconnect_keep_last_good():
                 raise ResourceValidationError(f"negative gain in {sorted(n for n, g in gains.items() if g < 0)}")
             seen.append(gains)
 
-        client = XdsClient(f"127.0.0.1:{port}", node("root-1", "cellA"), backoff=Backoff(initial=0.05, maximum=0.2))
+        client = XdsClient(f"127.0.0.1:{port}", node("root-1", "cellA"), backoff=Backoff(initial=0.05, maximum=0.2),
+                           delta=delta)
         sub = client.subscribe(POLICY, struct_pb2.Struct, on_update)  # wildcard
         server2 = None
         async with client:

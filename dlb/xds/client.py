@@ -1,12 +1,15 @@
-"""xDS client for our own services (root/leaf agents): ADS, state of the world, over grpc.aio.
+"""xDS client for our own services (root/leaf agents): ADS over grpc.aio, SotW or delta.
 
 A service subscribes to type URLs (wildcard or names) with the protobuf class to decode them and a
 callback. The callback sees the whole current set of resources of that subscription; if it raises,
 the response is NACKed with the exception text and the last good resources stay in effect, so a bad
 push from the control plane can never take a service down. The stream reconnects with jittered
-exponential backoff; on reconnect the client announces its last ACKed version and keeps serving its
-last good resources meanwhile. Unchanged content (e.g. a re-send after reconnect) is ACKed without
-calling the callback again.
+exponential backoff; on reconnect the client announces what it holds (SotW: last ACKed
+``version_info``; delta: ``initial_resource_versions``) and keeps serving its last good resources
+meanwhile. Unchanged content (e.g. a re-send after reconnect) is ACKed without calling back.
+
+Delta mode (``delta=True``) suits many small, independently changing resources (per-cell state):
+only changed resources cross the wire.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
 from dlb.log import get_logger
@@ -45,19 +49,28 @@ class Subscription:
     names: set[str] | None = None  # None = wildcard
     resources: dict[str, Message] = field(default_factory=dict)  # last good
     raw: dict[str, bytes] = field(default_factory=dict)  # last good, serialized (change detection)
-    version: str = ""  # last ACKed version
+    versions: dict[str, str] = field(default_factory=dict)  # delta: last good per-resource versions
+    version: str = ""  # last ACKed (system) version
     nonce: str = ""  # nonce of the latest response on the current stream
     updates: int = 0
     nacks: int = 0
     last_error: str = ""
 
-    def request(self, node: base_pb2.Node | None) -> discovery_pb2.DiscoveryRequest:
+    def request(self) -> discovery_pb2.DiscoveryRequest:
         names = [types.WILDCARD] if self.names is None else sorted(self.names)
-        req = discovery_pb2.DiscoveryRequest(type_url=self.type_url, resource_names=names, version_info=self.version,
-                                             response_nonce=self.nonce)
-        if node is not None:
-            req.node.CopyFrom(node)
-        return req
+        return discovery_pb2.DiscoveryRequest(type_url=self.type_url, resource_names=names, version_info=self.version,
+                                              response_nonce=self.nonce)
+
+    def initial_delta_request(self) -> discovery_pb2.DeltaDiscoveryRequest:
+        names = [types.WILDCARD] if self.names is None else sorted(self.names)
+        return discovery_pb2.DeltaDiscoveryRequest(type_url=self.type_url, resource_names_subscribe=names,
+                                                   initial_resource_versions=self.versions)
+
+    def keep(self, names: set[str] | None) -> None:
+        if names is not None:
+            self.resources = {n: m for n, m in self.resources.items() if n in names}
+            self.raw = {n: b for n, b in self.raw.items() if n in names}
+            self.versions = {n: v for n, v in self.versions.items() if n in names}
 
 
 @dataclass
@@ -78,10 +91,11 @@ class Backoff:
 
 
 class XdsClient:
-    def __init__(self, target: str, node: base_pb2.Node, backoff: Backoff | None = None,
+    def __init__(self, target: str, node: base_pb2.Node, backoff: Backoff | None = None, delta: bool = False,
                  channel_options: list[tuple[str, int]] | None = None) -> None:
         self.target = target
         self.node = node
+        self.delta = delta
         self.backoff = backoff or Backoff()
         self.channel_options = channel_options or [("grpc.keepalive_time_ms", 30_000)]
         self.subscriptions: dict[str, Subscription] = {}
@@ -91,7 +105,7 @@ class XdsClient:
         self._node_sent = False
         self._task: asyncio.Task | None = None
         self._channel: grpc.aio.Channel | None = None
-        self.log = log.bind(node=node.id, target=target)
+        self.log = log.bind(node=node.id, target=target, mode="delta" if delta else "sotw")
 
     # --- API --------------------------------------------------------------------------------
     def subscribe(self, type_url: str, message_cls: type[Message], callback: UpdateCallback,
@@ -99,21 +113,26 @@ class XdsClient:
         """Subscribe (wildcard when ``names`` is None). Works before and after :meth:`start`."""
         sub = Subscription(type_url, message_cls, callback, None if names is None else set(names))
         self.subscriptions[type_url] = sub
-        self._send(sub.request(None))
+        self._send(sub.initial_delta_request() if self.delta else sub.request())
         return sub
 
     async def set_names(self, type_url: str, names: Iterable[str] | None) -> None:
         """Change a subscription. Withdrawn names are dropped here (the server sends nothing for
         them, per the protocol) and the callback sees the narrowed set."""
         sub = self.subscriptions[type_url]
+        old = sub.names
         sub.names = None if names is None else set(names)
-        self._send(sub.request(None))
+        if self.delta:
+            old_set = {types.WILDCARD} if old is None else old
+            new_set = {types.WILDCARD} if sub.names is None else sub.names
+            self._send(discovery_pb2.DeltaDiscoveryRequest(
+                type_url=type_url, resource_names_subscribe=sorted(new_set - old_set),
+                resource_names_unsubscribe=sorted(old_set - new_set)))
+        else:
+            self._send(sub.request())
         if sub.names is not None and set(sub.resources) - sub.names:
-            sub.resources = {n: m for n, m in sub.resources.items() if n in sub.names}
-            sub.raw = {n: b for n, b in sub.raw.items() if n in sub.names}
-            result = sub.callback(dict(sub.resources))
-            if inspect.isawaitable(result):
-                await result
+            sub.keep(sub.names)
+            await _call(sub.callback, dict(sub.resources))
 
     def resources(self, type_url: str) -> dict[str, Message]:
         """The last good resources of a subscription (kept across reconnects and NACKs)."""
@@ -143,7 +162,7 @@ class XdsClient:
         await self.stop()
 
     # --- stream -----------------------------------------------------------------------------
-    def _send(self, req: discovery_pb2.DiscoveryRequest) -> None:
+    def _send(self, req) -> None:
         if self._queue is None:
             return  # not connected: the subscription goes out when the stream opens
         if not self._node_sent:
@@ -176,61 +195,102 @@ class XdsClient:
                 yield await queue.get()
 
         for sub in self.subscriptions.values():
-            sub.nonce = ""  # nonces are per stream; version_info announces what we hold
-            self._send(sub.request(None))
-        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self._channel).StreamAggregatedResources(requests())
+            sub.nonce = ""  # nonces are per stream
+            self._send(sub.initial_delta_request() if self.delta else sub.request())
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self._channel)
+        call = (stub.DeltaAggregatedResources if self.delta else stub.StreamAggregatedResources)(requests())
         self.connects += 1
         try:
             async for resp in call:
                 self.connected.set()
                 self.backoff.reset()
-                await self._on_response(resp)
+                sub = self.subscriptions.get(resp.type_url)
+                if sub is not None:
+                    await (self._on_delta_response(sub, resp) if self.delta else self._on_response(sub, resp))
         finally:
             call.cancel()
 
-    async def _on_response(self, resp: discovery_pb2.DiscoveryResponse) -> None:
-        sub = self.subscriptions.get(resp.type_url)
-        if sub is None:
-            return
-        sub.nonce = resp.nonce
+    def _decode(self, sub: Subscription, name: str | None, any_msg: any_pb2.Any) -> tuple[str, Message]:
+        if any_msg.type_url != sub.type_url:
+            raise ResourceValidationError(f"resource of type {any_msg.type_url} in a {sub.type_url} response")
+        msg = sub.message_cls.FromString(any_msg.value)
+        return (name if name is not None else _name(msg)), msg
+
+    async def _apply(self, sub: Subscription, resp, decoded: dict[str, Message], raw: dict[str, bytes]) -> bool:
+        """Hand a new state to the callback; False (and a NACK) if it was rejected."""
+        if raw == sub.raw:
+            return True
         try:
-            raw: dict[str, bytes] = {}
-            decoded: dict[str, Message] = {}
+            await _call(sub.callback, dict(decoded))
+        except ResourceValidationError as exc:
+            self._nack(sub, resp, str(exc))
+            self.log.warning("rejected xds update", type=types.short(sub.type_url), reason=str(exc))
+            return False
+        except Exception as exc:
+            self._nack(sub, resp, f"{type(exc).__name__}: {exc}")
+            self.log.exception("update callback failed; NACKed", type=types.short(sub.type_url))
+            return False
+        return True
+
+    async def _on_response(self, sub: Subscription, resp: discovery_pb2.DiscoveryResponse) -> None:
+        sub.nonce = resp.nonce
+        raw: dict[str, bytes] = {}
+        decoded: dict[str, Message] = {}
+        try:
             for entry in resp.resources:
                 wrapped_name, any_msg = unwrap(entry)
-                if any_msg.type_url != sub.type_url:
-                    raise ResourceValidationError(f"resource of type {any_msg.type_url} in a {sub.type_url} response")
-                msg = sub.message_cls.FromString(any_msg.value)
-                name = wrapped_name if wrapped_name is not None else _name(msg)
+                name, msg = self._decode(sub, wrapped_name, any_msg)
                 if sub.names is not None and name not in sub.names:
                     continue  # sent before the server saw our narrowed subscription
                 if name in decoded:
                     raise ResourceValidationError(f"duplicate resource {name!r}")
-                decoded[name] = msg
-                raw[name] = any_msg.value
-            if raw != sub.raw:
-                result = sub.callback(dict(decoded))
-                if inspect.isawaitable(result):
-                    await result
+                decoded[name], raw[name] = msg, any_msg.value
         except (ResourceValidationError, DecodeError) as exc:
             self._nack(sub, resp, str(exc))
-            self.log.warning("rejected xds update", type=types.short(sub.type_url), version=resp.version_info, reason=str(exc))
             return
-        except Exception as exc:
-            self._nack(sub, resp, f"{type(exc).__name__}: {exc}")
-            self.log.exception("update callback failed; NACKed", type=types.short(sub.type_url), version=resp.version_info)
-            return
-        sub.resources, sub.raw, sub.version = decoded, raw, resp.version_info
-        sub.updates += 1
-        self._send(sub.request(None))  # ACK
+        if await self._apply(sub, resp, decoded, raw):
+            sub.resources, sub.raw, sub.version = decoded, raw, resp.version_info
+            sub.updates += 1
+            self._send(sub.request())  # ACK
 
-    def _nack(self, sub: Subscription, resp: discovery_pb2.DiscoveryResponse, reason: str) -> None:
+    async def _on_delta_response(self, sub: Subscription, resp: discovery_pb2.DeltaDiscoveryResponse) -> None:
+        sub.nonce = resp.nonce
+        decoded, raw, versions = dict(sub.resources), dict(sub.raw), dict(sub.versions)
+        try:
+            for res in resp.resources:
+                name, msg = self._decode(sub, res.name, res.resource)
+                if sub.names is not None and name not in sub.names:
+                    continue
+                decoded[name], raw[name], versions[name] = msg, res.resource.value, res.version
+            for name in resp.removed_resources:
+                decoded.pop(name, None)
+                raw.pop(name, None)
+                versions.pop(name, None)
+        except (ResourceValidationError, DecodeError) as exc:
+            self._nack(sub, resp, str(exc))
+            return
+        if await self._apply(sub, resp, decoded, raw):
+            sub.resources, sub.raw, sub.versions, sub.version = decoded, raw, versions, resp.system_version_info
+            sub.updates += 1
+            self._send(discovery_pb2.DeltaDiscoveryRequest(type_url=sub.type_url, response_nonce=resp.nonce))
+
+    def _nack(self, sub: Subscription, resp, reason: str) -> None:
         sub.nacks += 1
         sub.last_error = reason
-        req = sub.request(None)  # version_info stays the last good version
+        if self.delta:
+            req = discovery_pb2.DeltaDiscoveryRequest(type_url=sub.type_url, response_nonce=resp.nonce)
+        else:
+            req = sub.request()  # version_info stays the last good version
         req.error_detail.code = _INVALID_ARGUMENT
         req.error_detail.message = reason
+        self.log.warning("NACK", type=types.short(sub.type_url), reason=reason)
         self._send(req)
+
+
+async def _call(callback: UpdateCallback, resources: dict[str, Message]) -> None:
+    result = callback(resources)
+    if inspect.isawaitable(result):
+        await result
 
 
 def _name(msg: Message) -> str:
