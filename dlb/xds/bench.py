@@ -138,11 +138,11 @@ async def _until(cond, what: str, timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float) -> dict:
+async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool) -> dict:
     loop = asyncio.get_running_loop()
     call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)  # noqa: E731
     clients = [XdsClient(f"127.0.0.1:{srv.xds_port}", node(f"bench-{streams}-{i}", "bench"),
-                         backoff=Backoff(initial=0.2, maximum=2.0)) for i in range(streams)]
+                         backoff=Backoff(initial=0.2, maximum=2.0), delta=delta) for i in range(streams)]
     subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
     try:
         for c in clients:
@@ -171,18 +171,19 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float)
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
-                    uvloop: bool = False) -> list[dict]:
+                    uvloop: bool = False, delta: bool = False) -> list[dict]:
     srv = _start_server(uvloop)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
         records = []
         for n in stream_counts:
-            rec = await _measure(srv, n, updates, timeout)
+            rec = await _measure(srv, n, updates, timeout, delta)
             rec["rss_base_mb"] = round(base, 2)
             rec["rss_per_stream_kb"] = round((rec["rss_mb"] - base) * 1024 / n, 2)
             rec["clients_in_one_process"] = True
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
+            rec["protocol"] = "delta" if delta else "sotw"
             log.info("xds bench", **rec)
             records.append(rec)
         return records
@@ -202,6 +203,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all ACKs of one update")
     p.add_argument("--json", default=None, help="write the records to this file")
     p.add_argument("--uvloop", action="store_true", help="run the server process on uvloop")
+    p.add_argument("--delta", action="store_true", help="clients use incremental (delta) ADS instead of SotW")
     p.set_defaults(func=run)
 
 
@@ -214,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.updates < 1:
         print("--streams needs positive counts and --updates >= 1", file=sys.stderr)
         return 2
-    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop))
+    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta))
     text = json.dumps(records, indent=1)
     if args.json:
         with open(args.json, "w") as f:
