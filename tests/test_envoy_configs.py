@@ -24,6 +24,8 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
@@ -544,3 +546,50 @@ def test_durations_and_tiny_delays() -> None:
     assert [_duration(x) for x in (0, 600, 0.062, 1e-7, 0.0000015, 2.5)] == ["0s", "600s", "0.062s", "0s", "0.000002s", "2.5s"]
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=0.0001)
     assert wan_delays_ms(cfg, "a") == {}  # 0.2 µs round trips: no zero-length fault filters
+
+
+# --------------------------------------------------------------------------------------------
+# property: whatever valid config, the rendered bootstraps are ones Envoy accepts
+# --------------------------------------------------------------------------------------------
+
+@st.composite
+def valid_configs(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 4))
+    names = draw(st.lists(st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True), min_size=n, max_size=n, unique=True))
+    port = iter(range(20000, 30000))
+    cells = []
+    for name in names:
+        cell: dict[str, Any] = {
+            "name": name,
+            "leaf": {"address": f"127.0.0.1:{next(port)}", "probe": f"127.0.0.1:{next(port)}"},
+            "root": {"address": f"127.0.0.1:{next(port)}"},
+            "servers": [{"address": f"127.0.0.1:{next(port)}", "weight": draw(st.integers(1, 5))} for _ in range(draw(st.integers(1, 3)))],
+        }
+        if draw(st.booleans()):
+            cell["leaf"]["ext_proc"] = f"127.0.0.1:{next(port)}"
+        cells.append(cell)
+    ms = st.floats(0, 500, allow_nan=False).map(lambda x: round(x, draw(st.integers(0, 4))))
+    one_way = {a: {b: draw(ms) for b in names if b != a} for a in names}
+    allowed = {a: draw(st.lists(st.sampled_from(names), min_size=1, unique=True)) for a in names if draw(st.booleans())}
+    endpoints = []
+    for k in range(draw(st.integers(1, 3))):
+        endpoints.append({
+            "name": draw(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,8}", fullmatch=True)) + f"-{k}",
+            "match": {"prefix": f"/e{k}/" + draw(st.from_regex(r"[a-z0-9/._~-]{0,6}", fullmatch=True))},
+            "policy": {"mechanism": draw(st.sampled_from(["discrete", "flow"])), "cost": draw(st.sampled_from(["latency", "gradient"])),
+                       "affinity": {"enabled": draw(st.booleans())}},
+            "timeout_s": draw(st.sampled_from([0, 30, 600.5])),
+            "idle_timeout_s": draw(st.sampled_from([0, 1.25, 300])),
+        })
+    return {"version": 1, "cells": cells, "network": {"symmetric": False, "one_way_ms": one_way, "allowed": allowed}, "endpoints": endpoints}
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=valid_configs(), pick=st.integers(0, 3), native_flow=st.booleans())
+def test_any_valid_config_renders_envoy_valid_bootstraps(tmp_path: Path, data: dict[str, Any], pick: int, native_flow: bool) -> None:
+    cfg = config_from_dict(data, "generated")
+    cell = cfg.cell_names[pick % len(cfg.cells)]
+    for role, boot in (("root", root_bootstrap(cfg, cell, admin_port=9901, native_flow=native_flow)),
+                       ("leaf", leaf_bootstrap(cfg, cell, admin_port=9902, emulate_wan=True, access_log=True))):
+        result = validate(write_bootstrap(boot, tmp_path / f"{role}.yaml"))
+        assert result.returncode == 0, f"{role} {cell}: {result.stdout}{result.stderr}\n{yaml.safe_dump(data)}"
