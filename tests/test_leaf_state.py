@@ -115,6 +115,7 @@ def test_unreachable_metrics_mark_server_unhealthy():
     assert st.healthy(0.0) == 2
     st.on_scrape(0, None, None)
     assert st.healthy(0.0) == 1 and st.usable(0.0) == [1]
+    assert st.healthy_replicas(0.0) == 1  # probes report k_j scaled by the healthy fraction
     st.on_scrape(0, 1.0, 0.0)
     assert st.healthy(0.0) == 2
 

@@ -133,7 +133,7 @@ class LeafAgent:
         est = st.estimator
         p = est.params
         return probe_pb2.ProbeResponse(
-            cell=st.cell, rif=float(st.rif), replicas=st.replicas, healthy_replicas=st.healthy(now),
+            cell=st.cell, rif=float(st.rif), replicas=st.replicas, healthy_replicas=st.healthy_replicas(now),
             model=probe_pb2.LatencyModel(a_s=p.a, b_s=p.b, c=p.c, s=p.s, confidence=est.confidence, samples=len(est)),
             error_rate=st.errors.rate(now), timestamp_unix_ns=time.time_ns(), completed=st.completed,
             errors=st.failed, waiting=st.waiting(),

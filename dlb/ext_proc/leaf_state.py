@@ -207,6 +207,10 @@ class LeafState:
     def healthy(self, now: float) -> int:
         return sum(1 for s in self.servers if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold)
 
+    def healthy_replicas(self, now: float) -> int:
+        """k_j scaled by the healthy fraction of servers (what the RIF cost N_j/k_j should divide by)."""
+        return math.ceil(self.replicas * self.healthy(now) / len(self.servers))
+
     def waiting(self) -> float:
         vals = [s.waiting for s in self.servers if s.waiting >= 0]
         return float(sum(vals)) if vals else -1.0

@@ -157,7 +157,8 @@ class RootService:
                 params = None  # a leaf without a usable model: keep the previous/prior curve
         conf = resp.model.confidence if resp.HasField("model") else 0.0
         for e in self.endpoints:
-            e.router.on_probe(target.index, now, resp.rif, params, resp.error_rate, conf)
+            e.router.on_probe(target.index, now, resp.rif, params, resp.error_rate, conf,
+                              replicas=float(resp.healthy_replicas) if resp.healthy_replicas > 0 else None)
 
     def tick(self, now: float) -> None:
         for e in self.endpoints:
