@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class Row:
     measured_e2e_s: float
     model_ttft_s: float
     measured_ttft_s: float
+    server_cpu_us_per_token: float | None  # emulator CPU time per streamed token (Linux /proc), None elsewhere
 
     @property
     def e2e_ratio(self) -> float:
@@ -69,6 +71,16 @@ async def _wave(url: str, n: int, prompt: str, tokens: int, waves: int) -> tuple
     return statistics.fmean(e2e), statistics.fmean(ttft)
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User+system CPU time of a process (Linux), to report the emulator's own cost per token."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def measure(profile: str, concurrency: list[int], prompt_tokens: int, output_tokens: int, waves: int,
             time_scale: float) -> list[Row]:  # fmt: skip
     prof = load_profile(profile)
@@ -82,8 +94,13 @@ def measure(profile: str, concurrency: list[int], prompt_tokens: int, output_tok
                            [Arrival(0.0, prompt_tokens, output_tokens)] * n)  # fmt: skip
             model_e2e = statistics.fmean(r.e2e for r in sim) * time_scale
             model_ttft = statistics.fmean(r.ttft for r in sim) * time_scale
+            assert p.proc is not None
+            cpu0 = _cpu_seconds(p.proc.pid)
             e2e, ttft = asyncio.run(_wave(p.url, n, prompt, output_tokens, waves))
-            rows.append(Row(n, model_e2e, e2e, model_ttft, ttft))
+            cpu1 = _cpu_seconds(p.proc.pid)
+            tokens = n * output_tokens * waves
+            cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / tokens * 1e6
+            rows.append(Row(n, model_e2e, e2e, model_ttft, ttft, cpu))
     return rows
 
 
@@ -98,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rows = measure(a.profile, a.concurrency, a.prompt_tokens, a.output_tokens, a.waves, a.time_scale)
     print(f"profile={a.profile} prompt={a.prompt_tokens} output={a.output_tokens} waves={a.waves} time_scale={a.time_scale}")
-    print(f"{'N':>4} {'model e2e ms':>13} {'meas e2e ms':>12} {'ratio':>6} {'model ttft ms':>14} {'meas ttft ms':>13} {'ratio':>6}")
+    print(f"{'N':>4} {'model e2e ms':>13} {'meas e2e ms':>12} {'ratio':>6} {'model ttft ms':>14} {'meas ttft ms':>13} {'ratio':>6} {'cpu us/tok':>10}")
     for r in rows:
         print(f"{r.concurrency:>4} {r.model_e2e_s * 1e3:>13.1f} {r.measured_e2e_s * 1e3:>12.1f} {r.e2e_ratio:>6.2f} "
-              f"{r.model_ttft_s * 1e3:>14.1f} {r.measured_ttft_s * 1e3:>13.1f} {r.ttft_ratio:>6.2f}")  # fmt: skip
+              f"{r.model_ttft_s * 1e3:>14.1f} {r.measured_ttft_s * 1e3:>13.1f} {r.ttft_ratio:>6.2f} "
+              f"{'-' if r.server_cpu_us_per_token is None else f'{r.server_cpu_us_per_token:.0f}':>10}")  # fmt: skip
     return 0
 
 

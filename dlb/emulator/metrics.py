@@ -24,6 +24,22 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.1
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class ModelSeries:
+    """One model's labelled children of every per-model family."""
+
+    def __init__(self, m: EmulatorMetrics, model: str) -> None:
+        self.running = m.running.labels(model)
+        self.waiting = m.waiting.labels(model)
+        self.gpu_cache = m.gpu_cache.labels(model)
+        self.kv_cache = m.kv_cache.labels(model)
+        self.prompt_tokens = m.prompt_tokens.labels(model)
+        self.generation_tokens = m.generation_tokens.labels(model)
+        self.e2e = m.e2e.labels(model)
+        self.ttft = m.ttft.labels(model)
+        self.tpot = m.tpot.labels(model)
+        self.queue_time = m.queue_time.labels(model)
+
+
 class EmulatorMetrics:
     """The metric families and how engine state maps onto them."""
 
@@ -49,24 +65,28 @@ class EmulatorMetrics:
                                     lbl, buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
         self.rejected = Counter("dlb_emulator_requests_rejected", "Requests answered with an error before running.",
                                 [*lbl, "reason"], registry=r)  # fmt: skip
-        for m in models:  # export zeros from the start, as vLLM does
-            for g in (self.running, self.waiting, self.gpu_cache, self.kv_cache):
-                g.labels(m).set(0)
-            self.prompt_tokens.labels(m)
-            self.generation_tokens.labels(m)
-            self.e2e.labels(m)
-            self.ttft.labels(m)
+        # Creating every child exports zeros from the start, as vLLM does.
+
+        # Label children resolved once: ``labels()`` costs ~6 us, paid several times per engine step.
+        self.series = {m: ModelSeries(self, m) for m in models}
 
     def sync_engine(self, engine: Engine) -> None:
         """Copy the scheduler's queue and cache state into the gauges (called after every change)."""
+        usage = engine.kv_usage
+        if len(self.models) == 1:
+            s = self.series[self.models[0]]
+            s.running.set(len(engine.running))
+            s.waiting.set(len(engine.waiting))
+            s.gpu_cache.set(usage)
+            s.kv_cache.set(usage)
+            return
         running = Tally(r.model for r in engine.running)
         waiting = Tally(r.model for r in engine.waiting)
-        usage = engine.kv_usage
-        for m in self.models:
-            self.running.labels(m).set(running.get(m, 0))
-            self.waiting.labels(m).set(waiting.get(m, 0))
-            self.gpu_cache.labels(m).set(usage)
-            self.kv_cache.labels(m).set(usage)
+        for m, s in self.series.items():
+            s.running.set(running.get(m, 0))
+            s.waiting.set(waiting.get(m, 0))
+            s.gpu_cache.set(usage)
+            s.kv_cache.set(usage)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

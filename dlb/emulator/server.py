@@ -19,7 +19,6 @@ import json
 import random
 import threading
 import time
-from collections import Counter as Tally
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -239,35 +238,31 @@ class EmulatorServer:
             self._account(plan, events, done_at)
 
     def _account(self, plan: StepPlan, events: list[TokenEvent], now: float) -> None:
-        m = self.metrics
-        prompt = Tally[str]()
+        """Metrics and hand-off of one finished step (the gauges follow at the next ``plan``)."""
+        series = self.metrics.series
         for r, n in plan.prefill:
             if not r.aborted:
-                prompt[r.model] += n
-        for model, n in prompt.items():
-            m.prompt_tokens.labels(model).inc(n)
-        gen = Tally(ev.request.model for ev in events)
-        for model, n in gen.items():
-            m.generation_tokens.labels(model).inc(n)
+                series[r.model].prompt_tokens.inc(n)
         for ev in events:
             r = ev.request
+            s = series[r.model]
+            s.generation_tokens.inc()
             live = self._live.get(r.rid)
             if ev.index == 0 and r.first_token_at is not None:
-                m.ttft.labels(r.model).observe(r.first_token_at - r.arrival)
+                s.ttft.observe(r.first_token_at - r.arrival)
                 if r.admitted_at is not None:
-                    m.queue_time.labels(r.model).observe(r.admitted_at - r.arrival)
+                    s.queue_time.observe(r.admitted_at - r.arrival)
             if ev.finished:
-                m.e2e.labels(r.model).observe(now - r.arrival)
+                s.e2e.observe(now - r.arrival)
                 if r.generated > 1 and r.first_token_at is not None:
-                    m.tpot.labels(r.model).observe((now - r.first_token_at) / (r.generated - 1))
-                m.success.labels(r.model, live.finish_reason if live else "length").inc()
+                    s.tpot.observe((now - r.first_token_at) / (r.generated - 1))
+                self.metrics.success.labels(r.model, live.finish_reason if live else "length").inc()
             if live is None:
                 continue
             if live.stream is not None:
                 live.stream.put_nowait(ev)
             if ev.finished and not live.done.done():
                 live.done.set_result(None)
-        self.metrics.sync_engine(self.engine)
 
     # -- HTTP ------------------------------------------------------------------------------------------
 
