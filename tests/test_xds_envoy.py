@@ -8,6 +8,7 @@ server never re-sends the rejected content, and that Envoy then accepts a valid 
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.server
 import json
 import os
@@ -20,7 +21,7 @@ import pytest
 
 from dlb.envoy import EnvoyProcess
 from dlb.xds import Resource, Snapshot, SnapshotCache, XdsServer, types
-from dlb.xds.testing import eds_cluster, http_listener, load_assignment, route_config
+from dlb.xds.testing import eds_cluster, grpc_source, http_listener, load_assignment, route_config
 
 pytestmark = pytest.mark.envoy
 
@@ -43,8 +44,12 @@ class _Backend(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def bootstrap(admin_port: int, xds_port: int, node_id: str, api_type: str = "GRPC") -> dict:
-    ads = {"ads": {}, "resource_api_version": "V3"}
+def bootstrap(admin_port: int, xds_port: int, node_id: str, api_type: str = "GRPC", use_ads: bool = True) -> dict:
+    if use_ads:
+        ads = {"ads": {}, "resource_api_version": "V3"}
+    else:  # the per-type services (CDS, LDS, ... each on its own stream)
+        ads = {"resource_api_version": "V3", "api_config_source": {
+            "api_type": api_type, "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": "xds"}}]}}
 
     return {
         "node": {"id": node_id, "cluster": "test"},
@@ -65,18 +70,18 @@ def bootstrap(admin_port: int, xds_port: int, node_id: str, api_type: str = "GRP
     }
 
 
-def cluster(name: str, connect_timeout_s: float = 1.0):
-    c = eds_cluster(name, connect_timeout_s)
+def cluster(name: str, connect_timeout_s: float = 1.0, src=None):
+    c = eds_cluster(name, connect_timeout_s, source=src)
     c.eds_cluster_config.eds_config.initial_fetch_timeout.SetInParent()  # 0s: wait for EDS forever
     return c
 
 
-def resources(backend_port: int, listener_port: int, extra_clusters=(), tag: str = "a") -> Snapshot:
+def resources(backend_port: int, listener_port: int, extra_clusters=(), tag: str = "a", src=None) -> Snapshot:
     rc = route_config("local_route", cluster="backend")
     rc.response_headers_to_add.add().header.key = "x-config"
     rc.response_headers_to_add[0].header.value = tag
-    return Snapshot.build([cluster("backend"), load_assignment("backend", [backend_port]),
-                           http_listener("http", listener_port, "local_route"), rc, *extra_clusters])
+    return Snapshot.build([cluster("backend", src=src), load_assignment("backend", [backend_port]),
+                           http_listener("http", listener_port, "local_route", source=src), rc, *extra_clusters])
 
 
 async def until(predicate, what: str, timeout: float = 30.0) -> None:
@@ -89,29 +94,33 @@ async def until(predicate, what: str, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("api_type", ["GRPC", "DELTA_GRPC"])
-def test_envoy_acks_nacks_and_never_gets_rejected_config_again(api_type: str):
+@pytest.mark.parametrize(("api_type", "use_ads"), [("GRPC", True), ("DELTA_GRPC", True), ("GRPC", False)],
+                         ids=["ads-sotw", "ads-delta", "per-type-sotw"])
+def test_envoy_acks_nacks_and_never_gets_rejected_config_again(api_type: str, use_ads: bool):
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     try:
-        asyncio.run(asyncio.wait_for(_scenario(backend.server_address[1], api_type), 120))
+        asyncio.run(asyncio.wait_for(_scenario(backend.server_address[1], api_type, use_ads), 120))
     finally:
         backend.shutdown()
         backend.server_close()
 
 
-async def _scenario(backend_port: int, api_type: str) -> None:
+async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
+    src = None if use_ads else grpc_source("xds")
+    res = functools.partial(resources, src=src)
+    clu = functools.partial(cluster, src=src)
     loop = asyncio.get_running_loop()
     run = lambda f, *a: loop.run_in_executor(None, f, *a)  # noqa: E731  (Envoy admin calls are blocking)
     cache = SnapshotCache()
     server = XdsServer(cache)
     xds_port = await server.start()
     admin_port, listener_port = free_port(), free_port()
-    v1 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port))
+    v1 = cache.set_snapshot("envoy-1", res(backend_port, listener_port))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bootstrap.json")
         with open(path, "w") as f:
-            json.dump(bootstrap(admin_port, xds_port, "envoy-1", api_type), f)
+            json.dump(bootstrap(admin_port, xds_port, "envoy-1", api_type, use_ads), f)
         envoy = EnvoyProcess(path, admin_port)
         try:
             await run(envoy.start)
@@ -144,9 +153,9 @@ async def _scenario(backend_port: int, api_type: str) -> None:
             assert [(c["name"], c["active_state"]["version_info"]) for c in dump["configs"]] == [("http", shown(v1, types.LISTENER, "http"))]
 
             # A cluster that parses but breaks Envoy's validation rules (connect_timeout must be > 0).
-            bad = eds_cluster("bad")
+            bad = eds_cluster("bad", source=src)
             bad.connect_timeout.seconds = -1
-            v2 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port, [bad]))
+            v2 = cache.set_snapshot("envoy-1", res(backend_port, listener_port, [bad]))
             await until(lambda: _true(status.nodes["envoy-1"].types[types.CLUSTER].nacks == 1), "Envoy's NACK")
             cds = status.nodes["envoy-1"].types[types.CLUSTER]
             assert cds.last_nack_version == v2 and cds.acked_version == v1
@@ -156,7 +165,7 @@ async def _scenario(backend_port: int, api_type: str) -> None:
             cds_responses = cds.responses
 
             # A new snapshot with a new route but the same rejected cluster set: RDS goes out, CDS does not.
-            v3 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port, [bad], tag="b"))
+            v3 = cache.set_snapshot("envoy-1", res(backend_port, listener_port, [bad], tag="b"))
             await until(lambda: _true(acked(types.ROUTE) == v3), "Envoy to ACK the new route")
             assert cds.responses == cds_responses
             stats = await run(envoy.stats, "cluster_manager.cds")
@@ -165,7 +174,7 @@ async def _scenario(backend_port: int, api_type: str) -> None:
             assert dump["configs"][0]["version_info"] == shown(v3, types.ROUTE, "local_route")
 
             # A valid update is accepted.
-            v4 = cache.set_snapshot("envoy-1", resources(backend_port, listener_port, [cluster("good"), load_assignment("good", [backend_port])], tag="b"))
+            v4 = cache.set_snapshot("envoy-1", res(backend_port, listener_port, [clu("good"), load_assignment("good", [backend_port])], tag="b"))
             await until(lambda: _true(acked(types.CLUSTER) == v4), "Envoy to ACK the valid clusters")
             dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_warming_clusters"))
             dump_active = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
@@ -176,8 +185,8 @@ async def _scenario(backend_port: int, api_type: str) -> None:
 
             # Changing an EDS cluster makes Envoy re-create (re-warm) it; the server re-sends its
             # endpoints right after the CDS response, so the cluster activates with the new version.
-            changed = cluster("backend", connect_timeout_s=2.0)
-            items = resources(backend_port, listener_port, [cluster("good"), load_assignment("good", [backend_port])], tag="b")
+            changed = clu("backend", connect_timeout_s=2.0)
+            items = res(backend_port, listener_port, [clu("good"), load_assignment("good", [backend_port])], tag="b")
             v5 = cache.set_snapshot("envoy-1", Snapshot.of({**items.resources, types.CLUSTER: {
                 **items.get(types.CLUSTER), "backend": Resource.from_message(changed)}}))
             await until(lambda: _true(acked(types.CLUSTER) == v5), "Envoy to ACK the changed cluster")

@@ -111,15 +111,26 @@ def decode(resp, cls) -> dict:
 
 # --- hand-built Envoy resources (tests, benchmark) ---------------------------------------------
 
+def grpc_source(cluster: str) -> config_source_pb2.ConfigSource:
+    """A non-ADS config source: the per-type service on ``cluster`` (Envoy opens one stream per type)."""
+    src = config_source_pb2.ConfigSource(resource_api_version=config_source_pb2.V3)
+    api = src.api_config_source
+    api.api_type = config_source_pb2.ApiConfigSource.GRPC
+    api.transport_api_version = config_source_pb2.V3
+    api.grpc_services.add().envoy_grpc.cluster_name = cluster
+    return src
+
+
 def _ads_source() -> config_source_pb2.ConfigSource:
     return config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
                                           resource_api_version=config_source_pb2.V3)
 
 
-def eds_cluster(name: str, connect_timeout_s: float = 1.0) -> cluster_pb2.Cluster:
+def eds_cluster(name: str, connect_timeout_s: float = 1.0,
+                source: config_source_pb2.ConfigSource | None = None) -> cluster_pb2.Cluster:
     c = cluster_pb2.Cluster(name=name, type=cluster_pb2.Cluster.EDS)
     c.connect_timeout.FromNanoseconds(int(connect_timeout_s * 1e9))
-    c.eds_cluster_config.eds_config.CopyFrom(_ads_source())
+    c.eds_cluster_config.eds_config.CopyFrom(source or _ads_source())
     return c
 
 
@@ -152,10 +163,11 @@ def route_config(name: str, weights: dict[str, int] | None = None, cluster: str 
     return rc
 
 
-def http_listener(name: str, port: int, route_name: str) -> listener_pb2.Listener:
+def http_listener(name: str, port: int, route_name: str,
+                  source: config_source_pb2.ConfigSource | None = None) -> listener_pb2.Listener:
     hcm = hcm_pb2.HttpConnectionManager(stat_prefix=name)
     hcm.rds.route_config_name = route_name
-    hcm.rds.config_source.CopyFrom(_ads_source())
+    hcm.rds.config_source.CopyFrom(source or _ads_source())
     router = any_pb2.Any()
     router.Pack(router_pb2.Router())
     hcm.http_filters.add(name="envoy.filters.http.router", typed_config=router)
