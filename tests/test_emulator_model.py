@@ -352,3 +352,40 @@ def test_chunk_encoder_fast_path_is_byte_identical(kind, include_usage) -> None:
             for role in (False, True):
                 expected = sse(chunk(kind, 'id-"1', 123, 'mo"del\\', text, reason, include_usage, role=role))
                 assert enc.token(text, reason, role=role) == expected
+
+
+# -- prefix caching ---------------------------------------------------------------------------------------
+
+
+def test_prefix_blocks_chain_over_the_whole_prefix() -> None:
+    from dlb.emulator.prefix_cache import text_blocks, token_blocks
+
+    a = text_blocks("A" * 64 + "B" * 64 + "C" * 10, 4)
+    b = text_blocks("A" * 64 + "B" * 64 + "D" * 70, 4)
+    c = text_blocks("Z" * 64 + "B" * 64, 4)
+    assert len(a) == 2 and len(b) == 3  # partial last blocks are never cached
+    assert a == b[:2]
+    assert c[1] != a[1]  # same block text after a different prefix is a different block
+    assert token_blocks(list(range(40)))[:2] == token_blocks(list(range(32)))
+    assert token_blocks(list(range(15))) == ()
+
+
+def test_prefix_cache_matches_leading_blocks_and_evicts_lru() -> None:
+    from dlb.emulator.prefix_cache import PrefixCache
+
+    cache = PrefixCache(capacity_blocks=4, block_tokens=16)
+    cache.insert([b"a1", b"a2", b"a3"])
+    assert cache.match([b"a1", b"a2", b"x3"]) == 32
+    assert cache.match([b"x1", b"a2"]) == 0  # only a leading run counts
+    cache.insert([b"b1", b"b2"])  # over capacity: the least recently used goes (a3)
+    assert len(cache) == 4 and cache.match([b"a1", b"a2", b"a3"]) == 32
+
+
+def test_cached_prefix_skips_prefill_in_the_engine() -> None:
+    cold = simulate(Engine(FAST, max_batch=4), [Arrival(0.0, 1000, 5)])[0]
+    warm = simulate(Engine(FAST, max_batch=4), [Arrival(0.0, 1000, 5, cached_tokens=992)])[0]
+    full = simulate(Engine(FAST, max_batch=4), [Arrival(0.0, 1000, 5, cached_tokens=5000)])[0]
+    assert cold.ttft == pytest.approx(FAST.step_time(1, 1000))
+    assert warm.ttft == pytest.approx(FAST.step_time(1, 8))
+    assert full.ttft == pytest.approx(FAST.step_time(1, 1))  # the last prompt token is always computed
+    assert warm.e2e - warm.ttft == pytest.approx(cold.e2e - cold.ttft)

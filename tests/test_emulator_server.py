@@ -430,3 +430,32 @@ def test_engine_failure_answers_instead_of_hanging() -> None:
             assert st == 503
 
     run(go())
+
+
+def test_prefix_cache_reports_cached_tokens_and_metrics() -> None:
+    system = "You are a helpful assistant. " * 80  # ~2300 characters shared by every request
+    msgs = lambda q: [{"role": "system", "content": system}, {"role": "user", "content": q}]  # noqa: E731
+
+    async def go() -> None:
+        async with emulator(prefix_cache=True) as emu, aiohttp.ClientSession() as s:
+            url = emu.url + "/v1/chat/completions"
+            _, first, _ = await post(s, url, {"messages": msgs("first question"), "max_tokens": 2})
+            _, second, _ = await post(s, url, {"messages": msgs("another question"), "max_tokens": 2})
+            assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+            cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert len(system) // 4 - 32 <= cached < second["usage"]["prompt_tokens"]
+            async with s.post(url, json={"messages": msgs("q"), "max_tokens": 2, "stream": True,
+                                         "stream_options": {"include_usage": True}}) as r:  # fmt: skip
+                events = [json.loads(p) for _, p in (await read_sse(r))[:-1]]
+            assert events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+            _, other, _ = await post(s, emu.url + "/v1/completions", {"prompt": "unrelated " * 100, "max_tokens": 1})
+            assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            m = await scrape(s, emu.url)
+            assert metric(m, "vllm:prefix_cache_hits_total") == 2 * cached
+            total_prompt = first["usage"]["prompt_tokens"] + 2 * second["usage"]["prompt_tokens"]
+            assert metric(m, "vllm:prefix_cache_queries_total") >= total_prompt
+        async with emulator() as emu, aiohttp.ClientSession() as s:  # off by default: plain usage
+            _, body, _ = await post(s, emu.url + "/v1/chat/completions", {"messages": msgs("x"), "max_tokens": 1})
+            assert "prompt_tokens_details" not in body["usage"]
+
+    run(go())

@@ -40,6 +40,8 @@ def register(subparsers: Any) -> None:
                    help="max_tokens: generate exactly max_tokens when given; sample: always sample (capped)")  # fmt: skip
     p.add_argument("--output-mean", type=float, default=128.0, help="mean of sampled output lengths (default 128)")
     p.add_argument("--max-model-len", type=int, default=32768, help="context length limit (default 32768)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="model automatic prefix caching: a repeated prompt prefix skips prefill (vLLM v1 default)")  # fmt: skip
     f = p.add_argument_group("faults (also settable at runtime: POST /admin/faults)")
     f.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered with --error-status")
     f.add_argument("--error-status", type=int, default=500, help="status of injected errors (default 500)")
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             output_mode=args.output_tokens,
             output_mean=args.output_mean,
             max_model_len=args.max_model_len,
+            prefix_cache=args.prefix_cache,
             faults=faults,
         )
         server = EmulatorServer(config)

@@ -40,12 +40,16 @@ class EngineRequest:
     first_token_at: float | None = None
     finished_at: float | None = None
     aborted: bool = False
+    cached_tokens: int = 0  # prompt prefix found in the prefix cache: skips prefill
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
             raise ValueError(f"request {self.rid}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
             raise ValueError(f"request {self.rid}: output_tokens must be >= 1, got {self.output_tokens}")
+        # A fully cached prompt still computes its last token (it produces the first output), as vLLM does.
+        self.cached_tokens = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
+        self.prefilled = max(self.prefilled, self.cached_tokens)
 
     @property
     def in_decode(self) -> bool:
@@ -206,6 +210,7 @@ class Arrival:
     time: float
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +246,8 @@ def simulate(engine: Engine, arrivals: list[Arrival]) -> list[SimResult]:
         while pending and pending[0][0] <= now:
             t, i = heapq.heappop(pending)
             a = arrivals[i]
-            r = EngineRequest(rid=i, prompt_tokens=a.prompt_tokens, output_tokens=a.output_tokens)
+            r = EngineRequest(rid=i, prompt_tokens=a.prompt_tokens, output_tokens=a.output_tokens,
+                              cached_tokens=a.cached_tokens)  # fmt: skip
             if engine.submit(r, t):
                 reqs[i] = r
             else:

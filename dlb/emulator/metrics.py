@@ -38,6 +38,8 @@ class ModelSeries:
         self.ttft = m.ttft.labels(model)
         self.tpot = m.tpot.labels(model)
         self.queue_time = m.queue_time.labels(model)
+        self.prefix_queries = m.prefix_queries.labels(model)
+        self.prefix_hits = m.prefix_hits.labels(model)
 
 
 class EmulatorMetrics:
@@ -63,6 +65,9 @@ class EmulatorMetrics:
                               lbl, buckets=TPOT_BUCKETS, registry=r)  # fmt: skip
         self.queue_time = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent waiting in queue.",
                                     lbl, buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens.", lbl,
+                                      registry=r)  # fmt: skip
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens.", lbl, registry=r)
         self.rejected = Counter("dlb_emulator_requests_rejected", "Requests answered with an error before running.",
                                 [*lbl, "reason"], registry=r)  # fmt: skip
         # Creating every child exports zeros from the start, as vLLM does.

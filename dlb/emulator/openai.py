@@ -50,6 +50,7 @@ class ParsedRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    prefix: str | tuple[int, ...] = ""  # canonical prompt content, for prefix caching
 
 
 def estimate_tokens(text: str) -> int:
@@ -73,6 +74,22 @@ def _int_field(body: dict[str, Any], name: str) -> int | None:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise _bad(f"'{name}' must be an integer >= 1, got {v!r}", name)
     return v
+
+
+def _prompt_content(kind: Kind, body: dict[str, Any]) -> str | tuple[int, ...]:
+    """The prompt as the cache sees it: text (chat: role-tagged turns) or token ids."""
+    if kind == "completion":
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        return prompt if isinstance(prompt, str) else tuple(prompt)
+    parts = []
+    for m in body["messages"]:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p["text"] for p in content if isinstance(p.get("text"), str))
+        parts.append(f"<|{m['role']}|>{content or ''}")
+    return "".join(parts)
 
 
 def _prompt_tokens_completion(prompt: Any) -> int:
@@ -160,7 +177,7 @@ def parse_request(kind: Kind, raw: bytes, models: tuple[str, ...], max_model_len
             "completion). Please reduce the length of the prompt or completion.",
             "max_tokens" if max_tokens is not None else ("prompt" if kind == "completion" else "messages"),
         )
-    return ParsedRequest(kind, model, prompt_tokens, max_tokens, stream, include_usage)
+    return ParsedRequest(kind, model, prompt_tokens, max_tokens, stream, include_usage, _prompt_content(kind, body))
 
 
 @dataclass
@@ -199,13 +216,17 @@ class OutputSampler:
 # -- response bodies ------------------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` only when prefix caching is on."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def full_response(kind: Kind, rid: str, created: int, model: str, text: str, finish_reason: str,
-                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:  # fmt: skip
+                  prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:  # fmt: skip
     if kind == "completion":
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
@@ -214,7 +235,7 @@ def full_response(kind: Kind, rid: str, created: int, model: str, text: str, fin
                   "finish_reason": finish_reason}  # fmt: skip
         obj = "chat.completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}  # fmt: skip
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}  # fmt: skip
 
 
 def chunk(kind: Kind, rid: str, created: int, model: str, text: str | None, finish_reason: str | None,
@@ -238,11 +259,11 @@ def chunk(kind: Kind, rid: str, created: int, model: str, text: str | None, fini
 
 
 def usage_chunk(kind: Kind, rid: str, created: int, model: str, prompt_tokens: int,
-                completion_tokens: int) -> dict[str, Any]:  # fmt: skip
+                completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The final chunk sent when ``stream_options.include_usage``: no choices, only usage."""
     obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}  # fmt: skip
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}  # fmt: skip
 
 
 class ChunkEncoder:

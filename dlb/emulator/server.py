@@ -28,6 +28,7 @@ from dlb.emulator.engine import Engine, EngineRequest, StepPlan, TokenEvent
 from dlb.emulator.faults import FaultError, Faults
 from dlb.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from dlb.emulator.openai import (
+    CHARS_PER_TOKEN,
     SSE_DONE,
     ApiError,
     ChunkEncoder,
@@ -39,6 +40,7 @@ from dlb.emulator.openai import (
     token_text,
     usage_chunk,
 )
+from dlb.emulator.prefix_cache import BLOCK_TOKENS, PrefixCache, text_blocks, token_blocks
 from dlb.emulator.profile import Profile, load_profile
 from dlb.log import get_logger
 
@@ -69,6 +71,7 @@ class EmulatorConfig:
     output_mode: str = "max_tokens"  # see OutputSampler
     output_mean: float = 128.0
     max_model_len: int = 32768
+    prefix_cache: bool = False  # model vLLM's automatic prefix caching (repeated prefixes skip prefill)
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
@@ -96,6 +99,7 @@ class _Live:
     finish_reason: str
     stream: asyncio.Queue[TokenEvent | None] | None  # streaming: every token; else None
     done: asyncio.Future[None]
+    blocks: tuple[bytes, ...] = ()  # prefix-cache blocks, cached once the prompt is computed
 
 
 def _error(e: ApiError) -> web.Response:
@@ -114,6 +118,8 @@ class EmulatorServer:
                                      seed=self.config.seed)  # fmt: skip
         self.faults: Faults = self.config.faults
         self._fault_rng = random.Random(self.config.seed ^ 0x5EED)
+        self.prefix_cache = (PrefixCache(max(1, self.profile.kv_cache_tokens // BLOCK_TOKENS))
+                             if self.config.prefix_cache else None)  # fmt: skip
         self._ids = itertools.count(1)
         self._live: dict[int, _Live] = {}
         self._wake = asyncio.Event()
@@ -249,6 +255,8 @@ class EmulatorServer:
             s.generation_tokens.inc()
             live = self._live.get(r.rid)
             if ev.index == 0 and r.first_token_at is not None:
+                if live is not None and live.blocks and self.prefix_cache is not None:
+                    self.prefix_cache.insert(live.blocks)
                 s.ttft.observe(r.first_token_at - r.arrival)
                 if r.admitted_at is not None:
                     s.queue_time.observe(r.admitted_at - r.arrival)
@@ -310,7 +318,14 @@ class EmulatorServer:
             return _error(ApiError(503, "emulator engine is not running", type_="server_error"))
         n_out, finish_reason = self.sampler.output_tokens(parsed, self.config.max_model_len)
         rid = next(self._ids)
-        req = EngineRequest(rid=rid, prompt_tokens=parsed.prompt_tokens, output_tokens=n_out, model=parsed.model)
+        blocks: tuple[bytes, ...] = ()
+        cached = 0
+        if self.prefix_cache is not None:
+            p = parsed.prefix
+            blocks = text_blocks(p, CHARS_PER_TOKEN) if isinstance(p, str) else token_blocks(p)
+            cached = self.prefix_cache.match(blocks)
+        req = EngineRequest(rid=rid, prompt_tokens=parsed.prompt_tokens, output_tokens=n_out, model=parsed.model,
+                            cached_tokens=cached)  # fmt: skip
         loop = asyncio.get_running_loop()
         if not self.engine.submit(req, loop.time()):
             self.metrics.rejected.labels(parsed.model, "queue_full").inc()
@@ -320,7 +335,12 @@ class EmulatorServer:
             if status == 429:
                 return _error(ApiError(429, msg, type_="requests", code="rate_limit_exceeded"))
             return _error(ApiError(503, msg, type_="server_error", code="overloaded"))
-        live = _Live(req, finish_reason, asyncio.Queue() if parsed.stream else None, loop.create_future())
+        if self.prefix_cache is not None:
+            series = self.metrics.series[parsed.model]
+            series.prefix_queries.inc(req.prompt_tokens)
+            series.prefix_hits.inc(req.cached_tokens)
+        cached_out = req.cached_tokens if self.prefix_cache is not None else None
+        live = _Live(req, finish_reason, asyncio.Queue() if parsed.stream else None, loop.create_future(), blocks)
         self._live[rid] = live
         self.metrics.sync_engine(self.engine)
         self._wake.set()
@@ -329,14 +349,15 @@ class EmulatorServer:
         created = int(time.time())
         try:
             if parsed.stream:
-                return await self._stream(request, live, kind, resp_id, created, parsed.model, parsed.include_usage)
+                return await self._stream(request, live, kind, resp_id, created, parsed.model, parsed.include_usage,
+                                          cached_out)  # fmt: skip
             try:
                 await live.done
             except ApiError as e:
                 return _error(e)
             text = "".join(token_text(rid, i) for i in range(req.generated))
             return web.json_response(full_response(kind, resp_id, created, parsed.model, text, finish_reason,
-                                                   req.prompt_tokens, req.generated))  # fmt: skip
+                                                   req.prompt_tokens, req.generated, cached_out))  # fmt: skip
         finally:
             self._live.pop(rid, None)
             if not req.finished and not req.aborted:
@@ -344,7 +365,7 @@ class EmulatorServer:
                 self.metrics.sync_engine(self.engine)
 
     async def _stream(self, request: web.Request, live: _Live, kind: Kind, resp_id: str, created: int, model: str,
-                      include_usage: bool) -> web.StreamResponse:  # fmt: skip
+                      include_usage: bool, cached_tokens: int | None) -> web.StreamResponse:  # fmt: skip
         assert live.stream is not None
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -368,7 +389,8 @@ class EmulatorServer:
                     finished = ev.finished
                 await resp.write(b"".join(out))
             if include_usage:
-                await resp.write(sse(usage_chunk(kind, resp_id, created, model, req.prompt_tokens, req.generated)))
+                await resp.write(sse(usage_chunk(kind, resp_id, created, model, req.prompt_tokens, req.generated,
+                                                 cached_tokens)))  # fmt: skip
             await resp.write(SSE_DONE)
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError):
@@ -418,6 +440,7 @@ class EmulatorServer:
             "running": len(e.running),
             "waiting": len(e.waiting),
             "kv_usage": e.kv_usage,
+            "prefix_cache_blocks": None if self.prefix_cache is None else len(self.prefix_cache),
             "steps": e.steps,
             "faults": self.faults.to_dict(),
             "profile": self.profile.to_dict(),
