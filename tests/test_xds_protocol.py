@@ -528,3 +528,16 @@ def test_streams_with_the_same_view_share_one_serialized_body():
             assert all(b.resources == bodies[0].resources for b in bodies)
             assert env.server.ctx.body_cache.misses == 1 and env.server.ctx.body_cache.hits == 2
     run(main())
+
+
+def test_status_forgets_the_oldest_disconnected_nodes():
+    from dlb.xds.status import StatusRegistry
+
+    reg = StatusRegistry(max_disconnected=2)
+    for n in ["a", "b", "c"]:
+        reg.stream_opened(n, "x")
+    reg.stream_closed("a")
+    reg.stream_closed("b")
+    assert set(reg.nodes) == {"a", "b", "c"}
+    reg.stream_closed("c")
+    assert set(reg.nodes) == {"b", "c"}

@@ -8,6 +8,7 @@ optional ``ack_hooks`` / ``sent_hooks`` (the scale benchmark measures push-to-AC
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ class NodeStatus:
     streams: int = 0
     types: dict[str, TypeStatus] = field(default_factory=dict)
     last_seen_unix: float = 0.0
+    seen_seq: int = 0  # strictly increasing with every touch (orders nodes even within one clock tick)
 
     def type(self, type_url: str) -> TypeStatus:
         st = self.types.get(type_url)
@@ -57,12 +59,15 @@ class StatusRegistry:
     stale_nonces: int = 0
     ack_hooks: list[AckHook] = field(default_factory=list)
     sent_hooks: list[AckHook] = field(default_factory=list)
+    max_disconnected: int = 1000  # remembered nodes without streams (the oldest are forgotten)
+    _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def node(self, node_id: str, cluster: str = "") -> NodeStatus:
         ns = self.nodes.get(node_id)
         if ns is None:
             ns = self.nodes[node_id] = NodeStatus(node_id=node_id, cluster=cluster)
         ns.last_seen_unix = time.time()
+        ns.seen_seq = next(self._seq)
         return ns
 
     def stream_opened(self, node_id: str, cluster: str) -> None:
@@ -70,6 +75,11 @@ class StatusRegistry:
 
     def stream_closed(self, node_id: str) -> None:
         self.node(node_id).streams -= 1
+        gone = [ns for ns in self.nodes.values() if ns.streams <= 0]
+        if len(gone) > self.max_disconnected:  # node ids churn (pods come and go): bound the memory
+            gone.sort(key=lambda ns: ns.seen_seq)
+            for ns in gone[: len(gone) - self.max_disconnected]:
+                del self.nodes[ns.node_id]
 
     def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
         st = self.node(node_id).type(type_url)
