@@ -541,3 +541,17 @@ def test_status_forgets_the_oldest_disconnected_nodes():
     assert set(reg.nodes) == {"a", "b", "c"}
     reg.stream_closed("c")
     assert set(reg.nodes) == {"b", "c"}
+
+
+def test_set_snapshot_from_another_thread_wakes_streams():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+            s = env.stream()
+            await s.send(sotw_request(CDS, node=N1))
+            await s.send(ack(await s.recv()))
+            assert await s.barrier() == []
+            v2 = await asyncio.to_thread(env.cache.set_snapshot, "n1", snap(clusters=("c1", "c2")))
+            r = await s.recv()
+            assert r.version_info == v2 and sorted(names_of(r, cluster_pb2.Cluster)) == ["c1", "c2"]
+    run(main())

@@ -93,6 +93,7 @@ class StreamBase:
         self._snapshot_changed = False
         self._requests: collections.deque = collections.deque()
         self._nonce = 0
+        self._denied: set[tuple[str, str]] = set()
         self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
 
     # --- helpers for subclasses -------------------------------------------------------------
@@ -137,8 +138,13 @@ class StreamBase:
         out = {}
         for n in names:
             r = all_res.get(n)
-            if r is not None and (auth is None or auth(self.node, type_url, n)):  # type: ignore[arg-type]
+            if r is None:
+                continue
+            if auth is None or auth(self.node, type_url, n):  # type: ignore[arg-type]
                 out[n] = r
+            elif (type_url, n) not in self._denied:
+                self._denied.add((type_url, n))  # a security signal: log once per stream and name
+                self.log.warning("read denied", type=types.short(type_url), resource=n)
         return out
 
     # --- the loop ---------------------------------------------------------------------------
