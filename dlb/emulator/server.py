@@ -34,6 +34,7 @@ from dlb.emulator.openai import (
     ChunkEncoder,
     Kind,
     OutputSampler,
+    ParsedRequest,
     full_response,
     parse_request,
     sse,
@@ -314,36 +315,14 @@ class EmulatorServer:
             self.metrics.rejected.labels(parsed.model, "injected_error").inc()
             return _error(ApiError(faults.error_status, f"injected error (error_rate={faults.error_rate})",
                                    type_="server_error", code="injected_fault"))  # fmt: skip
-        if self._engine_task is None or self._engine_task.done():
-            return _error(ApiError(503, "emulator engine is not running", type_="server_error"))
-        n_out, finish_reason = self.sampler.output_tokens(parsed, self.config.max_model_len)
-        rid = next(self._ids)
-        blocks: tuple[bytes, ...] = ()
-        cached = 0
-        if self.prefix_cache is not None:
-            p = parsed.prefix
-            blocks = text_blocks(p, CHARS_PER_TOKEN) if isinstance(p, str) else token_blocks(p)
-            cached = self.prefix_cache.match(blocks)
-        req = EngineRequest(rid=rid, prompt_tokens=parsed.prompt_tokens, output_tokens=n_out, model=parsed.model,
-                            cached_tokens=cached)  # fmt: skip
-        loop = asyncio.get_running_loop()
-        if not self.engine.submit(req, loop.time()):
-            self.metrics.rejected.labels(parsed.model, "queue_full").inc()
-            status = self.config.overflow_status
-            msg = (f"server overloaded: {len(self.engine.waiting)} requests waiting, "
-                   f"{len(self.engine.running)} running (max_batch={self.config.max_batch}, max_queue={self.config.max_queue})")  # fmt: skip
-            if status == 429:
-                return _error(ApiError(429, msg, type_="requests", code="rate_limit_exceeded"))
-            return _error(ApiError(503, msg, type_="server_error", code="overloaded"))
-        if self.prefix_cache is not None:
-            series = self.metrics.series[parsed.model]
-            series.prefix_queries.inc(req.prompt_tokens)
-            series.prefix_hits.inc(req.cached_tokens)
+        try:
+            live = self._enqueue(parsed)
+        except ApiError as e:
+            return _error(e)
+        req = live.req
+        rid = req.rid
         cached_out = req.cached_tokens if self.prefix_cache is not None else None
-        live = _Live(req, finish_reason, asyncio.Queue() if parsed.stream else None, loop.create_future(), blocks)
-        self._live[rid] = live
-        self.metrics.sync_engine(self.engine)
-        self._wake.set()
+        finish_reason = live.finish_reason
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         resp_id = f"{prefix}-{self.config.server_id}-{rid}"
         created = int(time.time())
@@ -363,6 +342,37 @@ class EmulatorServer:
             if not req.finished and not req.aborted:
                 self.engine.abort(req)  # client went away or server stopping: free the slot, like vLLM
                 self.metrics.sync_engine(self.engine)
+
+    def _enqueue(self, parsed: ParsedRequest) -> _Live:
+        """Size the request (output length, cached prefix) and queue it; ApiError if it cannot run."""
+        if self._engine_task is None or self._engine_task.done():
+            raise ApiError(503, "emulator engine is not running", type_="server_error")
+        n_out, finish_reason = self.sampler.output_tokens(parsed, self.config.max_model_len)
+        blocks: tuple[bytes, ...] = ()
+        cached = 0
+        if self.prefix_cache is not None:
+            p = parsed.prefix
+            blocks = text_blocks(p, CHARS_PER_TOKEN) if isinstance(p, str) else token_blocks(p)
+            cached = self.prefix_cache.match(blocks)
+        req = EngineRequest(rid=next(self._ids), prompt_tokens=parsed.prompt_tokens, output_tokens=n_out,
+                            model=parsed.model, cached_tokens=cached)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        if not self.engine.submit(req, loop.time()):
+            self.metrics.rejected.labels(parsed.model, "queue_full").inc()
+            msg = (f"server overloaded: {len(self.engine.waiting)} requests waiting, {len(self.engine.running)} "
+                   f"running (max_batch={self.config.max_batch}, max_queue={self.config.max_queue})")  # fmt: skip
+            if self.config.overflow_status == 429:
+                raise ApiError(429, msg, type_="requests", code="rate_limit_exceeded")
+            raise ApiError(503, msg, type_="server_error", code="overloaded")
+        if self.prefix_cache is not None:
+            series = self.metrics.series[parsed.model]
+            series.prefix_queries.inc(req.prompt_tokens)
+            series.prefix_hits.inc(req.cached_tokens)
+        live = _Live(req, finish_reason, asyncio.Queue() if parsed.stream else None, loop.create_future(), blocks)
+        self._live[req.rid] = live
+        self.metrics.sync_engine(self.engine)
+        self._wake.set()
+        return live
 
     async def _stream(self, request: web.Request, live: _Live, kind: Kind, resp_id: str, created: int, model: str,
                       include_usage: bool, cached_tokens: int | None) -> web.StreamResponse:  # fmt: skip
