@@ -202,3 +202,26 @@ def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
     # Backoff: 1 s at a 10 ms period would be ~100 attempts without it.
     assert stats["c"].errors < 40
     assert ("b", False) in results and ("c", False) in results and ("a", True) in results
+
+
+def test_a_failing_decision_continues_on_the_fail_open_route():
+    svc, clock = service()
+    probe(svc, 0, clock.t)
+
+    def broken(now, session=None):
+        raise FloatingPointError("boom")
+
+    svc.endpoints[0].router.pick = broken
+
+    async def run():
+        async def one():
+            yield headers_msg()
+
+        return [out async for out in svc.process(one(), None)]
+
+    outs = asyncio.run(run())
+    resp = ep.ProcessingResponse.FromString(outs[0])
+    # An empty request-headers reply: no x-dlb-cell, so the root Envoy routes by its fallback weights.
+    assert resp.WhichOneof("response") == "request_headers"
+    assert not resp.request_headers.response.header_mutation.set_headers
+    assert svc.errors == 1

@@ -67,5 +67,8 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
                 hcm = f["typed_config"]
                 if "route_config" in hcm and not hcm.get("access_log"):
                     hcm["access_log"] = [leaf_access_log(LEAF_AGENT_CLUSTER, flush_ms)]
-                    hcm["access_log_options"] = leaf_access_log_options()
+                    if cfg.cell(cell).leaf.ext_proc is None:
+                        # Start entries only matter when Envoy picks; with a leaf ext_proc the agent
+                        # already counted the request at pick time (halves the log traffic).
+                        hcm["access_log_options"] = leaf_access_log_options()
     return bootstrap

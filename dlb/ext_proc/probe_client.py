@@ -99,6 +99,8 @@ class ProbeClient:
                 resp = await stub.Probe(request, timeout=timing.timeout_s)
                 if resp.cell != target.name:
                     raise ValueError(f"leaf at {target.address} answered for cell {resp.cell!r}, expected {target.name!r}")
+                if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):
+                    raise ValueError(f"leaf at {target.address} sent an impossible state: rif={resp.rif}, error_rate={resp.error_rate}")
             except (grpc.aio.AioRpcError, ValueError) as exc:
                 now = self.clock()
                 st.errors += 1

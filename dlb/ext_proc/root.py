@@ -71,6 +71,7 @@ class RootService:
     processing: FastHistogram = field(default_factory=FastHistogram)
     unmatched: int = 0
     streams: int = 0
+    errors: int = 0
     probe_client: ProbeClient | None = None
     clock: object = time.monotonic
 
@@ -95,7 +96,7 @@ class RootService:
     def decide(self, header_list: Iterable) -> bytes:
         """The serialised reply to one request-headers message."""
         path = ""
-        session_keys = self._session_keys
+        session_keys = self.session_keys
         sessions: dict[str, str] | None = None
         for h in header_list:
             key = h.key
@@ -119,13 +120,9 @@ class RootService:
         ep_state.decisions[cell] += 1
         return self.responses[cell]
 
-    @property
-    def _session_keys(self) -> frozenset[str]:
-        keys = self.__dict__.get("_skeys")
-        if keys is None:
-            keys = frozenset(e.session_header for e in self.endpoints if e.session_header)
-            self.__dict__["_skeys"] = keys
-        return keys
+    def __post_init__(self) -> None:
+        #: Every endpoint's affinity header (the only client headers besides :path we ever read).
+        self.session_keys = frozenset(e.session_header for e in self.endpoints if e.session_header)
 
     async def process(self, requests: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """ExternalProcessor.Process: one stream per HTTP request."""
@@ -136,7 +133,13 @@ class RootService:
             t0 = perf()
             which = req.WhichOneof("request")
             if which == "request_headers":
-                out = self.decide(req.request_headers.headers.headers)
+                try:
+                    out = self.decide(req.request_headers.headers.headers)
+                except Exception:  # a bug must not fail the request: no header = Envoy's fail-open route
+                    self.errors += 1
+                    if self.errors == 1 or self.errors % 1000 == 0:
+                        log.exception("decide_failed", errors=self.errors)
+                    out = CONTINUE["request_headers"]
             else:
                 out = CONTINUE.get(which, CONTINUE["request_headers"])
             observe(perf() - t0)
@@ -187,6 +190,7 @@ class RootService:
         yield from (dec, rej, av, flow, usable)
         yield CounterMetricFamily("dlb_root_unmatched", "Requests whose path matched no endpoint", value=self.unmatched)
         yield CounterMetricFamily("dlb_root_streams", "ext_proc streams opened by Envoy", value=self.streams)
+        yield CounterMetricFamily("dlb_root_decide_errors", "Decisions that raised (request continued on the fail-open route)", value=self.errors)
         yield self.processing.family("dlb_root_processing_seconds", "Time to decide one ext_proc message inside the service")
         pc = self.probe_client
         if pc is None:
