@@ -28,9 +28,20 @@ ENDPOINT = {
 }
 
 
+#: A flow endpoint (first: its prefix is the more specific one): projected gradient descent on the
+#: latency cost moves the routing vector from the replica split toward the local cell (b is 50 ms
+#: further away), and the ext_proc samples each request's cell from it.
+FLOW = {
+    "name": "flow",
+    "match": {"prefix": "/v1/completions"},
+    "policy": {"mechanism": "flow", "cost": "latency", "flow": {"period_ms": 100, "kappa": 0.5}, "aversion": {"enabled": False}},
+    "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 4, "s": 1},
+}
+
+
 @pytest.fixture(scope="module")
 def plane():
-    p = start_data_plane([CellSpec("a"), CellSpec("b")], "a", ENDPOINT, one_way_ms={"a": {"b": 25}})
+    p = start_data_plane([CellSpec("a"), CellSpec("b")], "a", [FLOW, ENDPOINT], one_way_ms={"a": {"b": 25}})
     try:
         _wait(lambda: metric_value(p.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="b") == 1.0, "both cells usable")
         _wait(lambda: metric_value(p.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0, "both cells usable")
@@ -138,3 +149,23 @@ def test_error_aversion_moves_traffic_away_from_a_failing_cell(plane):
         assert metric_value(leaf, "dlb_leaf_error_rate") > 0.1 >= metric_value(plane.leaf_metrics("b"), "dlb_leaf_error_rate")
     finally:
         emu_a.set_faults(error_rate=0.0)
+
+
+def test_flow_mechanism_weights_drive_the_split(plane):
+    host, port = plane.root_url
+    body = {"model": "dlb-emulated", "prompt": "hi", "max_tokens": 4}
+
+    def weight_a() -> float:
+        request(host, port, path="/v1/completions", body=body)  # arrivals feed the step size
+        return metric_value(plane.root_metrics(), "dlb_root_flow_weight", endpoint="flow", cell="a") or 0.0
+
+    _wait(lambda: weight_a() > 0.9, "flow vector moves to the local cell")
+    served = []
+    for _ in range(30):
+        status, h, _ = request(host, port, path="/v1/completions", body=body)
+        assert status == 200
+        served.append(h["x-dlb-server"])
+    # x_a > 0.9 (and still rising): 20 of 30 is far in the tail of Binomial(30, 0.9).
+    assert served.count("a-0") >= 20, served
+    root = plane.root_metrics()
+    assert metric_value(root, "dlb_root_decisions_total", endpoint="flow", cell="a") >= 20

@@ -89,7 +89,7 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root_cell: str, endpoint: dict[str, Any],
+def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root_cell: str, endpoint: dict[str, Any] | list[dict[str, Any]],
                  one_way_ms: dict[str, dict[str, float]], leaf_ext_proc: bool, probe: dict[str, Any]) -> dict[str, Any]:
     raw_cells = []
     for c in cells:
@@ -104,7 +104,7 @@ def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root
         "version": 1,
         "cells": raw_cells,
         "network": {"one_way_ms": one_way_ms, "default_one_way_ms": 0},
-        "endpoints": [endpoint],
+        "endpoints": endpoint if isinstance(endpoint, list) else [endpoint],
         "probe": probe,
         "services": {"root": {"ext_proc": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"}},
     }
@@ -113,7 +113,7 @@ def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root
 def start_data_plane(
     cells: list[CellSpec],
     root_cell: str,
-    endpoint: dict[str, Any],
+    endpoint: dict[str, Any] | list[dict[str, Any]],
     one_way_ms: dict[str, dict[str, float]] | None = None,
     leaf_ext_proc: bool = True,
     emulate_wan: bool = True,
