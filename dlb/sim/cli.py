@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,17 +81,19 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.md").write_text(markdown_table(all_records) + "\n")
     plot(all_records, out)
     events = sum(r["events"] for r in records)
-    cpu = sum(r["wall_s"] for r in records)
+    cpu = sum(r["cpu_s"] for r in records)
     bench = {
         "experiments": exps, "jobs": len(jobs), "workers": args.workers, "wall_s": wall,
         "events": events, "events_per_s_wall": events / wall if wall > 0 else math.nan,
-        "events_per_s_cpu": events / cpu if cpu > 0 else math.nan,
+        "cpu_s": cpu,
+        "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,
+        "load_average": list(os.getloadavg()),
         "scenarios": args.scenarios, "trials": args.trials, "minutes": args.minutes,
     }
     (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
     print(markdown_table(records))
     print(f"\n{len(jobs)} runs, {events} events in {wall:.1f} s wall ({bench['events_per_s_wall']:.0f} events/s; "
-          f"{bench['events_per_s_cpu']:.0f} events/s per worker) → {path}", file=sys.stderr)
+          f"{bench['events_per_cpu_s']:.0f} events per CPU-second; load average {bench['load_average'][0]:.1f}) → {path}", file=sys.stderr)
     return 0
 
 

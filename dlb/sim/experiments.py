@@ -85,9 +85,11 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int, minutes: 
 def run_job(job: Job) -> dict:
     """Simulate one job; returns its record (without the normalised fields) plus timing."""
     t0 = time.perf_counter()
+    c0 = time.process_time()
     sc = generate(job.scenario, duration_s=job.duration_s, **dict(job.variant.params))
     res = simulate(sc, job.policy, job.trial)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     s = res.summary()
     rec = {
         "experiment": job.experiment,
@@ -104,6 +106,7 @@ def run_job(job: Job) -> dict:
         "cells": sc.n,
         "events": s["events"],
         "wall_s": wall,
+        "cpu_s": cpu,
     }
     return rec
 

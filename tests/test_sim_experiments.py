@@ -1,0 +1,104 @@
+"""Experiments, records, normalisation, the report and the ``dlb sim`` command (CI-sized)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dlb.cli import main
+from dlb.sim.experiments import EXPERIMENTS, make_jobs, normalise, run_jobs
+from dlb.sim.policies import POLICIES
+from dlb.sim.report import markdown_table, plot, reproduction_report, verdicts
+
+SMOKE_POLICIES = ("Rand", "MNLB", "Disc-RIF", "Flow-Grad")
+#: Sweeps with many variants (and y = 10, ten times the request rate) smoke two policies.
+SMALL = {"length": ("Rand", "Flow-Grad"), "noise": ("Rand", "Disc-Lat"), "utilization": ("Rand", "Disc-Grad")}
+FIELDS = {"experiment", "variant", "policy", "scenario", "trial", "mean", "p50", "p90", "p99", "error_rate", "norm_mean", "norm_p90"}
+
+
+@pytest.mark.parametrize("experiment", list(EXPERIMENTS))
+def test_each_experiment_smoke(experiment: str) -> None:
+    policies = SMALL.get(experiment, SMOKE_POLICIES)
+    jobs = make_jobs([experiment], scenarios=1, trials=1, minutes=0.05, seed=3, policies=policies)
+    assert len(jobs) == len(EXPERIMENTS[experiment]) * len(policies)
+    recs = run_jobs(jobs, workers=1, progress=False)
+    assert len(recs) == len(jobs)
+    for r in recs:
+        assert FIELDS <= r.keys()
+        assert r["arrivals"] > 0 and math.isfinite(r["mean"]) and r["mean"] > 0
+        if r["policy"] == "Rand":
+            assert r["norm_mean"] == 1.0 and r["norm_p90"] == 1.0
+        else:
+            assert r["norm_mean"] == pytest.approx(r["mean"] / next(
+                q["mean"] for q in recs if q["policy"] == "Rand" and q["variant"] == r["variant"]))
+
+
+def _rec(exp: str, var: str, x: float, policy: str, norm: float, err: float = 0.0, scenario: int = 1) -> dict:
+    return {"experiment": exp, "variant": var, "x": x, "policy": policy, "scenario": scenario, "trial": 0,
+            "duration_s": 600.0, "mean": norm, "p50": norm, "p90": 2 * norm, "p99": 3 * norm, "error_rate": err}
+
+
+def test_verdicts_follow_the_numbers() -> None:
+    good = {"Rand": 1.0, "MNLB": 0.9, "Disc-RIF": 0.82, "Disc-Lat": 0.8, "Disc-Grad": 0.79,
+            "Flow-RIF": 0.83, "Flow-Lat": 0.8, "Flow-Grad": 0.75}
+    recs = normalise([_rec("baseline", "util=0.8", 0.8, p, v) for p, v in good.items()])
+    v = verdicts(recs)
+    assert v[0].holds is True and v[1].holds is True
+    bad = dict(good, **{"Disc-Grad": 0.7})  # Flow-Grad no longer best
+    v = verdicts(normalise([_rec("baseline", "util=0.8", 0.8, p, x) for p, x in bad.items()]))
+    assert v[1].holds is False
+    # Claims of experiments not run are reported as such, not as passes.
+    assert all(x.holds is None for x in v[2:])
+
+
+def test_disruption_verdict_needs_fewer_errors() -> None:
+    base = {p: 0.9 for p in POLICIES}
+    base["Rand"], base["MNLB"] = 1.0, 1.0
+    recs = [_rec("burst", "burst", 0.8, p, v, err=0.05 if p in ("Rand", "MNLB") else 0.01) for p, v in base.items()]
+    assert [x for x in verdicts(normalise(recs)) if x.claim.startswith("Burst")][0].holds is True
+    recs = [_rec("burst", "burst", 0.8, p, v, err=0.01 if p in ("Rand", "MNLB") else 0.05) for p, v in base.items()]
+    assert [x for x in verdicts(normalise(recs)) if x.claim.startswith("Burst")][0].holds is False
+
+
+def test_report_table_and_plots(tmp_path) -> None:
+    recs = []
+    for var, x in (("util=0.5", 0.5), ("util=0.8", 0.8)):
+        recs += [_rec("utilization", var, x, p, 1.0 if p == "Rand" else 0.9) for p in POLICIES]
+    recs += [_rec("baseline", "util=0.8", 0.8, p, 1.0 if p == "Rand" else 0.85) for p in POLICIES]
+    recs = normalise(recs)
+    md = markdown_table(recs)
+    assert "## utilization — util=0.5" in md and "| Flow-Grad | 0.900" in md
+    paths = plot(recs, tmp_path)
+    assert {p.name for p in paths} == {"baseline.png", "utilization.png"}
+    assert all(0 < p.stat().st_size < 200_000 for p in paths)
+    rep = reproduction_report(recs, "results.json", "sim-plots")
+    assert "| DLB policies ~20 % below Rand at 80 % utilisation | **yes**" in rep
+    assert "![utilization](sim-plots/utilization.png)" in rep
+
+
+def test_cli_run_and_report(tmp_path, capsys) -> None:
+    out = tmp_path / "res"
+    rc = main(["sim", "--experiment", "baseline", "--scenarios", "1", "--trials", "1", "--minutes", "0.05",
+               "--policies", "Rand,Disc-RIF", "--workers", "2", "--out", str(out), "--no-progress", "--seed", "4"])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert {r["policy"] for r in data} == {"Rand", "Disc-RIF"} and all(FIELDS <= r.keys() for r in data)
+    assert (out / "results.md").exists() and (out / "baseline.png").exists()
+    bench = json.loads((out / "benchmark.json").read_text())
+    assert bench["events"] > 0 and bench["jobs"] == 2
+    report = tmp_path / "docs" / "repro.md"
+    assert main(["sim", "report", "--results", str(out / "results.json"), "--output", str(report)]) == 0
+    assert "Paper reproduction" in report.read_text() and (tmp_path / "docs" / "sim-plots" / "baseline.png").exists()
+
+
+def test_cli_rejects_bad_input(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit, match="--policies"):
+        main(["sim", "--policies", "Rand,Bogus", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--minutes"):
+        main(["sim", "--minutes", "0", "--out", str(tmp_path)])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["sim", "report", "--results", str(bad), "--output", str(tmp_path / "r.md")]) == 2
+    assert "bad.json" in capsys.readouterr().err
