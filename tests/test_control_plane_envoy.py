@@ -138,7 +138,7 @@ async def _scenario() -> None:
     root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
     write_config(cfg_path, {"a": ports["a"], "b": ports["b"]}, root_port, ext_proc_port)
     leaves = [await start_leaf(n, p) for n, p in ports.items()]
-    cp = ControlPlane(load_config(cfg_path), probe=False)
+    cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
     xds_port, status_port = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     boot = os.path.join(tmp, "root.yaml")
     with open(boot, "w") as fh:
@@ -198,8 +198,9 @@ async def _scenario() -> None:
         bad = {t: dict(rs) for t, rs in snap.resources.items()}
         bad[types.ROUTE] = {rc.name: Resource.from_message(rc)}
         v_bad = cp.cache.set_snapshot(root_key("a"), Snapshot.of(bad))
-        await wait_for(lambda: rejected(envoy) == 1, what="Envoy NACK")
         rds = cp.server.status.nodes["root-a-test"].types[types.ROUTE]
+        # Envoy counts the rejection before its NACK reaches the server: wait for both.
+        await wait_for(lambda: rejected(envoy) == 1 and rds.nacks == 1, what="Envoy NACK")
         assert rds.nacks == 1 and rds.last_nack_version == v_bad and "(unclosed" in rds.last_nack_reason
         assert rds.acked_version == v4
         await asyncio.sleep(1.0)

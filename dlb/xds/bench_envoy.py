@@ -59,7 +59,7 @@ async def measure(rounds: int = 50, cells: int = 4, delta: bool = False) -> dict
     tmp = tempfile.mkdtemp(prefix="dlb-bench-push-")
     cfg_path = os.path.join(tmp, "dlb.yaml")
     _config(cfg_path, cells)
-    cp = ControlPlane(load_config(cfg_path), probe=False)
+    cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     admin = _free_port()
     boot = os.path.join(tmp, "root.yaml")

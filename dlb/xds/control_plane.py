@@ -82,12 +82,13 @@ class ControlPlane:
     """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = True) -> None:
+                 probe: bool = True, flow_loop: bool = True) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         self.server = XdsServer(self.cache)
         self.clock = clock
         self.emulate_wan = emulate_wan
         self.probe_enabled = probe
+        self.flow_loop_enabled = flow_loop  # off: snapshots change only on rebuild()/reload() calls
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
@@ -263,7 +264,8 @@ class ControlPlane:
         status_port = await self.status_server.start(host.strip("[]"), int(port))
         if self.probe_enabled:
             self._start_probes()
-        self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
+        if self.flow_loop_enabled:
+            self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
         log.info("control plane started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
                  flow_endpoints=[ep.name for ep in (self.flow.endpoints if self.flow else [])])
         return xds_port, status_port
