@@ -88,7 +88,8 @@ async def _serve() -> None:
         return web.json_response({"latencies_ms": acks.get(v, []), "sent_ms": sends.get(v, [])})
 
     async def rss(_req: web.Request) -> web.Response:
-        return web.json_response({"rss_mb": _rss_mb(), "watches": cache.watch_count,
+        cpu = os.times()
+        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": cpu.user + cpu.system, "watches": cache.watch_count,
                                   "body_cache_hits": server.ctx.body_cache.hits})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
@@ -148,7 +149,8 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
         for c in clients:
             await c.start()
         await _until(lambda: all(s.version for s in subs), f"{streams} initial ACKs", timeout)
-        rss_mb = (await call("/bench/rss"))["rss_mb"]
+        proc0 = await call("/bench/rss")
+        rss_mb = proc0["rss_mb"]
         latencies: list[float] = []
         fanout: list[float] = []
         for _ in range(updates):
@@ -161,13 +163,16 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
                 await asyncio.sleep(0.01)
             latencies += got["latencies_ms"]
             fanout.append(max(got["sent_ms"]))
+        cpu_s = (await call("/bench/rss"))["cpu_s"] - proc0["cpu_s"]
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
     lat = np.array(latencies)
     return {"streams": streams, "updates": updates, "p50_ms": round(float(np.percentile(lat, 50)), 3),
             "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
             # server alone: time from set_snapshot until the response was handed to the last stream
-            "fanout_ms": round(float(np.median(fanout)), 3), "rss_mb": round(rss_mb, 2)}
+            "fanout_ms": round(float(np.median(fanout)), 3),
+            # server CPU per delivered update (push + ACK), robust to a busy machine unlike wall time
+            "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1), "rss_mb": round(rss_mb, 2)}
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
