@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -398,8 +399,36 @@ def leaf_bootstrap(
     return boot
 
 
+class _EnvoyYamlDumper(yaml.SafeDumper):
+    """Quotes every string Envoy's YAML reader could take for something else.
+
+    PyYAML quotes strings that *it* would misread, but Envoy reads YAML with yaml-cpp and turns any
+    plain scalar that converts to a bool or a number into one: a cell named ``y`` or ``n`` (YAML 1.1
+    booleans PyYAML leaves bare) or an endpoint named ``1e3`` became a bool/number in a string field
+    and Envoy refused the bootstrap (found by the property test in tests/test_envoy_configs.py).
+    Only proto-field-like words stay bare, so the files remain readable.
+    """
+
+
+_BARE_OK = re.compile(r"^[a-z_][a-z0-9_]*$")
+_YAML_CPP_SPECIAL = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf"}
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    bare = _BARE_OK.match(data) is not None and data not in _YAML_CPP_SPECIAL
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=None if bare else '"')
+
+
+_EnvoyYamlDumper.add_representer(str, _represent_str)
+
+
+def dump_bootstrap(bootstrap: Mapping[str, Any]) -> str:
+    """A bootstrap as YAML text that Envoy reads back exactly (strings stay strings)."""
+    return yaml.dump(dict(bootstrap), Dumper=_EnvoyYamlDumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
 def write_bootstrap(bootstrap: Mapping[str, Any], path: str | os.PathLike[str]) -> str:
-    """Dump a bootstrap as YAML (what ``envoy -c`` reads); returns the path."""
+    """Write a bootstrap for ``envoy -c``; returns the path."""
     with open(path, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(dict(bootstrap), fh, sort_keys=False, default_flow_style=False)
+        fh.write(dump_bootstrap(bootstrap))
     return os.fspath(path)

@@ -54,6 +54,11 @@ def free_port() -> int:
 class _EchoHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in two writes; without this, Nagle + delayed ACK add ~40 ms each.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def _answer(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         if length:
@@ -455,10 +460,8 @@ def test_cli_render_writes_a_valid_bootstrap(tmp_path: Path) -> None:
     assert main(["config", "render", str(CONFIG_DIR / "dlb.example.yaml"), "root", "mars", "--admin-port", "1"]) == 1
 
 
-class _StreamHandler(BaseHTTPRequestHandler):
+class _StreamHandler(_EchoHandler):
     """Streams two chunks; the second only after the test says it has read the first."""
-
-    protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -593,3 +596,22 @@ def test_any_valid_config_renders_envoy_valid_bootstraps(tmp_path: Path, data: d
                        ("leaf", leaf_bootstrap(cfg, cell, admin_port=9902, emulate_wan=True, access_log=True))):
         result = validate(write_bootstrap(boot, tmp_path / f"{role}.yaml"))
         assert result.returncode == 0, f"{role} {cell}: {result.stdout}{result.stderr}\n{yaml.safe_dump(data)}"
+
+
+def test_yaml_ambiguous_names_stay_strings(tmp_path: Path) -> None:
+    """Regression (found by the property test): cells named y and nan, endpoints named 1e3 and true."""
+    data = {
+        "version": 1,
+        "cells": [{"name": n, "leaf": {"address": f"127.0.0.1:{20000 + 3 * k}", "probe": f"127.0.0.1:{20001 + 3 * k}"},
+                   "root": {"address": f"127.0.0.1:{20002 + 3 * k}"}, "servers": [f"127.0.0.1:{21000 + k}"]}
+                  for k, n in enumerate(["y", "nan"])],
+        "network": {"default_one_way_ms": 5},
+        "endpoints": [{"name": "1e3", "match": {"prefix": "/v1/"}}, {"name": "true", "match": {"prefix": "/x/"}}],
+    }
+    cfg = config_from_dict(data)
+    for cell in cfg.cell_names:
+        for role, boot in (("root", root_bootstrap(cfg, cell, admin_port=9901)), ("leaf", leaf_bootstrap(cfg, cell, admin_port=9902, emulate_wan=True))):
+            path = write_bootstrap(boot, tmp_path / f"{role}-{cell}.yaml")
+            assert yaml.safe_load(Path(path).read_text()) == boot  # the dump round-trips exactly
+            result = validate(path)
+            assert result.returncode == 0, f"{role} {cell}: {result.stderr[-600:]}"

@@ -104,9 +104,9 @@ def run_render(args: argparse.Namespace) -> int:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
     if args.output == "-":
-        import yaml
+        from dlb.envoy_bootstrap import dump_bootstrap
 
-        yaml.safe_dump(boot, sys.stdout, sort_keys=False)
+        sys.stdout.write(dump_bootstrap(boot))
     else:
         write_bootstrap(boot, args.output)
     return 0
