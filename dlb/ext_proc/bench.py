@@ -43,16 +43,14 @@ CONFIGS = ("plain", "root", "root+leaf")
 RESP_CONFIG = "root+leaf-resp"
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / tick
+
+def _cpu_of(pid: int) -> float:
+    """user + system CPU seconds of one process (all its threads), from /proc/PID/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
 
 def _upstream_bootstrap(port: int, admin: int) -> dict[str, Any]:
@@ -114,26 +112,32 @@ def bench_config(upstream: int) -> dict[str, Any]:
     }
 
 
-def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu_s: float, connections: int | None) -> dict[str, Any]:
+def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu: dict[str, float], connections: int | None) -> dict[str, Any]:
     n = len(res.latencies_s)
+    cpu_s = sum(v for k, v in cpu.items() if k != "loadgen")
     return {
         "config": config, "mode": mode, "rate": rate,
         "p50_ms": round(res.pct_ms(50), 4), "p99_ms": round(res.pct_ms(99), 4), "rps": round(res.rps, 1),
         "cpu_s_per_1k": round(cpu_s / n * 1000, 5) if n else None,
         "requests": n, "errors": res.errors, "dropped": res.dropped, "duration_s": round(res.duration_s, 3), "connections": connections,
+        # Where the CPU went (ms per request) and how busy the machine was: context for the numbers.
+        "cpu_ms_per_req": {k: round(v / n * 1000, 4) for k, v in cpu.items()} if n else None,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
 
-async def _measure(target: tuple[int, list[int]], mode: str, *, connections: int, rate: float | None, duration_s: float) -> tuple[LoadResult, float]:
+async def _measure(target: tuple[int, dict[str, int]], mode: str, *, connections: int, rate: float | None,
+                   duration_s: float) -> tuple[LoadResult, dict[str, float]]:
     port, pids = target
+    pids = dict(pids, loadgen=os.getpid())
     req = build_request("127.0.0.1", port, "/v1/chat/completions", b'{"model":"m","messages":[]}')
-    cpu0 = _cpu_seconds(pids)
+    cpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
     if mode == "closed":
         res = await closed_loop("127.0.0.1", port, req, connections, duration_s)
     else:
         assert rate is not None
         res = await open_loop("127.0.0.1", port, req, rate, duration_s)
-    return res, _cpu_seconds(pids) - cpu0
+    return res, {k: _cpu_of(pid) - cpu0[k] for k, pid in pids.items()}
 
 
 def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, repeats: int = 1) -> list[dict[str, Any]]:
@@ -165,25 +169,26 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             s.spawn()
         for s in services:
             s.wait_ready()
-        targets: dict[str, tuple[int, list[int]]] = {}
+        targets: dict[str, tuple[int, dict[str, int]]] = {}
         if "plain" in configs:
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
             _strip_ext_proc(b)
             _point_cluster(b, "cell-x", up_port)
-            targets["plain"] = (p, [envoy(b, "plain", a).proc.pid])
+            targets["plain"] = (p, {"root_envoy": envoy(b, "plain", a).proc.pid})
         if "root" in configs:
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
             _point_cluster(b, "cell-x", up_port)
-            targets["root"] = (p, [envoy(b, "root", a).proc.pid, root_svc.pid])
+            targets["root"] = (p, {"root_envoy": envoy(b, "root", a).proc.pid, "root_ext_proc": root_svc.pid})
         if "root+leaf" in configs:
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
             la = free_port()
             lb = leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, access_log=True)
             leaf_env = envoy(lb, "leaf", la)
-            targets["root+leaf"] = (p, [envoy(b, "root-leaf", a).proc.pid, root_svc.pid, leaf_env.proc.pid, leaf_svc.pid])
+            targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).proc.pid, "root_ext_proc": root_svc.pid,
+                                        "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
         if RESP_CONFIG in configs:
             p, a = free_port(), free_port()
             leaf_port = free_port()
@@ -193,7 +198,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             lb = leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port), access_log=True)
             _leaf_response_processing(lb)
             leaf_env = envoy(lb, "leaf-resp", la)
-            targets[RESP_CONFIG] = (p, [envoy(b, "root-leaf-resp", a).proc.pid, root_svc.pid, leaf_env.proc.pid, leaf_svc.pid])
+            targets[RESP_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-resp", a).proc.pid, "root_ext_proc": root_svc.pid,
+                                         "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
 
         async def main() -> None:
             await asyncio.sleep(1.0)  # probes warm up: the root needs fresh state for its cell
