@@ -68,6 +68,16 @@ def snap(clusters=("c1",), eds=None, routes=None, listeners=(), custom=None) -> 
     return Snapshot.build(items, extra_types=[CDS, LDS])
 
 
+async def cds_stream(env: Env) -> tuple[str, RawStream]:
+    """Snapshot with cluster c1 for n1, a stream subscribed to CDS (wildcard), ACKed and settled."""
+    v1 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))
+    s = env.stream()
+    await s.send(sotw_request(CDS, node=N1))
+    await s.send(ack(await s.recv()))
+    assert await s.barrier() == []
+    return v1, s
+
+
 def struct(**fields) -> struct_pb2.Struct:
     s = struct_pb2.Struct()
     s.update(fields)
@@ -123,11 +133,7 @@ def test_type_url_required_and_node_required():
 def test_unchanged_snapshot_not_pushed_and_bursts_coalesced():
     async def main():
         async with xds() as env:
-            v1 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))
-            s = env.stream()
-            await s.send(sotw_request(CDS, node=N1))
-            await s.send(ack(await s.recv()))
-            assert await s.barrier() == []
+            v1, s = await cds_stream(env)
             assert env.cache.set_snapshot("n1", snap(clusters=("c1",))) == v1  # same content: same version
             assert await s.barrier() == []
             # A snapshot whose CDS view is unchanged (only custom resources moved) pushes no CDS.
@@ -198,11 +204,7 @@ def test_named_subscriptions_new_withdrawn_and_missing_names():
 def test_nack_logged_exposed_and_not_resent():
     async def main():
         async with xds() as env:
-            v1 = env.cache.set_snapshot("n1", snap(clusters=("c1",)))
-            s = env.stream()
-            await s.send(sotw_request(CDS, node=N1))
-            await s.send(ack(await s.recv()))
-            assert await s.barrier() == []
+            v1, s = await cds_stream(env)
             v2 = env.cache.set_snapshot("n1", snap(clusters=("c1", "bad")))
             r2 = await s.recv()
             await s.send(nack(r2, v1, "cluster bad: invalid"))
@@ -309,25 +311,6 @@ def test_custom_types_over_ads_and_watch_cancelled_on_close():
                     break
                 await asyncio.sleep(0.02)
             assert env.cache.watch_count == 0 and env.server.status.nodes["n1"].streams == 0
-    run(main())
-
-
-def test_per_type_service_without_ads():
-    async def main():
-        async with xds() as env:
-            env.cache.set_snapshot("n1", snap(clusters=("c1",)))
-            q: asyncio.Queue = asyncio.Queue()
-
-            async def reqs():
-                while (item := await q.get()) is not None:
-                    yield item
-
-            call = cds_pb2_grpc.ClusterDiscoveryServiceStub(env.channel).StreamClusters(reqs())
-            await q.put(discovery_pb2.DiscoveryRequest(node=N1))  # type_url implied by the service
-            r = await asyncio.wait_for(call.read(), 20)
-            assert r.type_url == CDS and names_of(r, cluster_pb2.Cluster) == ["c1"]
-            await q.put(None)
-            call.cancel()
     run(main())
 
 
@@ -482,7 +465,8 @@ def test_delta_make_before_break_and_eds_resend():
     run(main())
 
 
-def test_delta_per_type_service():
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_per_type_service_without_ads(delta: bool):
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("c1",)))
@@ -492,10 +476,13 @@ def test_delta_per_type_service():
                 while (item := await q.get()) is not None:
                     yield item
 
-            call = cds_pb2_grpc.ClusterDiscoveryServiceStub(env.channel).DeltaClusters(reqs())
-            await q.put(discovery_pb2.DeltaDiscoveryRequest(node=N1))
+            stub = cds_pb2_grpc.ClusterDiscoveryServiceStub(env.channel)
+            call = (stub.DeltaClusters if delta else stub.StreamClusters)(reqs())
+            # type_url implied by the service
+            await q.put(discovery_pb2.DeltaDiscoveryRequest(node=N1) if delta else discovery_pb2.DiscoveryRequest(node=N1))
             r = await asyncio.wait_for(call.read(), 20)
-            assert r.type_url == CDS and [x.name for x in r.resources] == ["c1"]
+            names = [x.name for x in r.resources] if delta else names_of(r, cluster_pb2.Cluster)
+            assert r.type_url == CDS and names == ["c1"]
             await q.put(None)
             call.cancel()
     run(main())
@@ -546,11 +533,7 @@ def test_status_forgets_the_oldest_disconnected_nodes():
 def test_set_snapshot_from_another_thread_wakes_streams():
     async def main():
         async with xds() as env:
-            env.cache.set_snapshot("n1", snap(clusters=("c1",)))
-            s = env.stream()
-            await s.send(sotw_request(CDS, node=N1))
-            await s.send(ack(await s.recv()))
-            assert await s.barrier() == []
+            _, s = await cds_stream(env)
             v2 = await asyncio.to_thread(env.cache.set_snapshot, "n1", snap(clusters=("c1", "c2")))
             r = await s.recv()
             assert r.version_info == v2 and sorted(names_of(r, cluster_pb2.Cluster)) == ["c1", "c2"]
