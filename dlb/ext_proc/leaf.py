@@ -59,7 +59,9 @@ def _seconds(d) -> float:
 
 def _address(addr) -> str:
     sa = addr.socket_address
-    return f"{sa.address}:{sa.port_value}" if sa.address else ""
+    if not sa.address:
+        return ""
+    return f"[{sa.address}]:{sa.port_value}" if ":" in sa.address else f"{sa.address}:{sa.port_value}"
 
 
 class LeafAgent:
@@ -214,6 +216,7 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
     A tiny HTTP/1.0 GET on asyncio streams: no client library on the leaf, and nothing blocks.
     """
     host, _, port = address.rpartition(":")
+    host = host.strip("[]")
     writer = None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
@@ -238,12 +241,27 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
     return running, waiting
 
 
+def _ip_address(host: str, port: int) -> str:
+    """``ip:port`` for a server: Envoy's ORIGINAL_DST cluster and the access log speak IPs, not names.
+
+    Resolved once at start-up (a server that moves needs a leaf restart, like a static cluster).
+    """
+    import ipaddress
+    import socket
+
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = ipaddress.ip_address(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
 def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
                       refit_period_s: float = 5.0, window_s: float = 60.0) -> LeafState:
     cell = cfg.cell(cell_name)
     # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
     prior = cfg.endpoints[0].latency_prior.to_core()
-    servers = [ServerState(str(s.address), float(s.weight)) for s in cell.servers]
+    servers = [ServerState(_ip_address(s.address.host, s.address.port), float(s.weight)) for s in cell.servers]
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
                      rng=np.random.default_rng(seed))
