@@ -11,7 +11,8 @@ costs the same and almost nothing):
 
 For each, a closed loop (``--connections`` workers) finds the saturation throughput, then an open
 loop at half of the *root* configuration's saturation rate (the same rate for all three, so latencies
-compare at equal load) gives p50/p99. CPU per 1000 requests sums user+system time of the processes on
+compare at equal load) gives p50/p99. The configurations are interleaved in ``--slices`` short runs
+whose samples are pooled, so drifting background load (a shared CI box) hits them all alike. CPU per 1000 requests sums user+system time of the processes on
 the request path (Envoys and DLB services; not the load generator, not the upstream), read from
 /proc before and after each run. The load generator (:mod:`dlb.ext_proc.loadgen`) runs in this
 process; on a 2-core machine it competes for CPU with the system under test equally in all runs.
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import os
 import random
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dlb.config import config_from_dict
 from dlb.envoy import EnvoyProcess
@@ -41,7 +43,6 @@ CONFIGS = ("plain", "root", "root+leaf")
 #: Extra configuration for the leaf's measurement choice: the leaf ext_proc also processes response
 #: headers (the alternative to the access log for completions). Not in the default set.
 RESP_CONFIG = "root+leaf-resp"
-
 
 
 def _cpu_of(pid: int) -> float:
@@ -140,7 +141,21 @@ async def _measure(target: tuple[int, dict[str, int]], mode: str, *, connections
     return res, {k: _cpu_of(pid) - cpu0[k] for k, pid in pids.items()}
 
 
-def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, repeats: int = 1) -> list[dict[str, Any]]:
+def _pool(parts: list[tuple[LoadResult, dict[str, float]]]) -> tuple[LoadResult, dict[str, float]]:
+    """Merge slices of one configuration into one result (latencies pooled, counts and CPU summed)."""
+    statuses: dict[int, int] = {}
+    cpu: dict[str, float] = {}
+    for res, c in parts:
+        for k, v in res.statuses.items():
+            statuses[k] = statuses.get(k, 0) + v
+        for k, v in c.items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    res = LoadResult(np.concatenate([r.latencies_s for r, _ in parts]), sum(r.errors for r, _ in parts),
+                     sum(r.duration_s for r, _ in parts), statuses, sum(r.dropped for r, _ in parts))
+    return res, cpu
+
+
+def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, slices: int = 1) -> list[dict[str, Any]]:
     from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     tmp = tempfile.TemporaryDirectory(prefix="dlb-bench-overhead-")
@@ -205,19 +220,21 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             await asyncio.sleep(1.0)  # probes warm up: the root needs fresh state for its cell
             for name in configs:  # warm-up pass: connections, caches, JIT-less Python paths
                 await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=min(1.0, duration_s))
+            # Interleave the configurations in short slices and pool them: background load on a shared
+            # machine drifts, and slicing spreads the drift evenly over the configurations compared.
+            slice_s = duration_s / slices
             sat: dict[str, float] = {}
-            for _ in range(repeats):
+            for mode in ("closed", "open"):
+                rate = None if mode == "closed" else round(0.5 * (sat.get("root") or max(sat.values())), 1)
+                pooled: dict[str, list[tuple[LoadResult, dict[str, float]]]] = {n: [] for n in configs}
+                for _ in range(slices):
+                    for name in configs:
+                        pooled[name].append(await _measure(targets[name], mode, connections=connections, rate=rate, duration_s=slice_s))
                 for name in configs:
-                    res, cpu = await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=duration_s)
-                    records.append(_record(name, "closed", None, res, cpu, connections))
-                    sat[name] = max(sat.get(name, 0.0), res.rps)
-                    log.info("bench_point", **records[-1])
-            ref = sat.get("root") or max(sat.values())
-            rate = round(0.5 * ref, 1)
-            for _ in range(repeats):
-                for name in configs:
-                    res, cpu = await _measure(targets[name], "open", connections=connections, rate=rate, duration_s=duration_s)
-                    records.append(_record(name, "open", rate, res, cpu, None))
+                    res, cpu = _pool(pooled[name])
+                    records.append(_record(name, mode, rate, res, cpu, connections if mode == "closed" else None))
+                    if mode == "closed":
+                        sat[name] = res.rps
                     log.info("bench_point", **records[-1])
 
         from dlb.ext_proc.root import run_event_loop
@@ -259,7 +276,7 @@ def summarize(records: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
-    records = run_overhead(duration, connections, tuple(args.configs), repeats=1 if args.smoke else args.repeats)
+    records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     print(summarize(records))
@@ -269,9 +286,9 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("overhead", help="added latency/throughput/CPU of the root (and leaf) ext_proc hop through real Envoys")
     p.add_argument("--json", default=None, help="write the records here (list of {config, mode, rate, p50_ms, p99_ms, rps, cpu_s_per_1k, ...})")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds per measured point (default 5)")
+    p.add_argument("--duration", type=float, default=6.0, help="seconds per configuration and mode (default 6)")
     p.add_argument("--connections", type=int, default=16, help="closed-loop concurrency (default 16)")
-    p.add_argument("--repeats", type=int, default=1, help="repeat each point (records all; summary takes each config's best)")
+    p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
     p.add_argument("--configs", nargs="+", choices=CONFIGS + (RESP_CONFIG,), default=list(CONFIGS),
                    help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
