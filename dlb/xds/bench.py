@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from aiohttp import web
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from dlb.log import get_logger
@@ -32,7 +34,7 @@ from dlb.xds.client import Backoff, XdsClient
 from dlb.xds.server import XdsServer
 from dlb.xds.snapshot import Snapshot
 from dlb.xds.status import StatusServer
-from dlb.xds.testing import node, route_config
+from dlb.xds.testing import eds_cluster, node, route_config
 
 log = get_logger("dlb.xds.bench")
 ROUTE_NAME = "bench-route"
@@ -45,6 +47,20 @@ def _route_snapshot(round_no: int) -> Snapshot:
     return Snapshot.build([route_config(ROUTE_NAME, weights=weights)])
 
 
+def _cluster_snapshot(round_no: int, count: int) -> Snapshot:
+    """``count`` clusters; each round changes one of them (a cell's state moving, the rest steady)."""
+    clusters = [eds_cluster(f"cluster-{i:05d}") for i in range(count)]
+    clusters[round_no % count].connect_timeout.FromMilliseconds(1000 + round_no)
+    return Snapshot.build(clusters, extra_types=[types.CLUSTER])
+
+
+def _workload(resources: int) -> tuple[str, Callable[[int], Snapshot]]:
+    """What the clients subscribe to: one RDS route (default) or a wildcard CDS of many clusters."""
+    if resources <= 1:
+        return types.ROUTE, _route_snapshot
+    return types.CLUSTER, lambda round_no: _cluster_snapshot(round_no, resources)
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -53,34 +69,43 @@ def _rss_mb() -> float:
     return float("nan")
 
 
+def _cpu_s() -> float:
+    return time.process_time()  # whole process (gRPC's threads too), ns resolution
+
+
 # --- server side (child process) --------------------------------------------------------------
 
-async def _serve() -> None:
+async def _serve(resources: int) -> None:
+    type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
     server = XdsServer(cache)
     acks: dict[str, list[float]] = {}
 
-    def on_ack(_node_id: str, type_url: str, version: str) -> None:
+    def on_ack(_node_id: str, t: str, version: str) -> None:
         t0 = cache.set_time(version)
-        if type_url == types.ROUTE and t0 is not None:
+        if t == type_url and t0 is not None:
             acks.setdefault(version, []).append((time.monotonic() - t0) * 1000)
 
     sends: dict[str, list[float]] = {}
 
-    def on_sent(_node_id: str, type_url: str, version: str) -> None:
+    def on_sent(_node_id: str, t: str, version: str) -> None:
         t0 = cache.set_time(version)
-        if type_url == types.ROUTE and t0 is not None:
+        if t == type_url and t0 is not None:
             sends.setdefault(version, []).append((time.monotonic() - t0) * 1000)
 
     server.status.ack_hooks.append(on_ack)
     server.status.sent_hooks.append(on_sent)
     round_no = 0
-    cache.set_snapshot("bench", _route_snapshot(round_no))
+    build_cpu = [0.0]
+    cache.set_snapshot("bench", build(round_no))
 
     async def update(_req: web.Request) -> web.Response:
         nonlocal round_no
         round_no += 1
-        version = cache.set_snapshot("bench", _route_snapshot(round_no))
+        before = _cpu_s()
+        snap = build(round_no)  # building the snapshot is the caller's cost, not the server's
+        build_cpu[0] += _cpu_s() - before
+        version = cache.set_snapshot("bench", snap)
         return web.json_response({"version": version})
 
     async def ack_latencies(req: web.Request) -> web.Response:
@@ -88,8 +113,7 @@ async def _serve() -> None:
         return web.json_response({"latencies_ms": acks.get(v, []), "sent_ms": sends.get(v, [])})
 
     async def rss(_req: web.Request) -> web.Response:
-        cpu = os.times()
-        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": cpu.user + cpu.system, "watches": cache.watch_count,
+        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "watches": cache.watch_count,
                                   "body_cache_hits": server.ctx.body_cache.hits})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
@@ -118,8 +142,8 @@ class _ServerProc:
             return json.loads(resp.read())
 
 
-def _start_server(uvloop: bool) -> _ServerProc:
-    cmd = [sys.executable, "-m", "dlb.xds.bench", "--serve"] + (["--uvloop"] if uvloop else [])
+def _start_server(uvloop: bool, resources: int) -> _ServerProc:
+    cmd = [sys.executable, "-m", "dlb.xds.bench", "--serve", str(resources)] + (["--uvloop"] if uvloop else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             env={**os.environ, "DLB_LOG_LEVEL": "WARNING"})
     assert proc.stdout is not None
@@ -139,12 +163,15 @@ async def _until(cond, what: str, timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool) -> dict:
+async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool, resources: int) -> dict:
     loop = asyncio.get_running_loop()
     call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)  # noqa: E731
     clients = [XdsClient(f"127.0.0.1:{srv.xds_port}", node(f"bench-{streams}-{i}", "bench"),
                          backoff=Backoff(initial=0.2, maximum=2.0), delta=delta) for i in range(streams)]
-    subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
+    if resources <= 1:
+        subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
+    else:
+        subs = [c.subscribe(types.CLUSTER, cluster_pb2.Cluster, lambda _r: None) for c in clients]
     try:
         for c in clients:
             await c.start()
@@ -176,19 +203,20 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
-                    uvloop: bool = False, delta: bool = False) -> list[dict]:
-    srv = _start_server(uvloop)
+                    uvloop: bool = False, delta: bool = False, resources: int = 1) -> list[dict]:
+    srv = _start_server(uvloop, resources)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
         records = []
         for n in stream_counts:
-            rec = await _measure(srv, n, updates, timeout, delta)
+            rec = await _measure(srv, n, updates, timeout, delta, resources)
             rec["rss_base_mb"] = round(base, 2)
             rec["rss_per_stream_kb"] = round((rec["rss_mb"] - base) * 1024 / n, 2)
             rec["clients_in_one_process"] = True
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
             rec["protocol"] = "delta" if delta else "sotw"
+            rec["resources"] = resources
             log.info("xds bench", **rec)
             records.append(rec)
         return records
@@ -209,6 +237,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the records to this file")
     p.add_argument("--uvloop", action="store_true", help="run the server process on uvloop")
     p.add_argument("--delta", action="store_true", help="clients use incremental (delta) ADS instead of SotW")
+    p.add_argument("--resources", type=int, default=1,
+                   help="1 (default): one RDS route whose weights change; K > 1: wildcard CDS of K clusters, one changes per update")
     p.set_defaults(func=run)
 
 
@@ -218,10 +248,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"--streams: {args.streams!r} is not a comma-separated list of integers", file=sys.stderr)
         return 2
-    if not counts or min(counts) < 1 or args.updates < 1:
-        print("--streams needs positive counts and --updates >= 1", file=sys.stderr)
+    if not counts or min(counts) < 1 or args.updates < 1 or args.resources < 1:
+        print("--streams needs positive counts, --updates and --resources >= 1", file=sys.stderr)
         return 2
-    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta))
+    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources))
     text = json.dumps(records, indent=1)
     if args.json:
         with open(args.json, "w") as f:
@@ -240,7 +270,7 @@ if __name__ == "__main__":
 
             uvloop.install()
         try:
-            asyncio.run(_serve())
+            asyncio.run(_serve(int(sys.argv[2])))
         except KeyboardInterrupt:
             pass
     else:
