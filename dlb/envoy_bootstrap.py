@@ -213,10 +213,14 @@ def _hcm(stat_prefix: str, route_config: dict[str, Any], http_filters: list[dict
     return hcm
 
 
-def _listener(name: str, listen: HostPort, hcm: dict[str, Any]) -> dict[str, Any]:
+def _listener(name: str, listen: HostPort, hcm: dict[str, Any], reuse_port: bool) -> dict[str, Any]:
     return {
         "name": name,
         "address": _socket(listen),
+        # Envoy's default (SO_REUSEPORT) lets a second Envoy bind the same port *silently* and take
+        # part of the traffic (measured: two roots on one port split requests). Off, a clash is a
+        # bind error at start; workers then share one accept socket, fine at our connection counts.
+        "enable_reuse_port": reuse_port,
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
     }
@@ -289,12 +293,14 @@ def root_bootstrap(
     weights: Mapping[str, int] | None = None,
     message_timeout_ms: float = 200.0,
     native_flow: bool = False,
+    reuse_port: bool = False,
 ) -> dict[str, Any]:
     """The root Envoy of ``cell``: client listener → ext_proc (picks a cell) → router.
 
     ``listen`` defaults to ``cells[].root.address``; ``ext_proc`` to ``cells[].root.ext_proc`` or
     ``services.root.ext_proc``; ``weights`` (cell name → integer weight, fail-open fallback) to
     :func:`fallback_weights`. ``native_flow`` disables the ext_proc on flow endpoints without affinity.
+    ``reuse_port`` sets the listener's SO_REUSEPORT (off: a port clash fails loudly).
     """
     me = cfg.cell(cell)
     listen = listen or me.root.address
@@ -321,7 +327,8 @@ def root_bootstrap(
     filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root"), _router()]
     clusters = [_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25)]
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
-    return _bootstrap("root", me.name, admin_port, _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True)), clusters)
+    listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
+    return _bootstrap("root", me.name, admin_port, listener, clusters)
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,6 +367,7 @@ def leaf_bootstrap(
     listen: HostPort | None = None,
     message_timeout_ms: float = 200.0,
     access_log: bool = False,
+    reuse_port: bool = False,
 ) -> dict[str, Any]:
     """The leaf Envoy of ``cell``: root-facing listener → [WAN delay] → [leaf ext_proc] → servers.
 
@@ -391,7 +399,8 @@ def leaf_bootstrap(
     routes.append({"name": "least-request", "match": {"prefix": "/"}, "route": dict(action, cluster=LEAF_SERVERS_CLUSTER)})
     filters.append(_router())
     route_config = {"name": "dlb_leaf", "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}]}
-    boot = _bootstrap("leaf", me.name, admin_port, _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False)), clusters)
+    listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False), reuse_port)
+    boot = _bootstrap("leaf", me.name, admin_port, listener, clusters)
     if access_log:
         from dlb.ext_proc.envoy_als import add_leaf_access_log
 

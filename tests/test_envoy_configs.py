@@ -615,3 +615,15 @@ def test_yaml_ambiguous_names_stay_strings(tmp_path: Path) -> None:
             assert yaml.safe_load(Path(path).read_text()) == boot  # the dump round-trips exactly
             result = validate(path)
             assert result.returncode == 0, f"{role} {cell}: {result.stderr[-600:]}"
+
+
+def test_port_clash_fails_loudly(tmp_path: Path) -> None:
+    """Two Envoys on one listen port: with Envoy's default SO_REUSEPORT both start and split traffic."""
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        first = root_bootstrap(cfg, "a", admin_port=free_port())
+        second = root_bootstrap(cfg, "a", admin_port=free_port())
+        with running_envoy(first, tmp_path, "first"):
+            with pytest.raises(RuntimeError, match="Address already in use"):
+                with running_envoy(second, tmp_path, "second"):
+                    pass
