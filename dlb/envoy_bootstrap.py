@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from dlb.config.model import Config, Endpoint, HostPort
+from dlb.config.model import Config, Endpoint, HostPort, Mechanism
 from dlb.ext_proc import headers as _h
 
 HEADER_CELL = _h.CELL
@@ -257,7 +257,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
         "overrides": {"grpc_initial_metadata": [{"key": HEADER_ENDPOINT, "value": ep.name}]},
     }
-    if native_flow and ep.policy.mechanism.value == "flow" and not ep.policy.affinity.enabled:
+    if native_flow and ep.policy.mechanism is Mechanism.FLOW and not ep.policy.affinity.enabled:
         # Flow without affinity runs natively: Envoy samples weighted_clusters, no Python hop.
         ext_proc_route = {"@type": ext_proc_route["@type"], "disabled": True}
     per_filter["envoy.filters.http.ext_proc"] = ext_proc_route

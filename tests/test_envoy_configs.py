@@ -627,3 +627,26 @@ def test_port_clash_fails_loudly(tmp_path: Path) -> None:
             with pytest.raises(RuntimeError, match="Address already in use"):
                 with running_envoy(second, tmp_path, "second"):
                     pass
+
+
+def test_native_flow_endpoint_skips_the_ext_proc(tmp_path: Path) -> None:
+    """native_flow: a flow endpoint without affinity is routed by Envoy's weights, never by Python."""
+    with echo_servers("a", "b", "c") as ports:
+        data = {
+            "version": 1,
+            "cells": [{"name": n, "leaf": {"address": f"127.0.0.1:{ports[n]}", "probe": f"127.0.0.1:{free_port()}"},
+                       "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"},
+                       "servers": [f"127.0.0.1:{free_port()}"]} for n in ("a", "b", "c")],
+            "network": {"default_one_way_ms": 10},
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/chat/"}},
+                          {"name": "embed", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "flow"}}],
+        }
+        cfg = config_from_dict(data)
+        me = cfg.cell("a")
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1}, native_flow=True)
+        with ext_proc_server(me.root.ext_proc.port, _PickCell("cell-c")) as svc, running_envoy(boot, tmp_path, "root"):
+            status, body = request(me.root.address.port, path="/v1/embeddings")
+            assert status == 200 and body["name"] == "a" and body["headers"][HEADER_ENDPOINT] == "embed"
+            assert svc.seen_headers == []  # the service was never asked
+            status, body = request(me.root.address.port, path="/v1/chat/completions")
+            assert status == 200 and body["name"] == "c" and len(svc.seen_headers) == 1  # discrete: asked
