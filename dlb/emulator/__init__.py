@@ -3,10 +3,12 @@
 - :mod:`dlb.emulator.profile` — step-time profiles (pure), built-ins and loading.
 - :mod:`dlb.emulator.engine` — the continuous-batching scheduler model (pure, fake-clock testable).
 - :mod:`dlb.emulator.openai` — request parsing and response bodies (pure).
+- :mod:`dlb.emulator.prefix_cache` — automatic prefix caching model (pure, optional).
 - :mod:`dlb.emulator.faults` — fault knobs; :mod:`dlb.emulator.metrics` — vLLM-named metrics.
 - :mod:`dlb.emulator.server` — the aiohttp service: ``EmulatorServer`` (async) and ``ThreadedEmulator``.
 - :mod:`dlb.emulator.process` — ``EmulatorProcess``: the same as a child process on a free port.
 - :mod:`dlb.emulator.client` — admin API helpers (``set_faults`` …); :mod:`dlb.emulator.cli` — the command.
+- :mod:`dlb.emulator.fidelity` — measures a live emulator against its own model.
 """
 
 from dlb.emulator.engine import Arrival, Engine, EngineRequest, simulate
