@@ -538,3 +538,19 @@ def test_set_snapshot_from_another_thread_wakes_streams():
             r = await s.recv()
             assert r.version_info == v2 and sorted(names_of(r, cluster_pb2.Cluster)) == ["c1", "c2"]
     run(main())
+
+
+def test_custom_type_deletion_reaches_sotw_clients():
+    async def main():
+        async with xds() as env:
+            env.cache.set_snapshot("n1", snap(custom={"cell-a": struct(x=1), "cell-b": struct(x=2)}))
+            s = env.stream()
+            await s.send(sotw_request(CUSTOM, node=N1))  # wildcard
+            r1 = await s.recv()
+            assert sorted(decode(r1, struct_pb2.Struct)) == ["cell-a", "cell-b"]
+            await s.send(ack(r1))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(custom={"cell-a": struct(x=1)}))  # only a removal
+            r2 = await s.recv()
+            assert sorted(decode(r2, struct_pb2.Struct)) == ["cell-a"]
+    run(main())

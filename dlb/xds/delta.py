@@ -84,7 +84,7 @@ class DeltaStream(StreamBase):
 
     def _wants(self, type_url: str, updates: list[Resource], removed: list[str]) -> bool:
         st = self.states[type_url]
-        first = st.initial_pending and (type_url in types.FULL_STATE or st.wildcard)
+        first = st.initial_pending and (types.full_state(type_url) or st.wildcard)
         return bool(updates or removed or first)
 
     def _push(self) -> list[bytes]:

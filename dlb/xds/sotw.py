@@ -20,6 +20,7 @@ get their endpoints.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -41,13 +42,22 @@ class SotwTypeState:
     initial_pending: bool = True  # answer the first request even when it changes nothing
     resend: bool = False  # send even if unchanged (EDS after a CDS change)
     sent: dict[str, Resource] = field(default_factory=dict)
+    sent_shared: bool = False  # ``sent`` is a snapshot's own (immutable) dict: copy before changing it
+    sent_digest: str = ""  # type digest when the last response was the snapshot's whole type
     sent_version: str = ""
     acked_version: str = ""
 
 
+    def own_sent(self) -> dict[str, Resource]:
+        if self.sent_shared:
+            self.sent, self.sent_shared = dict(self.sent), False
+        self.sent_digest = ""
+        return self.sent
+
+
 @dataclass
 class _Plan:
-    view: dict[str, Resource]
+    view: Mapping[str, Resource]
     changed: list[Resource]
     deleted: list[str]
     whole_type: bool  # view is the snapshot's whole type (lets streams share a cached body)
@@ -93,8 +103,11 @@ class SotwStream(StreamBase):
         elif not st.explicit and types.supports_legacy_wildcard(type_url):
             wildcard = True  # legacy wildcard: empty names before any explicit subscription
         if not wildcard:
-            for n in [n for n in st.sent if n not in names]:
-                del st.sent[n]  # withdrawn: forget silently, never respond for it
+            withdrawn = [n for n in st.sent if n not in names]
+            if withdrawn:
+                sent = st.own_sent()
+                for n in withdrawn:
+                    del sent[n]  # withdrawn: forget silently, never respond for it
         grew = wildcard != st.wildcard or not names <= st.names
         st.names, st.wildcard = names, wildcard
         # A push may be due after: a first request, new names, or an answer to LDS/RDS (which can
@@ -104,19 +117,28 @@ class SotwStream(StreamBase):
     def _plan(self, snap: Snapshot, type_url: str) -> _Plan:
         st = self.states[type_url]
         view = self.visible(snap, type_url, st.names, st.wildcard)
-        changed = [r for n, r in view.items() if (s := st.sent.get(n)) is None or s.version != r.version]
-        missing = [n for n in st.sent if n not in view]
-        if type_url in types.FULL_STATE:
+        whole = view is snap.get(type_url)
+        if whole and st.sent_digest:  # the client holds a whole earlier view: shared diff, O(changes)
+            digest = snap.type_digests.get(type_url, "")
+            if st.sent_digest == digest:
+                return _Plan(view, [], [], whole_type=True)
+            changed, missing = self.ctx.view_diff(type_url, st.sent_digest, st.sent, digest, view)
+        else:
+            changed = [r for n, r in view.items() if (s := st.sent.get(n)) is None or s.version != r.version]
+            missing = [n for n in st.sent if n not in view]
+        if types.full_state(type_url):
             deleted = missing
         else:
             deleted = []
-            for n in missing:  # nothing to tell the client; forget so a reappearance is sent
-                del st.sent[n]
-        return _Plan(dict(view), changed, deleted, whole_type=view is snap.get(type_url))
+            if missing:
+                sent = st.own_sent()
+                for n in missing:  # nothing to tell the client; forget so a reappearance is sent
+                    del sent[n]
+        return _Plan(view if whole else dict(view), changed, deleted, whole_type=whole)
 
     @staticmethod
     def _wants(st: SotwTypeState, type_url: str, plan: _Plan) -> bool:
-        first = st.initial_pending and (bool(plan.view) or type_url in types.FULL_STATE or st.wildcard)
+        first = st.initial_pending and (bool(plan.view) or types.full_state(type_url) or st.wildcard)
         return bool(plan.changed or plan.deleted or first or (st.resend and plan.view))
 
     def _push(self) -> list[bytes]:
@@ -135,16 +157,18 @@ class SotwStream(StreamBase):
             if not self._wants(st, t, plan):
                 continue
             resources = plan.view
+            whole = plan.whole_type
             version = snap.version
             partial = t == types.CLUSTER and hold_removals and bool(plan.deleted)
             if partial:
                 if not (plan.changed or st.initial_pending):
                     continue  # only removals: wait until LDS/RDS are answered
                 resources = {**{n: st.sent[n] for n in plan.deleted}, **plan.view}
+                whole = False
                 version += PARTIAL_SUFFIX
             if t == types.CLUSTER and types.ENDPOINT in self.states:
                 self._flag_eds_resend(plan)
-            out.append(self._respond(t, st, version, resources, plan.whole_type and not partial, snap))
+            out.append(self._respond(t, st, version, resources, whole, snap))
         return out
 
     def _flag_eds_resend(self, plan: _Plan) -> None:
@@ -155,21 +179,24 @@ class SotwStream(StreamBase):
                 eds.resend = True
                 return
 
-    def _respond(self, t: str, st: SotwTypeState, version: str, resources: dict[str, Resource], whole: bool,
+    def _respond(self, t: str, st: SotwTypeState, version: str, resources: Mapping[str, Resource], whole: bool,
                  snap: Snapshot) -> bytes:
-        names = sorted(resources)
-        key = (t, version, snap.type_digests.get(t, "")) if whole else (t, version, tuple((n, resources[n].version) for n in names))
+        if whole:  # the snapshot's whole type: shared by every wildcard stream, keyed by digest
+            key: tuple = (t, version, snap.type_digests.get(t, ""))
+        else:
+            key = (t, version, tuple(sorted((n, r.version) for n, r in resources.items())))
 
         def build() -> bytes:
             return (wire.string_field(wire.SotwResponseField.VERSION_INFO, version)
-                    + b"".join(resources[n].sotw_field for n in names)
+                    + b"".join(resources[n].sotw_field for n in sorted(resources))
                     + wire.string_field(wire.SotwResponseField.TYPE_URL, t))
 
         body = self.ctx.body_cache.get(key, build)
         nonce = self.next_nonce()
         st.nonce, st.outstanding, st.initial_pending, st.resend = nonce, True, False, False
-        st.sent, st.sent_version = resources, version
+        st.sent, st.sent_shared, st.sent_version = resources, whole, version  # type: ignore[assignment]
+        st.sent_digest = snap.type_digests.get(t, "") if whole else ""
         assert self.node is not None
         self.ctx.status.sent(self.node.id, t, version, nonce)
-        self.log.debug("response", type=types.short(t), version=version, nonce=nonce, resources=len(names))
+        self.log.debug("response", type=types.short(t), version=version, nonce=nonce, resources=len(resources))
         return body + wire.string_field(wire.SotwResponseField.NONCE, nonce)

@@ -45,6 +45,24 @@ class ServerContext:
     authorizer: Authorizer | None = None
     make_before_break: bool = True
     body_cache: "BodyCache" = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
+    _diffs: "collections.OrderedDict[tuple, tuple[list[Resource], list[str]]]" = field(
+        default_factory=collections.OrderedDict)
+
+    def view_diff(self, type_url: str, old_digest: str, old: Mapping[str, Resource], new_digest: str,
+                  new: Mapping[str, Resource]) -> tuple[list[Resource], list[str]]:
+        """(changed or added, removed) between two whole-type views, computed once for all streams.
+
+        Streams that were in sync with the previous snapshot (the common case) then pay O(changes),
+        not O(resources), per push.
+        """
+        key = (type_url, old_digest, new_digest)
+        hit = self._diffs.get(key)
+        if hit is None:
+            changed = [r for n, r in new.items() if (o := old.get(n)) is None or o.version != r.version]
+            hit = self._diffs[key] = (changed, [n for n in old if n not in new])
+            if len(self._diffs) > 256:
+                self._diffs.popitem(last=False)
+        return hit
 
 
 class BodyCache:

@@ -27,11 +27,19 @@ SHORT_NAMES = {CLUSTER: "CDS", ENDPOINT: "EDS", LISTENER: "LDS", ROUTE: "RDS", S
 # Types not listed (our own custom types) go last, in type-URL order, so pushes are deterministic.
 PUSH_ORDER = [CLUSTER, ENDPOINT, LISTENER, ROUTE, SCOPED_ROUTE, VIRTUAL_HOST, SECRET, RUNTIME]
 
-# Types whose SotW responses must carry every subscribed resource (omission = deletion).
-FULL_STATE = frozenset({CLUSTER, LISTENER, SCOPED_ROUTE})
+# Types a client always requests by name (Envoy's EDS, RDS, VHDS, SDS, RTDS): an empty request is
+# "nothing", never wildcard, and SotW responses to them cannot express deletion.
+NAMED_ONLY = frozenset({ENDPOINT, ROUTE, VIRTUAL_HOST, SECRET, RUNTIME})
 
-# Types a client always requests by name; an empty request for these is "nothing", never wildcard.
-NAMED_ONLY = frozenset({ENDPOINT, ROUTE, VIRTUAL_HOST, SECRET})
+
+def full_state(type_url: str) -> bool:
+    """SotW responses of this type carry every subscribed resource, so omission means deletion.
+
+    True for LDS, CDS, SRDS and for every custom type: our own resources (cells, policies) must be
+    deletable in SotW too, and ``dlb.xds.client`` reads each response as the whole state.
+    """
+    return type_url not in NAMED_ONLY
+
 
 WILDCARD = "*"
 
