@@ -225,3 +225,26 @@ def test_a_failing_decision_continues_on_the_fail_open_route():
     assert resp.WhichOneof("response") == "request_headers"
     assert not resp.request_headers.response.header_mutation.set_headers
     assert svc.errors == 1
+
+
+def test_emulated_wan_ages_probe_answers_by_the_round_trip():
+    """Testbeds delay requests at the leaf Envoy; probes get the same one-way delay each way."""
+
+    async def main():
+        server = grpc.aio.server()
+        probe_pb2_grpc.add_ProbeServicer_to_server(_leaf("far"), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        got = []
+        client = ProbeClient([ProbeTarget(0, "far", f"127.0.0.1:{port}", emulated_one_way_s=0.05)],
+                             lambda t, r, now: got.append(r), ProbeTiming(period_s=0.01, timeout_s=1.0))
+        client.start()
+        while not got:
+            await asyncio.sleep(0.01)
+        st = client.stats[0]
+        await client.stop()
+        await server.stop(0)
+        return st
+
+    st = asyncio.run(main())
+    assert st.ok >= 1 and st.last_rtt_s >= 0.1  # two sleeps of 50 ms: a lower bound, not a timing race

@@ -28,6 +28,9 @@ class ProbeTarget:
     index: int  # cell index in the topology
     name: str  # cell name (the leaf must answer with the same name)
     address: str  # host:port of the leaf agent's probe service
+    #: Testbeds on one machine: one-way delay to add each way (the WAN the requests are delayed by),
+    #: so the root's view of a remote cell is as old as it would be over the real network.
+    emulated_one_way_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,11 @@ class ProbeClient:
         while True:
             started = self.clock()
             try:
+                if target.emulated_one_way_s > 0:
+                    await asyncio.sleep(target.emulated_one_way_s)  # the request's trip to the leaf
                 resp = await stub.Probe(request, timeout=timing.timeout_s)
+                if target.emulated_one_way_s > 0:
+                    await asyncio.sleep(target.emulated_one_way_s)  # the answer's trip back
                 if resp.cell != target.name:
                     raise ValueError(f"leaf at {target.address} answered for cell {resp.cell!r}, expected {target.name!r}")
                 if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):

@@ -230,9 +230,12 @@ async def _tick_loop(service: RootService, period_s: float) -> None:
 
 
 async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
-                   seed: int | None = None) -> None:
+                   seed: int | None = None, emulate_wan: bool = False) -> None:
     service = RootService.from_config(cfg, cell, seed=seed)
-    targets = [ProbeTarget(c.index, c.name, str(c.leaf.probe)) for c in cfg.allowed_destinations(cell)]
+    src = cfg.cell(cell).index
+    tau = cfg.network.one_way_ms
+    targets = [ProbeTarget(c.index, c.name, str(c.leaf.probe), (tau[src][c.index] / 1000.0) if emulate_wan else 0.0)
+               for c in cfg.allowed_destinations(cell)]
     p = cfg.probe
     timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
     client = ProbeClient(targets, service.on_probe, timing, source_cell=cell)
@@ -310,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
     if metrics is None:
         m = cfg.services.root.metrics
         metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
-    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, args.seed))
+    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, args.seed, args.emulate_wan))
     return 0
 
 
@@ -323,4 +326,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")
     p.add_argument("--ready-file", default=None, help="write {ext_proc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (tie-breaks, aversion, flow sampling)")
+    p.add_argument("--emulate-wan", action="store_true",
+                   help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
     p.set_defaults(func=run)

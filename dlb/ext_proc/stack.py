@@ -149,7 +149,7 @@ def start_data_plane(
             plane.leaves[c.name] = leaf
             procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
-                                    "--seed", str(root_seed))
+                                    "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []))
         procs.append(plane.root)
         # Start the Python services concurrently (each takes ~1 s to import), then wait for all.
         for p in procs:
