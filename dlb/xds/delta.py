@@ -15,6 +15,7 @@ flight; a changed EDS cluster makes its ClusterLoadAssignment go out again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -33,6 +34,10 @@ class DeltaTypeState:
     client: dict[str, str] = field(default_factory=dict)  # name -> version the client holds
     pending: dict[str, str] = field(default_factory=dict)  # nonce -> system version, awaiting ACK/NACK
     initial_pending: bool = True
+    # When ``client`` equals a snapshot's whole type (wildcard, nothing withheld): that view and its
+    # digest, so the next push uses the shared snapshot diff instead of comparing every resource.
+    synced_digest: str = ""
+    synced_view: Mapping[str, Resource] = field(default_factory=dict)
 
 
 class DeltaStream(StreamBase):
@@ -70,6 +75,8 @@ class DeltaStream(StreamBase):
         unsubscribe.discard(types.WILDCARD)
         st.names |= subscribe
         st.names -= unsubscribe
+        if unsubscribe or types.WILDCARD in req.resource_names_unsubscribe:
+            st.synced_digest = ""
         for n in unsubscribe:
             st.client.pop(n, None)  # the client dropped it; never respond for it
         return bool(st.initial_pending or subscribe or types.WILDCARD in req.resource_names_subscribe
@@ -78,6 +85,11 @@ class DeltaStream(StreamBase):
     def _diff(self, snap: Snapshot, type_url: str) -> tuple[list[Resource], list[str]]:
         st = self.states[type_url]
         view = self.visible(snap, type_url, st.names, st.wildcard)
+        if st.synced_digest and view is snap.get(type_url):
+            digest = snap.type_digests.get(type_url, "")
+            if digest == st.synced_digest:
+                return [], []
+            return self.ctx.view_diff(type_url, st.synced_digest, st.synced_view, digest, view)
         updates = [view[n] for n in sorted(view) if st.client.get(n) != view[n].version]
         removed = sorted(n for n in st.client if n not in view and (st.wildcard or n in st.names))
         return updates, removed
@@ -99,15 +111,17 @@ class DeltaStream(StreamBase):
         for t in sorted(self.states, key=types.order_key):
             st = self.states[t]
             updates, removed = diffs.get(t) or self._diff(snap, t)
-            if t in (types.CLUSTER, types.ENDPOINT) and hold_removals:
+            withheld = t in (types.CLUSTER, types.ENDPOINT) and hold_removals and bool(removed)
+            if withheld:
                 removed = []  # stale clusters and their endpoints go once routes no longer use them
             if not self._wants(t, updates, removed):
                 continue
             if t == types.CLUSTER and types.ENDPOINT in self.states:
                 eds = self.states[types.ENDPOINT]
                 for r in updates:
-                    if r.name in st.client and r.eds_name:
-                        eds.client.pop(r.eds_name, None)  # re-send endpoints for the re-warming cluster
+                    if r.name in st.client and r.eds_name and r.eds_name in eds.client:
+                        eds.client.pop(r.eds_name)  # re-send endpoints for the re-warming cluster
+                        eds.synced_digest = ""
             nonce = self.next_nonce()
             msg = (wire.string_field(wire.DeltaResponseField.SYSTEM_VERSION_INFO, snap.version)
                    + b"".join(r.delta_field for r in updates)
@@ -119,6 +133,11 @@ class DeltaStream(StreamBase):
             for n in removed:
                 st.client.pop(n, None)
             st.initial_pending = False
+            view = snap.get(t)
+            if not withheld and st.wildcard and self.ctx.authorizer is None and t in snap.resources:
+                st.synced_digest, st.synced_view = snap.type_digests.get(t, ""), view
+            else:
+                st.synced_digest = ""
             st.pending[nonce] = snap.version
             if len(st.pending) > _MAX_PENDING:
                 del st.pending[next(iter(st.pending))]
