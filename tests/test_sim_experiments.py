@@ -69,7 +69,7 @@ def test_report_table_and_plots(tmp_path) -> None:
     recs += [_rec("baseline", "util=0.8", 0.8, p, 1.0 if p == "Rand" else 0.85) for p in POLICIES]
     recs = normalise(recs)
     md = markdown_table(recs)
-    assert "## utilization — util=0.5" in md and "| Flow-Grad | 0.900" in md
+    assert "## utilization — util=0.5" in md and "| Flow-Grad | 0.900" in md and "network" in md
     paths = plot(recs, tmp_path)
     assert {p.name for p in paths} == {"baseline.png", "utilization.png"}
     assert all(0 < p.stat().st_size < 200_000 for p in paths)

@@ -29,12 +29,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1, help="base seed; scenario k has seed 1000·seed + k")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated subset of variant labels (e.g. 'eps=0.0,eps=0.75'); default all")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     r = sub.add_parser("report", help="write the paper-reproduction report from a results.json")
-    r.add_argument("--results", default="sim-results/results.json", help="results file (default sim-results/results.json)")
+    r.add_argument("--results", action="append", default=None,
+                   help="results file (repeatable: files are merged; default sim-results/results.json)")
+    r.add_argument("--save-merged", default=None, help="write the merged, re-normalised records to this JSON file")
     r.add_argument("--output", default="docs/paper-reproduction.md", help="report path (default docs/paper-reproduction.md)")
     r.add_argument("--plots-dir", default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
     r.add_argument("--analysis", default=None, help="Markdown file with the investigation of failed claims, included verbatim")
@@ -65,8 +69,22 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies)
+    if args.variants:
+        wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
+        known = {v.label for e in exps for v in EXPERIMENTS[e]}
+        if wanted - known:
+            raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - known))} (known: {', '.join(sorted(known))})")
+        jobs = [j for j in jobs if j.variant.label in wanted]
     t0 = time.perf_counter()
-    records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress)
+    # Records also stream to a JSONL file as runs finish, so an interrupted long run keeps its work.
+    partial = out / f"partial-{'-'.join(exps)}.jsonl"
+    with partial.open("w") as fh:
+        def keep(rec: dict) -> None:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+
+        records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress, on_record=keep)
+    partial.unlink()
     wall = time.perf_counter() - t0
     # Keep results of other experiments already in the directory, so experiments can run separately.
     path = out / "results.json"
@@ -100,11 +118,18 @@ def run(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from dlb.sim.report import load, plot, reproduction_report
 
+    sources = args.results or ["sim-results/results.json"]
+    records: list[dict] = []
     try:
-        records = load(args.results)
+        for src in sources:
+            records += load(src)
     except ValueError as e:
         print(f"dlb sim report: {e}", file=sys.stderr)
         return 2
+    records = normalise(records)
+    if args.save_merged:
+        Path(args.save_merged).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.save_merged).write_text(json.dumps(records, indent=1))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     plots_dir = Path(args.plots_dir) if args.plots_dir else output.parent / "sim-plots"
@@ -117,7 +142,8 @@ def run_report(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"dlb sim report: cannot read --analysis file {args.analysis}: {e}", file=sys.stderr)
             return 2
-    rel = Path(*([".."] * 0)) / plots_dir.relative_to(output.parent) if plots_dir.is_relative_to(output.parent) else plots_dir
-    output.write_text(reproduction_report(records, args.results, str(rel), analysis))
+    rel = plots_dir.relative_to(output.parent) if plots_dir.is_relative_to(output.parent) else plots_dir.resolve()
+    shown = args.save_merged or ", ".join(sources)
+    output.write_text(reproduction_report(records, shown, str(rel), analysis))
     print(f"wrote {output} and plots in {plots_dir}", file=sys.stderr)
     return 0

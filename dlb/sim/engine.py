@@ -74,6 +74,8 @@ class RunResult:
     events: int
     sim_time_s: float
     per_cell_served: np.ndarray
+    #: Mean network round trip (seconds) of the successful requests: the part routing pays in distance.
+    net_mean: float = math.nan
     #: Time-average RIF of every cell (sampled on the snapshot grid while arrivals last).
     mean_rif: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -92,6 +94,7 @@ class RunResult:
             "errors": self.errors,
             "in_flight": self.in_flight,
             "events": self.events,
+            "net_mean": self.net_mean,
         }
 
 
@@ -223,6 +226,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         schedule(d.end_s, _PHASE, 0)
 
     completed = errors = events = 0
+    net_sum = 0.0
     in_flight = 0
     r = 0
     now = 0.0
@@ -254,7 +258,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     est[j].record(now, rif0[b], serving)
                 errs[j].record(now, False)
                 i = src_list[b]
-                lat[b] = now + tau[j][i] - t_list[b]
+                back = tau[j][i]
+                lat[b] = now + back - t_list[b]
+                net_sum += back + tau[i][j]
             elif kind == _PREFILL_DONE:
                 srv = a
                 q = pq[srv]
@@ -358,5 +364,6 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         events=events + R,
         sim_time_s=now,
         per_cell_served=np.asarray(served),
+        net_mean=net_sum / completed if completed else math.nan,
         mean_rif=np.asarray(rif_sum, float) / max(n_snaps, 1),
     )

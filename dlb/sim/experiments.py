@@ -104,6 +104,7 @@ def run_job(job: Job) -> dict:
         "errors": s["errors"],
         "in_flight": s["in_flight"],
         "cells": sc.n,
+        "net_mean": s["net_mean"],
         "events": s["events"],
         "wall_s": wall,
         "cpu_s": cpu,
@@ -197,12 +198,15 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, str], dict[str, float
             return v[np.isfinite(v)]
 
         nm, np90, er, mean = col("norm_mean"), col("norm_p90"), col("error_rate"), col("mean")
+        net = np.array([r.get("net_mean", math.nan) for r in rs], float)
+        net = net[np.isfinite(net)]
         agg[key] = {
             "norm_mean": float(nm.mean()) if nm.size else math.nan,
             "norm_mean_sd": float(nm.std()) if nm.size else math.nan,
             "norm_p90": float(np90.mean()) if np90.size else math.nan,
             "error_rate": float(er.mean()) if er.size else math.nan,
             "mean": float(mean.mean()) if mean.size else math.nan,
+            "net_mean": float(net.mean()) if net.size else math.nan,
             "n": len(rs),
             "x": float(rs[0].get("x", 0.0)),
         }

@@ -60,13 +60,14 @@ def markdown_table(records: list[dict]) -> str:
         for var in _variants(records, exp):
             n = next((a["n"] for (e, v, _p), a in agg.items() if e == exp and v == var), 0)
             out += [f"## {exp} — {var} ({n} runs per policy)", "",
-                    "| policy | norm mean | norm p90 | mean (s) | error rate |", "| --- | --- | --- | --- | --- |"]
+                    "| policy | norm mean | norm p90 | mean (s) | of which network (s) | error rate |",
+                    "| --- | --- | --- | --- | --- | --- |"]
             for p in POLICIES:
                 a = agg.get((exp, var, p))
                 if a is None:
                     continue
                 out.append(f"| {p} | {_fmt(a['norm_mean'])} ± {_fmt(a['norm_mean_sd'])} | {_fmt(a['norm_p90'])} | "
-                           f"{_fmt(a['mean'])} | {_fmt(a['error_rate'], pct=True)} |")
+                           f"{_fmt(a['mean'])} | {_fmt(a['net_mean'])} | {_fmt(a['error_rate'], pct=True)} |")
             out.append("")
     return "\n".join(out)
 
