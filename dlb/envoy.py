@@ -10,6 +10,7 @@ Python start-up per Envoy and lets us signal Envoy itself.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -72,8 +73,9 @@ class EnvoyProcess:
         os.close(fd)
         args = [envoy_binary(), "-c", self.config_path, "--log-level", self.log_level, "--log-path", self.log_path,
                 "--disable-hot-restart", "--concurrency", "1"]
-        # Each Envoy needs its own shared-memory base id when several run on one machine.
-        args += ["--base-id", str(self.base_id if self.base_id is not None else os.getpid() % 10000 * 10 + self.admin_port % 10)]
+        # Each Envoy needs its own shared-memory base id when several run on one machine (tests of
+        # several helpers run at once); a random one avoids collisions a pid/port formula can have.
+        args += ["--base-id", str(self.base_id if self.base_id is not None else secrets.randbelow(1 << 30))]
         args += self.extra_args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + ready_timeout
