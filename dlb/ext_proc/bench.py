@@ -43,6 +43,9 @@ CONFIGS = ("plain", "root", "root+leaf")
 #: Extra configuration for the leaf's measurement choice: the leaf ext_proc also processes response
 #: headers (the alternative to the access log for completions). Not in the default set.
 RESP_CONFIG = "root+leaf-resp"
+#: The leaf without its ext_proc: Envoy LEAST_REQUEST picks, the agent measures from the access log.
+LR_CONFIG = "root+leaf-lr"
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG)
 
 
 def _cpu_of(pid: int) -> float:
@@ -204,6 +207,18 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             leaf_env = envoy(lb, "leaf", la)
             targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).proc.pid, "root_ext_proc": root_svc.pid,
                                         "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
+        if LR_CONFIG in configs:
+            from dataclasses import replace
+
+            cell = cfg.cell("x")
+            cfg_lr = replace(cfg, cells=(replace(cell, leaf=replace(cell.leaf, ext_proc=None)),))
+            p, a, leaf_port, la = free_port(), free_port(), free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
+            _point_cluster(b, "cell-x", leaf_port)
+            leaf_env = envoy(leaf_bootstrap(cfg_lr, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port), access_log=True),
+                             "leaf-lr", la)
+            targets[LR_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-lr", a).proc.pid, "root_ext_proc": root_svc.pid,
+                                      "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
         if RESP_CONFIG in configs:
             p, a = free_port(), free_port()
             leaf_port = free_port()
@@ -289,7 +304,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=6.0, help="seconds per configuration and mode (default 6)")
     p.add_argument("--connections", type=int, default=16, help="closed-loop concurrency (default 16)")
     p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
-    p.add_argument("--configs", nargs="+", choices=CONFIGS + (RESP_CONFIG,), default=list(CONFIGS),
-                   help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers)")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
+                   help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
+                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
     p.set_defaults(func=run)
