@@ -554,3 +554,18 @@ def test_custom_type_deletion_reaches_sotw_clients():
             r2 = await s.recv()
             assert sorted(decode(r2, struct_pb2.Struct)) == ["cell-a"]
     run(main())
+
+
+def test_resource_wrapper_only_for_clients_that_support_it():
+    async def main():
+        async with xds() as env:
+            env.cache.node_key = lambda _n: "shared"
+            env.cache.set_snapshot("shared", snap(custom={"topology": struct(cells=3)}))
+            with_wrapper, plain = env.stream(), env.stream()
+            await with_wrapper.send(sotw_request(CUSTOM, node=node("w")))
+            await plain.send(sotw_request(CUSTOM, node=node("p", wrapper=False)))
+            rw, rp = await with_wrapper.recv(), await plain.recv()
+            assert decode(rw, struct_pb2.Struct)["topology"]["cells"] == 3  # name travels in the wrapper
+            assert rw.resources[0].type_url.endswith("discovery.v3.Resource")
+            assert rp.resources[0].type_url == CUSTOM and struct_pb2.Struct.FromString(rp.resources[0].value)["cells"] == 3
+    run(main())

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 
 from dlb.log import get_logger
 from dlb.xds import types
-from dlb.xds.snapshot import unwrap
+from dlb.xds.snapshot import WRAPPER_FEATURES, unwrap
 
 log = get_logger("dlb.xds.client")
 
@@ -94,7 +94,10 @@ class XdsClient:
     def __init__(self, target: str, node: base_pb2.Node, backoff: Backoff | None = None, delta: bool = False,
                  channel_options: list[tuple[str, int]] | None = None) -> None:
         self.target = target
-        self.node = node
+        self.node = base_pb2.Node()
+        self.node.CopyFrom(node)
+        for feature in sorted(WRAPPER_FEATURES - set(node.client_features)):
+            self.node.client_features.append(feature)  # we unwrap discovery.v3.Resource in SotW
         self.delta = delta
         self.backoff = backoff or Backoff()
         self.channel_options = channel_options or [("grpc.keepalive_time_ms", 30_000)]

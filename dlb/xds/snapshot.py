@@ -30,9 +30,13 @@ class Resource:
     type_url: str
     version: str  # content hash of the serialized message
     any_bytes: bytes  # serialized google.protobuf.Any
-    sotw_field: bytes  # DiscoveryResponse.resources entry, ready to concatenate
+    sotw_field: bytes  # DiscoveryResponse.resources entry, ready to concatenate (wrapped if needed)
     delta_field: bytes  # DeltaDiscoveryResponse.resources entry (a discovery Resource), ready to concatenate
     eds_name: str = ""  # clusters only: the ClusterLoadAssignment name this cluster subscribes to
+    sotw_plain_field: bytes = b""  # set only when sotw_field is wrapped: the bare Any entry
+
+    def sotw(self, wrap_ok: bool) -> bytes:
+        return self.sotw_field if wrap_ok or not self.sotw_plain_field else self.sotw_plain_field
 
     @staticmethod
     def from_message(message: Message, name: str | None = None, type_url: str | None = None) -> "Resource":
@@ -53,20 +57,31 @@ class Resource:
         any_bytes = packed.SerializeToString(deterministic=True)
         version = hashlib.sha256(packed.type_url.encode() + b"\0" + packed.value).hexdigest()[:16]
         delta = discovery_pb2.Resource(name=name, version=version, resource=packed).SerializeToString(deterministic=True)
+        plain_bytes = any_bytes
         if isinstance(message, any_pb2.Any) or _derived_name(message) != name:
             # SotW responses carry bare Any; a name that is not inside the message travels in the
-            # envoy.service.discovery.v3.Resource wrapper, which Envoy and our client unwrap.
+            # envoy.service.discovery.v3.Resource wrapper, for clients that support it (see
+            # ``supports_wrapper``); others get the plain Any.
             any_bytes = any_pb2.Any(type_url=RESOURCE_WRAPPER, value=delta).SerializeToString(deterministic=True)
         eds_name = ""
         if packed.type_url == types.CLUSTER:
             eds_name = _cluster_eds_name(message if not isinstance(message, any_pb2.Any) else None, packed, name)
         return Resource(name=name, type_url=packed.type_url, version=version, any_bytes=any_bytes,
                         sotw_field=wire.length_delimited(wire.SotwResponseField.RESOURCES, any_bytes),
+                        sotw_plain_field=(b"" if plain_bytes is any_bytes
+                                          else wire.length_delimited(wire.SotwResponseField.RESOURCES, plain_bytes)),
                         delta_field=wire.length_delimited(wire.DeltaResponseField.RESOURCES, delta),
                         eds_name=eds_name)
 
 
 RESOURCE_WRAPPER = types.type_url_of("envoy.service.discovery.v3.Resource")
+# Client features announcing that SotW responses may wrap resources in discovery.v3.Resource: the
+# xDS docs' spelling and the one gRPC sends. Envoy handles wrapped resources but announces nothing.
+WRAPPER_FEATURES = frozenset({"xds.config.supports-resource-in-sotw", "xds.config.resource-in-sotw"})
+
+
+def supports_wrapper(node) -> bool:
+    return node.user_agent_name == "envoy" or any(f in WRAPPER_FEATURES for f in node.client_features)
 
 
 def unwrap(packed: any_pb2.Any) -> tuple[str | None, any_pb2.Any]:

@@ -181,14 +181,15 @@ class SotwStream(StreamBase):
 
     def _respond(self, t: str, st: SotwTypeState, version: str, resources: Mapping[str, Resource], whole: bool,
                  snap: Snapshot) -> bytes:
+        wrap = self.wrap_ok
         if whole:  # the snapshot's whole type: shared by every wildcard stream, keyed by digest
-            key: tuple = (t, version, snap.type_digests.get(t, ""))
+            key: tuple = (t, version, wrap, snap.type_digests.get(t, ""))
         else:
-            key = (t, version, tuple(sorted((n, r.version) for n, r in resources.items())))
+            key = (t, version, wrap, tuple(sorted((n, r.version) for n, r in resources.items())))
 
         def build() -> bytes:
             return (wire.string_field(wire.SotwResponseField.VERSION_INFO, version)
-                    + b"".join(resources[n].sotw_field for n in sorted(resources))
+                    + b"".join(resources[n].sotw(wrap) for n in sorted(resources))
                     + wire.string_field(wire.SotwResponseField.TYPE_URL, t))
 
         body = self.ctx.body_cache.get(key, build)

@@ -19,7 +19,7 @@ from envoy.config.core.v3 import base_pb2
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache, Watch
-from dlb.xds.snapshot import Resource, Snapshot
+from dlb.xds.snapshot import Resource, Snapshot, supports_wrapper
 from dlb.xds.status import StatusRegistry
 
 # authorizer(node, type_url, resource_name) -> may this node read it?
@@ -104,6 +104,7 @@ class StreamBase:
         self.fixed_type = fixed_type  # per-type service (CDS, EDS, ...) rather than ADS
         self.peer = peer
         self.node: base_pb2.Node | None = None
+        self.wrap_ok = False  # may SotW responses wrap resources (names outside the message)?
         self.key: str | None = None
         self._watch: Watch | None = None
         self._wake = asyncio.Event()
@@ -137,6 +138,7 @@ class StreamBase:
         if not has_node or node is None or not node.id:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first request on a stream must carry node.id")
         self.node = node
+        self.wrap_ok = supports_wrapper(node)
         self.key = self.ctx.cache.node_key(node)
         self.log = self.log.bind(node=node.id)
         self._watch = self.ctx.cache.watch(self.key, self._on_snapshot)

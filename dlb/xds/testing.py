@@ -181,8 +181,10 @@ def http_listener(name: str, port: int, route_name: str,
     return lst
 
 
-def node(node_id: str, cluster: str = "test") -> base_pb2.Node:
-    return base_pb2.Node(id=node_id, cluster=cluster)
+def node(node_id: str, cluster: str = "test", wrapper: bool = True) -> base_pb2.Node:
+    """A test node; ``wrapper`` announces support for discovery.v3.Resource-wrapped SotW resources."""
+    return base_pb2.Node(id=node_id, cluster=cluster,
+                         client_features=["xds.config.resource-in-sotw"] if wrapper else [])
 
 
 __all__ = ["RawStream", "ack", "eds_cluster", "http_listener", "load_assignment", "nack", "names_of", "node",
