@@ -45,7 +45,9 @@ CONFIGS = ("plain", "root", "root+leaf")
 RESP_CONFIG = "root+leaf-resp"
 #: The leaf without its ext_proc: Envoy LEAST_REQUEST picks, the agent measures from the access log.
 LR_CONFIG = "root+leaf-lr"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG)
+#: The root service with two worker processes (SO_REUSEPORT) instead of one.
+W2_CONFIG = "root-2w"
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG)
 
 
 def _cpu_of(pid: int) -> float:
@@ -183,6 +185,11 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         leaf_svc = ServiceProcess("leaf", "--config", str(cfg_path), "--cell", "x", "--metrics", f"127.0.0.1:{free_port()}",
                                   "--scrape-period-ms", "0")
         services += [root_svc, leaf_svc]
+        w2_port = free_port()
+        if W2_CONFIG in configs:
+            root_w2 = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--listen", f"127.0.0.1:{w2_port}",
+                                     "--metrics", "", "--workers", "2")
+            services.append(root_w2)
         for s in services:
             s.spawn()
         for s in services:
@@ -207,6 +214,13 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             leaf_env = envoy(lb, "leaf", la)
             targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).proc.pid, "root_ext_proc": root_svc.pid,
                                         "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
+        if W2_CONFIG in configs:
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(w2_port))
+            _point_cluster(b, "cell-x", up_port)
+            pids = {"root_envoy": envoy(b, "root-2w", a).proc.pid, "root_ext_proc": root_w2.pid}
+            pids.update({f"root_ext_proc_w{k + 1}": pid for k, pid in enumerate(root_w2.ready.get("worker_pids", []))})
+            targets[W2_CONFIG] = (p, pids)
         if LR_CONFIG in configs:
             from dataclasses import replace
 
@@ -306,6 +320,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
     p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
                    help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
-                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log)")
+                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
     p.set_defaults(func=run)

@@ -230,7 +230,11 @@ async def _tick_loop(service: RootService, period_s: float) -> None:
 
 
 async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
-                   seed: int | None = None, emulate_wan: bool = False) -> None:
+                   seed: int | None = None, emulate_wan: bool = False, workers: int = 1, worker_index: int = 0) -> None:
+    """Serve until SIGTERM. With ``workers > 1`` this process (index 0) starts the others on the same
+    port (``SO_REUSEPORT``; the kernel spreads Envoy's connections) — each is an independent root
+    replica with its own probe client and router state, which is how the algorithms see several roots.
+    """
     service = RootService.from_config(cfg, cell, seed=seed)
     src = cfg.cell(cell).index
     tau = cfg.network.one_way_ms
@@ -240,30 +244,96 @@ async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, rea
     timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
     client = ProbeClient(targets, service.on_probe, timing, source_cell=cell)
     service.probe_client = client
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if workers > 1 else 0), ("grpc.max_concurrent_streams", 10000)])
     server.add_generic_rpc_handlers((ext_proc_handler(service.process),))
     port = server.add_insecure_port(listen)
     if port == 0:
         raise SystemExit(f"dlb serve root: cannot listen on {listen}")
+    children: list = []
     metrics_port = None
     if metrics:
         host, _, mport = metrics.rpartition(":")
         _, metrics_port = serve_metrics(service.collect, host or "127.0.0.1", int(mport))
     await server.start()
+    if workers > 1 and worker_index == 0:
+        children = _spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
     client.start()
     tick_period = min([0.05] + [e.router.policy.flow.period_s / 2 for e in service.endpoints])
     ticker = asyncio.create_task(_tick_loop(service, tick_period))
     log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
              endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in targets])
+    worker_pids = [await asyncio.to_thread(_wait_worker, c) for c in children]
     if ready_file:
-        _write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid()})
+        _write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
 
     async def on_stop() -> None:
         ticker.cancel()
+        for child, _ in children:
+            child.terminate()
         await client.stop()
-        log.info("root_stopping", cell=cell)
+        for child, _ in children:
+            await asyncio.to_thread(child.wait, 10)
+        log.info("root_stopping", cell=cell, worker=worker_index)
 
     await serve_until_signal(server, on_stop)
+
+
+def _spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
+    """Start workers 1..n-1 with this process's arguments on the bound port; they die with us."""
+    import subprocess
+    import sys
+    import tempfile
+
+    def die_with_parent() -> None:  # Linux: SIGTERM the worker if the first process dies
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+    base = _strip_args(sys.argv[1:], {"--listen", "--metrics", "--ready-file", "--worker-index"})
+    out = []
+    for k in range(1, workers):
+        ready = tempfile.NamedTemporaryFile(prefix="dlb-root-worker-", suffix=".json", delete=False).name
+        os.unlink(ready)
+        args = [*base, "--listen", listen, "--worker-index", str(k), "--ready-file", ready]
+        if metrics:
+            host, _, mport = metrics.rpartition(":")
+            args += ["--metrics", f"{host}:{int(mport) + 100 * k}" if int(mport) else metrics]
+        else:
+            args += ["--metrics", ""]
+        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))
+    return out
+
+
+def _strip_args(argv: list[str], drop: set[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in drop:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in drop:
+            continue
+        out.append(a)
+    return out
+
+
+def _wait_worker(child: tuple, timeout: float = 60.0) -> int:
+    proc, ready = child
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"dlb serve root: worker exited with {proc.returncode}")
+        if os.path.exists(ready):
+            os.unlink(ready)
+            return proc.pid
+        time.sleep(0.05)
+    raise SystemExit("dlb serve root: a worker did not become ready")
 
 
 def _write_ready(path: str, data: dict) -> None:
@@ -313,7 +383,11 @@ def run(args: argparse.Namespace) -> int:
     if metrics is None:
         m = cfg.services.root.metrics
         metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
-    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, args.seed, args.emulate_wan))
+    if args.workers < 1:
+        raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    seed = None if args.seed is None else args.seed + args.worker_index
+    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
+                            args.workers, args.worker_index))
     return 0
 
 
@@ -326,6 +400,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")
     p.add_argument("--ready-file", default=None, help="write {ext_proc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (tie-breaks, aversion, flow sampling)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes sharing the port (SO_REUSEPORT); worker k serves metrics on the metrics port + 100k")
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--emulate-wan", action="store_true",
                    help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
     p.set_defaults(func=run)

@@ -1,0 +1,61 @@
+"""``dlb serve root --workers 2``: two processes share the ext_proc port (SO_REUSEPORT), both serve
+streams, and stopping the first stops the other."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from dlb.ext_proc.process import ServiceProcess, free_port
+from dlb.ext_proc.stack import metric_value
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_workers_share_the_port_and_stop_together(tmp_path):
+    cfg = {
+        "version": 1,
+        "cells": [{"name": "a", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                   "servers": [f"127.0.0.1:{free_port()}"]}],
+        "network": {"default_one_way_ms": 0},
+        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
+    }
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(cfg))
+    port, mport = free_port(), free_port()
+    while mport + 100 > 65535:
+        mport = free_port()
+    root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--listen", f"127.0.0.1:{port}",
+                          "--metrics", f"127.0.0.1:{mport}", "--workers", "2")
+    with root:
+        worker = root.ready["worker_pids"][0]
+        req = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=":path", raw_value=b"/v1/chat")])))
+        for _ in range(24):  # separate connections: the kernel spreads them over the two sockets
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                resp = next(ep_grpc.ExternalProcessorStub(ch).Process(iter([req]), timeout=10))
+                # No leaf answers probes in this test: the reply is the documented 503.
+                assert resp.immediate_response.status.code == 503
+        counts = []
+        for mp in (mport, mport + 100):
+            with urllib.request.urlopen(f"http://127.0.0.1:{mp}/metrics", timeout=5) as r:
+                counts.append(metric_value(r.read().decode(), "dlb_root_streams_total"))
+        assert sum(counts) == 24 and all(c > 0 for c in counts), counts
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, 9)
+        raise AssertionError("worker outlived the first process")
