@@ -145,16 +145,23 @@ def test_ext_proc_stream_over_real_grpc():
                 call = stub.Process()
                 await call.write(headers_msg())
                 first = await call.read()
-                await call.write(ep.ProcessingRequest(response_headers=ep.HttpHeaders()))
-                second = await call.read()
-                await call.done_writing()
-                return first, second
+                # The root is done after request headers: it ends the stream cleanly (status OK), which
+                # the ext_proc protocol defines as "proceed without the server".
+                end = await call.read()
+                status = await call.code()
+                # A phase the root does not handle (if an Envoy config sends it) is answered unchanged.
+                other = stub.Process()
+                await other.write(ep.ProcessingRequest(response_headers=ep.HttpHeaders()))
+                second = await other.read()
+                await other.done_writing()
+                return first, end, status, second
         finally:
             await server.stop(0)
 
-    first, second = asyncio.run(main())
+    first, end, status, second = asyncio.run(main())
     hs = {h.header.key: h.header.raw_value for h in first.request_headers.response.header_mutation.set_headers}
     assert hs["x-dlb-cell"] == b"cell-a"
+    assert end is grpc.aio.EOF and status == grpc.StatusCode.OK
     assert second.WhichOneof("response") == "response_headers"
     assert svc.processing.counts and sum(svc.processing.counts) == 2
 

@@ -144,6 +144,11 @@ class RootService:
                 out = CONTINUE.get(which, CONTINUE["request_headers"])
             observe(perf() - t0)
             yield out
+            if which == "request_headers":
+                # Done: the root only decides on request headers. Ending the stream cleanly tells
+                # Envoy to proceed without us (ext_proc protocol), so no task or stream is held for
+                # the rest of a possibly minutes-long generation.
+                return
 
     # -- probe state in -------------------------------------------------------------------------
     def on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
