@@ -88,3 +88,24 @@ def test_leaf_counts_rif_and_completions(leaf_ext_proc):
         assert p.waiting >= 0  # scraped from the emulators' vLLM gauges
     finally:
         plane.close()
+
+
+def test_leaf_ext_proc_avoids_a_server_busy_with_traffic_it_did_not_send():
+    """Scraped vLLM gauges show work that bypassed the leaf; the picker steers around it."""
+    plane = start_data_plane([CellSpec("a", servers=2)], "a", ENDPOINT, leaf_ext_proc=True)
+    try:
+        _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0, "cell usable")
+        busy = plane.emulators["a"][0]
+        host, port = busy.address.rsplit(":", 1)
+        direct = [Stream(host, int(port), tokens=2000) for _ in range(6)]  # straight to a-0, not via the leaf
+        try:
+            _wait(lambda: (metric_value(plane.leaf_metrics("a"), "dlb_leaf_server_scraped_load", server=busy.address) or 0) >= 6,
+                  "leaf scrapes the busy server's queue")
+            rh, rp = plane.root_url
+            served = [request(rh, rp)[1].get("x-dlb-server") for _ in range(5)]
+            assert served == ["a-1"] * 5
+        finally:
+            for s in direct:
+                s.conn.close()
+    finally:
+        plane.close()
