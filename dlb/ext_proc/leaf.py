@@ -35,12 +35,12 @@ from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dlb.config import Config, load_config
+from dlb.config import Config
 from dlb.control_plane.estimator import EstimatorConfig
 from dlb.ext_proc import headers
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
-from dlb.ext_proc.protocol import CONTINUE, ext_proc_handler, header_response, header_value, serve_until_signal
+from dlb.ext_proc.protocol import CONTINUE, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.root import _write_ready, run_event_loop
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -303,11 +303,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    try:
-        cell = cfg.cell(args.cell)
-    except KeyError as exc:
-        raise SystemExit(str(exc.args[0]))
+    cfg, cell = load_cell(args.config, args.cell)
     # Probe, ext_proc and access log share one gRPC server; it also listens on leaf.ext_proc when set.
     listen = [args.listen or str(cell.leaf.probe)]
     if args.listen is None and cell.leaf.ext_proc is not None and cell.leaf.ext_proc != cell.leaf.probe:

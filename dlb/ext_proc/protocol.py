@@ -9,11 +9,15 @@ an identity response serializer — the hot path then only parses the request an
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlb.config import Cell, Config
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -87,3 +91,23 @@ async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awai
     if on_stop is not None:
         await on_stop()
     await server.stop(grace_s)
+
+
+def load_cell(config_path: str, cell_name: str) -> "tuple[Config, Cell]":
+    """The config and one of its cells for a service's command line; bad input exits with the reasons."""
+    import sys
+
+    from dlb.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as exc:
+        raise SystemExit(f"{config_path}: {exc.strerror}") from None
+    try:
+        return cfg, cfg.cell(cell_name)
+    except KeyError as exc:
+        raise SystemExit(str(exc.args[0])) from None

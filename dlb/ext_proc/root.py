@@ -28,13 +28,14 @@ import numpy as np
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dlb.config import Config, load_config
+from dlb.config import Config
 from dlb.control_plane.latency_model import LatencyParams
 from dlb.control_plane.router import NO_CELL, Mechanism, RootRouter
 from dlb.ext_proc import headers
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
-from dlb.ext_proc.protocol import CONTINUE, ext_proc_handler, header_response, header_value, immediate_response, serve_until_signal
+from dlb.ext_proc.protocol import (CONTINUE, ext_proc_handler, header_response, header_value, immediate_response, load_cell,
+                                   serve_until_signal)
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 
@@ -378,11 +379,7 @@ def _run(coro) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    try:
-        cell = cfg.cell(args.cell)
-    except KeyError as exc:
-        raise SystemExit(str(exc.args[0]))
+    cfg, cell = load_cell(args.config, args.cell)
     listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
     metrics = args.metrics
     if metrics is None:
