@@ -1,7 +1,7 @@
 """A second, independent xDS client: grpcio's proxyless xDS (C-core) reads our control plane.
 
-gRPC subscribes LDS/RDS/CDS/EDS *by name* (never wildcard), so this checks the server answers named
-subsets at once, and that a route switch to a new cluster (add cluster, move route, remove the old
+gRPC subscribes LDS/RDS/CDS/EDS *by name* (never wildcard) and skips weight-0 clusters, so this
+checks the server answers named subsets of the snapshot at once, and that a route switch to a new cluster (add cluster, move route, remove the old
 one) never fails an RPC on a client that keeps calling.
 """
 
@@ -59,10 +59,16 @@ def endpoints(cluster: str, port: int):
     return cla
 
 
-def snapshot(cluster: str, port: int) -> Snapshot:
-    rc = route_config("echo-route", cluster=cluster)
+def snapshot(cluster: str, port: int, idle: tuple[str, int] | None = None) -> Snapshot:
+    """The route sends everything to ``cluster``; ``idle`` adds a weight-0 cluster gRPC never asks for."""
+    if idle is None:
+        rc = route_config("echo-route", cluster=cluster)
+        extra = []
+    else:
+        rc = route_config("echo-route", weights={cluster: 1, idle[0]: 0})
+        extra = [eds_cluster(idle[0]), endpoints(*idle)]
     rc.virtual_hosts[0].domains[:] = ["echo"]
-    return Snapshot.build([api_listener("echo", "echo-route"), rc, eds_cluster(cluster), endpoints(cluster, port)])
+    return Snapshot.build([api_listener("echo", "echo-route"), rc, eds_cluster(cluster), endpoints(cluster, port), *extra])
 
 
 async def _backend(reply: bytes) -> tuple[grpc.aio.Server, int]:
@@ -85,7 +91,7 @@ async def _scenario() -> None:
     port = await xds.start()
     proc = None
     try:
-        cache.set_snapshot("grpc-client", snapshot("echo-one", p1))
+        cache.set_snapshot("grpc-client", snapshot("echo-one", p1, idle=("echo-two", p2)))
         bootstrap = {"xds_servers": [{"server_uri": f"127.0.0.1:{port}", "channel_creds": [{"type": "insecure"}],
                                       "server_features": ["xds_v3"]}],
                      "node": {"id": "grpc-client", "cluster": "test"}}
@@ -96,8 +102,12 @@ async def _scenario() -> None:
         first = (await proc.stdout.readline()).decode().strip()
         assert first == "one"
         # gRPC named the resources it wanted (no wildcard) and was answered.
-        acked = {types.short(t): s.acked_version for t, s in xds.status.nodes["grpc-client"].types.items()}
+        status = xds.status.nodes["grpc-client"].types
+        acked = {types.short(t): s.acked_version for t, s in status.items()}
         assert set(acked) == {"LDS", "RDS", "CDS", "EDS"} and all(acked.values())
+        # A subset of the snapshot's clusters (the weight-0 one is never requested), answered at once.
+        assert status[types.CLUSTER].subscribed == ["echo-one"]
+        assert status[types.LISTENER].subscribed == ["echo"]
 
         cache.set_snapshot("grpc-client", snapshot("echo-two", p2))  # new cluster, route moves, old goes
         replies = [first]

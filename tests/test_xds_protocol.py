@@ -342,7 +342,7 @@ def test_status_endpoint_and_metrics():
                 body = await loop.run_in_executor(None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/status").read())
                 cds = json.loads(body)["nodes"]["n1"]["types"]["CDS"]
                 assert (cds["sent_version"], cds["acked_version"], cds["last_nack_reason"]) == (v2, v1, "no good")
-                assert json.loads(body)["nodes"]["n1"]["streams"] == 1
+                assert json.loads(body)["nodes"]["n1"]["streams"] == 1 and cds["subscribed"] == ["*"]
                 metrics = (await loop.run_in_executor(None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())).decode()
                 assert f'dlb_xds_acked_version_info{{node="n1",type="CDS",version="{v1}"}} 1.0' in metrics
                 assert 'dlb_xds_nacks_total{node="n1",type="CDS"} 1.0' in metrics

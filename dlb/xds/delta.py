@@ -77,6 +77,8 @@ class DeltaStream(StreamBase):
         st.names -= unsubscribe
         if unsubscribe or types.WILDCARD in req.resource_names_unsubscribe:
             st.synced_digest = ""
+        if st.initial_pending or subscribe or unsubscribe or req.resource_names_subscribe or req.resource_names_unsubscribe:
+            self.ctx.status.subscribed(self.node.id, type_url, st.names, st.wildcard)
         for n in unsubscribe:
             st.client.pop(n, None)  # the client dropped it; never respond for it
         return bool(st.initial_pending or subscribe or types.WILDCARD in req.resource_names_subscribe

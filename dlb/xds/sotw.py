@@ -37,6 +37,7 @@ class SotwTypeState:
     names: set[str] = field(default_factory=set)
     wildcard: bool = False
     explicit: bool = False  # the client has named resources once: legacy wildcard no longer applies
+    subscribed_reported: bool = False
     nonce: str = ""  # latest nonce sent for this type; any other nonce is stale
     outstanding: bool = False  # a response awaits its ACK/NACK
     initial_pending: bool = True  # answer the first request even when it changes nothing
@@ -109,6 +110,9 @@ class SotwStream(StreamBase):
                 for n in withdrawn:
                     del sent[n]  # withdrawn: forget silently, never respond for it
         grew = wildcard != st.wildcard or not names <= st.names
+        if names != st.names or wildcard != st.wildcard or not st.subscribed_reported:
+            self.ctx.status.subscribed(self.node.id, type_url, names, wildcard)
+            st.subscribed_reported = True
         st.names, st.wildcard = names, wildcard
         # A push may be due after: a first request, new names, or an answer to LDS/RDS (which can
         # release held cluster removals). A plain ACK of anything else changes nothing.

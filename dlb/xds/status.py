@@ -32,6 +32,7 @@ class TypeStatus:
     acks: int = 0
     nacks: int = 0
     last_ack_unix: float = 0.0
+    subscribed: list[str] = field(default_factory=list)  # names the node asked for ("*" = wildcard)
 
 
 @dataclass
@@ -80,6 +81,9 @@ class StatusRegistry:
             gone.sort(key=lambda ns: ns.seen_seq)
             for ns in gone[: len(gone) - self.max_disconnected]:
                 del self.nodes[ns.node_id]
+
+    def subscribed(self, node_id: str, type_url: str, names: set[str], wildcard: bool) -> None:
+        self.node(node_id).type(type_url).subscribed = (["*"] if wildcard else []) + sorted(names)
 
     def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
         st = self.node(node_id).type(type_url)
