@@ -169,3 +169,20 @@ def test_flow_mechanism_weights_drive_the_split(plane):
     assert served.count("a-0") >= 20, served
     root = plane.root_metrics()
     assert metric_value(root, "dlb_root_decisions_total", endpoint="flow", cell="a") >= 20
+
+
+def test_dead_leaf_envoy_is_avoided_although_its_agent_answers(plane):
+    """The control path (probes) is up, the data path (leaf Envoy) is down: the leaf agent's own check
+    of its Envoy makes probes fail, so roots stop sending there."""
+    envoy_a = plane.leaf_envoys["a"]
+    envoy_a.stop()
+    try:
+        _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 0.0,
+              "root marks cell a unusable")
+        assert metric_value(plane.leaf_metrics("a"), "dlb_leaf_envoy_reachable") == 0.0
+        assert _served_by(plane, 6) == ["b-0"] * 6
+    finally:
+        envoy_a.start()
+    _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0,
+          "cell a usable again")
+    assert _served_by(plane, 4) == ["a-0"] * 4

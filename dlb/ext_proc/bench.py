@@ -183,7 +183,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         cfg = config_from_dict(raw, source=str(cfg_path))
         root_svc = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--metrics", f"127.0.0.1:{free_port()}")
         leaf_svc = ServiceProcess("leaf", "--config", str(cfg_path), "--cell", "x", "--metrics", f"127.0.0.1:{free_port()}",
-                                  "--scrape-period-ms", "0")
+                                  "--scrape-period-ms", "0", "--envoy-check-period-ms", "0")
         services += [root_svc, leaf_svc]
         w2_port = free_port()
         if W2_CONFIG in configs:

@@ -77,6 +77,9 @@ class LeafAgent:
         self.probes = 0
         self.fits = 0
         self.fit_seconds = 0.0
+        #: Whether this cell's leaf Envoy accepts connections (see :meth:`envoy_check_loop`).
+        self.envoy_ok = True
+        self.envoy_check_failures = 0
 
     # -- ext_proc (request path) -------------------------------------------------------------------
     async def process(self, requests: AsyncIterator[ep.ProcessingRequest], context) -> AsyncIterator[bytes]:
@@ -128,6 +131,9 @@ class LeafAgent:
     # -- probes -------------------------------------------------------------------------------------
     async def Probe(self, request: probe_pb2.ProbeRequest, context) -> probe_pb2.ProbeResponse:
         self.probes += 1
+        if not self.envoy_ok:
+            # The control path is up but the data path is not: roots must not send here.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"leaf Envoy of cell {self.state.cell} is unreachable")
         return self.snapshot(self.clock())
 
     def snapshot(self, now: float) -> probe_pb2.ProbeResponse:
@@ -176,6 +182,33 @@ class LeafAgent:
                 self.state.on_scrape(i, *r)
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
 
+    async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:
+        """TCP-connect to the leaf Envoy's listener every ``period_s``.
+
+        Probes reach the agent directly, not through the leaf Envoy; without this check a dead leaf
+        Envoy would leave the cell looking healthy to every root while all its requests fail.
+        """
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        while True:
+            ok = True
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), min(1.0, 5 * period_s))
+                writer.close()
+            except (OSError, asyncio.TimeoutError):
+                ok = False
+            if ok:
+                if not self.envoy_ok:
+                    log.info("leaf_envoy_reachable", cell=self.state.cell, address=address)
+                self.envoy_check_failures = 0
+                self.envoy_ok = True
+            else:
+                self.envoy_check_failures += 1
+                if self.envoy_ok and self.envoy_check_failures >= fail_threshold:
+                    log.warning("leaf_envoy_unreachable", cell=self.state.cell, address=address)
+                    self.envoy_ok = False
+            await asyncio.sleep(period_s)
+
     # -- metrics -----------------------------------------------------------------------------------
     def collect(self) -> Iterable:
         st = self.state
@@ -193,6 +226,7 @@ class LeafAgent:
             serr.add_metric([s.address], s.errors)
         yield from (srif, sscr, picks, serr)
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
+        yield GaugeMetricFamily("dlb_leaf_envoy_reachable", "1 if the leaf Envoy accepts connections", value=float(self.envoy_ok))
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
         yield CounterMetricFamily("dlb_leaf_completed", "Completions seen in the access log", value=st.completed)
         yield CounterMetricFamily("dlb_leaf_failed", "Completions counted as errors", value=st.failed)
@@ -268,7 +302,8 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
 
 
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
-                   choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float) -> None:
+                   choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
+                   envoy_check_period_s: float = 0.2) -> None:
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
     agent = LeafAgent(state)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
@@ -287,6 +322,9 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         _, metrics_port = serve_metrics(agent.collect, host or "127.0.0.1", int(mport))
     await server.start()
     tasks = [asyncio.create_task(agent.fit_loop())]
+    if envoy_check_period_s > 0:
+        agent.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up
+        tasks.append(asyncio.create_task(agent.envoy_check_loop(str(cfg.cell(cell_name).leaf.address), envoy_check_period_s)))
     if scrape_period_s > 0:
         tasks.append(asyncio.create_task(agent.scrape_loop(scrape_period_s, min(1.0, max(0.2, scrape_period_s)))))
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port,
@@ -312,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     if metrics is None:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
-                            args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s))
+                            args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0))
     return 0
 
 
@@ -324,6 +362,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")
     p.add_argument("--choices", type=int, default=2, help="power-of-d: servers sampled per pick (>= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
+    p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
+                   help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
