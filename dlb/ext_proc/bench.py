@@ -25,7 +25,10 @@ import asyncio
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,9 @@ RESP_CONFIG = "root+leaf-resp"
 LR_CONFIG = "root+leaf-lr"
 #: The root service with two worker processes (SO_REUSEPORT) instead of one.
 W2_CONFIG = "root-2w"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG)
+#: The floor: the same Envoy ext_proc hop to a bare grpc.aio servicer with a constant reply (no routing).
+BARE_CONFIG = "root-bare"
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG)
 
 
 def _cpu_of(pid: int) -> float:
@@ -168,6 +173,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
     records: list[dict[str, Any]] = []
     envoys: list[EnvoyProcess] = []
     services: list[ServiceProcess] = []
+    bare_procs: list[subprocess.Popen] = []
 
     def envoy(boot: dict[str, Any], name: str, admin: int) -> EnvoyProcess:
         e = EnvoyProcess(write_bootstrap(boot, d / f"{name}.yaml"), admin, base_id=random.randrange(1, 60000))
@@ -214,6 +220,20 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             leaf_env = envoy(lb, "leaf", la)
             targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).proc.pid, "root_ext_proc": root_svc.pid,
                                         "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
+        if BARE_CONFIG in configs:
+            bare_port = free_port()
+            ready = d / "bare.json"
+            bare = subprocess.Popen([sys.executable, "-m", "dlb.ext_proc.bare", "--listen", f"127.0.0.1:{bare_port}",
+                                     "--cell", "cell-x", "--ready-file", str(ready)])
+            bare_procs.append(bare)
+            while not ready.exists():
+                if bare.poll() is not None:
+                    raise RuntimeError("bare ext_proc exited")
+                time.sleep(0.05)
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(bare_port))
+            _point_cluster(b, "cell-x", up_port)
+            targets[BARE_CONFIG] = (p, {"root_envoy": envoy(b, "root-bare", a).proc.pid, "root_ext_proc": bare.pid})
         if W2_CONFIG in configs:
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(w2_port))
@@ -274,6 +294,9 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             e.stop()
         for s in services:
             s.stop()
+        for bp in bare_procs:
+            bp.terminate()
+            bp.wait(10)
         tmp.cleanup()
     return records
 
@@ -320,6 +343,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
     p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
                    help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
-                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers)")
+                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers; {BARE_CONFIG}: constant-reply servicer, the grpc floor)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
     p.set_defaults(func=run)
