@@ -255,3 +255,23 @@ def test_emulated_wan_ages_probe_answers_by_the_round_trip():
 
     st = asyncio.run(main())
     assert st.ok >= 1 and st.last_rtt_s >= 0.1  # two sleeps of 50 ms: a lower bound, not a timing race
+
+
+def test_residency_root_never_leaves_its_allowed_cells():
+    cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
+              "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["us", "eu", "ap"])]
+    cfg = config_from_dict({
+        "version": 1, "cells": cells,
+        "network": {"default_one_way_ms": 10, "allowed": {"eu": ["eu"]}},
+        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"cost": "rif", "aversion": {"enabled": False}}}],
+    })
+    svc = RootService.from_config(cfg, "eu", seed=1)
+    clock = Clock()
+    svc.clock = clock
+    for j in range(3):
+        probe(svc, j, clock.t, rif=100.0 if j == 1 else 0.0)  # eu is swamped, the others idle
+    picks = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(20)}
+    assert picks == {"cell-eu"}
+    svc.on_probe(ProbeTarget(1, "eu", ""), None, clock.t)  # eu's leaf is gone: nowhere legal to go
+    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
+    assert resp.immediate_response.status.code == 503
