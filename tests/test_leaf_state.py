@@ -145,3 +145,21 @@ def test_model_is_refit_from_completions():
     p = st.estimator.params
     assert st.estimator.confidence > 0.5
     assert p.a == pytest.approx(truth.a, rel=0.2) and p.b == pytest.approx(truth.b, rel=0.2)
+
+
+def test_latency_sample_is_the_servers_share_not_the_leaf_total():
+    """The testbed's WAN delay sits in the leaf Envoy before the upstream; the model must not see it."""
+    from google.protobuf.duration_pb2 import Duration
+
+    from envoy.data.accesslog.v3 import accesslog_pb2
+
+    from dlb.ext_proc.leaf import _serving_seconds
+
+    c = accesslog_pb2.AccessLogCommon(
+        time_to_first_upstream_tx_byte=Duration(nanos=50_000_000),  # 50 ms WAN delay first
+        time_to_last_upstream_rx_byte=Duration(nanos=250_000_000),
+        time_to_last_downstream_tx_byte=Duration(nanos=251_000_000),
+    )
+    assert _serving_seconds(c) == pytest.approx(0.2)
+    only_total = accesslog_pb2.AccessLogCommon(time_to_last_downstream_tx_byte=Duration(nanos=251_000_000))
+    assert _serving_seconds(only_total) == pytest.approx(0.251)

@@ -57,6 +57,20 @@ def _seconds(d) -> float:
     return d.seconds + d.nanos * 1e-9
 
 
+def _serving_seconds(common) -> float:
+    """The server's share of a request: first byte sent upstream → last byte back from upstream.
+
+    Not the leaf-side total: that would include the leaf's own filters, notably the testbed's WAN
+    delay (applied at the leaf Envoy, before the upstream), and the roots add the network delay to
+    ℓ(N) themselves — counting it in the model too would count it twice.
+    """
+    if common.HasField("time_to_last_upstream_rx_byte") and common.HasField("time_to_first_upstream_tx_byte"):
+        return _seconds(common.time_to_last_upstream_rx_byte) - _seconds(common.time_to_first_upstream_tx_byte)
+    if common.HasField("time_to_last_downstream_tx_byte"):
+        return _seconds(common.time_to_last_downstream_tx_byte)
+    return _seconds(common.duration)
+
+
 def _address(addr) -> str:
     sa = addr.socket_address
     if not sa.address:
@@ -123,7 +137,7 @@ class LeafAgent:
                     request_id=rid,
                     upstream=_address(common.upstream_remote_address),
                     status=e.response.response_code.value,
-                    duration_s=_seconds(common.time_to_last_downstream_tx_byte) if common.HasField("time_to_last_downstream_tx_byte") else _seconds(common.duration),
+                    duration_s=_serving_seconds(common),
                     client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
                 ))
         return als_pb2.StreamAccessLogsResponse()
