@@ -130,27 +130,6 @@ def test_dead_probe_target_is_avoided(plane):
     assert _served_by(plane, 4) == ["a-0"] * 4
 
 
-def test_error_aversion_moves_traffic_away_from_a_failing_cell(plane):
-    emu_a = plane.emulators["a"][0]
-    emu_a.set_faults(error_rate=1.0, error_status=500)
-    try:
-        host, port = plane.root_url
-
-        def averse() -> bool:
-            request(host, port)  # keep traffic flowing so the leaf sees the errors
-            v = metric_value(plane.root_metrics(), "dlb_root_aversion_rate", endpoint="chat", cell="a")
-            return v is not None and v >= 0.5
-
-        _wait(averse, "root averts cell a")
-        served = _served_by(plane, 40)
-        # a_max = 0.9: ~90% skip a. 24 of 40 is far in the tail of Binomial(40, 0.9) (P < 1e-6).
-        assert served.count("b-0") >= 24, served
-        leaf = plane.leaf_metrics("a")
-        assert metric_value(leaf, "dlb_leaf_error_rate") > 0.1 >= metric_value(plane.leaf_metrics("b"), "dlb_leaf_error_rate")
-    finally:
-        emu_a.set_faults(error_rate=0.0)
-
-
 def test_flow_mechanism_weights_drive_the_split(plane):
     host, port = plane.root_url
     body = {"model": "dlb-emulated", "prompt": "hi", "max_tokens": 4}
@@ -186,3 +165,25 @@ def test_dead_leaf_envoy_is_avoided_although_its_agent_answers(plane):
     _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0,
           "cell a usable again")
     assert _served_by(plane, 4) == ["a-0"] * 4
+
+
+# Last: it leaves cell a with a decaying error rate (and aversion) behind.
+def test_error_aversion_moves_traffic_away_from_a_failing_cell(plane):
+    emu_a = plane.emulators["a"][0]
+    emu_a.set_faults(error_rate=1.0, error_status=500)
+    try:
+        host, port = plane.root_url
+
+        def averse() -> bool:
+            request(host, port)  # keep traffic flowing so the leaf sees the errors
+            v = metric_value(plane.root_metrics(), "dlb_root_aversion_rate", endpoint="chat", cell="a")
+            return v is not None and v >= 0.5
+
+        _wait(averse, "root averts cell a")
+        served = _served_by(plane, 40)
+        # a_max = 0.9: ~90% skip a. 24 of 40 is far in the tail of Binomial(40, 0.9) (P < 1e-6).
+        assert served.count("b-0") >= 24, served
+        leaf = plane.leaf_metrics("a")
+        assert metric_value(leaf, "dlb_leaf_error_rate") > 0.1 >= metric_value(plane.leaf_metrics("b"), "dlb_leaf_error_rate")
+    finally:
+        emu_a.set_faults(error_rate=0.0)
