@@ -25,6 +25,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("bench", "dlb.ext_proc.bench:register"),
     ("bench", "dlb.xds.bench:register"),
     (None, "dlb.sim.cli:register"),
+    (None, "dlb.control_plane.theory:register"),
 ]
 
 _GROUP_HELP = {

@@ -24,8 +24,8 @@ import numpy as np
 from dlb.control_plane.affinity import AffinityCache, AffinityConfig
 from dlb.control_plane.aversion import AversionConfig, update_aversion
 from dlb.control_plane.costs import Cost, ModelTable, cost_vector
-from dlb.control_plane.flow import FlowConfig, feedback_delay, flow_step
-from dlb.control_plane.latency_model import LatencyParams, d_latency, d_service_rate, latency
+from dlb.control_plane.flow import FlowConfig, feedback_delay, flow_step, saturation_workload
+from dlb.control_plane.latency_model import LatencyParams, d_latency, d_service_rate
 from dlb.control_plane.topology import Topology
 
 NO_CELL = -1
@@ -142,6 +142,14 @@ class RootRouter:
         v = self.view
         return self.allowed & v.available & (now - v.last_probe <= self.policy.stale_after_s)
 
+    def note_arrivals(self, count: float) -> None:
+        """Count arrivals this router did not route through :meth:`pick` (for the rate EMA of :meth:`tick`).
+
+        For callers that apply ``x`` themselves — a data plane sampling the flow split natively, or the
+        fluid model of :mod:`dlb.control_plane.theory`, whose arrivals are fractional.
+        """
+        self._arrivals += count
+
     # -- periodic control ---------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Run the periodic loops that are due: arrival-rate EMA, flow step, aversion update."""
@@ -168,12 +176,16 @@ class RootRouter:
         n_obs = self.view.rif
         costs = cost_vector(self.policy.cost, n_obs, self.replicas, self.models, self.rtt)
         m = self.models
+        cfg = self.policy.flow
+        # The step is sized at the workload clipped at saturation: past capacity the steady-state
+        # sensitivity ĥ grows faster than the cost difference and would freeze the router in overload.
+        n_step = np.minimum(n_obs, saturation_workload(m.a, m.b, m.c, m.s, cfg.saturation))
         in_use = usable & (self.x > 0)
         if not in_use.any():
             in_use = usable
-        serving = float(np.mean(latency(n_obs[in_use], m.a[in_use], m.b[in_use], m.c[in_use], m.s[in_use])))
-        delay = feedback_delay(self.rtt, usable, self.policy.flow.period_s, serving, self.policy.flow.min_delay_s)
-        h = self._h_scale(n_obs, in_use)
+        # τ̄ is the pure feedback delay; the serving relaxation (1/μ') is already inside ĥ (see flow.py).
+        delay = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
+        h = self._h_scale(n_step, in_use)
         self.x = flow_step(self.x, costs, usable, dt, delay, h, self.policy.flow)
         self._cum = np.cumsum(self.x)
 

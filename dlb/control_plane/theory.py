@@ -1,0 +1,363 @@
+"""``dlb theory``: the paper's fluid model (section 4), integrated with the production routers.
+
+For seeded random topologies (heterogeneous cells, RTTs 1–150 ms, residency-restricted asymmetric
+arcs) we integrate the delayed fluid dynamics
+
+    dN_j/dt = Σ_i λ_i x_ij(t − τ_ij) − μ_j(N_j(t)),        μ_j(N) = N/ℓ_j(N)
+
+and let :class:`~dlb.control_plane.router.RootRouter` objects — the code that ships — choose ``x``.
+Each root probes every ``probe_period`` and sees ``N_j(t − τ_ji)``: the leaf answers with its current
+RIF and the answer travels one way back, so a routing change made at t shows up in the root's view
+one full round trip ``τ_ij + τ_ji`` later (plus up to one probe period of sampling).
+
+- **Flow** (Flow-Grad, Flow-Lat): the router's own :meth:`RootRouter.tick` does the projected-gradient
+  step on its probed view, with its own step-size rule and arrival-rate EMA (fed the fluid arrival
+  counts through :meth:`RootRouter.note_arrivals`). ``x_i`` is used as is: in the fluid limit sampling
+  from ``x_i`` *is* the flow split.
+- **Discrete** (Disc-RIF): every integration step a root sends its whole fluid mass ``λ_i·dt`` to the
+  argmin of :meth:`RootRouter.costs` (probed RIF + what it has sent since that probe) and books that
+  mass in ``view.sent`` exactly as :meth:`RootRouter.pick` books a request. As dt → 0 this is the fluid
+  limit of the production rule: between probes the root water-fills its cells. One aggregated root per
+  cell (many roots in a cell would each see only their own sends, a weaker correction).
+
+The end state (time average over the last ``avg_window`` seconds) is compared with equilibria solved
+independently in :mod:`dlb.control_plane.equilibria`: the latency-minimising routing (Flow-Grad's
+target), the Wardrop equilibrium (Flow-Lat's) and the RIF equilibrium (Disc-RIF's).
+
+Integration: fixed step ``dt = 2⁻⁸ s`` (binary-exact, so the routers' period checks see exact time
+differences), delays rounded to whole steps, semi-implicit Euler for the workload
+``N ← (N + dt·inflow)/(1 + dt/ℓ(N))``, whose fixed points are exactly ``inflow = μ(N)`` so the
+discretisation does not bias the end state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from dlb.control_plane.costs import Cost, cost_vector
+from dlb.control_plane.equilibria import Equilibrium, FluidNetwork, Objective, balanced_routing, solve
+from dlb.control_plane.flow import FlowConfig
+from dlb.control_plane.latency_model import LatencyParams
+from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
+from dlb.control_plane.topology import Topology
+
+#: The policies the check runs, and the equilibrium each should reach.
+POLICIES: dict[str, tuple[Mechanism, Cost, Objective]] = {
+    "Flow-Grad": (Mechanism.FLOW, Cost.GRADIENT, Objective.OPTIMUM),
+    "Flow-Lat": (Mechanism.FLOW, Cost.LATENCY, Objective.WARDROP),
+    "Disc-RIF": (Mechanism.DISCRETE, Cost.RIF, Objective.RIF),
+}
+
+#: Default integration step: binary-exact, so the routers' period checks see exact time differences.
+DT = 2.0**-7
+
+
+# -- topologies ------------------------------------------------------------------------------------------
+def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int] = (3, 6)) -> FluidNetwork:
+    """A heterogeneous random fluid network.
+
+    - Cells on a 2-D map; RTT = 1 ms + 149 ms × distance/√2, so 1–150 ms, triangle inequality holds;
+      the local RTT is 1 ms. One-way delay τ = RTT/2.
+    - Replicas 1–16; per-server unloaded latency ``a`` log-uniform in [0.1, 2] s (short "sand" to long
+      "boulder" requests), knee ``c`` = 4–16 slots per server, per-server throughput chosen so that
+      ``c·b = a·u`` with u in [0.3, 0.8] (hence ``c < a/b``, Assumption 1), smoothness ``s`` 10–40 % of
+      the knee. Cell parameters aggregate k servers: b/k, c·k, s·k.
+    - Residency: every cell may serve itself; each other arc is allowed with probability 0.7,
+      independently per direction (so the arc set is asymmetric).
+    - Demand: 60–85 % of total capacity, split over sources uniformly on the simplex; redrawn until a
+      routing exists that keeps every cell under 90 % (Assumption 2 with margin, checked by an LP).
+    """
+    n = int(rng.integers(n_cells[0], n_cells[1] + 1))
+    pos = rng.random((n, 2))
+    dist = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=-1) / math.sqrt(2.0)
+    rtt = 0.001 + 0.149 * dist
+    tau = rtt / 2.0
+    k = rng.integers(1, 17, n).astype(float)
+    a = np.exp(rng.uniform(math.log(0.1), math.log(2.0), n))
+    slots = rng.integers(4, 17, n).astype(float)
+    u = rng.uniform(0.3, 0.8, n)
+    b_srv = a * u / slots
+    s_frac = rng.uniform(0.1, 0.4, n)
+    allowed = rng.random((n, n)) < 0.7
+    np.fill_diagonal(allowed, True)
+    cap = k / b_srv
+    for _ in range(100):
+        util = rng.uniform(0.6, 0.85)
+        lam = rng.dirichlet(np.ones(n)) * util * cap.sum()
+        if balanced_routing(lam, cap, allowed)[1] < 0.9:
+            break
+    else:  # pragma: no cover - a 0.7-dense graph with self-loops practically always admits one
+        raise RuntimeError(f"{name}: could not draw a feasible demand")
+    return FluidNetwork(
+        name=name, lam=lam, a=a, b=b_srv / k, c=slots * k, s=s_frac * slots * k,
+        replicas=k, tau=tau, allowed=allowed,
+    )
+
+
+def networks(count: int, seed: int) -> list[FluidNetwork]:
+    rng = np.random.default_rng(seed)
+    return [random_network(rng, f"T{i:02d}") for i in range(count)]
+
+
+# -- the delayed fluid model -----------------------------------------------------------------------------
+@dataclass
+class Trajectory:
+    """Sampled trajectory: times (m,), workloads N (m, n), routing x (m, n, n), total latency rate (m,)."""
+
+    t: np.ndarray
+    N: np.ndarray
+    x: np.ndarray
+    L: np.ndarray
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    horizon_s: float = 600.0
+    dt_s: float = DT
+    probe_period_s: float = 0.05
+    record_every_s: float = 0.25
+    flow: FlowConfig = field(default_factory=FlowConfig)
+
+
+def _params(net: FluidNetwork, j: int) -> LatencyParams:
+    return LatencyParams(float(net.a[j]), float(net.b[j]), float(net.c[j]), float(net.s[j]))
+
+
+def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Trajectory:
+    """Integrate the delayed fluid model under ``policy`` from an empty system.
+
+    Before t = 0 the routing is the routers' initial split (replica-weighted, Rand's) and N = 0.
+
+    Bookkeeping: a change of ``x_ij`` made at step k reaches cell j's inflow at step ``k + d_ij``, so
+    instead of looking up delayed routing every step we schedule inflow increments in a ring buffer
+    (``pending``). The discrete routers' probe views live in two stacked (n, n) arrays whose rows *are*
+    the routers' ``view.rif`` / ``view.sent`` (numpy views, written in place by ``on_probe``), so one
+    :func:`cost_vector` call evaluates :meth:`RootRouter.costs` for every root at once.
+    """
+    mechanism, cost, _ = POLICIES[policy]
+    dt = cfg.dt_s
+    n = net.n
+    topo = Topology.build(tuple(f"c{j}" for j in range(n)), net.replicas, net.tau, net.allowed)
+    pol = PolicyConfig(mechanism=mechanism, cost=cost, flow=cfg.flow)
+    params = [_params(net, j) for j in range(n)]
+    routers = [RootRouter(topo, i, pol, params[i], np.random.default_rng(i)) for i in range(n)]
+    rif_view = np.zeros((n, n))
+    sent_view = np.zeros((n, n))
+    for i, r in enumerate(routers):
+        r.view.rif = rif_view[i]
+        r.view.sent = sent_view[i]
+    d_route = np.rint(net.tau / dt).astype(int)          # x_ij(t − τ_ij) reaches j now
+    d_probe = np.rint(net.tau.T / dt).astype(int)        # root i sees N_j(t − τ_ji)
+    hist = int(max(d_route.max(), d_probe.max())) + 2
+    # A flow router reads only its freshest probe, and only when it steps: probing it more often than
+    # it steps changes nothing, so flow policies probe once per flow period (saves n² calls per probe).
+    probe_period = cfg.flow.period_s if mechanism is Mechanism.FLOW else cfg.probe_period_s
+    probe_steps = max(1, math.ceil(probe_period / dt - 1e-9))
+    record_steps = max(1, round(cfg.record_every_s / dt))
+    steps = int(round(cfg.horizon_s / dt))
+
+    x = np.array([r.x for r in routers])
+    n_hist = np.zeros((hist, n))
+    pending = np.zeros((hist, n))
+    inflow = net.lam @ x
+    cells = np.arange(n)
+    dst = np.broadcast_to(cells, (n, n))
+    lam_col = net.lam[:, None]
+    rtt2 = 2.0 * net.tau
+    models = routers[0].models
+    N = np.zeros(n)
+    a, bs, c, inv_s = net.a, net.b * net.s, net.c, 1.0 / net.s
+    lam_dt = net.lam * dt
+    discrete = mechanism is Mechanism.DISCRETE
+    usable = np.zeros((n, n), bool)
+    last_tick = 0.0
+    net_rate = float((lam_col * x * rtt2).sum())
+
+    rec_t, rec_n, rec_x, rec_l = [], [], [], []
+    acc_n = np.zeros(n)
+    acc_x = np.zeros((n, n))
+    acc_l = 0.0
+    for k in range(steps):
+        now = k * dt
+        new_x = None
+        if k % probe_steps == 0:
+            for i, r in enumerate(routers):
+                seen = n_hist[(k - d_probe[i]) % hist, cells]
+                for j in np.flatnonzero(net.allowed[i]):
+                    r.on_probe(int(j), now, float(seen[j]), params[j])
+                r.note_arrivals(net.lam[i] * (now - last_tick))
+                r.tick(now)
+                usable[i] = r.usable(now)
+            last_tick = now
+            if not discrete:
+                new_x = np.array([r.x for r in routers])
+        if discrete:
+            costs = np.where(usable, cost_vector(cost, rif_view + sent_view, net.replicas, models, rtt2), np.inf)
+            pick = costs.argmin(axis=1)
+            sent_view[cells, pick] += lam_dt
+            new_x = np.zeros((n, n))
+            new_x[cells, pick] = 1.0
+        if new_x is not None:
+            dx = new_x - x
+            if dx.any():
+                np.add.at(pending, ((k + d_route) % hist, dst), lam_col * dx)
+                x = new_x
+                net_rate = float((lam_col * x * rtt2).sum())
+        slot = k % hist
+        inflow += pending[slot]
+        pending[slot] = 0.0
+        N = (N + dt * np.maximum(inflow, 0.0)) / (1.0 + dt / (a + bs * np.logaddexp(0.0, (N - c) * inv_s)))
+        n_hist[(k + 1) % hist] = N
+        acc_n += N
+        acc_x += x
+        acc_l += N.sum() + net_rate
+        if (k + 1) % record_steps == 0:
+            rec_t.append((k + 1) * dt)
+            rec_n.append(acc_n / record_steps)
+            rec_x.append(acc_x / record_steps)
+            rec_l.append(acc_l / record_steps)
+            acc_n[:] = 0.0
+            acc_x[:] = 0.0
+            acc_l = 0.0
+    return Trajectory(np.array(rec_t), np.array(rec_n), np.array(rec_x), np.array(rec_l))
+
+
+# -- comparison ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    topology: str
+    policy: str
+    #: (total latency of the end state − optimum)/optimum.
+    latency_gap: float
+    #: ||N_end − N_eq|| / ||N_eq|| against the policy's own equilibrium.
+    workload_gap: float
+    #: max over the averaging window of ||N(t) − N_end|| / ||N_end|| (oscillation size).
+    amplitude: float
+    #: latency gap of the policy's own equilibrium to the optimum (price of anarchy of its cost).
+    equilibrium_latency_gap: float
+
+
+def compare(net: FluidNetwork, policy: str, traj: Trajectory, eq: Equilibrium, opt: Equilibrium, avg_window_s: float) -> Record:
+    window = traj.t > traj.t[-1] - avg_window_s
+    n_end = traj.N[window].mean(axis=0)
+    l_end = float(traj.L[window].mean())
+    amp = float(np.max(np.linalg.norm(traj.N[window] - n_end, axis=1)) / max(np.linalg.norm(n_end), 1e-12))
+    return Record(
+        topology=net.name,
+        policy=policy,
+        latency_gap=(l_end - opt.total_latency) / opt.total_latency,
+        workload_gap=float(np.linalg.norm(n_end - eq.N) / np.linalg.norm(eq.N)),
+        amplitude=amp,
+        equilibrium_latency_gap=(eq.total_latency - opt.total_latency) / opt.total_latency,
+    )
+
+
+def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = None, avg_window_s: float | None = None) -> list[Record]:
+    policies = policies or list(POLICIES)
+    window = avg_window_s if avg_window_s is not None else max(10.0, 0.1 * cfg.horizon_s)
+    out = []
+    for net in nets:
+        eqs = {obj: solve(obj, net) for obj in {POLICIES[p][2] for p in policies} | {Objective.OPTIMUM}}
+        for p in policies:
+            traj = simulate(net, p, cfg)
+            out.append(compare(net, p, traj, eqs[POLICIES[p][2]], eqs[Objective.OPTIMUM], window))
+    return out
+
+
+# -- command line ----------------------------------------------------------------------------------------
+#: Flow-Grad must end within this relative latency gap of the optimum on every topology.
+FLOW_GRAD_TARGET = 0.01
+
+
+def _run_one(job: tuple[FluidNetwork, SimConfig, list[str], float]) -> list[Record]:
+    net, cfg, policies, window = job
+    return run([net], cfg, policies, window)
+
+
+def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int) -> list[Record]:
+    """:func:`run` over topologies in ``jobs`` worker processes (results in topology order)."""
+    work = [(net, cfg, policies, window) for net in nets]
+    if jobs <= 1 or len(nets) <= 1:
+        return [r for job in work for r in _run_one(job)]
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(min(jobs, len(nets))) as pool:
+        return [r for recs in pool.map(_run_one, work, chunksize=1) for r in recs]
+
+
+def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
+    info = {net.name: net for net in nets}
+    head = f"{'topology':8} {'cells':>5} {'util':>5} {'maxRTT':>7}  {'policy':9} {'latency_gap':>11} {'workload_gap':>12} {'amplitude':>9} {'eq_lat_gap':>10}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        net = info[r.topology]
+        lines.append(
+            f"{r.topology:8} {net.n:5d} {net.utilisation:5.2f} {2000 * net.tau.max():5.0f}ms  {r.policy:9} "
+            f"{100 * r.latency_gap:10.3f}% {100 * r.workload_gap:11.3f}% {100 * r.amplitude:8.3f}% {100 * r.equilibrium_latency_gap:9.3f}%"
+        )
+    lines.append("")
+    lines.append("per policy: latency_gap max / median, workload_gap max, amplitude max, eq_lat_gap (price of anarchy) max")
+    for p in dict.fromkeys(r.policy for r in records):
+        rs = [r for r in records if r.policy == p]
+        lg = np.array([r.latency_gap for r in rs])
+        lines.append(
+            f"  {p:9} {100 * lg.max():8.3f}% / {100 * np.median(lg):7.3f}%   {100 * max(r.workload_gap for r in rs):7.3f}%"
+            f"   {100 * max(r.amplitude for r in rs):7.3f}%   {100 * max(r.equilibrium_latency_gap for r in rs):7.3f}%"
+        )
+    return "\n".join(lines)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "theory",
+        help="fluid-model check: routers vs independently solved equilibria",
+        description=(
+            "Integrate the paper's delayed fluid model (section 4) on seeded random topologies under "
+            "Flow-Grad, Flow-Lat and Disc-RIF, driving the production RootRouter, and compare the end "
+            "state with the optimum / Wardrop / RIF equilibria solved with scipy.optimize."
+        ),
+    )
+    p.add_argument("--topologies", type=int, default=12, help="number of random topologies (default 12)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the topology generator (default 0)")
+    p.add_argument("--horizon", type=float, default=SimConfig.horizon_s, help="simulated seconds per run (default %(default)s)")
+    p.add_argument("--window", type=float, default=None, help="seconds at the end to average over (default 10%% of the horizon, >= 10)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of %(default)s")
+    p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
+    p.add_argument("--json", dest="json_path", default=None, help="write the records as a JSON list to FILE")
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    import os
+
+    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"--policies: unknown policy {unknown}; choose from {list(POLICIES)}")
+    if args.topologies < 1 or args.horizon <= 0:
+        raise SystemExit("--topologies must be >= 1 and --horizon > 0")
+    cfg = SimConfig(horizon_s=args.horizon, flow=FlowConfig(kappa=args.kappa))
+    window = args.window if args.window is not None else max(10.0, 0.1 * args.horizon)
+    jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
+    nets = networks(args.topologies, args.seed)
+    start = time.monotonic()
+    records = run_parallel(nets, cfg, policies, window, jobs)
+    elapsed = time.monotonic() - start
+    print(format_table(nets, records))
+    print(f"\n{len(nets)} topologies, seed {args.seed}, horizon {args.horizon:g} s, κ = {args.kappa:g}, {elapsed:.1f} s")
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump([asdict(r) for r in records], fh, indent=1)
+            fh.write("\n")
+    misses = [r.topology for r in records if r.policy == "Flow-Grad" and not r.latency_gap <= FLOW_GRAD_TARGET]
+    if misses:
+        print(f"Flow-Grad misses the {100 * FLOW_GRAD_TARGET:g}% target on {misses}")
+        return 1
+    return 0
