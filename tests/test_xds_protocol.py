@@ -569,3 +569,15 @@ def test_resource_wrapper_only_for_clients_that_support_it():
             assert rw.resources[0].type_url.endswith("discovery.v3.Resource")
             assert rp.resources[0].type_url == CUSTOM and struct_pb2.Struct.FromString(rp.resources[0].value)["cells"] == 3
     run(main())
+
+
+def test_second_server_on_the_same_address_fails():
+    async def main():
+        async with xds() as env:
+            other = XdsServer(SnapshotCache())
+            try:
+                with pytest.raises(Exception):
+                    await other.start(f"127.0.0.1:{env.server.port}")
+            finally:
+                await other.stop(None)
+    run(main())

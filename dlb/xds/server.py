@@ -40,6 +40,9 @@ DEFAULT_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_concurrent_streams", 10_000),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # gRPC sets SO_REUSEPORT by default: a second control plane on the same address would then bind
+    # "successfully" and silently take half the Envoys. Fail loudly instead.
+    ("grpc.so_reuseport", 0),
 ]
 
 
