@@ -224,30 +224,13 @@ async def _scenario() -> None:
             await r.cleanup()
 
 
-class _FixedProbe:
-    """A dlb.v1.Probe server standing in for a leaf agent: answers with a settable cell state."""
-
-    def __init__(self, cell: str, rif: float) -> None:
-        from dlb.proto import probe_pb2
-
-        self.cell, self.rif, self.completed = cell, rif, 0
-        self.pb = probe_pb2
-
-    async def Probe(self, request, context):  # noqa: N802 - gRPC method name
-        self.completed += 5
-        return self.pb.ProbeResponse(cell=self.cell, rif=self.rif, replicas=1, healthy_replicas=1, completed=self.completed,
-                                     model=self.pb.LatencyModel(a_s=0.5, b_s=0.05, c=4, s=1, confidence=0.9, samples=100))
-
-
 def test_flow_loop_weights_reach_envoy() -> None:
     """Weights computed by the control plane's own flow loop from probes shift Envoy's traffic."""
     asyncio.run(_flow_loop_scenario())
 
 
 async def _flow_loop_scenario() -> None:
-    import grpc
-
-    from dlb.proto import probe_pb2_grpc
+    from leaf_stub import StaticProbe, serve_probe
 
     tmp = tempfile.mkdtemp(prefix="dlb-cp-flow-")
     cfg_path = os.path.join(tmp, "dlb.yaml")
@@ -256,14 +239,8 @@ async def _flow_loop_scenario() -> None:
     write_config(cfg_path, ports, root_port, ext_proc_port)
     cfg = load_config(cfg_path)
     leaves = [await start_leaf(n, p) for n, p in ports.items()]
-    probes = {"a": _FixedProbe("a", rif=40.0), "b": _FixedProbe("b", rif=0.0)}  # a is overloaded
-    servers = []
-    for c in cfg.cells:
-        s = grpc.aio.server()
-        probe_pb2_grpc.add_ProbeServicer_to_server(probes[c.name], s)
-        s.add_insecure_port(str(c.leaf.probe))
-        await s.start()
-        servers.append(s)
+    probes = {"a": StaticProbe("a", rif=40.0), "b": StaticProbe("b", rif=0.0)}  # a is overloaded
+    servers = [await serve_probe(probes[c.name], str(c.leaf.probe)) for c in cfg.cells]
     cp = ControlPlane(cfg)
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     boot = os.path.join(tmp, "root.yaml")

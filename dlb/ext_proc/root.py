@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +30,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
 from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import NO_CELL, Mechanism, RootRouter
+from dlb.config.model import CELL_CLUSTER_PREFIX
+from dlb.control_plane.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
+from dlb.control_plane.topology import Topology
 from dlb.ext_proc import headers
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
@@ -42,6 +44,40 @@ from dlb.proto import probe_pb2
 log = get_logger("dlb.root")
 
 PATH = ":path"
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """What a root needs to know about one endpoint (from the config file or a RoutingPolicy resource)."""
+
+    name: str
+    prefix: str
+    policy: PolicyConfig
+    prior: LatencyParams
+
+
+def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_names: Sequence[str]) -> None:
+    """Copy per-cell state of cells present in both topologies from ``old`` into ``new``."""
+    pairs = [(old_names.index(n), j) for j, n in enumerate(new_names) if n in old_names]
+    if not pairs:
+        return
+    oi = np.array([p[0] for p in pairs])
+    ni = np.array([p[1] for p in pairs])
+    ov, nv = old.view, new.view
+    for attr in ("rif", "sent", "last_probe", "error_rate", "confidence", "available"):
+        getattr(nv, attr)[ni] = getattr(ov, attr)[oi]
+    for attr in ("a", "b", "c", "s"):
+        getattr(new.models, attr)[ni] = getattr(old.models, attr)[oi]
+    new.aversion[ni] = old.aversion[oi]
+    new.replicas[ni] = old.replicas[oi]
+    if new.policy.mechanism is Mechanism.FLOW and old.policy.mechanism is Mechanism.FLOW:
+        x = np.zeros_like(new.x)
+        x[ni] = old.x[oi]
+        x = np.where(new.allowed, x, 0.0)
+        if x.sum() > 0:
+            new.x = x / x.sum()
+            new._cum = np.cumsum(new.x)
+    new.rate = old.rate
 
 
 @dataclass
@@ -75,23 +111,48 @@ class RootService:
     errors: int = 0
     probe_client: ProbeClient | None = None
     clock: object = time.monotonic
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @classmethod
     def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> "RootService":
-        src = cfg.cell(cell).index
-        topology = cfg.topology()
-        rng = np.random.default_rng(seed)
+        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core()) for e in cfg.endpoints]
+        svc = cls(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
+        svc.configure(cfg.topology(), specs)
+        return svc
+
+    def configure(self, topology: Topology, specs: Sequence[EndpointSpec], initial_x: Mapping[str, np.ndarray] | None = None) -> None:
+        """(Re)build the routers for a topology and endpoint policies: the hot-reload path.
+
+        Probe state, models, aversion and flow vectors of cells present before and after carry over,
+        so a reload does not forget what the root knew. The swap is a handful of attribute
+        assignments on the event-loop thread, between two requests: no request sees half a config,
+        and none is dropped. ``initial_x`` seeds new flow routers (e.g. the control plane's weights).
+        """
+        src = topology.index(self.cell)  # ValueError when this root's cell is not in the topology
+        old = {e.name: e for e in self.endpoints}
         endpoints = []
-        for e in cfg.endpoints:
-            policy = e.policy.to_core(cfg.probe)
-            router = RootRouter(topology, src, policy, e.latency_prior.to_core(), rng=rng)
-            header = policy.affinity.header.lower() if policy.affinity.enabled else None
-            endpoints.append(EndpointState(e.name, e.match.prefix, router, header, [0] * topology.n))
-        responses = [
-            header_response([(headers.CELL, c.cluster_name), (headers.SRC_CELL, cell)], remove=[headers.SERVER])
-            for c in cfg.cells
-        ]
-        return cls(cell=cell, cell_names=cfg.cell_names, endpoints=endpoints, responses=responses)
+        for spec in specs:
+            router = RootRouter(topology, src, spec.policy, spec.prior, rng=self.rng)
+            prev = old.get(spec.name)
+            decisions = [0] * topology.n
+            if prev is not None:
+                _carry_over(prev.router, router, self.cell_names, topology.names)
+                for j, name in enumerate(self.cell_names):
+                    if name in topology.names:
+                        decisions[topology.index(name)] = prev.decisions[j]
+            elif initial_x and spec.name in initial_x and spec.policy.mechanism is Mechanism.FLOW:
+                x = np.where(router.allowed, np.asarray(initial_x[spec.name], float), 0.0)
+                if x.sum() > 0:
+                    router.x = x / x.sum()
+                    router._cum = np.cumsum(router.x)
+            header = spec.policy.affinity.header.lower() if spec.policy.affinity.enabled else None
+            endpoints.append(EndpointState(spec.name, spec.prefix, router, header, decisions,
+                                           prev.rejected if prev is not None else 0))
+        responses = [header_response([(headers.CELL, CELL_CLUSTER_PREFIX + n), (headers.SRC_CELL, self.cell)], remove=[headers.SERVER])
+                     for n in topology.names]
+        self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
+        self.session_keys = frozenset(e.session_header for e in endpoints if e.session_header)
+        self.generation += 1
 
     # -- request path ---------------------------------------------------------------------------
     def decide(self, header_list: Iterable) -> bytes:
@@ -111,6 +172,8 @@ class RootService:
             if path.startswith(ep_state.prefix):
                 break
         else:
+            if not self.endpoints:
+                return CONTINUE["request_headers"]  # not configured yet (xDS): Envoy's fail-open weights
             self.unmatched += 1
             return self.no_endpoint_response
         session = sessions.get(ep_state.session_header) if sessions and ep_state.session_header else None
@@ -124,6 +187,8 @@ class RootService:
     def __post_init__(self) -> None:
         #: Every endpoint's affinity header (the only client headers besides :path we ever read).
         self.session_keys = frozenset(e.session_header for e in self.endpoints if e.session_header)
+        #: Bumped by every configure(): probe results from a client of an older topology are ignored.
+        self.generation = 0
 
     async def process(self, requests: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """ExternalProcessor.Process: one stream per HTTP request."""
@@ -153,6 +218,8 @@ class RootService:
 
     # -- probe state in -------------------------------------------------------------------------
     def on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        if target.index >= len(self.cell_names) or self.cell_names[target.index] != target.name:
+            return  # a probe of a client built for an older topology, still winding down
         if resp is None:
             for e in self.endpoints:
                 e.router.set_available(target.index, False)
@@ -226,30 +293,39 @@ class RootService:
 
 
 # -- service runner ------------------------------------------------------------------------------
-async def _tick_loop(service: RootService, period_s: float) -> None:
+async def _tick_loop(service: RootService) -> None:
     while True:
         try:
             service.tick(service.clock())
         except Exception:  # a numerical surprise must not stop routing updates forever
             log.exception("tick_failed")
-        await asyncio.sleep(period_s)
+        # Re-read every time: an xDS reload may change the endpoints' flow periods.
+        await asyncio.sleep(min([0.05] + [e.router.policy.flow.period_s / 2 for e in service.endpoints]))
 
 
-async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
-                   seed: int | None = None, emulate_wan: bool = False, workers: int = 1, worker_index: int = 0) -> None:
+async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
+                   seed: int | None = None, emulate_wan: bool = False, workers: int = 1, worker_index: int = 0,
+                   xds: str | None = None, xds_delta: bool = False) -> None:
     """Serve until SIGTERM. With ``workers > 1`` this process (index 0) starts the others on the same
     port (``SO_REUSEPORT``; the kernel spreads Envoy's connections) — each is an independent root
     replica with its own probe client and router state, which is how the algorithms see several roots.
+
+    With ``xds`` the routing configuration comes from the control plane (and follows it); ``cfg``, when
+    also given, is only the starting point.
     """
-    service = RootService.from_config(cfg, cell, seed=seed)
-    src = cfg.cell(cell).index
-    tau = cfg.network.one_way_ms
-    targets = [ProbeTarget(c.index, c.name, str(c.leaf.probe), (tau[src][c.index] / 1000.0) if emulate_wan else 0.0)
-               for c in cfg.allowed_destinations(cell)]
-    p = cfg.probe
-    timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
-    client = ProbeClient(targets, service.on_probe, timing, source_cell=cell)
-    service.probe_client = client
+    from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
+
+    if cfg is not None:
+        service = RootService.from_config(cfg, cell, seed=seed)
+        p = cfg.probe
+        timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
+    else:
+        service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
+        timing = ProbeTiming()
+    probes = ProbeManager(service, timing, cell)
+    if cfg is not None:
+        await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
+    sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if workers > 1 else 0), ("grpc.max_concurrent_streams", 10000)])
     server.add_generic_rpc_handlers((ext_proc_handler(service.process),))
     port = server.add_insecure_port(listen)
@@ -263,11 +339,11 @@ async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, rea
     await server.start()
     if workers > 1 and worker_index == 0:
         children = _spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
-    client.start()
-    tick_period = min([0.05] + [e.router.policy.flow.period_s / 2 for e in service.endpoints])
-    ticker = asyncio.create_task(_tick_loop(service, tick_period))
+    if sync is not None:
+        await sync.start()
+    ticker = asyncio.create_task(_tick_loop(service))
     log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
-             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in targets])
+             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=xds)
     worker_pids = [await asyncio.to_thread(_wait_worker, c) for c in children]
     if ready_file:
         _write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
@@ -276,7 +352,9 @@ async def run_root(cfg: Config, cell: str, listen: str, metrics: str | None, rea
         ticker.cancel()
         for child, _ in children:
             child.terminate()
-        await client.stop()
+        if sync is not None:
+            await sync.stop()
+        await probes.stop()
         for child, _ in children:
             await asyncio.to_thread(child.wait, 10)
         log.info("root_stopping", cell=cell, worker=worker_index)
@@ -379,24 +457,34 @@ def _run(coro) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, cell = load_cell(args.config, args.cell)
-    listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
-    metrics = args.metrics
-    if metrics is None:
-        m = cfg.services.root.metrics
-        metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
+    if args.config is None and args.xds is None:
+        raise SystemExit("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
     if args.workers < 1:
         raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    cfg = None
+    if args.config is not None:
+        cfg, cell = load_cell(args.config, args.cell)
+        listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
+        metrics = args.metrics
+        if metrics is None:
+            m = cfg.services.root.metrics
+            metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
+    else:
+        if args.listen is None:
+            raise SystemExit("dlb serve root: --listen is required without --config")
+        listen, metrics = args.listen, args.metrics or None
     seed = None if args.seed is None else args.seed + args.worker_index
     run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
-                            args.workers, args.worker_index))
+                            args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("root", help="root ext_proc service: picks a cell per request (Envoy ExternalProcessor)")
-    p.add_argument("--config", required=True, help="DLB config YAML")
+    p.add_argument("--config", default=None, help="DLB config YAML (optional with --xds: then only the starting point)")
     p.add_argument("--cell", required=True, help="the cell this root serves (source of its traffic)")
+    p.add_argument("--xds", default=None, help="control plane host:port: take (and follow) the routing config over xDS")
+    p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
     p.add_argument("--listen", default=None, help="gRPC host:port (default: cells[].root.ext_proc, else services.root.ext_proc)")
     p.add_argument("--metrics", default=None,
                    help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")

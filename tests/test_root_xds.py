@@ -1,0 +1,171 @@
+"""The root service configured over xDS by a real control plane, hot-reloaded without dropping requests.
+
+Real parts: ``ControlPlane`` (gRPC xDS server), the service's ``XdsClient`` (ADS, SotW and delta), the
+probe client against stand-in leaves (real gRPC Probe servers). Decisions are taken through
+``RootService.decide`` — the same call the ext_proc stream makes for each request's headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from dlb.config import load_config
+from dlb.config.model import CELL_CLUSTER_PREFIX
+from dlb.control_plane.costs import Cost
+from dlb.ext_proc.probe_client import ProbeTiming
+from dlb.ext_proc.protocol import CONTINUE
+from dlb.ext_proc.root import RootService
+from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync
+from dlb.proto import resources_pb2
+from dlb.xds import dlb_resources as dr
+from dlb.xds.control_plane import ControlPlane, root_key
+from dlb.xds.snapshot import Resource, Snapshot
+from leaf_stub import StaticProbe, serve_probe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: str, cells: dict[str, int], cost: str = "latency") -> None:
+    doc = {
+        "version": 1,
+        "cells": [{
+            "name": n,
+            "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"},
+            **({"root": {"address": f"127.0.0.1:{free_port()}"}} if n == "a" else {}),
+            "servers": [f"127.0.0.1:{free_port()}"],
+        } for n, port in cells.items()],
+        "network": {"default_one_way_ms": 5},
+        "endpoints": [
+            {"name": "chat", "match": {"prefix": "/v1/chat/"}, "policy": {"mechanism": "discrete", "cost": cost}},
+            {"name": "rest", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete", "cost": "rif"}},
+        ],
+        "probe": {"period_ms": 20},
+    }
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+
+
+def headers(path: str) -> list:
+    return [base_pb2.HeaderValue(key=":path", raw_value=path.encode())]
+
+
+def picked_cell(reply: bytes) -> str | None:
+    resp = ep.ProcessingResponse.FromString(reply)
+    for h in resp.request_headers.response.header_mutation.set_headers:
+        if h.header.key == "x-dlb-cell":
+            return h.header.raw_value.decode().removeprefix(CELL_CLUSTER_PREFIX)
+    return None
+
+
+async def wait_until(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_root_follows_the_control_plane(delta: bool) -> None:
+    asyncio.run(_scenario(delta))
+
+
+async def _scenario(delta: bool) -> None:
+    tmp = tempfile.mkdtemp(prefix="dlb-root-xds-")
+    cfg_path = os.path.join(tmp, "dlb.yaml")
+    ports = {"a": free_port(), "b": free_port(), "c": free_port()}
+    stubs = {"a": StaticProbe("a", rif=30.0), "b": StaticProbe("b", rif=0.0), "c": StaticProbe("c", rif=0.0)}
+    servers = [await serve_probe(stubs[n], f"127.0.0.1:{p}") for n, p in ports.items()]
+    write_config(cfg_path, {"a": ports["a"], "b": ports["b"]})
+    cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
+    xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+    service = RootService(cell="a", cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(0))
+    probes = ProbeManager(service, ProbeTiming(period_s=0.02), "a")
+    sync = RootXdsSync(service, f"127.0.0.1:{xds_port}", "a", probes, delta=delta, node_id="root-svc-a")
+    # Before any configuration: continue unchanged (Envoy's fail-open weights route).
+    assert service.decide(headers("/v1/chat/completions")) == CONTINUE["request_headers"]
+    await sync.start()
+    decisions: list[str | None] = []
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        """Requests keep arriving through every reload; each must get a decision."""
+        while not stop.is_set():
+            decisions.append(picked_cell(service.decide(headers("/v1/chat/completions"))))
+            await asyncio.sleep(0.002)
+
+    try:
+        await wait_until(lambda: [e.name for e in service.endpoints] == ["chat", "rest"], what="first configuration")
+        await wait_until(lambda: picked_cell(service.decide(headers("/v1/chat/x"))) == "b", what="probes of both leaves")
+        load = asyncio.create_task(traffic())
+        n0 = len(decisions)
+
+        # Hot reload 1: the chat endpoint's cost changes (latency → rif); routers rebuilt, state kept.
+        write_config(cfg_path, {"a": ports["a"], "b": ports["b"]}, cost="rif")
+        cp.reload(load_config(cfg_path))
+        await wait_until(lambda: service.endpoints[0].router.policy.cost is Cost.RIF, what="policy reload")
+        assert service.endpoints[0].router.view.last_probe.max() > 0  # probe state carried over
+
+        # Hot reload 2: a new cell; the root probes it and uses it.
+        write_config(cfg_path, ports)
+        cp.reload(load_config(cfg_path))
+        await wait_until(lambda: service.cell_names == ("a", "b", "c"), what="topology reload")
+        await wait_until(lambda: stubs["c"].probes > 3, what="probes of the new cell")
+        await wait_until(lambda: "c" in decisions[-50:], what="traffic to the new cell")
+
+        # An invalid RoutingPolicy (latency prior outside the model's domain): NACKed, old config kept.
+        snap = cp.cache.get_snapshot(root_key("a"))
+        bad_policy = dr.routing_policy(load_config(cfg_path), load_config(cfg_path).endpoint("chat"))
+        bad_policy.latency_prior.a_s = -1.0
+        bad = {t: dict(rs) for t, rs in snap.resources.items()}
+        bad[dr.ROUTING_POLICY] = dict(bad[dr.ROUTING_POLICY])
+        bad[dr.ROUTING_POLICY]["chat"] = Resource.from_message(bad_policy, name="chat", type_url=dr.ROUTING_POLICY)
+        cp.cache.set_snapshot(root_key("a"), Snapshot.of(bad))
+        st = cp.server.status
+        await wait_until(lambda: st.nodes["root-svc-a"].types[dr.ROUTING_POLICY].nacks == 1, what="NACK of the bad policy")
+        assert "latency_prior" in st.nodes["root-svc-a"].types[dr.ROUTING_POLICY].last_nack_reason
+        assert service.endpoints[0].router.models.a.min() > 0  # still the good configuration
+        n_before = len(decisions)
+        await asyncio.sleep(0.2)
+        assert len(decisions) > n_before  # still deciding
+
+        stop.set()
+        await load
+        assert len(decisions) - n0 > 50
+        assert all(d in ("a", "b", "c") for d in decisions[n0:]), "a request got no decision during a reload"
+    finally:
+        stop.set()
+        await sync.stop()
+        await probes.stop()
+        await cp.stop()
+        for s in servers:
+            await s.stop(None)
+
+
+def test_bad_topology_for_this_root_is_rejected() -> None:
+    """A topology without this root's cell cannot be applied: the xDS client NACKs it."""
+    import dlb.ext_proc.root_xds as rx
+    from dlb.xds.client import ResourceValidationError
+
+    service = RootService(cell="zz", cell_names=(), endpoints=[], responses=[])
+    sync = rx.RootXdsSync(service, "127.0.0.1:1", "zz", rx.ProbeManager(service, ProbeTiming(), "zz"))
+    t = resources_pb2.Topology()
+    t.cells.add(name="a", replicas=1, probe_address="127.0.0.1:1")
+    t.rows.add(one_way_ms=[0.0], allowed=[True])
+    with pytest.raises(ResourceValidationError, match="not in the topology"):
+        asyncio.run(sync._on_topology({"topology": t}))
