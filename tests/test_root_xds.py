@@ -169,3 +169,58 @@ def test_bad_topology_for_this_root_is_rejected() -> None:
     t.rows.add(one_way_ms=[0.0], allowed=[True])
     with pytest.raises(ResourceValidationError, match="not in the topology"):
         asyncio.run(sync._on_topology({"topology": t}))
+
+
+def test_leaf_follows_the_control_plane() -> None:
+    asyncio.run(_leaf_scenario())
+
+
+async def _leaf_scenario() -> None:
+    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_state import Completion
+    from dlb.ext_proc.leaf_xds import LeafXdsSync
+
+    tmp = tempfile.mkdtemp(prefix="dlb-leaf-xds-")
+    cfg_path = os.path.join(tmp, "dlb.yaml")
+    ports = {"a": free_port(), "b": free_port()}
+    write_config(cfg_path, ports)
+    cfg = load_config(cfg_path)
+    cp = ControlPlane(cfg, probe=False, flow_loop=False)
+    xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+    state = state_from_config(cfg, "b", seed=0)
+    first = state.servers[0].address
+    assert state.pick(0.0, "req-1") == 0  # a request in flight on the only server
+    sync = LeafXdsSync(state, f"127.0.0.1:{xds_port}", "b", node_id="leaf-svc-b")
+    await sync.start()
+    try:
+        await wait_until(lambda: sync.updates >= 2, what="initial EDS and model")
+        assert [s.address for s in state.servers] == [first]
+        # Servers change: one added with weight 3. The in-flight record follows its server.
+        doc = yaml.safe_load(open(cfg_path))
+        extra = f"127.0.0.1:{free_port()}"
+        doc["cells"][1]["servers"] = [first, {"address": extra, "weight": 3}]
+        with open(cfg_path, "w") as fh:
+            yaml.safe_dump(doc, fh)
+        cp.reload(load_config(cfg_path))
+        await wait_until(lambda: len(state.servers) == 2, what="EDS update")
+        assert [(s.address, s.weight) for s in state.servers] == [(first, 1.0), (extra, 3.0)]
+        assert state.servers[0].rif == 1 and state.replicas == 2 and state.rif == 1
+        # The first server removed while the request runs: the cell still counts it until it ends.
+        doc["cells"][1]["servers"] = [{"address": extra, "weight": 3}]
+        with open(cfg_path, "w") as fh:
+            yaml.safe_dump(doc, fh)
+        cp.reload(load_config(cfg_path))
+        await wait_until(lambda: len(state.servers) == 1, what="server removal")
+        assert state.rif == 1 and state.servers[0].rif == 0
+        state.complete(1.0, Completion("req-1", first, 200, 0.5))
+        assert state.rif == 0 and state.servers[0].rif == 0
+        # A new fleet prior reaches the estimator.
+        doc["endpoints"][0]["latency_prior"] = {"a_s": 2.5, "b_s": 0.1, "c": 6, "s": 1}
+        with open(cfg_path, "w") as fh:
+            yaml.safe_dump(doc, fh)
+        cp.reload(load_config(cfg_path))
+        await wait_until(lambda: state.prior.a == 2.5, what="prior update")
+        assert state.estimator.prior.a == 2.5
+    finally:
+        await sync.stop()
+        await cp.stop()

@@ -317,9 +317,14 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
 
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
-                   envoy_check_period_s: float = 0.2) -> None:
+                   envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False) -> None:
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
     agent = LeafAgent(state)
+    sync = None
+    if xds:
+        from dlb.ext_proc.leaf_xds import LeafXdsSync
+
+        sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
     server.add_generic_rpc_handlers((ext_proc_handler(agent.process),))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
@@ -335,6 +340,8 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         host, _, mport = metrics.rpartition(":")
         _, metrics_port = serve_metrics(agent.collect, host or "127.0.0.1", int(mport))
     await server.start()
+    if sync is not None:
+        await sync.start()
     tasks = [asyncio.create_task(agent.fit_loop())]
     if envoy_check_period_s > 0:
         agent.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up
@@ -349,6 +356,8 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     async def on_stop() -> None:
         for t in tasks:
             t.cancel()
+        if sync is not None:
+            await sync.stop()
         log.info("leaf_stopping", cell=cell_name)
 
     await serve_until_signal(server, on_stop)
@@ -364,13 +373,16 @@ def run(args: argparse.Namespace) -> int:
     if metrics is None:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
-                            args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0))
+                            args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
+                            xds=args.xds, xds_delta=args.xds_delta))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("leaf", help="leaf agent: picks servers in a cell, measures it, answers probes")
     p.add_argument("--config", required=True, help="DLB config YAML")
+    p.add_argument("--xds", default=None, help="control plane host:port: follow its server set (EDS) and fleet prior")
+    p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
     p.add_argument("--cell", required=True, help="the cell this leaf serves")
     p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
     p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")

@@ -96,6 +96,36 @@ class LeafState:
         self.unmatched = 0
         self._seq = 0
 
+    # -- reconfiguration (xDS) ---------------------------------------------------------------------
+    def set_servers(self, servers: list[tuple[str, float]], replicas: int | None = None) -> None:
+        """Replace the server set (an EDS update), keeping the state of servers that stay.
+
+        In-flight records follow their server to its new index; those on a removed server keep
+        counting in the cell's RIF (the request is still running) but no longer in a server's.
+        """
+        if not servers:
+            raise ValueError(f"cell {self.cell}: a leaf needs at least one server")
+        old = self.servers
+        new = []
+        for address, weight in servers:
+            i = self.by_address.get(address)
+            st = old[i] if i is not None else ServerState(address)
+            st.weight = float(weight)
+            new.append(st)
+        index = {st.address: i for i, st in enumerate(new)}
+        if len(index) != len(new):
+            raise ValueError(f"cell {self.cell}: duplicate server addresses in {[a for a, _ in servers]}")
+        for rec in self.inflight.values():
+            if rec.server != UNKNOWN:
+                rec.server = index.get(old[rec.server].address, UNKNOWN)
+        self.servers, self.by_address = new, index
+        self.replicas = replicas if replicas else len(new)
+
+    def set_prior(self, prior: LatencyParams) -> None:
+        """A new fleet prior (from the control plane); the next refit shrinks toward it."""
+        self.prior = prior
+        self.estimator.prior = prior
+
     # -- picking ---------------------------------------------------------------------------------
     def usable(self, now: float) -> list[int]:
         ok = [i for i, s in enumerate(self.servers)
