@@ -15,8 +15,11 @@ conditional session affinity (stay while ``c_stay − savings ≤ min_other``).
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 import math
+import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +28,7 @@ from dlb.control_plane.affinity import AffinityCache, AffinityConfig
 from dlb.control_plane.aversion import AversionConfig, update_aversion
 from dlb.control_plane.costs import Cost, ModelTable, cost_vector
 from dlb.control_plane.flow import FlowConfig, feedback_delay, flow_step, saturation_workload
-from dlb.control_plane.latency_model import LatencyParams, d_latency, d_service_rate
+from dlb.control_plane.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service_rate
 from dlb.control_plane.topology import Topology
 
 NO_CELL = -1
@@ -96,8 +99,20 @@ class RootRouter:
         self.aversion = np.zeros(n)
         # Flow state: start from the replica-weighted split over allowed cells (Rand's split).
         w = np.where(self.allowed, self.replicas, 0.0)
-        self.x = w / w.sum()
-        self._cum = np.cumsum(self.x)
+        self._x = w / w.sum()
+        # Per-request caches (see "per request" below): plain Python lists, rebuilt lazily when the
+        # state they derive from changes, so a decision touches no numpy array on the common path.
+        self._allowed_idx = [int(j) for j in np.flatnonzero(self.allowed)]
+        self._costs: list[float] | None = None  # discrete: cost per cell at rif + sent
+        self._usable: list[int] | None = None  # usable cells, valid until _usable_until
+        self._usable_set: frozenset[int] = frozenset()
+        self._usable_until = -math.inf
+        self._cum: list[float] | None = None  # flow: cumulative x over the usable cells
+        self._cum_idx: list[int] = []
+        self._aversion_on = False
+        # Per-request draws use Python's generator (numpy's scalar draws cost µs each), seeded from
+        # ``rng`` so a seeded router stays deterministic.
+        self._rand = random.Random(int(self.rng.integers(1 << 62)))
         self._last_flow = -math.inf
         self._last_aversion = -math.inf
         self._last_tick = math.nan
@@ -133,10 +148,38 @@ class RootRouter:
         if params is not None:
             m = self.models
             m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
+        if self._costs is not None:
+            self._costs[cell] = self._cost_one(cell)
+        if cell not in self._usable_set:
+            self._usable = None  # a cell (re)joined; otherwise its deadline only moved later
 
     def set_available(self, cell: int, available: bool) -> None:
         """The probe client's verdict (e.g. consecutive probe failures, leaf removed)."""
         self.view.available[cell] = available
+        self._usable = None
+
+    def set_model(self, cell: int, params: LatencyParams) -> None:
+        """Replace one cell's latency model (e.g. the control plane's, for a cell without a local fit)."""
+        m = self.models
+        m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
+        if self._costs is not None:
+            self._costs[cell] = self._cost_one(cell)
+
+    def invalidate(self) -> None:
+        """Drop the per-request caches after writing the state arrays directly (bulk updates)."""
+        self._costs = None
+        self._usable = None
+        self._cum = None
+
+    @property
+    def x(self) -> np.ndarray:
+        """Flow routing vector on the allowed simplex."""
+        return self._x
+
+    @x.setter
+    def x(self, value: np.ndarray) -> None:
+        self._x = np.asarray(value, dtype=float)
+        self._cum = None
 
     def usable(self, now: float) -> np.ndarray:
         v = self.view
@@ -165,6 +208,7 @@ class RootRouter:
         av = self.policy.aversion
         if now - self._last_aversion >= av.period_s:
             self.aversion = update_aversion(self.aversion, self.view.error_rate, usable, av)
+            self._aversion_on = bool(self.aversion.any())
             self._last_aversion = now
         if self.policy.mechanism is Mechanism.FLOW and now - self._last_flow >= self.policy.flow.period_s:
             step_dt = self.policy.flow.period_s if math.isinf(self._last_flow) else now - self._last_flow
@@ -187,7 +231,6 @@ class RootRouter:
         delay = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
         h = self._h_scale(n_step, in_use)
         self.x = flow_step(self.x, costs, usable, dt, delay, h, self.policy.flow)
-        self._cum = np.cumsum(self.x)
 
     def _h_scale(self, n_obs: np.ndarray, in_use: np.ndarray) -> float:
         """ĥ_i ≈ mean_j c_j'(N_j)·λ_i/μ_j'(N_j) over arcs in use (cost per unit of probability)."""
@@ -212,60 +255,100 @@ class RootRouter:
         return float(np.mean(np.abs(dc) * lam / dmu))
 
     # -- per request --------------------------------------------------------------------------------
+    # The decision path runs once per request on the root's event loop, so it avoids numpy (whose
+    # per-call overhead dominates on arrays of a few cells): usable cells, discrete costs and the
+    # flow CDF are Python lists kept current incrementally — a probe updates one cell's cost, a
+    # pick updates the chosen cell's cost — and rebuilt only when what they derive from changes.
     def costs(self, now: float) -> np.ndarray:
         """The cost vector a discrete decision would use now (probe RIF + local correction)."""
         return cost_vector(self.policy.cost, self.view.rif + self.view.sent, self.replicas, self.models, self.rtt)
 
+    def _cost_one(self, j: int) -> float:
+        """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`."""
+        n = float(self.view.rif[j] + self.view.sent[j])
+        cost = self.policy.cost
+        if cost is Cost.RIF:
+            return n / float(self.replicas[j])
+        m = self.models
+        a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
+        z = (n - c) / s
+        ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))
+        if cost is Cost.LATENCY:
+            return ell + float(self.rtt[j])
+        sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        return ell * ell / max(ell - n * b * sig, GRAD_EPS) + float(self.rtt[j])
+
+    def _usable_now(self, now: float) -> list[int]:
+        if self._usable is None or now > self._usable_until:
+            v = self.view
+            stale = self.policy.stale_after_s
+            idx = [j for j in self._allowed_idx if v.available[j] and now - v.last_probe[j] <= stale]
+            self._usable = idx
+            self._usable_set = frozenset(idx)
+            self._usable_until = min((float(v.last_probe[j]) + stale for j in idx), default=math.inf)
+            self._cum = None
+        return self._usable
+
     def pick(self, now: float, session: str | None = None) -> int:
         """Destination cell for one request, or ``NO_CELL`` when no cell is usable."""
-        usable = self.usable(now)
-        if not usable.any():
+        usable = self._usable_now(now)
+        if not usable:
             return NO_CELL
         self._arrivals += 1
         cand = usable
-        if self.aversion.any():
-            skip = self.rng.random(self.aversion.shape[0]) < self.aversion
-            kept = usable & ~skip
-            if kept.any():
+        if self._aversion_on:
+            rand = self._rand.random
+            av = self.aversion
+            kept = [j for j in usable if rand() >= av[j]]
+            if kept:
                 cand = kept
         if self.policy.mechanism is Mechanism.DISCRETE:
-            costs = self.costs(now)
+            costs = self._costs
+            if costs is None:
+                costs = self._costs = [self._cost_one(j) for j in range(self.topology.n)]
             cell = self._argmin(costs, cand)
         else:
-            costs = None
-            cell = self._sample(cand)
+            cell = self._sample(cand, usable)
         if self.affinity is not None and session is not None:
-            cell = self._affine(session, cell, cand, costs, now)
+            cell = self._affine(session, cell, cand, now)
         self.view.sent[cell] += 1.0
+        if self._costs is not None:
+            self._costs[cell] = self._cost_one(cell)
         return cell
 
-    def _argmin(self, costs: np.ndarray, cand: np.ndarray) -> int:
-        masked = np.where(cand, costs, np.inf)
-        best = masked.min()
-        ties = np.flatnonzero(masked <= best + 1e-12 * max(1.0, abs(best)))
-        return int(ties[0] if ties.size == 1 else ties[self.rng.integers(ties.size)])
+    def _argmin(self, costs: list[float], cand: list[int]) -> int:
+        best = min(costs[j] for j in cand)
+        tol = 1e-12 * max(1.0, abs(best))
+        ties = [j for j in cand if costs[j] <= best + tol]
+        return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
-    def _sample(self, cand: np.ndarray) -> int:
-        if not (self.x[~cand] > 0).any():
-            cum = self._cum
+    def _sample(self, cand: list[int], usable: list[int]) -> int:
+        x = self._x
+        if cand is usable:
+            if self._cum is None:
+                self._cum_idx, self._cum = self._cdf(usable)
+            idx, cum = self._cum_idx, self._cum
         else:
-            w = np.where(cand, self.x, 0.0)
-            if w.sum() <= 0:
-                w = np.where(cand, self.replicas, 0.0)
-            cum = np.cumsum(w)
-        u = self.rng.random() * cum[-1]
-        j = int(np.searchsorted(cum, u, side="right"))
-        return min(j, cum.shape[0] - 1)
+            idx, cum = self._cdf(cand)
+        u = self._rand.random() * cum[-1]
+        k = bisect.bisect_right(cum, u)
+        return idx[min(k, len(idx) - 1)]
 
-    def _affine(self, session: str, cell: int, cand: np.ndarray, costs: np.ndarray | None, now: float) -> int:
+    def _cdf(self, cells: list[int]) -> tuple[list[int], list[float]]:
+        """Cumulative flow weights over ``cells`` (replica weights if x gives them no mass)."""
+        x = self._x
+        w = [float(x[j]) for j in cells]
+        if sum(w) <= 0:
+            w = [float(self.replicas[j]) for j in cells]
+        return list(cells), list(itertools.accumulate(w))
+
+    def _affine(self, session: str, cell: int, cand: list[int], now: float) -> int:
         assert self.affinity is not None
         pinned = self.affinity.get(session, now)
-        if pinned is not None and pinned != cell and cand[pinned]:
-            if costs is None:
-                costs = self.costs(now)
-            others = np.where(cand, costs, np.inf)
-            others[pinned] = np.inf
-            if costs[pinned] - self.policy.affinity.prefix_savings <= others.min():
+        if pinned is not None and pinned != cell and pinned in cand:
+            costs = self._costs if self._costs is not None else [self._cost_one(j) for j in range(self.topology.n)]
+            others = min((costs[j] for j in cand if j != pinned), default=math.inf)
+            if costs[pinned] - self.policy.affinity.prefix_savings <= others:
                 cell = pinned
         self.affinity.put(session, cell, now)
         return cell

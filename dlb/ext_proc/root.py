@@ -76,8 +76,8 @@ def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_
         x = np.where(new.allowed, x, 0.0)
         if x.sum() > 0:
             new.x = x / x.sum()
-            new._cum = np.cumsum(new.x)
     new.rate = old.rate
+    new.invalidate()  # the arrays above were written directly
 
 
 @dataclass
@@ -144,7 +144,6 @@ class RootService:
                 x = np.where(router.allowed, np.asarray(initial_x[spec.name], float), 0.0)
                 if x.sum() > 0:
                     router.x = x / x.sum()
-                    router._cum = np.cumsum(router.x)
             header = spec.policy.affinity.header.lower() if spec.policy.affinity.enabled else None
             endpoints.append(EndpointState(spec.name, spec.prefix, router, header, decisions,
                                            prev.rejected if prev is not None else 0))

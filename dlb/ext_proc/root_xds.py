@@ -136,7 +136,7 @@ class RootXdsSync:
             for e in self.service.endpoints:
                 r = e.router
                 if r.view.confidence[j] < msg.model.confidence:
-                    r.models.a[j], r.models.b[j], r.models.c[j], r.models.s[j] = p.a, p.b, p.c, p.s
+                    r.set_model(j, p)
 
     async def _apply(self, topo_msg: pb.Topology | None, specs: list[EndpointSpec] | None) -> None:
         if topo_msg is None or specs is None:
