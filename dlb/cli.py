@@ -19,6 +19,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("config", "dlb.xds.cli:register_bootstrap"),
     ("serve", "dlb.xds.cli:register_serve"),
     ("bench", "dlb.xds.bench_envoy:register"),
+    ("bench", "dlb.control_plane.bench_pick:register"),
     ("serve", "dlb.emulator.cli:register"),
     ("serve", "dlb.ext_proc.root:register"),
     ("serve", "dlb.ext_proc.leaf:register"),
