@@ -24,7 +24,7 @@ The end state (time average over the last ``avg_window`` seconds) is compared wi
 independently in :mod:`dlb.control_plane.equilibria`: the latency-minimising routing (Flow-Grad's
 target), the Wardrop equilibrium (Flow-Lat's) and the RIF equilibrium (Disc-RIF's).
 
-Integration: fixed step ``dt = 2⁻⁸ s`` (binary-exact, so the routers' period checks see exact time
+Integration: fixed step ``dt = 2⁻⁷ s`` ≈ 7.8 ms (binary-exact, so the routers' period checks see exact time
 differences), delays rounded to whole steps, semi-implicit Euler for the workload
 ``N ← (N + dt·inflow)/(1 + dt/ℓ(N))``, whose fixed points are exactly ``inflow = μ(N)`` so the
 discretisation does not bias the end state.
