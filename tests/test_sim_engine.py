@@ -47,7 +47,7 @@ def test_single_cell_matches_erlang_c_and_littles_law(lam: float) -> None:
 
 
 def test_conservation_with_overflow_and_cut_drain() -> None:
-    sc = generate(11, utilization=1.1, duration_s=30.0)
+    sc = generate(11, utilization=1.1, duration_s=15.0)
     sc = replace(sc, workload=replace(sc.workload, queue_limit=2))
     for policy in ("Rand", "Disc-RIF", "Flow-Lat"):
         res = simulate(sc, policy, 0)
@@ -60,7 +60,7 @@ def test_conservation_with_overflow_and_cut_drain() -> None:
 
 
 def test_deterministic_for_a_seed() -> None:
-    sc = generate(5, duration_s=20.0)
+    sc = generate(5, duration_s=12.0)
     a = simulate(sc, "Disc-Grad", 0)
     b = simulate(sc, "Disc-Grad", 0)
     np.testing.assert_array_equal(a.latency, b.latency)
@@ -97,8 +97,8 @@ def test_unknown_policy_is_a_clear_error() -> None:
 
 
 def test_noise_moves_latency_policies_only() -> None:
-    clean = generate(4, duration_s=30.0)
-    noisy = generate(4, duration_s=30.0, noise_eps=0.5)
+    clean = generate(4, duration_s=15.0)
+    noisy = generate(4, duration_s=15.0, noise_eps=0.5)
     for policy in ("Disc-RIF", "Rand"):
         np.testing.assert_array_equal(simulate(clean, policy).latency, simulate(noisy, policy).latency)
     assert not np.array_equal(simulate(clean, "Disc-Lat").latency, simulate(noisy, "Disc-Lat").latency)
