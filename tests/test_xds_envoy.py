@@ -15,6 +15,7 @@ import os
 import socket
 import tempfile
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -209,3 +210,80 @@ async def _eq(coro, want) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+@pytest.mark.parametrize("api_type", ["GRPC", "DELTA_GRPC"], ids=["ads-sotw", "ads-delta"])
+def test_routes_wait_for_new_clusters_to_warm(api_type: str):
+    """Make-before-break with a real Envoy: a route to a new cluster is pushed only once the cluster
+    is warm. The new cluster's endpoints are withheld at first, so the cluster stays warming; the
+    route must not move (traffic keeps flowing through the old cluster) until they arrive."""
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    try:
+        asyncio.run(asyncio.wait_for(_warming_scenario(backend.server_address[1], api_type), 120))
+    finally:
+        backend.shutdown()
+        backend.server_close()
+
+
+async def _warming_scenario(backend_port: int, api_type: str) -> None:
+    loop = asyncio.get_running_loop()
+    run = lambda f, *a: loop.run_in_executor(None, f, *a)  # noqa: E731
+    cache = SnapshotCache()
+    server = XdsServer(cache)
+    xds_port = await server.start()
+    admin_port, listener_port = free_port(), free_port()
+    listener = http_listener("http", listener_port, "local_route")
+
+    def snapshot(route_to: str, clusters: dict[str, bool]) -> Snapshot:
+        items = [listener, route_config("local_route", cluster=route_to)]
+        for name, with_endpoints in clusters.items():
+            items.append(cluster(name))
+            if with_endpoints:
+                items.append(load_assignment(name, [backend_port]))
+        return Snapshot.build(items)
+
+    v1 = cache.set_snapshot("envoy-1", snapshot("old", {"old": True}))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bootstrap.json")
+        with open(path, "w") as f:
+            json.dump(bootstrap(admin_port, xds_port, "envoy-1", api_type), f)
+        envoy = EnvoyProcess(path, admin_port)
+        try:
+            await run(envoy.start)
+
+            async def route_cluster() -> str:
+                dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_route_configs"))
+                configs = dump.get("configs", [])
+                return configs[0]["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] if configs else ""
+
+            async def warming() -> list[str]:
+                dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_warming_clusters"))
+                return [c["cluster"]["name"] for c in dump.get("configs", [])]
+
+            async def status_code() -> int:
+                try:
+                    with await run(lambda: urllib.request.urlopen(f"http://127.0.0.1:{listener_port}/", timeout=2)) as r:
+                        return r.status
+                except urllib.error.HTTPError as e:
+                    return e.code
+                except OSError:
+                    return 0
+
+            await until(lambda: _eq(route_cluster(), "old"), "the initial route")
+            await until(lambda: _eq(status_code(), 200), "traffic through the old cluster")
+            # New cluster without endpoints yet + route moved to it, in one snapshot.
+            cache.set_snapshot("envoy-1", snapshot("new", {"old": True, "new": False}))
+            await until(lambda: _eq(warming(), ["new"]), "the new cluster warming")
+            assert await route_cluster() == "old"  # the route waits for the warm cluster
+            assert await status_code() == 200
+            cds = server.status.nodes["envoy-1"].types[types.CLUSTER]
+            assert cds.acked_version == v1  # Envoy holds the CDS ACK until the cluster is warm
+            # Endpoints arrive: the cluster warms, Envoy ACKs CDS, the route moves, "old" goes.
+            v3 = cache.set_snapshot("envoy-1", snapshot("new", {"new": True}))
+            await until(lambda: _eq(route_cluster(), "new"), "the route to the new cluster")
+            await until(lambda: _true(cds.acked_version == v3), "the final CDS without the old cluster")
+            assert await status_code() == 200
+        finally:
+            await run(envoy.stop)
+            await server.stop(None)

@@ -238,19 +238,27 @@ def test_make_before_break_order_and_stale_cluster_removal():
             # Switch the route from "old" to "new": add first, move the route, then remove.
             v2 = env.cache.set_snapshot("n1", snap(clusters=("new",), eds={"new": 2}, routes={"r": "new"}, listeners=("l",)))
             cds = await s.recv()
-            rds = await s.recv()
-            assert (cds.type_url, rds.type_url) == (CDS, RDS)  # CDS before RDS on the stream
-            assert sorted(names_of(cds, cluster_pb2.Cluster)) == ["new", "old"] and cds.version_info == v2 + "~partial"
-            assert route_pb2.RouteConfiguration.FromString(rds.resources[0].value).virtual_hosts[0].routes[0].route.cluster == "new"
-            await s.send(ack(cds))
+            assert cds.type_url == CDS and cds.version_info == v2 + "~partial"
+            assert sorted(names_of(cds, cluster_pb2.Cluster)) == ["new", "old"]
+            assert await s.barrier() == []  # the route waits: "new" is warming until CDS is ACKed
             await s.send(sotw_request(EDS, ["new", "old"], "v", await_nonce(env, s, EDS)))
             eds = await s.recv()  # the new cluster's endpoints
             assert eds.type_url == EDS and "new" in names_of(eds, endpoint_pb2.ClusterLoadAssignment)
             await s.send(ack(eds, ["new", "old"]))
+            assert await s.barrier() == []
+            await s.send(ack(cds))  # Envoy ACKs CDS once "new" has its endpoints
+            rds = await s.recv()
+            assert rds.type_url == RDS
+            assert route_pb2.RouteConfiguration.FromString(rds.resources[0].value).virtual_hosts[0].routes[0].route.cluster == "new"
             assert await s.barrier() == []  # "old" still present until RDS is ACKed
             await s.send(ack(rds, ["r"]))
             final = await s.recv()
             assert final.type_url == CDS and final.version_info == v2 and names_of(final, cluster_pb2.Cluster) == ["new"]
+            # A route change that needs no new cluster is not held.
+            await s.send(ack(final))
+            assert await s.barrier() == []
+            env.cache.set_snapshot("n1", snap(clusters=("new",), eds={"new": 2}, routes={"r": "new"}, listeners=("l", "l2")))
+            assert (await s.recv()).type_url == LDS
     run(main())
 
 
@@ -440,14 +448,17 @@ def test_delta_make_before_break_and_eds_resend():
             await s.send(delta_req(RDS, nonce=r1.nonce))
             assert await s.barrier() == []
             env.cache.set_snapshot("n1", snap(clusters=("new",), eds={"new": 2}, routes={"r": "new"}, listeners=("l",)))
-            cds, rds = await s.recv(), await s.recv()
-            assert (cds.type_url, rds.type_url) == (CDS, RDS)
+            cds = await s.recv()
+            assert cds.type_url == CDS
             assert [r.name for r in cds.resources] == ["new"] and list(cds.removed_resources) == []  # removal held
-            await s.send(delta_req(CDS, nonce=cds.nonce))
+            assert await s.barrier() == []  # the route waits for the new cluster's CDS ACK
             await s.send(delta_req(EDS, sub=["new"]))
             eds = await s.recv()
             assert [r.name for r in eds.resources] == ["new"]
             await s.send(delta_req(EDS, nonce=eds.nonce))
+            await s.send(delta_req(CDS, nonce=cds.nonce))
+            rds = await s.recv()
+            assert rds.type_url == RDS and [r.name for r in rds.resources] == ["r"]
             assert await s.barrier() == []
             await s.send(delta_req(RDS, nonce=rds.nonce))  # route moved: now the stale cluster goes
             final, final_eds = await s.recv(), await s.recv()

@@ -9,8 +9,9 @@ Resource versions are content hashes, so a reconnecting client with current reso
 Unlike SotW, subscription changes in a request with a stale nonce are still applied: delta requests
 are deltas and dropping one would lose a subscription. A NACK leaves ``client`` at the rejected
 versions, so the rejected content is never re-sent; new content has a new hash and goes out.
-Make-before-break as in SotW: cluster and endpoint removals wait while LDS/RDS responses are in
-flight; a changed EDS cluster makes its ClusterLoadAssignment go out again.
+Make-before-break as in SotW: LDS/RDS wait while a CDS response that added clusters is unanswered;
+cluster and endpoint removals wait while LDS/RDS responses are in flight; a changed EDS cluster
+makes its ClusterLoadAssignment go out again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class DeltaTypeState:
     client: dict[str, str] = field(default_factory=dict)  # name -> version the client holds
     pending: dict[str, str] = field(default_factory=dict)  # nonce -> system version, awaiting ACK/NACK
     initial_pending: bool = True
+    adds_nonce: str = ""  # CDS: nonce of a response that added clusters (routes wait for its answer)
     # When ``client`` equals a snapshot's whole type (wildcard, nothing withheld): that view and its
     # digest, so the next push uses the shared snapshot diff instead of comparing every resource.
     synced_digest: str = ""
@@ -59,6 +61,8 @@ class DeltaStream(StreamBase):
             if not subscribe and types.supports_legacy_wildcard(type_url):
                 st.wildcard = True
         if req.response_nonce:
+            if req.response_nonce == st.adds_nonce:
+                st.adds_nonce = ""
             version = st.pending.pop(req.response_nonce, None)
             if version is None:
                 self.ctx.status.stale_nonces += 1
@@ -82,7 +86,7 @@ class DeltaStream(StreamBase):
         for n in unsubscribe:
             st.client.pop(n, None)  # the client dropped it; never respond for it
         return bool(st.initial_pending or subscribe or types.WILDCARD in req.resource_names_subscribe
-                    or type_url in (types.LISTENER, types.ROUTE))
+                    or type_url in (types.CLUSTER, types.LISTENER, types.ROUTE))
 
     def _diff(self, snap: Snapshot, type_url: str) -> tuple[list[Resource], list[str]]:
         st = self.states[type_url]
@@ -109,9 +113,13 @@ class DeltaStream(StreamBase):
         diffs = {t: self._diff(snap, t) for t in gated}
         hold_removals = (self.ctx.make_before_break and self.fixed_type is None and
                          any(self.states[t].pending or self._wants(t, *diffs[t]) for t in gated))
+        ordered = self.ctx.make_before_break and self.fixed_type is None
+        cds = self.states.get(types.CLUSTER)
         out: list[bytes] = []
         for t in sorted(self.states, key=types.order_key):
             st = self.states[t]
+            if ordered and t in gated and cds is not None and cds.adds_nonce:
+                continue  # new clusters are warming: routes wait for the CDS answer (see sotw.py)
             updates, removed = diffs.get(t) or self._diff(snap, t)
             withheld = t in (types.CLUSTER, types.ENDPOINT) and hold_removals and bool(removed)
             if withheld:
@@ -125,6 +133,8 @@ class DeltaStream(StreamBase):
                         eds.client.pop(r.eds_name)  # re-send endpoints for the re-warming cluster
                         eds.synced_digest = ""
             nonce = self.next_nonce()
+            if t == types.CLUSTER and any(r.name not in st.client for r in updates):
+                st.adds_nonce = nonce
             msg = (wire.string_field(wire.DeltaResponseField.SYSTEM_VERSION_INFO, snap.version)
                    + b"".join(r.delta_field for r in updates)
                    + wire.string_field(wire.DeltaResponseField.TYPE_URL, t)

@@ -11,10 +11,11 @@ a resource it asked for appeared or changed, or (full-state types) disappeared. 
   remembered and sent when they appear, and withdrawn names never trigger a response;
 * responses are never held until a client names everything in the snapshot.
 
-Make-before-break (ADS only): types go out in CDS → EDS → LDS → RDS → custom order; while LDS/RDS
-changes are in flight (sent in this push or not yet ACKed/NACKed), a CDS response keeps the clusters
-being removed (version ``<v>~partial``), and the final CDS without them follows once LDS/RDS are
-answered. After a CDS response that changed EDS clusters, EDS is re-sent so the re-warming clusters
+Make-before-break (ADS only): types go out in CDS → EDS → LDS → RDS → custom order; while a CDS
+response that adds clusters is unanswered (Envoy ACKs CDS only once the new clusters have their
+endpoints), LDS/RDS wait; while LDS/RDS changes are in flight (wanted or not yet ACKed/NACKed), a
+CDS response keeps the clusters being removed (version ``<v>~partial``), and the final CDS without
+them follows once LDS/RDS are answered. After a CDS response that changed EDS clusters, EDS is re-sent so the re-warming clusters
 get their endpoints.
 """
 
@@ -30,6 +31,7 @@ from dlb.xds.snapshot import Resource, Snapshot
 from dlb.xds.stream import StreamBase
 
 PARTIAL_SUFFIX = "~partial"
+_GATES = (types.CLUSTER, types.LISTENER, types.ROUTE)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class SotwTypeState:
     subscribed_reported: bool = False
     nonce: str = ""  # latest nonce sent for this type; any other nonce is stale
     outstanding: bool = False  # a response awaits its ACK/NACK
+    adds_pending: bool = False  # CDS: the outstanding response adds clusters (routes wait for its ACK)
     initial_pending: bool = True  # answer the first request even when it changes nothing
     resend: bool = False  # send even if unchanged (EDS after a CDS change)
     sent: dict[str, Resource] = field(default_factory=dict)
@@ -84,7 +87,7 @@ class SotwStream(StreamBase):
                 self.ctx.status.stale_nonces += 1
                 self.log.debug("stale nonce ignored", type=types.short(type_url), nonce=req.response_nonce, current=st.nonce)
                 return False
-            st.outstanding = False
+            st.outstanding = st.adds_pending = False
             if req.HasField("error_detail"):
                 self.ctx.status.nacked(self.node.id, type_url, st.sent_version, req.error_detail.message)
                 self.log.warning("NACK", type=types.short(type_url), version=st.sent_version,
@@ -114,9 +117,9 @@ class SotwStream(StreamBase):
             self.ctx.status.subscribed(self.node.id, type_url, names, wildcard)
             st.subscribed_reported = True
         st.names, st.wildcard = names, wildcard
-        # A push may be due after: a first request, new names, or an answer to LDS/RDS (which can
-        # release held cluster removals). A plain ACK of anything else changes nothing.
-        return st.initial_pending or grew or type_url in (types.LISTENER, types.ROUTE)
+        # A push may be due after: a first request, new names, or an answer to CDS/LDS/RDS (which
+        # can release held routes or held cluster removals). A plain ACK of anything else changes nothing.
+        return st.initial_pending or grew or type_url in _GATES
 
     def _plan(self, snap: Snapshot, type_url: str) -> _Plan:
         st = self.states[type_url]
@@ -154,11 +157,17 @@ class SotwStream(StreamBase):
         plans = {t: self._plan(snap, t) for t in gated}
         hold_removals = (self.ctx.make_before_break and self.fixed_type is None and
                          any(self.states[t].outstanding or self._wants(self.states[t], t, plans[t]) for t in gated))
+        ordered = self.ctx.make_before_break and self.fixed_type is None
+        cds = self.states.get(types.CLUSTER)
         out: list[bytes] = []
         for t in order:
             st = self.states[t]
             plan = plans.get(t) or self._plan(snap, t)
             if not self._wants(st, t, plan):
+                continue
+            if ordered and t in gated and cds is not None and cds.outstanding and cds.adds_pending:
+                # New clusters are warming (Envoy ACKs CDS once their endpoints arrived): routes
+                # that may use them wait for that ACK, or they would point at a warming cluster.
                 continue
             resources = plan.view
             whole = plan.whole_type
@@ -172,7 +181,9 @@ class SotwStream(StreamBase):
                 version += PARTIAL_SUFFIX
             if t == types.CLUSTER and types.ENDPOINT in self.states:
                 self._flag_eds_resend(plan)
+            adds = t == types.CLUSTER and any(n not in st.sent for n in resources)
             out.append(self._respond(t, st, version, resources, whole, snap))
+            st.adds_pending = adds
         return out
 
     def _flag_eds_resend(self, plan: _Plan) -> None:
