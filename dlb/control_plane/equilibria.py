@@ -20,7 +20,10 @@ routers' end states is evidence, not a tautology.
 
 Cells are strictly below capacity at every solution (Assumption 2 makes a feasible routing exist and
 the marginal costs blow up at capacity). :func:`solve` starts from the routing that minimises the
-largest utilisation (an LP) and works in workload space, where the problem stays well conditioned.
+largest utilisation (an LP) and works in workload space, where the problem stays well conditioned;
+every answer is checked by its complementary-slackness residual (:func:`kkt_residual`), and when SLSQP
+stopped short (it sometimes reports success at a non-stationary point) it is rerun over the routing
+alone, with N = μ⁻¹(z) by bisection, from where it stopped.
 Only the workloads are unique (Lemma 1); for RIF, whose cost ignores the network, several routings
 give the same N and different network latency.
 """
