@@ -323,7 +323,6 @@ class RootRouter:
         return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
     def _sample(self, cand: list[int], usable: list[int]) -> int:
-        x = self._x
         if cand is usable:
             if self._cum is None:
                 self._cum_idx, self._cum = self._cdf(usable)

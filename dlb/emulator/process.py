@@ -8,7 +8,6 @@ output goes to a log file kept for debugging (``log_text()``). Stopping sends SI
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import dlb
+from dlb.procutil import stop_process
 
 
 def _flags(options: dict[str, Any]) -> list[str]:
@@ -112,17 +112,7 @@ class EmulatorProcess:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait, SIGKILL; returns the exit code. Idempotent."""
-        rc = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout)
-            rc = self.proc.returncode
-        return rc
+        return stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL without a clean shutdown (fault tests: a server that dies mid-request)."""

@@ -7,7 +7,6 @@ the real root service against (same grpc.aio + uvloop stack, same pre-serialised
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 
 import grpc

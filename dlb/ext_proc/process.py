@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from dlb.procutil import log_tail, stop_process
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,20 +76,10 @@ class ServiceProcess:
         return self.proc.pid
 
     def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
+        stop_process(self.proc, timeout)
 
     def __enter__(self) -> "ServiceProcess":
         if self.proc is None:

@@ -12,7 +12,6 @@ import http.client
 import json
 import random
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -1,0 +1,30 @@
+"""Child-process helpers shared by the Envoy, service and emulator launchers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> int | None:
+    """SIGTERM, wait up to ``timeout``, then SIGKILL; returns the exit code. Idempotent."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
+
+
+def log_tail(path: str | os.PathLike[str], n: int = 40) -> str:
+    """The last ``n`` lines of a log file ("" if it cannot be read): for error messages."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
