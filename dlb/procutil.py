@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -28,3 +29,10 @@ def log_tail(path: str | os.PathLike[str], n: int = 40) -> str:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for configs that need an address before the service runs)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

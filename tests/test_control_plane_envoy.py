@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import tempfile
 import time
 from collections import Counter
@@ -33,18 +32,13 @@ from dlb.xds import types
 from dlb.xds.bootstrap import ads_bootstrap
 from dlb.xds.control_plane import ControlPlane, root_key
 from dlb.xds.snapshot import Resource, Snapshot
+from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
 
 #: Share tolerance for N = 800 requests: 4σ of a binomial at p = 0.5 is 0.071; we allow 0.08.
 N_REQUESTS = 800
 TOLERANCE = 0.08
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(path: str, cells: dict[str, int], root_port: int, ext_proc_port: int) -> None:

@@ -33,6 +33,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from dlb.config import Config, config_from_dict
 from dlb.envoy import EnvoyProcess, validate
 from dlb.envoy_bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SERVER, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
+from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
 
@@ -43,12 +44,6 @@ CONFIG_DIR = REPO / "envoy_configs"
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _EchoHandler(BaseHTTPRequestHandler):

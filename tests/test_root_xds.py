@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import tempfile
 import time
 
@@ -30,13 +29,8 @@ from dlb.proto import resources_pb2
 from dlb.xds import dlb_resources as dr
 from dlb.xds.control_plane import ControlPlane, root_key
 from dlb.xds.snapshot import Resource, Snapshot
+from dlb.procutil import free_port
 from leaf_stub import StaticProbe, serve_probe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(path: str, cells: dict[str, int], cost: str = "latency") -> None:

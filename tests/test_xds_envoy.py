@@ -12,7 +12,6 @@ import functools
 import http.server
 import json
 import os
-import socket
 import tempfile
 import threading
 import urllib.error
@@ -23,14 +22,9 @@ import pytest
 from dlb.envoy import EnvoyProcess
 from dlb.xds import Resource, Snapshot, SnapshotCache, XdsServer, types
 from dlb.xds.testing import eds_cluster, grpc_source, http_listener, load_assignment, route_config
+from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Backend(http.server.BaseHTTPRequestHandler):

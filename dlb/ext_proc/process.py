@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,14 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlb.procutil import log_tail, stop_process
+from dlb.procutil import free_port, log_tail, stop_process
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for configs that need an address before the service runs)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+__all__ = ["ServiceProcess", "free_port"]
 
 
 class ServiceProcess:

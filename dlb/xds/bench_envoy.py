@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -24,14 +23,9 @@ import yaml
 from dlb.config import load_config
 from dlb.config.model import HostPort
 from dlb.envoy import EnvoyProcess
+from dlb.procutil import free_port
 from dlb.xds.bootstrap import ads_bootstrap
 from dlb.xds.control_plane import ControlPlane
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(path: str, n_cells: int) -> None:
@@ -40,9 +34,9 @@ def _config(path: str, n_cells: int) -> None:
         "version": 1,
         "cells": [{
             "name": n,
-            "leaf": {"address": f"127.0.0.1:{_free_port()}", "probe": f"127.0.0.1:{_free_port()}"},
-            **({"root": {"address": f"127.0.0.1:{_free_port()}"}} if i == 0 else {}),
-            "servers": [f"127.0.0.1:{_free_port()}"],
+            "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+            **({"root": {"address": f"127.0.0.1:{free_port()}"}} if i == 0 else {}),
+            "servers": [f"127.0.0.1:{free_port()}"],
         } for i, n in enumerate(names)],
         "network": {"default_one_way_ms": 10},
         "endpoints": [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "flow", "cost": "gradient"}}],
@@ -61,7 +55,7 @@ async def measure(rounds: int = 50, cells: int = 4, delta: bool = False) -> dict
     _config(cfg_path, cells)
     cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
-    admin = _free_port()
+    admin = free_port()
     boot = os.path.join(tmp, "root.yaml")
     with open(boot, "w") as fh:
         yaml.safe_dump(ads_bootstrap("root", "c0", HostPort("127.0.0.1", xds_port), admin, node_id="bench-root", delta=delta), fh)
