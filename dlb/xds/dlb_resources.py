@@ -22,11 +22,8 @@ from collections.abc import Mapping
 import numpy as np
 from google.protobuf.message import Message
 
-from dlb.config.model import Config, Endpoint
-from dlb.control_plane.affinity import AffinityConfig
-from dlb.control_plane.aversion import AversionConfig
+from dlb.config.model import AffinityParams, AversionParams, Config, Endpoint, FlowParams, Policy, ProbeParams
 from dlb.control_plane.costs import Cost
-from dlb.control_plane.flow import FlowConfig
 from dlb.control_plane.latency_model import LatencyParams
 from dlb.control_plane.router import Mechanism, PolicyConfig
 from dlb.control_plane.topology import Topology
@@ -121,18 +118,18 @@ def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams]:
     cost = {v: k for k, v in _COST.items()}.get(msg.cost)
     if mech is None or cost is None:
         raise ResourceError(f"{what}: mechanism and cost must be set (got {msg.mechanism}, {msg.cost})")
+    # Decode into the config model's dataclasses and let them convert, so units and defaults (an unset
+    # proto3 field is 0) are exactly those of a config file.
+    a, f = msg.aversion, msg.affinity
     try:
-        a = msg.aversion
-        f = msg.affinity
-        policy = PolicyConfig(
+        policy = Policy(
             mechanism=mech,
             cost=cost,
-            flow=FlowConfig(kappa=msg.flow.kappa or 0.5, period_s=(msg.flow.period_ms or 200.0) / 1000.0),
-            aversion=AversionConfig(a.enabled, a.margin, a.gain, a.decay, max_rate=a.max, period_s=(a.period_ms or 1000.0) / 1000.0),
-            affinity=AffinityConfig(f.enabled, f.header or "x-session-id", f.ttl_s or 600.0, f.max_sessions or 100_000,
-                                    prefix_savings=0.0 if cost is Cost.RIF else f.prefix_savings_ms / 1000.0),
-            stale_after_s=(msg.stale_after_ms or 1000.0) / 1000.0,
-        )
+            flow=FlowParams(period_ms=msg.flow.period_ms or FlowParams.period_ms, kappa=msg.flow.kappa or FlowParams.kappa),
+            aversion=AversionParams(a.enabled, a.margin, a.gain, a.decay, a.max, a.period_ms or AversionParams.period_ms),
+            affinity=AffinityParams(f.enabled, f.header or AffinityParams.header, f.ttl_s or AffinityParams.ttl_s,
+                                    f.max_sessions or AffinityParams.max_sessions, f.prefix_savings_ms),
+        ).to_core(ProbeParams(stale_after_ms=msg.stale_after_ms or ProbeParams.stale_after_ms))
     except ValueError as e:
         raise ResourceError(f"{what}: {e}") from e
     return policy, model_from_pb(msg.latency_prior, f"{what}.latency_prior")
