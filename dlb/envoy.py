@@ -65,6 +65,8 @@ class EnvoyProcess:
     admin_port: int
     base_id: int | None = None
     log_level: str = "warning"
+    #: Worker threads (``--concurrency``); 1 keeps test machines predictable.
+    concurrency: int = 1
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     log_path: str = ""
@@ -73,7 +75,7 @@ class EnvoyProcess:
         fd, self.log_path = tempfile.mkstemp(prefix="dlb-envoy-", suffix=".log")
         os.close(fd)
         args = [envoy_binary(), "-c", self.config_path, "--log-level", self.log_level, "--log-path", self.log_path,
-                "--disable-hot-restart", "--concurrency", "1"]
+                "--disable-hot-restart", "--concurrency", str(self.concurrency)]
         # Each Envoy needs its own shared-memory base id when several run on one machine (tests of
         # several helpers run at once); a random one avoids collisions a pid/port formula can have.
         args += ["--base-id", str(self.base_id if self.base_id is not None else secrets.randbelow(1 << 30))]

@@ -18,7 +18,7 @@ from dlb.control_plane.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
-from dlb.ext_proc.protocol import ext_proc_handler
+from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.root import RootService
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
@@ -127,7 +127,9 @@ def test_session_affinity_from_configured_header():
     assert other == "cell-a"
 
 
-def test_ext_proc_stream_over_real_grpc():
+@pytest.mark.parametrize("transport", ["h2", "grpc"])
+def test_ext_proc_stream_over_real_grpc(transport):
+    """A real grpc client (C-core's HTTP/2 and gRPC framing) against both server transports."""
     svc, clock = service()
     svc.clock = time.monotonic
     now = time.monotonic()
@@ -135,10 +137,8 @@ def test_ext_proc_stream_over_real_grpc():
     probe(svc, 1, now)
 
     async def main():
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((ext_proc_handler(svc.process),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+        server = ExtProcServer(transport, svc.handle, svc.process)
+        port = await server.bind("127.0.0.1:0")
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
                 stub = ep_grpc.ExternalProcessorStub(ch)
@@ -222,7 +222,7 @@ def test_a_failing_decision_continues_on_the_fail_open_route():
 
     async def run():
         async def one():
-            yield headers_msg()
+            yield headers_msg().SerializeToString()
 
         return [out async for out in svc.process(one(), None)]
 

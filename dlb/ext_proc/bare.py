@@ -1,7 +1,7 @@
 """A minimal ExternalProcessor that always answers the same cell: the floor the benchmark compares
-the real root service against (same grpc.aio + uvloop stack, same pre-serialised reply, no routing).
+the real root service against (same transport, same pre-serialised reply, no parsing, no routing).
 
-``python -m dlb.ext_proc.bare --listen 127.0.0.1:PORT --cell cell-x [--ready-file F]``
+``python -m dlb.ext_proc.bare --listen 127.0.0.1:PORT --cell cell-x [--transport h2|grpc] [--ready-file F]``
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
-import grpc
-
 from dlb.ext_proc import headers
-from dlb.ext_proc.protocol import ext_proc_handler, header_response, serve_until_signal
+from dlb.ext_proc.protocol import ExtProcServer, header_response, serve_until_signal
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,8 +18,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", required=True)
     parser.add_argument("--cell", required=True, help="x-dlb-cell value to answer (cluster name)")
     parser.add_argument("--ready-file", default=None)
+    parser.add_argument("--transport", choices=("h2", "grpc"), default="grpc")
     args = parser.parse_args(argv)
     reply = header_response([(headers.CELL, args.cell)])
+    answer = (reply, True)
+
+    def handle(message: bytes) -> tuple[bytes, bool]:
+        return answer
 
     async def process(requests, context):
         async for _ in requests:
@@ -29,10 +32,8 @@ def main(argv: list[str] | None = None) -> None:
             return
 
     async def run() -> None:
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((ext_proc_handler(process),))
-        port = server.add_insecure_port(args.listen)
-        await server.start()
+        server = ExtProcServer(args.transport, handle, process)
+        port = await server.bind(args.listen)
         if args.ready_file:
             from dlb.ext_proc.root import _write_ready
 

@@ -38,6 +38,7 @@ from dlb.config import config_from_dict
 from dlb.envoy import EnvoyProcess
 from dlb.ext_proc.loadgen import LoadResult, build_request, closed_loop, open_loop
 from dlb.ext_proc.process import ServiceProcess, free_port
+from dlb.ext_proc.wrk import run_wrk, wrk_binary
 from dlb.log import get_logger
 
 log = get_logger("dlb.bench.overhead")
@@ -52,7 +53,11 @@ LR_CONFIG = "root+leaf-lr"
 W2_CONFIG = "root-2w"
 #: The floor: the same Envoy ext_proc hop to a bare grpc.aio servicer with a constant reply (no routing).
 BARE_CONFIG = "root-bare"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG)
+#: The root service on grpc.aio (``--transport grpc``) instead of DLB's HTTP/2 server.
+GRPC_CONFIG = "root-grpc"
+#: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.h2server`.
+BARE_H2_CONFIG = "root-bare-h2"
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG)
 
 
 def _cpu_of(pid: int) -> float:
@@ -123,7 +128,8 @@ def bench_config(upstream: int) -> dict[str, Any]:
     }
 
 
-def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu: dict[str, float], connections: int | None) -> dict[str, Any]:
+def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu: dict[str, float], connections: int | None,
+            loadgen: str = "python") -> dict[str, Any]:
     n = len(res.latencies_s)
     cpu_s = sum(v for k, v in cpu.items() if k != "loadgen")
     return {
@@ -134,14 +140,28 @@ def _record(config: str, mode: str, rate: float | None, res: LoadResult, cpu: di
         # Where the CPU went (ms per request) and how busy the machine was: context for the numbers.
         "cpu_ms_per_req": {k: round(v / n * 1000, 4) for k, v in cpu.items()} if n else None,
         "loadavg_1m": round(os.getloadavg()[0], 2),
+        "loadgen": loadgen,
     }
 
 
+BODY = b'{"model":"m","messages":[]}'
+PATH = "/v1/chat/completions"
+#: Connections wrk spreads the open-loop arrivals over (each waits an exponential think time).
+WRK_OPEN_CONNECTIONS = 64
+
+
 async def _measure(target: tuple[int, dict[str, int]], mode: str, *, connections: int, rate: float | None,
-                   duration_s: float) -> tuple[LoadResult, dict[str, float]]:
+                   duration_s: float, loadgen: str = "python") -> tuple[LoadResult, dict[str, float]]:
     port, pids = target
+    if loadgen == "wrk":
+        cpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
+        res, wrk_cpu = await run_wrk("127.0.0.1", port, PATH, BODY, connections if mode == "closed" else WRK_OPEN_CONNECTIONS,
+                                     duration_s, rate if mode == "open" else None)
+        cpu = {k: _cpu_of(pid) - cpu0[k] for k, pid in pids.items()}
+        cpu["loadgen"] = wrk_cpu
+        return res, cpu
     pids = dict(pids, loadgen=os.getpid())
-    req = build_request("127.0.0.1", port, "/v1/chat/completions", b'{"model":"m","messages":[]}')
+    req = build_request("127.0.0.1", port, PATH, BODY)
     cpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
     if mode == "closed":
         res = await closed_loop("127.0.0.1", port, req, connections, duration_s)
@@ -165,7 +185,17 @@ def _pool(parts: list[tuple[LoadResult, dict[str, float]]]) -> tuple[LoadResult,
     return res, cpu
 
 
-def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, slices: int = 1) -> list[dict[str, Any]]:
+def resolve_loadgen(choice: str) -> str:
+    """``auto`` = wrk when installed (a C client: a few µs of CPU per request), else the Python one."""
+    if choice == "auto":
+        return "wrk" if wrk_binary() else "python"
+    if choice == "wrk" and not wrk_binary():
+        raise SystemExit("dlb bench overhead: --loadgen wrk but wrk is not installed (apt-get install wrk, or set DLB_WRK)")
+    return choice
+
+
+def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, slices: int = 1,
+                 loadgen: str = "python", envoy_concurrency: int = 1) -> list[dict[str, Any]]:
     from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     tmp = tempfile.TemporaryDirectory(prefix="dlb-bench-overhead-")
@@ -176,7 +206,10 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
     bare_procs: list[subprocess.Popen] = []
 
     def envoy(boot: dict[str, Any], name: str, admin: int) -> EnvoyProcess:
-        e = EnvoyProcess(write_bootstrap(boot, d / f"{name}.yaml"), admin, base_id=random.randrange(1, 60000))
+        # The upstream stands in for the servers and stays at one worker; the Envoys under test get
+        # ``envoy_concurrency`` workers each.
+        e = EnvoyProcess(write_bootstrap(boot, d / f"{name}.yaml"), admin, base_id=random.randrange(1, 60000),
+                         concurrency=1 if name == "upstream" else envoy_concurrency)
         envoys.append(e)
         return e.start()
 
@@ -191,6 +224,11 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         leaf_svc = ServiceProcess("leaf", "--config", str(cfg_path), "--cell", "x", "--metrics", f"127.0.0.1:{free_port()}",
                                   "--scrape-period-ms", "0", "--envoy-check-period-ms", "0")
         services += [root_svc, leaf_svc]
+        grpc_port = free_port()
+        if GRPC_CONFIG in configs:
+            root_grpc = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--listen", f"127.0.0.1:{grpc_port}",
+                                       "--metrics", "", "--transport", "grpc")
+            services.append(root_grpc)
         w2_port = free_port()
         if W2_CONFIG in configs:
             root_w2 = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--listen", f"127.0.0.1:{w2_port}",
@@ -220,11 +258,13 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             leaf_env = envoy(lb, "leaf", la)
             targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).proc.pid, "root_ext_proc": root_svc.pid,
                                         "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
-        if BARE_CONFIG in configs:
+        for bare_name, transport in ((BARE_CONFIG, "grpc"), (BARE_H2_CONFIG, "h2")):
+            if bare_name not in configs:
+                continue
             bare_port = free_port()
-            ready = d / "bare.json"
+            ready = d / f"{bare_name}.json"
             bare = subprocess.Popen([sys.executable, "-m", "dlb.ext_proc.bare", "--listen", f"127.0.0.1:{bare_port}",
-                                     "--cell", "cell-x", "--ready-file", str(ready)])
+                                     "--cell", "cell-x", "--transport", transport, "--ready-file", str(ready)])
             bare_procs.append(bare)
             while not ready.exists():
                 if bare.poll() is not None:
@@ -233,7 +273,12 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(bare_port))
             _point_cluster(b, "cell-x", up_port)
-            targets[BARE_CONFIG] = (p, {"root_envoy": envoy(b, "root-bare", a).proc.pid, "root_ext_proc": bare.pid})
+            targets[bare_name] = (p, {"root_envoy": envoy(b, bare_name, a).proc.pid, "root_ext_proc": bare.pid})
+        if GRPC_CONFIG in configs:
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(grpc_port))
+            _point_cluster(b, "cell-x", up_port)
+            targets[GRPC_CONFIG] = (p, {"root_envoy": envoy(b, "root-grpc", a).proc.pid, "root_ext_proc": root_grpc.pid})
         if W2_CONFIG in configs:
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(w2_port))
@@ -268,7 +313,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         async def main() -> None:
             await asyncio.sleep(1.0)  # probes warm up: the root needs fresh state for its cell
             for name in configs:  # warm-up pass: connections, caches, JIT-less Python paths
-                await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=min(1.0, duration_s))
+                await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=min(1.0, duration_s),
+                               loadgen=loadgen)
             # Interleave the configurations in short slices and pool them: background load on a shared
             # machine drifts, and slicing spreads the drift evenly over the configurations compared.
             slice_s = duration_s / slices
@@ -278,10 +324,11 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                 pooled: dict[str, list[tuple[LoadResult, dict[str, float]]]] = {n: [] for n in configs}
                 for _ in range(slices):
                     for name in configs:
-                        pooled[name].append(await _measure(targets[name], mode, connections=connections, rate=rate, duration_s=slice_s))
+                        pooled[name].append(await _measure(targets[name], mode, connections=connections, rate=rate, duration_s=slice_s,
+                                                           loadgen=loadgen))
                 for name in configs:
                     res, cpu = _pool(pooled[name])
-                    records.append(_record(name, mode, rate, res, cpu, connections if mode == "closed" else None))
+                    records.append(_record(name, mode, rate, res, cpu, connections if mode == "closed" else None, loadgen))
                     if mode == "closed":
                         sat[name] = res.rps
                     log.info("bench_point", **records[-1])
@@ -328,7 +375,9 @@ def summarize(records: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
-    records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices)
+    loadgen = resolve_loadgen(args.loadgen)
+    records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices, loadgen=loadgen,
+                           envoy_concurrency=args.envoy_concurrency)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     print(summarize(records))
@@ -343,6 +392,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
     p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
                    help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
-                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers; {BARE_CONFIG}: constant-reply servicer, the grpc floor)")
+                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers; {BARE_CONFIG}/{BARE_H2_CONFIG}: constant-reply servicer on grpc.aio / on DLB's h2 transport (floors); "
+                        f"{GRPC_CONFIG}: the root service on grpc.aio)")
+    p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
+                   help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")
+    p.add_argument("--envoy-concurrency", type=int, default=1, help="worker threads of each Envoy under test (default 1)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
     p.set_defaults(func=run)

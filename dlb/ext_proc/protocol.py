@@ -66,16 +66,65 @@ def header_value(h: base_pb2.HeaderValue) -> str:
 Handler = Callable[[AsyncIterator[ep.ProcessingRequest], grpc.aio.ServicerContext], AsyncIterator[bytes]]
 
 
-def ext_proc_handler(process: Handler) -> grpc.GenericRpcHandler:
-    """Register ``process`` as ExternalProcessor.Process, yielding pre-serialised responses."""
+def ext_proc_handler(process: Handler, raw_requests: bool = False) -> grpc.GenericRpcHandler:
+    """Register ``process`` as ExternalProcessor.Process, yielding pre-serialised responses
+    (``raw_requests``: it also receives the request messages as bytes, unparsed)."""
     method = grpc.stream_stream_rpc_method_handler(
-        process, request_deserializer=ep.ProcessingRequest.FromString, response_serializer=_identity
+        process, request_deserializer=None if raw_requests else ep.ProcessingRequest.FromString, response_serializer=_identity
     )
     return grpc.method_handlers_generic_handler("envoy.service.ext_proc.v3.ExternalProcessor", {"Process": method})
 
 
 def _identity(b: bytes) -> bytes:
     return b
+
+
+class ExtProcServer:
+    """The ext_proc listener on either transport, behind one ``bind`` / ``stop``.
+
+    ``h2`` (:mod:`dlb.ext_proc.h2server`) calls ``handle(message) -> (reply, end)`` inline; ``grpc``
+    runs the async generator ``process`` on grpc.aio. Both see the same bytes and give the same replies.
+    """
+
+    def __init__(self, transport: str, handle: Callable, process: Callable) -> None:
+        from dlb.ext_proc.h2server import H2GrpcServer
+
+        if transport not in ("h2", "grpc"):
+            raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
+        self.transport = transport
+        self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
+        self._process = process
+        self._grpc: grpc.aio.Server | None = None
+
+    @property
+    def stats(self):
+        return self._h2.stats if self._h2 is not None else None
+
+    async def bind(self, listen: str, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (port 0 = any) and serve; returns the port. Exits with a clear message."""
+        host, _, port_s = listen.rpartition(":")
+        try:
+            port = int(port_s)
+        except ValueError:
+            raise SystemExit(f"ext_proc listen address {listen!r}: the port is not a number") from None
+        if self._h2 is not None:
+            try:
+                return await self._h2.start(host.strip("[]") or "127.0.0.1", port, reuse_port=reuse_port)
+            except OSError as exc:
+                raise SystemExit(f"cannot listen on {listen}: {exc.strerror}") from None
+        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
+        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._process, raw_requests=True),))
+        bound = self._grpc.add_insecure_port(listen)
+        if bound == 0:
+            raise SystemExit(f"cannot listen on {listen}")
+        await self._grpc.start()
+        return bound
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._h2 is not None:
+            await self._h2.stop(grace_s)
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
 
 
 async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awaitable[None]] | None = None, grace_s: float = 2.0) -> None:

@@ -1,0 +1,368 @@
+"""DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.h2server`) against independent peers.
+
+The ``h2`` library (python-hyper) plays the client for protocol corners a well-behaved gRPC client
+never produces (CONTINUATION, padding, tiny flow-control windows, byte-by-byte delivery, bad
+input); grpc's C-core client is the conformance check (``test_ext_proc_root.py``), and Envoy itself
+is the peer in ``test_envoy_forwards_only_the_headers_the_root_reads`` and every end-to-end test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import hpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlb.ext_proc.h2server import CachingDecoder, H2GrpcServer
+from dlb.ext_proc.protocol import PROCESS_METHOD
+
+METHOD = PROCESS_METHOD
+
+
+class ServerThread:
+    """An H2GrpcServer on its own event loop thread (the tests talk to it with blocking sockets)."""
+
+    def __init__(self, handler) -> None:
+        self.server = H2GrpcServer(METHOD, handler)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(0.5), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def echo_upper(message: bytes) -> tuple[bytes, bool]:
+    """Replies the message upper-cased; ``b"keep..."`` keeps the call open, ``b"boom"`` raises."""
+    if message == b"boom":
+        raise RuntimeError("handler bug")
+    return message.upper(), not message.startswith(b"keep")
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    s = ServerThread(echo_upper)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def grpc_frame(message: bytes, compressed: bool = False) -> bytes:
+    return bytes([1 if compressed else 0]) + struct.pack(">I", len(message)) + message
+
+
+class Client:
+    """A blocking HTTP/2 client built on the h2 state machine."""
+
+    def __init__(self, port: int, settings_overrides: dict | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        if settings_overrides:
+            self.conn.update_settings(settings_overrides)
+        self.flush()
+        self.events: list[h2.events.Event] = []
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def request_headers(self, sid: int, path: str = METHOD, extra: list[tuple[str, str]] | None = None,
+                        end_stream: bool = False, **kw) -> None:
+        hdrs = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "dlb"),
+                ("content-type", "application/grpc"), ("te", "trailers")] + (extra or [])
+        self.conn.send_headers(sid, hdrs, end_stream=end_stream, **kw)
+        self.flush()
+
+    def pump(self, until, timeout: float = 5.0) -> None:
+        """Read until ``until(events)`` holds; acknowledge data so windows never block the server."""
+        self.sock.settimeout(timeout)
+        while not until(self.events):
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            for ev in self.conn.receive_data(data):
+                if isinstance(ev, h2.events.DataReceived):
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                self.events.append(ev)
+            self.flush()
+
+    def stream_done(self, sid: int):
+        return lambda evs: any(isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) and e.stream_id == sid for e in evs)
+
+    def body(self, sid: int) -> bytes:
+        return b"".join(e.data for e in self.events if isinstance(e, h2.events.DataReceived) and e.stream_id == sid)
+
+    def trailers(self, sid: int) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for e in self.events:
+            if isinstance(e, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and e.stream_id == sid:
+                out.update(dict(e.headers))
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def messages(body: bytes) -> list[bytes]:
+    out = []
+    while body:
+        n = struct.unpack(">I", body[1:5])[0]
+        out.append(body[5:5 + n])
+        body = body[5 + n:]
+    return out
+
+
+def test_a_call_gets_headers_reply_and_ok_trailers(server):
+    c = Client(server.port)
+    c.request_headers(1)
+    c.conn.send_data(1, grpc_frame(b"hello"))
+    c.flush()
+    c.pump(c.stream_done(1))
+    resp = next(e for e in c.events if isinstance(e, h2.events.ResponseReceived))
+    assert dict(resp.headers)[":status"] == "200" and dict(resp.headers)["content-type"] == "application/grpc"
+    assert messages(c.body(1)) == [b"HELLO"]
+    assert c.trailers(1)["grpc-status"] == "0"
+    c.close()
+
+
+def test_byte_by_byte_delivery_and_a_message_split_over_frames(server):
+    c = Client(server.port)
+    c.request_headers(1)
+    frame = grpc_frame(b"split me")
+    c.conn.send_data(1, frame[:3])
+    c.conn.send_data(1, frame[3:7])
+    c.conn.send_data(1, frame[7:])
+    raw = c.conn.data_to_send()
+    for i in range(len(raw)):  # every TCP read delivers one byte
+        c.sock.sendall(raw[i:i + 1])
+    c.pump(c.stream_done(1))
+    assert messages(c.body(1)) == [b"SPLIT ME"]
+    c.close()
+
+
+def test_several_messages_on_one_open_call_then_client_half_close(server):
+    c = Client(server.port)
+    c.request_headers(1)
+    c.conn.send_data(1, grpc_frame(b"keep-1") + grpc_frame(b"keep-2"))
+    c.flush()
+    c.pump(lambda evs: len(messages(c.body(1))) == 2)
+    c.conn.end_stream(1)  # the client is done: the call ends OK
+    c.flush()
+    c.pump(c.stream_done(1))
+    assert messages(c.body(1)) == [b"KEEP-1", b"KEEP-2"]
+    assert c.trailers(1)["grpc-status"] == "0"
+    c.close()
+
+
+def test_continuation_padding_and_priority(server):
+    c = Client(server.port)
+    big = [("x-meta", "v" * 40000)]  # larger than a 16 KiB frame: HEADERS + CONTINUATION
+    c.request_headers(1, extra=big)
+    c.conn.send_data(1, grpc_frame(b"padded"), pad_length=33)
+    c.request_headers(3, priority_weight=200, priority_depends_on=0)  # (h2 cannot combine it with CONTINUATION)
+    c.conn.send_data(3, grpc_frame(b"prio"))
+    c.flush()
+    c.pump(lambda evs: c.stream_done(1)(evs) and c.stream_done(3)(evs))
+    assert messages(c.body(1)) == [b"PADDED"] and messages(c.body(3)) == [b"PRIO"]
+    c.close()
+
+
+def test_interleaved_streams_each_get_their_own_reply(server):
+    c = Client(server.port)
+    for sid in (1, 3, 5):
+        c.request_headers(sid)
+    for sid in (5, 1, 3):
+        c.conn.send_data(sid, grpc_frame(f"s{sid}".encode()))
+    c.flush()
+    c.pump(lambda evs: all(c.stream_done(s)(evs) for s in (1, 3, 5)))
+    assert {s: messages(c.body(s)) for s in (1, 3, 5)} == {1: [b"S1"], 3: [b"S3"], 5: [b"S5"]}
+    c.close()
+
+
+def test_reply_waits_for_the_peers_flow_control_window(server):
+    c = Client(server.port, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16})
+    c.pump(lambda evs: any(isinstance(e, h2.events.SettingsAcknowledged) for e in evs))
+    c.request_headers(1)
+    c.conn.send_data(1, grpc_frame(b"x" * 200))
+    c.flush()
+    # Only the window's 16 bytes arrive; the rest and the trailers wait for WINDOW_UPDATE, which
+    # ``pump`` sends as it acknowledges data, so the whole reply arrives in 16-byte steps.
+    c.pump(c.stream_done(1))
+    chunks = [len(e.data) for e in c.events if isinstance(e, h2.events.DataReceived) and e.stream_id == 1]
+    assert max(chunks) <= 16 and sum(chunks) == 205
+    assert messages(c.body(1)) == [b"X" * 200]
+    assert c.trailers(1)["grpc-status"] == "0"
+    c.close()
+
+
+@pytest.mark.parametrize("case, status", [("unknown-method", "12"), ("compressed", "12"), ("handler-raises", "13"),
+                                          ("half-close-inside-message", "13")])
+def test_bad_calls_end_with_a_grpc_status_and_the_connection_keeps_serving(server, case, status):
+    c = Client(server.port)
+    if case == "unknown-method":
+        c.request_headers(1, path="/some.Service/Other")
+    else:
+        c.request_headers(1)
+        payload = {"compressed": grpc_frame(b"zz", compressed=True), "handler-raises": grpc_frame(b"boom"),
+                   "half-close-inside-message": grpc_frame(b"truncated")[:7]}[case]
+        c.conn.send_data(1, payload, end_stream=case == "half-close-inside-message")
+        c.flush()
+    c.pump(c.stream_done(1))
+    assert c.trailers(1)["grpc-status"] == status
+    # The same connection still serves a good call.
+    c.request_headers(3)
+    c.conn.send_data(3, grpc_frame(b"ok"))
+    c.flush()
+    c.pump(c.stream_done(3))
+    assert messages(c.body(3)) == [b"OK"]
+    c.close()
+
+
+def test_ping_is_acknowledged(server):
+    c = Client(server.port)
+    c.conn.ping(b"12345678")
+    c.flush()
+    c.pump(lambda evs: any(isinstance(e, h2.events.PingAckReceived) for e in evs))
+    ack = next(e for e in c.events if isinstance(e, h2.events.PingAckReceived))
+    assert ack.ping_data == b"12345678"
+    c.close()
+
+
+def test_protocol_violations_get_goaway_and_do_not_hurt_other_connections(server):
+    bad = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    bad.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # not HTTP/2 at all
+    got = b""
+    while True:
+        chunk = bad.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    bad.close()
+    # Our SETTINGS + WINDOW_UPDATE, then GOAWAY (type 7) with PROTOCOL_ERROR (1), then close.
+    assert b"\x07\x00\x00\x00\x00\x00" in got and got.endswith(b"not an HTTP/2 connection preface")
+    # A client stream id that is even is a connection error too.
+    c = Client(server.port)
+    c.sock.sendall(struct.pack(">I", 5)[1:] + bytes([1, 0x5]) + struct.pack(">I", 2) + b"\x82\x86\x84\x41\x00")
+    c.pump(lambda evs: any(isinstance(e, h2.events.ConnectionTerminated) for e in evs))
+    term = next(e for e in c.events if isinstance(e, h2.events.ConnectionTerminated))
+    assert term.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+    c.close()
+    good = Client(server.port)
+    good.request_headers(1)
+    good.conn.send_data(1, grpc_frame(b"fine"))
+    good.flush()
+    good.pump(good.stream_done(1))
+    assert messages(good.body(1)) == [b"FINE"]
+    good.close()
+    assert server.server.stats.connection_errors == 2
+
+
+def test_stats_count_what_happened(server):
+    c = Client(server.port)
+    for sid, msg in ((1, b"a"), (3, b"boom")):
+        c.request_headers(sid)
+        c.conn.send_data(sid, grpc_frame(msg))
+        c.flush()
+        c.pump(c.stream_done(sid))
+    c.close()
+    s = server.server.stats
+    assert (s.streams, s.messages, s.handler_errors, s.grpc_errors) == (2, 2, 1, 1)
+
+
+# -- the HPACK cache is exact --------------------------------------------------------------------
+_names = st.sampled_from(["x-a", "x-b", "x-session-id", ":path", "content-type"])
+_values = st.sampled_from(["1", "2", "chat", "a-long-value-" * 3, ""])
+_header_lists = st.lists(st.tuples(_names, _values), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_header_lists, st.booleans(), st.sampled_from([None, 256, 4096])), min_size=1, max_size=25))
+def test_caching_decoder_decodes_exactly_as_hpack(blocks):
+    """Any sequence of blocks (indexed or not, with table size changes) decodes as hpack alone does."""
+    enc = hpack.Encoder()
+    plain, cached = hpack.Decoder(), CachingDecoder(1 << 20)
+    for headers, sensitive, table_size in blocks:
+        if table_size is not None:
+            enc.header_table_size = table_size
+        tuples = [hpack.HeaderTuple(k, v) if not sensitive else hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers]
+        for _ in range(2):  # the same list again encodes as indexed fields: a block the cache may serve
+            block = enc.encode(tuples)
+            expect = [(bytes(k), bytes(v)) for k, v in plain.decode(block, raw=True)]
+            got = [(bytes(k), bytes(v)) for k, v in cached.decode(block)]
+            assert got == expect
+        assert list(plain.header_table.dynamic_entries) == list(cached.decoder.header_table.dynamic_entries)
+
+
+def test_caching_decoder_hits_on_envoys_steady_state_block():
+    enc = hpack.Encoder()
+    dec = CachingDecoder(1 << 20)
+    headers = [(":method", "POST"), (":path", METHOD), ("content-type", "application/grpc"), ("x-dlb-endpoint", "chat")]
+    first = enc.encode(headers)  # adds entries to the table: not cached
+    dec.decode(first)
+    again = enc.encode(headers)  # indexed only: the same bytes from now on
+    for _ in range(3):
+        assert dict(dec.decode(again))[b":path"] == METHOD.encode()
+    assert dec.hits == 2
+
+
+# -- Envoy as the peer ------------------------------------------------------------------------------
+@pytest.mark.envoy
+def test_envoy_forwards_only_the_headers_the_root_reads(tmp_path):
+    """The rendered root bootstrap sends ``:path`` and the session header, never credentials."""
+    from dlb.config import config_from_dict
+    from dlb.envoy import EnvoyProcess
+    from dlb.envoy_bootstrap import root_bootstrap, write_bootstrap
+    from dlb.ext_proc.protocol import CONTINUE
+    from dlb.procutil import free_port
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    seen: list[list[str]] = []
+
+    def record(message: bytes) -> tuple[bytes, bool]:
+        req = ep.ProcessingRequest.FromString(message)
+        seen.append(sorted(h.key for h in req.request_headers.headers.headers))
+        return CONTINUE["request_headers"], True
+
+    srv = ServerThread(record)
+    try:
+        upstream = free_port()
+        raw = {
+            "version": 1,
+            "cells": [{"name": "x", "leaf": {"address": f"127.0.0.1:{upstream}", "probe": f"127.0.0.1:{free_port()}"},
+                       "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{srv.port}"},
+                       "servers": ["127.0.0.1:9"]}],
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"},
+                           "policy": {"mechanism": "discrete", "cost": "rif", "affinity": {"enabled": True, "header": "x-user"}}}],
+        }
+        cfg = config_from_dict(raw, source="test")
+        admin = free_port()
+        boot = root_bootstrap(cfg, "x", admin_port=admin)
+        port = cfg.cell("x").root.address.port
+        with EnvoyProcess(write_bootstrap(boot, tmp_path / "root.yaml"), admin).start():
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=b"{}", method="POST", headers={
+                "authorization": "Bearer secret", "cookie": "a=b", "x-user": "u1", "x-session-id": "s1", "x-other": "1"})
+            try:
+                urllib.request.urlopen(req, timeout=10).read()
+            except urllib.error.HTTPError:
+                pass  # nothing listens upstream (503): only what reached the processor matters here
+    finally:
+        srv.close()
+    assert seen == [[":path", "x-session-id", "x-user"]]
