@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from dlb.config.model import Config, Endpoint, HostPort, Mechanism
+from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.ext_proc import headers as _h
 
 HEADER_CELL = _h.CELL
@@ -156,7 +156,7 @@ def _overload() -> dict[str, Any]:
     }
 
 
-def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str) -> dict[str, Any]:
+def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, forward_headers: list[str]) -> dict[str, Any]:
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -175,11 +175,32 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str) 
                 "response_trailer_mode": "SKIP",
             },
             "allow_mode_override": False,
+            # Only the headers the service reads are sent to it: less for Envoy to serialise and for
+            # Python to parse per request, and credentials (authorization, cookies) never reach it.
+            "forward_rules": {"allowed_headers": {"patterns": [{"exact": h} for h in forward_headers]}},
             # Re-pick the route only when the service asks (clear_route_cache after setting the header).
             "route_cache_action": "DEFAULT",
             "stat_prefix": stat_prefix,
         },
     }
+
+
+#: The leaf ext_proc reads only the request id (to match the access-log completion to its pick).
+LEAF_FORWARD_HEADER = "x-request-id"
+
+
+def root_forward_headers(cfg: Config) -> list[str]:
+    """What the root ext_proc reads: ``:path`` (the endpoint) and the session headers of affinity.
+
+    Every endpoint's affinity header is forwarded, enabled or not, plus the default name, so turning
+    affinity on over xDS works without re-rendering Envoy as long as the header name is one of these.
+    """
+    names = [":path", AffinityParams().header.lower()]
+    for ep in cfg.endpoints:
+        h = ep.policy.affinity.header.lower()
+        if h not in names:
+            names.append(h)
+    return names
 
 
 def _router() -> dict[str, Any]:
@@ -324,7 +345,7 @@ def root_bootstrap(
         "request_headers_to_add": [{"header": {"key": HEADER_SRC_CELL, "value": me.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
-    filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root"), _router()]
+    filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)), _router()]
     clusters = [_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25)]
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
@@ -389,7 +410,7 @@ def leaf_bootstrap(
     # Generation deadlines are the root's (per endpoint); the leaf only relies on idle timeouts.
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
-        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf"))
+        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", [LEAF_FORWARD_HEADER]))
         clusters.append(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
