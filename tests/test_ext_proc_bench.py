@@ -6,13 +6,16 @@ import json
 import pytest
 
 from dlb.cli import main
+from dlb.ext_proc.wrk import wrk_binary
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 
 
-def test_overhead_bench_smoke(tmp_path):
+@pytest.mark.parametrize("loadgen", ["python", pytest.param("wrk", marks=pytest.mark.skipif(
+    wrk_binary() is None, reason="wrk not installed (.ci/run installs it where apt-get is available)"))])
+def test_overhead_bench_smoke(tmp_path, loadgen):
     out = tmp_path / "overhead.json"
-    assert main(["bench", "overhead", "--smoke", "--json", str(out)]) == 0
+    assert main(["bench", "overhead", "--smoke", "--loadgen", loadgen, "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     keys = {"config", "mode", "rate", "p50_ms", "p99_ms", "rps", "cpu_s_per_1k"}
     assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in ("plain", "root", "root+leaf") for m in ("closed", "open")}
@@ -21,5 +24,6 @@ def test_overhead_bench_smoke(tmp_path):
         assert r["requests"] > 0 and r["errors"] == 0, r
         assert r["p99_ms"] >= r["p50_ms"] > 0 and r["rps"] > 0 and r["cpu_s_per_1k"] > 0
         assert (r["rate"] is None) == (r["mode"] == "closed")
+        assert r["loadgen"] == loadgen
     open_rates = {r["rate"] for r in records if r["mode"] == "open"}
     assert len(open_rates) == 1  # all configurations compared at the same offered load
