@@ -104,6 +104,18 @@ class Client:
                 self.events.append(ev)
             self.flush()
 
+    def read_once(self, timeout: float = 5.0) -> None:
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        for ev in self.conn.receive_data(data):
+            self.events.append(ev)
+        try:
+            self.flush()
+        except OSError:
+            pass
+
     def stream_done(self, sid: int):
         return lambda evs: any(isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) and e.stream_id == sid for e in evs)
 
@@ -273,6 +285,42 @@ def test_protocol_violations_get_goaway_and_do_not_hurt_other_connections(server
     assert messages(good.body(1)) == [b"FINE"]
     good.close()
     assert server.server.stats.connection_errors == 2
+
+
+def test_a_peer_parking_partial_messages_is_cut_off(server):
+    """Half-sent messages are the one unbounded state: past 16 MiB the connection is closed."""
+    from dlb.ext_proc.h2server import MAX_BUFFERED
+
+    c = Client(server.port)
+    per_stream = 3 * 1024 * 1024  # each below the 4 MiB message limit, never completed
+    sid, sent = 1, 0
+
+    def terminated() -> bool:
+        return any(isinstance(e, h2.events.ConnectionTerminated) for e in c.events)
+
+    try:
+        while sent <= MAX_BUFFERED + per_stream and not terminated():
+            c.request_headers(sid)
+            c.conn.send_data(sid, b"\x00" + struct.pack(">I", per_stream + 1))
+            remaining = per_stream
+            while remaining and not terminated():
+                n = min(remaining, c.conn.local_flow_control_window(sid), c.conn.max_outbound_frame_size)
+                if n == 0:
+                    c.read_once()  # the server re-opens the windows as bytes arrive
+                    continue
+                c.conn.send_data(sid, b"x" * n)
+                c.flush()
+                remaining -= n
+                sent += n
+            sid += 2
+    except OSError:
+        pass  # the server closed while we were still sending; its GOAWAY may be in the socket buffer
+    while not terminated():
+        c.read_once()
+    term = next(e for e in c.events if isinstance(e, h2.events.ConnectionTerminated))
+    assert term.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert sent > MAX_BUFFERED
+    c.close()
 
 
 def test_stats_count_what_happened(server):

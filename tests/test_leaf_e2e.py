@@ -75,6 +75,8 @@ def test_leaf_counts_rif_and_completions(leaf_ext_proc):
                 assert servers == ["a-0", "a-0", "a-1", "a-1"]
                 leaf = plane.leaf_metrics("a")
                 assert sum(metric_value(leaf, "dlb_leaf_server_rif", server=e.address) for e in plane.emulators["a"]) == 4
+                # The picks came over the HTTP/2 transport (the leaf ext_proc has its own address).
+                assert metric_value(leaf, "dlb_leaf_h2_messages_total") >= 4
         finally:
             bodies = [s.finish() for s in streams]
         assert all(b.rstrip().endswith(b"data: [DONE]") for b in bodies)

@@ -59,6 +59,8 @@ MAX_CONCURRENT_STREAMS = 10000
 MAX_HEADER_LIST = 256 * 1024
 #: grpc's default receive limit; the ext_proc messages DLB needs are a few KB.
 MAX_MESSAGE = 4 * 1024 * 1024
+#: Bytes of incomplete messages one connection may hold across its streams.
+MAX_BUFFERED = 16 * 1024 * 1024
 
 # gRPC status codes we send.
 GRPC_OK, GRPC_INTERNAL, GRPC_UNIMPLEMENTED, GRPC_RESOURCE_EXHAUSTED = 0, 13, 12, 8
@@ -418,6 +420,10 @@ class H2GrpcProtocol(asyncio.Protocol):
                 message = bytes(buf[5:5 + n])
                 del buf[:5 + n]
                 self._message(stream, message)
+            if buf and len(buf) > 5 and sum(len(s.buf) for s in self.streams.values()) > MAX_BUFFERED:
+                # Partial messages are the only unbounded state (the connection window is re-opened as
+                # bytes arrive): a peer that parks more than this in half-sent messages is cut off.
+                raise _ConnectionError(ENHANCE_YOUR_CALM, f"more than {MAX_BUFFERED} bytes of partial messages")
             if stream.recv_unacked >= RECV_WINDOW // 2 and not stream.local_closed and not flags & END_STREAM:
                 self.out.append(_frame(WINDOW_UPDATE, 0, sid, _u32.pack(stream.recv_unacked)))
                 stream.recv_unacked = 0

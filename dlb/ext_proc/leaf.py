@@ -40,7 +40,7 @@ from dlb.control_plane.estimator import EstimatorConfig
 from dlb.ext_proc import headers
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
-from dlb.ext_proc.protocol import CONTINUE, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
+from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.root import _write_ready, run_event_loop
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -94,25 +94,36 @@ class LeafAgent:
         #: Whether this cell's leaf Envoy accepts connections (see :meth:`envoy_check_loop`).
         self.envoy_ok = True
         self.envoy_check_failures = 0
+        #: Counters of the HTTP/2 ext_proc transport when it serves this agent (exported at scrape time).
+        self.transport_stats = None
 
     # -- ext_proc (request path) -------------------------------------------------------------------
-    async def process(self, requests: AsyncIterator[ep.ProcessingRequest], context) -> AsyncIterator[bytes]:
-        perf = time.perf_counter
-        for_state = self.state
-        async for req in requests:
-            t0 = perf()
-            if req.WhichOneof("request") == "request_headers":
-                rid = None
-                for h in req.request_headers.headers.headers:
-                    if h.key == REQUEST_ID:
-                        rid = header_value(h)
-                        break
-                i = for_state.pick(self.clock(), rid)
-                out = self.responses[i]
-            else:
-                out = CONTINUE.get(req.WhichOneof("request"), CONTINUE["request_headers"])
-            self.processing.observe(perf() - t0)
-            yield out
+    def handle(self, message: bytes) -> tuple[bytes, bool]:
+        """One serialised ``ProcessingRequest`` in, ``(reply, end_of_call)`` out (both transports).
+
+        The call stays open after the pick (``end`` False): an Envoy configured to send response
+        headers too gets them answered on the same stream, and Envoy closes it with the request.
+        """
+        t0 = time.perf_counter()
+        req = ep.ProcessingRequest.FromString(message)
+        which = req.WhichOneof("request")
+        if which == "request_headers":
+            rid = None
+            for h in req.request_headers.headers.headers:
+                if h.key == REQUEST_ID:
+                    rid = header_value(h)
+                    break
+            out = self.responses[self.state.pick(self.clock(), rid)]
+        else:
+            out = CONTINUE.get(which, CONTINUE["request_headers"])
+        self.processing.observe(time.perf_counter() - t0)
+        return out, False
+
+    async def process(self, requests: AsyncIterator[bytes], context) -> AsyncIterator[bytes]:
+        """ExternalProcessor.Process on grpc.aio (the ext_proc shares the probe's port, or ``--ext-proc-transport grpc``)."""
+        handle = self.handle
+        async for raw in requests:
+            yield handle(raw)[0]
 
     # -- access log (completions) -------------------------------------------------------------------
     async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
@@ -255,6 +266,8 @@ class LeafAgent:
         yield model
         yield CounterMetricFamily("dlb_leaf_fit_seconds", "Time spent fitting the latency model", value=self.fit_seconds)
         yield self.processing.family("dlb_leaf_processing_seconds", "Time to pick a server inside the service")
+        if self.transport_stats is not None:
+            yield from self.transport_stats.families("dlb_leaf")
         del c
 
 
@@ -317,7 +330,10 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
 
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
-                   envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False) -> None:
+                   envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
+                   ext_proc_h2: str | None = None) -> None:
+    """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
+    the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
     agent = LeafAgent(state)
     sync = None
@@ -326,7 +342,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
         sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
-    server.add_generic_rpc_handlers((ext_proc_handler(agent.process),))
+    server.add_generic_rpc_handlers((ext_proc_handler(agent.process, raw_requests=True),))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
     ports = []
@@ -335,6 +351,11 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         if port == 0:
             raise SystemExit(f"dlb serve leaf: cannot listen on {addr}")
         ports.append(port)
+    h2 = None
+    if ext_proc_h2 is not None:
+        h2 = ExtProcServer("h2", agent.handle, agent.process)
+        ports.append(await h2.bind(ext_proc_h2))
+        agent.transport_stats = h2.stats
     metrics_port = None
     if metrics:
         host, _, mport = metrics.rpartition(":")
@@ -358,6 +379,8 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
             t.cancel()
         if sync is not None:
             await sync.stop()
+        if h2 is not None:
+            await h2.stop()
         log.info("leaf_stopping", cell=cell_name)
 
     await serve_until_signal(server, on_stop)
@@ -365,16 +388,21 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
 def run(args: argparse.Namespace) -> int:
     cfg, cell = load_cell(args.config, args.cell)
-    # Probe, ext_proc and access log share one gRPC server; it also listens on leaf.ext_proc when set.
+    # Probe and access log on one gRPC server. The ext_proc is served there too when it shares the
+    # probe's address (or --ext-proc-transport grpc); on its own address it gets the HTTP/2 transport.
     listen = [args.listen or str(cell.leaf.probe)]
+    ext_proc_h2 = None
     if args.listen is None and cell.leaf.ext_proc is not None and cell.leaf.ext_proc != cell.leaf.probe:
-        listen.append(str(cell.leaf.ext_proc))
+        if args.ext_proc_transport == "h2":
+            ext_proc_h2 = str(cell.leaf.ext_proc)
+        else:
+            listen.append(str(cell.leaf.ext_proc))
     metrics = args.metrics
     if metrics is None:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
-                            xds=args.xds, xds_delta=args.xds_delta))
+                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2))
     return 0
 
 
@@ -393,4 +421,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",
+                   help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
     p.set_defaults(func=run)
