@@ -74,39 +74,21 @@ def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     return _hdr.pack(n >> 16, n & 0xFFFF, ftype, flags, sid) + payload
 
 
-def _lit(name: bytes, value: bytes, static_name: int | None = None) -> bytes:
-    """HPACK literal header field without indexing (RFC 7541 §6.2.2), no Huffman coding."""
-    out = bytearray(_int(static_name or 0, 4, 0x00))
-    if not static_name:
-        out += _int(len(name), 7, 0x00) + name
-    out += _int(len(value), 7, 0x00) + value
-    return bytes(out)
+def _block(*fields: tuple[str, str]) -> bytes:
+    """A constant HPACK header block: literals *never indexed*, so neither side's dynamic table
+    changes and the bytes mean the same on every stream of every connection (encoded by ``hpack``)."""
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in fields], huffman=False)
 
 
-def _int(value: int, prefix_bits: int, first: int) -> bytes:
-    """HPACK integer representation (RFC 7541 §5.1)."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-#: ``:status: 200`` (static index 8) + ``content-type: application/grpc`` (static name 31).
-RESPONSE_HEADERS = b"\x88" + _lit(b"content-type", b"application/grpc", 31)
-TABLE_SIZE_ZERO = b"\x20"  # dynamic table size update to 0: our encoder never indexes
+RESPONSE_HEADERS = _block((":status", "200"), ("content-type", "application/grpc"))
+TABLE_SIZE_ZERO = b"\x20"  # RFC 7541 §6.3 dynamic table size update to 0: our encoder never indexes
 
 
 def _trailers(status: int, message: str = "") -> bytes:
-    block = _lit(b"grpc-status", str(status).encode())
+    fields = [("grpc-status", str(status))]
     if message:
-        block += _lit(b"grpc-message", _percent_encode(message))
-    return block
+        fields.append(("grpc-message", _percent_encode(message).decode()))
+    return _block(*fields)
 
 
 def _percent_encode(message: str) -> bytes:
