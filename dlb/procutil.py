@@ -31,8 +31,20 @@ def log_tail(path: str | os.PathLike[str], n: int = 40) -> str:
         return ""
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for configs that need an address before the service runs)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port that was free a moment ago (for configs that need an address before the service runs).
+
+    Never the same port twice in one process: the kernel readily hands a just-released port out
+    again, so two calls in a row could otherwise name one address for two services (seen in CI).
+    """
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no fresh free port after 1000 tries")
