@@ -116,6 +116,14 @@ class Client:
         except OSError:
             pass
 
+    def call(self, sid: int, message: bytes) -> list[bytes]:
+        """One unary-style call on stream ``sid``: the reply messages once the stream has ended."""
+        self.request_headers(sid)
+        self.conn.send_data(sid, grpc_frame(message))
+        self.flush()
+        self.pump(self.stream_done(sid))
+        return messages(self.body(sid))
+
     def stream_done(self, sid: int):
         return lambda evs: any(isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) and e.stream_id == sid for e in evs)
 
@@ -144,13 +152,9 @@ def messages(body: bytes) -> list[bytes]:
 
 def test_a_call_gets_headers_reply_and_ok_trailers(server):
     c = Client(server.port)
-    c.request_headers(1)
-    c.conn.send_data(1, grpc_frame(b"hello"))
-    c.flush()
-    c.pump(c.stream_done(1))
+    assert c.call(1, b"hello") == [b"HELLO"]
     resp = next(e for e in c.events if isinstance(e, h2.events.ResponseReceived))
     assert dict(resp.headers)[":status"] == "200" and dict(resp.headers)["content-type"] == "application/grpc"
-    assert messages(c.body(1)) == [b"HELLO"]
     assert c.trailers(1)["grpc-status"] == "0"
     c.close()
 
@@ -239,12 +243,7 @@ def test_bad_calls_end_with_a_grpc_status_and_the_connection_keeps_serving(serve
         c.flush()
     c.pump(c.stream_done(1))
     assert c.trailers(1)["grpc-status"] == status
-    # The same connection still serves a good call.
-    c.request_headers(3)
-    c.conn.send_data(3, grpc_frame(b"ok"))
-    c.flush()
-    c.pump(c.stream_done(3))
-    assert messages(c.body(3)) == [b"OK"]
+    assert c.call(3, b"ok") == [b"OK"]  # the same connection still serves a good call
     c.close()
 
 
@@ -278,11 +277,7 @@ def test_protocol_violations_get_goaway_and_do_not_hurt_other_connections(server
     assert term.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
     c.close()
     good = Client(server.port)
-    good.request_headers(1)
-    good.conn.send_data(1, grpc_frame(b"fine"))
-    good.flush()
-    good.pump(good.stream_done(1))
-    assert messages(good.body(1)) == [b"FINE"]
+    assert good.call(1, b"fine") == [b"FINE"]
     good.close()
     assert server.server.stats.connection_errors == 2
 
@@ -325,11 +320,8 @@ def test_a_peer_parking_partial_messages_is_cut_off(server):
 
 def test_stats_count_what_happened(server):
     c = Client(server.port)
-    for sid, msg in ((1, b"a"), (3, b"boom")):
-        c.request_headers(sid)
-        c.conn.send_data(sid, grpc_frame(msg))
-        c.flush()
-        c.pump(c.stream_done(sid))
+    c.call(1, b"a")
+    c.call(3, b"boom")
     c.close()
     s = server.server.stats
     assert (s.streams, s.messages, s.handler_errors, s.grpc_errors) == (2, 2, 1, 1)

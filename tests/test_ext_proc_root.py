@@ -137,7 +137,7 @@ def test_ext_proc_stream_over_real_grpc(transport):
     probe(svc, 1, now)
 
     async def main():
-        server = ExtProcServer(transport, svc.handle, svc.process)
+        server = ExtProcServer(transport, svc.handle)
         port = await server.bind("127.0.0.1:0")
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -220,18 +220,12 @@ def test_a_failing_decision_continues_on_the_fail_open_route():
 
     svc.endpoints[0].router.pick = broken
 
-    async def run():
-        async def one():
-            yield headers_msg().SerializeToString()
-
-        return [out async for out in svc.process(one(), None)]
-
-    outs = asyncio.run(run())
-    resp = ep.ProcessingResponse.FromString(outs[0])
+    out, end = svc.handle(headers_msg().SerializeToString())
+    resp = ep.ProcessingResponse.FromString(out)
     # An empty request-headers reply: no x-dlb-cell, so the root Envoy routes by its fallback weights.
     assert resp.WhichOneof("response") == "request_headers"
     assert not resp.request_headers.response.header_mutation.set_headers
-    assert svc.errors == 1
+    assert end and svc.errors == 1
 
 
 def test_emulated_wan_ages_probe_answers_by_the_round_trip():

@@ -26,13 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     def handle(message: bytes) -> tuple[bytes, bool]:
         return answer
 
-    async def process(requests, context):
-        async for _ in requests:
-            yield reply
-            return
-
     async def run() -> None:
-        server = ExtProcServer(args.transport, handle, process)
+        server = ExtProcServer(args.transport, handle)
         port = await server.bind(args.listen)
         if args.ready_file:
             from dlb.ext_proc.root import _write_ready

@@ -37,6 +37,7 @@ from dlb.log import get_logger
 
 log = get_logger("dlb.h2server")
 
+#: The request path of a service: one serialised message in, ``(reply or None, end_of_call)`` out.
 Handler = Callable[[bytes], "tuple[bytes | None, bool]"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -202,7 +203,6 @@ class H2GrpcProtocol(asyncio.Protocol):
         self.table_size_sent = False
         self.continuation: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while a header block is split
         self.goaway_sent = False
-        self.draining = False
         self.out: list[bytes] = []
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -291,7 +291,7 @@ class H2GrpcProtocol(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR if sid == 0 else FRAME_SIZE_ERROR, "bad RST_STREAM")
             self.streams.pop(sid, None)
         elif ftype == GOAWAY:
-            self.draining = True  # the peer opens no new streams; it closes the connection when done
+            pass  # the peer opens no new streams and closes the connection when its calls are done
         elif ftype == PRIORITY:
             if sid == 0:
                 raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")

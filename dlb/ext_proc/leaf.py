@@ -1,6 +1,8 @@
 """The leaf agent (``dlb serve leaf``): picks servers in its cell, measures it, answers probes.
 
-One gRPC server (grpc.aio + uvloop) carries three services on one port:
+One gRPC server (grpc.aio + uvloop) carries the probe and access-log services; the ExternalProcessor
+runs on DLB's HTTP/2 transport on its own address (``cells[].leaf.ext_proc``), or on that gRPC
+server when it shares the probe's address:
 
 - ``dlb.v1.Probe`` — roots poll it; the answer is built from memory (no I/O).
 - Envoy ``ExternalProcessor`` — the leaf Envoy asks which server gets a request; we answer
@@ -118,12 +120,6 @@ class LeafAgent:
             out = CONTINUE.get(which, CONTINUE["request_headers"])
         self.processing.observe(time.perf_counter() - t0)
         return out, False
-
-    async def process(self, requests: AsyncIterator[bytes], context) -> AsyncIterator[bytes]:
-        """ExternalProcessor.Process on grpc.aio (the ext_proc shares the probe's port, or ``--ext-proc-transport grpc``)."""
-        handle = self.handle
-        async for raw in requests:
-            yield handle(raw)[0]
 
     # -- access log (completions) -------------------------------------------------------------------
     async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
@@ -342,7 +338,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
         sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
-    server.add_generic_rpc_handlers((ext_proc_handler(agent.process, raw_requests=True),))
+    server.add_generic_rpc_handlers((ext_proc_handler(agent.handle),))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
     ports = []
@@ -353,7 +349,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         ports.append(port)
     h2 = None
     if ext_proc_h2 is not None:
-        h2 = ExtProcServer("h2", agent.handle, agent.process)
+        h2 = ExtProcServer("h2", agent.handle)
         ports.append(await h2.bind(ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None

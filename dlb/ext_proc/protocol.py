@@ -16,6 +16,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from dlb.ext_proc.h2server import H2GrpcServer
+from dlb.ext_proc.h2server import Handler as MessageHandler  # one definition for both transports
+
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
 
@@ -63,15 +66,22 @@ def header_value(h: base_pb2.HeaderValue) -> str:
     return raw.decode("utf-8", "replace") if raw else h.value
 
 
-Handler = Callable[[AsyncIterator[ep.ProcessingRequest], grpc.aio.ServicerContext], AsyncIterator[bytes]]
+def ext_proc_handler(handle: MessageHandler) -> grpc.GenericRpcHandler:
+    """Register a synchronous ``handle`` as ExternalProcessor.Process on a grpc.aio server.
 
+    Requests arrive as raw bytes (the handler parses them) and replies leave as the handler's
+    pre-serialised bytes (identity serializer): the same contract as the HTTP/2 transport.
+    """
 
-def ext_proc_handler(process: Handler, raw_requests: bool = False) -> grpc.GenericRpcHandler:
-    """Register ``process`` as ExternalProcessor.Process, yielding pre-serialised responses
-    (``raw_requests``: it also receives the request messages as bytes, unparsed)."""
-    method = grpc.stream_stream_rpc_method_handler(
-        process, request_deserializer=None if raw_requests else ep.ProcessingRequest.FromString, response_serializer=_identity
-    )
+    async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for raw in requests:
+            reply, end = handle(raw)
+            if reply is not None:
+                yield reply
+            if end:
+                return
+
+    method = grpc.stream_stream_rpc_method_handler(process, request_deserializer=None, response_serializer=_identity)
     return grpc.method_handlers_generic_handler("envoy.service.ext_proc.v3.ExternalProcessor", {"Process": method})
 
 
@@ -82,18 +92,16 @@ def _identity(b: bytes) -> bytes:
 class ExtProcServer:
     """The ext_proc listener on either transport, behind one ``bind`` / ``stop``.
 
-    ``h2`` (:mod:`dlb.ext_proc.h2server`) calls ``handle(message) -> (reply, end)`` inline; ``grpc``
-    runs the async generator ``process`` on grpc.aio. Both see the same bytes and give the same replies.
+    ``h2`` (:mod:`dlb.ext_proc.h2server`) calls ``handle(message) -> (reply, end)`` inline from the
+    socket; ``grpc`` calls it from grpc.aio's stream (:func:`ext_proc_handler`). Same bytes in and out.
     """
 
-    def __init__(self, transport: str, handle: Callable, process: Callable) -> None:
-        from dlb.ext_proc.h2server import H2GrpcServer
-
+    def __init__(self, transport: str, handle: MessageHandler) -> None:
         if transport not in ("h2", "grpc"):
             raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
         self.transport = transport
         self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
-        self._process = process
+        self._handle = handle
         self._grpc: grpc.aio.Server | None = None
 
     @property
@@ -113,7 +121,7 @@ class ExtProcServer:
             except OSError as exc:
                 raise SystemExit(f"cannot listen on {listen}: {exc.strerror}") from None
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
-        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._process, raw_requests=True),))
+        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle),))
         bound = self._grpc.add_insecure_port(listen)
         if bound == 0:
             raise SystemExit(f"cannot listen on {listen}")

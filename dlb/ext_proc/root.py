@@ -19,11 +19,10 @@ import json
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -218,15 +217,6 @@ class RootService:
         self.processing.observe(time.perf_counter() - t0)
         return CONTINUE.get(which, CONTINUE["request_headers"]), False
 
-    async def process(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """ExternalProcessor.Process on grpc.aio (``--transport grpc``): one stream per HTTP request."""
-        handle = self.handle
-        async for raw in requests:
-            out, end = handle(raw)
-            yield out
-            if end:
-                return
-
     # -- probe state in -------------------------------------------------------------------------
     def on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
         if target.index >= len(self.cell_names) or self.cell_names[target.index] != target.name:
@@ -339,7 +329,7 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     if cfg is not None:
         await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
     sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
-    server = ExtProcServer(transport, service.handle, service.process)
+    server = ExtProcServer(transport, service.handle)
     port = await server.bind(listen, reuse_port=workers > 1)
     service.transport_stats = server.stats
     children: list = []
