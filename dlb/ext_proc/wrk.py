@@ -39,10 +39,9 @@ end
 """
 
 _SCRIPT = r"""
-local cfg = {}
 local think_ms = 0
 init = function(args)
-  -- args: method path body_file think_ms seed
+  -- args: path body_file think_ms seed
   wrk.method = "POST"
   wrk.path = args[1]
   local f = assert(io.open(args[2], "rb")); wrk.body = f:read("*a"); f:close()
@@ -108,12 +107,11 @@ async def run_wrk(host: str, port: int, path: str, body: bytes, connections: int
     hist = np.asarray(data["hist"], dtype=np.int64).reshape(-1, 2)
     lat_s = np.repeat(hist[:, 0], hist[:, 1]) / 1e6 if len(hist) else np.zeros(0)
     errors = int(data["status_errors"]) + int(data["socket_errors"]) + int(data["timeouts"])
-    # wrk counts a request with status > 399 in both ``requests`` and the latency histogram; our
-    # records count only successful latencies, so a run with errors is flagged through ``errors``.
-    statuses = {200: max(0, int(data["requests"]) - int(data["status_errors"]))}
-    if data["status_errors"]:
-        statuses[500] = int(data["status_errors"])
-    return LoadResult(lat_s, errors, data["duration_us"] / 1e6, statuses), cpu
+    # wrk keeps a response with status > 399 in its latency histogram too and does not say which
+    # status it was (that would need a Lua response() callback, which makes wrk parse every
+    # response). So per-status counts stay empty and any error shows in ``errors``, which the
+    # benchmark's records carry (and its smoke test requires to be 0).
+    return LoadResult(lat_s, errors, data["duration_us"] / 1e6, {}), cpu
 
 
 def _children_cpu() -> float:
