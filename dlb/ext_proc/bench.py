@@ -153,22 +153,22 @@ WRK_OPEN_CONNECTIONS = 64
 async def _measure(target: tuple[int, dict[str, int]], mode: str, *, connections: int, rate: float | None,
                    duration_s: float, loadgen: str = "python") -> tuple[LoadResult, dict[str, float]]:
     port, pids = target
+    if loadgen == "python":  # the generator runs in this process: its CPU is ours
+        pids = dict(pids, loadgen=os.getpid())
+    cpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
+    wrk_cpu = None
     if loadgen == "wrk":
-        cpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
         res, wrk_cpu = await run_wrk("127.0.0.1", port, PATH, BODY, connections if mode == "closed" else WRK_OPEN_CONNECTIONS,
                                      duration_s, rate if mode == "open" else None)
-        cpu = {k: _cpu_of(pid) - cpu0[k] for k, pid in pids.items()}
-        cpu["loadgen"] = wrk_cpu
-        return res, cpu
-    pids = dict(pids, loadgen=os.getpid())
-    req = build_request("127.0.0.1", port, PATH, BODY)
-    cpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
-    if mode == "closed":
-        res = await closed_loop("127.0.0.1", port, req, connections, duration_s)
+    elif mode == "closed":
+        res = await closed_loop("127.0.0.1", port, build_request("127.0.0.1", port, PATH, BODY), connections, duration_s)
     else:
         assert rate is not None
-        res = await open_loop("127.0.0.1", port, req, rate, duration_s)
-    return res, {k: _cpu_of(pid) - cpu0[k] for k, pid in pids.items()}
+        res = await open_loop("127.0.0.1", port, build_request("127.0.0.1", port, PATH, BODY), rate, duration_s)
+    cpu = {k: _cpu_of(pid) - cpu0[k] for k, pid in pids.items()}
+    if wrk_cpu is not None:
+        cpu["loadgen"] = wrk_cpu
+    return res, cpu
 
 
 def _pool(parts: list[tuple[LoadResult, dict[str, float]]]) -> tuple[LoadResult, dict[str, float]]:
@@ -239,17 +239,23 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         for s in services:
             s.wait_ready()
         targets: dict[str, tuple[int, dict[str, int]]] = {}
+
+        def root_to_upstream(name: str, ext_proc_port: int | None = None, strip: bool = False) -> tuple[int, int]:
+            """A root Envoy straight to the upstream, its ext_proc at ``ext_proc_port`` (default: the
+            config's root service); ``strip`` removes the filter (plain). Returns (port, Envoy pid)."""
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(ext_proc_port) if ext_proc_port else None)
+            if strip:
+                _strip_ext_proc(b)
+            _point_cluster(b, "cell-x", up_port)
+            return p, envoy(b, name, a).proc.pid
+
         if "plain" in configs:
-            p, a = free_port(), free_port()
-            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
-            _strip_ext_proc(b)
-            _point_cluster(b, "cell-x", up_port)
-            targets["plain"] = (p, {"root_envoy": envoy(b, "plain", a).proc.pid})
+            p, pid = root_to_upstream("plain", strip=True)
+            targets["plain"] = (p, {"root_envoy": pid})
         if "root" in configs:
-            p, a = free_port(), free_port()
-            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
-            _point_cluster(b, "cell-x", up_port)
-            targets["root"] = (p, {"root_envoy": envoy(b, "root", a).proc.pid, "root_ext_proc": root_svc.pid})
+            p, pid = root_to_upstream("root")
+            targets["root"] = (p, {"root_envoy": pid, "root_ext_proc": root_svc.pid})
         if "root+leaf" in configs:
             p, a = free_port(), free_port()
             b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p))
@@ -270,20 +276,14 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                 if bare.poll() is not None:
                     raise RuntimeError("bare ext_proc exited")
                 time.sleep(0.05)
-            p, a = free_port(), free_port()
-            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(bare_port))
-            _point_cluster(b, "cell-x", up_port)
-            targets[bare_name] = (p, {"root_envoy": envoy(b, bare_name, a).proc.pid, "root_ext_proc": bare.pid})
+            p, pid = root_to_upstream(bare_name, bare_port)
+            targets[bare_name] = (p, {"root_envoy": pid, "root_ext_proc": bare.pid})
         if GRPC_CONFIG in configs:
-            p, a = free_port(), free_port()
-            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(grpc_port))
-            _point_cluster(b, "cell-x", up_port)
-            targets[GRPC_CONFIG] = (p, {"root_envoy": envoy(b, "root-grpc", a).proc.pid, "root_ext_proc": root_grpc.pid})
+            p, pid = root_to_upstream(GRPC_CONFIG, grpc_port)
+            targets[GRPC_CONFIG] = (p, {"root_envoy": pid, "root_ext_proc": root_grpc.pid})
         if W2_CONFIG in configs:
-            p, a = free_port(), free_port()
-            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(w2_port))
-            _point_cluster(b, "cell-x", up_port)
-            pids = {"root_envoy": envoy(b, "root-2w", a).proc.pid, "root_ext_proc": root_w2.pid}
+            p, pid = root_to_upstream(W2_CONFIG, w2_port)
+            pids = {"root_envoy": pid, "root_ext_proc": root_w2.pid}
             pids.update({f"root_ext_proc_w{k + 1}": pid for k, pid in enumerate(root_w2.ready.get("worker_pids", []))})
             targets[W2_CONFIG] = (p, pids)
         if LR_CONFIG in configs:

@@ -99,7 +99,6 @@ class ExtProcServer:
     def __init__(self, transport: str, handle: MessageHandler) -> None:
         if transport not in ("h2", "grpc"):
             raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
-        self.transport = transport
         self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
         self._handle = handle
         self._grpc: grpc.aio.Server | None = None
