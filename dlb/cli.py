@@ -16,17 +16,17 @@ from collections.abc import Sequence
 # ``serve`` or ``bench`` that the registered command is nested under.
 _COMMANDS: list[tuple[str | None, str]] = [
     ("config", "dlb.config.cli:register"),
-    ("config", "dlb.xds.cli:register_bootstrap"),
-    ("serve", "dlb.xds.cli:register_serve"),
-    ("bench", "dlb.xds.bench_envoy:register"),
-    ("bench", "dlb.control_plane.bench_pick:register"),
+    ("config", "dlb.envoy.cli:register_bootstrap"),
+    ("serve", "dlb.control_plane.cli:register_serve"),
+    ("bench", "dlb.bench.envoy_push:register"),
+    ("bench", "dlb.bench.pick:register"),
     ("serve", "dlb.emulator.cli:register"),
-    ("serve", "dlb.ext_proc.root:register"),
+    ("serve", "dlb.ext_proc.root_serve:register"),
     ("serve", "dlb.ext_proc.leaf:register"),
-    ("bench", "dlb.ext_proc.bench:register"),
-    ("bench", "dlb.xds.bench:register"),
+    ("bench", "dlb.bench.overhead:register"),
+    ("bench", "dlb.bench.xds_scale:register"),
     (None, "dlb.sim.cli:register"),
-    (None, "dlb.control_plane.theory:register"),
+    (None, "dlb.core.theory:register"),
 ]
 
 _GROUP_HELP = {

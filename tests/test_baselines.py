@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlb.control_plane.baselines import WeightedRouter, mnlb_solve, rand_weights
-from dlb.control_plane.topology import Topology
+from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights
+from dlb.core.topology import Topology
 
 
 def test_rand_weights_by_replicas_on_allowed_arcs() -> None:

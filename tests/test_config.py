@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from dlb.cli import main
 from dlb.config import ConfigError, Cost, HostPort, Mechanism, config_from_dict, load_config, parse_config, parse_hostport
-from dlb.control_plane.router import PolicyConfig
-from dlb.control_plane.topology import Topology
+from dlb.core.router import PolicyConfig
+from dlb.core.topology import Topology
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "envoy_configs" / "dlb.example.yaml"
 

@@ -1,7 +1,7 @@
 """A real Envoy that knows only the control plane's address, driven by the DLB config.
 
-The root Envoy of cell ``a`` is bootstrapped by ``dlb.xds.bootstrap.ads_bootstrap``; every listener,
-route, cluster and endpoint comes from ``dlb.xds.control_plane.ControlPlane``. Stand-in "leaf"
+The root Envoy of cell ``a`` is bootstrapped by ``dlb.envoy.ads_bootstrap.ads_bootstrap``; every listener,
+route, cluster and endpoint comes from ``dlb.control_plane.service.ControlPlane``. Stand-in "leaf"
 servers answer with their cell's name, so the traffic split is measured per cell. The root ext_proc
 address has nothing listening: with ``failure_mode_allow`` the request keeps its fail-open route, the
 ``weighted_clusters`` the control plane computes — the path flow endpoints take natively.
@@ -27,10 +27,10 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
-from dlb.envoy import EnvoyProcess
+from dlb.envoy.binary import EnvoyProcess
 from dlb.xds import types
-from dlb.xds.bootstrap import ads_bootstrap
-from dlb.xds.control_plane import ControlPlane, root_key
+from dlb.envoy.ads_bootstrap import ads_bootstrap
+from dlb.control_plane.service import ControlPlane, root_key
 from dlb.xds.snapshot import Resource, Snapshot
 from dlb.procutil import free_port
 
@@ -255,7 +255,7 @@ async def _flow_loop_scenario() -> None:
 
         # Starting split is 1:1; the flow loop must move traffic to the idle cell b. The stand-in leaves'
         # state does not respond to the traffic, so the controller keeps moving at its (deliberately
-        # conservative, see dlb.control_plane.flow) rate; we wait for a clear shift, not convergence.
+        # conservative, see dlb.core.flow) rate; we wait for a clear shift, not convergence.
         await wait_for(lambda: b_share_in_config() > 0.65, timeout=60, what="flow weights toward the idle cell")
         share = await split(root_port, 400)
         assert share.get("b", 0) > 0.57, share  # ≥ 0.65 configured, minus 4σ of 400 samples
@@ -272,7 +272,7 @@ async def _flow_loop_scenario() -> None:
 
 def test_envoy_push_bench_smoke() -> None:
     """CI-sized run of ``dlb bench envoy-push``: both protocols deliver every change to Envoy."""
-    from dlb.xds.bench_envoy import measure
+    from dlb.bench.envoy_push import measure
 
     for delta in (False, True):
         rec = asyncio.run(measure(rounds=3, cells=2, delta=delta))

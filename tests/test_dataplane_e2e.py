@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from dlb.ext_proc.stack import CellSpec, metric_value, request, start_data_plane
+from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]
 

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlb import cli
-from dlb.emulator import EmulatorProcess, EmulatorServer, ThreadedEmulator
+from dlb.emulator import EmulatorServer, ThreadedEmulator
+from dlb.testbed.emulator import EmulatorProcess
 from dlb.emulator.client import get_faults, get_state, reset_faults, set_faults
 from dlb.emulator.profile import BUILTIN_PROFILES
 
@@ -408,7 +409,7 @@ def test_cli_rejects_bad_configuration() -> None:
 def test_fidelity_tool_measures_the_live_server_against_its_model() -> None:
     """The live emulator is never faster than its own model (a step cannot end early), and the tool
     reports one row per concurrency with the model's prediction from the pure scheduler."""
-    from dlb.emulator.fidelity import measure
+    from dlb.bench.emulator_fidelity import measure
 
     rows = measure("fast-test", [1, 3], prompt_tokens=16, output_tokens=5, waves=1, time_scale=2.0)
     assert [r.concurrency for r in rows] == [1, 3]

@@ -31,8 +31,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from dlb.config import Config, config_from_dict
-from dlb.envoy import EnvoyProcess, validate
-from dlb.envoy_bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SERVER, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
+from dlb.envoy.binary import EnvoyProcess, validate
+from dlb.envoy.bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SERVER, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
 from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
@@ -539,7 +539,7 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
 
 
 def test_durations_and_tiny_delays() -> None:
-    from dlb.envoy_bootstrap import _duration, wan_delays_ms
+    from dlb.envoy.bootstrap import _duration, wan_delays_ms
 
     assert [_duration(x) for x in (0, 600, 0.062, 1e-7, 0.0000015, 2.5)] == ["0s", "600s", "0.062s", "0s", "0.000002s", "2.5s"]
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=0.0001)

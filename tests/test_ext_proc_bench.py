@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dlb.cli import main
-from dlb.ext_proc.wrk import wrk_binary
+from dlb.bench.wrk import wrk_binary
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 

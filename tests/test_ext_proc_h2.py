@@ -1,4 +1,4 @@
-"""DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.h2server`) against independent peers.
+"""DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.transport.h2`) against independent peers.
 
 The ``h2`` library (python-hyper) plays the client for protocol corners a well-behaved gRPC client
 never produces (CONTINUATION, padding, tiny flow-control windows, byte-by-byte delivery, bad
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.ext_proc.h2server import CachingDecoder, H2GrpcServer
+from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
 from dlb.ext_proc.protocol import PROCESS_METHOD
 
 METHOD = PROCESS_METHOD
@@ -284,7 +284,7 @@ def test_protocol_violations_get_goaway_and_do_not_hurt_other_connections(server
 
 def test_a_peer_parking_partial_messages_is_cut_off(server):
     """Half-sent messages are the one unbounded state: past 16 MiB the connection is closed."""
-    from dlb.ext_proc.h2server import MAX_BUFFERED
+    from dlb.ext_proc.transport.h2 import MAX_BUFFERED
 
     c = Client(server.port)
     per_stream = 3 * 1024 * 1024  # each below the 4 MiB message limit, never completed
@@ -368,8 +368,8 @@ def test_caching_decoder_hits_on_envoys_steady_state_block():
 def test_envoy_forwards_only_the_headers_the_root_reads(tmp_path):
     """The rendered root bootstrap sends ``:path`` and the session header, never credentials."""
     from dlb.config import config_from_dict
-    from dlb.envoy import EnvoyProcess
-    from dlb.envoy_bootstrap import root_bootstrap, write_bootstrap
+    from dlb.envoy.binary import EnvoyProcess
+    from dlb.envoy.bootstrap import root_bootstrap, write_bootstrap
     from dlb.ext_proc.protocol import CONTINUE
     from dlb.procutil import free_port
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ep

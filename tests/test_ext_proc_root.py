@@ -14,7 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from dlb.config import config_from_dict
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
@@ -184,7 +184,7 @@ def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
             addrs[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
             await server.start()
             servers.append(server)
-        from dlb.ext_proc.process import free_port
+        from dlb.testbed.process import free_port
 
         targets = [ProbeTarget(0, "a", addrs["a"]), ProbeTarget(1, "b", addrs["b"]),
                    ProbeTarget(2, "c", f"127.0.0.1:{free_port()}")]  # nobody listens there

@@ -14,8 +14,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from dlb.ext_proc.process import ServiceProcess, free_port
-from dlb.ext_proc.stack import metric_value
+from dlb.testbed.process import ServiceProcess, free_port
+from dlb.testbed.stack import metric_value
 
 pytestmark = pytest.mark.timeout(120)
 

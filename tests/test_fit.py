@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlb.control_plane.fit import MIN_SAMPLES, fit_latency_model, shrink_toward_prior
-from dlb.control_plane.latency_model import LatencyParams, latency
+from dlb.core.fit import MIN_SAMPLES, fit_latency_model, shrink_toward_prior
+from dlb.core.latency_model import LatencyParams, latency
 
 TRUE = LatencyParams(a=0.8, b=0.06, c=10.0, s=1.5)
 PRIOR = LatencyParams(a=2.0, b=0.2, c=4.0, s=1.0)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.control_plane import latency_model as lm
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core import latency_model as lm
+from dlb.core.latency_model import LatencyParams
 
 params_st = st.builds(
     lambda a, b, frac, s: LatencyParams(a, b, frac * a / b, s),

@@ -17,7 +17,7 @@ import time
 import grpc
 import pytest
 
-from dlb.ext_proc.stack import CellSpec, metric_value, request, start_data_plane
+from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]

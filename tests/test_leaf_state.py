@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from dlb.control_plane.estimator import EstimatorConfig
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core.estimator import EstimatorConfig
+from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf_state import UNKNOWN, Completion, LeafState, ServerState
 
 PRIOR = LatencyParams(0.1, 0.01, 4.0, 1.0)
@@ -122,7 +122,7 @@ def test_unreachable_metrics_mark_server_unhealthy():
 
 def test_model_is_refit_from_completions():
     """Completions tagged with the cell RIF at their arrival recover a known latency curve."""
-    from dlb.control_plane.latency_model import latency
+    from dlb.core.latency_model import latency
 
     st = make(1)
     rng = np.random.default_rng(1)

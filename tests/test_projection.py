@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from dlb.control_plane.projection import project_simplex
+from dlb.core.projection import project_simplex
 
 
 @st.composite

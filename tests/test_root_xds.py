@@ -20,14 +20,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from dlb.config import load_config
 from dlb.config.model import CELL_CLUSTER_PREFIX
-from dlb.control_plane.costs import Cost
+from dlb.core.costs import Cost
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import CONTINUE
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync
 from dlb.proto import resources_pb2
-from dlb.xds import dlb_resources as dr
-from dlb.xds.control_plane import ControlPlane, root_key
+from dlb.config import resources as dr
+from dlb.control_plane.service import ControlPlane, root_key
 from dlb.xds.snapshot import Resource, Snapshot
 from dlb.procutil import free_port
 from leaf_stub import StaticProbe, serve_probe

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlb.control_plane.affinity import AffinityCache, AffinityConfig
-from dlb.control_plane.aversion import AversionConfig, update_aversion
-from dlb.control_plane.costs import Cost, ModelTable, cost_vector
-from dlb.control_plane.flow import FlowConfig
-from dlb.control_plane.latency_model import LatencyParams, inv_marginal_rate, latency
-from dlb.control_plane.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core.affinity import AffinityCache, AffinityConfig
+from dlb.core.aversion import AversionConfig, update_aversion
+from dlb.core.costs import Cost, ModelTable, cost_vector
+from dlb.core.flow import FlowConfig
+from dlb.core.latency_model import LatencyParams, inv_marginal_rate, latency
+from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 P = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)
 
@@ -208,7 +208,7 @@ def test_flow_pick_follows_x_after_external_update() -> None:
 
 
 def test_bench_pick_smoke() -> None:
-    from dlb.control_plane.bench_pick import measure
+    from dlb.bench.pick import measure
 
     recs = measure(decisions=200, cells=(3,))
     assert len(recs) == 6 and all(r["pick_us"] > 0 and r["baseline_us"] > 0 for r in recs)

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from dlb.control_plane.costs import Cost
-from dlb.control_plane.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
-from dlb.control_plane.latency_model import LatencyParams, latency
-from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core.costs import Cost
+from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.core.latency_model import LatencyParams, latency
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 TRUE = LatencyParams(a=1.0, b=0.1, c=8.0, s=1.5)
 PRIOR = LatencyParams(a=0.5, b=0.05, c=4.0, s=1.0)
@@ -96,7 +96,7 @@ def test_fit_near_saturation_stays_near_data() -> None:
     the optimum violate c·b < a; the post-hoc clamp then moved the knee far left and the published
     curve overestimated latency ~10× at the observed RIF (seen in the simulator's busy cells).
     """
-    from dlb.control_plane.fit import fit_latency_model
+    from dlb.core.fit import fit_latency_model
 
     rng = np.random.default_rng(3)
     x = rng.uniform(150, 180, 400)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from dlb import cli
-from dlb.control_plane import equilibria as eq
-from dlb.control_plane import theory as th
-from dlb.control_plane.costs import Cost
-from dlb.control_plane.flow import FlowConfig, saturation_workload
-from dlb.control_plane.latency_model import LatencyParams, latency, service_rate, workload_for_rate
-from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core import equilibria as eq
+from dlb.core import theory as th
+from dlb.core.costs import Cost
+from dlb.core.flow import FlowConfig, saturation_workload
+from dlb.core.latency_model import LatencyParams, latency, service_rate, workload_for_rate
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 
 def two_cells(lam0: float = 75.0, lam1: float = 10.0, rtt_ms: float = 80.0, complete: bool = False) -> eq.FluidNetwork:

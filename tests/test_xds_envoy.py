@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from dlb.envoy import EnvoyProcess
+from dlb.envoy.binary import EnvoyProcess
 from dlb.xds import Resource, Snapshot, SnapshotCache, XdsServer, types
 from dlb.xds.testing import eds_cluster, grpc_source, http_listener, load_assignment, route_config
 from dlb.procutil import free_port

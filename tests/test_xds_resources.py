@@ -11,11 +11,11 @@ from google.protobuf import json_format
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
-from dlb import envoy_bootstrap
+from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.config import load_config
 from dlb.proto import resources_pb2
-from dlb.xds import dlb_resources as dr
-from dlb.xds import envoy_resources as er
+from dlb.config import resources as dr
+from dlb.control_plane import envoy_resources as er
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "envoy_configs" / "dlb.example.yaml"
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.xds.weights import round_weights
+from dlb.envoy.weights import round_weights
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,6 +2,8 @@
 
 ``load_config(path)`` returns a frozen ``Config`` or raises ``ConfigError`` listing every problem;
 ``dlb config validate FILE`` is the command-line face of the same check. Schema: docs/config.md.
+:mod:`dlb.config.resources` is its wire form: the ``dlb.v1`` xDS resources built from it and decoded by
+the services. May import ``core``, ``xds`` (type URLs), ``proto`` and the foundations.
 """
 
 from dlb.config.loader import ConfigError, Problem, config_from_dict, load_config, parse_config, parse_hostport

@@ -36,8 +36,8 @@ def envoy_problems(cfg: Config) -> list[str]:
     import tempfile
     from pathlib import Path
 
-    from dlb.envoy import validate
-    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+    from dlb.envoy.binary import validate
+    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     out: list[str] = []
     with tempfile.TemporaryDirectory(prefix="dlb-validate-") as tmp:
@@ -80,7 +80,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_render(args: argparse.Namespace) -> int:
     from dlb.config.loader import parse_hostport
-    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     try:
         cfg = load_config(args.file)
@@ -104,7 +104,7 @@ def run_render(args: argparse.Namespace) -> int:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
     if args.output == "-":
-        from dlb.envoy_bootstrap import dump_bootstrap
+        from dlb.envoy.bootstrap import dump_bootstrap
 
         sys.stdout.write(dump_bootstrap(boot))
     else:

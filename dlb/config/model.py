@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # The routing core's enums are the config's enums: a loaded policy compares equal to router constants.
-from dlb.control_plane.affinity import AffinityConfig
-from dlb.control_plane.aversion import AversionConfig
-from dlb.control_plane.costs import Cost
-from dlb.control_plane.flow import FlowConfig
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import Mechanism, PolicyConfig
-from dlb.control_plane.topology import Topology
+from dlb.core.affinity import AffinityConfig
+from dlb.core.aversion import AversionConfig
+from dlb.core.costs import Cost
+from dlb.core.flow import FlowConfig
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig
+from dlb.core.topology import Topology
 
 #: Envoy cluster name of a cell on a root Envoy: ``cell-<name>``.
 CELL_CLUSTER_PREFIX = "cell-"

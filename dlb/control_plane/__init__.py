@@ -1,9 +1,5 @@
-"""Pure routing core shared by the services and the simulator.
+"""The DLB control-plane service: serves Envoy and ``dlb.v1`` resources over xDS and runs the flow loop.
 
-No I/O and no hidden clocks: every function that depends on time takes ``now`` (seconds) or ``dt``
-as an argument, so the simulator can run it in simulated time and tests can pin it exactly.
+May import ``core``, ``config``, ``envoy``, ``xds``, ``proto`` and the data plane's probe client
+(it probes leaves the way roots do); never the launchers or benchmarks.
 """
-
-from dlb.control_plane.topology import Topology
-
-__all__ = ["Topology"]

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.control_plane.aversion import AversionConfig, update_aversion
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core.aversion import AversionConfig, update_aversion
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,13 @@
 - :mod:`dlb.emulator.prefix_cache` — automatic prefix caching model (pure, optional).
 - :mod:`dlb.emulator.faults` — fault knobs; :mod:`dlb.emulator.metrics` — vLLM-named metrics.
 - :mod:`dlb.emulator.server` — the aiohttp service: ``EmulatorServer`` (async) and ``ThreadedEmulator``.
-- :mod:`dlb.emulator.process` — ``EmulatorProcess``: the same as a child process on a free port.
+- :mod:`dlb.testbed.emulator` — ``EmulatorProcess``: the same as a child process on a free port.
 - :mod:`dlb.emulator.client` — admin API helpers (``set_faults`` …); :mod:`dlb.emulator.cli` — the command.
-- :mod:`dlb.emulator.fidelity` — measures a live emulator against its own model.
+- :mod:`dlb.bench.emulator_fidelity` — measures a live emulator against its own model.
 """
 
 from dlb.emulator.engine import Arrival, Engine, EngineRequest, simulate
 from dlb.emulator.faults import Faults
-from dlb.emulator.process import EmulatorProcess
 from dlb.emulator.profile import BUILTIN_PROFILES, Profile, load_profile
 from dlb.emulator.server import SERVER_HEADER, EmulatorConfig, EmulatorServer, ThreadedEmulator
 
@@ -21,7 +20,6 @@ __all__ = [
     "Arrival",
     "BUILTIN_PROFILES",
     "EmulatorConfig",
-    "EmulatorProcess",
     "EmulatorServer",
     "Engine",
     "EngineRequest",

@@ -8,7 +8,7 @@ next step boundary, as on a real continuous-batching server.
 
 Run it in-process with ``async with EmulatorServer(...)`` (inside an event loop) or
 ``with ThreadedEmulator(...)`` (from synchronous code; it owns a loop on a thread), or as a child
-process with :class:`dlb.emulator.process.EmulatorProcess`.
+process with :class:`dlb.testbed.emulator.EmulatorProcess`.
 """
 
 from __future__ import annotations

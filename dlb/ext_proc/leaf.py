@@ -38,12 +38,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
-from dlb.control_plane.estimator import EstimatorConfig
-from dlb.ext_proc import headers
+from dlb.core.estimator import EstimatorConfig
+from dlb.envoy import headers
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
 from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
-from dlb.ext_proc.root import _write_ready, run_event_loop
+from dlb.ext_proc.runner import run_event_loop, write_ready
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
@@ -368,7 +368,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port,
              servers=[s.address for s in state.servers], choices=choices)
     if ready_file:
-        _write_ready(ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
+        write_ready(ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
 
     async def on_stop() -> None:
         for t in tasks:

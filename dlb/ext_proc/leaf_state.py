@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.control_plane.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.core.latency_model import LatencyParams
 
 UNKNOWN = -1
 

@@ -20,11 +20,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
-from dlb.envoy_bootstrap import LEAF_SERVERS_CLUSTER
+from dlb.envoy.bootstrap import LEAF_SERVERS_CLUSTER
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
 from dlb.proto import resources_pb2 as pb
-from dlb.xds import dlb_resources as dr
+from dlb.config import resources as dr
 from dlb.xds import types
 from dlb.xds.client import ResourceValidationError, XdsClient
 

@@ -16,8 +16,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
-from dlb.ext_proc.h2server import H2GrpcServer
-from dlb.ext_proc.h2server import Handler as MessageHandler  # one definition for both transports
+from dlb.ext_proc.transport.h2 import H2GrpcServer
+from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
@@ -92,7 +92,7 @@ def _identity(b: bytes) -> bytes:
 class ExtProcServer:
     """The ext_proc listener on either transport, behind one ``bind`` / ``stop``.
 
-    ``h2`` (:mod:`dlb.ext_proc.h2server`) calls ``handle(message) -> (reply, end)`` inline from the
+    ``h2`` (:mod:`dlb.ext_proc.transport.h2`) calls ``handle(message) -> (reply, end)`` inline from the
     socket; ``grpc`` calls it from grpc.aio's stream (:func:`ext_proc_handler`). Same bytes in and out.
     """
 

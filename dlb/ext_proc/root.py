@@ -13,31 +13,25 @@ A request no cell can take gets a 503 ImmediateResponse naming the reason.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core.latency_model import LatencyParams
 from dlb.config.model import CELL_CLUSTER_PREFIX
-from dlb.control_plane.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
-from dlb.ext_proc import headers
-from dlb.ext_proc.metrics import FastHistogram, serve_metrics
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
-from dlb.ext_proc.h2server import TransportStats
-from dlb.ext_proc.protocol import (CONTINUE, ExtProcServer, header_response, header_value, immediate_response, load_cell,
-                                   serve_until_signal)
+from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
+from dlb.envoy import headers
+from dlb.ext_proc.metrics import FastHistogram
+from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
+from dlb.ext_proc.transport.h2 import TransportStats
+from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, immediate_response
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 
@@ -293,209 +287,3 @@ class RootService:
                 for pname, v in (("a_s", m.a_s), ("b_s", m.b_s), ("c", m.c), ("s", m.s), ("confidence", m.confidence)):
                     model.add_metric([t.name, pname], v)
         yield from (age, errs, oks, rtt, rif, err, model)
-
-
-# -- service runner ------------------------------------------------------------------------------
-async def _tick_loop(service: RootService) -> None:
-    while True:
-        try:
-            service.tick(service.clock())
-        except Exception:  # a numerical surprise must not stop routing updates forever
-            log.exception("tick_failed")
-        # Re-read every time: an xDS reload may change the endpoints' flow periods.
-        await asyncio.sleep(min([0.05] + [e.router.policy.flow.period_s / 2 for e in service.endpoints]))
-
-
-async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
-                   seed: int | None = None, emulate_wan: bool = False, workers: int = 1, worker_index: int = 0,
-                   xds: str | None = None, xds_delta: bool = False, transport: str = "h2") -> None:
-    """Serve until SIGTERM. With ``workers > 1`` this process (index 0) starts the others on the same
-    port (``SO_REUSEPORT``; the kernel spreads Envoy's connections) — each is an independent root
-    replica with its own probe client and router state, which is how the algorithms see several roots.
-
-    With ``xds`` the routing configuration comes from the control plane (and follows it); ``cfg``, when
-    also given, is only the starting point.
-    """
-    from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
-
-    if cfg is not None:
-        service = RootService.from_config(cfg, cell, seed=seed)
-        p = cfg.probe
-        timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
-    else:
-        service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
-        timing = ProbeTiming()
-    probes = ProbeManager(service, timing, cell)
-    if cfg is not None:
-        await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
-    sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
-    server = ExtProcServer(transport, service.handle)
-    port = await server.bind(listen, reuse_port=workers > 1)
-    service.transport_stats = server.stats
-    children: list = []
-    metrics_port = None
-    if metrics:
-        host, _, mport = metrics.rpartition(":")
-        _, metrics_port = serve_metrics(service.collect, host or "127.0.0.1", int(mport))
-    if workers > 1 and worker_index == 0:
-        children = _spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
-    if sync is not None:
-        await sync.start()
-    ticker = asyncio.create_task(_tick_loop(service))
-    log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
-             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=xds)
-    worker_pids = [await asyncio.to_thread(_wait_worker, c) for c in children]
-    if ready_file:
-        _write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
-
-    async def on_stop() -> None:
-        ticker.cancel()
-        for child, _ in children:
-            child.terminate()
-        if sync is not None:
-            await sync.stop()
-        await probes.stop()
-        for child, _ in children:
-            await asyncio.to_thread(child.wait, 10)
-        log.info("root_stopping", cell=cell, worker=worker_index)
-
-    await serve_until_signal(server, on_stop)
-
-
-def _spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
-    """Start workers 1..n-1 with this process's arguments on the bound port; they die with us."""
-    import subprocess
-    import sys
-    import tempfile
-
-    def die_with_parent() -> None:  # Linux: SIGTERM the worker if the first process dies
-        try:
-            import ctypes
-            import signal
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-    base = _strip_args(sys.argv[1:], {"--listen", "--metrics", "--ready-file", "--worker-index"})
-    out = []
-    for k in range(1, workers):
-        ready = tempfile.NamedTemporaryFile(prefix="dlb-root-worker-", suffix=".json", delete=False).name
-        os.unlink(ready)
-        args = [*base, "--listen", listen, "--worker-index", str(k), "--ready-file", ready]
-        if metrics:
-            host, _, mport = metrics.rpartition(":")
-            args += ["--metrics", f"{host}:{int(mport) + 100 * k}" if int(mport) else metrics]
-        else:
-            args += ["--metrics", ""]
-        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))
-    return out
-
-
-def _strip_args(argv: list[str], drop: set[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in drop:
-            skip = True
-            continue
-        if a.split("=", 1)[0] in drop:
-            continue
-        out.append(a)
-    return out
-
-
-def _wait_worker(child: tuple, timeout: float = 60.0) -> int:
-    proc, ready = child
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"dlb serve root: worker exited with {proc.returncode}")
-        if os.path.exists(ready):
-            os.unlink(ready)
-            return proc.pid
-        time.sleep(0.05)
-    raise SystemExit("dlb serve root: a worker did not become ready")
-
-
-def _write_ready(path: str, data: dict) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)  # atomic: a watcher never reads half a file
-
-
-def run_event_loop(coro) -> None:
-    """Run with uvloop (measured faster for grpc.aio here) when available.
-
-    ``DLB_PROFILE=FILE`` runs the service under cProfile and writes the stats to FILE.<pid> at exit: the
-    way the hot path was profiled (docs/data-plane.md).
-    """
-    prof_path = os.environ.get("DLB_PROFILE")
-    if prof_path:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-        try:
-            _run(coro)
-        finally:
-            prof.disable()
-            prof.dump_stats(f"{prof_path}.{os.getpid()}")  # one file per service process
-        return
-    _run(coro)
-
-
-def _run(coro) -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a runtime dependency
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.config is None and args.xds is None:
-        raise SystemExit("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
-    if args.workers < 1:
-        raise SystemExit(f"--workers must be >= 1, got {args.workers}")
-    cfg = None
-    if args.config is not None:
-        cfg, cell = load_cell(args.config, args.cell)
-        listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
-        metrics = args.metrics
-        if metrics is None:
-            m = cfg.services.root.metrics
-            metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
-    else:
-        if args.listen is None:
-            raise SystemExit("dlb serve root: --listen is required without --config")
-        listen, metrics = args.listen, args.metrics or None
-    seed = None if args.seed is None else args.seed + args.worker_index
-    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
-                            args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport))
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("root", help="root ext_proc service: picks a cell per request (Envoy ExternalProcessor)")
-    p.add_argument("--config", default=None, help="DLB config YAML (optional with --xds: then only the starting point)")
-    p.add_argument("--cell", required=True, help="the cell this root serves (source of its traffic)")
-    p.add_argument("--xds", default=None, help="control plane host:port: take (and follow) the routing config over xDS")
-    p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
-    p.add_argument("--listen", default=None, help="gRPC host:port (default: cells[].root.ext_proc, else services.root.ext_proc)")
-    p.add_argument("--metrics", default=None,
-                   help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")
-    p.add_argument("--ready-file", default=None, help="write {ext_proc, metrics, pid} JSON here once serving")
-    p.add_argument("--seed", type=int, default=None, help="RNG seed (tie-breaks, aversion, flow sampling)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="processes sharing the port (SO_REUSEPORT); worker k serves metrics on the metrics port + 100k")
-    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--transport", choices=("h2", "grpc"), default="h2",
-                   help="ext_proc server: h2 = DLB's asyncio HTTP/2 gRPC server (default; ~4x less CPU and half the "
-                        "latency of grpc.aio, measured in docs/data-plane.md), grpc = grpc.aio")
-    p.add_argument("--emulate-wan", action="store_true",
-                   help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
-    p.set_defaults(func=run)

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.control_plane.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import NO_CELL
-from dlb.control_plane.topology import Topology
+from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import NO_CELL
+from dlb.core.topology import Topology
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario
 

@@ -1,6 +1,6 @@
 """The eight policies of the paper as root objects the simulator drives.
 
-DLB policies are :class:`dlb.control_plane.router.RootRouter` instances — the exact objects the root
+DLB policies are :class:`dlb.core.router.RootRouter` instances — the exact objects the root
 service runs. The baselines use the core's :func:`rand_weights`, :func:`mnlb_solve` and
 :class:`WeightedRouter`:
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.control_plane.aversion import AversionConfig, update_aversion
-from dlb.control_plane.baselines import WeightedRouter, mnlb_solve, rand_weights
-from dlb.control_plane.costs import Cost
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core.aversion import AversionConfig, update_aversion
+from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights
+from dlb.core.costs import Cost
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 POLICIES: tuple[str, ...] = ("Rand", "MNLB", "Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
 _COSTS = {"RIF": Cost.RIF, "Lat": Cost.LATENCY, "Grad": Cost.GRADIENT}

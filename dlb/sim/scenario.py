@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core.latency_model import LatencyParams
 from dlb.sim.regions import sample_cells
 
 

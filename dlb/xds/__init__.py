@@ -1,4 +1,6 @@
-"""xDS control plane: snapshot cache, ADS/per-type server (SotW + delta), status endpoint, client.
+"""A generic xDS library: snapshot cache, ADS/per-type server (SotW + delta), status endpoint, client.
+
+May import only the foundations (``dlb.log``): it knows nothing of DLB and could be published alone.
 
 See docs/xds.md. Typical use::
 

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from dlb.control_plane.costs import Cost, cost_vector
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core.costs import Cost, cost_vector
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 PRIOR = LatencyParams(1.0, 0.05, 8.0, 1.0)
 

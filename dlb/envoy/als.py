@@ -2,7 +2,7 @@
 
 The leaf agent learns about completions (status, latency, which server) and — in Envoy
 ``LEAST_REQUEST`` mode — about request starts from Envoy's HTTP gRPC access log service. These
-builders are the single definition of that wiring; :mod:`dlb.envoy_bootstrap` composes them into
+builders are the single definition of that wiring; :mod:`dlb.envoy.bootstrap` composes them into
 the leaf bootstrap (and :func:`add_leaf_access_log` patches an existing bootstrap dict).
 
 ``buffer_flush_interval`` is short (5 ms) because each completion releases RIF the probes report:
@@ -56,7 +56,7 @@ def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER) -> 
 
 
 def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush_ms: float = 5.0) -> dict[str, Any]:
-    """Patch a leaf bootstrap (from :func:`dlb.envoy_bootstrap.leaf_bootstrap`) in place; idempotent."""
+    """Patch a leaf bootstrap (from :func:`dlb.envoy.bootstrap.leaf_bootstrap`) in place; idempotent."""
     probe = cfg.cell(cell).leaf.probe
     sr = bootstrap["static_resources"]
     if not any(c["name"] == LEAF_AGENT_CLUSTER for c in sr["clusters"]):

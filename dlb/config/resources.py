@@ -23,10 +23,10 @@ import numpy as np
 from google.protobuf.message import Message
 
 from dlb.config.model import AffinityParams, AversionParams, Config, Endpoint, FlowParams, Policy, ProbeParams
-from dlb.control_plane.costs import Cost
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import Mechanism, PolicyConfig
-from dlb.control_plane.topology import Topology
+from dlb.core.costs import Cost
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig
+from dlb.core.topology import Topology
 from dlb.proto import probe_pb2, resources_pb2 as pb
 from dlb.xds import types
 

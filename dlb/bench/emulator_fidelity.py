@@ -7,7 +7,7 @@ emulator's own overhead (Python, HTTP, one SSE chunk per token): near 1.0 the em
 stand-in for the profile's GPU; when it grows, use fewer concurrent streams or a larger
 ``--time-scale`` (slower steps hide the per-chunk cost).
 
-    python -m dlb.emulator.fidelity --profile llama-8b-h100 --concurrency 1 4 16 32 64
+    python -m dlb.bench.emulator_fidelity --profile llama-8b-h100 --concurrency 1 4 16 32 64
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import aiohttp
 
 from dlb.emulator.engine import Arrival, Engine, simulate
 from dlb.emulator.openai import CHARS_PER_TOKEN
-from dlb.emulator.process import EmulatorProcess
+from dlb.testbed.emulator import EmulatorProcess
 from dlb.emulator.profile import load_profile
 
 
@@ -105,7 +105,7 @@ def measure(profile: str, concurrency: list[int], prompt_tokens: int, output_tok
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dlb.emulator.fidelity", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dlb.bench.emulator_fidelity", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="llama-8b-h100")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     ap.add_argument("--prompt-tokens", type=int, default=256)

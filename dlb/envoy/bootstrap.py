@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
-from dlb.ext_proc import headers as _h
+from dlb.envoy import headers as _h
 
 HEADER_CELL = _h.CELL
 HEADER_SRC_CELL = _h.SRC_CELL
@@ -397,7 +397,7 @@ def leaf_bootstrap(
     when ``cells[].leaf.ext_proc`` is set: it may name a server in ``x-dlb-server``; without it, or
     when it is down, Envoy's LEAST_REQUEST picks. ``access_log`` wires Envoy's gRPC access log to the
     leaf agent (``cells[].leaf.probe``), which is how the agent learns completions and latencies
-    (:mod:`dlb.ext_proc.envoy_als` owns that wiring).
+    (:mod:`dlb.envoy.als` owns that wiring).
     """
     me = cfg.cell(cell)
     listen = listen or me.leaf.address
@@ -423,7 +423,7 @@ def leaf_bootstrap(
     listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False), reuse_port)
     boot = _bootstrap("leaf", me.name, admin_port, listener, clusters)
     if access_log:
-        from dlb.ext_proc.envoy_als import add_leaf_access_log
+        from dlb.envoy.als import add_leaf_access_log
 
         add_leaf_access_log(boot, cfg, cell)
     return boot

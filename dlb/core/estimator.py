@@ -4,7 +4,7 @@ Pure and clock-free (callers pass ``now``), so the leaf agent (real time) and th
 (simulated time) run the same code:
 
 - :class:`LatencyEstimator` keeps a sliding window of completed requests, each tagged with the cell's
-  RIF at its arrival, and refits :func:`dlb.control_plane.fit.fit_latency_model` every
+  RIF at its arrival, and refits :func:`dlb.core.fit.fit_latency_model` every
   ``refit_period`` seconds. The published parameters are the fit blended toward the prior by the
   fit's confidence (:func:`shrink_toward_prior`), so a cell that has seen little traffic reports
   something close to the fleet prior rather than a wild guess. A window of *completed* requests is
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.control_plane.fit import FitResult, fit_latency_model, shrink_toward_prior
-from dlb.control_plane.latency_model import LatencyParams
+from dlb.core.fit import FitResult, fit_latency_model, shrink_toward_prior
+from dlb.core.latency_model import LatencyParams
 
 
 @dataclass(frozen=True)

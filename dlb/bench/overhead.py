@@ -3,7 +3,7 @@
 Three systems under test share one upstream (an Envoy ``direct_response`` listener, so the upstream
 costs the same and almost nothing):
 
-- ``plain``: the root Envoy as rendered by :func:`dlb.envoy_bootstrap.root_bootstrap` minus the
+- ``plain``: the root Envoy as rendered by :func:`dlb.envoy.bootstrap.root_bootstrap` minus the
   ext_proc filter (requests take the fail-open weighted route) → upstream.
 - ``root``: the same root Envoy with its ext_proc filter → ``dlb serve root`` → upstream.
 - ``root+leaf``: root Envoy + root ext_proc → leaf Envoy + leaf ext_proc/ALS (``dlb serve leaf``) →
@@ -14,7 +14,7 @@ loop at half of the *root* configuration's saturation rate (the same rate for al
 compare at equal load) gives p50/p99. The configurations are interleaved in ``--slices`` short runs
 whose samples are pooled, so drifting background load (a shared CI box) hits them all alike. CPU per 1000 requests sums user+system time of the processes on
 the request path (Envoys and DLB services; not the load generator, not the upstream), read from
-/proc before and after each run. The load generator (:mod:`dlb.ext_proc.loadgen`) runs in this
+/proc before and after each run. The load generator (:mod:`dlb.bench.loadgen`) runs in this
 process; on a 2-core machine it competes for CPU with the system under test equally in all runs.
 """
 
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from dlb.config import config_from_dict
-from dlb.envoy import EnvoyProcess
-from dlb.ext_proc.loadgen import LoadResult, build_request, closed_loop, open_loop
-from dlb.ext_proc.process import ServiceProcess, free_port
-from dlb.ext_proc.wrk import run_wrk, wrk_binary
+from dlb.envoy.binary import EnvoyProcess
+from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
+from dlb.testbed.process import ServiceProcess, free_port
+from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.log import get_logger
 
 log = get_logger("dlb.bench.overhead")
@@ -55,7 +55,7 @@ W2_CONFIG = "root-2w"
 BARE_CONFIG = "root-bare"
 #: The root service on grpc.aio (``--transport grpc``) instead of DLB's HTTP/2 server.
 GRPC_CONFIG = "root-grpc"
-#: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.h2server`.
+#: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
 EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG)
 
@@ -196,7 +196,7 @@ def resolve_loadgen(choice: str) -> str:
 
 def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, slices: int = 1,
                  loadgen: str = "python", envoy_concurrency: int = 1) -> list[dict[str, Any]]:
-    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     tmp = tempfile.TemporaryDirectory(prefix="dlb-bench-overhead-")
     d = Path(tmp.name)
@@ -269,7 +269,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                 continue
             bare_port = free_port()
             ready = d / f"{bare_name}.json"
-            bare = subprocess.Popen([sys.executable, "-m", "dlb.ext_proc.bare", "--listen", f"127.0.0.1:{bare_port}",
+            bare = subprocess.Popen([sys.executable, "-m", "dlb.bench.bare", "--listen", f"127.0.0.1:{bare_port}",
                                      "--cell", "cell-x", "--transport", transport, "--ready-file", str(ready)])
             bare_procs.append(bare)
             while not ready.exists():
@@ -333,7 +333,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                         sat[name] = res.rps
                     log.info("bench_point", **records[-1])
 
-        from dlb.ext_proc.root import run_event_loop
+        from dlb.ext_proc.runner import run_event_loop
 
         run_event_loop(main())
     finally:

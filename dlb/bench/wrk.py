@@ -1,7 +1,7 @@
 """The overhead benchmark's load from ``wrk`` (a C load generator), when it is installed.
 
 Why: on a 2-core machine the load generator shares the CPU with the system under test. Our asyncio
-generator (:mod:`dlb.ext_proc.loadgen`) costs 0.25–0.3 ms of CPU per request in open-loop mode and
+generator (:mod:`dlb.bench.loadgen`) costs 0.25–0.3 ms of CPU per request in open-loop mode and
 its timers have 1 ms resolution (uvloop), both of which land in every latency it reports; wrk costs
 a few µs per request. ``apt-get install wrk`` (Debian/Ubuntu) provides it; without it the benchmark
 falls back to the Python generator and says so in every record.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlb.ext_proc.loadgen import LoadResult
+from dlb.bench.loadgen import LoadResult
 
 _DELAY = r"""
 delay = function()

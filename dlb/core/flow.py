@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.control_plane.projection import project_simplex
+from dlb.core.projection import project_simplex
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ It never does I/O and never reads a clock; callers pass ``now``.
 Discrete: ``argmin_j c_ij`` over usable cells on the root's own view — the last probe's RIF plus the
 requests this root has sent to the cell since that probe (without that correction every request
 between two probes herds onto the same cell). Flow: sample from ``x_i``, which :meth:`tick` moves by
-projected gradient descent every period (see :mod:`dlb.control_plane.flow`).
+projected gradient descent every period (see :mod:`dlb.core.flow`).
 
 Both honour error aversion (skip cell j with probability ``a_j``, then choose among the rest) and
 conditional session affinity (stay while ``c_stay − savings ≤ min_other``).
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.control_plane.affinity import AffinityCache, AffinityConfig
-from dlb.control_plane.aversion import AversionConfig, update_aversion
-from dlb.control_plane.costs import Cost, ModelTable, cost_vector
-from dlb.control_plane.flow import FlowConfig, feedback_delay, flow_step, saturation_workload
-from dlb.control_plane.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service_rate
-from dlb.control_plane.topology import Topology
+from dlb.core.affinity import AffinityCache, AffinityConfig
+from dlb.core.aversion import AversionConfig, update_aversion
+from dlb.core.costs import Cost, ModelTable, cost_vector
+from dlb.core.flow import FlowConfig, feedback_delay, flow_step, saturation_workload
+from dlb.core.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service_rate
+from dlb.core.topology import Topology
 
 NO_CELL = -1
 
@@ -189,7 +189,7 @@ class RootRouter:
         """Count arrivals this router did not route through :meth:`pick` (for the rate EMA of :meth:`tick`).
 
         For callers that apply ``x`` themselves — a data plane sampling the flow split natively, or the
-        fluid model of :mod:`dlb.control_plane.theory`, whose arrivals are fractional.
+        fluid model of :mod:`dlb.core.theory`, whose arrivals are fractional.
         """
         self._arrivals += count
 

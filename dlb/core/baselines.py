@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linprog
 
-from dlb.control_plane.topology import Topology
+from dlb.core.topology import Topology
 
 
 def rand_weights(topology: Topology) -> np.ndarray:

@@ -1,7 +1,7 @@
 """A whole data plane on 127.0.0.1 for tests and benchmarks: emulators, leaf agents, a root, Envoys.
 
 Everything is started from the same code paths a user runs (``dlb serve root|leaf`` as child
-processes, Envoy with bootstraps from :mod:`dlb.envoy_bootstrap`), with every port picked free, and
+processes, Envoy with bootstraps from :mod:`dlb.envoy.bootstrap`), with every port picked free, and
 :meth:`DataPlane.close` stops every process even when start-up fails half-way.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config import Config, config_from_dict
-from dlb.envoy import EnvoyProcess
-from dlb.ext_proc.process import ServiceProcess, free_port
+from dlb.envoy.binary import EnvoyProcess
+from dlb.testbed.process import ServiceProcess, free_port
 
 
 @dataclass
@@ -121,7 +121,7 @@ def start_data_plane(
 ) -> DataPlane:
     """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``."""
     from dlb.emulator.server import ThreadedEmulator
-    from dlb.envoy_bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     tmp = tempfile.TemporaryDirectory(prefix="dlb-dataplane-")
     stack = contextlib.ExitStack()

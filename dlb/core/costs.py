@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.control_plane.latency_model import LatencyParams, inv_marginal_rate, latency
+from dlb.core.latency_model import LatencyParams, inv_marginal_rate, latency
 
 
 class Cost(str, enum.Enum):

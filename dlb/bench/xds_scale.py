@@ -1,6 +1,6 @@
 """``dlb bench xds``: push-to-ACK latency and memory of one xDS server process with N streams.
 
-The server runs in a child process (``python -m dlb.xds.bench --serve``) so its RSS is measured
+The server runs in a child process (``python -m dlb.bench.xds_scale --serve``) so its RSS is measured
 alone; all simulated clients (``dlb.xds.client.XdsClient``, one grpc.aio channel and ADS stream each,
 subscribed to one RDS RouteConfiguration) run in this process. Each round changes the route's
 weighted-cluster weights (what the flow loop does), and the server records, per stream, the time
@@ -36,7 +36,7 @@ from dlb.xds.snapshot import Snapshot
 from dlb.xds.status import StatusServer
 from dlb.xds.testing import eds_cluster, node, route_config
 
-log = get_logger("dlb.xds.bench")
+log = get_logger("dlb.bench.xds_scale")
 ROUTE_NAME = "bench-route"
 CELLS = [f"cell-{i}" for i in range(8)]
 
@@ -143,7 +143,7 @@ class _ServerProc:
 
 
 def _start_server(uvloop: bool, resources: int) -> _ServerProc:
-    cmd = [sys.executable, "-m", "dlb.xds.bench", "--serve", str(resources)] + (["--uvloop"] if uvloop else [])
+    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources)] + (["--uvloop"] if uvloop else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             env={**os.environ, "DLB_LOG_LEVEL": "WARNING"})
     assert proc.stdout is not None

@@ -1,6 +1,6 @@
 """``dlb bench envoy-push``: time from a flow-weight change in the control plane to Envoy applying it.
 
-A real root Envoy bootstrapped from :mod:`dlb.xds.bootstrap` follows a real :class:`ControlPlane`.
+A real root Envoy bootstrapped from :mod:`dlb.envoy.ads_bootstrap` follows a real :class:`ControlPlane`.
 Each round changes the flow weights and calls ``rebuild()`` (what the flow loop does every period),
 then polls Envoy's admin ``/stats`` until the route's ``update_success`` counter moves: that is the
 moment Envoy has the new RouteConfiguration in effect. Polling costs ~0.3 ms a request on loopback,
@@ -22,10 +22,10 @@ import yaml
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
-from dlb.envoy import EnvoyProcess
+from dlb.envoy.binary import EnvoyProcess
 from dlb.procutil import free_port
-from dlb.xds.bootstrap import ads_bootstrap
-from dlb.xds.control_plane import ControlPlane
+from dlb.envoy.ads_bootstrap import ads_bootstrap
+from dlb.control_plane.service import ControlPlane
 
 
 def _config(path: str, n_cells: int) -> None:

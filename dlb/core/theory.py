@@ -5,7 +5,7 @@ arcs) we integrate the delayed fluid dynamics
 
     dN_j/dt = Σ_i λ_i x_ij(t − τ_ij) − μ_j(N_j(t)),        μ_j(N) = N/ℓ_j(N)
 
-and let :class:`~dlb.control_plane.router.RootRouter` objects — the code that ships — choose ``x``.
+and let :class:`~dlb.core.router.RootRouter` objects — the code that ships — choose ``x``.
 Each root probes every ``probe_period`` and sees ``N_j(t − τ_ji)``: the leaf answers with its current
 RIF and the answer travels one way back, so a routing change made at t shows up in the root's view
 one full round trip ``τ_ij + τ_ji`` later (plus up to one probe period of sampling).
@@ -21,7 +21,7 @@ one full round trip ``τ_ij + τ_ji`` later (plus up to one probe period of samp
   cell (many roots in a cell would each see only their own sends, a weaker correction).
 
 The end state (time average over the last ``avg_window`` seconds) is compared with equilibria solved
-independently in :mod:`dlb.control_plane.equilibria`: the latency-minimising routing (Flow-Grad's
+independently in :mod:`dlb.core.equilibria`: the latency-minimising routing (Flow-Grad's
 target), the Wardrop equilibrium (Flow-Lat's) and the RIF equilibrium (Disc-RIF's).
 
 Integration: fixed step ``dt = 2⁻⁷ s`` ≈ 7.8 ms (binary-exact, so the routers' period checks see exact time
@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from dlb.control_plane.costs import Cost, cost_vector
-from dlb.control_plane.equilibria import Equilibrium, FluidNetwork, Objective, balanced_routing, solve
-from dlb.control_plane.flow import FlowConfig
-from dlb.control_plane.latency_model import LatencyParams
-from dlb.control_plane.router import Mechanism, PolicyConfig, RootRouter
-from dlb.control_plane.topology import Topology
+from dlb.core.costs import Cost, cost_vector
+from dlb.core.equilibria import Equilibrium, FluidNetwork, Objective, balanced_routing, solve
+from dlb.core.flow import FlowConfig
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
 
 #: The policies the check runs, and the equilibrium each should reach.
 POLICIES: dict[str, tuple[Mechanism, Cost, Objective]] = {

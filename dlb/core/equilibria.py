@@ -4,7 +4,7 @@ The fluid model (paper section 4): cell i receives λ_i requests/s and sends a f
 in steady state cell j's inflow ``z_j = Σ_i λ_i x_ij`` equals its service rate μ_j(N_j), so the
 workload is ``N_j = μ_j⁻¹(z_j)``. Every quantity here is a function of the flows ``f_ij = λ_i x_ij``
 and of the latency model ℓ_j alone, and is solved with ``scipy.optimize``; none of it calls the routing
-costs (:mod:`dlb.control_plane.costs`) or the routers, so agreement between these solutions and the
+costs (:mod:`dlb.core.costs`) or the routers, so agreement between these solutions and the
 routers' end states is evidence, not a tautology.
 
 - **Optimum** (what Flow-Grad should reach): minimise the total latency rate
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq, linprog, minimize
 
-from dlb.control_plane.latency_model import d_service_rate, latency, service_rate
+from dlb.core.latency_model import d_service_rate, latency, service_rate
 
 #: Gauss–Legendre nodes for the potential integrals (integrands are smooth; 64 nodes is exact to ~1e-12).
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(64)

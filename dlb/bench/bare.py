@@ -1,7 +1,7 @@
 """A minimal ExternalProcessor that always answers the same cell: the floor the benchmark compares
 the real root service against (same transport, same pre-serialised reply, no parsing, no routing).
 
-``python -m dlb.ext_proc.bare --listen 127.0.0.1:PORT --cell cell-x [--transport h2|grpc] [--ready-file F]``
+``python -m dlb.bench.bare --listen 127.0.0.1:PORT --cell cell-x [--transport h2|grpc] [--ready-file F]``
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from dlb.ext_proc import headers
+from dlb.envoy import headers
 from dlb.ext_proc.protocol import ExtProcServer, header_response, serve_until_signal
 
 
@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> None:
         server = ExtProcServer(args.transport, handle)
         port = await server.bind(args.listen)
         if args.ready_file:
-            from dlb.ext_proc.root import _write_ready
+            from dlb.ext_proc.runner import write_ready
 
-            _write_ready(args.ready_file, {"ext_proc": port, "pid": os.getpid()})
+            write_ready(args.ready_file, {"ext_proc": port, "pid": os.getpid()})
         await serve_until_signal(server)
 
-    from dlb.ext_proc.root import run_event_loop
+    from dlb.ext_proc.runner import run_event_loop
 
     run_event_loop(run())
 

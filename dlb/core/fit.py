@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from dlb.control_plane.latency_model import LatencyParams, latency
+from dlb.core.latency_model import LatencyParams, latency
 
 #: Below this many samples the fit returns the prior with zero confidence.
 MIN_SAMPLES = 8

@@ -1,4 +1,4 @@
-"""``dlb serve control-plane`` and ``dlb config xds-bootstrap``."""
+"""``dlb serve control-plane``: the xDS server, the flow loop and the status endpoint, reloaded on SIGHUP."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ import asyncio
 import signal
 import sys
 
-import yaml
 
 from dlb.config import ConfigError, load_config
-from dlb.config.model import HostPort
 from dlb.log import get_logger
 
 log = get_logger("dlb.control_plane")
@@ -42,7 +40,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(config, args: argparse.Namespace) -> int:
-    from dlb.xds.control_plane import ControlPlane
+    from dlb.control_plane.service import ControlPlane
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe)
     await cp.start(args.xds, args.status)
@@ -61,33 +59,4 @@ async def _serve(config, args: argparse.Namespace) -> int:
     await stop.wait()
     log.info("control plane stopping")
     await cp.stop()
-    return 0
-
-
-def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("xds-bootstrap", help="write an Envoy bootstrap that takes everything from the control plane")
-    p.add_argument("--role", choices=["root", "leaf"], required=True)
-    p.add_argument("--cell", required=True)
-    p.add_argument("--xds", required=True, help="control plane xDS address host:port")
-    p.add_argument("--admin-port", type=int, required=True)
-    p.add_argument("--node-id", default=None)
-    p.add_argument("--delta", action="store_true", help="use incremental xDS (DELTA_GRPC)")
-    p.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
-    p.set_defaults(func=run_bootstrap)
-
-
-def run_bootstrap(args: argparse.Namespace) -> int:
-    from dlb.xds.bootstrap import ads_bootstrap
-
-    host, _, port = args.xds.rpartition(":")
-    if not host or not port.isdigit():
-        print(f"--xds: {args.xds!r} is not host:port", file=sys.stderr)
-        return 2
-    text = yaml.safe_dump(ads_bootstrap(args.role, args.cell, HostPort(host.strip("[]"), int(port)), args.admin_port,
-                                        args.node_id, args.delta), sort_keys=False)
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
     return 0

@@ -1,6 +1,6 @@
 """Envoy resources (LDS/RDS/CDS/EDS) for the control plane, derived from the static bootstraps.
 
-There is exactly one description of what a root or leaf Envoy runs: :mod:`dlb.envoy_bootstrap`, which
+There is exactly one description of what a root or leaf Envoy runs: :mod:`dlb.envoy.bootstrap`, which
 renders a static bootstrap from the DLB config (and is what ``envoy --mode validate`` checks in the
 tests). This module turns such a bootstrap into dynamic resources instead of writing the listeners,
 routes and clusters a second time:
@@ -41,11 +41,11 @@ from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 
-from dlb import envoy_bootstrap
+from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.config.model import Config
-from dlb.control_plane.router import Mechanism
+from dlb.core.router import Mechanism
 from dlb.xds import types
-from dlb.xds.weights import round_weights
+from dlb.envoy.weights import round_weights
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"

@@ -1,0 +1,39 @@
+"""``dlb config xds-bootstrap``: write an Envoy bootstrap that takes everything from the control plane."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from dlb.config.model import HostPort
+
+
+def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("xds-bootstrap", help="write an Envoy bootstrap that takes everything from the control plane")
+    p.add_argument("--role", choices=["root", "leaf"], required=True)
+    p.add_argument("--cell", required=True)
+    p.add_argument("--xds", required=True, help="control plane xDS address host:port")
+    p.add_argument("--admin-port", type=int, required=True)
+    p.add_argument("--node-id", default=None)
+    p.add_argument("--delta", action="store_true", help="use incremental xDS (DELTA_GRPC)")
+    p.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
+    p.set_defaults(func=run_bootstrap)
+
+
+def run_bootstrap(args: argparse.Namespace) -> int:
+    from dlb.envoy.ads_bootstrap import ads_bootstrap
+
+    host, _, port = args.xds.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"--xds: {args.xds!r} is not host:port", file=sys.stderr)
+        return 2
+    text = yaml.safe_dump(ads_bootstrap(args.role, args.cell, HostPort(host.strip("[]"), int(port)), args.admin_port,
+                                        args.node_id, args.delta), sort_keys=False)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0

@@ -1,0 +1,130 @@
+"""``dlb serve root``: runs a :class:`RootService` with its probe client, xDS subscription and metrics.
+
+Kept apart from :mod:`dlb.ext_proc.root` (the request path) so that the root's xDS sync can import the
+service without a cycle: ``root_serve`` → ``root_xds`` → ``root``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+import numpy as np
+
+from dlb.config import Config
+from dlb.ext_proc.metrics import serve_metrics
+from dlb.ext_proc.probe_client import ProbeTiming
+from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
+from dlb.ext_proc.root import RootService, log
+from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
+from dlb.ext_proc.runner import run_event_loop, spawn_workers, wait_worker, write_ready
+
+
+async def _tick_loop(service: RootService) -> None:
+    while True:
+        try:
+            service.tick(service.clock())
+        except Exception:  # a numerical surprise must not stop routing updates forever
+            log.exception("tick_failed")
+        # Re-read every time: an xDS reload may change the endpoints' flow periods.
+        await asyncio.sleep(min([0.05] + [e.router.policy.flow.period_s / 2 for e in service.endpoints]))
+
+
+async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
+                   seed: int | None = None, emulate_wan: bool = False, workers: int = 1, worker_index: int = 0,
+                   xds: str | None = None, xds_delta: bool = False, transport: str = "h2") -> None:
+    """Serve until SIGTERM. With ``workers > 1`` this process (index 0) starts the others on the same
+    port (``SO_REUSEPORT``; the kernel spreads Envoy's connections) — each is an independent root
+    replica with its own probe client and router state, which is how the algorithms see several roots.
+
+    With ``xds`` the routing configuration comes from the control plane (and follows it); ``cfg``, when
+    also given, is only the starting point.
+    """
+    if cfg is not None:
+        service = RootService.from_config(cfg, cell, seed=seed)
+        p = cfg.probe
+        timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
+    else:
+        service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
+        timing = ProbeTiming()
+    probes = ProbeManager(service, timing, cell)
+    if cfg is not None:
+        await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
+    sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
+    server = ExtProcServer(transport, service.handle)
+    port = await server.bind(listen, reuse_port=workers > 1)
+    service.transport_stats = server.stats
+    children: list = []
+    metrics_port = None
+    if metrics:
+        host, _, mport = metrics.rpartition(":")
+        _, metrics_port = serve_metrics(service.collect, host or "127.0.0.1", int(mport))
+    if workers > 1 and worker_index == 0:
+        children = spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
+    if sync is not None:
+        await sync.start()
+    ticker = asyncio.create_task(_tick_loop(service))
+    log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
+             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=xds)
+    worker_pids = [await asyncio.to_thread(wait_worker, c) for c in children]
+    if ready_file:
+        write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
+
+    async def on_stop() -> None:
+        ticker.cancel()
+        for child, _ in children:
+            child.terminate()
+        if sync is not None:
+            await sync.stop()
+        await probes.stop()
+        for child, _ in children:
+            await asyncio.to_thread(child.wait, 10)
+        log.info("root_stopping", cell=cell, worker=worker_index)
+
+    await serve_until_signal(server, on_stop)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.config is None and args.xds is None:
+        raise SystemExit("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
+    if args.workers < 1:
+        raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    cfg = None
+    if args.config is not None:
+        cfg, cell = load_cell(args.config, args.cell)
+        listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
+        metrics = args.metrics
+        if metrics is None:
+            m = cfg.services.root.metrics
+            metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
+    else:
+        if args.listen is None:
+            raise SystemExit("dlb serve root: --listen is required without --config")
+        listen, metrics = args.listen, args.metrics or None
+    seed = None if args.seed is None else args.seed + args.worker_index
+    run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
+                            args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("root", help="root ext_proc service: picks a cell per request (Envoy ExternalProcessor)")
+    p.add_argument("--config", default=None, help="DLB config YAML (optional with --xds: then only the starting point)")
+    p.add_argument("--cell", required=True, help="the cell this root serves (source of its traffic)")
+    p.add_argument("--xds", default=None, help="control plane host:port: take (and follow) the routing config over xDS")
+    p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
+    p.add_argument("--listen", default=None, help="gRPC host:port (default: cells[].root.ext_proc, else services.root.ext_proc)")
+    p.add_argument("--metrics", default=None,
+                   help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")
+    p.add_argument("--ready-file", default=None, help="write {ext_proc, metrics, pid} JSON here once serving")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (tie-breaks, aversion, flow sampling)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes sharing the port (SO_REUSEPORT); worker k serves metrics on the metrics port + 100k")
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--transport", choices=("h2", "grpc"), default="h2",
+                   help="ext_proc server: h2 = DLB's asyncio HTTP/2 gRPC server (default; ~4x less CPU and half the "
+                        "latency of grpc.aio, measured in docs/data-plane.md), grpc = grpc.aio")
+    p.add_argument("--emulate-wan", action="store_true",
+                   help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
+    p.set_defaults(func=run)
