@@ -58,7 +58,7 @@ def test_dynamic_resources_round_trip_to_the_static_bootstrap(cfg, role) -> None
             boot = envoy_bootstrap.root_bootstrap(cfg, cell, admin_port=0, native_flow=True)
             rs = er.root_resources(cfg, cell)
         else:
-            boot = envoy_bootstrap.leaf_bootstrap(cfg, cell, admin_port=0, emulate_wan=False)
+            boot = envoy_bootstrap.leaf_bootstrap(cfg, cell, admin_port=0, emulate_wan=False, access_log=True)
             rs = er.leaf_resources(cfg, cell)
         want = bootstrap_pb2.Bootstrap.StaticResources()
         json_format.ParseDict(boot["static_resources"], want)

@@ -35,6 +35,7 @@ from envoy.config.core.v3 import config_source_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.access_loggers.grpc.v3 import als_pb2  # noqa: F401  (registers the access-log config type for json_format)
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
 from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
@@ -146,7 +147,9 @@ def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndar
 
 def leaf_resources(config: Config, cell: str, emulate_wan: bool = False) -> ResourceSet:
     """Everything a leaf Envoy in ``cell`` gets over ADS."""
-    rs = from_bootstrap(envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan))
+    # The access log is how the leaf agent learns completions (RIF release, latency samples, errors): a
+    # leaf Envoy configured over xDS must feed its agent exactly as a statically configured one does.
+    rs = from_bootstrap(envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan, access_log=True))
     check_references(rs)
     return rs
 
