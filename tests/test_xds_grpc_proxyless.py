@@ -101,10 +101,17 @@ async def _scenario() -> None:
         assert proc.stdout is not None
         first = (await proc.stdout.readline()).decode().strip()
         assert first == "one"
-        # gRPC named the resources it wanted (no wildcard) and was answered.
+        # gRPC named the resources it wanted (no wildcard) and was answered. The client may send its
+        # first RPC before its EDS ACK reaches us (it ACKs asynchronously): wait for the ACKs, bounded.
         status = xds.status.nodes["grpc-client"].types
-        acked = {types.short(t): s.acked_version for t, s in status.items()}
-        assert set(acked) == {"LDS", "RDS", "CDS", "EDS"} and all(acked.values())
+
+        def acked() -> dict[str, str]:
+            return {types.short(t): s.acked_version for t, s in status.items()}
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (set(acked()) == {"LDS", "RDS", "CDS", "EDS"} and all(acked().values())):
+            assert asyncio.get_running_loop().time() < deadline, f"not every type ACKed: {acked()}"
+            await asyncio.sleep(0.01)
         # A subset of the snapshot's clusters (the weight-0 one is never requested), answered at once.
         assert status[types.CLUSTER].subscribed == ["echo-one"]
         assert status[types.LISTENER].subscribed == ["echo"]
