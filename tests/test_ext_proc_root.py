@@ -111,6 +111,23 @@ def test_failed_probe_verdict_removes_cell_at_once():
     assert set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] == "cell-b"
 
 
+def test_a_cell_reporting_zero_healthy_servers_is_unusable_until_one_is_back():
+    """healthy_replicas = 0 means "every server is down", not "not reported": the cell must get nothing."""
+    svc, clock = service()
+    probe(svc, 1, clock.t)
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", rif=0, healthy_replicas=0), clock.t)
+    picks = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(50)}
+    assert picks == {"cell-b"}  # a (local, idle) would win every pick if it were usable
+    svc.on_probe(ProbeTarget(1, "b", ""), probe_pb2.ProbeResponse(cell="b", rif=0, healthy_replicas=0), clock.t)
+    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
+    assert resp.immediate_response.status.code == 503
+    # A leaf that does not report the field (older agent) stays usable; one server back makes it usable.
+    svc.on_probe(ProbeTarget(1, "b", ""), probe_pb2.ProbeResponse(cell="b", rif=0), clock.t)
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", rif=0, healthy_replicas=1), clock.t)
+    picks = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(50)}
+    assert "cell-a" in picks
+
+
 def test_session_affinity_from_configured_header():
     svc, clock = service(affinity=True)
     probe(svc, 0, clock.t, rif=50)

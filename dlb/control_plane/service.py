@@ -190,13 +190,15 @@ class ControlPlane:
             if resp is not None and resp.HasField("model"):
                 self._remember_model(target.name, resp)
             return
-        if resp is None:
+        if resp is None or (resp.HasField("healthy_replicas") and resp.healthy_replicas == 0):
+            # A leaf that reports 0 healthy servers answers, but its cell cannot serve: the flow
+            # weights (and the fail-open routes Envoy applies natively) must move off it now.
             self.flow.on_probe_failure(target.index)
             return
         model = None
         if resp.HasField("model"):
             model = self._remember_model(target.name, resp)
-        self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) or None, model,
+        self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None, model,
                            resp.model.confidence if resp.HasField("model") else 0.0, resp.model.samples,
                            resp.error_rate, float(resp.completed))
 

@@ -229,7 +229,7 @@ class RootService:
         conf = resp.model.confidence if resp.HasField("model") else 0.0
         for e in self.endpoints:
             e.router.on_probe(target.index, now, resp.rif, params, resp.error_rate, conf,
-                              replicas=float(resp.healthy_replicas) if resp.healthy_replicas > 0 else None)
+                              replicas=float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None)
 
     def tick(self, now: float) -> None:
         for e in self.endpoints:
