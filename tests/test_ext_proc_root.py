@@ -25,10 +25,10 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 pytestmark = pytest.mark.timeout(60)
 
 
-def config(affinity: bool = False, cost: str = "latency"):
+def config(affinity: bool = False, cost: str = "latency", aversion: bool = False):
     cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
               "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["a", "b"])]
-    policy = {"mechanism": "discrete", "cost": cost, "aversion": {"enabled": False}}
+    policy = {"mechanism": "discrete", "cost": cost, "aversion": {"enabled": aversion}}
     if affinity:
         policy["affinity"] = {"enabled": True, "header": "x-session-id", "prefix_savings_ms": 1000}
     return config_from_dict({
@@ -126,6 +126,32 @@ def test_a_cell_reporting_zero_healthy_servers_is_unusable_until_one_is_back():
     svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", rif=0, healthy_replicas=1), clock.t)
     picks = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(50)}
     assert "cell-a" in picks
+
+
+def test_aversion_decays_as_soon_as_the_cells_errors_stop():
+    """The leaf's error EMA lingers after a cell recovers; its error counter does not, and aversion follows it."""
+    svc, clock = service(aversion=True)
+    router = svc.endpoints[0].router
+    errors = 0
+
+    def both(err_a: float) -> None:
+        svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", error_rate=err_a, errors=errors), clock.t)
+        svc.on_probe(ProbeTarget(1, "b", ""), probe_pb2.ProbeResponse(cell="b", error_rate=0.0), clock.t)
+        svc.tick(clock.t)
+
+    for _ in range(10):  # cell a failing: its counter rises every period
+        errors += 5
+        both(0.5)
+        clock.t += 1.0
+    high = float(router.aversion[0])
+    assert high > 0.5
+    for _ in range(6):  # errors stopped; the EMA the leaf reports is still 0.5
+        both(0.5)
+        clock.t += 1.0
+    assert router.aversion[0] < 0.1 * high
+    errors += 1  # a new error: the EMA counts again
+    both(0.5)
+    assert router.aversion[0] > 0.5
 
 
 def test_session_affinity_from_configured_header():

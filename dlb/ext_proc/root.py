@@ -23,6 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.core.aversion import RecentErrors
 from dlb.core.latency_model import LatencyParams
 from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
@@ -146,6 +147,9 @@ class RootService:
         responses = [header_response([(headers.CELL, CELL_CLUSTER_PREFIX + n), (headers.SRC_CELL, self.cell)], remove=[headers.SERVER])
                      for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
+        # Aversion sees a cell's error EMA only while its error counter keeps rising (RecentErrors).
+        hold = 2.0 * max((s.policy.aversion.period_s for s in specs), default=1.0)
+        self.recent_errors = RecentErrors(topology.n, hold)
         self.session_keys = frozenset(e.session_header for e in endpoints if e.session_header)
         self.generation += 1
 
@@ -184,6 +188,7 @@ class RootService:
         self.session_keys = frozenset(e.session_header for e in self.endpoints if e.session_header)
         #: Bumped by every configure(): probe results from a client of an older topology are ignored.
         self.generation = 0
+        self.recent_errors = RecentErrors(len(self.cell_names))
 
     def handle(self, message: bytes) -> tuple[bytes, bool]:
         """One serialised ``ProcessingRequest`` in, ``(reply, end_of_call)`` out: the whole request path.
@@ -227,8 +232,9 @@ class RootService:
             except ValueError:
                 params = None  # a leaf without a usable model: keep the previous/prior curve
         conf = resp.model.confidence if resp.HasField("model") else 0.0
+        error_rate = self.recent_errors.observe(target.index, resp.errors, resp.error_rate, now)
         for e in self.endpoints:
-            e.router.on_probe(target.index, now, resp.rif, params, resp.error_rate, conf,
+            e.router.on_probe(target.index, now, resp.rif, params, error_rate, conf,
                               replicas=float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None)
 
     def tick(self, now: float) -> None:
