@@ -312,3 +312,40 @@ def test_residency_root_never_leaves_its_allowed_cells():
     svc.on_probe(ProbeTarget(1, "eu", ""), None, clock.t)  # eu's leaf is gone: nowhere legal to go
     resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
     assert resp.immediate_response.status.code == 503
+
+
+def test_a_restarted_leaf_is_back_in_the_roots_view_soon_after_its_agent_is_ready():
+    """Probe-loop and gRPC reconnect back-offs used to add up to 7-8 s after a leaf restart (issue 13).
+
+    The leaf is down for 6 s, long enough for both back-offs to reach their caps. With the defaults
+    (0.5 s loop cap, 0.25 s channel cap) the root sees it again within ~0.8 s; the bound leaves room
+    for a loaded CI machine and still fails with the old caps (5 s each: >= 4 s here).
+    """
+    from dlb.testbed.process import free_port
+    from tests.leaf_stub import StaticProbe, serve_probe
+
+    async def main() -> tuple[float, int]:
+        address = f"127.0.0.1:{free_port()}"
+        seen: list[float] = []
+        client = ProbeClient([ProbeTarget(0, "a", address)], lambda t, r, now: seen.append(now) if r is not None else None,
+                             ProbeTiming())
+        server = await serve_probe(StaticProbe("a", 0.0), address)
+        client.start()
+        while not seen:
+            await asyncio.sleep(0.01)
+        await server.stop(0)
+        await asyncio.sleep(6.0)
+        failures = client.stats[0].errors
+        server = await serve_probe(StaticProbe("a", 0.0), address)  # the agent is ready from here
+        ready = time.monotonic()
+        n = len(seen)
+        while len(seen) == n and time.monotonic() - ready < 10:
+            await asyncio.sleep(0.005)
+        back = seen[-1] - ready if len(seen) > n else float("inf")
+        await client.stop()
+        await server.stop(0)
+        return back, failures
+
+    back, failures = asyncio.run(main())
+    print(f"restarted leaf back in the root's view after {back:.3f} s ({failures} failed probes while down)")
+    assert back < 2.0
