@@ -229,6 +229,14 @@ def test_templates_match_renderer_on_what_matters() -> None:
         assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}}]
     # Same delay as rendered from the example config (eu-west1 may not send to us-east1 there, so only us-west1).
     assert _filter(_hcm(leaf_t), "dlb.wan_delay.us-west1") == _filter(_hcm(leaf_r), "dlb.wan_delay.us-west1")
+    # Same dead-server handling: health check, outlier detection, no panic mode, retry budget and safe retries.
+    servers_t, servers_r = (next(c for c in b["static_resources"]["clusters"] if c["name"] == "servers") for b in (leaf_t, leaf_r))
+    for key in ("health_checks", "outlier_detection", "common_lb_config"):
+        assert yaml.safe_load(yaml.safe_dump(servers_t[key])) == yaml.safe_load(yaml.safe_dump(servers_r[key])), key
+    assert servers_t["circuit_breakers"]["thresholds"][0]["retry_budget"] == servers_r["circuit_breakers"]["thresholds"][0]["retry_budget"]
+    retry_t, retry_r = (next(r for r in _hcm(b)["route_config"]["virtual_hosts"][0]["routes"] if r["name"] == "least-request")["route"]["retry_policy"]
+                        for b in (leaf_t, leaf_r))
+    assert retry_t == retry_r
 
 
 def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
