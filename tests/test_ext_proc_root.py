@@ -103,6 +103,26 @@ def test_no_fresh_probe_state_gives_503_and_unknown_path_404():
     assert svc.unmatched == 1 and svc.endpoints[0].rejected == 2
 
 
+def test_dlb_own_replies_are_openai_shaped_errors_with_retry_after_where_it_helps():
+    """An OpenAI SDK shows ``error.message``/``code`` from a JSON body and retries 5xx honouring retry-after."""
+    import json
+
+    svc, _ = service()
+
+    def reply(path: str) -> tuple[int, dict[str, str], dict]:
+        imm = ep.ProcessingResponse.FromString(svc.decide(headers_msg(path=path).request_headers.headers.headers)).immediate_response
+        hdrs = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
+        return imm.status.code, hdrs, json.loads(imm.body)
+
+    code, hdrs, body = reply("/v1/chat/completions")  # no probe yet: no usable cell
+    assert code == 503 and hdrs["content-type"] == "application/json" and hdrs["retry-after"] == "1"
+    assert set(body) == {"error"} and body["error"]["code"] == "dlb_no_usable_cell"
+    assert body["error"]["type"] == "service_unavailable" and "no usable cell" in body["error"]["message"]
+    code, hdrs, body = reply("/other")
+    assert code == 404 and hdrs["content-type"] == "application/json" and "retry-after" not in hdrs
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "dlb_no_endpoint"
+
+
 def test_failed_probe_verdict_removes_cell_at_once():
     svc, clock = service()
     probe(svc, 0, clock.t)

@@ -8,6 +8,7 @@ an identity response serializer — the hot path then only parses the request an
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -37,16 +38,32 @@ def header_response(set_headers: Sequence[tuple[str, str]], remove: Sequence[str
     return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common)).SerializeToString()
 
 
-def immediate_response(code: int, body: str, details: str) -> bytes:
+def immediate_response(code: int, body: str, details: str, *, content_type: str = "text/plain",
+                       extra_headers: Sequence[tuple[str, str]] = ()) -> bytes:
     """A local reply (Envoy answers the client without going upstream)."""
+    hdrs = [("content-type", content_type), *extra_headers]
     resp = ep.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=code),
         headers=ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key="content-type", raw_value=b"text/plain"), append_action=_OVERWRITE)]),
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE) for k, v in hdrs]),
         body=body.encode(),
         details=details,
     )
     return ep.ProcessingResponse(immediate_response=resp).SerializeToString()
+
+
+def openai_error(code: int, message: str, err_type: str, err_code: str, *, retry_after_s: int | None = None) -> bytes:
+    """A local reply shaped as the OpenAI API's errors: ``{"error": {"message", "type", "param", "code"}}``.
+
+    DLB sits in front of OpenAI-compatible servers, so its own replies must read like theirs: an
+    OpenAI SDK shows ``message`` and ``code`` from this body (a text/plain body surfaced only as
+    "Error code: 503"), and retries 5xx on its own honouring ``retry-after``, which is therefore set
+    where waiting helps (no usable cell now) and left out where it cannot (no endpoint for a path).
+    ``err_code`` doubles as Envoy's response-code details, so access logs and replies name it alike.
+    """
+    body = json.dumps({"error": {"message": message, "type": err_type, "param": None, "code": err_code}})
+    extra = [("retry-after", str(retry_after_s))] if retry_after_s is not None else []
+    return immediate_response(code, body, err_code, content_type="application/json", extra_headers=extra)
 
 
 #: "Continue unchanged" for every other phase, in case an Envoy config sends more than request headers.

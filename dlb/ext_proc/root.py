@@ -8,7 +8,8 @@ cached by :class:`ProbeClient`; nothing on the request path waits for I/O.
 
 Client-supplied ``x-dlb-*`` headers are never read here (only ``:path`` and the endpoint's session
 header are), and the root Envoy strips them before any filter runs (``internal_only_headers``).
-A request no cell can take gets a 503 ImmediateResponse naming the reason.
+A request no cell can take gets a 503 ImmediateResponse naming the reason, shaped as an OpenAI API
+error (JSON, with ``retry-after``) so OpenAI clients show it and retry it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dlb.envoy import headers
 from dlb.ext_proc.metrics import FastHistogram
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
 from dlb.ext_proc.transport.h2 import TransportStats
-from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, immediate_response
+from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 
@@ -96,10 +97,11 @@ class RootService:
     endpoints: list[EndpointState]
     #: Pre-serialised ``ProcessingResponse`` per destination cell index.
     responses: list[bytes]
-    no_cell_response: bytes = field(default_factory=lambda: immediate_response(
-        503, "dlb: no usable cell for this request (all destinations down, stale or not allowed)\n", "dlb_no_usable_cell"))
-    no_endpoint_response: bytes = field(default_factory=lambda: immediate_response(
-        404, "dlb: no endpoint matches this path\n", "dlb_no_endpoint"))
+    no_cell_response: bytes = field(default_factory=lambda: openai_error(
+        503, "dlb: no usable cell for this request (all destinations down, stale or not allowed); retry shortly",
+        "service_unavailable", "dlb_no_usable_cell", retry_after_s=1))
+    no_endpoint_response: bytes = field(default_factory=lambda: openai_error(
+        404, "dlb: no endpoint matches this path", "invalid_request_error", "dlb_no_endpoint"))
     processing: FastHistogram = field(default_factory=FastHistogram)
     unmatched: int = 0
     streams: int = 0
