@@ -185,6 +185,9 @@ def test_xds_configured_leaf_envoy_feeds_its_agent() -> None:
         _wait(lambda: _probe(probe_addr).completed >= before + 12, "agent counts the completions")
         p = _probe(probe_addr)
         assert p.rif == 0 and p.errors == 0 and p.model.samples >= 12
+        envoy_log = Path(c.envoy.log_path)
+        assert envoy_log.exists()
+    assert not envoy_log.exists()  # a stopped EnvoyProcess leaves no dlb-envoy-*.log behind
 
 
 def test_a_cell_with_every_server_dead_reports_zero_healthy_replicas() -> None:
