@@ -492,6 +492,7 @@ def test_streaming_passes_through(tmp_path: Path) -> None:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _StreamHandler)
     srv.daemon_threads = True
     srv.go, srv.released, srv.seen_headers = threading.Event(), [], []  # type: ignore[attr-defined]
+    srv.name = "b-srv"  # type: ignore[attr-defined]  # GET /health (the leaf's active health check) echoes it
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with echo_servers("a-srv", "c-srv") as echo:
@@ -538,10 +539,15 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
         cfg = dataclasses.replace(cfg, cells=(a,) + cfg.cells[1:])
         boot = leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False)
         leaf_port = a.leaf.address.port
-        with running_envoy(boot, tmp_path, "leaf"):
+        with running_envoy(boot, tmp_path, "leaf") as envoy:
             down = [request(leaf_port)[1]["name"] for _ in range(16)]  # nothing on the ext_proc port
             assert set(down) == {"s0", "s1"}, down  # LEAST_REQUEST spreads (P[one server] = 2^-15)
             with ext_proc_server(ext.port, _PickCell(f"127.0.0.1:{srv['s1']}", header=HEADER_SERVER)):
+                # Envoy health-checks the ext_proc (every 0.5 s): until a check passes it fails open.
+                healthy = "cluster.dlb_leaf_ext_proc.membership_healthy"
+                deadline = time.monotonic() + 20
+                while envoy.stats(healthy).get(healthy) != "1" and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 up = [request(leaf_port)[1]["name"] for _ in range(6)]
             assert up == ["s1"] * 6, up
 

@@ -178,6 +178,27 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
+def service_health(cluster: dict[str, Any], *, grpc_health: bool) -> dict[str, Any]:
+    """Health-check one of DLB's own gRPC services (ext_proc, leaf agent) from Envoy, every 0.5 s.
+
+    A service that is draining or dead is then *unhealthy* rather than a connect timeout per stream:
+    the ext_proc filter fails open at once and the access log stops writing into a closed socket. The
+    leaf agent serves ``grpc.health.v1.Health`` (NOT_SERVING while it drains, :mod:`dlb.ext_proc.health`);
+    the ext_proc listeners run DLB's own HTTP/2 transport, whose drain closes the listener, so a TCP
+    connect is their check. One host per cluster: panic mode (route to unhealthy hosts when too few
+    are healthy) is off, or an unhealthy lone host would be used anyway.
+    """
+    check: dict[str, Any] = {"timeout": "0.25s", "interval": "0.5s", "no_traffic_interval": "0.5s",
+                             "unhealthy_threshold": 1, "healthy_threshold": 1}
+    if grpc_health:
+        check["grpc_health_check"] = {}
+    else:
+        check["tcp_health_check"] = {}
+    cluster["health_checks"] = [check]
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
+    return cluster
+
+
 def _safe_retries() -> dict[str, Any]:
     """Route retry policy for the server cluster: another server, only where nothing was sent (see above)."""
     return {
@@ -404,7 +425,7 @@ def root_bootstrap(
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
     filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)), _router()]
-    clusters = [_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25)]
+    clusters = [service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25), grpc_health=False)]
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     return _bootstrap("root", me.name, admin_port, listener, clusters)
@@ -469,7 +490,9 @@ def leaf_bootstrap(
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
         filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", [LEAF_FORWARD_HEADER]))
-        clusters.append(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25))
+        # The leaf ext_proc shares the agent's grpc.aio server (and its health service) when it shares its address.
+        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25),
+                                       grpc_health=me.leaf.ext_proc == me.leaf.probe))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
         # to this listener. Unpicked requests (ext_proc down or undecided) fall through to LEAST_REQUEST.

@@ -17,6 +17,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from dlb.ext_proc.health import HealthState
 from dlb.ext_proc.transport.h2 import H2GrpcServer
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
 
@@ -151,8 +152,15 @@ class ExtProcServer:
             await self._grpc.stop(grace_s)
 
 
-async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awaitable[None]] | None = None, grace_s: float = 2.0) -> None:
-    """Run until SIGTERM/SIGINT, then stop gracefully (in-flight streams get ``grace_s``)."""
+async def serve_until_signal(server: grpc.aio.Server | ExtProcServer, on_stop: Callable[[], Awaitable[None]] | None = None,
+                             grace_s: float = 2.0, health: HealthState | None = None, drain_s: float = 0.0) -> None:
+    """Run until SIGTERM/SIGINT, then drain and stop.
+
+    Draining, in order: the gRPC health status turns NOT_SERVING (``health``) and stays so for
+    ``drain_s`` — long enough for Envoy's health check to see it and stop opening streams here, while
+    the streams already open keep being served; then ``on_stop``; then the server stops listening and
+    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain.
+    """
     import asyncio
     import signal
 
@@ -161,6 +169,17 @@ async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awai
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if health is not None:
+        health.serving = False
+    if drain_s > 0:
+        from dlb.log import get_logger
+
+        get_logger("dlb.lifecycle").info("draining", drain_s=drain_s)
+        stop.clear()
+        try:
+            await asyncio.wait_for(stop.wait(), drain_s)  # a second signal ends the drain early
+        except asyncio.TimeoutError:
+            pass
     if on_stop is not None:
         await on_stop()
     await server.stop(grace_s)
