@@ -277,7 +277,7 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, outage_s: float = 5.0,
-            after_s: float = 12.0, max_tokens: int = 64, seed: int = 1) -> dict[str, Any]:
+            after_s: float = 12.0, max_tokens: int = 16, seed: int = 1) -> dict[str, Any]:
     """Start a data plane, run traffic with ``fault`` injected at ``fault_at_s`` for ``outage_s``; summarise."""
     from dlb.bench.loadgen import build_request
     from dlb.testbed.stack import CellSpec, metric_value, start_data_plane
@@ -340,12 +340,13 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for f in faults:
         for m in modes:
-            row = run_one(f, m, args.rate, args.fault_at_s, args.outage_s, args.after_s, seed=args.seed)
+            row = run_one(f, m, args.rate, args.fault_at_s, args.outage_s, args.after_s, max_tokens=args.max_tokens, seed=args.seed)
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(table(rows))
     if args.json:
-        out = {"commit": _commit(), "created_unix": int(time.time()), "rate_rps": args.rate, "fault_at_s": args.fault_at_s,
+        out = {"commit": _commit(), "created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
+               "fault_at_s": args.fault_at_s,
                "outage_s": args.outage_s, "after_s": args.after_s, "cells": {"a": 2, "b": 2}, "rows": rows}
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
@@ -357,9 +358,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the rows (with the git commit) to this file")
     p.add_argument("--faults", default=None, help=f"comma-separated subset of {','.join(FAULTS)}")
     p.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--rate", type=float, default=40.0, help="Poisson arrivals per second")
+    p.add_argument("--rate", type=float, default=20.0, help="Poisson arrivals per second")
     p.add_argument("--fault-at-s", type=float, default=6.0)
     p.add_argument("--outage-s", type=float, default=5.0)
     p.add_argument("--after-s", type=float, default=12.0, help="traffic after the restore (recovery is measured here)")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens per completion (the emulated servers share this process)")
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(func=run)
