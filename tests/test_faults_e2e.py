@@ -154,7 +154,7 @@ def cell(servers: int, xds: bool) -> Iterator[Cell]:
 def _restart_same_port(emu: ThreadedEmulator) -> None:
     port = emu.port
     emu.stop()
-    emu._config = replace(emu._config, port=port)  # noqa: SLF001 - the test owns this emulator
+    emu._config = replace(emu._config, port=port)
     emu.start()
 
 
@@ -170,7 +170,7 @@ def test_a_dead_server_loses_no_request_and_comes_back(xds: bool) -> None:
         # It was found dead: retried connects at first, then ejected / health-checked out.
         assert c.stats("cluster.servers.upstream_rq_retry") >= 1
         _wait(lambda: c.stats("cluster.servers.health_check.failure") >= 1, "health check notices the dead server")
-        dead._config = replace(dead._config, port=port)  # noqa: SLF001
+        dead._config = replace(dead._config, port=port)
         dead.start()
         _wait(lambda: "a-1" in c.send(4), "the restarted server gets traffic again")
 
@@ -198,5 +198,12 @@ def test_a_cell_with_every_server_dead_reports_zero_healthy_replicas() -> None:
             e.stop()
         _wait(lambda: _probe(probe_addr).HasField("healthy_replicas") and _probe(probe_addr).healthy_replicas == 0,
               "the leaf reports 0 healthy replicas")
-        # No panic mode: Envoy answers at once instead of trying dead servers.
+        # No panic mode: Envoy answers at once instead of trying dead servers...
         assert c.send(3) == ["status-503"] * 3
+        # ...with an OpenAI-shaped error a client SDK can show and retry.
+        status, headers, body = request(c.host, c.port, timeout=10)
+        err = json.loads(body)["error"]
+        assert status == 503 and headers["content-type"] == "application/json" and headers["retry-after"] == "1"
+        # (no_healthy_upstream once the health check has marked both; a refused connect before that)
+        assert err["code"] == "no_healthy_upstream" or err["code"].startswith("upstream_reset_before_response_started"), err
+        assert err["type"] == "service_unavailable" and err["message"].startswith("dlb: ")

@@ -3,7 +3,8 @@
 For every (fault, leaf mode) pair a fresh data plane is started on 127.0.0.1 (:mod:`dlb.testbed.stack`:
 emulated servers, leaf agents + leaf Envoys, root service + root Envoy; cell ``a`` is the root's own
 cell and the one that fails, cell ``b`` is 20 ms away), Poisson traffic at ``rate`` req/s goes to the
-root Envoy for the whole run, the fault is injected at ``fault_at_s`` and undone ``outage_s`` later.
+root Envoy for the whole run, the fault is injected at ``fault_at_s`` and undone ``outage_s`` later
+(20 s for the frozen leaf agent, :data:`OUTAGE_S`).
 Every request is recorded (send time, end time, status, the server that answered, from the
 emulator's ``x-dlb-server`` header), and each run is summarised as::
 
@@ -12,6 +13,7 @@ emulator's ``x-dlb-server`` header), and each run is summarised as::
 
 - ``inflight_at_fault``: sent before the fault, finished after it (any cell);
 - ``cut_streams``: requests whose connection closed before a complete response (status 0);
+  ``refused``: requests that could not connect at all (status -1: the root Envoy was down);
 - ``failed_new`` / ``new_fail_window_s``: failed requests *sent after* the fault, and how long after
   the fault the last of them was sent — the "at most 1 s of new requests" target;
 - ``detect_s``: from the fault to the last failed request sent during the outage (0 if none failed):
@@ -39,7 +41,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
@@ -47,15 +49,21 @@ from typing import Any
 FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "root_envoy")
 MODES = ("ext_proc", "least_request")
 NO_FAILURE_TARGET = {"root_service", "leaf_agent_kill", "leaf_agent_freeze"}
+#: Outages longer than ``--outage-s`` where the issue asks for one: a leaf agent frozen for 20 s.
+OUTAGE_S = {"leaf_agent_freeze": 20.0}
 WINDOW_TARGET = {"server", "cell"}
+
+
+#: Status of a request whose connection was refused (never sent).
+REFUSED = -1
 
 
 @dataclass
 class Sample:
     sent: float
     done: float
-    status: int  # 0: connection closed before a full response
-    server: str  # x-dlb-server of a 200, else ""
+    status: int  # 0: connection closed before a full response; REFUSED: could not connect
+    server: str  # x-dlb-server of a 200; the error code of a JSON error reply; else ""
 
 
 class _TraceConn(asyncio.Protocol):
@@ -88,6 +96,10 @@ class _TraceConn(asyncio.Protocol):
             if len(self.buf) < end + 4 + length:
                 return
             status = int(head[9:12])
+            if status != 200:  # keep the error's code (DLB's and Envoy's replies are JSON errors)
+                body = bytes(self.buf[end + 4:end + 4 + length])
+                k = body.find(b'"code":')
+                server = body[k + 7:].split(b",")[0].strip(b' "}').decode(errors="replace")[:80] if k >= 0 else ""
             del self.buf[:end + 4 + length]
             if self.pending:
                 fut = self.pending.pop(0)
@@ -127,9 +139,13 @@ async def traced_open_loop(host: str, port: int, request: bytes, rate: float, du
                 break
         try:
             if conn is None:
-                _, conn = await loop.create_connection(_TraceConn, host, port)
+                try:
+                    _, conn = await loop.create_connection(_TraceConn, host, port)
+                except OSError:  # nobody listening (the root Envoy is down): refused, not cut
+                    samples.append(Sample(scheduled - origin, time.monotonic() - origin, REFUSED, ""))
+                    return
             status, server = await asyncio.wait_for(conn.send(request), 60)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             status, server = 0, ""
             if conn is not None and conn.transport is not None:
                 conn.transport.close()
@@ -171,7 +187,7 @@ async def traced_open_loop(host: str, port: int, request: bytes, rate: float, du
 def _restart_emulator(emu: Any) -> None:
     port = emu.port
     emu.stop()
-    emu._config = replace(emu._config, port=port)  # noqa: SLF001 - the benchmark owns its emulators
+    emu._config = replace(emu._config, port=port)
     emu.start()
 
 
@@ -192,7 +208,7 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
     def start_emus(which: list[int]) -> Callable[[], None]:
         def restore() -> None:
             for i in which:
-                emus[i]._config = replace(emus[i]._config, port=ports[i])  # noqa: SLF001
+                emus[i]._config = replace(emus[i]._config, port=ports[i])
                 emus[i].start()
         return restore
 
@@ -212,7 +228,7 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
             old = plane.root
             old.stop()
             new = ServiceProcess("root", *old.args)
-            plane._stack.enter_context(new)  # noqa: SLF001
+            plane._stack.enter_context(new)
             plane.root = new
         return (lambda: plane.root.proc.kill()), restart_root
     if fault == "root_envoy":
@@ -246,19 +262,22 @@ def summarise(samples: list[Sample], fault: str, mode: str, rate: float, fault_a
         "fault": fault, "mode": mode, "rate_rps": rate, "sent": len(samples), "ok": len(ok), "failed": len(failed),
         "inflight_at_fault": sum(1 for s in samples if s.sent < fault_at <= s.done),
         "cut_streams": sum(1 for s in samples if s.status == 0),
+        "refused": sum(1 for s in samples if s.status == REFUSED),
         "failed_new": len(new_failed),
         "new_fail_window_s": round(max(s.sent for s in new_failed) - fault_at, 3) if new_failed else 0.0,
         "detect_s": round(max(s.sent for s in outage_failed) - fault_at, 3) if outage_failed else 0.0,
         "recover_s": recover,
         "pre_share": round(pre_share, 3) if math.isfinite(pre_share) else None,
         "statuses": {str(k): v for k, v in sorted(_count(s.status for s in samples).items())},
+        "failure_codes": dict(sorted(_count(f"{s.status} {s.server}".strip() for s in failed).items())),
+        "failure_codes_new": dict(sorted(_count(f"{s.status} {s.server}".strip() for s in new_failed).items())),
     }
     row["verdict"] = verdict(row)
     return row
 
 
-def _count(values: Any) -> dict[int, int]:
-    out: dict[int, int] = {}
+def _count(values: Any) -> dict[Any, int]:
+    out: dict[Any, int] = {}
     for v in values:
         out[v] = out.get(v, 0) + 1
     return out
@@ -337,15 +356,18 @@ def run(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
+    commit = _commit()  # the code that runs (a commit made while the matrix runs must not be recorded)
     rows = []
     for f in faults:
         for m in modes:
-            row = run_one(f, m, args.rate, args.fault_at_s, args.outage_s, args.after_s, max_tokens=args.max_tokens, seed=args.seed)
+            outage = max(args.outage_s, OUTAGE_S.get(f, 0.0))
+            row = run_one(f, m, args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens, seed=args.seed)
+            row["outage_s"] = outage
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(table(rows))
     if args.json:
-        out = {"commit": _commit(), "created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
+        out = {"commit": commit, "created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
                "fault_at_s": args.fault_at_s,
                "outage_s": args.outage_s, "after_s": args.after_s, "cells": {"a": 2, "b": 2}, "rows": rows}
         with open(args.json, "w") as fh:

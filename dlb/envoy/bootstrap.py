@@ -178,6 +178,29 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
+#: Envoy's own failure replies (response flags): no healthy upstream, connect failure, overflow, no
+#: route, upstream reset / timeout / connection termination before any response byte.
+LOCAL_FAILURE_FLAGS = ["UH", "UF", "UO", "NR", "URX", "UC", "UT", "LR", "UR"]
+
+
+def local_replies() -> dict[str, Any]:
+    """Envoy's own failure replies as OpenAI-shaped JSON errors, with ``retry-after: 1`` on them.
+
+    Clients of DLB speak the OpenAI API; Envoy's text/plain "no healthy upstream" reached an OpenAI
+    SDK as a bare ``Error code: 503``. Only replies carrying one of :data:`LOCAL_FAILURE_FLAGS` are
+    rewritten, so the root ext_proc's own JSON replies (ImmediateResponse, no such flag) and every
+    upstream server's error pass through untouched. ``code`` is Envoy's response-code details
+    (``no_healthy_upstream``, ``upstream_reset_before_response_started{...}``), which logs also show.
+    """
+    body = {"json_format": {"error": {"message": "dlb: %LOCAL_REPLY_BODY%", "type": "service_unavailable",
+                                      "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
+    return {"mappers": [{
+        "filter": {"response_flag_filter": {"flags": LOCAL_FAILURE_FLAGS}},
+        "headers_to_add": [{"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "body_format_override": body,
+    }]}
+
+
 def service_health(cluster: dict[str, Any], *, grpc_health: bool) -> dict[str, Any]:
     """Health-check one of DLB's own gRPC services (ext_proc, leaf agent) from Envoy, every 0.5 s.
 
@@ -300,6 +323,7 @@ def _hcm(stat_prefix: str, route_config: dict[str, Any], http_filters: list[dict
         "normalize_path": True,
         "merge_slashes": True,
         "common_http_protocol_options": {"idle_timeout": "3600s", "headers_with_underscores_action": "DROP_HEADER"},
+        "local_reply_config": local_replies(),
     }
     if edge:
         # The root is the edge: the peer address, not a client-supplied X-Forwarded-For, decides whether
