@@ -73,3 +73,35 @@ def test_leaf_drains_on_sigterm_then_exits_cleanly() -> None:
                 pass  # the stream ends with the server either way
             text = leaf.log_path.read_text()
         assert "draining" in text and "Traceback" not in text and "CancelledError" not in text, text
+
+
+def test_every_grpc_aio_server_serves_grpc_health() -> None:
+    """The control plane's xDS server and the grpc.aio ext_proc transport answer Health/Check too."""
+    import asyncio
+
+    from dlb.config import config_from_dict
+    from dlb.control_plane.service import ControlPlane
+    from dlb.ext_proc.protocol import ExtProcServer
+
+    async def check(port: int) -> int:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = ch.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None)
+            return decode_status(await call(b"", timeout=5))
+
+    async def main() -> tuple[int, int, int]:
+        cfg = config_from_dict({"version": 1, "cells": [{"name": "a", "servers": ["127.0.0.1:1"],
+                                                          "leaf": {"address": "127.0.0.1:2", "probe": "127.0.0.1:3"}}],
+                                "endpoints": [{"name": "chat", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]})
+        cp = ControlPlane(cfg, probe=False, flow_loop=False)
+        xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+        ext = ExtProcServer("grpc", lambda b: (b, True))
+        ext_port = await ext.bind("127.0.0.1:0")
+        try:
+            got = await check(xds_port), await check(ext_port)
+            ext.health.serving = False
+            return (*got, await check(ext_port))
+        finally:
+            await ext.stop(0)
+            await cp.stop()
+
+    assert asyncio.run(main()) == (SERVING, SERVING, NOT_SERVING)

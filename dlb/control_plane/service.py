@@ -33,6 +33,7 @@ from dlb.config.model import Config
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
+from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
@@ -85,6 +86,7 @@ class ControlPlane:
                  probe: bool = True, flow_loop: bool = True) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         self.server = XdsServer(self.cache)
+        self.health = HealthState()
         self.clock = clock
         self.emulate_wan = emulate_wan
         self.probe_enabled = probe
@@ -261,7 +263,8 @@ class ControlPlane:
     async def start(self, xds_address: str | None = None, status_address: str | None = None) -> tuple[int, int]:
         """Serve xDS and the status endpoint; start probing and the flow loop. Returns (xds, status) ports."""
         cp = self.config.services.control_plane
-        xds_port = await self.server.start(xds_address or str(cp.xds))
+        # grpc.health.v1 next to xDS: Envoys and orchestrators can check the control plane like any DLB service.
+        xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)])
         host, _, port = (status_address or str(cp.status)).rpartition(":")
         status_port = await self.status_server.start(host.strip("[]"), int(port))
         if self.probe_enabled:

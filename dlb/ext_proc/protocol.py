@@ -17,7 +17,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
-from dlb.ext_proc.health import HealthState
+from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.transport.h2 import H2GrpcServer
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
 
@@ -120,6 +120,9 @@ class ExtProcServer:
         self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
         self._handle = handle
         self._grpc: grpc.aio.Server | None = None
+        #: grpc.health.v1 status of the grpc.aio transport (the h2 transport serves one method only;
+        #: Envoy checks it with a TCP connect, and its drain closes the listener).
+        self.health = HealthState()
 
     @property
     def stats(self):
@@ -138,7 +141,7 @@ class ExtProcServer:
             except OSError as exc:
                 raise SystemExit(f"cannot listen on {listen}: {exc.strerror}") from None
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
-        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle),))
+        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle), health_handler(self.health)))
         bound = self._grpc.add_insecure_port(listen)
         if bound == 0:
             raise SystemExit(f"cannot listen on {listen}")
