@@ -305,8 +305,11 @@ def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, 
                 "policy": {"mechanism": "discrete", "cost": "latency",
                            "aversion": {"enabled": True, "margin": 0.02, "gain": 2.0, "decay": 0.5, "max": 0.9, "period_ms": 500}},
                 "latency_prior": {"a_s": 0.2, "b_s": 0.02, "c": 8, "s": 2}}
+    # DLB's default probe settings (stale after 1 s; the test stack's 600 ms measured this shared box's
+    # CPU starvation — a root's probe loop running late — as "no usable cell" replies).
     plane = start_data_plane([CellSpec("a", servers=2), CellSpec("b", servers=2)], "a", endpoint,
-                             one_way_ms={"a": {"b": 20}}, leaf_ext_proc=(mode == "ext_proc"))
+                             one_way_ms={"a": {"b": 20}}, leaf_ext_proc=(mode == "ext_proc"),
+                             probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500})
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
