@@ -123,6 +123,20 @@ def test_dlb_own_replies_are_openai_shaped_errors_with_retry_after_where_it_help
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "dlb_no_endpoint"
 
 
+def test_a_restarted_leafs_prior_does_not_replace_the_learned_model():
+    svc, clock = service()
+    router = svc.endpoints[0].router
+    learned = probe_pb2.LatencyModel(a_s=0.03, b_s=0.004, c=6, s=1, confidence=0.8)
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", model=learned), clock.t)
+    assert router.models.a[0] == pytest.approx(0.03)
+    prior = probe_pb2.LatencyModel(a_s=0.5, b_s=0.05, c=4, s=1, confidence=0.0)  # the leaf restarted
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", model=prior), clock.t)
+    assert router.models.a[0] == pytest.approx(0.03) and router.view.confidence[0] == pytest.approx(0.8)
+    relearned = probe_pb2.LatencyModel(a_s=0.04, b_s=0.004, c=6, s=1, confidence=0.3)  # its own fit takes over
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", model=relearned), clock.t)
+    assert router.models.a[0] == pytest.approx(0.04)
+
+
 def test_failed_probe_verdict_removes_cell_at_once():
     svc, clock = service()
     probe(svc, 0, clock.t)
