@@ -25,6 +25,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("serve", "dlb.ext_proc.leaf:register"),
     ("bench", "dlb.bench.overhead:register"),
     ("bench", "dlb.bench.xds_scale:register"),
+    ("bench", "dlb.bench.faults:register"),
     (None, "dlb.sim.cli:register"),
     (None, "dlb.core.theory:register"),
 ]

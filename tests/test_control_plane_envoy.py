@@ -126,7 +126,8 @@ def test_envoy_follows_the_control_plane() -> None:
 
 
 async def _scenario() -> None:
-    tmp = tempfile.mkdtemp(prefix="dlb-cp-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-cp-")  # removed when the scenario ends
+    tmp = tmp_dir.name
     cfg_path = os.path.join(tmp, "dlb.yaml")
     ports = {"a": free_port(), "b": free_port(), "c": free_port()}
     root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
@@ -216,6 +217,7 @@ async def _scenario() -> None:
         await cp.stop()
         for r in leaves:
             await r.cleanup()
+        tmp_dir.cleanup()
 
 
 def test_flow_loop_weights_reach_envoy() -> None:
@@ -226,7 +228,8 @@ def test_flow_loop_weights_reach_envoy() -> None:
 async def _flow_loop_scenario() -> None:
     from leaf_stub import StaticProbe, serve_probe
 
-    tmp = tempfile.mkdtemp(prefix="dlb-cp-flow-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-cp-flow-")  # removed when the scenario ends
+    tmp = tmp_dir.name
     cfg_path = os.path.join(tmp, "dlb.yaml")
     ports = {"a": free_port(), "b": free_port()}
     root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
@@ -268,6 +271,7 @@ async def _flow_loop_scenario() -> None:
             await s.stop(None)
         for r in leaves:
             await r.cleanup()
+        tmp_dir.cleanup()
 
 
 def test_envoy_push_bench_smoke() -> None:

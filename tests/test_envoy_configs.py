@@ -229,6 +229,14 @@ def test_templates_match_renderer_on_what_matters() -> None:
         assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}}]
     # Same delay as rendered from the example config (eu-west1 may not send to us-east1 there, so only us-west1).
     assert _filter(_hcm(leaf_t), "dlb.wan_delay.us-west1") == _filter(_hcm(leaf_r), "dlb.wan_delay.us-west1")
+    # Same dead-server handling: health check, outlier detection, no panic mode, retry budget and safe retries.
+    servers_t, servers_r = (next(c for c in b["static_resources"]["clusters"] if c["name"] == "servers") for b in (leaf_t, leaf_r))
+    for key in ("health_checks", "outlier_detection", "common_lb_config"):
+        assert yaml.safe_load(yaml.safe_dump(servers_t[key])) == yaml.safe_load(yaml.safe_dump(servers_r[key])), key
+    assert servers_t["circuit_breakers"]["thresholds"][0]["retry_budget"] == servers_r["circuit_breakers"]["thresholds"][0]["retry_budget"]
+    retry_t, retry_r = (next(r for r in _hcm(b)["route_config"]["virtual_hosts"][0]["routes"] if r["name"] == "least-request")["route"]["retry_policy"]
+                        for b in (leaf_t, leaf_r))
+    assert retry_t == retry_r
 
 
 def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
@@ -484,6 +492,7 @@ def test_streaming_passes_through(tmp_path: Path) -> None:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _StreamHandler)
     srv.daemon_threads = True
     srv.go, srv.released, srv.seen_headers = threading.Event(), [], []  # type: ignore[attr-defined]
+    srv.name = "b-srv"  # type: ignore[attr-defined]  # GET /health (the leaf's active health check) echoes it
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with echo_servers("a-srv", "c-srv") as echo:
@@ -530,10 +539,15 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
         cfg = dataclasses.replace(cfg, cells=(a,) + cfg.cells[1:])
         boot = leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False)
         leaf_port = a.leaf.address.port
-        with running_envoy(boot, tmp_path, "leaf"):
+        with running_envoy(boot, tmp_path, "leaf") as envoy:
             down = [request(leaf_port)[1]["name"] for _ in range(16)]  # nothing on the ext_proc port
             assert set(down) == {"s0", "s1"}, down  # LEAST_REQUEST spreads (P[one server] = 2^-15)
             with ext_proc_server(ext.port, _PickCell(f"127.0.0.1:{srv['s1']}", header=HEADER_SERVER)):
+                # Envoy health-checks the ext_proc (every 0.5 s): until a check passes it fails open.
+                healthy = "cluster.dlb_leaf_ext_proc.membership_healthy"
+                deadline = time.monotonic() + 20
+                while envoy.stats(healthy).get(healthy) != "1" and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 up = [request(leaf_port)[1]["name"] for _ in range(6)]
             assert up == ["s1"] * 6, up
 

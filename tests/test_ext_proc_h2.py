@@ -296,7 +296,10 @@ def test_a_peer_parking_partial_messages_is_cut_off(server):
     try:
         while sent <= MAX_BUFFERED + per_stream and not terminated():
             c.request_headers(sid)
+            # The server's buffer counts every byte of a message, its 5-byte gRPC prefix included; so
+            # must we, or ``sent`` lags the server's count by 5 bytes per stream.
             c.conn.send_data(sid, b"\x00" + struct.pack(">I", per_stream + 1))
+            sent += 5
             remaining = per_stream
             while remaining and not terminated():
                 n = min(remaining, c.conn.local_flow_control_window(sid), c.conn.max_outbound_frame_size)
@@ -304,9 +307,9 @@ def test_a_peer_parking_partial_messages_is_cut_off(server):
                     c.read_once()  # the server re-opens the windows as bytes arrive
                     continue
                 c.conn.send_data(sid, b"x" * n)
-                c.flush()
                 remaining -= n
-                sent += n
+                sent += n  # counted before the flush: a flush the server cuts short may still deliver some
+                c.flush()
             sid += 2
     except OSError:
         pass  # the server closed while we were still sending; its GOAWAY may be in the socket buffer

@@ -25,10 +25,10 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 pytestmark = pytest.mark.timeout(60)
 
 
-def config(affinity: bool = False, cost: str = "latency"):
+def config(affinity: bool = False, cost: str = "latency", aversion: bool = False):
     cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
               "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["a", "b"])]
-    policy = {"mechanism": "discrete", "cost": cost, "aversion": {"enabled": False}}
+    policy = {"mechanism": "discrete", "cost": cost, "aversion": {"enabled": aversion}}
     if affinity:
         policy["affinity"] = {"enabled": True, "header": "x-session-id", "prefix_savings_ms": 1000}
     return config_from_dict({
@@ -103,12 +103,89 @@ def test_no_fresh_probe_state_gives_503_and_unknown_path_404():
     assert svc.unmatched == 1 and svc.endpoints[0].rejected == 2
 
 
+def test_dlb_own_replies_are_openai_shaped_errors_with_retry_after_where_it_helps():
+    """An OpenAI SDK shows ``error.message``/``code`` from a JSON body and retries 5xx honouring retry-after."""
+    import json
+
+    svc, _ = service()
+
+    def reply(path: str) -> tuple[int, dict[str, str], dict]:
+        imm = ep.ProcessingResponse.FromString(svc.decide(headers_msg(path=path).request_headers.headers.headers)).immediate_response
+        hdrs = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
+        return imm.status.code, hdrs, json.loads(imm.body)
+
+    code, hdrs, body = reply("/v1/chat/completions")  # no probe yet: no usable cell
+    assert code == 503 and hdrs["content-type"] == "application/json" and hdrs["retry-after"] == "1"
+    assert set(body) == {"error"} and body["error"]["code"] == "dlb_no_usable_cell"
+    assert body["error"]["type"] == "service_unavailable" and "no usable cell" in body["error"]["message"]
+    code, hdrs, body = reply("/other")
+    assert code == 404 and hdrs["content-type"] == "application/json" and "retry-after" not in hdrs
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "dlb_no_endpoint"
+
+
+def test_a_restarted_leafs_prior_does_not_replace_the_learned_model():
+    svc, clock = service()
+    router = svc.endpoints[0].router
+    learned = probe_pb2.LatencyModel(a_s=0.03, b_s=0.004, c=6, s=1, confidence=0.8)
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", model=learned), clock.t)
+    assert router.models.a[0] == pytest.approx(0.03)
+    prior = probe_pb2.LatencyModel(a_s=0.5, b_s=0.05, c=4, s=1, confidence=0.0)  # the leaf restarted
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", model=prior), clock.t)
+    assert router.models.a[0] == pytest.approx(0.03) and router.view.confidence[0] == pytest.approx(0.8)
+    relearned = probe_pb2.LatencyModel(a_s=0.04, b_s=0.004, c=6, s=1, confidence=0.3)  # its own fit takes over
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", model=relearned), clock.t)
+    assert router.models.a[0] == pytest.approx(0.04)
+
+
 def test_failed_probe_verdict_removes_cell_at_once():
     svc, clock = service()
     probe(svc, 0, clock.t)
     probe(svc, 1, clock.t)
     svc.on_probe(ProbeTarget(0, "a", ""), None, clock.t)
     assert set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] == "cell-b"
+
+
+def test_a_cell_reporting_zero_healthy_servers_is_unusable_until_one_is_back():
+    """healthy_replicas = 0 means "every server is down", not "not reported": the cell must get nothing."""
+    svc, clock = service()
+    probe(svc, 1, clock.t)
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", rif=0, healthy_replicas=0), clock.t)
+    picks = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(50)}
+    assert picks == {"cell-b"}  # a (local, idle) would win every pick if it were usable
+    svc.on_probe(ProbeTarget(1, "b", ""), probe_pb2.ProbeResponse(cell="b", rif=0, healthy_replicas=0), clock.t)
+    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
+    assert resp.immediate_response.status.code == 503
+    # A leaf that does not report the field (older agent) stays usable; one server back makes it usable.
+    svc.on_probe(ProbeTarget(1, "b", ""), probe_pb2.ProbeResponse(cell="b", rif=0), clock.t)
+    svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", rif=0, healthy_replicas=1), clock.t)
+    picks = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(50)}
+    assert "cell-a" in picks
+
+
+def test_aversion_decays_as_soon_as_the_cells_errors_stop():
+    """The leaf's error EMA lingers after a cell recovers; its error counter does not, and aversion follows it."""
+    svc, clock = service(aversion=True)
+    router = svc.endpoints[0].router
+    errors = 0
+
+    def both(err_a: float) -> None:
+        svc.on_probe(ProbeTarget(0, "a", ""), probe_pb2.ProbeResponse(cell="a", error_rate=err_a, errors=errors), clock.t)
+        svc.on_probe(ProbeTarget(1, "b", ""), probe_pb2.ProbeResponse(cell="b", error_rate=0.0), clock.t)
+        svc.tick(clock.t)
+
+    for _ in range(10):  # cell a failing: its counter rises every period
+        errors += 5
+        both(0.5)
+        clock.t += 1.0
+    high = float(router.aversion[0])
+    assert high > 0.5
+    for _ in range(6):  # errors stopped; the EMA the leaf reports is still 0.5
+        both(0.5)
+        clock.t += 1.0
+    assert router.aversion[0] < 0.1 * high
+    errors += 1  # a new error: the EMA counts again
+    both(0.5)
+    assert router.aversion[0] > 0.5
 
 
 def test_session_affinity_from_configured_header():
@@ -269,3 +346,40 @@ def test_residency_root_never_leaves_its_allowed_cells():
     svc.on_probe(ProbeTarget(1, "eu", ""), None, clock.t)  # eu's leaf is gone: nowhere legal to go
     resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
     assert resp.immediate_response.status.code == 503
+
+
+def test_a_restarted_leaf_is_back_in_the_roots_view_soon_after_its_agent_is_ready():
+    """Probe-loop and gRPC reconnect back-offs used to add up to 7-8 s after a leaf restart (issue 13).
+
+    The leaf is down for 6 s, long enough for both back-offs to reach their caps. With the defaults
+    (0.5 s loop cap, 0.25 s channel cap) the root sees it again within ~0.8 s; the bound leaves room
+    for a loaded CI machine and still fails with the old caps (5 s each: >= 4 s here).
+    """
+    from dlb.testbed.process import free_port
+    from tests.leaf_stub import StaticProbe, serve_probe
+
+    async def main() -> tuple[float, int]:
+        address = f"127.0.0.1:{free_port()}"
+        seen: list[float] = []
+        client = ProbeClient([ProbeTarget(0, "a", address)], lambda t, r, now: seen.append(now) if r is not None else None,
+                             ProbeTiming())
+        server = await serve_probe(StaticProbe("a", 0.0), address)
+        client.start()
+        while not seen:
+            await asyncio.sleep(0.01)
+        await server.stop(0)
+        await asyncio.sleep(6.0)
+        failures = client.stats[0].errors
+        server = await serve_probe(StaticProbe("a", 0.0), address)  # the agent is ready from here
+        ready = time.monotonic()
+        n = len(seen)
+        while len(seen) == n and time.monotonic() - ready < 10:
+            await asyncio.sleep(0.005)
+        back = seen[-1] - ready if len(seen) > n else float("inf")
+        await client.stop()
+        await server.stop(0)
+        return back, failures
+
+    back, failures = asyncio.run(main())
+    print(f"restarted leaf back in the root's view after {back:.3f} s ({failures} failed probes while down)")
+    assert back < 2.0

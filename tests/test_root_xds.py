@@ -80,7 +80,8 @@ def test_root_follows_the_control_plane(delta: bool) -> None:
 
 
 async def _scenario(delta: bool) -> None:
-    tmp = tempfile.mkdtemp(prefix="dlb-root-xds-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-root-xds-")  # removed when the scenario ends
+    tmp = tmp_dir.name
     cfg_path = os.path.join(tmp, "dlb.yaml")
     ports = {"a": free_port(), "b": free_port(), "c": free_port()}
     stubs = {"a": StaticProbe("a", rif=30.0), "b": StaticProbe("b", rif=0.0), "c": StaticProbe("c", rif=0.0)}
@@ -149,6 +150,7 @@ async def _scenario(delta: bool) -> None:
         await cp.stop()
         for s in servers:
             await s.stop(None)
+        tmp_dir.cleanup()
 
 
 def test_bad_topology_for_this_root_is_rejected() -> None:
@@ -174,7 +176,8 @@ async def _leaf_scenario() -> None:
     from dlb.ext_proc.leaf_state import Completion
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
-    tmp = tempfile.mkdtemp(prefix="dlb-leaf-xds-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-leaf-xds-")  # removed when the scenario ends
+    tmp = tmp_dir.name
     cfg_path = os.path.join(tmp, "dlb.yaml")
     ports = {"a": free_port(), "b": free_port()}
     write_config(cfg_path, ports)
@@ -218,3 +221,4 @@ async def _leaf_scenario() -> None:
     finally:
         await sync.stop()
         await cp.stop()
+        tmp_dir.cleanup()

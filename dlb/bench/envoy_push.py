@@ -50,7 +50,8 @@ def _successes(envoy: EnvoyProcess) -> int:
 
 
 async def measure(rounds: int = 50, cells: int = 4, delta: bool = False) -> dict:
-    tmp = tempfile.mkdtemp(prefix="dlb-bench-push-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-bench-push-")  # removed when the scenario ends
+    tmp = tmp_dir.name
     cfg_path = os.path.join(tmp, "dlb.yaml")
     _config(cfg_path, cells)
     cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
@@ -80,6 +81,7 @@ async def measure(rounds: int = 50, cells: int = 4, delta: bool = False) -> dict
     finally:
         await asyncio.to_thread(envoy.stop)
         await cp.stop()
+        tmp_dir.cleanup()
     arr = np.array(samples)
     return {"protocol": "delta" if delta else "sotw", "cells": cells, "rounds": rounds,
             "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)), "max_ms": float(arr.max())}

@@ -182,7 +182,9 @@ class ProbeParams:
     period_ms: float = 20.0
     timeout_ms: float = 200.0
     stale_after_ms: float = 1000.0
-    backoff_max_ms: float = 5000.0
+    #: A probe of a dead leaf is one refused connect; 0.5 s keeps a restarted leaf's return to the
+    #: roots' view under 1 s (5 s + gRPC's own 5-s reconnect backoff made it 7-8 s, issue 13).
+    backoff_max_ms: float = 500.0
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
 from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401  (the leaf's retry host predicate)
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 
 from dlb.envoy import bootstrap as envoy_bootstrap

@@ -33,6 +33,7 @@ from dlb.config.model import Config
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
+from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
@@ -85,6 +86,7 @@ class ControlPlane:
                  probe: bool = True, flow_loop: bool = True) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         self.server = XdsServer(self.cache)
+        self.health = HealthState()
         self.clock = clock
         self.emulate_wan = emulate_wan
         self.probe_enabled = probe
@@ -190,13 +192,15 @@ class ControlPlane:
             if resp is not None and resp.HasField("model"):
                 self._remember_model(target.name, resp)
             return
-        if resp is None:
+        if resp is None or (resp.HasField("healthy_replicas") and resp.healthy_replicas == 0):
+            # A leaf that reports 0 healthy servers answers, but its cell cannot serve: the flow
+            # weights (and the fail-open routes Envoy applies natively) must move off it now.
             self.flow.on_probe_failure(target.index)
             return
         model = None
         if resp.HasField("model"):
             model = self._remember_model(target.name, resp)
-        self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) or None, model,
+        self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None, model,
                            resp.model.confidence if resp.HasField("model") else 0.0, resp.model.samples,
                            resp.error_rate, float(resp.completed))
 
@@ -259,7 +263,8 @@ class ControlPlane:
     async def start(self, xds_address: str | None = None, status_address: str | None = None) -> tuple[int, int]:
         """Serve xDS and the status endpoint; start probing and the flow loop. Returns (xds, status) ports."""
         cp = self.config.services.control_plane
-        xds_port = await self.server.start(xds_address or str(cp.xds))
+        # grpc.health.v1 next to xDS: Envoys and orchestrators can check the control plane like any DLB service.
+        xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)])
         host, _, port = (status_address or str(cp.status)).rpartition(":")
         status_port = await self.status_server.start(host.strip("[]"), int(port))
         if self.probe_enabled:

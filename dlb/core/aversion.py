@@ -9,7 +9,8 @@ observed (a cell that receives nothing reports no new errors and no successes ei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,3 +50,38 @@ def update_aversion(
     worse = active & (gap > 0)
     new[worse] = rates[worse] + cfg.gain * gap[worse]
     return np.clip(new, 0.0, cfg.max_rate)
+
+
+@dataclass
+class RecentErrors:
+    """Which cells are failing *now*, from the monotone error counters leaves report in probes.
+
+    The leaf's ``error_rate`` is an EMA: it stays high for many seconds after a cell's errors stop,
+    and aversion fed with it kept a recovered cell avoided for ~10 s (measured, issue 13). The
+    counter tells the difference at once: a cell whose counter has not moved for ``hold_s`` has
+    stopped failing, so :meth:`observe` reports 0 for it and the aversion decays from the next period.
+    ``hold_s`` should span a few error inter-arrivals of a failing cell that aversion already starves
+    (default two aversion periods), or a still-failing cell would flap between avoided and not.
+    A counter that goes down is a restarted leaf: it starts a new baseline and counts as no news.
+    """
+
+    n: int
+    hold_s: float = 2.0
+    _errors: list[int] = field(default_factory=list)
+    _last_rise: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.hold_s < 0:
+            raise ValueError(f"hold_s must be >= 0: {self.hold_s}")
+        self._errors = [-1] * self.n
+        self._last_rise = [-math.inf] * self.n
+
+    def observe(self, cell: int, errors: int, ema: float, now: float) -> float:
+        """The error rate aversion should see for ``cell``: its EMA while errors keep coming, else 0."""
+        prev = self._errors[cell]
+        if prev >= 0 and errors > prev:
+            self._last_rise[cell] = now
+        elif prev < 0 and ema > 0:
+            self._last_rise[cell] = now  # first sight of a failing cell: trust the EMA for one hold
+        self._errors[cell] = errors
+        return ema if now - self._last_rise[cell] <= self.hold_s else 0.0

@@ -134,8 +134,11 @@ class RootRouter:
         """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time).
 
         ``replicas``: the leaf's current count of serving replicas, when it reports one; the RIF
-        cost ``N_j/k_j`` must use the live count or it keeps loading a cell that lost servers.
+        cost ``N_j/k_j`` must use the live count or it keeps loading a cell that lost servers. A
+        reported 0 (every server down) makes the cell unusable until a probe reports one back: its
+        leaf answers, but each request sent there would fail (``None`` = not reported, not zero).
         """
+        serving = replicas is None or replicas > 0
         if replicas is not None and replicas > 0:
             self.replicas[cell] = replicas
         v = self.view
@@ -144,13 +147,15 @@ class RootRouter:
         v.last_probe[cell] = now
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
         v.confidence[cell] = confidence
-        v.available[cell] = True
+        if bool(v.available[cell]) != serving:
+            self._usable = None
+        v.available[cell] = serving
         if params is not None:
             m = self.models
             m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
-        if cell not in self._usable_set:
+        if serving and cell not in self._usable_set:
             self._usable = None  # a cell (re)joined; otherwise its deadline only moved later
 
     def set_available(self, cell: int, available: bool) -> None:

@@ -60,7 +60,10 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
     probe = cfg.cell(cell).leaf.probe
     sr = bootstrap["static_resources"]
     if not any(c["name"] == LEAF_AGENT_CLUSTER for c in sr["clusters"]):
-        sr["clusters"].append(leaf_agent_cluster(probe.host, probe.port))
+        from dlb.envoy.bootstrap import service_health  # (bootstrap imports this module lazily too)
+
+        # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
+        sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port), grpc_health=True))
     for listener in sr["listeners"]:
         for chain in listener["filter_chains"]:
             for f in chain["filters"]:

@@ -9,6 +9,7 @@ Python start-up per Envoy and lets us signal Envoy itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -70,8 +71,11 @@ class EnvoyProcess:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     log_path: str = ""
+    #: Keep the log file after :meth:`stop` (for post-mortems); by default nothing is left behind.
+    keep_log: bool = False
 
     def start(self, ready_timeout: float = 30.0) -> "EnvoyProcess":
+        self._drop_log()  # a restart starts a fresh log
         fd, self.log_path = tempfile.mkstemp(prefix="dlb-envoy-", suffix=".log")
         os.close(fd)
         args = [envoy_binary(), "-c", self.config_path, "--log-level", self.log_level, "--log-path", self.log_path,
@@ -84,15 +88,18 @@ class EnvoyProcess:
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_tail()}")
+                tail = self.log_tail()
+                self._drop_log()
+                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {tail}")
             try:
                 if self.admin_get("/ready", timeout=1.0).strip() == "LIVE":
                     return self
             except OSError:
                 pass
             time.sleep(0.05)
+        tail = self.log_tail()
         self.stop()
-        raise TimeoutError(f"envoy not ready after {ready_timeout}s: {self.log_tail()}")
+        raise TimeoutError(f"envoy not ready after {ready_timeout}s: {tail}")
 
     def admin_get(self, path: str, timeout: float = 5.0) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=timeout) as resp:
@@ -117,7 +124,16 @@ class EnvoyProcess:
         return log_tail(self.log_path, n)
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop Envoy and delete its log (``keep_log`` keeps it; read :meth:`log_tail` before stopping)."""
         stop_process(self.proc, timeout)
+        self._drop_log()
+
+    def _drop_log(self) -> None:
+        # Each start made a dlb-envoy-*.log in the temp folder; they piled up (issue 13, item 4).
+        if self.log_path and not self.keep_log:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
+            self.log_path = ""
 
     def __enter__(self) -> "EnvoyProcess":
         if self.proc is None:

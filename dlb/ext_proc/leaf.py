@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dlb.config import Config
 from dlb.core.estimator import EstimatorConfig
 from dlb.envoy import headers
+from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
 from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
@@ -124,6 +125,15 @@ class LeafAgent:
     # -- access log (completions) -------------------------------------------------------------------
     async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
         self.als_streams += 1
+        try:
+            await self._consume_logs(requests)
+        except asyncio.CancelledError:
+            # The server is stopping and Envoy's log stream never ends on its own: cancellation is how
+            # it ends, not an error (re-raised, grpc.aio logged a CancelledError traceback at shutdown).
+            pass
+        return als_pb2.StreamAccessLogsResponse()
+
+    async def _consume_logs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage]) -> None:
         async for msg in requests:
             if not msg.HasField("http_logs"):
                 continue
@@ -147,7 +157,6 @@ class LeafAgent:
                     duration_s=_serving_seconds(common),
                     client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
                 ))
-        return als_pb2.StreamAccessLogsResponse()
 
     # -- probes -------------------------------------------------------------------------------------
     async def Probe(self, request: probe_pb2.ProbeRequest, context) -> probe_pb2.ProbeResponse:
@@ -327,7 +336,7 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
-                   ext_proc_h2: str | None = None) -> None:
+                   ext_proc_h2: str | None = None, drain_s: float = 0.0) -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
     the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
@@ -338,7 +347,8 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
         sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
-    server.add_generic_rpc_handlers((ext_proc_handler(agent.handle),))
+    health = HealthState()
+    server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
     ports = []
@@ -379,7 +389,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
             await h2.stop()
         log.info("leaf_stopping", cell=cell_name)
 
-    await serve_until_signal(server, on_stop)
+    await serve_until_signal(server, on_stop, health=health, drain_s=drain_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -398,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
-                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2))
+                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s))
     return 0
 
 
@@ -419,4 +429,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",
                    help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
+    p.add_argument("--drain-s", type=float, default=1.0,
+                   help="on SIGTERM: seconds of gRPC health NOT_SERVING (Envoy stops sending) before streams are closed")
     p.set_defaults(func=run)

@@ -5,6 +5,12 @@ wait for a probe: the router reads whatever the cache holds, and :class:`RootRou
 state older than ``stale_after`` as unusable. On failure the task backs off exponentially (period ×
 2^failures, capped at ``backoff_max``) so a dead leaf costs little, and after ``fail_threshold``
 consecutive failures it marks the cell unavailable at once instead of waiting for staleness.
+
+A restarted leaf must be back in the roots' view within 1 s of its agent being ready. Two back-offs
+stand between them: this loop's (``backoff_max_s``, 0.5 s by default) and the gRPC channel's own
+reconnect back-off, which would otherwise grow to its 5-s cap while the leaf is down and hold every
+probe at "UNAVAILABLE" without trying to connect. The channel's is capped at
+:data:`RECONNECT_BACKOFF_MAX_MS`, so the worst case is about 0.5 s + 0.25 s (+ 20 % jitter).
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 log = get_logger("dlb.probe_client")
 
 
+#: Cap of the gRPC channel's reconnect back-off (see the module docstring); a reconnect attempt to a
+#: dead leaf is one refused TCP connect.
+RECONNECT_BACKOFF_INITIAL_MS = 100
+RECONNECT_BACKOFF_MAX_MS = 250
+
+
 @dataclass(frozen=True)
 class ProbeTarget:
     index: int  # cell index in the topology
@@ -37,7 +49,7 @@ class ProbeTarget:
 class ProbeTiming:
     period_s: float = 0.02
     timeout_s: float = 0.2
-    backoff_max_s: float = 5.0
+    backoff_max_s: float = 0.5
     fail_threshold: int = 2
 
 
@@ -73,8 +85,9 @@ class ProbeClient:
             self.stats[t.index] = ProbeStats()
             channel = grpc.aio.insecure_channel(
                 t.address,
-                options=[("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 100),
-                         ("grpc.max_reconnect_backoff_ms", int(self.timing.backoff_max_s * 1000))],
+                options=[("grpc.enable_retries", 0),
+                         ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+                         ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))],
             )
             self._channels.append(channel)
             self._tasks.append(asyncio.create_task(self._loop(t, probe_pb2_grpc.ProbeStub(channel)), name=f"probe-{t.name}"))

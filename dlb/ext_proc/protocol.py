@@ -8,6 +8,7 @@ an identity response serializer — the hot path then only parses the request an
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.transport.h2 import H2GrpcServer
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
 
@@ -37,16 +39,32 @@ def header_response(set_headers: Sequence[tuple[str, str]], remove: Sequence[str
     return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common)).SerializeToString()
 
 
-def immediate_response(code: int, body: str, details: str) -> bytes:
+def immediate_response(code: int, body: str, details: str, *, content_type: str = "text/plain",
+                       extra_headers: Sequence[tuple[str, str]] = ()) -> bytes:
     """A local reply (Envoy answers the client without going upstream)."""
+    hdrs = [("content-type", content_type), *extra_headers]
     resp = ep.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=code),
         headers=ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key="content-type", raw_value=b"text/plain"), append_action=_OVERWRITE)]),
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE) for k, v in hdrs]),
         body=body.encode(),
         details=details,
     )
     return ep.ProcessingResponse(immediate_response=resp).SerializeToString()
+
+
+def openai_error(code: int, message: str, err_type: str, err_code: str, *, retry_after_s: int | None = None) -> bytes:
+    """A local reply shaped as the OpenAI API's errors: ``{"error": {"message", "type", "param", "code"}}``.
+
+    DLB sits in front of OpenAI-compatible servers, so its own replies must read like theirs: an
+    OpenAI SDK shows ``message`` and ``code`` from this body (a text/plain body surfaced only as
+    "Error code: 503"), and retries 5xx on its own honouring ``retry-after``, which is therefore set
+    where waiting helps (no usable cell now) and left out where it cannot (no endpoint for a path).
+    ``err_code`` doubles as Envoy's response-code details, so access logs and replies name it alike.
+    """
+    body = json.dumps({"error": {"message": message, "type": err_type, "param": None, "code": err_code}})
+    extra = [("retry-after", str(retry_after_s))] if retry_after_s is not None else []
+    return immediate_response(code, body, err_code, content_type="application/json", extra_headers=extra)
 
 
 #: "Continue unchanged" for every other phase, in case an Envoy config sends more than request headers.
@@ -102,6 +120,9 @@ class ExtProcServer:
         self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
         self._handle = handle
         self._grpc: grpc.aio.Server | None = None
+        #: grpc.health.v1 status of the grpc.aio transport (the h2 transport serves one method only;
+        #: Envoy checks it with a TCP connect, and its drain closes the listener).
+        self.health = HealthState()
 
     @property
     def stats(self):
@@ -120,7 +141,7 @@ class ExtProcServer:
             except OSError as exc:
                 raise SystemExit(f"cannot listen on {listen}: {exc.strerror}") from None
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
-        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle),))
+        self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle), health_handler(self.health)))
         bound = self._grpc.add_insecure_port(listen)
         if bound == 0:
             raise SystemExit(f"cannot listen on {listen}")
@@ -134,8 +155,15 @@ class ExtProcServer:
             await self._grpc.stop(grace_s)
 
 
-async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awaitable[None]] | None = None, grace_s: float = 2.0) -> None:
-    """Run until SIGTERM/SIGINT, then stop gracefully (in-flight streams get ``grace_s``)."""
+async def serve_until_signal(server: grpc.aio.Server | ExtProcServer, on_stop: Callable[[], Awaitable[None]] | None = None,
+                             grace_s: float = 2.0, health: HealthState | None = None, drain_s: float = 0.0) -> None:
+    """Run until SIGTERM/SIGINT, then drain and stop.
+
+    Draining, in order: the gRPC health status turns NOT_SERVING (``health``) and stays so for
+    ``drain_s`` — long enough for Envoy's health check to see it and stop opening streams here, while
+    the streams already open keep being served; then ``on_stop``; then the server stops listening and
+    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain.
+    """
     import asyncio
     import signal
 
@@ -144,6 +172,17 @@ async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awai
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if health is not None:
+        health.serving = False
+    if drain_s > 0:
+        from dlb.log import get_logger
+
+        get_logger("dlb.lifecycle").info("draining", drain_s=drain_s)
+        stop.clear()
+        try:
+            await asyncio.wait_for(stop.wait(), drain_s)  # a second signal ends the drain early
+        except asyncio.TimeoutError:
+            pass
     if on_stop is not None:
         await on_stop()
     await server.stop(grace_s)

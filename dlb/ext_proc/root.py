@@ -8,7 +8,8 @@ cached by :class:`ProbeClient`; nothing on the request path waits for I/O.
 
 Client-supplied ``x-dlb-*`` headers are never read here (only ``:path`` and the endpoint's session
 header are), and the root Envoy strips them before any filter runs (``internal_only_headers``).
-A request no cell can take gets a 503 ImmediateResponse naming the reason.
+A request no cell can take gets a 503 ImmediateResponse naming the reason, shaped as an OpenAI API
+error (JSON, with ``retry-after``) so OpenAI clients show it and retry it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.core.aversion import RecentErrors
 from dlb.core.latency_model import LatencyParams
 from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
@@ -31,7 +33,7 @@ from dlb.envoy import headers
 from dlb.ext_proc.metrics import FastHistogram
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
 from dlb.ext_proc.transport.h2 import TransportStats
-from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, immediate_response
+from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 
@@ -95,10 +97,11 @@ class RootService:
     endpoints: list[EndpointState]
     #: Pre-serialised ``ProcessingResponse`` per destination cell index.
     responses: list[bytes]
-    no_cell_response: bytes = field(default_factory=lambda: immediate_response(
-        503, "dlb: no usable cell for this request (all destinations down, stale or not allowed)\n", "dlb_no_usable_cell"))
-    no_endpoint_response: bytes = field(default_factory=lambda: immediate_response(
-        404, "dlb: no endpoint matches this path\n", "dlb_no_endpoint"))
+    no_cell_response: bytes = field(default_factory=lambda: openai_error(
+        503, "dlb: no usable cell for this request (all destinations down, stale or not allowed); retry shortly",
+        "service_unavailable", "dlb_no_usable_cell", retry_after_s=1))
+    no_endpoint_response: bytes = field(default_factory=lambda: openai_error(
+        404, "dlb: no endpoint matches this path", "invalid_request_error", "dlb_no_endpoint"))
     processing: FastHistogram = field(default_factory=FastHistogram)
     unmatched: int = 0
     streams: int = 0
@@ -146,6 +149,9 @@ class RootService:
         responses = [header_response([(headers.CELL, CELL_CLUSTER_PREFIX + n), (headers.SRC_CELL, self.cell)], remove=[headers.SERVER])
                      for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
+        # Aversion sees a cell's error EMA only while its error counter keeps rising (RecentErrors).
+        hold = 2.0 * max((s.policy.aversion.period_s for s in specs), default=1.0)
+        self.recent_errors = RecentErrors(topology.n, hold)
         self.session_keys = frozenset(e.session_header for e in endpoints if e.session_header)
         self.generation += 1
 
@@ -184,6 +190,7 @@ class RootService:
         self.session_keys = frozenset(e.session_header for e in self.endpoints if e.session_header)
         #: Bumped by every configure(): probe results from a client of an older topology are ignored.
         self.generation = 0
+        self.recent_errors = RecentErrors(len(self.cell_names))
 
     def handle(self, message: bytes) -> tuple[bytes, bool]:
         """One serialised ``ProcessingRequest`` in, ``(reply, end_of_call)`` out: the whole request path.
@@ -227,9 +234,19 @@ class RootService:
             except ValueError:
                 params = None  # a leaf without a usable model: keep the previous/prior curve
         conf = resp.model.confidence if resp.HasField("model") else 0.0
+        error_rate = self.recent_errors.observe(target.index, resp.errors, resp.error_rate, now)
+        j = target.index
         for e in self.endpoints:
-            e.router.on_probe(target.index, now, resp.rif, params, resp.error_rate, conf,
-                              replicas=float(resp.healthy_replicas) if resp.healthy_replicas > 0 else None)
+            r = e.router
+            p, c = params, conf
+            if c <= 0.0 < r.view.confidence[j]:
+                # A restarted leaf reports its prior (confidence 0). Taking it would throw away what this
+                # root learned of the cell, and a latency-cost root whose other cells look faster than
+                # the prior would then never send there again to learn it back (issue 13: a restarted
+                # leaf's cell received 1 request in 65 s). Keep the learned curve until the leaf has one.
+                p, c = None, float(r.view.confidence[j])
+            r.on_probe(j, now, resp.rif, p, error_rate, c,
+                       replicas=float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None)
 
     def tick(self, now: float) -> None:
         for e in self.endpoints:

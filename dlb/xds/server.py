@@ -7,7 +7,7 @@ stream. Requests are parsed with the xds-protos (upb) classes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -103,10 +103,16 @@ class XdsServer:
     def add_to(self, server: grpc.aio.Server) -> None:
         server.add_generic_rpc_handlers(tuple(self.handlers()))
 
-    async def start(self, address: str = "127.0.0.1:0", options: list[tuple[str, int]] | None = None) -> int:
-        """Start a grpc.aio server serving xDS on ``address``; returns the bound port."""
+    async def start(self, address: str = "127.0.0.1:0", options: list[tuple[str, int]] | None = None,
+                    extra_handlers: Sequence[grpc.GenericRpcHandler] = ()) -> int:
+        """Start a grpc.aio server serving xDS on ``address``; returns the bound port.
+
+        ``extra_handlers`` are served next to xDS (e.g. the product's gRPC health service).
+        """
         self._server = grpc.aio.server(options=options or DEFAULT_OPTIONS)
         self.add_to(self._server)
+        if extra_handlers:
+            self._server.add_generic_rpc_handlers(tuple(extra_handlers))
         self.port = self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot bind xDS server to {address}")
