@@ -124,7 +124,7 @@ class LeafState:
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""
         self.prior = prior
-        self.estimator.prior = prior
+        self.estimator.reset_prior(prior)
 
     # -- picking ---------------------------------------------------------------------------------
     def usable(self, now: float) -> list[int]:

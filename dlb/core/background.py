@@ -1,0 +1,89 @@
+"""When a leaf sends a background probe request: the rule the leaf agent and the simulator share.
+
+A cell that gets no traffic gets no latency samples, so its model stays whatever it was — a prior
+off by ×50, or a curve from before the cell slowed down — and a router that believes it never sends
+traffic to find out (paper §6: "the router observes a cell's latency only when routing traffic to
+it"). The remedy is out-of-band probing with *real* requests: one small inference request, sent
+through the cell's own data path, whose completion is a sample like any other.
+
+Why the **leaf** sends them (not the roots, not the control plane): the leaf owns the estimator, so it
+knows when its window has gone quiet; there is one leaf per cell, so the probe rate is set once per
+cell (R roots probing C cells would multiply it by R and need coordination); its request goes
+through the leaf Envoy, the leaf's server pick and the access log exactly as real traffic does,
+without crossing the WAN (the model is of serving latency; roots add the network themselves); and a
+cell with traffic never probes, because the rule below only fires on silence.
+
+The rule: send one probe when the cell has seen no completion (real or probe) for ``interval`` and
+no probe is outstanding, where ``interval = clip(1 / (budget × capacity), min_interval_s,
+max_interval_s)`` with the capacity ``1/b`` of the cell's current model. So an idle cell spends at
+most ``budget`` of its request capacity on probes (a busy cell nothing), except that it probes at
+least every ``max_interval_s``: the capacity comes from the very model the probes are there to
+check, and a prior 50× too slow would otherwise space them minutes apart. A cell so small that one
+request per ``max_interval_s`` exceeds the budget pays that floor; the share is reported, not
+assumed. Pure and clock-free (``now`` passed in).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BackgroundProbeConfig:
+    #: Never probe more often than this (seconds), whatever the capacity.
+    min_interval_s: float = 1.0
+    #: Probe at least this often (seconds) while idle, whatever the model says about capacity.
+    max_interval_s: float = 5.0
+    #: Largest fraction of the cell's request capacity an idle cell spends on probes.
+    budget: float = 0.008
+    #: A probe not completed after this long is written off (its completion was lost).
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.min_interval_s <= self.max_interval_s and 0 < self.budget <= 1 and self.timeout_s > 0):
+            raise ValueError("background probes need 0 < min_interval_s <= max_interval_s, 0 < budget <= 1 and "
+                             f"timeout_s > 0: {self}")
+
+
+@dataclass
+class BackgroundProber:
+    """The probe schedule of one cell: feed it completions, ask it whether a probe is due."""
+
+    config: BackgroundProbeConfig
+    sent: int = 0
+    completed: int = 0
+    lost: int = 0
+    _count: int = -1
+    _last_activity: float = -math.inf
+    _outstanding_since: float | None = None
+
+    def interval(self, capacity_rps: float) -> float:
+        """Seconds of silence before a probe, so idle probing stays within the budget."""
+        cfg = self.config
+        if not (capacity_rps > 0 and math.isfinite(capacity_rps)):
+            return cfg.min_interval_s
+        return min(cfg.max_interval_s, max(cfg.min_interval_s, 1.0 / (cfg.budget * capacity_rps)))
+
+    def due(self, now: float, completions: int, capacity_rps: float) -> bool:
+        """Whether to send a probe now; ``completions`` is the cell's running count of completions."""
+        if completions != self._count:  # also the first call: start-up counts as activity
+            self._count = completions
+            self._last_activity = now
+        if self._outstanding_since is not None:
+            if now - self._outstanding_since < self.config.timeout_s:
+                return False
+            self._outstanding_since = None
+            self.lost += 1
+        return now - self._last_activity >= self.interval(capacity_rps)
+
+    def on_sent(self, now: float) -> None:
+        self.sent += 1
+        self._outstanding_since = now
+        self._last_activity = now
+
+    def on_done(self, now: float) -> None:
+        """The probe finished (success or error)."""
+        self.completed += 1
+        self._outstanding_since = None
+        self._last_activity = now
