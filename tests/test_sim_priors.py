@@ -101,7 +101,7 @@ def test_dither_is_bounded_and_reproducible() -> None:
 def test_background_prober_probes_only_on_silence_within_the_budget() -> None:
     """A probe after `interval` without completions; none while completions flow or one is outstanding;
     interval = 1/(budget × capacity) clipped to [min, max]; a lost probe is written off after timeout."""
-    cfg = BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, timeout_s=10.0)
+    cfg = BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, timeout_s=10.0, warmup=0)
     p = BackgroundProber(cfg)
     assert p.interval(1000.0) == 1.0 and p.interval(50.0) == 2.0 and p.interval(1.0) == 5.0
     assert not p.due(0.0, 0, 50.0)
@@ -117,6 +117,20 @@ def test_background_prober_probes_only_on_silence_within_the_budget() -> None:
     assert not p.due(41.0, 59, 50.0) and p.due(42.1, 59, 50.0) and p.lost == 1
     with pytest.raises(ValueError, match="min_interval_s"):
         BackgroundProbeConfig(min_interval_s=10.0, max_interval_s=5.0)
+
+
+def test_a_new_prober_warms_up_at_once_then_spaces_probes() -> None:
+    """A (re)started leaf probes at once, then min_interval apart until `warmup` probes completed."""
+    p = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, warmup=2))
+    assert p.due(0.0, 0, 50.0)
+    p.on_sent(0.0)
+    p.on_done(0.1)
+    assert not p.due(0.2, 1, 50.0)  # the probe's own completion is activity too
+    assert not p.due(1.1, 1, 50.0) and p.due(1.2, 1, 50.0)
+    p.on_sent(1.2)
+    p.on_done(1.3)
+    assert not p.due(1.4, 2, 50.0)
+    assert not p.due(3.3, 2, 50.0) and p.due(3.4, 2, 50.0)  # warm: the budget's 2 s interval
 
 
 @pytest.mark.parametrize("kind", priors.SCENARIOS)

@@ -18,7 +18,11 @@ no probe is outstanding, where ``interval = clip(1 / (budget × capacity), min_i
 max_interval_s)`` with the capacity ``1/b`` of the cell's current model. So an idle cell spends at
 most ``budget`` of its request capacity on probes (a busy cell nothing), except that it probes at
 least every ``max_interval_s``: the capacity comes from the very model the probes are there to
-check, and a prior 50× too slow would otherwise space them minutes apart. A cell so small that one
+check, and a prior 50× too slow would otherwise space them minutes apart. A new prober (a leaf
+that just started or restarted) sends its first ``warmup`` probes ``min_interval_s`` apart,
+the first at once: those few samples are what replaces the configured prior
+(:func:`dlb.core.fit.measured_prior`), so a restarted leaf is back in the roots' view seconds after
+it is ready, not after the cell happens to get traffic. A cell so small that one
 request per ``max_interval_s`` exceeds the budget pays that floor; the share is reported, not
 assumed. Pure and clock-free (``now`` passed in).
 """
@@ -39,6 +43,8 @@ class BackgroundProbeConfig:
     budget: float = 0.008
     #: A probe not completed after this long is written off (its completion was lost).
     timeout_s: float = 30.0
+    #: Probes sent ``min_interval_s`` apart (the first at once) by a new prober.
+    warmup: int = 3
 
     def __post_init__(self) -> None:
         if not (0 < self.min_interval_s <= self.max_interval_s and 0 < self.budget <= 1 and self.timeout_s > 0):
@@ -68,14 +74,16 @@ class BackgroundProber:
     def due(self, now: float, completions: int, capacity_rps: float) -> bool:
         """Whether to send a probe now; ``completions`` is the cell's running count of completions."""
         if completions != self._count:  # also the first call: start-up counts as activity
+            first = self._count < 0
             self._count = completions
-            self._last_activity = now
+            self._last_activity = now - self.config.min_interval_s if first and self.config.warmup > 0 else now
         if self._outstanding_since is not None:
             if now - self._outstanding_since < self.config.timeout_s:
                 return False
             self._outstanding_since = None
             self.lost += 1
-        return now - self._last_activity >= self.interval(capacity_rps)
+        wait = self.config.min_interval_s if self.completed < self.config.warmup else self.interval(capacity_rps)
+        return now - self._last_activity >= wait
 
     def on_sent(self, now: float) -> None:
         self.sent += 1
