@@ -42,7 +42,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.core.fit import MIN_PRIOR_SAMPLES, FitResult, fit_latency_model, measured_prior, shrink_toward_prior
+from dlb.core.fit import (
+    MIN_PRIOR_SAMPLES,
+    FitResult,
+    fit_latency_model,
+    measured_prior,
+    shrink_toward_prior,
+)
 from dlb.core.latency_model import LatencyParams
 
 
@@ -74,9 +80,10 @@ class EstimatorConfig:
             raise ValueError(f"estimator dither must be in [0, 1): {self.dither}")
 
     @classmethod
-    def static(cls, **kw: float) -> "EstimatorConfig":
-        """The estimator before issue 12: config prior, no recency weights, no dithering."""
-        return cls(half_life_s=math.inf, measure_prior=False, dither=0.0, **kw)  # type: ignore[arg-type]
+    def static(cls, window_s: float = 60.0, refit_period_s: float = 5.0, max_samples: int = 2000) -> EstimatorConfig:
+        """The estimator before issue 12: config prior, no recency weights, no dithering (for comparisons)."""
+        return cls(window_s=window_s, refit_period_s=refit_period_s, max_samples=max_samples,
+                   half_life_s=math.inf, measure_prior=False, dither=0.0)
 
 
 class LatencyEstimator:
