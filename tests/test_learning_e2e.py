@@ -96,10 +96,12 @@ def test_a_cell_that_becomes_3x_slower_loses_its_traffic_and_wins_it_back_when_f
     finally:
         emu.set_faults(slowdown=1.0)
     _until_routed_to(plane, "local", "recovered_back_to_local")
-    # Probe share while idle: the busy time probes took, over the time this leaf has run.
+    # Probe traffic of the cell that was idle most of the time: probes per second, and the share of
+    # its one server's time they occupied (an upper bound of the capacity share: the server batches).
     leaf = plane.leaf_metrics("near")
-    busy = metric_value(leaf, "dlb_leaf_background_probe_seconds_total")
-    RESULTS["near_probe_busy_share"] = round(busy / (time.monotonic() - plane.started), 4)
+    elapsed = time.monotonic() - plane.started
+    RESULTS["near_probes_per_s"] = round(metric_value(leaf, "dlb_leaf_background_probes_total", outcome="ok") / elapsed, 3)
+    RESULTS["near_probe_busy_share"] = round(metric_value(leaf, "dlb_leaf_background_probe_seconds_total") / elapsed, 4)
 
 
 def test_a_restarted_leaf_is_back_in_the_roots_view_quickly(plane):

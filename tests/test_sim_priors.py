@@ -119,18 +119,17 @@ def test_background_prober_probes_only_on_silence_within_the_budget() -> None:
         BackgroundProbeConfig(min_interval_s=10.0, max_interval_s=5.0)
 
 
-def test_a_new_prober_warms_up_at_once_then_spaces_probes() -> None:
-    """A (re)started leaf probes at once, then min_interval apart until `warmup` probes completed."""
+def test_a_new_prober_sends_its_warmup_probes_at_once() -> None:
+    """A (re)started leaf sends `warmup` probes at once (even with traffic), then follows the rule."""
     p = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, warmup=2))
     assert p.due(0.0, 0, 50.0)
     p.on_sent(0.0)
-    p.on_done(0.1)
-    assert not p.due(0.2, 1, 50.0)  # the probe's own completion is activity too
-    assert not p.due(1.1, 1, 50.0) and p.due(1.2, 1, 50.0)
-    p.on_sent(1.2)
-    p.on_done(1.3)
-    assert not p.due(1.4, 2, 50.0)
-    assert not p.due(3.3, 2, 50.0) and p.due(3.4, 2, 50.0)  # warm: the budget's 2 s interval
+    assert p.due(0.0, 0, 50.0)
+    p.on_sent(0.0)
+    assert not p.due(0.1, 0, 50.0)  # warm-up done, probes outstanding
+    p.on_done(0.2)
+    assert not p.due(0.3, 2, 50.0)
+    assert not p.due(2.2, 2, 50.0) and p.due(2.4, 2, 50.0)  # then the budget's 2 s of silence
 
 
 @pytest.mark.parametrize("kind", priors.SCENARIOS)

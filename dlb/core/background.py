@@ -19,10 +19,10 @@ max_interval_s)`` with the capacity ``1/b`` of the cell's current model. So an i
 most ``budget`` of its request capacity on probes (a busy cell nothing), except that it probes at
 least every ``max_interval_s``: the capacity comes from the very model the probes are there to
 check, and a prior 50× too slow would otherwise space them minutes apart. A new prober (a leaf
-that just started or restarted) sends its first ``warmup`` probes ``min_interval_s`` apart,
-the first at once: those few samples are what replaces the configured prior
-(:func:`dlb.core.fit.measured_prior`), so a restarted leaf is back in the roots' view seconds after
-it is ready, not after the cell happens to get traffic. A cell so small that one
+that just started or restarted) sends its first ``warmup`` probes at once, whatever the traffic:
+those few samples are what replaces the configured prior (:func:`dlb.core.fit.measured_prior`), so
+a restarted leaf is back in the roots' view one probe latency after it is ready (the leaf refits as
+soon as they are in), not after the cell happens to get traffic. A cell so small that one
 request per ``max_interval_s`` exceeds the budget pays that floor; the share is reported, not
 assumed. Pure and clock-free (``now`` passed in).
 """
@@ -43,7 +43,7 @@ class BackgroundProbeConfig:
     budget: float = 0.008
     #: A probe not completed after this long is written off (its completion was lost).
     timeout_s: float = 30.0
-    #: Probes sent ``min_interval_s`` apart (the first at once) by a new prober.
+    #: Probes a new prober sends at once (a fresh leaf's first samples).
     warmup: int = 3
 
     def __post_init__(self) -> None:
@@ -73,17 +73,17 @@ class BackgroundProber:
 
     def due(self, now: float, completions: int, capacity_rps: float) -> bool:
         """Whether to send a probe now; ``completions`` is the cell's running count of completions."""
-        if completions != self._count:  # also the first call: start-up counts as activity
-            first = self._count < 0
+        if self.sent < self.config.warmup:
+            return True
+        if completions != self._count:
             self._count = completions
-            self._last_activity = now - self.config.min_interval_s if first and self.config.warmup > 0 else now
+            self._last_activity = now
         if self._outstanding_since is not None:
             if now - self._outstanding_since < self.config.timeout_s:
                 return False
             self._outstanding_since = None
             self.lost += 1
-        wait = self.config.min_interval_s if self.completed < self.config.warmup else self.interval(capacity_rps)
-        return now - self._last_activity >= wait
+        return now - self._last_activity >= self.interval(capacity_rps)
 
     def on_sent(self, now: float) -> None:
         self.sent += 1

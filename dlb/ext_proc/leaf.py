@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dlb.config import Config
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber
 from dlb.core.estimator import EstimatorConfig
+from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.envoy import headers
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
@@ -192,10 +193,17 @@ class LeafAgent:
         """
         est = self.state.estimator
         loop = asyncio.get_running_loop()
+        last = self.clock()
         while True:
-            await asyncio.sleep(est.config.refit_period_s)
+            await asyncio.sleep(min(0.05, est.config.refit_period_s))
+            now = self.clock()
+            # Refit on schedule, or at once when the first samples can replace the configured prior
+            # (a fresh or restarted leaf: its warm-up probes just completed).
+            first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
+            if now - last < est.config.refit_period_s and not first:
+                continue
+            last = now
             try:
-                now = self.clock()
                 self.state.expire(now)
                 shadow = copy.copy(est)
                 shadow._t, shadow._rif, shadow._lat = copy.copy(est._t), copy.copy(est._rif), copy.copy(est._lat)
@@ -204,6 +212,7 @@ class LeafAgent:
                 self.fit_seconds += time.perf_counter() - t0
                 self.fits += 1
                 est.params, est.confidence, est.last_result, est._last_fit = shadow.params, shadow.confidence, shadow.last_result, now
+                est.effective_prior, est._stride = shadow.effective_prior, shadow._stride
             except Exception:
                 log.exception("fit_failed", cell=self.state.cell)
 
@@ -229,14 +238,13 @@ class LeafAgent:
         while True:
             await asyncio.sleep(tick_s)
             now = self.clock()
-            if not self.envoy_ok or not prober.due(now, st.completed, 1.0 / st.estimator.params.b):
-                continue
-            prober.on_sent(now)
-            seq += 1
-            task = asyncio.create_task(self._background_probe(address, body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
-                                                              config.timeout_s))
-            self._bg_tasks.add(task)
-            task.add_done_callback(self._bg_tasks.discard)
+            while self.envoy_ok and prober.due(now, st.completed, 1.0 / st.estimator.params.b):
+                prober.on_sent(now)
+                seq += 1
+                task = asyncio.create_task(self._background_probe(address, body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
+                                                                  config.timeout_s))
+                self._bg_tasks.add(task)
+                task.add_done_callback(self._bg_tasks.discard)
 
     async def _background_probe(self, address: str, body: bytes, request_id: str, timeout_s: float) -> None:
         host, _, port = address.rpartition(":")

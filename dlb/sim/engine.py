@@ -395,7 +395,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         k_live[j] = float(counts[j])
             elif kind == _BG:
                 for j in range(n):
-                    if probers[j].due(now, done_at[j], 1.0 / est[j].params.b):
+                    while probers[j].due(now, done_at[j], 1.0 / est[j].params.b):
                         probers[j].on_sent(now)
                         probes_sent[j] += 1
                         prefill_s.append(probe_prefill)
