@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor
 from dlb.core.estimator import EstimatorConfig, LatencyEstimator
 from dlb.core.fit import measured_prior
 from dlb.core.latency_model import LatencyParams, latency
@@ -117,6 +117,13 @@ def test_background_prober_probes_only_on_silence_within_the_budget() -> None:
     assert not p.due(41.0, 59, 50.0) and p.due(42.1, 59, 50.0) and p.lost == 1
     with pytest.raises(ValueError, match="min_interval_s"):
         BackgroundProbeConfig(min_interval_s=10.0, max_interval_s=5.0)
+
+
+def test_probe_budget_is_taken_of_a_capacity_no_batching_assumption_can_inflate() -> None:
+    """capacity = min(1/b, servers/a): a guessed b cannot make an idle cell probe more than its budget
+    of one-request-at-a-time serving."""
+    assert capacity_floor(1, a=0.07, b=0.002) == pytest.approx(1 / 0.07)
+    assert capacity_floor(6, a=0.45, b=0.5) == pytest.approx(2.0)
 
 
 def test_a_new_prober_sends_its_warmup_probes_at_once() -> None:

@@ -15,7 +15,11 @@ cell with traffic never probes, because the rule below only fires on silence.
 
 The rule: send one probe when the cell has seen no completion (real or probe) for ``interval`` and
 no probe is outstanding, where ``interval = clip(1 / (budget × capacity), min_interval_s,
-max_interval_s)`` with the capacity ``1/b`` of the cell's current model. So an idle cell spends at
+max_interval_s)`` with the capacity from :func:`capacity_floor`: the model's saturation
+throughput ``1/b``, but never more than ``servers / a`` — one request per server at a time at the
+measured unloaded latency. ``a`` is what the probes measure; ``b`` keeps the configured prior's
+shape until the cell is loaded, and a guessed shape 13× too optimistic was measured to put an
+idle 1-server cell's probes at 1.8 % of its capacity. So an idle cell spends at
 most ``budget`` of its request capacity on probes (a busy cell nothing), except that it probes at
 least every ``max_interval_s``: the capacity comes from the very model the probes are there to
 check, and a prior 50× too slow would otherwise space them minutes apart. A new prober (a leaf
@@ -31,6 +35,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+def capacity_floor(servers: int, a: float, b: float) -> float:
+    """Requests/s the probe budget is taken of: ``min(1/b, servers/a)`` (see the module docstring)."""
+    return min(1.0 / b, max(servers, 1) / a)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor
 from dlb.core.estimator import EstimatorConfig
 from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.envoy import headers
@@ -238,7 +238,8 @@ class LeafAgent:
         while True:
             await asyncio.sleep(tick_s)
             now = self.clock()
-            while self.envoy_ok and prober.due(now, st.completed, 1.0 / st.estimator.params.b):
+            p = st.estimator.params
+            while self.envoy_ok and prober.due(now, st.completed, capacity_floor(st.healthy(now), p.a, p.b)):
                 prober.on_sent(now)
                 seq += 1
                 task = asyncio.create_task(self._background_probe(address, body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",

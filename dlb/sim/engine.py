@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL
@@ -395,7 +395,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         k_live[j] = float(counts[j])
             elif kind == _BG:
                 for j in range(n):
-                    while probers[j].due(now, done_at[j], 1.0 / est[j].params.b):
+                    pj = est[j].params
+                    while probers[j].due(now, done_at[j], capacity_floor(len(online[j]), pj.a, pj.b)):
                         probers[j].on_sent(now)
                         probes_sent[j] += 1
                         prefill_s.append(probe_prefill)
