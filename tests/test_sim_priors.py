@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.estimator import EstimatorConfig, LatencyEstimator
 from dlb.core.fit import measured_prior
 from dlb.core.latency_model import LatencyParams, latency
@@ -166,3 +166,31 @@ def test_priors_cli_writes_records(tmp_path) -> None:
     for r in recs:
         assert r["experiment"] == "priors" and r["policy"] == "Flow-Lat" and "converge_s" in r and "probe_share" in r
     assert (tmp_path / "priors.md").exists()
+
+
+def test_surprising_probes_in_a_row_declare_a_change_and_speed_up_probing() -> None:
+    """While probes surprise, the next comes after min_interval; `change_after` same-sign surprises in a
+    row declare a change that began when the first of them was sent; a non-surprise resets the streak."""
+    assert surprise(0.2, 0.1, 0.3) == 1 and surprise(0.05, 0.1, 0.3) == -1 and surprise(0.11, 0.1, 0.3) == 0
+    p = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, warmup=0, change_after=3))
+    assert p.due(0.0, 0, 1.0) is False and p.due(5.0, 0, 1.0)
+    p.on_sent(5.0)
+    p.on_done(5.1, -1)
+    assert not p.due(6.0, 1, 1.0) and p.due(7.2, 1, 1.0)  # 1 s after the last activity, not 5
+    p.on_sent(7.2)
+    p.on_done(7.3, 0)  # no surprise: streak reset
+    p.on_sent(12.3)
+    p.on_done(12.4, -1)
+    p.on_sent(13.4)
+    p.on_done(13.5, -1)
+    assert p.take_change() is None
+    p.on_sent(14.5)
+    p.on_done(14.6, -1)
+    assert p.take_change() == 12.3 and p.take_change() is None
+
+
+def test_forget_before_drops_only_older_samples() -> None:
+    est = LatencyEstimator(TRUE)
+    for t in range(10):
+        est.record(float(t), 1.0, 0.5)
+    assert est.forget_before(6.0) == 6 and len(est) == 4

@@ -29,12 +29,29 @@ a restarted leaf is back in the roots' view one probe latency after it is ready 
 soon as they are in), not after the cell happens to get traffic. A cell so small that one
 request per ``max_interval_s`` exceeds the budget pays that floor; the share is reported, not
 assumed. Pure and clock-free (``now`` passed in).
+
+**Change detection.** A cell that recovered after being slow is the starvation loop itself: its
+window is full of slow samples from when it had traffic, and one probe per ``max_interval_s`` takes
+2–3 half-lives to outvote them (measured through real Envoys: 36–60 s). So the caller reports each
+probe's *surprise* — the sign of its latency's deviation from the cell's model beyond
+``tolerance`` — and while probes keep surprising the prober probes every ``min_interval_s``; after
+``change_after`` surprises in a row of the same sign, :attr:`BackgroundProber.changed_since`
+gives the time of the first one: the cell changed then, and the caller drops the samples older
+than that (:meth:`dlb.core.estimator.LatencyEstimator.forget_before`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+def surprise(latency_s: float, predicted_s: float, tolerance: float) -> int:
+    """+1 if a probe took longer than the model predicted by more than ``tolerance``, −1 if shorter, else 0."""
+    if not (predicted_s > 0 and latency_s > 0):
+        return 0
+    r = latency_s / predicted_s
+    return 1 if r > 1.0 + tolerance else (-1 if r < 1.0 / (1.0 + tolerance) else 0)
 
 
 def capacity_floor(servers: int, a: float, b: float) -> float:
@@ -54,6 +71,10 @@ class BackgroundProbeConfig:
     timeout_s: float = 30.0
     #: Probes a new prober sends at once (a fresh leaf's first samples).
     warmup: int = 3
+    #: A probe whose latency is off the model's prediction by more than this (relative) is a surprise.
+    tolerance: float = 0.5
+    #: Surprises of the same sign in a row that declare the cell changed.
+    change_after: int = 3
 
     def __post_init__(self) -> None:
         if not (0 < self.min_interval_s <= self.max_interval_s and 0 < self.budget <= 1 and self.timeout_s > 0):
@@ -72,6 +93,11 @@ class BackgroundProber:
     _count: int = -1
     _last_activity: float = -math.inf
     _outstanding_since: float | None = None
+    _last_sent: float = math.nan
+    _streak: int = 0  # signed count of same-sign surprises in a row
+    _streak_since: float = math.nan
+    #: Set when ``change_after`` same-sign surprises in a row declared a change: when it began.
+    changed_since: float | None = None
 
     def interval(self, capacity_rps: float) -> float:
         """Seconds of silence before a probe, so idle probing stays within the budget."""
@@ -92,15 +118,31 @@ class BackgroundProber:
                 return False
             self._outstanding_since = None
             self.lost += 1
-        return now - self._last_activity >= self.interval(capacity_rps)
+        wait = self.config.min_interval_s if self._streak else self.interval(capacity_rps)
+        return now - self._last_activity >= wait
 
     def on_sent(self, now: float) -> None:
         self.sent += 1
+        self._last_sent = now
         self._outstanding_since = now
         self._last_activity = now
 
-    def on_done(self, now: float) -> None:
-        """The probe finished (success or error)."""
+    def on_done(self, now: float, surprised: int = 0) -> None:
+        """The probe finished (success or error); ``surprised`` from :func:`surprise` (0 for an error)."""
         self.completed += 1
         self._outstanding_since = None
         self._last_activity = now
+        if surprised == 0:
+            self._streak = 0
+            return
+        if self._streak * surprised <= 0:  # a new streak (or the sign flipped): it began when this probe was sent
+            self._streak, self._streak_since = 0, self._last_sent
+        self._streak += surprised
+        if abs(self._streak) >= self.config.change_after:
+            self.changed_since = self._streak_since
+            self._streak = 0
+
+    def take_change(self) -> float | None:
+        """The start of a declared change, once (the caller forgets samples older than it)."""
+        t, self.changed_since = self.changed_since, None
+        return t

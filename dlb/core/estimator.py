@@ -151,7 +151,7 @@ class LatencyEstimator:
             weights = np.exp2(-np.maximum(age, 0.0) / cfg.half_life_s)
         if cfg.measure_prior:
             if rif.size >= MIN_PRIOR_SAMPLES:
-                self.effective_prior = measured_prior(rif, lat, self.prior, self.knee)
+                self.effective_prior = measured_prior(rif, lat, self.prior, self.knee, weights)
             elif self.knee is not None:
                 # Too few samples to measure the time scale: keep the last measured one (an old
                 # measurement beats the guess it replaced) and take the servers' knee.
@@ -171,6 +171,16 @@ class LatencyEstimator:
         self.params = params
         self.confidence = res.confidence
         return res
+
+    def forget_before(self, t: float) -> int:
+        """Drop the samples recorded before ``t`` (the cell changed then); returns how many."""
+        k = 0
+        while self._t and self._t[0] < t:
+            self._t.popleft()
+            self._rif.popleft()
+            self._lat.popleft()
+            k += 1
+        return k
 
     def set_knee(self, knee: float | None) -> None:
         """The cell's concurrency limit measured from its servers (None: unknown); used from the next refit."""

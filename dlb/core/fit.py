@@ -117,7 +117,8 @@ def fit_latency_model(
 MIN_PRIOR_SAMPLES = 3
 
 
-def measured_prior(rif: np.ndarray, lat: np.ndarray, prior: LatencyParams, knee: float | None = None) -> LatencyParams:
+def measured_prior(rif: np.ndarray, lat: np.ndarray, prior: LatencyParams, knee: float | None = None,
+                   weights: np.ndarray | None = None) -> LatencyParams:
     """The prior's shape on the time scale the samples show, and the knee the servers report.
 
     A configured prior is a guess written before the cell was ever measured; the issue that added
@@ -127,12 +128,15 @@ def measured_prior(rif: np.ndarray, lat: np.ndarray, prior: LatencyParams, knee:
     prior's prediction at the same RIF — exact for a prior wrong only in scale, robust to a few long
     requests — from as few as :data:`MIN_PRIOR_SAMPLES` samples, long before a full fit is identified.
     ``knee``: the cell's concurrency limit as the servers report it (Σ of ``vllm:num_requests_running``
-    seen while requests wait), which replaces the prior's knee when known.
+    seen while requests wait), which replaces the prior's knee when known. ``weights`` (recency) make
+    it a weighted median, so a cell that recovered is rescaled by its recent probes, not by a window
+    still full of samples from when it was slow (measured: 36–60 s to recover instead of ~15 s).
     """
     x = np.asarray(rif, dtype=float).reshape(-1)
     y = np.asarray(lat, dtype=float).reshape(-1)
-    ok = np.isfinite(x) & np.isfinite(y) & (x >= 0) & (y > 0)
-    x, y = x[ok], y[ok]
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float).reshape(-1)
+    ok = np.isfinite(x) & np.isfinite(y) & (x >= 0) & (y > 0) & (w > 0)
+    x, y, w = x[ok], y[ok], w[ok]
     base = prior
     if knee is not None and knee > 0:
         # Keep the stability shape c < a/b: a knee further right than the prior allows means the
@@ -140,7 +144,10 @@ def measured_prior(rif: np.ndarray, lat: np.ndarray, prior: LatencyParams, knee:
         base = LatencyParams(prior.a, min(prior.b, 0.9 * prior.a / knee), float(knee), prior.s)
     if x.size < MIN_PRIOR_SAMPLES:
         return base
-    f = float(np.median(y / latency(x, base.a, base.b, base.c, base.s)))
+    ratio = y / latency(x, base.a, base.b, base.c, base.s)
+    order = np.argsort(ratio)
+    cum = np.cumsum(w[order])
+    f = float(ratio[order][int(np.searchsorted(cum, 0.5 * cum[-1]))])
     if not (math.isfinite(f) and f > 0):
         return base
     return LatencyParams(base.a * f, base.b * f, base.c, base.s)

@@ -41,9 +41,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.estimator import EstimatorConfig
 from dlb.core.fit import MIN_PRIOR_SAMPLES
+from dlb.core.latency_model import latency
 from dlb.envoy import headers
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
@@ -111,6 +112,8 @@ class LeafAgent:
         self.bg_failed = 0
         self.bg_seconds = 0.0
         self._bg_tasks: set[asyncio.Task] = set()
+        #: Set when background probes declared the cell changed: the fit loop refits at once.
+        self.refit_now = False
 
     # -- ext_proc (request path) -------------------------------------------------------------------
     def handle(self, message: bytes) -> tuple[bytes, bool]:
@@ -200,9 +203,9 @@ class LeafAgent:
             # Refit on schedule, or at once when the first samples can replace the configured prior
             # (a fresh or restarted leaf: its warm-up probes just completed).
             first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
-            if now - last < est.config.refit_period_s and not first:
+            if now - last < est.config.refit_period_s and not first and not self.refit_now:
                 continue
-            last = now
+            last, self.refit_now = now, False
             try:
                 self.state.expire(now)
                 shadow = copy.copy(est)
@@ -250,6 +253,8 @@ class LeafAgent:
     async def _background_probe(self, address: str, body: bytes, request_id: str, timeout_s: float) -> None:
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
+        p = self.state.estimator.params
+        predicted = float(latency(self.state.rif + 1, p.a, p.b, p.c, p.s))
         t0 = self.clock()
         status = 0
         writer = None
@@ -267,6 +272,7 @@ class LeafAgent:
             if writer is not None:
                 writer.close()
         elapsed = self.clock() - t0
+        surprised = 0
         if 200 <= status < 300:
             self.bg_ok += 1
             self.bg_seconds += elapsed
@@ -274,8 +280,18 @@ class LeafAgent:
             self.bg_failed += 1
             if self.bg_failed == 1 or self.bg_failed % 100 == 0:
                 log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed)
-        if self.prober is not None:
-            self.prober.on_done(self.clock())
+        pr = self.prober
+        if pr is not None:
+            if 200 <= status < 300:
+                surprised = surprise(elapsed, predicted, pr.config.tolerance)
+            pr.on_done(self.clock(), surprised)
+            t_change = pr.take_change()
+            if t_change is not None:
+                # The cell is no longer what its samples say (it recovered, or slowed while idle).
+                dropped = self.state.estimator.forget_before(t_change)
+                self.refit_now = True
+                log.info("cell_change_detected", cell=self.state.cell, direction="slower" if surprised > 0 else "faster",
+                         samples_dropped=dropped)
 
     async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:
         """TCP-connect to the leaf Envoy's listener every ``period_s``.

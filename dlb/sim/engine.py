@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
-from dlb.core.latency_model import LatencyParams
+from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL
 from dlb.core.topology import Topology
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
@@ -296,7 +296,15 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     est[j].record(now, rif0[b], serving)
                 errs[j].record(now, False)
                 if b >= R:  # a background probe: a sample, not a client request
-                    probers[j].on_done(now)
+                    pj = est[j].params
+                    pr = probers[j]
+                    pr.on_done(now, surprise(serving, float(latency(rif0[b], pj.a, pj.b, pj.c, pj.s)), pr.config.tolerance))
+                    t_change = pr.take_change()
+                    if t_change is not None:  # the cell changed: forget what it was, refit now
+                        est[j].forget_before(t_change)
+                        est[j].refit(now)
+                        reported[j] = _perturb(est[j].params, noise[j]) if sc.noise_eps else est[j].params
+                        confidence[j] = est[j].confidence
                     continue
                 in_flight -= 1
                 completed += 1
