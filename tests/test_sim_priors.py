@@ -10,7 +10,12 @@ import random
 import numpy as np
 import pytest
 
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
+from dlb.core.background import (
+    BackgroundProbeConfig,
+    BackgroundProber,
+    capacity_floor,
+    surprise,
+)
 from dlb.core.estimator import EstimatorConfig, LatencyEstimator
 from dlb.core.fit import measured_prior
 from dlb.core.latency_model import LatencyParams, latency

@@ -41,7 +41,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
+from dlb.core.background import (
+    BackgroundProbeConfig,
+    BackgroundProber,
+    capacity_floor,
+    surprise,
+)
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL
