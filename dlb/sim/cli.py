@@ -136,9 +136,9 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
             raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - set(kinds)))} for priors "
                              f"(known: {', '.join(kinds)})")
         kinds = tuple(k for k in kinds if k in wanted)
+    commit = _commit()  # before running: the code that produces the records
     t0, c0 = time.perf_counter(), time.process_time()
     records = priors.run_experiment(args.scenarios, args.trials, args.minutes * 60.0, args.seed, pols, kinds)
-    commit = _commit()
     for r in records:
         r["commit"] = commit
     path = out / "results.json"
