@@ -33,7 +33,8 @@ def test_estimator_recovers_curve_from_window() -> None:
 
 
 def test_estimator_window_expires_old_samples_and_falls_back_to_prior() -> None:
-    est = LatencyEstimator(PRIOR, EstimatorConfig(window_s=10.0, refit_period_s=1.0))
+    # No dithering: the published prior must be the configured one exactly.
+    est = LatencyEstimator(PRIOR, EstimatorConfig(window_s=10.0, refit_period_s=1.0, dither=0.0))
     for k in range(50):
         est.record(float(k) * 0.1, 5.0, 2.0)
     est.refit(100.0)  # every sample is older than the window

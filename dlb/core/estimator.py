@@ -13,6 +13,20 @@ Pure and clock-free (callers pass ``now``), so the leaf agent (real time) and th
   rate would put more than ``max_samples`` in the window, only every k-th completion is kept
   (k from the rate seen at the last refit). Keeping the *newest* ``max_samples`` instead would shrink
   a busy cell's window to a few seconds of one transient, which the fit then mistakes for the curve.
+- **Learning without traffic** (issue 12; paper §6 "Estimation and routing form a closed loop":
+  background probing, shrinkage toward a prior, dithering). Three parts live here:
+  *measured prior* — after :data:`~dlb.core.fit.MIN_PRIOR_SAMPLES` samples the configured prior's
+  time scale is replaced by what the samples show (:func:`~dlb.core.fit.measured_prior`), and the
+  knee by the servers' reported concurrency limit when the leaf knows it; the fit and the shrinkage
+  then pull toward that, not toward a guess that may be off ×50. *Recency* — samples are weighted
+  ``2^(−age/half_life_s)`` in the fit, and the confidence counts that weighted evidence, so
+  confidence rises with evidence and falls with age, and a cell that changed (3× slower) is
+  refitted from its recent behaviour within about a half-life instead of a whole window.
+  *Dithering* — the published time scale is multiplied by ``1 + dither·ξ``, ξ ~ U[−1, 1] drawn
+  at each refit, so cells whose estimates are within a few percent of each other swap places now
+  and then instead of one of them being starved of samples forever. The samples themselves come
+  from traffic or, on a cell without traffic, from the leaf's background probes
+  (:mod:`dlb.core.background`).
 - :class:`ErrorTracker` is an exponentially-decaying error *fraction*: errors and outcomes are both
   decayed with time constant ``tau``, and the rate is their ratio. Decaying counts (rather than an EMA
   per sample) makes the value independent of the request rate, which differs by orders of magnitude
@@ -22,12 +36,19 @@ Pure and clock-free (callers pass ``now``), so the leaf agent (real time) and th
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.core.fit import FitResult, fit_latency_model, shrink_toward_prior
+from dlb.core.fit import (
+    MIN_PRIOR_SAMPLES,
+    FitResult,
+    fit_latency_model,
+    measured_prior,
+    shrink_toward_prior,
+)
 from dlb.core.latency_model import LatencyParams
 
 
@@ -41,20 +62,43 @@ class EstimatorConfig:
     max_samples: int = 2000
     #: Weight of the shrinkage toward the prior inside the fit.
     prior_weight: float = 1.0
+    #: Age (seconds) at which a sample counts half in the fit and in the confidence; ``inf``: no decay.
+    half_life_s: float = 15.0
+    #: Replace the configured prior's time scale (and knee) by measured ones once samples exist.
+    measure_prior: bool = True
+    #: Relative amplitude of the dithering noise on the published time scale (0 disables it).
+    dither: float = 0.05
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.refit_period_s <= 0 or self.max_samples < 1:
             raise ValueError(
                 f"estimator window_s and refit_period_s must be > 0 and max_samples >= 1: {self}"
             )
+        if not self.half_life_s > 0:
+            raise ValueError(f"estimator half_life_s must be > 0 (inf disables the decay): {self.half_life_s}")
+        if not 0 <= self.dither < 1:
+            raise ValueError(f"estimator dither must be in [0, 1): {self.dither}")
+
+    @classmethod
+    def static(cls, window_s: float = 60.0, refit_period_s: float = 5.0, max_samples: int = 2000) -> EstimatorConfig:
+        """The estimator before issue 12: config prior, no recency weights, no dithering (for comparisons)."""
+        return cls(window_s=window_s, refit_period_s=refit_period_s, max_samples=max_samples,
+                   half_life_s=math.inf, measure_prior=False, dither=0.0)
 
 
 class LatencyEstimator:
     """Sliding window of (arrival RIF, latency) samples and the latency model fitted to it."""
 
-    def __init__(self, prior: LatencyParams, config: EstimatorConfig | None = None) -> None:
+    def __init__(self, prior: LatencyParams, config: EstimatorConfig | None = None,
+                 rng: random.Random | None = None) -> None:
+        #: The configured prior (from the config or the control plane).
         self.prior = prior
+        #: What the fit shrinks toward: ``prior`` until samples measure a better one.
+        self.effective_prior = prior
+        #: The cell's concurrency limit as its servers report it (None: unknown; see set_knee).
+        self.knee: float | None = None
         self.config = config or EstimatorConfig()
+        self._rng = rng if rng is not None else random.Random(0)
         self._t: deque[float] = deque(maxlen=self.config.max_samples)
         self._rif: deque[float] = deque(maxlen=self.config.max_samples)
         self._lat: deque[float] = deque(maxlen=self.config.max_samples)
@@ -98,21 +142,55 @@ class LatencyEstimator:
         """Fit now on the samples inside the window and publish the shrunk parameters."""
         self._last_fit = now
         self._expire(now)
-        res = fit_latency_model(
-            np.fromiter(self._rif, float, len(self._rif)),
-            np.fromiter(self._lat, float, len(self._lat)),
-            self.prior,
-            prior_weight=self.config.prior_weight,
-        )
+        cfg = self.config
+        rif = np.fromiter(self._rif, float, len(self._rif))
+        lat = np.fromiter(self._lat, float, len(self._lat))
+        weights = None
+        if math.isfinite(cfg.half_life_s) and rif.size:
+            age = now - np.fromiter(self._t, float, len(self._t))
+            weights = np.exp2(-np.maximum(age, 0.0) / cfg.half_life_s)
+        if cfg.measure_prior:
+            if rif.size >= MIN_PRIOR_SAMPLES:
+                self.effective_prior = measured_prior(rif, lat, self.prior, self.knee, weights)
+            elif self.knee is not None:
+                # Too few samples to measure the time scale: keep the last measured one (an old
+                # measurement beats the guess it replaced) and take the servers' knee.
+                self.effective_prior = measured_prior(rif[:0], lat[:0], self.effective_prior, self.knee)
+        prior = self.effective_prior
+        res = fit_latency_model(rif, lat, prior, prior_weight=cfg.prior_weight, weights=weights)
         self.last_result = res
         # Thinning for the next period: kept samples per window ≈ max_samples.
         if self._t:
             span = max(now - self._t[0], self.config.refit_period_s)
             rate = len(self._t) * self._stride / span
             self._stride = max(1, math.ceil(rate * self.config.window_s / self.config.max_samples))
-        self.params = shrink_toward_prior(res, self.prior) if res.confidence > 0 else self.prior
+        params = shrink_toward_prior(res, prior) if res.confidence > 0 else prior
+        if cfg.dither > 0:
+            g = 1.0 + cfg.dither * (2.0 * self._rng.random() - 1.0)
+            params = LatencyParams(params.a * g, params.b * g, params.c, params.s)
+        self.params = params
         self.confidence = res.confidence
         return res
+
+    def forget_before(self, t: float) -> int:
+        """Drop the samples recorded before ``t`` (the cell changed then); returns how many."""
+        k = 0
+        while self._t and self._t[0] < t:
+            self._t.popleft()
+            self._rif.popleft()
+            self._lat.popleft()
+            k += 1
+        return k
+
+    def set_knee(self, knee: float | None) -> None:
+        """The cell's concurrency limit measured from its servers (None: unknown); used from the next refit."""
+        self.knee = knee if knee is not None and knee > 0 else None
+
+    def reset_prior(self, prior: LatencyParams) -> None:
+        """A new configured prior (from the control plane); a measured one already in use stays."""
+        if self.effective_prior is self.prior:
+            self.effective_prior = prior
+        self.prior = prior
 
 
 class ErrorTracker:

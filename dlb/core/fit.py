@@ -43,15 +43,26 @@ def fit_latency_model(
     prior: LatencyParams,
     prior_weight: float = 1.0,
     loss: str = "soft_l1",
+    weights: np.ndarray | None = None,
 ) -> FitResult:
-    """Fit θ = (a, b, c, s) to samples; shrink toward ``prior`` when evidence is thin."""
+    """Fit θ = (a, b, c, s) to samples; shrink toward ``prior`` when evidence is thin.
+
+    ``weights`` (in (0, 1], one per sample; the estimator passes recency weights) scale each
+    sample's residual by √w, and the evidence behind the confidence is Σw rather than the count:
+    a window of old samples is worth less than as many fresh ones.
+    """
     x = np.asarray(rif, dtype=float).reshape(-1)
     y = np.asarray(lat, dtype=float).reshape(-1)
-    ok = np.isfinite(x) & np.isfinite(y) & (x >= 0) & (y > 0)
-    x, y = x[ok], y[ok]
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float).reshape(-1)
+    if w.shape != x.shape:
+        raise ValueError(f"weights must have one value per sample: {w.shape} vs {x.shape}")
+    ok = np.isfinite(x) & np.isfinite(y) & (x >= 0) & (y > 0) & np.isfinite(w) & (w > 0)
+    x, y, w = x[ok], y[ok], w[ok]
     n = int(x.size)
     if n < MIN_SAMPLES:
         return FitResult(prior, 0.0, n, math.nan, False)
+    sqrt_w = np.sqrt(w)
+    n_eff = float(w.sum())
 
     y_scale = float(np.median(y))
     x_max = max(float(x.max()), 1.0)
@@ -75,7 +86,7 @@ def fit_latency_model(
     def residuals(z: np.ndarray) -> np.ndarray:
         p = z * scale
         p[2] = z[2] * p[0] / p[1]
-        r = (latency(x, p[0], p[1], p[2], p[3]) - y) / y_scale
+        r = sqrt_w * (latency(x, p[0], p[1], p[2], p[3]) - y) / y_scale
         # Shrinkage on log-parameters (c may be 0, so it is shrunk additively relative to x_max).
         shrink_log = np.log(np.maximum(p[[0, 1, 3]], 1e-12)) - log_p0[[0, 1, 3]]
         shrink_c = (p[2] - p0[2]) / x_max
@@ -94,11 +105,52 @@ def fit_latency_model(
         c = 0.99 * a / b
     params = LatencyParams(a, b, c, s)
     rmse = float(np.sqrt(np.mean((latency(x, a, b, c, s) - y) ** 2)))
-    # Confidence: grows with samples (half at 50) and with the RIF range observed relative to the knee.
+    # Confidence: grows with (weighted) evidence (half at 50 samples' worth) and with the RIF range
+    # observed relative to the knee.
     spread = float(np.ptp(x))
     coverage = min(1.0, spread / max(c + 2 * s, 1.0))
-    confidence = (n / (n + 50.0)) * (0.5 + 0.5 * coverage)
+    confidence = (n_eff / (n_eff + 50.0)) * (0.5 + 0.5 * coverage)
     return FitResult(params, float(confidence), n, rmse, converged)
+
+
+#: Fewest samples from which :func:`measured_prior` rescales a prior (fewer: the prior is kept).
+MIN_PRIOR_SAMPLES = 3
+
+
+def measured_prior(rif: np.ndarray, lat: np.ndarray, prior: LatencyParams, knee: float | None = None,
+                   weights: np.ndarray | None = None) -> LatencyParams:
+    """The prior's shape on the time scale the samples show, and the knee the servers report.
+
+    A configured prior is a guess written before the cell was ever measured; the issue that added
+    this measured one off by ×50 (a = 0.8 s against a real 10 ms). Its *shape* (where the knee sits in
+    requests, how smooth it is) is the part a guess gets roughly right; its *time scale* is the part
+    any sample measures. So the time scale is replaced by the median ratio of measured latency to the
+    prior's prediction at the same RIF — exact for a prior wrong only in scale, robust to a few long
+    requests — from as few as :data:`MIN_PRIOR_SAMPLES` samples, long before a full fit is identified.
+    ``knee``: the cell's concurrency limit as the servers report it (Σ of ``vllm:num_requests_running``
+    seen while requests wait), which replaces the prior's knee when known. ``weights`` (recency) make
+    it a weighted median, so a cell that recovered is rescaled by its recent probes, not by a window
+    still full of samples from when it was slow (measured: 36–60 s to recover instead of ~15 s).
+    """
+    x = np.asarray(rif, dtype=float).reshape(-1)
+    y = np.asarray(lat, dtype=float).reshape(-1)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float).reshape(-1)
+    ok = np.isfinite(x) & np.isfinite(y) & (x >= 0) & (y > 0) & (w > 0)
+    x, y, w = x[ok], y[ok], w[ok]
+    base = prior
+    if knee is not None and knee > 0:
+        # Keep the stability shape c < a/b: a knee further right than the prior allows means the
+        # prior's throughput (1/b) was too low for these servers.
+        base = LatencyParams(prior.a, min(prior.b, 0.9 * prior.a / knee), float(knee), prior.s)
+    if x.size < MIN_PRIOR_SAMPLES:
+        return base
+    ratio = y / latency(x, base.a, base.b, base.c, base.s)
+    order = np.argsort(ratio)
+    cum = np.cumsum(w[order])
+    f = float(ratio[order][int(np.searchsorted(cum, 0.5 * cum[-1]))])
+    if not (math.isfinite(f) and f > 0):
+        return base
+    return LatencyParams(base.a * f, base.b * f, base.c, base.s)
 
 
 def shrink_toward_prior(fit: FitResult, prior: LatencyParams) -> LatencyParams:

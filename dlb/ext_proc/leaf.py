@@ -18,7 +18,10 @@ access log reports with the status and timings). See docs/data-plane.md for the 
 
 Background tasks (never on the request path): scrape each server's ``/metrics`` (vLLM gauges
 ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``), refit the latency model in a worker
-thread, expire lost in-flight records.
+thread, expire lost in-flight records, and send background probe requests when the cell is idle
+(:mod:`dlb.core.background`): a real inference request POSTed to this cell's own leaf Envoy, so it
+takes the data path real traffic takes (leaf Envoy → this agent's server pick → a server → the
+access log), tagged by its ``x-request-id`` so a refusal (4xx) is not taken for a latency sample.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.estimator import EstimatorConfig
+from dlb.core.fit import MIN_PRIOR_SAMPLES
+from dlb.core.latency_model import latency
 from dlb.envoy import headers
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
@@ -51,6 +57,8 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 log = get_logger("dlb.leaf")
 
 REQUEST_ID = "x-request-id"
+#: ``x-request-id`` prefix of the leaf's own background probe requests.
+BACKGROUND_PROBE_ID = "dlb-background-probe-"
 _START = accesslog_pb2.AccessLogType.Value("DownstreamStart")
 _PERIODIC = (accesslog_pb2.AccessLogType.Value("DownstreamPeriodic"), accesslog_pb2.AccessLogType.Value("UpstreamPeriodic"),
              accesslog_pb2.AccessLogType.Value("UpstreamPoolReady"))
@@ -99,6 +107,14 @@ class LeafAgent:
         self.envoy_check_failures = 0
         #: Counters of the HTTP/2 ext_proc transport when it serves this agent (exported at scrape time).
         self.transport_stats = None
+        #: Background probes (None until :meth:`background_loop` runs) and their outcomes.
+        self.prober: BackgroundProber | None = None
+        self.bg_ok = 0
+        self.bg_failed = 0
+        self.bg_seconds = 0.0
+        self._bg_tasks: set[asyncio.Task] = set()
+        #: Set when background probes declared the cell changed: the fit loop refits at once.
+        self.refit_now = False
 
     # -- ext_proc (request path) -------------------------------------------------------------------
     def handle(self, message: bytes) -> tuple[bytes, bool]:
@@ -156,6 +172,7 @@ class LeafAgent:
                     status=e.response.response_code.value,
                     duration_s=_serving_seconds(common),
                     client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
+                    probe=rid.startswith(BACKGROUND_PROBE_ID),
                 ))
 
     # -- probes -------------------------------------------------------------------------------------
@@ -188,10 +205,17 @@ class LeafAgent:
         """
         est = self.state.estimator
         loop = asyncio.get_running_loop()
+        last = self.clock()
         while True:
-            await asyncio.sleep(est.config.refit_period_s)
+            await asyncio.sleep(min(0.05, est.config.refit_period_s))
+            now = self.clock()
+            # Refit on schedule, or at once when the first samples can replace the configured prior
+            # (a fresh or restarted leaf: its warm-up probes just completed).
+            first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
+            if now - last < est.config.refit_period_s and not first and not self.refit_now:
+                continue
+            last, self.refit_now = now, False
             try:
-                now = self.clock()
                 self.state.expire(now)
                 shadow = copy.copy(est)
                 shadow._t, shadow._rif, shadow._lat = copy.copy(est._t), copy.copy(est._rif), copy.copy(est._lat)
@@ -200,6 +224,7 @@ class LeafAgent:
                 self.fit_seconds += time.perf_counter() - t0
                 self.fits += 1
                 est.params, est.confidence, est.last_result, est._last_fit = shadow.params, shadow.confidence, shadow.last_result, now
+                est.effective_prior, est._stride = shadow.effective_prior, shadow._stride
             except Exception:
                 log.exception("fit_failed", cell=self.state.cell)
 
@@ -211,6 +236,71 @@ class LeafAgent:
             for i, r in enumerate(results):
                 self.state.on_scrape(i, *r)
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
+
+    async def background_loop(self, address: str, config: BackgroundProbeConfig, body: bytes, tick_s: float = 0.25) -> None:
+        """Send one background probe request through this cell's leaf Envoy whenever the rule says so.
+
+        The rule (:class:`BackgroundProber`) watches the cell's completions: a cell with traffic never
+        probes; an idle one probes within its capacity budget, and a new leaf warms up at once. Each
+        probe runs as its own task, so a slow server never delays the loop or the request path.
+        """
+        prober = self.prober = BackgroundProber(config)
+        st = self.state
+        seq = 0
+        while True:
+            await asyncio.sleep(tick_s)
+            now = self.clock()
+            p = st.estimator.params
+            while self.envoy_ok and prober.due(now, st.completed, capacity_floor(st.healthy(now), p.a, p.b)):
+                prober.on_sent(now)
+                seq += 1
+                task = asyncio.create_task(self._background_probe(address, body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
+                                                                  config.timeout_s))
+                self._bg_tasks.add(task)
+                task.add_done_callback(self._bg_tasks.discard)
+
+    async def _background_probe(self, address: str, body: bytes, request_id: str, timeout_s: float) -> None:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        p = self.state.estimator.params
+        predicted = float(latency(self.state.rif + 1, p.a, p.b, p.c, p.s))
+        t0 = self.clock()
+        status = 0
+        writer = None
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: " + address.encode() +
+                         b"\r\ncontent-type: application/json\r\nconnection: close\r\nx-request-id: " +
+                         request_id.encode() + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            raw = await asyncio.wait_for(reader.read(-1), timeout_s)
+            line = raw.split(b"\r\n", 1)[0].split()
+            status = int(line[1]) if len(line) >= 2 and line[0].startswith(b"HTTP/1.") else 0
+        except (OSError, asyncio.TimeoutError, ValueError):
+            status = 0
+        finally:
+            if writer is not None:
+                writer.close()
+        elapsed = self.clock() - t0
+        surprised = 0
+        if 200 <= status < 300:
+            self.bg_ok += 1
+            self.bg_seconds += elapsed
+        else:
+            self.bg_failed += 1
+            if self.bg_failed == 1 or self.bg_failed % 100 == 0:
+                log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed)
+        pr = self.prober
+        if pr is not None:
+            if 200 <= status < 300:
+                surprised = surprise(elapsed, predicted, pr.config.tolerance)
+            pr.on_done(self.clock(), surprised)
+            t_change = pr.take_change()
+            if t_change is not None:
+                # The cell is no longer what its samples say (it recovered, or slowed while idle).
+                dropped = self.state.estimator.forget_before(t_change)
+                self.refit_now = True
+                log.info("cell_change_detected", cell=self.state.cell, direction="slower" if surprised > 0 else "faster",
+                         samples_dropped=dropped)
 
     async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:
         """TCP-connect to the leaf Envoy's listener every ``period_s``.
@@ -270,6 +360,12 @@ class LeafAgent:
             model.add_metric([name], v)
         yield model
         yield CounterMetricFamily("dlb_leaf_fit_seconds", "Time spent fitting the latency model", value=self.fit_seconds)
+        bg = CounterMetricFamily("dlb_leaf_background_probes", "Background probe requests sent by this leaf", labels=["outcome"])
+        bg.add_metric(["ok"], self.bg_ok)
+        bg.add_metric(["failed"], self.bg_failed)
+        yield bg
+        yield CounterMetricFamily("dlb_leaf_background_probe_seconds", "Summed latency of successful background probes",
+                                  value=self.bg_seconds)
         yield self.processing.family("dlb_leaf_processing_seconds", "Time to pick a server inside the service")
         if self.transport_stats is not None:
             yield from self.transport_stats.families("dlb_leaf")
@@ -336,7 +432,8 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
-                   ext_proc_h2: str | None = None, drain_s: float = 0.0) -> None:
+                   ext_proc_h2: str | None = None, drain_s: float = 0.0, background: BackgroundProbeConfig | None = None,
+                   background_body: bytes = b"") -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
     the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
@@ -375,6 +472,8 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         tasks.append(asyncio.create_task(agent.envoy_check_loop(str(cfg.cell(cell_name).leaf.address), envoy_check_period_s)))
     if scrape_period_s > 0:
         tasks.append(asyncio.create_task(agent.scrape_loop(scrape_period_s, min(1.0, max(0.2, scrape_period_s)))))
+    if background is not None:
+        tasks.append(asyncio.create_task(agent.background_loop(str(cfg.cell(cell_name).leaf.address), background, background_body)))
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port,
              servers=[s.address for s in state.servers], choices=choices)
     if ready_file:
@@ -408,8 +507,32 @@ def run(args: argparse.Namespace) -> int:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
-                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s))
+                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s,
+                            background=_background_config(args), background_body=background_body(args)))
     return 0
+
+
+def _background_config(args: argparse.Namespace) -> BackgroundProbeConfig | None:
+    if args.background_probe_min_interval_ms <= 0:
+        return None
+    try:
+        return BackgroundProbeConfig(min_interval_s=args.background_probe_min_interval_ms / 1000.0,
+                                     max_interval_s=args.background_probe_max_interval_ms / 1000.0,
+                                     budget=args.background_probe_budget)
+    except ValueError as e:
+        raise SystemExit(f"dlb serve leaf: --background-probe-*: {e}") from None
+
+
+def background_body(args: argparse.Namespace) -> bytes:
+    """The probe: a chat completion of exactly ``--background-probe-max-tokens`` tokens (``ignore_eos``,
+    so its size — and so its latency — does not vary from probe to probe)."""
+    import json
+
+    body: dict = {"messages": [{"role": "user", "content": "dlb background probe"}],
+                  "max_tokens": args.background_probe_max_tokens, "ignore_eos": True}
+    if args.background_probe_model:
+        body["model"] = args.background_probe_model
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -425,6 +548,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
                    help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
+    p.add_argument("--background-probe-min-interval-ms", type=float, default=1000.0,
+                   help="background probe requests when the cell is idle: at most one per this (0 = off)")
+    p.add_argument("--background-probe-max-interval-ms", type=float, default=5000.0,
+                   help="... and at least one per this while idle")
+    p.add_argument("--background-probe-budget", type=float, default=0.008,
+                   help="largest share of the cell's request capacity (1/b of its model) idle probing may use")
+    p.add_argument("--background-probe-max-tokens", type=int, default=16,
+                   help="tokens each probe generates: set it near the endpoint's mean output length")
+    p.add_argument("--background-probe-model", default=None, help="'model' field of the probe request (default: none)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",

@@ -37,6 +37,8 @@ class ServerState:
     rif: int = 0  # requests this leaf sent there and has not seen finish
     scraped: float = -1.0  # running + waiting from the server's metrics, -1 = unknown
     waiting: float = -1.0
+    #: Most requests seen running while others waited: the server's concurrency limit (-1 unknown).
+    batch_limit: float = -1.0
     scrape_failures: int = 0
     consecutive_errors: int = 0
     ejected_until: float = -math.inf
@@ -61,6 +63,7 @@ class Completion:
     status: int  # HTTP status (0 = no response: reset, connect failure)
     duration_s: float  # leaf-side latency (first byte in → last byte out)
     client_abort: bool = False  # downstream went away: not the cell's fault, not a latency sample
+    probe: bool = False  # the leaf's own background probe request (dlb.core.background)
 
 
 def is_error(status: int) -> bool:
@@ -124,7 +127,7 @@ class LeafState:
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""
         self.prior = prior
-        self.estimator.prior = prior
+        self.estimator.reset_prior(prior)
 
     # -- picking ---------------------------------------------------------------------------------
     def usable(self, now: float) -> list[int]:
@@ -186,6 +189,8 @@ class LeafState:
             server = self.by_address.get(c.upstream, UNKNOWN)
         if c.client_abort:
             return  # the client left: says nothing about the cell's health or speed
+        if c.probe and 400 <= c.status < 500 and c.status != 429:
+            return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
         err = is_error(c.status)
         self.completed += 1
         self.errors.record(now, err)
@@ -228,6 +233,11 @@ class LeafState:
         s.scrape_failures = 0
         s.scraped = (running or 0.0) + (waiting or 0.0)
         s.waiting = waiting if waiting is not None else -1.0
+        if running is not None and waiting is not None and waiting > 0 and running > s.batch_limit:
+            # Requests wait only when the server runs all it will: its knee, measured (issue 12).
+            s.batch_limit = running
+            if all(x.batch_limit > 0 for x in self.servers):
+                self.estimator.set_knee(sum(x.batch_limit for x in self.servers))
 
     # -- what probes report -------------------------------------------------------------------------
     @property

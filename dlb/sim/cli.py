@@ -21,8 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Simulate DLB and the baselines on generated scenarios (paper Appendix B). "
         "Writes results.json, results.md and one PNG per experiment to --out.",
     )
-    p.add_argument("--experiment", action="append", choices=[*EXPERIMENTS, "all"],
-                   help="experiment to run (repeatable; 'all' = every one); default baseline")
+    p.add_argument("--experiment", action="append", choices=[*EXPERIMENTS, "all", "priors"],
+                   help="experiment to run (repeatable; 'all' = every paper experiment); default baseline. "
+                   "'priors': time for the router to find the right cell after wrong priors, a leaf restart or a "
+                   "3x slower cell, with and without learning (docs/simulator.md)")
     p.add_argument("--scenarios", type=int, default=10, help="scenarios per experiment (default 10)")
     p.add_argument("--trials", type=int, default=5, help="trials per scenario (default 5)")
     p.add_argument("--minutes", type=float, default=10.0, help="simulated minutes per run (default 10)")
@@ -64,10 +66,15 @@ def run(args: argparse.Namespace) -> int:
     policies = _validate(args)
     exps = args.experiment or ["baseline"]
     if "all" in exps:
-        exps = list(EXPERIMENTS)
+        exps = [e for e in exps if e == "priors"] + list(EXPERIMENTS)
     exps = list(dict.fromkeys(exps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if "priors" in exps:
+        run_priors(args, policies, out)
+        exps.remove("priors")
+        if not exps:
+            return 0
     jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies)
     if args.variants:
         wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
@@ -113,6 +120,53 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(jobs)} runs, {events} events in {wall:.1f} s wall ({bench['events_per_s_wall']:.0f} events/s; "
           f"{bench['events_per_cpu_s']:.0f} events per CPU-second; load average {bench['load_average'][0]:.1f}) → {path}", file=sys.stderr)
     return 0
+
+
+def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None:
+    """The priors experiment (dlb.sim.priors): its records replace earlier priors records in results.json."""
+    from dlb.sim import priors
+
+    pols = tuple(p for p in policies if p in priors.POLICIES)
+    if not pols:
+        raise SystemExit(f"dlb sim: the priors experiment runs latency-model policies only ({', '.join(priors.POLICIES)})")
+    kinds = priors.SCENARIOS
+    if args.variants:
+        wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
+        if wanted - set(kinds):
+            raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - set(kinds)))} for priors "
+                             f"(known: {', '.join(kinds)})")
+        kinds = tuple(k for k in kinds if k in wanted)
+    commit = _commit()  # before running: the code that produces the records
+    t0, c0 = time.perf_counter(), time.process_time()
+    records = priors.run_experiment(args.scenarios, args.trials, args.minutes * 60.0, args.seed, pols, kinds)
+    for r in records:
+        r["commit"] = commit
+    path = out / "results.json"
+    kept: list[dict] = []
+    if path.exists():
+        try:
+            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") != "priors"]
+        except (OSError, json.JSONDecodeError):
+            kept = []
+    path.write_text(json.dumps(normalise(kept + records), indent=1, allow_nan=True))
+    table = priors.markdown(records)
+    (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
+    meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0, "commit": commit, "scenarios": args.scenarios,
+            "trials": args.trials, "minutes": args.minutes, "seed": args.seed}
+    (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))
+    print(table)
+    print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -19,6 +19,11 @@ Model (paper, Appendix B.1 and Figure 9):
   policies of a (scenario, trial) see the same arrivals and request sizes: common random numbers).
 - **Disruptions**: a burst adds demand at one cell; an outage takes servers out of the leaf's pick
   set (they finish what they hold).
+- **Background probes** (issue 12, :mod:`dlb.core.background`): every ``background_tick_s`` each
+  leaf of a latency-model policy asks its :class:`BackgroundProber` whether a probe is due; a probe
+  is a request of the workload's mean size, injected at the leaf (no root, no WAN), served like any
+  other, counted in the cell's RIF, and its completion is a latency sample. Probes are not in the
+  latency results; ``RunResult.probes`` counts them per cell.
 - **Latency-model noise** (paper 5.4): the parameters a leaf reports are multiplied by
   ``1 + ε ξ_j``, ``ξ_j ~ U[−1, 1]`` fixed per cell and trial.
 
@@ -36,14 +41,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dlb.core.background import (
+    BackgroundProbeConfig,
+    BackgroundProber,
+    capacity_floor,
+    surprise,
+)
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
-from dlb.core.latency_model import LatencyParams
+from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL
 from dlb.core.topology import Topology
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario
 
-_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE = range(7)
+_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG = range(8)
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,10 @@ class SimConfig:
     drain_s: float = 300.0
     #: Fit latency models even for policies that do not read them (costs time, changes nothing).
     always_fit: bool = False
+    #: Leaves' background probes (None: off). Only for policies that fit latency models.
+    background: BackgroundProbeConfig | None = field(default_factory=BackgroundProbeConfig)
+    #: How often each leaf asks its prober whether a probe is due (seconds).
+    background_tick_s: float = 0.25
 
 
 @dataclass
@@ -78,6 +93,12 @@ class RunResult:
     net_mean: float = math.nan
     #: Time-average RIF of every cell (sampled on the snapshot grid while arrivals last).
     mean_rif: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: Destination cell of every arrival in arrival order (-1: refused), and the arrival times.
+    routed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    arrival_t: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: Background probe requests sent per cell, and those that ended in an overflow error.
+    probes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    probe_errors: int = 0
 
     def summary(self) -> dict:
         lat = self.latency
@@ -129,6 +150,11 @@ def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray,
     return t_all, s_all, ptok, dtok
 
 
+def _scaled(p: LatencyParams, factor: float) -> LatencyParams:
+    """The same curve on a time scale ``factor`` times longer (a prior wrong in scale)."""
+    return p if factor == 1.0 else LatencyParams(p.a * factor, p.b * factor, p.c, p.s)
+
+
 def _perturb(p: LatencyParams, factor: float) -> LatencyParams:
     a, b, c, s = p.a * factor, p.b * factor, p.c * factor, p.s * factor
     if c * b >= a:
@@ -161,6 +187,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     td = sc.decode_token_s.tolist()
     prefill_s = ptok.tolist()
     decode_s = dtok.tolist()
+    # Background probes are requests with indices R, R+1, ... appended to the per-request lists.
+    probing = fit_models and cfg.background is not None
+    # A probe is a request of the workload's *mean* size, always the same: its latency then measures
+    # the mean request's latency at the probed load, without the size noise that a random draw
+    # would add (a handful of random-size probes put an idle cell's estimate ±25 % off).
+    probe_prefill, probe_decode = sc.workload.mean_prefill_tokens, sc.workload.mean_decode_tokens
 
     # Servers: global index; state in flat lists (no per-event allocation beyond heap tuples).
     cell_of: list[int] = []
@@ -179,8 +211,17 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     qlim = w.queue_limit
     served = [0] * n
 
-    priors = [sc.prior(float(k)) for k in sc.servers]
-    est = [LatencyEstimator(priors[j], cfg.estimator) for j in range(n)]
+    pf = sc.prior_factor or (1.0,) * n
+    priors = [_scaled(sc.prior(float(k)), pf[j]) for j, k in enumerate(sc.servers)]
+
+    def new_estimator(j: int, generation: int = 0) -> LatencyEstimator:
+        return LatencyEstimator(priors[j], cfg.estimator, random.Random(f"{sc.seed}-{trial}-{j}-{generation}"))
+
+    est = [new_estimator(j) for j in range(n)]
+    probers = [BackgroundProber(cfg.background) for _ in range(n)] if probing else []
+    done_at = [0] * n  # completions (requests and probes) per cell: what the prober watches
+    probes_sent = [0] * n
+    probe_errors = 0
     errs = [ErrorTracker(cfg.error_tau_s) for _ in range(n)]
     noise_rng = np.random.default_rng([sc.seed, trial, 3])
     noise = (1.0 + sc.noise_eps * noise_rng.uniform(-1.0, 1.0, n)).tolist()
@@ -188,7 +229,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     confidence = [0.0] * n
     k_live = [float(k) for k in sc.servers]
 
-    dst = [0] * R
+    dst = [-1] * R
     t_leaf = [0.0] * R
     rif0 = [0] * R
     lat = np.full(R, math.nan)
@@ -224,6 +265,10 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     if d is not None and d.kind == "outage":
         schedule(d.start_s, _PHASE, 1)
         schedule(d.end_s, _PHASE, 0)
+    elif d is not None and d.kind in ("slow", "restart"):
+        schedule(d.start_s, _PHASE, 2 if d.kind == "slow" else 3)
+    if probing:
+        schedule(cfg.background_tick_s, _BG)
 
     completed = errors = events = 0
     net_sum = 0.0
@@ -250,13 +295,25 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 j = cell_of[srv]
                 srif[srv] -= 1
                 crif[j] -= 1
-                in_flight -= 1
-                completed += 1
-                served[j] += 1
+                done_at[j] += 1
                 serving = now - t_leaf[b]
                 if fit_models:
                     est[j].record(now, rif0[b], serving)
                 errs[j].record(now, False)
+                if b >= R:  # a background probe: a sample, not a client request
+                    pj = est[j].params
+                    pr = probers[j]
+                    pr.on_done(now, surprise(serving, float(latency(rif0[b], pj.a, pj.b, pj.c, pj.s)), pr.config.tolerance))
+                    t_change = pr.take_change()
+                    if t_change is not None:  # the cell changed: forget what it was, refit now
+                        est[j].forget_before(t_change)
+                        est[j].refit(now)
+                        reported[j] = _perturb(est[j].params, noise[j]) if sc.noise_eps else est[j].params
+                        confidence[j] = est[j].confidence
+                    continue
+                in_flight -= 1
+                completed += 1
+                served[j] += 1
                 i = src_list[b]
                 back = tau[j][i]
                 lat[b] = now + back - t_list[b]
@@ -275,7 +332,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 else:
                     dq[srv].append(b)
             elif kind == _LEAF:
-                j = dst[a]
+                j = dst[a] if a < R else b
                 cand = online[j]
                 m = len(cand)
                 s1 = cand[int(rnd() * m)]
@@ -284,9 +341,13 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     if srif[s2] < srif[s1]:
                         s1 = s2
                 if len(pq[s1]) + len(dq[s1]) >= qlim:
+                    errs[j].record(now, True)
+                    if a >= R:
+                        probe_errors += 1
+                        probers[j].on_done(now)
+                        continue
                     errors += 1
                     in_flight -= 1
-                    errs[j].record(now, True)
                     continue
                 srif[s1] += 1
                 crif[j] += 1
@@ -330,10 +391,34 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 if now < T:
                     schedule(now + cfg.mnlb_period_s, _MNLB)
             elif kind == _PHASE:
-                counts = d.outage_servers if a == 1 else sc.servers
+                if a == 2:  # the cell silently becomes `factor` times slower
+                    tp[d.cell] *= d.factor
+                    td[d.cell] *= d.factor
+                elif a == 3:  # the cell's leaf restarts: its samples and measured prior are gone
+                    j = d.cell
+                    est[j] = new_estimator(j, 1)
+                    errs[j] = ErrorTracker(cfg.error_tau_s)
+                    reported[j], confidence[j] = priors[j], 0.0
+                    if probing:
+                        probers[j] = BackgroundProber(cfg.background)
+                else:
+                    counts = d.outage_servers if a == 1 else sc.servers
+                    for j in range(n):
+                        online[j] = cell_servers[j][: counts[j]]
+                        k_live[j] = float(counts[j])
+            elif kind == _BG:
                 for j in range(n):
-                    online[j] = cell_servers[j][: counts[j]]
-                    k_live[j] = float(counts[j])
+                    pj = est[j].params
+                    while probers[j].due(now, done_at[j], capacity_floor(len(online[j]), pj.a, pj.b)):
+                        probers[j].on_sent(now)
+                        probes_sent[j] += 1
+                        prefill_s.append(probe_prefill)
+                        decode_s.append(probe_decode)
+                        t_leaf.append(0.0)
+                        rif0.append(0)
+                        schedule(now, _LEAF, len(prefill_s) - 1, j)
+                if now < T:
+                    schedule(now + cfg.background_tick_s, _BG)
         elif r < R:
             now = next_arrival
             i = src_list[r]
@@ -366,4 +451,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         per_cell_served=np.asarray(served),
         net_mean=net_sum / completed if completed else math.nan,
         mean_rif=np.asarray(rif_sum, float) / max(n_snaps, 1),
+        routed=np.asarray(dst, dtype=np.int64),
+        arrival_t=t_arr,
+        probes=np.asarray(probes_sent, dtype=np.int64),
+        probe_errors=probe_errors,
     )

@@ -65,7 +65,9 @@ class Workload:
 
 @dataclass(frozen=True)
 class Disruption:
-    """A burst (extra demand at one source cell) or an outage (cells cut to one server) in [start, end)."""
+    """A burst (extra demand at one source cell) or an outage (cells cut to one server) in [start, end);
+    or, from ``start_s`` on, a cell that silently becomes ``factor`` times slower (``slow``) or whose
+    leaf restarts, losing its samples (``restart``) — the faults of the priors experiment."""
 
     kind: str
     start_s: float
@@ -74,6 +76,9 @@ class Disruption:
     burst_extra: float = 0.0
     #: Servers per cell during an outage (cells not hit keep their count).
     outage_servers: tuple[int, ...] = ()
+    #: The cell a ``slow`` or ``restart`` disruption hits, and the slow-down factor.
+    cell: int = -1
+    factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class Scenario:
     disruption: Disruption | None = None
     noise_eps: float = 0.0
     meta: dict = field(default_factory=dict)
+    #: Per-cell multiplier of the leaves' configured prior time scale (a wrong prior); () = all 1.
+    prior_factor: tuple[float, ...] = ()
 
     @property
     def n(self) -> int:

@@ -118,6 +118,7 @@ def start_data_plane(
     emulate_wan: bool = True,
     probe: dict[str, Any] | None = None,
     root_seed: int = 1,
+    leaf_args: tuple[str, ...] = (),
 ) -> DataPlane:
     """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``."""
     from dlb.emulator.server import ThreadedEmulator
@@ -144,7 +145,7 @@ def start_data_plane(
         procs = []
         for c in cells:
             leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
-                                  "--refit-period-s", "1", "--scrape-period-ms", "100", "--seed", "7")
+                                  "--refit-period-s", "1", "--scrape-period-ms", "100", "--seed", "7", *leaf_args)
             plane.leaves[c.name] = leaf
             procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",

@@ -1,0 +1,148 @@
+"""When a leaf sends a background probe request: the rule the leaf agent and the simulator share.
+
+A cell that gets no traffic gets no latency samples, so its model stays whatever it was — a prior
+off by ×50, or a curve from before the cell slowed down — and a router that believes it never sends
+traffic to find out (paper §6: "the router observes a cell's latency only when routing traffic to
+it"). The remedy is out-of-band probing with *real* requests: one small inference request, sent
+through the cell's own data path, whose completion is a sample like any other.
+
+Why the **leaf** sends them (not the roots, not the control plane): the leaf owns the estimator, so it
+knows when its window has gone quiet; there is one leaf per cell, so the probe rate is set once per
+cell (R roots probing C cells would multiply it by R and need coordination); its request goes
+through the leaf Envoy, the leaf's server pick and the access log exactly as real traffic does,
+without crossing the WAN (the model is of serving latency; roots add the network themselves); and a
+cell with traffic never probes, because the rule below only fires on silence.
+
+The rule: send one probe when the cell has seen no completion (real or probe) for ``interval`` and
+no probe is outstanding, where ``interval = clip(1 / (budget × capacity), min_interval_s,
+max_interval_s)`` with the capacity from :func:`capacity_floor`: the model's saturation
+throughput ``1/b``, but never more than ``servers / a`` — one request per server at a time at the
+measured unloaded latency. ``a`` is what the probes measure; ``b`` keeps the configured prior's
+shape until the cell is loaded, and a guessed shape 13× too optimistic was measured to put an
+idle 1-server cell's probes at 1.8 % of its capacity. So an idle cell spends at
+most ``budget`` of its request capacity on probes (a busy cell nothing), except that it probes at
+least every ``max_interval_s``: the capacity comes from the very model the probes are there to
+check, and a prior 50× too slow would otherwise space them minutes apart. A new prober (a leaf
+that just started or restarted) sends its first ``warmup`` probes at once, whatever the traffic:
+those few samples are what replaces the configured prior (:func:`dlb.core.fit.measured_prior`), so
+a restarted leaf is back in the roots' view one probe latency after it is ready (the leaf refits as
+soon as they are in), not after the cell happens to get traffic. A cell so small that one
+request per ``max_interval_s`` exceeds the budget pays that floor; the share is reported, not
+assumed. Pure and clock-free (``now`` passed in).
+
+**Change detection.** A cell that recovered after being slow is the starvation loop itself: its
+window is full of slow samples from when it had traffic, and one probe per ``max_interval_s`` takes
+2–3 half-lives to outvote them (measured through real Envoys: 36–60 s). So the caller reports each
+probe's *surprise* — the sign of its latency's deviation from the cell's model beyond
+``tolerance`` — and while probes keep surprising the prober probes every ``min_interval_s``; after
+``change_after`` surprises in a row of the same sign, :attr:`BackgroundProber.changed_since`
+gives the time of the first one: the cell changed then, and the caller drops the samples older
+than that (:meth:`dlb.core.estimator.LatencyEstimator.forget_before`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def surprise(latency_s: float, predicted_s: float, tolerance: float) -> int:
+    """+1 if a probe took longer than the model predicted by more than ``tolerance``, −1 if shorter, else 0."""
+    if not (predicted_s > 0 and latency_s > 0):
+        return 0
+    r = latency_s / predicted_s
+    return 1 if r > 1.0 + tolerance else (-1 if r < 1.0 / (1.0 + tolerance) else 0)
+
+
+def capacity_floor(servers: int, a: float, b: float) -> float:
+    """Requests/s the probe budget is taken of: ``min(1/b, servers/a)`` (see the module docstring)."""
+    return min(1.0 / b, max(servers, 1) / a)
+
+
+@dataclass(frozen=True)
+class BackgroundProbeConfig:
+    #: Never probe more often than this (seconds), whatever the capacity.
+    min_interval_s: float = 1.0
+    #: Probe at least this often (seconds) while idle, whatever the model says about capacity.
+    max_interval_s: float = 5.0
+    #: Largest fraction of the cell's request capacity an idle cell spends on probes.
+    budget: float = 0.008
+    #: A probe not completed after this long is written off (its completion was lost).
+    timeout_s: float = 30.0
+    #: Probes a new prober sends at once (a fresh leaf's first samples).
+    warmup: int = 3
+    #: A probe whose latency is off the model's prediction by more than this (relative) is a surprise.
+    tolerance: float = 0.5
+    #: Surprises of the same sign in a row that declare the cell changed.
+    change_after: int = 3
+
+    def __post_init__(self) -> None:
+        if not (0 < self.min_interval_s <= self.max_interval_s and 0 < self.budget <= 1 and self.timeout_s > 0):
+            raise ValueError("background probes need 0 < min_interval_s <= max_interval_s, 0 < budget <= 1 and "
+                             f"timeout_s > 0: {self}")
+
+
+@dataclass
+class BackgroundProber:
+    """The probe schedule of one cell: feed it completions, ask it whether a probe is due."""
+
+    config: BackgroundProbeConfig
+    sent: int = 0
+    completed: int = 0
+    lost: int = 0
+    _count: int = -1
+    _last_activity: float = -math.inf
+    _outstanding_since: float | None = None
+    _last_sent: float = math.nan
+    _streak: int = 0  # signed count of same-sign surprises in a row
+    _streak_since: float = math.nan
+    #: Set when ``change_after`` same-sign surprises in a row declared a change: when it began.
+    changed_since: float | None = None
+
+    def interval(self, capacity_rps: float) -> float:
+        """Seconds of silence before a probe, so idle probing stays within the budget."""
+        cfg = self.config
+        if not (capacity_rps > 0 and math.isfinite(capacity_rps)):
+            return cfg.min_interval_s
+        return min(cfg.max_interval_s, max(cfg.min_interval_s, 1.0 / (cfg.budget * capacity_rps)))
+
+    def due(self, now: float, completions: int, capacity_rps: float) -> bool:
+        """Whether to send a probe now; ``completions`` is the cell's running count of completions."""
+        if self.sent < self.config.warmup:
+            return True
+        if completions != self._count:
+            self._count = completions
+            self._last_activity = now
+        if self._outstanding_since is not None:
+            if now - self._outstanding_since < self.config.timeout_s:
+                return False
+            self._outstanding_since = None
+            self.lost += 1
+        wait = self.config.min_interval_s if self._streak else self.interval(capacity_rps)
+        return now - self._last_activity >= wait
+
+    def on_sent(self, now: float) -> None:
+        self.sent += 1
+        self._last_sent = now
+        self._outstanding_since = now
+        self._last_activity = now
+
+    def on_done(self, now: float, surprised: int = 0) -> None:
+        """The probe finished (success or error); ``surprised`` from :func:`surprise` (0 for an error)."""
+        self.completed += 1
+        self._outstanding_since = None
+        self._last_activity = now
+        if surprised == 0:
+            self._streak = 0
+            return
+        if self._streak * surprised <= 0:  # a new streak (or the sign flipped): it began when this probe was sent
+            self._streak, self._streak_since = 0, self._last_sent
+        self._streak += surprised
+        if abs(self._streak) >= self.config.change_after:
+            self.changed_since = self._streak_since
+            self._streak = 0
+
+    def take_change(self) -> float | None:
+        """The start of a declared change, once (the caller forgets samples older than it)."""
+        t, self.changed_since = self.changed_since, None
+        return t

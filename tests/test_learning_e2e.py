@@ -1,0 +1,114 @@
+"""Learning without traffic through real Envoys (issue 12): background probes, measured prior, recency.
+
+Two cells, ``local`` (the root's) and ``near`` (30 ms one way, WAN-emulated), one fast-test emulator
+each; requests generate 30 tokens (≈ 60–70 ms), so ``local`` is right by ~60 ms of round trip until it
+becomes 3× slower (then ``near`` is). The endpoint's configured prior is 50× too slow (a = 3 s), the
+issue's case. The leaves run the default background-probe settings except the probe size, set to the
+requests' (``--background-probe-max-tokens 30``), and the testbed's 1-s refit.
+
+Each phase waits (bounded poll) for the routing to reach the right cell and records how long it took
+in ``RESULTS`` (printed; the issue's target is ≤ 30 s). The bound the test enforces is looser (60 s),
+so a loaded CI box does not fail it; a run that never gets there fails.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(420)]
+
+TOKENS = 30
+ENDPOINT = {
+    "name": "chat",
+    "match": {"prefix": "/v1/"},
+    "policy": {"mechanism": "discrete", "cost": "latency", "aversion": {"enabled": False}},
+    "latency_prior": {"a_s": 3.0, "b_s": 0.1, "c": 4, "s": 1},  # ≈ 50× the real ~60 ms
+}
+BODY = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS}
+BOUND_S = 60.0
+RESULTS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def plane():
+    p = start_data_plane([CellSpec("local"), CellSpec("near")], "local", ENDPOINT, one_way_ms={"local": {"near": 30}},
+                         leaf_args=("--background-probe-max-tokens", str(TOKENS)))
+    p.started = time.monotonic()
+    try:
+        yield p
+    finally:
+        print("learning e2e convergence (s):", RESULTS)
+        p.close()
+
+
+def _root_a(plane, cell: str) -> float | None:
+    return metric_value(plane.root_metrics(), "dlb_root_cell_model", cell=cell, param="a_s")
+
+
+def _until_routed_to(plane, cell: str, what: str, window: int = 10, share: float = 0.8) -> float:
+    """Send requests one after another until ≥ share of the last ``window`` went to ``cell``; seconds taken."""
+    host, port = plane.root_url
+    t0 = time.monotonic()
+    recent: list[str] = []
+    while time.monotonic() - t0 < BOUND_S:
+        status, h, _ = request(host, port, body=BODY)
+        recent = (recent + [h.get("x-dlb-server", "") if status == 200 else f"status-{status}"])[-window:]
+        if len(recent) == window and sum(s.startswith(f"{cell}-") for s in recent) >= share * window:
+            RESULTS[what] = round(time.monotonic() - t0, 1)
+            return RESULTS[what]
+    raise AssertionError(f"{what}: not routed to {cell} within {BOUND_S} s; last: {recent}")
+
+
+def test_models_are_measured_without_any_client_traffic(plane):
+    """With no client request at all, background probes replace the ×50 prior in every cell's model
+    (as the root sees it) by the measured latency. Fails without probes: a_s stays 3.0."""
+    host, port = plane.emulators["local"][0].address.rsplit(":", 1)
+    t0 = time.perf_counter()
+    assert request(host, int(port), body=BODY)[0] == 200
+    real = time.perf_counter() - t0  # one request straight at the server: what the model should say
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        a = [_root_a(plane, c) for c in ("local", "near")]
+        if all(x is not None and x < 3 * real + 0.05 for x in a):
+            RESULTS["prior_x50_measured_after_start"] = round(time.monotonic() - plane.started, 1)
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"models not measured within {BOUND_S} s: root sees a_s={a}, real ≈ {real:.3f} s")
+    leaf = plane.leaf_metrics("local")
+    assert metric_value(leaf, "dlb_leaf_background_probes_total", outcome="ok") >= 3
+    assert metric_value(leaf, "dlb_leaf_background_probes_total", outcome="failed") == 0
+    _until_routed_to(plane, "local", "prior_x50_routed_local")
+
+
+def test_a_cell_that_becomes_3x_slower_loses_its_traffic_and_wins_it_back_when_fast_again(plane):
+    """local 3× slower → traffic moves to near; local healthy again → it gets no traffic, but its
+    probes show it is fast, and traffic comes back (the starvation loop of paper §6, broken)."""
+    _until_routed_to(plane, "local", "before_slowdown")
+    emu = plane.emulators["local"][0]
+    emu.set_faults(slowdown=3.0)
+    try:
+        _until_routed_to(plane, "near", "slow_3x_moved_to_near")
+    finally:
+        emu.set_faults(slowdown=1.0)
+    _until_routed_to(plane, "local", "recovered_back_to_local")
+    # Probe traffic of the cell that was idle most of the time: probes per second, and the share of
+    # its one server's time they occupied (an upper bound of the capacity share: the server batches).
+    leaf = plane.leaf_metrics("near")
+    elapsed = time.monotonic() - plane.started
+    RESULTS["near_probes_per_s"] = round(metric_value(leaf, "dlb_leaf_background_probes_total", outcome="ok") / elapsed, 3)
+    RESULTS["near_probe_busy_share"] = round(metric_value(leaf, "dlb_leaf_background_probe_seconds_total") / elapsed, 4)
+
+
+def test_a_restarted_leaf_is_back_in_the_roots_view_quickly(plane):
+    """A restarted local leaf starts from the ×50 prior (traffic leaves for near) and its warm-up probes
+    bring the measured model, and the traffic, back."""
+    _until_routed_to(plane, "local", "before_restart")
+    plane.restart_leaf("local")
+    _until_routed_to(plane, "local", "restart_back_to_local")
+    leaf = plane.leaf_metrics("local")
+    assert metric_value(leaf, "dlb_leaf_background_probes_total", outcome="ok") >= 1

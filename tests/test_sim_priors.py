@@ -1,0 +1,201 @@
+"""Learning without traffic (issue 12): measured prior, recency, dithering, background probes, and the
+simulator's priors experiment (the router finds the right cell within 30 s; probes stay under 1 %)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from dlb.core.background import (
+    BackgroundProbeConfig,
+    BackgroundProber,
+    capacity_floor,
+    surprise,
+)
+from dlb.core.estimator import EstimatorConfig, LatencyEstimator
+from dlb.core.fit import measured_prior
+from dlb.core.latency_model import LatencyParams, latency
+from dlb.sim import priors
+
+TRUE = LatencyParams(a=0.4, b=0.02, c=16.0, s=4.0)
+
+
+@pytest.mark.parametrize("factor", [0.02, 50.0])
+def test_measured_prior_replaces_a_prior_wrong_in_scale_from_three_samples(factor: float) -> None:
+    """Three samples at light load put a prior off by ×0.02 or ×50 back on the measured time scale."""
+    wrong = LatencyParams(TRUE.a * factor, TRUE.b * factor, TRUE.c, TRUE.s)
+    x = np.array([1.0, 2.0, 1.0])
+    got = measured_prior(x, latency(x, *TRUE.as_array()), wrong)
+    assert got.a == pytest.approx(TRUE.a, rel=1e-6) and got.b == pytest.approx(TRUE.b, rel=1e-6)
+    assert measured_prior(x[:2], latency(x[:2], *TRUE.as_array()), wrong) == wrong  # two samples: too few
+
+
+def test_measured_prior_takes_the_servers_knee_and_keeps_the_stability_shape() -> None:
+    """A knee reported by the servers replaces the prior's; b shrinks if needed so that c < a/b."""
+    got = measured_prior(np.zeros(0), np.zeros(0), TRUE, knee=100.0)
+    assert got.c == 100.0 and got.is_stable_shape()
+
+
+def test_estimator_publishes_the_measured_prior_before_a_fit_is_possible() -> None:
+    """With 3 samples (too few to fit), the published model is on the measured scale, not the ×50 prior."""
+    est = LatencyEstimator(LatencyParams(TRUE.a * 50, TRUE.b * 50, TRUE.c, TRUE.s), EstimatorConfig(dither=0.0))
+    for t in (1.0, 2.0, 3.0):
+        est.record(t, 1.0, float(latency(1.0, *TRUE.as_array())))
+    est.refit(4.0)
+    assert est.params.a == pytest.approx(TRUE.a, rel=1e-6) and est.confidence == 0.0
+    static = LatencyEstimator(est.prior, EstimatorConfig.static())
+    for t in (1.0, 2.0, 3.0):
+        static.record(t, 1.0, float(latency(1.0, *TRUE.as_array())))
+    static.refit(4.0)
+    assert static.params.a == pytest.approx(TRUE.a * 50)  # the old behaviour: the guess stands
+
+
+def _feed(est: LatencyEstimator, t0: float, t1: float, slow: float, rng: np.random.Generator) -> None:
+    for t in np.arange(t0, t1, 0.1):
+        n = float(rng.integers(1, 30))
+        est.record(float(t), n, slow * float(latency(n, *TRUE.as_array())) * float(rng.lognormal(0, 0.05)))
+
+
+def test_recent_samples_dominate_so_a_3x_slower_cell_is_refitted_within_a_window() -> None:
+    """60 s window, half-life 15 s: 30 s after a cell became 3× slower its model is ≥ 2.5× the old one.
+    Without recency weights the same window still straddles both regimes (checked: < 2.5×)."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for name, cfg in (("recency", EstimatorConfig(window_s=60, dither=0.0)),
+                      ("flat", EstimatorConfig(window_s=60, dither=0.0, half_life_s=math.inf))):
+        est = LatencyEstimator(TRUE, cfg)
+        _feed(est, 0.0, 60.0, 1.0, rng)
+        _feed(est, 60.0, 90.0, 3.0, rng)
+        est.refit(90.0)
+        out[name] = float(latency(10.0, *est.params.as_array()) / latency(10.0, *TRUE.as_array()))
+    assert out["recency"] >= 2.5 > out["flat"]
+
+
+def test_confidence_rises_with_evidence_and_falls_with_age() -> None:
+    """More samples → more confidence; the same samples 60 s older → less."""
+    rng = np.random.default_rng(2)
+    est = LatencyEstimator(TRUE, EstimatorConfig(window_s=120, dither=0.0))
+    _feed(est, 0.0, 5.0, 1.0, rng)
+    est.refit(5.0)
+    few = est.confidence
+    _feed(est, 5.0, 30.0, 1.0, rng)
+    est.refit(30.0)
+    many = est.confidence
+    est.refit(90.0)
+    assert 0 < few < many and est.confidence < 0.5 * many
+
+
+def test_dither_is_bounded_and_reproducible() -> None:
+    """Published time scale within ±dither of the undithered one; same rng seed, same draws."""
+    def run(seed: int) -> list[float]:
+        est = LatencyEstimator(TRUE, EstimatorConfig(dither=0.1), random.Random(seed))
+        vals = []
+        for k in range(20):
+            est.refit(float(k * 10))
+            vals.append(est.params.a / TRUE.a)
+        return vals
+
+    v = run(3)
+    assert all(0.9 <= x <= 1.1 for x in v) and len(set(v)) > 1 and v == run(3)
+
+
+def test_background_prober_probes_only_on_silence_within_the_budget() -> None:
+    """A probe after `interval` without completions; none while completions flow or one is outstanding;
+    interval = 1/(budget × capacity) clipped to [min, max]; a lost probe is written off after timeout."""
+    cfg = BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, timeout_s=10.0, warmup=0)
+    p = BackgroundProber(cfg)
+    assert p.interval(1000.0) == 1.0 and p.interval(50.0) == 2.0 and p.interval(1.0) == 5.0
+    assert not p.due(0.0, 0, 50.0)
+    assert not p.due(1.9, 0, 50.0)
+    assert p.due(2.0, 0, 50.0)
+    p.on_sent(2.0)
+    assert not p.due(9.0, 0, 50.0)  # outstanding
+    p.on_done(9.5)
+    for t in np.arange(10.0, 30.0, 0.5):  # busy: a completion every 0.5 s
+        assert not p.due(float(t), int(t * 2), 50.0)
+    assert p.due(32.0, 59, 50.0)
+    p.on_sent(32.0)
+    assert not p.due(41.0, 59, 50.0) and p.due(42.1, 59, 50.0) and p.lost == 1
+    with pytest.raises(ValueError, match="min_interval_s"):
+        BackgroundProbeConfig(min_interval_s=10.0, max_interval_s=5.0)
+
+
+def test_probe_budget_is_taken_of_a_capacity_no_batching_assumption_can_inflate() -> None:
+    """capacity = min(1/b, servers/a): a guessed b cannot make an idle cell probe more than its budget
+    of one-request-at-a-time serving."""
+    assert capacity_floor(1, a=0.07, b=0.002) == pytest.approx(1 / 0.07)
+    assert capacity_floor(6, a=0.45, b=0.5) == pytest.approx(2.0)
+
+
+def test_a_new_prober_sends_its_warmup_probes_at_once() -> None:
+    """A (re)started leaf sends `warmup` probes at once (even with traffic), then follows the rule."""
+    p = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, warmup=2))
+    assert p.due(0.0, 0, 50.0)
+    p.on_sent(0.0)
+    assert p.due(0.0, 0, 50.0)
+    p.on_sent(0.0)
+    assert not p.due(0.1, 0, 50.0)  # warm-up done, probes outstanding
+    p.on_done(0.2)
+    assert not p.due(0.3, 2, 50.0)
+    assert not p.due(2.2, 2, 50.0) and p.due(2.4, 2, 50.0)  # then the budget's 2 s of silence
+
+
+@pytest.mark.parametrize("kind", priors.SCENARIOS)
+def test_router_finds_the_right_cell_within_30s_in_simulation(kind: str) -> None:
+    """Disc-Lat with learning finds the right cell ≤ 30 s after each fault; probes use < 1 % of capacity."""
+    r = priors.run_one(kind, "learn", "Disc-Lat", 1000, 0, 90.0)
+    assert r["converge_s"] is not None and r["converge_s"] <= 30.0, r
+    assert 0 < r["probe_share"] < 0.01 and r["probe_share_max_cell"] < 0.01, r
+
+
+@pytest.mark.parametrize("kind", ["prior-x50", "prior-x0.02", "restart"])
+def test_without_learning_the_router_never_finds_the_right_cell(kind: str) -> None:
+    """The same runs with the estimator as it was (static): the wrong model is never corrected."""
+    r = priors.run_one(kind, "static", "Disc-Lat", 1000, 0, 90.0)
+    assert r["converge_s"] is None and r["probe_share"] == 0.0, r
+
+
+def test_priors_cli_writes_records(tmp_path) -> None:
+    """`dlb sim --experiment priors` writes {experiment, variant, policy, scenario, converge_s, probe_share}."""
+    from dlb.cli import main
+
+    rc = main(["sim", "--experiment", "priors", "--scenarios", "1", "--trials", "1", "--minutes", "0.75",
+               "--policies", "Rand,Flow-Lat", "--variants", "prior-x0.02", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    recs = json.loads((tmp_path / "results.json").read_text())
+    assert {r["variant"] for r in recs} == {"prior-x0.02/learn", "prior-x0.02/static"}
+    for r in recs:
+        assert r["experiment"] == "priors" and r["policy"] == "Flow-Lat" and "converge_s" in r and "probe_share" in r
+    assert (tmp_path / "priors.md").exists()
+
+
+def test_surprising_probes_in_a_row_declare_a_change_and_speed_up_probing() -> None:
+    """While probes surprise, the next comes after min_interval; `change_after` same-sign surprises in a
+    row declare a change that began when the first of them was sent; a non-surprise resets the streak."""
+    assert surprise(0.2, 0.1, 0.3) == 1 and surprise(0.05, 0.1, 0.3) == -1 and surprise(0.11, 0.1, 0.3) == 0
+    p = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, warmup=0, change_after=3))
+    assert p.due(0.0, 0, 1.0) is False and p.due(5.0, 0, 1.0)
+    p.on_sent(5.0)
+    p.on_done(5.1, -1)
+    assert not p.due(6.0, 1, 1.0) and p.due(7.2, 1, 1.0)  # 1 s after the last activity, not 5
+    p.on_sent(7.2)
+    p.on_done(7.3, 0)  # no surprise: streak reset
+    p.on_sent(12.3)
+    p.on_done(12.4, -1)
+    p.on_sent(13.4)
+    p.on_done(13.5, -1)
+    assert p.take_change() is None
+    p.on_sent(14.5)
+    p.on_done(14.6, -1)
+    assert p.take_change() == 12.3 and p.take_change() is None
+
+
+def test_forget_before_drops_only_older_samples() -> None:
+    est = LatencyEstimator(TRUE)
+    for t in range(10):
+        est.record(float(t), 1.0, 0.5)
+    assert est.forget_before(6.0) == 6 and len(est) == 4
