@@ -2,10 +2,13 @@
 
 Model (paper, Appendix B.1 and Figure 9):
 
-- **Cells** of inference servers. A server has one prefill engine (FIFO, one request at a time,
+- **Cells** of inference servers, in one of two server models (``Workload.server_model``).
+  ``pipeline`` (the paper's): one prefill engine (FIFO, one request at a time,
   ``prefill_tokens × prefill_token_s``) and two decode engines × four slots (eight parallel slots,
   ``decode_tokens × decode_token_s`` each). Requests wait in the server's prefill queue and then its
   decode queue; a request that finds ``queue_limit`` requests waiting is rejected: an overflow error.
+  ``batched``: the emulator's continuous-batching engine on the measured step-time curve
+  (:mod:`dlb.sim.batched`); a request that finds a KV cache's worth of prompt tokens waiting is rejected.
 - **Roots** (one per cell) pick the destination cell with the policy object (``pick(now)``); the
   request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
 - **Leaves** pick a server inside the cell by power-of-two choices on server RIF, count the cell's
@@ -40,10 +43,11 @@ from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL
 from dlb.core.topology import Topology
+from dlb.sim.batched import BatchedServers
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario
 
-_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE = range(7)
+_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _STEP = range(8)
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,13 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     crif = [0] * n
     qlim = w.queue_limit
     served = [0] * n
+    batched: BatchedServers | None = None
+    if w.server_model == "batched":
+        cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
+        batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, w.kv_cache_tokens,
+                                 lambda t, srv, ver: schedule(t, _STEP, srv, ver))
+        ptok_i = [max(1, int(round(x))) for x in prefill_s]
+        dtok_i = [max(1, int(round(x))) for x in decode_s]
 
     priors = [sc.prior(float(k)) for k in sc.servers]
     est = [LatencyEstimator(priors[j], cfg.estimator) for j in range(n)]
@@ -239,28 +250,35 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             if now > end_time:
                 break
             events += 1
-            if kind == _DECODE_DONE:
+            if kind == _DECODE_DONE or kind == _STEP:
                 srv = a
-                free[srv] += 1
-                q = dq[srv]
-                if q:
-                    nxt = q.popleft()
-                    free[srv] -= 1
-                    schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
+                if kind == _STEP:
+                    done = batched.wake(srv, b, now)
+                    if not done:
+                        continue
+                else:
+                    done = (b,)
+                    free[srv] += 1
+                    q = dq[srv]
+                    if q:
+                        nxt = q.popleft()
+                        free[srv] -= 1
+                        schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
                 j = cell_of[srv]
-                srif[srv] -= 1
-                crif[j] -= 1
-                in_flight -= 1
-                completed += 1
-                served[j] += 1
-                serving = now - t_leaf[b]
-                if fit_models:
-                    est[j].record(now, rif0[b], serving)
-                errs[j].record(now, False)
-                i = src_list[b]
-                back = tau[j][i]
-                lat[b] = now + back - t_list[b]
-                net_sum += back + tau[i][j]
+                for b in done:
+                    srif[srv] -= 1
+                    crif[j] -= 1
+                    in_flight -= 1
+                    completed += 1
+                    served[j] += 1
+                    serving = now - t_leaf[b]
+                    if fit_models:
+                        est[j].record(now, rif0[b], serving)
+                    errs[j].record(now, False)
+                    i = src_list[b]
+                    back = tau[j][i]
+                    lat[b] = now + back - t_list[b]
+                    net_sum += back + tau[i][j]
             elif kind == _PREFILL_DONE:
                 srv = a
                 q = pq[srv]
@@ -283,7 +301,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     s2 = cand[int(rnd() * m)]
                     if srif[s2] < srif[s1]:
                         s1 = s2
-                if len(pq[s1]) + len(dq[s1]) >= qlim:
+                if batched is not None:
+                    rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
+                else:
+                    rejected = len(pq[s1]) + len(dq[s1]) >= qlim
+                if rejected:
                     errors += 1
                     in_flight -= 1
                     errs[j].record(now, True)
@@ -292,11 +314,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 crif[j] += 1
                 rif0[a] = crif[j]
                 t_leaf[a] = now
-                if busy[s1]:
-                    pq[s1].append(a)
-                else:
-                    busy[s1] = True
-                    schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
+                if batched is None:  # the batched engine queued it already
+                    if busy[s1]:
+                        pq[s1].append(a)
+                    else:
+                        busy[s1] = True
+                        schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
             elif kind == _SNAP:
                 history.append(crif[:])
                 if now < T:

@@ -47,6 +47,9 @@ EXPERIMENTS: dict[str, tuple[Variant, ...]] = {
     "burst": (_v("burst", 0.8, disruption="burst"),),
     "outage": (_v("outage", 0.8, disruption="outage"),),
     "noise": tuple(_v(f"eps={e}", e, noise_eps=e) for e in (0.0, 0.1, 0.25, 0.5, 0.75)),
+    # Sensitivity of DLB's gain over Rand to the server model (issue 12): the paper's pipeline server
+    # vs the emulator's continuous-batching engine on the measured step-time curve, same scenarios.
+    "server-model": (_v("pipeline", 0.0, server_model="pipeline"), _v("batched", 1.0, server_model="batched")),
 }
 
 METRICS = ("mean", "p50", "p90", "p99", "error_rate")
