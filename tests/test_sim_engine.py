@@ -165,3 +165,15 @@ def test_batched_latency_grows_with_load_past_the_knee() -> None:
     unloaded = batched_scenario(1.0, 1.0).nominal_server_latency()
     assert light.latency.mean() < 1.3 * unloaded
     assert heavy.latency.mean() > 2.0 * light.latency.mean()
+
+
+def test_mnlb_estimates_demand_and_capacity_the_oracle_is_handed_them() -> None:
+    """Before its first 10-s period MNLB knows no demand and routes like Rand; MNLB-oracle solves on the
+    true demand from t = 0 (mostly local: half Rand's network time). After a minute of measurements
+    MNLB has learned the demand and keeps most traffic local too."""
+    short = generate(5, duration_s=9.0)
+    rand, est, oracle = (simulate(short, p) for p in ("Rand", "MNLB", "MNLB-oracle"))
+    assert est.net_mean == pytest.approx(rand.net_mean, rel=0.1)
+    assert oracle.net_mean < 0.6 * rand.net_mean
+    longer = generate(5, duration_s=60.0)
+    assert simulate(longer, "MNLB").net_mean < 0.6 * simulate(longer, "Rand").net_mean

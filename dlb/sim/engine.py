@@ -153,8 +153,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     prior_root = sc.prior(float(np.mean(sc.servers)))
     roots = build_roots(policy, topo, prior_root, lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i]))
     pick_fns = [r.pick for r in roots]
-    fit_models = cfg.always_fit or uses_latency_model(policy)
-    mnlb = MnlbController(topo, roots, sc.server_rate(), period_s=cfg.mnlb_period_s) if policy == "MNLB" else None
+    # MNLB estimates capacities from the published latency models, so it needs them fitted too.
+    fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB"
+    mnlb = MnlbController(topo, roots, period_s=cfg.mnlb_period_s) if policy in ("MNLB", "MNLB-oracle") else None
+    oracle = policy == "MNLB-oracle"
+    server_rate = sc.server_rate()
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
     R = int(t_arr.size)
@@ -229,7 +232,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     if fit_models:
         schedule(cfg.estimator.refit_period_s, _REFIT)
     if mnlb is not None:
-        mnlb.solve(np.asarray(sc.demand, float), np.asarray(sc.servers, float))
+        if oracle:  # the truth at t = 0; the estimating MNLB starts on Rand's weights instead
+            mnlb.solve(np.asarray(sc.demand, float), np.asarray(sc.servers, float) * server_rate)
         schedule(cfg.mnlb_period_s, _MNLB)
     d = sc.disruption
     if d is not None and d.kind == "outage":
@@ -349,7 +353,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _MNLB:
                 lam_hat = np.asarray(arrivals_since, float) / cfg.mnlb_period_s
                 arrivals_since = [0] * n
-                mnlb.solve(lam_hat, np.asarray(k_live, float))
+                if oracle:
+                    cap = np.asarray(k_live, float) * server_rate
+                else:
+                    cap = np.array([reported[j].capacity for j in range(n)])
+                mnlb.solve(lam_hat, cap)
                 if now < T:
                     schedule(now + cfg.mnlb_period_s, _MNLB)
             elif kind == _PHASE:

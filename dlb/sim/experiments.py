@@ -19,7 +19,7 @@ from multiprocessing import get_context
 import numpy as np
 
 from dlb.sim.engine import simulate
-from dlb.sim.policies import POLICIES
+from dlb.sim.policies import BASELINES, POLICIES
 from dlb.sim.scenario import generate
 
 
@@ -67,7 +67,7 @@ class Job:
     def cost(self) -> float:
         """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
         sc = generate(self.scenario, duration_s=self.duration_s, **dict(self.variant.params))
-        factor = 1.0 if self.policy in ("Rand", "MNLB") else 3.0
+        factor = 1.0 if self.policy in BASELINES else 3.0
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
 
 
