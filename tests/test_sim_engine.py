@@ -177,3 +177,15 @@ def test_mnlb_estimates_demand_and_capacity_the_oracle_is_handed_them() -> None:
     assert oracle.net_mean < 0.6 * rand.net_mean
     longer = generate(5, duration_s=60.0)
     assert simulate(longer, "MNLB").net_mean < 0.6 * simulate(longer, "Rand").net_mean
+
+
+def test_prequal_leaf_pick_runs_the_leaf_agents_pool() -> None:
+    """leaf_pick = prequal: every request accounted for, deterministic, and picks differ from the RIF rule."""
+    sc = generate(5, duration_s=20.0, leaf_pick="prequal", server_model="batched")
+    a, b = simulate(sc, "Disc-RIF"), simulate(sc, "Disc-RIF")
+    assert a.completed + a.errors + a.in_flight == a.arrivals and a.in_flight == 0
+    np.testing.assert_array_equal(a.latency, b.latency)
+    rif = simulate(replace(sc, workload=replace(sc.workload, leaf_pick="rif")), "Disc-RIF")
+    assert rif.arrivals == a.arrivals and not np.array_equal(rif.latency, a.latency)
+    with pytest.raises(ValueError, match="leaf_pick"):
+        Workload(leaf_pick="fastest")

@@ -11,8 +11,10 @@ Model (paper, Appendix B.1 and Figure 9):
   (:mod:`dlb.sim.batched`); a request that finds a KV cache's worth of prompt tokens waiting is rejected.
 - **Roots** (one per cell) pick the destination cell with the policy object (``pick(now)``); the
   request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
-- **Leaves** pick a server inside the cell by power-of-two choices on server RIF, count the cell's
-  RIF, fit the latency model with :class:`LatencyEstimator` on (RIF-at-arrival, serving latency) of
+- **Leaves** pick a server inside the cell by power-of-two choices on server RIF or, with
+  ``Workload.leaf_pick = "prequal"``, by tokens waiting with the leaf agent's Prequal pool
+  (:mod:`dlb.core.server_pick`; a request's size is its prompt plus the workload's mean output, what a
+  leaf can know before the answer), count the cell's RIF, fit the latency model with :class:`LatencyEstimator` on (RIF-at-arrival, serving latency) of
   completed requests, and track the error fraction with :class:`ErrorTracker`.
 - **Probes**: every ``probe_period_s`` each root receives every leaf's state (RIF, model, error rate,
   confidence, live replica count). A probe answer received at t carries the RIF the leaf had at
@@ -42,6 +44,7 @@ import numpy as np
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL
+from dlb.core.server_pick import PrequalConfig, ProbePool
 from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
@@ -185,6 +188,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     crif = [0] * n
     qlim = w.queue_limit
     served = [0] * n
+    pools: list[ProbePool] | None = None
+    if w.leaf_pick == "prequal":
+        pools = [ProbePool(PrequalConfig(), random.Random(hash((sc.seed, trial, 5, j)) & 0xFFFFFFFF)) for j in range(n)]
+        stok = [0.0] * S  # tokens waiting per server, as the leaf counts them
+        tok_est = (ptok + w.mean_decode_tokens).tolist()
+
+        def probe(s: int) -> tuple[float, float]:
+            return float(srif[s]), stok[s]
     batched: BatchedServers | None = None
     if w.server_model == "batched":
         cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
@@ -270,6 +281,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
                 j = cell_of[srv]
                 for b in done:
+                    if pools is not None:
+                        stok[srv] -= tok_est[b]
                     srif[srv] -= 1
                     crif[j] -= 1
                     in_flight -= 1
@@ -299,12 +312,15 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _LEAF:
                 j = dst[a]
                 cand = online[j]
-                m = len(cand)
-                s1 = cand[int(rnd() * m)]
-                if m > 1:
-                    s2 = cand[int(rnd() * m)]
-                    if srif[s2] < srif[s1]:
-                        s1 = s2
+                if pools is not None:
+                    s1 = pools[j].pick(now, cand, probe, tok_est[a])
+                else:
+                    m = len(cand)
+                    s1 = cand[int(rnd() * m)]
+                    if m > 1:
+                        s2 = cand[int(rnd() * m)]
+                        if srif[s2] < srif[s1]:
+                            s1 = s2
                 if batched is not None:
                     rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
                 else:
@@ -315,6 +331,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     errs[j].record(now, True)
                     continue
                 srif[s1] += 1
+                if pools is not None:
+                    stok[s1] += tok_est[a]
                 crif[j] += 1
                 rif0[a] = crif[j]
                 t_leaf[a] = now

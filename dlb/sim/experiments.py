@@ -50,6 +50,9 @@ EXPERIMENTS: dict[str, tuple[Variant, ...]] = {
     # Sensitivity of DLB's gain over Rand to the server model (issue 12): the paper's pipeline server
     # vs the emulator's continuous-batching engine on the measured step-time curve, same scenarios.
     "server-model": (_v("pipeline", 0.0, server_model="pipeline"), _v("batched", 1.0, server_model="batched")),
+    # The leaf's pick (issue 12): power of two on RIF vs Prequal on tokens waiting, on the batched server.
+    "leaf-pick": (_v("rif", 0.0, server_model="batched", leaf_pick="rif"),
+                  _v("prequal", 1.0, server_model="batched", leaf_pick="prequal")),
 }
 
 METRICS = ("mean", "p50", "p90", "p99", "error_rate")

@@ -36,6 +36,7 @@ from dlb.emulator.profile import BUILTIN_PROFILES, Profile
 from dlb.sim.regions import sample_cells
 
 SERVER_MODELS = ("pipeline", "batched")
+LEAF_PICKS = ("rif", "prequal")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Workload:
     step_profile: str = "llama-8b-h200-eager"
     max_batch: int = 256  # vLLM's default max_num_seqs
     kv_cache_tokens: int = 400_000  # ≈ an 8B model's KV on an 80 GB GPU (the emulator's default)
+    #: The leaf's server pick: ``rif`` (power of two choices on RIF) or ``prequal`` (tokens waiting,
+    #: :mod:`dlb.core.server_pick`, as the leaf agent's default).
+    leaf_pick: str = "rif"
 
     @property
     def mean_prefill_tokens(self) -> float:
@@ -81,6 +85,8 @@ class Workload:
     def __post_init__(self) -> None:
         if self.server_model not in SERVER_MODELS:
             raise ValueError(f"Workload.server_model: must be one of {', '.join(SERVER_MODELS)}, got {self.server_model!r}")
+        if self.leaf_pick not in LEAF_PICKS:
+            raise ValueError(f"Workload.leaf_pick: must be one of {', '.join(LEAF_PICKS)}, got {self.leaf_pick!r}")
 
     def cell_profile(self, prefill_token_s: float, decode_token_s: float) -> Profile:
         """The batched model's step-time profile of a cell with these token times: the measured
@@ -217,6 +223,7 @@ def generate(
     workload: Workload | None = None,
     token_cv: float = 0.2,
     server_model: str | None = None,
+    leaf_pick: str | None = None,
 ) -> Scenario:
     """Draw scenario ``seed`` and apply one experiment's variation to it (``server_model`` replaces
     the workload's)."""
@@ -229,6 +236,8 @@ def generate(
     w = workload or Workload()
     if server_model is not None:
         w = replace(w, server_model=server_model)
+    if leaf_pick is not None:
+        w = replace(w, leaf_pick=leaf_pick)
     rng = np.random.default_rng([seed, 0xD1B])
     n = int(rng.integers(2, 11))
     names, tau = sample_cells(rng, n)
