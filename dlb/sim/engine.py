@@ -201,8 +201,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
         batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, w.kv_cache_tokens,
                                  lambda t, srv, ver: schedule(t, _STEP, srv, ver))
-        ptok_i = [max(1, int(round(x))) for x in prefill_s]
-        dtok_i = [max(1, int(round(x))) for x in decode_s]
+        ptok_i = [max(1, round(x)) for x in prefill_s]
+        dtok_i = [max(1, round(x)) for x in decode_s]
 
     priors = [sc.prior(float(k)) for k in sc.servers]
     est = [LatencyEstimator(priors[j], cfg.estimator) for j in range(n)]
