@@ -389,3 +389,42 @@ def test_cached_prefix_skips_prefill_in_the_engine() -> None:
     assert warm.ttft == pytest.approx(FAST.step_time(1, 8))
     assert full.ttft == pytest.approx(FAST.step_time(1, 1))  # the last prompt token is always computed
     assert warm.e2e - warm.ttft == pytest.approx(cold.e2e - cold.ttft)
+
+
+def test_repeated_decode_steps_equal_single_steps() -> None:
+    """``complete(plan, now, steps=k)`` with k from ``repeatable`` leaves the engine exactly as k
+    single steps do (what lets the simulator skip steps)."""
+    from dlb.emulator.engine import Engine, EngineRequest
+
+    prof = BUILTIN_PROFILES["fast-test"]
+    a, b = Engine(prof, max_batch=8), Engine(prof, max_batch=8)
+    for eng in (a, b):
+        for i, (p, o) in enumerate([(30, 7), (50, 12), (10, 3), (80, 20)]):
+            eng.submit(EngineRequest(i, p, o), 0.0)
+    now_a = now_b = 0.0
+    while a.running or a.waiting:
+        plan = a.plan(now_a)
+        assert plan is not None
+        k = a.repeatable(plan)
+        now_a += k * plan.duration
+        a.complete(plan, now_a, steps=k)
+        for _ in range(k):
+            pb = b.plan(now_b)
+            assert pb is not None and pb.batch == plan.batch and pb.duration == plan.duration
+            now_b += pb.duration
+            b.complete(pb, now_b)
+        assert [(r.rid, r.generated) for r in a.running] == [(r.rid, r.generated) for r in b.running]
+        assert now_a == pytest.approx(now_b)
+    assert a.steps == b.steps and a.steps > 0 and not b.running
+
+
+def test_waiting_queue_bounded_by_prompt_tokens() -> None:
+    from dlb.emulator.engine import Engine, EngineRequest
+
+    eng = Engine(BUILTIN_PROFILES["fast-test"], max_batch=1, max_waiting_tokens=100)
+    assert eng.submit(EngineRequest(0, 500, 5), 0.0)  # a free batch slot takes any prompt
+    assert eng.plan(0.0) is not None and len(eng.running) == 1
+    assert eng.submit(EngineRequest(1, 60, 5), 0.0)
+    assert not eng.submit(EngineRequest(2, 50, 5), 0.0)  # 60 + 50 tokens would wait
+    assert eng.submit(EngineRequest(3, 40, 5), 0.0)
+    assert eng.waiting_tokens == 100

@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"core", "xds", "proto", "log"},
     "envoy": {"config", "core"} | FOUNDATION,
     "emulator": {"log", "procutil"},
-    "sim": {"core", "config"} | FOUNDATION,
+    "sim": {"core", "config", "emulator"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "ext_proc"} | FOUNDATION,
     "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator"} | FOUNDATION,

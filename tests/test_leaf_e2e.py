@@ -43,9 +43,9 @@ def _wait(cond, what: str, timeout: float = 30.0) -> None:
 class Stream:
     """A streaming completion held open: read the first event, finish later."""
 
-    def __init__(self, host: str, port: int, tokens: int = 400) -> None:
+    def __init__(self, host: str, port: int, tokens: int = 400, content: str = "hi") -> None:
         self.conn = http.client.HTTPConnection(host, port, timeout=60)
-        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True}
+        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": content}], "max_tokens": tokens, "stream": True}
         self.conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
         self.resp = self.conn.getresponse()
         assert self.resp.status == 200
@@ -108,6 +108,32 @@ def test_leaf_ext_proc_avoids_a_server_busy_with_traffic_it_did_not_send():
             assert served == ["a-1"] * 5
         finally:
             for s in direct:
+                s.conn.close()
+    finally:
+        plane.close()
+
+
+def test_leaf_balances_tokens_waiting_not_request_counts():
+    """Prequal pick (the leaf's default): a 16 kB prompt (≈ 4 k tokens by its content-length) in flight on
+    one server outweighs three short chats, so all three go to the other server. The RIF rule cannot do
+    this: after one short request each server has one in flight and the next is a coin toss, the one
+    after goes back to the long prompt's server."""
+    plane = start_data_plane([CellSpec("a", servers=2)], "a", ENDPOINT, leaf_ext_proc=True)
+    try:
+        _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0, "cell usable")
+        host, port = plane.root_url
+        long = Stream(host, port, tokens=2000, content="lorem ipsum " * 1400)
+        streams = [long]
+        try:
+            for _ in range(3):
+                streams.append(Stream(host, port, tokens=2000))
+            assert long.server is not None
+            leaf = plane.leaf_metrics("a")
+            tokens = {f"a-{k}": metric_value(leaf, "dlb_leaf_server_tokens", server=e.address) for k, e in enumerate(plane.emulators["a"])}
+            assert tokens[long.server] > 4000, tokens  # the leaf read the size from content-length
+            assert [s.server for s in streams[1:]] == [({"a-0", "a-1"} - {long.server}).pop()] * 3
+        finally:
+            for s in streams:
                 s.conn.close()
     finally:
         plane.close()

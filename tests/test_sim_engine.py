@@ -125,3 +125,67 @@ def test_burst_adds_demand_in_its_window() -> None:
     inside = ((t >= d.start_s) & (t < d.end_s) & (s == d.burst_cell)).sum() / (d.end_s - d.start_s)
     outside = ((t < d.start_s) & (s == d.burst_cell)).sum() / d.start_s
     assert inside - outside == pytest.approx(d.burst_extra, rel=0.2)
+
+
+# -- the batched server model: the emulator's engine inside the simulator ------------------------------
+
+
+def batched_scenario(lam: float, duration: float) -> Scenario:
+    """One cell of one batched server, 2 ms network, the workload's default sizes."""
+    w = Workload(server_model="batched", decode_token_s=0.006, prefill_token_s=2e-5)
+    return Scenario(seed=9, names=("only",), tau=np.array([[0.002]]), servers=(1,),
+                    prefill_token_s=np.array([2e-5]), decode_token_s=np.array([0.006]), demand=np.array([lam]),
+                    workload=w, utilization=0.8, duration_s=duration, mod_amp=0.0,
+                    mod_period_s=np.array([100.0]), mod_phase=np.array([0.0]))
+
+
+@pytest.mark.parametrize("lam", [2.0, 12.0])
+def test_batched_server_is_the_emulator_engine_step_for_step(lam: float) -> None:
+    """The simulator's multi-step runs give every request exactly the latency the emulator's own
+    step-by-step virtual-clock run gives (same profile, same arrivals at the server)."""
+    from dlb.emulator.engine import Arrival, Engine
+    from dlb.emulator.engine import simulate as engine_simulate
+
+    sc = batched_scenario(lam, duration=60.0)
+    t, _src, ptok, dtok = generate_arrivals(sc, 0)
+    res = simulate(sc, "Rand", 0, arrivals=(t, _src, ptok, dtok))
+    assert res.errors == 0 and res.completed == t.size > 50
+    w = sc.workload
+    eng = Engine(w.cell_profile(2e-5, 0.006), max_batch=w.max_batch, max_waiting_tokens=w.kv_cache_tokens)
+    ref = engine_simulate(eng, [Arrival(float(a) + 0.002, max(1, round(p)), max(1, round(d)))
+                                for a, p, d in zip(t, ptok, dtok)])
+    want = np.sort(np.array([r.e2e + 0.004 for r in ref]))
+    np.testing.assert_allclose(np.sort(res.latency), want, rtol=0, atol=1e-9)
+
+
+def test_batched_latency_grows_with_load_past_the_knee() -> None:
+    """Flat-then-linear: light load is served near the unloaded latency, heavy load much slower."""
+    light = simulate(batched_scenario(1.0, 120.0), "Rand", 0)
+    heavy = simulate(batched_scenario(25.0, 120.0), "Rand", 0)
+    unloaded = batched_scenario(1.0, 1.0).nominal_server_latency()
+    assert light.latency.mean() < 1.3 * unloaded
+    assert heavy.latency.mean() > 2.0 * light.latency.mean()
+
+
+def test_mnlb_estimates_demand_and_capacity_the_oracle_is_handed_them() -> None:
+    """Before its first 10-s period MNLB knows no demand and routes like Rand; MNLB-oracle solves on the
+    true demand from t = 0 (mostly local: half Rand's network time). After a minute of measurements
+    MNLB has learned the demand and keeps most traffic local too."""
+    short = generate(5, duration_s=9.0)
+    rand, est, oracle = (simulate(short, p) for p in ("Rand", "MNLB", "MNLB-oracle"))
+    assert est.net_mean == pytest.approx(rand.net_mean, rel=0.1)
+    assert oracle.net_mean < 0.6 * rand.net_mean
+    longer = generate(5, duration_s=60.0)
+    assert simulate(longer, "MNLB").net_mean < 0.6 * simulate(longer, "Rand").net_mean
+
+
+def test_prequal_leaf_pick_runs_the_leaf_agents_pool() -> None:
+    """leaf_pick = prequal: every request accounted for, deterministic, and picks differ from the RIF rule."""
+    sc = generate(5, duration_s=20.0, leaf_pick="prequal", server_model="batched")
+    a, b = simulate(sc, "Disc-RIF"), simulate(sc, "Disc-RIF")
+    assert a.completed + a.errors + a.in_flight == a.arrivals and a.in_flight == 0
+    np.testing.assert_array_equal(a.latency, b.latency)
+    rif = simulate(replace(sc, workload=replace(sc.workload, leaf_pick="rif")), "Disc-RIF")
+    assert rif.arrivals == a.arrivals and not np.array_equal(rif.latency, a.latency)
+    with pytest.raises(ValueError, match="leaf_pick"):
+        Workload(leaf_pick="fastest")

@@ -104,3 +104,35 @@ def test_cli_rejects_bad_input(tmp_path, capsys) -> None:
     bad.write_text("{not json")
     assert main(["sim", "report", "--results", str(bad), "--output", str(tmp_path / "r.md")]) == 2
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_server_model_and_leaf_pick_verdicts_follow_their_written_rules() -> None:
+    def sm(pipeline_best: float, batched_best: float) -> list[dict]:
+        recs = []
+        for k in range(4):  # 4 scenarios, a little spread so the standard error is finite
+            for var, best in (("pipeline", pipeline_best), ("batched", batched_best)):
+                recs += [_rec("server-model", var, 0.0, "Rand", 1.0, scenario=k),
+                         _rec("server-model", var, 0.0, "Flow-Grad", best + 0.001 * k, scenario=k),
+                         _rec("server-model", var, 0.0, "Disc-RIF", 0.95, scenario=k)]
+        return normalise(recs)
+
+    def claim(recs: list[dict], name: str):
+        return next(v for v in verdicts(recs) if v.claim.startswith(name))
+
+    assert claim(sm(0.9, 0.8), "Server model").holds is True  # 10 % → 20 %
+    assert claim(sm(0.9, 0.9), "Server model").holds is False
+    assert "no measurable difference" in claim(sm(0.9, 0.9), "Server model").measured
+    assert claim(sm(0.8, 0.8), "Server model").holds is False  # pipeline already at 20 %
+    assert claim(sm(0.9, 0.6), "Server model").holds is False  # overshoots
+    assert claim(sm(0.9, 0.6), "Server model").measured.endswith("overshoots 25 %")
+
+    def lp(prequal_wins: int) -> list[dict]:
+        recs = []
+        for k in range(6):
+            recs += [_rec("leaf-pick", "rif", 0.0, "Flow-Grad", 1.0, scenario=k),
+                     _rec("leaf-pick", "prequal", 1.0, "Flow-Grad", 0.9 if k < prequal_wins else 1.1, scenario=k)]
+        return normalise(recs)
+
+    assert claim(lp(5), "Leaf pick").holds is True
+    assert claim(lp(4), "Leaf pick").holds is False
+    assert claim([], "Leaf pick").holds is None

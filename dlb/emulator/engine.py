@@ -4,7 +4,9 @@ This is the part of a vLLM-style server that decides latency, reduced to its sch
 
 - A request is *waiting* until the scheduler admits it into the *running* set (at most ``max_batch``
   sequences, and only while its prompt fits in the free KV cache). Waiting beyond the free slots is
-  bounded by ``max_queue``; an arrival past that is rejected (the HTTP layer answers 429/503).
+  bounded by ``max_queue`` requests, or, with ``max_waiting_tokens``, by the prompt tokens waiting (a
+  bound in KV-cache units, which is what the simulator uses instead of a fixed count); an arrival
+  past the bound is rejected (the HTTP layer answers 429/503).
 - Each engine step runs every running sequence together: sequences past their prompt decode one
   token each; newly admitted ones get a chunk of their prompt within the per-step token budget
   (chunked prefill). A request whose prompt completes in a step emits its first token in that step.
@@ -13,7 +15,11 @@ This is the part of a vLLM-style server that decides latency, reduced to its sch
 
 The HTTP layer drives it with the wall clock (``plan`` → sleep ``plan.duration`` → ``complete``);
 :func:`simulate` drives it with a virtual clock, which is how the tests check the latency model
-exactly.
+exactly. The simulator (:mod:`dlb.sim.engine`) runs this same class for every simulated server, so the
+emulator and the simulator share one server model. It cannot afford one event per engine step, so it
+uses :meth:`Engine.repeatable` and ``complete(plan, now, steps=k)``: a pure-decode step with no
+admissible arrival repeats unchanged until its shortest request finishes, and ``k`` identical steps
+are applied at once (bit-for-bit the same token counts as ``k`` single steps).
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ class Engine:
     profile: Profile
     max_batch: int = 16
     max_queue: int = 64
+    #: If set, the waiting queue is bounded by its prompt tokens instead of ``max_queue`` requests.
+    max_waiting_tokens: int | None = None
     waiting: deque[EngineRequest] = field(default_factory=deque)
     running: list[EngineRequest] = field(default_factory=list)
     steps: int = 0
@@ -108,20 +116,27 @@ class Engine:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_waiting_tokens is not None and self.max_waiting_tokens < 1:
+            raise ValueError(f"max_waiting_tokens must be >= 1, got {self.max_waiting_tokens}")
+        self.waiting_tokens = sum(r.prompt_tokens for r in self.waiting)
 
     # -- admission -------------------------------------------------------------------------------------
 
-    def can_accept(self) -> bool:
-        """Whether one more arrival fits: free batch slots absorb arrivals, then ``max_queue`` more wait."""
+    def can_accept(self, prompt_tokens: int = 1) -> bool:
+        """Whether one more arrival fits: free batch slots absorb arrivals, then ``max_queue`` more wait
+        (or, with ``max_waiting_tokens``, as many as that many prompt tokens)."""
         free = max(0, self.max_batch - len(self.running))
+        if self.max_waiting_tokens is not None:
+            return len(self.waiting) < free or self.waiting_tokens + prompt_tokens <= self.max_waiting_tokens
         return len(self.waiting) < self.max_queue + free
 
     def submit(self, req: EngineRequest, now: float) -> bool:
         """Queue a request; False (and nothing changes) if the queue is full."""
-        if not self.can_accept():
+        if not self.can_accept(req.prompt_tokens):
             return False
         req.arrival = now
         self.waiting.append(req)
+        self.waiting_tokens += req.prompt_tokens
         return True
 
     def abort(self, req: EngineRequest) -> None:
@@ -134,6 +149,8 @@ class Engine:
                 self.waiting.remove(req)
             except ValueError:
                 pass
+            else:
+                self.waiting_tokens -= req.prompt_tokens
 
     @property
     def kv_used(self) -> int:
@@ -153,6 +170,7 @@ class Engine:
             if self.running and reserved + head.prompt_tokens > self.profile.kv_cache_tokens:
                 break
             self.waiting.popleft()
+            self.waiting_tokens -= head.prompt_tokens
             head.admitted_at = now
             reserved += head.prompt_tokens
             self.running.append(head)
@@ -179,14 +197,32 @@ class Engine:
         duration = self.profile.step_time(batch, sum(n for _, n in prefill))
         return StepPlan(decode=decode, prefill=tuple(prefill), duration=duration)
 
-    def complete(self, plan: StepPlan, now: float) -> list[TokenEvent]:
-        """Apply a finished step at time ``now``: emit tokens, retire finished requests."""
-        self.steps += 1
+    def repeatable(self, plan: StepPlan) -> int:
+        """How many times ``plan`` can run back to back unchanged if nothing arrives meanwhile.
+
+        A step with prefill changes the batch (the prompt moves to decode), so it runs once. A
+        pure-decode step repeats until its shortest request finishes: ``plan`` already admitted every
+        waiting request that fits, and more decoding only grows the KV in use, so nothing waiting
+        becomes admissible before a request leaves.
+        """
+        if plan.prefill or not plan.decode:
+            return 1
+        return max(1, min(r.output_tokens - r.generated for r in plan.decode))
+
+    def complete(self, plan: StepPlan, now: float, steps: int = 1) -> list[TokenEvent]:
+        """Apply ``steps`` runs of a finished plan ending at ``now``: emit tokens, retire finished requests.
+
+        ``steps > 1`` is for pure-decode plans (see :meth:`repeatable`); each decoding request gains
+        ``steps`` tokens and one event (its last token) is reported.
+        """
+        if steps < 1 or (steps > 1 and plan.prefill):
+            raise ValueError(f"steps must be >= 1 and 1 for a plan with prefill, got {steps}")
+        self.steps += steps
         events: list[TokenEvent] = []
         for r in plan.decode:
             if r.aborted:
                 continue
-            r.generated += 1
+            r.generated = min(r.generated + steps, r.output_tokens)
             events.append(TokenEvent(r, r.generated - 1, r.finished))
         for r, n in plan.prefill:
             if r.aborted:

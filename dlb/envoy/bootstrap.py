@@ -287,8 +287,10 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, 
     }
 
 
-#: The leaf ext_proc reads only the request id (to match the access-log completion to its pick).
+#: The leaf ext_proc reads only the request id (to match the access-log completion to its pick) and the
+#: body's length (the size estimate of the tokens-waiting pick; the body itself never reaches Python).
 LEAF_FORWARD_HEADER = "x-request-id"
+LEAF_FORWARD_HEADERS = [LEAF_FORWARD_HEADER, "content-length"]
 
 
 def root_forward_headers(cfg: Config) -> list[str]:
@@ -513,7 +515,7 @@ def leaf_bootstrap(
     # Generation deadlines are the root's (per endpoint); the leaf only relies on idle timeouts.
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
-        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", [LEAF_FORWARD_HEADER]))
+        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS))
         # The leaf ext_proc shares the agent's grpc.aio server (and its health service) when it shares its address.
         clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25),
                                        grpc_health=me.leaf.ext_proc == me.leaf.probe))

@@ -45,6 +45,7 @@ from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacit
 from dlb.core.estimator import EstimatorConfig
 from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
+from dlb.core.server_pick import PrequalConfig
 from dlb.envoy import headers
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
@@ -59,6 +60,7 @@ log = get_logger("dlb.leaf")
 REQUEST_ID = "x-request-id"
 #: ``x-request-id`` prefix of the leaf's own background probe requests.
 BACKGROUND_PROBE_ID = "dlb-background-probe-"
+CONTENT_LENGTH = "content-length"
 _START = accesslog_pb2.AccessLogType.Value("DownstreamStart")
 _PERIODIC = (accesslog_pb2.AccessLogType.Value("DownstreamPeriodic"), accesslog_pb2.AccessLogType.Value("UpstreamPeriodic"),
              accesslog_pb2.AccessLogType.Value("UpstreamPoolReady"))
@@ -128,11 +130,16 @@ class LeafAgent:
         which = req.WhichOneof("request")
         if which == "request_headers":
             rid = None
+            length = None  # the body's size, for the tokens-waiting pick (the leaf never reads the body)
             for h in req.request_headers.headers.headers:
                 if h.key == REQUEST_ID:
                     rid = header_value(h)
-                    break
-            out = self.responses[self.state.pick(self.clock(), rid)]
+                elif h.key == CONTENT_LENGTH:
+                    try:
+                        length = int(header_value(h))
+                    except ValueError:
+                        length = None
+            out = self.responses[self.state.pick(self.clock(), rid, length)]
         else:
             out = CONTINUE.get(which, CONTINUE["request_headers"])
         self.processing.observe(time.perf_counter() - t0)
@@ -337,14 +344,16 @@ class LeafAgent:
         yield GaugeMetricFamily("dlb_leaf_rif", "Requests in flight counted by the leaf", value=st.rif)
         srif = GaugeMetricFamily("dlb_leaf_server_rif", "Leaf-counted RIF per server", labels=["server"])
         sscr = GaugeMetricFamily("dlb_leaf_server_scraped_load", "running + waiting scraped from the server (-1 unknown)", labels=["server"])
+        stok = GaugeMetricFamily("dlb_leaf_server_tokens", "Leaf-counted tokens waiting per server (size estimates of requests in flight)", labels=["server"])
         picks = CounterMetricFamily("dlb_leaf_server_picks", "Requests sent to each server", labels=["server"])
         serr = CounterMetricFamily("dlb_leaf_server_errors", "Failed completions per server", labels=["server"])
         for s in st.servers:
             srif.add_metric([s.address], s.rif)
             sscr.add_metric([s.address], s.scraped)
+            stok.add_metric([s.address], s.tokens)
             picks.add_metric([s.address], s.picks)
             serr.add_metric([s.address], s.errors)
-        yield from (srif, sscr, picks, serr)
+        yield from (srif, sscr, stok, picks, serr)
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
         yield GaugeMetricFamily("dlb_leaf_envoy_reachable", "1 if the leaf Envoy accepts connections", value=float(self.envoy_ok))
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
@@ -372,8 +381,10 @@ class LeafAgent:
         del c
 
 
-async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None]:
-    """(running, waiting) summed over label sets from ``http://address/metrics``; (None, None) on failure.
+async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None, float | None]:
+    """(running, waiting, KV-cache usage) from ``http://address/metrics``: the counts summed over label
+    sets, the usage the largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``);
+    all None on failure.
 
     A tiny HTTP/1.0 GET on asyncio streams: no client library on the leaf, and nothing blocks.
     """
@@ -385,22 +396,24 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
         writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
         body = await asyncio.wait_for(reader.read(-1), timeout_s)
     except (OSError, asyncio.TimeoutError, ValueError):
-        return None, None
+        return None, None, None
     finally:
         if writer is not None:
             writer.close()
     head, _, text = body.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
-        return None, None
-    running = waiting = None
+        return None, None, None
+    running = waiting = kv = None
     for line in text.decode("utf-8", "replace").splitlines():
         if line.startswith("vllm:num_requests_running"):
             running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
         elif line.startswith("vllm:num_requests_waiting"):
             waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")):
+            kv = max(kv or 0.0, float(line.rsplit(" ", 1)[1]))
     if running is None and waiting is None:
-        return 0.0, 0.0  # reachable, but no vLLM gauges: treat as "no extra load known"
-    return running, waiting
+        return 0.0, 0.0, None  # reachable, but no vLLM gauges: treat as "no extra load known"
+    return running, waiting, kv
 
 
 def _ip_address(host: str, port: int) -> str:
@@ -419,24 +432,25 @@ def _ip_address(host: str, port: int) -> str:
 
 
 def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
-                      refit_period_s: float = 5.0, window_s: float = 60.0) -> LeafState:
+                      refit_period_s: float = 5.0, window_s: float = 60.0, pick_rule: str = "prequal") -> LeafState:
     cell = cfg.cell(cell_name)
     # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
     prior = cfg.endpoints[0].latency_prior.to_core()
     servers = [ServerState(_ip_address(s.address.host, s.address.port), float(s.weight)) for s in cell.servers]
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
-                     rng=np.random.default_rng(seed))
+                     rng=np.random.default_rng(seed), pick_rule=pick_rule,
+                     prequal=PrequalConfig(probes_per_pick=choices, pool_size=max(16, choices)))
 
 
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
                    ext_proc_h2: str | None = None, drain_s: float = 0.0, background: BackgroundProbeConfig | None = None,
-                   background_body: bytes = b"") -> None:
+                   background_body: bytes = b"", pick_rule: str = "prequal") -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
     the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
-    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
+    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, pick_rule=pick_rule)
     agent = LeafAgent(state)
     sync = None
     if xds:
@@ -508,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
                             xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s,
-                            background=_background_config(args), background_body=background_body(args)))
+                            background=_background_config(args), background_body=background_body(args), pick_rule=args.pick))
     return 0
 
 
@@ -543,7 +557,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cell", required=True, help="the cell this leaf serves")
     p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
     p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")
-    p.add_argument("--choices", type=int, default=2, help="power-of-d: servers sampled per pick (>= servers = least loaded)")
+    p.add_argument("--pick", choices=("prequal", "rif"), default="prequal",
+                   help="server pick: balance tokens waiting (Prequal probe pool + hot-cold rule; default) or RIF (power-of-d)")
+    p.add_argument("--choices", type=int, default=2,
+                   help="servers probed per pick (power-of-d's d; >= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
                    help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")

@@ -2,11 +2,18 @@
 
 What it does, and why here rather than in Envoy:
 
-- **Pick a server** (power-of-d choices, Prequal-style): sample ``d`` distinct usable servers and take
-  the least loaded, where load = ``max(RIF counted by this leaf, running + waiting scraped from the
-  server's vLLM metrics) / weight``. The leaf's own count is exact and immediate (incremented at pick
-  time); the scraped number is stale but also sees work that did not come through this leaf. With
-  ``d ≥ n`` this is join-the-shortest-queue. Random sampling keeps several leaf replicas from herding.
+- **Pick a server**, by one of two rules (``pick_rule``):
+  ``rif`` — power-of-d choices: sample ``d`` distinct usable servers and take the least loaded, where
+  load = ``max(RIF counted by this leaf, running + waiting scraped from the server's vLLM metrics) /
+  weight``. The leaf's own count is exact and immediate (incremented at pick time); the scraped number
+  is stale but also sees work that did not come through this leaf. With ``d ≥ n`` this is
+  join-the-shortest-queue. Random sampling keeps several leaf replicas from herding.
+  ``prequal`` (what the paper's leaf does) — balance *tokens waiting* with Prequal's probe pool and
+  hot-cold rule (:mod:`dlb.core.server_pick`). A probe of server i answers RIF as above and tokens
+  waiting = ``max(tokens of the leaf's requests in flight there, scraped running + waiting × the mean
+  request size) / weight``; a request's size is its prompt estimate (``content-length`` / 4 bytes per
+  token: the leaf sees headers, not the body) plus ``expected_output_tokens``. A server whose scraped
+  KV-cache usage is at ``kv_full`` or more cannot admit anything new, so its probe reads as hot.
 - **Count RIF** at pick time, keyed by Envoy's ``x-request-id``, and release it when the access log
   reports the request finished (or after ``max_age_s``, so a lost log entry cannot leak RIF forever).
   Without a leaf ext_proc (Envoy ``LEAST_REQUEST`` picks), the access log's *start* entries open the
@@ -20,14 +27,19 @@ What it does, and why here rather than in Envoy:
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams
+from dlb.core.server_pick import PrequalConfig, ProbePool
 
 UNKNOWN = -1
+PICK_RULES = ("rif", "prequal")
+#: Bytes of request body per prompt token, for the size estimate (JSON chat bodies: ~4 for English).
+BYTES_PER_TOKEN = 4.0
 
 
 @dataclass
@@ -39,6 +51,8 @@ class ServerState:
     waiting: float = -1.0
     #: Most requests seen running while others waited: the server's concurrency limit (-1 unknown).
     batch_limit: float = -1.0
+    kv_usage: float = -1.0  # scraped KV-cache usage 0..1, -1 = unknown
+    tokens: float = 0.0  # estimated tokens of this leaf's requests in flight there
     scrape_failures: int = 0
     consecutive_errors: int = 0
     ejected_until: float = -math.inf
@@ -52,6 +66,7 @@ class InFlight:
     server: int  # index into servers, UNKNOWN when Envoy picked (LEAST_REQUEST mode)
     started: float
     cell_rif: int  # cell RIF at arrival, this request included
+    tokens: float = 0.0  # size estimate charged to the server's tokens waiting
 
 
 @dataclass
@@ -85,6 +100,10 @@ class LeafState:
     error_tau_s: float = 5.0
     estimator_config: EstimatorConfig = field(default_factory=EstimatorConfig)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    pick_rule: str = "rif"  # "rif" (power-of-d on RIF) or "prequal" (tokens waiting, probe pool + HCL)
+    prequal: PrequalConfig = field(default_factory=PrequalConfig)
+    expected_output_tokens: float = 128.0
+    kv_full: float = 0.95
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -93,6 +112,11 @@ class LeafState:
         self.by_address = {s.address: i for i, s in enumerate(self.servers)}
         self.estimator = LatencyEstimator(self.prior, self.estimator_config)
         self.errors = ErrorTracker(self.error_tau_s)
+        if self.pick_rule not in PICK_RULES:
+            raise ValueError(f"cell {self.cell}: pick_rule must be one of {', '.join(PICK_RULES)}, got {self.pick_rule!r}")
+        self.pool = ProbePool(self.prequal, random.Random(int(self.rng.integers(2**63))))
+        self._tokens_sum = 0.0  # of every request size estimate seen, for the mean request size
+        self._tokens_n = 0
         self.completed = 0
         self.failed = 0
         self.expired = 0
@@ -122,6 +146,7 @@ class LeafState:
             if rec.server != UNKNOWN:
                 rec.server = index.get(old[rec.server].address, UNKNOWN)
         self.servers, self.by_address = new, index
+        self.pool.probes.clear()  # probes name servers by index, which just changed
         self.replicas = replicas if replicas else len(new)
 
     def set_prior(self, prior: LatencyParams) -> None:
@@ -149,13 +174,29 @@ class LeafState:
         ties = [i for i in cand if self.load(i) <= best]
         return ties[0] if len(ties) == 1 else ties[int(self.rng.integers(len(ties)))]
 
-    def pick(self, now: float, request_id: str | None) -> int:
+    def request_tokens(self, content_length: int | None) -> float:
+        """Size estimate of a request from its body length (4 bytes per token) plus the output guess."""
+        prompt = max(1.0, content_length / BYTES_PER_TOKEN) if content_length else 1.0
+        return prompt + self.expected_output_tokens
+
+    def _probe(self, i: int) -> tuple[float, float]:
+        s = self.servers[i]
+        if s.kv_usage >= self.kv_full:
+            return math.inf, math.inf
+        mean = self._tokens_sum / self._tokens_n if self._tokens_n else self.expected_output_tokens + 1.0
+        return max(float(s.rif), s.scraped) / s.weight, max(s.tokens, s.scraped * mean) / s.weight
+
+    def pick(self, now: float, request_id: str | None, content_length: int | None = None) -> int:
         """Choose a server for a request and count it in flight."""
-        i = self.choose(now)
-        self.start(now, request_id, i)
+        tokens = self.request_tokens(content_length)
+        if self.pick_rule == "prequal":
+            i = self.pool.pick(now, self.usable(now), self._probe, tokens)
+        else:
+            i = self.choose(now)
+        self.start(now, request_id, i, tokens)
         return i
 
-    def start(self, now: float, request_id: str | None, server: int = UNKNOWN) -> str:
+    def start(self, now: float, request_id: str | None, server: int = UNKNOWN, tokens: float = 0.0) -> str:
         """Open an in-flight record (returns its key; a synthetic one if Envoy gave no request id)."""
         if not request_id:
             self._seq += 1
@@ -164,13 +205,19 @@ class LeafState:
         if prev is not None:  # duplicate start (ext_proc + ALS start entry): keep the first record
             if prev.server == UNKNOWN and server != UNKNOWN:
                 prev.server = server
+                prev.tokens = tokens
                 self.servers[server].rif += 1
+                self.servers[server].tokens += tokens
                 self.servers[server].picks += 1
             return request_id
         if server != UNKNOWN:
             self.servers[server].rif += 1
+            self.servers[server].tokens += tokens
             self.servers[server].picks += 1
-        self.inflight[request_id] = InFlight(server, now, len(self.inflight) + 1)
+        if tokens > 0:
+            self._tokens_sum += tokens
+            self._tokens_n += 1
+        self.inflight[request_id] = InFlight(server, now, len(self.inflight) + 1, tokens)
         return request_id
 
     # -- completions ------------------------------------------------------------------------------
@@ -185,6 +232,7 @@ class LeafState:
             server = rec.server
             if server != UNKNOWN:
                 self.servers[server].rif -= 1
+                self.servers[server].tokens -= rec.tokens
         if server == UNKNOWN and c.upstream:
             server = self.by_address.get(c.upstream, UNKNOWN)
         if c.client_abort:
@@ -218,17 +266,19 @@ class LeafState:
             rec = self.inflight.pop(k)
             if rec.server != UNKNOWN:
                 self.servers[rec.server].rif -= 1
+                self.servers[rec.server].tokens -= rec.tokens
         self.expired += len(old)
         return len(old)
 
     # -- scraped metrics -------------------------------------------------------------------------
-    def on_scrape(self, i: int, running: float | None, waiting: float | None) -> None:
+    def on_scrape(self, i: int, running: float | None, waiting: float | None, kv_usage: float | None = None) -> None:
         s = self.servers[i]
         if running is None and waiting is None:
             s.scrape_failures += 1
             if s.scrape_failures >= self.scrape_fail_threshold:
                 s.scraped = -1.0
                 s.waiting = -1.0
+                s.kv_usage = -1.0
             return
         s.scrape_failures = 0
         s.scraped = (running or 0.0) + (waiting or 0.0)
@@ -238,6 +288,7 @@ class LeafState:
             s.batch_limit = running
             if all(x.batch_limit > 0 for x in self.servers):
                 self.estimator.set_knee(sum(x.batch_limit for x in self.servers))
+        s.kv_usage = kv_usage if kv_usage is not None else -1.0
 
     # -- what probes report -------------------------------------------------------------------------
     @property

@@ -60,6 +60,23 @@ def _validate(args: argparse.Namespace) -> list[str]:
     return pols
 
 
+def git_commit() -> str:
+    """The commit of the code that produces a results file (``+dirty`` if the tree has changes), so
+    every number can be traced back; "unknown" outside a git checkout."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=False)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from dlb.sim.report import markdown_table, plot
 
@@ -82,11 +99,13 @@ def run(args: argparse.Namespace) -> int:
         if wanted - known:
             raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - known))} (known: {', '.join(sorted(known))})")
         jobs = [j for j in jobs if j.variant.label in wanted]
+    commit = git_commit()
     t0 = time.perf_counter()
     # Records also stream to a JSONL file as runs finish, so an interrupted long run keeps its work.
     partial = out / f"partial-{'-'.join(exps)}.jsonl"
     with partial.open("w") as fh:
         def keep(rec: dict) -> None:
+            rec["commit"] = commit
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
 
@@ -108,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     events = sum(r["events"] for r in records)
     cpu = sum(r["cpu_s"] for r in records)
     bench = {
-        "experiments": exps, "jobs": len(jobs), "workers": args.workers, "wall_s": wall,
+        "commit": commit, "experiments": exps, "jobs": len(jobs), "workers": args.workers, "wall_s": wall,
         "events": events, "events_per_s_wall": events / wall if wall > 0 else math.nan,
         "cpu_s": cpu,
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,

@@ -2,14 +2,19 @@
 
 Model (paper, Appendix B.1 and Figure 9):
 
-- **Cells** of inference servers. A server has one prefill engine (FIFO, one request at a time,
+- **Cells** of inference servers, in one of two server models (``Workload.server_model``).
+  ``pipeline`` (the paper's): one prefill engine (FIFO, one request at a time,
   ``prefill_tokens × prefill_token_s``) and two decode engines × four slots (eight parallel slots,
   ``decode_tokens × decode_token_s`` each). Requests wait in the server's prefill queue and then its
   decode queue; a request that finds ``queue_limit`` requests waiting is rejected: an overflow error.
+  ``batched``: the emulator's continuous-batching engine on the measured step-time curve
+  (:mod:`dlb.sim.batched`); a request that finds a KV cache's worth of prompt tokens waiting is rejected.
 - **Roots** (one per cell) pick the destination cell with the policy object (``pick(now)``); the
   request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
-- **Leaves** pick a server inside the cell by power-of-two choices on server RIF, count the cell's
-  RIF, fit the latency model with :class:`LatencyEstimator` on (RIF-at-arrival, serving latency) of
+- **Leaves** pick a server inside the cell by power-of-two choices on server RIF or, with
+  ``Workload.leaf_pick = "prequal"``, by tokens waiting with the leaf agent's Prequal pool
+  (:mod:`dlb.core.server_pick`; a request's size is its prompt plus the workload's mean output, what a
+  leaf can know before the answer), count the cell's RIF, fit the latency model with :class:`LatencyEstimator` on (RIF-at-arrival, serving latency) of
   completed requests, and track the error fraction with :class:`ErrorTracker`.
 - **Probes**: every ``probe_period_s`` each root receives every leaf's state (RIF, model, error rate,
   confidence, live replica count). A probe answer received at t carries the RIF the leaf had at
@@ -50,11 +55,13 @@ from dlb.core.background import (
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL
+from dlb.core.server_pick import PrequalConfig, ProbePool
 from dlb.core.topology import Topology
+from dlb.sim.batched import BatchedServers
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario
 
-_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG = range(8)
+_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP = range(9)
 
 
 @dataclass(frozen=True)
@@ -175,8 +182,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     prior_root = sc.prior(float(np.mean(sc.servers)))
     roots = build_roots(policy, topo, prior_root, lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i]))
     pick_fns = [r.pick for r in roots]
-    fit_models = cfg.always_fit or uses_latency_model(policy)
-    mnlb = MnlbController(topo, roots, sc.server_rate(), period_s=cfg.mnlb_period_s) if policy == "MNLB" else None
+    # MNLB estimates capacities from the published latency models, so it needs them fitted too.
+    fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB"
+    mnlb = MnlbController(topo, roots, period_s=cfg.mnlb_period_s) if policy in ("MNLB", "MNLB-oracle") else None
+    oracle = policy == "MNLB-oracle"
+    server_rate = sc.server_rate()
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
     R = int(t_arr.size)
@@ -210,6 +220,21 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     crif = [0] * n
     qlim = w.queue_limit
     served = [0] * n
+    pools: list[ProbePool] | None = None
+    if w.leaf_pick == "prequal":
+        pools = [ProbePool(PrequalConfig(), random.Random(hash((sc.seed, trial, 5, j)) & 0xFFFFFFFF)) for j in range(n)]
+        stok = [0.0] * S  # tokens waiting per server, as the leaf counts them
+        tok_est = (ptok + w.mean_decode_tokens).tolist()
+
+        def probe(s: int) -> tuple[float, float]:
+            return float(srif[s]), stok[s]
+    batched: BatchedServers | None = None
+    if w.server_model == "batched":
+        cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
+        batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, w.kv_cache_tokens,
+                                 lambda t, srv, ver: schedule(t, _STEP, srv, ver))
+        ptok_i = [max(1, round(x)) for x in prefill_s]
+        dtok_i = [max(1, round(x)) for x in decode_s]
 
     pf = sc.prior_factor or (1.0,) * n
     priors = [_scaled(sc.prior(float(k)), pf[j]) for j, k in enumerate(sc.servers)]
@@ -259,7 +284,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     if fit_models:
         schedule(cfg.estimator.refit_period_s, _REFIT)
     if mnlb is not None:
-        mnlb.solve(np.asarray(sc.demand, float), np.asarray(sc.servers, float))
+        if oracle:  # the truth at t = 0; the estimating MNLB starts on Rand's weights instead
+            mnlb.solve(np.asarray(sc.demand, float), np.asarray(sc.servers, float) * server_rate)
         schedule(cfg.mnlb_period_s, _MNLB)
     d = sc.disruption
     if d is not None and d.kind == "outage":
@@ -284,40 +310,49 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             if now > end_time:
                 break
             events += 1
-            if kind == _DECODE_DONE:
+            if kind == _DECODE_DONE or kind == _STEP:
                 srv = a
-                free[srv] += 1
-                q = dq[srv]
-                if q:
-                    nxt = q.popleft()
-                    free[srv] -= 1
-                    schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
+                if kind == _STEP:
+                    done = batched.wake(srv, b, now)
+                    if not done:
+                        continue
+                else:
+                    done = (b,)
+                    free[srv] += 1
+                    q = dq[srv]
+                    if q:
+                        nxt = q.popleft()
+                        free[srv] -= 1
+                        schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
                 j = cell_of[srv]
-                srif[srv] -= 1
-                crif[j] -= 1
-                done_at[j] += 1
-                serving = now - t_leaf[b]
-                if fit_models:
-                    est[j].record(now, rif0[b], serving)
-                errs[j].record(now, False)
-                if b >= R:  # a background probe: a sample, not a client request
-                    pj = est[j].params
-                    pr = probers[j]
-                    pr.on_done(now, surprise(serving, float(latency(rif0[b], pj.a, pj.b, pj.c, pj.s)), pr.config.tolerance))
-                    t_change = pr.take_change()
-                    if t_change is not None:  # the cell changed: forget what it was, refit now
-                        est[j].forget_before(t_change)
-                        est[j].refit(now)
-                        reported[j] = _perturb(est[j].params, noise[j]) if sc.noise_eps else est[j].params
-                        confidence[j] = est[j].confidence
-                    continue
-                in_flight -= 1
-                completed += 1
-                served[j] += 1
-                i = src_list[b]
-                back = tau[j][i]
-                lat[b] = now + back - t_list[b]
-                net_sum += back + tau[i][j]
+                for b in done:
+                    if pools is not None:
+                        stok[srv] -= tok_est[b]
+                    srif[srv] -= 1
+                    crif[j] -= 1
+                    done_at[j] += 1
+                    serving = now - t_leaf[b]
+                    if fit_models:
+                        est[j].record(now, rif0[b], serving)
+                    errs[j].record(now, False)
+                    if b >= R:  # a background probe: a sample, not a client request
+                        pj = est[j].params
+                        pr = probers[j]
+                        pr.on_done(now, surprise(serving, float(latency(rif0[b], pj.a, pj.b, pj.c, pj.s)), pr.config.tolerance))
+                        t_change = pr.take_change()
+                        if t_change is not None:  # the cell changed: forget what it was, refit now
+                            est[j].forget_before(t_change)
+                            est[j].refit(now)
+                            reported[j] = _perturb(est[j].params, noise[j]) if sc.noise_eps else est[j].params
+                            confidence[j] = est[j].confidence
+                        continue
+                    in_flight -= 1
+                    completed += 1
+                    served[j] += 1
+                    i = src_list[b]
+                    back = tau[j][i]
+                    lat[b] = now + back - t_list[b]
+                    net_sum += back + tau[i][j]
             elif kind == _PREFILL_DONE:
                 srv = a
                 q = pq[srv]
@@ -334,13 +369,20 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _LEAF:
                 j = dst[a] if a < R else b
                 cand = online[j]
-                m = len(cand)
-                s1 = cand[int(rnd() * m)]
-                if m > 1:
-                    s2 = cand[int(rnd() * m)]
-                    if srif[s2] < srif[s1]:
-                        s1 = s2
-                if len(pq[s1]) + len(dq[s1]) >= qlim:
+                if pools is not None:
+                    s1 = pools[j].pick(now, cand, probe, tok_est[a])
+                else:
+                    m = len(cand)
+                    s1 = cand[int(rnd() * m)]
+                    if m > 1:
+                        s2 = cand[int(rnd() * m)]
+                        if srif[s2] < srif[s1]:
+                            s1 = s2
+                if batched is not None:
+                    rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
+                else:
+                    rejected = len(pq[s1]) + len(dq[s1]) >= qlim
+                if rejected:
                     errs[j].record(now, True)
                     if a >= R:
                         probe_errors += 1
@@ -350,14 +392,17 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     in_flight -= 1
                     continue
                 srif[s1] += 1
+                if pools is not None:
+                    stok[s1] += tok_est[a]
                 crif[j] += 1
                 rif0[a] = crif[j]
                 t_leaf[a] = now
-                if busy[s1]:
-                    pq[s1].append(a)
-                else:
-                    busy[s1] = True
-                    schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
+                if batched is None:  # the batched engine queued it already
+                    if busy[s1]:
+                        pq[s1].append(a)
+                    else:
+                        busy[s1] = True
+                        schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
             elif kind == _SNAP:
                 history.append(crif[:])
                 if now < T:
@@ -387,7 +432,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _MNLB:
                 lam_hat = np.asarray(arrivals_since, float) / cfg.mnlb_period_s
                 arrivals_since = [0] * n
-                mnlb.solve(lam_hat, np.asarray(k_live, float))
+                if oracle:
+                    cap = np.asarray(k_live, float) * server_rate
+                else:
+                    cap = np.array([reported[j].capacity for j in range(n)])
+                mnlb.solve(lam_hat, cap)
                 if now < T:
                     schedule(now + cfg.mnlb_period_s, _MNLB)
             elif kind == _PHASE:
@@ -414,6 +463,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         probes_sent[j] += 1
                         prefill_s.append(probe_prefill)
                         decode_s.append(probe_decode)
+                        if pools is not None:
+                            tok_est.append(probe_prefill + probe_decode)
+                        if batched is not None:
+                            ptok_i.append(max(1, round(probe_prefill)))
+                            dtok_i.append(max(1, round(probe_decode)))
                         t_leaf.append(0.0)
                         rif0.append(0)
                         schedule(now, _LEAF, len(prefill_s) - 1, j)

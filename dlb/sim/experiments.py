@@ -19,7 +19,7 @@ from multiprocessing import get_context
 import numpy as np
 
 from dlb.sim.engine import simulate
-from dlb.sim.policies import POLICIES
+from dlb.sim.policies import BASELINES, POLICIES
 from dlb.sim.scenario import generate
 
 
@@ -47,6 +47,12 @@ EXPERIMENTS: dict[str, tuple[Variant, ...]] = {
     "burst": (_v("burst", 0.8, disruption="burst"),),
     "outage": (_v("outage", 0.8, disruption="outage"),),
     "noise": tuple(_v(f"eps={e}", e, noise_eps=e) for e in (0.0, 0.1, 0.25, 0.5, 0.75)),
+    # Sensitivity of DLB's gain over Rand to the server model (issue 12): the paper's pipeline server
+    # vs the emulator's continuous-batching engine on the measured step-time curve, same scenarios.
+    "server-model": (_v("pipeline", 0.0, server_model="pipeline"), _v("batched", 1.0, server_model="batched")),
+    # The leaf's pick (issue 12): power of two on RIF vs Prequal on tokens waiting, on the batched server.
+    "leaf-pick": (_v("rif", 0.0, server_model="batched", leaf_pick="rif"),
+                  _v("prequal", 1.0, server_model="batched", leaf_pick="prequal")),
 }
 
 METRICS = ("mean", "p50", "p90", "p99", "error_rate")
@@ -64,7 +70,7 @@ class Job:
     def cost(self) -> float:
         """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
         sc = generate(self.scenario, duration_s=self.duration_s, **dict(self.variant.params))
-        factor = 1.0 if self.policy in ("Rand", "MNLB") else 3.0
+        factor = 1.0 if self.policy in BASELINES else 3.0
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
 
 

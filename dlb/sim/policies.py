@@ -8,9 +8,14 @@ service runs. The baselines use the core's :func:`rand_weights`, :func:`mnlb_sol
   by adjusting replica counts and utilizes our error aversion mechanism"): replica-weighted sampling
   where the replica counts are the live ones from probes and the weights are scaled by ``1 − a_j``
   with ``a_j`` from the core's :func:`update_aversion`.
-- **MNLB**: a central controller re-solves the LP every 10 s from the arrival rates the roots measured
-  in the last period and the cells' theoretical capacities at their current replica counts (it is
-  capacity-aware); roots sample from the result between solves. No error aversion (legacy system).
+- **MNLB**: a central controller re-solves the LP every 10 s from what an operator's MNLB can know:
+  the arrival rates the roots measured in the last period and each cell's *estimated* capacity, the
+  ``1/b`` of the latency model its leaf publishes (the same fitted, possibly noisy model DLB's
+  Lat/Grad policies read). Until the first period has been measured the roots use Rand's weights.
+  Roots sample from the result between solves. No error aversion (legacy system).
+- **MNLB-oracle**: the same loop handed the truth — the exact demand at t = 0 and the cells'
+  theoretical capacities at their live replica counts. Stronger than any MNLB that has to estimate
+  them; kept as a labelled upper bound for the baseline.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 
-POLICIES: tuple[str, ...] = ("Rand", "MNLB", "Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
+POLICIES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle", "Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
+#: The baselines (not DLB policies).
+BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle")
 _COSTS = {"RIF": Cost.RIF, "Lat": Cost.LATENCY, "Grad": Cost.GRADIENT}
 
 
@@ -81,12 +88,12 @@ class MnlbController:
 
     topology: Topology
     roots: list[WeightedRouter]
-    server_rate: np.ndarray
     period_s: float = 10.0
     rho: float = 0.85
 
-    def solve(self, demand: np.ndarray, servers: np.ndarray) -> np.ndarray:
-        y = mnlb_solve(self.topology, demand, servers * self.server_rate, rho=self.rho)
+    def solve(self, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+        """Solve for ``demand`` (req/s per source cell) and ``capacity`` (req/s per cell); push to roots."""
+        y = mnlb_solve(self.topology, demand, capacity, rho=self.rho)
         for i, root in enumerate(self.roots):
             root.set_weights(y[i])
         return y
@@ -99,7 +106,7 @@ def build_roots(
     n = topology.n
     if name == "Rand":
         return [RandRoot(topology, i, rng_for(i)) for i in range(n)]
-    if name == "MNLB":
+    if name in ("MNLB", "MNLB-oracle"):
         w = rand_weights(topology)
         return [WeightedRouter(w[i], rng_for(i)) for i in range(n)]
     cfg = policy_config(name)

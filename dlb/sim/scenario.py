@@ -7,6 +7,19 @@ the request-size distributions (shifted Gamma), and the demand (target utilisati
 capacity, split over source cells uniformly on the simplex), modulated in time, plus an optional
 disruption (demand burst or capacity outage) and latency-model noise.
 
+Two server models (``Workload.server_model``):
+
+- ``pipeline`` — the paper's Appendix B.1 server: one FIFO prefill engine and 8 decode slots, each
+  request's stage time fixed by its token counts, a fixed queue of ``queue_limit`` requests. Latency
+  does not depend on how many requests share the GPU until the slots fill.
+- ``batched`` — the emulator's continuous-batching engine (:class:`dlb.emulator.engine.Engine`, the
+  *same* class the emulated servers run): prefill and decode share every step, the step time follows
+  the measured H200 curve (flat to the knee, then linear in batch), admission is limited by the KV
+  cache and the waiting queue by a KV cache's worth of prompt tokens instead of a count. The curve's
+  *shape* is the measurement's (knee and past-knee slope relative to the floor); its floor and
+  per-prompt-token cost are the cell's decode and prefill token times, so the two models differ in
+  structure only, not in the fleet's speeds.
+
 Variants of one experiment reuse the same base draw (the same seed gives the same cells, servers,
 speeds and demand split), so a sweep changes only the swept quantity.
 """
@@ -19,7 +32,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dlb.core.latency_model import LatencyParams
+from dlb.emulator.profile import BUILTIN_PROFILES, Profile
 from dlb.sim.regions import sample_cells
+
+SERVER_MODELS = ("pipeline", "batched")
+LEAF_PICKS = ("rif", "prequal")
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,15 @@ class Workload:
     slots_per_engine: int = 4
     #: Requests a server may hold waiting (prefill + decode queues); one more is an overflow error.
     queue_limit: int = 16
+    #: ``pipeline`` (paper B.1) or ``batched`` (the emulator's engine on the measured step-time curve).
+    server_model: str = "pipeline"
+    #: Batched model: the step-time shape (an emulator profile name), batch cap and KV cache.
+    step_profile: str = "llama-8b-h200-eager"
+    max_batch: int = 256  # vLLM's default max_num_seqs
+    kv_cache_tokens: int = 400_000  # ≈ an 8B model's KV on an 80 GB GPU (the emulator's default)
+    #: The leaf's server pick: ``rif`` (power of two choices on RIF) or ``prequal`` (tokens waiting,
+    #: :mod:`dlb.core.server_pick`, as the leaf agent's default).
+    leaf_pick: str = "rif"
 
     @property
     def mean_prefill_tokens(self) -> float:
@@ -56,11 +82,63 @@ class Workload:
     def slots(self) -> int:
         return self.decode_engines * self.slots_per_engine
 
+    def __post_init__(self) -> None:
+        if self.server_model not in SERVER_MODELS:
+            raise ValueError(f"Workload.server_model: must be one of {', '.join(SERVER_MODELS)}, got {self.server_model!r}")
+        if self.leaf_pick not in LEAF_PICKS:
+            raise ValueError(f"Workload.leaf_pick: must be one of {', '.join(LEAF_PICKS)}, got {self.leaf_pick!r}")
+
+    def cell_profile(self, prefill_token_s: float, decode_token_s: float) -> Profile:
+        """The batched model's step-time profile of a cell with these token times: the measured
+        curve's shape, its floor set to ``decode_token_s`` and its prompt cost to ``prefill_token_s``."""
+        shape = BUILTIN_PROFILES[self.step_profile]
+        k = decode_token_s * 1e3 / shape.base_ms
+        return Profile(
+            name=f"{shape.name}@{decode_token_s * 1e3:.2f}ms",
+            base_ms=decode_token_s * 1e3,
+            prefill_us_per_token=prefill_token_s * 1e6,
+            decode_us_per_seq=shape.decode_us_per_seq * k,
+            batch_knee=shape.batch_knee,
+            past_knee_ms_per_seq=shape.past_knee_ms_per_seq * k,
+            max_batch_tokens=shape.max_batch_tokens,
+            kv_cache_tokens=self.kv_cache_tokens,
+            source=f"shape of {shape.source}",
+        )
+
+    def max_concurrency(self) -> int:
+        """Batched model: sequences that can run at once (batch cap, or KV cache at mean request size)."""
+        per_request = self.mean_prefill_tokens + self.mean_decode_tokens
+        return max(1, min(self.max_batch, int(self.kv_cache_tokens // per_request)))
+
+    def unloaded_latency(self, prefill_token_s: float, decode_token_s: float) -> float:
+        """Serving latency of a mean request on an idle server."""
+        if self.server_model == "pipeline":
+            return self.mean_prefill_tokens * prefill_token_s + self.mean_decode_tokens * decode_token_s
+        prof = self.cell_profile(prefill_token_s, decode_token_s)
+        return prof.step_time(1, int(self.mean_prefill_tokens)) + (self.mean_decode_tokens - 1) * prof.step_time(1)
+
     def server_rate(self, prefill_token_s: float, decode_token_s: float) -> float:
-        """Theoretical requests/s of one server: the slower of its two pipeline stages."""
-        prefill = 1.0 / (self.mean_prefill_tokens * prefill_token_s)
-        decode = self.slots / (self.mean_decode_tokens * decode_token_s)
-        return min(prefill, decode)
+        """Theoretical requests/s of one server.
+
+        Pipeline: the slower of its two stages. Batched: the best throughput over batch sizes up to
+        :meth:`max_concurrency`, where a mean request costs its prompt's share of step time plus
+        ``decode tokens × step_time(B) / B`` (prompts stall the whole batch while they compute).
+        """
+        if self.server_model == "pipeline":
+            prefill = 1.0 / (self.mean_prefill_tokens * prefill_token_s)
+            decode = self.slots / (self.mean_decode_tokens * decode_token_s)
+            return min(prefill, decode)
+        prof = self.cell_profile(prefill_token_s, decode_token_s)
+        t_prefill = self.mean_prefill_tokens * prof.prefill_us_per_token * 1e-6
+        best = max(b / prof.step_time(b) for b in range(1, self.max_concurrency() + 1))
+        return 1.0 / (t_prefill + self.mean_decode_tokens / best)
+
+    @property
+    def knee_slots(self) -> float:
+        """Requests a server holds before its latency starts to rise (pipeline: its decode slots)."""
+        if self.server_model == "pipeline":
+            return float(self.slots)
+        return float(BUILTIN_PROFILES[self.step_profile].batch_knee)
 
 
 @dataclass(frozen=True)
@@ -118,10 +196,9 @@ class Scenario:
 
     def nominal_server_latency(self) -> float:
         """Unloaded serving latency of a fleet-median server (seconds)."""
-        w = self.workload
         p = float(np.exp(np.mean(np.log(self.prefill_token_s))))
         d = float(np.exp(np.mean(np.log(self.decode_token_s))))
-        return w.mean_prefill_tokens * p + w.mean_decode_tokens * d
+        return self.workload.unloaded_latency(p, d)
 
     def prior(self, servers: float) -> LatencyParams:
         """Fleet prior of a cell's latency model: unloaded latency until the slots fill, then 1/capacity."""
@@ -130,7 +207,7 @@ class Scenario:
         p = float(np.exp(np.mean(np.log(self.prefill_token_s))))
         d = float(np.exp(np.mean(np.log(self.decode_token_s))))
         b = 1.0 / (max(servers, 1.0) * w.server_rate(p, d))
-        c = min(w.slots * max(servers, 1.0), 0.9 * a / b)
+        c = min(w.knee_slots * max(servers, 1.0), 0.9 * a / b)
         return LatencyParams(a=a, b=b, c=c, s=max(1.0, 0.25 * c))
 
 
@@ -152,8 +229,11 @@ def generate(
     duration_s: float = 600.0,
     workload: Workload | None = None,
     token_cv: float = 0.2,
+    server_model: str | None = None,
+    leaf_pick: str | None = None,
 ) -> Scenario:
-    """Draw scenario ``seed`` and apply one experiment's variation to it."""
+    """Draw scenario ``seed`` and apply one experiment's variation to it (``server_model`` replaces
+    the workload's)."""
     if not 0 < utilization < 1.5:
         raise ValueError(f"utilization must be in (0, 1.5): {utilization}")
     if length_factor <= 0:
@@ -161,6 +241,10 @@ def generate(
     if disruption not in (None, "burst", "outage"):
         raise ValueError(f"disruption must be None, 'burst' or 'outage': {disruption!r}")
     w = workload or Workload()
+    if server_model is not None:
+        w = replace(w, server_model=server_model)
+    if leaf_pick is not None:
+        w = replace(w, leaf_pick=leaf_pick)
     rng = np.random.default_rng([seed, 0xD1B])
     n = int(rng.integers(2, 11))
     names, tau = sample_cells(rng, n)
