@@ -40,7 +40,7 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     (None, "demo", "the whole stack on an embedded emulated fleet, a workload and a live view",
      "dlb.testbed.cli:register_demo"),
     (None, "load", "open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
-     "dlb.bench.openai_load:register"),
+     "dlb.load.generator:register"),
     (None, "sim", "run the paper's simulation experiments", "dlb.sim.cli:register"),
     (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.core.theory:register"),
 ]

@@ -327,10 +327,10 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
-                   ext_proc_h2: str | None = None) -> None:
+                   ext_proc_h2: str | None = None, window_s: float = 60.0) -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
     the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
-    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s)
+    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, window_s)
     agent = LeafAgent(state)
     sync = None
     if xds:
@@ -398,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
-                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2))
+                            xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, window_s=args.window_s))
     return 0
 
 
@@ -415,6 +415,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
                    help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
+    p.add_argument("--window-s", type=float, default=60.0,
+                   help="latency-model sample window (s); shorter forgets a past slowdown sooner (dlb demo: 15)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",

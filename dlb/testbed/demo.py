@@ -3,7 +3,7 @@
 Sequence: start one emulator process per server (tier ``servers``), then the deployment exactly as
 ``dlb up`` does (:func:`dlb.testbed.up.plan`: control plane, leaves, roots, Envoys over xDS, WAN
 emulated), wait for every tier (roots: probes fresh), then send a seeded workload
-(:mod:`dlb.testbed.workload`) at ``--load`` × the fleet's computed capacity through the roots. At
+(:mod:`dlb.load.workload`) at ``--load`` × the fleet's computed capacity through the roots. At
 ``DEGRADE_AT`` of the run the servers of the degraded cell slow down (``POST /admin/faults``) and
 at ``RECOVER_AT`` they recover. Once a second the demo samples the control plane's ``/fleet`` (RIF,
 errors, fitted models, aversion, flow weights) and each root's decision counters (traffic share per
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dlb.bench.openai_load import LoadRunner, Result
+from dlb.load.generator import LoadRunner, Result
 from dlb.procutil import free_port
 from dlb.testbed.fleet import DEFAULT_FLEET, CellPlan, Fleet, demo_config, fleet_capacity_rps
 from dlb.testbed.supervisor import Child, StartError, Supervisor
 from dlb.testbed.up import StopFlag, http_get, plan
-from dlb.testbed.workload import WorkloadSpec, generate
+from dlb.load.workload import WorkloadSpec, generate
 
 DEGRADE_AT = 0.4  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.7  # ... and recovers
@@ -246,7 +246,7 @@ def run_demo(args: argparse.Namespace) -> int:
     n_servers = sum(len(v) for v in run.servers.values())
     print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
           f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s; logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "2"])
+    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "2", "--window-s", "15"])
     code = 0
     try:
         sup.start(args.ready_timeout, should_stop=stop)

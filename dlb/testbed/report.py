@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlb.bench.openai_load import Result, quantile, summarize, write_results
+from dlb.load.generator import Result, quantile, summarize, write_results
 
 if TYPE_CHECKING:
     from dlb.testbed.demo import DemoRun

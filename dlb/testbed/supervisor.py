@@ -38,6 +38,9 @@ _PR_SET_PDEATHSIG = 1
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
+#: Set in every child's environment to the run directory: lets a test (or an operator) find every
+#: process of a run in /proc, including ones whose command line does not name the run.
+RUN_ENV = "DLB_SUPERVISED_RUN"
 
 
 try:
@@ -113,7 +116,7 @@ class Supervisor:
     def _spawn(self, c: Child) -> None:
         if c.before_start is not None:
             c.before_start()
-        env = dict(os.environ, **c.env)
+        env = dict(os.environ, **c.env, **{RUN_ENV: str(self.run_dir.resolve())})
         with open(c.log_path, "ab") as log:
             c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                       start_new_session=True, preexec_fn=functools.partial(_arm_parent_death_signal, os.getpid()))
@@ -209,6 +212,23 @@ class Supervisor:
 
     def pids(self) -> list[int]:
         return [c.proc.pid for c in self.children if c.proc is not None]
+
+
+def processes_of_run(run_dir: Path) -> list[int]:
+    """Live pids whose environment carries ``RUN_ENV=run_dir`` (children of a supervisor, and theirs)."""
+    marker = f"{RUN_ENV}={run_dir.resolve()}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if marker in env.split(b"\0") and stat.rpartition(")")[2].split()[0] != "Z":
+            out.append(int(entry.name))
+    return out
 
 
 def _safe(check: Callable[[], bool]) -> bool:

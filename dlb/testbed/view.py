@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dlb.bench.openai_load import LoadRunner
+    from dlb.load.generator import LoadRunner
     from dlb.testbed.demo import DemoRun, Sample
 
 SPARK = "▁▂▃▄▅▆▇█"

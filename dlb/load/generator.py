@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dlb.testbed.workload import WorkloadRequest, WorkloadSpec, generate, read_trace
+from dlb.load.workload import WorkloadRequest, WorkloadSpec, generate, read_trace
 
 SERVER_HEADER = "x-dlb-server"
 _TEXT = "abcd" * 32768  # prompt text: 4 chars per token (the emulator's estimate), sliced per request
@@ -270,7 +270,7 @@ def run_load(args: argparse.Namespace) -> int:
         print(f"dlb load: {e}", file=sys.stderr)
         return 2
     if args.write_trace:
-        from dlb.testbed.workload import write_trace
+        from dlb.load.workload import write_trace
 
         write_trace(reqs, args.write_trace)
         print(f"wrote {len(reqs)} requests to {args.write_trace}")
