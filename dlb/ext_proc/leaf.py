@@ -416,7 +416,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
     p.add_argument("--window-s", type=float, default=60.0,
-                   help="latency-model sample window (s); shorter forgets a past slowdown sooner (dlb demo: 15)")
+                   help="latency-model sample window (s); shorter forgets a past slowdown sooner (dlb demo: 10)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",

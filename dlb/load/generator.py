@@ -48,6 +48,7 @@ class Result:
     chunks: int  # SSE events received (streaming)
     server: str  # x-dlb-server of the response ("" if none)
     error: str = ""
+    tail: str = ""  # the end of the body, only with ``keep_tail`` (``dlb bench load`` reads server stamps from it)
 
     @property
     def ok(self) -> bool:
@@ -70,7 +71,8 @@ class LoadRunner:
 
     def __init__(self, requests: list[WorkloadRequest], targets: dict[str, str], *, stream: bool = True,
                  model: str = "dlb-emulated", session_header: str = "x-session-id", timeout_s: float = 120.0,
-                 on_result: Callable[[Result], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_result: Callable[[Result], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 keep_tail: bool = False) -> None:
         missing = sorted({r.source for r in requests} - set(targets) - {""})
         if missing and "" not in targets:
             raise ValueError(f"targets: no URL for source cell(s) {', '.join(missing)} (have {', '.join(targets)})")
@@ -82,6 +84,7 @@ class LoadRunner:
         self.timeout_s = timeout_s
         self.on_result = on_result
         self.clock = clock
+        self.keep_tail = keep_tail
         self.results: list[Result] = []
         self.sent = 0
         self.in_flight = 0
@@ -134,7 +137,7 @@ class LoadRunner:
         body = body_for(r, self.model, self.stream)
         self.in_flight += 1
         start = self.clock()
-        status, ttft, chunks, server, error = 0, math.nan, 0, "", ""
+        status, ttft, chunks, server, error, last = 0, math.nan, 0, "", "", b""
         try:
             async with session.post(self._url(r), data=body, headers=headers) as resp:
                 status = resp.status
@@ -143,6 +146,7 @@ class LoadRunner:
                     if chunks == 0 and math.isnan(ttft):
                         ttft = self.clock() - sched
                     chunks += data.count(b"data: ")
+                    last = data
                 if self.stream and status == 200 and chunks == 0:
                     error = "empty stream"
         except asyncio.CancelledError:
@@ -154,7 +158,8 @@ class LoadRunner:
         end = self.clock()
         if math.isnan(ttft):
             ttft = end - sched
-        res = Result(idx, r.t, r.endpoint, r.source, r.session, status, end - sched, ttft, start - sched, chunks, server, error)
+        res = Result(idx, r.t, r.endpoint, r.source, r.session, status, end - sched, ttft, start - sched, chunks, server, error,
+                     last[-160:].decode(errors="replace") if self.keep_tail else "")
         self.results.append(res)
         if self.on_result is not None:
             self.on_result(res)

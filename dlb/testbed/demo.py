@@ -29,8 +29,8 @@ from dlb.testbed.supervisor import Child, StartError, Supervisor
 from dlb.testbed.up import StopFlag, http_get, plan
 from dlb.load.workload import WorkloadSpec, generate
 
-DEGRADE_AT = 0.4  # fraction of the run at which the degraded cell slows down
-RECOVER_AT = 0.7  # ... and recovers
+DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
+RECOVER_AT = 0.55  # ... and recovers
 DLB_POLICIES = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
 
 
@@ -246,7 +246,7 @@ def run_demo(args: argparse.Namespace) -> int:
     n_servers = sum(len(v) for v in run.servers.values())
     print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
           f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s; logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "2", "--window-s", "15"])
+    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "1", "--window-s", "10"])
     code = 0
     try:
         sup.start(args.ready_timeout, should_stop=stop)
