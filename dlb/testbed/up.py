@@ -104,11 +104,11 @@ def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xd
     from dlb.envoy.binary import envoy_binary
 
     admin = free_port()
-    boot = run_dir / f"{name}.bootstrap.json"
+    boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
     boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}"), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
-    child = Child(name, tier, argv, run_dir / f"{name}.log",
+    child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
                   ready=lambda: _envoy_live(admin) and tcp_open(listener))
     return sup.add(child), admin
 
