@@ -11,7 +11,13 @@ import pytest
 from aiohttp import web
 
 from dlb.load.generator import LoadRunner, summarize, write_results
-from dlb.load.workload import WorkloadRequest, WorkloadSpec, generate, read_trace, write_trace
+from dlb.load.workload import (
+    WorkloadRequest,
+    WorkloadSpec,
+    generate,
+    read_trace,
+    write_trace,
+)
 from dlb.procutil import free_port
 
 SPEC = WorkloadSpec(rate_rps=20.0, duration_s=200.0, sources={"a": 3.0, "b": 1.0}, seed=5)

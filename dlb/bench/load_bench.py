@@ -125,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve is not None:
         _serve(args.serve, args.chunks, args.first_ms, args.gap_ms)
         return 0
+    from dlb.config.model import HostPort
     from dlb.testbed.report import git_commit
     from dlb.testbed.up import tcp_open
-    from dlb.config.model import HostPort
 
     port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "dlb.cli", "bench", "load", "--serve", str(port), "--chunks", str(args.chunks),

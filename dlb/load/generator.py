@@ -113,7 +113,7 @@ class LoadRunner:
                         try:
                             await asyncio.wait_for(stop.wait(), delay)
                             break
-                        except asyncio.TimeoutError:
+                        except TimeoutError:
                             pass
                 task = asyncio.create_task(self._one(session, idx, r))
                 tasks.add(task)
@@ -151,7 +151,7 @@ class LoadRunner:
                     error = "empty stream"
         except asyncio.CancelledError:
             error = "cancelled"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             error = type(e).__name__
         finally:
             self.in_flight -= 1
@@ -211,8 +211,7 @@ def write_results(results: list[Result], path: str | Path) -> None:
             w.writerows(rows)
     else:
         with open(p, "w") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
+            fh.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 # -- command ----------------------------------------------------------------------------------------

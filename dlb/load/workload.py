@@ -131,8 +131,7 @@ def generate(spec: WorkloadSpec) -> list[WorkloadRequest]:
 def write_trace(requests: list[WorkloadRequest], path: str | Path) -> None:
     """JSON lines, one request each (the format ``dlb load --trace`` reads)."""
     with open(path, "w") as fh:
-        for r in requests:
-            fh.write(json.dumps(asdict(r)) + "\n")
+        fh.writelines(json.dumps(asdict(r)) + "\n" for r in requests)
 
 
 def read_trace(path: str | Path) -> list[WorkloadRequest]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -23,11 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from dlb.load.generator import LoadRunner, Result
-from dlb.procutil import free_port
-from dlb.testbed.fleet import DEFAULT_FLEET, CellPlan, Fleet, demo_config, fleet_capacity_rps
-from dlb.testbed.supervisor import Child, StartError, Supervisor
-from dlb.testbed.up import StopFlag, http_get, plan
 from dlb.load.workload import WorkloadSpec, generate
+from dlb.procutil import free_port
+from dlb.testbed.fleet import (
+    DEFAULT_FLEET,
+    CellPlan,
+    Fleet,
+    demo_config,
+    fleet_capacity_rps,
+)
+from dlb.testbed.supervisor import Child, StartError, Supervisor
+from dlb.testbed.up import StopFlag, http_ok, plan
 
 DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers
@@ -141,7 +148,7 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
                            "--max-batch", str(fleet.max_batch), "--time-scale", str(fleet.time_scale),
                            "--seed", str(args.seed * 1000 + k)],
                           sup.run_dir / f"server-{cell}-{k}.log",
-                          ready=lambda a=addr: http_get(f"http://{a}/health", 0.5)[0] == 200))
+                          ready=functools.partial(http_ok, f"http://{addr}/health")))
     config_path = run_dir / "dlb.yaml"
     config_path.write_text(json.dumps(cfg_dict, indent=1))
     return run, sup, str(config_path.resolve())
@@ -220,7 +227,7 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                         prev = last.get(cell, {})
                         dec[cell] = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
                         last[cell] = cur
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                except (TimeoutError, aiohttp.ClientError, ValueError):
                     continue  # a restarting component: skip this sample
                 okn = sum(1 for r in runner.results if r.ok)
                 run.samples.append(Sample(now, fleet, dec, len(runner.results), okn))

@@ -174,7 +174,7 @@ def write_report(run: DemoRun, out: Path) -> str:
                  f"({100 * summary['success_rate']:.1f}%) | {summary['p50_s']:.2f} | {summary['p90_s']:.2f} | "
                  f"{summary['ttft_p50_s']:.2f} |")
     table = "\n".join(lines)
-    md = [f"# dlb demo report", "",
+    md = ["# dlb demo report", "",
           f"Commit `{doc['commit']}`{' (dirty tree)' if doc['dirty'] else ''}; policy: {run.policy}; "
           f"{summary['requests']} requests over {run.spec.duration_s:.0f}s at {run.spec.rate_rps:.1f} req/s "
           f"(capacity {sum(run.capacity.values()):.1f} req/s, computed from the server profiles)"

@@ -19,6 +19,7 @@ its leaves yet (what the hand-started sequence of docs/data-plane.md produced fo
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import signal
@@ -125,6 +126,14 @@ def probes_fresh(metrics_url: str, cfg: Config, cell: str) -> bool:
     return True
 
 
+def _root_ready(ready_file: Path, metrics_url: str, cfg: Config, cell: str) -> bool:
+    return ready_file.exists() and probes_fresh(metrics_url, cfg, cell)
+
+
+def http_ok(url: str) -> bool:
+    return http_get(url, 0.5)[0] == 200
+
+
 def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = False,
          leaf_args: list[str] | None = None, root_args: list[str] | None = None) -> Deployment:
     """Add the control plane, every leaf and every root of ``cfg`` to ``sup`` (nothing is started yet)."""
@@ -142,8 +151,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
         sup.add(Child(f"leaf {cell.name} agent", "leaves",
                       [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
                        "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *(leaf_args or [])],
-                      run_dir / f"leaf-{cell.name}.log", ready=lambda p=ready_path: p.exists(),
-                      before_start=lambda p=ready_path: p.unlink(missing_ok=True)))
+                      run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
+                      before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
@@ -157,8 +166,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
                        "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *wan, *(root_args or [])],
                       run_dir / f"root-{cell.name}.log",
-                      ready=lambda p=ready_path, u=metrics_url, c=cell.name: p.exists() and probes_fresh(u, cfg, c),
-                      before_start=lambda p=ready_path: p.unlink(missing_ok=True)))
+                      ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
+                      before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
@@ -172,7 +181,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.signal: int | None = None
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._set)
         return self

@@ -115,7 +115,7 @@ class PlainView:
         self.run = run
         self.last = -1e9
 
-    def __enter__(self) -> "PlainView":
+    def __enter__(self) -> PlainView:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -144,7 +144,7 @@ class RichView:
         self.console = Console()
         self.live = Live(console=self.console, refresh_per_second=2, transient=False)
 
-    def __enter__(self) -> "RichView":
+    def __enter__(self) -> RichView:
         self.live.__enter__()
         return self
 
