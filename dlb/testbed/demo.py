@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import functools
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,11 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")
     p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds each tier may take to become ready")
+    p.add_argument("--compare", action="store_true",
+                   help="run the same seeded workload against Rand and the six DLB policies, with and without the "
+                        "degradation, each from a clean start; prints a table (MNLB is not on the real data path yet)")
+    p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
+    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand and all six)")
     p.set_defaults(func=run_demo)
 
 
@@ -223,6 +229,8 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                     fleet = await _get_json(s, f"{dep.status_url}/fleet")
                     dec: dict[str, dict[str, float]] = {}
                     for cell, info in dep.roots.items():
+                        if not info.metrics_url:
+                            continue  # no root service (Rand): nothing decides, Envoy samples its weights
                         cur = _decisions(await _get_text(s, info.metrics_url))
                         prev = last.get(cell, {})
                         dec[cell] = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
@@ -237,28 +245,40 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
         run.results = await load_task
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, policy: str | None,
+             degrade: bool, quiet: bool = False) -> tuple[DemoRun | None, int]:
+    """One clean deployment, one workload, report in ``out``; returns the run and an exit code.
+
+    ``policy`` "Rand" runs Rand on the real data path: both endpoints flow, no root services (Envoy
+    takes its fail-open route, the control plane's weighted_clusters) and the control plane's
+    weights frozen at the replica split (``--no-probe``).
+    """
     from dlb.config import ConfigError, load_config
 
-    out = args.out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    stop = StopFlag().install()
+    rand = policy == "Rand"
+    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if rand else policy, "no_degrade": not degrade})
     try:
-        run, sup, config_path = prepare(args, out)
+        run, sup, config_path = prepare(one, out)
         cfg = load_config(config_path)
     except (ConfigError, ValueError, OSError) as e:
         print(f"dlb demo: {e}", file=sys.stderr)
-        return 2
-    live = not args.no_live and sys.stdout.isatty()
+        return None, 2
+    if rand:
+        run.policy = "Rand"
+    sup.quiet = quiet
     n_servers = sum(len(v) for v in run.servers.values())
     print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
-          f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s; logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "1", "--window-s", "10"])
+          f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s, policy {run.policy}, "
+          f"degradation {'on' if degrade else 'off'}; logs in {sup.run_dir}", flush=True)
+    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "1", "--window-s", "10"],
+               control_plane_args=["--no-probe"] if rand else None, root_services=not rand)
     code = 0
     try:
         sup.start(args.ready_timeout, should_stop=stop)
-        print("dlb demo: every tier ready\n" + dep.urls_text(), flush=True)
-        sup.quiet = live  # the live view shows state changes itself
+        if not quiet:
+            print("dlb demo: every tier ready\n" + dep.urls_text(), flush=True)
+        sup.quiet = live or quiet  # the live view shows state changes itself
         asyncio.run(drive(run, sup, dep, stop, live))
     except KeyboardInterrupt:
         run.interrupted = True
@@ -266,13 +286,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"dlb demo: {e}", file=sys.stderr, flush=True)
         code = 1
     finally:
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        sup.quiet = False
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the ordered stop
+        sup.quiet = quiet
         t0 = time.monotonic()
         sup.stop()
         print(f"dlb demo: stopped every process in {time.monotonic() - t0:.1f}s", flush=True)
+        stop.install()
     run.events = sup.events
     if run.interrupted:
         print("dlb demo: interrupted", flush=True)
@@ -280,8 +299,19 @@ def run_demo(args: argparse.Namespace) -> int:
         from dlb.testbed.report import write_report
 
         summary = write_report(run, out)
-        print(summary, flush=True)
+        if not quiet:
+            print(summary, flush=True)
         print(f"report: {out / 'report.md'}", flush=True)
-    return 130 if run.interrupted else code
+    return run, (130 if run.interrupted else code)
 
 
+def run_demo(args: argparse.Namespace) -> int:
+    out = args.out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    stop = StopFlag().install()
+    if args.compare:
+        from dlb.testbed.compare import run_compare
+
+        return run_compare(args, out, stop)
+    live = not args.no_live and sys.stdout.isatty()
+    _run, code = run_once(args, out, stop, live, args.policy, degrade=not args.no_degrade)
+    return code

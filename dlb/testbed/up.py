@@ -135,14 +135,21 @@ def http_ok(url: str) -> bool:
 
 
 def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = False,
-         leaf_args: list[str] | None = None, root_args: list[str] | None = None) -> Deployment:
-    """Add the control plane, every leaf and every root of ``cfg`` to ``sup`` (nothing is started yet)."""
+         leaf_args: list[str] | None = None, root_args: list[str] | None = None,
+         control_plane_args: list[str] | None = None, root_services: bool = True) -> Deployment:
+    """Add the control plane, every leaf and every root of ``cfg`` to ``sup`` (nothing is started yet).
+
+    ``root_services=False`` starts the root Envoys without their ext_proc service: every request then
+    takes Envoy's fail-open route, the control plane's ``weighted_clusters`` (``dlb demo --compare``
+    runs Rand this way: flow endpoints, weights frozen at the replica split by ``--no-probe``).
+    """
     run_dir = sup.run_dir
     cp = cfg.services.control_plane
     status_url = f"http://{cp.status.host}:{cp.status.port}"
     wan = ["--emulate-wan"] if emulate_wan else []
     sup.add(Child("control-plane", "control-plane",
-                  [*_python(), "serve", "control-plane", "--config", config_path, *wan], run_dir / "control-plane.log",
+                  [*_python(), "serve", "control-plane", "--config", config_path, *wan, *(control_plane_args or [])],
+                  run_dir / "control-plane.log",
                   ready=lambda: http_get(f"{status_url}/status")[0] == 200 and tcp_open(cp.xds)))
     dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url)
     for cell in cfg.cells:
@@ -162,12 +169,15 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
         ready_path = run_dir / f"root-{cell.name}.ready.json"
         metrics_port = free_port()
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        sup.add(Child(f"root {cell.name} service", "roots",
-                      [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
-                       "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *wan, *(root_args or [])],
-                      run_dir / f"root-{cell.name}.log",
-                      ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
-                      before_start=functools.partial(ready_path.unlink, missing_ok=True)))
+        if root_services:
+            sup.add(Child(f"root {cell.name} service", "roots",
+                          [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
+                           "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *wan, *(root_args or [])],
+                          run_dir / f"root-{cell.name}.log",
+                          ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
+                          before_start=functools.partial(ready_path.unlink, missing_ok=True)))
+        else:
+            metrics_url = ""
         _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
