@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from dlb.testbed.report import git_commit
     from dlb.testbed.up import tcp_open
 
+    git_commit()  # the tree as it is when the run starts
     port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "dlb.cli", "bench", "load", "--serve", str(port), "--chunks", str(args.chunks),
                            "--first-ms", str(args.first_ms), "--gap-ms", str(args.gap_ms)],

@@ -306,6 +306,9 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from dlb.testbed.report import git_commit
+
+    git_commit()  # the tree as it is when the run starts
     out = args.out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     stop = StopFlag().install()
     if args.compare:

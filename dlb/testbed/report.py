@@ -13,6 +13,7 @@ before = [15 %, degrade start), during = [degrade start + 10 %, recovery), after
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -29,7 +30,10 @@ BUCKET_S = 5.0
 REACTION = 0.10  # fraction of the run skipped after each change
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> dict[str, Any]:
+    """HEAD and whether tracked files differ from it — read once per process (call it at the start of a
+    run, so a commit made while a long run is going does not get the credit for its numbers)."""
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
