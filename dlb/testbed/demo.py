@@ -92,11 +92,6 @@ class DemoRun:
     interrupted: bool = False
 
 
-def server_cell(server: str, servers: dict[str, list[str]]) -> str:
-    """The cell of an ``x-dlb-server`` value (the emulators are named ``<cell>/<k>``)."""
-    return server.rpartition("/")[0]
-
-
 def apply_policy(cfg: dict[str, Any], policy: str) -> None:
     mech, cost = policy.split("-")
     for ep in cfg["endpoints"]:
