@@ -2,7 +2,12 @@
 
 Each command lives in the module that owns it and exposes ``register(subparsers)``, which adds its
 parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and returning an exit
-code). This file only lists them, so adding a command is one line here and nothing else.
+code). This file only lists them, with the one-line help ``dlb --help`` shows.
+
+Registration is lazy: only the module of the command being run is imported; every other command
+gets a placeholder parser carrying its help line. Importing every command module to build the
+parser cost ~1.7 s per call on an idle box (scipy, the xDS server, grpc) and 10 s on a loaded one,
+paid by commands that use none of it (issue 10).
 """
 
 from __future__ import annotations
@@ -12,22 +17,34 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# (group, "module:function"). group None = top-level command; otherwise a command group such as
-# ``serve`` or ``bench`` that the registered command is nested under.
-_COMMANDS: list[tuple[str | None, str]] = [
-    ("config", "dlb.config.cli:register"),
-    ("config", "dlb.envoy.cli:register_bootstrap"),
-    ("serve", "dlb.control_plane.cli:register_serve"),
-    ("bench", "dlb.bench.envoy_push:register"),
-    ("bench", "dlb.bench.pick:register"),
-    ("serve", "dlb.emulator.cli:register"),
-    ("serve", "dlb.ext_proc.root_serve:register"),
-    ("serve", "dlb.ext_proc.leaf:register"),
-    ("bench", "dlb.bench.overhead:register"),
-    ("bench", "dlb.bench.xds_scale:register"),
-    ("bench", "dlb.bench.faults:register"),
-    (None, "dlb.sim.cli:register"),
-    (None, "dlb.core.theory:register"),
+# (group, name, help, "module:function"). group None = top-level command; otherwise a command group
+# such as ``serve`` or ``bench`` that the command is nested under. Several rows may share a target
+# when one register() adds several commands (config validate/render).
+_COMMANDS: list[tuple[str | None, str, str, str]] = [
+    ("config", "validate", "check DLB config files; report every problem", "dlb.config.cli:register"),
+    ("config", "render", "write the Envoy bootstrap of one cell's root or leaf", "dlb.config.cli:register"),
+    ("config", "xds-bootstrap", "write an Envoy bootstrap that takes everything from the control plane",
+     "dlb.envoy.cli:register_bootstrap"),
+    ("serve", "control-plane", "serve xDS to root/leaf Envoys and DLB services; run the flow loop",
+     "dlb.control_plane.cli:register_serve"),
+    ("serve", "emulator", "run an emulated OpenAI-compatible GPU inference server", "dlb.emulator.cli:register"),
+    ("serve", "root", "root ext_proc service: picks a cell per request", "dlb.ext_proc.root_serve:register"),
+    ("serve", "leaf", "leaf agent: picks servers in a cell, measures it, answers probes", "dlb.ext_proc.leaf:register"),
+    ("bench", "envoy-push", "time from a flow-weight change to a real Envoy applying it", "dlb.bench.envoy_push:register"),
+    ("bench", "pick", "per-request decision cost of the root router vs a numpy baseline", "dlb.bench.pick:register"),
+    ("bench", "overhead", "added latency/throughput/CPU of the root (and leaf) ext_proc hop", "dlb.bench.overhead:register"),
+    ("bench", "xds", "xDS server scale: push-to-ACK latency and memory per stream", "dlb.bench.xds_scale:register"),
+    ("bench", "faults", "each fault under load through real Envoys: requests lost, detect and recover times",
+     "dlb.bench.faults:register"),
+    ("bench", "load", "does `dlb load` keep up with a target rate without skewing what it measures",
+     "dlb.bench.load_bench:register"),
+    (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.testbed.cli:register_up"),
+    (None, "demo", "the whole stack on an embedded emulated fleet, a workload and a live view",
+     "dlb.testbed.cli:register_demo"),
+    (None, "load", "open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
+     "dlb.load.generator:register"),
+    (None, "sim", "run the paper's simulation experiments", "dlb.sim.cli:register"),
+    (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.core.theory:register"),
 ]
 
 _GROUP_HELP = {
@@ -36,29 +53,65 @@ _GROUP_HELP = {
     "config": "work with DLB config files",
 }
 
+#: Top-level options that take a value (skipped when finding the command in argv).
+_VALUE_OPTIONS = {"--log-level", "--log-format"}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _selected(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(first, second) positional words of ``argv``: the command, or the group and its command."""
+    words: list[str] = []
+    skip = False
+    for tok in argv:
+        if skip:
+            skip = False
+            continue
+        if tok in _VALUE_OPTIONS:
+            skip = True
+            continue
+        if tok.startswith("-"):
+            if not words:
+                continue
+            break  # options of the command itself: the words before them are the command
+        words.append(tok)
+        if len(words) == 2:
+            break
+    return (words[0] if words else None), (words[1] if len(words) > 1 else None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` only the command it names is imported (``None``: every command)."""
     parser = argparse.ArgumentParser(prog="dlb", description="DLB: distributed load balancing for GenAI inference on Envoy")
     parser.add_argument("--log-level", default=None, help="log level (default INFO, or $DLB_LOG_LEVEL)")
     parser.add_argument("--log-format", choices=["json", "console"], default=None, help="log format (default json)")
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    first, second = _selected(argv) if argv is not None else (None, None)
     groups: dict[str, argparse._SubParsersAction] = {}
-    for group, target in _COMMANDS:
-        module_name, func_name = target.split(":")
-        register = getattr(importlib.import_module(module_name), func_name)
+    registered: set[str] = set()
+    for group, name, help_text, target in _COMMANDS:
         if group is None:
-            register(top)
+            sub = top
+        else:
+            if group not in groups:
+                gp = top.add_parser(group, help=_GROUP_HELP.get(group, group))
+                groups[group] = gp.add_subparsers(dest=f"{group}_command", metavar="SUBCOMMAND")
+                gp.set_defaults(func=lambda _a, _gp=gp: (_gp.print_help(), 2)[1])
+            sub = groups[group]
+        wanted = argv is None or (name == first if group is None else (group == first and name == second))
+        if target in registered:
             continue
-        if group not in groups:
-            gp = top.add_parser(group, help=_GROUP_HELP.get(group, group))
-            groups[group] = gp.add_subparsers(dest=f"{group}_command", metavar="SUBCOMMAND")
-            gp.set_defaults(func=lambda _a, _gp=gp: (_gp.print_help(), 2)[1])
-        register(groups[group])
+        if wanted:
+            module_name, func_name = target.split(":")
+            getattr(importlib.import_module(module_name), func_name)(sub)
+            registered.add(target)
+        elif not any(t == target and (argv is None or (g is None and n == first) or (g == first and n == second))
+                     for g, n, _h, t in _COMMANDS):
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     from dlb import log
 

@@ -25,11 +25,12 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"core", "xds", "proto", "log"},
     "envoy": {"config", "core"} | FOUNDATION,
     "emulator": {"log", "procutil"},
+    "load": set(),
     "sim": {"core", "config", "emulator"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "ext_proc"} | FOUNDATION,
-    "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator"} | FOUNDATION,
-    "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed"} | FOUNDATION,
+    "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load"} | FOUNDATION,
+    "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed", "load"} | FOUNDATION,
 }
 #: Command modules (``dlb/cli.py`` and each package's ``cli.py``) sit on top and may import anything.
 COMMANDS = "cli"

@@ -447,10 +447,11 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
                    ext_proc_h2: str | None = None, drain_s: float = 0.0, background: BackgroundProbeConfig | None = None,
-                   background_body: bytes = b"", pick_rule: str = "prequal") -> None:
+                   background_body: bytes = b"", pick_rule: str = "prequal",
+                   window_s: float = 60.0) -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
     the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
-    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, pick_rule=pick_rule)
+    state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, window_s, pick_rule=pick_rule)
     agent = LeafAgent(state)
     sync = None
     if xds:
@@ -522,7 +523,8 @@ def run(args: argparse.Namespace) -> int:
     run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
                             xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s,
-                            background=_background_config(args), background_body=background_body(args), pick_rule=args.pick))
+                            background=_background_config(args), background_body=background_body(args), pick_rule=args.pick,
+                            window_s=args.window_s))
     return 0
 
 
@@ -574,6 +576,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--background-probe-max-tokens", type=int, default=16,
                    help="tokens each probe generates: set it near the endpoint's mean output length")
     p.add_argument("--background-probe-model", default=None, help="'model' field of the probe request (default: none)")
+    p.add_argument("--window-s", type=float, default=60.0,
+                   help="latency-model sample window (s); shorter forgets a past slowdown sooner (dlb demo: 10)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",

@@ -1,0 +1,1 @@
+"""OpenAI load: seeded open-loop workloads (``workload``) and the generator that sends them (``generator``, ``dlb load``)."""

@@ -1,0 +1,315 @@
+"""``dlb demo``: ``dlb up`` on an embedded emulated fleet, an open-loop workload, a live view, a report.
+
+Sequence: start one emulator process per server (tier ``servers``), then the deployment exactly as
+``dlb up`` does (:func:`dlb.testbed.up.plan`: control plane, leaves, roots, Envoys over xDS, WAN
+emulated), wait for every tier (roots: probes fresh), then send a seeded workload
+(:mod:`dlb.load.workload`) at ``--load`` × the fleet's computed capacity through the roots. At
+``DEGRADE_AT`` of the run the servers of the degraded cell slow down (``POST /admin/faults``) and
+at ``RECOVER_AT`` they recover. Once a second the demo samples the control plane's ``/fleet`` (RIF,
+errors, fitted models, aversion, flow weights) and each root's decision counters (traffic share per
+source); the live view (``rich``) or one plain line per 5 s (``--no-live``) shows them. At the end it
+stops everything in order and writes the report (:mod:`dlb.testbed.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dlb.load.generator import LoadRunner, Result
+from dlb.load.workload import WorkloadSpec, generate
+from dlb.procutil import free_port
+from dlb.testbed.fleet import (
+    DEFAULT_FLEET,
+    CellPlan,
+    Fleet,
+    demo_config,
+    fleet_capacity_rps,
+)
+from dlb.testbed.supervisor import Child, StartError, Supervisor
+from dlb.testbed.up import StopFlag, http_ok, plan
+
+DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
+RECOVER_AT = 0.55  # ... and recovers
+DLB_POLICIES = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
+                     "streaming OpenAI traffic at a fraction of capacity, degrade one cell mid-run, show it live "
+                     "and write a report (report.md, PNGs, results.json).")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
+    p.add_argument("--policy", choices=DLB_POLICIES, default=None,
+                   help="one DLB policy for both endpoints (default: chat Disc-Lat + affinity, completions Flow-Grad)")
+    p.add_argument("--config", default=None, help="your own DLB config: an emulator is started on every server address")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default runs/demo-TIMESTAMP)")
+    p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
+    p.add_argument("--load", type=float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
+    p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
+    p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
+    p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds each tier may take to become ready")
+    p.add_argument("--compare", action="store_true",
+                   help="run the same seeded workload against Rand and the six DLB policies, with and without the "
+                        "degradation, each from a clean start; prints a table (MNLB is not on the real data path yet)")
+    p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
+    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand and all six)")
+    p.set_defaults(func=run_demo)
+
+
+@dataclass
+class Sample:
+    """One second of the run as the control plane and the roots saw it."""
+
+    t: float
+    fleet: dict[str, Any]
+    decisions: dict[str, dict[str, float]]  # source cell -> dest cell -> decisions in the last interval
+    done: int
+    ok: int
+
+
+@dataclass
+class DemoRun:
+    fleet: Fleet
+    cfg_dict: dict[str, Any]
+    servers: dict[str, list[str]]
+    spec: WorkloadSpec
+    capacity: dict[str, float]
+    degrade_cell: str | None
+    degrade_window: tuple[float, float] | None
+    policy: str
+    samples: list[Sample] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def apply_policy(cfg: dict[str, Any], policy: str) -> None:
+    mech, cost = policy.split("-")
+    for ep in cfg["endpoints"]:
+        pol = ep.setdefault("policy", {})
+        pol["mechanism"] = {"Disc": "discrete", "Flow": "flow"}[mech]
+        pol["cost"] = {"RIF": "rif", "Lat": "latency", "Grad": "gradient"}[cost]
+        if cost == "RIF" and "affinity" in pol:
+            pol["affinity"]["prefix_savings_ms"] = 0
+
+
+def _fleet_from_config(path: str) -> tuple[Fleet, dict[str, Any], dict[str, list[str]]]:
+    import yaml
+
+    from dlb.config import load_config
+
+    cfg = load_config(path)  # validates; errors name file:line
+    raw = yaml.safe_load(Path(path).read_text())
+    cells = tuple(CellPlan(c.name, len(c.servers), "llama-8b-h100", root=c.root.address is not None) for c in cfg.cells)
+    servers = {c.name: [str(s.address) for s in c.servers] for c in cfg.cells}
+    degrade = cfg.cells[1].name if len(cfg.cells) > 1 else cfg.cells[0].name
+    return Fleet(cells=cells, degrade_cell=degrade), raw, servers
+
+
+def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Supervisor, str]:
+    """Plan the run: servers, config, workload; the supervisor with every child added (none started)."""
+    if args.config:
+        fleet, cfg_dict, servers = _fleet_from_config(args.config)
+    else:
+        fleet = DEFAULT_FLEET
+        servers = {c.name: [f"127.0.0.1:{free_port()}" for _ in range(c.servers)] for c in fleet.cells}
+        cfg_dict = demo_config(fleet, servers)
+    if args.degrade_cell:
+        fleet = replace(fleet, degrade_cell=args.degrade_cell)
+    if fleet.degrade_cell not in servers:
+        raise ValueError(f"--degrade-cell: no cell {fleet.degrade_cell!r} (cells: {', '.join(servers)})")
+    if args.policy:
+        apply_policy(cfg_dict, args.policy)
+    sources = {c.name: (4.0 if i == 0 else 1.0) for i, c in enumerate([c for c in fleet.cells if c.root])}
+    probe = WorkloadSpec(rate_rps=1.0, duration_s=args.duration, sources=sources or {"": 1.0}, seed=args.seed)
+    mean_prompt = probe.prompt_median * 1.5  # multi-turn prompts grow: ~1.5× the first turn's median on average
+    capacity = fleet_capacity_rps(fleet, mean_prompt, probe.mean_output())
+    spec = replace(probe, rate_rps=args.load * sum(capacity.values()))
+    run = DemoRun(fleet=fleet, cfg_dict=cfg_dict, servers=servers, spec=spec, capacity=capacity,
+                  degrade_cell=None if args.no_degrade else fleet.degrade_cell,
+                  degrade_window=None if args.no_degrade else (DEGRADE_AT * args.duration, RECOVER_AT * args.duration),
+                  policy=args.policy or "chat Disc-Lat + affinity, completions Flow-Grad")
+    sup = Supervisor(run_dir / "logs")
+    py = [sys.executable, "-m", "dlb.cli"]
+    profiles = {c.name: c.profile for c in fleet.cells}
+    for cell, addrs in servers.items():
+        for k, addr in enumerate(addrs):
+            port = addr.rpartition(":")[2]
+            sup.add(Child(f"server {cell}/{k}", "servers",
+                          [*py, "serve", "emulator", "--port", port, "--server-id", f"{cell}/{k}", "--profile", profiles[cell],
+                           "--max-batch", str(fleet.max_batch), "--time-scale", str(fleet.time_scale),
+                           "--seed", str(args.seed * 1000 + k)],
+                          sup.run_dir / f"server-{cell}-{k}.log",
+                          ready=functools.partial(http_ok, f"http://{addr}/health")))
+    config_path = run_dir / "dlb.yaml"
+    config_path.write_text(json.dumps(cfg_dict, indent=1))
+    return run, sup, str(config_path.resolve())
+
+
+async def _get_json(session: Any, url: str) -> Any:
+    async with session.get(url) as r:
+        return await r.json()
+
+
+async def _get_text(session: Any, url: str) -> str:
+    async with session.get(url) as r:
+        return str(await r.text())
+
+
+def _decisions(text: str) -> dict[str, float]:
+    """dest cell -> dlb_root_decisions_total summed over endpoints."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("dlb_root_decisions_total{"):
+            head, _, value = line.rpartition(" ")
+            cell = head.split('cell="', 1)[1].split('"', 1)[0]
+            out[cell] = out.get(cell, 0.0) + float(value)
+    return out
+
+
+async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: bool) -> None:
+    """Run the workload, the degradation schedule, sampling, the view and supervision until the end."""
+    import aiohttp
+
+    from dlb.testbed.view import PlainView, RichView
+
+    reqs = generate(run.spec)
+    targets = {cell: f"http://{info.base_url.split('//')[1].rsplit('/v1', 1)[0]}" for cell, info in dep.roots.items()}
+    runner = LoadRunner(reqs, targets, timeout_s=300.0)
+    done_stop = asyncio.Event()
+    view: PlainView | RichView = RichView(run, sup.events) if live else PlainView(run)
+    t0 = time.monotonic()
+    last: dict[str, dict[str, float]] = {}
+    degraded = False
+    recovered = False
+
+    async def set_faults(body: dict[str, Any]) -> None:
+        assert run.degrade_cell is not None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            for addr in run.servers[run.degrade_cell]:
+                async with s.post(f"http://{addr}/admin/faults", json=body) as r:
+                    r.raise_for_status()
+
+    load_task = asyncio.create_task(runner.run(done_stop))
+    with view:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+            while not load_task.done():
+                await asyncio.sleep(0.25)
+                now = time.monotonic() - t0
+                sup.poll()
+                if stop():
+                    run.interrupted = True
+                    done_stop.set()
+                    break
+                if run.degrade_window and not degraded and now >= run.degrade_window[0]:
+                    degraded = True
+                    await set_faults({"slowdown": run.fleet.degrade_slowdown})
+                    sup.say(f"cell {run.degrade_cell}", f"degraded: servers {run.fleet.degrade_slowdown:g}x slower")
+                if run.degrade_window and degraded and not recovered and now >= run.degrade_window[1]:
+                    recovered = True
+                    await set_faults({"slowdown": 1.0})
+                    sup.say(f"cell {run.degrade_cell}", "recovered")
+                if run.samples and now - run.samples[-1].t < 1.0:
+                    continue
+                try:
+                    fleet = await _get_json(s, f"{dep.status_url}/fleet")
+                    dec: dict[str, dict[str, float]] = {}
+                    for cell, info in dep.roots.items():
+                        if not info.metrics_url:
+                            continue  # no root service (Rand): nothing decides, Envoy samples its weights
+                        cur = _decisions(await _get_text(s, info.metrics_url))
+                        prev = last.get(cell, {})
+                        dec[cell] = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
+                        last[cell] = cur
+                except (TimeoutError, aiohttp.ClientError, ValueError):
+                    continue  # a restarting component: skip this sample
+                okn = sum(1 for r in runner.results if r.ok)
+                run.samples.append(Sample(now, fleet, dec, len(runner.results), okn))
+                view.update(run.samples[-1], runner)
+        if not load_task.done():
+            done_stop.set()
+        run.results = await load_task
+
+
+def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, policy: str | None,
+             degrade: bool, quiet: bool = False) -> tuple[DemoRun | None, int]:
+    """One clean deployment, one workload, report in ``out``; returns the run and an exit code.
+
+    ``policy`` "Rand" runs Rand on the real data path: both endpoints flow, no root services (Envoy
+    takes its fail-open route, the control plane's weighted_clusters) and the control plane's
+    weights frozen at the replica split (``--no-probe``).
+    """
+    from dlb.config import ConfigError, load_config
+
+    out.mkdir(parents=True, exist_ok=True)
+    rand = policy == "Rand"
+    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if rand else policy, "no_degrade": not degrade})
+    try:
+        run, sup, config_path = prepare(one, out)
+        cfg = load_config(config_path)
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"dlb demo: {e}", file=sys.stderr)
+        return None, 2
+    if rand:
+        run.policy = "Rand"
+    sup.quiet = quiet
+    n_servers = sum(len(v) for v in run.servers.values())
+    print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
+          f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s, policy {run.policy}, "
+          f"degradation {'on' if degrade else 'off'}; logs in {sup.run_dir}", flush=True)
+    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "1", "--window-s", "10"],
+               control_plane_args=["--no-probe"] if rand else None, root_services=not rand)
+    code = 0
+    try:
+        sup.start(args.ready_timeout, should_stop=stop)
+        if not quiet:
+            print("dlb demo: every tier ready\n" + dep.urls_text(), flush=True)
+        sup.quiet = live or quiet  # the live view shows state changes itself
+        asyncio.run(drive(run, sup, dep, stop, live))
+    except KeyboardInterrupt:
+        run.interrupted = True
+    except StartError as e:
+        print(f"dlb demo: {e}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the ordered stop
+        sup.quiet = quiet
+        t0 = time.monotonic()
+        sup.stop()
+        print(f"dlb demo: stopped every process in {time.monotonic() - t0:.1f}s", flush=True)
+        stop.install()
+    run.events = sup.events
+    if run.interrupted:
+        print("dlb demo: interrupted", flush=True)
+    if run.results:
+        from dlb.testbed.report import write_report
+
+        summary = write_report(run, out)
+        if not quiet:
+            print(summary, flush=True)
+        print(f"report: {out / 'report.md'}", flush=True)
+    return run, (130 if run.interrupted else code)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from dlb.testbed.report import git_commit
+
+    git_commit()  # the tree as it is when the run starts
+    out = args.out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    stop = StopFlag().install()
+    if args.compare:
+        from dlb.testbed.compare import run_compare
+
+        return run_compare(args, out, stop)
+    live = not args.no_live and sys.stdout.isatty()
+    _run, code = run_once(args, out, stop, live, args.policy, degrade=not args.no_degrade)
+    return code

@@ -1,0 +1,241 @@
+"""``dlb up``: every DLB component of a config on this machine, under one supervisor.
+
+Tiers, started in this order and stopped in the reverse (:mod:`dlb.testbed.supervisor`):
+
+1. ``control-plane`` — ``dlb serve control-plane`` (xDS, flow loop, ``/status``, ``/fleet``);
+2. ``leaves`` — per cell the leaf agent (``dlb serve leaf --xds``) and the leaf Envoy, whose
+   bootstrap names only the control plane (:func:`dlb.envoy.ads_bootstrap.ads_bootstrap`): its
+   listener, clusters, access log and WAN delay come over ADS;
+3. ``roots`` — per cell with a ``root:`` the root service (``dlb serve root --xds``) and the root
+   Envoy, likewise bootstrapped from the control plane only.
+
+(``dlb demo`` puts its emulated servers in a ``servers`` tier before all of these.)
+
+A root is *ready* only when its Envoy is LIVE, its listener accepts connections and its service has
+fresh probe state for every cell it may send to — so the first request a user sends after the URLs
+are printed is routed, instead of the ``503 dlb: no usable cell`` of a root that has not heard from
+its leaves yet (what the hand-started sequence of docs/data-plane.md produced for ~5 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlb.config.model import Config, HostPort
+from dlb.procutil import free_port
+from dlb.testbed.supervisor import Child, Supervisor
+
+ENVOY_LOG_LEVEL = "warning"
+
+
+def http_get(url: str, timeout: float = 1.0) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return int(r.status), r.read().decode(errors="replace")
+
+
+def tcp_open(hp: HostPort, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((hp.host, hp.port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _ready_file(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _envoy_live(admin_port: int) -> bool:
+    try:
+        return http_get(f"http://127.0.0.1:{admin_port}/ready", 0.5)[1].strip() == "LIVE"
+    except OSError:
+        return False
+
+
+@dataclass
+class RootInfo:
+    cell: str
+    base_url: str
+    admin_url: str
+    metrics_url: str
+    ready_file: Path
+
+
+@dataclass
+class Deployment:
+    """What ``dlb up`` started: the supervisor and the URLs a user (or the demo) needs."""
+
+    cfg: Config
+    config_path: str
+    supervisor: Supervisor
+    status_url: str
+    roots: dict[str, RootInfo] = field(default_factory=dict)
+    leaf_metrics: dict[str, str] = field(default_factory=dict)
+    leaf_admin: dict[str, str] = field(default_factory=dict)
+
+    def urls_text(self) -> str:
+        lines = [f"control plane: {self.status_url}/status  fleet: {self.status_url}/fleet  metrics: {self.status_url}/metrics"]
+        for r in self.roots.values():
+            lines.append(f"root {r.cell}: base_url {r.base_url}  metrics {r.metrics_url}  admin {r.admin_url}")
+        for cell, url in self.leaf_metrics.items():
+            lines.append(f"leaf {cell}: metrics {url}  admin {self.leaf_admin[cell]}")
+        return "\n".join(lines)
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "dlb.cli"]
+
+
+def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xds: HostPort, listener: HostPort,
+                 run_dir: Path) -> tuple[Child, int]:
+    from dlb.envoy.ads_bootstrap import ads_bootstrap
+    from dlb.envoy.binary import envoy_binary
+
+    admin = free_port()
+    boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}"), indent=1))
+    argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
+            "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
+    child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
+                  ready=lambda: _envoy_live(admin) and tcp_open(listener))
+    return sup.add(child), admin
+
+
+def probes_fresh(metrics_url: str, cfg: Config, cell: str) -> bool:
+    """Every cell the root of ``cell`` may send to is usable (fresh probe, available) for every endpoint."""
+    from dlb.testbed.stack import metric_value
+
+    text = http_get(metrics_url, 1.0)[1]
+    for dest in cfg.allowed_destinations(cell):
+        for ep in cfg.endpoints:
+            if metric_value(text, "dlb_root_cell_usable", endpoint=ep.name, cell=dest.name) != 1.0:
+                return False
+    return True
+
+
+def _root_ready(ready_file: Path, metrics_url: str, cfg: Config, cell: str) -> bool:
+    return ready_file.exists() and probes_fresh(metrics_url, cfg, cell)
+
+
+def http_ok(url: str) -> bool:
+    return http_get(url, 0.5)[0] == 200
+
+
+def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = False,
+         leaf_args: list[str] | None = None, root_args: list[str] | None = None,
+         control_plane_args: list[str] | None = None, root_services: bool = True) -> Deployment:
+    """Add the control plane, every leaf and every root of ``cfg`` to ``sup`` (nothing is started yet).
+
+    ``root_services=False`` starts the root Envoys without their ext_proc service: every request then
+    takes Envoy's fail-open route, the control plane's ``weighted_clusters`` (``dlb demo --compare``
+    runs Rand this way: flow endpoints, weights frozen at the replica split by ``--no-probe``).
+    """
+    run_dir = sup.run_dir
+    cp = cfg.services.control_plane
+    status_url = f"http://{cp.status.host}:{cp.status.port}"
+    wan = ["--emulate-wan"] if emulate_wan else []
+    sup.add(Child("control-plane", "control-plane",
+                  [*_python(), "serve", "control-plane", "--config", config_path, *wan, *(control_plane_args or [])],
+                  run_dir / "control-plane.log",
+                  ready=lambda: http_get(f"{status_url}/status")[0] == 200 and tcp_open(cp.xds)))
+    dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url)
+    for cell in cfg.cells:
+        ready_path = run_dir / f"leaf-{cell.name}.ready.json"
+        metrics_port = free_port()
+        sup.add(Child(f"leaf {cell.name} agent", "leaves",
+                      [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
+                       "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *(leaf_args or [])],
+                      run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
+                      before_start=functools.partial(ready_path.unlink, missing_ok=True)))
+        _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir)
+        dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
+        dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
+    for cell in cfg.cells:
+        if cell.root.address is None:
+            continue  # not a source cell: no clients enter here
+        ready_path = run_dir / f"root-{cell.name}.ready.json"
+        metrics_port = free_port()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        if root_services:
+            sup.add(Child(f"root {cell.name} service", "roots",
+                          [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
+                           "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *wan, *(root_args or [])],
+                          run_dir / f"root-{cell.name}.log",
+                          ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
+                          before_start=functools.partial(ready_path.unlink, missing_ok=True)))
+        else:
+            metrics_url = ""
+        _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir)
+        addr = cell.root.address
+        dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
+                                        metrics_url, ready_path)
+    return dep
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set a flag the supervisor loop checks (the handlers do nothing else)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._set)
+        return self
+
+    def _set(self, signum: int, _frame: Any) -> None:
+        self.signal = signum
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+
+def default_run_dir(prefix: str) -> Path:
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None) -> int:
+    from dlb.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    stop = StopFlag().install()
+    sup = Supervisor(run_dir or default_run_dir("up"))
+    print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
+    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan)
+    code = 0
+    try:
+        sup.start(ready_timeout_s, should_stop=stop)
+        print("dlb up: ready\n" + dep.urls_text(), flush=True)
+        print("Ctrl-C stops everything.", flush=True)
+        end = None if duration_s is None else time.monotonic() + duration_s
+        while not stop() and (end is None or time.monotonic() < end):
+            sup.poll()
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # start-up failure: say which child and where its log is, then stop the rest
+        print(f"dlb up: {e}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the ordered stop
+        t0 = time.monotonic()
+        sup.stop()
+        print(f"dlb up: stopped in {time.monotonic() - t0:.1f}s", flush=True)
+    return code

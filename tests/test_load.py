@@ -1,0 +1,120 @@
+"""Workloads (seeded, open loop) and the ``dlb load`` generator against a real local HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from dlb.load.generator import LoadRunner, summarize, write_results
+from dlb.load.workload import (
+    WorkloadRequest,
+    WorkloadSpec,
+    generate,
+    read_trace,
+    write_trace,
+)
+from dlb.procutil import free_port
+
+SPEC = WorkloadSpec(rate_rps=20.0, duration_s=200.0, sources={"a": 3.0, "b": 1.0}, seed=5)
+
+
+def test_same_seed_same_workload_and_rate_mix_and_sources_as_specified() -> None:
+    reqs = generate(SPEC)
+    assert reqs == generate(SPEC) and reqs != generate(WorkloadSpec(**{**SPEC.__dict__, "seed": 6}))
+    assert all(a.t <= b.t for a, b in zip(reqs, reqs[1:])) and reqs[-1].t < SPEC.duration_s
+    n = len(reqs)
+    assert abs(n / SPEC.duration_s - SPEC.rate_rps) < 0.15 * SPEC.rate_rps
+    chat = [r for r in reqs if r.endpoint == "chat"]
+    assert abs(len(chat) / n - SPEC.chat_fraction) < 0.08
+    assert abs(sum(r.source == "a" for r in reqs) / n - 0.75) < 0.08
+    assert all(r.session == "" for r in reqs if r.endpoint == "completions")
+
+
+def test_session_turns_carry_the_conversation_so_prompts_grow() -> None:
+    sessions: dict[str, list[WorkloadRequest]] = {}
+    for r in generate(SPEC):
+        if r.session:
+            sessions.setdefault(r.session, []).append(r)
+    multi = [s for s in sessions.values() if len(s) > 1]
+    assert len(multi) > 20
+    for turns in multi:
+        assert [r.turn for r in turns] == list(range(len(turns)))
+        assert len({r.source for r in turns}) == 1
+        assert all(b.prompt_tokens > a.prompt_tokens or b.prompt_tokens == SPEC.max_prompt for a, b in zip(turns, turns[1:]))
+    mean_turns = sum(len(s) for s in sessions.values()) / len(sessions)
+    assert 2.0 < mean_turns < 4.0  # geometric, mean 3 (truncated at the end of the run)
+
+
+def test_trace_round_trip_and_a_bad_line_names_file_line_and_field(tmp_path: Path) -> None:
+    reqs = generate(WorkloadSpec(rate_rps=5, duration_s=10, sources={"a": 1.0}))
+    path = tmp_path / "t.jsonl"
+    write_trace(reqs, path)
+    assert read_trace(path) == reqs
+    path.write_text('{"t": 0, "prompt_tokens": 3, "max_tokens": 2}\n{"t": 1, "prompt_tokens": "x", "max_tokens": 2}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: bad trace record"):
+        read_trace(path)
+    path.write_text('{"t": 0, "endpoint": "embeddings", "prompt_tokens": 3, "max_tokens": 2}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:1: endpoint"):
+        read_trace(path)
+
+
+async def _server(port: int, delay_s: float, seen: list[dict]) -> web.AppRunner:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append({"path": request.path, "session": request.headers.get("x-session-id", ""), **body})
+        if body.get("max_tokens") == 13:
+            return web.json_response({"error": "boom"}, status=500)
+        resp = web.StreamResponse(headers={"x-dlb-server": "cell-x/0"})
+        await resp.prepare(request)
+        await asyncio.sleep(delay_s)
+        for _ in range(body["max_tokens"]):
+            await resp.write(b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+def test_generator_streams_records_status_server_and_measures_from_the_scheduled_time(tmp_path: Path) -> None:
+    port = free_port()
+    reqs = [WorkloadRequest(0.0, "chat", "a", 10, 4, "s1", 0), WorkloadRequest(0.05, "completions", "a", 10, 13),
+            WorkloadRequest(0.1, "chat", "a", 20, 3, "s1", 1)]
+    seen: list[dict] = []
+
+    async def main() -> list:
+        srv = await _server(port, 0.2, seen)
+        try:
+            return await LoadRunner(reqs, {"a": f"http://127.0.0.1:{port}"}).run()
+        finally:
+            await srv.cleanup()
+
+    res = asyncio.run(main())
+    assert [r.status for r in res] == [200, 500, 200]
+    assert [r.ok for r in res] == [True, False, True]
+    assert res[0].chunks == 5 and res[0].server == "cell-x/0"  # 4 tokens + [DONE]
+    assert all(r.latency_s >= 0.2 and r.ttft_s >= 0.2 for r in (res[0], res[2]))  # the server's 0.2 s is counted
+    assert [s["path"] for s in seen] == ["/v1/chat/completions", "/v1/completions", "/v1/chat/completions"]
+    assert seen[0]["session"] == "s1" and seen[0]["stream"] is True and len(seen[0]["messages"][0]["content"]) == 40
+    s = summarize(res)
+    assert s["requests"] == 3 and s["ok"] == 2 and s["statuses"] == {"200": 2, "500": 1}
+    write_results(res, tmp_path / "r.csv")
+    rows = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert [row["status"] for row in rows] == ["200", "500", "200"]
+    write_results(res, tmp_path / "r.jsonl")
+    assert json.loads((tmp_path / "r.jsonl").read_text().splitlines()[1])["status"] == 500
+
+
+def test_a_dead_target_is_an_error_result_not_a_crash() -> None:
+    port = free_port()  # nothing listens
+    res = asyncio.run(LoadRunner([WorkloadRequest(0.0, "chat", "", 5, 2)], {"": f"http://127.0.0.1:{port}"}, timeout_s=5).run())
+    assert res[0].status == 0 and res[0].error and not res[0].ok

@@ -1,0 +1,124 @@
+"""``dlb up --config FILE``: ready means routable, the URLs it prints work, and it stops in order.
+
+Two emulated servers (in this process) behind a 2-cell config on free ports; ``dlb up`` runs as the
+real CLI in a subprocess. The first request after "ready" must be routed (no 503 ``no usable cell``:
+ready waits for fresh probes); a crashed child is restarted; SIGTERM stops everything within 10 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlb.emulator.server import ThreadedEmulator
+from dlb.testbed.fleet import CellPlan, Fleet, demo_config
+from dlb.testbed.stack import request
+from dlb.testbed.supervisor import processes_of_run
+
+pytestmark = pytest.mark.envoy
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], timeout: float = 120.0) -> re.Match[str]:
+    assert proc.stdout is not None
+    end = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+        if time.monotonic() > end:
+            break
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen[-30:])}")
+
+
+def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_path: Path) -> None:
+    with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
+        fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+        cfg = demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})
+        path = tmp_path / "dlb.yaml"
+        path.write_text(json.dumps(cfg))
+        run_dir = tmp_path / "run"
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(run_dir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        seen: list[str] = []
+        try:
+            m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
+            host, port = m.group(1), int(m.group(2))
+            _read_until(proc, r"Ctrl-C stops everything", seen)
+            # Ready means routable: the very first request is served by a server, not refused by the root.
+            status, headers, _ = request(host, port)
+            assert status == 200 and headers.get("x-dlb-server") in ("a/0", "b/0"), (status, headers)
+            # A crashed child is noticed, restarted with backoff, and said so on the console.
+            agent = int(re.search(r"leaf us-west1 agent: ready \(pid (\d+)", "".join(seen)).group(1))  # type: ignore[union-attr]
+            os.kill(agent, signal.SIGKILL)
+            _read_until(proc, r"leaf us-west1 agent: exited with -9; restarting in 0.5s", seen, 30)
+            _read_until(proc, r"leaf us-west1 agent: restarted", seen, 30)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=20)
+            seen.append(out)
+            assert time.monotonic() - t0 < 10.0
+            assert proc.returncode == 0
+            text = "".join(seen)
+            order = [text.index(f"{who}: stopped") for who in ("root us-east1 service", "leaf us-east1 agent", "control-plane")]
+            assert order == sorted(order), "stop order must be roots, leaves, control plane"
+            assert processes_of_run(run_dir) == []
+            assert (run_dir / "control-plane.log").exists() and (run_dir / "leaf-us-east1-envoy.log").exists()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in processes_of_run(run_dir):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_root_is_not_ready_until_every_allowed_cell_is_usable_for_every_endpoint(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    from dlb.config import config_from_dict
+    from dlb.procutil import free_port
+    from dlb.testbed.up import probes_fresh
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")),
+                  allowed={"us-east1": ["us-east1", "us-west1"]})
+    cfg = config_from_dict(demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]}))
+    body = {"text": ""}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            data = body["text"].encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    port = free_port()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        def metrics(**usable: float) -> str:
+            return "\n".join(f'dlb_root_cell_usable{{endpoint="{ep}",cell="{c}"}} {usable.get(f"{ep}_{c}".replace("-", "_"), 1.0)}'
+                             for ep in ("chat", "completions") for c in ("us-east1", "us-west1"))
+
+        body["text"] = metrics()
+        assert probes_fresh(url, cfg, "us-east1")
+        body["text"] = metrics(completions_us_west1=0.0)  # one endpoint has not heard from one leaf yet
+        assert not probes_fresh(url, cfg, "us-east1")
+        body["text"] = ""  # no samples at all (a root that has not started its probes)
+        assert not probes_fresh(url, cfg, "us-east1")
+    finally:
+        srv.shutdown()
