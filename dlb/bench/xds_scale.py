@@ -30,6 +30,7 @@ from envoy.config.route.v3 import route_pb2
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
+from dlb.xds.callbacks import NoCallbacks
 from dlb.xds.client import Backoff, XdsClient
 from dlb.xds.server import XdsServer
 from dlb.xds.snapshot import Snapshot
@@ -75,26 +76,32 @@ def _cpu_s() -> float:
 
 # --- server side (child process) --------------------------------------------------------------
 
+class _PushLatency(NoCallbacks):
+    """Stream observer: milliseconds from ``set_snapshot`` to each response sent and each ACK, per version."""
+
+    def __init__(self, cache: SnapshotCache, type_url: str) -> None:
+        self.cache, self.type_url = cache, type_url
+        self.acks: dict[str, list[float]] = {}
+        self.sends: dict[str, list[float]] = {}
+
+    def _record(self, into: dict[str, list[float]], type_url: str, version: str) -> None:
+        t0 = self.cache.set_time(version)
+        if type_url == self.type_url and t0 is not None:
+            into.setdefault(version, []).append((time.monotonic() - t0) * 1000)
+
+    def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
+        self._record(self.sends, type_url, version)
+
+    def acked(self, node_id: str, type_url: str, version: str) -> None:
+        self._record(self.acks, type_url, version)
+
+
 async def _serve(resources: int) -> None:
     type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
-    server = XdsServer(cache)
-    acks: dict[str, list[float]] = {}
-
-    def on_ack(_node_id: str, t: str, version: str) -> None:
-        t0 = cache.set_time(version)
-        if t == type_url and t0 is not None:
-            acks.setdefault(version, []).append((time.monotonic() - t0) * 1000)
-
-    sends: dict[str, list[float]] = {}
-
-    def on_sent(_node_id: str, t: str, version: str) -> None:
-        t0 = cache.set_time(version)
-        if t == type_url and t0 is not None:
-            sends.setdefault(version, []).append((time.monotonic() - t0) * 1000)
-
-    server.status.ack_hooks.append(on_ack)
-    server.status.sent_hooks.append(on_sent)
+    latency = _PushLatency(cache, type_url)
+    server = XdsServer(cache, callbacks=[latency])
+    acks, sends = latency.acks, latency.sends
     round_no = 0
     build_cpu = [0.0]
     cache.set_snapshot("bench", build(round_no))

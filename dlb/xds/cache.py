@@ -83,7 +83,7 @@ class SnapshotCache:
             if len(self._set_times) > 1024:
                 del self._set_times[next(iter(self._set_times))]
             watches = list(self._watches.get(key, ()))
-        log.debug("snapshot set", key=key, version=version, watches=len(watches))
+        log.debug("snapshot_set", key=key, version=version, watches=len(watches))
         for w in watches:
             w.wake()
         return version

@@ -177,13 +177,13 @@ class XdsClient:
         while True:
             try:
                 await self._stream_once()
-                self.log.warning("xds stream ended by server; reconnecting")
+                self.log.warning("xds_stream_ended_reconnecting")
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                self.log.warning("xds stream failed; reconnecting", code=exc.code().name, details=exc.details())
+                self.log.warning("xds_stream_failed_reconnecting", code=exc.code().name, details=exc.details())
             except Exception as exc:  # never let a broken peer kill the service
-                self.log.error("xds client error; reconnecting", error=repr(exc))
+                self.log.error("xds_client_error_reconnecting", error=repr(exc))
             self.connected.clear()
             self._queue = None
             await asyncio.sleep(self.backoff.next())
@@ -227,11 +227,11 @@ class XdsClient:
             await _call(sub.callback, dict(decoded))
         except ResourceValidationError as exc:
             self._nack(sub, resp, str(exc))
-            self.log.warning("rejected xds update", type=types.short(sub.type_url), reason=str(exc))
+            self.log.warning("xds_update_rejected", type=types.short(sub.type_url), reason=str(exc))
             return False
         except Exception as exc:
             self._nack(sub, resp, f"{type(exc).__name__}: {exc}")
-            self.log.exception("update callback failed; NACKed", type=types.short(sub.type_url))
+            self.log.exception("xds_update_callback_failed", type=types.short(sub.type_url))
             return False
         return True
 
@@ -286,7 +286,7 @@ class XdsClient:
             req = sub.request()  # version_info stays the last good version
         req.error_detail.code = _INVALID_ARGUMENT
         req.error_detail.message = reason
-        self.log.warning("NACK", type=types.short(sub.type_url), reason=reason)
+        self.log.warning("nack_sent", type=types.short(sub.type_url), reason=reason)
         self._send(req)
 
 

@@ -7,7 +7,7 @@ stream. Requests are parsed with the xds-protos (upb) classes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -15,6 +15,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
+from dlb.xds.callbacks import StreamCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.sotw import SotwStream
 from dlb.xds.status import StatusRegistry
@@ -55,13 +56,15 @@ class XdsServer:
 
     ``authorizer(node, type_url, name) -> bool`` restricts what a node may read (names it may not
     read behave as if they did not exist, and wildcard subscriptions skip them). Combine it with a
-    ``node_key`` on the cache that gives each cell its own snapshot.
+    ``node_key`` on the cache that gives each cell its own snapshot. ``callbacks`` observe every
+    stream besides the status registry (see ``dlb.xds.callbacks``).
     """
 
     def __init__(self, cache: SnapshotCache, status: StatusRegistry | None = None,
-                 authorizer: Authorizer | None = None, make_before_break: bool = True) -> None:
+                 authorizer: Authorizer | None = None, make_before_break: bool = True,
+                 callbacks: Sequence[StreamCallbacks] = ()) -> None:
         self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
-                                 make_before_break=make_before_break)
+                                 make_before_break=make_before_break, callbacks=callbacks)
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -95,7 +98,7 @@ class XdsServer:
                 async for response in stream.run(request_iterator):
                     yield response
             except StreamError as exc:
-                stream.log.warning("stream rejected", code=exc.code.name, reason=str(exc))
+                stream.log.warning("stream_rejected", code=exc.code.name, reason=str(exc))
                 await context.abort(exc.code, str(exc))
 
         return handle
@@ -111,7 +114,7 @@ class XdsServer:
         if self.port == 0:
             raise OSError(f"cannot bind xDS server to {address}")
         await self._server.start()
-        log.info("xds server listening", address=address, port=self.port, boot_id=self.cache.boot_id)
+        log.info("xds_server_listening", address=address, port=self.port, boot_id=self.cache.boot_id)
         return self.port
 
     async def stop(self, grace: float | None = 0.5) -> None:
