@@ -14,17 +14,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "dlb"
 
-FOUNDATION = {"log", "procutil", "proto"}
+FOUNDATION = {"errors", "log", "procutil", "proto"}
 #: package → the packages it may import (besides itself). Foundations import nothing but each other.
 ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
     "log": set(),
     "procutil": set(),
     "proto": set(),
-    "core": set(),
-    "xds": {"log"},
-    "config": {"core", "xds", "proto", "log"},
+    "core": {"errors"},
+    "xds": {"log", "errors"},
+    "config": {"core", "xds", "proto", "log", "errors"},
     "envoy": {"config", "core"} | FOUNDATION,
-    "emulator": {"log", "procutil"},
+    "emulator": {"log", "procutil", "errors"},
     "sim": {"core", "config"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "ext_proc"} | FOUNDATION,
@@ -34,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
 #: Command modules (``dlb/cli.py`` and each package's ``cli.py``) sit on top and may import anything.
 COMMANDS = "cli"
 #: Finer rules inside the data plane: the transport knows gRPC framing, not DLB.
-MODULE_RULES: dict[str, set[str]] = {"dlb.ext_proc.transport": {"dlb.log"}}
+MODULE_RULES: dict[str, set[str]] = {"dlb.ext_proc.transport": {"dlb.log", "dlb.errors"}}
 
 
 def _package_of(module: str) -> str:

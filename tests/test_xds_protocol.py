@@ -20,6 +20,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
 from dlb.xds import Snapshot, SnapshotCache, SnapshotError, StatusServer, XdsServer, types
+from dlb.errors import BindError
 from dlb.xds.snapshot import Resource
 from dlb.xds.testing import (RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node,
                              route_config, sotw_request)
@@ -587,7 +588,7 @@ def test_second_server_on_the_same_address_fails():
         async with xds() as env:
             other = XdsServer(SnapshotCache())
             try:
-                with pytest.raises(Exception):
+                with pytest.raises(BindError, match=str(env.server.port)):
                     await other.start(f"127.0.0.1:{env.server.port}")
             finally:
                 await other.stop(None)

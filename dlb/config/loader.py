@@ -44,6 +44,7 @@ from dlb.config.model import (
     Server,
     Services,
 )
+from dlb.errors import DlbError
 
 CELL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -70,7 +71,7 @@ class Problem:
         return f"{where}: {self.path or '(document)'}: {self.reason}"
 
 
-class ConfigError(ValueError):
+class ConfigError(DlbError, ValueError):
     """An invalid config; ``problems`` lists every problem found (services refuse to start on it)."""
 
     def __init__(self, problems: Iterable[Problem]):

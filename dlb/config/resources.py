@@ -29,6 +29,7 @@ from dlb.core.router import Mechanism, PolicyConfig
 from dlb.core.topology import Topology
 from dlb.proto import probe_pb2, resources_pb2 as pb
 from dlb.xds import types
+from dlb.errors import DlbError
 
 ROUTING_POLICY = types.type_url_of("dlb.v1.RoutingPolicy")
 TOPOLOGY = types.type_url_of("dlb.v1.Topology")
@@ -41,7 +42,7 @@ _MECH = {Mechanism.DISCRETE: pb.RoutingPolicy.DISCRETE, Mechanism.FLOW: pb.Routi
 _COST = {Cost.RIF: pb.RoutingPolicy.RIF, Cost.LATENCY: pb.RoutingPolicy.LATENCY, Cost.GRADIENT: pb.RoutingPolicy.GRADIENT}
 
 
-class ResourceError(ValueError):
+class ResourceError(DlbError, ValueError):
     """A DLB resource that must be rejected (NACKed)."""
 
 

@@ -27,11 +27,12 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from dlb.errors import DlbError
 
 STEP_TIMES_RESOURCE = "h200-llama-step-times.json"
 
 
-class ProfileError(ValueError):
+class ProfileError(DlbError, ValueError):
     """A profile or step-time file is malformed; the message names the file and field."""
 
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlb.procutil import log_tail, stop_process
+from dlb.errors import DlbError
 
 
-class EnvoyNotFound(RuntimeError):
+class EnvoyNotFound(DlbError, RuntimeError):
     pass
 
 

@@ -46,6 +46,7 @@ from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, hea
 from dlb.ext_proc.runner import run_event_loop, write_ready
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.errors import BindError
 
 log = get_logger("dlb.leaf")
 
@@ -343,9 +344,12 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
     ports = []
     for addr in listen:
-        port = server.add_insecure_port(addr)
+        try:
+            port = server.add_insecure_port(addr)
+        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+            port = 0
         if port == 0:
-            raise SystemExit(f"dlb serve leaf: cannot listen on {addr}")
+            raise BindError(addr, "gRPC could not bind it (in use?)")
         ports.append(port)
     h2 = None
     if ext_proc_h2 is not None:

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from dlb.errors import StartupError
 
 
 def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
@@ -64,12 +65,12 @@ def wait_worker(child: tuple, timeout: float = 60.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"dlb serve root: worker exited with {proc.returncode}")
+            raise StartupError(f"dlb serve root: worker exited with {proc.returncode}")
         if os.path.exists(ready):
             os.unlink(ready)
             return proc.pid
         time.sleep(0.05)
-    raise SystemExit("dlb serve root: a worker did not become ready")
+    raise StartupError("dlb serve root: a worker did not become ready")
 
 
 def write_ready(path: str, data: dict) -> None:

@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError, Message
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.snapshot import WRAPPER_FEATURES, unwrap
+from dlb.errors import DlbError
 
 log = get_logger("dlb.xds.client")
 
@@ -37,7 +38,7 @@ UpdateCallback = Callable[[dict[str, Message]], Awaitable[None] | None]
 _INVALID_ARGUMENT = 3
 
 
-class ResourceValidationError(ValueError):
+class ResourceValidationError(DlbError, ValueError):
     """Raised by an update callback to reject (NACK) a response."""
 
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from dlb.errors import BindError
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
@@ -110,9 +111,12 @@ class XdsServer:
         """Start a grpc.aio server serving xDS on ``address``; returns the bound port."""
         self._server = grpc.aio.server(options=options or DEFAULT_OPTIONS)
         self.add_to(self._server)
-        self.port = self._server.add_insecure_port(address)
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind xDS server to {address}")
+            raise BindError(address, "gRPC could not bind it (in use?)")
         await self._server.start()
         log.info("xds_server_listening", address=address, port=self.port, boot_id=self.cache.boot_id)
         return self.port

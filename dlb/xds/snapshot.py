@@ -18,9 +18,10 @@ from google.protobuf.message import Message
 from envoy.service.discovery.v3 import discovery_pb2
 
 from dlb.xds import types, wire
+from dlb.errors import DlbError
 
 
-class SnapshotError(ValueError):
+class SnapshotError(DlbError, ValueError):
     """A snapshot could not be built (duplicate or missing names, wrong types)."""
 
 

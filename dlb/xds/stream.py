@@ -24,6 +24,7 @@ from dlb.xds.cache import SnapshotCache, Watch
 from dlb.xds.callbacks import StreamCallbacks, combine
 from dlb.xds.snapshot import Resource, Snapshot, supports_wrapper
 from dlb.xds.status import StatusRegistry
+from dlb.errors import DlbError
 
 # authorizer(node, type_url, resource_name) -> may this node read it?
 Authorizer = Callable[[base_pb2.Node, str, str], bool]
@@ -31,7 +32,7 @@ Authorizer = Callable[[base_pb2.Node, str, str], bool]
 log = get_logger("dlb.xds.server")
 
 
-class StreamError(Exception):
+class StreamError(DlbError):
     """A protocol violation by the client; the stream is closed with ``code``."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
