@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
 from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
 
 METHOD = PROCESS_METHOD
 
@@ -367,12 +367,13 @@ def test_caching_decoder_hits_on_envoys_steady_state_block():
 @pytest.mark.envoy
 def test_envoy_forwards_only_the_headers_the_root_reads(tmp_path):
     """The rendered root bootstrap sends ``:path`` and the session header, never credentials."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
     from dlb.config import config_from_dict
     from dlb.envoy.binary import EnvoyProcess
     from dlb.envoy.bootstrap import root_bootstrap, write_bootstrap
     from dlb.ext_proc.protocol import CONTINUE
     from dlb.procutil import free_port
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
     seen: list[list[str]] = []
 

@@ -17,20 +17,20 @@ import pytest
 import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from leaf_stub import StaticProbe, serve_probe
 
 from dlb.config import load_config
+from dlb.config import resources as dr
 from dlb.config.model import CELL_CLUSTER_PREFIX
+from dlb.control_plane.service import ControlPlane, root_key
 from dlb.core.costs import Cost
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import CONTINUE
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync
-from dlb.proto import resources_pb2
-from dlb.config import resources as dr
-from dlb.control_plane.service import ControlPlane, root_key
-from dlb.xds.snapshot import Resource, Snapshot
 from dlb.procutil import free_port
-from leaf_stub import StaticProbe, serve_probe
+from dlb.proto import resources_pb2
+from dlb.xds.snapshot import Resource, Snapshot
 
 
 def write_config(path: str, cells: dict[str, int], cost: str = "latency") -> None:

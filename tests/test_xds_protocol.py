@@ -19,11 +19,10 @@ from envoy.service.cluster.v3 import cds_pb2_grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
-from dlb.xds import Snapshot, SnapshotCache, SnapshotError, StatusServer, XdsServer, types
 from dlb.errors import BindError
+from dlb.xds import Snapshot, SnapshotCache, SnapshotError, StatusServer, XdsServer, types
 from dlb.xds.snapshot import Resource
-from dlb.xds.testing import (RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node,
-                             route_config, sotw_request)
+from dlb.xds.testing import RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node, route_config, sotw_request
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
 CUSTOM = "type.googleapis.com/google.protobuf.Struct"

@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
+from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
-from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
-from dlb.testbed.process import ServiceProcess, free_port
-from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.log import get_logger
+from dlb.testbed.process import ServiceProcess, free_port
 
 log = get_logger("dlb.bench.overhead")
 

@@ -172,7 +172,7 @@ async def _until(cond, what: str, timeout: float) -> None:
 
 async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool, resources: int) -> dict:
     loop = asyncio.get_running_loop()
-    call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)  # noqa: E731
+    call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)
     clients = [XdsClient(f"127.0.0.1:{srv.xds_port}", node(f"bench-{streams}-{i}", "bench"),
                          backoff=Backoff(initial=0.2, maximum=2.0), delta=delta) for i in range(streams)]
     if resources <= 1:

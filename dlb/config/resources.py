@@ -27,9 +27,10 @@ from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
 from dlb.core.topology import Topology
-from dlb.proto import probe_pb2, resources_pb2 as pb
-from dlb.xds import types
 from dlb.errors import DlbError
+from dlb.proto import probe_pb2
+from dlb.proto import resources_pb2 as pb
+from dlb.xds import types
 
 ROUTING_POLICY = types.type_url_of("dlb.v1.RoutingPolicy")
 TOPOLOGY = types.type_url_of("dlb.v1.Topology")

@@ -7,7 +7,6 @@ import asyncio
 import signal
 import sys
 
-
 from dlb.config import ConfigError, load_config
 from dlb.log import get_logger
 

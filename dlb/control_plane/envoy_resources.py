@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from google.protobuf import json_format
-from google.protobuf.message import Message
 
 # Registered so json_format can resolve the typed_config "@type"s of the bootstraps.
 from envoy.config.bootstrap.v3 import bootstrap_pb2
@@ -41,12 +39,14 @@ from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from google.protobuf import json_format
+from google.protobuf.message import Message
 
-from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.config.model import Config
 from dlb.core.router import Mechanism
-from dlb.xds import types
+from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.envoy.weights import round_weights
+from dlb.xds import types
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"

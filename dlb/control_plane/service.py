@@ -29,15 +29,15 @@ import numpy as np
 from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 
+from dlb.config import resources as dr
 from dlb.config.model import Config
+from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
-from dlb.config import resources as dr
-from dlb.control_plane import envoy_resources as er
 from dlb.xds.cache import SnapshotCache
 from dlb.xds.server import XdsServer
 from dlb.xds.snapshot import Resource, Snapshot

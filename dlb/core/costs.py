@@ -32,11 +32,11 @@ class ModelTable:
     s: np.ndarray
 
     @classmethod
-    def from_params(cls, params: Sequence[LatencyParams]) -> "ModelTable":
+    def from_params(cls, params: Sequence[LatencyParams]) -> ModelTable:
         m = np.array([p.as_array() for p in params], dtype=float).reshape(-1, 4)
         return cls(m[:, 0].copy(), m[:, 1].copy(), m[:, 2].copy(), m[:, 3].copy())
 
-    def with_row(self, j: int, p: LatencyParams) -> "ModelTable":
+    def with_row(self, j: int, p: LatencyParams) -> ModelTable:
         """A copy with cell j's parameters replaced (model updates arrive one cell at a time)."""
         a, b, c, s = self.a.copy(), self.b.copy(), self.c.copy(), self.s.copy()
         a[j], b[j], c[j], s[j] = p.a, p.b, p.c, p.s

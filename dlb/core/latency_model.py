@@ -38,7 +38,7 @@ class LatencyParams:
         return np.array([self.a, self.b, self.c, self.s])
 
     @classmethod
-    def from_array(cls, v: np.ndarray) -> "LatencyParams":
+    def from_array(cls, v: np.ndarray) -> LatencyParams:
         return cls(float(v[0]), float(v[1]), float(v[2]), float(v[3]))
 
     @property

@@ -70,7 +70,7 @@ class CellView:
     available: np.ndarray
 
     @classmethod
-    def empty(cls, n: int) -> "CellView":
+    def empty(cls, n: int) -> CellView:
         return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool))
 
 

@@ -68,7 +68,7 @@ class Topology:
         replicas: Sequence[float],
         tau: Sequence[Sequence[float]] | np.ndarray,
         allowed: Sequence[Sequence[bool]] | np.ndarray | None = None,
-    ) -> "Topology":
+    ) -> Topology:
         """Convenience constructor; ``allowed`` defaults to the complete graph."""
         n = len(names)
         allowed_arr = np.ones((n, n), dtype=bool) if allowed is None else np.asarray(allowed, dtype=bool)

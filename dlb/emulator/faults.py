@@ -11,6 +11,7 @@ import math
 import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
 from dlb.errors import DlbError
 
 

@@ -14,6 +14,7 @@ import math
 import random
 from dataclasses import dataclass
 from typing import Any, Literal
+
 from dlb.errors import DlbError
 
 CHARS_PER_TOKEN = 4

@@ -27,6 +27,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
 from dlb.errors import DlbError
 
 STEP_TIMES_RESOURCE = "h200-llama-step-times.json"

@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlb.procutil import log_tail, stop_process
 from dlb.errors import DlbError
+from dlb.procutil import log_tail, stop_process
 
 
 class EnvoyNotFound(DlbError, RuntimeError):
@@ -72,7 +72,7 @@ class EnvoyProcess:
     proc: subprocess.Popen[bytes] | None = None
     log_path: str = ""
 
-    def start(self, ready_timeout: float = 30.0) -> "EnvoyProcess":
+    def start(self, ready_timeout: float = 30.0) -> EnvoyProcess:
         fd, self.log_path = tempfile.mkstemp(prefix="dlb-envoy-", suffix=".log")
         os.close(fd)
         args = [envoy_binary(), "-c", self.config_path, "--log-level", self.log_level, "--log-path", self.log_path,
@@ -120,7 +120,7 @@ class EnvoyProcess:
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.proc, timeout)
 
-    def __enter__(self) -> "EnvoyProcess":
+    def __enter__(self) -> EnvoyProcess:
         if self.proc is None:
             self.start()
         return self

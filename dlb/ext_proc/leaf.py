@@ -40,13 +40,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dlb.config import Config
 from dlb.core.estimator import EstimatorConfig
 from dlb.envoy import headers
+from dlb.errors import BindError
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
 from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.runner import run_event_loop, write_ready
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
-from dlb.errors import BindError
 
 log = get_logger("dlb.leaf")
 
@@ -217,7 +217,7 @@ class LeafAgent:
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), min(1.0, 5 * period_s))
                 writer.close()
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 ok = False
             if ok:
                 if not self.envoy_ok:
@@ -280,7 +280,7 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
         writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
         body = await asyncio.wait_for(reader.read(-1), timeout_s)
-    except (OSError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, OSError, ValueError):
         return None, None
     finally:
         if writer is not None:

@@ -59,7 +59,7 @@ class CallbackCollector(Collector):
     def __init__(self, fn: Callable[[], Iterable]) -> None:
         self._fn = fn
 
-    def collect(self):  # noqa: D102 - prometheus_client interface
+    def collect(self):
         try:
             yield from self._fn()
         except Exception:  # a bug in a metric must not break the whole scrape

@@ -16,9 +16,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from dlb.errors import BindError
 from dlb.ext_proc.transport.h2 import H2GrpcServer
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
-from dlb.errors import BindError
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
@@ -153,7 +153,7 @@ async def serve_until_signal(server: grpc.aio.Server, on_stop: Callable[[], Awai
     await server.stop(grace_s)
 
 
-def load_cell(config_path: str, cell_name: str) -> "tuple[Config, Cell]":
+def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
     """The config and one of its cells for a service's command line.
 
     Raises :class:`~dlb.config.ConfigError` (every problem, with file:line) for bad input; the

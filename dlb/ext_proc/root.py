@@ -23,15 +23,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
-from dlb.core.latency_model import LatencyParams
 from dlb.config.model import CELL_CLUSTER_PREFIX
+from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 from dlb.envoy import headers
 from dlb.ext_proc.metrics import FastHistogram
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
-from dlb.ext_proc.transport.h2 import TransportStats
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, immediate_response
+from dlb.ext_proc.transport.h2 import TransportStats
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 
@@ -110,7 +110,7 @@ class RootService:
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @classmethod
-    def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> "RootService":
+    def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> RootService:
         specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core()) for e in cfg.endpoints]
         svc = cls(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         svc.configure(cfg.topology(), specs)
@@ -246,7 +246,7 @@ class RootService:
         usable = GaugeMetricFamily("dlb_root_cell_usable", "1 if the cell is usable now (allowed, fresh, available)", labels=["endpoint", "cell"])
         for e in self.endpoints:
             r = e.router
-        
+
             u = r.usable(now)
             for j, name in enumerate(names):
                 dec.add_metric([e.name, name], e.decisions[j])

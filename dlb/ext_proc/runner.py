@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+
 from dlb.errors import StartupError
 
 

@@ -93,7 +93,7 @@ class MnlbController:
 
 
 def build_roots(
-    name: str, topology: Topology, prior: LatencyParams, rng_for: "callable[[int], np.random.Generator]"
+    name: str, topology: Topology, prior: LatencyParams, rng_for: callable[[int], np.random.Generator]
 ) -> list:
     """One root object per source cell for policy ``name``."""
     n = topology.n

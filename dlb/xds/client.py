@@ -26,10 +26,10 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
+from dlb.errors import DlbError
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.snapshot import WRAPPER_FEATURES, unwrap
-from dlb.errors import DlbError
 
 log = get_logger("dlb.xds.client")
 
@@ -142,7 +142,7 @@ class XdsClient:
         """The last good resources of a subscription (kept across reconnects and NACKs)."""
         return dict(self.subscriptions[type_url].resources)
 
-    async def start(self) -> "XdsClient":
+    async def start(self) -> XdsClient:
         self._channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
         self._task = asyncio.create_task(self._run(), name=f"xds-client-{self.node.id}")
         return self
@@ -159,7 +159,7 @@ class XdsClient:
             await self._channel.close()
             self._channel = None
 
-    async def __aenter__(self) -> "XdsClient":
+    async def __aenter__(self) -> XdsClient:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

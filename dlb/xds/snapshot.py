@@ -12,13 +12,12 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from envoy.service.discovery.v3 import discovery_pb2
-
-from dlb.xds import types, wire
 from dlb.errors import DlbError
+from dlb.xds import types, wire
 
 
 class SnapshotError(DlbError, ValueError):
@@ -40,7 +39,7 @@ class Resource:
         return self.sotw_field if wrap_ok or not self.sotw_plain_field else self.sotw_plain_field
 
     @staticmethod
-    def from_message(message: Message, name: str | None = None, type_url: str | None = None) -> "Resource":
+    def from_message(message: Message, name: str | None = None, type_url: str | None = None) -> Resource:
         """Pack ``message`` once. ``type_url`` defaults to the message's own full name."""
         if isinstance(message, any_pb2.Any):
             packed = message
@@ -135,7 +134,7 @@ class Snapshot:
     type_digests: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
-    def build(items: Iterable[ResourceInput], extra_types: Iterable[str] = ()) -> "Snapshot":
+    def build(items: Iterable[ResourceInput], extra_types: Iterable[str] = ()) -> Snapshot:
         """Build from messages, ``(name, message)`` pairs or :class:`Resource` s.
 
         ``extra_types`` lists types that exist but are empty (a full-state type with no resources
@@ -156,13 +155,13 @@ class Snapshot:
         return Snapshot.of(by_type)
 
     @staticmethod
-    def from_types(by_type: Mapping[str, Iterable[tuple[str, Message]]]) -> "Snapshot":
+    def from_types(by_type: Mapping[str, Iterable[tuple[str, Message]]]) -> Snapshot:
         """Build from ``{type_url: [(name, message), ...]}`` (empty lists keep the type present)."""
         return Snapshot.build([Resource.from_message(m, name=n, type_url=t) for t, items in by_type.items() for n, m in items],
                               extra_types=list(by_type))
 
     @staticmethod
-    def of(by_type: Mapping[str, Mapping[str, Resource]], version: str = "") -> "Snapshot":
+    def of(by_type: Mapping[str, Mapping[str, Resource]], version: str = "") -> Snapshot:
         type_digests = {t: _digest(sorted((n, r.version) for n, r in rs.items())) for t, rs in by_type.items()}
         digest = _digest(sorted(type_digests.items()))
         return Snapshot(resources={t: dict(rs) for t, rs in by_type.items()}, version=version, digest=digest,

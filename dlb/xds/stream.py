@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from dlb.errors import DlbError
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache, Watch
 from dlb.xds.callbacks import StreamCallbacks, combine
 from dlb.xds.snapshot import Resource, Snapshot, supports_wrapper
 from dlb.xds.status import StatusRegistry
-from dlb.errors import DlbError
 
 # authorizer(node, type_url, resource_name) -> may this node read it?
 Authorizer = Callable[[base_pb2.Node, str, str], bool]
@@ -144,8 +144,8 @@ class ServerContext:
     make_before_break: bool = True
     callbacks: Sequence[StreamCallbacks] = ()
     legacy_wildcard: Callable[[str], bool] = types.full_state
-    body_cache: "BodyCache" = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
-    _diffs: "collections.OrderedDict[tuple, tuple[list[Resource], list[str]]]" = field(
+    body_cache: BodyCache = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
+    _diffs: collections.OrderedDict[tuple, tuple[list[Resource], list[str]]] = field(
         default_factory=collections.OrderedDict)
     observer: StreamCallbacks = field(init=False)
 

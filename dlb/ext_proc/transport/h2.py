@@ -185,7 +185,7 @@ class _ConnectionError(Exception):
 class H2GrpcProtocol(asyncio.Protocol):
     """One HTTP/2 connection from Envoy: frames in, replies out, all inside ``data_received``."""
 
-    def __init__(self, path: bytes, handler: Handler, stats: TransportStats, on_close: Callable[["H2GrpcProtocol"], None]) -> None:
+    def __init__(self, path: bytes, handler: Handler, stats: TransportStats, on_close: Callable[[H2GrpcProtocol], None]) -> None:
         self.path = path
         self.handler = handler
         self.stats = stats
@@ -612,5 +612,5 @@ class H2GrpcServer:
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
