@@ -157,7 +157,8 @@ class _PickCell(ep_grpc.ExternalProcessorServicer):
             if req.HasField("request_headers"):
                 hdrs = {h.key: (h.raw_value.decode() if h.raw_value else h.value) for h in req.request_headers.headers.headers}
                 self.seen_headers.append(hdrs)
-                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=self.header, raw_value=self.cluster.encode()))])
+                header = base_pb2.HeaderValue(key=self.header, raw_value=self.cluster.encode())
+                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=header)])
                 yield ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=ep.CommonResponse(header_mutation=mutation, clear_route_cache=True)))
 
 

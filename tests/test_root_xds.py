@@ -11,6 +11,7 @@ import asyncio
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,7 +191,7 @@ async def _leaf_scenario() -> None:
         await wait_until(lambda: sync.updates >= 2, what="initial EDS and model")
         assert [s.address for s in state.servers] == [first]
         # Servers change: one added with weight 3. The in-flight record follows its server.
-        doc = yaml.safe_load(open(cfg_path))
+        doc = yaml.safe_load(Path(cfg_path).read_text())
         extra = f"127.0.0.1:{free_port()}"
         doc["cells"][1]["servers"] = [first, {"address": extra, "weight": 3}]
         with open(cfg_path, "w") as fh:

@@ -44,7 +44,7 @@ CELLS = [f"cell-{i}" for i in range(8)]
 
 def _route_snapshot(round_no: int) -> Snapshot:
     rng = np.random.default_rng(round_no)
-    weights = {c: int(w) for c, w in zip(CELLS, rng.integers(1, 1000, len(CELLS)))}
+    weights = {c: int(w) for c, w in zip(CELLS, rng.integers(1, 1000, len(CELLS)), strict=True)}
     return Snapshot.build([route_config(ROUTE_NAME, weights=weights)])
 
 
@@ -189,7 +189,7 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
         fanout: list[float] = []
         for _ in range(updates):
             version = (await call("/bench/update", "POST"))["version"]
-            await _until(lambda: all(s.version == version for s in subs), f"{streams} clients at {version}", timeout)
+            await _until(lambda: all(s.version == version for s in subs), f"{streams} clients at {version}", timeout)  # noqa: B023 - called within this iteration
             for _ in range(1000):  # the last ACKs may still be in flight to the server
                 got = await call(f"/bench/acks?version={version}")
                 if len(got["latencies_ms"]) >= streams:

@@ -327,9 +327,8 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
             sp = f"{p}.servers[{k}]"
-            if isinstance(s, str):  # shorthand: a bare "host:port"
-                s = {"address": s}
-            sm = ck.mapping(s, sp, ("address", "weight"), required=("address",))
+            # shorthand: a bare "host:port"
+            sm = ck.mapping({"address": s} if isinstance(s, str) else s, sp, ("address", "weight"), required=("address",))
             addr = ck.hostport(sm, "address", sp, None)
             weight = ck.number(sm, "weight", sp, 1, ge=1, le=1_000_000, integer=True)
             servers.append(Server(addr or HostPort("invalid", 1), weight))

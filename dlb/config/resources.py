@@ -95,7 +95,7 @@ def cell_aversion(cell: str, error_rate: float, aversion_rate: float) -> pb.Cell
 
 
 def flow_weights(endpoint: str, source: str, names: tuple[str, ...], x: np.ndarray) -> pb.FlowWeights:
-    return pb.FlowWeights(endpoint=endpoint, source_cell=source, weights={n: float(v) for n, v in zip(names, x) if v > 0})
+    return pb.FlowWeights(endpoint=endpoint, source_cell=source, weights={n: float(v) for n, v in zip(names, x, strict=True) if v > 0})
 
 
 def flow_weights_name(endpoint: str, source: str) -> str:

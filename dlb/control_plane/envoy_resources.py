@@ -80,8 +80,8 @@ def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
     json_format.ParseDict(dict(bootstrap.get("static_resources", {})), static)
     clusters: list[cluster_pb2.Cluster] = []
     endpoints: list[endpoint_pb2.ClusterLoadAssignment] = []
-    for c in static.clusters:
-        c = cluster_pb2.Cluster.FromString(c.SerializeToString())
+    for static_cluster in static.clusters:
+        c = cluster_pb2.Cluster.FromString(static_cluster.SerializeToString())
         if c.type == cluster_pb2.Cluster.STATIC and c.HasField("load_assignment"):
             cla = endpoint_pb2.ClusterLoadAssignment()
             cla.CopyFrom(c.load_assignment)
@@ -93,8 +93,8 @@ def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
         clusters.append(c)
     listeners: list[listener_pb2.Listener] = []
     routes: list[route_pb2.RouteConfiguration] = []
-    for lis in static.listeners:
-        lis = listener_pb2.Listener.FromString(lis.SerializeToString())
+    for static_listener in static.listeners:
+        lis = listener_pb2.Listener.FromString(static_listener.SerializeToString())
         for chain in lis.filter_chains:
             for f in chain.filters:
                 if f.name != HCM_FILTER or f.typed_config.type_url != HCM_TYPE:

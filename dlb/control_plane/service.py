@@ -141,7 +141,7 @@ class ControlPlane:
         names = self.config.cell_names
         aversion = self.flow.aversion if self.flow is not None else np.zeros(len(names))
         for i, name in enumerate(names):
-            model, conf, samples = self.models.get(name, (self.prior, 0.0, 0))
+            model, conf, _samples = self.models.get(name, (self.prior, 0.0, 0))
             q = LatencyParams(_q(model.a), _q(model.b), _q(model.c), _q(model.s))
             msg = dr.cell_latency_model(name, q, self.prior, round(conf, 2), 0, 0)
             out.append(Resource.from_message(msg, name=name, type_url=dr.CELL_LATENCY_MODEL))
@@ -251,7 +251,7 @@ class ControlPlane:
             }
         if self.flow is not None:
             for ep, per_src in self.flow.weights().items():
-                out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x)))
+                out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x), strict=True))
                                            for s, x in per_src.items()}
             out["throughput_rps"] = self.flow.throughput
         return web.json_response(out)

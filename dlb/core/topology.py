@@ -41,9 +41,9 @@ class Topology:
         if empty:
             raise ValueError(f"cells with no allowed destination: {empty}")
         for name, arr in (("replicas", replicas), ("tau", tau), ("allowed", allowed)):
-            arr = arr.copy()
-            arr.flags.writeable = False
-            object.__setattr__(self, name, arr)
+            frozen = arr.copy()
+            frozen.flags.writeable = False
+            object.__setattr__(self, name, frozen)
         object.__setattr__(self, "names", tuple(self.names))
 
     @property

@@ -52,6 +52,7 @@ def validate(config_path: str | os.PathLike[str], timeout: float = 60.0) -> subp
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,  # the caller reads returncode and stderr
     )
 
 

@@ -45,7 +45,7 @@ class FastHistogram:
     def family(self, name: str, doc: str) -> HistogramMetricFamily:
         buckets = []
         acc = 0
-        for bound, count in zip(self.bounds, self.counts):
+        for bound, count in zip(self.bounds, self.counts, strict=False):  # counts has one more: the +Inf bucket
             acc += count
             buckets.append((repr(bound), acc))
         acc += self.counts[-1]

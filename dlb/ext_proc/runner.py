@@ -34,7 +34,8 @@ def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
     base = _strip_args(sys.argv[1:], {"--listen", "--metrics", "--ready-file", "--worker-index"})
     out = []
     for k in range(1, workers):
-        ready = tempfile.NamedTemporaryFile(prefix="dlb-root-worker-", suffix=".json", delete=False).name
+        fd, ready = tempfile.mkstemp(prefix="dlb-root-worker-", suffix=".json")  # a unique name the worker creates
+        os.close(fd)
         os.unlink(ready)
         args = [*base, "--listen", listen, "--worker-index", str(k), "--ready-file", ready]
         if metrics:
@@ -42,7 +43,7 @@ def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
             args += ["--metrics", f"{host}:{int(mport) + 100 * k}" if int(mport) else metrics]
         else:
             args += ["--metrics", ""]
-        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))
+        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))  # noqa: PLW1509 - prctl only, before any thread starts
     return out
 
 

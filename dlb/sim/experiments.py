@@ -194,7 +194,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, str], dict[str, float
     agg = {}
     for key, rs in groups.items():
         def col(m: str) -> np.ndarray:
-            v = np.array([r[m] for r in rs], float)
+            v = np.array([r[m] for r in rs], float)  # noqa: B023 - called within this iteration
             return v[np.isfinite(v)]
 
         nm, np90, er, mean = col("norm_mean"), col("norm_p90"), col("error_rate"), col("mean")

@@ -42,7 +42,7 @@ def policy_config(name: str) -> PolicyConfig:
 
 
 def uses_latency_model(name: str) -> bool:
-    return name.endswith("-Lat") or name.endswith("-Grad")
+    return name.endswith(("-Lat", "-Grad"))
 
 
 class RandRoot:
