@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlb.core.latency_model import Num
 from dlb.core.projection import project_simplex
 
 
@@ -62,7 +63,7 @@ class FlowConfig:
             raise ValueError(f"flow saturation must be in (0, 1): {self.saturation}")
 
 
-def saturation_workload(a, b, c, s, rho: float) -> np.ndarray:
+def saturation_workload(a: Num, b: Num, c: Num, s: Num, rho: float) -> np.ndarray:
     """The workload at which a cell runs at utilisation ``rho`` (μ(N) = rho/b), from the linear branch.
 
     Past the knee ℓ(N) ≈ a + b(N − c), so μ(N) = rho/b gives ``N = rho(a − bc)/(b(1 − rho))``; floored

@@ -116,7 +116,7 @@ class RootRouter:
         self._last_flow = -math.inf
         self._last_aversion = -math.inf
         self._last_tick = math.nan
-        self._arrivals = 0
+        self._arrivals = 0.0
         self.rate = 0.0
         self.affinity = AffinityCache(policy.affinity.max_sessions, policy.affinity.ttl_s) if policy.affinity.enabled else None
 

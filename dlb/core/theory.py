@@ -313,7 +313,7 @@ def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "theory",
         help="fluid-model check: routers vs independently solved equilibria",

@@ -65,7 +65,7 @@ class Topology:
     def build(
         cls,
         names: Sequence[str],
-        replicas: Sequence[float],
+        replicas: Sequence[float] | np.ndarray,
         tau: Sequence[Sequence[float]] | np.ndarray,
         allowed: Sequence[Sequence[bool]] | np.ndarray | None = None,
     ) -> Topology:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -105,9 +106,9 @@ class XdsClient:
         self.subscriptions: dict[str, Subscription] = {}
         self.connected = asyncio.Event()
         self.connects = 0
-        self._queue: asyncio.Queue | None = None
+        self._queue: asyncio.Queue[Message] | None = None
         self._node_sent = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._channel: grpc.aio.Channel | None = None
         self.log = log.bind(node=node.id, target=target, mode="delta" if delta else "sotw")
 
@@ -166,7 +167,7 @@ class XdsClient:
         await self.stop()
 
     # --- stream -----------------------------------------------------------------------------
-    def _send(self, req) -> None:
+    def _send(self, req: Any) -> None:
         if self._queue is None:
             return  # not connected: the subscription goes out when the stream opens
         if not self._node_sent:
@@ -191,10 +192,10 @@ class XdsClient:
 
     async def _stream_once(self) -> None:
         assert self._channel is not None
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
         self._queue, self._node_sent = queue, False
 
-        async def requests():
+        async def requests() -> AsyncIterator[Message]:
             while True:
                 yield await queue.get()
 
@@ -208,9 +209,9 @@ class XdsClient:
             async for resp in call:
                 self.connected.set()
                 self.backoff.reset()
-                sub = self.subscriptions.get(resp.type_url)
-                if sub is not None:
-                    await (self._on_delta_response(sub, resp) if self.delta else self._on_response(sub, resp))
+                target = self.subscriptions.get(resp.type_url)
+                if target is not None:
+                    await (self._on_delta_response(target, resp) if self.delta else self._on_response(target, resp))
         finally:
             call.cancel()
 
@@ -220,7 +221,7 @@ class XdsClient:
         msg = sub.message_cls.FromString(any_msg.value)
         return (name if name is not None else _name(msg)), msg
 
-    async def _apply(self, sub: Subscription, resp, decoded: dict[str, Message], raw: dict[str, bytes]) -> bool:
+    async def _apply(self, sub: Subscription, resp: Any, decoded: dict[str, Message], raw: dict[str, bytes]) -> bool:
         """Hand a new state to the callback; False (and a NACK) if it was rejected."""
         if raw == sub.raw:
             return True
@@ -278,7 +279,7 @@ class XdsClient:
             sub.updates += 1
             self._send(discovery_pb2.DeltaDiscoveryRequest(type_url=sub.type_url, response_nonce=resp.nonce))
 
-    def _nack(self, sub: Subscription, resp, reason: str) -> None:
+    def _nack(self, sub: Subscription, resp: Any, reason: str) -> None:
         sub.nacks += 1
         sub.last_error = reason
         if self.delta:

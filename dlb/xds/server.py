@@ -7,7 +7,8 @@ stream. Requests are parsed with the xds-protos (upb) classes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -90,10 +91,10 @@ class XdsServer:
             }))
         return out
 
-    def _handler(self, cls: type[StreamBase], fixed: str | None):
+    def _handler(self, cls: type[StreamBase], fixed: str | None) -> Callable[..., AsyncIterator[bytes]]:
         ctx = self.ctx
 
-        async def handle(request_iterator: AsyncIterator, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async def handle(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             stream = cls(ctx, fixed, context.peer())
             try:
                 async for response in stream.run(request_iterator):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
@@ -80,7 +81,7 @@ RESOURCE_WRAPPER = types.type_url_of("envoy.service.discovery.v3.Resource")
 WRAPPER_FEATURES = frozenset({"xds.config.supports-resource-in-sotw", "xds.config.resource-in-sotw"})
 
 
-def supports_wrapper(node) -> bool:
+def supports_wrapper(node: Any) -> bool:
     return node.user_agent_name == "envoy" or any(f in WRAPPER_FEATURES for f in node.client_features)
 
 
@@ -116,7 +117,7 @@ def _cluster_eds_name(message: Message | None, packed: any_pb2.Any, name: str) -
     return cluster.eds_cluster_config.service_name or name
 
 
-ResourceInput = Message | tuple[str, Message] | Resource
+ResourceInput: TypeAlias = Message | tuple[str, Message] | Resource
 
 
 @dataclass(frozen=True, slots=True)

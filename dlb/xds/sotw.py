@@ -28,7 +28,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from dlb.xds import types, wire
 from dlb.xds.snapshot import Resource, Snapshot
-from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, StreamBase, Subscription
+from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, BodyKey, ServerContext, StreamBase, Subscription
 
 PARTIAL_SUFFIX = "~partial"
 
@@ -66,8 +66,8 @@ class _Plan:
 class SotwStream(StreamBase):
     kind = "sotw"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
+        super().__init__(ctx, fixed_type, peer)
         self.states: dict[str, SotwTypeState] = {}
 
     def handle(self, req: discovery_pb2.DiscoveryRequest) -> bool:
@@ -188,7 +188,7 @@ class SotwStream(StreamBase):
                  snap: Snapshot) -> bytes:
         wrap = self.wrap_ok
         if whole:  # the snapshot's whole type: shared by every wildcard stream, keyed by digest
-            key: tuple = (t, version, wrap, snap.type_digests.get(t, ""))
+            key: BodyKey = (t, version, wrap, snap.type_digests.get(t, ""))
         else:
             key = (t, version, wrap, tuple(sorted((n, r.version) for n, r in resources.items())))
 

@@ -13,9 +13,10 @@ import json
 import time
 from collections.abc import Callable, Iterator, Set
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from dlb.xds import types
@@ -101,7 +102,7 @@ class StatusRegistry:
     def stale_nonce(self, node_id: str, type_url: str, nonce: str) -> None:
         self.stale_nonces += 1
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "stale_nonces": self.stale_nonces,
             "nodes": {nid: {"cluster": ns.cluster, "streams": ns.streams, "last_seen_unix": ns.last_seen_unix,
@@ -117,7 +118,7 @@ class StatusCollector:
         self.status = status
         self.snapshot_count = snapshot_count
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         streams = GaugeMetricFamily("dlb_xds_streams", "open xDS streams per node", labels=["node"])
         acked = InfoMetricFamily("dlb_xds_acked_version", "last version each node ACKed, per type", labels=["node", "type"])
         sent = InfoMetricFamily("dlb_xds_sent_version", "last version sent to each node, per type", labels=["node", "type"])

@@ -145,7 +145,7 @@ class ServerContext:
     callbacks: Sequence[StreamCallbacks] = ()
     legacy_wildcard: Callable[[str], bool] = types.full_state
     body_cache: BodyCache = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
-    _diffs: collections.OrderedDict[tuple, tuple[list[Resource], list[str]]] = field(
+    _diffs: collections.OrderedDict[tuple[str, str, str], tuple[list[Resource], list[str]]] = field(
         default_factory=collections.OrderedDict)
     observer: StreamCallbacks = field(init=False)
 
@@ -169,6 +169,10 @@ class ServerContext:
         return hit
 
 
+# (type URL, version, wrapped?, the view: a type digest or the sorted (name, version) pairs)
+BodyKey = tuple[str, str, bool, object]
+
+
 class BodyCache:
     """LRU of response bodies shared by streams that see the same view of the same snapshot.
 
@@ -177,12 +181,12 @@ class BodyCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._items: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+        self._items: collections.OrderedDict[BodyKey, bytes] = collections.OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple, build: Callable[[], bytes]) -> bytes:
+    def get(self, key: BodyKey, build: Callable[[], bytes]) -> bytes:
         body = self._items.get(key)
         if body is not None:
             self._items.move_to_end(key)
@@ -269,13 +273,13 @@ class StreamBase:
         if wildcard:
             if auth is None:
                 return all_res
-            return {n: r for n, r in all_res.items() if auth(self.node, type_url, n)}  # type: ignore[arg-type]
+            return {n: r for n, r in all_res.items() if auth(self.node, type_url, n)}
         out = {}
         for n in names:
             r = all_res.get(n)
             if r is None:
                 continue
-            if auth is None or auth(self.node, type_url, n):  # type: ignore[arg-type]
+            if auth is None or auth(self.node, type_url, n):
                 out[n] = r
             elif (type_url, n) not in self._denied:
                 self._denied.add((type_url, n))  # a security signal: log once per stream and name
@@ -287,7 +291,7 @@ class StreamBase:
         self._snapshot_changed = True
         self._wake.set()
 
-    async def _read(self, request_iterator: AsyncIterator) -> None:
+    async def _read(self, request_iterator: AsyncIterator[Any]) -> None:
         """Apply requests as they arrive; wake the writer only if a push may be due.
 
         Handling in the reader (not the writer) saves a task switch per ACK, the most common
@@ -310,7 +314,7 @@ class StreamBase:
             self._eof = True
             self._wake.set()
 
-    async def run(self, request_iterator: AsyncIterator) -> AsyncIterator[bytes]:
+    async def run(self, request_iterator: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while True:
