@@ -399,7 +399,7 @@ def test_control_empty_internal_address_config_lets_spoof_through(tmp_path: Path
 
 
 def test_control_header_mutation_filter_does_not_protect(tmp_path: Path) -> None:
-    """DESIGN.md: removing x-dlb-cell with a header_mutation filter before ext_proc is too late."""
+    """docs/design.md §2: removing x-dlb-cell with a header_mutation filter before ext_proc is too late."""
     with echo_servers("a", "b", "c") as ports:
         cfg = three_cell_config(ports)
         boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})

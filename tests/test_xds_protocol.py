@@ -1,4 +1,4 @@
-"""xDS protocol behaviour of dlb.xds (DESIGN.md §5) driven by a raw gRPC client (xds-protos stubs).
+"""xDS protocol behaviour of dlb.xds (docs/design.md §5) driven by a raw gRPC client (xds-protos stubs).
 
 Absence of a push is proven with ``RawStream.barrier`` (no sleeps, no timed assertions).
 """

@@ -482,7 +482,7 @@ def _prior(ck: _Checker, raw: Any, path: str) -> LatencyPrior:
         c=ck.number(m, "c", path, d.c, ge=0),
         s=ck.number(m, "s", path, d.s, gt=0),
     )
-    # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (DESIGN.md, latency model).
+    # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (docs/design.md §3, latency model).
     if prior.c >= prior.a_s / prior.b_s:
         ck.err(f"{path}.c", f"knee c={_fmt(prior.c)} must be below a_s/b_s={_fmt(prior.a_s / prior.b_s)} (else throughput falls as load grows)")
     return prior

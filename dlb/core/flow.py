@@ -1,4 +1,4 @@
-"""Flow routing: projected gradient descent on the allowed simplex (DESIGN.md section 3).
+"""Flow routing: projected gradient descent on the allowed simplex (docs/design.md §3).
 
 Every Δ seconds a root in cell i moves its routing vector against the observed costs,
 ``x_i ← Proj_{Δ_i}(x_i − η_i·Δ·c_i)``, and samples each request's cell from ``x_i``.

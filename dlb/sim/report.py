@@ -118,7 +118,7 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
-# -- the claims of DESIGN.md section 4 ---------------------------------------------------------------
+# -- the claims of docs/design.md §4 ------------------------------------------------------------------
 
 
 @dataclass
@@ -269,7 +269,7 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         mins = sorted({round(r.get("duration_s", math.nan) / 60, 2) for r in records if r["experiment"] == exp})
         out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} |")
     del minutes
-    out += ["", "## Claims (DESIGN.md section 4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
+    out += ["", "## Claims (docs/design.md §4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
     for v in vs:
         mark = {True: "**yes**", False: "**no**", None: "not run"}[v.holds]
         out.append(f"| {v.claim} | {mark} | {v.measured} | {v.rule} |")
