@@ -188,7 +188,7 @@ class _Checker:
         m: dict[str, Any],
         key: str,
         path: str,
-        default: float,
+        default: float | None,
         *,
         gt: float | None = None,
         ge: float | None = None,

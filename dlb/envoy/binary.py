@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,13 @@ class EnvoyProcess:
     proc: subprocess.Popen[bytes] | None = None
     log_path: str = ""
 
+    @property
+    def pid(self) -> int:
+        """The running Envoy's process id (after :meth:`start`)."""
+        if self.proc is None:
+            raise RuntimeError("envoy not started")
+        return self.proc.pid
+
     def start(self, ready_timeout: float = 30.0) -> EnvoyProcess:
         fd, self.log_path = tempfile.mkstemp(prefix="dlb-envoy-", suffix=".log")
         os.close(fd)
@@ -107,7 +115,7 @@ class EnvoyProcess:
 
     def stats(self, filter_regex: str = "") -> dict[str, str]:
         """Admin ``/stats`` as a dict (counters and gauges; histograms keep their text)."""
-        text = self.admin_get(f"/stats?filter={urllib.request.quote(filter_regex)}" if filter_regex else "/stats")
+        text = self.admin_get(f"/stats?filter={urllib.parse.quote(filter_regex)}" if filter_regex else "/stats")
         out: dict[str, str] = {}
         for line in text.splitlines():
             name, sep, value = line.partition(": ")

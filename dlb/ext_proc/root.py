@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,7 +106,7 @@ class RootService:
     probe_client: ProbeClient | None = None
     #: Counters of the h2 transport (None on grpc.aio), exported at scrape time.
     transport_stats: TransportStats | None = None
-    clock: object = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @classmethod

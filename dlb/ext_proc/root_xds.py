@@ -133,8 +133,8 @@ class RootXdsSync:
             except dr.ResourceError as e:
                 raise ResourceValidationError(str(e)) from e
             j = names.index(name)
-            for e in self.service.endpoints:
-                r = e.router
+            for ep in self.service.endpoints:
+                r = ep.router
                 if r.view.confidence[j] < msg.model.confidence:
                     r.set_model(j, p)
 

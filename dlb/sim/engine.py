@@ -33,9 +33,11 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
+from dlb.core.baselines import WeightedRouter
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL
@@ -114,6 +116,7 @@ def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray,
         t = np.sort(rng.uniform(0.0, T, k))
         rate = lam * (1.0 + sc.mod_amp * np.sin(2 * math.pi * t / sc.mod_period_s[i] + sc.mod_phase[i]))
         if extra > 0:
+            assert d is not None  # extra > 0 only with a burst disruption
             rate = rate + np.where((t >= d.start_s) & (t < d.end_s), extra, 0.0)
         keep = rng.random(k) * lam_max < rate
         times.append(t[keep])
@@ -150,7 +153,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     roots = build_roots(policy, topo, prior_root, lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i]))
     pick_fns = [r.pick for r in roots]
     fit_models = cfg.always_fit or uses_latency_model(policy)
-    mnlb = MnlbController(topo, roots, sc.server_rate(), period_s=cfg.mnlb_period_s) if policy == "MNLB" else None
+    mnlb = (MnlbController(topo, cast("list[WeightedRouter]", roots), sc.server_rate(), period_s=cfg.mnlb_period_s)
+            if policy == "MNLB" else None)  # MNLB's roots are WeightedRouters (REGISTRY["MNLB"])
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
     R = int(t_arr.size)
@@ -326,10 +330,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _MNLB:
                 lam_hat = np.asarray(arrivals_since, float) / cfg.mnlb_period_s
                 arrivals_since = [0] * n
+                assert mnlb is not None  # _MNLB events are scheduled only for the MNLB policy
                 mnlb.solve(lam_hat, np.asarray(k_live, float))
                 if now < T:
                     schedule(now + cfg.mnlb_period_s, _MNLB)
             elif kind == _PHASE:
+                assert d is not None  # _PHASE events come from a disruption
                 counts = d.outage_servers if a == 1 else sc.servers
                 for j in range(n):
                     online[j] = cell_servers[j][: counts[j]]

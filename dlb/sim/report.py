@@ -81,7 +81,7 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
 
     agg = aggregate(records)
     paths = []
-    colors = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))
+    colors = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))  # type: ignore[attr-defined]  # a ListedColormap
     for exp in _experiments(records):
         variants = _variants(records, exp)
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), dpi=80)
@@ -221,7 +221,7 @@ def claim_noise(records: list[dict], agg: Agg) -> list[Verdict]:
     if not vs:
         return [Verdict(c1, "not run", None, r1), Verdict(c2, "not run", None, r2)]
     xs = {v: agg[("noise", v, "Rand")]["x"] for v in vs if ("noise", v, "Rand") in agg}
-    lo, hi = min(xs, key=xs.get), max(xs, key=xs.get)
+    lo, hi = min(xs, key=xs.__getitem__), max(xs, key=xs.__getitem__)
     spread = max(
         (max(_get(agg, "noise", v, p) for v in vs) - min(_get(agg, "noise", v, p) for v in vs)) / _get(agg, "noise", lo, p)
         for p in RIF
