@@ -224,7 +224,7 @@ async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float =
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
             rec["protocol"] = "delta" if delta else "sotw"
             rec["resources"] = resources
-            log.info("xds bench", **rec)
+            log.info("xds_bench_point", **rec)
             records.append(rec)
         return records
     finally:

@@ -117,7 +117,7 @@ class ControlPlane:
 
     def reload(self, config: Config) -> None:
         """Swap in a new (already validated) config; snapshots follow, unchanged resources keep versions."""
-        log.info("config reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
+        log.info("config_reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
         restart_probes = self._probes is not None
         self._load(config)
         if restart_probes:
@@ -204,7 +204,7 @@ class ControlPlane:
         try:
             p = dr.model_from_pb(resp.model, f"probe of {cell}")
         except dr.ResourceError as e:
-            log.warning("bad model in probe", cell=cell, error=str(e))
+            log.warning("probe_model_invalid", cell=cell, error=str(e))
             return None
         self.models[cell] = (p, resp.model.confidence, resp.model.samples)
         return p
@@ -235,7 +235,7 @@ class ControlPlane:
                     self.flow.step(self.clock())
                 self.rebuild()
             except Exception:  # a bad step must not stop the control plane; the last snapshots stay
-                log.exception("flow step failed")
+                log.exception("flow_step_failed")
 
     async def _fleet(self, _req: web.Request) -> web.Response:
         out: dict = {"cells": {}, "flow_weights": {}}
@@ -266,7 +266,7 @@ class ControlPlane:
             self._start_probes()
         if self.flow_loop_enabled:
             self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
-        log.info("control plane started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
+        log.info("control_plane_started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
                  flow_endpoints=[ep.name for ep in (self.flow.endpoints if self.flow else [])])
         return xds_port, status_port
 
