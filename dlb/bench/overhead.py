@@ -38,6 +38,7 @@ from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
 from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
+from dlb.errors import DlbError
 from dlb.log import get_logger
 from dlb.testbed.process import ServiceProcess, free_port
 
@@ -190,7 +191,7 @@ def resolve_loadgen(choice: str) -> str:
     if choice == "auto":
         return "wrk" if wrk_binary() else "python"
     if choice == "wrk" and not wrk_binary():
-        raise SystemExit("dlb bench overhead: --loadgen wrk but wrk is not installed (apt-get install wrk, or set DLB_WRK)")
+        raise DlbError("dlb bench overhead: --loadgen wrk but wrk is not installed (apt-get install wrk, or set DLB_WRK)")
     return choice
 
 
