@@ -790,8 +790,9 @@ class H2GrpcProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; not an isinstance check: uvloop's TCPTransport does not derive from
+        # asyncio.Transport (an assert here dropped every connection under uvloop).
+        self.transport = cast("asyncio.Transport", transport)
         self.conn.initiate()
         transport.write(self.conn.data_to_send())
 
