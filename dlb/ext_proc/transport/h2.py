@@ -792,9 +792,9 @@ class H2GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; not an isinstance check: uvloop's TCPTransport does not derive from
         # asyncio.Transport (an assert here dropped every connection under uvloop).
-        self.transport = cast("asyncio.Transport", transport)
+        self.transport = stream = cast("asyncio.Transport", transport)
         self.conn.initiate()
-        transport.write(self.conn.data_to_send())
+        stream.write(self.conn.data_to_send())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.connection_lost()
