@@ -17,6 +17,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from dlb.errors import DlbError
+
 # (group, name, help, "module:function"). group None = top-level command; otherwise a command group
 # such as ``serve`` or ``bench`` that the command is nested under. Several rows may share a target
 # when one register() adds several commands (config validate/render).
@@ -120,7 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    try:
+        return int(func(args) or 0)
+    except DlbError as exc:  # libraries raise; only the command line turns an error into an exit
+        print(f"dlb: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ class StaticProbe(probe_pb2_grpc.ProbeServicer):
         self.cell, self.rif, self.error_rate, self.completed = cell, rif, error_rate, 0
         self.probes = 0
 
-    async def Probe(self, request, context):  # noqa: N802 - gRPC method name
+    async def Probe(self, request, context):
         self.probes += 1
         self.completed += 5
         return probe_pb2.ProbeResponse(cell=self.cell, rif=self.rif, replicas=1, healthy_replicas=1, completed=self.completed,

@@ -27,12 +27,12 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
-from dlb.envoy.binary import EnvoyProcess
-from dlb.xds import types
-from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.control_plane.service import ControlPlane, root_key
-from dlb.xds.snapshot import Resource, Snapshot
+from dlb.envoy.ads_bootstrap import ads_bootstrap
+from dlb.envoy.binary import EnvoyProcess
 from dlb.procutil import free_port
+from dlb.xds import types
+from dlb.xds.snapshot import Resource, Snapshot
 
 pytestmark = pytest.mark.envoy
 
@@ -54,7 +54,7 @@ def write_config(path: str, cells: dict[str, int], root_port: int, ext_proc_port
             }
             for n, port in cells.items()
         ],
-        "network": {"one_way_ms": {names[0]: {m: 10 for m in names[1:]}}, "default_one_way_ms": 10},
+        "network": {"one_way_ms": {names[0]: dict.fromkeys(names[1:], 10)}, "default_one_way_ms": 10},
         "endpoints": [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "flow", "cost": "latency"}}],
     }
     with open(path, "w") as fh:

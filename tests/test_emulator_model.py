@@ -75,10 +75,10 @@ def test_load_profile_from_files(tmp_path) -> None:
     "content, needle",
     [
         ({"base_ms": 3, "prefill_us_per_token": 1, "decode_us_per_seq": 0, "batch_knee": 2, "past_knee_ms_per_seq": 1,
-          "bogus": 1}, "bogus: unknown profile field"),  # fmt: skip
+          "bogus": 1}, "bogus: unknown profile field"),
         ({"base_ms": 3}, "required profile field is missing"),
         ({"base_ms": -1, "prefill_us_per_token": 1, "decode_us_per_seq": 0, "batch_knee": 2, "past_knee_ms_per_seq": 1},
-         "base_ms"),  # fmt: skip
+         "base_ms"),
         ({"runs": []}, "#MODEL"),
     ],
 )
@@ -330,7 +330,7 @@ def test_engine_invariants_under_random_load(arrivals, max_batch, max_queue, bud
     assert not eng.running and not eng.waiting
     served = [r for r in res if not r.rejected]
     assert served  # the first arrival always finds a free slot
-    for a, r in zip(arrivals, res):
+    for a, r in zip(arrivals, res, strict=True):
         if r.rejected:
             continue
         # Never faster than running alone on an idle GPU.

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dlb import cli
 from dlb.emulator import EmulatorServer, ThreadedEmulator
-from dlb.testbed.emulator import EmulatorProcess
 from dlb.emulator.client import get_faults, get_state, reset_faults, set_faults
 from dlb.emulator.profile import BUILTIN_PROFILES
+from dlb.testbed.emulator import EmulatorProcess
 
 T = TypeVar("T")
 FAST = BUILTIN_PROFILES["fast-test"]
@@ -435,7 +435,7 @@ def test_engine_failure_answers_instead_of_hanging() -> None:
 
 def test_prefix_cache_reports_cached_tokens_and_metrics() -> None:
     system = "You are a helpful assistant. " * 80  # ~2300 characters shared by every request
-    msgs = lambda q: [{"role": "system", "content": system}, {"role": "user", "content": q}]  # noqa: E731
+    msgs = lambda q: [{"role": "system", "content": system}, {"role": "user", "content": q}]
 
     async def go() -> None:
         async with emulator(prefix_cache=True) as emu, aiohttp.ClientSession() as s:

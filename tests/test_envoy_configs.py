@@ -24,15 +24,24 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dlb.config import Config, config_from_dict
 from dlb.envoy.binary import EnvoyProcess, validate
-from dlb.envoy.bootstrap import HEADER_CELL, HEADER_ENDPOINT, HEADER_SERVER, HEADER_SRC_CELL, INTERNAL_HEADERS, leaf_bootstrap, root_bootstrap, write_bootstrap
+from dlb.envoy.bootstrap import (
+    HEADER_CELL,
+    HEADER_ENDPOINT,
+    HEADER_SERVER,
+    HEADER_SRC_CELL,
+    INTERNAL_HEADERS,
+    leaf_bootstrap,
+    root_bootstrap,
+    write_bootstrap,
+)
 from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
@@ -142,13 +151,14 @@ class _PickCell(ep_grpc.ExternalProcessorServicer):
         self.seen_headers: list[dict[str, str]] = []
         self.seen_metadata: list[dict[str, str]] = []
 
-    def Process(self, request_iterator, context):  # noqa: N802 - gRPC method name
+    def Process(self, request_iterator, context):
         self.seen_metadata.append({k: v for k, v in context.invocation_metadata()})
         for req in request_iterator:
             if req.HasField("request_headers"):
                 hdrs = {h.key: (h.raw_value.decode() if h.raw_value else h.value) for h in req.request_headers.headers.headers}
                 self.seen_headers.append(hdrs)
-                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=self.header, raw_value=self.cluster.encode()))])
+                header = base_pb2.HeaderValue(key=self.header, raw_value=self.cluster.encode())
+                mutation = ep.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=header)])
                 yield ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=ep.CommonResponse(header_mutation=mutation, clear_route_cache=True)))
 
 
@@ -308,7 +318,7 @@ class _PickSequence(_PickCell):
         super().__init__(picks[0])
         self.picks = list(picks)
 
-    def Process(self, request_iterator, context):  # noqa: N802
+    def Process(self, request_iterator, context):
         self.cluster = self.picks.pop(0)
         yield from super().Process(request_iterator, context)
 
@@ -332,7 +342,7 @@ def test_root_bad_pick_falls_back_to_weights(tmp_path: Path) -> None:
 class _SlowPick(_PickCell):
     """Answers only after Envoy's message_timeout has passed: Envoy must fail open."""
 
-    def Process(self, request_iterator, context):  # noqa: N802
+    def Process(self, request_iterator, context):
         for resp in super().Process(request_iterator, context):
             time.sleep(1.0)
             yield resp
@@ -397,7 +407,7 @@ def test_control_empty_internal_address_config_lets_spoof_through(tmp_path: Path
 
 
 def test_control_header_mutation_filter_does_not_protect(tmp_path: Path) -> None:
-    """DESIGN.md: removing x-dlb-cell with a header_mutation filter before ext_proc is too late."""
+    """docs/design.md §2: removing x-dlb-cell with a header_mutation filter before ext_proc is too late."""
     with echo_servers("a", "b", "c") as ports:
         cfg = three_cell_config(ports)
         boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
@@ -466,7 +476,7 @@ def test_cli_render_writes_a_valid_bootstrap(tmp_path: Path) -> None:
 class _StreamHandler(_EchoHandler):
     """Streams two chunks; the second only after the test says it has read the first."""
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.server.seen_headers.append({k.lower(): v for k, v in self.headers.items()})  # type: ignore[attr-defined]
         self.send_response(200)
@@ -632,10 +642,9 @@ def test_port_clash_fails_loudly(tmp_path: Path) -> None:
         cfg = three_cell_config(ports)
         first = root_bootstrap(cfg, "a", admin_port=free_port())
         second = root_bootstrap(cfg, "a", admin_port=free_port())
-        with running_envoy(first, tmp_path, "first"):
-            with pytest.raises(RuntimeError, match="Address already in use"):
-                with running_envoy(second, tmp_path, "second"):
-                    pass
+        with running_envoy(first, tmp_path, "first"), pytest.raises(RuntimeError, match="Address already in use"):
+            with running_envoy(second, tmp_path, "second"):
+                pass
 
 
 def test_native_flow_endpoint_skips_the_ext_proc(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from dlb.cli import main
 from dlb.bench.wrk import wrk_binary
+from dlb.cli import main
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
 from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
 
 METHOD = PROCESS_METHOD
 
@@ -33,9 +33,9 @@ METHOD = PROCESS_METHOD
 class ServerThread:
     """An H2GrpcServer on its own event loop thread (the tests talk to it with blocking sockets)."""
 
-    def __init__(self, handler) -> None:
+    def __init__(self, handler, loop_factory=asyncio.new_event_loop) -> None:
         self.server = H2GrpcServer(METHOD, handler)
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(10)
@@ -370,12 +370,13 @@ def test_caching_decoder_hits_on_envoys_steady_state_block():
 @pytest.mark.envoy
 def test_envoy_forwards_only_the_headers_the_root_reads(tmp_path):
     """The rendered root bootstrap sends ``:path`` and the session header, never credentials."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
     from dlb.config import config_from_dict
     from dlb.envoy.binary import EnvoyProcess
     from dlb.envoy.bootstrap import root_bootstrap, write_bootstrap
     from dlb.ext_proc.protocol import CONTINUE
     from dlb.procutil import free_port
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
     seen: list[list[str]] = []
 
@@ -409,3 +410,20 @@ def test_envoy_forwards_only_the_headers_the_root_reads(tmp_path):
     finally:
         srv.close()
     assert seen == [[":path", "x-session-id", "x-user"]]
+
+
+def test_serves_on_uvloop() -> None:
+    """The services run on uvloop (dlb.ext_proc.runner), whose transports are not asyncio.Transport
+    subclasses: a call over a uvloop server gets its reply (an isinstance assert once dropped every
+    connection there while the asyncio-loop tests passed)."""
+    import uvloop
+
+    s = ServerThread(echo_upper, loop_factory=uvloop.new_event_loop)
+    try:
+        c = Client(s.port)
+        try:
+            assert c.call(1, b"hello") == [b"HELLO"]
+        finally:
+            c.close()
+    finally:
+        s.close()

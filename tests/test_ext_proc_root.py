@@ -207,7 +207,7 @@ def test_session_affinity_from_configured_header():
 @pytest.mark.parametrize("transport", ["h2", "grpc"])
 def test_ext_proc_stream_over_real_grpc(transport):
     """A real grpc client (C-core's HTTP/2 and gRPC framing) against both server transports."""
-    svc, clock = service()
+    svc, _clock = service()
     svc.clock = time.monotonic
     now = time.monotonic()
     probe(svc, 0, now)

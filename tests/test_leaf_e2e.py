@@ -17,8 +17,8 @@ import time
 import grpc
 import pytest
 
-from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]
 

@@ -149,9 +149,8 @@ def test_model_is_refit_from_completions():
 
 def test_latency_sample_is_the_servers_share_not_the_leaf_total():
     """The testbed's WAN delay sits in the leaf Envoy before the upstream; the model must not see it."""
-    from google.protobuf.duration_pb2 import Duration
-
     from envoy.data.accesslog.v3 import accesslog_pb2
+    from google.protobuf.duration_pb2 import Duration
 
     from dlb.ext_proc.leaf import _serving_seconds
 

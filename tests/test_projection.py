@@ -74,7 +74,7 @@ def test_matches_numerical_qp() -> None:
         if not mask.any():
             mask[0] = True
         res = minimize(
-            lambda z: np.sum((z - v) ** 2),
+            lambda z: np.sum((z - v) ** 2),  # noqa: B023 - called within this iteration
             np.where(mask, 1.0 / mask.sum(), 0.0),
             constraints=[{"type": "eq", "fun": lambda z: z.sum() - 1}],
             bounds=[(0, None) if m else (0, 0) for m in mask],

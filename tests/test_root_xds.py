@@ -11,26 +11,27 @@ import asyncio
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from leaf_stub import StaticProbe, serve_probe
 
 from dlb.config import load_config
+from dlb.config import resources as dr
 from dlb.config.model import CELL_CLUSTER_PREFIX
+from dlb.control_plane.service import ControlPlane, root_key
 from dlb.core.costs import Cost
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import CONTINUE
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync
-from dlb.proto import resources_pb2
-from dlb.config import resources as dr
-from dlb.control_plane.service import ControlPlane, root_key
-from dlb.xds.snapshot import Resource, Snapshot
 from dlb.procutil import free_port
-from leaf_stub import StaticProbe, serve_probe
+from dlb.proto import resources_pb2
+from dlb.xds.snapshot import Resource, Snapshot
 
 
 def write_config(path: str, cells: dict[str, int], cost: str = "latency") -> None:
@@ -193,7 +194,7 @@ async def _leaf_scenario() -> None:
         await wait_until(lambda: sync.updates >= 2, what="initial EDS and model")
         assert [s.address for s in state.servers] == [first]
         # Servers change: one added with weight 3. The in-flight record follows its server.
-        doc = yaml.safe_load(open(cfg_path))
+        doc = yaml.safe_load(Path(cfg_path).read_text())
         extra = f"127.0.0.1:{free_port()}"
         doc["cells"][1]["servers"] = [first, {"address": extra, "weight": 3}]
         with open(cfg_path, "w") as fh:

@@ -71,8 +71,8 @@ def test_deterministic_for_a_seed() -> None:
 
 def test_common_random_numbers_across_policies() -> None:
     sc = generate(5, duration_s=10.0)
-    t1, s1, p1, d1 = generate_arrivals(sc, 0)
-    t2, s2, p2, d2 = generate_arrivals(sc, 0)
+    t1, _s1, _p1, d1 = generate_arrivals(sc, 0)
+    t2, _s2, _p2, d2 = generate_arrivals(sc, 0)
     np.testing.assert_array_equal(t1, t2)
     np.testing.assert_array_equal(d1, d2)
     assert simulate(sc, "Rand").arrivals == simulate(sc, "Flow-Grad").arrivals == t1.size

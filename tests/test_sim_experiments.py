@@ -28,7 +28,7 @@ def test_each_experiment_smoke(experiment: str) -> None:
     recs = run_jobs(jobs, workers=1, progress=False)
     assert len(recs) == len(jobs)
     for r in recs:
-        assert FIELDS <= r.keys()
+        assert r.keys() >= FIELDS
         assert r["arrivals"] > 0 and math.isfinite(r["mean"]) and r["mean"] > 0
         if r["policy"] == "Rand":
             assert r["norm_mean"] == 1.0 and r["norm_p90"] == 1.0
@@ -56,7 +56,7 @@ def test_verdicts_follow_the_numbers() -> None:
 
 
 def test_disruption_verdict_needs_fewer_errors() -> None:
-    base = {p: 0.9 for p in POLICIES}
+    base = dict.fromkeys(POLICIES, 0.9)
     base["Rand"], base["MNLB"] = 1.0, 1.0
     recs = [_rec("burst", "burst", 0.8, p, v, err=0.05 if p in ("Rand", "MNLB") else 0.01) for p, v in base.items()]
     assert [x for x in verdicts(normalise(recs)) if x.claim.startswith("Burst")][0].holds is True
@@ -86,7 +86,7 @@ def test_cli_run_and_report(tmp_path, capsys) -> None:
                "--policies", "Rand,Disc-RIF", "--workers", "2", "--out", str(out), "--no-progress", "--seed", "4"])
     assert rc == 0
     data = json.loads((out / "results.json").read_text())
-    assert {r["policy"] for r in data} == {"Rand", "Disc-RIF"} and all(FIELDS <= r.keys() for r in data)
+    assert {r["policy"] for r in data} == {"Rand", "Disc-RIF"} and all(r.keys() >= FIELDS for r in data)
     assert (out / "results.md").exists() and (out / "baseline.png").exists()
     bench = json.loads((out / "benchmark.json").read_text())
     assert bench["events"] > 0 and bench["jobs"] == 2

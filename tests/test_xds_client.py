@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from google.protobuf import struct_pb2
 
 from dlb.xds import Snapshot, SnapshotCache, XdsServer

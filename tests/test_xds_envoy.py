@@ -20,15 +20,15 @@ import urllib.request
 import pytest
 
 from dlb.envoy.binary import EnvoyProcess
+from dlb.procutil import free_port
 from dlb.xds import Resource, Snapshot, SnapshotCache, XdsServer, types
 from dlb.xds.testing import eds_cluster, grpc_source, http_listener, load_assignment, route_config
-from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
 
 
 class _Backend(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = b"backend-ok"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -106,7 +106,7 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
     res = functools.partial(resources, src=src)
     clu = functools.partial(cluster, src=src)
     loop = asyncio.get_running_loop()
-    run = lambda f, *a: loop.run_in_executor(None, f, *a)  # noqa: E731  (Envoy admin calls are blocking)
+    run = lambda f, *a: loop.run_in_executor(None, f, *a)
     cache = SnapshotCache()
     server = XdsServer(cache)
     xds_port = await server.start()
@@ -222,7 +222,7 @@ def test_routes_wait_for_new_clusters_to_warm(api_type: str):
 
 async def _warming_scenario(backend_port: int, api_type: str) -> None:
     loop = asyncio.get_running_loop()
-    run = lambda f, *a: loop.run_in_executor(None, f, *a)  # noqa: E731
+    run = lambda f, *a: loop.run_in_executor(None, f, *a)
     cache = SnapshotCache()
     server = XdsServer(cache)
     xds_port = await server.start()

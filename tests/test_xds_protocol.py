@@ -1,4 +1,4 @@
-"""xDS protocol behaviour of dlb.xds (DESIGN.md §5) driven by a raw gRPC client (xds-protos stubs).
+"""xDS protocol behaviour of dlb.xds (docs/design.md §5) driven by a raw gRPC client (xds-protos stubs).
 
 Absence of a push is proven with ``RawStream.barrier`` (no sleeps, no timed assertions).
 """
@@ -19,10 +19,10 @@ from envoy.service.cluster.v3 import cds_pb2_grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
+from dlb.errors import BindError
 from dlb.xds import Snapshot, SnapshotCache, SnapshotError, StatusServer, XdsServer, types
 from dlb.xds.snapshot import Resource
-from dlb.xds.testing import (RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node,
-                             route_config, sotw_request)
+from dlb.xds.testing import RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node, route_config, sotw_request
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
 CUSTOM = "type.googleapis.com/google.protobuf.Struct"
@@ -587,7 +587,7 @@ def test_second_server_on_the_same_address_fails():
         async with xds() as env:
             other = XdsServer(SnapshotCache())
             try:
-                with pytest.raises(Exception):
+                with pytest.raises(BindError, match=str(env.server.port)):
                     await other.start(f"127.0.0.1:{env.server.port}")
             finally:
                 await other.stop(None)

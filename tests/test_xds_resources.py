@@ -6,16 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import json_format
-
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import json_format
 
-from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.config import load_config
-from dlb.proto import resources_pb2
 from dlb.config import resources as dr
 from dlb.control_plane import envoy_resources as er
+from dlb.envoy import bootstrap as envoy_bootstrap
+from dlb.proto import resources_pb2
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "envoy_configs" / "dlb.example.yaml"
 

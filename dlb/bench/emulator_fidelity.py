@@ -23,8 +23,8 @@ import aiohttp
 
 from dlb.emulator.engine import Arrival, Engine, simulate
 from dlb.emulator.openai import CHARS_PER_TOKEN
-from dlb.testbed.emulator import EmulatorProcess
 from dlb.emulator.profile import load_profile
+from dlb.testbed.emulator import EmulatorProcess
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import yaml
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
+from dlb.control_plane.service import ControlPlane
+from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess
 from dlb.procutil import free_port
-from dlb.envoy.ads_bootstrap import ads_bootstrap
-from dlb.control_plane.service import ControlPlane
 
 
 def _config(path: str, n_cells: int) -> None:

@@ -30,7 +30,7 @@ def build_request(host: str, port: int, path: str, body: bytes = b"{}", extra: d
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("transport", "buf", "pending", "closed")
+    __slots__ = ("buf", "closed", "pending", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -38,10 +38,10 @@ class _Conn(asyncio.Protocol):
         self.pending: deque[asyncio.Future[int]] = deque()
         self.closed = False
 
-    def connection_made(self, transport) -> None:  # noqa: D102
+    def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:  # noqa: D102
+    def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
         while True:
@@ -65,7 +65,7 @@ class _Conn(asyncio.Protocol):
                 if not fut.done():
                     fut.set_result(status)
 
-    def connection_lost(self, exc) -> None:  # noqa: D102
+    def connection_lost(self, exc) -> None:
         self.closed = True
         while self.pending:
             fut = self.pending.popleft()

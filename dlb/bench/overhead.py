@@ -34,12 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
+from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
-from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
-from dlb.testbed.process import ServiceProcess, free_port
-from dlb.bench.wrk import run_wrk, wrk_binary
+from dlb.errors import DlbError
 from dlb.log import get_logger
+from dlb.testbed.process import ServiceProcess, free_port
 
 log = get_logger("dlb.bench.overhead")
 
@@ -178,8 +179,8 @@ def _pool(parts: list[tuple[LoadResult, dict[str, float]]]) -> tuple[LoadResult,
     for res, c in parts:
         for k, v in res.statuses.items():
             statuses[k] = statuses.get(k, 0) + v
-        for k, v in c.items():
-            cpu[k] = cpu.get(k, 0.0) + v
+        for name, secs in c.items():
+            cpu[name] = cpu.get(name, 0.0) + secs
     res = LoadResult(np.concatenate([r.latencies_s for r, _ in parts]), sum(r.errors for r, _ in parts),
                      sum(r.duration_s for r, _ in parts), statuses, sum(r.dropped for r, _ in parts))
     return res, cpu
@@ -190,7 +191,7 @@ def resolve_loadgen(choice: str) -> str:
     if choice == "auto":
         return "wrk" if wrk_binary() else "python"
     if choice == "wrk" and not wrk_binary():
-        raise SystemExit("dlb bench overhead: --loadgen wrk but wrk is not installed (apt-get install wrk, or set DLB_WRK)")
+        raise DlbError("dlb bench overhead: --loadgen wrk but wrk is not installed (apt-get install wrk, or set DLB_WRK)")
     return choice
 
 
@@ -248,7 +249,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             if strip:
                 _strip_ext_proc(b)
             _point_cluster(b, "cell-x", up_port)
-            return p, envoy(b, name, a).proc.pid
+            return p, envoy(b, name, a).pid
 
         if "plain" in configs:
             p, pid = root_to_upstream("plain", strip=True)
@@ -262,8 +263,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             la = free_port()
             lb = leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, access_log=True)
             leaf_env = envoy(lb, "leaf", la)
-            targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).proc.pid, "root_ext_proc": root_svc.pid,
-                                        "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
+            targets["root+leaf"] = (p, {"root_envoy": envoy(b, "root-leaf", a).pid, "root_ext_proc": root_svc.pid,
+                                        "leaf_envoy": leaf_env.pid, "leaf_agent": leaf_svc.pid})
         for bare_name, transport in ((BARE_CONFIG, "grpc"), (BARE_H2_CONFIG, "h2")):
             if bare_name not in configs:
                 continue
@@ -296,8 +297,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             _point_cluster(b, "cell-x", leaf_port)
             leaf_env = envoy(leaf_bootstrap(cfg_lr, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port), access_log=True),
                              "leaf-lr", la)
-            targets[LR_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-lr", a).proc.pid, "root_ext_proc": root_svc.pid,
-                                      "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
+            targets[LR_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-lr", a).pid, "root_ext_proc": root_svc.pid,
+                                      "leaf_envoy": leaf_env.pid, "leaf_agent": leaf_svc.pid})
         if RESP_CONFIG in configs:
             p, a = free_port(), free_port()
             leaf_port = free_port()
@@ -307,8 +308,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             lb = leaf_bootstrap(cfg, "x", admin_port=la, emulate_wan=False, listen=_hp(leaf_port), access_log=True)
             _leaf_response_processing(lb)
             leaf_env = envoy(lb, "leaf-resp", la)
-            targets[RESP_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-resp", a).proc.pid, "root_ext_proc": root_svc.pid,
-                                         "leaf_envoy": leaf_env.proc.pid, "leaf_agent": leaf_svc.pid})
+            targets[RESP_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-resp", a).pid, "root_ext_proc": root_svc.pid,
+                                         "leaf_envoy": leaf_env.pid, "leaf_agent": leaf_svc.pid})
 
         async def main() -> None:
             await asyncio.sleep(1.0)  # probes warm up: the root needs fresh state for its cell

@@ -44,6 +44,7 @@ from dlb.config.model import (
     Server,
     Services,
 )
+from dlb.errors import DlbError
 
 CELL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -70,7 +71,7 @@ class Problem:
         return f"{where}: {self.path or '(document)'}: {self.reason}"
 
 
-class ConfigError(ValueError):
+class ConfigError(DlbError, ValueError):
     """An invalid config; ``problems`` lists every problem found (services refuse to start on it)."""
 
     def __init__(self, problems: Iterable[Problem]):
@@ -187,7 +188,7 @@ class _Checker:
         m: dict[str, Any],
         key: str,
         path: str,
-        default: float,
+        default: float | None,
         *,
         gt: float | None = None,
         ge: float | None = None,
@@ -326,9 +327,8 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
             sp = f"{p}.servers[{k}]"
-            if isinstance(s, str):  # shorthand: a bare "host:port"
-                s = {"address": s}
-            sm = ck.mapping(s, sp, ("address", "weight"), required=("address",))
+            # shorthand: a bare "host:port"
+            sm = ck.mapping({"address": s} if isinstance(s, str) else s, sp, ("address", "weight"), required=("address",))
             addr = ck.hostport(sm, "address", sp, None)
             weight = ck.number(sm, "weight", sp, 1, ge=1, le=1_000_000, integer=True)
             servers.append(Server(addr or HostPort("invalid", 1), weight))
@@ -482,7 +482,7 @@ def _prior(ck: _Checker, raw: Any, path: str) -> LatencyPrior:
         c=ck.number(m, "c", path, d.c, ge=0),
         s=ck.number(m, "s", path, d.s, gt=0),
     )
-    # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (DESIGN.md, latency model).
+    # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (docs/design.md §3, latency model).
     if prior.c >= prior.a_s / prior.b_s:
         ck.err(f"{path}.c", f"knee c={_fmt(prior.c)} must be below a_s/b_s={_fmt(prior.a_s / prior.b_s)} (else throughput falls as load grows)")
     return prior

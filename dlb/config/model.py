@@ -135,7 +135,7 @@ class Policy:
     aversion: AversionParams = field(default_factory=AversionParams)
     affinity: AffinityParams = field(default_factory=AffinityParams)
 
-    def to_core(self, probe: "ProbeParams") -> PolicyConfig:
+    def to_core(self, probe: ProbeParams) -> PolicyConfig:
         """The routing core's policy object (seconds, its own field names) for this endpoint."""
         return PolicyConfig(
             mechanism=self.mechanism,

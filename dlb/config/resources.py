@@ -27,7 +27,9 @@ from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
 from dlb.core.topology import Topology
-from dlb.proto import probe_pb2, resources_pb2 as pb
+from dlb.errors import DlbError
+from dlb.proto import probe_pb2
+from dlb.proto import resources_pb2 as pb
 from dlb.xds import types
 
 ROUTING_POLICY = types.type_url_of("dlb.v1.RoutingPolicy")
@@ -41,7 +43,7 @@ _MECH = {Mechanism.DISCRETE: pb.RoutingPolicy.DISCRETE, Mechanism.FLOW: pb.Routi
 _COST = {Cost.RIF: pb.RoutingPolicy.RIF, Cost.LATENCY: pb.RoutingPolicy.LATENCY, Cost.GRADIENT: pb.RoutingPolicy.GRADIENT}
 
 
-class ResourceError(ValueError):
+class ResourceError(DlbError, ValueError):
     """A DLB resource that must be rejected (NACKed)."""
 
 
@@ -93,7 +95,7 @@ def cell_aversion(cell: str, error_rate: float, aversion_rate: float) -> pb.Cell
 
 
 def flow_weights(endpoint: str, source: str, names: tuple[str, ...], x: np.ndarray) -> pb.FlowWeights:
-    return pb.FlowWeights(endpoint=endpoint, source_cell=source, weights={n: float(v) for n, v in zip(names, x) if v > 0})
+    return pb.FlowWeights(endpoint=endpoint, source_cell=source, weights={n: float(v) for n, v in zip(names, x, strict=True) if v > 0})
 
 
 def flow_weights_name(endpoint: str, source: str) -> str:

@@ -7,7 +7,6 @@ import asyncio
 import signal
 import sys
 
-
 from dlb.config import ConfigError, load_config
 from dlb.log import get_logger
 
@@ -51,12 +50,12 @@ async def _serve(config, args: argparse.Namespace) -> int:
         try:
             cp.reload(load_config(args.config))
         except ConfigError as e:
-            log.error("config reload refused; keeping the running config", problems=[str(p) for p in e.problems])
+            log.error("config_reload_refused", problems=[str(p) for p in e.problems])  # the running config stays
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("control plane stopping")
+    log.info("control_plane_stopping")
     await cp.stop()
     return 0

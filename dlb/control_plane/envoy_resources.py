@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from google.protobuf import json_format
-from google.protobuf.message import Message
 
 # Registered so json_format can resolve the typed_config "@type"s of the bootstraps.
 from envoy.config.bootstrap.v3 import bootstrap_pb2
@@ -42,12 +40,14 @@ from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401  (the leaf's retry host predicate)
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from google.protobuf import json_format
+from google.protobuf.message import Message
 
-from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.config.model import Config
 from dlb.core.router import Mechanism
-from dlb.xds import types
+from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.envoy.weights import round_weights
+from dlb.xds import types
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -81,8 +81,8 @@ def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
     json_format.ParseDict(dict(bootstrap.get("static_resources", {})), static)
     clusters: list[cluster_pb2.Cluster] = []
     endpoints: list[endpoint_pb2.ClusterLoadAssignment] = []
-    for c in static.clusters:
-        c = cluster_pb2.Cluster.FromString(c.SerializeToString())
+    for static_cluster in static.clusters:
+        c = cluster_pb2.Cluster.FromString(static_cluster.SerializeToString())
         if c.type == cluster_pb2.Cluster.STATIC and c.HasField("load_assignment"):
             cla = endpoint_pb2.ClusterLoadAssignment()
             cla.CopyFrom(c.load_assignment)
@@ -94,8 +94,8 @@ def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
         clusters.append(c)
     listeners: list[listener_pb2.Listener] = []
     routes: list[route_pb2.RouteConfiguration] = []
-    for lis in static.listeners:
-        lis = listener_pb2.Listener.FromString(lis.SerializeToString())
+    for static_listener in static.listeners:
+        lis = listener_pb2.Listener.FromString(static_listener.SerializeToString())
         for chain in lis.filter_chains:
             for f in chain.filters:
                 if f.name != HCM_FILTER or f.typed_config.type_url != HCM_TYPE:

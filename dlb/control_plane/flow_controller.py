@@ -1,6 +1,6 @@
 """The control plane's central loops, pure: flow weights per (endpoint, source cell) and fleet state.
 
-For endpoints routed natively by Envoy (flow mechanism, DESIGN.md section 2) no root service runs
+For endpoints routed natively by Envoy (flow mechanism, docs/design.md §2) no root service runs
 the flow update, so the control plane does: one :class:`RootRouter` per (flow endpoint, source
 cell) — the same object a root service would run — fed with the control plane's own probes of every
 leaf, ticked every period; its ``x`` becomes that source's RDS ``weighted_clusters``.

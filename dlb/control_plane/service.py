@@ -29,7 +29,9 @@ import numpy as np
 from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 
+from dlb.config import resources as dr
 from dlb.config.model import Config
+from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
@@ -37,8 +39,6 @@ from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
-from dlb.config import resources as dr
-from dlb.control_plane import envoy_resources as er
 from dlb.xds.cache import SnapshotCache
 from dlb.xds.server import XdsServer
 from dlb.xds.snapshot import Resource, Snapshot
@@ -119,7 +119,7 @@ class ControlPlane:
 
     def reload(self, config: Config) -> None:
         """Swap in a new (already validated) config; snapshots follow, unchanged resources keep versions."""
-        log.info("config reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
+        log.info("config_reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
         restart_probes = self._probes is not None
         self._load(config)
         if restart_probes:
@@ -143,7 +143,7 @@ class ControlPlane:
         names = self.config.cell_names
         aversion = self.flow.aversion if self.flow is not None else np.zeros(len(names))
         for i, name in enumerate(names):
-            model, conf, samples = self.models.get(name, (self.prior, 0.0, 0))
+            model, conf, _samples = self.models.get(name, (self.prior, 0.0, 0))
             q = LatencyParams(_q(model.a), _q(model.b), _q(model.c), _q(model.s))
             msg = dr.cell_latency_model(name, q, self.prior, round(conf, 2), 0, 0)
             out.append(Resource.from_message(msg, name=name, type_url=dr.CELL_LATENCY_MODEL))
@@ -208,7 +208,7 @@ class ControlPlane:
         try:
             p = dr.model_from_pb(resp.model, f"probe of {cell}")
         except dr.ResourceError as e:
-            log.warning("bad model in probe", cell=cell, error=str(e))
+            log.warning("probe_model_invalid", cell=cell, error=str(e))
             return None
         self.models[cell] = (p, resp.model.confidence, resp.model.samples)
         return p
@@ -239,7 +239,7 @@ class ControlPlane:
                     self.flow.step(self.clock())
                 self.rebuild()
             except Exception:  # a bad step must not stop the control plane; the last snapshots stay
-                log.exception("flow step failed")
+                log.exception("flow_step_failed")
 
     async def _fleet(self, _req: web.Request) -> web.Response:
         out: dict = {"cells": {}, "flow_weights": {}}
@@ -255,7 +255,7 @@ class ControlPlane:
             }
         if self.flow is not None:
             for ep, per_src in self.flow.weights().items():
-                out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x)))
+                out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x), strict=True))
                                            for s, x in per_src.items()}
             out["throughput_rps"] = self.flow.throughput
         return web.json_response(out)
@@ -271,7 +271,7 @@ class ControlPlane:
             self._start_probes()
         if self.flow_loop_enabled:
             self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
-        log.info("control plane started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
+        log.info("control_plane_started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
                  flow_endpoints=[ep.name for ep in (self.flow.endpoints if self.flow else [])])
         return xds_port, status_port
 

@@ -27,7 +27,7 @@ class AffinityConfig:
 class AffinityCache:
     """Bounded LRU with TTL, keyed by session id (string or hash)."""
 
-    __slots__ = ("ttl", "max_sessions", "_map", "evictions")
+    __slots__ = ("_map", "evictions", "max_sessions", "ttl")
 
     def __init__(self, max_sessions: int, ttl_s: float) -> None:
         self.ttl = ttl_s

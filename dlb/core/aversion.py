@@ -1,4 +1,4 @@
-"""Error aversion (paper 3.4; DESIGN.md section 3, reconstructed).
+"""Error aversion (paper 3.4; docs/design.md §3, reconstructed).
 
 Leaves report an EMA error fraction ``e_j``. Each root keeps an aversion rate ``a_j ∈ [0, a_max]``:
 every period, cells worse than the best by more than ``margin`` have ``a_j`` raised in proportion to

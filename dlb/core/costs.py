@@ -32,11 +32,11 @@ class ModelTable:
     s: np.ndarray
 
     @classmethod
-    def from_params(cls, params: Sequence[LatencyParams]) -> "ModelTable":
+    def from_params(cls, params: Sequence[LatencyParams]) -> ModelTable:
         m = np.array([p.as_array() for p in params], dtype=float).reshape(-1, 4)
         return cls(m[:, 0].copy(), m[:, 1].copy(), m[:, 2].copy(), m[:, 3].copy())
 
-    def with_row(self, j: int, p: LatencyParams) -> "ModelTable":
+    def with_row(self, j: int, p: LatencyParams) -> ModelTable:
         """A copy with cell j's parameters replaced (model updates arrive one cell at a time)."""
         a, b, c, s = self.a.copy(), self.b.copy(), self.c.copy(), self.s.copy()
         a[j], b[j], c[j], s[j] = p.a, p.b, p.c, p.s
@@ -70,24 +70,3 @@ def cost_vector(
     if cost is Cost.GRADIENT:
         return inv_marginal_rate(workload, models.a, models.b, models.c, models.s) + rtt
     raise ValueError(f"unknown cost {cost!r}")
-
-
-def cost_derivative_scale(
-    cost: Cost,
-    workload: np.ndarray,
-    replicas: np.ndarray,
-    models: ModelTable | None,
-) -> np.ndarray:
-    """∂c_j/∂N_j per destination (numerical for the gradient cost): the ``ĥ`` of the flow step size.
-
-    The flow step converts a cost difference (seconds, or RIF per replica) into a probability change;
-    dividing by this scale makes the step dimensionless and comparable across endpoints.
-    """
-    if cost is Cost.RIF:
-        return 1.0 / replicas
-    assert models is not None
-    h = np.maximum(1e-3, 1e-3 * workload)
-    zero = np.zeros_like(workload)
-    up = cost_vector(cost, workload + h, replicas, models, zero)
-    down = cost_vector(cost, np.maximum(workload - h, 0.0), replicas, models, zero)
-    return (up - down) / (workload + h - np.maximum(workload - h, 0.0))

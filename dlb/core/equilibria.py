@@ -147,7 +147,8 @@ def _cell_marginal(objective: Objective, n: np.ndarray, net: FluidNetwork) -> np
 
 # -- the solver ----------------------------------------------------------------------------------------
 def _arcs(net: FluidNetwork) -> tuple[np.ndarray, np.ndarray]:
-    return np.nonzero(net.allowed)
+    rows, cols = np.nonzero(net.allowed)
+    return rows, cols
 
 
 def _network_terms(objective: Objective, net: FluidNetwork) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Flow routing: projected gradient descent on the allowed simplex (DESIGN.md section 3).
+"""Flow routing: projected gradient descent on the allowed simplex (docs/design.md §3).
 
 Every Δ seconds a root in cell i moves its routing vector against the observed costs,
 ``x_i ← Proj_{Δ_i}(x_i − η_i·Δ·c_i)``, and samples each request's cell from ``x_i``.
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlb.core.latency_model import Num
 from dlb.core.projection import project_simplex
 
 
@@ -62,7 +63,7 @@ class FlowConfig:
             raise ValueError(f"flow saturation must be in (0, 1): {self.saturation}")
 
 
-def saturation_workload(a, b, c, s, rho: float) -> np.ndarray:
+def saturation_workload(a: Num, b: Num, c: Num, s: Num, rho: float) -> np.ndarray:
     """The workload at which a cell runs at utilisation ``rho`` (μ(N) = rho/b), from the linear branch.
 
     Past the knee ℓ(N) ≈ a + b(N − c), so μ(N) = rho/b gives ``N = rho(a − bc)/(b(1 − rho))``; floored

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: A scalar parameter or one per cell (the model is evaluated for every cell at once).
+Num = np.ndarray | float
+
 #: Floor for the denominator ℓ − Nℓ' of 1/μ': the exact value is > 0 under ``c < a/b`` but can
 #: approach 0 for fitted parameters near the boundary, where 1/μ' would explode.
 GRAD_EPS = 1e-6
@@ -38,7 +41,7 @@ class LatencyParams:
         return np.array([self.a, self.b, self.c, self.s])
 
     @classmethod
-    def from_array(cls, v: np.ndarray) -> "LatencyParams":
+    def from_array(cls, v: np.ndarray) -> LatencyParams:
         return cls(float(v[0]), float(v[1]), float(v[2]), float(v[3]))
 
     @property
@@ -62,30 +65,30 @@ def sigmoid(x: np.ndarray | float) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
-def latency(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+def latency(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray:
     """ℓ(N)."""
     return a + b * s * softplus((np.asarray(n, float) - c) / s)
 
 
-def d_latency(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+def d_latency(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray:
     """ℓ'(N) = b·σ((N − c)/s)."""
     return b * sigmoid((np.asarray(n, float) - c) / s)
 
 
-def service_rate(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+def service_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray:
     """μ(N) = N / ℓ(N) (Little's law applied to the instantaneous state)."""
     n = np.asarray(n, float)
     return n / latency(n, a, b, c, s)
 
 
-def d_service_rate(n: np.ndarray | float, a, b, c, s) -> np.ndarray:
+def d_service_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray:
     """μ'(N) = (ℓ − Nℓ') / ℓ²."""
     n = np.asarray(n, float)
     ell = latency(n, a, b, c, s)
     return (ell - n * d_latency(n, a, b, c, s)) / (ell * ell)
 
 
-def inv_marginal_rate(n: np.ndarray | float, a, b, c, s, eps: float = GRAD_EPS) -> np.ndarray:
+def inv_marginal_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num, eps: float = GRAD_EPS) -> np.ndarray:
     """1/μ'(N) = ℓ² / (ℓ − Nℓ'), with the denominator clipped at ``eps`` seconds."""
     n = np.asarray(n, float)
     ell = latency(n, a, b, c, s)

@@ -20,12 +20,13 @@ def project_simplex(v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray
     """
     v = np.asarray(v, dtype=float)
     out = np.zeros_like(v)
+    idx: slice | np.ndarray
     if mask is None:
         idx = slice(None)
         w = v
     else:
-        idx = np.flatnonzero(mask)
-        if idx.size == 0:
+        idx = arcs = np.flatnonzero(mask)
+        if arcs.size == 0:
             raise ValueError("cannot project onto an empty simplex (no allowed arc)")
         w = v[idx]
     if not np.all(np.isfinite(w)):

@@ -21,6 +21,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -32,6 +33,30 @@ from dlb.core.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service
 from dlb.core.topology import Topology
 
 NO_CELL = -1
+
+
+class Router(Protocol):
+    """What every root policy offers, declared where it is used (the simulator, the theory model and
+    the root service drive :class:`RootRouter`, :class:`~dlb.core.baselines.WeightedRouter` and the
+    simulator's Rand through exactly this). Time is always passed in; none of them reads a clock."""
+
+    def pick(self, now: float, session: str | None = None) -> int:
+        """The destination cell for one request arriving at ``now`` (``session``: affinity key)."""
+        ...
+
+    def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None, error_rate: float = 0.0,
+                 confidence: float = 1.0, replicas: float | None = None) -> None:
+        """A probe answer from ``cell``'s leaf, received at ``now``."""
+        ...
+
+    def tick(self, now: float) -> None:
+        """Periodic control (flow step, aversion update); cheap when nothing is due."""
+        ...
+
+
+#: The policy names of the paper, one per (mechanism, cost). :attr:`PolicyConfig.name` and
+#: :meth:`PolicyConfig.from_name` both read this table.
+POLICY_NAMES: dict[tuple[Mechanism, Cost], str] = {}
 
 
 class Mechanism(str, enum.Enum):
@@ -55,7 +80,19 @@ class PolicyConfig:
 
     @property
     def name(self) -> str:
-        return f"{'Disc' if self.mechanism is Mechanism.DISCRETE else 'Flow'}-{ {'rif': 'RIF', 'latency': 'Lat', 'gradient': 'Grad'}[self.cost.value]}"
+        return POLICY_NAMES[(self.mechanism, self.cost)]
+
+    @staticmethod
+    def from_name(name: str) -> PolicyConfig:
+        """The policy called ``name`` (``Flow-Grad``, ...) with the core's defaults otherwise."""
+        for (mechanism, cost), known in POLICY_NAMES.items():
+            if known == name:
+                return PolicyConfig(mechanism=mechanism, cost=cost)
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES.values())}")
+
+
+POLICY_NAMES.update({(m, c): f"{mn}-{cn}" for m, mn in ((Mechanism.DISCRETE, "Disc"), (Mechanism.FLOW, "Flow"))
+                     for c, cn in ((Cost.RIF, "RIF"), (Cost.LATENCY, "Lat"), (Cost.GRADIENT, "Grad"))})
 
 
 @dataclass
@@ -70,7 +107,7 @@ class CellView:
     available: np.ndarray
 
     @classmethod
-    def empty(cls, n: int) -> "CellView":
+    def empty(cls, n: int) -> CellView:
         return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool))
 
 
@@ -116,7 +153,7 @@ class RootRouter:
         self._last_flow = -math.inf
         self._last_aversion = -math.inf
         self._last_tick = math.nan
-        self._arrivals = 0
+        self._arrivals = 0.0
         self.rate = 0.0
         self.affinity = AffinityCache(policy.affinity.max_sessions, policy.affinity.ttl_s) if policy.affinity.enabled else None
 

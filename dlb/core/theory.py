@@ -40,18 +40,18 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from dlb.core.costs import Cost, cost_vector
+from dlb.core.costs import cost_vector
 from dlb.core.equilibria import Equilibrium, FluidNetwork, Objective, balanced_routing, solve
 from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 
-#: The policies the check runs, and the equilibrium each should reach.
-POLICIES: dict[str, tuple[Mechanism, Cost, Objective]] = {
-    "Flow-Grad": (Mechanism.FLOW, Cost.GRADIENT, Objective.OPTIMUM),
-    "Flow-Lat": (Mechanism.FLOW, Cost.LATENCY, Objective.WARDROP),
-    "Disc-RIF": (Mechanism.DISCRETE, Cost.RIF, Objective.RIF),
+#: The policies the check runs (names from dlb.core.router.POLICY_NAMES), and the equilibrium each should reach.
+POLICIES: dict[str, Objective] = {
+    "Flow-Grad": Objective.OPTIMUM,
+    "Flow-Lat": Objective.WARDROP,
+    "Disc-RIF": Objective.RIF,
 }
 
 #: Default integration step: binary-exact, so the routers' period checks see exact time differences.
@@ -140,7 +140,8 @@ def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Tr
     the routers' ``view.rif`` / ``view.sent`` (numpy views, written in place by ``on_probe``), so one
     :func:`cost_vector` call evaluates :meth:`RootRouter.costs` for every root at once.
     """
-    mechanism, cost, _ = POLICIES[policy]
+    named = PolicyConfig.from_name(policy)
+    mechanism, cost = named.mechanism, named.cost
     dt = cfg.dt_s
     n = net.n
     topo = Topology.build(tuple(f"c{j}" for j in range(n)), net.replicas, net.tau, net.allowed)
@@ -263,10 +264,10 @@ def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = N
     window = avg_window_s if avg_window_s is not None else max(10.0, 0.1 * cfg.horizon_s)
     out = []
     for net in nets:
-        eqs = {obj: solve(obj, net) for obj in {POLICIES[p][2] for p in policies} | {Objective.OPTIMUM}}
+        eqs = {obj: solve(obj, net) for obj in {POLICIES[p] for p in policies} | {Objective.OPTIMUM}}
         for p in policies:
             traj = simulate(net, p, cfg)
-            out.append(compare(net, p, traj, eqs[POLICIES[p][2]], eqs[Objective.OPTIMUM], window))
+            out.append(compare(net, p, traj, eqs[POLICIES[p]], eqs[Objective.OPTIMUM], window))
     return out
 
 
@@ -313,7 +314,7 @@ def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "theory",
         help="fluid-model check: routers vs independently solved equilibria",

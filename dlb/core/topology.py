@@ -41,9 +41,9 @@ class Topology:
         if empty:
             raise ValueError(f"cells with no allowed destination: {empty}")
         for name, arr in (("replicas", replicas), ("tau", tau), ("allowed", allowed)):
-            arr = arr.copy()
-            arr.flags.writeable = False
-            object.__setattr__(self, name, arr)
+            frozen = arr.copy()
+            frozen.flags.writeable = False
+            object.__setattr__(self, name, frozen)
         object.__setattr__(self, "names", tuple(self.names))
 
     @property
@@ -65,10 +65,10 @@ class Topology:
     def build(
         cls,
         names: Sequence[str],
-        replicas: Sequence[float],
+        replicas: Sequence[float] | np.ndarray,
         tau: Sequence[Sequence[float]] | np.ndarray,
         allowed: Sequence[Sequence[bool]] | np.ndarray | None = None,
-    ) -> "Topology":
+    ) -> Topology:
         """Convenience constructor; ``allowed`` defaults to the complete graph."""
         n = len(names)
         allowed_arr = np.ones((n, n), dtype=bool) if allowed is None else np.asarray(allowed, dtype=bool)

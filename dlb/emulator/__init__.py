@@ -17,15 +17,15 @@ from dlb.emulator.profile import BUILTIN_PROFILES, Profile, load_profile
 from dlb.emulator.server import SERVER_HEADER, EmulatorConfig, EmulatorServer, ThreadedEmulator
 
 __all__ = [
-    "Arrival",
     "BUILTIN_PROFILES",
+    "SERVER_HEADER",
+    "Arrival",
     "EmulatorConfig",
     "EmulatorServer",
     "Engine",
     "EngineRequest",
     "Faults",
     "Profile",
-    "SERVER_HEADER",
     "ThreadedEmulator",
     "load_profile",
     "simulate",

@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
             server.config.server_id = f"emulator-{server.port}"
         if args.port_file:
             tmp = Path(f"{args.port_file}.tmp{os.getpid()}")
-            tmp.write_text(f"{server.port}\n")
-            tmp.replace(args.port_file)  # atomic: a reader never sees a half-written port
+            tmp.write_text(f"{server.port}\n")  # noqa: ASYNC240 - once, at start-up
+            tmp.replace(args.port_file)  # noqa: ASYNC240 - atomic: a reader never sees a half-written port
         try:
             await stop.wait()
         finally:

@@ -298,12 +298,12 @@ def simulate(engine: Engine, arrivals: list[Arrival]) -> list[SimResult]:
         engine.complete(plan, now)
     out = []
     for i, a in enumerate(arrivals):
-        r = reqs[i]
+        done = reqs[i]
         out.append(
             SimResult(
                 arrival=a.time,
-                first_token_at=r.first_token_at if r else None,
-                finished_at=r.finished_at if r else None,
+                first_token_at=done.first_token_at if done else None,
+                finished_at=done.finished_at if done else None,
                 rejected=rejected[i],
             )
         )

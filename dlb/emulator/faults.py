@@ -12,8 +12,10 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from dlb.errors import DlbError
 
-class FaultError(ValueError):
+
+class FaultError(DlbError, ValueError):
     """Invalid fault settings; the message names the field."""
 
 

@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dlb.errors import DlbError
+
 CHARS_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4  # role/turn markers a chat template adds (Llama-3 uses ~4-5)
 
@@ -26,7 +28,7 @@ _VOCAB = (" the", " and", " for", " you", " are", " not", " but", " can",
 Kind = Literal["completion", "chat"]
 
 
-class ApiError(Exception):
+class ApiError(DlbError):
     """An error the server answers with an OpenAI-style JSON body."""
 
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error", param: str | None = None,

@@ -28,10 +28,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dlb.errors import DlbError
+
 STEP_TIMES_RESOURCE = "h200-llama-step-times.json"
 
 
-class ProfileError(ValueError):
+class ProfileError(DlbError, ValueError):
     """A profile or step-time file is malformed; the message names the file and field."""
 
 
@@ -100,7 +102,7 @@ def _linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     return slope, my - slope * mx
 
 

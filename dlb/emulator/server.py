@@ -388,7 +388,7 @@ class EmulatorServer:
                 events = [await live.stream.get()]
                 while not live.stream.empty():
                     events.append(live.stream.get_nowait())
-                out = []
+                out: list[bytes] = []
                 for ev in events:
                     if ev is None:  # server stopping: end the stream without [DONE], as a dying server would
                         if out:

@@ -17,14 +17,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlb.errors import DlbError
 from dlb.procutil import log_tail, stop_process
 
 
-class EnvoyNotFound(RuntimeError):
+class EnvoyNotFound(DlbError, RuntimeError):
     pass
 
 
@@ -52,6 +54,7 @@ def validate(config_path: str | os.PathLike[str], timeout: float = 60.0) -> subp
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,  # the caller reads returncode and stderr
     )
 
 
@@ -74,7 +77,14 @@ class EnvoyProcess:
     #: Keep the log file after :meth:`stop` (for post-mortems); by default nothing is left behind.
     keep_log: bool = False
 
-    def start(self, ready_timeout: float = 30.0) -> "EnvoyProcess":
+    @property
+    def pid(self) -> int:
+        """The running Envoy's process id (after :meth:`start`)."""
+        if self.proc is None:
+            raise RuntimeError("envoy not started")
+        return self.proc.pid
+
+    def start(self, ready_timeout: float = 30.0) -> EnvoyProcess:
         self._drop_log()  # a restart starts a fresh log
         fd, self.log_path = tempfile.mkstemp(prefix="dlb-envoy-", suffix=".log")
         os.close(fd)
@@ -112,7 +122,7 @@ class EnvoyProcess:
 
     def stats(self, filter_regex: str = "") -> dict[str, str]:
         """Admin ``/stats`` as a dict (counters and gauges; histograms keep their text)."""
-        text = self.admin_get(f"/stats?filter={urllib.request.quote(filter_regex)}" if filter_regex else "/stats")
+        text = self.admin_get(f"/stats?filter={urllib.parse.quote(filter_regex)}" if filter_regex else "/stats")
         out: dict[str, str] = {}
         for line in text.splitlines():
             name, sep, value = line.partition(": ")
@@ -135,7 +145,7 @@ class EnvoyProcess:
                 os.unlink(self.log_path)
             self.log_path = ""
 
-    def __enter__(self) -> "EnvoyProcess":
+    def __enter__(self) -> EnvoyProcess:
         if self.proc is None:
             self.start()
         return self

@@ -443,7 +443,7 @@ def root_bootstrap(
     routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed)]
     route_config = {
         "name": "dlb_root",
-        # Stripped from client requests before any filter runs or any route is picked (DESIGN.md).
+        # Stripped from client requests before any filter runs or any route is picked (docs/design.md §2).
         "internal_only_headers": list(INTERNAL_HEADERS),
         # Our own cell, for the leaf's WAN emulation and accounting; added by Envoy itself so it is
         # there when the ext_proc is down too.

@@ -47,6 +47,7 @@ from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
 from dlb.core.server_pick import PrequalConfig
 from dlb.envoy import headers
+from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, serve_metrics
@@ -322,7 +323,7 @@ class LeafAgent:
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), min(1.0, 5 * period_s))
                 writer.close()
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 ok = False
             if ok:
                 if not self.envoy_ok:
@@ -395,7 +396,7 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
         writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
         body = await asyncio.wait_for(reader.read(-1), timeout_s)
-    except (OSError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, OSError, ValueError):
         return None, None, None
     finally:
         if writer is not None:
@@ -465,9 +466,12 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
     ports = []
     for addr in listen:
-        port = server.add_insecure_port(addr)
+        try:
+            port = server.add_insecure_port(addr)
+        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+            port = 0
         if port == 0:
-            raise SystemExit(f"dlb serve leaf: cannot listen on {addr}")
+            raise BindError(addr, "gRPC could not bind it (in use?)")
         ports.append(port)
     h2 = None
     if ext_proc_h2 is not None:

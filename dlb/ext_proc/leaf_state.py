@@ -83,7 +83,7 @@ class Completion:
 
 def is_error(status: int) -> bool:
     """5xx, 429 (queue full) and "no response at all" count against the cell."""
-    return status == 0 or status == 429 or status >= 500
+    return status in (0, 429) or status >= 500
 
 
 @dataclass

@@ -20,11 +20,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
+from dlb.config import resources as dr
 from dlb.envoy.bootstrap import LEAF_SERVERS_CLUSTER
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
 from dlb.proto import resources_pb2 as pb
-from dlb.config import resources as dr
 from dlb.xds import types
 from dlb.xds.client import ResourceValidationError, XdsClient
 
@@ -55,7 +55,7 @@ class LeafXdsSync:
         self.client.subscribe(types.ENDPOINT, endpoint_pb2.ClusterLoadAssignment, self._on_endpoints, names=[LEAF_SERVERS_CLUSTER])
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models, names=[cell])
 
-    async def start(self) -> "LeafXdsSync":
+    async def start(self) -> LeafXdsSync:
         await self.client.start()
         return self
 

@@ -45,7 +45,7 @@ class FastHistogram:
     def family(self, name: str, doc: str) -> HistogramMetricFamily:
         buckets = []
         acc = 0
-        for bound, count in zip(self.bounds, self.counts):
+        for bound, count in zip(self.bounds, self.counts, strict=False):  # counts has one more: the +Inf bucket
             acc += count
             buckets.append((repr(bound), acc))
         acc += self.counts[-1]
@@ -59,7 +59,7 @@ class CallbackCollector(Collector):
     def __init__(self, fn: Callable[[], Iterable]) -> None:
         self._fn = fn
 
-    def collect(self):  # noqa: D102 - prometheus_client interface
+    def collect(self):
         try:
             yield from self._fn()
         except Exception:  # a bug in a metric must not break the whole scrape

@@ -17,6 +17,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.transport.h2 import H2GrpcServer
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
@@ -129,22 +130,25 @@ class ExtProcServer:
         return self._h2.stats if self._h2 is not None else None
 
     async def bind(self, listen: str, reuse_port: bool = False) -> int:
-        """Listen on ``host:port`` (port 0 = any) and serve; returns the port. Exits with a clear message."""
+        """Listen on ``host:port`` (port 0 = any) and serve; returns the port. Raises :class:`BindError`."""
         host, _, port_s = listen.rpartition(":")
         try:
             port = int(port_s)
         except ValueError:
-            raise SystemExit(f"ext_proc listen address {listen!r}: the port is not a number") from None
+            raise BindError(listen, "the port is not a number") from None
         if self._h2 is not None:
             try:
                 return await self._h2.start(host.strip("[]") or "127.0.0.1", port, reuse_port=reuse_port)
             except OSError as exc:
-                raise SystemExit(f"cannot listen on {listen}: {exc.strerror}") from None
+                raise BindError(listen, exc.strerror or str(exc)) from None
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
         self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle), health_handler(self.health)))
-        bound = self._grpc.add_insecure_port(listen)
+        try:
+            bound = self._grpc.add_insecure_port(listen)
+        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+            bound = 0
         if bound == 0:
-            raise SystemExit(f"cannot listen on {listen}")
+            raise BindError(listen, "gRPC could not bind it (in use?)")
         await self._grpc.start()
         return bound
 
@@ -188,21 +192,20 @@ async def serve_until_signal(server: grpc.aio.Server | ExtProcServer, on_stop: C
     await server.stop(grace_s)
 
 
-def load_cell(config_path: str, cell_name: str) -> "tuple[Config, Cell]":
-    """The config and one of its cells for a service's command line; bad input exits with the reasons."""
-    import sys
+def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
+    """The config and one of its cells for a service's command line.
 
+    Raises :class:`~dlb.config.ConfigError` (every problem, with file:line) for bad input; the
+    command line (``dlb.cli.main``) prints it and exits.
+    """
     from dlb.config import ConfigError, load_config
+    from dlb.config.loader import Problem
 
     try:
         cfg = load_config(config_path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        raise SystemExit(1) from None
     except OSError as exc:
-        raise SystemExit(f"{config_path}: {exc.strerror}") from None
+        raise ConfigError([Problem(config_path, "", exc.strerror or str(exc))]) from None
     try:
         return cfg, cfg.cell(cell_name)
     except KeyError as exc:
-        raise SystemExit(str(exc.args[0])) from None
+        raise ConfigError([Problem(config_path, "cells", str(exc.args[0]))]) from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,14 +26,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dlb.config import Config
 from dlb.core.aversion import RecentErrors
 from dlb.core.latency_model import LatencyParams
-from dlb.config.model import CELL_CLUSTER_PREFIX
-from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
-from dlb.core.topology import Topology
-from dlb.envoy import headers
-from dlb.ext_proc.metrics import FastHistogram
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
-from dlb.ext_proc.transport.h2 import TransportStats
-from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 
@@ -109,11 +101,11 @@ class RootService:
     probe_client: ProbeClient | None = None
     #: Counters of the h2 transport (None on grpc.aio), exported at scrape time.
     transport_stats: TransportStats | None = None
-    clock: object = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @classmethod
-    def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> "RootService":
+    def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> RootService:
         specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core()) for e in cfg.endpoints]
         svc = cls(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         svc.configure(cfg.topology(), specs)
@@ -263,7 +255,7 @@ class RootService:
         usable = GaugeMetricFamily("dlb_root_cell_usable", "1 if the cell is usable now (allowed, fresh, available)", labels=["endpoint", "cell"])
         for e in self.endpoints:
             r = e.router
-        
+
             u = r.usable(now)
             for j, name in enumerate(names):
                 dec.add_metric([e.name, name], e.decisions[j])

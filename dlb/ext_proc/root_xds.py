@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from envoy.config.core.v3 import base_pb2
 from google.protobuf.message import Message
 
+from dlb.config import resources as dr
 from dlb.core.topology import Topology
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.root import EndpointSpec, RootService
 from dlb.log import get_logger
 from dlb.proto import resources_pb2 as pb
-from dlb.config import resources as dr
 from dlb.xds.client import ResourceValidationError, XdsClient
 
 log = get_logger("dlb.root.xds")
@@ -98,7 +98,7 @@ class RootXdsSync:
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models)
         self.client.subscribe(dr.FLOW_WEIGHTS, pb.FlowWeights, self._on_weights)
 
-    async def start(self) -> "RootXdsSync":
+    async def start(self) -> RootXdsSync:
         await self.client.start()
         return self
 
@@ -133,8 +133,8 @@ class RootXdsSync:
             except dr.ResourceError as e:
                 raise ResourceValidationError(str(e)) from e
             j = names.index(name)
-            for e in self.service.endpoints:
-                r = e.router
+            for ep in self.service.endpoints:
+                r = ep.router
                 if r.view.confidence[j] < msg.model.confidence:
                     r.set_model(j, p)
 

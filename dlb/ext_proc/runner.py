@@ -13,6 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from dlb.errors import StartupError
+
 
 def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
     """Start workers 1..n-1 with this process's arguments on the bound port; they die with us."""
@@ -32,7 +34,8 @@ def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
     base = _strip_args(sys.argv[1:], {"--listen", "--metrics", "--ready-file", "--worker-index"})
     out = []
     for k in range(1, workers):
-        ready = tempfile.NamedTemporaryFile(prefix="dlb-root-worker-", suffix=".json", delete=False).name
+        fd, ready = tempfile.mkstemp(prefix="dlb-root-worker-", suffix=".json")  # a unique name the worker creates
+        os.close(fd)
         os.unlink(ready)
         args = [*base, "--listen", listen, "--worker-index", str(k), "--ready-file", ready]
         if metrics:
@@ -40,7 +43,7 @@ def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
             args += ["--metrics", f"{host}:{int(mport) + 100 * k}" if int(mport) else metrics]
         else:
             args += ["--metrics", ""]
-        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))
+        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))  # noqa: PLW1509 - prctl only, before any thread starts
     return out
 
 
@@ -64,12 +67,12 @@ def wait_worker(child: tuple, timeout: float = 60.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"dlb serve root: worker exited with {proc.returncode}")
+            raise StartupError(f"dlb serve root: worker exited with {proc.returncode}")
         if os.path.exists(ready):
             os.unlink(ready)
             return proc.pid
         time.sleep(0.05)
-    raise SystemExit("dlb serve root: a worker did not become ready")
+    raise StartupError("dlb serve root: a worker did not become ready")
 
 
 def write_ready(path: str, data: dict) -> None:

@@ -20,9 +20,8 @@ PROTOS = sorted(PROTO_DIR.glob("*.proto"))
 
 def generate(out_dir: Path) -> list[Path]:
     """Run protoc into ``out_dir`` (mirrors the package layout); return the generated files."""
-    from grpc_tools import protoc  # test extra: only needed by developers, not at runtime
-
     import grpc_tools
+    from grpc_tools import protoc  # test extra: only needed by developers, not at runtime
 
     include = str(Path(grpc_tools.__file__).resolve().parent / "_proto")
     args = ["protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}"]

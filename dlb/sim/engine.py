@@ -43,9 +43,11 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
+from dlb.core.baselines import WeightedRouter
 from dlb.core.background import (
     BackgroundProbeConfig,
     BackgroundProber,
@@ -142,6 +144,7 @@ def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray,
         t = np.sort(rng.uniform(0.0, T, k))
         rate = lam * (1.0 + sc.mod_amp * np.sin(2 * math.pi * t / sc.mod_period_s[i] + sc.mod_phase[i]))
         if extra > 0:
+            assert d is not None  # extra > 0 only with a burst disruption
             rate = rate + np.where((t >= d.start_s) & (t < d.end_s), extra, 0.0)
         keep = rng.random(k) * lam_max < rate
         times.append(t[keep])
@@ -184,7 +187,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     pick_fns = [r.pick for r in roots]
     # MNLB estimates capacities from the published latency models, so it needs them fitted too.
     fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB"
-    mnlb = MnlbController(topo, roots, period_s=cfg.mnlb_period_s) if policy in ("MNLB", "MNLB-oracle") else None
+    # MNLB's roots are WeightedRouters (REGISTRY["MNLB"], REGISTRY["MNLB-oracle"]).
+    mnlb = (MnlbController(topo, cast("list[WeightedRouter]", roots), period_s=cfg.mnlb_period_s)
+            if policy in ("MNLB", "MNLB-oracle") else None)
     oracle = policy == "MNLB-oracle"
     server_rate = sc.server_rate()
 
@@ -432,6 +437,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _MNLB:
                 lam_hat = np.asarray(arrivals_since, float) / cfg.mnlb_period_s
                 arrivals_since = [0] * n
+                assert mnlb is not None  # _MNLB events are scheduled only for the MNLB policies
                 if oracle:
                     cap = np.asarray(k_live, float) * server_rate
                 else:
@@ -440,6 +446,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 if now < T:
                     schedule(now + cfg.mnlb_period_s, _MNLB)
             elif kind == _PHASE:
+                assert d is not None  # _PHASE events come from a disruption
                 if a == 2:  # the cell silently becomes `factor` times slower
                     tp[d.cell] *= d.factor
                     td[d.cell] *= d.factor

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import get_context
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,10 @@ class Variant:
     params: tuple[tuple[str, object], ...]
     #: Numeric x value for sweep plots.
     x: float = 0.0
+
+    def kwargs(self) -> dict[str, Any]:
+        """``params`` as keyword arguments of :func:`~dlb.sim.scenario.generate` (values are whatever it takes)."""
+        return dict(self.params)
 
 
 def _v(label: str, x: float = 0.0, **params: object) -> Variant:
@@ -69,7 +74,7 @@ class Job:
 
     def cost(self) -> float:
         """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
-        sc = generate(self.scenario, duration_s=self.duration_s, **dict(self.variant.params))
+        sc = generate(self.scenario, duration_s=self.duration_s, **self.variant.kwargs())
         factor = 1.0 if self.policy in BASELINES else 3.0
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
 
@@ -92,7 +97,7 @@ def run_job(job: Job) -> dict:
     """Simulate one job; returns its record (without the normalised fields) plus timing."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    sc = generate(job.scenario, duration_s=job.duration_s, **dict(job.variant.params))
+    sc = generate(job.scenario, duration_s=job.duration_s, **job.variant.kwargs())
     res = simulate(sc, job.policy, job.trial)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
@@ -125,7 +130,7 @@ def normalise(records: list[dict]) -> list[dict]:
         base = rand.get((r["experiment"], r["variant"], r["scenario"], r["trial"]))
         for m in ("mean", "p90"):
             ok = base is not None and base[m] > 0 and math.isfinite(base[m])
-            r[f"norm_{m}"] = r[m] / base[m] if ok else math.nan
+            r[f"norm_{m}"] = r[m] / base[m] if base is not None and ok else math.nan
     return records
 
 
@@ -162,12 +167,12 @@ def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True,
     """Run jobs (largest first) on ``workers`` processes; returns normalised records in job order."""
     order = sorted(range(len(jobs)), key=lambda k: -jobs[k].cost())
     bar = Progress(len(jobs)) if progress else None
-    out: list[dict | None] = [None] * len(jobs)
+    out: list[dict[str, Any] | None] = [None] * len(jobs)
     if workers <= 1:
         for k in order:
-            out[k] = run_job(jobs[k])
+            rec = out[k] = run_job(jobs[k])
             if on_record:
-                on_record(out[k])
+                on_record(rec)
             if bar:
                 bar.step(f"{jobs[k].experiment}/{jobs[k].variant.label}/{jobs[k].policy}")
     else:
@@ -200,7 +205,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, str], dict[str, float
     agg = {}
     for key, rs in groups.items():
         def col(m: str) -> np.ndarray:
-            v = np.array([r[m] for r in rs], float)
+            v = np.array([r[m] for r in rs], float)  # noqa: B023 - called within this iteration
             return v[np.isfinite(v)]
 
         nm, np90, er, mean = col("norm_mean"), col("norm_p90"), col("error_rate"), col("mean")

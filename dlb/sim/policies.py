@@ -21,6 +21,7 @@ service runs. The baselines use the core's :func:`rand_weights`, :func:`mnlb_sol
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,27 +30,52 @@ from dlb.core.aversion import AversionConfig, update_aversion
 from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
-from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.router import POLICY_NAMES, PolicyConfig, RootRouter, Router
 from dlb.core.topology import Topology
 
-POLICIES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle", "Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
+#: One root object for (topology, source cell, prior model, its random generator).
+RootFactory = Callable[[Topology, int, LatencyParams, np.random.Generator], Router]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy the simulator can run: how to build its roots, and whether it needs fitted models."""
+
+    factory: RootFactory
+    needs_model: bool  # the policy's cost reads latency models (so the simulator fits them)
+
+
+def _dlb(cfg: PolicyConfig) -> PolicySpec:
+    def build(topology: Topology, source: int, prior: LatencyParams, rng: np.random.Generator) -> Router:
+        return RootRouter(topology, source, cfg, prior, rng)
+
+    return PolicySpec(build, needs_model=cfg.cost is not Cost.RIF)
+
+
+def _mnlb(topology: Topology, source: int, prior: LatencyParams, rng: np.random.Generator) -> Router:
+    return WeightedRouter(rand_weights(topology)[source], rng)
+
+
+#: The one table from policy name to (factory, needs model): the simulator, its CLI and its report
+#: read it; DLB policies take their names from :data:`dlb.core.router.POLICY_NAMES`.
+REGISTRY: dict[str, PolicySpec] = {
+    "Rand": PolicySpec(lambda topology, source, prior, rng: RandRoot(topology, source, rng), needs_model=False),
+    "MNLB": PolicySpec(_mnlb, needs_model=False),
+    "MNLB-oracle": PolicySpec(_mnlb, needs_model=False),
+    **{name: _dlb(PolicyConfig(mechanism=m, cost=c)) for (m, c), name in POLICY_NAMES.items()},
+}
+POLICIES: tuple[str, ...] = tuple(REGISTRY)
 #: The baselines (not DLB policies).
 BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle")
-_COSTS = {"RIF": Cost.RIF, "Lat": Cost.LATENCY, "Grad": Cost.GRADIENT}
 
 
 def policy_config(name: str) -> PolicyConfig:
     """PolicyConfig of a DLB policy name such as ``Flow-Grad`` (core defaults otherwise)."""
-    try:
-        mech, cost = name.split("-")
-        mechanism = {"Disc": Mechanism.DISCRETE, "Flow": Mechanism.FLOW}[mech]
-        return PolicyConfig(mechanism=mechanism, cost=_COSTS[cost])
-    except (ValueError, KeyError):
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+    return PolicyConfig.from_name(name)
 
 
 def uses_latency_model(name: str) -> bool:
-    return name.endswith("-Lat") or name.endswith("-Grad")
+    return REGISTRY[name].needs_model
 
 
 class RandRoot:
@@ -100,14 +126,11 @@ class MnlbController:
 
 
 def build_roots(
-    name: str, topology: Topology, prior: LatencyParams, rng_for: "callable[[int], np.random.Generator]"
-) -> list:
+    name: str, topology: Topology, prior: LatencyParams, rng_for: Callable[[int], np.random.Generator]
+) -> list[Router]:
     """One root object per source cell for policy ``name``."""
-    n = topology.n
-    if name == "Rand":
-        return [RandRoot(topology, i, rng_for(i)) for i in range(n)]
-    if name in ("MNLB", "MNLB-oracle"):
-        w = rand_weights(topology)
-        return [WeightedRouter(w[i], rng_for(i)) for i in range(n)]
-    cfg = policy_config(name)
-    return [RootRouter(topology, i, cfg, prior, rng_for(i)) for i in range(n)]
+    try:
+        spec = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+    return [spec.factory(topology, i, prior, rng_for(i)) for i in range(topology.n)]

@@ -101,7 +101,7 @@ def sample_cells(rng: np.random.Generator, n_cells: int) -> tuple[list[str], np.
         if zones[k] < ZONES_PER_REGION:
             zones[k] += 1
     cells: list[tuple[Region, str]] = []
-    for region, z in zip(regions, zones):
+    for region, z in zip(regions, zones, strict=True):
         for zi in range(z):
             cells.append((region, f"{region.name}-{'abc'[zi]}"))
     n = len(cells)

@@ -81,12 +81,12 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
 
     agg = aggregate(records)
     paths = []
-    colors = dict(zip(POLICIES, plt.get_cmap("tab10").colors))
+    colors = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))  # type: ignore[attr-defined]  # a ListedColormap
     for exp in _experiments(records):
         variants = _variants(records, exp)
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), dpi=80)
         panels = (("norm_mean", "mean latency / Rand"), ("norm_p90", "p90 latency / Rand"), ("error_rate", "error rate"))
-        for ax, (metric, title) in zip(axes, panels):
+        for ax, (metric, title) in zip(axes, panels, strict=True):
             if len(variants) > 1:
                 xs = [agg[(exp, variants[0], POLICIES[0])]["x"] if (exp, variants[0], POLICIES[0]) in agg else 0]
                 for p in POLICIES:
@@ -118,7 +118,7 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
-# -- the claims of DESIGN.md section 4 ---------------------------------------------------------------
+# -- the claims of docs/design.md §4 ------------------------------------------------------------------
 
 
 @dataclass
@@ -222,7 +222,7 @@ def claim_noise(records: list[dict], agg: Agg) -> list[Verdict]:
     if not vs:
         return [Verdict(c1, "not run", None, r1), Verdict(c2, "not run", None, r2)]
     xs = {v: agg[("noise", v, "Rand")]["x"] for v in vs if ("noise", v, "Rand") in agg}
-    lo, hi = min(xs, key=xs.get), max(xs, key=xs.get)
+    lo, hi = min(xs, key=xs.__getitem__), max(xs, key=xs.__getitem__)
     spread = max(
         (max(_get(agg, "noise", v, p) for v in vs) - min(_get(agg, "noise", v, p) for v in vs)) / _get(agg, "noise", lo, p)
         for p in RIF
@@ -324,7 +324,7 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         mins = sorted({round(r.get("duration_s", math.nan) / 60, 2) for r in records if r["experiment"] == exp})
         out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} |")
     del minutes
-    out += ["", "## Claims (DESIGN.md section 4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
+    out += ["", "## Claims (docs/design.md §4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
     for v in vs:
         mark = {True: "**yes**", False: "**no**", None: "not run"}[v.holds]
         out.append(f"| {v.claim} | {mark} | {v.measured} | {v.rule} |")

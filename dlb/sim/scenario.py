@@ -187,7 +187,7 @@ class Scenario:
 
     def server_rate(self) -> np.ndarray:
         w = self.workload
-        return np.array([w.server_rate(p, d) for p, d in zip(self.prefill_token_s, self.decode_token_s)])
+        return np.array([w.server_rate(p, d) for p, d in zip(self.prefill_token_s, self.decode_token_s, strict=True)])
 
     def capacity(self, servers: tuple[int, ...] | None = None) -> np.ndarray:
         """Theoretical requests/s of every cell."""

@@ -34,7 +34,7 @@ class ServiceProcess:
         self._dir = tempfile.TemporaryDirectory(prefix=f"dlb-{command}-")
         self.log_path = Path(self._dir.name) / "service.log"
 
-    def start(self) -> "ServiceProcess":
+    def start(self) -> ServiceProcess:
         self.spawn()
         self.wait_ready()
         return self
@@ -75,7 +75,7 @@ class ServiceProcess:
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.proc, timeout)
 
-    def __enter__(self) -> "ServiceProcess":
+    def __enter__(self) -> ServiceProcess:
         if self.proc is None:
             self.start()
         return self

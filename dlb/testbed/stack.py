@@ -47,6 +47,8 @@ class DataPlane:
     @property
     def root_url(self) -> tuple[str, int]:
         hp = self.cfg.cell(self.root_cell).root.address
+        if hp is None:
+            raise ValueError(f"cell {self.root_cell!r} has no root address in the config")
         return hp.host, hp.port
 
     def root_metrics(self) -> str:

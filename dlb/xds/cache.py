@@ -33,12 +33,12 @@ log = get_logger("dlb.xds.cache")
 
 def node_id_key(node: base_pb2.Node) -> str:
     """Default node key: one snapshot per node id."""
-    return node.id
+    return str(node.id)
 
 
 def node_cluster_key(node: base_pb2.Node) -> str:
     """Group nodes by ``node.cluster`` (all Envoys of a cell share a snapshot)."""
-    return node.cluster
+    return str(node.cluster)
 
 
 @dataclass(eq=False)
@@ -64,7 +64,7 @@ class SnapshotCache:
     boot_id: str = field(default_factory=lambda: f"{int(time.time()):x}{os.urandom(3).hex()}")
     _snapshots: dict[str, Snapshot] = field(default_factory=dict)
     _watches: dict[str, set[Watch]] = field(default_factory=dict)
-    _counter: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _set_times: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -83,7 +83,7 @@ class SnapshotCache:
             if len(self._set_times) > 1024:
                 del self._set_times[next(iter(self._set_times))]
             watches = list(self._watches.get(key, ()))
-        log.debug("snapshot set", key=key, version=version, watches=len(watches))
+        log.debug("snapshot_set", key=key, version=version, watches=len(watches))
         for w in watches:
             w.wake()
         return version

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -26,6 +27,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
+from dlb.errors import DlbError
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.snapshot import WRAPPER_FEATURES, unwrap
@@ -37,7 +39,7 @@ UpdateCallback = Callable[[dict[str, Message]], Awaitable[None] | None]
 _INVALID_ARGUMENT = 3
 
 
-class ResourceValidationError(ValueError):
+class ResourceValidationError(DlbError, ValueError):
     """Raised by an update callback to reject (NACK) a response."""
 
 
@@ -104,9 +106,9 @@ class XdsClient:
         self.subscriptions: dict[str, Subscription] = {}
         self.connected = asyncio.Event()
         self.connects = 0
-        self._queue: asyncio.Queue | None = None
+        self._queue: asyncio.Queue[Message] | None = None
         self._node_sent = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._channel: grpc.aio.Channel | None = None
         self.log = log.bind(node=node.id, target=target, mode="delta" if delta else "sotw")
 
@@ -141,7 +143,7 @@ class XdsClient:
         """The last good resources of a subscription (kept across reconnects and NACKs)."""
         return dict(self.subscriptions[type_url].resources)
 
-    async def start(self) -> "XdsClient":
+    async def start(self) -> XdsClient:
         self._channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
         self._task = asyncio.create_task(self._run(), name=f"xds-client-{self.node.id}")
         return self
@@ -158,14 +160,14 @@ class XdsClient:
             await self._channel.close()
             self._channel = None
 
-    async def __aenter__(self) -> "XdsClient":
+    async def __aenter__(self) -> XdsClient:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     # --- stream -----------------------------------------------------------------------------
-    def _send(self, req) -> None:
+    def _send(self, req: Any) -> None:
         if self._queue is None:
             return  # not connected: the subscription goes out when the stream opens
         if not self._node_sent:
@@ -177,23 +179,23 @@ class XdsClient:
         while True:
             try:
                 await self._stream_once()
-                self.log.warning("xds stream ended by server; reconnecting")
+                self.log.warning("xds_stream_ended_reconnecting")
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                self.log.warning("xds stream failed; reconnecting", code=exc.code().name, details=exc.details())
+                self.log.warning("xds_stream_failed_reconnecting", code=exc.code().name, details=exc.details())
             except Exception as exc:  # never let a broken peer kill the service
-                self.log.error("xds client error; reconnecting", error=repr(exc))
+                self.log.error("xds_client_error_reconnecting", error=repr(exc))
             self.connected.clear()
             self._queue = None
             await asyncio.sleep(self.backoff.next())
 
     async def _stream_once(self) -> None:
         assert self._channel is not None
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
         self._queue, self._node_sent = queue, False
 
-        async def requests():
+        async def requests() -> AsyncIterator[Message]:
             while True:
                 yield await queue.get()
 
@@ -207,9 +209,9 @@ class XdsClient:
             async for resp in call:
                 self.connected.set()
                 self.backoff.reset()
-                sub = self.subscriptions.get(resp.type_url)
-                if sub is not None:
-                    await (self._on_delta_response(sub, resp) if self.delta else self._on_response(sub, resp))
+                target = self.subscriptions.get(resp.type_url)
+                if target is not None:
+                    await (self._on_delta_response(target, resp) if self.delta else self._on_response(target, resp))
         finally:
             call.cancel()
 
@@ -219,7 +221,7 @@ class XdsClient:
         msg = sub.message_cls.FromString(any_msg.value)
         return (name if name is not None else _name(msg)), msg
 
-    async def _apply(self, sub: Subscription, resp, decoded: dict[str, Message], raw: dict[str, bytes]) -> bool:
+    async def _apply(self, sub: Subscription, resp: Any, decoded: dict[str, Message], raw: dict[str, bytes]) -> bool:
         """Hand a new state to the callback; False (and a NACK) if it was rejected."""
         if raw == sub.raw:
             return True
@@ -227,11 +229,11 @@ class XdsClient:
             await _call(sub.callback, dict(decoded))
         except ResourceValidationError as exc:
             self._nack(sub, resp, str(exc))
-            self.log.warning("rejected xds update", type=types.short(sub.type_url), reason=str(exc))
+            self.log.warning("xds_update_rejected", type=types.short(sub.type_url), reason=str(exc))
             return False
         except Exception as exc:
             self._nack(sub, resp, f"{type(exc).__name__}: {exc}")
-            self.log.exception("update callback failed; NACKed", type=types.short(sub.type_url))
+            self.log.exception("xds_update_callback_failed", type=types.short(sub.type_url))
             return False
         return True
 
@@ -277,7 +279,7 @@ class XdsClient:
             sub.updates += 1
             self._send(discovery_pb2.DeltaDiscoveryRequest(type_url=sub.type_url, response_nonce=resp.nonce))
 
-    def _nack(self, sub: Subscription, resp, reason: str) -> None:
+    def _nack(self, sub: Subscription, resp: Any, reason: str) -> None:
         sub.nacks += 1
         sub.last_error = reason
         if self.delta:
@@ -286,7 +288,7 @@ class XdsClient:
             req = sub.request()  # version_info stays the last good version
         req.error_detail.code = _INVALID_ARGUMENT
         req.error_detail.message = reason
-        self.log.warning("NACK", type=types.short(sub.type_url), reason=reason)
+        self.log.warning("nack_sent", type=types.short(sub.type_url), reason=reason)
         self._send(req)
 
 

@@ -23,15 +23,14 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from dlb.xds import types, wire
 from dlb.xds.snapshot import Resource, Snapshot
-from dlb.xds.stream import StreamBase
+from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, ServerContext, StreamBase, Subscription
 
 _MAX_PENDING = 64
 
 
 @dataclass
 class DeltaTypeState:
-    names: set[str] = field(default_factory=set)
-    wildcard: bool = False
+    sub: Subscription
     client: dict[str, str] = field(default_factory=dict)  # name -> version the client holds
     pending: dict[str, str] = field(default_factory=dict)  # nonce -> system version, awaiting ACK/NACK
     initial_pending: bool = True
@@ -45,83 +44,78 @@ class DeltaTypeState:
 class DeltaStream(StreamBase):
     kind = "delta"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
+        super().__init__(ctx, fixed_type, peer)
         self.states: dict[str, DeltaTypeState] = {}
 
-    def _handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> bool:
+    def handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> bool:
         type_url = self.type_of(req.type_url)
         self.adopt_node(req.node, req.HasField("node"))
         assert self.node is not None
+        observer = self.ctx.observer
         st = self.states.get(type_url)
-        subscribe = set(req.resource_names_subscribe)
-        unsubscribe = set(req.resource_names_unsubscribe)
+        first = st is None
         if st is None:
-            st = self.states[type_url] = DeltaTypeState(client=dict(req.initial_resource_versions))
-            if not subscribe and types.supports_legacy_wildcard(type_url):
-                st.wildcard = True
+            # initial_resource_versions: what a reconnecting client already holds (not re-sent if current).
+            st = self.states[type_url] = DeltaTypeState(sub=self.subscription(type_url),
+                                                        client=dict(req.initial_resource_versions))
         if req.response_nonce:
             if req.response_nonce == st.adds_nonce:
                 st.adds_nonce = ""
             version = st.pending.pop(req.response_nonce, None)
             if version is None:
-                self.ctx.status.stale_nonces += 1
+                observer.stale_nonce(self.node.id, type_url, req.response_nonce)
             elif req.HasField("error_detail"):
-                self.ctx.status.nacked(self.node.id, type_url, version, req.error_detail.message)
-                self.log.warning("NACK", type=types.short(type_url), version=version, reason=req.error_detail.message)
+                observer.nacked(self.node.id, type_url, version, req.error_detail.message)
+                self.log.warning("nack", type=types.short(type_url), version=version, reason=req.error_detail.message)
             else:
-                self.ctx.status.acked(self.node.id, type_url, version)
-        if types.WILDCARD in subscribe:
-            st.wildcard = True
-        if types.WILDCARD in unsubscribe:
-            st.wildcard = False
-        subscribe.discard(types.WILDCARD)
-        unsubscribe.discard(types.WILDCARD)
-        st.names |= subscribe
-        st.names -= unsubscribe
-        if unsubscribe or types.WILDCARD in req.resource_names_unsubscribe:
+                observer.acked(self.node.id, type_url, version)
+        # Subscription changes apply even with a stale nonce: a delta request is a delta, and
+        # dropping it would lose the change for good.
+        sub = st.sub
+        change = sub.update(req.resource_names_subscribe, req.resource_names_unsubscribe, first)
+        if change.changed or first:
+            observer.subscribed(self.node.id, type_url, sub.names, sub.wildcard)
+        if change.narrowed or req.resource_names_unsubscribe:
             st.synced_digest = ""
-        if st.initial_pending or subscribe or unsubscribe or req.resource_names_subscribe or req.resource_names_unsubscribe:
-            self.ctx.status.subscribed(self.node.id, type_url, st.names, st.wildcard)
-        for n in unsubscribe:
-            st.client.pop(n, None)  # the client dropped it; never respond for it
-        return bool(st.initial_pending or subscribe or types.WILDCARD in req.resource_names_subscribe
-                    or type_url in (types.CLUSTER, types.LISTENER, types.ROUTE))
+            for n in [n for n in st.client if not sub.covers(n)]:
+                del st.client[n]  # the client dropped it; never respond for it
+        for n in change.resend:
+            st.client.pop(n, None)  # dropped by the client, still covered by the wildcard: send it again
+        return bool(st.initial_pending or change.grew or change.resend or type_url in GATE_TYPES)
 
     def _diff(self, snap: Snapshot, type_url: str) -> tuple[list[Resource], list[str]]:
         st = self.states[type_url]
-        view = self.visible(snap, type_url, st.names, st.wildcard)
+        view = self.visible(snap, type_url, st.sub.names, st.sub.wildcard)
         if st.synced_digest and view is snap.get(type_url):
             digest = snap.type_digests.get(type_url, "")
             if digest == st.synced_digest:
                 return [], []
             return self.ctx.view_diff(type_url, st.synced_digest, st.synced_view, digest, view)
         updates = [view[n] for n in sorted(view) if st.client.get(n) != view[n].version]
-        removed = sorted(n for n in st.client if n not in view and (st.wildcard or n in st.names))
+        removed = sorted(n for n in st.client if n not in view and st.sub.covers(n))
         return updates, removed
 
     def _wants(self, type_url: str, updates: list[Resource], removed: list[str]) -> bool:
         st = self.states[type_url]
-        first = st.initial_pending and (types.full_state(type_url) or st.wildcard)
+        first = st.initial_pending and (types.full_state(type_url) or st.sub.wildcard)
         return bool(updates or removed or first)
 
-    def _push(self) -> list[bytes]:
+    def push(self) -> list[bytes]:
         snap = self.snapshot()
         if snap is None:
             return []
-        gated = [t for t in (types.LISTENER, types.ROUTE) if t in self.states]
+        gated = [t for t in ROUTE_TYPES if t in self.states]
         diffs = {t: self._diff(snap, t) for t in gated}
-        hold_removals = (self.ctx.make_before_break and self.fixed_type is None and
-                         any(self.states[t].pending or self._wants(t, *diffs[t]) for t in gated))
-        ordered = self.ctx.make_before_break and self.fixed_type is None
         cds = self.states.get(types.CLUSTER)
+        gate = self.gate(routes_busy=lambda: any(self.states[t].pending or self._wants(t, *diffs[t]) for t in gated))
         out: list[bytes] = []
         for t in sorted(self.states, key=types.order_key):
             st = self.states[t]
-            if ordered and t in gated and cds is not None and cds.adds_nonce:
+            if gate.routes_wait(t, cds_adding=cds is not None and bool(cds.adds_nonce)):
                 continue  # new clusters are warming: routes wait for the CDS answer (see sotw.py)
             updates, removed = diffs.get(t) or self._diff(snap, t)
-            withheld = t in (types.CLUSTER, types.ENDPOINT) and hold_removals and bool(removed)
+            withheld = t in (types.CLUSTER, types.ENDPOINT) and gate.hold_removals and bool(removed)
             if withheld:
                 removed = []  # stale clusters and their endpoints go once routes no longer use them
             if not self._wants(t, updates, removed):
@@ -146,7 +140,7 @@ class DeltaStream(StreamBase):
                 st.client.pop(n, None)
             st.initial_pending = False
             view = snap.get(t)
-            if not withheld and st.wildcard and self.ctx.authorizer is None and t in snap.resources:
+            if not withheld and st.sub.wildcard and self.ctx.authorizer is None and t in snap.resources:
                 st.synced_digest, st.synced_view = snap.type_digests.get(t, ""), view
             else:
                 st.synced_digest = ""
@@ -154,6 +148,6 @@ class DeltaStream(StreamBase):
             if len(st.pending) > _MAX_PENDING:
                 del st.pending[next(iter(st.pending))]
             assert self.node is not None
-            self.ctx.status.sent(self.node.id, t, snap.version, nonce)
+            self.ctx.observer.sent(self.node.id, t, snap.version, nonce)
             out.append(msg)
         return out

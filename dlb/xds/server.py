@@ -7,14 +7,17 @@ stream. Requests are parsed with the xds-protos (upb) classes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from dlb.errors import BindError
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
+from dlb.xds.callbacks import StreamCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.sotw import SotwStream
 from dlb.xds.status import StatusRegistry
@@ -55,13 +58,15 @@ class XdsServer:
 
     ``authorizer(node, type_url, name) -> bool`` restricts what a node may read (names it may not
     read behave as if they did not exist, and wildcard subscriptions skip them). Combine it with a
-    ``node_key`` on the cache that gives each cell its own snapshot.
+    ``node_key`` on the cache that gives each cell its own snapshot. ``callbacks`` observe every
+    stream besides the status registry (see ``dlb.xds.callbacks``).
     """
 
     def __init__(self, cache: SnapshotCache, status: StatusRegistry | None = None,
-                 authorizer: Authorizer | None = None, make_before_break: bool = True) -> None:
+                 authorizer: Authorizer | None = None, make_before_break: bool = True,
+                 callbacks: Sequence[StreamCallbacks] = ()) -> None:
         self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
-                                 make_before_break=make_before_break)
+                                 make_before_break=make_before_break, callbacks=callbacks)
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -86,16 +91,16 @@ class XdsServer:
             }))
         return out
 
-    def _handler(self, cls: type[StreamBase], fixed: str | None):
+    def _handler(self, cls: type[StreamBase], fixed: str | None) -> Callable[..., AsyncIterator[bytes]]:
         ctx = self.ctx
 
-        async def handle(request_iterator: AsyncIterator, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async def handle(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             stream = cls(ctx, fixed, context.peer())
             try:
                 async for response in stream.run(request_iterator):
                     yield response
             except StreamError as exc:
-                stream.log.warning("stream rejected", code=exc.code.name, reason=str(exc))
+                stream.log.warning("stream_rejected", code=exc.code.name, reason=str(exc))
                 await context.abort(exc.code, str(exc))
 
         return handle
@@ -113,11 +118,14 @@ class XdsServer:
         self.add_to(self._server)
         if extra_handlers:
             self._server.add_generic_rpc_handlers(tuple(extra_handlers))
-        self.port = self._server.add_insecure_port(address)
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind xDS server to {address}")
+            raise BindError(address, "gRPC could not bind it (in use?)")
         await self._server.start()
-        log.info("xds server listening", address=address, port=self.port, boot_id=self.cache.boot_id)
+        log.info("xds_server_listening", address=address, port=self.port, boot_id=self.cache.boot_id)
         return self.port
 
     async def stop(self, grace: float | None = 0.5) -> None:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
+from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from envoy.service.discovery.v3 import discovery_pb2
-
+from dlb.errors import DlbError
 from dlb.xds import types, wire
 
 
-class SnapshotError(ValueError):
+class SnapshotError(DlbError, ValueError):
     """A snapshot could not be built (duplicate or missing names, wrong types)."""
 
 
@@ -39,7 +40,7 @@ class Resource:
         return self.sotw_field if wrap_ok or not self.sotw_plain_field else self.sotw_plain_field
 
     @staticmethod
-    def from_message(message: Message, name: str | None = None, type_url: str | None = None) -> "Resource":
+    def from_message(message: Message, name: str | None = None, type_url: str | None = None) -> Resource:
         """Pack ``message`` once. ``type_url`` defaults to the message's own full name."""
         if isinstance(message, any_pb2.Any):
             packed = message
@@ -80,7 +81,7 @@ RESOURCE_WRAPPER = types.type_url_of("envoy.service.discovery.v3.Resource")
 WRAPPER_FEATURES = frozenset({"xds.config.supports-resource-in-sotw", "xds.config.resource-in-sotw"})
 
 
-def supports_wrapper(node) -> bool:
+def supports_wrapper(node: Any) -> bool:
     return node.user_agent_name == "envoy" or any(f in WRAPPER_FEATURES for f in node.client_features)
 
 
@@ -116,7 +117,7 @@ def _cluster_eds_name(message: Message | None, packed: any_pb2.Any, name: str) -
     return cluster.eds_cluster_config.service_name or name
 
 
-ResourceInput = Message | tuple[str, Message] | Resource
+ResourceInput: TypeAlias = Message | tuple[str, Message] | Resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,7 @@ class Snapshot:
     type_digests: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
-    def build(items: Iterable[ResourceInput], extra_types: Iterable[str] = ()) -> "Snapshot":
+    def build(items: Iterable[ResourceInput], extra_types: Iterable[str] = ()) -> Snapshot:
         """Build from messages, ``(name, message)`` pairs or :class:`Resource` s.
 
         ``extra_types`` lists types that exist but are empty (a full-state type with no resources
@@ -155,13 +156,13 @@ class Snapshot:
         return Snapshot.of(by_type)
 
     @staticmethod
-    def from_types(by_type: Mapping[str, Iterable[tuple[str, Message]]]) -> "Snapshot":
+    def from_types(by_type: Mapping[str, Iterable[tuple[str, Message]]]) -> Snapshot:
         """Build from ``{type_url: [(name, message), ...]}`` (empty lists keep the type present)."""
         return Snapshot.build([Resource.from_message(m, name=n, type_url=t) for t, items in by_type.items() for n, m in items],
                               extra_types=list(by_type))
 
     @staticmethod
-    def of(by_type: Mapping[str, Mapping[str, Resource]], version: str = "") -> "Snapshot":
+    def of(by_type: Mapping[str, Mapping[str, Resource]], version: str = "") -> Snapshot:
         type_digests = {t: _digest(sorted((n, r.version) for n, r in rs.items())) for t, rs in by_type.items()}
         digest = _digest(sorted(type_digests.items()))
         return Snapshot(resources={t: dict(rs) for t, rs in by_type.items()}, version=version, digest=digest,

@@ -28,29 +28,25 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from dlb.xds import types, wire
 from dlb.xds.snapshot import Resource, Snapshot
-from dlb.xds.stream import StreamBase
+from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, BodyKey, ServerContext, StreamBase, Subscription
 
 PARTIAL_SUFFIX = "~partial"
-_GATES = (types.CLUSTER, types.LISTENER, types.ROUTE)
 
 
 @dataclass
 class SotwTypeState:
-    names: set[str] = field(default_factory=set)
-    wildcard: bool = False
-    explicit: bool = False  # the client has named resources once: legacy wildcard no longer applies
-    subscribed_reported: bool = False
+    sub: Subscription
     nonce: str = ""  # latest nonce sent for this type; any other nonce is stale
     outstanding: bool = False  # a response awaits its ACK/NACK
     adds_pending: bool = False  # CDS: the outstanding response adds clusters (routes wait for its ACK)
     initial_pending: bool = True  # answer the first request even when it changes nothing
+    subscribed_reported: bool = False
     resend: bool = False  # send even if unchanged (EDS after a CDS change)
     sent: dict[str, Resource] = field(default_factory=dict)
     sent_shared: bool = False  # ``sent`` is a snapshot's own (immutable) dict: copy before changing it
     sent_digest: str = ""  # type digest when the last response was the snapshot's whole type
     sent_version: str = ""
     acked_version: str = ""
-
 
     def own_sent(self) -> dict[str, Resource]:
         if self.sent_shared:
@@ -70,60 +66,55 @@ class _Plan:
 class SotwStream(StreamBase):
     kind = "sotw"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
+        super().__init__(ctx, fixed_type, peer)
         self.states: dict[str, SotwTypeState] = {}
 
-    def _handle(self, req: discovery_pb2.DiscoveryRequest) -> bool:
+    def handle(self, req: discovery_pb2.DiscoveryRequest) -> bool:
         type_url = self.type_of(req.type_url)
         self.adopt_node(req.node, req.HasField("node"))
         assert self.node is not None
         st = self.states.get(type_url)
         if st is None:
-            st = self.states[type_url] = SotwTypeState()
+            st = self.states[type_url] = SotwTypeState(sub=self.subscription(type_url))
+        observer = self.ctx.observer
         if req.response_nonce and st.nonce:
             if req.response_nonce != st.nonce:
                 # Superseded by a newer response; the client will answer that one (xDS protocol).
-                self.ctx.status.stale_nonces += 1
-                self.log.debug("stale nonce ignored", type=types.short(type_url), nonce=req.response_nonce, current=st.nonce)
+                observer.stale_nonce(self.node.id, type_url, req.response_nonce)
+                self.log.debug("stale_nonce_ignored", type=types.short(type_url), nonce=req.response_nonce,
+                               current=st.nonce)
                 return False
             st.outstanding = st.adds_pending = False
             if req.HasField("error_detail"):
-                self.ctx.status.nacked(self.node.id, type_url, st.sent_version, req.error_detail.message)
-                self.log.warning("NACK", type=types.short(type_url), version=st.sent_version,
+                observer.nacked(self.node.id, type_url, st.sent_version, req.error_detail.message)
+                self.log.warning("nack", type=types.short(type_url), version=st.sent_version,
                                  kept_version=req.version_info, reason=req.error_detail.message)
             else:
                 st.acked_version = req.version_info
-                self.ctx.status.acked(self.node.id, type_url, req.version_info)
+                observer.acked(self.node.id, type_url, req.version_info)
         else:
             # No nonce, or a nonce from before this stream (a client that kept it across a
             # reconnect): either way nothing was sent on this stream yet, so answer it.
             st.initial_pending = True
-        names = set(req.resource_names)
-        wildcard = types.WILDCARD in names
-        names.discard(types.WILDCARD)
-        if names or wildcard:
-            st.explicit = True
-        elif not st.explicit and types.supports_legacy_wildcard(type_url):
-            wildcard = True  # legacy wildcard: empty names before any explicit subscription
-        if not wildcard:
-            withdrawn = [n for n in st.sent if n not in names]
+        sub = st.sub
+        change = sub.replace(req.resource_names)
+        if change.narrowed:
+            withdrawn = [n for n in st.sent if not sub.covers(n)]
             if withdrawn:
                 sent = st.own_sent()
                 for n in withdrawn:
                     del sent[n]  # withdrawn: forget silently, never respond for it
-        grew = wildcard != st.wildcard or not names <= st.names
-        if names != st.names or wildcard != st.wildcard or not st.subscribed_reported:
-            self.ctx.status.subscribed(self.node.id, type_url, names, wildcard)
+        if change.changed or not st.subscribed_reported:
+            observer.subscribed(self.node.id, type_url, sub.names, sub.wildcard)
             st.subscribed_reported = True
-        st.names, st.wildcard = names, wildcard
         # A push may be due after: a first request, new names, or an answer to CDS/LDS/RDS (which
         # can release held routes or held cluster removals). A plain ACK of anything else changes nothing.
-        return st.initial_pending or grew or type_url in _GATES
+        return st.initial_pending or change.grew or type_url in GATE_TYPES
 
     def _plan(self, snap: Snapshot, type_url: str) -> _Plan:
         st = self.states[type_url]
-        view = self.visible(snap, type_url, st.names, st.wildcard)
+        view = self.visible(snap, type_url, st.sub.names, st.sub.wildcard)
         whole = view is snap.get(type_url)
         if whole and st.sent_digest:  # the client holds a whole earlier view: shared diff, O(changes)
             digest = snap.type_digests.get(type_url, "")
@@ -145,34 +136,33 @@ class SotwStream(StreamBase):
 
     @staticmethod
     def _wants(st: SotwTypeState, type_url: str, plan: _Plan) -> bool:
-        first = st.initial_pending and (bool(plan.view) or types.full_state(type_url) or st.wildcard)
+        first = st.initial_pending and (bool(plan.view) or types.full_state(type_url) or st.sub.wildcard)
         return bool(plan.changed or plan.deleted or first or (st.resend and plan.view))
 
-    def _push(self) -> list[bytes]:
+    def push(self) -> list[bytes]:
         snap = self.snapshot()
         if snap is None:
             return []
         order = sorted(self.states, key=types.order_key)
-        gated = [t for t in (types.LISTENER, types.ROUTE) if t in self.states]
+        gated = [t for t in ROUTE_TYPES if t in self.states]
         plans = {t: self._plan(snap, t) for t in gated}
-        hold_removals = (self.ctx.make_before_break and self.fixed_type is None and
-                         any(self.states[t].outstanding or self._wants(self.states[t], t, plans[t]) for t in gated))
-        ordered = self.ctx.make_before_break and self.fixed_type is None
         cds = self.states.get(types.CLUSTER)
+        gate = self.gate(routes_busy=lambda: any(self.states[t].outstanding or self._wants(self.states[t], t, plans[t])
+                                                 for t in gated))
         out: list[bytes] = []
         for t in order:
             st = self.states[t]
             plan = plans.get(t) or self._plan(snap, t)
             if not self._wants(st, t, plan):
                 continue
-            if ordered and t in gated and cds is not None and cds.outstanding and cds.adds_pending:
+            if gate.routes_wait(t, cds_adding=cds is not None and cds.outstanding and cds.adds_pending):
                 # New clusters are warming (Envoy ACKs CDS once their endpoints arrived): routes
                 # that may use them wait for that ACK, or they would point at a warming cluster.
                 continue
             resources = plan.view
             whole = plan.whole_type
             version = snap.version
-            partial = t == types.CLUSTER and hold_removals and bool(plan.deleted)
+            partial = t == types.CLUSTER and gate.hold_removals and bool(plan.deleted)
             if partial:
                 if not (plan.changed or st.initial_pending):
                     continue  # only removals: wait until LDS/RDS are answered
@@ -190,7 +180,7 @@ class SotwStream(StreamBase):
         eds = self.states[types.ENDPOINT]
         cds = self.states[types.CLUSTER]
         for r in plan.changed:
-            if r.name in cds.sent and r.eds_name and (eds.wildcard or r.eds_name in eds.names):
+            if r.name in cds.sent and r.eds_name and eds.sub.covers(r.eds_name):
                 eds.resend = True
                 return
 
@@ -198,7 +188,7 @@ class SotwStream(StreamBase):
                  snap: Snapshot) -> bytes:
         wrap = self.wrap_ok
         if whole:  # the snapshot's whole type: shared by every wildcard stream, keyed by digest
-            key: tuple = (t, version, wrap, snap.type_digests.get(t, ""))
+            key: BodyKey = (t, version, wrap, snap.type_digests.get(t, ""))
         else:
             key = (t, version, wrap, tuple(sorted((n, r.version) for n, r in resources.items())))
 
@@ -213,6 +203,6 @@ class SotwStream(StreamBase):
         st.sent, st.sent_shared, st.sent_version = resources, whole, version  # type: ignore[assignment]
         st.sent_digest = snap.type_digests.get(t, "") if whole else ""
         assert self.node is not None
-        self.ctx.status.sent(self.node.id, t, version, nonce)
+        self.ctx.observer.sent(self.node.id, t, version, nonce)
         self.log.debug("response", type=types.short(t), version=version, nonce=nonce, resources=len(resources))
         return body + wire.string_field(wire.SotwResponseField.NONCE, nonce)

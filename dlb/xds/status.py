@@ -1,9 +1,9 @@
 """Per-node xDS delivery state: what was sent, what was ACKed, why something was NACKed.
 
 Operators need to answer "which Envoys run which config, and which rejected it?" without reading
-logs. :class:`StatusRegistry` is updated by the streams and read by three consumers: the JSON status
-endpoint, a Prometheus collector (built at scrape time, so stale label sets never linger), and
-optional ``ack_hooks`` / ``sent_hooks`` (the scale benchmark measures push-to-ACK latency with them).
+logs. :class:`StatusRegistry` observes the streams (it implements ``dlb.xds.callbacks.StreamCallbacks``)
+and is read by the JSON status endpoint and a Prometheus collector (built at scrape time, so stale
+label sets never linger). Other observers (the scale benchmark) are passed to the server as callbacks.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from dlb.xds import types
@@ -51,15 +52,12 @@ class NodeStatus:
         return st
 
 
-AckHook = Callable[[str, str, str], None]  # node_id, type_url, version
-
-
 @dataclass
 class StatusRegistry:
+    """Delivery state per node, kept up to date as a :class:`~dlb.xds.callbacks.StreamCallbacks`."""
+
     nodes: dict[str, NodeStatus] = field(default_factory=dict)
     stale_nonces: int = 0
-    ack_hooks: list[AckHook] = field(default_factory=list)
-    sent_hooks: list[AckHook] = field(default_factory=list)
     max_disconnected: int = 1000  # remembered nodes without streams (the oldest are forgotten)
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -82,30 +80,29 @@ class StatusRegistry:
             for ns in gone[: len(gone) - self.max_disconnected]:
                 del self.nodes[ns.node_id]
 
-    def subscribed(self, node_id: str, type_url: str, names: set[str], wildcard: bool) -> None:
+    def subscribed(self, node_id: str, type_url: str, names: Set[str], wildcard: bool) -> None:
         self.node(node_id).type(type_url).subscribed = (["*"] if wildcard else []) + sorted(names)
 
     def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
         st = self.node(node_id).type(type_url)
         st.sent_version, st.sent_nonce = version, nonce
         st.responses += 1
-        for hook in self.sent_hooks:
-            hook(node_id, type_url, version)
 
     def acked(self, node_id: str, type_url: str, version: str) -> None:
         st = self.node(node_id).type(type_url)
         st.acked_version = version
         st.acks += 1
         st.last_ack_unix = time.time()
-        for hook in self.ack_hooks:
-            hook(node_id, type_url, version)
 
     def nacked(self, node_id: str, type_url: str, version: str, reason: str) -> None:
         st = self.node(node_id).type(type_url)
         st.last_nack_version, st.last_nack_reason = version, reason
         st.nacks += 1
 
-    def to_json(self) -> dict:
+    def stale_nonce(self, node_id: str, type_url: str, nonce: str) -> None:
+        self.stale_nonces += 1
+
+    def to_json(self) -> dict[str, Any]:
         return {
             "stale_nonces": self.stale_nonces,
             "nodes": {nid: {"cluster": ns.cluster, "streams": ns.streams, "last_seen_unix": ns.last_seen_unix,
@@ -121,7 +118,7 @@ class StatusCollector:
         self.status = status
         self.snapshot_count = snapshot_count
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         streams = GaugeMetricFamily("dlb_xds_streams", "open xDS streams per node", labels=["node"])
         acked = InfoMetricFamily("dlb_xds_acked_version", "last version each node ACKed, per type", labels=["node", "type"])
         sent = InfoMetricFamily("dlb_xds_sent_version", "last version sent to each node, per type", labels=["node", "type"])

@@ -1,4 +1,5 @@
-"""What SotW and delta streams share: node caching, watch lifetime, wake-ups, authorisation, nonces.
+"""What SotW and delta streams share: subscriptions, the make-before-break gate, node caching,
+watch lifetime, wake-ups, authorisation, nonces.
 
 A stream is two tasks: the reader applies each request to the stream state as it arrives and sets
 the wake event if a push may be due; the writer, when woken, computes one push from the *newest*
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from dlb.errors import DlbError
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache, Watch
+from dlb.xds.callbacks import StreamCallbacks, combine
 from dlb.xds.snapshot import Resource, Snapshot, supports_wrapper
 from dlb.xds.status import StatusRegistry
 
@@ -28,7 +32,7 @@ Authorizer = Callable[[base_pb2.Node, str, str], bool]
 log = get_logger("dlb.xds.server")
 
 
-class StreamError(Exception):
+class StreamError(DlbError):
     """A protocol violation by the client; the stream is closed with ``code``."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -36,17 +40,117 @@ class StreamError(Exception):
         self.code = code
 
 
+@dataclass(frozen=True, slots=True)
+class SubscriptionChange:
+    """What one request did to a :class:`Subscription` (the stream decides from it whether to push)."""
+
+    changed: bool  # names or wildcard differ: observers are told
+    grew: bool  # it now covers names it did not: a push may be due
+    narrowed: bool  # it no longer covers names it did: the client drops them; forget them, never respond for them
+    resend: frozenset[str] = frozenset()  # delta: names the client dropped that the wildcard still covers
+
+
+@dataclass
+class Subscription:
+    """What one stream asked for of one type: explicit names and whether it is wildcard-subscribed.
+
+    Every subscription rule of the xDS protocol ("How the client specifies what resources to return")
+    lives here, for both variants, so SotW and delta cannot drift apart:
+
+    * legacy wildcard: an empty request is "everything" for types that allow it (``legacy_wildcard``),
+      in SotW only until the client first names something, in delta only on the first request;
+    * explicit wildcard: ``*`` among the names, alongside other names or not; in delta, unsubscribing
+      ``*`` ends it and keeps the explicit names;
+    * named: SotW replaces the whole set with each request, delta adds and removes;
+    * unsubscribe while wildcard (delta): the client drops the name locally, yet the wildcard still
+      covers it, so it must be sent again (``SubscriptionChange.resend``).
+    """
+
+    legacy_wildcard: bool  # the type allows legacy wildcard (ServerContext.legacy_wildcard)
+    names: set[str] = field(default_factory=set)
+    wildcard: bool = False
+    explicit: bool = False  # SotW: the client has named something once, so legacy wildcard no longer applies
+
+    def covers(self, name: str) -> bool:
+        return self.wildcard or name in self.names
+
+    def replace(self, resource_names: Iterable[str]) -> SubscriptionChange:
+        """SotW: a request's ``resource_names`` is the whole new subscription."""
+        names = set(resource_names)
+        wildcard = types.WILDCARD in names
+        names.discard(types.WILDCARD)
+        if names or wildcard:
+            self.explicit = True
+        elif not self.explicit and self.legacy_wildcard:
+            wildcard = True
+        return self._become(names, wildcard, frozenset())
+
+    def update(self, subscribe: Iterable[str], unsubscribe: Iterable[str], first: bool) -> SubscriptionChange:
+        """Delta: apply ``resource_names_subscribe`` / ``_unsubscribe`` (``first``: the type's first request)."""
+        sub, unsub = set(subscribe), set(unsubscribe)
+        wildcard = self.wildcard or (first and not sub and self.legacy_wildcard) or types.WILDCARD in sub
+        if types.WILDCARD in unsub:
+            wildcard = False
+        sub.discard(types.WILDCARD)
+        unsub.discard(types.WILDCARD)
+        names = (self.names | sub) - unsub
+        return self._become(names, wildcard, frozenset(unsub) if wildcard else frozenset())
+
+    def _become(self, names: set[str], wildcard: bool, resend: frozenset[str]) -> SubscriptionChange:
+        if wildcard:
+            grew, narrowed = not self.wildcard, False
+        else:
+            grew = not names <= self.names
+            narrowed = self.wildcard or not self.names <= names
+        change = SubscriptionChange(changed=wildcard != self.wildcard or names != self.names, grew=grew,
+                                    narrowed=narrowed, resend=resend)
+        self.names, self.wildcard = names, wildcard
+        return change
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """Make-before-break on one ADS stream (xDS protocol, "eventual consistency considerations"):
+    routes never point at a cluster Envoy does not have yet, and a cluster is not removed while
+    routes may still use it. Decided once per push, except warming, which a CDS response of the same
+    push can start."""
+
+    ordered: bool = False  # ADS with make-before-break on: the rules apply
+    hold_removals: bool = False  # cluster (and endpoint) removals wait: LDS/RDS changes are in flight
+
+    def routes_wait(self, type_url: str, cds_adding: bool) -> bool:
+        """LDS/RDS wait while a CDS response that adds clusters is unanswered (they are warming)."""
+        return self.ordered and cds_adding and type_url in ROUTE_TYPES
+
+
+OPEN_GATE = Gate()
+ROUTE_TYPES = (types.LISTENER, types.ROUTE)  # what waits for warming clusters
+# Types whose answer (ACK or NACK) can release something held by the gate, so it makes a push due.
+GATE_TYPES = frozenset({types.CLUSTER, *ROUTE_TYPES})
+
+
 @dataclass
 class ServerContext:
-    """Everything a stream needs from its server."""
+    """Everything a stream needs from its server.
+
+    ``callbacks`` are extra observers of every stream, told after ``status`` (see ``dlb.xds.callbacks``).
+    ``legacy_wildcard`` says which types treat an empty request as "everything" (the xDS rule: the
+    types a client may request without names, which are also the SotW full-state types).
+    """
 
     cache: SnapshotCache
     status: StatusRegistry = field(default_factory=StatusRegistry)
     authorizer: Authorizer | None = None
     make_before_break: bool = True
-    body_cache: "BodyCache" = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
-    _diffs: "collections.OrderedDict[tuple, tuple[list[Resource], list[str]]]" = field(
+    callbacks: Sequence[StreamCallbacks] = ()
+    legacy_wildcard: Callable[[str], bool] = types.full_state
+    body_cache: BodyCache = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
+    _diffs: collections.OrderedDict[tuple[str, str, str], tuple[list[Resource], list[str]]] = field(
         default_factory=collections.OrderedDict)
+    observer: StreamCallbacks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.observer = combine([self.status, *self.callbacks])
 
     def view_diff(self, type_url: str, old_digest: str, old: Mapping[str, Resource], new_digest: str,
                   new: Mapping[str, Resource]) -> tuple[list[Resource], list[str]]:
@@ -65,6 +169,10 @@ class ServerContext:
         return hit
 
 
+# (type URL, version, wrapped?, the view: a type digest or the sorted (name, version) pairs)
+BodyKey = tuple[str, str, bool, object]
+
+
 class BodyCache:
     """LRU of response bodies shared by streams that see the same view of the same snapshot.
 
@@ -73,12 +181,12 @@ class BodyCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._items: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+        self._items: collections.OrderedDict[BodyKey, bytes] = collections.OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple, build: Callable[[], bytes]) -> bytes:
+    def get(self, key: BodyKey, build: Callable[[], bytes]) -> bytes:
         body = self._items.get(key)
         if body is not None:
             self._items.move_to_end(key)
@@ -95,7 +203,7 @@ class BodyCache:
 
 
 class StreamBase:
-    """One xDS stream. Subclasses implement ``_handle`` (a request) and ``_push`` (responses)."""
+    """One xDS stream. Subclasses implement ``handle`` (a request) and ``push`` (responses)."""
 
     kind = "sotw"
 
@@ -117,6 +225,16 @@ class StreamBase:
         self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
 
     # --- helpers for subclasses -------------------------------------------------------------
+    def subscription(self, type_url: str) -> Subscription:
+        return Subscription(legacy_wildcard=self.ctx.legacy_wildcard(type_url))
+
+    def gate(self, routes_busy: Callable[[], bool]) -> Gate:
+        """The make-before-break gate for this push; only ADS streams order types (a per-type
+        service cannot see the other types). ``routes_busy``: LDS/RDS changes are wanted or unanswered."""
+        if not (self.ctx.make_before_break and self.fixed_type is None):
+            return OPEN_GATE
+        return Gate(ordered=True, hold_removals=routes_busy())
+
     def next_nonce(self) -> str:
         self._nonce += 1
         return str(self._nonce)
@@ -142,8 +260,8 @@ class StreamBase:
         self.key = self.ctx.cache.node_key(node)
         self.log = self.log.bind(node=node.id)
         self._watch = self.ctx.cache.watch(self.key, self._on_snapshot)
-        self.ctx.status.stream_opened(node.id, node.cluster)
-        self.log.info("stream opened", key=self.key)
+        self.ctx.observer.stream_opened(node.id, node.cluster)
+        self.log.info("stream_opened", key=self.key)
 
     def snapshot(self) -> Snapshot | None:
         return self.ctx.cache.get_snapshot(self.key) if self.key is not None else None
@@ -155,17 +273,17 @@ class StreamBase:
         if wildcard:
             if auth is None:
                 return all_res
-            return {n: r for n, r in all_res.items() if auth(self.node, type_url, n)}  # type: ignore[arg-type]
+            return {n: r for n, r in all_res.items() if auth(self.node, type_url, n)}
         out = {}
         for n in names:
             r = all_res.get(n)
             if r is None:
                 continue
-            if auth is None or auth(self.node, type_url, n):  # type: ignore[arg-type]
+            if auth is None or auth(self.node, type_url, n):
                 out[n] = r
             elif (type_url, n) not in self._denied:
                 self._denied.add((type_url, n))  # a security signal: log once per stream and name
-                self.log.warning("read denied", type=types.short(type_url), resource=n)
+                self.log.warning("read_denied", type=types.short(type_url), resource=n)
         return out
 
     # --- the loop ---------------------------------------------------------------------------
@@ -173,7 +291,7 @@ class StreamBase:
         self._snapshot_changed = True
         self._wake.set()
 
-    async def _read(self, request_iterator: AsyncIterator) -> None:
+    async def _read(self, request_iterator: AsyncIterator[Any]) -> None:
         """Apply requests as they arrive; wake the writer only if a push may be due.
 
         Handling in the reader (not the writer) saves a task switch per ACK, the most common
@@ -182,7 +300,7 @@ class StreamBase:
         try:
             async for req in request_iterator:
                 try:
-                    if self._handle(req):
+                    if self.handle(req):
                         self._push_due = True
                         self._wake.set()
                 except StreamError as exc:
@@ -191,12 +309,12 @@ class StreamBase:
         except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AioRpcError):
             pass
         except Exception as exc:  # a broken peer ends its own stream, nothing else
-            self.log.warning("request stream failed", error=repr(exc))
+            self.log.warning("request_stream_failed", error=repr(exc))
         finally:
             self._eof = True
             self._wake.set()
 
-    async def run(self, request_iterator: AsyncIterator) -> AsyncIterator[bytes]:
+    async def run(self, request_iterator: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while True:
@@ -210,7 +328,7 @@ class StreamBase:
                 self._snapshot_changed = self._push_due = False
                 if self.node is None or not need_push:
                     continue
-                for response in self._push():
+                for response in self.push():
                     yield response
         finally:
             reader.cancel()
@@ -218,12 +336,14 @@ class StreamBase:
                 self.ctx.cache.cancel(self._watch)
                 self._watch = None
             if self.node is not None:
-                self.ctx.status.stream_closed(self.node.id)
-                self.log.info("stream closed")
+                self.ctx.observer.stream_closed(self.node.id)
+                self.log.info("stream_closed")
 
-    def _handle(self, req) -> bool:  # pragma: no cover - abstract
+    # --- the state machine (synchronous: tests/test_xds_stream.py drives it without a loop) ---
+    def handle(self, req: Any) -> bool:  # pragma: no cover - abstract
         """Apply one request; True if a push could now be due."""
         raise NotImplementedError
 
-    def _push(self) -> list[bytes]:  # pragma: no cover - abstract
+    def push(self) -> list[bytes]:  # pragma: no cover - abstract
+        """The responses due now, from the newest snapshot (encoded, ready to write)."""
         raise NotImplementedError

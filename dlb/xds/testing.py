@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import grpc
 from envoy.config.cluster.v3 import cluster_pb2
@@ -22,6 +24,7 @@ from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 
 from dlb.xds.snapshot import resource_name, unwrap
 
@@ -34,10 +37,10 @@ class RawStream:
 
     def __init__(self, channel: grpc.aio.Channel, delta: bool = False) -> None:
         self.delta = delta
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
 
-        async def requests():
+        async def requests() -> AsyncIterator[Message]:
             while True:
                 item = await self._queue.get()
                 if item is None:
@@ -47,23 +50,23 @@ class RawStream:
         method = stub.DeltaAggregatedResources if delta else stub.StreamAggregatedResources
         self.call = method(requests())
 
-    async def send(self, req) -> None:
+    async def send(self, req: Message) -> None:
         await self._queue.put(req)
 
-    async def recv(self, timeout: float = 20.0):
+    async def recv(self, timeout: float = 20.0) -> Any:
         resp = await asyncio.wait_for(self.call.read(), timeout)
         if resp is grpc.aio.EOF:
             raise EOFError(f"stream ended: {await self.call.code()} {await self.call.details()}")
         return resp
 
-    async def barrier(self, node: base_pb2.Node | None = None) -> list:
+    async def barrier(self, node: base_pb2.Node | None = None) -> list[Any]:
         """Return every response that arrives before the barrier's own response."""
         type_url = f"{BARRIER_PREFIX}{next(_barrier_ids):06d}"
         if self.delta:
             await self.send(discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, node=node))
         else:
             await self.send(discovery_pb2.DiscoveryRequest(type_url=type_url, node=node))
-        before = []
+        before: list[Any] = []
         while True:
             resp = await self.recv()
             if resp.type_url == type_url:
@@ -75,7 +78,8 @@ class RawStream:
         self.call.cancel()
 
 
-def sotw_request(type_url: str, names=(), version: str = "", nonce: str = "", node=None, error: str | None = None):
+def sotw_request(type_url: str, names: Iterable[str] = (), version: str = "", nonce: str = "", node: base_pb2.Node | None = None,
+                 error: str | None = None) -> discovery_pb2.DiscoveryRequest:
     req = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=list(names), version_info=version,
                                          response_nonce=nonce)
     if node is not None:
@@ -86,22 +90,22 @@ def sotw_request(type_url: str, names=(), version: str = "", nonce: str = "", no
     return req
 
 
-def ack(resp, names=(), node=None):
+def ack(resp: Any, names: Iterable[str] = (), node: base_pb2.Node | None = None) -> discovery_pb2.DiscoveryRequest:
     return sotw_request(resp.type_url, names, resp.version_info, resp.nonce, node)
 
 
-def nack(resp, kept_version: str, reason: str, names=()):
+def nack(resp: Any, kept_version: str, reason: str, names: Iterable[str] = ()) -> discovery_pb2.DiscoveryRequest:
     return sotw_request(resp.type_url, names, kept_version, resp.nonce, error=reason)
 
 
-def names_of(resp, cls) -> list[str]:
+def names_of(resp: Any, cls: type[Message]) -> list[str]:
     """Resource names in a SotW response, unpacked as ``cls``."""
     return list(decode(resp, cls))
 
 
-def decode(resp, cls) -> dict:
+def decode(resp: Any, cls: type[Message]) -> dict[str, Message]:
     """A SotW response as {name: message}, unwrapping envoy.service.discovery.v3.Resource entries."""
-    out = {}
+    out: dict[str, Message] = {}
     for a in resp.resources:
         name, inner = unwrap(a)
         m = cls.FromString(inner.value)

@@ -2,9 +2,9 @@
 
 The cache is type-agnostic (any protobuf message under any type URL flows over ADS, including our own
 ``type.googleapis.com/dlb.v1.*`` types). Only three things depend on the type, all from the xDS
-protocol: which types are *full state* in state-of-the-world (a missing name means "deleted"), which
-types allow the legacy wildcard (an empty first request means "everything"), and the make-before-break
-push order across types on one ADS stream.
+protocol: which types are *full state* in state-of-the-world (a missing name means "deleted"; the
+same types are the ones that allow the legacy wildcard, which ``ServerContext.legacy_wildcard``
+applies), and the make-before-break push order across types on one ADS stream.
 """
 
 from __future__ import annotations
@@ -47,10 +47,6 @@ WILDCARD = "*"
 def short(type_url: str) -> str:
     """A short label for logs and metrics (``CDS``, or the message name for custom types)."""
     return SHORT_NAMES.get(type_url) or type_url.rsplit("/", 1)[-1]
-
-
-def supports_legacy_wildcard(type_url: str) -> bool:
-    return type_url not in NAMED_ONLY
 
 
 def order_key(type_url: str) -> tuple[int, str]:

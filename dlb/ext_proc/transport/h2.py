@@ -21,19 +21,32 @@ HTTP/2 + gRPC framing, and the subset it needs from a server is small:
 The handler is synchronous: ``handler(message: bytes) -> (reply: bytes | None, end: bool)``. The
 root decides from cached state without awaiting, so running it inline in ``data_received`` is what
 makes the hop cheap; a handler that must wait belongs on grpc.aio (``--transport grpc``).
+
+Structure (after python-hyper/h2): :class:`H2Connection` is the protocol with no I/O at all — bytes
+in (``receive_data``), events and bytes out (``data_to_send``) — so tests feed it frames directly;
+:class:`H2GrpcProtocol` is the thin ``asyncio.Protocol`` that moves bytes between it and a socket.
+A stream's life is a :class:`StreamState` changed only through :data:`TRANSITIONS`; frame types,
+error codes and gRPC statuses are IntEnums, and protocol errors are :class:`H2Error` subclasses that
+carry the error code they end the connection with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import hpack
 import hpack.exceptions
 
+from dlb.errors import DlbError
 from dlb.log import get_logger
+
+if TYPE_CHECKING:
+    from prometheus_client import Metric
 
 log = get_logger("dlb.h2server")
 
@@ -42,14 +55,116 @@ Handler = Callable[[bytes], "tuple[bytes | None, bool]"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-# Frame types and flags (RFC 9113 §6).
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+class FrameType(enum.IntEnum):
+    """RFC 9113 §6."""
+
+    DATA = 0x0
+    HEADERS = 0x1
+    PRIORITY = 0x2
+    RST_STREAM = 0x3
+    SETTINGS = 0x4
+    PUSH_PROMISE = 0x5
+    PING = 0x6
+    GOAWAY = 0x7
+    WINDOW_UPDATE = 0x8
+    CONTINUATION = 0x9
+
+
+class ErrorCode(enum.IntEnum):
+    """RFC 9113 §7 (RST_STREAM and GOAWAY codes)."""
+
+    NO_ERROR = 0x0
+    PROTOCOL_ERROR = 0x1
+    INTERNAL_ERROR = 0x2
+    FLOW_CONTROL_ERROR = 0x3
+    SETTINGS_TIMEOUT = 0x4
+    STREAM_CLOSED = 0x5
+    FRAME_SIZE_ERROR = 0x6
+    REFUSED_STREAM = 0x7
+    CANCEL = 0x8
+    COMPRESSION_ERROR = 0x9
+    CONNECT_ERROR = 0xA
+    ENHANCE_YOUR_CALM = 0xB
+    INADEQUATE_SECURITY = 0xC
+    HTTP_1_1_REQUIRED = 0xD
+
+
+class SettingCode(enum.IntEnum):
+    """RFC 9113 §6.5.2."""
+
+    HEADER_TABLE_SIZE = 0x1
+    ENABLE_PUSH = 0x2
+    MAX_CONCURRENT_STREAMS = 0x3
+    INITIAL_WINDOW_SIZE = 0x4
+    MAX_FRAME_SIZE = 0x5
+    MAX_HEADER_LIST_SIZE = 0x6
+
+
+class GrpcStatus(enum.IntEnum):
+    """gRPC status codes (grpc/doc/statuscodes.md)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+# Module-level names for the members the frame loop compares against: a global lookup, not an
+# attribute lookup on the enum class, per frame (they are the same IntEnum members).
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = FrameType
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, REFUSED_STREAM = (
+    ErrorCode.NO_ERROR, ErrorCode.PROTOCOL_ERROR, ErrorCode.FLOW_CONTROL_ERROR, ErrorCode.STREAM_CLOSED, ErrorCode.REFUSED_STREAM)
+GRPC_OK = GrpcStatus.OK
+# Flags (RFC 9113 §6; END_STREAM and ACK share a bit on different frame types).
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-# Error codes (§7).
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR = 0x0, 0x1, 0x2, 0x3, 0x5, 0x6
-REFUSED_STREAM, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x9, 0xB
-# SETTINGS identifiers (§6.5.2).
-S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = range(1, 7)
+
+
+class H2Error(DlbError):
+    """A connection error: the peer broke HTTP/2; the connection ends with GOAWAY(``code``)."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ProtocolError(H2Error):
+    code = ErrorCode.PROTOCOL_ERROR
+
+
+class FrameSizeError(ProtocolError):
+    code = ErrorCode.FRAME_SIZE_ERROR
+
+
+class FlowControlError(ProtocolError):
+    code = ErrorCode.FLOW_CONTROL_ERROR
+
+
+class CompressionError(ProtocolError):
+    """HPACK state is lost: the connection cannot continue (RFC 9113 §4.3)."""
+
+    code = ErrorCode.COMPRESSION_ERROR
+
+
+class DenialOfServiceError(H2Error):
+    """The peer exceeded a bound we set (header block or buffered bytes)."""
+
+    code = ErrorCode.ENHANCE_YOUR_CALM
+
 
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = 2**31 - 1
@@ -63,14 +178,11 @@ MAX_MESSAGE = 4 * 1024 * 1024
 #: Bytes of incomplete messages one connection may hold across its streams.
 MAX_BUFFERED = 16 * 1024 * 1024
 
-# gRPC status codes we send.
-GRPC_OK, GRPC_INTERNAL, GRPC_UNIMPLEMENTED, GRPC_RESOURCE_EXHAUSTED = 0, 13, 12, 8
-
 _u32 = struct.Struct(">I")
 _hdr = struct.Struct(">BHBBI")  # 24-bit length split as B+H, type, flags, stream id
 
 
-def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+def _frame(ftype: FrameType, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return _hdr.pack(n >> 16, n & 0xFFFF, ftype, flags, sid) + payload
 
@@ -85,8 +197,8 @@ RESPONSE_HEADERS = _block((":status", "200"), ("content-type", "application/grpc
 TABLE_SIZE_ZERO = b"\x20"  # RFC 7541 §6.3 dynamic table size update to 0: our encoder never indexes
 
 
-def _trailers(status: int, message: str = "") -> bytes:
-    fields = [("grpc-status", str(status))]
+def _trailers(status: GrpcStatus, message: str = "") -> bytes:
+    fields = [("grpc-status", str(int(status)))]
     if message:
         fields.append(("grpc-message", _percent_encode(message).decode()))
     return _block(*fields)
@@ -120,15 +232,16 @@ class CachingDecoder:
         self.hits = 0
 
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        fields = self.cache.get(block)
-        if fields is not None:
+        hit = self.cache.get(block)
+        if hit is not None:
             self.hits += 1
-            return fields
+            return hit
         table = self.decoder.header_table
         entries = table.dynamic_entries
         first = entries[0] if entries else None
         size, maxsize = len(entries), table.maxsize
-        fields = self.decoder.decode(block, raw=True)
+        # raw=True: every name and value stays bytes (hpack's annotation is the wider HeaderTuple)
+        fields = cast("list[tuple[bytes, bytes]]", self.decoder.decode(block, raw=True))
         if len(entries) == size and (entries[0] if entries else None) is first and table.maxsize == maxsize:
             if len(self.cache) >= self.MAX_ENTRIES:
                 self.cache.clear()
@@ -150,7 +263,7 @@ class TransportStats:
     connection_errors: int = 0  # GOAWAY with an error code sent
     handler_errors: int = 0
 
-    def families(self, prefix: str) -> list:
+    def families(self, prefix: str) -> list[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
         return [CounterMetricFamily(f"{prefix}_h2_{name}", doc, value=getattr(self, name)) for name, doc in (
@@ -163,34 +276,116 @@ class TransportStats:
         )]
 
 
+class StreamState(enum.IntEnum):
+    """A stream's life on our side (RFC 9113 §5.1, as a gRPC server uses it)::
+
+                   recv END_STREAM                      finish (trailers queued)
+        OPEN ──────────────────────> HALF_CLOSED_REMOTE ──────────────> CLOSING_REMOTE_ENDED
+          │ finish                                                            │ trailers written
+          v           recv END_STREAM                                         v
+        CLOSING ─────────────────────────────────────> CLOSING_REMOTE_ENDED   CLOSED
+          │ trailers written: also RST_STREAM(NO_ERROR), the client need not send more
+          v
+        CLOSED          (RESET from any state → CLOSED; a CLOSED stream leaves the table)
+
+    "Closing" is our trailers queued behind flow control; the root answers the first message, so
+    most streams go OPEN → CLOSING → CLOSED while the client's side is still open.
+    """
+
+    # IntEnum, not Enum: states are hashed on every call (table lookups, set membership) and
+    # Enum.__hash__ is Python code; int's is not (measured: 1.5 µs per call with Enum).
+    OPEN = 0
+    HALF_CLOSED_REMOTE = 1  # the client ended its side; our reply is not finished
+    CLOSING = 2  # our trailers are queued; the client may still send (its bytes are dropped)
+    CLOSING_REMOTE_ENDED = 3  # trailers queued and the client's side ended
+    CLOSED = 4
+
+
+class StreamInput(enum.IntEnum):
+    RECV_END_STREAM = 0
+    FINISH = 1  # our side of the call is over: trailers queued
+    TRAILERS_WRITTEN = 2
+    RESET = 3  # RST_STREAM sent or received
+
+
+_S, _I = StreamState, StreamInput
+#: (state, input) → next state; a pair not listed is a peer error (frames on a stream it ended).
+#: Nested dicts, not tuple keys: a transition allocates nothing on the request path.
+TRANSITIONS: dict[StreamState, dict[StreamInput, StreamState]] = {
+    _S.OPEN: {_I.RECV_END_STREAM: _S.HALF_CLOSED_REMOTE, _I.FINISH: _S.CLOSING, _I.RESET: _S.CLOSED},
+    _S.HALF_CLOSED_REMOTE: {_I.FINISH: _S.CLOSING_REMOTE_ENDED, _I.RESET: _S.CLOSED},
+    _S.CLOSING: {_I.RECV_END_STREAM: _S.CLOSING_REMOTE_ENDED, _I.TRAILERS_WRITTEN: _S.CLOSED, _I.RESET: _S.CLOSED},
+    _S.CLOSING_REMOTE_ENDED: {_I.TRAILERS_WRITTEN: _S.CLOSED, _I.RESET: _S.CLOSED},
+    _S.CLOSED: {},
+}
+# Module-level names for the states and inputs the request path uses (a global lookup per use).
+_OPEN, _CLOSING, _CLOSING_REMOTE_ENDED = _S.OPEN, _S.CLOSING, _S.CLOSING_REMOTE_ENDED
+_RECV_END_STREAM, _FINISH, _TRAILERS_WRITTEN, _RESET = _I
+#: States in which the client may still send DATA (in CLOSING it is read and dropped).
+REMOTE_OPEN = frozenset({_S.OPEN, _S.CLOSING})
+#: States in which our side is over (trailers queued or the stream gone).
+LOCAL_DONE = frozenset({_S.CLOSING, _S.CLOSING_REMOTE_ENDED, _S.CLOSED})
+
+
+class StreamStateError(H2Error):
+    """An input the stream's state does not accept (a stream error: RST_STREAM(STREAM_CLOSED))."""
+
+    code = ErrorCode.STREAM_CLOSED
+
+
 @dataclass(slots=True)
 class _Stream:
     sid: int
     send_window: int
+    state: StreamState = StreamState.OPEN
     recv_unacked: int = 0
     buf: bytearray = field(default_factory=bytearray)
     headers_sent: bool = False
-    local_closed: bool = False  # the call is over on our side (trailers queued or sent, or reset)
-    remote_closed: bool = False
-    pending: list = field(default_factory=list)  # DATA payloads waiting for flow-control window
+    pending: list[bytes] = field(default_factory=list)  # DATA payloads waiting for flow-control window
     trailers: bytes | None = None  # the closing header block, sent once ``pending`` is empty
 
+    def apply(self, event: StreamInput) -> StreamState:
+        """Move to the state :data:`TRANSITIONS` gives; raises :class:`StreamStateError` if none."""
+        nxt = TRANSITIONS[self.state].get(event)
+        if nxt is None:
+            raise StreamStateError(f"stream {self.sid}: {event.name} in state {self.state.name}")
+        self.state = nxt
+        return nxt
 
-class _ConnectionError(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
+
+# --- events: what receive_data tells the I/O layer --------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ConnectionTerminated:
+    """We sent GOAWAY with ``error_code``: write what is left, then close the socket."""
+
+    error_code: ErrorCode
+    reason: str
 
 
-class H2GrpcProtocol(asyncio.Protocol):
-    """One HTTP/2 connection from Envoy: frames in, replies out, all inside ``data_received``."""
+@dataclass(frozen=True, slots=True)
+class StreamReset:
+    """We reset a stream with ``error_code`` (RST_STREAM)."""
 
-    def __init__(self, path: bytes, handler: Handler, stats: TransportStats, on_close: Callable[["H2GrpcProtocol"], None]) -> None:
+    stream_id: int
+    error_code: ErrorCode
+
+
+Event = ConnectionTerminated | StreamReset
+_NO_EVENTS: tuple[Event, ...] = ()
+
+
+class H2Connection:
+    """One HTTP/2 connection from Envoy, without I/O: bytes in, events and bytes out.
+
+    ``receive_data`` parses frames, runs the handler inline for each complete gRPC message, and
+    queues every frame to send; ``data_to_send`` drains them. After a :class:`ConnectionTerminated`
+    event the connection accepts nothing more and the caller closes the socket.
+    """
+
+    def __init__(self, path: bytes, handler: Handler, stats: TransportStats) -> None:
         self.path = path
         self.handler = handler
         self.stats = stats
-        self.on_close = on_close
-        self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface_seen = False
         self.decoder = CachingDecoder(MAX_HEADER_LIST)
@@ -203,48 +398,55 @@ class H2GrpcProtocol(asyncio.Protocol):
         self.table_size_sent = False
         self.continuation: tuple[int, int, bytearray] | None = None  # (sid, flags, block) while a header block is split
         self.goaway_sent = False
+        self.terminated = False
         self.out: list[bytes] = []
+        self._events: list[Event] = []
 
-    # -- asyncio.Protocol ------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    # -- the API -------------------------------------------------------------------------------------
+    def initiate(self) -> None:
+        """Queue our SETTINGS and the connection window increase (the server's side of the preface)."""
         self.stats.connections += 1
         settings = b"".join(struct.pack(">HI", k, v) for k, v in (
-            (S_ENABLE_PUSH, 0), (S_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS), (S_INITIAL_WINDOW_SIZE, RECV_WINDOW),
-            (S_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
-        transport.write(_frame(SETTINGS, 0, 0, settings) + _frame(WINDOW_UPDATE, 0, 0, _u32.pack(RECV_WINDOW - DEFAULT_WINDOW)))
+            (SettingCode.ENABLE_PUSH, 0), (SettingCode.MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
+            (SettingCode.INITIAL_WINDOW_SIZE, RECV_WINDOW), (SettingCode.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
+        self.out.append(_frame(SETTINGS, 0, 0, settings) + _frame(WINDOW_UPDATE, 0, 0, _u32.pack(RECV_WINDOW - DEFAULT_WINDOW)))
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def data_to_send(self) -> bytes:
+        """Everything queued since the last call, as one write."""
+        if not self.out:
+            return b""
+        data = b"".join(self.out)
+        self.out.clear()
+        return data
+
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR) -> None:
+        """Graceful stop: GOAWAY(``code``) so Envoy opens new streams elsewhere."""
+        self._goaway(code)
+
+    def connection_lost(self) -> None:
         self.streams.clear()
-        self.on_close(self)
 
-    def pause_writing(self) -> None:
-        # The peer stopped reading: stop reading its requests too, so our buffer stays bounded.
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
+    def receive_data(self, data: bytes) -> Sequence[Event]:
+        """Feed bytes from the peer; returns what happened that the I/O layer must act on."""
+        if self.terminated:
+            return _NO_EVENTS
         buf = self.buf
         buf += data
         try:
             if not self.preface_seen:
                 if len(buf) < len(PREFACE):
                     if not PREFACE.startswith(bytes(buf)):
-                        raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                    return
+                        raise ProtocolError("not an HTTP/2 connection preface")
+                    return _NO_EVENTS
                 if buf[:len(PREFACE)] != PREFACE:
-                    raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    raise ProtocolError("not an HTTP/2 connection preface")
                 del buf[:len(PREFACE)]
                 self.preface_seen = True
             pos, n = 0, len(buf)
             while n - pos >= 9:
                 length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
                 if length > MAX_FRAME:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, f"frame of {length} bytes exceeds {MAX_FRAME}")
+                    raise FrameSizeError(f"frame of {length} bytes exceeds {MAX_FRAME}")
                 end = pos + 9 + length
                 if end > n:
                     break
@@ -253,26 +455,28 @@ class H2GrpcProtocol(asyncio.Protocol):
                 self._frame_in(ftype, flags, sid, bytes(buf[pos + 9:end]))
                 pos = end
             del buf[:pos]
-        except _ConnectionError as exc:
-            self._connection_error(exc.code, str(exc))
-        finally:
-            self._flush()
+        except H2Error as exc:
+            self._connection_error(exc)
+        if not self._events:
+            return _NO_EVENTS
+        events, self._events = self._events, []
+        return events
 
     # -- frames in -----------------------------------------------------------------------------------
     def _frame_in(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if self.continuation is not None and ftype != CONTINUATION:
-            raise _ConnectionError(PROTOCOL_ERROR, "header block interrupted before END_HEADERS")
+            raise ProtocolError("header block interrupted before END_HEADERS")
         if ftype == DATA:
             self._data(flags, sid, payload)
         elif ftype == HEADERS:
             self._headers(flags, sid, payload)
         elif ftype == CONTINUATION:
             if self.continuation is None or self.continuation[0] != sid:
-                raise _ConnectionError(PROTOCOL_ERROR, "unexpected CONTINUATION")
+                raise ProtocolError("unexpected CONTINUATION")
             block = self.continuation[2]
             block += payload
             if len(block) > MAX_HEADER_LIST:
-                raise _ConnectionError(ENHANCE_YOUR_CALM, "header block too large")
+                raise DenialOfServiceError("header block too large")
             if flags & END_HEADERS:
                 first_flags = self.continuation[1]
                 self.continuation = None
@@ -282,41 +486,47 @@ class H2GrpcProtocol(asyncio.Protocol):
         elif ftype == WINDOW_UPDATE:
             self._window_update(sid, payload)
         elif ftype == PING:
-            if sid != 0 or len(payload) != 8:
-                raise _ConnectionError(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
+            if sid != 0:
+                raise ProtocolError("PING on a stream")
+            if len(payload) != 8:
+                raise FrameSizeError("PING payload is not 8 bytes")
             if not flags & ACK:
                 self.out.append(_frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
-            if sid == 0 or len(payload) != 4:
-                raise _ConnectionError(PROTOCOL_ERROR if sid == 0 else FRAME_SIZE_ERROR, "bad RST_STREAM")
-            self.streams.pop(sid, None)
+            if sid == 0:
+                raise ProtocolError("RST_STREAM on stream 0")
+            if len(payload) != 4:
+                raise FrameSizeError("RST_STREAM payload is not 4 bytes")
+            stream = self.streams.pop(sid, None)
+            if stream is not None:
+                stream.apply(StreamInput.RESET)
         elif ftype == GOAWAY:
             pass  # the peer opens no new streams and closes the connection when its calls are done
         elif ftype == PRIORITY:
             if sid == 0:
-                raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+                raise ProtocolError("PRIORITY on stream 0")
         elif ftype == PUSH_PROMISE:
-            raise _ConnectionError(PROTOCOL_ERROR, "clients cannot push")
+            raise ProtocolError("clients cannot push")
         # Unknown frame types are ignored (§5.5).
 
     @staticmethod
     def _strip_padding(flags: int, payload: bytes) -> bytes:
         if flags & PADDED:
             if not payload:
-                raise _ConnectionError(PROTOCOL_ERROR, "PADDED frame without pad length")
+                raise ProtocolError("PADDED frame without pad length")
             pad = payload[0]
             if pad >= len(payload):
-                raise _ConnectionError(PROTOCOL_ERROR, "padding exceeds frame")
+                raise ProtocolError("padding exceeds frame")
             return payload[1:len(payload) - pad]
         return payload
 
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
+            raise ProtocolError("HEADERS on stream 0")
         block = self._strip_padding(flags, payload)
         if flags & PRIORITY_FLAG:
             if len(block) < 5:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "HEADERS priority fields truncated")
+                raise FrameSizeError("HEADERS priority fields truncated")
             block = block[5:]
         if flags & END_HEADERS:
             self._header_block(flags, sid, block)
@@ -327,7 +537,7 @@ class H2GrpcProtocol(asyncio.Protocol):
         try:
             fields = self.decoder.decode(block)
         except hpack.exceptions.HPACKError as exc:  # the shared table is now unknown: the connection is lost
-            raise _ConnectionError(COMPRESSION_ERROR, f"HPACK: {exc}") from None
+            raise CompressionError(f"HPACK: {exc}") from None
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client
             if not flags & END_STREAM:
@@ -336,17 +546,18 @@ class H2GrpcProtocol(asyncio.Protocol):
             self._remote_end(stream)
             return
         if sid % 2 == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, f"client stream id {sid} is even")
+            raise ProtocolError(f"client stream id {sid} is even")
         if sid <= self.last_sid:
             return  # a stream we already ended (and reset): frames in flight are dropped
         self.last_sid = sid
         if self.goaway_sent:
             return
-        stream = _Stream(sid, self.peer_initial_window)
         if len(self.streams) >= MAX_CONCURRENT_STREAMS:
             self.out.append(_frame(RST_STREAM, 0, sid, _u32.pack(REFUSED_STREAM)))
             self.stats.stream_resets += 1
+            self._events.append(StreamReset(sid, REFUSED_STREAM))
             return
+        stream = _Stream(sid, self.peer_initial_window)
         self.streams[sid] = stream
         self.stats.streams += 1
         method = path = ctype = None
@@ -361,41 +572,44 @@ class H2GrpcProtocol(asyncio.Protocol):
             self._reset(stream, PROTOCOL_ERROR)  # not a gRPC request at all
             return
         if path != self.path:
-            self._finish(stream, GRPC_UNIMPLEMENTED, f"unknown method {path.decode('latin-1') if path else ''}")
+            self._finish(stream, GrpcStatus.UNIMPLEMENTED, f"unknown method {path.decode('latin-1') if path else ''}")
             return
         if flags & END_STREAM:
             self._remote_end(stream)
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
+            raise ProtocolError("DATA on stream 0")
         size = len(payload)
         self.conn_recv_unacked += size
         if self.conn_recv_unacked > RECV_WINDOW:
-            raise _ConnectionError(FLOW_CONTROL_ERROR, "peer exceeded the connection window")
+            raise FlowControlError("peer exceeded the connection window")
         if self.conn_recv_unacked >= RECV_WINDOW // 2:
             self.out.append(_frame(WINDOW_UPDATE, 0, 0, _u32.pack(self.conn_recv_unacked)))
             self.conn_recv_unacked = 0
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self.last_sid:
-                raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+                raise ProtocolError(f"DATA on idle stream {sid}")
             return  # a stream we already finished or reset: the bytes are counted above and dropped
+        if stream.state not in REMOTE_OPEN:
+            self._reset(stream, STREAM_CLOSED)  # DATA after the client's END_STREAM (RFC 9113 §5.1)
+            return
         data = self._strip_padding(flags, payload)
         stream.recv_unacked += size
         if stream.recv_unacked > RECV_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
-        if not stream.local_closed:  # after our trailers, the client's remaining bytes are dropped
+        if stream.state is _OPEN:  # after our trailers, the client's remaining bytes are dropped
             buf = stream.buf
             buf += data
-            while len(buf) >= 5 and not stream.local_closed:
+            while len(buf) >= 5 and stream.state is _OPEN:
                 n = _u32.unpack_from(buf, 1)[0]
                 if buf[0] != 0:
-                    self._finish(stream, GRPC_UNIMPLEMENTED, "compressed messages are not supported")
+                    self._finish(stream, GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported")
                     break
                 if n > MAX_MESSAGE:
-                    self._finish(stream, GRPC_RESOURCE_EXHAUSTED, f"message of {n} bytes exceeds {MAX_MESSAGE}")
+                    self._finish(stream, GrpcStatus.RESOURCE_EXHAUSTED, f"message of {n} bytes exceeds {MAX_MESSAGE}")
                     break
                 if len(buf) < 5 + n:
                     break
@@ -405,8 +619,8 @@ class H2GrpcProtocol(asyncio.Protocol):
             if buf and len(buf) > 5 and sum(len(s.buf) for s in self.streams.values()) > MAX_BUFFERED:
                 # Partial messages are the only unbounded state (the connection window is re-opened as
                 # bytes arrive): a peer that parks more than this in half-sent messages is cut off.
-                raise _ConnectionError(ENHANCE_YOUR_CALM, f"more than {MAX_BUFFERED} bytes of partial messages")
-            if stream.recv_unacked >= RECV_WINDOW // 2 and not stream.local_closed and not flags & END_STREAM:
+                raise DenialOfServiceError(f"more than {MAX_BUFFERED} bytes of partial messages")
+            if stream.recv_unacked >= RECV_WINDOW // 2 and stream.state is _OPEN and not flags & END_STREAM:
                 self.out.append(_frame(WINDOW_UPDATE, 0, sid, _u32.pack(stream.recv_unacked)))
                 stream.recv_unacked = 0
         if flags & END_STREAM:
@@ -420,7 +634,7 @@ class H2GrpcProtocol(asyncio.Protocol):
             self.stats.handler_errors += 1
             if self.stats.handler_errors == 1 or self.stats.handler_errors % 1000 == 0:
                 log.exception("ext_proc_handler_failed", errors=self.stats.handler_errors)
-            self._finish(stream, GRPC_INTERNAL, "handler failed")
+            self._finish(stream, GrpcStatus.INTERNAL, "handler failed")
             return
         if reply is not None:
             self._send_message(stream, reply)
@@ -428,38 +642,37 @@ class H2GrpcProtocol(asyncio.Protocol):
             self._finish(stream, GRPC_OK)
 
     def _remote_end(self, stream: _Stream) -> None:
-        stream.remote_closed = True
-        if stream.local_closed:
+        if stream.apply(_RECV_END_STREAM) is _CLOSING_REMOTE_ENDED:
             return  # trailers still waiting for window; _drain removes the stream
         if stream.buf:
-            self._finish(stream, GRPC_INTERNAL, "stream ended inside a message")
+            self._finish(stream, GrpcStatus.INTERNAL, "stream ended inside a message")
         else:
             self._finish(stream, GRPC_OK)  # the client half-closed: the call is complete
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise ProtocolError("SETTINGS on a stream")
         if flags & ACK:
             if payload:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with payload")
+                raise FrameSizeError("SETTINGS ACK with payload")
             return
         if len(payload) % 6:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+            raise FrameSizeError("SETTINGS length not a multiple of 6")
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, i)
-            if key == S_INITIAL_WINDOW_SIZE:
+            if key == SettingCode.INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise _ConnectionError(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
+                    raise FlowControlError("INITIAL_WINDOW_SIZE too large")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for s in self.streams.values():
                     s.send_window += delta
-            elif key == S_MAX_FRAME_SIZE:
+            elif key == SettingCode.MAX_FRAME_SIZE:
                 if not MAX_FRAME <= value <= 2**24 - 1:
-                    raise _ConnectionError(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
+                    raise ProtocolError("MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
-            elif key == S_ENABLE_PUSH and value > 1:
-                raise _ConnectionError(PROTOCOL_ERROR, "ENABLE_PUSH must be 0 or 1")
+            elif key == SettingCode.ENABLE_PUSH and value > 1:
+                raise ProtocolError("ENABLE_PUSH must be 0 or 1")
             # HEADER_TABLE_SIZE: our encoder never indexes (table size 0), so any value is fine.
         self.out.append(_frame(SETTINGS, ACK, 0))
         for s in list(self.streams.values()):
@@ -467,14 +680,14 @@ class H2GrpcProtocol(asyncio.Protocol):
 
     def _window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
+            raise FrameSizeError("WINDOW_UPDATE length")
         inc = _u32.unpack(payload)[0] & 0x7FFFFFFF
         if sid == 0:
             if inc == 0:
-                raise _ConnectionError(PROTOCOL_ERROR, "zero connection WINDOW_UPDATE")
+                raise ProtocolError("zero connection WINDOW_UPDATE")
             self.conn_send_window += inc
             if self.conn_send_window > MAX_WINDOW:
-                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
+                raise FlowControlError("connection window overflow")
             for s in list(self.streams.values()):
                 self._drain(s)
             return
@@ -498,7 +711,7 @@ class H2GrpcProtocol(asyncio.Protocol):
         return _frame(HEADERS, flags | END_HEADERS, sid, block)
 
     def _send_message(self, stream: _Stream, message: bytes) -> None:
-        if stream.local_closed:
+        if stream.state in LOCAL_DONE:
             return
         if not stream.headers_sent:
             self.out.append(self._header_frame(stream.sid, RESPONSE_HEADERS, 0))
@@ -506,9 +719,9 @@ class H2GrpcProtocol(asyncio.Protocol):
         stream.pending.append(_u32.pack(len(message)).rjust(5, b"\x00") + message)
         self._drain(stream)
 
-    def _finish(self, stream: _Stream, status: int, message: str = "") -> None:
+    def _finish(self, stream: _Stream, status: GrpcStatus, message: str = "") -> None:
         """End our side of the call with a gRPC status (trailers, or trailers-only before any reply)."""
-        if stream.local_closed:
+        if stream.state in LOCAL_DONE:
             return
         if status != GRPC_OK:
             self.stats.grpc_errors += 1
@@ -516,7 +729,7 @@ class H2GrpcProtocol(asyncio.Protocol):
         if not stream.headers_sent:
             block = RESPONSE_HEADERS + block  # trailers-only response
             stream.headers_sent = True
-        stream.local_closed = True
+        stream.apply(_FINISH)
         stream.trailers = block
         stream.buf.clear()
         self._drain(stream)
@@ -539,42 +752,85 @@ class H2GrpcProtocol(asyncio.Protocol):
         if stream.trailers is not None:
             self.out.append(self._header_frame(stream.sid, stream.trailers, END_STREAM))
             stream.trailers = None
-            if not stream.remote_closed:
+            if stream.state is _CLOSING:
                 # The response is complete while the client's side is still open (the root answers
                 # the first message): RST_STREAM(NO_ERROR) tells it to stop sending (RFC 9113
                 # §8.1), as grpc servers do, so no state is kept for a minutes-long generation.
                 self.out.append(_frame(RST_STREAM, 0, stream.sid, _u32.pack(NO_ERROR)))
+            stream.apply(_TRAILERS_WRITTEN)
             self.streams.pop(stream.sid, None)
 
-    def _reset(self, stream: _Stream, code: int) -> None:
+    def _reset(self, stream: _Stream, code: ErrorCode) -> None:
         self.out.append(_frame(RST_STREAM, 0, stream.sid, _u32.pack(code)))
         self.stats.stream_resets += 1
-        stream.local_closed = True
+        stream.apply(_RESET)
         stream.pending.clear()
         stream.trailers = None
         self.streams.pop(stream.sid, None)
+        self._events.append(StreamReset(stream.sid, code))
 
-    def _connection_error(self, code: int, reason: str) -> None:
+    def _connection_error(self, exc: H2Error) -> None:
         self.stats.connection_errors += 1
-        log.warning("h2_connection_error", code=code, reason=reason)
-        self._goaway(code, reason)
-        self._flush()
-        if self.transport is not None:
-            self.transport.close()
+        self._goaway(exc.code, exc.reason)
+        self.terminated = True
+        self._events.append(ConnectionTerminated(exc.code, exc.reason))
 
-    def _goaway(self, code: int, reason: str = "") -> None:
+    def _goaway(self, code: ErrorCode, reason: str = "") -> None:
         if not self.goaway_sent:
             self.goaway_sent = True
             self.out.append(_frame(GOAWAY, 0, 0, _u32.pack(self.last_sid) + _u32.pack(code) + reason.encode()[:256]))
 
+
+class H2GrpcProtocol(asyncio.Protocol):
+    """The asyncio side of one connection: socket bytes to :class:`H2Connection` and back."""
+
+    def __init__(self, path: bytes, handler: Handler, stats: TransportStats, on_close: Callable[[H2GrpcProtocol], None]) -> None:
+        self.conn = H2Connection(path, handler, stats)
+        self.on_close = on_close
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport; not an isinstance check: uvloop's TCPTransport does not derive from
+        # asyncio.Transport (an assert here dropped every connection under uvloop).
+        self.transport = stream = cast("asyncio.Transport", transport)
+        self.conn.initiate()
+        stream.write(self.conn.data_to_send())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.connection_lost()
+        self.on_close(self)
+
+    def pause_writing(self) -> None:
+        # The peer stopped reading: stop reading its requests too, so our buffer stays bounded.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        events = conn.receive_data(data)
+        if conn.out:  # (inline _flush: this runs once per request)
+            out = conn.data_to_send()
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(out)
+        for ev in events:
+            if isinstance(ev, ConnectionTerminated):
+                log.warning("h2_connection_error", code=ev.error_code.name, reason=ev.reason)
+                if self.transport is not None:
+                    self.transport.close()
+
     def _flush(self) -> None:
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
-        self.out.clear()
+        out = self.conn.data_to_send()
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out)
 
     def shutdown(self) -> None:
         """Graceful stop: GOAWAY(NO_ERROR) so Envoy opens new streams elsewhere, then close."""
-        self._goaway(NO_ERROR)
+        self.conn.close()
         self._flush()
         if self.transport is not None:
             self.transport.close()
@@ -588,7 +844,7 @@ class H2GrpcServer:
     handler: Handler
     stats: TransportStats = field(default_factory=TransportStats)
     _server: asyncio.AbstractServer | None = None
-    _conns: set = field(default_factory=set)
+    _conns: set[H2GrpcProtocol] = field(default_factory=set)
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
         """Listen and return the bound port (``port=0`` picks a free one)."""
@@ -602,7 +858,7 @@ class H2GrpcServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(factory, host, port, reuse_port=reuse_port or None, backlog=1024)
         # (asyncio and uvloop set TCP_NODELAY on accepted connections themselves.)
-        return self._server.sockets[0].getsockname()[1]
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace_s: float = 2.0) -> None:
         if self._server is not None:
@@ -612,5 +868,5 @@ class H2GrpcServer:
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

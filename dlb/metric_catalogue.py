@@ -1,0 +1,114 @@
+"""Every ``dlb_*`` metric family the services export: name, type, labels, meaning — in one place.
+
+Why a catalogue next to the collectors rather than instead of them: the collectors build families at
+scrape time (the fast path: nothing is updated per request but plain counters), so the names live
+where the values are. This table is what operators and dashboards read (``docs/metrics.md`` is
+generated from it) and ``tests/test_metric_catalogue.py`` scrapes each service and fails when a
+family is exported that is not listed here, or listed with another type or label set, or listed
+and no longer exported. Imports nothing.
+
+Names and types are as a Prometheus scraper sees them in the text format: counters appear on the
+wire with ``_total``, histograms with ``_bucket``/``_sum``/``_count``, and an info family (a
+version string carried as a label) is a gauge named ``..._info`` with value 1. ``labels`` are the
+sample labels (histograms: without ``le``). ``when`` names the condition for a family that only some deployments export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    service: str  # root, leaf, xds (the control plane's status server), emulator
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+    when: str = ""  # empty: always exported
+
+
+def _h2(service: str) -> tuple[MetricDef, ...]:
+    """The HTTP/2 ext_proc transport's counters (``TransportStats.families``)."""
+    p = f"dlb_{service}_h2"
+    when = "ext_proc on DLB's HTTP/2 transport (the default; not with --transport grpc)"
+    return (
+        MetricDef(service, f"{p}_connections", "counter", (), "HTTP/2 connections accepted from Envoy", when),
+        MetricDef(service, f"{p}_messages", "counter", (), "gRPC messages received", when),
+        MetricDef(service, f"{p}_grpc_errors", "counter", (), "Calls ended with a non-OK gRPC status", when),
+        MetricDef(service, f"{p}_stream_resets", "counter", (), "Streams reset with an error code", when),
+        MetricDef(service, f"{p}_connection_errors", "counter", (), "Connections closed for a protocol error (GOAWAY)", when),
+        MetricDef(service, f"{p}_handler_errors", "counter", (), "Messages whose handler raised", when),
+    )
+
+
+_EC = ("endpoint", "cell")
+_PROBES = "the root probes leaves (always in a deployment; absent in a root built without a probe client)"
+_FLOW = "an endpoint with mechanism flow"
+
+CATALOGUE: tuple[MetricDef, ...] = (
+    # --- root ext_proc service (dlb/ext_proc/root.py) ---
+    MetricDef("root", "dlb_root_decisions", "counter", _EC, "Requests routed, by endpoint and destination cell"),
+    MetricDef("root", "dlb_root_rejected", "counter", ("endpoint",), "Requests answered 503 (no usable cell)"),
+    MetricDef("root", "dlb_root_aversion_rate", "gauge", _EC, "Error-aversion skip probability a_j"),
+    MetricDef("root", "dlb_root_flow_weight", "gauge", _EC, "Flow routing vector x_ij", _FLOW),
+    MetricDef("root", "dlb_root_cell_usable", "gauge", _EC, "1 if the cell is usable now (allowed, fresh, available)"),
+    MetricDef("root", "dlb_root_unmatched", "counter", (), "Requests whose path matched no endpoint"),
+    MetricDef("root", "dlb_root_streams", "counter", (), "ext_proc streams opened by Envoy"),
+    MetricDef("root", "dlb_root_decide_errors", "counter", (), "Decisions that raised (request continued on the fail-open route)"),
+    MetricDef("root", "dlb_root_processing_seconds", "histogram", (), "Time to decide one ext_proc message inside the service"),
+    MetricDef("root", "dlb_root_probe_age_seconds", "gauge", ("cell",), "Seconds since the last good probe answer", _PROBES),
+    MetricDef("root", "dlb_root_probe_errors", "counter", ("cell",), "Failed probes", _PROBES),
+    MetricDef("root", "dlb_root_probes", "counter", ("cell",), "Successful probes", _PROBES),
+    MetricDef("root", "dlb_root_probe_rtt_seconds", "gauge", ("cell",), "Round trip of the last good probe", _PROBES),
+    MetricDef("root", "dlb_root_cell_rif", "gauge", ("cell",), "Cell RIF reported by the last probe", _PROBES),
+    MetricDef("root", "dlb_root_cell_error_rate", "gauge", ("cell",), "Cell error rate reported by the last probe", _PROBES),
+    MetricDef("root", "dlb_root_cell_model", "gauge", ("cell", "param"), "Cell latency-model parameter from the last probe", _PROBES),
+    *_h2("root"),
+    # --- leaf agent (dlb/ext_proc/leaf.py) ---
+    MetricDef("leaf", "dlb_leaf_rif", "gauge", (), "Requests in flight counted by the leaf"),
+    MetricDef("leaf", "dlb_leaf_server_rif", "gauge", ("server",), "Leaf-counted RIF per server"),
+    MetricDef("leaf", "dlb_leaf_server_scraped_load", "gauge", ("server",), "running + waiting scraped from the server (-1 unknown)"),
+    MetricDef("leaf", "dlb_leaf_server_picks", "counter", ("server",), "Requests sent to each server"),
+    MetricDef("leaf", "dlb_leaf_server_errors", "counter", ("server",), "Failed completions per server"),
+    MetricDef("leaf", "dlb_leaf_healthy_servers", "gauge", (), "Servers usable for picking"),
+    MetricDef("leaf", "dlb_leaf_envoy_reachable", "gauge", (), "1 if the leaf Envoy accepts connections"),
+    MetricDef("leaf", "dlb_leaf_error_rate", "gauge", (), "EMA error fraction reported in probes"),
+    MetricDef("leaf", "dlb_leaf_completed", "counter", (), "Completions seen in the access log"),
+    MetricDef("leaf", "dlb_leaf_failed", "counter", (), "Completions counted as errors"),
+    MetricDef("leaf", "dlb_leaf_inflight_expired", "counter", (), "In-flight records dropped after max age"),
+    MetricDef("leaf", "dlb_leaf_probes", "counter", (), "Probe requests answered"),
+    MetricDef("leaf", "dlb_leaf_als_entries", "counter", (), "Access-log entries received"),
+    MetricDef("leaf", "dlb_leaf_model", "gauge", ("param",), "Published latency-model parameter"),
+    MetricDef("leaf", "dlb_leaf_fit_seconds", "counter", (), "Time spent fitting the latency model"),
+    MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
+    *_h2("leaf"),
+    # --- control plane's xDS status server (dlb/xds/status.py) ---
+    MetricDef("xds", "dlb_xds_streams", "gauge", ("node",), "open xDS streams per node"),
+    MetricDef("xds", "dlb_xds_acked_version_info", "gauge", ("node", "type", "version"), "last version each node ACKed, per type (value 1)"),
+    MetricDef("xds", "dlb_xds_sent_version_info", "gauge", ("node", "type", "version"), "last version sent to each node, per type (value 1)"),
+    MetricDef("xds", "dlb_xds_responses", "counter", ("node", "type"), "responses sent"),
+    MetricDef("xds", "dlb_xds_nacks", "counter", ("node", "type"), "NACKs received"),
+    MetricDef("xds", "dlb_xds_stale_nonces", "counter", (), "requests ignored for a stale nonce"),
+    MetricDef("xds", "dlb_xds_snapshots", "gauge", (), "node keys with a snapshot", "the server passes a snapshot count (the control plane does)"),
+    # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
+    MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),
+              "Requests answered with an error before running (reason: queue_full, injected_error, down)"),
+)
+
+
+def for_service(service: str) -> dict[str, MetricDef]:
+    return {m.name: m for m in CATALOGUE if m.service == service}
+
+
+def markdown_table() -> str:
+    """The catalogue as the table in docs/metrics.md."""
+    rows = ["| service | family | type | labels | meaning |", "| --- | --- | --- | --- | --- |"]
+    for m in CATALOGUE:
+        labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
+        when = f" *Only with {m.when}.*" if m.when else ""
+        rows.append(f"| {m.service} | `{m.name}` | {m.type} | {labels} | {m.help}.{when} |")
+    return "\n".join(rows)
