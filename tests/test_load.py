@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import itertools
 import json
 from pathlib import Path
 
@@ -26,7 +27,7 @@ SPEC = WorkloadSpec(rate_rps=20.0, duration_s=200.0, sources={"a": 3.0, "b": 1.0
 def test_same_seed_same_workload_and_rate_mix_and_sources_as_specified() -> None:
     reqs = generate(SPEC)
     assert reqs == generate(SPEC) and reqs != generate(WorkloadSpec(**{**SPEC.__dict__, "seed": 6}))
-    assert all(a.t <= b.t for a, b in zip(reqs, reqs[1:])) and reqs[-1].t < SPEC.duration_s
+    assert all(a.t <= b.t for a, b in itertools.pairwise(reqs)) and reqs[-1].t < SPEC.duration_s
     n = len(reqs)
     assert abs(n / SPEC.duration_s - SPEC.rate_rps) < 0.15 * SPEC.rate_rps
     chat = [r for r in reqs if r.endpoint == "chat"]
@@ -45,7 +46,7 @@ def test_session_turns_carry_the_conversation_so_prompts_grow() -> None:
     for turns in multi:
         assert [r.turn for r in turns] == list(range(len(turns)))
         assert len({r.source for r in turns}) == 1
-        assert all(b.prompt_tokens > a.prompt_tokens or b.prompt_tokens == SPEC.max_prompt for a, b in zip(turns, turns[1:]))
+        assert all(b.prompt_tokens > a.prompt_tokens or b.prompt_tokens == SPEC.max_prompt for a, b in itertools.pairwise(turns))
     mean_turns = sum(len(s) for s in sessions.values()) / len(sessions)
     assert 2.0 < mean_turns < 4.0  # geometric, mean 3 (truncated at the end of the run)
 
@@ -108,7 +109,7 @@ def test_generator_streams_records_status_server_and_measures_from_the_scheduled
     s = summarize(res)
     assert s["requests"] == 3 and s["ok"] == 2 and s["statuses"] == {"200": 2, "500": 1}
     write_results(res, tmp_path / "r.csv")
-    rows = list(csv.DictReader(open(tmp_path / "r.csv")))
+    rows = list(csv.DictReader((tmp_path / "r.csv").read_text().splitlines()))
     assert [row["status"] for row in rows] == ["200", "500", "200"]
     write_results(res, tmp_path / "r.jsonl")
     assert json.loads((tmp_path / "r.jsonl").read_text().splitlines()[1])["status"] == 500

@@ -153,7 +153,7 @@ def test_batched_server_is_the_emulator_engine_step_for_step(lam: float) -> None
     w = sc.workload
     eng = Engine(w.cell_profile(2e-5, 0.006), max_batch=w.max_batch, max_waiting_tokens=w.kv_cache_tokens)
     ref = engine_simulate(eng, [Arrival(float(a) + 0.002, max(1, round(p)), max(1, round(d)))
-                                for a, p, d in zip(t, ptok, dtok)])
+                                for a, p, d in zip(t, ptok, dtok, strict=True)])
     want = np.sort(np.array([r.e2e + 0.004 for r in ref]))
     np.testing.assert_allclose(np.sort(res.latency), want, rtol=0, atol=1e-9)
 

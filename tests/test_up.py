@@ -95,7 +95,7 @@ def test_a_root_is_not_ready_until_every_allowed_cell_is_usable_for_every_endpoi
     body = {"text": ""}
 
     class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             data = body["text"].encode()
             self.send_response(200)
             self.send_header("content-length", str(len(data)))

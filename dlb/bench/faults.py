@@ -98,8 +98,8 @@ class _TraceConn(asyncio.Protocol):
             status = int(head[9:12])
             if status != 200:  # keep the error's code (DLB's and Envoy's replies are JSON errors)
                 body = bytes(self.buf[end + 4:end + 4 + length])
-                k = body.find(b'"code":')
-                server = body[k + 7:].split(b",")[0].strip(b' "}').decode(errors="replace")[:80] if k >= 0 else ""
+                at = body.find(b'"code":')
+                server = body[at + 7:].split(b",")[0].strip(b' "}').decode(errors="replace")[:80] if at >= 0 else ""
             del self.buf[:end + 4 + length]
             if self.pending:
                 fut = self.pending.pop(0)

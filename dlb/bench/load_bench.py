@@ -42,7 +42,7 @@ def _serve(port: int, chunks: int, first_ms: float, gap_ms: float) -> None:  # p
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         await asyncio.sleep(first_ms / 1000)
-        for k in range(chunks - 1):
+        for _ in range(chunks - 1):
             await resp.write(b'data: {"choices":[{"text":"abcd"}]}\n\n')
             await asyncio.sleep(gap_ms / 1000)
         last = time.monotonic()

@@ -283,7 +283,7 @@ class LeafAgent:
             raw = await asyncio.wait_for(reader.read(-1), timeout_s)
             line = raw.split(b"\r\n", 1)[0].split()
             status = int(line[1]) if len(line) >= 2 and line[0].startswith(b"HTTP/1.") else 0
-        except (OSError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, OSError, ValueError):
             status = 0
         finally:
             if writer is not None:

@@ -185,7 +185,7 @@ async def serve_until_signal(server: grpc.aio.Server | ExtProcServer, on_stop: C
         stop.clear()
         try:
             await asyncio.wait_for(stop.wait(), drain_s)  # a second signal ends the drain early
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     if on_stop is not None:
         await on_stop()

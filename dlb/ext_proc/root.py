@@ -24,8 +24,16 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.core.aversion import RecentErrors
 from dlb.core.latency_model import LatencyParams
+from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
+from dlb.envoy import headers
+from dlb.ext_proc.metrics import FastHistogram
+from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
+from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
+from dlb.ext_proc.transport.h2 import TransportStats
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 

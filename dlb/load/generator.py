@@ -256,7 +256,7 @@ def build_requests(args: argparse.Namespace, sources: list[str]) -> list[Workloa
     if args.trace:
         return read_trace(args.trace)
     chat = {"chat": 1.0, "completions": 0.0, "mixed": 0.6}[args.endpoint]
-    spec = WorkloadSpec(rate_rps=args.rate, duration_s=args.duration, sources={s: 1.0 for s in sources} or {"": 1.0},
+    spec = WorkloadSpec(rate_rps=args.rate, duration_s=args.duration, sources=dict.fromkeys(sources, 1.0) or {"": 1.0},
                         chat_fraction=chat, chat_turns=max(1.0, args.sessions), output_median=args.output_median,
                         prompt_median=args.prompt_median, seed=args.seed)
     reqs = generate(spec)

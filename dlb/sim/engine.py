@@ -42,18 +42,19 @@ import heapq
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 
-from dlb.core.baselines import WeightedRouter
 from dlb.core.background import (
     BackgroundProbeConfig,
     BackgroundProber,
     capacity_floor,
     surprise,
 )
+from dlb.core.baselines import WeightedRouter
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL
@@ -248,7 +249,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         return LatencyEstimator(priors[j], cfg.estimator, random.Random(f"{sc.seed}-{trial}-{j}-{generation}"))
 
     est = [new_estimator(j) for j in range(n)]
-    probers = [BackgroundProber(cfg.background) for _ in range(n)] if probing else []
+    bg_cfg = cfg.background if cfg.background is not None else BackgroundProbeConfig()  # used only when probing
+    probers = [BackgroundProber(bg_cfg) for _ in range(n)] if probing else []
     done_at = [0] * n  # completions (requests and probes) per cell: what the prober watches
     probes_sent = [0] * n
     probe_errors = 0
@@ -315,12 +317,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             if now > end_time:
                 break
             events += 1
-            if kind == _DECODE_DONE or kind == _STEP:
+            if kind in (_DECODE_DONE, _STEP):
                 srv = a
                 if kind == _STEP:
-                    done = batched.wake(srv, b, now)
-                    if not done:
+                    assert batched is not None  # _STEP events come only from the batched server model
+                    woke = batched.wake(srv, b, now)
+                    if not woke:
                         continue
+                    done: Sequence[int] = woke
                 else:
                     done = (b,)
                     free[srv] += 1
@@ -456,7 +460,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     errs[j] = ErrorTracker(cfg.error_tau_s)
                     reported[j], confidence[j] = priors[j], 0.0
                     if probing:
-                        probers[j] = BackgroundProber(cfg.background)
+                        probers[j] = BackgroundProber(bg_cfg)
                 else:
                     counts = d.outage_servers if a == 1 else sc.servers
                     for j in range(n):

@@ -240,7 +240,7 @@ def claim_server_model(records: list[dict], agg: Agg) -> list[Verdict]:
     c = "Server model explains the ~10 % vs ~20 % gap (issue 12)"
     rule = ("best DLB gain (1 − norm mean) under `batched` in 15–25 % and under `pipeline` below 15 %; "
             "a gap smaller than SD/√n of the gain is 'no measurable difference'")
-    ran = {v for v in _variants(records, "server-model")}
+    ran = set(_variants(records, "server-model"))
     if not {"pipeline", "batched"} <= ran:
         return [Verdict(c, "not run", None, rule)]
     parts, best = [], {}

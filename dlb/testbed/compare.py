@@ -46,7 +46,7 @@ def affinity_hit_rate(results: list[Result]) -> float:
 
 def record(scenario: str, policy: str, results: list[Result], cells: list[str]) -> dict[str, Any]:
     s = summarize(results)
-    counts = {c: 0 for c in cells}
+    counts = dict.fromkeys(cells, 0)
     for r in results:
         c = r.server.rpartition("/")[0]
         if c in counts:

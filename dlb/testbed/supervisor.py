@@ -119,7 +119,7 @@ class Supervisor:
         env = dict(os.environ, **c.env, **{RUN_ENV: str(self.run_dir.resolve())})
         with open(c.log_path, "ab") as log:
             c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                      start_new_session=True, preexec_fn=functools.partial(_arm_parent_death_signal, os.getpid()))
+                                      start_new_session=True, preexec_fn=functools.partial(_arm_parent_death_signal, os.getpid()))  # noqa: PLW1509 - prctl + getppid only: no locks taken in the child
         c.started_at = self.clock()
         c.state = "starting"
         c.exit_code = None
