@@ -27,12 +27,14 @@ _COMMANDS: list[tuple[str | None, str]] = [
     ("bench", "dlb.bench.xds_scale:register"),
     (None, "dlb.sim.cli:register"),
     (None, "dlb.core.theory:register"),
+    ("bfio", "dlb.bench.bfio_study:register"),
 ]
 
 _GROUP_HELP = {
     "serve": "run a DLB service",
     "bench": "run a benchmark",
     "config": "work with DLB config files",
+    "bfio": "BF-IO rank balancing for data-parallel servers: study and decision-cost benchmark",
 }
 
 

@@ -118,8 +118,8 @@ def assign_batch_milp(kv: FloatArray, n: FloatArray, prompts: list[float] | Floa
     ``z_h ≥ base_k(h) + Σ_i x_ik (p_i + h)`` for every rank k (and at most ``capacity[k]`` new requests
     on rank k). Off the request path: it calls a MILP solver (HiGHS through ``scipy.optimize.milp``).
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
+    from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
+    from scipy.sparse import lil_matrix  # type: ignore[import-untyped]
 
     p = np.asarray(prompts, dtype=np.float64)
     m, g = len(p), len(kv)
