@@ -88,7 +88,8 @@ class GreedyPicker:
         """(primary, secondary) cost of putting a ``prompt``-token request on each rank.
 
         Primary: Σ_h q^h · max over ranks after the placement (the imbalance up to a constant).
-        Secondary: the candidate rank's own predicted workload, the tie-break.
+        Secondary: the candidate rank's own predicted workload, the tie-break. (The readable form of
+        what :meth:`pick` computes in preallocated buffers.)
         """
         base = kv[:, None] + n[:, None] * self.hs  # (G, H+1)
         # max_{g≠k} base_g(h) can be replaced by the column max: where k holds the max, its candidate
@@ -96,19 +97,51 @@ class GreedyPicker:
         top1 = base.max(axis=0)
         return np.maximum(base + (prompt + self.hs), top1) @ self.qh, base @ self.qh
 
+    def _buffers(self, g: int) -> None:
+        h1 = self.horizon + 1
+        self._g = g
+        self._base = np.empty((g, h1))
+        self._cand = np.empty((g, h1))
+        self._top = np.empty(h1)
+        self._ph = np.empty(h1)
+        self._prim = np.empty(g)
+        self._sec = np.empty(g)
+        # Σ_h q^h (kv + n h) = kv·Q0 + n·Q1: the tie-break needs no (G, H+1) work.
+        self._q0 = float(self.qh.sum())
+        self._q1 = float((self.qh * self.hs).sum())
+
     def pick(self, kv: FloatArray, n: FloatArray, prompt: float, allowed: npt.NDArray[np.bool_] | None = None) -> int:
         """The rank minimising the predicted imbalance (ties: least own predicted workload).
 
         ``allowed`` masks ranks that cannot take the request (full, ejected); at least one must be True.
+        Works in buffers allocated once per group size: the request path allocates nothing of size G·H.
         """
-        primary, secondary = self.costs(kv, n, prompt)
+        g = len(kv)
+        if g != getattr(self, "_g", -1):
+            self._buffers(g)
+        base, cand, top, prim = self._base, self._cand, self._top, self._prim
+        np.multiply(n[:, None], self.hs, out=base)
+        base += kv[:, None]
+        base.max(axis=0, out=top)
+        np.add(self.hs, prompt, out=self._ph)
+        np.add(base, self._ph, out=cand)
+        np.maximum(cand, top, out=cand)
+        np.dot(cand, self.qh, out=prim)
         if allowed is not None:
             if not allowed.any():
                 raise ValueError("no rank is allowed")
-            primary = np.where(allowed, primary, np.inf)
-        best = primary.min()
-        ties = primary <= best + 1e-9 * max(1.0, abs(best))
-        return int(np.argmin(np.where(ties, secondary, np.inf)))
+            np.putmask(prim, ~allowed, np.inf)
+        k = int(prim.argmin())
+        best = float(prim[k])
+        floor = float(top @ self.qh)  # the cost when the request raises no maximum anywhere
+        tol = 1e-9 * max(1.0, abs(floor))
+        if best > floor + tol:
+            return k
+        sec = self._sec
+        np.multiply(kv, self._q0, out=sec)
+        sec += n * self._q1
+        np.putmask(sec, prim > floor + tol, np.inf)
+        return int(sec.argmin())
 
 
 def assign_batch_milp(kv: FloatArray, n: FloatArray, prompts: list[float] | FloatArray, horizon: int,
