@@ -107,3 +107,64 @@ def test_bad_settings_are_named() -> None:
         DpBalancer(ranks=0)
     with pytest.raises(ValueError, match="mean_decode_tokens"):
         GreedyPicker(3, 0.5)
+
+
+def _dp_config(**dp: object) -> dict[str, object]:
+    return {
+        "version": 1,
+        "cells": [{"name": "a", "leaf": {"address": "127.0.0.1:10010", "probe": "127.0.0.1:9010"},
+                   "servers": [{"address": "127.0.0.1:8100", **dp}, "127.0.0.1:8200"]}],  # fmt: skip
+        "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
+    }
+
+
+def test_config_dp_group_fields_and_rank_ports() -> None:
+    from dlb.config import config_from_dict
+
+    cfg = config_from_dict(_dp_config(dp_ranks=4, policy="jsq", horizon=50))
+    s = cfg.cells[0].servers[0]
+    assert s.dp is not None and (s.dp.ranks, s.dp.policy, s.dp.horizon) == (4, "jsq", 50)
+    assert [a.port for a in s.rank_addresses()] == [8100, 8101, 8102, 8103]
+    assert cfg.cells[0].servers[1].dp is None
+
+
+@pytest.mark.parametrize(
+    ("dp", "path", "reason"),
+    [
+        ({"dp_ranks": 2, "policy": "random"}, "servers[0].policy", "not one of"),
+        ({"policy": "bf-io"}, "servers[0].policy", "dp_ranks > 1"),
+        ({"dp_ranks": 0}, "servers[0].dp_ranks", ">= 1"),
+        ({"dp_ranks": 2, "horizon": -1}, "servers[0].horizon", ">= 0"),
+        ({"dp_ranks": 200}, "servers[1].address", "servers[0].dp_ranks"),  # rank 100 is the other server
+    ],
+)
+def test_config_dp_group_errors_name_the_field(dp: dict[str, object], path: str, reason: str) -> None:
+    from dlb.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(_dp_config(**dp))
+    assert any(path in p.path and reason in p.reason for p in info.value.problems), info.value.problems
+
+
+def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:
+    from dlb.config import config_from_dict
+    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_state import Completion
+
+    cfg = config_from_dict(_dp_config(dp_ranks=4, policy="bf-io", horizon=10, mean_decode_tokens=100))
+    st = state_from_config(cfg, "a", choices=1, seed=0)
+    assert len(st.servers) == 5 and len(st.dp_groups) == 1
+    bal, members = st.dp_groups[0]
+    picked = []
+    for k in range(40):
+        i = st.pick(0.0, f"r{k}", prompt_tokens=2000.0 if k % 4 == 0 else 100.0)
+        picked.append(st.servers[i].address)
+    on_dp = [a for a in picked if a in members]
+    assert on_dp and int(bal.n.sum()) == len(on_dp)
+    kv = bal.kv(0.0)
+    assert kv.max() - kv.min() <= 2000.0  # BF-IO spread the big prompts instead of stacking them
+    # Completions from the access log close the residents and refine the step time.
+    for k, a in enumerate(picked):
+        st.complete(1.0, Completion(request_id=f"r{k}", upstream=a, status=200, duration_s=5.0))
+    assert bal.n.sum() == 0 and not bal.residents
+    assert bal.step_s > 0.02  # 5 s over 100 tokens says 50 ms per step

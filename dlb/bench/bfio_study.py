@@ -368,6 +368,7 @@ def run_study_cmd(args: argparse.Namespace) -> int:
               f"energy={r.energy_proxy:8.1f} imb={r.imbalance:9.0f} ({secs:.1f}s)", flush=True)  # fmt: skip
 
     t0 = time.time()
+    commit = git_commit()  # the code that runs is the code at start
     results = run_study(args.gs, args.bs, args.hs, seeds=args.seeds, generations=args.generations,
                         mean_decode=args.mean_decode, prompt_median=args.prompt_median,
                         prompt_sigma=args.prompt_sigma, profile=BUILTIN_PROFILES[args.profile],
@@ -379,7 +380,7 @@ def run_study_cmd(args: argparse.Namespace) -> int:
         print(claim, json.dumps(v))
     if args.json:
         doc = {
-            "commit": git_commit(),
+            "commit": commit,
             "command": "dlb bfio study",
             "args": {k: v for k, v in vars(args).items() if k != "func"},
             "wall_s": time.time() - t0,

@@ -258,12 +258,18 @@ class DpBalancer:
         if old is not None:
             return old.rank
         r = self.choose(now, prompt_tokens, allowed)
-        self.residents[request_id] = _Resident(r, float(prompt_tokens), now)
-        self.n[r] += 1
-        self.prompt_sum[r] += prompt_tokens
-        self.start_sum[r] += now
-        self.assigned[r] += 1
+        self.open(now, request_id, r, prompt_tokens)
         return r
+
+    def open(self, now: float, request_id: str, rank: int, prompt_tokens: float) -> None:
+        """Count a request resident on ``rank`` (a duplicate id is ignored)."""
+        if request_id in self.residents:
+            return
+        self.residents[request_id] = _Resident(rank, float(prompt_tokens), now)
+        self.n[rank] += 1
+        self.prompt_sum[rank] += prompt_tokens
+        self.start_sum[rank] += now
+        self.assigned[rank] += 1
 
     def finish(self, request_id: str, now: float, duration_s: float | None = None, ok: bool = True) -> int | None:
         """Close a request (returns its rank, None if unknown); a successful one refines ``step_s``."""

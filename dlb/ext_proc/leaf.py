@@ -38,6 +38,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
 from dlb.envoy import headers
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
@@ -50,6 +51,7 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 log = get_logger("dlb.leaf")
 
 REQUEST_ID = "x-request-id"
+BYTES_PER_PROMPT_TOKEN = 4.0  # prompt-size estimate from content-length (DP rank policies only)
 _START = accesslog_pb2.AccessLogType.Value("DownstreamStart")
 _PERIODIC = (accesslog_pb2.AccessLogType.Value("DownstreamPeriodic"), accesslog_pb2.AccessLogType.Value("UpstreamPeriodic"),
              accesslog_pb2.AccessLogType.Value("UpstreamPoolReady"))
@@ -111,11 +113,21 @@ class LeafAgent:
         which = req.WhichOneof("request")
         if which == "request_headers":
             rid = None
+            prompt = 0.0
+            dp = bool(self.state.dp_of)
             for h in req.request_headers.headers.headers:
                 if h.key == REQUEST_ID:
                     rid = header_value(h)
-                    break
-            out = self.responses[self.state.pick(self.clock(), rid)]
+                    if not dp:
+                        break
+                elif dp and h.key == "content-length":
+                    # Only DP servers' rank policies use it: the body's size is the prompt-size estimate
+                    # the leaf has without reading the body (~4 bytes per token of JSON text).
+                    try:
+                        prompt = int(header_value(h)) / BYTES_PER_PROMPT_TOKEN
+                    except ValueError:
+                        prompt = 0.0
+            out = self.responses[self.state.pick(self.clock(), rid, prompt)]
         else:
             out = CONTINUE.get(which, CONTINUE["request_headers"])
         self.processing.observe(time.perf_counter() - t0)
@@ -246,6 +258,12 @@ class LeafAgent:
             picks.add_metric([s.address], s.picks)
             serr.add_metric([s.address], s.errors)
         yield from (srif, sscr, picks, serr)
+        if st.dp_groups:
+            kv = GaugeMetricFamily("dlb_leaf_dp_rank_kv_tokens", "Predicted resident KV tokens per DP rank", labels=["server"])
+            for bal, members in st.dp_groups:
+                for addr, v in zip(members, bal.kv(now)):
+                    kv.add_metric([addr], float(v))
+            yield kv
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
         yield GaugeMetricFamily("dlb_leaf_envoy_reachable", "1 if the leaf Envoy accepts connections", value=float(self.envoy_ok))
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
@@ -318,8 +336,16 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
     cell = cfg.cell(cell_name)
     # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
     prior = cfg.endpoints[0].latency_prior.to_core()
-    servers = [ServerState(_ip_address(s.address.host, s.address.port), float(s.weight)) for s in cell.servers]
-    return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices,
+    servers: list[ServerState] = []
+    dp_groups: list[tuple[DpBalancer, list[str]]] = []
+    for s in cell.servers:
+        ranks = [ServerState(_ip_address(a.host, a.port), float(s.weight)) for a in s.rank_addresses()]
+        servers += ranks
+        if s.dp is not None:
+            bal = DpBalancer(ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
+                             mean_decode_tokens=s.dp.mean_decode_tokens)  # fmt: skip
+            dp_groups.append((bal, [r.address for r in ranks]))
+    return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
                      rng=np.random.default_rng(seed))
 
