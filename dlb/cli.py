@@ -28,6 +28,7 @@ _COMMANDS: list[tuple[str | None, str]] = [
     (None, "dlb.sim.cli:register"),
     (None, "dlb.core.theory:register"),
     ("bfio", "dlb.bench.bfio_study:register"),
+    ("bfio", "dlb.bench.bfio_dataplane:register"),
 ]
 
 _GROUP_HELP = {

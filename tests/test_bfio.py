@@ -93,6 +93,25 @@ def test_balancer_tracks_residents_and_decoded_tokens() -> None:
     assert b.finish("nope", 1.0) is None
 
 
+def test_workload_policies_fill_free_slots_then_keep_counts_level() -> None:
+    b = DpBalancer(ranks=3, policy="bf-io", horizon=5, mean_decode_tokens=50.0, slots=2)
+    for i, p in enumerate([100, 100, 100, 100, 100]):
+        b.assign(0.0, f"r{i}", p)
+    # Two ranks hold two requests (full), one holds one: the next request must go to the free slot
+    # even though a huge prompt would rather avoid it.
+    assert b.n.tolist().count(2) == 2
+    free = int(np.argmin(b.n))
+    assert b.assign(0.0, "big", 50_000) == free
+    # Every rank full: placement among the ranks with the fewest residents (no rank runs ahead in count).
+    assert b.open_ranks().all()
+    b.assign(0.0, "x", 10)
+    assert b.open_ranks().sum() == 2
+    # Unknown slots: the fewest-residents rule applies at once.
+    c = DpBalancer(ranks=2, policy="least-kv")
+    c.assign(0.0, "a", 10)
+    assert c.assign(0.0, "b", 10_000) == 1
+
+
 def test_jsq_and_round_robin_balance_counts() -> None:
     for policy in ("jsq", "round-robin"):
         b = DpBalancer(ranks=4, policy=policy)
@@ -151,7 +170,7 @@ def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:
     from dlb.ext_proc.leaf import state_from_config
     from dlb.ext_proc.leaf_state import Completion
 
-    cfg = config_from_dict(_dp_config(dp_ranks=4, policy="bf-io", horizon=10, mean_decode_tokens=100))
+    cfg = config_from_dict(_dp_config(dp_ranks=4, policy="bf-io", horizon=10, mean_decode_tokens=100, max_num_seqs=100))
     st = state_from_config(cfg, "a", choices=1, seed=0)
     assert len(st.servers) == 5 and len(st.dp_groups) == 1
     bal, members = st.dp_groups[0]

@@ -344,7 +344,7 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
     return cells
 
 
-_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens")
+_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")
 
 
 def _dp_group(ck: _Checker, m: dict[str, Any], path: str, addr: HostPort | None) -> DpGroup | None:
@@ -361,9 +361,10 @@ def _dp_group(ck: _Checker, m: dict[str, Any], path: str, addr: HostPort | None)
         policy = "bf-io"
     horizon = ck.number(m, "horizon", path, 10, ge=0, le=10_000, integer=True)
     mean = ck.number(m, "mean_decode_tokens", path, 256.0, ge=1)
+    slots = ck.number(m, "max_num_seqs", path, 0, ge=0, integer=True)
     if addr is not None and addr.port + ranks - 1 > 65535:
         ck.err(f"{path}.dp_ranks", f"ranks listen on ports {addr.port}..{addr.port + ranks - 1}: past 65535")
-    return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean)
+    return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean, max_num_seqs=slots)
 
 
 def _unique_addresses(ck: _Checker, cells: list[Cell]) -> None:

@@ -50,6 +50,7 @@ class DpGroup:
     policy: str = "bf-io"  # one of DP_POLICIES
     horizon: int = 10  # BF-IO look-ahead in decode steps
     mean_decode_tokens: float = 256.0  # mean of the geometric decode-length model
+    max_num_seqs: int = 0  # running sequences per rank (vLLM's per-rank --max-num-seqs); 0 = unknown
 
 
 @dataclass(frozen=True)

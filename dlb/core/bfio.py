@@ -216,6 +216,7 @@ class DpBalancer:
     mean_decode_tokens: float = 256.0
     step_s: float = 0.02  # initial per-token step time; refined from completions
     step_ema: float = 0.1  # weight of one completion in the step-time estimate
+    slots: int = 0  # running sequences per rank (vLLM --max-num-seqs); 0 = unknown
     residents: dict[str, _Resident] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -247,9 +248,28 @@ class DpBalancer:
             load = self.n if allowed is None else np.where(allowed, self.n, np.inf)
             return int(np.argmin(load))
         kv = self.kv(now)
+        open_ = self.open_ranks(allowed)
         if self.policy == "least-kv":
-            return int(np.argmin(kv if allowed is None else np.where(allowed, kv, np.inf)))
-        return self.picker.pick(kv, self.n, prompt_tokens, allowed)
+            return int(np.argmin(np.where(open_, kv, np.inf)))
+        return self.picker.pick(kv, self.n, prompt_tokens, open_)
+
+    def open_ranks(self, allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
+        """Ranks a workload-aware policy may choose from: those with a free slot.
+
+        The paper's scheduler holds the queue and places a request only when a slot frees; a leaf in
+        front of vLLM's external DP load balancing must send at once, and a request sent to a full rank
+        waits in *that* rank's queue. So BF-IO places by workload among ranks with a free slot
+        (``slots`` = vLLM's per-rank ``--max-num-seqs``) and, when every rank is full or ``slots`` is
+        unknown, among the ranks with the fewest resident requests — counts stay balanced, BF-IO
+        decides which of those gets which prompt.
+        """
+        ok = np.ones(self.ranks, dtype=bool) if allowed is None else allowed
+        if self.slots > 0:
+            free = ok & (self.n < self.slots)
+            if free.any():
+                return free
+        least = self.n[ok].min()
+        return ok & (self.n <= least)
 
     def assign(self, now: float, request_id: str, prompt_tokens: float,
                allowed: npt.NDArray[np.bool_] | None = None) -> int:  # fmt: skip

@@ -343,7 +343,7 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
         servers += ranks
         if s.dp is not None:
             bal = DpBalancer(ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
-                             mean_decode_tokens=s.dp.mean_decode_tokens)  # fmt: skip
+                             mean_decode_tokens=s.dp.mean_decode_tokens, slots=s.dp.max_num_seqs)  # fmt: skip
             dp_groups.append((bal, [r.address for r in ranks]))
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
