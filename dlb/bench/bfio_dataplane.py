@@ -16,6 +16,7 @@ request latency, how many requests each rank got. Everything runs on 127.0.0.1, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import math
@@ -24,6 +25,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,22 +117,36 @@ def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: 
     return {"wall_s": time.monotonic() - t0, "latencies": lat, "statuses": statuses, "served": served}
 
 
-def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate: float, seed: int,
-               horizon: int, mean_decode: float, prompt_median_tokens: float, time_scale: float,
-               timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
-    """One policy end to end on fresh processes; returns the measured record."""
+@dataclass
+class DpCell:
+    """A running DP cell: the leaf Envoy clients talk to, the ranks' ports, the leaf agent's metrics."""
+
+    leaf: tuple[str, int]
+    rank_ports: list[int]
+    leaf_metrics_url: str
+
+    def leaf_metrics(self) -> str:
+        with urllib.request.urlopen(self.leaf_metrics_url, timeout=5) as r:
+            return r.read().decode()
+
+
+@contextlib.contextmanager
+def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mean_decode: float = 32.0,
+            max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1) -> Iterator[DpCell]:  # fmt: skip
+    """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy."""
     with tempfile.TemporaryDirectory(prefix="dlb-bfio-dp-") as tmp, \
             EmulatorProcess(server_id="dp", profile="fast-test", dp_size=dp_size, max_batch=max_batch,
                             max_queue=10_000, time_scale=time_scale, seed=seed) as emu:  # fmt: skip
-        ports = [emu.port + r for r in range(dp_size)]
+        server: dict[str, Any] = {"address": f"127.0.0.1:{emu.port}", "dp_ranks": dp_size, "policy": policy,
+                                  "horizon": horizon, "mean_decode_tokens": mean_decode,
+                                  "max_num_seqs": max_batch if max_num_seqs is None else max_num_seqs}  # fmt: skip
         raw = {
             "version": 1,
             "cells": [{
                 "name": "dp",
                 "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}",
                          "ext_proc": f"127.0.0.1:{free_port()}"},
-                "servers": [{"address": f"127.0.0.1:{emu.port}", "dp_ranks": dp_size, "policy": policy,
-                             "horizon": horizon, "mean_decode_tokens": mean_decode, "max_num_seqs": max_batch}],
+                "servers": [server],
             }],
             "endpoints": [{"name": "gen", "match": {"prefix": "/v1/"}}],
         }  # fmt: skip
@@ -140,15 +157,24 @@ def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate
         with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
                             "--seed", str(seed), "--choices", "64"):  # fmt: skip
             admin = free_port()
-            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True), Path(tmp) / "leaf.yaml")
+            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True),
+                                   Path(tmp) / "leaf.yaml")  # fmt: skip
             with EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)):
                 leaf = cfg.cell("dp").leaf.address
-                before = rank_totals(ports)
-                out = drive(leaf.host, leaf.port, workload(requests, seed, prompt_median_tokens, mean_decode),
-                            rate, seed, timeout_s)  # fmt: skip
-                after = rank_totals(ports)
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
-                    leaf_metrics = r.read().decode()
+                yield DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
+                             f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+
+
+def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate: float, seed: int,
+               horizon: int, mean_decode: float, prompt_median_tokens: float, time_scale: float,
+               timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
+    """One policy end to end on fresh processes; returns the measured record."""
+    with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
+                 time_scale=time_scale, seed=seed) as cell:  # fmt: skip
+        before = rank_totals(cell.rank_ports)
+        out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s)
+        after = rank_totals(cell.rank_ports)
+        leaf_metrics = cell.leaf_metrics()
     idle = after["idle"] - before["idle"]
     busy = after["busy"] - before["busy"]
     lat = out["latencies"]
@@ -160,7 +186,7 @@ def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate
         "mean_s": float(np.mean(lat)) if lat else math.nan,
         "p90_s": float(np.percentile(lat, 90)) if lat else math.nan,
         "wall_s": out["wall_s"], "served_by": dict(sorted(out["served"].items())),
-        "leaf_picked_ranks": leaf_metrics.count("dlb_leaf_dp_rank_kv_tokens{"),
+        "leaf_dp_ranks_tracked": leaf_metrics.count("dlb_leaf_dp_rank_kv_tokens{"),
     }  # fmt: skip
 
 

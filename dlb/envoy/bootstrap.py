@@ -410,7 +410,9 @@ def leaf_bootstrap(
     # Generation deadlines are the root's (per endpoint); the leaf only relies on idle timeouts.
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
-        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", [LEAF_FORWARD_HEADER]))
+        # A DP server's rank policy also reads content-length: its prompt-size estimate (docs/bfio.md).
+        forward = [LEAF_FORWARD_HEADER] + (["content-length"] if any(s.dp for s in me.servers) else [])
+        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", forward))
         clusters.append(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
