@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import itertools
 import json
 import math
 import random
@@ -196,12 +197,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--G", dest="dp_size", type=int, default=4, help="DP ranks (default 4)")
     p.add_argument("--B", dest="max_batch", type=int, default=8, help="running sequences per rank (default 8)")
     p.add_argument("--requests", type=int, default=300)
-    p.add_argument("--rate", type=float, default=50.0, help="Poisson arrivals per second (default 50)")
+    p.add_argument("--rate", type=float, default=70.0, help="Poisson arrivals per second (default 70: above the default group's capacity)")
     p.add_argument("--horizon", type=int, default=10)
     p.add_argument("--mean-decode", type=float, default=32.0)
     p.add_argument("--prompt-median", type=float, default=1500.0, help="median prompt tokens")
     p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", default="1", help="comma-separated workload seeds; each policy runs every seed")
     p.add_argument("--json", default=None)
     p.set_defaults(func=run)
 
@@ -209,13 +210,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     commit = git_commit()
     records = []
-    for policy in args.policies.split(","):
+    for seed, policy in itertools.product([int(x) for x in args.seeds.split(",")], args.policies.split(",")):
         rec = run_policy(policy, dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
-                         rate=args.rate, seed=args.seed, horizon=args.horizon,
+                         rate=args.rate, seed=seed, horizon=args.horizon,
                          mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
                          time_scale=args.time_scale)  # fmt: skip
+        rec["seed"] = seed
         records.append(rec)
-        print(f"{policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s mean={rec['mean_s']:.3f}s "
+        print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s mean={rec['mean_s']:.3f}s "
               f"p90={rec['p90_s']:.3f}s ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']}", flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"commit": commit, "command": "dlb bfio dataplane",
