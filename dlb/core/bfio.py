@@ -106,6 +106,7 @@ class GreedyPicker:
         self._ph = np.empty(h1)
         self._prim = np.empty(g)
         self._sec = np.empty(g)
+        self._blocked = np.empty(g, dtype=bool)
         # Σ_h q^h (kv + n h) = kv·Q0 + n·Q1: the tie-break needs no (G, H+1) work.
         self._q0 = float(self.qh.sum())
         self._q1 = float((self.qh * self.hs).sum())
@@ -128,11 +129,12 @@ class GreedyPicker:
         np.maximum(cand, top, out=cand)
         np.dot(cand, self.qh, out=prim)
         if allowed is not None:
-            if not allowed.any():
-                raise ValueError("no rank is allowed")
-            np.putmask(prim, ~allowed, np.inf)
+            np.logical_not(allowed, out=self._blocked)
+            np.putmask(prim, self._blocked, np.inf)
         k = int(prim.argmin())
         best = float(prim[k])
+        if best == np.inf:
+            raise ValueError("no rank is allowed")
         floor = float(top @ self.qh)  # the cost when the request raises no maximum anywhere
         tol = 1e-9 * max(1.0, abs(floor))
         if best > floor + tol:
