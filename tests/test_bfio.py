@@ -87,7 +87,7 @@ def test_balancer_tracks_residents_and_decoded_tokens() -> None:
     assert b.assign(0.0, "a", 1000) == r1  # a duplicate start keeps its rank
     # 1 s at 10 ms per token: each request has decoded 100 tokens.
     assert b.kv(1.0).tolist() == pytest.approx([1100.0, 1100.0])
-    assert b.finish("a", 1.0, duration_s=2.0) == r1
+    assert b.finish("a", 2.0, duration_s=2.0) == r1
     assert b.kv(1.0)[r1] == 0.0 and b.n[r1] == 0
     assert b.step_s == pytest.approx(0.01 + 0.1 * (2.0 / 100.0 - 0.01))
     assert b.finish("nope", 1.0) is None
@@ -102,14 +102,31 @@ def test_workload_policies_fill_free_slots_then_keep_counts_level() -> None:
     assert b.n.tolist().count(2) == 2
     free = int(np.argmin(b.n))
     assert b.assign(0.0, "big", 50_000) == free
-    # Every rank full: placement among the ranks with the fewest residents (no rank runs ahead in count).
+    # Every rank full: placement among the ranks within count_slack (here 1) of the fewest residents,
+    # so counts never drift more than slack + 1 apart however the prompts come.
     assert b.open_ranks().all()
-    b.assign(0.0, "x", 10)
-    assert b.open_ranks().sum() == 2
-    # Unknown slots: the fewest-residents rule applies at once.
-    c = DpBalancer(ranks=2, policy="least-kv")
+    rng = np.random.default_rng(5)
+    for i in range(60):
+        b.assign(float(i), f"q{i}", float(rng.choice([10, 20_000])))
+        assert b.n.max() - b.n.min() <= 2
+    # Without slack a full group leaves no choice (JSQ); a huge prompt goes to the least-count rank.
+    c = DpBalancer(ranks=2, policy="least-kv", count_slack=0)
     c.assign(0.0, "a", 10)
     assert c.assign(0.0, "b", 10_000) == 1
+
+
+def test_requests_past_the_slots_wait_without_kv_and_run_when_a_slot_frees() -> None:
+    b = DpBalancer(ranks=1, policy="bf-io", mean_decode_tokens=10.0, step_s=0.1, slots=2)
+    for rid in ("a", "b", "c"):
+        b.assign(0.0, rid, 1000)
+    assert b.n[0] == 3 and b.nrun[0] == 2 and list(b.queues[0]) == ["c"]
+    assert b.kv(1.0)[0] == pytest.approx(2 * (1000 + 10))  # only the two running ones hold KV and decode
+    b.finish("a", 1.0, duration_s=1.0)
+    assert b.nrun[0] == 2 and not b.queues[0]  # "c" promoted, decoding from t = 1
+    assert b.kv(2.0)[0] == pytest.approx((1000 + 20) + (1000 + 10))
+    b.assign(2.0, "d", 5)
+    b.finish("d", 2.5)  # left while waiting: gone from the queue, no KV change
+    assert b.n[0] == 2 and not b.queues[0]
 
 
 def test_jsq_and_round_robin_balance_counts() -> None:
@@ -184,6 +201,6 @@ def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:
     assert kv.max() - kv.min() <= 2000.0  # BF-IO spread the big prompts instead of stacking them
     # Completions from the access log close the residents and refine the step time.
     for k, a in enumerate(picked):
-        st.complete(1.0, Completion(request_id=f"r{k}", upstream=a, status=200, duration_s=5.0))
+        st.complete(5.0, Completion(request_id=f"r{k}", upstream=a, status=200, duration_s=5.0))
     assert bal.n.sum() == 0 and not bal.residents
     assert bal.step_s > 0.02  # 5 s over 100 tokens says 50 ms per step

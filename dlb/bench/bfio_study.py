@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from dlb.core.bfio import GreedyPicker
+from dlb.core.bfio import GreedyPicker, assign_batch_milp
 from dlb.emulator.dp import rank_step_time
 from dlb.emulator.profile import BUILTIN_PROFILES, Profile
 
@@ -40,6 +40,8 @@ STUDY_G = (8, 16, 32)
 STUDY_B = (16, 64, 256)
 STUDY_H = (0, 1, 10, 50, 200)
 BASELINES = ("round-robin", "jsq", "least-kv")
+MILP_CHUNK = 16  # requests per programme in the study's MILP variant
+MILP_MAX_SLOTS = 1024  # G·B up to which --milp also runs the batch MILP (it solves one programme per step)
 
 
 def git_commit() -> str:
@@ -116,6 +118,21 @@ def simulate(g: int, b: int, policy: str, horizon: int | None, work: Workload, p
                 nf = n_rank.astype(np.float64)
                 if policy == "bf-io":
                     batch = batch[np.argsort(-work.prompts[batch], kind="stable")]  # largest first (LPT order)
+                if policy == "bf-io-milp":
+                    # The refill batch jointly (the paper's integer programme), in chunks of MILP_CHUNK
+                    # requests, largest first, so the one-off initial fill of G·B slots stays solvable.
+                    batch = batch[np.argsort(-work.prompts[batch], kind="stable")]
+                    for lo in range(0, len(batch), MILP_CHUNK):
+                        chunk = batch[lo:lo + MILP_CHUNK]
+                        ranks = assign_batch_milp(kv_rank, nf, work.prompts[chunk].astype(np.float64), horizon or 0,
+                                                  mean_decode, capacity=free.astype(np.int64), time_limit_s=5.0)  # fmt: skip
+                        for i, r in zip(chunk, ranks):
+                            slot = int(np.argmin(rid[r]))
+                            rid[r, slot], kv[r, slot], rem[r, slot] = i, int(work.prompts[i]), work.decode[i]
+                            free[r] -= 1
+                            nf[r] += 1
+                            kv_rank[r] += work.prompts[i]
+                    batch = batch[:0]
                 for i in batch:
                     p = int(work.prompts[i])
                     allowed = free > 0
@@ -173,12 +190,14 @@ def simulate(g: int, b: int, policy: str, horizon: int | None, work: Workload, p
 
 def run_study(gs: tuple[int, ...], bs: tuple[int, ...], hs: tuple[int, ...], *, seeds: tuple[int, ...],
               generations: float, mean_decode: float, prompt_median: float, prompt_sigma: float, profile: Profile,
-              progress: Any = None) -> list[RunResult]:  # fmt: skip
+              progress: Any = None, milp: bool = False) -> list[RunResult]:  # fmt: skip
     out: list[RunResult] = []
     for seed, g, b in itertools.product(seeds, gs, bs):
             n = int(g * b * generations)
             work = Workload.draw(n, seed * 1_000_003 + 1000 * g + b, mean_decode, prompt_median, prompt_sigma)
             runs: list[tuple[str, int | None]] = [(p, None) for p in BASELINES] + [("bf-io", h) for h in hs]
+            if milp and g * b <= MILP_MAX_SLOTS and REF_H in hs:
+                runs.append(("bf-io-milp", REF_H))
             for policy, h in runs:
                 t0 = time.perf_counter()
                 res = simulate(g, b, policy, h, work, profile, mean_decode, seed)
@@ -248,7 +267,7 @@ def table(records: list[dict[str, Any]]) -> str:
     mean = cell_means(records)
     lines = ["| G | B | policy | H | idle frac | throughput tok/s | mean s | p90 s | energy GPU·s | imbalance KV |",
              "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    order = {p: i for i, p in enumerate((*BASELINES, "bf-io"))}
+    order = {p: i for i, p in enumerate((*BASELINES, "bf-io", "bf-io-milp"))}
     for (g, b, p, h), m in sorted(mean.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]], kv[0][3] or 0)):
         lines.append(f"| {g} | {b} | {p} | {'' if h is None else h} | {m['idle_frac']:.4f} | {m['throughput_tok_s']:.0f} | "
                      f"{m['mean_s']:.2f} | {m['p90_s']:.2f} | {m['energy_proxy']:.0f} | {m['imbalance']:.0f} |")  # fmt: skip
@@ -352,6 +371,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="llama-8b-h100", choices=sorted(BUILTIN_PROFILES))
     p.add_argument("--json", default=None, help="write the records here")
     p.add_argument("--plots", default=None, help="write the plots into this directory")
+    p.add_argument("--milp", action="store_true",
+                   help=f"also run BF-IO's batch MILP (H={10}) where G·B <= {MILP_MAX_SLOTS}: greedy vs the joint optimum")
     p.set_defaults(func=run_study_cmd)
     q = subparsers.add_parser("bench", help="request-path decision cost of the BF-IO pick (target <= 20 µs, G=32)")
     q.add_argument("--G", dest="g", type=int, default=32)
@@ -372,7 +393,7 @@ def run_study_cmd(args: argparse.Namespace) -> int:
     results = run_study(args.gs, args.bs, args.hs, seeds=args.seeds, generations=args.generations,
                         mean_decode=args.mean_decode, prompt_median=args.prompt_median,
                         prompt_sigma=args.prompt_sigma, profile=BUILTIN_PROFILES[args.profile],
-                        progress=progress)  # fmt: skip
+                        progress=progress, milp=args.milp)  # fmt: skip
     records = [asdict(r) for r in results]
     print(table(records))
     verdict = verdicts(records) if len(args.gs) * len(args.bs) == 9 and REF_H in args.hs else {}

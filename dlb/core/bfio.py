@@ -34,6 +34,7 @@ walking requests: a request started at ``t0`` has decoded about ``(now − t0)/s
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -164,7 +165,12 @@ def assign_batch_milp(kv: FloatArray, n: FloatArray, prompts: list[float] | Floa
     qh = survival(mean_decode_tokens) ** hs
     base = np.asarray(kv, dtype=np.float64)[:, None] + np.asarray(n, dtype=np.float64)[:, None] * hs
     nx, nz = m * g, horizon + 1  # x_ik at i*g + k, then z_h
-    c = np.concatenate([np.zeros(nx), qh])
+    # Tie-break (ours, as in GreedyPicker): among placements with the same predicted maximum, prefer
+    # lighter ranks. Without it the solver returns an arbitrary optimum, which measurably balances worse
+    # (dlb bfio study --milp). Its total stays below 0.1 token-steps, under any real primary difference.
+    own = base @ qh
+    tie = 0.1 * (own - own.min()) / max(1.0, float(own.max() - own.min())) / m
+    c = np.concatenate([np.tile(tie, m), qh])
     rows: list[tuple[lil_matrix, FloatArray, FloatArray]] = []
     a_eq = lil_matrix((m, nx + nz))
     for i in range(m):
@@ -190,7 +196,7 @@ def assign_batch_milp(kv: FloatArray, n: FloatArray, prompts: list[float] | Floa
     integrality = np.concatenate([np.ones(nx), np.zeros(nz)])
     bounds = Bounds(np.concatenate([np.zeros(nx), np.full(nz, -np.inf)]), np.concatenate([np.ones(nx), np.full(nz, np.inf)]))
     res = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
-               options={"time_limit": time_limit_s})  # fmt: skip
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})  # fmt: skip
     if res.x is None:
         raise RuntimeError(f"BF-IO MILP found no assignment: {res.message}")
     x = res.x[:nx].reshape(m, g)
@@ -201,15 +207,19 @@ def assign_batch_milp(kv: FloatArray, n: FloatArray, prompts: list[float] | Floa
 class _Resident:
     rank: int
     prompt: float
-    started: float
+    started: float  # when it started decoding (admission to a running slot)
+    running: bool = True
 
 
 @dataclass
 class DpBalancer:
     """One DP group's rank picker and the resident-request state it decides on (clock-free).
 
-    ``assign`` opens a request on a rank, ``finish`` closes it. Predicted KV of a rank at ``now`` =
-    its prompts' tokens + decoded tokens, the latter from elapsed time / ``step_s``.
+    ``assign`` opens a request on a rank, ``finish`` closes it. A rank runs at most ``slots`` requests
+    (vLLM's per-rank ``--max-num-seqs``, 0 = unknown: all run); later ones wait in that rank's FCFS
+    queue and hold no KV until a finish frees a slot, when the oldest is promoted — as the server's
+    scheduler does. Predicted KV of a rank at ``now`` = its *running* requests' prompt tokens + tokens
+    decoded since they started running (elapsed / ``step_s``), kept as running sums so it costs O(G).
     """
 
     ranks: int
@@ -219,6 +229,7 @@ class DpBalancer:
     step_s: float = 0.02  # initial per-token step time; refined from completions
     step_ema: float = 0.1  # weight of one completion in the step-time estimate
     slots: int = 0  # running sequences per rank (vLLM --max-num-seqs); 0 = unknown
+    count_slack: int = -1  # residents above the fewest a full rank may hold; -1 = max(1, slots // 4)
     residents: dict[str, _Resident] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -227,15 +238,19 @@ class DpBalancer:
         if self.policy not in POLICIES:
             raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         self.picker = GreedyPicker(self.horizon, self.mean_decode_tokens)
-        self.n = np.zeros(self.ranks)
-        self.prompt_sum = np.zeros(self.ranks)
-        self.start_sum = np.zeros(self.ranks)
+        if self.count_slack < 0:
+            self.count_slack = max(1, self.slots // 4)
+        self.n = np.zeros(self.ranks)  # residents: running + waiting (what JSQ and the slack rule count)
+        self.nrun = np.zeros(self.ranks)  # running: what grows the KV
+        self.prompt_sum = np.zeros(self.ranks)  # of running requests
+        self.start_sum = np.zeros(self.ranks)  # of running requests' decode start times
         self.assigned = np.zeros(self.ranks, dtype=np.int64)
+        self.queues: list[deque[str]] = [deque() for _ in range(self.ranks)]
         self._rr = 0
 
     def kv(self, now: float) -> FloatArray:
-        """Predicted resident KV tokens per rank at ``now``."""
-        return self.prompt_sum + np.maximum(0.0, self.n * now - self.start_sum) / self.step_s
+        """Predicted resident KV tokens per rank at ``now`` (running requests only)."""
+        return self.prompt_sum + np.maximum(0.0, self.nrun * now - self.start_sum) / self.step_s
 
     def choose(self, now: float, prompt_tokens: float, allowed: npt.NDArray[np.bool_] | None = None) -> int:
         """The rank this group's policy picks for a new request (no side effects except round robin's cursor)."""
@@ -253,25 +268,26 @@ class DpBalancer:
         open_ = self.open_ranks(allowed)
         if self.policy == "least-kv":
             return int(np.argmin(np.where(open_, kv, np.inf)))
-        return self.picker.pick(kv, self.n, prompt_tokens, open_)
+        return self.picker.pick(kv, self.nrun, prompt_tokens, open_)
 
     def open_ranks(self, allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
-        """Ranks a workload-aware policy may choose from: those with a free slot.
+        """Ranks a workload-aware policy may choose from.
 
         The paper's scheduler holds the queue and places a request only when a slot frees; a leaf in
         front of vLLM's external DP load balancing must send at once, and a request sent to a full rank
-        waits in *that* rank's queue. So BF-IO places by workload among ranks with a free slot
-        (``slots`` = vLLM's per-rank ``--max-num-seqs``) and, when every rank is full or ``slots`` is
-        unknown, among the ranks with the fewest resident requests — counts stay balanced, BF-IO
-        decides which of those gets which prompt.
+        waits in *that* rank's queue. So BF-IO places by workload among ranks with a free slot; when
+        every rank is full (or ``slots`` is unknown) among the ranks within ``count_slack`` residents of
+        the fewest. With no slack, a steadily overloaded group leaves no choice at all: each completion
+        frees one rank, which is then the only least-loaded one, and BF-IO collapses into JSQ.
         """
         ok = np.ones(self.ranks, dtype=bool) if allowed is None else allowed
         if self.slots > 0:
             free = ok & (self.n < self.slots)
             if free.any():
                 return free
-        least = self.n[ok].min()
-        return ok & (self.n <= least)
+        least = float(self.n[ok].min())
+        out: npt.NDArray[np.bool_] = ok & (self.n <= least + self.count_slack)
+        return out
 
     def assign(self, now: float, request_id: str, prompt_tokens: float,
                allowed: npt.NDArray[np.bool_] | None = None) -> int:  # fmt: skip
@@ -287,24 +303,47 @@ class DpBalancer:
         """Count a request resident on ``rank`` (a duplicate id is ignored)."""
         if request_id in self.residents:
             return
-        self.residents[request_id] = _Resident(rank, float(prompt_tokens), now)
+        res = _Resident(rank, float(prompt_tokens), now)
+        self.residents[request_id] = res
         self.n[rank] += 1
-        self.prompt_sum[rank] += prompt_tokens
-        self.start_sum[rank] += now
         self.assigned[rank] += 1
+        if self.slots > 0 and self.nrun[rank] >= self.slots:
+            res.running = False
+            self.queues[rank].append(request_id)
+        else:
+            self._run(res, now)
+
+    def _run(self, res: _Resident, now: float) -> None:
+        res.running, res.started = True, now
+        r = res.rank
+        self.nrun[r] += 1
+        self.prompt_sum[r] += res.prompt
+        self.start_sum[r] += now
 
     def finish(self, request_id: str, now: float, duration_s: float | None = None, ok: bool = True) -> int | None:
-        """Close a request (returns its rank, None if unknown); a successful one refines ``step_s``."""
+        """Close a request (returns its rank, None if unknown); a successful one refines ``step_s``.
+
+        ``duration_s`` is accepted for callers that have only it; the estimate uses the time since the
+        request started *running*, which excludes its wait in the rank's queue.
+        """
         res = self.residents.pop(request_id, None)
         if res is None:
             return None
         r = res.rank
         self.n[r] -= 1
+        if not res.running:
+            self.queues[r].remove(request_id)  # left before it ran (client gone, record expired)
+            return r
+        self.nrun[r] -= 1
         self.prompt_sum[r] -= res.prompt
         self.start_sum[r] -= res.started
-        if self.n[r] <= 0:  # drop float residue so an empty rank reads exactly zero
-            self.n[r], self.prompt_sum[r], self.start_sum[r] = 0.0, 0.0, 0.0
+        if self.nrun[r] <= 0:  # drop float residue so an empty rank reads exactly zero
+            self.nrun[r], self.prompt_sum[r], self.start_sum[r] = 0.0, 0.0, 0.0
         if ok and duration_s is not None and duration_s > 0:
-            sample = duration_s / self.mean_decode_tokens
+            ran = min(duration_s, now - res.started) if now > res.started else duration_s
+            sample = ran / self.mean_decode_tokens
             self.step_s += self.step_ema * (sample - self.step_s)
+        q = self.queues[r]
+        while q and self.nrun[r] < self.slots:
+            self._run(self.residents[q.popleft()], now)
         return r

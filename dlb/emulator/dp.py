@@ -175,6 +175,8 @@ class DpEmulator:
                     events = srv.engine.complete(plan, done_at)
                     self.tokens += len(events)
                     srv._account(plan, events, done_at)
+            for r, srv in enumerate(self.ranks):  # after the step: what each rank now holds
+                srv.metrics.dp_kv.labels(str(r)).set(srv.engine.kv_used)  # type: ignore[attr-defined]
 
     def _account_step(self, step: DpStep) -> None:
         """Per-rank busy and barrier-idle time of one step, in profile seconds (before time scaling)."""
@@ -187,7 +189,6 @@ class DpEmulator:
             m: Any = srv.metrics
             m.dp_busy.labels(str(r)).inc(busy)
             m.dp_idle.labels(str(r)).inc(idle)
-            m.dp_kv.labels(str(r)).set(srv.engine.kv_used)
 
     def state(self) -> dict[str, Any]:
         """Group totals: idle fraction = Σ idle / (G · Σ step time)."""
