@@ -41,7 +41,7 @@ STUDY_B = (16, 64, 256)
 STUDY_H = (0, 1, 10, 50, 200)
 BASELINES = ("round-robin", "jsq", "least-kv")
 MILP_CHUNK = 16  # requests per programme in the study's MILP variant
-MILP_MAX_SLOTS = 1024  # G·B up to which --milp also runs the batch MILP (it solves one programme per step)
+MILP_MAX_SLOTS = 256  # G·B up to which --milp also runs the batch MILP (one programme per step: minutes per run beyond)
 
 
 def git_commit() -> str:
