@@ -256,6 +256,15 @@ def verdicts(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "mean_latency": sum(bf[c]["mean_s"] < jsq[c]["mean_s"] for c in cells),
         "energy": sum(bf[c]["energy_proxy"] < jsq[c]["energy_proxy"] for c in cells),
     }
+    milp_cells = [c for c in cells if (*c, "bf-io-milp", REF_H) in mean]
+    if milp_cells:
+        c6 = sum(bf[c]["idle_frac"] <= 1.1 * mean[(*c, "bf-io-milp", REF_H)]["idle_frac"] for c in milp_cells)
+        k = len(milp_cells)
+        out["C6"] = {"verdict": "holds" if c6 == k else ("partly" if 2 * c6 >= k else "not reproduced"),
+                     "cells": f"{c6}/{k}",
+                     "idle_greedy_vs_milp": {f"G={g},B={b}": [bf[(g, b)]["idle_frac"],
+                                                              mean[(g, b, "bf-io-milp", REF_H)]["idle_frac"]]
+                                             for g, b in milp_cells}}  # fmt: skip
     all_n = all(v == n for v in wins.values())
     out["C4"] = {"verdict": "holds" if all_n else ("partly" if all(v >= 6 for v in wins.values()) else "not reproduced"),
                  **{k: f"{v}/{n}" for k, v in wins.items()}}  # fmt: skip
