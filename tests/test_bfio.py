@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.core.bfio import DpBalancer, GreedyPicker, assign_batch_milp, imbalance, predicted_workload
+from dlb.core.bfio import (
+    DpBalancer,
+    GreedyPicker,
+    assign_batch_milp,
+    imbalance,
+    predicted_workload,
+)
 
 
 def _objective(kv: np.ndarray, n: np.ndarray, adds: list[tuple[int, float]], horizon: int, mean: float) -> float:
@@ -149,7 +155,7 @@ def _dp_config(**dp: object) -> dict[str, object]:
     return {
         "version": 1,
         "cells": [{"name": "a", "leaf": {"address": "127.0.0.1:10010", "probe": "127.0.0.1:9010"},
-                   "servers": [{"address": "127.0.0.1:8100", **dp}, "127.0.0.1:8200"]}],  # fmt: skip
+                   "servers": [{"address": "127.0.0.1:8100", **dp}, "127.0.0.1:8200"]}],
         "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
     }
 

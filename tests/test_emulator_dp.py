@@ -34,7 +34,7 @@ async def post(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tupl
 
 def _metric(text: str, name: str) -> float:
     return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
+               if line.startswith((name + "{", name + " ")))  # fmt: skip
 
 
 def test_rank_time_grows_with_resident_kv_and_the_step_is_the_slowest_rank() -> None:

@@ -135,8 +135,10 @@ class DpEmulator:
             self._task.cancel()
             try:
                 await self._task
-            except (asyncio.CancelledError, Exception):
+            except asyncio.CancelledError:
                 pass
+            except Exception as e:  # noqa: BLE001 - already reported to every rank by _engine_died; stop anyway
+                get_logger("dlb.emulator").debug("emulator_dp_loop_ended", error=repr(e))
         for srv in self.ranks:
             srv._engine_task = None
             await srv.stop()
