@@ -47,12 +47,17 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
      "dlb.load.generator:register"),
     (None, "sim", "run the paper's simulation experiments", "dlb.sim.cli:register"),
     (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.core.theory:register"),
+    ("bfio", "study", "BF-IO vs round robin / JSQ / least-KV on a simulated DP decode group", "dlb.bench.bfio_study:register"),
+    ("bfio", "bench", "request-path decision cost of the BF-IO pick (G=32)", "dlb.bench.bfio_study:register"),
+    ("bfio", "dataplane", "BF-IO vs JSQ rank picks through a real leaf Envoy on a DP emulator",
+     "dlb.bench.bfio_dataplane:register"),
 ]
 
 _GROUP_HELP = {
     "serve": "run a DLB service",
     "bench": "run a benchmark",
     "config": "work with DLB config files",
+    "bfio": "BF-IO rank balancing for data-parallel servers: study and decision-cost benchmark",
 }
 
 #: Top-level options that take a value (skipped when finding the command in argv).

@@ -23,12 +23,14 @@ from typing import Any, TypeVar
 import yaml
 
 from dlb.config.model import (
+    DP_POLICIES,
     AffinityParams,
     AversionParams,
     Cell,
     Config,
     ControlPlaneAddrs,
     Cost,
+    DpGroup,
     Endpoint,
     FlowParams,
     HostPort,
@@ -328,10 +330,10 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
             sp = f"{p}.servers[{k}]"
             # shorthand: a bare "host:port"
-            sm = ck.mapping({"address": s} if isinstance(s, str) else s, sp, ("address", "weight"), required=("address",))
+            sm = ck.mapping({"address": s} if isinstance(s, str) else s, sp, ("address", "weight", *_DP_KEYS), required=("address",))
             addr = ck.hostport(sm, "address", sp, None)
             weight = ck.number(sm, "weight", sp, 1, ge=1, le=1_000_000, integer=True)
-            servers.append(Server(addr or HostPort("invalid", 1), weight))
+            servers.append(Server(addr or HostPort("invalid", 1), weight, _dp_group(ck, sm, sp, addr)))
         replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
         rp = f"{p}.root"
         rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc"))
@@ -342,13 +344,38 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
     return cells
 
 
+_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")
+
+
+def _dp_group(ck: _Checker, m: dict[str, Any], path: str, addr: HostPort | None) -> DpGroup | None:
+    """``dp_ranks`` (> 1 makes a DP server) and the rank policy's settings, which need it."""
+    ranks = ck.number(m, "dp_ranks", path, 1, ge=1, le=4096, integer=True)
+    if ranks == 1:
+        for k in _DP_KEYS[1:]:
+            if k in m:
+                ck.err(f"{path}.{k}", "only applies to a data-parallel server: set dp_ranks > 1")
+        return None
+    policy = ck.string(m, "policy", path, "bf-io")
+    if policy not in DP_POLICIES:
+        ck.err(f"{path}.policy", f"{policy!r} is not one of: {', '.join(DP_POLICIES)}")
+        policy = "bf-io"
+    horizon = ck.number(m, "horizon", path, 10, ge=0, le=10_000, integer=True)
+    mean = ck.number(m, "mean_decode_tokens", path, 256.0, ge=1)
+    slots = ck.number(m, "max_num_seqs", path, 0, ge=0, integer=True)
+    if addr is not None and addr.port + ranks - 1 > 65535:
+        ck.err(f"{path}.dp_ranks", f"ranks listen on ports {addr.port}..{addr.port + ranks - 1}: past 65535")
+    return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean, max_num_seqs=slots)
+
+
 def _unique_addresses(ck: _Checker, cells: list[Cell]) -> None:
     """Two things cannot listen on one address; a copy-paste slip here makes a confusing testbed."""
     owner: dict[HostPort, str] = {}
     for c in cells:
         p = f"cells[{c.index}]"
         uses = [(f"{p}.leaf.address", c.leaf.address), (f"{p}.leaf.probe", c.leaf.probe), (f"{p}.leaf.ext_proc", c.leaf.ext_proc)]
-        uses += [(f"{p}.servers[{k}].address", s.address) for k, s in enumerate(c.servers)]
+        # A DP server's ranks r > 0 sit on the following ports; a clash is reported on its dp_ranks.
+        uses += [(f"{p}.servers[{k}]." + ("dp_ranks" if r else "address"), a)
+                 for k, s in enumerate(c.servers) for r, a in enumerate(s.rank_addresses())]  # fmt: skip
         uses += [(f"{p}.root.address", c.root.address)]
         for path, hp in uses:
             if hp is None or hp.host == "invalid":

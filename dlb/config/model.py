@@ -36,12 +36,36 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+DP_POLICIES = ("bf-io", "jsq", "round-robin")
+
+
+@dataclass(frozen=True)
+class DpGroup:
+    """A data-parallel server's ranks and how the leaf picks among them (docs/bfio.md).
+
+    Rank r listens on the server's port + r, as vLLM's external DP load balancing deploys them.
+    """
+
+    ranks: int
+    policy: str = "bf-io"  # one of DP_POLICIES
+    horizon: int = 10  # BF-IO look-ahead in decode steps
+    mean_decode_tokens: float = 256.0  # mean of the geometric decode-length model
+    max_num_seqs: int = 0  # running sequences per rank (vLLM's per-rank --max-num-seqs); 0 = unknown
+
+
 @dataclass(frozen=True)
 class Server:
     """One inference server (OpenAI-compatible HTTP) behind a cell's leaf Envoy."""
 
     address: HostPort
     weight: int = 1
+    dp: DpGroup | None = None  # set for a data-parallel server (``dp_ranks`` > 1)
+
+    def rank_addresses(self) -> tuple[HostPort, ...]:
+        """Every HTTP endpoint of this server: its ranks' for a DP server, else just its address."""
+        if self.dp is None:
+            return (self.address,)
+        return tuple(HostPort(self.address.host, self.address.port + r) for r in range(self.dp.ranks))
 
 
 @dataclass(frozen=True)

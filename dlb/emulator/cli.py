@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
                    help="max_tokens: generate exactly max_tokens when given; sample: always sample (capped)")  # fmt: skip
     p.add_argument("--output-mean", type=float, default=128.0, help="mean of sampled output lengths (default 128)")
     p.add_argument("--max-model-len", type=int, default=32768, help="context length limit (default 32768)")
+    p.add_argument("--dp-size", type=int, default=1,
+                   help="data-parallel ranks stepping together; rank r listens on PORT+r, as vLLM's external DP "
+                   "load balancing (docs/emulator.md, DP mode)")  # fmt: skip
     p.add_argument("--prefix-cache", action="store_true",
                    help="model automatic prefix caching: a repeated prompt prefix skips prefill (vLLM v1 default)")  # fmt: skip
     f = p.add_argument_group("faults (also settable at runtime: POST /admin/faults)")
@@ -76,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
             prefix_cache=args.prefix_cache,
             faults=faults,
         )
-        server = EmulatorServer(config)
+        if args.dp_size < 1:
+            raise ValueError(f"--dp-size: must be >= 1, got {args.dp_size}")
+        if args.dp_size > 1:
+            from dlb.emulator.dp import DpEmulator
+
+            server: Any = DpEmulator(config, args.dp_size)
+        else:
+            server = EmulatorServer(config)
     except (ProfileError, FaultError, ValueError) as e:
         log.error("emulator_bad_config", error=str(e))
         return 2

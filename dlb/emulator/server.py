@@ -153,15 +153,18 @@ class EmulatorServer:
         app.on_response_prepare.append(self._tag_response)
         return app
 
-    async def start(self) -> None:
+    async def start(self, run_engine: bool = True) -> None:
+        """Listen and start the engine coroutine; ``run_engine=False`` leaves stepping to a caller that
+        drives several engines in lock step (:class:`dlb.emulator.dp.DpEmulator`)."""
         self._wake = asyncio.Event()  # bind to the running loop
         self._runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        self._engine_task = asyncio.create_task(self._engine_loop(), name=f"emulator-engine-{self.config.server_id}")
-        self._engine_task.add_done_callback(self._engine_died)
+        if run_engine:
+            self._engine_task = asyncio.create_task(self._engine_loop(), name=f"emulator-engine-{self.config.server_id}")
+            self._engine_task.add_done_callback(self._engine_died)
         _log().info(
             "emulator_started",
             server_id=self.config.server_id,

@@ -509,7 +509,7 @@ def leaf_bootstrap(
     filters: list[dict[str, Any]] = []
     if emulate_wan:
         filters += [_fault_filter(src, ms) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
-    servers = [(s.address, s.weight) for s in me.servers]
+    servers = [(a, s.weight) for s in me.servers for a in s.rank_addresses()]  # a DP server: one endpoint per rank
     clusters = [_server_health(_cluster(LEAF_SERVERS_CLUSTER, servers, lb_policy="LEAST_REQUEST"))]
     routes: list[dict[str, Any]] = []
     # Generation deadlines are the root's (per endpoint); the leaf only relies on idle timeouts.

@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
+from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
 from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
@@ -355,6 +356,12 @@ class LeafAgent:
             picks.add_metric([s.address], s.picks)
             serr.add_metric([s.address], s.errors)
         yield from (srif, sscr, stok, picks, serr)
+        if st.dp_groups:
+            kv = GaugeMetricFamily("dlb_leaf_dp_rank_kv_tokens", "Predicted resident KV tokens per DP rank", labels=["server"])
+            for bal, members in st.dp_groups:
+                for addr, v in zip(members, bal.kv(now), strict=True):
+                    kv.add_metric([addr], float(v))
+            yield kv
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
         yield GaugeMetricFamily("dlb_leaf_envoy_reachable", "1 if the leaf Envoy accepts connections", value=float(self.envoy_ok))
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
@@ -437,8 +444,16 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
     cell = cfg.cell(cell_name)
     # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
     prior = cfg.endpoints[0].latency_prior.to_core()
-    servers = [ServerState(_ip_address(s.address.host, s.address.port), float(s.weight)) for s in cell.servers]
-    return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices,
+    servers: list[ServerState] = []
+    dp_groups: list[tuple[DpBalancer, list[str]]] = []
+    for s in cell.servers:
+        ranks = [ServerState(_ip_address(a.host, a.port), float(s.weight)) for a in s.rank_addresses()]
+        servers += ranks
+        if s.dp is not None:
+            bal = DpBalancer(ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
+                             mean_decode_tokens=s.dp.mean_decode_tokens, slots=s.dp.max_num_seqs)  # fmt: skip
+            dp_groups.append((bal, [r.address for r in ranks]))
+    return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
                      rng=np.random.default_rng(seed), pick_rule=pick_rule,
                      prequal=PrequalConfig(probes_per_pick=choices, pool_size=max(16, choices)))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams
 from dlb.core.server_pick import PrequalConfig, ProbePool
@@ -105,9 +106,14 @@ class LeafState:
     expected_output_tokens: float = 128.0
     kv_full: float = 0.95
 
+    #: Data-parallel servers: each balancer and its ranks' addresses in rank order (docs/bfio.md).
+    dp_groups: list[tuple[DpBalancer, list[str]]] = field(default_factory=list)
+
     def __post_init__(self) -> None:
         if not self.servers:
             raise ValueError(f"cell {self.cell}: a leaf needs at least one server")
+        #: rank address → (its group's balancer, the group's rank addresses)
+        self.dp_of = {a: (b, members) for b, members in self.dp_groups for a in members}
         self.inflight: dict[str, InFlight] = {}
         self.by_address = {s.address: i for i, s in enumerate(self.servers)}
         self.estimator = LatencyEstimator(self.prior, self.estimator_config)
@@ -187,14 +193,37 @@ class LeafState:
         return max(float(s.rif), s.scraped) / s.weight, max(s.tokens, s.scraped * mean) / s.weight
 
     def pick(self, now: float, request_id: str | None, content_length: int | None = None) -> int:
-        """Choose a server for a request and count it in flight."""
+        """Choose a server for a request and count it in flight.
+
+        A pick that lands on a rank of a data-parallel server is handed to that server's balancer, which
+        picks the rank by its own policy (BF-IO, JSQ, round robin) among the group's usable ranks.
+        """
         tokens = self.request_tokens(content_length)
         if self.pick_rule == "prequal":
             i = self.pool.pick(now, self.usable(now), self._probe, tokens)
         else:
             i = self.choose(now)
-        self.start(now, request_id, i, tokens)
+        dp = self.dp_of.get(self.servers[i].address) if self.dp_of else None
+        if dp is None:
+            self.start(now, request_id, i, tokens)
+            return i
+        prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
+        bal, members = dp
+        idx = [self.by_address.get(a, UNKNOWN) for a in members]
+        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now
+                            and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
+        if allowed.any():
+            i = idx[bal.choose(now, prompt_tokens, allowed)]
+        key = self.start(now, request_id, i, tokens)
+        bal.open(now, key, members.index(self.servers[i].address), prompt_tokens)
         return i
+
+    def _dp_finish(self, rec: InFlight, request_id: str, now: float, duration_s: float | None, ok: bool) -> None:
+        if rec.server == UNKNOWN or not self.dp_of:
+            return
+        dp = self.dp_of.get(self.servers[rec.server].address)
+        if dp is not None:
+            dp[0].finish(request_id, now, duration_s, ok)
 
     def start(self, now: float, request_id: str | None, server: int = UNKNOWN, tokens: float = 0.0) -> str:
         """Open an in-flight record (returns its key; a synthetic one if Envoy gave no request id)."""
@@ -233,6 +262,7 @@ class LeafState:
             if server != UNKNOWN:
                 self.servers[server].rif -= 1
                 self.servers[server].tokens -= rec.tokens
+            self._dp_finish(rec, c.request_id, now, c.duration_s, not c.client_abort and not is_error(c.status))
         if server == UNKNOWN and c.upstream:
             server = self.by_address.get(c.upstream, UNKNOWN)
         if c.client_abort:
@@ -264,6 +294,7 @@ class LeafState:
         old = [k for k, r in self.inflight.items() if r.started < horizon]
         for k in old:
             rec = self.inflight.pop(k)
+            self._dp_finish(rec, k, now, None, False)
             if rec.server != UNKNOWN:
                 self.servers[rec.server].rif -= 1
                 self.servers[rec.server].tokens -= rec.tokens

@@ -1,0 +1,232 @@
+"""``dlb bfio dataplane``: BF-IO vs JSQ rank picking on the real data path.
+
+One cell whose server is a data-parallel emulator (``dlb serve emulator --dp-size G``, rank r on
+``PORT+r``), the leaf agent (``dlb serve leaf``, the server's ``dp_ranks``/``policy``/``horizon`` in the
+config) as the leaf Envoy's ext_proc, and the leaf Envoy itself. Clients send completions straight to
+the leaf Envoy (no root: the question is the rank pick inside one server). For each policy a fresh
+emulator, leaf and Envoy run the same seeded request list: prompt sizes lognormal (the leaf estimates
+them from ``content-length``), decode lengths geometric (``max_tokens``; the leaf does not see them),
+open-loop Poisson arrivals near the group's capacity (so ranks often have free slots to choose among).
+
+Reported per policy: the emulator's barrier idle fraction (Σ ``dlb_dp_idle_seconds_total`` /
+Σ (idle + busy) over the ranks, profile seconds), generated tokens per wall second, mean and p90
+request latency, how many requests each rank got. Everything runs on 127.0.0.1, bounded in requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import itertools
+import json
+import math
+import random
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlb.bench.bfio_study import git_commit
+from dlb.config import config_from_dict
+from dlb.envoy.binary import EnvoyProcess
+from dlb.envoy.bootstrap import leaf_bootstrap, write_bootstrap
+from dlb.testbed.emulator import EmulatorProcess
+from dlb.testbed.process import ServiceProcess, free_port
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _sum_metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] == name:
+                total += float(value)
+    return total
+
+
+def rank_totals(ports: list[int]) -> dict[str, float]:
+    """Σ over ranks of idle / busy seconds and generated tokens, read from every rank's /metrics."""
+    out = {"idle": 0.0, "busy": 0.0, "tokens": 0.0}
+    for p in ports:
+        text = _metrics(f"http://127.0.0.1:{p}")
+        out["idle"] += _sum_metric(text, "dlb_dp_idle_seconds_total")
+        out["busy"] += _sum_metric(text, "dlb_dp_busy_seconds_total")
+        out["tokens"] += _sum_metric(text, "vllm:generation_tokens_total")
+    return out
+
+
+def workload(n: int, seed: int, prompt_median_tokens: float, mean_decode: float) -> list[tuple[int, int]]:
+    """(prompt characters, max_tokens) per request, seeded: the same list for every policy."""
+    rng = np.random.default_rng(seed)
+    tokens = np.clip(rng.lognormal(math.log(prompt_median_tokens), 0.8, n), 8, 6000)
+    decode = rng.geometric(1.0 / mean_decode, n)
+    return [(int(t) * 4, int(d)) for t, d in zip(tokens, decode, strict=False)]
+
+
+def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: int, timeout_s: float) -> dict[str, Any]:
+    """Open-loop Poisson arrivals at ``rate``/s (seeded), one connection per request; returns latencies,
+    statuses and which rank served each request. Open loop, not closed: a closed loop refills exactly
+    the slot that just freed, which leaves a rank picker no choice to make."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+    lat: list[float] = []
+    statuses: dict[int, int] = {}
+    served: dict[str, int] = {}
+    gaps = np.random.default_rng(seed + 7).exponential(1.0 / rate, len(reqs))
+
+    def one(chars: int, max_tokens: int) -> None:
+        body = json.dumps({"model": "dlb-emulated", "prompt": "x" * chars, "max_tokens": max_tokens}).encode()
+        conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        t0 = time.monotonic()
+        try:
+            conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            status, server = resp.status, resp.getheader("x-dlb-server") or ""
+        except (OSError, http.client.HTTPException):
+            status, server = 0, ""
+        finally:
+            conn.close()
+        with lock:
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 200:
+                lat.append(time.monotonic() - t0)
+                served[server] = served.get(server, 0) + 1
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=256) as pool:
+        at = t0
+        for (chars, max_tokens), gap in zip(reqs, gaps, strict=False):
+            at += float(gap)
+            delay = at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, chars, max_tokens)
+    return {"wall_s": time.monotonic() - t0, "latencies": lat, "statuses": statuses, "served": served}
+
+
+@dataclass
+class DpCell:
+    """A running DP cell: the leaf Envoy clients talk to, the ranks' ports, the leaf agent's metrics."""
+
+    leaf: tuple[str, int]
+    rank_ports: list[int]
+    leaf_metrics_url: str
+
+    def leaf_metrics(self) -> str:
+        with urllib.request.urlopen(self.leaf_metrics_url, timeout=5) as r:
+            return r.read().decode()
+
+
+@contextlib.contextmanager
+def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mean_decode: float = 32.0,
+            max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1) -> Iterator[DpCell]:  # fmt: skip
+    """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy."""
+    with tempfile.TemporaryDirectory(prefix="dlb-bfio-dp-") as tmp, \
+            EmulatorProcess(server_id="dp", profile="fast-test", dp_size=dp_size, max_batch=max_batch,
+                            max_queue=10_000, time_scale=time_scale, seed=seed) as emu:  # fmt: skip
+        server: dict[str, Any] = {"address": f"127.0.0.1:{emu.port}", "dp_ranks": dp_size, "policy": policy,
+                                  "horizon": horizon, "mean_decode_tokens": mean_decode,
+                                  "max_num_seqs": max_batch if max_num_seqs is None else max_num_seqs}  # fmt: skip
+        raw = {
+            "version": 1,
+            "cells": [{
+                "name": "dp",
+                "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}",
+                         "ext_proc": f"127.0.0.1:{free_port()}"},
+                "servers": [server],
+            }],
+            "endpoints": [{"name": "gen", "match": {"prefix": "/v1/"}}],
+        }  # fmt: skip
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw, indent=1))
+        cfg = config_from_dict(raw, source=str(path))
+        metrics_port = free_port()
+        with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
+                            "--seed", str(seed), "--choices", "64"):  # fmt: skip
+            admin = free_port()
+            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True),
+                                   Path(tmp) / "leaf.yaml")  # fmt: skip
+            with EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)):
+                leaf = cfg.cell("dp").leaf.address
+                yield DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
+                             f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+
+
+def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate: float, seed: int,
+               horizon: int, mean_decode: float, prompt_median_tokens: float, time_scale: float,
+               timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
+    """One policy end to end on fresh processes; returns the measured record."""
+    with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
+                 time_scale=time_scale, seed=seed) as cell:  # fmt: skip
+        before = rank_totals(cell.rank_ports)
+        out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s)
+        after = rank_totals(cell.rank_ports)
+        leaf_metrics = cell.leaf_metrics()
+    idle = after["idle"] - before["idle"]
+    busy = after["busy"] - before["busy"]
+    lat = out["latencies"]
+    return {
+        "policy": policy, "G": dp_size, "B": max_batch, "H": horizon if policy == "bf-io" else None,
+        "requests": requests, "rate": rate, "ok": len(lat), "statuses": out["statuses"],
+        "idle_frac": idle / (idle + busy) if idle + busy > 0 else 0.0,
+        "throughput_tok_s": (after["tokens"] - before["tokens"]) / out["wall_s"],
+        # Tokens per second of emulated stepping (profile time): the group's speed, free of how busy the
+        # machine running the emulator was (Σ(idle + busy) over ranks = G × the steps' total time).
+        "throughput_tok_per_step_s": (after["tokens"] - before["tokens"]) / ((idle + busy) / dp_size) if idle + busy else 0.0,
+        "mean_s": float(np.mean(lat)) if lat else math.nan,
+        "p90_s": float(np.percentile(lat, 90)) if lat else math.nan,
+        "wall_s": out["wall_s"], "served_by": dict(sorted(out["served"].items())),
+        "leaf_dp_ranks_tracked": leaf_metrics.count("dlb_leaf_dp_rank_kv_tokens{"),
+    }  # fmt: skip
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("dataplane", help="BF-IO vs JSQ rank picks through a real leaf Envoy on a DP emulator")
+    p.add_argument("--policies", default="jsq,bf-io")
+    p.add_argument("--G", dest="dp_size", type=int, default=4, help="DP ranks (default 4)")
+    p.add_argument("--B", dest="max_batch", type=int, default=8, help="running sequences per rank (default 8)")
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--rate", type=float, default=17.5,
+                   help="Poisson arrivals per wall second (default 17.5: above the default group's capacity at --time-scale 4)")
+    p.add_argument("--horizon", type=int, default=10)
+    p.add_argument("--mean-decode", type=float, default=32.0)
+    p.add_argument("--prompt-median", type=float, default=1500.0, help="median prompt tokens")
+    p.add_argument("--time-scale", type=float, default=4.0,
+                   help="wall seconds per profile second (default 4: long steps, so a busy machine's jitter matters less)")
+    p.add_argument("--seeds", default="1", help="comma-separated workload seeds; each policy runs every seed")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    commit = git_commit()
+    records = []
+    for seed, policy in itertools.product([int(x) for x in args.seeds.split(",")], args.policies.split(",")):
+        rec = run_policy(policy, dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
+                         rate=args.rate, seed=seed, horizon=args.horizon,
+                         mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
+                         time_scale=args.time_scale)  # fmt: skip
+        rec["seed"] = seed
+        records.append(rec)
+        print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s wall "
+              f"{rec['throughput_tok_per_step_s']:.0f} tok/s stepping mean={rec['mean_s']:.3f}s "
+              f"p90={rec['p90_s']:.3f}s ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']}", flush=True)  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"commit": commit, "command": "dlb bfio dataplane",
+                                               "args": {k: v for k, v in vars(args).items() if k != "func"},
+                                               "records": records}, indent=1) + "\n")  # fmt: skip
+    return 0

@@ -1,0 +1,80 @@
+"""BF-IO on the real data path: a DP emulator (``--dp-size``), the leaf agent as the leaf Envoy's
+ext_proc, and a real leaf Envoy routing each request to the rank the group's policy picked.
+
+The scenario separates the policies: a request with a huge prompt and one with a tiny prompt are
+held open (streaming) on the two ranks, so both ranks hold one request. JSQ sees a tie in counts and
+takes the first rank (the heavy one); BF-IO sees the predicted workload and takes the light one.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+
+from dlb.bench.bfio_dataplane import dp_cell, drive, rank_totals, workload
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
+
+
+class Stream:
+    """A streaming completion held open after its first token."""
+
+    def __init__(self, host: str, port: int, prompt_chars: int, tokens: int = 3000) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=60)
+        body = {"model": "dlb-emulated", "prompt": "x" * prompt_chars, "max_tokens": tokens, "stream": True}
+        self.conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200
+        self.server = self.resp.getheader("x-dlb-server")
+        assert self.resp.readline().startswith(b"data: ")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _until(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+@pytest.mark.parametrize(("policy", "third_rank"), [("jsq", "dp-dp0"), ("bf-io", "dp-dp1")])
+def test_leaf_picks_the_rank_by_the_groups_policy(policy: str, third_rank: str) -> None:
+    # A slow clock (time_scale 5) keeps the held streams open for the whole test.
+    with dp_cell(policy, dp_size=2, max_batch=8, max_num_seqs=0, time_scale=5.0) as cell:
+        host, port = cell.leaf
+        streams = []
+        try:
+            streams.append(Stream(host, port, prompt_chars=4 * 20_000))  # both ranks empty: rank 0
+            streams.append(Stream(host, port, prompt_chars=8))  # fewest residents: rank 1
+            assert [s.server for s in streams] == ["dp-dp0", "dp-dp1"]
+            streams.append(Stream(host, port, prompt_chars=400))
+            assert streams[2].server == third_rank
+            # The leaf tracks both ranks' predicted KV, the heavy rank far above the light one.
+            text = cell.leaf_metrics()
+            kv = [float(line.rpartition(" ")[2]) for line in text.splitlines()
+                  if line.startswith("dlb_leaf_dp_rank_kv_tokens{")]  # fmt: skip
+            assert len(kv) == 2 and kv[0] > 10 * kv[1] > 0
+        finally:
+            for s in streams:
+                s.close()
+
+
+def test_overloaded_dp_cell_reports_barrier_idle_per_rank() -> None:
+    with dp_cell("bf-io", dp_size=2, max_batch=4, mean_decode=16.0) as cell:
+        before = rank_totals(cell.rank_ports)
+        out = drive(*cell.leaf, workload(40, seed=3, prompt_median_tokens=800, mean_decode=16.0), rate=40.0,
+                    seed=3, timeout_s=60.0)  # fmt: skip
+        after = rank_totals(cell.rank_ports)
+        # Every request answered, both ranks used, and the access log closed every resident on the leaf.
+        assert out["statuses"] == {200: 40}
+        assert set(out["served"]) == {"dp-dp0", "dp-dp1"}
+        assert after["tokens"] > before["tokens"]
+        assert after["idle"] > before["idle"] and after["busy"] > before["busy"]
+        _until(lambda: "dlb_leaf_rif 0.0" in cell.leaf_metrics(), "leaf sees every request finish")
