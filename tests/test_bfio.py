@@ -199,7 +199,7 @@ def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:
     bal, members = st.dp_groups[0]
     picked = []
     for k in range(40):
-        i = st.pick(0.0, f"r{k}", prompt_tokens=2000.0 if k % 4 == 0 else 100.0)
+        i = st.pick(0.0, f"r{k}", content_length=8000 if k % 4 == 0 else 400)  # 2000 or 100 prompt tokens at 4 B each
         picked.append(st.servers[i].address)
     on_dp = [a for a in picked if a in members]
     assert on_dp and int(bal.n.sum()) == len(on_dp)

@@ -47,7 +47,7 @@ def _until(cond, what: str, timeout: float = 30.0) -> None:
 @pytest.mark.parametrize(("policy", "third_rank"), [("jsq", "dp-dp0"), ("bf-io", "dp-dp1")])
 def test_leaf_picks_the_rank_by_the_groups_policy(policy: str, third_rank: str) -> None:
     # A slow clock (time_scale 5) keeps the held streams open for the whole test.
-    with dp_cell(policy, dp_size=2, max_batch=8, max_num_seqs=0, time_scale=5.0) as cell:
+    with dp_cell(policy, dp_size=2, max_batch=8, max_num_seqs=0, time_scale=5.0, background_probes=False) as cell:
         host, port = cell.leaf
         streams = []
         try:

@@ -133,8 +133,13 @@ class DpCell:
 
 @contextlib.contextmanager
 def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mean_decode: float = 32.0,
-            max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1) -> Iterator[DpCell]:  # fmt: skip
-    """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy."""
+            max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1,
+            background_probes: bool = True) -> Iterator[DpCell]:  # fmt: skip
+    """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy.
+
+    ``background_probes=False`` turns off the leaf's own probe requests, for tests that place requests
+    one by one and check where each lands (a warm-up probe still in flight is a resident too).
+    """
     with tempfile.TemporaryDirectory(prefix="dlb-bfio-dp-") as tmp, \
             EmulatorProcess(server_id="dp", profile="fast-test", dp_size=dp_size, max_batch=max_batch,
                             max_queue=10_000, time_scale=time_scale, seed=seed) as emu:  # fmt: skip
@@ -156,7 +161,8 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
         cfg = config_from_dict(raw, source=str(path))
         metrics_port = free_port()
         with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
-                            "--seed", str(seed), "--choices", "64"):  # fmt: skip
+                            "--seed", str(seed), "--choices", "64",
+                            *(() if background_probes else ("--background-probe-min-interval-ms", "0"))):  # fmt: skip
             admin = free_port()
             boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True),
                                    Path(tmp) / "leaf.yaml")  # fmt: skip
