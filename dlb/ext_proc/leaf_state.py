@@ -20,6 +20,7 @@ What it does, and why here rather than in Envoy:
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,7 +92,10 @@ class LeafState:
             raise ValueError(f"cell {self.cell}: a leaf needs at least one server")
         self.inflight: dict[str, InFlight] = {}
         self.by_address = {s.address: i for i, s in enumerate(self.servers)}
-        self.estimator = LatencyEstimator(self.prior, self.estimator_config)
+        # Its own dither stream per leaf (drawn from this leaf's generator): leaves sharing one seed
+        # would dither every cell by the same factor, which changes no ranking.
+        self.estimator = LatencyEstimator(self.prior, self.estimator_config,
+                                          random.Random(f"{self.cell}-{int(self.rng.integers(1 << 62))}"))
         self.errors = ErrorTracker(self.error_tau_s)
         self.completed = 0
         self.failed = 0
