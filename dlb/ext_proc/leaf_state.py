@@ -116,7 +116,10 @@ class LeafState:
         self.dp_of = {a: (b, members) for b, members in self.dp_groups for a in members}
         self.inflight: dict[str, InFlight] = {}
         self.by_address = {s.address: i for i, s in enumerate(self.servers)}
-        self.estimator = LatencyEstimator(self.prior, self.estimator_config)
+        # Its own dither stream per leaf (drawn from this leaf's generator): leaves sharing one seed
+        # would dither every cell by the same factor, which changes no ranking.
+        self.estimator = LatencyEstimator(self.prior, self.estimator_config,
+                                          random.Random(f"{self.cell}-{int(self.rng.integers(1 << 62))}"))
         self.errors = ErrorTracker(self.error_tau_s)
         if self.pick_rule not in PICK_RULES:
             raise ValueError(f"cell {self.cell}: pick_rule must be one of {', '.join(PICK_RULES)}, got {self.pick_rule!r}")
