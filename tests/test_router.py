@@ -22,8 +22,9 @@ def topo3(allowed=None) -> Topology:
 
 
 def probed(router: RootRouter, rif, now: float = 0.0, params=None, errors=None) -> RootRouter:
+    """Probe every cell with a state that has seen all of the router's sends so far."""
     for j, n in enumerate(rif):
-        router.on_probe(j, now, n, params[j] if params else P, errors[j] if errors else 0.0)
+        router.on_probe(j, now, n, params[j] if params else P, errors[j] if errors else 0.0, seen_until=now)
     return router
 
 
@@ -53,6 +54,23 @@ def test_discrete_local_correction_prevents_herding() -> None:
     np.testing.assert_allclose(counts, [40, 80, 20], atol=1)
     r.on_probe(0, 0.2, 0.0, P)
     assert r.view.sent[0] == 0
+
+
+def test_sends_stay_counted_until_a_probe_could_have_seen_them() -> None:
+    """A probe answered before the root's requests reached the leaf must not erase them (issue 11)."""
+    r = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF), P, np.random.default_rng(0)), [0, 0, 0])
+    for _ in range(30):
+        r.pick(0.1)
+    sent = r.view.sent.copy()
+    assert sent[2] > 0  # cell 2 is 50 ms away: round trip 100 ms
+    r.on_probe(2, 0.15, 0.0, P)  # the leaf answered at 0.125, before the 0.1 sends arrived (0.15)
+    assert r.view.sent[2] == sent[2]
+    r.on_probe(2, 0.2, 0.0, P)  # answered at 0.175, after they arrived: the probe's RIF has them
+    assert r.view.sent[2] == 0
+    r.pick(0.3)
+    for j in range(3):  # an explicit horizon (the probe's own send time): the 0.1 sends are seen, 0.3's not
+        r.on_probe(j, 0.35, 0.0, P, seen_until=0.25)
+    assert r.view.sent.sum() == 1
 
 
 def test_discrete_latency_prefers_near_cell_when_idle() -> None:

@@ -123,10 +123,22 @@ class SimConfig:
     probe_period_s: float = 0.05
     record_every_s: float = 0.25
     flow: FlowConfig = field(default_factory=FlowConfig)
+    #: Root replicas per cell: a cell's demand splits evenly over them; each has its own router,
+    #: probes and state, and they probe (and step) in turn, staggered over the period.
+    root_replicas: int = 1
+    #: Model error of the routers' latency models: cell j's (a, b, c, s) are scaled by 1 + ε·ξ_j,
+    #: ξ_j ~ U[−1, 1] fixed per cell (paper 5.4, as in the simulator); the dynamics keep the true model.
+    noise_eps: float = 0.0
+    noise_seed: int = 0
 
 
 def _params(net: FluidNetwork, j: int) -> LatencyParams:
     return LatencyParams(float(net.a[j]), float(net.b[j]), float(net.c[j]), float(net.s[j]))
+
+
+def _noisy(p: LatencyParams, factor: float) -> LatencyParams:
+    a, b, c, s = p.a * factor, p.b * factor, p.c * factor, p.s * factor
+    return LatencyParams(a, b, min(c, 0.99 * a / b), s)
 
 
 def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Trajectory:
@@ -136,22 +148,30 @@ def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Tr
 
     Bookkeeping: a change of ``x_ij`` made at step k reaches cell j's inflow at step ``k + d_ij``, so
     instead of looking up delayed routing every step we schedule inflow increments in a ring buffer
-    (``pending``). The discrete routers' probe views live in two stacked (n, n) arrays whose rows *are*
-    the routers' ``view.rif`` / ``view.sent`` (numpy views, written in place by ``on_probe``), so one
-    :func:`cost_vector` call evaluates :meth:`RootRouter.costs` for every root at once.
+    (``pending``). The routers' probe views live in two stacked (n·R, n) arrays whose rows *are*
+    the routers' ``view.rif`` / ``view.sent`` (numpy views, written in place by ``on_probe`` and
+    ``book``), so one :func:`cost_vector` call evaluates :meth:`RootRouter.costs` for every root.
+    Router ``q = r·n + i`` is replica r of cell i; it carries ``λ_i/R``.
     """
     mechanism, cost, _ = POLICIES[policy]
     dt = cfg.dt_s
     n = net.n
+    R = cfg.root_replicas
+    if R < 1:
+        raise ValueError(f"root_replicas must be >= 1: {R}")
     topo = Topology.build(tuple(f"c{j}" for j in range(n)), net.replicas, net.tau, net.allowed)
     pol = PolicyConfig(mechanism=mechanism, cost=cost, flow=cfg.flow)
     params = [_params(net, j) for j in range(n)]
-    routers = [RootRouter(topo, i, pol, params[i], np.random.default_rng(i)) for i in range(n)]
-    rif_view = np.zeros((n, n))
-    sent_view = np.zeros((n, n))
-    for i, r in enumerate(routers):
-        r.view.rif = rif_view[i]
-        r.view.sent = sent_view[i]
+    if cfg.noise_eps:
+        xi = np.random.default_rng([cfg.noise_seed, 7]).uniform(-1.0, 1.0, n)
+        params = [_noisy(params[j], 1.0 + cfg.noise_eps * float(xi[j])) for j in range(n)]
+    src = np.tile(np.arange(n), R)  # source cell of router q
+    routers = [RootRouter(topo, int(src[q]), pol, params[int(src[q])], np.random.default_rng(q)) for q in range(n * R)]
+    rif_view = np.zeros((n * R, n))
+    sent_view = np.zeros((n * R, n))
+    for q, r in enumerate(routers):
+        r.view.rif = rif_view[q]
+        r.view.sent = sent_view[q]
     d_route = np.rint(net.tau / dt).astype(int)          # x_ij(t − τ_ij) reaches j now
     d_probe = np.rint(net.tau.T / dt).astype(int)        # root i sees N_j(t − τ_ji)
     hist = int(max(d_route.max(), d_probe.max())) + 2
@@ -159,10 +179,17 @@ def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Tr
     # it steps changes nothing, so flow policies probe once per flow period (saves n² calls per probe).
     probe_period = cfg.flow.period_s if mechanism is Mechanism.FLOW else cfg.probe_period_s
     probe_steps = max(1, math.ceil(probe_period / dt - 1e-9))
+    # Replica r probes at steps ≡ offset_r (mod probe_steps): the replicas of a cell take turns.
+    turn: dict[int, list[int]] = {}
+    for q in range(n * R):
+        turn.setdefault(((q // n) * probe_steps) // R, []).append(q)
     record_steps = max(1, round(cfg.record_every_s / dt))
     steps = int(round(cfg.horizon_s / dt))
 
-    x = np.array([r.x for r in routers])
+    def effective_x() -> np.ndarray:
+        return np.mean(np.array([r.x for r in routers]).reshape(R, n, n), axis=0)
+
+    x = effective_x()
     n_hist = np.zeros((hist, n))
     pending = np.zeros((hist, n))
     inflow = net.lam @ x
@@ -170,14 +197,16 @@ def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Tr
     dst = np.broadcast_to(cells, (n, n))
     lam_col = net.lam[:, None]
     rtt2 = 2.0 * net.tau
+    rtt_q = rtt2[src]
     models = routers[0].models
     N = np.zeros(n)
     a, bs, c, inv_s = net.a, net.b * net.s, net.c, 1.0 / net.s
-    lam_dt = net.lam * dt
+    lam_dt_q = (net.lam[src] / R) * dt
     discrete = mechanism is Mechanism.DISCRETE
-    usable = np.zeros((n, n), bool)
-    last_tick = 0.0
+    usable = np.zeros((n * R, n), bool)
+    last_tick = np.zeros(n * R)
     net_rate = float((lam_col * x * rtt2).sum())
+    rows = np.arange(n * R)
 
     rec_t, rec_n, rec_x, rec_l = [], [], [], []
     acc_n = np.zeros(n)
@@ -186,23 +215,29 @@ def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Tr
     for k in range(steps):
         now = k * dt
         new_x = None
-        if k % probe_steps == 0:
-            for i, r in enumerate(routers):
+        due = rows if k == 0 else turn.get(k % probe_steps)  # everyone probes once at t = 0
+        if due is not None and len(due):
+            for q in due:
+                r = routers[q]
+                i = int(src[q])
                 seen = n_hist[(k - d_probe[i]) % hist, cells]
                 for j in np.flatnonzero(net.allowed[i]):
                     r.on_probe(int(j), now, float(seen[j]), params[j])
-                r.note_arrivals(net.lam[i] * (now - last_tick))
+                r.note_arrivals(net.lam[i] / R * (now - last_tick[q]))
+                last_tick[q] = now
                 r.tick(now)
-                usable[i] = r.usable(now)
-            last_tick = now
+                usable[q] = r.usable(now)
             if not discrete:
-                new_x = np.array([r.x for r in routers])
+                new_x = effective_x()
         if discrete:
-            costs = np.where(usable, cost_vector(cost, rif_view + sent_view, net.replicas, models, rtt2), np.inf)
+            costs = np.where(usable, cost_vector(cost, rif_view + sent_view, net.replicas, models, rtt_q), np.inf)
             pick = costs.argmin(axis=1)
-            sent_view[cells, pick] += lam_dt
-            new_x = np.zeros((n, n))
-            new_x[cells, pick] = 1.0
+            # Booked as pick() books a request: counted until a probe could have seen it.
+            for q, r in enumerate(routers):
+                r.book(int(pick[q]), now, float(lam_dt_q[q]))
+            share = np.zeros((n * R, n))
+            share[rows, pick] = 1.0
+            new_x = share.reshape(R, n, n).mean(axis=0)
         if new_x is not None:
             dx = new_x - x
             if dx.any():

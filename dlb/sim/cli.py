@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
     p.add_argument("--variants", default=None,
                    help="comma-separated subset of variant labels (e.g. 'eps=0.0,eps=0.75'); default all")
+    p.add_argument("--root-replicas", type=int, default=1,
+                   help="root replicas per cell, each with its own probes and state; requests round-robin (default 1)")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -46,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _validate(args: argparse.Namespace) -> list[str]:
-    for name in ("scenarios", "trials", "workers"):
+    for name in ("scenarios", "trials", "workers", "root_replicas"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"dlb sim: --{name} must be >= 1")
+            raise SystemExit(f"dlb sim: --{name.replace('_', '-')} must be >= 1")
     if not args.minutes > 0:
         raise SystemExit("dlb sim: --minutes must be > 0")
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     exps = list(dict.fromkeys(exps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies)
+    jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas)
     if args.variants:
         wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
         known = {v.label for e in exps for v in EXPERIMENTS[e]}
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     kept: list[dict] = []
     if path.exists():
         try:
-            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") not in exps]
+            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") not in exps
+                    and r.get("commit") == (jobs[0].commit if jobs else None)]
         except (OSError, json.JSONDecodeError):
             kept = []
     all_records = normalise(kept + records)
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,
         "load_average": list(os.getloadavg()),
         "scenarios": args.scenarios, "trials": args.trials, "minutes": args.minutes,
+        "root_replicas": args.root_replicas, "commit": jobs[0].commit if jobs else "unknown",
     }
     (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
     print(markdown_table(records))
@@ -116,13 +120,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from dlb.sim.report import load, plot, reproduction_report
+    from dlb.sim.report import check_one_build, load, plot, reproduction_report
 
     sources = args.results or ["sim-results/results.json"]
     records: list[dict] = []
     try:
         for src in sources:
             records += load(src)
+    except ValueError as e:
+        print(f"dlb sim report: {e}", file=sys.stderr)
+        return 2
+    try:
+        check_one_build(records)
     except ValueError as e:
         print(f"dlb sim report: {e}", file=sys.stderr)
         return 2

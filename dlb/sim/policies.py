@@ -60,7 +60,8 @@ class RandRoot:
         self.pick = self.inner.pick
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
-                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None) -> None:
+                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
+                 seen_until: float | None = None) -> None:
         self.errors[cell] = error_rate
         self.fresh[cell] = True
         if replicas is not None and replicas > 0:
@@ -87,8 +88,9 @@ class MnlbController:
 
     def solve(self, demand: np.ndarray, servers: np.ndarray) -> np.ndarray:
         y = mnlb_solve(self.topology, demand, servers * self.server_rate, rho=self.rho)
-        for i, root in enumerate(self.roots):
-            root.set_weights(y[i])
+        n = self.topology.n
+        for k, root in enumerate(self.roots):  # replica-major: root k serves source cell k mod n
+            root.set_weights(y[k % n])
         return y
 
 
