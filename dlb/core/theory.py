@@ -36,7 +36,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from dlb.core.topology import Topology
 POLICIES: dict[str, tuple[Mechanism, Cost, Objective]] = {
     "Flow-Grad": (Mechanism.FLOW, Cost.GRADIENT, Objective.OPTIMUM),
     "Flow-Lat": (Mechanism.FLOW, Cost.LATENCY, Objective.WARDROP),
+    "Flow-RIF": (Mechanism.FLOW, Cost.RIF, Objective.RIF),
+    "Disc-Grad": (Mechanism.DISCRETE, Cost.GRADIENT, Objective.OPTIMUM),
+    "Disc-Lat": (Mechanism.DISCRETE, Cost.LATENCY, Objective.WARDROP),
     "Disc-RIF": (Mechanism.DISCRETE, Cost.RIF, Objective.RIF),
 }
 
@@ -59,7 +62,7 @@ DT = 2.0**-7
 
 
 # -- topologies ------------------------------------------------------------------------------------------
-def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int] = (3, 6)) -> FluidNetwork:
+def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int] = (3, 6), density: float = 0.7) -> FluidNetwork:
     """A heterogeneous random fluid network.
 
     - Cells on a 2-D map; RTT = 1 ms + 149 ms × distance/√2, so 1–150 ms, triangle inequality holds;
@@ -84,7 +87,7 @@ def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int]
     u = rng.uniform(0.3, 0.8, n)
     b_srv = a * u / slots
     s_frac = rng.uniform(0.1, 0.4, n)
-    allowed = rng.random((n, n)) < 0.7
+    allowed = rng.random((n, n)) < density
     np.fill_diagonal(allowed, True)
     cap = k / b_srv
     for _ in range(100):
@@ -101,8 +104,21 @@ def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int]
 
 
 def networks(count: int, seed: int) -> list[FluidNetwork]:
+    """The original set ("paper"): 3–6 cells, 70 %-dense arcs."""
     rng = np.random.default_rng(seed)
     return [random_network(rng, f"T{i:02d}") for i in range(count)]
+
+
+#: Cell counts and graphs of the "scale" set: complete graphs and sparse ones (30 % of the other
+#: arcs allowed), as the simulator's scenarios (complete, up to 12 cells) and residency rules have.
+SCALE_SIZES = (2, 6, 12)
+SCALE_GRAPHS = (("complete", 1.0), ("sparse", 0.3))
+
+
+def scale_networks(seed: int, sizes: tuple[int, ...] = SCALE_SIZES) -> list[FluidNetwork]:
+    """The "scale" set: one topology per (size, graph), named e.g. ``K12`` (complete) / ``S12`` (sparse)."""
+    rng = np.random.default_rng([seed, 11])
+    return [random_network(rng, f"{g[0].upper()}{n:02d}", n_cells=(n, n), density=d) for n in sizes for g, d in SCALE_GRAPHS]
 
 
 # -- the delayed fluid model -----------------------------------------------------------------------------
@@ -276,9 +292,14 @@ class Record:
     amplitude: float
     #: latency gap of the policy's own equilibrium to the optimum (price of anarchy of its cost).
     equilibrium_latency_gap: float
+    #: root replicas per cell.
+    replicas: int = 1
+    #: model error ε of the routers' latency models (0: exact).
+    noise: float = 0.0
 
 
-def compare(net: FluidNetwork, policy: str, traj: Trajectory, eq: Equilibrium, opt: Equilibrium, avg_window_s: float) -> Record:
+def compare(net: FluidNetwork, policy: str, traj: Trajectory, eq: Equilibrium, opt: Equilibrium, avg_window_s: float,
+            replicas: int = 1, noise: float = 0.0) -> Record:
     window = traj.t > traj.t[-1] - avg_window_s
     n_end = traj.N[window].mean(axis=0)
     l_end = float(traj.L[window].mean())
@@ -290,6 +311,8 @@ def compare(net: FluidNetwork, policy: str, traj: Trajectory, eq: Equilibrium, o
         workload_gap=float(np.linalg.norm(n_end - eq.N) / np.linalg.norm(eq.N)),
         amplitude=amp,
         equilibrium_latency_gap=(eq.total_latency - opt.total_latency) / opt.total_latency,
+        replicas=replicas,
+        noise=noise,
     )
 
 
@@ -301,7 +324,8 @@ def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = N
         eqs = {obj: solve(obj, net) for obj in {POLICIES[p][2] for p in policies} | {Objective.OPTIMUM}}
         for p in policies:
             traj = simulate(net, p, cfg)
-            out.append(compare(net, p, traj, eqs[POLICIES[p][2]], eqs[Objective.OPTIMUM], window))
+            out.append(compare(net, p, traj, eqs[POLICIES[p][2]], eqs[Objective.OPTIMUM], window,
+                               cfg.root_replicas, cfg.noise_eps))
     return out
 
 
@@ -310,42 +334,105 @@ def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = N
 FLOW_GRAD_TARGET = 0.01
 
 
+#: Flow policies must end within this latency gap (absolute) of their R = 1 result for every R.
+REPLICA_TOLERANCE = 0.002
+#: A flow policy whose workload amplitude over the averaging window exceeds this is oscillating.
+AMPLITUDE_LIMIT = 0.005
+#: Flow-Lat must end within this workload gap of its Wardrop point.
+WARDROP_TARGET = 0.01
+
+
+def targets(records: list[Record]) -> list[tuple[str, bool, str]]:
+    """The checks ``dlb theory`` exits on, over the exact-model records: (target, holds, measured)."""
+    exact = [r for r in records if r.noise == 0.0]
+    out = []
+    fg = [r for r in exact if r.policy == "Flow-Grad"]
+    if fg:
+        worst = max(fg, key=lambda r: r.latency_gap)
+        out.append((f"Flow-Grad latency_gap ≤ {100 * FLOW_GRAD_TARGET:g}% on every topology and R",
+                    all(r.latency_gap <= FLOW_GRAD_TARGET for r in fg),
+                    f"max {100 * worst.latency_gap:.3f}% ({worst.topology}, R={worst.replicas})"))
+    flow = [r for r in exact if r.policy.startswith("Flow-")]
+    if flow:
+        worst = max(flow, key=lambda r: r.amplitude)
+        out.append((f"flow policies: no limit cycle (amplitude ≤ {100 * AMPLITUDE_LIMIT:g}%)",
+                    all(r.amplitude <= AMPLITUDE_LIMIT for r in flow),
+                    f"max {100 * worst.amplitude:.3f}% ({worst.policy} {worst.topology}, R={worst.replicas})"))
+    fl = [r for r in exact if r.policy == "Flow-Lat"]
+    if fl:
+        worst = max(fl, key=lambda r: r.workload_gap)
+        out.append((f"Flow-Lat at its Wardrop point (workload_gap ≤ {100 * WARDROP_TARGET:g}%)",
+                    all(r.workload_gap <= WARDROP_TARGET for r in fl),
+                    f"max {100 * worst.workload_gap:.3f}% ({worst.topology}, R={worst.replicas})"))
+    base = {(r.topology, r.policy): r.latency_gap for r in flow if r.replicas == 1}
+    diffs = [(abs(r.latency_gap - base[(r.topology, r.policy)]), r) for r in flow
+             if r.replicas != 1 and (r.topology, r.policy) in base]
+    if diffs:
+        d, r = max(diffs, key=lambda t: t[0])
+        out.append((f"flow result identical for every R (|Δ latency_gap| ≤ {100 * REPLICA_TOLERANCE:g}%)",
+                    d <= REPLICA_TOLERANCE, f"max {100 * d:.3f}% ({r.policy} {r.topology}, R={r.replicas})"))
+    return out
+
+
 def _run_one(job: tuple[FluidNetwork, SimConfig, list[str], float]) -> list[Record]:
     net, cfg, policies, window = job
     return run([net], cfg, policies, window)
 
 
-def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int) -> list[Record]:
-    """:func:`run` over topologies in ``jobs`` worker processes (results in topology order)."""
-    work = [(net, cfg, policies, window) for net in nets]
-    if jobs <= 1 or len(nets) <= 1:
+def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int,
+                 replicas: tuple[int, ...] = (1,), noises: tuple[float, ...] = (0.0,)) -> list[Record]:
+    """:func:`run` over topologies × replicas × noise in ``jobs`` worker processes (results in that order)."""
+    work = [(net, replace(cfg, root_replicas=r, noise_eps=e), policies, window)
+            for net in nets for r in replicas for e in noises]
+    if jobs <= 1 or len(work) <= 1:
         return [r for job in work for r in _run_one(job)]
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(min(jobs, len(nets))) as pool:
+    with multiprocessing.get_context("spawn").Pool(min(jobs, len(work))) as pool:
         return [r for recs in pool.map(_run_one, work, chunksize=1) for r in recs]
 
 
 def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
     info = {net.name: net for net in nets}
-    head = f"{'topology':8} {'cells':>5} {'util':>5} {'maxRTT':>7}  {'policy':9} {'latency_gap':>11} {'workload_gap':>12} {'amplitude':>9} {'eq_lat_gap':>10}"
+    head = (f"{'topology':8} {'cells':>5} {'util':>5} {'maxRTT':>7}  {'R':>3} {'eps':>5}  {'policy':9} {'latency_gap':>11} "
+            f"{'workload_gap':>12} {'amplitude':>9} {'eq_lat_gap':>10}")
     lines = [head, "-" * len(head)]
     for r in records:
         net = info[r.topology]
         lines.append(
-            f"{r.topology:8} {net.n:5d} {net.utilisation:5.2f} {2000 * net.tau.max():5.0f}ms  {r.policy:9} "
+            f"{r.topology:8} {net.n:5d} {net.utilisation:5.2f} {2000 * net.tau.max():5.0f}ms  {r.replicas:3d} {r.noise:5.2f}  {r.policy:9} "
             f"{100 * r.latency_gap:10.3f}% {100 * r.workload_gap:11.3f}% {100 * r.amplitude:8.3f}% {100 * r.equilibrium_latency_gap:9.3f}%"
         )
     lines.append("")
-    lines.append("per policy: latency_gap max / median, workload_gap max, amplitude max, eq_lat_gap (price of anarchy) max")
-    for p in dict.fromkeys(r.policy for r in records):
-        rs = [r for r in records if r.policy == p]
+    lines.append("per policy and model: latency_gap max / median, workload_gap max, amplitude max, eq_lat_gap (price of anarchy) max")
+    for p, e in dict.fromkeys((r.policy, r.noise) for r in records):
+        rs = [r for r in records if r.policy == p and r.noise == e]
         lg = np.array([r.latency_gap for r in rs])
         lines.append(
-            f"  {p:9} {100 * lg.max():8.3f}% / {100 * np.median(lg):7.3f}%   {100 * max(r.workload_gap for r in rs):7.3f}%"
+            f"  {p:9} eps={e:<4g} {100 * lg.max():8.3f}% / {100 * np.median(lg):7.3f}%   {100 * max(r.workload_gap for r in rs):7.3f}%"
             f"   {100 * max(r.amplitude for r in rs):7.3f}%   {100 * max(r.equilibrium_latency_gap for r in rs):7.3f}%"
         )
     return "\n".join(lines)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise SystemExit(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise SystemExit(f"{flag}: values must be >= 1: {text!r}")
+    return vals
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise SystemExit(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not vals or min(vals) < 0 or max(vals) >= 1:
+        raise SystemExit(f"{flag}: values must be in [0, 1): {text!r}")
+    return vals
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -354,15 +441,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fluid-model check: routers vs independently solved equilibria",
         description=(
             "Integrate the paper's delayed fluid model (section 4) on seeded random topologies under "
-            "Flow-Grad, Flow-Lat and Disc-RIF, driving the production RootRouter, and compare the end "
-            "state with the optimum / Wardrop / RIF equilibria solved with scipy.optimize."
+            "the six DLB policies with R root replicas per cell and exact or noisy models, driving the "
+            "production RootRouter, and compare the end state with the optimum / Wardrop / RIF "
+            "equilibria solved with scipy.optimize."
         ),
     )
-    p.add_argument("--topologies", type=int, default=12, help="number of random topologies (default 12)")
+    p.add_argument("--set", dest="topology_set", choices=("scale", "paper"), default="scale",
+                   help="topology set: 'scale' = complete and sparse graphs of 2, 6, 12 cells (default); "
+                   "'paper' = --topologies random 3–6-cell, 70%%-dense graphs")
+    p.add_argument("--sizes", default=",".join(str(n) for n in SCALE_SIZES), help="cell counts of the scale set (default %(default)s)")
+    p.add_argument("--topologies", type=int, default=12, help="number of random topologies of the paper set (default 12)")
     p.add_argument("--seed", type=int, default=0, help="seed of the topology generator (default 0)")
     p.add_argument("--horizon", type=float, default=SimConfig.horizon_s, help="simulated seconds per run (default %(default)s)")
     p.add_argument("--window", type=float, default=None, help="seconds at the end to average over (default 10%% of the horizon, >= 10)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of %(default)s")
+    p.add_argument("--replicas", default="1,4,16", help="root replicas per cell to run (default %(default)s)")
+    p.add_argument("--noise", default="0,0.25", help="model errors ε to run; 0 = exact (default %(default)s)")
     p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None, help="write the records as a JSON list to FILE")
@@ -378,21 +472,26 @@ def run_cli(args: argparse.Namespace) -> int:
         raise SystemExit(f"--policies: unknown policy {unknown}; choose from {list(POLICIES)}")
     if args.topologies < 1 or args.horizon <= 0:
         raise SystemExit("--topologies must be >= 1 and --horizon > 0")
+    replicas = _ints(args.replicas, "--replicas")
+    noises = _floats(args.noise, "--noise")
     cfg = SimConfig(horizon_s=args.horizon, flow=FlowConfig(kappa=args.kappa))
     window = args.window if args.window is not None else max(10.0, 0.1 * args.horizon)
     jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
-    nets = networks(args.topologies, args.seed)
+    if args.topology_set == "scale":
+        nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"))
+    else:
+        nets = networks(args.topologies, args.seed)
     start = time.monotonic()
-    records = run_parallel(nets, cfg, policies, window, jobs)
+    records = run_parallel(nets, cfg, policies, window, jobs, replicas, noises)
     elapsed = time.monotonic() - start
     print(format_table(nets, records))
-    print(f"\n{len(nets)} topologies, seed {args.seed}, horizon {args.horizon:g} s, κ = {args.kappa:g}, {elapsed:.1f} s")
+    print(f"\n{len(nets)} topologies ({args.topology_set}), seed {args.seed}, R {list(replicas)}, ε {list(noises)}, "
+          f"horizon {args.horizon:g} s, κ = {args.kappa:g}, {elapsed:.1f} s")
+    checks = targets(records)
+    for name, holds, measured in checks:
+        print(f"  {'PASS' if holds else 'FAIL'}  {name}: {measured}")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump([asdict(r) for r in records], fh, indent=1)
             fh.write("\n")
-    misses = [r.topology for r in records if r.policy == "Flow-Grad" and not r.latency_gap <= FLOW_GRAD_TARGET]
-    if misses:
-        print(f"Flow-Grad misses the {100 * FLOW_GRAD_TARGET:g}% target on {misses}")
-        return 1
-    return 0
+    return 0 if all(h for _, h, _ in checks) else 1
