@@ -175,6 +175,38 @@ def test_conditional_affinity_stays_then_leaves() -> None:
     assert r.affinity is not None and r.affinity.get("sess", 0.3) == moved
 
 
+def test_affinity_under_flow_moves_to_the_best_alternative_not_a_sample() -> None:
+    """Paper 3.5: leaving the session's cell goes to the best alternative, even when x says otherwise."""
+    aff = AffinityConfig(enabled=True, prefix_savings=0.5)
+    topo = Topology.build(["a", "b", "c"], [4, 4, 4], [[0.0005, 0.002, 0.002], [0.002, 0.0005, 0.002], [0.002, 0.002, 0.0005]])
+    r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, affinity=aff), P, np.random.default_rng(0))
+    probed(r, [0, 0, 0])
+    r.affinity.put("s", 0, 0.0)
+    # x sends almost everything to cell 1, but cell 2 has the lower expected latency.
+    r.x = np.array([0.0, 0.98, 0.02])
+    probed(r, [200.0, 60.0, 9.0], now=0.1)  # ℓ(200) ≫ ℓ(60) > ℓ(9): cell 0 loses even with the saving
+    moves = set()
+    for _ in range(50):
+        r.affinity.put("s", 0, 0.1)  # pinned to cell 0 again each time
+        moves.add(r.pick(0.1, session="s"))
+    assert moves == {2}
+    # Within the saving the session stays, although x gives its cell no mass.
+    probed(r, [9.0 + 0.4 / P.b * 0.5, 60.0, 9.0], now=0.2)
+    r.affinity.put("s", 0, 0.2)
+    assert r.pick(0.2, session="s") == 0
+
+
+def test_affinity_compares_expected_latency_with_rif_cost() -> None:
+    """The saving is a time: with the RIF cost the rule still compares ℓ_j(N_j) + 2τ_ij."""
+    aff = AffinityConfig(enabled=True, prefix_savings=0.3)
+    models = [P, LatencyParams(a=0.2, b=0.01, c=8.0, s=1.0), P]
+    r = RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF, affinity=aff), P, np.random.default_rng(0))
+    probed(r, [0, 0, 0], params=models)
+    r.affinity.put("s", 0, 0.0)
+    # Cell 0 (4 replicas, ℓ = 1.0 s) vs cell 1 (8 replicas, ℓ = 0.2 s): 1.0 − 0.3 > 0.2 + RTT → move to 1.
+    assert r.pick(0.0, session="s") == 1
+
+
 def test_policy_names() -> None:
     assert PolicyConfig(Mechanism.FLOW, Cost.GRADIENT).name == "Flow-Grad"
     assert PolicyConfig(Mechanism.DISCRETE, Cost.RIF).name == "Disc-RIF"

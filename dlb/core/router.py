@@ -13,7 +13,8 @@ correction used to reset on every probe and forgot them). Flow: sample from ``x_
 projected gradient descent every period (see :mod:`dlb.core.flow`).
 
 Both honour error aversion (skip cell j with probability ``a_j``, then choose among the rest) and
-conditional session affinity (stay while ``c_stay − savings ≤ min_other``).
+conditional session affinity (stay while the session cell's expected latency minus the prefix
+saving is no worse than the best alternative's; else move to that alternative).
 """
 
 from __future__ import annotations
@@ -362,12 +363,29 @@ class RootRouter:
         return list(cells), list(itertools.accumulate(w))
 
     def _affine(self, session: str, cell: int, cand: list[int], now: float) -> int:
+        """Conditional affinity (paper 3.5): stay on the session's cell while its expected latency
+        minus the expected prefix-cache saving is no worse than the best alternative's; otherwise go
+        to that best alternative — under flow routing too, not to the cell ``x`` sampled.
+
+        Expected latency is ``ℓ_j(N_j) + 2τ_ij`` at this root's view (probe RIF + unseen sends), for
+        every cost: the saving is a time, and the RIF or gradient cost is not one.
+        """
         assert self.affinity is not None
         pinned = self.affinity.get(session, now)
-        if pinned is not None and pinned != cell and pinned in cand:
-            costs = self._costs if self._costs is not None else [self._cost_one(j) for j in range(self.topology.n)]
-            others = min((costs[j] for j in cand if j != pinned), default=math.inf)
-            if costs[pinned] - self.policy.affinity.prefix_savings <= others:
+        if pinned is not None and pinned in cand:
+            others = [j for j in cand if j != pinned]
+            if not others:
                 cell = pinned
+            else:
+                best = min(others, key=self._expected_latency)
+                stay = self._expected_latency(pinned) - self.policy.affinity.prefix_savings
+                cell = pinned if stay <= self._expected_latency(best) else best
         self.affinity.put(session, cell, now)
         return cell
+
+    def _expected_latency(self, j: int) -> float:
+        """ℓ_j(N_j) + 2τ_ij with N_j = probe RIF + this root's unseen sends."""
+        m = self.models
+        a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
+        z = (float(self.view.rif[j] + self.view.sent[j]) - c) / s
+        return a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0)) + float(self.rtt[j])
