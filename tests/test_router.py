@@ -207,6 +207,38 @@ def test_affinity_compares_expected_latency_with_rif_cost() -> None:
     assert r.pick(0.0, session="s") == 1
 
 
+def test_flow_step_does_not_depend_on_the_roots_own_rate() -> None:
+    """Issue 11: the step is normalised by the fleet's rate from probes, not the root's own arrivals,
+    so R replicas carrying λ/R each move the cell's inflow exactly as one root carrying λ does (with
+    the old rule η ∝ 1/λ_i, each replica stepped R times further and the loop gain grew with R)."""
+    topo = topo3()
+    xs = []
+    for arrivals in (120.0, 30.0):  # one root's share vs a quarter of it
+        r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY), P, np.random.default_rng(0))
+        for k in range(4):
+            now = 0.2 * k
+            probed(r, [20.0, 2.0, 9.0], now=now)
+            r.note_arrivals(arrivals * 0.2)
+            r.tick(now)
+        xs.append(r.x.copy())
+    np.testing.assert_allclose(xs[0], xs[1], atol=1e-12)
+    assert not np.allclose(xs[0], np.array([4, 8, 2]) / 14)  # it did move
+
+
+def test_flow_step_scale_does_not_collapse_below_the_knee() -> None:
+    """Flow-Lat below the knee: ℓ' ≈ 0 there, but the step's scale is taken at N ≥ N_ref, so the same
+    cost difference moves x by the same amount at any load below the reference."""
+    topo = topo3()
+    moves = []
+    for load in (2.0, 5.0):  # both below the knee c = 8, where ℓ'(N) differs by a factor ~20
+        r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(max_step=1.0)), P, np.random.default_rng(0))
+        probed(r, [load, load, load], now=0.0)
+        r.tick(0.0)
+        fleet_rate = 3 * load / float(latency(load, *P.as_array()))  # Λ̂ from the probes
+        moves.append(np.abs(r.x - np.array([4, 8, 2]) / 14).sum() * fleet_rate)
+    assert moves[0] > 0 and moves[1] == pytest.approx(moves[0], rel=0.05)
+
+
 def test_policy_names() -> None:
     assert PolicyConfig(Mechanism.FLOW, Cost.GRADIENT).name == "Flow-Grad"
     assert PolicyConfig(Mechanism.DISCRETE, Cost.RIF).name == "Disc-RIF"
