@@ -235,12 +235,12 @@ def test_empty_and_non_mapping_documents() -> None:
     assert "must be a mapping" in problems_of("- 1\n- 2\n")[0][1]
 
 
-def test_rif_with_prefix_savings_is_rejected() -> None:
+def test_rif_with_prefix_savings_is_a_time() -> None:
+    """Affinity compares expected latencies whatever the routing cost, so savings apply with rif too."""
     data = minimal()
     data["endpoints"][0]["policy"] = {"cost": "rif", "affinity": {"enabled": True, "prefix_savings_ms": 5}}
-    with pytest.raises(ConfigError) as info:
-        config_from_dict(data)
-    assert [p.path for p in info.value.problems] == ["endpoints[0].policy.affinity.prefix_savings_ms"]
+    cfg = config_from_dict(data)
+    assert math.isclose(cfg.endpoints[0].policy.to_core(cfg.probe).affinity.prefix_savings, 0.005)
 
 
 def test_internal_affinity_header_rejected() -> None:

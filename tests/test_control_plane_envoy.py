@@ -281,3 +281,93 @@ def test_envoy_push_bench_smoke() -> None:
     for delta in (False, True):
         rec = asyncio.run(measure(rounds=3, cells=2, delta=delta))
         assert rec["rounds"] == 3 and 0 < rec["p50_ms"] <= rec["max_ms"] < 10_000
+
+
+def test_two_root_envoys_converge_to_the_in_process_split() -> None:
+    """One control plane, two root Envoys (cells a and b): each Envoy's native ``weighted_clusters``
+    converge to the split an in-process :class:`RootRouter` of that cell computes from the same probes."""
+    asyncio.run(_two_roots_scenario())
+
+
+async def _two_roots_scenario() -> None:
+    from leaf_stub import StaticProbe, serve_probe
+
+    from dlb.core.latency_model import LatencyParams
+    from dlb.core.router import RootRouter
+
+    tmp = tempfile.mkdtemp(prefix="dlb-cp-two-")
+    cfg_path = os.path.join(tmp, "dlb.yaml")
+    names = ("a", "b", "c")
+    ports = {n: free_port() for n in names}
+    roots = {n: (free_port(), free_port(), free_port()) for n in ("a", "b")}  # listener, ext_proc, admin
+    doc = {
+        "version": 1,
+        "cells": [
+            {"name": n, "leaf": {"address": f"127.0.0.1:{ports[n]}", "probe": f"127.0.0.1:{free_port()}"},
+             **({"root": {"address": f"127.0.0.1:{roots[n][0]}", "ext_proc": f"127.0.0.1:{roots[n][1]}"}} if n in roots else {}),
+             "servers": [f"127.0.0.1:{free_port()}"]}
+            for n in names
+        ],
+        # a is far from c, b is near it: the two sources' best cells differ.
+        "network": {"one_way_ms": {"a": {"b": 10, "c": 100}, "b": {"c": 10}}},
+        "endpoints": [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "flow", "cost": "latency"}}],
+    }
+    with open(cfg_path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    cfg = load_config(cfg_path)
+    leaves = [await start_leaf(n, p) for n, p in ports.items()]
+    probes = {"a": StaticProbe("a", rif=6.0), "b": StaticProbe("b", rif=6.0), "c": StaticProbe("c", rif=0.0)}
+    servers = [await serve_probe(probes[c.name], str(c.leaf.probe)) for c in cfg.cells]
+    cp = ControlPlane(cfg)
+    xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+    envoys = {}
+    for n, (_listen, _ext, admin) in roots.items():
+        boot = os.path.join(tmp, f"root-{n}.yaml")
+        with open(boot, "w") as fh:
+            yaml.safe_dump(ads_bootstrap("root", n, HostPort("127.0.0.1", xds_port), admin, node_id=f"root-{n}-two"), fh)
+        envoys[n] = EnvoyProcess(boot, admin)
+
+    # The in-process reference: the router a root service in that cell would run, fed the stubs'
+    # answers (the same model and RIF) every flow period until it stops moving.
+    policy = cfg.endpoints[0].policy.to_core(cfg.probe)
+    model = LatencyParams(0.5, 0.05, 4.0, 1.0)  # what StaticProbe reports
+    reference = {}
+    for n in roots:
+        r = RootRouter(cfg.topology(), names.index(n), policy, cfg.endpoints[0].latency_prior.to_core())
+        for k in range(600):
+            now = 0.2 * k
+            for j, c in enumerate(names):
+                r.on_probe(j, now, probes[c].rif, model, replicas=1.0)
+            r.tick(now)
+        reference[n] = r.x.copy()
+    assert reference["a"].argmax() == 0 and reference["b"].argmax() == 2  # a non-trivial, per-source answer
+
+    def configured(envoy: EnvoyProcess) -> np.ndarray:
+        dump = json.loads(envoy.admin_get("/config_dump?resource=dynamic_route_configs"))
+        for cfg_ in dump["configs"]:
+            for route in cfg_["route_config"]["virtual_hosts"][0]["routes"]:
+                if route["name"] == "gen-fallback":
+                    w = {c["name"]: c["weight"] for c in route["route"]["weighted_clusters"]["clusters"]}
+                    v = np.array([w.get(f"cell-{c}", 0) for c in names], float)
+                    return v / v.sum()
+        return np.zeros(len(names))
+
+    try:
+        for e in envoys.values():
+            await asyncio.to_thread(e.start)
+        for n, e in envoys.items():
+            await wait_for(lambda e=e, n=n: np.abs(configured(e) - reference[n]).max() < 0.01, timeout=90,
+                           what=f"root {n}'s Envoy at the in-process split {reference[n]}")
+        for n in roots:  # the control plane's own router agrees too, and traffic follows the weights
+            np.testing.assert_allclose(cp.flow.weights()["gen"][names.index(n)], reference[n], atol=0.01)
+            share = await split(roots[n][0], 200)
+            best = names[int(reference[n].argmax())]
+            assert share.get(best, 0) > 0.9, (n, share)
+    finally:
+        for e in envoys.values():
+            await asyncio.to_thread(e.stop)
+        await cp.stop()
+        for s in servers:
+            await s.stop(None)
+        for r in leaves:
+            await r.cleanup()

@@ -22,8 +22,9 @@ def topo3(allowed=None) -> Topology:
 
 
 def probed(router: RootRouter, rif, now: float = 0.0, params=None, errors=None) -> RootRouter:
+    """Probe every cell with a state that has seen all of the router's sends so far."""
     for j, n in enumerate(rif):
-        router.on_probe(j, now, n, params[j] if params else P, errors[j] if errors else 0.0)
+        router.on_probe(j, now, n, params[j] if params else P, errors[j] if errors else 0.0, seen_until=now)
     return router
 
 
@@ -53,6 +54,23 @@ def test_discrete_local_correction_prevents_herding() -> None:
     np.testing.assert_allclose(counts, [40, 80, 20], atol=1)
     r.on_probe(0, 0.2, 0.0, P)
     assert r.view.sent[0] == 0
+
+
+def test_sends_stay_counted_until_a_probe_could_have_seen_them() -> None:
+    """A probe answered before the root's requests reached the leaf must not erase them (issue 11)."""
+    r = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF), P, np.random.default_rng(0)), [0, 0, 0])
+    for _ in range(30):
+        r.pick(0.1)
+    sent = r.view.sent.copy()
+    assert sent[2] > 0  # cell 2 is 50 ms away: round trip 100 ms
+    r.on_probe(2, 0.15, 0.0, P)  # the leaf answered at 0.125, before the 0.1 sends arrived (0.15)
+    assert r.view.sent[2] == sent[2]
+    r.on_probe(2, 0.2, 0.0, P)  # answered at 0.175, after they arrived: the probe's RIF has them
+    assert r.view.sent[2] == 0
+    r.pick(0.3)
+    for j in range(3):  # an explicit horizon (the probe's own send time): the 0.1 sends are seen, 0.3's not
+        r.on_probe(j, 0.35, 0.0, P, seen_until=0.25)
+    assert r.view.sent.sum() == 1
 
 
 def test_discrete_latency_prefers_near_cell_when_idle() -> None:
@@ -155,6 +173,70 @@ def test_conditional_affinity_stays_then_leaves() -> None:
     assert moved != first
     probed(r, [0.0, 0.0, 0.0], now=0.3)
     assert r.affinity is not None and r.affinity.get("sess", 0.3) == moved
+
+
+def test_affinity_under_flow_moves_to_the_best_alternative_not_a_sample() -> None:
+    """Paper 3.5: leaving the session's cell goes to the best alternative, even when x says otherwise."""
+    aff = AffinityConfig(enabled=True, prefix_savings=0.5)
+    topo = Topology.build(["a", "b", "c"], [4, 4, 4], [[0.0005, 0.002, 0.002], [0.002, 0.0005, 0.002], [0.002, 0.002, 0.0005]])
+    r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, affinity=aff), P, np.random.default_rng(0))
+    probed(r, [0, 0, 0])
+    r.affinity.put("s", 0, 0.0)
+    # x sends almost everything to cell 1, but cell 2 has the lower expected latency.
+    r.x = np.array([0.0, 0.98, 0.02])
+    probed(r, [200.0, 60.0, 9.0], now=0.1)  # ℓ(200) ≫ ℓ(60) > ℓ(9): cell 0 loses even with the saving
+    moves = set()
+    for _ in range(50):
+        r.affinity.put("s", 0, 0.1)  # pinned to cell 0 again each time
+        moves.add(r.pick(0.1, session="s"))
+    assert moves == {2}
+    # Within the saving the session stays, although x gives its cell no mass.
+    probed(r, [9.0 + 0.4 / P.b * 0.5, 60.0, 9.0], now=0.2)
+    r.affinity.put("s", 0, 0.2)
+    assert r.pick(0.2, session="s") == 0
+
+
+def test_affinity_compares_expected_latency_with_rif_cost() -> None:
+    """The saving is a time: with the RIF cost the rule still compares ℓ_j(N_j) + 2τ_ij."""
+    aff = AffinityConfig(enabled=True, prefix_savings=0.3)
+    models = [P, LatencyParams(a=0.2, b=0.01, c=8.0, s=1.0), P]
+    r = RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF, affinity=aff), P, np.random.default_rng(0))
+    probed(r, [0, 0, 0], params=models)
+    r.affinity.put("s", 0, 0.0)
+    # Cell 0 (4 replicas, ℓ = 1.0 s) vs cell 1 (8 replicas, ℓ = 0.2 s): 1.0 − 0.3 > 0.2 + RTT → move to 1.
+    assert r.pick(0.0, session="s") == 1
+
+
+def test_flow_step_does_not_depend_on_the_roots_own_rate() -> None:
+    """Issue 11: the step is normalised by the fleet's rate from probes, not the root's own arrivals,
+    so R replicas carrying λ/R each move the cell's inflow exactly as one root carrying λ does (with
+    the old rule η ∝ 1/λ_i, each replica stepped R times further and the loop gain grew with R)."""
+    topo = topo3()
+    xs = []
+    for arrivals in (120.0, 30.0):  # one root's share vs a quarter of it
+        r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY), P, np.random.default_rng(0))
+        for k in range(4):
+            now = 0.2 * k
+            probed(r, [20.0, 2.0, 9.0], now=now)
+            r.note_arrivals(arrivals * 0.2)
+            r.tick(now)
+        xs.append(r.x.copy())
+    np.testing.assert_allclose(xs[0], xs[1], atol=1e-12)
+    assert not np.allclose(xs[0], np.array([4, 8, 2]) / 14)  # it did move
+
+
+def test_flow_step_scale_does_not_collapse_below_the_knee() -> None:
+    """Flow-Lat below the knee: ℓ' ≈ 0 there, but the step's scale is taken at N ≥ N_ref, so the same
+    cost difference moves x by the same amount at any load below the reference."""
+    topo = topo3()
+    moves = []
+    for load in (2.0, 5.0):  # both below the knee c = 8, where ℓ'(N) differs by a factor ~20
+        r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(max_step=1.0)), P, np.random.default_rng(0))
+        probed(r, [load, load, load], now=0.0)
+        r.tick(0.0)
+        fleet_rate = 3 * load / float(latency(load, *P.as_array()))  # Λ̂ from the probes
+        moves.append(np.abs(r.x - np.array([4, 8, 2]) / 14).sum() * fleet_rate)
+    assert moves[0] > 0 and moves[1] == pytest.approx(moves[0], rel=0.05)
 
 
 def test_policy_names() -> None:

@@ -189,3 +189,18 @@ def test_prequal_leaf_pick_runs_the_leaf_agents_pool() -> None:
     assert rif.arrivals == a.arrivals and not np.array_equal(rif.latency, a.latency)
     with pytest.raises(ValueError, match="leaf_pick"):
         Workload(leaf_pick="fastest")
+
+
+@pytest.mark.parametrize("policy", ["MNLB", "Disc-RIF", "Flow-Grad"])
+def test_root_replicas_serve_every_request(policy: str) -> None:
+    """``root_replicas``: requests round-robin over a cell's replicas, each with its own probes and state;
+    nothing is lost, and R = 1 is the one-root simulator bit for bit."""
+    sc = generate(3, duration_s=20.0)
+    one = simulate(sc, policy, 0)
+    np.testing.assert_array_equal(one.latency, simulate(sc, policy, 0, SimConfig(root_replicas=1)).latency)
+    many = simulate(sc, policy, 0, SimConfig(root_replicas=3))
+    assert many.arrivals == one.arrivals
+    assert many.completed + many.errors + many.in_flight == many.arrivals
+    assert many.errors <= max(3, 2 * one.errors)
+    with pytest.raises(ValueError, match="root_replicas"):
+        SimConfig(root_replicas=0)

@@ -51,8 +51,25 @@ def test_verdicts_follow_the_numbers() -> None:
     bad = dict(good, **{"Disc-Grad": 0.7})  # Flow-Grad no longer best
     v = verdicts(normalise([_rec("baseline", "util=0.8", 0.8, p, x) for p, x in bad.items()]))
     assert v[1].holds is False
+    assert v[3].holds is True  # no flow policy at or above Rand
+    # Disc-Grad best by 0.05 and one run only (spread 0): Flow-Grad is not within the spread.
+    assert v[2].holds is False
+    lose = dict(good, **{"Flow-Lat": 1.02})
+    v = verdicts(normalise([_rec("baseline", "util=0.8", 0.8, p, x) for p, x in lose.items()]))
+    assert v[3].holds is False and "Flow-Lat" in v[3].measured
     # Claims of experiments not run are reported as such, not as passes.
-    assert all(x.holds is None for x in v[2:])
+    assert all(x.holds is None for x in v[4:])
+
+
+def test_report_refuses_to_mix_commits_or_replicas() -> None:
+    from dlb.sim.report import check_one_build
+
+    recs = [dict(_rec("baseline", "util=0.8", 0.8, p, 1.0), commit="abc", root_replicas=4) for p in POLICIES]
+    assert check_one_build(recs) == ("abc", 4)
+    with pytest.raises(ValueError, match="mix commits"):
+        check_one_build(recs + [dict(recs[0], commit="def")])
+    with pytest.raises(ValueError, match="mix root replicas"):
+        check_one_build(recs + [dict(recs[0], root_replicas=1)])
 
 
 def test_disruption_verdict_needs_fewer_errors() -> None:

@@ -137,7 +137,7 @@ def small_networks() -> list[eq.FluidNetwork]:
 
 @pytest.fixture(scope="module")
 def small_run() -> list[th.Record]:
-    return th.run(small_networks(), th.SimConfig(horizon_s=150.0))
+    return th.run(small_networks(), th.SimConfig(horizon_s=150.0), ["Flow-Grad", "Flow-Lat", "Disc-RIF"])
 
 
 def test_flow_grad_reaches_the_optimum(small_run: list[th.Record]) -> None:
@@ -176,15 +176,30 @@ def test_simulation_from_equilibrium_stays_there() -> None:
 
 def test_cli_writes_json_records(tmp_path, capsys) -> None:
     out = tmp_path / "theory.json"
-    rc = cli.main(["theory", "--topologies", "1", "--seed", "3", "--horizon", "40", "--policies", "Flow-Lat,Disc-RIF",
-                   "--jobs", "1", "--json", str(out)])
-    assert rc == 0  # the Flow-Grad target is only checked when Flow-Grad runs
+    rc = cli.main(["theory", "--set", "paper", "--topologies", "1", "--seed", "3", "--horizon", "40",
+                   "--policies", "Flow-RIF,Disc-RIF", "--replicas", "1,2", "--noise", "0", "--jobs", "1", "--json", str(out)])
     recs = json.loads(out.read_text())
-    assert [r["policy"] for r in recs] == ["Flow-Lat", "Disc-RIF"]
+    assert [(r["policy"], r["replicas"]) for r in recs] == [("Flow-RIF", 1), ("Disc-RIF", 1), ("Flow-RIF", 2), ("Disc-RIF", 2)]
     for r in recs:
-        assert {"topology", "policy", "latency_gap", "workload_gap"} <= set(r)
+        assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude"} <= set(r)
         assert isinstance(r["latency_gap"], float) and isinstance(r["workload_gap"], float)
-    assert "Flow-Lat" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "Flow-RIF" in text and "identical for every R" in text
+    assert rc == (0 if "FAIL" not in text else 1)
+
+
+def test_targets_judge_exact_runs_only() -> None:
+    def rec(policy: str, replicas: int, gap: float, amp: float = 0.0, wgap: float = 0.0, noise: float = 0.0) -> th.Record:
+        return th.Record("T", policy, gap, wgap, amp, 0.0, replicas, noise)
+
+    good = [rec("Flow-Grad", 1, 0.004), rec("Flow-Grad", 4, 0.005), rec("Flow-Lat", 1, 0.1, wgap=0.002),
+            rec("Flow-Lat", 16, 0.1005, wgap=0.003), rec("Flow-Grad", 1, 0.5, noise=0.25)]
+    assert all(h for _, h, _ in th.targets(good))
+    cycle = good + [rec("Flow-Grad", 16, 0.009, amp=0.02)]
+    verdicts = {name.split(":")[0]: h for name, h, _ in th.targets(cycle)}
+    assert not all(verdicts.values())
+    drift = [rec("Flow-Grad", 1, 0.001), rec("Flow-Grad", 4, 0.008)]  # both under 1 %, but R changes the result
+    assert [h for _, h, _ in th.targets(drift)] == [True, True, False]
 
 
 def test_cli_rejects_unknown_policy() -> None:

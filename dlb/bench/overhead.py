@@ -8,6 +8,8 @@ costs the same and almost nothing):
 - ``root``: the same root Envoy with its ext_proc filter → ``dlb serve root`` → upstream.
 - ``root+leaf``: root Envoy + root ext_proc → leaf Envoy + leaf ext_proc/ALS (``dlb serve leaf``) →
   upstream.
+- ``root-native`` (extra): a root Envoy that knows only a live control plane's address; the flow
+  endpoint's ``weighted_clusters`` (the control plane's flow loop) route it, no ext_proc on the request.
 
 For each, a closed loop (``--connections`` workers) finds the saturation throughput, then an open
 loop at half of the *root* configuration's saturation rate (the same rate for all three, so latencies
@@ -56,9 +58,12 @@ W2_CONFIG = "root-2w"
 BARE_CONFIG = "root-bare"
 #: The root service on grpc.aio (``--transport grpc``) instead of DLB's HTTP/2 server.
 GRPC_CONFIG = "root-grpc"
+#: Flow routing natively: a root Envoy configured entirely over ADS by a live control plane (its flow
+#: loop probing the leaf agent), the flow endpoint's ``weighted_clusters`` route with ext_proc off.
+NATIVE_CONFIG = "root-native"
 #: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG)
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, NATIVE_CONFIG)
 
 
 def _cpu_of(pid: int) -> float:
@@ -195,6 +200,72 @@ def resolve_loadgen(choice: str) -> str:
     return choice
 
 
+def native_config(raw: dict[str, Any], upstream: int, listen: int) -> dict[str, Any]:
+    """``raw`` with its endpoint on flow routing, the cell's leaf address on the upstream (the control
+    plane's EDS for ``cell-x``) and the root listener on ``listen``; the probe address is the leaf agent's."""
+    cell = dict(raw["cells"][0])
+    cell["leaf"] = dict(cell["leaf"], address=f"127.0.0.1:{upstream}")
+    cell["root"] = dict(cell["root"], address=f"127.0.0.1:{listen}")
+    cell["servers"] = [f"127.0.0.1:{free_port()}"]  # the leaf's; unused here (the upstream stands in for the leaf)
+    ep = dict(raw["endpoints"][0], policy={"mechanism": "flow", "cost": "latency"})
+    return dict(raw, cells=[cell], endpoints=[ep])
+
+
+class _ThreadedControlPlane:
+    """``dlb serve control-plane``'s service on its own event loop in a thread (off the request path)."""
+
+    def __init__(self, cfg: Any) -> None:
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._cp: Any = None
+        self.xds_port = 0
+        self._error: BaseException | None = None
+        started = threading.Event()
+
+        def run() -> None:
+            from dlb.control_plane.service import ControlPlane
+
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._cp = ControlPlane(cfg)
+                self.xds_port, _ = self._loop.run_until_complete(self._cp.start("127.0.0.1:0", "127.0.0.1:0"))
+            except BaseException as e:  # reported to the caller below
+                self._error = e
+                started.set()
+                return
+            started.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="control-plane", daemon=True)
+        self._thread.start()
+        if not started.wait(30) or self._error is not None:
+            raise RuntimeError(f"control plane did not start: {self._error}")
+
+    def stop(self) -> None:
+        if self._cp is not None:
+            asyncio.run_coroutine_threadsafe(self._cp.stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def _wait_http(port: int, timeout_s: float = 30.0) -> None:
+    """Until an Envoy configured over ADS has its listener and route (a 200 through it)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no 200 through the ADS-configured root Envoy on port {port} after {timeout_s}s")
+        time.sleep(0.1)
+
+
 def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, slices: int = 1,
                  loadgen: str = "python", envoy_concurrency: int = 1) -> list[dict[str, Any]]:
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
@@ -205,6 +276,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
     envoys: list[EnvoyProcess] = []
     services: list[ServiceProcess] = []
     bare_procs: list[subprocess.Popen] = []
+    control_planes: list[_ThreadedControlPlane] = []
 
     def envoy(boot: dict[str, Any], name: str, admin: int) -> EnvoyProcess:
         # The upstream stands in for the servers and stays at one worker; the Envoys under test get
@@ -279,6 +351,19 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                 time.sleep(0.05)
             p, pid = root_to_upstream(bare_name, bare_port)
             targets[bare_name] = (p, {"root_envoy": pid, "root_ext_proc": bare.pid})
+        if NATIVE_CONFIG in configs:
+            from dlb.envoy.ads_bootstrap import ads_bootstrap
+
+            p, a = free_port(), free_port()
+            native_raw = native_config(raw, up_port, p)
+            native_path = d / "dlb-native.yaml"
+            native_path.write_text(json.dumps(native_raw))
+            cp = _ThreadedControlPlane(config_from_dict(native_raw, source=str(native_path)))
+            control_planes.append(cp)
+            e = envoy(ads_bootstrap("root", "x", _hp(cp.xds_port), a, node_id="root-x-native"), NATIVE_CONFIG, a)
+            _wait_http(p)
+            assert e.proc is not None  # started by envoy()
+            targets[NATIVE_CONFIG] = (p, {"root_envoy": e.proc.pid})
         if GRPC_CONFIG in configs:
             p, pid = root_to_upstream(GRPC_CONFIG, grpc_port)
             targets[GRPC_CONFIG] = (p, {"root_envoy": pid, "root_ext_proc": root_grpc.pid})
@@ -345,6 +430,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         for bp in bare_procs:
             bp.terminate()
             bp.wait(10)
+        for cp in control_planes:
+            cp.stop()
         tmp.cleanup()
     return records
 
@@ -377,8 +464,13 @@ def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
     loadgen = resolve_loadgen(args.loadgen)
+    from dlb.sim.experiments import git_commit
+
     records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices, loadgen=loadgen,
                            envoy_concurrency=args.envoy_concurrency)
+    commit = git_commit()
+    for r in records:  # every results file names the code that produced it
+        r["commit"] = commit
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     print(summarize(records))
@@ -394,7 +486,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
                    help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
                         f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers; {BARE_CONFIG}/{BARE_H2_CONFIG}: constant-reply servicer on grpc.aio / on DLB's h2 transport (floors); "
-                        f"{GRPC_CONFIG}: the root service on grpc.aio)")
+                        f"{GRPC_CONFIG}: the root service on grpc.aio; {NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
+                        f"from a live control plane, no ext_proc on the request)")
     p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                    help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")
     p.add_argument("--envoy-concurrency", type=int, default=1, help="worker threads of each Envoy under test (default 1)")

@@ -489,8 +489,6 @@ def _policy(ck: _Checker, raw: Any, path: str) -> Policy:
         prefix_savings_ms=ck.number(fm, "prefix_savings_ms", fp, df.prefix_savings_ms, ge=0),
     )
     cost = ck.choice(m, "cost", path, Cost, d.cost)
-    if cost is Cost.RIF and affinity.prefix_savings_ms > 0:
-        ck.err(f"{fp}.prefix_savings_ms", "must be 0 with cost rif (savings are a time; RIF costs are requests per replica)")
     return Policy(
         mechanism=ck.choice(m, "mechanism", path, Mechanism, d.mechanism),
         cost=cost,

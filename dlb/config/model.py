@@ -113,7 +113,7 @@ class FlowParams:
     """Flow mechanism (projected gradient descent): step every ``period_ms``; ``kappa`` < π/2 scales η."""
 
     period_ms: float = 200.0
-    kappa: float = 0.5
+    kappa: float = FlowConfig.kappa  # one default for config and core
 
     def to_core(self) -> FlowConfig:
         return FlowConfig(kappa=self.kappa, period_s=self.period_ms / 1000.0)
@@ -145,9 +145,8 @@ class AffinityParams:
     prefix_savings_ms: float = 0.0
 
     def to_core(self, cost: Cost) -> AffinityConfig:
-        # Savings are in cost units: seconds for latency/gradient; the loader rejects a non-zero value
-        # with cost rif, where a time has no meaning.
-        savings = 0.0 if cost is Cost.RIF else self.prefix_savings_ms / 1000.0
+        # Savings are a time for every cost: the router compares expected latencies (core/router.py).
+        savings = self.prefix_savings_ms / 1000.0
         return AffinityConfig(self.enabled, self.header, self.ttl_s, self.max_sessions, prefix_savings=savings)
 
 

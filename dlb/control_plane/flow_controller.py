@@ -5,12 +5,11 @@ the flow update, so the control plane does: one :class:`RootRouter` per (flow en
 cell) — the same object a root service would run — fed with the control plane's own probes of every
 leaf, ticked every period; its ``x`` becomes that source's RDS ``weighted_clusters``.
 
-The routers' step size needs each source's arrival rate λ_i (``RootRouter.note_arrivals``). The
-control plane does not see requests; it sees every leaf's monotone ``completed`` counter, whose
-sum over cells measures the fleet's throughput, and splits it evenly over the sources that have
-root Envoys. That is exact in aggregate and approximate per source; a source whose real share
-differs by a factor f gets a step size off by 1/f, inside the κ < π/2 stability margin for f up to
-~3 (docs/xds.md).
+The step size needs no per-source arrival rate: it is normalised by the fleet's total rate Λ̂,
+which each router estimates from the probes it is fed (``Σ_j N_j/ℓ_j(N_j)``, core/flow.py), so a
+control-plane router computes exactly the step a root service's router would, and the split Envoy
+applies for a source is the split an in-process root in that cell would apply. ``throughput`` (the
+leaves' ``completed`` counters) is only reported on ``/status``.
 
 Also here: the fleet view the control plane publishes as DLB resources — each cell's latest model
 and confidence, and aversion rates from :func:`update_aversion`.
@@ -103,14 +102,11 @@ class FlowController:
     # -- periodic ------------------------------------------------------------------------------------
     def step(self, now: float) -> dict[str, dict[int, np.ndarray]]:
         """Advance every router to ``now``; return ``{endpoint: {source: x_source}}``."""
-        dt = 0.0 if math.isnan(self._last_step) else max(0.0, now - self._last_step)
         self._last_step = now
         rates = [c.completed for c in self.cells if c.available and not math.isnan(c.completed)]
         self.throughput = float(sum(rates)) if rates else 0.0
-        per_source = self.throughput / max(1, len(self.sources))
         out: dict[str, dict[int, np.ndarray]] = {ep.name: {} for ep in self.endpoints}
         for (name, src), r in self.routers.items():
-            r.note_arrivals(per_source * dt)
             r.tick(now)
             out[name][src] = r.x.copy()
         if now - self._last_aversion >= self.aversion_config.period_s:

@@ -1,6 +1,7 @@
 """Conditional session affinity (paper 3.5): a bounded LRU map session → cell with a TTL.
 
-The stay-or-leave rule lives in the router: stay while ``cost_stay − prefix_savings ≤ min_other``.
+The stay-or-leave rule lives in the router: stay while the pinned cell's expected latency minus
+``prefix_savings`` is no worse than the best alternative's, else move to that alternative.
 This module only remembers, cheaply: an ``OrderedDict`` gives O(1) get/put/evict, and entries expire
 lazily on access (no timers), so memory is bounded by ``max_sessions`` whatever the traffic.
 """
@@ -17,7 +18,7 @@ class AffinityConfig:
     header: str = "x-session-id"
     ttl_s: float = 600.0
     max_sessions: int = 100_000
-    prefix_savings: float = 0.0  # in cost units: seconds for latency/gradient, RIF per replica for rif
+    prefix_savings: float = 0.0  # seconds of expected latency a warm prefix cache saves (every cost)
 
     def __post_init__(self) -> None:
         if self.ttl_s <= 0 or self.max_sessions <= 0 or self.prefix_savings < 0:

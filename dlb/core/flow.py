@@ -3,30 +3,27 @@
 Every Δ seconds a root in cell i moves its routing vector against the observed costs,
 ``x_i ← Proj_{Δ_i}(x_i − η_i·Δ·c_i)``, and samples each request's cell from ``x_i``.
 
-Step-size rule (our reconstruction; checked by ``dlb theory``, reasoning in docs/theory.md):
-``η_i = κ / (τ̄_i · ĥ_i)``, where
+Step-size rule (derivation in docs/theory.md, "Flow step size"): ``η = κ / (τ̄_i · Λ̂ · ĝ_i)``, where
 
 - ``τ̄_i`` is the *pure* feedback delay the root acts under: the mean round trip ``2τ_ij`` over its
   allowed arcs plus the step/probe period (floored at ``min_delay_s``).
-- ``ĥ_i`` converts probability into cost: ``∂c_ij/∂x_ij ≈ c_j'(N_j) · λ_i / μ_j'(N_j)`` (a unit of
-  probability moves λ_i requests/s, which moves the steady workload by λ_i/μ'), taken as the mean over
-  the arcs in use, with N clipped at the workload of ``saturation`` (99 %) utilisation. It makes κ
-  dimensionless, so one κ serves endpoints whose costs are in ms or in minutes.
+- ``Λ̂ = Σ_j μ_j(N_j) = Σ_j N_j/ℓ_j(N_j)`` over the usable cells, from the probes: the *fleet's* total
+  rate, the same number for every root that sees the same cells (:func:`fleet_rate`). It is floored
+  at ``min_rate_fraction`` of the cells' capacity so an idle fleet does not blow the step up.
+- ``ĝ_i`` = mean over the arcs in use of ``|c_j'(N)| / μ_j'(N)`` (cost change per unit of steady
+  inflow) evaluated at ``N`` clipped to ``[N_ref, N_sat]``: ``N_ref`` is the workload at utilisation
+  ``ref_utilisation`` (50 %, in practice the end of the knee, ``c + 4s``), ``N_sat`` at ``saturation`` (99 %) (:func:`saturation_workload`).
 
-Why this τ̄ (and not one that adds the serving time): linearised, one arc's loop is
-``L(s) = η·λ·c'·e^{−sT} / (s·(s + μ'))`` — the step integrates, the workload lags with time constant
-1/μ', the probe is T late. With ``η = κ/(T·ĥ)`` the loop gain is ``κ·μ'/T``. When the workload relaxes
-fast (μ'T ≫ 1) this is ``κ·e^{−sT}/(sT)``, stable for κ < π/2; when it relaxes slowly (μ'T ≪ 1,
-near-saturated cells, long requests) the crossover is ``√(κμ'/T)`` and the phase condition reads
-κ < 1. So κ < 1 is stable in both regimes with T the *pure* delay: the relaxation is already paid for
-by the 1/μ' inside ĥ, and adding it to τ̄ as well (our first rule used ``T + ℓ``) divides the step by
-a second load-dependent factor. Measured by ``dlb theory``: with ``T + ℓ``, routing directions that
-only the network term drives (swapping far sources between cells, which leaves every cell's load
-unchanged) crawled (Flow-Grad still 1–4 % above the optimum after 300 s on 6 of 12 topologies), and in
-overload — where ĥ and ℓ both grow with N faster than the cost difference — the router froze and one
-topology diverged. Clipping N at saturation for the step keeps the step growing with the overload.
-κ = 0.5 (not 0.9) leaves margin for several sources sharing a cell, whose gains add up: at κ = 0.8 a
-topology with slowly relaxing cells settles into a small limit cycle.
+Why: linearised, cell j's steady inflow moves by ``Σ_i λ_i δx_ij`` and its cost by ``g_j`` times that,
+so the loop gain acting on cell j is ``Σ_i λ_i η_i g_j``. The old rule divided by each root's own
+arrival rate λ_i, so every root feeding j contributed a full ``κ/τ̄`` and the total grew with the
+number of roots (4 replicas per cell made Flow-Grad worse than Rand). Dividing by the shared Λ̂ makes
+the total ``κ/τ̄ · (Σ_i λ_i/Λ̂) · g_j/ĝ ≤ κ/τ̄ · g_j/ĝ``: splitting a cell's traffic over R replicas
+leaves it unchanged, and it is at most the single-root bound (κ < 1 with the pure delay) whatever
+the number of roots. Clipping N below at ``N_ref`` makes the scale state-independent below the
+reference load: the latency cost's ``ℓ'`` is ≈ 0 below the knee, and a scale taken there swung ~1000×
+and made Flow-Lat bang between cells. Above ``N_ref`` the true gain grows with N, and the scale grows
+with it (up to saturation, past which it is clipped so the router never freezes in overload).
 
 Since the projection is invariant to adding a constant to every allowed coordinate, only cost
 *differences* move ``x``; the step is therefore written against the centred cost.
@@ -38,13 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlb.core.latency_model import Num
+from dlb.core.latency_model import Num, latency
 from dlb.core.projection import project_simplex
 
 
 @dataclass(frozen=True)
 class FlowConfig:
-    kappa: float = 0.5
+    kappa: float = 1.0
     period_s: float = 0.2
     #: Lower bound of τ̄ in seconds (a root with all cells local still has some feedback delay).
     min_delay_s: float = 0.05
@@ -53,6 +50,10 @@ class FlowConfig:
     #: Utilisation beyond which a cell's workload is treated as "saturated" when sizing the step
     #: (ĥ is evaluated at min(N, N_sat)); see :func:`saturation_workload`.
     saturation: float = 0.99
+    #: Utilisation of the reference workload below which the step's scale does not follow the state.
+    ref_utilisation: float = 0.5
+    #: Floor of Λ̂ as a fraction of the usable cells' capacity Σ 1/b_j (an idle fleet's rate is ~0).
+    min_rate_fraction: float = 0.05
 
     def __post_init__(self) -> None:
         if not 0 < self.kappa < np.pi / 2:
@@ -61,6 +62,10 @@ class FlowConfig:
             raise ValueError("flow period_s and min_delay_s must be > 0, max_step in (0, 1]")
         if not 0 < self.saturation < 1:
             raise ValueError(f"flow saturation must be in (0, 1): {self.saturation}")
+        if not 0 < self.ref_utilisation <= self.saturation:
+            raise ValueError(f"flow ref_utilisation must be in (0, saturation]: {self.ref_utilisation}")
+        if not 0 < self.min_rate_fraction <= 1:
+            raise ValueError(f"flow min_rate_fraction must be in (0, 1]: {self.min_rate_fraction}")
 
 
 def saturation_workload(a: Num, b: Num, c: Num, s: Num, rho: float) -> np.ndarray:
@@ -72,6 +77,16 @@ def saturation_workload(a: Num, b: Num, c: Num, s: Num, rho: float) -> np.ndarra
     """
     a, b, c, s = (np.asarray(v, float) for v in (a, b, c, s))
     return np.maximum(rho * np.maximum(a - b * c, 0.0) / (b * (1.0 - rho)), c + 4.0 * s)
+
+
+def fleet_rate(n: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np.ndarray, floor_fraction: float) -> float:
+    """Λ̂ = Σ_j N_j/ℓ_j(N_j) over the given cells, floored at ``floor_fraction·Σ_j 1/b_j``.
+
+    By Little's law the cells' throughput, which in steady state is the total arrival rate feeding
+    them: one number every root seeing these cells shares, measured from probes, not per root.
+    """
+    mu = np.asarray(n, float) / latency(n, a, b, c, s)
+    return max(float(mu.sum()), floor_fraction * float((1.0 / np.asarray(b, float)).sum()))
 
 
 def feedback_delay(rtt: np.ndarray, mask: np.ndarray, period_s: float, serving_s: float, min_delay_s: float) -> float:

@@ -5,12 +5,16 @@ This is the single implementation shared by the root ext_proc service (real time
 It never does I/O and never reads a clock; callers pass ``now``.
 
 Discrete: ``argmin_j c_ij`` over usable cells on the root's own view — the last probe's RIF plus the
-requests this root has sent to the cell since that probe (without that correction every request
-between two probes herds onto the same cell). Flow: sample from ``x_i``, which :meth:`tick` moves by
+requests this root has sent to the cell that the probe could not have seen yet (without that
+correction every request between two probes herds onto the same cell). A probe answered by the leaf
+at ``t − τ_ji`` counts the requests sent up to ``t − 2τ``; those sent later are still on the wire
+or arrived after the answer, so they stay counted until a probe that could have seen them (the
+correction used to reset on every probe and forgot them). Flow: sample from ``x_i``, which :meth:`tick` moves by
 projected gradient descent every period (see :mod:`dlb.core.flow`).
 
 Both honour error aversion (skip cell j with probability ``a_j``, then choose among the rest) and
-conditional session affinity (stay while ``c_stay − savings ≤ min_other``).
+conditional session affinity (stay while the session cell's expected latency minus the prefix
+saving is no worse than the best alternative's; else move to that alternative).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import enum
 import itertools
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,7 +33,7 @@ import numpy as np
 from dlb.core.affinity import AffinityCache, AffinityConfig
 from dlb.core.aversion import AversionConfig, update_aversion
 from dlb.core.costs import Cost, ModelTable, cost_vector
-from dlb.core.flow import FlowConfig, feedback_delay, flow_step, saturation_workload
+from dlb.core.flow import FlowConfig, feedback_delay, fleet_rate, flow_step, saturation_workload
 from dlb.core.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service_rate
 from dlb.core.topology import Topology
 
@@ -45,8 +50,8 @@ class Router(Protocol):
         ...
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None, error_rate: float = 0.0,
-                 confidence: float = 1.0, replicas: float | None = None) -> None:
-        """A probe answer from ``cell``'s leaf, received at ``now``."""
+                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None) -> None:
+        """A probe answer from ``cell``'s leaf, received at ``now`` (``seen_until``: see RootRouter.on_probe)."""
         ...
 
     def tick(self, now: float) -> None:
@@ -75,7 +80,7 @@ class PolicyConfig:
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     #: Probe state older than this makes a cell unusable (the leaf may be gone).
     stale_after_s: float = 1.0
-    #: Time constant of the EMA of this root's own arrival rate (used by the flow step size).
+    #: Time constant of the EMA of this root's own arrival rate (reported; the flow step does not use it).
     rate_tau_s: float = 5.0
 
     @property
@@ -133,6 +138,8 @@ class RootRouter:
         self.replicas = topology.replicas.copy()
         self.models = ModelTable.from_params([prior] * n)
         self.view = CellView.empty(n)
+        # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
+        self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]
         self.aversion = np.zeros(n)
         # Flow state: start from the replica-weighted split over allowed cells (Rand's split).
         w = np.where(self.allowed, self.replicas, 0.0)
@@ -167,6 +174,7 @@ class RootRouter:
         error_rate: float = 0.0,
         confidence: float = 1.0,
         replicas: float | None = None,
+        seen_until: float | None = None,
     ) -> None:
         """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time).
 
@@ -174,13 +182,19 @@ class RootRouter:
         cost ``N_j/k_j`` must use the live count or it keeps loading a cell that lost servers. A
         reported 0 (every server down) makes the cell unusable until a probe reports one back: its
         leaf answers, but each request sent there would fail (``None`` = not reported, not zero).
+        ``seen_until``: the latest send time of this root's requests that the answer's RIF includes
+        (the probe's own send time, when the caller knows it); default ``now − 2τ_ij``.
         """
         serving = replicas is None or replicas > 0
         if replicas is not None and replicas > 0:
             self.replicas[cell] = replicas
         v = self.view
         v.rif[cell] = max(0.0, rif)
-        v.sent[cell] = 0.0
+        cutoff = now - float(self.rtt[cell]) if seen_until is None else seen_until
+        unseen = self._unseen[cell]
+        while unseen and unseen[0][0] <= cutoff:
+            unseen.popleft()
+        v.sent[cell] = sum(amount for _, amount in unseen) if unseen else 0.0
         v.last_probe[cell] = now
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
         v.confidence[cell] = confidence
@@ -194,6 +208,17 @@ class RootRouter:
             self._costs[cell] = self._cost_one(cell)
         if serving and cell not in self._usable_set:
             self._usable = None  # a cell (re)joined; otherwise its deadline only moved later
+
+    def book(self, cell: int, now: float, amount: float = 1.0) -> None:
+        """Count ``amount`` requests sent to ``cell`` at ``now`` until a probe can have seen them.
+
+        :meth:`pick` books its own requests; the fluid model of :mod:`dlb.core.theory` books
+        fractional masses.
+        """
+        self._unseen[cell].append((now, amount))
+        self.view.sent[cell] += amount
+        if self._costs is not None:
+            self._costs[cell] = self._cost_one(cell)
 
     def set_available(self, cell: int, available: bool) -> None:
         """The probe client's verdict (e.g. consecutive probe failures, leaf removed)."""
@@ -263,22 +288,22 @@ class RootRouter:
         costs = cost_vector(self.policy.cost, n_obs, self.replicas, self.models, self.rtt)
         m = self.models
         cfg = self.policy.flow
-        # The step is sized at the workload clipped at saturation: past capacity the steady-state
-        # sensitivity ĥ grows faster than the cost difference and would freeze the router in overload.
-        n_step = np.minimum(n_obs, saturation_workload(m.a, m.b, m.c, m.s, cfg.saturation))
         in_use = usable & (self.x > 0)
         if not in_use.any():
             in_use = usable
-        # τ̄ is the pure feedback delay; the serving relaxation (1/μ') is already inside ĥ (see flow.py).
+        # τ̄ is the pure feedback delay; the serving relaxation (1/μ') is already inside ĝ (see flow.py).
         delay = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
-        h = self._h_scale(n_step, in_use)
-        self.x = flow_step(self.x, costs, usable, dt, delay, h, self.policy.flow)
+        lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
+        self.x = flow_step(self.x, costs, usable, dt, delay, lam * self._g_scale(n_obs, in_use), cfg)
 
-    def _h_scale(self, n_obs: np.ndarray, in_use: np.ndarray) -> float:
-        """ĥ_i ≈ mean_j c_j'(N_j)·λ_i/μ_j'(N_j) over arcs in use (cost per unit of probability)."""
+    def _g_scale(self, n_obs: np.ndarray, in_use: np.ndarray) -> float:
+        """ĝ_i = mean_j |c_j'(N)|/μ_j'(N) over arcs in use, N clipped to [N_ref, N_sat] (flow.py)."""
         m = self.models
+        cfg = self.policy.flow
         a, b, c, s = m.a[in_use], m.b[in_use], m.c[in_use], m.s[in_use]
-        nn = n_obs[in_use]
+        n_ref = saturation_workload(a, b, c, s, cfg.ref_utilisation)
+        n_sat = saturation_workload(a, b, c, s, cfg.saturation)
+        nn = np.minimum(np.maximum(n_obs[in_use], n_ref), np.maximum(n_sat, n_ref))
         dmu = np.maximum(d_service_rate(nn, a, b, c, s), 1e-9)
         cost = self.policy.cost
         if cost is Cost.RIF:
@@ -292,9 +317,7 @@ class RootRouter:
             up = cost_vector(cost, nn + eps, self.replicas[in_use], sub, zero)
             down = cost_vector(cost, np.maximum(nn - eps, 0), self.replicas[in_use], sub, zero)
             dc = (up - down) / (nn + eps - np.maximum(nn - eps, 0))
-        # A rate floor keeps the step finite before the arrival EMA has warmed up.
-        lam = max(self.rate, 1e-3)
-        return float(np.mean(np.abs(dc) * lam / dmu))
+        return float(np.mean(np.abs(dc) / dmu))
 
     # -- per request --------------------------------------------------------------------------------
     # The decision path runs once per request on the root's event loop, so it avoids numpy (whose
@@ -353,9 +376,7 @@ class RootRouter:
             cell = self._sample(cand, usable)
         if self.affinity is not None and session is not None:
             cell = self._affine(session, cell, cand, now)
-        self.view.sent[cell] += 1.0
-        if self._costs is not None:
-            self._costs[cell] = self._cost_one(cell)
+        self.book(cell, now)
         return cell
 
     def _argmin(self, costs: list[float], cand: list[int]) -> int:
@@ -384,12 +405,29 @@ class RootRouter:
         return list(cells), list(itertools.accumulate(w))
 
     def _affine(self, session: str, cell: int, cand: list[int], now: float) -> int:
+        """Conditional affinity (paper 3.5): stay on the session's cell while its expected latency
+        minus the expected prefix-cache saving is no worse than the best alternative's; otherwise go
+        to that best alternative — under flow routing too, not to the cell ``x`` sampled.
+
+        Expected latency is ``ℓ_j(N_j) + 2τ_ij`` at this root's view (probe RIF + unseen sends), for
+        every cost: the saving is a time, and the RIF or gradient cost is not one.
+        """
         assert self.affinity is not None
         pinned = self.affinity.get(session, now)
-        if pinned is not None and pinned != cell and pinned in cand:
-            costs = self._costs if self._costs is not None else [self._cost_one(j) for j in range(self.topology.n)]
-            others = min((costs[j] for j in cand if j != pinned), default=math.inf)
-            if costs[pinned] - self.policy.affinity.prefix_savings <= others:
+        if pinned is not None and pinned in cand:
+            others = [j for j in cand if j != pinned]
+            if not others:
                 cell = pinned
+            else:
+                best = min(others, key=self._expected_latency)
+                stay = self._expected_latency(pinned) - self.policy.affinity.prefix_savings
+                cell = pinned if stay <= self._expected_latency(best) else best
         self.affinity.put(session, cell, now)
         return cell
+
+    def _expected_latency(self, j: int) -> float:
+        """ℓ_j(N_j) + 2τ_ij with N_j = probe RIF + this root's unseen sends."""
+        m = self.models
+        a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
+        z = (float(self.view.rif[j] + self.view.sent[j]) - c) / s
+        return a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0)) + float(self.rtt[j])

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlb.sim.experiments import EXPERIMENTS, default_workers, make_jobs, normalise, run_jobs
+from dlb.sim.experiments import EXPERIMENTS, default_workers, git_commit, make_jobs, normalise, run_jobs
 from dlb.sim.policies import POLICIES
 
 
@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
     p.add_argument("--variants", default=None,
                    help="comma-separated subset of variant labels (e.g. 'eps=0.0,eps=0.75'); default all")
+    p.add_argument("--root-replicas", type=int, default=1,
+                   help="root replicas per cell, each with its own probes and state; requests round-robin (default 1)")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -48,9 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _validate(args: argparse.Namespace) -> list[str]:
-    for name in ("scenarios", "trials", "workers"):
+    for name in ("scenarios", "trials", "workers", "root_replicas"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"dlb sim: --{name} must be >= 1")
+            raise SystemExit(f"dlb sim: --{name.replace('_', '-')} must be >= 1")
     if not args.minutes > 0:
         raise SystemExit("dlb sim: --minutes must be > 0")
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -58,23 +60,6 @@ def _validate(args: argparse.Namespace) -> list[str]:
     if bad:
         raise SystemExit(f"dlb sim: unknown policy in --policies: {', '.join(bad)} (choose from {', '.join(POLICIES)})")
     return pols
-
-
-def git_commit() -> str:
-    """The commit of the code that produces a results file (``+dirty`` if the tree has changes), so
-    every number can be traced back; "unknown" outside a git checkout."""
-    import subprocess
-
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=False)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,14 +77,14 @@ def run(args: argparse.Namespace) -> int:
         exps.remove("priors")
         if not exps:
             return 0
-    jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies)
+    jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas)
     if args.variants:
         wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
         known = {v.label for e in exps for v in EXPERIMENTS[e]}
         if wanted - known:
             raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - known))} (known: {', '.join(sorted(known))})")
         jobs = [j for j in jobs if j.variant.label in wanted]
-    commit = git_commit()
+    commit = jobs[0].commit if jobs else git_commit()  # the code that produces the records
     t0 = time.perf_counter()
     # Records also stream to a JSONL file as runs finish, so an interrupted long run keeps its work.
     partial = out / f"partial-{'-'.join(exps)}.jsonl"
@@ -117,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     kept: list[dict] = []
     if path.exists():
         try:
-            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") not in exps]
+            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") not in exps
+                    and r.get("commit") == (jobs[0].commit if jobs else None)]
         except (OSError, json.JSONDecodeError):
             kept = []
     all_records = normalise(kept + records)
@@ -133,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,
         "load_average": list(os.getloadavg()),
         "scenarios": args.scenarios, "trials": args.trials, "minutes": args.minutes,
+        "root_replicas": args.root_replicas,
     }
     (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
     print(markdown_table(records))
@@ -155,7 +142,7 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
             raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - set(kinds)))} for priors "
                              f"(known: {', '.join(kinds)})")
         kinds = tuple(k for k in kinds if k in wanted)
-    commit = _commit()  # before running: the code that produces the records
+    commit = git_commit()  # before running: the code that produces the records
     t0, c0 = time.perf_counter(), time.process_time()
     records = priors.run_experiment(args.scenarios, args.trials, args.minutes * 60.0, args.seed, pols, kinds)
     for r in records:
@@ -178,24 +165,19 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
     print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)
 
 
-def _commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def run_report(args: argparse.Namespace) -> int:
-    from dlb.sim.report import load, plot, reproduction_report
+    from dlb.sim.report import check_one_build, load, plot, reproduction_report
 
     sources = args.results or ["sim-results/results.json"]
     records: list[dict] = []
     try:
         for src in sources:
             records += load(src)
+    except ValueError as e:
+        print(f"dlb sim report: {e}", file=sys.stderr)
+        return 2
+    try:
+        check_one_build(records)
     except ValueError as e:
         print(f"dlb sim report: {e}", file=sys.stderr)
         return 2

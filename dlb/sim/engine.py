@@ -9,14 +9,15 @@ Model (paper, Appendix B.1 and Figure 9):
   decode queue; a request that finds ``queue_limit`` requests waiting is rejected: an overflow error.
   ``batched``: the emulator's continuous-batching engine on the measured step-time curve
   (:mod:`dlb.sim.batched`); a request that finds a KV cache's worth of prompt tokens waiting is rejected.
-- **Roots** (one per cell) pick the destination cell with the policy object (``pick(now)``); the
+- **Roots** (``root_replicas`` per cell, requests round-robin over them) pick the destination cell with the policy object (``pick(now)``); the
   request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
 - **Leaves** pick a server inside the cell by power-of-two choices on server RIF or, with
   ``Workload.leaf_pick = "prequal"``, by tokens waiting with the leaf agent's Prequal pool
   (:mod:`dlb.core.server_pick`; a request's size is its prompt plus the workload's mean output, what a
   leaf can know before the answer), count the cell's RIF, fit the latency model with :class:`LatencyEstimator` on (RIF-at-arrival, serving latency) of
   completed requests, and track the error fraction with :class:`ErrorTracker`.
-- **Probes**: every ``probe_period_s`` each root receives every leaf's state (RIF, model, error rate,
+- **Probes**: every ``probe_period_s`` each root replica (in turn: replica r at offset
+  r·period/R on the snapshot grid) receives every leaf's state (RIF, model, error rate,
   confidence, live replica count). A probe answer received at t carries the RIF the leaf had at
   ``t − τ_ij`` (the leaf answered when the probe reached it), quantised to the ``snapshot_s`` grid;
   the slowly-changing model/error/replica fields are taken as of delivery. Then ``tick(now)``.
@@ -42,7 +43,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -82,6 +83,14 @@ class SimConfig:
     background: BackgroundProbeConfig | None = field(default_factory=BackgroundProbeConfig)
     #: How often each leaf asks its prober whether a probe is due (seconds).
     background_tick_s: float = 0.25
+
+    #: Root replicas per cell (production runs many): requests round-robin over them; each has its
+    #: own probes and state and probes every ``probe_period_s``, the replicas staggered over the period.
+    root_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.root_replicas < 1:
+            raise ValueError(f"root_replicas must be >= 1: {self.root_replicas}")
 
 
 @dataclass
@@ -184,12 +193,19 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     w = sc.workload
     topo = Topology.build(sc.names, sc.servers, sc.tau)
     prior_root = sc.prior(float(np.mean(sc.servers)))
-    roots = build_roots(policy, topo, prior_root, lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i]))
-    pick_fns = [r.pick for r in roots]
+    R_roots = cfg.root_replicas
+    # replicas[r][i]: replica r of cell i's root (replica 0 keeps the seeding of the one-root runs).
+    def rng_for(r: int) -> Callable[[int], np.random.Generator]:
+        return lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i] + ([r] if r else []))
+
+    replicas = [build_roots(policy, topo, prior_root, rng_for(r)) for r in range(R_roots)]
+    pick_fns = [[rep[i].pick for rep in replicas] for i in range(n)]
+    next_replica = [0] * n
     # MNLB estimates capacities from the published latency models, so it needs them fitted too.
     fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB"
-    # MNLB's roots are WeightedRouters (REGISTRY["MNLB"], REGISTRY["MNLB-oracle"]).
-    mnlb = (MnlbController(topo, cast("list[WeightedRouter]", roots), period_s=cfg.mnlb_period_s)
+    # MNLB's roots are WeightedRouters (REGISTRY["MNLB"], REGISTRY["MNLB-oracle"]), replica-major.
+    mnlb = (MnlbController(topo, cast("list[WeightedRouter]", [root for rep in replicas for root in rep]),
+                           period_s=cfg.mnlb_period_s)
             if policy in ("MNLB", "MNLB-oracle") else None)
     oracle = policy == "MNLB-oracle"
     server_rate = sc.server_rate()
@@ -280,6 +296,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         push(heap, (t, seq, kind, a, b))
 
     snap_every = max(1, int(round(cfg.probe_period_s / cfg.snapshot_s)))
+    # Snapshot-tick offset of each replica's probe within the period: the replicas probe in turn.
+    probe_turn = [[r for r in range(R_roots) if (r * snap_every) // R_roots == k] for k in range(snap_every)]
     lag = [[int(round(tau[i][j] / cfg.snapshot_s)) for j in range(n)] for i in range(n)]
     max_lag = max(max(r) for r in lag)
     history: deque[list[int]] = deque(maxlen=max_lag + 1)
@@ -418,16 +436,23 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     n_snaps += 1
                     for j in range(n):
                         rif_sum[j] += crif[j]
-                if a % snap_every == 0:
+                turn = probe_turn[a % snap_every]
+                if turn:
                     hl = len(history)
                     er = [e.rate(now) for e in errs]
+                    snap = cfg.snapshot_s
                     for i in range(n):
-                        root = roots[i]
                         lg = lag[i]
-                        for j in range(n):
-                            h = history[max(hl - 1 - lg[j], 0)]
-                            root.on_probe(j, now, h[j], reported[j], er[j], confidence[j], k_live[j])
-                        root.tick(now)
+                        ti = tau[i]
+                        for rr in turn:
+                            root = replicas[rr][i]
+                            for j in range(n):
+                                back = min(lg[j], hl - 1)
+                                # The answer's RIF is the snapshot ``back`` ticks old: it counts this
+                                # root's requests sent up to τ_ij before that snapshot.
+                                root.on_probe(j, now, history[hl - 1 - back][j], reported[j], er[j], confidence[j],
+                                              k_live[j], now - back * snap - ti[j])
+                            root.tick(now)
                 if now < T or in_flight > 0:
                     schedule(now + cfg.snapshot_s, _SNAP, a + 1)
             elif kind == _REFIT:
@@ -487,7 +512,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         elif r < R:
             now = next_arrival
             i = src_list[r]
-            j = pick_fns[i](now)
+            k = next_replica[i]
+            next_replica[i] = k + 1 if k + 1 < R_roots else 0
+            j = pick_fns[i][k](now)
             arrivals_since[i] += 1
             in_flight += 1
             if j == NO_CELL:

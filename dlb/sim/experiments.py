@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dlb.sim.engine import simulate
+from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.policies import BASELINES, POLICIES
 from dlb.sim.scenario import generate
 
@@ -71,16 +72,35 @@ class Job:
     trial: int
     policy: str
     duration_s: float
+    root_replicas: int = 1
+    #: The git commit of the code that runs the job (recorded in every result).
+    commit: str = "unknown"
 
     def cost(self) -> float:
         """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
         sc = generate(self.scenario, duration_s=self.duration_s, **self.variant.kwargs())
-        factor = 1.0 if self.policy in BASELINES else 3.0
+        factor = 1.0 if self.policy in BASELINES else 3.0 * self.root_replicas**0.3
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
 
 
+def git_commit() -> str:
+    """HEAD of the checkout this package runs from, ``+dirty`` with uncommitted changes; else ``unknown``.
+
+    Results record it so a report never mixes numbers from different code.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "dlb"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int, minutes: float, seed: int,
-              policies: Iterable[str] = POLICIES) -> list[Job]:
+              policies: Iterable[str] = POLICIES, root_replicas: int = 1) -> list[Job]:
+    commit = git_commit()
     jobs = []
     for exp in experiments:
         if exp not in EXPERIMENTS:
@@ -89,7 +109,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int, minutes: 
             for k in range(scenarios):
                 for t in range(trials):
                     for p in policies:
-                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0))
+                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit))
     return jobs
 
 
@@ -98,7 +118,7 @@ def run_job(job: Job) -> dict:
     t0 = time.perf_counter()
     c0 = time.process_time()
     sc = generate(job.scenario, duration_s=job.duration_s, **job.variant.kwargs())
-    res = simulate(sc, job.policy, job.trial)
+    res = simulate(sc, job.policy, job.trial, SimConfig(root_replicas=job.root_replicas))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -110,6 +130,8 @@ def run_job(job: Job) -> dict:
         "scenario": job.scenario,
         "trial": job.trial,
         "duration_s": job.duration_s,
+        "root_replicas": job.root_replicas,
+        "commit": job.commit,
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],
         "errors": s["errors"],
@@ -125,9 +147,12 @@ def run_job(job: Job) -> dict:
 
 def normalise(records: list[dict]) -> list[dict]:
     """Add ``norm_mean``/``norm_p90``: divided by Rand's value in the same scenario, trial, variant."""
-    rand = {(r["experiment"], r["variant"], r["scenario"], r["trial"]): r for r in records if r["policy"] == "Rand"}
+    def key(r: dict) -> tuple:
+        return r["experiment"], r["variant"], r["scenario"], r["trial"], r.get("root_replicas", 1)
+
+    rand = {key(r): r for r in records if r["policy"] == "Rand"}
     for r in records:
-        base = rand.get((r["experiment"], r["variant"], r["scenario"], r["trial"]))
+        base = rand.get(key(r))
         for m in ("mean", "p90"):
             ok = base is not None and base[m] > 0 and math.isfinite(base[m])
             r[f"norm_{m}"] = r[m] / base[m] if base is not None and ok else math.nan

@@ -93,7 +93,8 @@ class RandRoot:
         self.pick = self.inner.pick
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
-                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None) -> None:
+                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
+                 seen_until: float | None = None) -> None:
         self.errors[cell] = error_rate
         self.fresh[cell] = True
         if replicas is not None and replicas > 0:
@@ -120,8 +121,9 @@ class MnlbController:
     def solve(self, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
         """Solve for ``demand`` (req/s per source cell) and ``capacity`` (req/s per cell); push to roots."""
         y = mnlb_solve(self.topology, demand, capacity, rho=self.rho)
-        for i, root in enumerate(self.roots):
-            root.set_weights(y[i])
+        n = self.topology.n
+        for k, root in enumerate(self.roots):  # replica-major: root k serves source cell k mod n
+            root.set_weights(y[k % n])
         return y
 
 
