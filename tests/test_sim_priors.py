@@ -199,3 +199,12 @@ def test_forget_before_drops_only_older_samples() -> None:
     for t in range(10):
         est.record(float(t), 1.0, 0.5)
     assert est.forget_before(6.0) == 6 and len(est) == 4
+
+
+def test_a_prior_the_samples_confirm_within_trust_is_kept_as_configured() -> None:
+    """Samples 1.5× the prior's prediction: the configured prior stays (its shape may be right where a
+    rescale by queueing would not be); 3× off: rescaled."""
+    x = np.array([1.0, 2.0, 3.0])
+    y = latency(x, *TRUE.as_array())
+    assert measured_prior(x, 1.5 * y, TRUE) == TRUE
+    assert measured_prior(x, 3.0 * y, TRUE).a == pytest.approx(3.0 * TRUE.a)
