@@ -148,6 +148,9 @@ def test_flow_grad_reaches_the_optimum(small_run: list[th.Record]) -> None:
             assert r.equilibrium_latency_gap == 0.0
 
 
+@pytest.mark.xfail(strict=True, reason="issue 11, open: under the fleet-rate step (η = κ/(τ̄·Λ̂·ĝ)) Flow-Lat "
+                   "settles 1.8 % (workload) from its Wardrop point on S2 within the horizon; the old per-root "
+                   "rule met 1 % here but oscillated with several roots per cell (docs/theory.md)")
 def test_flow_lat_reaches_wardrop_and_pays_the_price_of_anarchy(small_run: list[th.Record]) -> None:
     recs = [r for r in small_run if r.policy == "Flow-Lat"]
     for r in recs:
