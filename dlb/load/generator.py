@@ -174,6 +174,11 @@ def quantile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
 
 
+def _seconds_text(x: float) -> str:
+    """``1.234s``, or ``-`` when there is nothing to measure (no request succeeded): not ``nans``."""
+    return "-" if math.isnan(x) else f"{x:.3f}s"
+
+
 def summarize(results: list[Result], duration_s: float | None = None) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     lat = [r.latency_s for r in ok]
@@ -309,10 +314,12 @@ def run_load(args: argparse.Namespace) -> int:
 
     results = asyncio.run(main())
     s = summarize(results, duration or None)
+    sec = _seconds_text
     print(f"requests {s['requests']}  ok {s['ok']} ({100 * s['success_rate']:.1f} %)  offered {s['offered_rps']:.1f}/s\n"
-          f"latency mean {s['mean_s']:.3f}s p50 {s['p50_s']:.3f}s p90 {s['p90_s']:.3f}s p99 {s['p99_s']:.3f}s  "
-          f"TTFT p50 {s['ttft_p50_s']:.3f}s p90 {s['ttft_p90_s']:.3f}s\n"
-          f"generator lag p50 {1000 * s['lag_p50_s']:.1f} ms p99 {1000 * s['lag_p99_s']:.1f} ms  statuses {s['statuses']}")
+          f"latency mean {sec(s['mean_s'])} p50 {sec(s['p50_s'])} p90 {sec(s['p90_s'])} p99 {sec(s['p99_s'])}  "
+          f"TTFT p50 {sec(s['ttft_p50_s'])} p90 {sec(s['ttft_p90_s'])}\n"
+          f"generator lag p50 {1000 * s['lag_p50_s']:.1f} ms p99 {1000 * s['lag_p99_s']:.1f} ms  statuses {s['statuses']}"
+          + (f"  errors {s['error_kinds']}" if s["error_kinds"] else ""))
     if args.out:
         write_results(results, args.out)
     if args.json:
