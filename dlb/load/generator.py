@@ -221,14 +221,26 @@ def write_results(results: list[Result], path: str | Path) -> None:
 
 # -- command ----------------------------------------------------------------------------------------
 
+def positive_float(text: str) -> float:
+    """argparse type for rates, durations and load fractions: a bad value is reported against the option
+    the user typed (``argument --rate: ...``), not later as the internal field (``rate_rps``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("load", help="open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
                               description="Send OpenAI requests open-loop: a generated workload (rate, arrivals, lengths, "
                               "sessions) or a trace file. Latency and TTFT are from the scheduled send time.")
     p.add_argument("--url", action="append", required=True,
                    help="base URL (http://host:port); repeat as CELL=URL to send each source cell's requests to its root")
-    p.add_argument("--rate", type=float, default=10.0, help="requests per second (default 10)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals (default 30)")
+    p.add_argument("--rate", type=positive_float, default=10.0, help="requests per second (default 10)")
+    p.add_argument("--duration", type=positive_float, default=30.0, help="seconds of arrivals (default 30)")
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
     p.add_argument("--endpoint", choices=("chat", "completions", "mixed"), default="mixed")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests")
