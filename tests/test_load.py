@@ -119,3 +119,40 @@ def test_a_dead_target_is_an_error_result_not_a_crash() -> None:
     port = free_port()  # nothing listens
     res = asyncio.run(LoadRunner([WorkloadRequest(0.0, "chat", "", 5, 2)], {"": f"http://127.0.0.1:{port}"}, timeout_s=5).run())
     assert res[0].status == 0 and res[0].error and not res[0].ok
+
+
+def test_the_cli_summary_of_a_run_with_no_success_says_why_instead_of_printing_nans() -> None:
+    import os
+    import subprocess
+    import sys
+
+    port = free_port()  # nothing listens
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out = subprocess.run([sys.executable, "-m", "dlb.cli", "load", "--url", f"http://127.0.0.1:{port}", "--rate", "5",
+                          "--duration", "1", "--quiet"], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "nan" not in out.stdout.lower(), out.stdout
+    assert "latency mean - p50 -" in out.stdout, out.stdout
+    assert "errors {'Client" in out.stdout, out.stdout  # the connection error's kind, e.g. ClientConnectorError
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["load", "--url", "http://127.0.0.1:1", "--rate", "0"], "--rate"),
+    (["load", "--url", "http://127.0.0.1:1", "--duration", "-5"], "--duration"),
+    (["demo", "--no-live", "--duration", "-5"], "--duration"),
+    (["demo", "--no-live", "--load", "nan"], "--load"),
+])
+def test_a_bad_rate_or_duration_is_reported_against_the_option_typed(argv: list[str], option: str) -> None:
+    """Was ``dlb load: rate_rps: must be > 0`` / ``dlb demo: duration_s: ...``: internal names a user never typed."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out = subprocess.run([sys.executable, "-m", "dlb.cli", *argv], capture_output=True, text=True, env=env, timeout=60,
+                         check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"argument {option}: must be a finite number > 0" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "_rps" not in out.stderr and "duration_s" not in out.stderr

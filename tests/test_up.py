@@ -122,3 +122,31 @@ def test_a_root_is_not_ready_until_every_allowed_cell_is_usable_for_every_endpoi
         assert not probes_fresh(url, cfg, "us-east1")
     finally:
         srv.shutdown()
+
+
+def test_up_refuses_a_config_whose_addresses_it_cannot_listen_on_naming_file_and_field(tmp_path: Path) -> None:
+    """An xDS listener that cannot bind leaves its Envoy running (a NACK), so without this check
+    ``dlb up`` waited its whole ready timeout and then named only "leaf us-east1 envoy"."""
+    import socket
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    cfg = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()  # another process (an earlier `dlb up`) holds us-east1's leaf listener
+    try:
+        cfg["cells"][0]["leaf"]["address"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        cfg["cells"][1]["leaf"]["probe"] = "192.0.2.1:9020"  # TEST-NET-1: not an address of this machine
+        path = tmp_path / "dlb.yaml"
+        path.write_text(json.dumps(cfg))
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        out = subprocess.run([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
+                             capture_output=True, text=True, env=env, timeout=60, check=False)
+    finally:
+        taken.close()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"{path}: cells[0].leaf.address: cannot listen on 127.0.0.1:" in out.stderr, out.stderr
+    assert "in use" in out.stderr
+    assert f"{path}: cells[1].leaf.probe: cannot listen on 192.0.2.1:9020" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists() or processes_of_run(tmp_path / "run") == []

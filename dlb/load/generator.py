@@ -174,6 +174,11 @@ def quantile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
 
 
+def _seconds_text(x: float) -> str:
+    """``1.234s``, or ``-`` when there is nothing to measure (no request succeeded): not ``nans``."""
+    return "-" if math.isnan(x) else f"{x:.3f}s"
+
+
 def summarize(results: list[Result], duration_s: float | None = None) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     lat = [r.latency_s for r in ok]
@@ -216,14 +221,26 @@ def write_results(results: list[Result], path: str | Path) -> None:
 
 # -- command ----------------------------------------------------------------------------------------
 
+def positive_float(text: str) -> float:
+    """argparse type for rates, durations and load fractions: a bad value is reported against the option
+    the user typed (``argument --rate: ...``), not later as the internal field (``rate_rps``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("load", help="open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
                               description="Send OpenAI requests open-loop: a generated workload (rate, arrivals, lengths, "
                               "sessions) or a trace file. Latency and TTFT are from the scheduled send time.")
     p.add_argument("--url", action="append", required=True,
                    help="base URL (http://host:port); repeat as CELL=URL to send each source cell's requests to its root")
-    p.add_argument("--rate", type=float, default=10.0, help="requests per second (default 10)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals (default 30)")
+    p.add_argument("--rate", type=positive_float, default=10.0, help="requests per second (default 10)")
+    p.add_argument("--duration", type=positive_float, default=30.0, help="seconds of arrivals (default 30)")
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
     p.add_argument("--endpoint", choices=("chat", "completions", "mixed"), default="mixed")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests")
@@ -309,10 +326,12 @@ def run_load(args: argparse.Namespace) -> int:
 
     results = asyncio.run(main())
     s = summarize(results, duration or None)
+    sec = _seconds_text
     print(f"requests {s['requests']}  ok {s['ok']} ({100 * s['success_rate']:.1f} %)  offered {s['offered_rps']:.1f}/s\n"
-          f"latency mean {s['mean_s']:.3f}s p50 {s['p50_s']:.3f}s p90 {s['p90_s']:.3f}s p99 {s['p99_s']:.3f}s  "
-          f"TTFT p50 {s['ttft_p50_s']:.3f}s p90 {s['ttft_p90_s']:.3f}s\n"
-          f"generator lag p50 {1000 * s['lag_p50_s']:.1f} ms p99 {1000 * s['lag_p99_s']:.1f} ms  statuses {s['statuses']}")
+          f"latency mean {sec(s['mean_s'])} p50 {sec(s['p50_s'])} p90 {sec(s['p90_s'])} p99 {sec(s['p99_s'])}  "
+          f"TTFT p50 {sec(s['ttft_p50_s'])} p90 {sec(s['ttft_p90_s'])}\n"
+          f"generator lag p50 {1000 * s['lag_p50_s']:.1f} ms p99 {1000 * s['lag_p99_s']:.1f} ms  statuses {s['statuses']}"
+          + (f"  errors {s['error_kinds']}" if s["error_kinds"] else ""))
     if args.out:
         write_results(results, args.out)
     if args.json:

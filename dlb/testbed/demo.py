@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dlb.load.generator import LoadRunner, Result
+from dlb.load.generator import LoadRunner, Result, positive_float
 from dlb.load.workload import WorkloadSpec, generate
 from dlb.procutil import free_port
 from dlb.testbed.fleet import (
@@ -46,13 +46,13 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
                      "streaming OpenAI traffic at a fraction of capacity, degrade one cell mid-run, show it live "
                      "and write a report (report.md, PNGs, results.json).")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
+    p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of load (default 60)")
     p.add_argument("--policy", choices=DLB_POLICIES, default=None,
                    help="one DLB policy for both endpoints (default: chat Disc-Lat + affinity, completions Flow-Grad)")
     p.add_argument("--config", default=None, help="your own DLB config: an emulator is started on every server address")
     p.add_argument("--out", type=Path, default=None, help="report folder (default runs/demo-TIMESTAMP)")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
-    p.add_argument("--load", type=float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
+    p.add_argument("--load", type=positive_float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
     p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
     p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")

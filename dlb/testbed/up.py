@@ -51,6 +51,43 @@ def tcp_open(hp: HostPort, timeout: float = 0.5) -> bool:
         return False
 
 
+def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str, HostPort]]:
+    """Every (field path, address) ``dlb up`` will listen on, in file order."""
+    cp = cfg.services.control_plane
+    out = [("services.control_plane.xds", cp.xds), ("services.control_plane.status", cp.status)]
+    for i, cell in enumerate(cfg.cells):
+        out += [(f"cells[{i}].leaf.address", cell.leaf.address), (f"cells[{i}].leaf.probe", cell.leaf.probe)]
+        if cell.leaf.ext_proc is not None:
+            out.append((f"cells[{i}].leaf.ext_proc", cell.leaf.ext_proc))
+        if cell.root.address is not None:
+            out.append((f"cells[{i}].root.address", cell.root.address))
+            if root_services:
+                field_path = f"cells[{i}].root.ext_proc" if cell.root.ext_proc is not None else "services.root.ext_proc"
+                out.append((field_path, cell.root.ext_proc or cfg.services.root.ext_proc))
+    return out
+
+
+def listen_problems(cfg: Config, config_path: str, root_services: bool = True) -> list[str]:
+    """Addresses of ``cfg`` this machine cannot listen on, one line each naming the file and field.
+
+    Why before starting: an Envoy whose xDS listener cannot bind does not exit — it NACKs the
+    listener and stays up, so the supervisor would wait its whole ready timeout and then name only
+    the Envoy (the reason, e.g. ``Address already in use`` from an earlier ``dlb up``, sat in its log).
+    """
+    problems = []
+    for field_path, hp in listen_addresses(cfg, root_services):
+        try:
+            infos = socket.getaddrinfo(hp.host, hp.port, type=socket.SOCK_STREAM)
+            family, _, _, _, sockaddr = infos[0]
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Envoy and gRPC do: TIME_WAIT is no conflict
+                s.bind(sockaddr)
+        except OSError as e:
+            problems.append(f"{config_path}: {field_path}: cannot listen on {hp.host}:{hp.port} on this machine: "
+                            f"{e.strerror or e}")
+    return problems
+
+
 def _ready_file(path: Path) -> dict[str, Any] | None:
     try:
         return dict(json.loads(path.read_text()))
@@ -214,6 +251,10 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
         cfg = load_config(config_path)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
+        return 1
+    problems = listen_problems(cfg, config_path)
+    if problems:
+        print(f"dlb up: {len(problems)} address(es) in use or not local:\n" + "\n".join(problems), file=sys.stderr)
         return 1
     stop = StopFlag().install()
     sup = Supervisor(run_dir or default_run_dir("up"))

@@ -128,7 +128,8 @@ class PlainView:
         parts = []
         for row in cell_rows(self.run, sample, runner):
             src = [v for k, v in row.items() if k.startswith("from ")]
-            parts.append(f"{row['cell']}: rif {row['rif']} share {'/'.join(src)} p50 {row['p50']}s")
+            p50 = row["p50"] if row["p50"] == "-" else f"{row['p50']}s"  # "-": nothing finished there yet
+            parts.append(f"{row['cell']}: rif {row['rif']} share {'/'.join(src)} p50 {p50}")
         print(headline(self.run, sample, runner) + " | " + " | ".join(parts), flush=True)
 
 

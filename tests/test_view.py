@@ -1,0 +1,26 @@
+"""``dlb demo --no-live``'s plain progress line (the format CI logs and non-terminals get)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dlb.testbed import view
+from dlb.testbed.demo import Sample
+
+
+def test_plain_line_shows_a_cell_without_finished_requests_as_a_dash_not_dash_s(monkeypatch: pytest.MonkeyPatch,
+                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"cell": "us-east1", "rif": "3", "p50": "1.25", "from us-east1": "80%"},
+            {"cell": "europe-west1", "rif": "0", "p50": "-", "from us-east1": "20%"}]
+
+    def fake_rows(run: Any, sample: Any, runner: Any) -> list[dict[str, str]]:
+        return rows
+
+    monkeypatch.setattr(view, "cell_rows", fake_rows)
+    monkeypatch.setattr(view, "headline", lambda run, sample, runner: "t=  5.0/60s")
+    v = view.PlainView(run=None)  # type: ignore[arg-type]  # the run only feeds the patched helpers
+    v.update(Sample(t=5.0, fleet={}, decisions={}, done=0, ok=0), runner=None)  # type: ignore[arg-type]
+    line = capsys.readouterr().out.strip()
+    assert line == "t=  5.0/60s | us-east1: rif 3 share 80% p50 1.25s | europe-west1: rif 0 share 20% p50 -", line
