@@ -120,6 +120,20 @@ def test_unreachable_metrics_mark_server_unhealthy():
     assert st.healthy(0.0) == 2
 
 
+def test_slow_metrics_make_load_unknown_but_keep_the_server_healthy():
+    """A scrape that times out is a busy server, not a dead one: no number of them takes it (or,
+    with every server slow, the whole cell) out of service; a later good scrape restores its load."""
+    st = make(2, scrape_fail_threshold=2)
+    st.on_scrape(0, 3.0, 1.0)
+    for _ in range(5):
+        st.on_scrape_slow(0)
+        st.on_scrape_slow(1)
+    assert st.healthy(0.0) == 2 and st.usable(0.0) == [0, 1] and st.healthy_replicas(0.0) == 2
+    assert st.servers[0].scraped == -1.0  # unknown, not the stale 4
+    st.on_scrape(0, 1.0, 0.0)
+    assert st.servers[0].scraped == 1.0
+
+
 def test_model_is_refit_from_completions():
     """Completions tagged with the cell RIF at their arrival recover a known latency curve."""
     from dlb.core.latency_model import latency
@@ -162,3 +176,30 @@ def test_latency_sample_is_the_servers_share_not_the_leaf_total():
     assert _serving_seconds(c) == pytest.approx(0.2)
     only_total = accesslog_pb2.AccessLogCommon(time_to_last_downstream_tx_byte=Duration(nanos=251_000_000))
     assert _serving_seconds(only_total) == pytest.approx(0.251)
+
+
+def test_scrape_tells_a_slow_server_from_an_unreachable_one():
+    """Real sockets: a server that accepts but does not answer in time is ScrapeSlow; a refused port is
+    unreachable (all None)."""
+    import asyncio
+
+    import pytest
+
+    from dlb.ext_proc.leaf import ScrapeSlow, scrape_vllm
+    from dlb.procutil import free_port
+
+    async def scenario() -> None:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(5)
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(ScrapeSlow):
+                await scrape_vllm(f"127.0.0.1:{port}", 0.1)
+        finally:
+            server.close()
+        assert await scrape_vllm(f"127.0.0.1:{free_port()}", 0.5) == (None, None, None)
+
+    asyncio.run(scenario())

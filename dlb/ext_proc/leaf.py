@@ -241,9 +241,15 @@ class LeafAgent:
         """Poll every server's Prometheus ``/metrics`` for vLLM queue gauges."""
         while True:
             started = self.clock()
-            results = await asyncio.gather(*(scrape_vllm(s.address, timeout_s) for s in self.state.servers))
+            results = await asyncio.gather(*(scrape_vllm(s.address, timeout_s) for s in self.state.servers),
+                                           return_exceptions=True)
             for i, r in enumerate(results):
-                self.state.on_scrape(i, *r)
+                if isinstance(r, ScrapeSlow):
+                    self.state.on_scrape_slow(i)
+                elif isinstance(r, BaseException):
+                    raise r
+                else:
+                    self.state.on_scrape(i, *r)
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
 
     async def background_loop(self, address: str, config: BackgroundProbeConfig, body: bytes, tick_s: float = 0.25) -> None:
@@ -389,10 +395,17 @@ class LeafAgent:
         del c
 
 
+class ScrapeSlow(Exception):
+    """The server accepted the scrape but did not answer within the timeout: busy, not dead."""
+
+
 async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None, float | None]:
     """(running, waiting, KV-cache usage) from ``http://address/metrics``: the counts summed over label
     sets, the usage the largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``);
-    all None on failure.
+    all None when the server is unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow`
+    when it connected but answered too late: a loaded server (or a loaded box) is slow to render
+    ``/metrics``, and reading that as "down" took whole healthy cells offline (two slow scrapes per
+    server made the leaf report 0 healthy replicas, and the roots drop such a cell).
 
     A tiny HTTP/1.0 GET on asyncio streams: no client library on the leaf, and nothing blocks.
     """
@@ -403,7 +416,9 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
         writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
         body = await asyncio.wait_for(reader.read(-1), timeout_s)
-    except (TimeoutError, OSError, ValueError):
+    except TimeoutError:
+        raise ScrapeSlow(address) from None
+    except (OSError, ValueError):
         return None, None, None
     finally:
         if writer is not None:

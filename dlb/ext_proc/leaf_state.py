@@ -305,6 +305,17 @@ class LeafState:
         return len(old)
 
     # -- scraped metrics -------------------------------------------------------------------------
+    def on_scrape_slow(self, i: int) -> None:
+        """A scrape connected but timed out: the server's load is unknown for now, its health unchanged.
+
+        Health is decided by what fails outright (refused scrapes here, errors in the access log,
+        Envoy's own health checks); slowness is load, which the latency model and the pick rule see.
+        """
+        s = self.servers[i]
+        s.scraped = -1.0
+        s.waiting = -1.0
+        s.kv_usage = -1.0
+
     def on_scrape(self, i: int, running: float | None, waiting: float | None, kv_usage: float | None = None) -> None:
         s = self.servers[i]
         if running is None and waiting is None:
