@@ -121,7 +121,7 @@ def test_a_dead_target_is_an_error_result_not_a_crash() -> None:
     assert res[0].status == 0 and res[0].error and not res[0].ok
 
 
-def test_the_cli_summary_of_a_run_with_no_success_says_why_instead_of_printing_nans() -> None:
+def test_the_cli_summary_of_a_run_with_no_success_says_why_instead_of_printing_nans(tmp_path: Path) -> None:
     import os
     import subprocess
     import sys
@@ -129,9 +129,17 @@ def test_the_cli_summary_of_a_run_with_no_success_says_why_instead_of_printing_n
     port = free_port()  # nothing listens
     repo = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    summary, rows = Path(tmp_path) / "s.json", Path(tmp_path) / "r.jsonl"
     out = subprocess.run([sys.executable, "-m", "dlb.cli", "load", "--url", f"http://127.0.0.1:{port}", "--rate", "5",
-                          "--duration", "1", "--quiet"], capture_output=True, text=True, env=env, timeout=60, check=False)
+                          "--duration", "1", "--quiet", "--json", str(summary), "--out", str(rows)],
+                         capture_output=True, text=True, env=env, timeout=60, check=False)
     assert out.returncode == 1, out.stdout + out.stderr
+    # Files a user feeds to jq or a browser are strict JSON: nothing to measure is null, never NaN.
+    def refuse(c: str) -> None:
+        raise AssertionError(f"not strict JSON: {c}")
+
+    assert json.loads(summary.read_text(), parse_constant=refuse)["mean_s"] is None
+    assert all(json.loads(line, parse_constant=refuse)["error"] for line in rows.read_text().splitlines())
     assert "nan" not in out.stdout.lower(), out.stdout
     assert "latency mean - p50 -" in out.stdout, out.stdout
     assert "errors {'Client" in out.stdout, out.stdout  # the connection error's kind, e.g. ClientConnectorError

@@ -205,6 +205,18 @@ def _counts(items: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN float replaced by None: strict JSON (``NaN`` is not JSON, and jq, JS and
+    most JSON readers refuse it), where "nothing to measure" reads as null."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def write_results(results: list[Result], path: str | Path) -> None:
     """``.csv`` → CSV with a header; anything else → JSON lines."""
     p = Path(path)
@@ -216,7 +228,7 @@ def write_results(results: list[Result], path: str | Path) -> None:
             w.writerows(rows)
     else:
         with open(p, "w") as fh:
-            fh.writelines(json.dumps(row) + "\n" for row in rows)
+            fh.writelines(json.dumps(json_safe(row), allow_nan=False) + "\n" for row in rows)
 
 
 # -- command ----------------------------------------------------------------------------------------
@@ -335,5 +347,5 @@ def run_load(args: argparse.Namespace) -> int:
     if args.out:
         write_results(results, args.out)
     if args.json:
-        Path(args.json).write_text(json.dumps(s, indent=1))
+        Path(args.json).write_text(json.dumps(json_safe(s), indent=1, allow_nan=False))
     return 0 if s["requests"] and s["ok"] == s["requests"] else 1
