@@ -14,13 +14,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "dlb"
 
-FOUNDATION = {"errors", "log", "metric_catalogue", "procutil", "proto"}
+FOUNDATION = {"errors", "log", "metric_catalogue", "procutil", "proto", "provenance"}
 #: package → the packages it may import (besides itself). Foundations import nothing but each other.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metric_catalogue": set(),
     "log": set(),
     "procutil": set(),
+    "provenance": set(),
     "proto": set(),
     "core": {"errors"},
     "xds": {"log", "errors"},

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from dlb.bench.bfio_study import git_commit
 from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
 from dlb.envoy.bootstrap import leaf_bootstrap, write_bootstrap
+from dlb.provenance import git_commit
 from dlb.testbed.emulator import EmulatorProcess
 from dlb.testbed.process import ServiceProcess, free_port
 

@@ -24,7 +24,6 @@ import argparse
 import itertools
 import json
 import math
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 from dlb.core.bfio import GreedyPicker, assign_batch_milp
 from dlb.emulator.dp import rank_step_time
 from dlb.emulator.profile import BUILTIN_PROFILES, Profile
+from dlb.provenance import git_commit
 
 STUDY_G = (8, 16, 32)
 STUDY_B = (16, 64, 256)
@@ -42,18 +42,6 @@ STUDY_H = (0, 1, 10, 50, 200)
 BASELINES = ("round-robin", "jsq", "least-kv")
 MILP_CHUNK = 16  # requests per programme in the study's MILP variant
 MILP_MAX_SLOTS = 256  # G·B up to which --milp also runs the batch MILP (one programme per step: minutes per run beyond)
-
-
-def git_commit() -> str:
-    """The commit that produced a result (``unknown`` outside a checkout); ``+dirty`` if files changed."""
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "")
 
 
 @dataclass(frozen=True)

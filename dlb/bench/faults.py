@@ -38,11 +38,12 @@ import math
 import os
 import random
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+from dlb.provenance import git_commit
 
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
@@ -334,14 +335,6 @@ def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, 
         plane.close()
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     cols = ("fault", "mode", "sent", "ok", "failed", "inflight_at_fault", "cut_streams", "failed_new", "new_fail_window_s",
             "detect_s", "recover_s", "verdict")
@@ -359,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
-    commit = _commit()  # the code that runs (a commit made while the matrix runs must not be recorded)
+    commit = git_commit()  # the code that runs (a commit made while the matrix runs must not be recorded)
     rows = []
     for f in faults:
         for m in modes:

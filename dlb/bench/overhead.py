@@ -464,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
     loadgen = resolve_loadgen(args.loadgen)
-    from dlb.sim.experiments import git_commit
+    from dlb.provenance import git_commit
 
     records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices, loadgen=loadgen,
                            envoy_concurrency=args.envoy_concurrency)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dlb.provenance import git_commit
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.policies import BASELINES, POLICIES
 from dlb.sim.scenario import generate
@@ -81,21 +81,6 @@ class Job:
         sc = generate(self.scenario, duration_s=self.duration_s, **self.variant.kwargs())
         factor = 1.0 if self.policy in BASELINES else 3.0 * self.root_replicas**0.3
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
-
-
-def git_commit() -> str:
-    """HEAD of the checkout this package runs from, ``+dirty`` with uncommitted changes; else ``unknown``.
-
-    Results record it so a report never mixes numbers from different code.
-    """
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "dlb"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int, minutes: float, seed: int,

@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-import subprocess
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlb import provenance
 from dlb.load.generator import Result, quantile, summarize, write_results
 
 if TYPE_CHECKING:
@@ -32,16 +32,10 @@ REACTION = 0.10  # fraction of the run skipped after each change
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> dict[str, Any]:
-    """HEAD and whether tracked files differ from it — read once per process (call it at the start of a
-    run, so a commit made while a long run is going does not get the credit for its numbers)."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=False).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                                    text=True, timeout=5, check=False).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-    return {"commit": sha or None, "dirty": dirty}
+    """HEAD and whether tracked files differ from it (:func:`dlb.provenance.git_commit`) — read once per
+    process: call it at the start of a run."""
+    sha, _, dirty = provenance.git_commit().partition("+")
+    return {"commit": None, "dirty": None} if sha == "unknown" else {"commit": sha, "dirty": bool(dirty)}
 
 
 def cell_of(r: Result) -> str:
