@@ -16,6 +16,21 @@ import structlog
 _configured = False
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write, not as it was at :func:`configure`.
+
+    structlog's PrintLogger keeps the file it was given. A process that swaps ``sys.stderr`` after
+    configuring (pytest's capture does, per test) would otherwise log into a closed file — a
+    ``ValueError: I/O operation on closed file`` raised from the *next* test's log call.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str | None = None, fmt: str | None = None) -> None:
     """Configure structlog and stdlib logging; idempotent."""
     global _configured
@@ -39,10 +54,10 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=numeric, stream=_Stderr(), format="%(levelname)s %(name)s %(message)s")
     _configured = True
 
 

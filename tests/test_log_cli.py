@@ -21,3 +21,25 @@ def test_log_lines_are_json() -> None:
 def test_cli_without_command_prints_help(capsys) -> None:
     assert cli.main([]) == 2
     assert "usage: dlb" in capsys.readouterr().out
+
+
+def test_logging_follows_a_replaced_stderr() -> None:
+    """After configure(), a swapped-and-closed sys.stderr (pytest's capture between tests) must not make
+    every later log call raise: the logger writes to sys.stderr as it is now."""
+    import subprocess
+    import sys
+
+    code = (
+        "import io, sys\n"
+        "from dlb import log\n"
+        "old = sys.stderr\n"
+        "sys.stderr = io.StringIO()\n"
+        "log.configure()\n"
+        "log.get_logger('t').info('first')\n"
+        "sys.stderr.close()\n"
+        "sys.stderr = old\n"
+        "log.get_logger('t').info('second_event')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "second_event" in out.stderr
