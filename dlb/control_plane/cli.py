@@ -20,6 +20,9 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--status", default=None, help="status/metrics HTTP address host:port (default services.control_plane.status)")
     p.add_argument("--emulate-wan", action="store_true", help="leaf Envoys delay requests by the source cell's RTT (testbeds)")
     p.add_argument("--no-probe", action="store_true", help="do not probe leaves (serve the config only; no flow updates)")
+    p.add_argument("--mnlb", action="store_true",
+                   help="baseline for comparisons: every flow endpoint's weights from the central MNLB LP (demand and "
+                        "capacity measured from the leaves' probes) instead of the flow routers")
     p.set_defaults(func=run_serve)
 
 
@@ -41,7 +44,7 @@ def run_serve(args: argparse.Namespace) -> int:
 async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.control_plane.service import ControlPlane
 
-    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe)
+    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb)
     await cp.start(args.xds, args.status)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -33,6 +33,7 @@ from dlb.config import resources as dr
 from dlb.config.model import Config
 from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
+from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
 from dlb.ext_proc.health import HealthState, health_handler
@@ -83,7 +84,7 @@ class ControlPlane:
     """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = True, flow_loop: bool = True) -> None:
+                 probe: bool = True, flow_loop: bool = True, mnlb: bool = False) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         self.server = XdsServer(self.cache)
         self.health = HealthState()
@@ -91,6 +92,9 @@ class ControlPlane:
         self.emulate_wan = emulate_wan
         self.probe_enabled = probe
         self.flow_loop_enabled = flow_loop  # off: snapshots change only on rebuild()/reload() calls
+        #: MNLB baseline (``--mnlb``): every endpoint's fail-open weights come from the central LP
+        #: (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
+        self.mnlb_enabled = mnlb
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
@@ -107,6 +111,7 @@ class ControlPlane:
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
         self.sources = [c.index for c in config.cells if c.root.address is not None]
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
+        self.mnlb = MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources) if self.mnlb_enabled and flow_eps else None
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
         self.prior = config.endpoints[0].latency_prior.to_core()
         self.models: dict[str, tuple[LatencyParams, float, int]] = {}
@@ -155,7 +160,7 @@ class ControlPlane:
     def rebuild(self) -> dict[str, str]:
         """Install every cell's snapshots from the current state; returns key → version in effect."""
         cfg = self.config
-        weights = self.flow.weights() if self.flow is not None else {}
+        weights = self.mnlb.weights() if self.mnlb is not None else self.flow.weights() if self.flow is not None else {}
         state = self._state_resources()
         versions = {}
         for cell in cfg.cells:
@@ -188,6 +193,14 @@ class ControlPlane:
 
     # -- probes -------------------------------------------------------------------------------------
     def _on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        if self.mnlb is not None:
+            if resp is None:
+                self.mnlb.on_probe_failure(target.index)
+            else:
+                model = self._remember_model(target.name, resp) if resp.HasField("model") else None
+                healthy = (resp.healthy_replicas / resp.replicas if resp.HasField("healthy_replicas") and resp.replicas
+                           else 1.0)
+                self.mnlb.on_probe(target.index, resp.completed_by_source, model, healthy)
         if self.flow is None:
             if resp is not None and resp.HasField("model"):
                 self._remember_model(target.name, resp)
@@ -235,7 +248,9 @@ class ControlPlane:
         while True:
             await asyncio.sleep(self.flow_period_s)
             try:
-                if self.flow is not None:
+                if self.mnlb is not None:
+                    self.mnlb.step(self.clock())
+                elif self.flow is not None:
                     self.flow.step(self.clock())
                 self.rebuild()
             except Exception:  # a bad step must not stop the control plane; the last snapshots stay
@@ -253,8 +268,12 @@ class ControlPlane:
                 "model": None if model is None else {"a_s": model[0].a, "b_s": model[0].b, "c": model[0].c, "s": model[0].s,
                                                       "confidence": model[1], "samples": model[2]},
             }
+        if self.mnlb is not None:
+            out["mnlb"] = {"demand_rps": dict(zip(self.config.cell_names, self.mnlb.demand.tolist(), strict=True)),
+                           "capacity_rps": dict(zip(self.config.cell_names, self.mnlb.capacity.tolist(), strict=True)),
+                           "solves": self.mnlb.solves}
         if self.flow is not None:
-            for ep, per_src in self.flow.weights().items():
+            for ep, per_src in (self.mnlb.weights() if self.mnlb is not None else self.flow.weights()).items():
                 out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x), strict=True))
                                            for s, x in per_src.items()}
             out["throughput_rps"] = self.flow.throughput

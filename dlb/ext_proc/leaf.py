@@ -102,6 +102,11 @@ class LeafAgent:
         self.responses = [header_response([(headers.SERVER, s.address)], clear_route_cache=True) for s in state.servers]
         self.processing = FastHistogram()
         self.als_entries = 0
+        #: Completions per source cell (the root's ``x-dlb-src-cell``), reported in probes: the demand a
+        #: central controller (MNLB on the real data path) measures. Bounded by the config's cells: a
+        #: header naming no known source (a client cannot set it: the root Envoy strips it) is not counted.
+        self.completed_by_source: dict[str, int] = {}
+        self.known_sources: frozenset[str] | None = None
         self.als_streams = 0
         self.probes = 0
         self.fits = 0
@@ -175,6 +180,9 @@ class LeafAgent:
                 if kind in _PERIODIC:
                     continue
                 flags = common.response_flags
+                src = e.request.request_headers.get(headers.SRC_CELL)
+                if src and (self.known_sources is None or src in self.known_sources) and not rid.startswith(BACKGROUND_PROBE_ID):
+                    self.completed_by_source[src] = self.completed_by_source.get(src, 0) + 1
                 st.complete(now, Completion(
                     request_id=rid,
                     upstream=_address(common.upstream_remote_address),
@@ -200,7 +208,7 @@ class LeafAgent:
             cell=st.cell, rif=float(st.rif), replicas=st.replicas, healthy_replicas=st.healthy_replicas(now),
             model=probe_pb2.LatencyModel(a_s=p.a, b_s=p.b, c=p.c, s=p.s, confidence=est.confidence, samples=len(est)),
             error_rate=st.errors.rate(now), timestamp_unix_ns=time.time_ns(), completed=st.completed,
-            errors=st.failed, waiting=st.waiting(),
+            errors=st.failed, waiting=st.waiting(), completed_by_source=self.completed_by_source,
         )
 
     # -- background work ----------------------------------------------------------------------------
@@ -484,6 +492,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, window_s, pick_rule=pick_rule)
     agent = LeafAgent(state)
+    agent.known_sources = frozenset(cfg.cell_names)
     sync = None
     if xds:
         from dlb.ext_proc.leaf_xds import LeafXdsSync

@@ -9,8 +9,9 @@ value in the same scenario.
 
 Rand runs on the real data path as DLB's fail-open path: both endpoints flow, no root services, the
 control plane's weights frozen at the replica split (no error aversion: the scenarios inject no
-errors, so it would not act). MNLB (a central LP over all sources' demand) is not implemented on the
-real data path, so it is not in the table.
+errors, so it would not act). MNLB runs the same way, its weights from the central LP the control
+plane solves every 10 s (``dlb serve control-plane --mnlb``: demand from the leaves' per-source
+completion counters, capacity from their published models; :mod:`dlb.control_plane.mnlb`).
 
 ``affinity_hit_rate``: among chat turns after a session's first, the fraction served by the same
 cell as the session's previous turn (the cell-level affinity the root provides).
@@ -88,10 +89,10 @@ def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
     from dlb.testbed.demo import DLB_POLICIES, run_once
     from dlb.testbed.report import git_commit
 
-    policies = args.policies.split(",") if args.policies else ["Rand", *DLB_POLICIES]
-    bad = [p for p in policies if p != "Rand" and p not in DLB_POLICIES]
+    policies = args.policies.split(",") if args.policies else ["Rand", "MNLB", *DLB_POLICIES]
+    bad = [p for p in policies if p not in ("Rand", "MNLB") and p not in DLB_POLICIES]
     if bad:
-        print(f"dlb demo --compare: --policies: unknown {', '.join(bad)} (choose from Rand, {', '.join(DLB_POLICIES)})")
+        print(f"dlb demo --compare: --policies: unknown {', '.join(bad)} (choose from Rand, MNLB, {', '.join(DLB_POLICIES)})")
         return 2
     records: list[dict[str, Any]] = []
     for scenario in SCENARIOS:

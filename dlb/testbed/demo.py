@@ -225,7 +225,7 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                     dec: dict[str, dict[str, float]] = {}
                     for cell, info in dep.roots.items():
                         if not info.metrics_url:
-                            continue  # no root service (Rand): nothing decides, Envoy samples its weights
+                            continue  # no root service (Rand, MNLB): nothing decides, Envoy samples its weights
                         cur = _decisions(await _get_text(s, info.metrics_url))
                         prev = last.get(cell, {})
                         dec[cell] = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
@@ -246,28 +246,30 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
 
     ``policy`` "Rand" runs Rand on the real data path: both endpoints flow, no root services (Envoy
     takes its fail-open route, the control plane's weighted_clusters) and the control plane's
-    weights frozen at the replica split (``--no-probe``).
+    weights frozen at the replica split (``--no-probe``). "MNLB" runs the same way with the control
+    plane solving the central LP every 10 s from demand and capacity it measures (``--mnlb``).
     """
     from dlb.config import ConfigError, load_config
 
     out.mkdir(parents=True, exist_ok=True)
-    rand = policy == "Rand"
-    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if rand else policy, "no_degrade": not degrade})
+    rand, mnlb = policy == "Rand", policy == "MNLB"
+    baseline = rand or mnlb  # Envoy-native weights from the control plane, no root service
+    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if baseline else policy, "no_degrade": not degrade})
     try:
         run, sup, config_path = prepare(one, out)
         cfg = load_config(config_path)
     except (ConfigError, ValueError, OSError) as e:
         print(f"dlb demo: {e}", file=sys.stderr)
         return None, 2
-    if rand:
-        run.policy = "Rand"
+    if baseline and policy is not None:
+        run.policy = policy
     sup.quiet = quiet
     n_servers = sum(len(v) for v in run.servers.values())
     print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
           f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s, policy {run.policy}, "
           f"degradation {'on' if degrade else 'off'}; logs in {sup.run_dir}", flush=True)
     dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "1", "--window-s", "10"],
-               control_plane_args=["--no-probe"] if rand else None, root_services=not rand)
+               control_plane_args=["--no-probe"] if rand else ["--mnlb"] if mnlb else None, root_services=not baseline)
     code = 0
     try:
         sup.start(args.ready_timeout, should_stop=stop)
