@@ -59,3 +59,34 @@ def test_a_cell_without_capacity_gets_nothing_and_restarted_counters_read_as_no_
     assert loop.step(10.0)
     assert (loop.demand >= 0).all()
     np.testing.assert_allclose(loop.y[:, 1], [0.0, 0.0], atol=1e-6)
+
+
+def test_leaf_counts_completions_per_source_from_the_access_log_and_reports_them() -> None:
+    """The leaf agent's probe answer carries completions per x-dlb-src-cell (monotone), counting only
+    known source cells and not its own background probes — the demand MNLB measures."""
+    import asyncio
+
+    from envoy.data.accesslog.v3 import accesslog_pb2
+    from envoy.service.accesslog.v3 import als_pb2
+
+    from dlb.ext_proc.leaf import BACKGROUND_PROBE_ID, LeafAgent
+    from tests.test_leaf_state import make
+
+    agent = LeafAgent(make(2))
+    agent.known_sources = frozenset({"a", "b"})
+    msg = als_pb2.StreamAccessLogsMessage()
+    for rid, src in (("r1", "a"), ("r2", "a"), ("r3", "b"), ("r4", "spoofed"), (BACKGROUND_PROBE_ID + "1", "b"), ("r5", "")):
+        e = msg.http_logs.log_entry.add()
+        e.common_properties.access_log_type = accesslog_pb2.AccessLogType.Value("DownstreamEnd")
+        e.request.request_id = rid
+        if src:
+            e.request.request_headers["x-dlb-src-cell"] = src
+        e.response.response_code.value = 200
+
+    async def feed() -> None:
+        async def one():  # an access-log stream of one message
+            yield msg
+        await agent._consume_logs(one())
+
+    asyncio.run(feed())
+    assert dict(agent.snapshot(0.0).completed_by_source) == {"a": 2, "b": 1}
