@@ -58,10 +58,10 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="workload seed")
     p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds each tier may take to become ready")
     p.add_argument("--compare", action="store_true",
-                   help="run the same seeded workload against Rand and the six DLB policies, with and without the "
-                        "degradation, each from a clean start; prints a table (MNLB is not on the real data path yet)")
+                   help="run the same seeded workload against Rand, MNLB and the six DLB policies, with and without the "
+                        "degradation, each from a clean start; prints a table")
     p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
-    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand and all six)")
+    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand, MNLB and all six)")
     p.set_defaults(func=run_demo)
 
 
