@@ -71,10 +71,11 @@ def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 180.
 
 def test_demo_serves_every_cell_reacts_to_degradation_and_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    # 60 s (the demo's default): the degradation then lasts 15 s. With 45 s it lasted 11 s, and the fleet's
-    # ~5–8 s reaction under the fleet-rate flow step (issue 11) and multi-turn affinity left the window's
-    # average share too close to the one before it.
-    proc = _demo(out, "--duration", "60")
+    # 90 s: the degradation lasts 22 s and the recovery window 40 s. The fleet reacts in ~5–8 s under the
+    # fleet-rate flow step (issue 11) and multi-turn affinity, so shorter runs put too much of each window
+    # in transition: 45 s gave 33 % → 27 % → 27 % (no fall), 60 s once 43 % → ? → below the "came back"
+    # line; 90 s measured 36 % → 17 % → 36 %.
+    proc = _demo(out, "--duration", "90")
     try:
         stdout, _ = proc.communicate(timeout=400)
         assert proc.returncode == 0, stdout[-4000:]
