@@ -42,6 +42,27 @@ def _h2(service: str) -> tuple[MetricDef, ...]:
         MetricDef(service, f"{p}_stream_resets", "counter", (), "Streams reset with an error code", when),
         MetricDef(service, f"{p}_connection_errors", "counter", (), "Connections closed for a protocol error (GOAWAY)", when),
         MetricDef(service, f"{p}_handler_errors", "counter", (), "Messages whose handler raised", when),
+        # Bounds (dlb/ext_proc/transport/limits.py): each counts the times a bound was hit.
+        MetricDef(service, f"{p}_connections_refused", "counter", (),
+                  "Connections closed at accept: the connection cap was reached", when),
+        MetricDef(service, f"{p}_handshake_timeouts", "counter", (),
+                  "Connections closed for not completing the HTTP/2 preface in time", when),
+        MetricDef(service, f"{p}_idle_timeouts", "counter", (),
+                  "Connections closed after the idle timeout with no stream open", when),
+        MetricDef(service, f"{p}_streams_refused", "counter", (),
+                  "Streams refused (REFUSED_STREAM): max concurrent streams reached or shutting down", when),
+        MetricDef(service, f"{p}_header_cache_refused", "counter", (),
+                  "Header blocks not cached: a per-connection or total cache bound was hit", when),
+        MetricDef(service, f"{p}_buffer_limit_hits", "counter", (),
+                  "Connections cut for holding too many bytes of partial messages", when),
+        MetricDef(service, f"{p}_control_floods", "counter", (),
+                  "Connections cut for a flood of control frames (ENHANCE_YOUR_CALM)", when),
+        MetricDef(service, f"{p}_non_grpc_requests", "counter", (),
+                  "Requests that were not gRPC, answered with HTTP 415/405", when),
+        MetricDef(service, f"{p}_open_connections", "gauge", (), "HTTP/2 connections open now", when),
+        MetricDef(service, f"{p}_header_cache_bytes", "gauge", (),
+                  "Bytes of cached decoded header blocks, all connections", when),
+        MetricDef(service, f"{p}_buffered_bytes", "gauge", (), "Bytes of partial gRPC messages held, all connections", when),
     )
 
 

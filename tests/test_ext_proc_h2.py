@@ -25,7 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
+from dlb.ext_proc.transport.h2 import CachingDecoder
+from dlb.ext_proc.transport.server import H2GrpcServer
 
 METHOD = PROCESS_METHOD
 

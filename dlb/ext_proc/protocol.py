@@ -18,9 +18,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
-from dlb.ext_proc.health import HealthState, health_handler
-from dlb.ext_proc.transport.h2 import H2GrpcServer
+from dlb.ext_proc.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
+from dlb.ext_proc.transport.limits import H2Limits
+from dlb.ext_proc.transport.server import H2GrpcServer
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
@@ -115,15 +116,19 @@ class ExtProcServer:
     socket; ``grpc`` calls it from grpc.aio's stream (:func:`ext_proc_handler`). Same bytes in and out.
     """
 
-    def __init__(self, transport: str, handle: MessageHandler) -> None:
+    def __init__(self, transport: str, handle: MessageHandler, limits: H2Limits | None = None) -> None:
         if transport not in ("h2", "grpc"):
             raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
-        self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
+        #: grpc.health.v1 status on either transport (Check on both, Watch on h2); serve_until_signal
+        #: turns it NOT_SERVING when a drain starts.
+        self.health = HealthState()
+        self._h2 = None
+        if transport == "h2":
+            h2 = H2GrpcServer(PROCESS_METHOD, handle, limits=limits or H2Limits(), routes=h2_health_routes(self.health))
+            self.health.listeners.append(lambda reply: h2.notify(WATCH_PATH, reply))
+            self._h2 = h2
         self._handle = handle
         self._grpc: grpc.aio.Server | None = None
-        #: grpc.health.v1 status of the grpc.aio transport (the h2 transport serves one method only;
-        #: Envoy checks it with a TCP connect, and its drain closes the listener).
-        self.health = HealthState()
 
     @property
     def stats(self):
