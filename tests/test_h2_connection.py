@@ -238,7 +238,7 @@ def test_every_error_carries_its_code_under_the_project_root() -> None:
 def test_stream_state_follows_the_transition_table(inputs: list[StreamInput]) -> None:
     """Every input either moves a stream to the state the table lists or, where the table lists none,
     raises StreamStateError and leaves the state unchanged; CLOSED accepts nothing."""
-    stream = _Stream(1, 65535)
+    stream = _Stream(1)
     for event in inputs:
         before = stream.state
         expected = TRANSITIONS[before].get(event)
