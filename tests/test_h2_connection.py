@@ -257,3 +257,13 @@ def test_the_table_covers_every_state() -> None:
         if state is not StreamState.CLOSED:
             assert row[StreamInput.RESET] is StreamState.CLOSED
     assert TRANSITIONS[StreamState.CLOSED] == {}
+
+
+def test_a_unary_call_ending_with_its_message_keeps_the_connection() -> None:
+    """A client that sends its one message with END_STREAM (grpc's unary calls, e.g. Health/Check) gets
+    the reply and trailers, and the connection stays up for the next call."""
+    p = Pair()
+    for sid in (1, 3):
+        p.request(sid, b"hello", end_stream=True)
+        assert p.status(sid) == "0" and p.of(h2.events.DataReceived, sid)[0].data == grpc_message(b"HELLO")
+    assert not p.server.terminated and p.stats.connection_errors == 0

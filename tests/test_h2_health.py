@@ -76,6 +76,7 @@ def test_check_and_watch_follow_the_serving_flag() -> None:
             r.set_serving(False)
             assert decode_status(next(updates)) == NOT_SERVING
             assert decode_status(check(b"", timeout=10)) == NOT_SERVING
+            assert r.server.stats.connection_errors == 0  # unary calls end with their message: no GOAWAY
             asyncio.run_coroutine_threadsafe(r.server.stop(5), r.loop).result(20)
             try:
                 next(updates)

@@ -264,7 +264,7 @@ TRANSITIONS: dict[StreamState, dict[StreamInput, StreamState]] = {
     _S.CLOSED: {},
 }
 # Module-level names for the states and inputs the request path uses (a global lookup per use).
-_OPEN, _CLOSING, _CLOSING_REMOTE_ENDED = _S.OPEN, _S.CLOSING, _S.CLOSING_REMOTE_ENDED
+_OPEN, _CLOSING, _CLOSING_REMOTE_ENDED, _CLOSED = _S.OPEN, _S.CLOSING, _S.CLOSING_REMOTE_ENDED, _S.CLOSED
 _RECV_END_STREAM, _FINISH, _TRAILERS_WRITTEN, _RESET = _I
 #: States in which the client may still send DATA (in CLOSING it is read and dropped).
 REMOTE_OPEN = frozenset({_S.OPEN, _S.CLOSING})
@@ -297,7 +297,9 @@ class _Stream:
     reject: int = 0  # not a gRPC request: the HTTP status it gets once the client has sent it all
     head_only: bool = False  # a HEAD request: the reply has no body
     content_length: int | None = None  # as the client declared it (checked against the DATA received)
-    received: int = 0  # DATA bytes received (counted only when content_length is set, or for rejects)
+    counted: bool = False  # count DATA bytes (content_length set, or a reject): gRPC calls skip it
+    received: int = 0
+    held: int = 0  # bytes of ``buf`` counted in H2Connection.buffered and the server's total
 
     def apply(self, event: StreamInput) -> StreamState:
         """Move to the state :data:`TRANSITIONS` gives; raises :class:`StreamStateError` if none."""
@@ -613,6 +615,7 @@ class H2Connection:
             self._reset(stream, PROTOCOL_ERROR)  # a malformed request is a stream error (RFC 9113 §8.1.1)
             return
         stream.content_length = head.content_length
+        stream.counted = head.content_length is not None
         ctype = head.content_type
         if ctype is None or not ctype.startswith(b"application/grpc"):
             stream.reject = 415
@@ -620,6 +623,7 @@ class H2Connection:
             stream.reject = 405
         if stream.reject:
             self.stats.non_grpc_requests += 1
+            stream.counted = True
             stream.head_only = head.method == b"HEAD"
         else:
             route = self.routes.get(head.path or b"")
@@ -656,7 +660,7 @@ class H2Connection:
         if stream.recv_unacked > RECV_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
-        if stream.content_length is not None or stream.reject:
+        if stream.counted:
             stream.received += len(data)
             if stream.content_length is not None and stream.received > stream.content_length:
                 self._reset(stream, PROTOCOL_ERROR)  # more DATA than content-length (RFC 9113 §8.1.1)
@@ -664,9 +668,6 @@ class H2Connection:
         if stream.state is _OPEN and not stream.reject:  # after our trailers, the client's remaining bytes are dropped
             buf = stream.buf
             buf += data
-            stats = self.stats
-            self.buffered += len(data)
-            stats.buffered_bytes += len(data)
             while len(buf) >= 5 and stream.state is _OPEN:
                 n = _u32.unpack_from(buf, 1)[0]
                 if buf[0] != 0:
@@ -679,20 +680,29 @@ class H2Connection:
                     break
                 message = bytes(buf[5:5 + n])
                 del buf[:5 + n]
-                self.buffered -= 5 + n
-                stats.buffered_bytes -= 5 + n
                 self._message(stream, message)
-            if buf and (self.buffered > self.limits.max_buffered or stats.buffered_bytes > self.limits.max_buffered_total):
-                # Partial messages are the only state that grows with what a peer sends (the connection
-                # window is re-opened as bytes arrive): bounded per connection and per server.
-                stats.buffer_limit_hits += 1
-                raise DenialOfServiceError(f"more than {self.limits.max_buffered} bytes of partial messages "
-                                           f"(or {self.limits.max_buffered_total} on the server)")
+            # What stays in ``buf`` is counted once per frame, and only when it changed (a whole
+            # message in one frame, the common case, costs nothing here).
+            delta = len(buf) - stream.held
+            if delta:
+                self._count_held(stream, delta)
         if stream.recv_unacked >= RECV_WINDOW // 2 and stream.state is _OPEN and not flags & END_STREAM:
             self.out.append(_frame(WINDOW_UPDATE, 0, sid, _u32.pack(stream.recv_unacked)))
             stream.recv_unacked = 0
-        if flags & END_STREAM:
+        if flags & END_STREAM and stream.state is not _CLOSED:  # (CLOSED: the handler already ended the call)
             self._remote_end(stream)
+
+    def _count_held(self, stream: _Stream, delta: int) -> None:
+        stream.held += delta
+        self.buffered += delta
+        stats = self.stats
+        stats.buffered_bytes += delta
+        if delta > 0 and (self.buffered > self.limits.max_buffered or stats.buffered_bytes > self.limits.max_buffered_total):
+            # Partial messages are the only state that grows with what a peer sends (the connection
+            # window is re-opened as bytes arrive): bounded per connection and per server.
+            stats.buffer_limit_hits += 1
+            raise DenialOfServiceError(f"more than {self.limits.max_buffered} bytes of partial messages "
+                                       f"(or {self.limits.max_buffered_total} on the server)")
 
     def _message(self, stream: _Stream, message: bytes) -> None:
         self.stats.messages += 1
@@ -827,7 +837,8 @@ class H2Connection:
             stream.headers_sent = True
         stream.apply(_FINISH)
         stream.trailers = block
-        self._unbuffer(stream)
+        if stream.held or stream.buf:
+            self._unbuffer(stream)
         self._drain(stream)
 
     def _reply_plain(self, stream: _Stream) -> None:
@@ -887,22 +898,23 @@ class H2Connection:
             self._forget(stream)
 
     def _unbuffer(self, stream: _Stream) -> None:
-        n = len(stream.buf)
-        if n:
-            self.buffered -= n
-            self.stats.buffered_bytes -= n
-            stream.buf.clear()
+        stream.buf.clear()
+        if stream.held:
+            self._count_held(stream, -stream.held)
 
     def _forget(self, stream: _Stream) -> None:
         """The stream is over: remove it from every table (its heap entry, if any, goes stale)."""
         sid = stream.sid
         self.streams.pop(sid, None)
-        self.conn_blocked.pop(sid, None)
-        self.watchers.pop(sid, None)
+        if self.conn_blocked:
+            self.conn_blocked.pop(sid, None)
+        if self.watchers:
+            self.watchers.pop(sid, None)
         stream.window_blocked = False
         stream.pending.clear()
         stream.trailers = None
-        self._unbuffer(stream)
+        if stream.held or stream.buf:
+            self._unbuffer(stream)
 
     def _remember_closed(self, sid: int) -> None:
         closed = self.closed
