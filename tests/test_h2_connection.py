@@ -266,4 +266,5 @@ def test_a_unary_call_ending_with_its_message_keeps_the_connection() -> None:
     for sid in (1, 3):
         p.request(sid, b"hello", end_stream=True)
         assert p.status(sid) == "0" and p.of(h2.events.DataReceived, sid)[0].data == grpc_message(b"HELLO")
+        assert not p.of(h2.events.StreamReset, sid)  # the client had ended its side: no RST_STREAM needed
     assert not p.server.terminated and p.stats.connection_errors == 0

@@ -514,7 +514,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         ports.append(port)
     h2 = None
     if ext_proc_h2 is not None:
-        h2 = ExtProcServer("h2", agent.handle)
+        h2 = ExtProcServer("h2", agent.handle, health=health)  # NOT_SERVING with the rest of the leaf on drain
         ports.append(await h2.bind(ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None

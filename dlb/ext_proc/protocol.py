@@ -116,12 +116,13 @@ class ExtProcServer:
     socket; ``grpc`` calls it from grpc.aio's stream (:func:`ext_proc_handler`). Same bytes in and out.
     """
 
-    def __init__(self, transport: str, handle: MessageHandler, limits: H2Limits | None = None) -> None:
+    def __init__(self, transport: str, handle: MessageHandler, limits: H2Limits | None = None,
+                 health: HealthState | None = None) -> None:
         if transport not in ("h2", "grpc"):
             raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
         #: grpc.health.v1 status on either transport (Check on both, Watch on h2); serve_until_signal
-        #: turns it NOT_SERVING when a drain starts.
-        self.health = HealthState()
+        #: turns it NOT_SERVING when a drain starts. ``health`` shares a process's status (the leaf's).
+        self.health = health if health is not None else HealthState()
         self._h2 = None
         if transport == "h2":
             h2 = H2GrpcServer(PROCESS_METHOD, handle, limits=limits or H2Limits(), routes=h2_health_routes(self.health))

@@ -299,6 +299,7 @@ class _Stream:
     content_length: int | None = None  # as the client declared it (checked against the DATA received)
     counted: bool = False  # count DATA bytes (content_length set, or a reject): gRPC calls skip it
     received: int = 0
+    client_ending: bool = False  # the frame being processed carries END_STREAM
     held: int = 0  # bytes of ``buf`` counted in H2Connection.buffered and the server's total
 
     def apply(self, event: StreamInput) -> StreamState:
@@ -665,6 +666,8 @@ class H2Connection:
             if stream.content_length is not None and stream.received > stream.content_length:
                 self._reset(stream, PROTOCOL_ERROR)  # more DATA than content-length (RFC 9113 §8.1.1)
                 return
+        if flags & END_STREAM:
+            stream.client_ending = True  # a reply that ends the call now needs no RST_STREAM after it
         if stream.state is _OPEN and not stream.reject:  # after our trailers, the client's remaining bytes are dropped
             buf = stream.buf
             buf += data
@@ -887,7 +890,7 @@ class H2Connection:
             else:
                 self.out.append(_frame(DATA, END_STREAM, stream.sid))
             stream.trailers = None
-            if stream.state is _CLOSING:
+            if stream.state is _CLOSING and not stream.client_ending:
                 # The response is complete while the client's side is still open (the root answers
                 # the first message): RST_STREAM(NO_ERROR) tells it to stop sending (RFC 9113
                 # §8.1), as grpc servers do, so no state is kept for a minutes-long generation.
