@@ -9,7 +9,9 @@ protocol doing only HTTP/2 framing in 0.17 ms / ~27k/s. grpc.aio's cost is its t
 EventEngine experiments, sync server: all within noise). Envoy's ext_proc client speaks plain
 HTTP/2 + gRPC framing, and the subset it needs from a server is small:
 
-- one method (``:path`` checked), messages framed as 1 flag byte + 4 length bytes;
+- one method (``:path`` checked; more through :class:`Route`, e.g. the gRPC health service), messages
+  framed as 1 flag byte + 4 length bytes; a request that is not gRPC gets HTTP 415 (405 without
+  POST) as the gRPC protocol spec says, a malformed one (RFC 9113 §8) RST_STREAM(PROTOCOL_ERROR);
 - replies that are pre-serialised bytes, sent as HEADERS / DATA / trailers with a constant HPACK
   encoding (static-table references and literals *without* indexing, so our encoder never has
   state; the first header block on a connection sets our dynamic table size to 0);
@@ -23,8 +25,11 @@ root decides from cached state without awaiting, so running it inline in ``data_
 makes the hop cheap; a handler that must wait belongs on grpc.aio (``--transport grpc``).
 
 Structure (after python-hyper/h2): :class:`H2Connection` is the protocol with no I/O at all — bytes
-in (``receive_data``), events and bytes out (``data_to_send``) — so tests feed it frames directly;
-:class:`H2GrpcProtocol` is the thin ``asyncio.Protocol`` that moves bytes between it and a socket.
+in (``receive_data``), events and bytes out (``data_to_send``) — so tests feed it frames directly and
+hypothesis fuzzes it; ``server.H2GrpcProtocol`` is the thin ``asyncio.Protocol`` that moves bytes
+between it and a socket (with the connection cap and the timers); ``headers`` decodes and validates
+header blocks; ``limits`` holds every bound (``H2Limits``) and the counters that show it was hit.
+Passes h2spec 146/146 (``tests/test_h2spec.py``).
 A stream's life is a :class:`StreamState` changed only through :data:`TRANSITIONS`; frame types,
 error codes and gRPC statuses are IntEnums, and protocol errors are :class:`H2Error` subclasses that
 carry the error code they end the connection with.
