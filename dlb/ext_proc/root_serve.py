@@ -95,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
     if args.workers < 1:
         raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    if args.drain_s < 0:
+        raise SystemExit(f"--drain-s must be >= 0, got {args.drain_s}")
+    try:
+        limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
+                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
+    except ValueError as exc:  # named by field: H2Limits.max_concurrent_streams -> --max-concurrent-streams
+        field_name = str(exc).split()[0].removeprefix("H2Limits.")
+        raise SystemExit(f"--{field_name.replace('_', '-')}{str(exc).removeprefix('H2Limits.' + field_name)}") from None
     cfg = None
     if args.config is not None:
         cfg, cell = load_cell(args.config, args.cell)
@@ -108,13 +116,6 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("dlb serve root: --listen is required without --config")
         listen, metrics = args.listen, args.metrics or None
     seed = None if args.seed is None else args.seed + args.worker_index
-    try:
-        limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
-                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
-    except ValueError as exc:
-        raise SystemExit(f"dlb serve root: {exc}") from None
-    if args.drain_s < 0:
-        raise SystemExit(f"--drain-s must be >= 0, got {args.drain_s}")
     run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
                             args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport,
                             limits=limits, drain_s=args.drain_s))
