@@ -218,11 +218,17 @@ def test_max_concurrent_streams_is_advertised_and_enforced() -> None:
     assert len(conn.streams) == n and conn.stats.streams_refused == 1
 
 
-def test_a_control_frame_flood_ends_the_connection() -> None:
-    """PINGs with no work in between beyond the allowance end the connection with ENHANCE_YOUR_CALM."""
+@pytest.mark.parametrize("flood", [
+    frame(FrameType.PING, 0, 0, b"12345678") * 102,
+    headers_frames(1, request_block(), end_stream=False) + frame(FrameType.DATA, 0, 1) * 120,
+    frame(FrameType.HEADERS, 0, 1, request_block()) + frame(FrameType.CONTINUATION, 0, 1) * 102,
+], ids=["ping", "empty-data", "empty-continuation"])
+def test_a_flood_of_frames_that_do_no_work_ends_the_connection(flood: bytes) -> None:
+    """Frames that do no work for a call (PING, empty DATA or CONTINUATION) beyond the allowance end
+    the connection with ENHANCE_YOUR_CALM."""
     stats = TransportStats()
     conn = connected(stats, H2Limits(control_frame_allowance=100))
-    events = conn.receive_data(frame(FrameType.PING, 0, 0, b"12345678") * 102)
+    events = conn.receive_data(flood)
     assert conn.terminated and events[-1].error_code == ErrorCode.ENHANCE_YOUR_CALM
     assert stats.control_floods == 1
 

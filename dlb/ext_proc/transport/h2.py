@@ -490,6 +490,8 @@ class H2Connection:
                 if sid in self.closed:
                     raise StreamStateError(f"CONTINUATION on closed stream {sid}")
                 raise ProtocolError("unexpected CONTINUATION")
+            if not payload:
+                self._spend()  # an empty CONTINUATION does nothing but cost a frame
             block = self.continuation[2]
             block += payload
             if len(block) > self.limits.max_header_list:
@@ -499,10 +501,7 @@ class H2Connection:
                 self.continuation = None
                 self._header_block(first_flags, sid, bytes(block))
         else:
-            self.control_budget -= 1
-            if self.control_budget < 0:
-                self.stats.control_floods += 1
-                raise DenialOfServiceError("control frame flood")
+            self._spend()
             if ftype == SETTINGS:
                 self._settings(flags, sid, payload)
             elif ftype == WINDOW_UPDATE:
@@ -525,6 +524,13 @@ class H2Connection:
             elif ftype == PUSH_PROMISE:
                 raise ProtocolError("clients cannot push")
             # Unknown frame types are ignored (§5.5).
+
+    def _spend(self) -> None:
+        """One frame that does no work for a call (control, empty DATA or CONTINUATION)."""
+        self.control_budget -= 1
+        if self.control_budget < 0:
+            self.stats.control_floods += 1
+            raise DenialOfServiceError("control frame flood")
 
     def _closed_frame(self, sid: int, what: str) -> None:
         """A DATA or HEADERS frame for a stream that is not open (sid <= last_sid)."""
@@ -661,7 +667,7 @@ class H2Connection:
             self._reset(stream, STREAM_CLOSED)  # DATA after the client's END_STREAM (RFC 9113 §5.1)
             return
         if not data and not flags & END_STREAM:
-            self.control_budget -= 1  # empty DATA does nothing but cost a frame
+            self._spend()  # empty DATA does nothing but cost a frame
         stream.recv_unacked += size
         if stream.recv_unacked > RECV_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
