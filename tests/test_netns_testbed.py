@@ -1,0 +1,188 @@
+"""Multi-host DLB on one box (issue 17, acceptance criterion 5): a namespace per cell, root, control plane, client.
+
+Three cells (two emulated servers, a leaf Envoy and a leaf agent each), a root (Envoy + root
+service) and a control plane, each in its own network namespace on a bridge (198.18.0.0/24), with
+nothing added to the machine's namespace (:mod:`dlb.testbed.netns`). Checked, in order, on one
+deployment:
+
+1. 300 requests from the client's namespace through the root reach servers in every cell, 0 errors;
+2. the control plane's ``/status`` shows every Envoy ACKing the version it was sent, for every type;
+3. nothing listens on 127.0.0.1 but Envoy admin and the root's in-pod ext_proc hop;
+4. with one cell's processes stopped, the root marks it unusable (printed: seconds after the stop,
+   against ``probe.stale_after_ms`` + 1 s; not asserted, the machine is shared) and every request
+   sent after that succeeds on the other cells;
+5. a ``preStop``-style drain of the root Envoy (``/drain_listeners?graceful``, wait until no request
+   is active, then SIGTERM) loses none of the requests in flight;
+6. after the run, none of the lab's namespaces is left (also when the body raised: separate test).
+
+Runs as root with ``ip netns``; otherwise skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from dlb.testbed.netns import Lab, entered, lab_namespaces, listeners, unavailable
+from dlb.testbed.netns_fleet import ADMIN_PORT, ROOT_EXT_PROC_PORT, NetnsDeployment, NetnsPlan, plan
+from dlb.testbed.stack import metric_value
+from dlb.testbed.supervisor import Supervisor
+
+_WHY = unavailable()
+pytestmark = [pytest.mark.netns, pytest.mark.envoy, pytest.mark.skipif(_WHY is not None, reason=f"netns testbed: {_WHY}")]
+
+BODY = {"model": "dlb-emulated", "prompt": "hi", "max_tokens": 4}
+
+
+def _post(dep: NetnsDeployment, body: dict[str, object] = BODY, timeout: float = 30.0) -> tuple[int, str, bytes]:
+    """One completion from the client's namespace through the root: (status, x-dlb-server, body)."""
+    host, port = dep.root_url
+    with entered(dep.host("client")):
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn.connect()  # the socket is made in the client's namespace and stays there
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("x-dlb-server") or "", resp.read()
+    except OSError as e:
+        return 0, "", str(e).encode()
+    finally:
+        conn.close()
+
+
+def _send(dep: NetnsDeployment, n: int, workers: int = 8) -> list[tuple[int, str, bytes]]:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda _: _post(dep), range(n)))
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsDeployment]:
+    p = NetnsPlan()
+    lab = Lab(p.host_names)
+    with lab:
+        sup = Supervisor(Path(tmp_path_factory.mktemp("netns")) / "run")
+        sup.quiet = True
+        d = plan(lab, p, sup)
+        try:
+            sup.start(timeout_s=120)
+            yield d
+        finally:
+            sup.stop()
+    assert lab_namespaces(lab.prefix) == []
+
+
+def test_requests_reach_every_cell_with_no_errors(dep: NetnsDeployment) -> None:
+    results = _send(dep, 300)
+    errors = [(s, b[:200]) for s, _, b in results if s != 200]
+    assert not errors, errors[:5]
+    per_cell = Counter(server.split("/")[0] for _, server, _ in results)
+    print(f"\n300 requests through the root, per cell: {dict(per_cell)}")
+    assert set(per_cell) == set(dep.plan.cells), per_cell
+
+
+def test_status_shows_every_envoy_acked(dep: NetnsDeployment) -> None:
+    status = json.loads(dep.get("client", f"{dep.status_url}/status")[1])
+    envoys = {f"leaf-{c}" for c in dep.plan.cells} | {f"root-{dep.plan.cells[0]}"}
+    nodes = status["nodes"]
+    assert envoys <= set(nodes), sorted(nodes)
+    for node in envoys:
+        types = nodes[node]["types"]
+        assert {"CDS", "LDS"} <= set(types), (node, sorted(types))
+        for t, st in types.items():
+            assert st["acked_version"], (node, t, st)
+            assert not st.get("last_nack_reason"), (node, t, st)
+
+
+def test_nothing_on_loopback_but_admin_and_the_ext_proc_hop(dep: NetnsDeployment) -> None:
+    bad = []
+    for name, host in dep.lab.hosts.items():
+        for ln in listeners(host):
+            if not ln.address.startswith("127.") and ln.address != "::1":
+                continue
+            envoy_admin = ln.port == ADMIN_PORT and "envoy" in ln.cmdline
+            ext_proc_hop = name == "root" and ln.port == ROOT_EXT_PROC_PORT and "serve root" in ln.cmdline
+            if not (envoy_admin or ext_proc_hop):
+                bad.append(f"{name}: {ln.address}:{ln.port} ({ln.cmdline[:120]})")
+    assert not bad, bad
+
+
+def _usable(dep: NetnsDeployment, cell: str) -> float | None:
+    text = dep.get("root", dep.root_metrics_url)[1]
+    return metric_value(text, "dlb_root_cell_usable", endpoint="completions", cell=cell)
+
+
+def test_stopped_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeployment) -> None:
+    gone = dep.plan.cells[-1]
+    assert _usable(dep, gone) == 1.0
+    t0 = time.monotonic()
+    for child in dep.children[gone]:  # leaf Envoy, leaf agent and servers: the cell's host goes dark
+        child.state = "stopped"
+        assert child.proc is not None
+        child.proc.kill()
+        child.proc.wait(10)
+    end = t0 + 30
+    while _usable(dep, gone) != 0.0 and time.monotonic() < end:
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    print(f"\ncell {gone} unusable at the root {took:.2f} s after its processes stopped "
+          f"(stale_after_ms {dep.plan.stale_after_ms} + 1 s = {dep.plan.stale_after_ms / 1000 + 1:.1f} s)")
+    assert _usable(dep, gone) == 0.0
+    results = _send(dep, 60)
+    assert all(s == 200 for s, _, _ in results), [(s, b[:200]) for s, _, b in results if s != 200][:5]
+    assert not [srv for _, srv, _ in results if srv.startswith(gone + "/")]
+
+
+def _active(dep: NetnsDeployment) -> float:
+    text = dep.get("root", f"http://127.0.0.1:{ADMIN_PORT}/stats?filter=downstream_rq_active")[1]
+    return sum(float(v) for v in re.findall(r"^http\.(?!admin\.)[^:]+\.downstream_rq_active: (\d+)$", text, re.M))
+
+
+def test_drain_loses_no_request_in_flight(dep: NetnsDeployment) -> None:
+    """preStop: drain the root Envoy gracefully, wait for its last request, then stop it; none is lost."""
+    slow = {"model": "dlb-emulated", "prompt": "hi", "max_tokens": 200, "stream": True}
+    results: list[tuple[int, str, bytes]] = []
+    threads = [threading.Thread(target=lambda: results.append(_post(dep, slow, timeout=60))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + 20
+    while _active(dep) < len(threads) and time.monotonic() < end:
+        time.sleep(0.02)
+    in_flight = _active(dep)
+    assert in_flight >= 1
+    with entered(dep.host("root")):
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{ADMIN_PORT}/drain_listeners?graceful", method="POST"),
+                               timeout=5).read()
+    while _active(dep) > 0 and time.monotonic() < end + 60:
+        time.sleep(0.05)
+    envoy = next(c for c in dep.children["root"] if c.name.endswith("envoy"))
+    envoy.state = "stopped"
+    assert envoy.proc is not None
+    envoy.proc.terminate()
+    envoy.proc.wait(10)
+    for t in threads:
+        t.join(60)
+    print(f"\ndrain: {in_flight:.0f} requests in flight when the drain began, {len(results)} finished")
+    assert len(results) == len(threads)
+    lost = [(s, b[-200:]) for s, _, b in results if s != 200 or b"[DONE]" not in b]
+    assert not lost, lost
+
+
+def test_lab_removes_its_namespaces_even_when_the_body_fails() -> None:
+    lab = Lab(["a", "b"])
+    with pytest.raises(RuntimeError, match="boom"), lab:
+        assert len(lab_namespaces(lab.prefix)) == 3  # the bridge's and two hosts'
+        sleeper = subprocess.Popen(lab.hosts["a"].argv(["sleep", "600"]))  # the lab must kill it on the way out
+        raise RuntimeError("boom")
+    assert sleeper.wait(10) != 0
+    assert lab_namespaces(lab.prefix) == []
