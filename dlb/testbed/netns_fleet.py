@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import HostPort
-from dlb.testbed.netns import Host, Lab, entered
+from dlb.testbed.netns import Host, Lab, entered, listeners
 from dlb.testbed.supervisor import Child, Supervisor
 from dlb.testbed.up import _envoy_live, http_get, probes_fresh, tcp_open
 
@@ -179,3 +179,21 @@ def plan(lab: Lab, p: NetnsPlan, sup: Supervisor) -> NetnsDeployment:
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
     dep.children["root"].append(_envoy(sup, dep, root, "roots", "root", src, HostPort(root.ip, ROOT_PORT)))
     return dep
+
+
+def unexpected_loopback(dep: NetnsDeployment) -> list[str]:
+    """Listeners on loopback other than Envoy admin and the root's in-pod ext_proc hop, one line each.
+
+    Loopback is private to a host (a pod): a service bound there that another host should reach is
+    unreachable in a real deployment, which one shared 127.0.0.1 hides.
+    """
+    bad = []
+    for name, host in dep.lab.hosts.items():
+        for ln in listeners(host):
+            if not ln.address.startswith("127.") and ln.address != "::1":
+                continue
+            envoy_admin = ln.port == ADMIN_PORT and "envoy" in ln.cmdline
+            ext_proc_hop = name == "root" and ln.port == ROOT_EXT_PROC_PORT and "serve root" in ln.cmdline
+            if not (envoy_admin or ext_proc_hop):
+                bad.append(f"{name}: {ln.address}:{ln.port} ({ln.cmdline[:120]})")
+    return bad
