@@ -8,9 +8,10 @@ deployment:
 1. 300 requests from the client's namespace through the root reach servers in every cell, 0 errors;
 2. the control plane's ``/status`` shows every Envoy ACKing the version it was sent, for every type;
 3. nothing listens on 127.0.0.1 but Envoy admin and the root's in-pod ext_proc hop;
-4. with one cell's processes stopped, the root marks it unusable (printed: seconds after the stop,
-   against ``probe.stale_after_ms`` + 1 s; not asserted, the machine is shared) and every request
-   sent after that succeeds on the other cells;
+4. with one cell's processes frozen (SIGSTOP: probes time out, only staleness removes it) and then
+   another cell's killed, the root marks each unusable (printed: seconds after the stop, against
+   ``probe.stale_after_ms`` + 1 s; not asserted, the machine is shared), sends it nothing more and
+   every request sent after that succeeds; the frozen cell is usable again once thawed;
 5. a ``preStop``-style drain of the root Envoy (``/drain_listeners?graceful``, wait until no request
    is active, then SIGTERM) loses none of the requests in flight;
 6. after the run, none of the lab's namespaces is left (also when the body raised: separate test).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -124,6 +126,39 @@ def _usable(dep: NetnsDeployment, cell: str) -> float | None:
     return metric_value(text, "dlb_root_cell_usable", endpoint="completions", cell=cell)
 
 
+def _wait_usable(dep: NetnsDeployment, cell: str, value: float, t0: float) -> float:
+    """Seconds from ``t0`` until the root reports ``dlb_root_cell_usable`` = ``value`` for ``cell`` (bounded: 30 s)."""
+    while _usable(dep, cell) != value and time.monotonic() < t0 + 30:
+        time.sleep(0.05)
+    assert _usable(dep, cell) == value, f"{cell} usable != {value} after 30 s"
+    return time.monotonic() - t0
+
+
+def _no_share_and_all_succeed(dep: NetnsDeployment, gone: str) -> None:
+    results = _send(dep, 60)
+    assert all(s == 200 for s, _, _ in results), [(s, b[:200]) for s, _, b in results if s != 200][:5]
+    assert not [srv for _, srv, _ in results if srv.startswith(gone + "/")]
+
+
+def test_frozen_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeployment) -> None:
+    """SIGSTOP a cell's processes: its probes time out (nothing refuses them), so only staleness removes it."""
+    frozen = dep.plan.cells[1]
+    assert _usable(dep, frozen) == 1.0
+    procs = [c.proc for c in dep.children[frozen] if c.proc is not None]
+    t0 = time.monotonic()
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        took = _wait_usable(dep, frozen, 0.0, t0)
+        print(f"\ncell {frozen} frozen: unusable at the root after {took:.2f} s "
+              f"(bound: stale_after_ms {dep.plan.stale_after_ms} + 1 s = {dep.plan.stale_after_ms / 1000 + 1:.1f} s)")
+        _no_share_and_all_succeed(dep, frozen)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGCONT)
+    print(f"cell {frozen} thawed: usable again after {_wait_usable(dep, frozen, 1.0, time.monotonic()):.2f} s")
+
+
 def test_stopped_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeployment) -> None:
     gone = dep.plan.cells[-1]
     assert _usable(dep, gone) == 1.0
@@ -133,16 +168,9 @@ def test_stopped_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeplo
         assert child.proc is not None
         child.proc.kill()
         child.proc.wait(10)
-    end = t0 + 30
-    while _usable(dep, gone) != 0.0 and time.monotonic() < end:
-        time.sleep(0.05)
-    took = time.monotonic() - t0
-    print(f"\ncell {gone} unusable at the root {took:.2f} s after its processes stopped "
-          f"(stale_after_ms {dep.plan.stale_after_ms} + 1 s = {dep.plan.stale_after_ms / 1000 + 1:.1f} s)")
-    assert _usable(dep, gone) == 0.0
-    results = _send(dep, 60)
-    assert all(s == 200 for s, _, _ in results), [(s, b[:200]) for s, _, b in results if s != 200][:5]
-    assert not [srv for _, srv, _ in results if srv.startswith(gone + "/")]
+    took = _wait_usable(dep, gone, 0.0, t0)
+    print(f"\ncell {gone} killed: unusable at the root after {took:.2f} s (refused probes fail at once)")
+    _no_share_and_all_succeed(dep, gone)
 
 
 def _active(dep: NetnsDeployment) -> float:
