@@ -59,6 +59,11 @@ def _why_no_container() -> str | None:
     missing = [t for t in ("podman", "runc", "debootstrap", "unshare") if shutil.which(t) is None]
     if missing:
         return f"{', '.join(missing)} not installed (apt-get install podman runc debootstrap; .ci/run does as root)"
+    # Installed but unusable here (a container without the privileges podman or unshare need).
+    for argv in (["podman", "info"], ["unshare", "--net", "true"]):
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            return f"`{' '.join(argv)}` fails here: {(out.stderr.strip().splitlines() or ['?'])[-1][:200]}"
     return None
 
 
