@@ -11,7 +11,9 @@ which is missing. What it does, as an operator with no registry would:
 2. the wheelhouse: ``pip wheel . -w DIR`` (from pip's cache or the package index);
 3. ``podman build --isolation=chroot`` inside an empty network namespace (``unshare --net``): a
    build that reached for the network would fail here;
-4. ``dlb --help``, ``envoy --version`` and ``id -u`` in the image, with no network, as UID 65532.
+4. ``dlb --help``, ``envoy --version`` and ``id -u`` in the image, with no network, as UID 65532;
+5. with ``ip netns`` too: ``dlb serve emulator`` from the image in one namespace of a
+   :class:`~dlb.testbed.netns.Lab` (``podman run --network ns:``) answers a request from another.
    ``--runtime runc --cgroup-manager=cgroupfs`` and explicit rlimits: crun, and rlimits above the
    hard limit, fail on hosts with hybrid cgroups or without CAP_SYS_RESOURCE.
 
@@ -20,14 +22,18 @@ The image size is printed and recorded as a test property (``-rA`` or the JUnit 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from dlb.config.model import HostPort
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
@@ -90,26 +96,67 @@ def _dangling() -> set[str]:
     return set(out.stdout.split())
 
 
+def _serves_across_namespaces(tag: str) -> None:
+    """The image as a pod would run it: an emulator in one lab namespace (``--network ns:``), asked from another."""
+    from dlb.testbed.netns import Lab, entered, unavailable
+    from dlb.testbed.stack import request
+    from dlb.testbed.up import tcp_open
+
+    if unavailable() is not None:
+        return
+    with Lab(["server", "client"]) as lab:
+        srv, client = lab.hosts["server"], lab.hosts["client"]
+        name = f"dlb-test-{uuid.uuid4().hex[:8]}"
+        argv = [*RUN, "--name", name, f"--network=ns:/run/netns/{srv.ns}", tag,
+                "serve", "emulator", "--host", srv.ip, "--port", "8000", "--profile", "fast-test", "--server-id", "in-image"]
+        argv.remove("--network=none")
+        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                end = time.monotonic() + 60
+                while proc.poll() is None and time.monotonic() < end:
+                    with entered(client):
+                        if tcp_open(HostPort(srv.ip, 8000)):
+                            break
+                    time.sleep(0.2)
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                with entered(client):
+                    status, headers, _ = request(srv.ip, 8000, "/v1/completions",
+                                                 {"model": "dlb-emulated", "prompt": "hi", "max_tokens": 4})
+                assert status == 200 and headers.get("x-dlb-server") == "in-image", (status, headers)
+            finally:
+                subprocess.run(["podman", "kill", name], capture_output=True, timeout=60)
+                proc.wait(60)
+
+
 @pytest.mark.container
 @pytest.mark.timeout(900)
 def test_image_builds_offline_and_runs_as_nonroot(tmp_path: Path, record_property: pytest.RecordProperty) -> None:
     why = _why_no_container()
     if why:
         pytest.skip(why)
+    t: dict[str, float] = {"start": time.monotonic()}
     _base_image(tmp_path)
+    t["base"] = time.monotonic()
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "-q", str(REPO), "-w", str(wheels)], timeout=600)
+    t["wheelhouse"] = time.monotonic()
     tag = f"localhost/dlb-test:{uuid.uuid4().hex[:12]}"
     dangling = _dangling()
     try:
         _run(["unshare", "--net", "--", "podman", "build", "--isolation=chroot", "--build-arg", f"BASE_IMAGE={BASE}",
               "-f", str(DOCKERFILE), "-t", tag, str(wheels)], timeout=600)
+        t["build"] = time.monotonic()
         assert "usage: dlb" in _run([*RUN, tag, "--help"], timeout=120).stdout
         assert "1.40" in _run([*RUN, "--entrypoint", "envoy", tag, "--version"], timeout=120).stdout
         assert _run([*RUN, "--entrypoint", "id", tag, "-u"], timeout=120).stdout.strip() == "65532"
+        t["run"] = time.monotonic()
+        _serves_across_namespaces(tag)
+        t["netns"] = time.monotonic()
         size = int(_run(["podman", "image", "inspect", tag, "--format", "{{.Size}}"], timeout=60).stdout)
         record_property("image_size_bytes", size)
-        print(f"\nimage {tag}: {size / 1e6:.0f} MB (base {BASE})")
+        steps = list(t)
+        took = ", ".join(f"{b} {t[b] - t[a]:.0f} s" for a, b in itertools.pairwise(steps))
+        print(f"\nimage {tag}: {size / 1e6:.0f} MB (base {BASE}); {took}")
     finally:
         subprocess.run(["podman", "rmi", "-f", tag], capture_output=True, timeout=120)
         for image in _dangling() - dangling:  # only what this build left behind
