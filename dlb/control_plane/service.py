@@ -98,8 +98,10 @@ class ControlPlane:
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
+        #: Ready (``/readyz``) = a config is loaded (the constructor's, or it raised) and xDS is listening.
+        self.xds_listening = False
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
-                                          extra_routes=[web.get("/fleet", self._fleet)])
+                                          extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
@@ -284,6 +286,7 @@ class ControlPlane:
         cp = self.config.services.control_plane
         # grpc.health.v1 next to xDS: Envoys and orchestrators can check the control plane like any DLB service.
         xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)])
+        self.xds_listening = True
         host, _, port = (status_address or str(cp.status)).rpartition(":")
         status_port = await self.status_server.start(host.strip("[]"), int(port))
         if self.probe_enabled:
@@ -303,6 +306,7 @@ class ControlPlane:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        self.xds_listening = False
         if self._probes is not None:
             await self._probes.stop()
             self._probes = None
