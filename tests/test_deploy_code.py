@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import random
 import signal
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.control_plane.service import ControlPlane
 from dlb.envoy.binary import EnvoyProcess, validate
 from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+from dlb.envoy.drain import active_requests, drain
 from dlb.ext_proc.metrics import serve_metrics
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -281,3 +285,85 @@ def test_control_plane_status_serves_readyz_once_xds_listens() -> None:
             await cp.stop()
 
     asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------------------------
+# 6. dlb envoy drain
+# --------------------------------------------------------------------------------------------
+
+
+class _SlowHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    delay_s = 1.5
+
+    def do_GET(self) -> None:  # /health of Envoy's active health check: at once
+        self._reply(b"ok")
+
+    def do_POST(self) -> None:  # a "generation": takes delay_s
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        time.sleep(self.delay_s)
+        self._reply(b"done")
+
+    def _reply(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_active_requests_sums_listeners_but_not_admin() -> None:
+    text = ("http.admin.downstream_rq_active: 1\nhttp.dlb_leaf.downstream_rq_active: 3\n"
+            "http.dlb_ready.downstream_rq_active: 1\nhttp.dlb_leaf.downstream_rq_active_total: 9\n")
+    assert active_requests(text) == 4
+
+
+def test_envoy_drain_lets_requests_in_flight_finish(tmp_path: Path) -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _SlowHandler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    leaf_port, admin, ready = free_port(), free_port(), free_port()
+    data = _config({"address": f"127.0.0.1:{leaf_port}", "probe": f"127.0.0.1:{free_port()}", "listen": f"127.0.0.1:{leaf_port}"})
+    data["cells"][0]["servers"] = [f"127.0.0.1:{srv.server_address[1]}"]
+    cfg = config_from_dict(data)
+    boot = leaf_bootstrap(cfg, "a", admin_port=admin, emulate_wan=False, ready_port=ready)
+    statuses: list[int] = []
+
+    def one() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", leaf_port, timeout=30)
+        conn.request("POST", "/v1/completions", body=b"{}")
+        resp = conn.getresponse()
+        resp.read()
+        statuses.append(resp.status)
+        conn.close()
+
+    try:
+        with _envoy(boot, tmp_path, "leaf") as envoy:
+            for _ in range(100):  # the server passes its first health check
+                if "health_flags::healthy" in envoy.admin_get("/clusters"):
+                    break
+                time.sleep(0.05)
+            threads = [threading.Thread(target=one) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for _ in range(200):
+                if envoy.stats("downstream_rq_active").get("http.dlb_leaf.downstream_rq_active") == "4":
+                    break
+                time.sleep(0.02)
+            result = drain(admin, 30.0)
+            assert result.drained and result.active_at_start == 4 and result.active_at_end == 0
+            for t in threads:
+                t.join(30)
+            assert statuses == [200] * 4  # none cut
+            assert _get(f"http://127.0.0.1:{ready}/ready")[0] == 503  # out of its Service first
+            assert envoy.stats("downstream_rq_active")["http.dlb_leaf.downstream_rq_active"] == "0"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_envoy_drain_command_reports_an_unreachable_admin(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envoy", "drain", "--admin-port", str(free_port()), "--deadline", "1"]) == 1
+    assert "unreachable" in capsys.readouterr().err
