@@ -367,3 +367,83 @@ def test_envoy_drain_lets_requests_in_flight_finish(tmp_path: Path) -> None:
 def test_envoy_drain_command_reports_an_unreachable_admin(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["envoy", "drain", "--admin-port", str(free_port()), "--deadline", "1"]) == 1
     assert "unreachable" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# 7. control plane: --serve-cells, --watch-config
+# --------------------------------------------------------------------------------------------
+
+
+def _cp_config(cells: tuple[str, ...]) -> dict[str, Any]:
+    data = _config({"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                   root={"address": f"127.0.0.1:{free_port()}"}, cells=cells)
+    for c in data["cells"]:
+        c.setdefault("root", {"address": f"127.0.0.1:{free_port()}"})
+    data["endpoints"][0]["policy"] = {"mechanism": "flow"}
+    return data
+
+
+def test_serve_cells_builds_snapshots_and_flow_loops_for_those_cells_only() -> None:
+    cfg = config_from_dict(_cp_config(("a", "b", "c")))
+    cp = ControlPlane(cfg, probe=False, flow_loop=False, serve_cells=["b", "c"])
+    assert set(cp.cache.keys()) == {"dlb-leaf/b", "dlb-root/b", "dlb-leaf/c", "dlb-root/c"}
+    assert cp.sources == [1, 2] and cp.flow is not None and sorted({s for _, s in cp.flow.routers}) == [1, 2]
+    assert set(ControlPlane(cfg, probe=False, flow_loop=False).cache.keys()) >= {"dlb-leaf/a", "dlb-root/a"}
+    with pytest.raises(ValueError, match="not in"):
+        ControlPlane(cfg, probe=False, flow_loop=False, serve_cells=["mars"])
+
+
+def test_serve_cells_names_an_unknown_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(_cp_config(("a", "b"))))
+    assert main(["serve", "control-plane", "--config", str(path), "--serve-cells", "a,mars"]) == 1
+    assert "--serve-cells: mars" in capsys.readouterr().err
+
+
+def _configmap(folder: Path, data: dict[str, Any], version: int) -> None:
+    """Write ``data`` as the kubelet updates a mounted ConfigMap: a new ..<ts> folder, ``..data`` swapped by rename."""
+    ts = folder / f"..2026_11_30_0{version}"
+    ts.mkdir()
+    (ts / "dlb.yaml").write_text(json.dumps(data))
+    tmp_link = folder / "..data_tmp"
+    tmp_link.symlink_to(ts.name)
+    os.replace(tmp_link, folder / "..data")
+    if not (folder / "dlb.yaml").is_symlink():
+        (folder / "dlb.yaml").symlink_to("..data/dlb.yaml")
+
+
+def test_watch_config_reloads_when_the_configmap_symlink_swaps(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    first = _cp_config(("a",))
+    second = {**first, "cells": [*first["cells"], _cp_config(("b",))["cells"][0]]}
+    _configmap(tmp_path, first, 1)
+    status = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(tmp_path / "dlb.yaml"),
+                             "--xds", f"127.0.0.1:{free_port()}", "--status", f"127.0.0.1:{status}", "--no-probe",
+                             "--watch-config", "--watch-period-s", "0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def cells() -> set[str]:
+        code, text = _get(f"http://127.0.0.1:{status}/fleet")
+        return set(json.loads(text)["cells"]) if code == 200 else set()
+
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError):
+                if _get(f"http://127.0.0.1:{status}/readyz")[0] == 200:
+                    break
+            time.sleep(0.05)
+        assert cells() == {"a"}
+        _configmap(tmp_path, second, 2)
+        seen: set[str] = set()
+        for _ in range(200):
+            seen = cells()
+            if seen == {"a", "b"}:
+                break
+            time.sleep(0.05)
+        assert seen == {"a", "b"}  # reloaded without a SIGHUP
+    finally:
+        proc.terminate()
+        proc.wait(15)
