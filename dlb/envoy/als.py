@@ -71,6 +71,8 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
         sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port), grpc_health=True))
     for listener in sr["listeners"]:
+        if listener["name"] == "dlb_ready":  # bootstrap.READY_LISTENER: a kubelet's probes are not traffic
+            continue
         for chain in listener["filter_chains"]:
             for f in chain["filters"]:
                 hcm = f["typed_config"]
