@@ -479,20 +479,8 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def _dns_xds_supported() -> bool:
-    """Issue 17 part A: a DNS name in ``--xds`` must give a STRICT_DNS ``dlb_xds`` cluster."""
-    from dlb.config.model import HostPort
-    from dlb.envoy.ads_bootstrap import ads_bootstrap
-
-    return bool(ads_bootstrap("root", "c", HostPort("dlb-control-plane.dlb-system.svc", 18000), 9901)
-                ["static_resources"]["clusters"][0]["type"] == "STRICT_DNS")
-
-
 @pytest.mark.envoy
 def test_bootstrap_configmaps_pass_envoy_validate(tmp_path: Path) -> None:
-    if not _dns_xds_supported():
-        pytest.skip("needs issue 17 part A (STRICT_DNS dlb_xds for a DNS --xds): today's bootstrap is STATIC, which "
-                    "Envoy rejects; merge s2-17a and re-run deploy/k8s/render-bootstraps")
     seen = 0
     for d in overlay_dirs():
         for name, text in bootstraps(render(d)).items():

@@ -12,8 +12,8 @@ deployment:
    another cell's killed, the root marks each unusable (printed: seconds after the stop, against
    ``probe.stale_after_ms`` + 1 s; not asserted, the machine is shared), sends it nothing more and
    every request sent after that succeeds; the frozen cell is usable again once thawed;
-5. a ``preStop``-style drain of the root Envoy (``/drain_listeners?graceful``, wait until no request
-   is active, then SIGTERM) loses none of the requests in flight;
+5. a ``preStop``-style drain of the root Envoy (``dlb envoy drain``, then SIGTERM) loses none of the
+   requests in flight;
 6. after the run, none of the lab's namespaces is left (also when the body raised: separate test).
 
 Runs as root with ``ip netns``; otherwise skipped with the reason.
@@ -29,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -179,21 +178,10 @@ def _active(dep: NetnsDeployment) -> float:
 
 
 def _drain(dep: NetnsDeployment, deadline_s: float) -> None:
-    """What the root pod's preStop does: ``dlb envoy drain`` (issue 17 part A) when this tree has it,
-    else the same two steps by hand: ``POST /drain_listeners?graceful``, then wait for no active request."""
-    root = dep.host("root")
-    has_cli = subprocess.run([sys.executable, "-m", "dlb.cli", "envoy", "drain", "--help"], capture_output=True).returncode == 0
-    if has_cli:
-        out = subprocess.run(root.argv([sys.executable, "-m", "dlb.cli", "envoy", "drain", "--admin-port", str(ADMIN_PORT),
-                                        "--deadline", str(deadline_s)]), capture_output=True, text=True, timeout=deadline_s + 30)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return
-    with entered(root):
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{ADMIN_PORT}/drain_listeners?graceful", method="POST"),
-                               timeout=5).read()
-    end = time.monotonic() + deadline_s
-    while _active(dep) > 0 and time.monotonic() < end:
-        time.sleep(0.05)
+    """What the root pod's preStop does (deploy/k8s): ``dlb envoy drain``, run inside the root's namespace."""
+    out = subprocess.run(dep.host("root").argv([sys.executable, "-m", "dlb.cli", "envoy", "drain", "--admin-port", str(ADMIN_PORT),
+                                                "--deadline", str(deadline_s)]), capture_output=True, text=True, timeout=deadline_s + 30)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_drain_loses_no_request_in_flight(dep: NetnsDeployment) -> None:
