@@ -13,7 +13,9 @@ must be reported, so a rule that silently stopped checking fails here:
 - CPU requests cover the declared design rate at the per-request costs of docs/bench/overhead.json;
 - grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
 - the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
-- every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders and passes ``envoy --mode validate``;
+- every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
+  own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
+- every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
 - no address on loopback except Envoy's admin and the in-pod ext_proc hop.
 
 Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
@@ -307,7 +309,37 @@ def loopback_problems(docs: list[dict[str, Any]]) -> list[str]:
             if not any(a.search(p) for a in LOOPBACK_ALLOWED)]
 
 
+def cli_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Every ``dlb`` command line in the manifests (containers on the image's ENTRYPOINT, preStop
+    hooks) parses with the real ``dlb`` parser: a misspelt or missing flag fails here, not in a pod."""
+    import contextlib
+    import io
+
+    from dlb.cli import build_parser
+
+    problems = []
+    for w in _workloads(docs):
+        for c in _pod(w)["containers"]:
+            lines = []
+            if c.get("command") is None:  # the image's ENTRYPOINT is dlb
+                lines.append(("args", c.get("args", [])))
+            pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+            if pre[:1] == ["dlb"]:
+                lines.append(("preStop", pre[1:]))
+            for where, written in lines:
+                argv = [_substitute(a, w["spec"]["template"]) for a in written]
+                err = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(err):
+                        build_parser(argv).parse_args(argv)
+                except SystemExit:
+                    problems.append(f"{_name(w)} container {c['name']} {where}: `dlb {' '.join(argv)}`: "
+                                    f"{(err.getvalue().strip().splitlines() or ['?'])[-1]}")
+    return problems
+
+
 RULES = {
+    "cli": cli_problems,
     "containers": container_problems,
     "pdb": pdb_problems,
     "services": service_problems,
@@ -414,7 +446,18 @@ def _plant_loopback_xds(docs: list[dict[str, Any]]) -> None:
     cm["data"]["bootstrap.yaml"] = cm["data"]["bootstrap.yaml"].replace("dlb-control-plane.dlb-system.svc", "127.0.0.1")
 
 
+def _plant_flag_typo(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-leaf", "agent")
+    c["args"] = [a.replace("--envoy-check-address", "--envoy-check-adress") for a in c["args"]]
+
+
+def _plant_drain_typo(docs: list[dict[str, Any]]) -> None:
+    _container(docs, "dlb-root", "envoy")["lifecycle"]["preStop"]["exec"]["command"][3] = "--admin-prot"
+
+
 PLANTED = [
+    ("cli", _plant_flag_typo, "--envoy-check-adress"),
+    ("cli", _plant_drain_typo, "preStop"),
     ("containers", _plant_missing_probe, "no readinessProbe"),
     ("containers", _plant_root_user, "may run as root"),
     ("containers", _plant_no_listen, "no explicit --listen"),
@@ -479,18 +522,39 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+def _substitute(arg: str, pod: dict[str, Any]) -> str:
+    """``$(VAR)`` as the kubelet expands it from the downward API, with stand-in values."""
+    values = {"POD_NAME": "dlb-x-0", "POD_IP": "10.0.0.7", "DLB_CELL": pod["metadata"].get("labels", {}).get("dlb.io/cell", "")}
+    return re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), arg)
+
+
 @pytest.mark.envoy
-def test_bootstrap_configmaps_pass_envoy_validate(tmp_path: Path) -> None:
+def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
+    """Each Envoy container's own arguments (``--service-*`` from the downward API) on the bootstrap
+    ConfigMap it mounts pass ``envoy --mode validate``."""
+    from dlb.envoy.binary import envoy_binary
+
     seen = 0
     for d in overlay_dirs():
-        for name, text in bootstraps(render(d)).items():
-            path = tmp_path / f"{d.name}-{name}.yaml"
-            path.write_text(text)
-            tier = "dlb-root" if "-root" in name else "dlb-leaf"
-            out = _envoy_validate(path, tier)
-            assert out.returncode == 0, f"{d.relative_to(REPO)} ConfigMap {name}: {out.stdout}{out.stderr}"
-            seen += 1
-    assert seen >= 4
+        docs = render(d)
+        boots = bootstraps(docs)
+        for w in _workloads(docs):
+            spec = _pod(w)
+            config_maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+            for c in spec["containers"]:
+                if c.get("command") != ["envoy"]:
+                    continue
+                mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/envoy")
+                cm = config_maps[mount["name"]]
+                assert cm in boots, f"{d.relative_to(REPO)} {_name(w)}: mounts {cm}, which the overlay does not generate"
+                path = tmp_path / f"{d.name}-{cm}.yaml"
+                path.write_text(boots[cm])
+                args = [_substitute(a, w["spec"]["template"]) for a in c["args"]]
+                args = [str(path) if a == "/etc/envoy/bootstrap.yaml" else a for a in args]
+                out = subprocess.run([envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=60)
+                assert out.returncode == 0, f"{d.relative_to(REPO)} {_name(w)} envoy {' '.join(args)}:\n{out.stdout}{out.stderr}"
+                seen += 1
+    assert seen >= 6
 
 
 @pytest.mark.envoy
