@@ -27,6 +27,8 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     ("config", "render", "write the Envoy bootstrap of one cell's root or leaf", "dlb.config.cli:register"),
     ("config", "xds-bootstrap", "write an Envoy bootstrap that takes everything from the control plane",
      "dlb.envoy.cli:register_bootstrap"),
+    ("envoy", "drain", "preStop: fail health checks, drain an Envoy's listeners, wait for requests in flight",
+     "dlb.envoy.drain:register"),
     ("serve", "control-plane", "serve xDS to root/leaf Envoys and DLB services; run the flow loop",
      "dlb.control_plane.cli:register_serve"),
     ("serve", "emulator", "run an emulated OpenAI-compatible GPU inference server", "dlb.emulator.cli:register"),
@@ -57,6 +59,7 @@ _GROUP_HELP = {
     "serve": "run a DLB service",
     "bench": "run a benchmark",
     "config": "work with DLB config files",
+    "envoy": "operate a running Envoy (through its admin port)",
     "bfio": "BF-IO rank balancing for data-parallel servers: study and decision-cost benchmark",
 }
 

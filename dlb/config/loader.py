@@ -320,11 +320,12 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
                 ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
-        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc"), required=("address", "probe") if "leaf" in m else ())
+        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "listen"), required=("address", "probe") if "leaf" in m else ())
         leaf = Leaf(
             address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
             probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
             ext_proc=ck.hostport(lm, "ext_proc", lp, None),
+            listen=_listen(ck, lm, lp),
         )
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
@@ -336,12 +337,27 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
             servers.append(Server(addr or HostPort("invalid", 1), weight, _dp_group(ck, sm, sp, addr)))
         replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
         rp = f"{p}.root"
-        rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc"))
-        root = Root(address=ck.hostport(rm, "address", rp, None), ext_proc=ck.hostport(rm, "ext_proc", rp, None))
+        rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc", "listen"))
+        root = Root(address=ck.hostport(rm, "address", rp, None), ext_proc=ck.hostport(rm, "ext_proc", rp, None),
+                    listen=_listen(ck, rm, rp))
+        if root.listen is not None and "address" not in rm:
+            ck.err(f"{rp}.listen", "needs root.address (the address this cell's clients reach the root at)")
         # An invalid name becomes "" so the network checks below skip it instead of adding noise.
         cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root))
     _unique_addresses(ck, cells)
     return cells
+
+
+def _listen(ck: _Checker, m: dict[str, Any], path: str) -> HostPort | None:
+    """Optional bind address of an Envoy listener: an IP (``0.0.0.0``, ``::`` or one interface), never a name."""
+    hp = ck.hostport(m, "listen", path, None)
+    if hp is not None:
+        try:
+            ipaddress.ip_address(hp.host)
+        except ValueError:
+            ck.err(f"{path}.listen", f"{hp.host!r} is not an IP address: a listener binds an interface (0.0.0.0 for all)")
+            return None
+    return hp
 
 
 _DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")

@@ -68,21 +68,42 @@ class Server:
         return tuple(HostPort(self.address.host, self.address.port + r) for r in range(self.dp.ranks))
 
 
+def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
+    """Where a listener advertised at ``advertised`` binds: ``listen`` if set, else every interface, same port.
+
+    Why not the advertised address itself: it is how *others* reach the listener (a DNS name, a
+    Service or LoadBalancer IP), and inside a pod that address is on no interface, so binding it fails.
+    """
+    if listen is not None:
+        return listen
+    return HostPort("::" if ":" in advertised.host else "0.0.0.0", advertised.port)
+
+
 @dataclass(frozen=True)
 class Leaf:
     """A cell's leaf tier: the leaf Envoy that roots send to, and the leaf agent."""
 
-    address: HostPort  # leaf Envoy HTTP listener; roots' ``cell-<name>`` cluster points here
+    address: HostPort  # leaf Envoy HTTP listener as roots reach it; roots' ``cell-<name>`` cluster points here
     probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
     ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
+    listen: HostPort | None = None  # where the leaf Envoy binds; None = 0.0.0.0:<address port>
+
+    @property
+    def bind(self) -> HostPort:
+        return bind_address(self.address, self.listen)
 
 
 @dataclass(frozen=True)
 class Root:
     """A cell's root tier (optional): where that cell's clients enter and its root ext_proc listens."""
 
-    address: HostPort | None = None  # root Envoy HTTP listener for clients of this cell
+    address: HostPort | None = None  # root Envoy HTTP listener as this cell's clients reach it
     ext_proc: HostPort | None = None  # this cell's root ext_proc; None = services.root.ext_proc
+    listen: HostPort | None = None  # where the root Envoy binds; None = 0.0.0.0:<address port>
+
+    @property
+    def bind(self) -> HostPort | None:
+        return None if self.address is None else bind_address(self.address, self.listen)
 
 
 @dataclass(frozen=True)

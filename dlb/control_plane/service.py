@@ -84,7 +84,8 @@ class ControlPlane:
     """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = True, flow_loop: bool = True, mnlb: bool = False) -> None:
+                 probe: bool = True, flow_loop: bool = True, mnlb: bool = False,
+                 serve_cells: Iterable[str] | None = None) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         self.server = XdsServer(self.cache)
         self.health = HealthState()
@@ -95,21 +96,37 @@ class ControlPlane:
         #: MNLB baseline (``--mnlb``): every endpoint's fail-open weights come from the central LP
         #: (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
         self.mnlb_enabled = mnlb
+        #: ``--serve-cells``: snapshots and flow loops for these cells only (None = every cell). One
+        #: control plane per Kubernetes cluster serves its own cells, so a WAN partition never cuts a
+        #: region off from xDS; it still probes every leaf, since its roots' costs need them all.
+        self.serve_cells = frozenset(serve_cells) if serve_cells is not None else None
+        if self.serve_cells is not None:
+            unknown = sorted(self.serve_cells - set(config.cell_names))
+            if unknown:
+                raise ValueError(f"serve cells {unknown} are not in {config.source} (cells: {', '.join(config.cell_names)})")
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
+        #: Ready (``/readyz``) = a config is loaded (the constructor's, or it raised) and xDS is listening.
+        self.xds_listening = False
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
-                                          extra_routes=[web.get("/fleet", self._fleet)])
+                                          extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
+    def serves(self, cell: str) -> bool:
+        """Whether this instance builds snapshots for ``cell`` (``--serve-cells``)."""
+        return self.serve_cells is None or cell in self.serve_cells
+
     def _load(self, config: Config) -> None:
+        if self.serve_cells is not None and not self.serve_cells & set(config.cell_names):
+            log.warning("serve_cells_not_in_config", serve_cells=sorted(self.serve_cells), source=config.source)
         self.config = config
         topo = config.topology()
         flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core())
                     for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW]
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
-        self.sources = [c.index for c in config.cells if c.root.address is not None]
+        self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
         self.mnlb = MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources) if self.mnlb_enabled and flow_eps else None
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
@@ -134,6 +151,8 @@ class ControlPlane:
         common = [Resource.from_message(m, name=n, type_url=t) for t, items in dr.config_resources(config).items() for n, m in items]
         root, leaf, root_sets = {}, {}, {}
         for cell in config.cells:
+            if not self.serves(cell.name):
+                continue
             if cell.root.address is not None:
                 rs = er.root_resources(config, cell.name)
                 root_sets[cell.name] = rs
@@ -164,6 +183,8 @@ class ControlPlane:
         state = self._state_resources()
         versions = {}
         for cell in cfg.cells:
+            if not self.serves(cell.name):
+                continue
             versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
             if cell.name not in self._static.root_sets:
                 continue
@@ -284,6 +305,7 @@ class ControlPlane:
         cp = self.config.services.control_plane
         # grpc.health.v1 next to xDS: Envoys and orchestrators can check the control plane like any DLB service.
         xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)])
+        self.xds_listening = True
         host, _, port = (status_address or str(cp.status)).rpartition(":")
         status_port = await self.status_server.start(host.strip("[]"), int(port))
         if self.probe_enabled:
@@ -303,6 +325,7 @@ class ControlPlane:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        self.xds_listening = False
         if self._probes is not None:
             await self._probes.stop()
             self._probes = None

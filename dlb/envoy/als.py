@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlb.config.model import Config
+from dlb.envoy.bootstrap import _is_ip as is_ip
 
 LEAF_AGENT_CLUSTER = "dlb_leaf_agent"
 LOG_NAME = "dlb-leaf"
@@ -43,9 +44,14 @@ def leaf_access_log_options() -> dict[str, Any]:
 
 
 def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER) -> dict[str, Any]:
+    """The leaf Envoy's cluster to its agent (``cells[].leaf.probe``).
+
+    STRICT_DNS when the probe address is a name (a Kubernetes Service, deploy/k8s): Envoy rejects a
+    name in a STATIC cluster (``malformed IP address``), which is how a pod deployment first failed.
+    """
     return {
         "name": name,
-        "type": "STATIC",
+        "type": "STATIC" if is_ip(host) else "STRICT_DNS",
         "connect_timeout": "0.25s",
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
@@ -65,6 +71,8 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
         sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port), grpc_health=True))
     for listener in sr["listeners"]:
+        if listener["name"] == "dlb_ready":  # bootstrap.READY_LISTENER: a kubelet's probes are not traffic
+            continue
         for chain in listener["filter_chains"]:
             for f in chain["filters"]:
                 hcm = f["typed_config"]

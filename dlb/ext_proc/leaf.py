@@ -51,7 +51,7 @@ from dlb.envoy import headers
 from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
-from dlb.ext_proc.metrics import FastHistogram, serve_metrics
+from dlb.ext_proc.metrics import FastHistogram, Readiness, serve_metrics
 from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.runner import run_event_loop, write_ready
 from dlb.log import get_logger
@@ -487,9 +487,14 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
                    ext_proc_h2: str | None = None, drain_s: float = 0.0, background: BackgroundProbeConfig | None = None,
                    background_body: bytes = b"", pick_rule: str = "prequal",
-                   window_s: float = 60.0) -> None:
+                   window_s: float = 60.0, envoy_address: str | None = None) -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
-    the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
+    the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path).
+
+    ``envoy_address`` is this agent's own leaf Envoy, which it checks and sends background probes
+    through (default ``cells[].leaf.address``). In a pod that is ``127.0.0.1:<port>``: the cell's
+    address is then a load balancer in front of the pod, which could answer while this Envoy is dead.
+    """
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, window_s, pick_rule=pick_rule)
     agent = LeafAgent(state)
     agent.known_sources = frozenset(cfg.cell_names)
@@ -518,26 +523,30 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         ports.append(await h2.bind(ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None
+    readiness = Readiness()  # /readyz: 200 once the gRPC server serves, 503 again from the drain's start
     if metrics:
         host, _, mport = metrics.rpartition(":")
-        _, metrics_port = serve_metrics(agent.collect, host or "127.0.0.1", int(mport))
+        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     await server.start()
+    readiness.ready = True
     if sync is not None:
         await sync.start()
     tasks = [asyncio.create_task(agent.fit_loop())]
+    envoy_address = envoy_address or str(cfg.cell(cell_name).leaf.address)
     if envoy_check_period_s > 0:
         agent.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up
-        tasks.append(asyncio.create_task(agent.envoy_check_loop(str(cfg.cell(cell_name).leaf.address), envoy_check_period_s)))
+        tasks.append(asyncio.create_task(agent.envoy_check_loop(envoy_address, envoy_check_period_s)))
     if scrape_period_s > 0:
         tasks.append(asyncio.create_task(agent.scrape_loop(scrape_period_s, min(1.0, max(0.2, scrape_period_s)))))
     if background is not None:
-        tasks.append(asyncio.create_task(agent.background_loop(str(cfg.cell(cell_name).leaf.address), background, background_body)))
+        tasks.append(asyncio.create_task(agent.background_loop(envoy_address, background, background_body)))
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port,
              servers=[s.address for s in state.servers], choices=choices)
     if ready_file:
         write_ready(ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
 
     async def on_stop() -> None:
+        readiness.ready = False
         for t in tasks:
             t.cancel()
         if sync is not None:
@@ -551,6 +560,11 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
 def run(args: argparse.Namespace) -> int:
     cfg, cell = load_cell(args.config, args.cell)
+    if args.envoy_check_address is not None:
+        from dlb.config.loader import parse_hostport
+
+        if parse_hostport(args.envoy_check_address) is None:
+            raise SystemExit(f"dlb serve leaf: --envoy-check-address: {args.envoy_check_address!r} is not host:port")
     # Probe and access log on one gRPC server. The ext_proc is served there too when it shares the
     # probe's address (or --ext-proc-transport grpc); on its own address it gets the HTTP/2 transport.
     listen = [args.listen or str(cell.leaf.probe)]
@@ -567,7 +581,7 @@ def run(args: argparse.Namespace) -> int:
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
                             xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s,
                             background=_background_config(args), background_body=background_body(args), pick_rule=args.pick,
-                            window_s=args.window_s))
+                            window_s=args.window_s, envoy_address=args.envoy_check_address))
     return 0
 
 
@@ -609,6 +623,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
                    help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
+    p.add_argument("--envoy-check-address", default=None,
+                   help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
+                        "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
     p.add_argument("--background-probe-min-interval-ms", type=float, default=1000.0,
                    help="background probe requests when the cell is idle: at most one per this (0 = off)")

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from dlb.config import Config
-from dlb.ext_proc.metrics import serve_metrics
+from dlb.ext_proc.metrics import Readiness, serve_metrics
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
 from dlb.ext_proc.root import RootService, log
@@ -59,12 +59,13 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
     server = ExtProcServer(transport, service.handle, limits)
     port = await server.bind(listen, reuse_port=workers > 1)
+    readiness = Readiness(ready=True)  # /readyz: the ext_proc listener is bound; cleared when draining
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
     if metrics:
         host, _, mport = metrics.rpartition(":")
-        _, metrics_port = serve_metrics(service.collect, host or "127.0.0.1", int(mport))
+        _, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
     if workers > 1 and worker_index == 0:
         children = spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
     if sync is not None:
@@ -77,6 +78,7 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
         write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
 
     async def on_stop() -> None:
+        readiness.ready = False
         ticker.cancel()
         for child, _ in children:
             child.terminate()

@@ -141,16 +141,21 @@ class StatusCollector:
 
 
 class StatusServer:
-    """Small HTTP endpoint: ``/status`` (JSON), ``/metrics`` (Prometheus), ``/healthz``."""
+    """Small HTTP endpoint: ``/status`` (JSON), ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+
+    ``/healthz`` is 200 while the process answers; ``/readyz`` is 200 only while ``ready()`` holds
+    (503 otherwise), so an orchestrator sends no Envoy here before the server can serve it.
+    """
 
     def __init__(self, status: StatusRegistry, snapshot_count: Callable[[], int] | None = None,
-                 extra_routes: list[web.RouteDef] | None = None) -> None:
+                 extra_routes: list[web.RouteDef] | None = None, ready: Callable[[], bool] | None = None) -> None:
         self.status = status
+        self.ready = ready or (lambda: True)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StatusCollector(status, snapshot_count))
         self.app = web.Application()
         self.app.add_routes([web.get("/status", self._status), web.get("/metrics", self._metrics),
-                             web.get("/healthz", self._healthz), *(extra_routes or [])])
+                             web.get("/healthz", self._healthz), web.get("/readyz", self._readyz), *(extra_routes or [])])
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -162,6 +167,9 @@ class StatusServer:
 
     async def _healthz(self, _req: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _readyz(self, _req: web.Request) -> web.Response:
+        return web.Response(text="ready") if self.ready() else web.Response(status=503, text="not ready")
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self._runner = web.AppRunner(self.app, access_log=None)
