@@ -42,8 +42,9 @@ def leaf_access_log_options() -> dict[str, Any]:
     return {"flush_access_log_on_new_request": True}
 
 
-def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER) -> dict[str, Any]:
-    return {
+def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER, tls: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``tls``: the transport socket when the agent serves mutual TLS (:func:`dlb.envoy.bootstrap.dlb_service_tls`)."""
+    cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "0.25s",
@@ -53,6 +54,9 @@ def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER) -> 
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}}}},
     }
+    if tls is not None:
+        cluster["transport_socket"] = tls
+    return cluster
 
 
 def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush_ms: float = 5.0) -> dict[str, Any]:
@@ -60,10 +64,10 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
     probe = cfg.cell(cell).leaf.probe
     sr = bootstrap["static_resources"]
     if not any(c["name"] == LEAF_AGENT_CLUSTER for c in sr["clusters"]):
-        from dlb.envoy.bootstrap import service_health  # (bootstrap imports this module lazily too)
+        from dlb.envoy.bootstrap import dlb_service_tls, service_health  # (bootstrap imports this module lazily too)
 
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
-        sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port), grpc_health=True))
+        sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port, tls=dlb_service_tls(cfg, "leaf", cell)), grpc_health=True))
     for listener in sr["listeners"]:
         for chain in listener["filter_chains"]:
             for f in chain["filters"]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import ssl as ssl_module
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -846,8 +847,8 @@ class H2GrpcServer:
     _server: asyncio.AbstractServer | None = None
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
-        """Listen and return the bound port (``port=0`` picks a free one)."""
+    async def start(self, host: str, port: int, reuse_port: bool = False, ssl: ssl_module.SSLContext | None = None) -> int:
+        """Listen and return the bound port (``port=0`` picks a free one); with ``ssl``, TLS (its ALPN must offer h2)."""
         path = self.path.encode()
 
         def factory() -> H2GrpcProtocol:
@@ -856,7 +857,8 @@ class H2GrpcServer:
             return proto
 
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(factory, host, port, reuse_port=reuse_port or None, backlog=1024)
+        self._server = await loop.create_server(factory, host, port, reuse_port=reuse_port or None, backlog=1024, ssl=ssl,
+                                                ssl_handshake_timeout=10.0 if ssl is not None else None)
         # (asyncio and uvloop set TCP_NODELAY on accepted connections themselves.)
         return int(self._server.sockets[0].getsockname()[1])
 
