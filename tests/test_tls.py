@@ -20,11 +20,11 @@ from aiohttp import ClientSession
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from tls_certs import Pki
+from tls_certs import dlb_pki
 
 from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.config.model import TlsFiles
-from dlb.config.tls import identity_name, load_identity, node_admission, spiffe_id
+from dlb.config.tls import load_identity, node_admission
 from dlb.control_plane.service import ControlPlane, dlb_node_key
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
@@ -39,15 +39,9 @@ PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Our CA with a certificate per identity (as ``{identity}.pem``), and another CA's certificate."""
+    """Our CA with a certificate per identity (as ``{identity}.pem``), and another CA's for the same names."""
     d = tmp_path_factory.mktemp("pki")
-    ours = Pki(d / "ours")
-    for role, cell in (("control-plane", ""), ("root", "a"), ("root", "b"), ("leaf", "a"), ("leaf", "b")):
-        ours.issue(identity_name(role, cell), (spiffe_id(role, cell),))
-    theirs = Pki(d / "theirs", "other-ca")
-    theirs.issue("root-a", (spiffe_id("root", "a"),))  # the right name, the wrong CA
-    tls = TlsFiles(str(ours.ca_path), str(d / "ours" / "{identity}.pem"), str(d / "ours" / "{identity}-key.pem"))
-    foreign = TlsFiles(str(ours.ca_path), str(d / "theirs" / "{identity}.pem"), str(d / "theirs" / "{identity}-key.pem"))
+    tls, foreign = dlb_pki(d, ("a", "b"))
     return {"dir": d, "tls": tls, "foreign": foreign}
 
 

@@ -16,6 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from dlb.config.model import TlsFiles
+from dlb.config.tls import identity_name, spiffe_id
+
 
 def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
@@ -57,3 +60,16 @@ class Pki:
         key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))
         return cert_path, key_path
+
+
+def dlb_pki(folder: Path, cells: tuple[str, ...]) -> tuple[TlsFiles, TlsFiles]:
+    """A deployment's certificates (control plane, a root and a leaf per cell) as a config's ``tls``,
+    and the same names issued by another CA (an attacker's) for the refusal cases."""
+    ours, theirs = Pki(folder / "ours"), Pki(folder / "theirs", "other-ca")
+    ids = [("control-plane", "")] + [(role, c) for c in cells for role in ("root", "leaf")]
+    for role, cell in ids:
+        ours.issue(identity_name(role, cell), (spiffe_id(role, cell),))
+        theirs.issue(identity_name(role, cell), (spiffe_id(role, cell),))
+    tls = TlsFiles(str(ours.ca_path), str(folder / "ours" / "{identity}.pem"), str(folder / "ours" / "{identity}-key.pem"))
+    foreign = TlsFiles(str(ours.ca_path), str(folder / "theirs" / "{identity}.pem"), str(folder / "theirs" / "{identity}-key.pem"))
+    return tls, foreign
