@@ -147,3 +147,41 @@ async def _send(port: int, n: int) -> dict[str, int]:
                 key = await r.text() if r.status == 200 else f"status-{r.status}"
                 out[key] = out.get(key, 0) + 1
     return out
+
+
+def test_every_tls_bootstrap_is_accepted_by_envoy(tmp_path: Path) -> None:
+    """Static root and leaf bootstraps (leaf ext_proc + access log to the agent) and ADS bootstraps with
+    ``tls``: Envoy accepts each, and each cluster to a DLB service checks that service's own identity."""
+    from dlb.config import config_from_dict
+    from dlb.envoy.binary import validate
+    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+
+    tls, _ = dlb_pki(tmp_path / "pki", ("a",))
+    cfg = config_from_dict({
+        "version": 1,
+        "cells": [{"name": "a", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}",
+                                         "ext_proc": f"127.0.0.1:{free_port()}"},
+                   "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"},
+                   "servers": [f"127.0.0.1:{free_port()}"]}],
+        "endpoints": [{"name": "gen", "match": {"prefix": "/"}}],
+        "tls": {"ca": tls.ca, "cert": tls.cert, "key": tls.key},
+    })
+    boots = {
+        "root": root_bootstrap(cfg, "a", admin_port=free_port()),
+        "leaf": leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False, access_log=True),
+        "ads-root": ads_bootstrap("root", "a", HostPort("127.0.0.1", free_port()), free_port(), tls=cfg.tls),
+        "ads-leaf": ads_bootstrap("leaf", "a", HostPort("127.0.0.1", free_port()), free_port(), tls=cfg.tls),
+    }
+    expect = {"root": {"dlb_root_ext_proc": "spiffe://dlb/root/a"},
+              "leaf": {"dlb_leaf_ext_proc": "spiffe://dlb/leaf/a", "dlb_leaf_agent": "spiffe://dlb/leaf/a"},
+              "ads-root": {"dlb_xds": "spiffe://dlb/control-plane"}, "ads-leaf": {"dlb_xds": "spiffe://dlb/control-plane"}}
+    for name, boot in boots.items():
+        sockets = {c["name"]: c["transport_socket"]["typed_config"]["common_tls_context"]
+                   for c in boot["static_resources"]["clusters"] if "transport_socket" in c}
+        assert {k: v["validation_context"]["match_typed_subject_alt_names"][0]["matcher"]["exact"] for k, v in sockets.items()} \
+            == expect[name], name
+        own = "leaf-a" if "leaf" in name else "root-a"
+        assert all(v["tls_certificates"][0]["certificate_chain"]["filename"] == tls.cert_for(own) for v in sockets.values())
+        path = write_bootstrap(boot, tmp_path / f"{name}.yaml")
+        res = validate(path)
+        assert res.returncode == 0, (name, res.stdout[-2000:], res.stderr[-2000:])
