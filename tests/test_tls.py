@@ -257,3 +257,40 @@ def test_services_refuse_to_start_without_their_certificate(pki, tmp_path: Path)
     with pytest.raises(ConfigError, match=r"control-plane\.pem: cannot read"):
         ControlPlane(cfg, probe=False, flow_loop=False)
     assert os.path.basename(tls.ca) == "dlb-test-ca.pem"
+
+
+def test_served_leaf_and_root_speak_only_mtls(pki, tmp_path: Path) -> None:
+    """``dlb serve leaf`` and ``dlb serve root`` with a ``tls`` config: the leaf's probe port and its
+    HTTP/2 ext_proc, and the root's ext_proc, answer mTLS clients and refuse plaintext ones."""
+    from dlb.procutil import free_port
+    from dlb.testbed.process import ServiceProcess
+
+    tls: TlsFiles = pki["tls"]
+    doc = _doc({"ca": tls.ca, "cert": tls.cert, "key": tls.key})
+    for c in doc["cells"]:
+        c["leaf"] = {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"}
+        c["root"] = {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"}
+    path = tmp_path / "dlb.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cfg = load_config(path)
+    a = cfg.cell("a")
+    leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0",
+                          "--scrape-period-ms", "0")
+    root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", "")
+    with leaf, root:
+        async def scenario() -> None:
+            mtls = load_identity(tls, "root-a").channel_credentials()
+            for target in (str(a.leaf.ext_proc), str(a.root.ext_proc)):
+                # An answer (the leaf has no usable server here and says so): the TLS session carried it.
+                assert await _process(target, mtls) in ("request_headers", "immediate_response"), target
+                assert await _process(target, None) == grpc.StatusCode.UNAVAILABLE, target
+            for creds, want in ((mtls, "a"), (None, grpc.StatusCode.UNAVAILABLE)):
+                channel = grpc.aio.insecure_channel(str(a.leaf.probe)) if creds is None else grpc.aio.secure_channel(str(a.leaf.probe), creds)
+                async with channel:
+                    try:
+                        got = (await probe_pb2_grpc.ProbeStub(channel).Probe(probe_pb2.ProbeRequest(source_cell="a"), timeout=10)).cell
+                    except grpc.aio.AioRpcError as exc:
+                        got = exc.code()
+                assert got == want
+
+        asyncio.run(scenario())
