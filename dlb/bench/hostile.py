@@ -10,7 +10,7 @@ attack it records, for the process under attack:
 - ``loop_block_max_ms``: the longest round trip of a tiny RPC the service answers on its event loop
   (ext_proc ``Process`` for the root, ``Probe`` for the leaf, ``grpc.health.v1`` for the control plane),
   sent every 20 ms from another thread — a blocked loop shows as a slow answer (null for the config
-  validator, which has no loop);
+  validator, which has no loop). A ping gives up after 5 s, so ~5000 means "blocked at least 5 s";
 - ``real_traffic_p50_ms`` and ``real_traffic_errors``: the real requests started while the attack ran
   (errors: any non-200, until ``settle_s`` after), next to ``baseline_p50_ms`` measured before any attack.
 
@@ -286,6 +286,7 @@ def run_bench(attacks: list[str], scale: atk.Scale, rate: float, settle_s: float
                 time.sleep(0.2)
             traffic.start()
             monitor.start()
+            time.sleep(min(3.0, baseline_s))  # warm-up (first connections, the leaves' first fits) is not the baseline
             t0 = time.monotonic()
             time.sleep(baseline_s)
             base = traffic.window(t0, time.monotonic())

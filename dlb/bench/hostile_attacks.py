@@ -113,7 +113,8 @@ def _send(s: socket.socket, data: bytes) -> bool:
 
 def hpack_cache(host: str, port: int, scale: Scale) -> dict[str, Any]:
     """Row 1: per connection, ``hpack_blocks`` distinct ~``hpack_block_kb`` KB header blocks (each on
-    its own stream, all cacheable); the connections stay open ``hold_s``, then close."""
+    its own stream, all cacheable: they leave the HPACK dynamic table unchanged); the connections stay
+    open ``hold_s``, then close."""
     socks, sent, cut = [], 0, 0
     per_header = 4000
     n_headers = max(1, scale.hpack_block_kb * 1024 // (per_header + 16))
@@ -126,7 +127,9 @@ def hpack_cache(host: str, port: int, scale: Scale) -> dict[str, Any]:
             for b in range(scale.hpack_blocks):
                 tag = f"{c}-{b}-{uuid.uuid4().hex}"
                 extra = [(f"x-pad-{i}", (tag + "v" * per_header)[:per_header]) for i in range(n_headers)]
-                block = enc.encode(_request_headers(extra), huffman=False)
+                # Literals never indexed: the block leaves the dynamic table as it is, so a decoder
+                # may cache it (what the transport's block cache keeps, MAX_ENTRIES per connection).
+                block = enc.encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in _request_headers(extra)], huffman=False)
                 data = header_frames(2 * b + 1, block)
                 ok = ok and _send(s, data)
                 sent += len(data) if ok else 0
