@@ -25,7 +25,7 @@ def test_every_attack_is_replayed_measured_and_judged() -> None:
                    ads_streams=2, ads_node_id_bytes=64 << 10, bogus_types=50, bomb_depth=5, hold_s=0.5)
     children_before = _children()
     result = hostile.run_bench(list(hostile.ATTACKS), tiny, rate=5.0, settle_s=0.5, baseline_s=1.0, mem_cap_mb=1000,
-                               validate_timeout_s=20.0)
+                               validate_timeout_s=20.0, warmup_s=1.0)
     assert result["commit"] and result["baseline_p50_ms"] and result["baseline_p50_ms"] > 0
     assert [r["attack"] for r in result["attacks"]] == list(hostile.ATTACKS)
     for r in result["attacks"]:
@@ -63,3 +63,18 @@ def _children() -> set[int]:
             except OSError:
                 continue
     return out
+
+
+def test_with_mtls_the_unauthenticated_floods_are_refused() -> None:
+    """``--tls``: the access-log flood (row 5) and the ADS bloat (row 6) come from a client without a
+    certificate, so they never reach the leaf's in-flight table or the control plane's node state."""
+    tiny = replace(Scale.named("ci"), als_starts=5_000, als_errors=50, ads_streams=2, ads_node_id_bytes=64 << 10, bogus_types=50,
+                   hold_s=0.5)
+    result = hostile.run_bench(["als-flood", "ads-bloat"], tiny, rate=5.0, settle_s=0.5, baseline_s=1.0, mem_cap_mb=1000,
+                               validate_timeout_s=20.0, tls=True, warmup_s=1.0)
+    assert result["tls"] is True
+    als, ads = result["attacks"]
+    assert als["detail"]["outcome"] == "refused: UNAVAILABLE"
+    assert als["detail"]["leaf_rif_after"] < 100  # the fake starts never counted (the bench's own probe got through mTLS)
+    assert set(ads["detail"]["outcomes"]) == {"UNAVAILABLE"}
+    assert als["real_traffic_errors"] == 0 and ads["real_traffic_errors"] == 0

@@ -20,7 +20,6 @@ from aiohttp import ClientSession
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from tls_certs import dlb_pki
 
 from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.config.model import TlsFiles
@@ -29,6 +28,7 @@ from dlb.control_plane.service import ControlPlane, dlb_node_key
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.testbed.pki import dlb_pki
 from dlb.xds import types
 
 pytestmark = pytest.mark.timeout(60)

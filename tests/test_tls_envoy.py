@@ -21,7 +21,6 @@ import yaml
 from aiohttp import ClientSession, ClientTimeout
 from leaf_stub import StaticProbe
 from test_control_plane_envoy import start_leaf
-from tls_certs import dlb_pki
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
@@ -34,6 +33,7 @@ from dlb.ext_proc.protocol import ExtProcServer, add_port
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
 from dlb.procutil import free_port
+from dlb.testbed.pki import dlb_pki
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
 

@@ -19,6 +19,9 @@ Targets (issue 14): RSS growth ≤ 50 MB and back within 10 s of the attacker le
 record carries a pass/fail per target. Everything is bounded: attack sizes come from ``--scale`` (``ci``
 or ``issue``), each attacker leaves after ``hold_s``, the config validator runs under a time limit and an
 address-space cap, and the control plane is killed if a reload makes it pass ``--mem-cap-mb``.
+
+``--tls`` runs the same stack with mutual TLS on every gRPC hop (docs/security.md); the attackers hold
+no certificate, as an adversary on the network would not, while the bench's own pings do.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dlb.procutil import free_port
 ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
 ROW = {"hpack-cache": 1, "stream-walk": 2, "idle-connections": 3, "als-flood": 5, "ads-bloat": 6, "yaml-bomb-validate": 7,
        "yaml-bomb-sighup": 7}
+WARMUP_S = 8.0
 TARGETS = {"rss_growth_mb": 50.0, "loop_block_ms": 50.0, "p50_ratio": 2.0, "errors": 0, "config_report_s": 2.0, "config_report_mb": 200.0}
 
 
@@ -167,12 +171,17 @@ def p50(values: list[float]) -> float | None:
 # --- the services' own tiny RPCs (pings) -----------------------------------------------------------
 
 
-def ext_proc_ping(target: str) -> Callable[[], None]:
+def _channel(target: str, creds: Any) -> Any:
     import grpc
+
+    return grpc.insecure_channel(target) if creds is None else grpc.secure_channel(target, creds)
+
+
+def ext_proc_ping(target: str, creds: Any = None) -> Callable[[], None]:
     from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-    channel = grpc.insecure_channel(target)
+    channel = _channel(target, creds)
     call = channel.stream_stream(atk.EXT_PROC_PATH, request_serializer=ep.ProcessingRequest.SerializeToString,
                                  response_deserializer=ep.ProcessingResponse.FromString)
     msg = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
@@ -185,19 +194,15 @@ def ext_proc_ping(target: str) -> Callable[[], None]:
     return ping
 
 
-def probe_ping(target: str) -> Callable[[], None]:
-    import grpc
-
+def probe_ping(target: str, creds: Any = None) -> Callable[[], None]:
     from dlb.proto import probe_pb2, probe_pb2_grpc
 
-    stub = probe_pb2_grpc.ProbeStub(grpc.insecure_channel(target))
+    stub = probe_pb2_grpc.ProbeStub(_channel(target, creds))
     return lambda: stub.Probe(probe_pb2.ProbeRequest(source_cell="hostile-bench"), timeout=5) and None
 
 
-def health_ping(target: str) -> Callable[[], None]:
-    import grpc
-
-    call = grpc.insecure_channel(target).unary_unary("/grpc.health.v1.Health/Check")
+def health_ping(target: str, creds: Any = None) -> Callable[[], None]:
+    call = _channel(target, creds).unary_unary("/grpc.health.v1.Health/Check")
     return lambda: call(b"", timeout=5) and None
 
 
@@ -212,15 +217,24 @@ class Setup:
     cp_xds: str
     cp_status: str
     tmp: Path
+    creds: Any = None  # the bench's own gRPC client credentials when the stack runs mTLS (the attackers have none)
 
 
-def _start(tmp: Path) -> Setup:
+def _start(tmp: Path, tls: bool) -> Setup:
     from dlb.testbed.stack import CellSpec, start_data_plane
     from dlb.testbed.up import tcp_open
 
+    tls_section, creds = None, None
+    if tls:
+        from dlb.config.tls import load_identity
+        from dlb.testbed.pki import dlb_pki
+
+        files, _ = dlb_pki(tmp / "pki", ("a", "b"))
+        tls_section = {"ca": files.ca, "cert": files.cert, "key": files.key}
+        creds = load_identity(files, "root-a").channel_credentials()
     plane = start_data_plane([CellSpec("a"), CellSpec("b")], "a", {"name": "chat", "match": {"prefix": "/v1/"},
                                                                   "policy": {"mechanism": "discrete"}},
-                             one_way_ms={"a": {"b": 5}}, leaf_ext_proc=False, emulate_wan=False)
+                             one_way_ms={"a": {"b": 5}}, leaf_ext_proc=False, emulate_wan=False, tls=tls_section)
     cp_config = tmp / "control-plane.yaml"
     cp_config.write_text(Path(plane.config_path).read_text())
     xds, status = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
@@ -235,7 +249,7 @@ def _start(tmp: Path) -> Setup:
             plane.close()
             raise RuntimeError(f"control plane did not start: {(tmp / 'control-plane.log').read_text()[-2000:]}")
         time.sleep(0.1)
-    return Setup(plane, cp, cp_config, xds, status, tmp)
+    return Setup(plane, cp, cp_config, xds, status, tmp, creds)
 
 
 def _stop(s: Setup) -> None:
@@ -265,13 +279,13 @@ def _verdicts(rec: dict[str, Any], baseline_p50: float | None) -> dict[str, bool
 
 
 def run_bench(attacks: list[str], scale: atk.Scale, rate: float, settle_s: float, baseline_s: float, mem_cap_mb: int,
-              validate_timeout_s: float) -> dict[str, Any]:
+              validate_timeout_s: float, tls: bool = False, warmup_s: float = WARMUP_S) -> dict[str, Any]:
     from dlb.provenance import git_commit
     from dlb.testbed.stack import request
 
     commit = git_commit()  # the tree as it is when the run starts
     with tempfile.TemporaryDirectory(prefix="dlb-hostile-") as tmp_name:
-        setup = _start(Path(tmp_name))
+        setup = _start(Path(tmp_name), tls)
         plane = setup.plane
         host, port = plane.root_url
         root_ext_proc = str(plane.cfg.cell("a").root.ext_proc)
@@ -286,7 +300,7 @@ def run_bench(attacks: list[str], scale: atk.Scale, rate: float, settle_s: float
                 time.sleep(0.2)
             traffic.start()
             monitor.start()
-            time.sleep(min(3.0, baseline_s))  # warm-up (first connections, the leaves' first fits) is not the baseline
+            time.sleep(warmup_s)  # warm-up (first connections, the leaves' start-up probes and fits) is not the baseline
             t0 = time.monotonic()
             time.sleep(baseline_s)
             base = traffic.window(t0, time.monotonic())
@@ -299,7 +313,7 @@ def run_bench(attacks: list[str], scale: atk.Scale, rate: float, settle_s: float
             traffic.stop()
             monitor.stop()
             _stop(setup)
-    return {"bench": "hostile", "commit": commit, "scale": scale.__dict__, "rate_rps": rate, "settle_s": settle_s,
+    return {"bench": "hostile", "commit": commit, "tls": tls, "scale": scale.__dict__, "rate_rps": rate, "settle_s": settle_s, "warmup_s": warmup_s,
             "baseline_p50_ms": baseline_p50, "baseline_requests": len(base), "targets": TARGETS, "attacks": records}
 
 
@@ -310,13 +324,13 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
     detail: dict[str, Any] = {}
     pid: int | None
     if name in ("hpack-cache", "stream-walk", "idle-connections"):
-        pid, ping, part = plane.root.pid, ext_proc_ping(root_ext_proc), "root ext_proc (HTTP/2 transport)"
+        pid, ping, part = plane.root.pid, ext_proc_ping(root_ext_proc, s.creds), "root ext_proc (HTTP/2 transport)"
     elif name == "als-flood":
-        pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe), "leaf agent (probe port)"
+        pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe, s.creds), "leaf agent (probe port)"
     elif name == "yaml-bomb-validate":
         pid, ping, part = None, None, "dlb config validate"
     else:
-        pid, ping, part = s.cp.pid, health_ping(s.cp_xds), "control plane"
+        pid, ping, part = s.cp.pid, health_ping(s.cp_xds, s.creds), "control plane"
     monitor.watch(pid, ping)
     time.sleep(0.5)
     before = rss_mb(pid) if pid else None
@@ -339,7 +353,7 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
         detail = atk.idle_connections(host, port, scale, alive=metrics_alive)
     elif name == "als-flood":
         detail = atk.als_flood(leaf_probe, scale)
-        detail.update(_leaf_view(leaf_probe))
+        detail.update(_leaf_view(leaf_probe, s.creds))
     elif name == "ads-bloat":
         detail = atk.ads_bloat(s.cp_xds, scale)
         detail.update(_status_sizes(s.cp_status))
@@ -388,14 +402,14 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
     return rec
 
 
-def _leaf_view(target: str) -> dict[str, Any]:
+def _leaf_view(target: str, creds: Any) -> dict[str, Any]:
     """What the flood did to the cell as roots see it: the leaf's RIF and error rate in its probe answer."""
     import grpc
 
     from dlb.proto import probe_pb2, probe_pb2_grpc
 
     try:
-        with grpc.insecure_channel(target) as ch:
+        with _channel(target, creds) as ch:
             r = probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(source_cell="hostile-bench"), timeout=5)
         return {"leaf_rif_after": r.rif, "leaf_error_rate_after": round(r.error_rate, 3)}
     except grpc.RpcError as exc:
@@ -453,9 +467,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", choices=("ci", "issue"), default="ci", help="attack sizes: ci (seconds) or issue (the issue's table)")
     p.add_argument("--rate", type=float, default=10.0, help="real requests per second through the root Envoy (default 10)")
     p.add_argument("--settle-s", type=float, default=10.0, help="seconds after each attacker leaves before RSS 'after' (default 10)")
-    p.add_argument("--baseline-s", type=float, default=5.0, help="seconds of real traffic before any attack (default 5)")
+    p.add_argument("--baseline-s", type=float, default=10.0,
+                   help=f"seconds of real traffic before any attack (default 10, after {WARMUP_S:g} s of warm-up)")
     p.add_argument("--mem-cap-mb", type=int, default=1500, help="address-space cap of the validator; control plane killed past it")
     p.add_argument("--validate-timeout-s", type=float, default=20.0, help="the config validator / a reload is given this long")
+    p.add_argument("--tls", action="store_true",
+                   help="run the stack with mutual TLS (a throw-away CA; needs 'cryptography'): the attackers have no certificate")
     p.set_defaults(func=run)
 
 
@@ -466,7 +483,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"--attacks: unknown {', '.join(bad)} (one of {', '.join(ATTACKS)})", file=sys.stderr)
         return 2
     result = run_bench(attacks, atk.Scale.named(args.scale), args.rate, args.settle_s, args.baseline_s, args.mem_cap_mb,
-                       args.validate_timeout_s)
+                       args.validate_timeout_s, tls=args.tls)
     for r in result["attacks"]:
         failed = [k for k, v in r["verdicts"].items() if v is False]
         print(f"row {r['row']} {r['attack']:<20} rss {r['rss_before_mb']}→{r['rss_peak_mb']}→{r['rss_after_mb']} MB  "

@@ -1,8 +1,9 @@
-"""Certificates for the TLS tests, generated per test session with ``cryptography`` (never checked in).
+"""A throw-away CA and per-component certificates for tests and ``dlb bench hostile --tls`` (docs/security.md).
 
 ``Pki(dir)`` makes a CA; ``issue(name, uris)`` a certificate signed by it for 127.0.0.1/localhost with
 the given URI SANs (DLB identities ``spiffe://dlb/...``), written as ``<name>.pem`` / ``<name>-key.pem``
-so a config's ``tls.cert: <dir>/{identity}.pem`` finds them.
+so a config's ``tls.cert: <dir>/{identity}.pem`` finds them. For testbeds only: keys are unencrypted
+and live two days. Needs the ``cryptography`` package (the ``test`` extra); deployments bring their own CA.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import datetime
 import ipaddress
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from dlb.config.model import TlsFiles
 from dlb.config.tls import identity_name, spiffe_id
+from dlb.errors import DlbError
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+except ImportError as exc:  # pragma: no cover - the test extra installs it
+    raise DlbError("generating certificates needs the 'cryptography' package: pip install cryptography") from exc
 
 
 def _name(cn: str) -> x509.Name:
