@@ -42,6 +42,8 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
      "dlb.bench.faults:register"),
     ("bench", "load", "does `dlb load` keep up with a target rate without skewing what it measures",
      "dlb.bench.load_bench:register"),
+    ("bench", "hostile", "issue 14's attacks against live services while real traffic flows: RSS, loop block, real p50/errors",
+     "dlb.bench.hostile:register"),
     (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.testbed.cli:register_up"),
     (None, "demo", "the whole stack on an embedded emulated fleet, a workload and a live view",
      "dlb.testbed.cli:register_demo"),

@@ -119,6 +119,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("xds", "dlb_xds_responses", "counter", ("node", "type"), "responses sent"),
     MetricDef("xds", "dlb_xds_nacks", "counter", ("node", "type"), "NACKs received"),
     MetricDef("xds", "dlb_xds_stale_nonces", "counter", (), "requests ignored for a stale nonce"),
+    MetricDef("xds", "dlb_xds_streams_denied", "counter", (), "streams refused: the client certificate's identity may not read the node it claims"),
     MetricDef("xds", "dlb_xds_snapshots", "gauge", (), "node keys with a snapshot", "the server passes a snapshot count (the control plane does)"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),

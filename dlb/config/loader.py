@@ -24,6 +24,7 @@ import yaml
 
 from dlb.config.model import (
     DP_POLICIES,
+    TLS_IDENTITY_PLACEHOLDER,
     AffinityParams,
     AversionParams,
     Cell,
@@ -45,6 +46,7 @@ from dlb.config.model import (
     RootAddrs,
     Server,
     Services,
+    TlsFiles,
 )
 from dlb.errors import DlbError
 
@@ -600,11 +602,64 @@ def _services(ck: _Checker, raw: Any) -> Services:
     )
 
 
+#: What each ``tls`` file must hold (a PEM block of this kind), and why a person would set it.
+_TLS_PEM = {"ca": ("CERTIFICATE", "the CA certificate every DLB component's certificate chains to"),
+            "cert": ("CERTIFICATE", "this component's certificate (chain)"),
+            "key": ("PRIVATE KEY", "this component's private key")}
+
+
+def _tls(ck: _Checker, raw: Any, source: str) -> TlsFiles | None:
+    """``tls: {ca, cert, key}``: PEM paths, relative ones from the config file's folder.
+
+    ``cert`` and ``key`` may hold ``{identity}`` (one config, a certificate per component); such a
+    path is checked when the component starts (``dlb.config.tls.load_identity``), a plain one here.
+    """
+    m = ck.mapping(raw, "tls", tuple(_TLS_PEM), required=tuple(_TLS_PEM))
+    base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
+    paths: dict[str, str] = {}
+    for key, (kind, _) in _TLS_PEM.items():
+        v = ck.string(m, key, "tls", None)
+        if not v:
+            if key in m:
+                ck.err(f"tls.{key}", "must be a file path")
+            continue
+        path = os.path.join(base, os.path.expanduser(v))
+        rest = v.replace(TLS_IDENTITY_PLACEHOLDER, "")
+        if "{" in rest or "}" in rest:
+            ck.err(f"tls.{key}", f"{v!r}: the only placeholder is {TLS_IDENTITY_PLACEHOLDER}")
+            continue
+        if key == "ca" and TLS_IDENTITY_PLACEHOLDER in v:
+            ck.err("tls.ca", f"{v!r}: one CA for every component (no {TLS_IDENTITY_PLACEHOLDER})")
+            continue
+        if TLS_IDENTITY_PLACEHOLDER not in v:
+            reason = pem_problem(path, kind)
+            if reason:
+                ck.err(f"tls.{key}", reason)
+        paths[key] = path
+    if len(paths) < len(_TLS_PEM):
+        return None
+    if (TLS_IDENTITY_PLACEHOLDER in paths["cert"]) != (TLS_IDENTITY_PLACEHOLDER in paths["key"]):
+        ck.err("tls.key", f"tls.cert and tls.key must both hold {TLS_IDENTITY_PLACEHOLDER} or neither")
+    return TlsFiles(ca=paths["ca"], cert=paths["cert"], key=paths["key"])
+
+
+def pem_problem(path: str, kind: str) -> str | None:
+    """Why ``path`` is not a readable PEM file holding a ``kind`` block, or None if it is."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 20)
+    except OSError as exc:
+        return f"{path}: cannot read: {exc.strerror or exc}"
+    if f"-----BEGIN {kind}-----".encode() not in head and not (kind == "PRIVATE KEY" and b"PRIVATE KEY-----" in head):
+        return f"{path}: no PEM {kind} block in it"
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
 
-TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services")
+TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services", "tls")
 
 
 def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
@@ -620,9 +675,11 @@ def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem
     endpoints = _endpoints(ck, top.get("endpoints")) if "endpoints" in top else []
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
+    tls = _tls(ck, top.get("tls"), source) if "tls" in top else None
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
-    return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, source=source)
+    return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
+                  source=source)
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:

@@ -249,6 +249,30 @@ class Services:
     root: RootAddrs = field(default_factory=RootAddrs)
 
 
+#: The placeholder a ``tls.cert``/``tls.key`` path may hold; each component puts its identity there.
+TLS_IDENTITY_PLACEHOLDER = "{identity}"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Optional mutual TLS on DLB's gRPC channels (docs/security.md): PEM file paths, absolute.
+
+    One config serves every component, but each component has its own certificate (its identity is
+    what the control plane authorises), so ``cert`` and ``key`` may contain ``{identity}``, replaced
+    by ``control-plane``, ``root-<cell>`` or ``leaf-<cell>`` (:func:`dlb.config.tls.identity_name`).
+    """
+
+    ca: str  # the CA that signs every DLB component's certificate; peers must chain to it
+    cert: str
+    key: str
+
+    def cert_for(self, identity: str) -> str:
+        return self.cert.replace(TLS_IDENTITY_PLACEHOLDER, identity)
+
+    def key_for(self, identity: str) -> str:
+        return self.key.replace(TLS_IDENTITY_PLACEHOLDER, identity)
+
+
 @dataclass(frozen=True)
 class Config:
     version: int
@@ -257,6 +281,7 @@ class Config:
     endpoints: tuple[Endpoint, ...]
     probe: ProbeParams = field(default_factory=ProbeParams)
     services: Services = field(default_factory=Services)
+    tls: TlsFiles | None = None  # None: plaintext gRPC everywhere (the default)
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
 from dlb.config.model import Config
+from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node_admission
 from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.mnlb import MnlbLoop
@@ -47,8 +48,8 @@ from dlb.xds.status import StatusServer
 
 log = get_logger("dlb.control_plane")
 
-ROOT_GROUP = "dlb-root"
-LEAF_GROUP = "dlb-leaf"
+ROOT_GROUP = NODE_CLUSTER["root"]  # "dlb-root"; the mTLS identity spiffe://dlb/root/<cell> maps to it
+LEAF_GROUP = NODE_CLUSTER["leaf"]  # "dlb-leaf"
 
 
 def dlb_node_key(node: base_pb2.Node) -> str:
@@ -87,7 +88,11 @@ class ControlPlane:
                  probe: bool = True, flow_loop: bool = True, mnlb: bool = False,
                  serve_cells: Iterable[str] | None = None) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
-        self.server = XdsServer(self.cache)
+        # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
+        # names is the only snapshot its streams may read. Fixed at start: a reload cannot turn it off.
+        self.tls = component_identity(config.tls, CONTROL_PLANE, source=config.source)
+        self.server = XdsServer(self.cache, admission=node_admission(dlb_node_key) if self.tls is not None else None,
+                                credentials=self.tls.server_credentials() if self.tls is not None else None)
         self.health = HealthState()
         self.clock = clock
         self.emulate_wan = emulate_wan
@@ -261,6 +266,7 @@ class ControlPlane:
                                backoff_max_s=p.backoff_max_ms / 1000.0),
             source_cell="control-plane",
             clock=self.clock,
+            credentials=self.tls.channel_credentials() if self.tls is not None else None,
         )
         self._probes.start()
 

@@ -16,19 +16,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dlb.config.model import HostPort
+from dlb.config.model import HostPort, TlsFiles
+from dlb.config.tls import CONTROL_PLANE, identity_name, spiffe_id
 from dlb.envoy.bootstrap import _is_ip, ready_listener
+from dlb.envoy.tls import upstream_tls
 
 XDS_CLUSTER = "dlb_xds"
 ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
 
 
 def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id: str | None = None,
-                  delta: bool = False, ready_port: int | None = None) -> dict[str, Any]:
+                  delta: bool = False, ready_port: int | None = None, tls: TlsFiles | None = None) -> dict[str, Any]:
     """Bootstrap of an Envoy of ``role`` (root|leaf) in ``cell``, configured entirely over ADS.
 
     ``delta`` selects the incremental protocol (``DELTA_GRPC``) instead of state of the world;
     ``ready_port`` adds the ``dlb_ready`` listener (:func:`dlb.envoy.bootstrap.ready_listener`).
+    ``tls`` (a config's ``tls`` section): mutual TLS to the control plane with this (role, cell)'s
+    certificate — the identity the control plane authorises this node by.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
@@ -72,4 +76,7 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
     }
     if ready_port is not None:
         boot["static_resources"]["listeners"] = [ready_listener(ready_port)]
+    if tls is not None:
+        xds_cluster = boot["static_resources"]["clusters"][0]
+        xds_cluster["transport_socket"] = upstream_tls(tls, identity_name(role, cell), spiffe_id(CONTROL_PLANE))
     return boot

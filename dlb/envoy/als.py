@@ -43,13 +43,14 @@ def leaf_access_log_options() -> dict[str, Any]:
     return {"flush_access_log_on_new_request": True}
 
 
-def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER) -> dict[str, Any]:
+def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER, tls: dict[str, Any] | None = None) -> dict[str, Any]:
     """The leaf Envoy's cluster to its agent (``cells[].leaf.probe``).
 
     STRICT_DNS when the probe address is a name (a Kubernetes Service, deploy/k8s): Envoy rejects a
     name in a STATIC cluster (``malformed IP address``), which is how a pod deployment first failed.
+    ``tls``: the transport socket when the agent serves mutual TLS (:func:`dlb.envoy.bootstrap.dlb_service_tls`).
     """
-    return {
+    cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC" if is_ip(host) else "STRICT_DNS",
         "connect_timeout": "0.25s",
@@ -59,6 +60,9 @@ def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER) -> 
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}}}},
     }
+    if tls is not None:
+        cluster["transport_socket"] = tls
+    return cluster
 
 
 def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush_ms: float = 5.0) -> dict[str, Any]:
@@ -66,10 +70,10 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
     probe = cfg.cell(cell).leaf.probe
     sr = bootstrap["static_resources"]
     if not any(c["name"] == LEAF_AGENT_CLUSTER for c in sr["clusters"]):
-        from dlb.envoy.bootstrap import service_health  # (bootstrap imports this module lazily too)
+        from dlb.envoy.bootstrap import dlb_service_tls, service_health  # (bootstrap imports this module lazily too)
 
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
-        sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port), grpc_health=True))
+        sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port, tls=dlb_service_tls(cfg, "leaf", cell)), grpc_health=True))
     for listener in sr["listeners"]:
         if listener["name"] == "dlb_ready":  # bootstrap.READY_LISTENER: a kubelet's probes are not traffic
             continue

@@ -29,7 +29,9 @@ from typing import Any
 import yaml
 
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
+from dlb.config.tls import identity_name, spiffe_id
 from dlb.envoy import headers as _h
+from dlb.envoy.tls import upstream_tls
 
 HEADER_CELL = _h.CELL
 HEADER_SRC_CELL = _h.SRC_CELL
@@ -87,8 +89,8 @@ def _lb_endpoints(addrs: list[tuple[HostPort, int]]) -> list[dict[str, Any]]:
 
 
 def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "ROUND_ROBIN", http2: bool = False,
-             connect_timeout_s: float = 1.0) -> dict[str, Any]:
-    """A cluster of fixed hosts: STATIC for IPs, STRICT_DNS when any host is a DNS name."""
+             connect_timeout_s: float = 1.0, tls: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A cluster of fixed hosts: STATIC for IPs, STRICT_DNS when any host is a DNS name; ``tls``: its transport socket."""
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC" if all(_is_ip(hp.host) for hp, _ in addrs) else "STRICT_DNS",
@@ -100,6 +102,8 @@ def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "
     }
     if cluster["type"] == "STRICT_DNS":
         cluster["dns_lookup_family"] = "V4_PREFERRED"
+    if tls is not None:
+        cluster["transport_socket"] = tls
     if http2:
         cluster["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -116,6 +120,14 @@ def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "
             }
         }
     return cluster
+
+
+def dlb_service_tls(cfg: Config, role: str, cell: str) -> dict[str, Any] | None:
+    """With the config's ``tls``: the transport socket from the (role, cell) Envoy to its own cell's
+    DLB service of that role (root ext_proc; leaf ext_proc and agent), mutual TLS on both identities."""
+    if cfg.tls is None:
+        return None
+    return upstream_tls(cfg.tls, identity_name(role, cell), spiffe_id(role, cell))
 
 
 def _picked_cluster() -> dict[str, Any]:
@@ -491,7 +503,9 @@ def root_bootstrap(
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
     filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)), _router()]
-    clusters = [service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25), grpc_health=False)]
+    tls = dlb_service_tls(cfg, "root", me.name)
+    clusters = [service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
+                               grpc_health=False)]
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     return _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
@@ -558,7 +572,8 @@ def leaf_bootstrap(
     if me.leaf.ext_proc is not None:
         filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS))
         # The leaf ext_proc shares the agent's grpc.aio server (and its health service) when it shares its address.
-        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25),
+        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25,
+                                                tls=dlb_service_tls(cfg, "leaf", me.name)),
                                        grpc_health=me.leaf.ext_proc == me.leaf.probe))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back

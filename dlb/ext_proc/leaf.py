@@ -41,6 +41,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.config.tls import component_identity
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
@@ -48,11 +49,10 @@ from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
 from dlb.core.server_pick import PrequalConfig
 from dlb.envoy import headers
-from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, Readiness, serve_metrics
-from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
+from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, add_port, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.runner import run_event_loop, write_ready
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -502,24 +502,17 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     if xds:
         from dlb.ext_proc.leaf_xds import LeafXdsSync
 
-        sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta)
+        sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta, tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source))
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
     health = HealthState()
     server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
-    ports = []
-    for addr in listen:
-        try:
-            port = server.add_insecure_port(addr)
-        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
-            port = 0
-        if port == 0:
-            raise BindError(addr, "gRPC could not bind it (in use?)")
-        ports.append(port)
+    tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
+    ports = [add_port(server, addr, tls) for addr in listen]
     h2 = None
     if ext_proc_h2 is not None:
-        h2 = ExtProcServer("h2", agent.handle, health=health)  # NOT_SERVING with the rest of the leaf on drain
+        h2 = ExtProcServer("h2", agent.handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
         ports.append(await h2.bind(ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from dlb.config import Config
+from dlb.config.tls import component_identity
 from dlb.ext_proc.metrics import Readiness, serve_metrics
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
@@ -53,11 +54,13 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     else:
         service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         timing = ProbeTiming()
-    probes = ProbeManager(service, timing, cell)
+    # mTLS (the config's ``tls`` section) on the ext_proc listener, the probes and the xDS stream.
+    tls = component_identity(cfg.tls, "root", cell, cfg.source) if cfg is not None else None
+    probes = ProbeManager(service, timing, cell, tls)
     if cfg is not None:
         await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
     sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
-    server = ExtProcServer(transport, service.handle, limits)
+    server = ExtProcServer(transport, service.handle, limits, tls=tls)
     port = await server.bind(listen, reuse_port=workers > 1)
     readiness = Readiness(ready=True)  # /readyz: the ext_proc listener is bound; cleared when draining
     service.transport_stats = server.stats

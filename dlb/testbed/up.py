@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlb.config.model import Config, HostPort
+from dlb.config.model import Config, HostPort, TlsFiles
 from dlb.procutil import free_port
 from dlb.testbed.supervisor import Child, Supervisor
 
@@ -137,13 +137,13 @@ def _python() -> list[str]:
 
 
 def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xds: HostPort, listener: HostPort,
-                 run_dir: Path) -> tuple[Child, int]:
+                 run_dir: Path, tls: TlsFiles | None = None) -> tuple[Child, int]:
     from dlb.envoy.ads_bootstrap import ads_bootstrap
     from dlb.envoy.binary import envoy_binary
 
     admin = free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}"), indent=1))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=tls), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
@@ -197,7 +197,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                        "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *(leaf_args or [])],
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir)
+        _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
@@ -215,7 +215,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir)
+        _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir, cfg.tls)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)

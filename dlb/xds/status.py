@@ -58,6 +58,7 @@ class StatusRegistry:
 
     nodes: dict[str, NodeStatus] = field(default_factory=dict)
     stale_nonces: int = 0
+    streams_denied: int = 0  # refused by the server's admission check (mTLS identity ≠ claimed node)
     max_disconnected: int = 1000  # remembered nodes without streams (the oldest are forgotten)
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -105,6 +106,7 @@ class StatusRegistry:
     def to_json(self) -> dict[str, Any]:
         return {
             "stale_nonces": self.stale_nonces,
+            "streams_denied": self.streams_denied,
             "nodes": {nid: {"cluster": ns.cluster, "streams": ns.streams, "last_seen_unix": ns.last_seen_unix,
                             "types": {types.short(t): {"type_url": t, **asdict(st)} for t, st in sorted(ns.types.items())}}
                       for nid, ns in sorted(self.nodes.items())},
@@ -136,6 +138,8 @@ class StatusCollector:
                 nacks.add_metric(label, st.nacks)
         yield from (streams, acked, sent, responses, nacks)
         yield CounterMetricFamily("dlb_xds_stale_nonces", "requests ignored for a stale nonce", value=self.status.stale_nonces)
+        yield CounterMetricFamily("dlb_xds_streams_denied", "streams refused: the client certificate's identity may not read the node it claims",
+                                  value=self.status.streams_denied)
         if self.snapshot_count is not None:
             yield GaugeMetricFamily("dlb_xds_snapshots", "node keys with a snapshot", value=self.snapshot_count())
 

@@ -19,6 +19,7 @@ then the sockets close.
 from __future__ import annotations
 
 import asyncio
+import ssl as ssl_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
@@ -143,8 +144,9 @@ class H2GrpcServer:
     _server: asyncio.AbstractServer | None = None
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
-        """Listen and return the bound port (``port=0`` picks a free one)."""
+    async def start(self, host: str, port: int, reuse_port: bool = False, ssl: ssl_module.SSLContext | None = None) -> int:
+        """Listen and return the bound port (``port=0`` picks a free one); with ``ssl``, TLS (its ALPN must
+        offer h2), the TLS handshake bounded by the same handshake timeout as the preface."""
         path = self.path.encode()
         routes = {p.encode(): r for p, r in self.routes.items()}
         cap = self.limits.connection_cap()
@@ -158,7 +160,9 @@ class H2GrpcServer:
             return proto
 
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(factory, host, port, reuse_port=reuse_port or None, backlog=1024)
+        self._server = await loop.create_server(
+            factory, host, port, reuse_port=reuse_port or None, backlog=1024, ssl=ssl,
+            ssl_handshake_timeout=self.limits.handshake_timeout_s if ssl is not None else None)
         # (asyncio and uvloop set TCP_NODELAY on accepted connections themselves.)
         return int(self._server.sockets[0].getsockname()[1])
 
