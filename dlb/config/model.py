@@ -114,6 +114,8 @@ class Cell:
     leaf: Leaf
     servers: tuple[Server, ...]
     root: Root = field(default_factory=Root)
+    #: ``replicas`` was not set in the file: it follows the server count, discovered ones included.
+    replicas_auto: bool = False
 
     @property
     def cluster_name(self) -> str:
@@ -232,6 +234,13 @@ class ProbeParams:
 
 
 @dataclass(frozen=True)
+class Discovery:
+    """Server discovery: a ``servers[].address`` that is a DNS name stands for all of its A/AAAA records."""
+
+    dns_period_s: float = 5.0  # how often the control plane re-resolves server names (and pushes EDS on a change)
+
+
+@dataclass(frozen=True)
 class ControlPlaneAddrs:
     xds: HostPort = HostPort("127.0.0.1", 18000)
     status: HostPort = HostPort("127.0.0.1", 18001)
@@ -257,6 +266,7 @@ class Config:
     endpoints: tuple[Endpoint, ...]
     probe: ProbeParams = field(default_factory=ProbeParams)
     services: Services = field(default_factory=Services)
+    discovery: Discovery = field(default_factory=Discovery)
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------
