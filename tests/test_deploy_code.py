@@ -557,3 +557,32 @@ async def _until(cond, what: str, timeout: float = 30.0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_discovery_bounds_addresses_per_name_keeps_last_on_failure_and_counts_both() -> None:
+    from dlb.control_plane.dns import MAX_ADDRESSES_PER_NAME
+
+    answers: list[Any] = [[f"10.{k // 65536}.{k // 256 % 256}.{k % 256}" for k in range(MAX_ADDRESSES_PER_NAME + 500)]]
+
+    async def stub(host: str, port: int) -> list[str]:
+        a = answers[0]
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    async def scenario() -> str:
+        cp = ControlPlane(config_from_dict(_discovery_config(5.0)), probe=False, flow_loop=False, resolver=stub)
+        assert await cp.refresh_dns()
+        assert len(cp.config.cell("a").servers) == MAX_ADDRESSES_PER_NAME == cp.config.cell("a").replicas
+        answers[0] = OSError("NXDOMAIN")
+        assert not await cp.refresh_dns()  # a failed resolution keeps the last addresses
+        assert len(cp.config.cell("a").servers) == MAX_ADDRESSES_PER_NAME
+        port = await cp.status_server.start("127.0.0.1", 0)
+        try:
+            return (await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics"))[1]
+        finally:
+            await cp.status_server.stop()
+
+    text = asyncio.run(scenario())
+    assert "dlb_xds_dns_truncated_total 1.0" in text and "dlb_xds_dns_failures_total 1.0" in text
+    assert "dlb_xds_dns_resolutions_total 2.0" in text

@@ -27,6 +27,12 @@ def is_ip(host: str) -> bool:
     return True
 
 
+def ip_order(ip: str) -> tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Sort key of an address: IPv4 first, then numerically (stable resources, stable xDS versions)."""
+    addr = ipaddress.ip_address(ip)
+    return addr.version, addr
+
+
 def dns_names(cfg: Config) -> dict[str, int]:
     """Every server host that is a DNS name, with a port of it (``getaddrinfo`` wants one)."""
     return {s.address.host: s.address.port for c in cfg.cells for s in c.servers if not is_ip(s.address.host)}
@@ -45,7 +51,7 @@ def expand(cfg: Config, resolved: Mapping[str, Sequence[str]]) -> Config:
         servers: list[Server] = []
         seen: set[HostPort] = set()
         for s in cell.servers:
-            ips = sorted(set(resolved.get(s.address.host, ())), key=lambda ip: (ipaddress.ip_address(ip).version, ipaddress.ip_address(ip)))
+            ips = sorted(set(resolved.get(s.address.host, ())), key=ip_order)
             candidates = [dataclasses.replace(s, address=HostPort(ip, s.address.port)) for ip in ips] or [s]
             for c in candidates:
                 if c.address not in seen:

@@ -33,12 +33,13 @@ from dlb.config import resources as dr
 from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
 from dlb.control_plane import envoy_resources as er
-from dlb.control_plane.dns import Resolver, resolve_all, resolve_names
+from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all, resolve_names
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
 from dlb.ext_proc.health import HealthState, health_handler
+from dlb.ext_proc.metrics import CallbackCollector
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
@@ -109,7 +110,7 @@ class ControlPlane:
         #: Server discovery: DNS name → its addresses at the last resolution (``discovery.dns_period_s``).
         self.resolver = resolver
         self.resolved: dict[str, tuple[str, ...]] = {}
-        self.dns_resolutions = 0
+        self.dns_stats = DnsStats()
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
@@ -117,6 +118,7 @@ class ControlPlane:
         self.xds_listening = False
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
                                           extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
+        self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
@@ -178,8 +180,7 @@ class ControlPlane:
         config is loaded again, as a reload would.
         """
         names = dns_names(self.base_config)
-        resolved = await resolve_names(names, self.resolver, self.resolved) if names else {}
-        self.dns_resolutions += 1
+        resolved = await resolve_names(names, self.resolver, self.resolved, self.dns_stats) if names else {}
         if resolved == self.resolved:
             return False
         self.resolved = resolved
