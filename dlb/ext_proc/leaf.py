@@ -630,7 +630,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="servers probed per pick (power-of-d's d; >= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
-                   help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
+                   help="TCP check of this agent's leaf Envoy (--envoy-check-address); probes fail while it is down (0 = off)")
     p.add_argument("--envoy-check-address", default=None,
                    help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
                         "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
