@@ -146,6 +146,16 @@ def test_listener_binds_all_interfaces_not_the_advertised_address(tmp_path: Path
         assert lis["local_address"]["socket_address"] == {"address": "0.0.0.0", "port_value": port}
     root = root_bootstrap(cfg, "a", admin_port=free_port())
     assert root["static_resources"]["listeners"][0]["address"]["socket_address"]["address"] == "0.0.0.0"
+    named = config_from_dict(_config({"address": f"leaf-a.example.net:{port}", "probe": f"127.0.0.1:{free_port()}"}))
+    assert str(named.cell("a").leaf.bind) == f"0.0.0.0:{port}"
+
+
+def test_a_loopback_address_stays_on_loopback() -> None:
+    """Only this host can use a loopback address: binding every interface would just expose the leaf."""
+    cfg = config_from_dict(_config({"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                                   root={"address": f"[::1]:{free_port()}"}))
+    assert cfg.cell("a").leaf.bind == cfg.cell("a").leaf.address
+    assert cfg.cell("a").root.bind == cfg.cell("a").root.address
 
 
 def test_listen_sets_the_bind_address(tmp_path: Path) -> None:

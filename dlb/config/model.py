@@ -8,6 +8,7 @@ order; matrices are stored as tuples (hashable, immutable) and exposed as numpy 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,9 +74,16 @@ def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
 
     Why not the advertised address itself: it is how *others* reach the listener (a DNS name, a
     Service or LoadBalancer IP), and inside a pod that address is on no interface, so binding it fails.
+    A loopback address is the exception: only this host can use it, and binding every interface
+    instead would expose a leaf (which trusts ``x-dlb-server``) to the network for nothing.
     """
     if listen is not None:
         return listen
+    try:
+        if ipaddress.ip_address(advertised.host).is_loopback:
+            return advertised
+    except ValueError:
+        pass  # a DNS name
     return HostPort("::" if ":" in advertised.host else "0.0.0.0", advertised.port)
 
 
@@ -86,7 +94,7 @@ class Leaf:
     address: HostPort  # leaf Envoy HTTP listener as roots reach it; roots' ``cell-<name>`` cluster points here
     probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
     ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
-    listen: HostPort | None = None  # where the leaf Envoy binds; None = 0.0.0.0:<address port>
+    listen: HostPort | None = None  # where the leaf Envoy binds; None = bind_address() of address
 
     @property
     def bind(self) -> HostPort:
@@ -99,7 +107,7 @@ class Root:
 
     address: HostPort | None = None  # root Envoy HTTP listener as this cell's clients reach it
     ext_proc: HostPort | None = None  # this cell's root ext_proc; None = services.root.ext_proc
-    listen: HostPort | None = None  # where the root Envoy binds; None = 0.0.0.0:<address port>
+    listen: HostPort | None = None  # where the root Envoy binds; None = bind_address() of address
 
     @property
     def bind(self) -> HostPort | None:
