@@ -121,6 +121,12 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("xds", "dlb_xds_stale_nonces", "counter", (), "requests ignored for a stale nonce"),
     MetricDef("xds", "dlb_xds_streams_denied", "counter", (), "streams refused: the client certificate's identity may not read the node it claims"),
     MetricDef("xds", "dlb_xds_snapshots", "gauge", (), "node keys with a snapshot", "the server passes a snapshot count (the control plane does)"),
+    MetricDef("xds", "dlb_xds_dns_resolutions", "counter", (), "server-name resolutions attempted (discovery)",
+              "the control plane (dlb serve control-plane)"),
+    MetricDef("xds", "dlb_xds_dns_failures", "counter", (), "server-name resolutions that failed; the name kept its last addresses",
+              "the control plane (dlb serve control-plane)"),
+    MetricDef("xds", "dlb_xds_dns_truncated", "counter", (),
+              "resolutions that returned more than 1024 addresses, cut to the lowest 1024", "the control plane (dlb serve control-plane)"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),
               "Requests answered with an error before running (reason: queue_full, injected_error, down)"),

@@ -31,6 +31,7 @@ from dlb.config.model import (
     Config,
     ControlPlaneAddrs,
     Cost,
+    Discovery,
     DpGroup,
     Endpoint,
     FlowParams,
@@ -345,7 +346,8 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
         if root.listen is not None and "address" not in rm:
             ck.err(f"{rp}.listen", "needs root.address (the address this cell's clients reach the root at)")
         # An invalid name becomes "" so the network checks below skip it instead of adding noise.
-        cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root))
+        cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root,
+                          replicas_auto="replicas" not in m))
     _unique_addresses(ck, cells)
     return cells
 
@@ -659,7 +661,13 @@ def pem_problem(path: str, kind: str) -> str | None:
 # Entry points
 # --------------------------------------------------------------------------------------------
 
-TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services", "tls")
+def _discovery(ck: _Checker, raw: Any) -> Discovery:
+    m = ck.mapping(raw, "discovery", ("dns_period_s",))
+    # At least 0.1 s: a tighter loop would resolve faster than any DNS TTL changes, on every name.
+    return Discovery(dns_period_s=ck.number(m, "dns_period_s", "discovery", Discovery().dns_period_s, ge=0.1, le=3600))
+
+
+TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services", "tls", "discovery")
 
 
 def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
@@ -676,10 +684,11 @@ def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
     tls = _tls(ck, top.get("tls"), source) if "tls" in top else None
+    discovery = _discovery(ck, top.get("discovery"))
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
-                  source=source)
+                  discovery=discovery, source=source)
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:

@@ -8,6 +8,7 @@ order; matrices are stored as tuples (hashable, immutable) and exposed as numpy 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,9 +74,16 @@ def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
 
     Why not the advertised address itself: it is how *others* reach the listener (a DNS name, a
     Service or LoadBalancer IP), and inside a pod that address is on no interface, so binding it fails.
+    A loopback address is the exception: only this host can use it, and binding every interface
+    instead would expose a leaf (which trusts ``x-dlb-server``) to the network for nothing.
     """
     if listen is not None:
         return listen
+    try:
+        if ipaddress.ip_address(advertised.host).is_loopback:
+            return advertised
+    except ValueError:
+        pass  # a DNS name
     return HostPort("::" if ":" in advertised.host else "0.0.0.0", advertised.port)
 
 
@@ -86,7 +94,7 @@ class Leaf:
     address: HostPort  # leaf Envoy HTTP listener as roots reach it; roots' ``cell-<name>`` cluster points here
     probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
     ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
-    listen: HostPort | None = None  # where the leaf Envoy binds; None = 0.0.0.0:<address port>
+    listen: HostPort | None = None  # where the leaf Envoy binds; None = bind_address() of address
 
     @property
     def bind(self) -> HostPort:
@@ -99,7 +107,7 @@ class Root:
 
     address: HostPort | None = None  # root Envoy HTTP listener as this cell's clients reach it
     ext_proc: HostPort | None = None  # this cell's root ext_proc; None = services.root.ext_proc
-    listen: HostPort | None = None  # where the root Envoy binds; None = 0.0.0.0:<address port>
+    listen: HostPort | None = None  # where the root Envoy binds; None = bind_address() of address
 
     @property
     def bind(self) -> HostPort | None:
@@ -114,6 +122,8 @@ class Cell:
     leaf: Leaf
     servers: tuple[Server, ...]
     root: Root = field(default_factory=Root)
+    #: ``replicas`` was not set in the file: it follows the server count, discovered ones included.
+    replicas_auto: bool = False
 
     @property
     def cluster_name(self) -> str:
@@ -232,6 +242,13 @@ class ProbeParams:
 
 
 @dataclass(frozen=True)
+class Discovery:
+    """Server discovery: a ``servers[].address`` that is a DNS name stands for all of its A/AAAA records."""
+
+    dns_period_s: float = 5.0  # how often the control plane re-resolves server names (and pushes EDS on a change)
+
+
+@dataclass(frozen=True)
 class ControlPlaneAddrs:
     xds: HostPort = HostPort("127.0.0.1", 18000)
     status: HostPort = HostPort("127.0.0.1", 18001)
@@ -282,6 +299,7 @@ class Config:
     probe: ProbeParams = field(default_factory=ProbeParams)
     services: Services = field(default_factory=Services)
     tls: TlsFiles | None = None  # None: plaintext gRPC everywhere (the default)
+    discovery: Discovery = field(default_factory=Discovery)
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------

@@ -30,14 +30,17 @@ from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
+from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
 from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node_admission
 from dlb.control_plane import envoy_resources as er
+from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all, resolve_names
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
 from dlb.ext_proc.health import HealthState, health_handler
+from dlb.ext_proc.metrics import CallbackCollector
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
@@ -86,7 +89,7 @@ class ControlPlane:
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
                  probe: bool = True, flow_loop: bool = True, mnlb: bool = False,
-                 serve_cells: Iterable[str] | None = None) -> None:
+                 serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
         # names is the only snapshot its streams may read. Fixed at start: a reload cannot turn it off.
@@ -109,6 +112,10 @@ class ControlPlane:
             unknown = sorted(self.serve_cells - set(config.cell_names))
             if unknown:
                 raise ValueError(f"serve cells {unknown} are not in {config.source} (cells: {', '.join(config.cell_names)})")
+        #: Server discovery: DNS name → its addresses at the last resolution (``discovery.dns_period_s``).
+        self.resolver = resolver
+        self.resolved: dict[str, tuple[str, ...]] = {}
+        self.dns_stats = DnsStats()
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
@@ -116,6 +123,7 @@ class ControlPlane:
         self.xds_listening = False
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
                                           extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
+        self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
@@ -126,6 +134,9 @@ class ControlPlane:
     def _load(self, config: Config) -> None:
         if self.serve_cells is not None and not self.serve_cells & set(config.cell_names):
             log.warning("serve_cells_not_in_config", serve_cells=sorted(self.serve_cells), source=config.source)
+        #: The config as loaded; ``config`` is it with server names expanded to their addresses.
+        self.base_config = config
+        config = expand(config, self.resolved)
         self.config = config
         topo = config.topology()
         flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core())
@@ -165,6 +176,36 @@ class ControlPlane:
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
         return _Static(root, leaf, root_sets)
+
+    async def refresh_dns(self) -> bool:
+        """Resolve the config's server names once; on a change push the new endpoints. True if changed.
+
+        Only the packed resources are rebuilt when the replica counts stay the same (flow state is kept);
+        a cell whose unset ``replicas`` follows its server count changes the topology, so then the whole
+        config is loaded again, as a reload would.
+        """
+        names = dns_names(self.base_config)
+        resolved = await resolve_names(names, self.resolver, self.resolved, self.dns_stats) if names else {}
+        if resolved == self.resolved:
+            return False
+        self.resolved = resolved
+        new = expand(self.base_config, resolved)
+        log.info("servers_discovered", servers={c.name: [str(s.address) for s in c.servers] for c in new.cells})
+        if [c.replicas for c in new.cells] != [c.replicas for c in self.config.cells]:
+            self._load(self.base_config)
+        else:
+            self.config = new
+            self._static = self._pack_static(new)
+            self.rebuild()
+        return True
+
+    async def _dns_loop(self) -> None:
+        while True:
+            try:
+                await self.refresh_dns()
+            except Exception:  # a bad resolution must not stop the control plane; the last endpoints stay
+                log.exception("dns_refresh_failed")
+            await asyncio.sleep(self.config.discovery.dns_period_s)
 
     # -- snapshots ----------------------------------------------------------------------------------
     def _state_resources(self) -> list[Resource]:
@@ -318,6 +359,7 @@ class ControlPlane:
             self._start_probes()
         if self.flow_loop_enabled:
             self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
+        self._tasks.append(asyncio.create_task(self._dns_loop(), name="dns-discovery"))
         log.info("control_plane_started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
                  flow_endpoints=[ep.name for ep in (self.flow.endpoints if self.flow else [])])
         return xds_port, status_port

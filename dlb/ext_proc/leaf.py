@@ -31,7 +31,7 @@ import asyncio
 import copy
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 import numpy as np
@@ -448,22 +448,30 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
 
 
 def _ip_address(host: str, port: int) -> str:
-    """``ip:port`` for a server: Envoy's ORIGINAL_DST cluster and the access log speak IPs, not names.
-
-    Resolved once at start-up (a server that moves needs a leaf restart, like a static cluster).
-    """
+    """``ip:port`` of a server address that is an IP: Envoy's ORIGINAL_DST cluster and the access log speak IPs."""
     import ipaddress
-    import socket
 
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = ipaddress.ip_address(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
+    ip = ipaddress.ip_address(host)
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+def resolve_all_sync(host: str, port: int) -> list[str]:
+    """Every IP of ``host`` (A and AAAA); raises OSError naming it when it has none."""
+    import socket
+
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+
+
 def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
-                      refit_period_s: float = 5.0, window_s: float = 60.0, pick_rule: str = "prequal") -> LeafState:
+                      refit_period_s: float = 5.0, window_s: float = 60.0, pick_rule: str = "prequal",
+                      resolve: Callable[[str, int], list[str]] = resolve_all_sync) -> LeafState:
+    """The leaf's starting state. A server named by DNS stands for every address the name has now
+    (a headless Service: one per pod), as the control plane's discovery publishes them; with ``--xds``
+    the agent then follows those updates over EDS."""
+    from dlb.config.discovery import dns_names, expand
+
+    names = {h: p for h, p in dns_names(cfg).items() if any(s.address.host == h for s in cfg.cell(cell_name).servers)}
+    cfg = expand(cfg, {h: resolve(h, p) for h, p in names.items()})
     cell = cfg.cell(cell_name)
     # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
     prior = cfg.endpoints[0].latency_prior.to_core()
@@ -615,7 +623,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="servers probed per pick (power-of-d's d; >= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
-                   help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
+                   help="TCP check of this agent's leaf Envoy (--envoy-check-address); probes fail while it is down (0 = off)")
     p.add_argument("--envoy-check-address", default=None,
                    help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
                         "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
