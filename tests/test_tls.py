@@ -23,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.config.model import TlsFiles
-from dlb.config.tls import load_identity, node_admission
+from dlb.config.tls import component_identity, load_identity, node_admission
 from dlb.control_plane.service import ControlPlane, dlb_node_key
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
@@ -70,7 +70,7 @@ def test_tls_section_resolves_paths_from_the_config_folder(pki, tmp_path: Path) 
 
 
 def test_bad_tls_files_are_reported_with_field_and_file(pki, tmp_path: Path) -> None:
-    d = pki["dir"] / "ours"
+    d, theirs = pki["dir"] / "ours", pki["dir"] / "theirs"
     cases = {
         "missing file": ({"ca": str(tmp_path / "nope.pem"), "cert": str(d / "root-a.pem"), "key": str(d / "root-a-key.pem")},
                          "tls.ca", "nope.pem: cannot read"),
@@ -81,6 +81,12 @@ def test_bad_tls_files_are_reported_with_field_and_file(pki, tmp_path: Path) -> 
         "other placeholder": ({"ca": str(d / "dlb-test-ca.pem"), "cert": str(d / "{cell}.pem"), "key": str(d / "{identity}-key.pem")},
                               "tls.cert", "the only placeholder is {identity}"),
         "missing key": ({"ca": str(d / "dlb-test-ca.pem"), "cert": str(d / "root-a.pem")}, "tls.key", "required"),
+        # each file a fine PEM, but not together: the component would start and fail every handshake
+        # (grpc.aio even said "could not bind (in use?)" for the mismatched key)
+        "another cell's key": ({"ca": str(d / "dlb-test-ca.pem"), "cert": str(d / "root-a.pem"), "key": str(d / "root-b-key.pem")},
+                               "tls.key", "root-b-key.pem: not the private key of tls.cert"),
+        "another CA's cert": ({"ca": str(d / "dlb-test-ca.pem"), "cert": str(theirs / "root-a.pem"), "key": str(theirs / "root-a-key.pem")},
+                              "tls.cert", "does not verify against tls.ca"),
     }
     for name, (tls, field, reason) in cases.items():
         with pytest.raises(ConfigError) as err:
@@ -93,6 +99,21 @@ def test_an_identity_without_its_files_is_refused_at_start(pki) -> None:
         load_identity(pki["tls"], "leaf-zz", "dlb.yaml")
     assert [p.path for p in err.value.problems] == ["tls.cert", "tls.key"]
     assert "leaf-zz.pem: cannot read" in str(err.value) and "dlb.yaml" in str(err.value)
+
+
+def test_a_component_refuses_a_certificate_that_cannot_work_at_start(pki) -> None:
+    """``{identity}`` paths are checked at start: another CA's certificate or another identity's key is
+    a ConfigError naming the field and the files, not a server that starts and fails every handshake."""
+    assert component_identity(pki["tls"], "root", "a", "dlb.yaml") is not None
+    with pytest.raises(ConfigError) as err:
+        component_identity(pki["foreign"], "root", "a", "dlb.yaml")
+    assert [p.path for p in err.value.problems] == ["tls.cert"]
+    assert "theirs/root-a.pem: does not verify against tls.ca" in str(err.value) and "dlb.yaml" in str(err.value)
+    t = pki["tls"]
+    mixed = TlsFiles(t.ca, t.cert, t.key.replace("{identity}", "leaf-b"))
+    with pytest.raises(ConfigError) as err:
+        component_identity(mixed, "root", "a", "dlb.yaml")
+    assert [p.path for p in err.value.problems] == ["tls.key"] and "not the private key of tls.cert" in str(err.value)
 
 
 # --- the control plane: authentication and per-node authorisation ----------------------------------

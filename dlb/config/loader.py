@@ -616,6 +616,7 @@ def _tls(ck: _Checker, raw: Any, source: str) -> TlsFiles | None:
     ``cert`` and ``key`` may hold ``{identity}`` (one config, a certificate per component); such a
     path is checked when the component starts (``dlb.config.tls.load_identity``), a plain one here.
     """
+    problems_before = len(ck.problems)
     m = ck.mapping(raw, "tls", tuple(_TLS_PEM), required=tuple(_TLS_PEM))
     base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
     paths: dict[str, str] = {}
@@ -642,7 +643,64 @@ def _tls(ck: _Checker, raw: Any, source: str) -> TlsFiles | None:
         return None
     if (TLS_IDENTITY_PLACEHOLDER in paths["cert"]) != (TLS_IDENTITY_PLACEHOLDER in paths["key"]):
         ck.err("tls.key", f"tls.cert and tls.key must both hold {TLS_IDENTITY_PLACEHOLDER} or neither")
+    elif TLS_IDENTITY_PLACEHOLDER not in paths["cert"] and len(ck.problems) == problems_before:
+        for field_path, reason in tls_pair_problems(paths["ca"], paths["cert"], paths["key"]):
+            ck.err(field_path, reason)
     return TlsFiles(ca=paths["ca"], cert=paths["cert"], key=paths["key"])
+
+
+def tls_pair_problems(ca: str, cert: str, key: str) -> list[tuple[str, str]]:
+    """``(field, reason)`` for a certificate and key that are each a readable PEM file but do not work
+    together: the key is not the certificate's, or the certificate does not verify against ``ca``
+    (another CA's, expired, wrong key usage). Without this check such a component starts and then
+    fails every handshake (or, on grpc.aio, reports a port it "could not bind").
+
+    Checked the way a peer would: an in-memory mutual TLS handshake of the certificate with itself,
+    both sides trusting only ``ca`` (stdlib ``ssl``, no network, no hostname check).
+    """
+    import ssl  # only configs with a tls section pay for it
+
+    def ctx(side: int) -> ssl.SSLContext:
+        c = ssl.SSLContext(side)
+        c.load_cert_chain(cert, key)
+        c.load_verify_locations(ca)
+        c.check_hostname = False
+        c.verify_mode = ssl.CERT_REQUIRED
+        return c
+
+    try:
+        server, client = ctx(ssl.PROTOCOL_TLS_SERVER), ctx(ssl.PROTOCOL_TLS_CLIENT)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return [("tls.key", f"{key}: not the private key of tls.cert {cert}")]
+        return [("tls.cert", f"{cert} with tls.key {key} and tls.ca {ca}: cannot be loaded: {exc.reason or exc}")]
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    s = server.wrap_bio(bios[0], bios[1], server_side=True)
+    c = client.wrap_bio(bios[2], bios[3])
+    done = [False, False]
+    try:
+        for _ in range(16):
+            for i, side in enumerate((c, s)):
+                if not done[i]:
+                    try:
+                        side.do_handshake()
+                        done[i] = True
+                    except ssl.SSLWantReadError:
+                        pass
+            bios[0].write(bios[3].read())
+            bios[2].write(bios[1].read())
+            if all(done):
+                s.write(b"x")  # TLS 1.3: the server learns the client certificate's verdict on the first record
+                bios[2].write(bios[1].read())
+                c.write(b"x")
+                bios[0].write(bios[3].read())
+                s.read(1)
+                return []
+    except ssl.SSLCertVerificationError as exc:
+        return [("tls.cert", f"{cert}: does not verify against tls.ca {ca}: {exc.verify_message}")]
+    except ssl.SSLError as exc:
+        return [("tls.cert", f"{cert}: a mutual TLS handshake with it and tls.ca {ca} fails: {exc.reason or exc}")]
+    return [("tls.cert", f"{cert}: a mutual TLS handshake with it and tls.ca {ca} does not complete")]
 
 
 def pem_problem(path: str, kind: str) -> str | None:

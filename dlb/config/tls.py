@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 from envoy.config.core.v3 import base_pb2
 
-from dlb.config.loader import ConfigError, Problem, pem_problem
+from dlb.config.loader import ConfigError, Problem, pem_problem, tls_pair_problems
 from dlb.config.model import TlsFiles
 
 SPIFFE_PREFIX = "spiffe://dlb/"
@@ -92,8 +92,18 @@ def load_identity(tls: TlsFiles, identity: str, source: str = "<config>") -> Ide
 
 
 def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> Identity | None:
-    """The identity of one component of a config, or None when the config has no ``tls`` section."""
-    return None if tls is None else load_identity(tls, identity_name(role, cell), source)
+    """The identity of one component of a config, or None when the config has no ``tls`` section.
+
+    Unlike :func:`load_identity` (which also builds the attackers' credentials of the tests and the
+    hostile bench), the certificate must work: its key and a chain to ``tls.ca``, or a ConfigError
+    naming the field and the files."""
+    if tls is None:
+        return None
+    ident = load_identity(tls, identity_name(role, cell), source)
+    problems = tls_pair_problems(ident.ca_path, ident.cert_path, ident.key_path)
+    if problems:
+        raise ConfigError([Problem(source, f, reason) for f, reason in problems])
+    return ident
 
 
 # --- who the peer is ---------------------------------------------------------------------------
