@@ -63,8 +63,31 @@ def test_command_line_prints_the_error_and_exits_1(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--max-concurrent-streams", "0"), ("--idle-timeout-s", "-1"),
-                                             ("--handshake-timeout-s", "0"), ("--max-connections", "-5")])
+                                             ("--handshake-timeout-s", "0"), ("--max-connections", "-5"),
+                                             # a SETTINGS value is 32 bits: this one used to start, then fail
+                                             # every connection Envoy opened (struct.error in the preface)
+                                             ("--max-concurrent-streams", str(2**32)),
+                                             # no bound at all, silently: the slow-loris the bound is for is back
+                                             ("--handshake-timeout-s", "inf"), ("--idle-timeout-s", "nan"),
+                                             ("--drain-s", "nan"), ("--drain-s", "inf")])
 def test_bad_h2_limits_on_the_command_line_name_the_flag(flag: str, value: str) -> None:
     """A bound of the HTTP/2 transport out of range stops `dlb serve root` with a message naming the flag."""
     with pytest.raises(SystemExit, match=f"^{flag} must be"):
         cli.main(["serve", "root", "--cell", "a", "--xds", "127.0.0.1:1", "--listen", "127.0.0.1:0", flag, value])
+
+
+def test_h2_limits_refuse_settings_that_cannot_be_sent() -> None:
+    """Every bound the transport advertises in SETTINGS fits the frame's 32-bit value."""
+    from dlb.ext_proc.transport.limits import H2Limits
+
+    for name in ("max_concurrent_streams", "max_header_list"):
+        with pytest.raises(ValueError, match=f"H2Limits.{name} must be <= 4294967295"):
+            H2Limits(**{name: 2**32})
+    H2Limits(max_concurrent_streams=2**32 - 1, max_header_list=2**32 - 1)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_leaf_drain_must_be_a_finite_duration(value: str, tmp_path) -> None:
+    """`dlb serve leaf --drain-s nan` used to start and skip the drain; inf never closed the listener."""
+    with pytest.raises(SystemExit, match=r"^--drain-s must be >= 0 and finite"):
+        cli.main(["serve", "leaf", "--config", str(tmp_path / "none.yaml"), "--cell", "a", "--drain-s", value])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -560,6 +561,8 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.drain_s < math.inf:  # as dlb serve root: nan would skip the drain, inf never end it
+        raise SystemExit(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     cfg, cell = load_cell(args.config, args.cell)
     if args.envoy_check_address is not None:
         from dlb.config.loader import parse_hostport

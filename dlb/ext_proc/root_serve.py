@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 
 import numpy as np
@@ -100,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
     if args.workers < 1:
         raise SystemExit(f"--workers must be >= 1, got {args.workers}")
-    if args.drain_s < 0:
-        raise SystemExit(f"--drain-s must be >= 0, got {args.drain_s}")
+    if not 0 <= args.drain_s < math.inf:  # nan would skip the drain, inf never close the listener
+        raise SystemExit(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     try:
         limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
                           handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
@@ -149,13 +150,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="h2 transport: connections served at once, more are closed at accept "
                         f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}))")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
-                   help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM")
+                   help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
     p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
-                   help="h2 transport: seconds for a new connection to send the HTTP/2 preface")
+                   help="h2 transport: seconds for a new connection to send the HTTP/2 preface (default %(default)s; > 0, finite)")
     p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
-                   help="h2 transport: a connection with no stream open this long is closed (GOAWAY)")
+                   help="h2 transport: a connection with no stream open this long is closed (GOAWAY) (default %(default)s; > 0, finite)")
     p.add_argument("--drain-s", type=float, default=1.0,
-                   help="on SIGTERM: seconds of NOT_SERVING health (streams still served) before the listener closes")
+                   help="on SIGTERM: seconds of NOT_SERVING health (streams still served) before the listener closes (default %(default)s)")
     p.add_argument("--emulate-wan", action="store_true",
                    help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
     p.set_defaults(func=run)

@@ -12,12 +12,16 @@ stream-0 frame walk them all, and 20,000 idle connections used up the file descr
 
 from __future__ import annotations
 
+import math
 import resource
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prometheus_client import Metric
+
+#: The largest value a SETTINGS parameter can carry (RFC 9113 §6.5.1: 32 bits).
+SETTINGS_VALUE_MAX = 2**32 - 1
 
 #: File descriptors kept free for everything else in the process (``/metrics``, probes, xDS, logs).
 FD_RESERVE = 128
@@ -66,9 +70,12 @@ class H2Limits:
                 raise ValueError(f"H2Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_connections < 0:
             raise ValueError(f"H2Limits.max_connections must be >= 0 (0 = default), got {self.max_connections}")
-        for name in ("handshake_timeout_s", "idle_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"H2Limits.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_concurrent_streams", "max_header_list"):  # sent in SETTINGS: 32-bit values
+            if getattr(self, name) > SETTINGS_VALUE_MAX:
+                raise ValueError(f"H2Limits.{name} must be <= {SETTINGS_VALUE_MAX} (a SETTINGS value), got {getattr(self, name)}")
+        for name in ("handshake_timeout_s", "idle_timeout_s"):  # inf or nan would be no bound at all
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"H2Limits.{name} must be > 0 and finite, got {getattr(self, name)}")
 
     def connection_cap(self) -> int:
         return self.max_connections or default_max_connections()
