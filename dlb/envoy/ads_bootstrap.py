@@ -2,7 +2,8 @@
 
 The bootstrap names the node (``node.cluster`` = tier, ``node.locality.zone`` = cell, which is the
 control plane's snapshot key), one static cluster for the control plane (HTTP/2, since xDS is gRPC)
-and ADS as the source of listeners and clusters; everything else arrives over ADS.
+and ADS as the source of listeners and clusters; everything else arrives over ADS. The overload manager
+(the downstream connection cap) is bootstrap-only in Envoy, so it is set here as in the static bootstraps.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from typing import Any
 
 from dlb.config.model import HostPort
+from dlb.envoy.bootstrap import overload_manager
 
 XDS_CLUSTER = "dlb_xds"
 ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
@@ -42,6 +44,7 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
             "cds_config": ads,
             "lds_config": ads,
         },
+        "overload_manager": overload_manager(),
         "static_resources": {
             "clusters": [{
                 "name": XDS_CLUSTER,

@@ -240,11 +240,13 @@ def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], 
         # Admin can quit Envoy and dump its config: loopback only, whatever the listeners bind to.
         "admin": {"address": _socket(HostPort("127.0.0.1", admin_port))},
         "static_resources": {"listeners": [listener], "clusters": clusters},
-        "overload_manager": _overload(),
+        "overload_manager": overload_manager(),
     }
 
 
-def _overload() -> dict[str, Any]:
+def overload_manager() -> dict[str, Any]:
+    """The downstream connection cap, shared by static and xDS bootstraps (without one Envoy warns at start
+    and accepts connections until file descriptors run out)."""
     return {
         "resource_monitors": [
             {
