@@ -98,6 +98,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("xds", "dlb_xds_responses", "counter", ("node", "type"), "responses sent"),
     MetricDef("xds", "dlb_xds_nacks", "counter", ("node", "type"), "NACKs received"),
     MetricDef("xds", "dlb_xds_stale_nonces", "counter", (), "requests ignored for a stale nonce"),
+    MetricDef("xds", "dlb_xds_limit_hits", "counter", ("limit",),
+              "xDS streams closed for going past a server limit (limit: a StreamLimits field, e.g. node_id_bytes, types, names)"),
     MetricDef("xds", "dlb_xds_snapshots", "gauge", (), "node keys with a snapshot", "the server passes a snapshot count (the control plane does)"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),

@@ -7,6 +7,7 @@ stream. Requests are parsed with the xds-protos (upb) classes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from dlb.xds.callbacks import StreamCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.sotw import SotwStream
 from dlb.xds.status import StatusRegistry
-from dlb.xds.stream import Authorizer, ServerContext, StreamBase, StreamError
+from dlb.xds.stream import Authorizer, ServerContext, StreamBase, StreamError, StreamLimits
 
 log = get_logger("dlb.xds.server")
 
@@ -49,6 +50,28 @@ DEFAULT_OPTIONS = [
 ]
 
 
+class LogBudget:
+    """A token bucket for one kind of log line: ``burst`` at once, then ``per_s``; the rest are counted."""
+
+    def __init__(self, per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s, self.burst, self.clock = per_s, burst, clock
+        self._tokens, self._at, self._suppressed = float(burst), clock(), 0
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        self._suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        n, self._suppressed = self._suppressed, 0
+        return n
+
+
 def _identity(b: bytes) -> bytes:
     return b
 
@@ -64,11 +87,12 @@ class XdsServer:
 
     def __init__(self, cache: SnapshotCache, status: StatusRegistry | None = None,
                  authorizer: Authorizer | None = None, make_before_break: bool = True,
-                 callbacks: Sequence[StreamCallbacks] = ()) -> None:
+                 callbacks: Sequence[StreamCallbacks] = (), limits: StreamLimits | None = None) -> None:
         self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
-                                 make_before_break=make_before_break, callbacks=callbacks)
+                                 make_before_break=make_before_break, callbacks=callbacks, limits=limits or StreamLimits())
         self._server: grpc.aio.Server | None = None
         self.port = 0
+        self._rejections = LogBudget(per_s=1.0, burst=20)
 
     @property
     def cache(self) -> SnapshotCache:
@@ -93,6 +117,7 @@ class XdsServer:
 
     def _handler(self, cls: type[StreamBase], fixed: str | None) -> Callable[..., AsyncIterator[bytes]]:
         ctx = self.ctx
+        rejections = self._rejections
 
         async def handle(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             stream = cls(ctx, fixed, context.peer())
@@ -100,7 +125,11 @@ class XdsServer:
                 async for response in stream.run(request_iterator):
                     yield response
             except StreamError as exc:
-                stream.log.warning("stream_rejected", code=exc.code.name, reason=str(exc))
+                if exc.limit is not None:
+                    ctx.status.limit_hit(exc.limit)
+                if rejections.allow():  # a client opening stream after stream must not flood the log
+                    stream.log.warning("stream_rejected", code=exc.code.name, reason=str(exc), limit=exc.limit,
+                                       suppressed=rejections.take_suppressed())
                 await context.abort(exc.code, str(exc))
 
         return handle
