@@ -398,11 +398,12 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
                 ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
-        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc"), required=("address", "probe") if "leaf" in m else ())
+        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "access_log"), required=("address", "probe") if "leaf" in m else ())
         leaf = Leaf(
             address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
             probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
             ext_proc=ck.hostport(lm, "ext_proc", lp, None),
+            access_log=_access_log(ck, lm, lp),
         )
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
@@ -420,6 +421,35 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
         cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root))
     _unique_addresses(ck, cells)
     return cells
+
+
+def _access_log(ck: _Checker, m: dict[str, Any], path: str) -> str | None:
+    """``unix:/absolute/path`` or a loopback host:port: only the cell's own Envoy may reach the access log."""
+    v = ck.string(m, "access_log", path, None)
+    if v is None:
+        return None
+    p = f"{path}.access_log"
+    if v.startswith("unix:"):
+        if not v[5:].startswith("/") or len(v) - 5 > 100:
+            ck.err(p, f"{_show(v)}: a Unix socket needs an absolute path of at most 100 characters")
+            return None
+        return v
+    hp = parse_hostport(v)
+    if hp is None:
+        ck.err(p, f"{_show(v)} is neither unix:/path nor host:port")
+        return None
+    if hp.host != "localhost" and not (_is_ip(hp.host) and ipaddress.ip_address(hp.host.strip("[]")).is_loopback):
+        ck.err(p, f"{hp.host} is not a loopback address: anyone who reaches the access log can steer the cell")
+        return None
+    return v
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 _DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")

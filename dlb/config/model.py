@@ -75,6 +75,16 @@ class Leaf:
     address: HostPort  # leaf Envoy HTTP listener; roots' ``cell-<name>`` cluster points here
     probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
     ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
+    #: Where the agent takes the leaf Envoy's access log: ``unix:/path`` or a loopback ``host:port``; never the
+    #: probe address, which roots reach across the network (docs/security.md). None = :meth:`access_log_address`'s default.
+    access_log: str | None = None
+
+    def access_log_address(self) -> str:
+        """The access-log channel: a Unix socket named after the probe address by default, so the agent
+        and the Envoy bootstrap (static or pushed by the control plane) agree on it from the config alone."""
+        if self.access_log:
+            return self.access_log
+        return f"unix:/tmp/dlb-als-{self.probe.host.strip('[]').replace(':', '_')}-{self.probe.port}.sock"
 
 
 @dataclass(frozen=True)
