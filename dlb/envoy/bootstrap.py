@@ -56,6 +56,8 @@ EXT_PROC_MAX_MESSAGE_BYTES = 4 * MAX_REQUEST_HEADERS_KB * 1024
 HIGH_THRESHOLDS = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000, "max_retries": 16}
 MAX_DOWNSTREAM_CONNECTIONS = 50000
 #: An internal-address list that matches no TCP peer, so every client request is external.
+#: What no request reaching a leaf Envoy may carry: the leaf's own pick and the root's cell choice.
+LEAF_INTERNAL_HEADERS = (_h.SERVER, _h.CELL)
 NO_INTERNAL_ADDRESSES = {"cidr_ranges": [{"address_prefix": "255.255.255.255", "prefix_len": 32}]}
 
 
@@ -529,8 +531,15 @@ def leaf_bootstrap(
     routes.append({"name": "least-request", "match": {"prefix": "/"},
                    "route": dict(action, cluster=LEAF_SERVERS_CLUSTER, retry_policy=_safe_retries())})
     filters.append(_router())
-    route_config = {"name": "dlb_leaf", "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}]}
-    listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False), reuse_port)
+    route_config = {
+        "name": "dlb_leaf",
+        # Headers only this leaf's own ext_proc may set (x-dlb-server is an ORIGINAL_DST target: from a client
+        # it made the leaf Envoy an open proxy to any host:port): stripped from every downstream request
+        # before any filter runs. x-dlb-src-cell is not stripped: roots set it (docs/security.md).
+        "internal_only_headers": list(LEAF_INTERNAL_HEADERS),
+        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
+    }
+    listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("leaf", me.name, admin_port, listener, clusters)
     if access_log:
         from dlb.envoy.als import add_leaf_access_log
