@@ -488,6 +488,15 @@ def _fault_filter(src: str, delay_ms: float) -> dict[str, Any]:
     }
 
 
+def leaf_prefixes(cfg: Config) -> list[str]:
+    """The path prefixes a leaf forwards: the endpoints' own, most specific first, without ones a shorter covers."""
+    out: list[str] = []
+    for prefix in sorted({ep.match.prefix for ep in cfg.endpoints}, key=len):
+        if not any(prefix.startswith(p) for p in out):
+            out.append(prefix)
+    return out
+
+
 def leaf_bootstrap(
     cfg: Config,
     cell: str,
@@ -526,10 +535,14 @@ def leaf_bootstrap(
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
         # to this listener. Unpicked requests (ext_proc down or undecided) fall through to LEAST_REQUEST.
-        routes.append({"name": "picked", "match": {"prefix": "/", "headers": [{"name": HEADER_SERVER, "present_match": True}]},
-                       "route": dict(action, cluster=LEAF_PICKED_CLUSTER)})
-    routes.append({"name": "least-request", "match": {"prefix": "/"},
-                   "route": dict(action, cluster=LEAF_SERVERS_CLUSTER, retry_policy=_safe_retries())})
+    # Only the API paths the config routes (endpoints[].match.prefix) reach the servers: an emulator's
+    # /admin/faults or a vLLM's own admin paths are never proxied (issue 14 row 9); anything else is a 404.
+    for prefix in leaf_prefixes(cfg):
+        if me.leaf.ext_proc is not None:
+            routes.append({"name": "picked", "match": {"prefix": prefix, "headers": [{"name": HEADER_SERVER, "present_match": True}]},
+                           "route": dict(action, cluster=LEAF_PICKED_CLUSTER)})
+        routes.append({"name": "least-request", "match": {"prefix": prefix},
+                       "route": dict(action, cluster=LEAF_SERVERS_CLUSTER, retry_policy=_safe_retries())})
     filters.append(_router())
     route_config = {
         "name": "dlb_leaf",
