@@ -110,7 +110,7 @@ def test_an_integer_of_5000_digits_is_a_bad_value() -> None:
 
 def test_too_many_cells_is_one_problem_not_a_quadratic_check() -> None:
     with pytest.raises(ConfigError) as info:
-        parse_config("version: 1\ncells: [" + ",".join(["1"] * 20_000) + "]\n", "many.yaml")
+        parse_config("version: 1\ncells: [" + ",".join(["1"] * 5_000) + "]\n", "many.yaml")
     assert any(p.path == "cells" and f"at most {MAX_CELLS}" in p.reason for p in info.value.problems)
     assert len(info.value.problems) < MAX_CELLS + 10
 

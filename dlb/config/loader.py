@@ -93,11 +93,12 @@ def _join(path: str, key: str) -> str:
 
 #: Budgets that bound what a hostile or broken file can cost (issue 14 rows 7-8: an alias bomb took 60 s and 1.67 GB,
 #: 5,000-deep nesting a Python traceback). A real DLB config is a few KB, nested about 6 deep, with a few hundred values;
-#: the budgets sit 100x above that and keep the worst file within ~1 s and a few tens of MB (tests/test_config_budget.py).
+#: the budgets sit far above that and keep the worst file within ~0.5 s and ~60 MB (docs/security.md).
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEPTH = 64
-#: Values after alias expansion: every alias counts the whole subtree it stands for, each time it is used.
-MAX_VALUES = 100_000
+#: Values (scalars, mappings, lists) after alias expansion: every alias counts the whole subtree it stands for, each
+#: time it is used. 20,000 is ~5x a 64-cell config with a full latency matrix; composing that many takes ~0.5 s.
+MAX_VALUES = 20_000
 #: libyaml when PyYAML was built with it (~30x faster: a 1 MB file of scalars took 39 s in pure Python).
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 #: Cross-cell checks (the latency matrix, unique addresses) and prefix shadowing are quadratic in these.
@@ -117,7 +118,7 @@ def _scan(text: str, source: str) -> Problem | None:
     """Depth and size from the event stream, before composing (the parser is iterative, the composer recursive)."""
     depth = values = 0
     for ev in yaml.parse(text, Loader=_LOADER):
-        if isinstance(ev, (yaml.ScalarEvent, yaml.AliasEvent)):
+        if isinstance(ev, (yaml.ScalarEvent, yaml.AliasEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             values += 1
             if values > MAX_VALUES:
                 return Problem(source, "", f"more than {MAX_VALUES:,} values (a DLB config has hundreds)", ev.start_mark.line + 1)
