@@ -44,6 +44,9 @@ DEFAULT_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_concurrent_streams", 10_000),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # A request is a node (tens of KB: Envoy lists its extensions) plus names; 512 KiB is ten times that. Larger
+    # ones are refused by gRPC before Python sees them (50 requests with 1 MB node ids kept +112 MB of RSS).
+    ("grpc.max_receive_message_length", 512 * 1024),
     # gRPC sets SO_REUSEPORT by default: a second control plane on the same address would then bind
     # "successfully" and silently take half the Envoys. Fail loudly instead.
     ("grpc.so_reuseport", 0),
