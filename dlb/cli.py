@@ -27,6 +27,8 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     ("config", "render", "write the Envoy bootstrap of one cell's root or leaf", "dlb.config.cli:register"),
     ("config", "xds-bootstrap", "write an Envoy bootstrap that takes everything from the control plane",
      "dlb.envoy.cli:register_bootstrap"),
+    ("envoy", "drain", "preStop: fail health checks, drain an Envoy's listeners, wait for requests in flight",
+     "dlb.envoy.drain:register"),
     ("serve", "control-plane", "serve xDS to root/leaf Envoys and DLB services; run the flow loop",
      "dlb.control_plane.cli:register_serve"),
     ("serve", "emulator", "run an emulated OpenAI-compatible GPU inference server", "dlb.emulator.cli:register"),
@@ -40,6 +42,8 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
      "dlb.bench.faults:register"),
     ("bench", "load", "does `dlb load` keep up with a target rate without skewing what it measures",
      "dlb.bench.load_bench:register"),
+    ("bench", "hostile", "issue 14's attacks against live services while real traffic flows: RSS, loop block, real p50/errors",
+     "dlb.bench.hostile:register"),
     (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.testbed.cli:register_up"),
     (None, "demo", "the whole stack on an embedded emulated fleet, a workload and a live view",
      "dlb.testbed.cli:register_demo"),
@@ -57,6 +61,7 @@ _GROUP_HELP = {
     "serve": "run a DLB service",
     "bench": "run a benchmark",
     "config": "work with DLB config files",
+    "envoy": "operate a running Envoy (through its admin port)",
     "bfio": "BF-IO rank balancing for data-parallel servers: study and decision-cost benchmark",
 }
 

@@ -42,6 +42,7 @@ from dlb.envoy.bootstrap import (
     root_bootstrap,
     write_bootstrap,
 )
+from dlb.envoy.headers import GIE_DESTINATION
 from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
@@ -295,6 +296,17 @@ def test_root_strips_spoofed_headers_from_local_clients(tmp_path: Path, xff: str
             status, body = request(cfg.cell("a").root.address.port, headers=spoof)
             assert status == 200 and body["name"] == "a", body
             assert HEADER_CELL not in body["headers"] and "x-envoy-internal" not in body["headers"]
+
+
+def test_root_strips_gie_destination_endpoint_from_clients(tmp_path: Path) -> None:
+    """A GIE gateway behind a root sends a request wherever x-gateway-destination-endpoint says: never a client's."""
+    with echo_servers("a", "b", "c") as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        with running_envoy(boot, tmp_path, "root"):
+            status, body = request(cfg.cell("a").root.address.port, headers={GIE_DESTINATION: "10.1.2.3:8000"})
+            assert status == 200 and body["name"] == "a", body
+            assert GIE_DESTINATION not in body["headers"]
 
 
 def test_root_routes_by_ext_proc_pick(tmp_path: Path) -> None:

@@ -60,3 +60,11 @@ def test_command_line_prints_the_error_and_exits_1(tmp_path, capsys) -> None:
     assert cli.main(["serve", "root", "--config", str(missing), "--cell", "a"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dlb: ") and str(missing) in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-concurrent-streams", "0"), ("--idle-timeout-s", "-1"),
+                                             ("--handshake-timeout-s", "0"), ("--max-connections", "-5")])
+def test_bad_h2_limits_on_the_command_line_name_the_flag(flag: str, value: str) -> None:
+    """A bound of the HTTP/2 transport out of range stops `dlb serve root` with a message naming the flag."""
+    with pytest.raises(SystemExit, match=f"^{flag} must be"):
+        cli.main(["serve", "root", "--cell", "a", "--xds", "127.0.0.1:1", "--listen", "127.0.0.1:0", flag, value])

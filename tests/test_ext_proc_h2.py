@@ -24,8 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlb.ext_proc.health import HealthState, h2_health_routes
 from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.h2 import CachingDecoder, H2GrpcServer
+from dlb.ext_proc.transport.h2 import CachingDecoder
+from dlb.ext_proc.transport.server import H2GrpcServer
 
 METHOD = PROCESS_METHOD
 
@@ -34,7 +36,8 @@ class ServerThread:
     """An H2GrpcServer on its own event loop thread (the tests talk to it with blocking sockets)."""
 
     def __init__(self, handler, loop_factory=asyncio.new_event_loop) -> None:
-        self.server = H2GrpcServer(METHOD, handler)
+        # With the health service, as ExtProcServer serves it: the rendered bootstraps health-check ext_proc.
+        self.server = H2GrpcServer(METHOD, handler, routes=h2_health_routes(HealthState()))
         self.loop = loop_factory()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

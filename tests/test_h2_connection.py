@@ -238,7 +238,7 @@ def test_every_error_carries_its_code_under_the_project_root() -> None:
 def test_stream_state_follows_the_transition_table(inputs: list[StreamInput]) -> None:
     """Every input either moves a stream to the state the table lists or, where the table lists none,
     raises StreamStateError and leaves the state unchanged; CLOSED accepts nothing."""
-    stream = _Stream(1, 65535)
+    stream = _Stream(1)
     for event in inputs:
         before = stream.state
         expected = TRANSITIONS[before].get(event)
@@ -257,3 +257,14 @@ def test_the_table_covers_every_state() -> None:
         if state is not StreamState.CLOSED:
             assert row[StreamInput.RESET] is StreamState.CLOSED
     assert TRANSITIONS[StreamState.CLOSED] == {}
+
+
+def test_a_unary_call_ending_with_its_message_keeps_the_connection() -> None:
+    """A client that sends its one message with END_STREAM (grpc's unary calls, e.g. Health/Check) gets
+    the reply and trailers, and the connection stays up for the next call."""
+    p = Pair()
+    for sid in (1, 3):
+        p.request(sid, b"hello", end_stream=True)
+        assert p.status(sid) == "0" and p.of(h2.events.DataReceived, sid)[0].data == grpc_message(b"HELLO")
+        assert not p.of(h2.events.StreamReset, sid)  # the client had ended its side: no RST_STREAM needed
+    assert not p.server.terminated and p.stats.connection_errors == 0

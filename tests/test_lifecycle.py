@@ -108,3 +108,33 @@ def test_every_grpc_aio_server_serves_grpc_health() -> None:
             await cp.stop()
 
     assert asyncio.run(main()) == (SERVING, SERVING, NOT_SERVING)
+
+
+def test_root_on_the_h2_transport_drains_on_sigterm_then_exits_cleanly() -> None:
+    """``dlb serve root`` (h2 transport, the default): health SERVING on its ext_proc port; SIGTERM turns
+    it NOT_SERVING for the drain while ext_proc calls are still answered; then a clean exit 0."""
+    with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
+        ext_proc = f"127.0.0.1:{free_port()}"
+        raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
+                                        "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                                        "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": ext_proc}}],
+               "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw))
+        root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", "", "--drain-s", "2")
+        with root, grpc.insecure_channel(ext_proc) as ch:
+            assert _check(ch) == SERVING
+            os.kill(root.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            status = SERVING
+            while status != NOT_SERVING and time.monotonic() < deadline:
+                status = _check(ch)
+                time.sleep(0.05)
+            assert status == NOT_SERVING
+            process = ch.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+                                       request_serializer=None, response_deserializer=None)
+            assert list(process(iter([b""]), timeout=5)) != []  # still answering while draining
+            assert root.proc.poll() is None
+            assert root.proc.wait(15) == 0
+            text = root.log_path.read_text()
+        assert "draining" in text and "Traceback" not in text, text

@@ -21,7 +21,7 @@ from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.metrics import serve_metrics
 from dlb.ext_proc.root import RootService
-from dlb.ext_proc.transport.h2 import TransportStats
+from dlb.ext_proc.transport.limits import TransportStats
 from dlb.metric_catalogue import CATALOGUE, MetricDef, for_service, markdown_table
 from dlb.xds import SnapshotCache, StatusRegistry, StatusServer, types
 

@@ -96,10 +96,11 @@ def run_render(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.role == "root":
-            boot = root_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, native_flow=args.native_flow)
+            boot = root_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, native_flow=args.native_flow,
+                                  ready_port=args.ready_port or None)
         else:
             boot = leaf_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, emulate_wan=args.emulate_wan,
-                                  access_log=args.access_log)
+                                  access_log=args.access_log, ready_port=args.ready_port or None)
     except ValueError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
@@ -124,7 +125,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("role", choices=["root", "leaf"])
     r.add_argument("cell", help="cell name")
     r.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (bound to 127.0.0.1)")
-    r.add_argument("--listen", help="listener host:port (default: cells[].root.address / cells[].leaf.address)")
+    r.add_argument("--listen", help="listener host:port (default: cells[].root.listen / cells[].leaf.listen, "
+                                    "else 0.0.0.0:<port of the address>)")
+    r.add_argument("--ready-port", type=int, default=9902,
+                   help="port of the dlb_ready listener on 0.0.0.0 answering GET /ready (default 9902; 0 = none)")
     r.add_argument("--emulate-wan", action="store_true", help="leaf: delay requests by the source cell's RTT (testbeds)")
     r.add_argument("--access-log", action="store_true", help="leaf: send Envoy's gRPC access log to the leaf agent")
     r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")

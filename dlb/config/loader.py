@@ -24,12 +24,14 @@ import yaml
 
 from dlb.config.model import (
     DP_POLICIES,
+    TLS_IDENTITY_PLACEHOLDER,
     AffinityParams,
     AversionParams,
     Cell,
     Config,
     ControlPlaneAddrs,
     Cost,
+    Discovery,
     DpGroup,
     Endpoint,
     FlowParams,
@@ -45,6 +47,7 @@ from dlb.config.model import (
     RootAddrs,
     Server,
     Services,
+    TlsFiles,
 )
 from dlb.errors import DlbError
 
@@ -399,11 +402,13 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
                 ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
-        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "access_log"), required=("address", "probe") if "leaf" in m else ())
+        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "listen", "access_log"),
+                        required=("address", "probe") if "leaf" in m else ())
         leaf = Leaf(
             address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
             probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
             ext_proc=ck.hostport(lm, "ext_proc", lp, None),
+            listen=_listen(ck, lm, lp),
             access_log=_access_log(ck, lm, lp),
         )
         servers: list[Server] = []
@@ -416,10 +421,14 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
             servers.append(Server(addr or HostPort("invalid", 1), weight, _dp_group(ck, sm, sp, addr)))
         replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
         rp = f"{p}.root"
-        rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc"))
-        root = Root(address=ck.hostport(rm, "address", rp, None), ext_proc=ck.hostport(rm, "ext_proc", rp, None))
+        rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc", "listen"))
+        root = Root(address=ck.hostport(rm, "address", rp, None), ext_proc=ck.hostport(rm, "ext_proc", rp, None),
+                    listen=_listen(ck, rm, rp))
+        if root.listen is not None and "address" not in rm:
+            ck.err(f"{rp}.listen", "needs root.address (the address this cell's clients reach the root at)")
         # An invalid name becomes "" so the network checks below skip it instead of adding noise.
-        cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root))
+        cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root,
+                          replicas_auto="replicas" not in m))
     _unique_addresses(ck, cells)
     return cells
 
@@ -451,6 +460,18 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _listen(ck: _Checker, m: dict[str, Any], path: str) -> HostPort | None:
+    """Optional bind address of an Envoy listener: an IP (``0.0.0.0``, ``::`` or one interface), never a name."""
+    hp = ck.hostport(m, "listen", path, None)
+    if hp is not None:
+        try:
+            ipaddress.ip_address(hp.host)
+        except ValueError:
+            ck.err(f"{path}.listen", f"{hp.host!r} is not an IP address: a listener binds an interface (0.0.0.0 for all)")
+            return None
+    return hp
 
 
 _DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")
@@ -693,11 +714,70 @@ def _services(ck: _Checker, raw: Any) -> Services:
     )
 
 
+#: What each ``tls`` file must hold (a PEM block of this kind), and why a person would set it.
+_TLS_PEM = {"ca": ("CERTIFICATE", "the CA certificate every DLB component's certificate chains to"),
+            "cert": ("CERTIFICATE", "this component's certificate (chain)"),
+            "key": ("PRIVATE KEY", "this component's private key")}
+
+
+def _tls(ck: _Checker, raw: Any, source: str) -> TlsFiles | None:
+    """``tls: {ca, cert, key}``: PEM paths, relative ones from the config file's folder.
+
+    ``cert`` and ``key`` may hold ``{identity}`` (one config, a certificate per component); such a
+    path is checked when the component starts (``dlb.config.tls.load_identity``), a plain one here.
+    """
+    m = ck.mapping(raw, "tls", tuple(_TLS_PEM), required=tuple(_TLS_PEM))
+    base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
+    paths: dict[str, str] = {}
+    for key, (kind, _) in _TLS_PEM.items():
+        v = ck.string(m, key, "tls", None)
+        if not v:
+            if key in m:
+                ck.err(f"tls.{key}", "must be a file path")
+            continue
+        path = os.path.join(base, os.path.expanduser(v))
+        rest = v.replace(TLS_IDENTITY_PLACEHOLDER, "")
+        if "{" in rest or "}" in rest:
+            ck.err(f"tls.{key}", f"{v!r}: the only placeholder is {TLS_IDENTITY_PLACEHOLDER}")
+            continue
+        if key == "ca" and TLS_IDENTITY_PLACEHOLDER in v:
+            ck.err("tls.ca", f"{v!r}: one CA for every component (no {TLS_IDENTITY_PLACEHOLDER})")
+            continue
+        if TLS_IDENTITY_PLACEHOLDER not in v:
+            reason = pem_problem(path, kind)
+            if reason:
+                ck.err(f"tls.{key}", reason)
+        paths[key] = path
+    if len(paths) < len(_TLS_PEM):
+        return None
+    if (TLS_IDENTITY_PLACEHOLDER in paths["cert"]) != (TLS_IDENTITY_PLACEHOLDER in paths["key"]):
+        ck.err("tls.key", f"tls.cert and tls.key must both hold {TLS_IDENTITY_PLACEHOLDER} or neither")
+    return TlsFiles(ca=paths["ca"], cert=paths["cert"], key=paths["key"])
+
+
+def pem_problem(path: str, kind: str) -> str | None:
+    """Why ``path`` is not a readable PEM file holding a ``kind`` block, or None if it is."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 20)
+    except OSError as exc:
+        return f"{path}: cannot read: {exc.strerror or exc}"
+    if f"-----BEGIN {kind}-----".encode() not in head and not (kind == "PRIVATE KEY" and b"PRIVATE KEY-----" in head):
+        return f"{path}: no PEM {kind} block in it"
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
 
-TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services")
+def _discovery(ck: _Checker, raw: Any) -> Discovery:
+    m = ck.mapping(raw, "discovery", ("dns_period_s",))
+    # At least 0.1 s: a tighter loop would resolve faster than any DNS TTL changes, on every name.
+    return Discovery(dns_period_s=ck.number(m, "dns_period_s", "discovery", Discovery().dns_period_s, ge=0.1, le=3600))
+
+
+TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services", "tls", "discovery")
 
 
 def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
@@ -713,9 +793,12 @@ def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem
     endpoints = _endpoints(ck, top.get("endpoints")) if "endpoints" in top else []
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
+    tls = _tls(ck, top.get("tls"), source) if "tls" in top else None
+    discovery = _discovery(ck, top.get("discovery"))
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
-    return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, source=source)
+    return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
+                  discovery=discovery, source=source)
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:

@@ -8,6 +8,8 @@ order; matrices are stored as tuples (hashable, immutable) and exposed as numpy 
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,31 +70,64 @@ class Server:
         return tuple(HostPort(self.address.host, self.address.port + r) for r in range(self.dp.ranks))
 
 
+def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
+    """Where a listener advertised at ``advertised`` binds: ``listen`` if set, else every interface, same port.
+
+    Why not the advertised address itself: it is how *others* reach the listener (a DNS name, a
+    Service or LoadBalancer IP), and inside a pod that address is on no interface, so binding it fails.
+    A loopback address is the exception: only this host can use it, and binding every interface
+    instead would expose a leaf (which trusts ``x-dlb-server``) to the network for nothing.
+    """
+    if listen is not None:
+        return listen
+    try:
+        if ipaddress.ip_address(advertised.host).is_loopback:
+            return advertised
+    except ValueError:
+        pass  # a DNS name
+    return HostPort("::" if ":" in advertised.host else "0.0.0.0", advertised.port)
+
+
 @dataclass(frozen=True)
 class Leaf:
     """A cell's leaf tier: the leaf Envoy that roots send to, and the leaf agent."""
 
-    address: HostPort  # leaf Envoy HTTP listener; roots' ``cell-<name>`` cluster points here
+    address: HostPort  # leaf Envoy HTTP listener as roots reach it; roots' ``cell-<name>`` cluster points here
     probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
     ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
+    listen: HostPort | None = None  # where the leaf Envoy binds; None = bind_address() of address
     #: Where the agent takes the leaf Envoy's access log: ``unix:/path`` or a loopback ``host:port``; never the
     #: probe address, which roots reach across the network (docs/security.md). None = :meth:`access_log_address`'s default.
     access_log: str | None = None
+
+    @property
+    def bind(self) -> HostPort:
+        return bind_address(self.address, self.listen)
+
 
     def access_log_address(self) -> str:
         """The access-log channel: a Unix socket named after the probe address by default, so the agent
         and the Envoy bootstrap (static or pushed by the control plane) agree on it from the config alone."""
         if self.access_log:
             return self.access_log
-        return f"unix:/tmp/dlb-als-{self.probe.host.strip('[]').replace(':', '_')}-{self.probe.port}.sock"
+        name = f"{self.probe.host.strip('[]').replace(':', '_')}-{self.probe.port}"
+        if len(name) > 64:  # a Unix socket path has at most 107 bytes; long DNS names are hashed
+            name = hashlib.sha256(name.encode()).hexdigest()[:32]
+        # /tmp: in Kubernetes the leaf Envoy and agent containers share it (an emptyDir, deploy/k8s).
+        return f"unix:/tmp/dlb-als-{name}.sock"
 
 
 @dataclass(frozen=True)
 class Root:
     """A cell's root tier (optional): where that cell's clients enter and its root ext_proc listens."""
 
-    address: HostPort | None = None  # root Envoy HTTP listener for clients of this cell
+    address: HostPort | None = None  # root Envoy HTTP listener as this cell's clients reach it
     ext_proc: HostPort | None = None  # this cell's root ext_proc; None = services.root.ext_proc
+    listen: HostPort | None = None  # where the root Envoy binds; None = bind_address() of address
+
+    @property
+    def bind(self) -> HostPort | None:
+        return None if self.address is None else bind_address(self.address, self.listen)
 
 
 @dataclass(frozen=True)
@@ -103,6 +138,8 @@ class Cell:
     leaf: Leaf
     servers: tuple[Server, ...]
     root: Root = field(default_factory=Root)
+    #: ``replicas`` was not set in the file: it follows the server count, discovered ones included.
+    replicas_auto: bool = False
 
     @property
     def cluster_name(self) -> str:
@@ -221,6 +258,13 @@ class ProbeParams:
 
 
 @dataclass(frozen=True)
+class Discovery:
+    """Server discovery: a ``servers[].address`` that is a DNS name stands for all of its A/AAAA records."""
+
+    dns_period_s: float = 5.0  # how often the control plane re-resolves server names (and pushes EDS on a change)
+
+
+@dataclass(frozen=True)
 class ControlPlaneAddrs:
     xds: HostPort = HostPort("127.0.0.1", 18000)
     status: HostPort = HostPort("127.0.0.1", 18001)
@@ -238,6 +282,30 @@ class Services:
     root: RootAddrs = field(default_factory=RootAddrs)
 
 
+#: The placeholder a ``tls.cert``/``tls.key`` path may hold; each component puts its identity there.
+TLS_IDENTITY_PLACEHOLDER = "{identity}"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Optional mutual TLS on DLB's gRPC channels (docs/security.md): PEM file paths, absolute.
+
+    One config serves every component, but each component has its own certificate (its identity is
+    what the control plane authorises), so ``cert`` and ``key`` may contain ``{identity}``, replaced
+    by ``control-plane``, ``root-<cell>`` or ``leaf-<cell>`` (:func:`dlb.config.tls.identity_name`).
+    """
+
+    ca: str  # the CA that signs every DLB component's certificate; peers must chain to it
+    cert: str
+    key: str
+
+    def cert_for(self, identity: str) -> str:
+        return self.cert.replace(TLS_IDENTITY_PLACEHOLDER, identity)
+
+    def key_for(self, identity: str) -> str:
+        return self.key.replace(TLS_IDENTITY_PLACEHOLDER, identity)
+
+
 @dataclass(frozen=True)
 class Config:
     version: int
@@ -246,6 +314,8 @@ class Config:
     endpoints: tuple[Endpoint, ...]
     probe: ProbeParams = field(default_factory=ProbeParams)
     services: Services = field(default_factory=Services)
+    tls: TlsFiles | None = None  # None: plaintext gRPC everywhere (the default)
+    discovery: Discovery = field(default_factory=Discovery)
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------

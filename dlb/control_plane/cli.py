@@ -15,7 +15,7 @@ log = get_logger("dlb.control_plane")
 
 def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("control-plane", help="serve xDS to root/leaf Envoys and DLB services; run the flow loop")
-    p.add_argument("--config", required=True, help="DLB config YAML (reloaded on SIGHUP)")
+    p.add_argument("--config", required=True, help="DLB config YAML (reloaded on SIGHUP, and on change with --watch-config)")
     p.add_argument("--xds", default=None, help="xDS listen address host:port (default services.control_plane.xds)")
     p.add_argument("--status", default=None, help="status/metrics HTTP address host:port (default services.control_plane.status)")
     p.add_argument("--emulate-wan", action="store_true", help="leaf Envoys delay requests by the source cell's RTT (testbeds)")
@@ -23,6 +23,12 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mnlb", action="store_true",
                    help="baseline for comparisons: every flow endpoint's weights from the central MNLB LP (demand and "
                         "capacity measured from the leaves' probes) instead of the flow routers")
+    p.add_argument("--serve-cells", default=None, metavar="A,B",
+                   help="build snapshots and flow loops for these cells only (one control plane per cluster); "
+                        "every leaf is still probed (default: every cell)")
+    p.add_argument("--watch-config", action="store_true",
+                   help="reload when the config file changes, as on SIGHUP (follows a Kubernetes ConfigMap's symlink swap)")
+    p.add_argument("--watch-period-s", type=float, default=1.0, help="how often --watch-config checks the file")
     p.set_defaults(func=run_serve)
 
 
@@ -32,6 +38,16 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 1
+    if args.serve_cells is not None:
+        args.serve_cells = [c.strip() for c in args.serve_cells.split(",") if c.strip()]
+        unknown = [c for c in args.serve_cells if c not in config.cell_names]
+        if not args.serve_cells or unknown:
+            print(f"--serve-cells: {', '.join(unknown) or '(empty)'} not a cell of {args.config} "
+                  f"(cells: {', '.join(config.cell_names)})", file=sys.stderr)
+            return 1
+    if args.watch_period_s <= 0:
+        print("--watch-period-s must be > 0", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
@@ -44,7 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
 async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.control_plane.service import ControlPlane
 
-    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb)
+    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb, serve_cells=args.serve_cells)
     await cp.start(args.xds, args.status)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,9 +89,16 @@ async def _serve(config, args: argparse.Namespace) -> int:
         reloading[:] = [loop.create_task(reload_now())]
 
     loop.add_signal_handler(signal.SIGHUP, reload)
+    watcher = None
+    if args.watch_config:
+        from dlb.control_plane.watch import watch
+
+        watcher = asyncio.create_task(watch(args.config, reload, args.watch_period_s), name="watch-config")
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("control_plane_stopping")
+    if watcher is not None:
+        watcher.cancel()
     await cp.stop()
     return 0

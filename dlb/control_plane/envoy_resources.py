@@ -39,6 +39,7 @@ from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401  (the leaf's retry host predicate)
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401  (mTLS to DLB services, docs/security.md)
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from google.protobuf import json_format
 from google.protobuf.message import Message

@@ -30,13 +30,17 @@ from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
+from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
+from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node_admission
 from dlb.control_plane import envoy_resources as er
+from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all, resolve_names
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
 from dlb.ext_proc.health import HealthState, health_handler
+from dlb.ext_proc.metrics import CallbackCollector
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
@@ -47,8 +51,8 @@ from dlb.xds.status import StatusServer
 
 log = get_logger("dlb.control_plane")
 
-ROOT_GROUP = "dlb-root"
-LEAF_GROUP = "dlb-leaf"
+ROOT_GROUP = NODE_CLUSTER["root"]  # "dlb-root"; the mTLS identity spiffe://dlb/root/<cell> maps to it
+LEAF_GROUP = NODE_CLUSTER["leaf"]  # "dlb-leaf"
 
 
 def dlb_node_key(node: base_pb2.Node) -> str:
@@ -84,9 +88,14 @@ class ControlPlane:
     """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = True, flow_loop: bool = True, mnlb: bool = False) -> None:
+                 probe: bool = True, flow_loop: bool = True, mnlb: bool = False,
+                 serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
-        self.server = XdsServer(self.cache)
+        # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
+        # names is the only snapshot its streams may read. Fixed at start: a reload cannot turn it off.
+        self.tls = component_identity(config.tls, CONTROL_PLANE, source=config.source)
+        self.server = XdsServer(self.cache, admission=node_admission(dlb_node_key) if self.tls is not None else None,
+                                credentials=self.tls.server_credentials() if self.tls is not None else None)
         self.health = HealthState()
         self.clock = clock
         self.emulate_wan = emulate_wan
@@ -95,21 +104,45 @@ class ControlPlane:
         #: MNLB baseline (``--mnlb``): every endpoint's fail-open weights come from the central LP
         #: (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
         self.mnlb_enabled = mnlb
+        #: ``--serve-cells``: snapshots and flow loops for these cells only (None = every cell). One
+        #: control plane per Kubernetes cluster serves its own cells, so a WAN partition never cuts a
+        #: region off from xDS; it still probes every leaf, since its roots' costs need them all.
+        self.serve_cells = frozenset(serve_cells) if serve_cells is not None else None
+        if self.serve_cells is not None:
+            unknown = sorted(self.serve_cells - set(config.cell_names))
+            if unknown:
+                raise ValueError(f"serve cells {unknown} are not in {config.source} (cells: {', '.join(config.cell_names)})")
+        #: Server discovery: DNS name → its addresses at the last resolution (``discovery.dns_period_s``).
+        self.resolver = resolver
+        self.resolved: dict[str, tuple[str, ...]] = {}
+        self.dns_stats = DnsStats()
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._probes: ProbeClient | None = None
+        #: Ready (``/readyz``) = a config is loaded (the constructor's, or it raised) and xDS is listening.
+        self.xds_listening = False
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
-                                          extra_routes=[web.get("/fleet", self._fleet)])
+                                          extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
+        self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
+    def serves(self, cell: str) -> bool:
+        """Whether this instance builds snapshots for ``cell`` (``--serve-cells``)."""
+        return self.serve_cells is None or cell in self.serve_cells
+
     def _load(self, config: Config) -> None:
+        if self.serve_cells is not None and not self.serve_cells & set(config.cell_names):
+            log.warning("serve_cells_not_in_config", serve_cells=sorted(self.serve_cells), source=config.source)
+        #: The config as loaded; ``config`` is it with server names expanded to their addresses.
+        self.base_config = config
+        config = expand(config, self.resolved)
         self.config = config
         topo = config.topology()
         flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core())
                     for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW]
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
-        self.sources = [c.index for c in config.cells if c.root.address is not None]
+        self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
         self.mnlb = MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources) if self.mnlb_enabled and flow_eps else None
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
@@ -134,6 +167,8 @@ class ControlPlane:
         common = [Resource.from_message(m, name=n, type_url=t) for t, items in dr.config_resources(config).items() for n, m in items]
         root, leaf, root_sets = {}, {}, {}
         for cell in config.cells:
+            if not self.serves(cell.name):
+                continue
             if cell.root.address is not None:
                 rs = er.root_resources(config, cell.name)
                 root_sets[cell.name] = rs
@@ -141,6 +176,36 @@ class ControlPlane:
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
         return _Static(root, leaf, root_sets)
+
+    async def refresh_dns(self) -> bool:
+        """Resolve the config's server names once; on a change push the new endpoints. True if changed.
+
+        Only the packed resources are rebuilt when the replica counts stay the same (flow state is kept);
+        a cell whose unset ``replicas`` follows its server count changes the topology, so then the whole
+        config is loaded again, as a reload would.
+        """
+        names = dns_names(self.base_config)
+        resolved = await resolve_names(names, self.resolver, self.resolved, self.dns_stats) if names else {}
+        if resolved == self.resolved:
+            return False
+        self.resolved = resolved
+        new = expand(self.base_config, resolved)
+        log.info("servers_discovered", servers={c.name: [str(s.address) for s in c.servers] for c in new.cells})
+        if [c.replicas for c in new.cells] != [c.replicas for c in self.config.cells]:
+            self._load(self.base_config)
+        else:
+            self.config = new
+            self._static = self._pack_static(new)
+            self.rebuild()
+        return True
+
+    async def _dns_loop(self) -> None:
+        while True:
+            try:
+                await self.refresh_dns()
+            except Exception:  # a bad resolution must not stop the control plane; the last endpoints stay
+                log.exception("dns_refresh_failed")
+            await asyncio.sleep(self.config.discovery.dns_period_s)
 
     # -- snapshots ----------------------------------------------------------------------------------
     def _state_resources(self) -> list[Resource]:
@@ -164,6 +229,8 @@ class ControlPlane:
         state = self._state_resources()
         versions = {}
         for cell in cfg.cells:
+            if not self.serves(cell.name):
+                continue
             versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
             if cell.name not in self._static.root_sets:
                 continue
@@ -240,6 +307,7 @@ class ControlPlane:
                                backoff_max_s=p.backoff_max_ms / 1000.0),
             source_cell="control-plane",
             clock=self.clock,
+            credentials=self.tls.channel_credentials() if self.tls is not None else None,
         )
         self._probes.start()
 
@@ -284,12 +352,14 @@ class ControlPlane:
         cp = self.config.services.control_plane
         # grpc.health.v1 next to xDS: Envoys and orchestrators can check the control plane like any DLB service.
         xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)])
+        self.xds_listening = True
         host, _, port = (status_address or str(cp.status)).rpartition(":")
         status_port = await self.status_server.start(host.strip("[]"), int(port))
         if self.probe_enabled:
             self._start_probes()
         if self.flow_loop_enabled:
             self._tasks.append(asyncio.create_task(self._flow_loop(), name="flow-loop"))
+        self._tasks.append(asyncio.create_task(self._dns_loop(), name="dns-discovery"))
         log.info("control_plane_started", xds_port=xds_port, status_port=status_port, cells=len(self.config.cells),
                  flow_endpoints=[ep.name for ep in (self.flow.endpoints if self.flow else [])])
         return xds_port, status_port
@@ -303,6 +373,7 @@ class ControlPlane:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        self.xds_listening = False
         if self._probes is not None:
             await self._probes.stop()
             self._probes = None

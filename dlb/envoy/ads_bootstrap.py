@@ -4,6 +4,12 @@ The bootstrap names the node (``node.cluster`` = tier, ``node.locality.zone`` = 
 control plane's snapshot key), one static cluster for the control plane (HTTP/2, since xDS is gRPC)
 and ADS as the source of listeners and clusters; everything else arrives over ADS. The overload manager
 (the downstream connection cap) is bootstrap-only in Envoy, so it is set here as in the static bootstraps.
+
+One bootstrap serves every pod of a tier: Envoy's ``--service-node``, ``--service-cluster`` and
+``--service-zone`` override ``node.id``, ``node.cluster`` and ``node.locality.zone`` (checked on
+Envoy 1.40 in tests/test_deploy_code.py), so a pod's name and cell come from the downward API. The
+control plane's address may be a DNS name (a Kubernetes Service): the cluster is then ``STRICT_DNS``,
+since Envoy 1.40 refuses a name in a ``STATIC`` cluster ("malformed IP address").
 """
 
 from __future__ import annotations
@@ -11,23 +17,29 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dlb.config.model import HostPort
-from dlb.envoy.bootstrap import overload_manager
+from dlb.config.model import HostPort, TlsFiles
+from dlb.config.tls import CONTROL_PLANE, identity_name, spiffe_id
+from dlb.envoy.bootstrap import _is_ip, overload_manager, ready_listener
+from dlb.envoy.tls import upstream_tls
 
 XDS_CLUSTER = "dlb_xds"
 ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
 
 
 def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id: str | None = None,
-                  delta: bool = False) -> dict[str, Any]:
+                  delta: bool = False, ready_port: int | None = None, tls: TlsFiles | None = None) -> dict[str, Any]:
     """Bootstrap of an Envoy of ``role`` (root|leaf) in ``cell``, configured entirely over ADS.
 
-    ``delta`` selects the incremental protocol (``DELTA_GRPC``) instead of state of the world.
+    ``delta`` selects the incremental protocol (``DELTA_GRPC``) instead of state of the world;
+    ``ready_port`` adds the ``dlb_ready`` listener (:func:`dlb.envoy.bootstrap.ready_listener`).
+    ``tls`` (a config's ``tls`` section): mutual TLS to the control plane with this (role, cell)'s
+    certificate — the identity the control plane authorises this node by.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
     ads = {"ads": {}, "resource_api_version": "V3"}
-    return {
+    dns = not _is_ip(xds.host)
+    boot: dict[str, Any] = {
         "node": {
             "id": node_id or f"{role}-{cell}-{os.getpid()}",
             "cluster": ROLES[role],
@@ -48,7 +60,8 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
         "static_resources": {
             "clusters": [{
                 "name": XDS_CLUSTER,
-                "type": "STATIC",
+                "type": "STRICT_DNS" if dns else "STATIC",
+                **({"dns_lookup_family": "V4_PREFERRED"} if dns else {}),
                 "connect_timeout": "1s",
                 "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
                     {"endpoint": {"address": {"socket_address": {"address": xds.host, "port_value": xds.port}}}}]}]},
@@ -63,3 +76,9 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
             }],
         },
     }
+    if ready_port is not None:
+        boot["static_resources"]["listeners"] = [ready_listener(ready_port)]
+    if tls is not None:
+        xds_cluster = boot["static_resources"]["clusters"][0]
+        xds_cluster["transport_socket"] = upstream_tls(tls, identity_name(role, cell), spiffe_id(CONTROL_PLANE))
+    return boot

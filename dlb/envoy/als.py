@@ -56,7 +56,11 @@ def envoy_address(address: str) -> dict[str, Any]:
 
 
 def leaf_agent_cluster(address: str, name: str = LEAF_AGENT_CLUSTER) -> dict[str, Any]:
-    """The agent's access-log channel (``Leaf.access_log_address()``) as a static HTTP/2 cluster."""
+    """The agent's access-log channel (``Leaf.access_log_address()``) as a static HTTP/2 cluster.
+
+    Always a local address (a Unix socket or a loopback port, checked by the config loader), so neither
+    DNS nor TLS: whoever can open it is on the leaf Envoy's host (in Kubernetes, in its pod).
+    """
     return {
         "name": name,
         "type": "STATIC",
@@ -79,6 +83,8 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
         sr["clusters"].append(service_health(leaf_agent_cluster(channel), grpc_health=True))
     for listener in sr["listeners"]:
+        if listener["name"] == "dlb_ready":  # bootstrap.READY_LISTENER: a kubelet's probes are not traffic
+            continue
         for chain in listener["filter_chains"]:
             for f in chain["filters"]:
                 hcm = f["typed_config"]

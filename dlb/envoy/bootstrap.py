@@ -29,7 +29,9 @@ from typing import Any
 import yaml
 
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
+from dlb.config.tls import identity_name, spiffe_id
 from dlb.envoy import headers as _h
+from dlb.envoy.tls import upstream_tls
 
 HEADER_CELL = _h.CELL
 HEADER_SRC_CELL = _h.SRC_CELL
@@ -89,8 +91,8 @@ def _lb_endpoints(addrs: list[tuple[HostPort, int]]) -> list[dict[str, Any]]:
 
 
 def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "ROUND_ROBIN", http2: bool = False,
-             connect_timeout_s: float = 1.0) -> dict[str, Any]:
-    """A cluster of fixed hosts: STATIC for IPs, STRICT_DNS when any host is a DNS name."""
+             connect_timeout_s: float = 1.0, tls: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A cluster of fixed hosts: STATIC for IPs, STRICT_DNS when any host is a DNS name; ``tls``: its transport socket."""
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC" if all(_is_ip(hp.host) for hp, _ in addrs) else "STRICT_DNS",
@@ -102,6 +104,8 @@ def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "
     }
     if cluster["type"] == "STRICT_DNS":
         cluster["dns_lookup_family"] = "V4_PREFERRED"
+    if tls is not None:
+        cluster["transport_socket"] = tls
     if http2:
         cluster["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -118,6 +122,14 @@ def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "
             }
         }
     return cluster
+
+
+def dlb_service_tls(cfg: Config, role: str, cell: str) -> dict[str, Any] | None:
+    """With the config's ``tls``: the transport socket from the (role, cell) Envoy to its own cell's
+    DLB service of that role (root ext_proc; leaf ext_proc and agent), mutual TLS on both identities."""
+    if cfg.tls is None:
+        return None
+    return upstream_tls(cfg.tls, identity_name(role, cell), spiffe_id(role, cell))
 
 
 def _picked_cluster() -> dict[str, Any]:
@@ -236,12 +248,50 @@ def _safe_retries() -> dict[str, Any]:
     }
 
 
-def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], clusters: list[dict[str, Any]]) -> dict[str, Any]:
+#: The readiness listener every bootstrap can carry (``ready_port``): orchestrators probe it, not admin.
+READY_LISTENER = "dlb_ready"
+READY_PATH = "/ready"
+
+
+def ready_listener(port: int) -> dict[str, Any]:
+    """``GET /ready`` on ``0.0.0.0:port``: 200 while Envoy serves, 503 once it fails health checks.
+
+    Why a listener of its own: admin stays on 127.0.0.1 (it can quit Envoy), so a kubelet cannot reach
+    admin's ``/ready``. Envoy opens listeners only after its first xDS config is in (init), and the
+    ``health_check`` filter answers 503 after ``POST /healthcheck/fail`` (``dlb envoy drain`` does
+    that first), so the pod leaves its Service before its listeners drain. Anything but ``/ready`` is 404.
+    """
+    route_config = {"name": READY_LISTENER, "virtual_hosts": [{"name": "ready", "domains": ["*"], "routes": [
+        {"match": {"prefix": "/"}, "direct_response": {"status": 404}}]}]}
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": READY_LISTENER,
+        "codec_type": "AUTO",
+        "route_config": route_config,
+        "request_headers_timeout": "5s",
+        "http_filters": [{"name": "envoy.filters.http.health_check", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck",
+            "pass_through_mode": False,
+            "headers": [{"name": ":path", "string_match": {"exact": READY_PATH}}],
+        }}, _router()],
+    }
+    return {
+        "name": READY_LISTENER,
+        "address": _socket(HostPort("0.0.0.0", port)),
+        "enable_reuse_port": False,
+        "per_connection_buffer_limit_bytes": 32 * 1024,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+
+
+def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], clusters: list[dict[str, Any]],
+               ready_port: int | None = None) -> dict[str, Any]:
+    listeners = [listener] + ([ready_listener(ready_port)] if ready_port is not None else [])
     return {
         "node": {"id": f"{role}-{cell}", "cluster": f"dlb-{role}", "locality": {"zone": cell}},
         # Admin can quit Envoy and dump its config: loopback only, whatever the listeners bind to.
         "admin": {"address": _socket(HostPort("127.0.0.1", admin_port))},
-        "static_resources": {"listeners": [listener], "clusters": clusters},
+        "static_resources": {"listeners": listeners, "clusters": clusters},
         "overload_manager": overload_manager(),
     }
 
@@ -424,16 +474,18 @@ def root_bootstrap(
     message_timeout_ms: float = 200.0,
     native_flow: bool = False,
     reuse_port: bool = False,
+    ready_port: int | None = None,
 ) -> dict[str, Any]:
     """The root Envoy of ``cell``: client listener → ext_proc (picks a cell) → router.
 
-    ``listen`` defaults to ``cells[].root.address``; ``ext_proc`` to ``cells[].root.ext_proc`` or
+    ``listen`` defaults to ``cells[].root.listen`` (``0.0.0.0:<port of root.address>``); ``ext_proc`` to ``cells[].root.ext_proc`` or
     ``services.root.ext_proc``; ``weights`` (cell name → integer weight, fail-open fallback) to
     :func:`fallback_weights`. ``native_flow`` disables the ext_proc on flow endpoints without affinity.
-    ``reuse_port`` sets the listener's SO_REUSEPORT (off: a port clash fails loudly).
+    ``reuse_port`` sets the listener's SO_REUSEPORT (off: a port clash fails loudly). ``ready_port``
+    adds the :func:`ready_listener`.
     """
     me = cfg.cell(cell)
-    listen = listen or me.root.address
+    listen = listen or me.root.bind
     if listen is None:
         raise ValueError(f"{cfg.source}: cells[{me.index}].root.address is not set; pass listen=")
     ext_proc = ext_proc or me.root.ext_proc or cfg.services.root.ext_proc
@@ -455,10 +507,12 @@ def root_bootstrap(
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
     filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)), _router()]
-    clusters = [service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25), grpc_health=False)]
+    tls = dlb_service_tls(cfg, "root", me.name)
+    clusters = [service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
+                               grpc_health=False)]
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
-    return _bootstrap("root", me.name, admin_port, listener, clusters)
+    return _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,6 +561,7 @@ def leaf_bootstrap(
     message_timeout_ms: float = 200.0,
     access_log: bool = False,
     reuse_port: bool = False,
+    ready_port: int | None = None,
 ) -> dict[str, Any]:
     """The leaf Envoy of ``cell``: root-facing listener → [WAN delay] → [leaf ext_proc] → servers.
 
@@ -514,11 +569,11 @@ def leaf_bootstrap(
     ``τ_src,cell + τ_cell,src`` (testbeds only; on a real WAN leave it off). A leaf ext_proc is used
     when ``cells[].leaf.ext_proc`` is set: it may name a server in ``x-dlb-server``; without it, or
     when it is down, Envoy's LEAST_REQUEST picks. ``access_log`` wires Envoy's gRPC access log to the
-    leaf agent (``cells[].leaf.probe``), which is how the agent learns completions and latencies
-    (:mod:`dlb.envoy.als` owns that wiring).
+    leaf agent (over ``cells[].leaf.access_log``), which is how the agent learns completions and latencies
+    (:mod:`dlb.envoy.als` owns that wiring). ``ready_port`` adds the :func:`ready_listener`.
     """
     me = cfg.cell(cell)
-    listen = listen or me.leaf.address
+    listen = listen or me.leaf.bind
     filters: list[dict[str, Any]] = []
     if emulate_wan:
         filters += [_fault_filter(src, ms) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
@@ -530,7 +585,8 @@ def leaf_bootstrap(
     if me.leaf.ext_proc is not None:
         filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS))
         # The leaf ext_proc shares the agent's grpc.aio server (and its health service) when it shares its address.
-        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25),
+        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25,
+                                                tls=dlb_service_tls(cfg, "leaf", me.name)),
                                        grpc_health=me.leaf.ext_proc == me.leaf.probe))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
@@ -553,7 +609,7 @@ def leaf_bootstrap(
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
     listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=True), reuse_port)
-    boot = _bootstrap("leaf", me.name, admin_port, listener, clusters)
+    boot = _bootstrap("leaf", me.name, admin_port, listener, clusters, ready_port)
     if access_log:
         from dlb.envoy.als import add_leaf_access_log
 

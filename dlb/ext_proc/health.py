@@ -8,15 +8,20 @@ the process exits (:func:`dlb.ext_proc.protocol.serve_until_signal`).
 Why hand-coded rather than ``grpcio-health-checking``: the two messages are one field each
 (``HealthCheckRequest{string service = 1}``, ``HealthCheckResponse{ServingStatus status = 1}``), and
 that package pins protobuf ranges the shared environment cannot follow. The wire bytes below are
-the protobuf encodings of those messages (field 1, varint); ``Watch`` is not offered (Envoy and
-``grpc_health_probe`` use ``Check``; a client calling ``Watch`` gets UNIMPLEMENTED).
+the protobuf encodings of those messages (field 1, varint). On grpc.aio only ``Check`` is offered
+(Envoy and ``grpc_health_probe`` use it; ``Watch`` gets UNIMPLEMENTED); DLB's HTTP/2 transport serves
+``Check`` and ``Watch`` (:func:`h2_health_routes`: a watcher gets the status at once and again on
+every change).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import grpc
+
+from dlb.ext_proc.transport.h2 import Route
 
 SERVICE = "grpc.health.v1.Health"
 SERVING, NOT_SERVING = 1, 2
@@ -24,14 +29,43 @@ SERVING, NOT_SERVING = 1, 2
 _REPLY = {SERVING: b"\x08\x01", NOT_SERVING: b"\x08\x02"}
 
 
+CHECK_PATH, WATCH_PATH = f"/{SERVICE}/Check", f"/{SERVICE}/Watch"
+
+
 @dataclass
 class HealthState:
-    """One serving flag for the whole process (every service name gets the same answer)."""
+    """One serving flag for the whole process (every service name gets the same answer).
 
-    serving: bool = True
+    Setting ``serving`` calls every listener (the HTTP/2 transport's Watch calls) when it changes.
+    """
+
+    _serving: bool = True
+    listeners: list[Callable[[bytes], None]] = field(default_factory=list)
+
+    @property
+    def serving(self) -> bool:
+        return self._serving
+
+    @serving.setter
+    def serving(self, value: bool) -> None:
+        changed = value != self._serving
+        self._serving = value
+        if changed:
+            for listener in list(self.listeners):
+                listener(self.reply())
+
+    def reply(self) -> bytes:
+        return _REPLY[SERVING if self._serving else NOT_SERVING]
 
     def check(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return _REPLY[SERVING if self.serving else NOT_SERVING]
+        return self.reply()
+
+
+def h2_health_routes(state: HealthState) -> dict[str, Route]:
+    """``Check`` and ``Watch`` on DLB's HTTP/2 transport (the request message is not read: one status
+    serves every service name). Subscribe the server's ``notify(WATCH_PATH, reply)`` to ``state``."""
+    return {CHECK_PATH: Route(lambda _request: (state.reply(), True)),
+            WATCH_PATH: Route(lambda _request: (state.reply(), False), watch=True)}
 
 
 def health_handler(state: HealthState) -> grpc.GenericRpcHandler:

@@ -34,7 +34,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 import numpy as np
@@ -44,6 +44,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.config.tls import component_identity
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
@@ -54,8 +55,8 @@ from dlb.envoy import headers
 from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
-from dlb.ext_proc.metrics import FastHistogram, serve_metrics
-from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
+from dlb.ext_proc.metrics import FastHistogram, Readiness, serve_metrics
+from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, add_port, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.runner import run_event_loop, write_ready
 from dlb.log import get_logger
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -462,22 +463,30 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
 
 
 def _ip_address(host: str, port: int) -> str:
-    """``ip:port`` for a server: Envoy's ORIGINAL_DST cluster and the access log speak IPs, not names.
-
-    Resolved once at start-up (a server that moves needs a leaf restart, like a static cluster).
-    """
+    """``ip:port`` of a server address that is an IP: Envoy's ORIGINAL_DST cluster and the access log speak IPs."""
     import ipaddress
-    import socket
 
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = ipaddress.ip_address(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
+    ip = ipaddress.ip_address(host)
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+def resolve_all_sync(host: str, port: int) -> list[str]:
+    """Every IP of ``host`` (A and AAAA); raises OSError naming it when it has none."""
+    import socket
+
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+
+
 def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
-                      refit_period_s: float = 5.0, window_s: float = 60.0, pick_rule: str = "prequal") -> LeafState:
+                      refit_period_s: float = 5.0, window_s: float = 60.0, pick_rule: str = "prequal",
+                      resolve: Callable[[str, int], list[str]] = resolve_all_sync) -> LeafState:
+    """The leaf's starting state. A server named by DNS stands for every address the name has now
+    (a headless Service: one per pod), as the control plane's discovery publishes them; with ``--xds``
+    the agent then follows those updates over EDS."""
+    from dlb.config.discovery import dns_names, expand
+
+    names = {h: p for h, p in dns_names(cfg).items() if any(s.address.host == h for s in cfg.cell(cell_name).servers)}
+    cfg = expand(cfg, {h: resolve(h, p) for h, p in names.items()})
     cell = cfg.cell(cell_name)
     # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
     prior = cfg.endpoints[0].latency_prior.to_core()
@@ -523,9 +532,14 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
                    ext_proc_h2: str | None = None, drain_s: float = 0.0, background: BackgroundProbeConfig | None = None,
                    background_body: bytes = b"", pick_rule: str = "prequal",
-                   window_s: float = 60.0) -> None:
+                   window_s: float = 60.0, envoy_address: str | None = None) -> None:
     """Serve probes, the access log and (on ``listen``) ext_proc on grpc.aio; with ``ext_proc_h2``
-    the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path)."""
+    the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path).
+
+    ``envoy_address`` is this agent's own leaf Envoy, which it checks and sends background probes
+    through (default ``cells[].leaf.address``). In a pod that is ``127.0.0.1:<port>``: the cell's
+    address is then a load balancer in front of the pod, which could answer while this Envoy is dead.
+    """
     state = state_from_config(cfg, cell_name, choices, seed, refit_period_s, window_s, pick_rule=pick_rule)
     agent = LeafAgent(state)
     agent.known_sources = frozenset(cfg.cell_names)
@@ -533,7 +547,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     if xds:
         from dlb.ext_proc.leaf_xds import LeafXdsSync
 
-        sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta)
+        sync = LeafXdsSync(state, xds, cell_name, delta=xds_delta, tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source))
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
     health = HealthState()
     server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
@@ -545,42 +559,39 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     als_server.add_generic_rpc_handlers((health_handler(health),))
     als_address = cfg.cell(cell_name).leaf.access_log_address()
     _bind_als(als_server, als_address)
-    ports = []
-    for addr in listen:
-        try:
-            port = server.add_insecure_port(addr)
-        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
-            port = 0
-        if port == 0:
-            raise BindError(addr, "gRPC could not bind it (in use?)")
-        ports.append(port)
+    tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
+    ports = [add_port(server, addr, tls) for addr in listen]
     h2 = None
     if ext_proc_h2 is not None:
-        h2 = ExtProcServer("h2", agent.handle)
+        h2 = ExtProcServer("h2", agent.handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
         ports.append(await h2.bind(ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None
+    readiness = Readiness()  # /readyz: 200 once the gRPC server serves, 503 again from the drain's start
     if metrics:
         host, _, mport = metrics.rpartition(":")
-        _, metrics_port = serve_metrics(agent.collect, host or "127.0.0.1", int(mport))
+        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     await server.start()
     await als_server.start()
+    readiness.ready = True
     if sync is not None:
         await sync.start()
     tasks = [asyncio.create_task(agent.fit_loop())]
+    envoy_address = envoy_address or str(cfg.cell(cell_name).leaf.address)
     if envoy_check_period_s > 0:
         agent.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up
-        tasks.append(asyncio.create_task(agent.envoy_check_loop(str(cfg.cell(cell_name).leaf.address), envoy_check_period_s)))
+        tasks.append(asyncio.create_task(agent.envoy_check_loop(envoy_address, envoy_check_period_s)))
     if scrape_period_s > 0:
         tasks.append(asyncio.create_task(agent.scrape_loop(scrape_period_s, min(1.0, max(0.2, scrape_period_s)))))
     if background is not None:
-        tasks.append(asyncio.create_task(agent.background_loop(str(cfg.cell(cell_name).leaf.address), background, background_body)))
+        tasks.append(asyncio.create_task(agent.background_loop(envoy_address, background, background_body)))
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port, access_log=als_address,
              servers=[s.address for s in state.servers], choices=choices)
     if ready_file:
         write_ready(ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
 
     async def on_stop() -> None:
+        readiness.ready = False
         for t in tasks:
             t.cancel()
         if sync is not None:
@@ -598,6 +609,11 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
 
 def run(args: argparse.Namespace) -> int:
     cfg, cell = load_cell(args.config, args.cell)
+    if args.envoy_check_address is not None:
+        from dlb.config.loader import parse_hostport
+
+        if parse_hostport(args.envoy_check_address) is None:
+            raise SystemExit(f"dlb serve leaf: --envoy-check-address: {args.envoy_check_address!r} is not host:port")
     # Probe and access log on one gRPC server. The ext_proc is served there too when it shares the
     # probe's address (or --ext-proc-transport grpc); on its own address it gets the HTTP/2 transport.
     listen = [args.listen or str(cell.leaf.probe)]
@@ -614,7 +630,7 @@ def run(args: argparse.Namespace) -> int:
                             args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
                             xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s,
                             background=_background_config(args), background_body=background_body(args), pick_rule=args.pick,
-                            window_s=args.window_s))
+                            window_s=args.window_s, envoy_address=args.envoy_check_address))
     return 0
 
 
@@ -655,7 +671,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="servers probed per pick (power-of-d's d; >= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
-                   help="TCP check of this cell's leaf Envoy (cells[].leaf.address); probes fail while it is down (0 = off)")
+                   help="TCP check of this agent's leaf Envoy (--envoy-check-address); probes fail while it is down (0 = off)")
+    p.add_argument("--envoy-check-address", default=None,
+                   help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
+                        "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
     p.add_argument("--background-probe-min-interval-ms", type=float, default=1000.0,
                    help="background probe requests when the cell is idle: at most one per this (0 = off)")

@@ -21,6 +21,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from dlb.config import resources as dr
+from dlb.config.tls import Identity
 from dlb.envoy.bootstrap import LEAF_SERVERS_CLUSTER
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
@@ -45,12 +46,13 @@ def servers_from_cla(cla: endpoint_pb2.ClusterLoadAssignment) -> list[tuple[str,
 
 
 class LeafXdsSync:
-    def __init__(self, state: LeafState, target: str, cell: str, *, delta: bool = False, node_id: str | None = None) -> None:
+    def __init__(self, state: LeafState, target: str, cell: str, *, delta: bool = False, node_id: str | None = None,
+                 tls: Identity | None = None) -> None:
         self.state = state
         self.cell = cell
         node = base_pb2.Node(id=node_id or f"leaf-service-{cell}-{os.getpid()}", cluster="dlb-leaf",
                              locality=base_pb2.Locality(zone=cell))
-        self.client = XdsClient(target, node, delta=delta)
+        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
         self.updates = 0
         self.client.subscribe(types.ENDPOINT, endpoint_pb2.ClusterLoadAssignment, self._on_endpoints, names=[LEAF_SERVERS_CLUSTER])
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models, names=[cell])

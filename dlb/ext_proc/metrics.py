@@ -4,16 +4,25 @@
 services instead bump plain Python ints/lists in their own state and register a *collector* that
 turns that state into metric families when Prometheus scrapes. :class:`FastHistogram` is a bucket
 array updated with one ``bisect`` and one list increment.
+
+The same HTTP listener answers an orchestrator's probes: ``GET /healthz`` (the process is alive:
+this thread answers) and ``GET /readyz`` (200 while the service's own listener serves, 503 before
+and while it drains), so a pod needs no second port for them.
 """
 
 from __future__ import annotations
 
 import bisect
+import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.registry import Collector
 
 from dlb.log import get_logger
@@ -66,15 +75,55 @@ class CallbackCollector(Collector):
             log.exception("metrics_collect_failed")
 
 
-def serve_metrics(collect: Callable[[], Iterable], host: str, port: int) -> tuple[CollectorRegistry, int]:
-    """Start the exporter thread on ``host:port`` (port 0 = any); return the registry and bound port."""
+@dataclass
+class Readiness:
+    """What ``/readyz`` answers: the service sets ``ready`` once its listener serves, clears it to drain."""
+
+    ready: bool = False
+
+
+def health_app(app: Callable[..., Any], ready: Callable[[], bool]) -> Callable[..., Any]:
+    """Wrap a WSGI app with ``/healthz`` (always 200) and ``/readyz`` (200 if ``ready()``, else 503)."""
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            status, body = "200 OK", b"ok\n"
+        elif path == "/readyz":
+            status, body = ("200 OK", b"ready\n") if ready() else ("503 Service Unavailable", b"not ready\n")
+        else:
+            return app(environ, start_response)
+        start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return wrapped
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes and probes every few seconds would flood stderr
+
+
+def serve_metrics(collect: Callable[[], Iterable], host: str, port: int,
+                  ready: Callable[[], bool] | None = None) -> tuple[CollectorRegistry, int]:
+    """Start the exporter thread on ``host:port`` (port 0 = any); return the registry and bound port.
+
+    ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` (:func:`health_app`; without ``ready``
+    the process counts as ready once this listener is up).
+    """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CallbackCollector(collect))
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    bound = server.server_address[1]
+
+    class _Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    app = health_app(make_wsgi_app(registry), ready or (lambda: True))
+    server = make_server(host, port, app, _Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name=f"metrics-{port}")
+    thread.start()
     # Keep references so the thread is not collected; daemon threads end with the process.
     _servers.append((server, thread))
-    return registry, int(bound)
+    return registry, int(server.server_address[1])
 
 
 _servers: list[tuple[object, threading.Thread]] = []

@@ -88,6 +88,7 @@ class ProbeClient:
     timing: ProbeTiming = field(default_factory=ProbeTiming)
     source_cell: str = ""
     clock: Callable[[], float] = time.monotonic
+    credentials: grpc.ChannelCredentials | None = None  # mTLS to the leaves' probe servers (None: plaintext)
     stats: dict[int, ProbeStats] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
@@ -95,12 +96,13 @@ class ProbeClient:
     def start(self) -> None:
         for t in self.targets:
             self.stats[t.index] = ProbeStats()
-            channel = grpc.aio.insecure_channel(
-                t.address,
-                options=[("grpc.enable_retries", 0),
-                         ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
-                         ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))],
-            )
+            options = [("grpc.enable_retries", 0),
+                       ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+                       ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
+            if self.credentials is None:
+                channel = grpc.aio.insecure_channel(t.address, options=options)
+            else:
+                channel = grpc.aio.secure_channel(t.address, self.credentials, options=options)
             self._channels.append(channel)
             self._tasks.append(asyncio.create_task(self._loop(t, probe_pb2_grpc.ProbeStub(channel)), name=f"probe-{t.name}"))
 

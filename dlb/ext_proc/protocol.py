@@ -18,12 +18,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
-from dlb.ext_proc.health import HealthState, health_handler
-from dlb.ext_proc.transport.h2 import H2GrpcServer
+from dlb.ext_proc.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
+from dlb.ext_proc.transport.limits import H2Limits
+from dlb.ext_proc.transport.server import H2GrpcServer
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
+    from dlb.config.tls import Identity
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -108,22 +110,40 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
+def add_port(server: grpc.aio.Server, listen: str, tls: Identity | None) -> int:
+    """Listen on ``listen`` (mutual TLS with ``tls``, else plaintext); the bound port, or :class:`BindError`."""
+    try:
+        port = server.add_insecure_port(listen) if tls is None else server.add_secure_port(listen, tls.server_credentials())
+    except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
+        port = 0
+    if port == 0:
+        raise BindError(listen, "gRPC could not bind it (in use?)")
+    return port
+
+
 class ExtProcServer:
     """The ext_proc listener on either transport, behind one ``bind`` / ``stop``.
 
     ``h2`` (:mod:`dlb.ext_proc.transport.h2`) calls ``handle(message) -> (reply, end)`` inline from the
     socket; ``grpc`` calls it from grpc.aio's stream (:func:`ext_proc_handler`). Same bytes in and out.
+    With ``tls`` both serve mutual TLS only (a client certificate from the config's CA).
     """
 
-    def __init__(self, transport: str, handle: MessageHandler) -> None:
+    def __init__(self, transport: str, handle: MessageHandler, limits: H2Limits | None = None,
+                 health: HealthState | None = None, tls: Identity | None = None) -> None:
         if transport not in ("h2", "grpc"):
             raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
-        self._h2 = H2GrpcServer(PROCESS_METHOD, handle) if transport == "h2" else None
+        self.tls = tls
+        #: grpc.health.v1 status on either transport (Check on both, Watch on h2); serve_until_signal
+        #: turns it NOT_SERVING when a drain starts. ``health`` shares a process's status (the leaf's).
+        self.health = health if health is not None else HealthState()
+        self._h2 = None
+        if transport == "h2":
+            h2 = H2GrpcServer(PROCESS_METHOD, handle, limits=limits or H2Limits(), routes=h2_health_routes(self.health))
+            self.health.listeners.append(lambda reply: h2.notify(WATCH_PATH, reply))
+            self._h2 = h2
         self._handle = handle
         self._grpc: grpc.aio.Server | None = None
-        #: grpc.health.v1 status of the grpc.aio transport (the h2 transport serves one method only;
-        #: Envoy checks it with a TCP connect, and its drain closes the listener).
-        self.health = HealthState()
 
     @property
     def stats(self):
@@ -138,17 +158,13 @@ class ExtProcServer:
             raise BindError(listen, "the port is not a number") from None
         if self._h2 is not None:
             try:
-                return await self._h2.start(host.strip("[]") or "127.0.0.1", port, reuse_port=reuse_port)
+                ssl_context = self.tls.server_ssl_context() if self.tls is not None else None
+                return await self._h2.start(host.strip("[]") or "127.0.0.1", port, reuse_port=reuse_port, ssl=ssl_context)
             except OSError as exc:
                 raise BindError(listen, exc.strerror or str(exc)) from None
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
         self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle), health_handler(self.health)))
-        try:
-            bound = self._grpc.add_insecure_port(listen)
-        except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
-            bound = 0
-        if bound == 0:
-            raise BindError(listen, "gRPC could not bind it (in use?)")
+        bound = add_port(self._grpc, listen, self.tls)
         await self._grpc.start()
         return bound
 

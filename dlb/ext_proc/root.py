@@ -33,7 +33,7 @@ from dlb.envoy import headers
 from dlb.ext_proc.metrics import FastHistogram
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
-from dlb.ext_proc.transport.h2 import TransportStats
+from dlb.ext_proc.transport.limits import TransportStats
 from dlb.log import get_logger
 from dlb.proto import probe_pb2
 

@@ -13,12 +13,14 @@ import os
 import numpy as np
 
 from dlb.config import Config
-from dlb.ext_proc.metrics import serve_metrics
+from dlb.config.tls import component_identity
+from dlb.ext_proc.metrics import Readiness, serve_metrics
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
 from dlb.ext_proc.runner import run_event_loop, spawn_workers, wait_worker, write_ready
+from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
 
 
 async def _tick_loop(service: RootService) -> None:
@@ -33,13 +35,17 @@ async def _tick_loop(service: RootService) -> None:
 
 async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | None, ready_file: str | None = None,
                    seed: int | None = None, emulate_wan: bool = False, workers: int = 1, worker_index: int = 0,
-                   xds: str | None = None, xds_delta: bool = False, transport: str = "h2") -> None:
+                   xds: str | None = None, xds_delta: bool = False, transport: str = "h2",
+                   limits: H2Limits | None = None, drain_s: float = 0.0) -> None:
     """Serve until SIGTERM. With ``workers > 1`` this process (index 0) starts the others on the same
     port (``SO_REUSEPORT``; the kernel spreads Envoy's connections) — each is an independent root
     replica with its own probe client and router state, which is how the algorithms see several roots.
 
     With ``xds`` the routing configuration comes from the control plane (and follows it); ``cfg``, when
     also given, is only the starting point.
+
+    On SIGTERM the gRPC health status turns NOT_SERVING for ``drain_s`` (streams keep being served),
+    then the listener closes and the streams in flight finish before the process exits.
     """
     if cfg is not None:
         service = RootService.from_config(cfg, cell, seed=seed)
@@ -48,18 +54,21 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     else:
         service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         timing = ProbeTiming()
-    probes = ProbeManager(service, timing, cell)
+    # mTLS (the config's ``tls`` section) on the ext_proc listener, the probes and the xDS stream.
+    tls = component_identity(cfg.tls, "root", cell, cfg.source) if cfg is not None else None
+    probes = ProbeManager(service, timing, cell, tls)
     if cfg is not None:
         await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
     sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
-    server = ExtProcServer(transport, service.handle)
+    server = ExtProcServer(transport, service.handle, limits, tls=tls)
     port = await server.bind(listen, reuse_port=workers > 1)
+    readiness = Readiness(ready=True)  # /readyz: the ext_proc listener is bound; cleared when draining
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
     if metrics:
         host, _, mport = metrics.rpartition(":")
-        _, metrics_port = serve_metrics(service.collect, host or "127.0.0.1", int(mport))
+        _, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
     if workers > 1 and worker_index == 0:
         children = spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
     if sync is not None:
@@ -72,6 +81,7 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
         write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
 
     async def on_stop() -> None:
+        readiness.ready = False
         ticker.cancel()
         for child, _ in children:
             child.terminate()
@@ -82,7 +92,7 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
             await asyncio.to_thread(child.wait, 10)
         log.info("root_stopping", cell=cell, worker=worker_index)
 
-    await serve_until_signal(server, on_stop)
+    await serve_until_signal(server, on_stop, health=server.health, drain_s=drain_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
     if args.workers < 1:
         raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    if args.drain_s < 0:
+        raise SystemExit(f"--drain-s must be >= 0, got {args.drain_s}")
+    try:
+        limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
+                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
+    except ValueError as exc:  # named by field: H2Limits.max_concurrent_streams -> --max-concurrent-streams
+        field_name = str(exc).split()[0].removeprefix("H2Limits.")
+        raise SystemExit(f"--{field_name.replace('_', '-')}{str(exc).removeprefix('H2Limits.' + field_name)}") from None
     cfg = None
     if args.config is not None:
         cfg, cell = load_cell(args.config, args.cell)
@@ -104,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         listen, metrics = args.listen, args.metrics or None
     seed = None if args.seed is None else args.seed + args.worker_index
     run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
-                            args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport))
+                            args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport,
+                            limits=limits, drain_s=args.drain_s))
     return 0
 
 
@@ -125,6 +144,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", choices=("h2", "grpc"), default="h2",
                    help="ext_proc server: h2 = DLB's asyncio HTTP/2 gRPC server (default; ~4x less CPU and half the "
                         "latency of grpc.aio, measured in docs/data-plane.md), grpc = grpc.aio")
+    d = H2Limits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="h2 transport: connections served at once, more are closed at accept "
+                        f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}))")
+    p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
+                   help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM")
+    p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
+                   help="h2 transport: seconds for a new connection to send the HTTP/2 preface")
+    p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
+                   help="h2 transport: a connection with no stream open this long is closed (GOAWAY)")
+    p.add_argument("--drain-s", type=float, default=1.0,
+                   help="on SIGTERM: seconds of NOT_SERVING health (streams still served) before the listener closes")
     p.add_argument("--emulate-wan", action="store_true",
                    help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
     p.set_defaults(func=run)

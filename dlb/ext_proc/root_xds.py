@@ -23,6 +23,7 @@ from envoy.config.core.v3 import base_pb2
 from google.protobuf.message import Message
 
 from dlb.config import resources as dr
+from dlb.config.tls import Identity
 from dlb.core.topology import Topology
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.root import EndpointSpec, RootService
@@ -43,8 +44,9 @@ def probe_targets(topology: Topology, cell: str, probe_addresses: Sequence[str],
 class ProbeManager:
     """Owns the service's probe client and replaces it when the set of targets changes."""
 
-    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str) -> None:
+    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: Identity | None = None) -> None:
         self.service = service
+        self.tls = tls
         self.timing = timing
         self.source_cell = source_cell
         self.targets: list[ProbeTarget] = []
@@ -55,7 +57,8 @@ class ProbeManager:
         old = self.service.probe_client
         if old is not None:
             await old.stop()
-        client = ProbeClient(targets, self.service.on_probe, self.timing, source_cell=self.source_cell)
+        client = ProbeClient(targets, self.service.on_probe, self.timing, source_cell=self.source_cell,
+                             credentials=self.tls.channel_credentials() if self.tls is not None else None)
         self.service.probe_client = client
         self.targets = targets
         client.start()
@@ -83,12 +86,13 @@ class RootXdsSync:
     def __init__(self, service: RootService, target: str, cell: str, probes: ProbeManager, *, emulate_wan: bool = False,
                  delta: bool = False, node_id: str | None = None) -> None:
         self.service = service
+        tls = probes.tls  # one identity per root: the one it probes leaves with
         self.cell = cell
         self.probes = probes
         self.emulate_wan = emulate_wan
         node = base_pb2.Node(id=node_id or f"root-service-{cell}-{os.getpid()}", cluster="dlb-root",
                              locality=base_pb2.Locality(zone=cell))
-        self.client = XdsClient(target, node, delta=delta)
+        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
         self.topology: pb.Topology | None = None
         self.specs: list[EndpointSpec] | None = None
         self.weights: dict[str, pb.FlowWeights] = {}

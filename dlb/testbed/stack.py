@@ -121,8 +121,12 @@ def start_data_plane(
     probe: dict[str, Any] | None = None,
     root_seed: int = 1,
     leaf_args: tuple[str, ...] = (),
+    tls: dict[str, str] | None = None,
 ) -> DataPlane:
-    """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``."""
+    """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``.
+
+    ``tls`` is the config's ``tls`` section (``{ca, cert, key}``): every gRPC hop then runs mutual TLS.
+    """
     from dlb.emulator.server import ThreadedEmulator
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
@@ -140,6 +144,8 @@ def start_data_plane(
             addrs[c.name] = [e.address for e in emulators[c.name]]
         raw = build_config(cells, addrs, root_cell, endpoint, one_way_ms or {}, leaf_ext_proc,
                            probe or {"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 600, "backoff_max_ms": 500})
+        if tls is not None:
+            raw["tls"] = dict(tls)
         config_path = str(Path(tmp.name) / "dlb.yaml")
         Path(config_path).write_text(json.dumps(raw, indent=1))  # JSON is YAML
         cfg = config_from_dict(raw, source=config_path)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlb.config.model import Config, HostPort
+from dlb.config.model import Config, HostPort, TlsFiles
 from dlb.procutil import free_port
 from dlb.testbed.supervisor import Child, Supervisor
 
@@ -56,11 +56,14 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     cp = cfg.services.control_plane
     out = [("services.control_plane.xds", cp.xds), ("services.control_plane.status", cp.status)]
     for i, cell in enumerate(cfg.cells):
-        out += [(f"cells[{i}].leaf.address", cell.leaf.address), (f"cells[{i}].leaf.probe", cell.leaf.probe)]
+        # The Envoys bind ``listen`` (default 0.0.0.0:<port>), and here roots reach them at ``address``: check both.
+        out += [(f"cells[{i}].leaf.address", cell.leaf.address), (f"cells[{i}].leaf.listen", cell.leaf.bind),
+                (f"cells[{i}].leaf.probe", cell.leaf.probe)]
         if cell.leaf.ext_proc is not None:
             out.append((f"cells[{i}].leaf.ext_proc", cell.leaf.ext_proc))
         if cell.root.address is not None:
             out.append((f"cells[{i}].root.address", cell.root.address))
+            out.append((f"cells[{i}].root.listen", cell.root.bind or cell.root.address))
             if root_services:
                 field_path = f"cells[{i}].root.ext_proc" if cell.root.ext_proc is not None else "services.root.ext_proc"
                 out.append((field_path, cell.root.ext_proc or cfg.services.root.ext_proc))
@@ -137,13 +140,13 @@ def _python() -> list[str]:
 
 
 def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xds: HostPort, listener: HostPort,
-                 run_dir: Path) -> tuple[Child, int]:
+                 run_dir: Path, tls: TlsFiles | None = None) -> tuple[Child, int]:
     from dlb.envoy.ads_bootstrap import ads_bootstrap
     from dlb.envoy.binary import envoy_binary
 
     admin = free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}"), indent=1))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=tls), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
@@ -197,7 +200,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                        "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *(leaf_args or [])],
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir)
+        _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
@@ -215,7 +218,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir)
+        _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir, cfg.tls)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)

@@ -94,8 +94,10 @@ class Backoff:
 
 class XdsClient:
     def __init__(self, target: str, node: base_pb2.Node, backoff: Backoff | None = None, delta: bool = False,
-                 channel_options: list[tuple[str, int]] | None = None) -> None:
+                 channel_options: list[tuple[str, int]] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.target = target
+        self.credentials = credentials  # None: plaintext; else TLS (mutual when it holds a certificate)
         self.node = base_pb2.Node()
         self.node.CopyFrom(node)
         for feature in sorted(WRAPPER_FEATURES - set(node.client_features)):
@@ -144,7 +146,10 @@ class XdsClient:
         return dict(self.subscriptions[type_url].resources)
 
     async def start(self) -> XdsClient:
-        self._channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
+        if self.credentials is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
+        else:
+            self._channel = grpc.aio.secure_channel(self.target, self.credentials, options=self.channel_options)
         self._task = asyncio.create_task(self._run(), name=f"xds-client-{self.node.id}")
         return self
 

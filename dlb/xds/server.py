@@ -22,7 +22,7 @@ from dlb.xds.callbacks import StreamCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.sotw import SotwStream
 from dlb.xds.status import StatusRegistry
-from dlb.xds.stream import Authorizer, ServerContext, StreamBase, StreamError, StreamLimits
+from dlb.xds.stream import Admission, Authorizer, ServerContext, StreamBase, StreamError, StreamLimits
 
 log = get_logger("dlb.xds.server")
 
@@ -86,13 +86,20 @@ class XdsServer:
     read behave as if they did not exist, and wildcard subscriptions skip them). Combine it with a
     ``node_key`` on the cache that gives each cell its own snapshot. ``callbacks`` observe every
     stream besides the status registry (see ``dlb.xds.callbacks``).
+
+    ``admission(node, auth_context) -> reason | None`` decides whether a peer may be the node it
+    claims (with ``credentials`` requiring client certificates, from the certificate gRPC verified);
+    a refused stream ends with PERMISSION_DENIED before it sees anything.
     """
 
     def __init__(self, cache: SnapshotCache, status: StatusRegistry | None = None,
                  authorizer: Authorizer | None = None, make_before_break: bool = True,
-                 callbacks: Sequence[StreamCallbacks] = (), limits: StreamLimits | None = None) -> None:
+                 callbacks: Sequence[StreamCallbacks] = (), admission: Admission | None = None,
+                 credentials: grpc.ServerCredentials | None = None, limits: StreamLimits | None = None) -> None:
         self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
-                                 make_before_break=make_before_break, callbacks=callbacks, limits=limits or StreamLimits())
+                                 admission=admission, make_before_break=make_before_break, callbacks=callbacks,
+                                 limits=limits or StreamLimits())
+        self.credentials = credentials  # None: plaintext
         self._server: grpc.aio.Server | None = None
         self.port = 0
         self._rejections = LogBudget(per_s=1.0, burst=20)
@@ -124,6 +131,8 @@ class XdsServer:
 
         async def handle(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             stream = cls(ctx, fixed, context.peer())
+            if ctx.admission is not None:
+                stream.peer_auth = context.auth_context()
             try:
                 async for response in stream.run(request_iterator):
                     yield response
@@ -151,7 +160,8 @@ class XdsServer:
         if extra_handlers:
             self._server.add_generic_rpc_handlers(tuple(extra_handlers))
         try:
-            self.port = self._server.add_insecure_port(address)
+            self.port = (self._server.add_insecure_port(address) if self.credentials is None
+                         else self._server.add_secure_port(address, self.credentials))
         except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
             self.port = 0
         if self.port == 0:

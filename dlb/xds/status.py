@@ -63,6 +63,7 @@ class StatusRegistry:
 
     nodes: dict[str, NodeStatus] = field(default_factory=dict)
     stale_nonces: int = 0
+    streams_denied: int = 0  # refused by the server's admission check (mTLS identity ≠ claimed node)
     max_disconnected: int = 1000  # remembered nodes without streams (the oldest are forgotten)
     #: A node without streams is forgotten this long after its last stream closed (a restart within it keeps history).
     grace_s: float = 60.0
@@ -135,6 +136,7 @@ class StatusRegistry:
         return {
             "stale_nonces": self.stale_nonces,
             "limit_hits": dict(self.limit_hits),
+            "streams_denied": self.streams_denied,
             "nodes": {nid: {"cluster": ns.cluster, "streams": ns.streams, "last_seen_unix": ns.last_seen_unix,
                             "types": {types.short(t): {"type_url": t, **asdict(st)} for t, st in sorted(ns.types.items())}}
                       for nid, ns in sorted(self.nodes.items())},
@@ -171,21 +173,28 @@ class StatusCollector:
                 nacks.add_metric(label, st.nacks)
         yield from (streams, acked, sent, responses, nacks)
         yield CounterMetricFamily("dlb_xds_stale_nonces", "requests ignored for a stale nonce", value=self.status.stale_nonces)
+        yield CounterMetricFamily("dlb_xds_streams_denied", "streams refused: the client certificate's identity may not read the node it claims",
+                                  value=self.status.streams_denied)
         if self.snapshot_count is not None:
             yield GaugeMetricFamily("dlb_xds_snapshots", "node keys with a snapshot", value=self.snapshot_count())
 
 
 class StatusServer:
-    """Small HTTP endpoint: ``/status`` (JSON), ``/metrics`` (Prometheus), ``/healthz``."""
+    """Small HTTP endpoint: ``/status`` (JSON), ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+
+    ``/healthz`` is 200 while the process answers; ``/readyz`` is 200 only while ``ready()`` holds
+    (503 otherwise), so an orchestrator sends no Envoy here before the server can serve it.
+    """
 
     def __init__(self, status: StatusRegistry, snapshot_count: Callable[[], int] | None = None,
-                 extra_routes: list[web.RouteDef] | None = None) -> None:
+                 extra_routes: list[web.RouteDef] | None = None, ready: Callable[[], bool] | None = None) -> None:
         self.status = status
+        self.ready = ready or (lambda: True)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StatusCollector(status, snapshot_count))
         self.app = web.Application()
         self.app.add_routes([web.get("/status", self._status), web.get("/metrics", self._metrics),
-                             web.get("/healthz", self._healthz), *(extra_routes or [])])
+                             web.get("/healthz", self._healthz), web.get("/readyz", self._readyz), *(extra_routes or [])])
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -197,6 +206,9 @@ class StatusServer:
 
     async def _healthz(self, _req: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _readyz(self, _req: web.Request) -> web.Response:
+        return web.Response(text="ready") if self.ready() else web.Response(status=503, text="not ready")
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self._runner = web.AppRunner(self.app, access_log=None)

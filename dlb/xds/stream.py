@@ -28,6 +28,9 @@ from dlb.xds.status import StatusRegistry
 
 # authorizer(node, type_url, resource_name) -> may this node read it?
 Authorizer = Callable[[base_pb2.Node, str, str], bool]
+# admission(node, peer auth context) -> None (the stream may go on) or why this peer may not be that node.
+# The auth context is gRPC's (e.g. the verified client certificate's SANs under ``peer_uri``).
+Admission = Callable[[base_pb2.Node, Mapping[str, Sequence[bytes]]], str | None]
 
 log = get_logger("dlb.xds.server")
 
@@ -173,6 +176,7 @@ class ServerContext:
     cache: SnapshotCache
     status: StatusRegistry = field(default_factory=StatusRegistry)
     authorizer: Authorizer | None = None
+    admission: Admission | None = None
     make_before_break: bool = True
     callbacks: Sequence[StreamCallbacks] = ()
     legacy_wildcard: Callable[[str], bool] = types.full_state
@@ -245,6 +249,8 @@ class StreamBase:
         self.ctx = ctx
         self.fixed_type = fixed_type  # per-type service (CDS, EDS, ...) rather than ADS
         self.peer = peer
+        #: gRPC's auth context of the peer (empty on plaintext), read by ``ctx.admission``.
+        self.peer_auth: Mapping[str, Sequence[bytes]] = {}
         self.node: base_pb2.Node | None = None
         self.wrap_ok = False  # may SotW responses wrap resources (names outside the message)?
         self.key: str | None = None
@@ -315,6 +321,9 @@ class StreamBase:
         for what, value in (("node.id", node.id), ("node.cluster", node.cluster), ("node.locality.zone", node.locality.zone)):
             if len(value) > limit:
                 raise _too_long(what, value, limit, "node_id_bytes")
+        if self.ctx.admission is not None and (why := self.ctx.admission(node, self.peer_auth)) is not None:
+            self.ctx.status.streams_denied += 1
+            raise StreamError(grpc.StatusCode.PERMISSION_DENIED, why)
         self.node = node
         self.wrap_ok = supports_wrapper(node)
         self.key = self.ctx.cache.node_key(node)

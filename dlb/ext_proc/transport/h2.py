@@ -9,7 +9,9 @@ protocol doing only HTTP/2 framing in 0.17 ms / ~27k/s. grpc.aio's cost is its t
 EventEngine experiments, sync server: all within noise). Envoy's ext_proc client speaks plain
 HTTP/2 + gRPC framing, and the subset it needs from a server is small:
 
-- one method (``:path`` checked), messages framed as 1 flag byte + 4 length bytes;
+- one method (``:path`` checked; more through :class:`Route`, e.g. the gRPC health service), messages
+  framed as 1 flag byte + 4 length bytes; a request that is not gRPC gets HTTP 415 (405 without
+  POST) as the gRPC protocol spec says, a malformed one (RFC 9113 §8) RST_STREAM(PROTOCOL_ERROR);
 - replies that are pre-serialised bytes, sent as HEADERS / DATA / trailers with a constant HPACK
   encoding (static-table references and literals *without* indexing, so our encoder never has
   state; the first header block on a connection sets our dynamic table size to 0);
@@ -23,8 +25,11 @@ root decides from cached state without awaiting, so running it inline in ``data_
 makes the hop cheap; a handler that must wait belongs on grpc.aio (``--transport grpc``).
 
 Structure (after python-hyper/h2): :class:`H2Connection` is the protocol with no I/O at all — bytes
-in (``receive_data``), events and bytes out (``data_to_send``) — so tests feed it frames directly;
-:class:`H2GrpcProtocol` is the thin ``asyncio.Protocol`` that moves bytes between it and a socket.
+in (``receive_data``), events and bytes out (``data_to_send``) — so tests feed it frames directly and
+hypothesis fuzzes it; ``server.H2GrpcProtocol`` is the thin ``asyncio.Protocol`` that moves bytes
+between it and a socket (with the connection cap and the timers); ``headers`` decodes and validates
+header blocks; ``limits`` holds every bound (``H2Limits``) and the counters that show it was hit.
+Passes h2spec 146/146 (``tests/test_h2spec.py``).
 A stream's life is a :class:`StreamState` changed only through :data:`TRANSITIONS`; frame types,
 error codes and gRPC statuses are IntEnums, and protocol errors are :class:`H2Error` subclasses that
 carry the error code they end the connection with.
@@ -32,21 +37,20 @@ carry the error code they end the connection with.
 
 from __future__ import annotations
 
-import asyncio
 import enum
+import heapq
 import struct
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
 
 import hpack
 import hpack.exceptions
 
 from dlb.errors import DlbError
+from dlb.ext_proc.transport.headers import CachingDecoder, HeaderBlock
+from dlb.ext_proc.transport.limits import H2Limits, TransportStats
 from dlb.log import get_logger
-
-if TYPE_CHECKING:
-    from prometheus_client import Metric
 
 log = get_logger("dlb.h2server")
 
@@ -130,6 +134,7 @@ NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, REFUSED_STREAM = (
 GRPC_OK = GrpcStatus.OK
 # Flags (RFC 9113 §6; END_STREAM and ACK share a bit on different frame types).
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+_SELF_DEPENDENT = 0x100  # (not a wire flag) a HEADERS frame whose priority names its own stream
 
 
 class H2Error(DlbError):
@@ -171,12 +176,13 @@ MAX_WINDOW = 2**31 - 1
 #: What we let the peer send before it must wait for a WINDOW_UPDATE, per stream and per connection.
 RECV_WINDOW = 1 << 20
 MAX_FRAME = 16384  # we keep the protocol default for frames we receive
-MAX_CONCURRENT_STREAMS = 10000
-MAX_HEADER_LIST = 256 * 1024
 #: grpc's default receive limit; the ext_proc messages DLB needs are a few KB.
 MAX_MESSAGE = 4 * 1024 * 1024
-#: Bytes of incomplete messages one connection may hold across its streams.
-MAX_BUFFERED = 16 * 1024 * 1024
+_DEFAULTS = H2Limits()
+# The defaults under their historical names (tests and callers that predate H2Limits).
+MAX_CONCURRENT_STREAMS = _DEFAULTS.max_concurrent_streams
+MAX_HEADER_LIST = _DEFAULTS.max_header_list
+MAX_BUFFERED = _DEFAULTS.max_buffered
 
 _u32 = struct.Struct(">I")
 _hdr = struct.Struct(">BHBBI")  # 24-bit length split as B+H, type, flags, stream id
@@ -210,70 +216,14 @@ def _percent_encode(message: str) -> bytes:
 
 
 TRAILERS_OK = _trailers(GRPC_OK)
-
-
-class CachingDecoder:
-    """``hpack.Decoder`` plus an exact cache of header blocks that leave the dynamic table unchanged.
-
-    Envoy's encoder sends the same bytes for every ext_proc stream once its dynamic table is warm
-    (``:path`` as a literal *without* indexing, the rest as indexed fields), and ``hpack`` spends
-    ~0.1 ms of pure Python on each such block. A block that neither adds an entry nor resizes the
-    table decodes to the same fields for as long as the table is unchanged, and decoding it again
-    would leave the table as it is — so the cache is exact. Any block that does change the table
-    clears the cache (its entries may refer to indices that now mean something else).
-    """
-
-    MAX_ENTRIES = 64
-
-    def __init__(self, max_header_list_size: int) -> None:
-        self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = max_header_list_size
-        self.cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        self.hits = 0
-
-    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        hit = self.cache.get(block)
-        if hit is not None:
-            self.hits += 1
-            return hit
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        first = entries[0] if entries else None
-        size, maxsize = len(entries), table.maxsize
-        # raw=True: every name and value stays bytes (hpack's annotation is the wider HeaderTuple)
-        fields = cast("list[tuple[bytes, bytes]]", self.decoder.decode(block, raw=True))
-        if len(entries) == size and (entries[0] if entries else None) is first and table.maxsize == maxsize:
-            if len(self.cache) >= self.MAX_ENTRIES:
-                self.cache.clear()
-            self.cache[block] = fields
-        else:
-            self.cache.clear()
-        return fields
-
-
-@dataclass
-class TransportStats:
-    """Counters for the service's /metrics (read at scrape time, never on the request path)."""
-
-    connections: int = 0
-    streams: int = 0
-    messages: int = 0
-    grpc_errors: int = 0  # streams ended with a non-OK gRPC status
-    stream_resets: int = 0  # RST_STREAM sent
-    connection_errors: int = 0  # GOAWAY with an error code sent
-    handler_errors: int = 0
-
-    def families(self, prefix: str) -> list[Metric]:
-        from prometheus_client.core import CounterMetricFamily
-
-        return [CounterMetricFamily(f"{prefix}_h2_{name}", doc, value=getattr(self, name)) for name, doc in (
-            ("connections", "HTTP/2 connections accepted from Envoy"),
-            ("messages", "gRPC messages received"),
-            ("grpc_errors", "Calls ended with a non-OK gRPC status"),
-            ("stream_resets", "Streams reset with an error code"),
-            ("connection_errors", "Connections closed for a protocol error (GOAWAY)"),
-            ("handler_errors", "Messages whose handler raised"),
-        )]
+#: Answers to requests that are not gRPC (PROTOCOL-HTTP2.md: "If Content-Type does not begin with
+#: application/grpc, gRPC servers SHOULD respond with HTTP status of 415"; a gRPC content type with a
+#: method other than POST gets 405): a status block and a short text body.
+PLAIN_REPLY = {
+    status: (_block((":status", str(status)), ("content-type", "text/plain")), text) for status, text in (
+        (415, b"this is a gRPC server: content-type must be application/grpc\n"),
+        (405, b"gRPC requests use POST\n"))
+}
 
 
 class StreamState(enum.IntEnum):
@@ -319,7 +269,7 @@ TRANSITIONS: dict[StreamState, dict[StreamInput, StreamState]] = {
     _S.CLOSED: {},
 }
 # Module-level names for the states and inputs the request path uses (a global lookup per use).
-_OPEN, _CLOSING, _CLOSING_REMOTE_ENDED = _S.OPEN, _S.CLOSING, _S.CLOSING_REMOTE_ENDED
+_OPEN, _CLOSING, _CLOSING_REMOTE_ENDED, _CLOSED = _S.OPEN, _S.CLOSING, _S.CLOSING_REMOTE_ENDED, _S.CLOSED
 _RECV_END_STREAM, _FINISH, _TRAILERS_WRITTEN, _RESET = _I
 #: States in which the client may still send DATA (in CLOSING it is read and dropped).
 REMOTE_OPEN = frozenset({_S.OPEN, _S.CLOSING})
@@ -336,13 +286,26 @@ class StreamStateError(H2Error):
 @dataclass(slots=True)
 class _Stream:
     sid: int
-    send_window: int
+    route: Route | None = None
     state: StreamState = StreamState.OPEN
+    #: Our send window minus the peer's SETTINGS_INITIAL_WINDOW_SIZE: a SETTINGS change then moves
+    #: every stream's window at once without visiting any of them (issue 14, row 2).
+    window_delta: int = 0
     recv_unacked: int = 0
     buf: bytearray = field(default_factory=bytearray)
     headers_sent: bool = False
     pending: list[bytes] = field(default_factory=list)  # DATA payloads waiting for flow-control window
-    trailers: bytes | None = None  # the closing header block, sent once ``pending`` is empty
+    #: The block that ends the stream, sent once ``pending`` is empty: trailers (HEADERS with
+    #: END_STREAM), or b"" for an empty DATA frame with END_STREAM (the end of a plain HTTP reply).
+    trailers: bytes | None = None
+    window_blocked: bool = False  # in H2Connection.window_blocked (waiting for its own window)
+    reject: int = 0  # not a gRPC request: the HTTP status it gets once the client has sent it all
+    head_only: bool = False  # a HEAD request: the reply has no body
+    content_length: int | None = None  # as the client declared it (checked against the DATA received)
+    counted: bool = False  # count DATA bytes (content_length set, or a reject): gRPC calls skip it
+    received: int = 0
+    client_ending: bool = False  # the frame being processed carries END_STREAM
+    held: int = 0  # bytes of ``buf`` counted in H2Connection.buffered and the server's total
 
     def apply(self, event: StreamInput) -> StreamState:
         """Move to the state :data:`TRANSITIONS` gives; raises :class:`StreamStateError` if none."""
@@ -351,6 +314,18 @@ class _Stream:
             raise StreamStateError(f"stream {self.sid}: {event.name} in state {self.state.name}")
         self.state = nxt
         return nxt
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How a ``:path`` is served: ``handler(message) -> (reply, end)`` for each request message.
+
+    ``watch``: a server-streaming call (``grpc.health.v1.Health/Watch``): the client's half-close does
+    not end it, and :meth:`H2Connection.notify` sends it each later message until the server ends it.
+    """
+
+    handler: Handler
+    watch: bool = False
 
 
 # --- events: what receive_data tells the I/O layer --------------------------------------------------
@@ -380,17 +355,27 @@ class H2Connection:
     ``receive_data`` parses frames, runs the handler inline for each complete gRPC message, and
     queues every frame to send; ``data_to_send`` drains them. After a :class:`ConnectionTerminated`
     event the connection accepts nothing more and the caller closes the socket.
+
+    Work per frame is O(1) amortised, whatever the number of streams: send windows are kept relative
+    to the peer's initial window (a SETTINGS change touches no stream); only streams with output
+    waiting are visited when a window opens — those waiting for the connection window in FIFO order
+    until it is spent, those waiting for their own window in a heap ordered by how far they are from
+    it; partial messages are counted as they arrive, not summed per frame. Control frames beyond
+    ``H2Limits.control_frame_allowance`` plus 10 per stream opened or DATA frame sent end the
+    connection (a flood does no useful work).
     """
 
-    def __init__(self, path: bytes, handler: Handler, stats: TransportStats) -> None:
-        self.path = path
-        self.handler = handler
+    def __init__(self, path: bytes, handler: Handler, stats: TransportStats, limits: H2Limits | None = None,
+                 routes: Mapping[bytes, Route] | None = None) -> None:
+        self.limits = limits = limits or _DEFAULTS
+        self.routes: dict[bytes, Route] = {path: Route(handler), **(routes or {})}
         self.stats = stats
         self.buf = bytearray()
         self.preface_seen = False
-        self.decoder = CachingDecoder(MAX_HEADER_LIST)
+        self.decoder = CachingDecoder(limits.max_header_list, stats, limits)
         self.streams: dict[int, _Stream] = {}
         self.last_sid = 0
+        self.streams_opened = 0
         self.conn_send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = MAX_FRAME
@@ -401,14 +386,25 @@ class H2Connection:
         self.terminated = False
         self.out: list[bytes] = []
         self._events: list[Event] = []
+        #: Streams with output waiting for the connection window (FIFO: a dict keeps insertion order).
+        self.conn_blocked: dict[int, _Stream] = {}
+        #: (-window_delta, sid) of streams waiting for their own window; stale entries are skipped.
+        self.window_blocked: list[tuple[int, int]] = []
+        #: Streams closed at both ends or reset by the peer: frames on them are STREAM_CLOSED errors.
+        #: Streams *we* reset are not here — frames the peer sent before it saw our RST are dropped.
+        self.closed: dict[int, None] = {}
+        self.skipped: deque[tuple[int, int]] = deque(maxlen=16)  # stream id ranges the client never opened
+        self.watchers: dict[int, _Stream] = {}
+        self.buffered = 0  # bytes of partial messages on this connection
+        self.control_budget = limits.control_frame_allowance
 
     # -- the API -------------------------------------------------------------------------------------
     def initiate(self) -> None:
         """Queue our SETTINGS and the connection window increase (the server's side of the preface)."""
         self.stats.connections += 1
         settings = b"".join(struct.pack(">HI", k, v) for k, v in (
-            (SettingCode.ENABLE_PUSH, 0), (SettingCode.MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
-            (SettingCode.INITIAL_WINDOW_SIZE, RECV_WINDOW), (SettingCode.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
+            (SettingCode.ENABLE_PUSH, 0), (SettingCode.MAX_CONCURRENT_STREAMS, self.limits.max_concurrent_streams),
+            (SettingCode.INITIAL_WINDOW_SIZE, RECV_WINDOW), (SettingCode.MAX_HEADER_LIST_SIZE, self.limits.max_header_list)))
         self.out.append(_frame(SETTINGS, 0, 0, settings) + _frame(WINDOW_UPDATE, 0, 0, _u32.pack(RECV_WINDOW - DEFAULT_WINDOW)))
 
     def data_to_send(self) -> bytes:
@@ -420,11 +416,30 @@ class H2Connection:
         return data
 
     def close(self, code: ErrorCode = ErrorCode.NO_ERROR) -> None:
-        """Graceful stop: GOAWAY(``code``) so Envoy opens new streams elsewhere."""
+        """Graceful stop: GOAWAY(``code``) so Envoy opens new streams elsewhere; streams already open
+        continue, new ones are refused."""
         self._goaway(code)
 
+    def notify(self, route: Route, message: bytes) -> None:
+        """Send ``message`` on every open watch call of ``route`` (e.g. a health status change)."""
+        for stream in list(self.watchers.values()):
+            if stream.route is route:
+                self._send_message(stream, message)
+
+    def end_watches(self, status: GrpcStatus, message: str = "") -> None:
+        """End every watch call (shutdown: they would otherwise never finish)."""
+        for stream in list(self.watchers.values()):
+            self._finish(stream, status, message)
+
     def connection_lost(self) -> None:
+        """Forget every stream and give back the server-wide budget this connection held."""
         self.streams.clear()
+        self.watchers.clear()
+        self.conn_blocked.clear()
+        self.window_blocked.clear()
+        self.decoder.release()
+        self.stats.buffered_bytes -= self.buffered
+        self.buffered = 0
 
     def receive_data(self, data: bytes) -> Sequence[Event]:
         """Feed bytes from the peer; returns what happened that the I/O layer must act on."""
@@ -472,42 +487,80 @@ class H2Connection:
             self._headers(flags, sid, payload)
         elif ftype == CONTINUATION:
             if self.continuation is None or self.continuation[0] != sid:
+                if sid in self.closed:
+                    raise StreamStateError(f"CONTINUATION on closed stream {sid}")
                 raise ProtocolError("unexpected CONTINUATION")
+            if not payload:
+                self._spend()  # an empty CONTINUATION does nothing but cost a frame
             block = self.continuation[2]
             block += payload
-            if len(block) > MAX_HEADER_LIST:
+            if len(block) > self.limits.max_header_list:
                 raise DenialOfServiceError("header block too large")
             if flags & END_HEADERS:
                 first_flags = self.continuation[1]
                 self.continuation = None
                 self._header_block(first_flags, sid, bytes(block))
-        elif ftype == SETTINGS:
-            self._settings(flags, sid, payload)
-        elif ftype == WINDOW_UPDATE:
-            self._window_update(sid, payload)
-        elif ftype == PING:
-            if sid != 0:
-                raise ProtocolError("PING on a stream")
-            if len(payload) != 8:
-                raise FrameSizeError("PING payload is not 8 bytes")
-            if not flags & ACK:
-                self.out.append(_frame(PING, ACK, 0, payload))
-        elif ftype == RST_STREAM:
-            if sid == 0:
-                raise ProtocolError("RST_STREAM on stream 0")
-            if len(payload) != 4:
-                raise FrameSizeError("RST_STREAM payload is not 4 bytes")
-            stream = self.streams.pop(sid, None)
-            if stream is not None:
-                stream.apply(StreamInput.RESET)
-        elif ftype == GOAWAY:
-            pass  # the peer opens no new streams and closes the connection when its calls are done
-        elif ftype == PRIORITY:
-            if sid == 0:
-                raise ProtocolError("PRIORITY on stream 0")
-        elif ftype == PUSH_PROMISE:
-            raise ProtocolError("clients cannot push")
-        # Unknown frame types are ignored (§5.5).
+        else:
+            self._spend()
+            if ftype == SETTINGS:
+                self._settings(flags, sid, payload)
+            elif ftype == WINDOW_UPDATE:
+                self._window_update(sid, payload)
+            elif ftype == PING:
+                if sid != 0:
+                    raise ProtocolError("PING on a stream")
+                if len(payload) != 8:
+                    raise FrameSizeError("PING payload is not 8 bytes")
+                if not flags & ACK:
+                    self.out.append(_frame(PING, ACK, 0, payload))
+            elif ftype == RST_STREAM:
+                self._rst_stream(sid, payload)
+            elif ftype == GOAWAY:
+                if sid != 0:
+                    raise ProtocolError("GOAWAY on a stream")
+                # The peer opens no new streams and closes the connection when its calls are done.
+            elif ftype == PRIORITY:
+                self._priority(sid, payload)
+            elif ftype == PUSH_PROMISE:
+                raise ProtocolError("clients cannot push")
+            # Unknown frame types are ignored (§5.5).
+
+    def _spend(self) -> None:
+        """One frame that does no work for a call (control, empty DATA or CONTINUATION)."""
+        self.control_budget -= 1
+        if self.control_budget < 0:
+            self.stats.control_floods += 1
+            raise DenialOfServiceError("control frame flood")
+
+    def _closed_frame(self, sid: int, what: str) -> None:
+        """A DATA or HEADERS frame for a stream that is not open (sid <= last_sid)."""
+        if sid in self.closed:
+            raise StreamStateError(f"{what} on closed stream {sid}")
+        for lo, hi in self.skipped:
+            if lo <= sid <= hi:
+                raise ProtocolError(f"{what} on stream {sid}, lower than a stream already opened")
+        # Otherwise a stream we reset (or forgot): the peer sent this before it saw our RST_STREAM.
+
+    def _rst_stream(self, sid: int, payload: bytes) -> None:
+        if sid == 0:
+            raise ProtocolError("RST_STREAM on stream 0")
+        if len(payload) != 4:
+            raise FrameSizeError("RST_STREAM payload is not 4 bytes")
+        if sid > self.last_sid:
+            raise ProtocolError(f"RST_STREAM on idle stream {sid}")
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.apply(_RESET)
+            self._forget(stream)
+            self._remember_closed(sid)
+
+    def _priority(self, sid: int, payload: bytes) -> None:
+        if sid == 0:
+            raise ProtocolError("PRIORITY on stream 0")
+        if len(payload) != 5:
+            self._reset_id(sid, ErrorCode.FRAME_SIZE_ERROR)  # a stream error (RFC 9113 §6.3)
+        elif _u32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+            self._reset_id(sid, PROTOCOL_ERROR)  # a stream cannot depend on itself (§5.3.1)
 
     @staticmethod
     def _strip_padding(flags: int, payload: bytes) -> bytes:
@@ -527,6 +580,8 @@ class H2Connection:
         if flags & PRIORITY_FLAG:
             if len(block) < 5:
                 raise FrameSizeError("HEADERS priority fields truncated")
+            if _u32.unpack_from(block)[0] & 0x7FFFFFFF == sid:
+                flags |= _SELF_DEPENDENT  # a stream error once the block is decoded (HPACK state must follow)
             block = block[5:]
         if flags & END_HEADERS:
             self._header_block(flags, sid, block)
@@ -535,12 +590,15 @@ class H2Connection:
 
     def _header_block(self, flags: int, sid: int, block: bytes) -> None:
         try:
-            fields = self.decoder.decode(block)
+            head = self.decoder.decode_head(block)
         except hpack.exceptions.HPACKError as exc:  # the shared table is now unknown: the connection is lost
             raise CompressionError(f"HPACK: {exc}") from None
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client
-            if not flags & END_STREAM:
+            if stream.state not in REMOTE_OPEN:
+                self._reset(stream, STREAM_CLOSED)  # HEADERS after the client's END_STREAM (RFC 9113 §5.1)
+                return
+            if not flags & END_STREAM or head.has_pseudo:
                 self._reset(stream, PROTOCOL_ERROR)
                 return
             self._remote_end(stream)
@@ -548,32 +606,43 @@ class H2Connection:
         if sid % 2 == 0:
             raise ProtocolError(f"client stream id {sid} is even")
         if sid <= self.last_sid:
-            return  # a stream we already ended (and reset): frames in flight are dropped
+            self._closed_frame(sid, "HEADERS")
+            return
+        if sid > self.last_sid + 2:
+            self.skipped.append((self.last_sid + 2, sid - 2))
         self.last_sid = sid
-        if self.goaway_sent:
+        if self.goaway_sent or len(self.streams) >= self.limits.max_concurrent_streams:
+            self.stats.streams_refused += 1
+            self._reset_id(sid, REFUSED_STREAM)
             return
-        if len(self.streams) >= MAX_CONCURRENT_STREAMS:
-            self.out.append(_frame(RST_STREAM, 0, sid, _u32.pack(REFUSED_STREAM)))
-            self.stats.stream_resets += 1
-            self._events.append(StreamReset(sid, REFUSED_STREAM))
-            return
-        stream = _Stream(sid, self.peer_initial_window)
+        self._open(flags, sid, head)
+
+    def _open(self, flags: int, sid: int, head: HeaderBlock) -> None:
+        stream = _Stream(sid)
         self.streams[sid] = stream
+        self.streams_opened += 1
+        self.control_budget += 10
         self.stats.streams += 1
-        method = path = ctype = None
-        for k, v in fields:
-            if k == b":path":
-                path = v
-            elif k == b":method":
-                method = v
-            elif k == b"content-type":
-                ctype = v
-        if method != b"POST" or ctype is None or not ctype.startswith(b"application/grpc"):
-            self._reset(stream, PROTOCOL_ERROR)  # not a gRPC request at all
+        if head.malformed or flags & _SELF_DEPENDENT:
+            self._reset(stream, PROTOCOL_ERROR)  # a malformed request is a stream error (RFC 9113 §8.1.1)
             return
-        if path != self.path:
-            self._finish(stream, GrpcStatus.UNIMPLEMENTED, f"unknown method {path.decode('latin-1') if path else ''}")
-            return
+        stream.content_length = head.content_length
+        stream.counted = head.content_length is not None
+        ctype = head.content_type
+        if ctype is None or not ctype.startswith(b"application/grpc"):
+            stream.reject = 415
+        elif head.method != b"POST":
+            stream.reject = 405
+        if stream.reject:
+            self.stats.non_grpc_requests += 1
+            stream.counted = True
+            stream.head_only = head.method == b"HEAD"
+        else:
+            route = self.routes.get(head.path or b"")
+            if route is None:
+                self._finish(stream, GrpcStatus.UNIMPLEMENTED, f"unknown method {(head.path or b'').decode('latin-1')}")
+                return
+            stream.route = route
         if flags & END_STREAM:
             self._remote_end(stream)
 
@@ -587,20 +656,30 @@ class H2Connection:
         if self.conn_recv_unacked >= RECV_WINDOW // 2:
             self.out.append(_frame(WINDOW_UPDATE, 0, 0, _u32.pack(self.conn_recv_unacked)))
             self.conn_recv_unacked = 0
+        data = self._strip_padding(flags, payload)
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self.last_sid:
                 raise ProtocolError(f"DATA on idle stream {sid}")
+            self._closed_frame(sid, "DATA")
             return  # a stream we already finished or reset: the bytes are counted above and dropped
         if stream.state not in REMOTE_OPEN:
             self._reset(stream, STREAM_CLOSED)  # DATA after the client's END_STREAM (RFC 9113 §5.1)
             return
-        data = self._strip_padding(flags, payload)
+        if not data and not flags & END_STREAM:
+            self._spend()  # empty DATA does nothing but cost a frame
         stream.recv_unacked += size
         if stream.recv_unacked > RECV_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
-        if stream.state is _OPEN:  # after our trailers, the client's remaining bytes are dropped
+        if stream.counted:
+            stream.received += len(data)
+            if stream.content_length is not None and stream.received > stream.content_length:
+                self._reset(stream, PROTOCOL_ERROR)  # more DATA than content-length (RFC 9113 §8.1.1)
+                return
+        if flags & END_STREAM:
+            stream.client_ending = True  # a reply that ends the call now needs no RST_STREAM after it
+        if stream.state is _OPEN and not stream.reject:  # after our trailers, the client's remaining bytes are dropped
             buf = stream.buf
             buf += data
             while len(buf) >= 5 and stream.state is _OPEN:
@@ -616,26 +695,43 @@ class H2Connection:
                 message = bytes(buf[5:5 + n])
                 del buf[:5 + n]
                 self._message(stream, message)
-            if buf and len(buf) > 5 and sum(len(s.buf) for s in self.streams.values()) > MAX_BUFFERED:
-                # Partial messages are the only unbounded state (the connection window is re-opened as
-                # bytes arrive): a peer that parks more than this in half-sent messages is cut off.
-                raise DenialOfServiceError(f"more than {MAX_BUFFERED} bytes of partial messages")
-            if stream.recv_unacked >= RECV_WINDOW // 2 and stream.state is _OPEN and not flags & END_STREAM:
-                self.out.append(_frame(WINDOW_UPDATE, 0, sid, _u32.pack(stream.recv_unacked)))
-                stream.recv_unacked = 0
-        if flags & END_STREAM:
+            # What stays in ``buf`` is counted once per frame, and only when it changed (a whole
+            # message in one frame, the common case, costs nothing here).
+            delta = len(buf) - stream.held
+            if delta:
+                self._count_held(stream, delta)
+        if stream.recv_unacked >= RECV_WINDOW // 2 and stream.state is _OPEN and not flags & END_STREAM:
+            self.out.append(_frame(WINDOW_UPDATE, 0, sid, _u32.pack(stream.recv_unacked)))
+            stream.recv_unacked = 0
+        if flags & END_STREAM and stream.state is not _CLOSED:  # (CLOSED: the handler already ended the call)
             self._remote_end(stream)
+
+    def _count_held(self, stream: _Stream, delta: int) -> None:
+        stream.held += delta
+        self.buffered += delta
+        stats = self.stats
+        stats.buffered_bytes += delta
+        if delta > 0 and (self.buffered > self.limits.max_buffered or stats.buffered_bytes > self.limits.max_buffered_total):
+            # Partial messages are the only state that grows with what a peer sends (the connection
+            # window is re-opened as bytes arrive): bounded per connection and per server.
+            stats.buffer_limit_hits += 1
+            raise DenialOfServiceError(f"more than {self.limits.max_buffered} bytes of partial messages "
+                                       f"(or {self.limits.max_buffered_total} on the server)")
 
     def _message(self, stream: _Stream, message: bytes) -> None:
         self.stats.messages += 1
+        route = stream.route
+        assert route is not None  # a stream without a route was answered when it opened
         try:
-            reply, end = self.handler(message)
+            reply, end = route.handler(message)
         except Exception:  # a bug in the handler fails this stream (Envoy then fails open), not the server
             self.stats.handler_errors += 1
             if self.stats.handler_errors == 1 or self.stats.handler_errors % 1000 == 0:
                 log.exception("ext_proc_handler_failed", errors=self.stats.handler_errors)
             self._finish(stream, GrpcStatus.INTERNAL, "handler failed")
             return
+        if route.watch and not end:
+            self.watchers[stream.sid] = stream
         if reply is not None:
             self._send_message(stream, reply)
         if end:
@@ -644,9 +740,13 @@ class H2Connection:
     def _remote_end(self, stream: _Stream) -> None:
         if stream.apply(_RECV_END_STREAM) is _CLOSING_REMOTE_ENDED:
             return  # trailers still waiting for window; _drain removes the stream
-        if stream.buf:
+        if stream.content_length is not None and stream.received != stream.content_length:
+            self._reset(stream, PROTOCOL_ERROR)  # DATA shorter than content-length (RFC 9113 §8.1.1)
+        elif stream.reject:
+            self._reply_plain(stream)
+        elif stream.buf:
             self._finish(stream, GrpcStatus.INTERNAL, "stream ended inside a message")
-        else:
+        elif stream.sid not in self.watchers:
             self._finish(stream, GRPC_OK)  # the client half-closed: the call is complete
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
@@ -658,15 +758,14 @@ class H2Connection:
             return
         if len(payload) % 6:
             raise FrameSizeError("SETTINGS length not a multiple of 6")
+        opened = False
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, i)
             if key == SettingCode.INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise FlowControlError("INITIAL_WINDOW_SIZE too large")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for s in self.streams.values():
-                    s.send_window += delta
+                opened = opened or value > self.peer_initial_window
+                self.peer_initial_window = value  # every stream's window moves with it (window_delta)
             elif key == SettingCode.MAX_FRAME_SIZE:
                 if not MAX_FRAME <= value <= 2**24 - 1:
                     raise ProtocolError("MAX_FRAME_SIZE out of range")
@@ -675,8 +774,8 @@ class H2Connection:
                 raise ProtocolError("ENABLE_PUSH must be 0 or 1")
             # HEADER_TABLE_SIZE: our encoder never indexes (table size 0), so any value is fine.
         self.out.append(_frame(SETTINGS, ACK, 0))
-        for s in list(self.streams.values()):
-            self._drain(s)
+        if opened:
+            self._unblock_windows()
 
     def _window_update(self, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -688,20 +787,41 @@ class H2Connection:
             self.conn_send_window += inc
             if self.conn_send_window > MAX_WINDOW:
                 raise FlowControlError("connection window overflow")
-            for s in list(self.streams.values()):
-                self._drain(s)
+            self._unblock_connection()
             return
         stream = self.streams.get(sid)
         if stream is None:
-            return
+            if sid > self.last_sid:
+                raise ProtocolError(f"WINDOW_UPDATE on idle stream {sid}")
+            return  # a closed stream: the peer may not have seen its end yet
         if inc == 0:
             self._reset(stream, PROTOCOL_ERROR)
             return
-        stream.send_window += inc
-        if stream.send_window > MAX_WINDOW:
+        stream.window_delta += inc
+        if self.peer_initial_window + stream.window_delta > MAX_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
-        self._drain(stream)
+        if stream.window_blocked:
+            stream.window_blocked = False  # its heap entry is now stale
+            self._drain(stream)
+
+    def _unblock_connection(self) -> None:
+        """The connection window opened: streams waiting for it send, oldest first, until it is spent.
+        Every stream visited sends at least one byte or moves to the window heap."""
+        blocked = self.conn_blocked
+        while blocked and self.conn_send_window > 0:
+            sid = next(iter(blocked))
+            self._drain(blocked.pop(sid))
+
+    def _unblock_windows(self) -> None:
+        """The peer's initial window grew: pop the streams whose own window is now positive."""
+        heap, streams = self.window_blocked, self.streams
+        while heap and heap[0][0] < self.peer_initial_window:  # -window_delta < initial <=> window > 0
+            key, sid = heapq.heappop(heap)
+            stream = streams.get(sid)
+            if stream is not None and stream.window_blocked and stream.window_delta == -key:
+                stream.window_blocked = False
+                self._drain(stream)
 
     # -- frames out ----------------------------------------------------------------------------------
     def _header_frame(self, sid: int, block: bytes, flags: int) -> bytes:
@@ -731,7 +851,21 @@ class H2Connection:
             stream.headers_sent = True
         stream.apply(_FINISH)
         stream.trailers = block
-        stream.buf.clear()
+        if stream.held or stream.buf:
+            self._unbuffer(stream)
+        self._drain(stream)
+
+    def _reply_plain(self, stream: _Stream) -> None:
+        """Answer a request that is not gRPC with an HTTP status and a short text body."""
+        block, body = PLAIN_REPLY[stream.reject]
+        stream.apply(_FINISH)
+        stream.headers_sent = True
+        if stream.head_only:
+            stream.trailers = block  # HEADERS with END_STREAM: a HEAD reply has no body
+        else:
+            self.out.append(self._header_frame(stream.sid, block, 0))
+            stream.pending.append(body)
+            stream.trailers = b""  # END_STREAM on an empty DATA frame after the body
         self._drain(stream)
 
     def _drain(self, stream: _Stream) -> None:
@@ -739,35 +873,78 @@ class H2Connection:
         pending = stream.pending
         while pending:
             item = pending[0]
-            n = min(len(item), stream.send_window, self.conn_send_window, self.peer_max_frame)
-            if n <= 0:
-                return  # wait for WINDOW_UPDATE
+            window = self.peer_initial_window + stream.window_delta
+            if window <= 0:
+                if not stream.window_blocked:
+                    stream.window_blocked = True
+                    heap = self.window_blocked
+                    if len(heap) > 2 * len(self.streams) + 64:  # drop stale entries (amortised O(1))
+                        heap[:] = [(k, s) for k, s in heap if s in self.streams and self.streams[s].window_blocked]
+                        heapq.heapify(heap)
+                    heapq.heappush(heap, (-stream.window_delta, stream.sid))
+                return  # wait for WINDOW_UPDATE or SETTINGS
+            if self.conn_send_window <= 0:
+                self.conn_blocked[stream.sid] = stream
+                return  # wait for a connection WINDOW_UPDATE
+            n = min(len(item), window, self.conn_send_window, self.peer_max_frame)
             self.out.append(_frame(DATA, 0, stream.sid, item[:n]))
-            stream.send_window -= n
+            self.control_budget += 10
+            stream.window_delta -= n
             self.conn_send_window -= n
             if n == len(item):
                 pending.pop(0)
             else:
                 pending[0] = item[n:]
         if stream.trailers is not None:
-            self.out.append(self._header_frame(stream.sid, stream.trailers, END_STREAM))
+            if stream.trailers:
+                self.out.append(self._header_frame(stream.sid, stream.trailers, END_STREAM))
+            else:
+                self.out.append(_frame(DATA, END_STREAM, stream.sid))
             stream.trailers = None
-            if stream.state is _CLOSING:
+            if stream.state is _CLOSING and not stream.client_ending:
                 # The response is complete while the client's side is still open (the root answers
                 # the first message): RST_STREAM(NO_ERROR) tells it to stop sending (RFC 9113
                 # §8.1), as grpc servers do, so no state is kept for a minutes-long generation.
                 self.out.append(_frame(RST_STREAM, 0, stream.sid, _u32.pack(NO_ERROR)))
+            else:
+                self._remember_closed(stream.sid)  # both sides ended: later frames are errors
             stream.apply(_TRAILERS_WRITTEN)
-            self.streams.pop(stream.sid, None)
+            self._forget(stream)
 
-    def _reset(self, stream: _Stream, code: ErrorCode) -> None:
-        self.out.append(_frame(RST_STREAM, 0, stream.sid, _u32.pack(code)))
-        self.stats.stream_resets += 1
-        stream.apply(_RESET)
+    def _unbuffer(self, stream: _Stream) -> None:
+        stream.buf.clear()
+        if stream.held:
+            self._count_held(stream, -stream.held)
+
+    def _forget(self, stream: _Stream) -> None:
+        """The stream is over: remove it from every table (its heap entry, if any, goes stale)."""
+        sid = stream.sid
+        self.streams.pop(sid, None)
+        if self.conn_blocked:
+            self.conn_blocked.pop(sid, None)
+        if self.watchers:
+            self.watchers.pop(sid, None)
+        stream.window_blocked = False
         stream.pending.clear()
         stream.trailers = None
-        self.streams.pop(stream.sid, None)
-        self._events.append(StreamReset(stream.sid, code))
+        if stream.held or stream.buf:
+            self._unbuffer(stream)
+
+    def _remember_closed(self, sid: int) -> None:
+        closed = self.closed
+        closed[sid] = None
+        if len(closed) > self.limits.closed_streams_remembered:
+            del closed[next(iter(closed))]
+
+    def _reset(self, stream: _Stream, code: ErrorCode) -> None:
+        stream.apply(_RESET)
+        self._forget(stream)
+        self._reset_id(stream.sid, code)
+
+    def _reset_id(self, sid: int, code: ErrorCode) -> None:
+        self.out.append(_frame(RST_STREAM, 0, sid, _u32.pack(code)))
+        self.stats.stream_resets += 1
+        self._events.append(StreamReset(sid, code))
 
     def _connection_error(self, exc: H2Error) -> None:
         self.stats.connection_errors += 1
@@ -779,94 +956,3 @@ class H2Connection:
         if not self.goaway_sent:
             self.goaway_sent = True
             self.out.append(_frame(GOAWAY, 0, 0, _u32.pack(self.last_sid) + _u32.pack(code) + reason.encode()[:256]))
-
-
-class H2GrpcProtocol(asyncio.Protocol):
-    """The asyncio side of one connection: socket bytes to :class:`H2Connection` and back."""
-
-    def __init__(self, path: bytes, handler: Handler, stats: TransportStats, on_close: Callable[[H2GrpcProtocol], None]) -> None:
-        self.conn = H2Connection(path, handler, stats)
-        self.on_close = on_close
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport; not an isinstance check: uvloop's TCPTransport does not derive from
-        # asyncio.Transport (an assert here dropped every connection under uvloop).
-        self.transport = stream = cast("asyncio.Transport", transport)
-        self.conn.initiate()
-        stream.write(self.conn.data_to_send())
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.connection_lost()
-        self.on_close(self)
-
-    def pause_writing(self) -> None:
-        # The peer stopped reading: stop reading its requests too, so our buffer stays bounded.
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        conn = self.conn
-        events = conn.receive_data(data)
-        if conn.out:  # (inline _flush: this runs once per request)
-            out = conn.data_to_send()
-            transport = self.transport
-            if transport is not None and not transport.is_closing():
-                transport.write(out)
-        for ev in events:
-            if isinstance(ev, ConnectionTerminated):
-                log.warning("h2_connection_error", code=ev.error_code.name, reason=ev.reason)
-                if self.transport is not None:
-                    self.transport.close()
-
-    def _flush(self) -> None:
-        out = self.conn.data_to_send()
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out)
-
-    def shutdown(self) -> None:
-        """Graceful stop: GOAWAY(NO_ERROR) so Envoy opens new streams elsewhere, then close."""
-        self.conn.close()
-        self._flush()
-        if self.transport is not None:
-            self.transport.close()
-
-
-@dataclass
-class H2GrpcServer:
-    """The listening socket and its connections (``start`` / ``stop`` like a grpc.aio server)."""
-
-    path: str
-    handler: Handler
-    stats: TransportStats = field(default_factory=TransportStats)
-    _server: asyncio.AbstractServer | None = None
-    _conns: set[H2GrpcProtocol] = field(default_factory=set)
-
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
-        """Listen and return the bound port (``port=0`` picks a free one)."""
-        path = self.path.encode()
-
-        def factory() -> H2GrpcProtocol:
-            proto = H2GrpcProtocol(path, self.handler, self.stats, self._conns.discard)
-            self._conns.add(proto)
-            return proto
-
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(factory, host, port, reuse_port=reuse_port or None, backlog=1024)
-        # (asyncio and uvloop set TCP_NODELAY on accepted connections themselves.)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self, grace_s: float = 2.0) -> None:
-        if self._server is not None:
-            self._server.close()
-        for proto in list(self._conns):
-            proto.shutdown()
-        if self._server is not None:
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), grace_s)
-            except TimeoutError:
-                pass

@@ -1,0 +1,336 @@
+"""``dlb bench hostile``: issue 14's attacks (rows 1–3, 5–7) against live services while real traffic flows.
+
+The bench starts a data plane on 127.0.0.1 (emulated servers in two cells, leaf agents and Envoys, the
+root service on its default HTTP/2 transport and its Envoy) and a control plane, all as the processes
+a user runs, then sends real requests through the root Envoy at a steady rate the whole time. For each
+attack it records, for the process under attack:
+
+- ``rss_before_mb`` / ``rss_peak_mb`` / ``rss_after_mb``: resident memory (``/proc/PID/status``) just
+  before, at the worst point, and ``settle_s`` after the attacker left;
+- ``loop_block_max_ms``: the longest round trip of a tiny RPC the service answers on its event loop
+  (ext_proc ``Process`` for the root, ``Probe`` for the leaf, ``grpc.health.v1`` for the control plane),
+  sent every 20 ms from another thread — a blocked loop shows as a slow answer (null for the config
+  validator, which has no loop). A ping gives up after 5 s, so ~5000 means "blocked at least 5 s";
+- ``real_traffic_p50_ms`` and ``real_traffic_errors``: the real requests started while the attack ran
+  (errors: any non-200, until ``settle_s`` after), next to ``baseline_p50_ms`` measured before any attack.
+
+Targets (issue 14): RSS growth ≤ 50 MB and back within 10 s of the attacker leaving; no loop block >
+50 ms; p50 within 2× of the baseline and no errors; a bad config reported within 2 s and 200 MB. Each
+record carries a pass/fail per target. Everything is bounded: attack sizes come from ``--scale`` (``ci``
+or ``issue``), each attacker leaves after ``hold_s``, the config validator runs under a time limit and an
+address-space cap, and the control plane is killed if a reload makes it pass ``--mem-cap-mb``.
+
+``--tls`` runs the same stack with mutual TLS on every gRPC hop (docs/security.md); the attackers hold
+no certificate, as an adversary on the network would not, while the bench's own pings do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlb.bench import hostile_attacks as atk
+from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, health_ping, p50, probe_ping, rss_mb, secure_or_plain
+from dlb.procutil import free_port
+
+ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
+ROW = {"hpack-cache": 1, "stream-walk": 2, "idle-connections": 3, "als-flood": 5, "ads-bloat": 6, "yaml-bomb-validate": 7,
+       "yaml-bomb-sighup": 7}
+WARMUP_S = 8.0
+TARGETS = {"rss_growth_mb": 50.0, "loop_block_ms": 50.0, "p50_ratio": 2.0, "errors": 0, "config_report_s": 2.0, "config_report_mb": 200.0}
+
+
+# --- the run ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    plane: Any
+    cp: subprocess.Popen[bytes]
+    cp_config: Path
+    cp_xds: str
+    cp_status: str
+    tmp: Path
+    creds: Any = None  # the bench's own gRPC client credentials when the stack runs mTLS (the attackers have none)
+
+
+def _start(tmp: Path, tls: bool) -> Setup:
+    from dlb.testbed.stack import CellSpec, start_data_plane
+    from dlb.testbed.up import tcp_open
+
+    tls_section, creds = None, None
+    if tls:
+        from dlb.config.tls import load_identity
+        from dlb.testbed.pki import dlb_pki
+
+        files, _ = dlb_pki(tmp / "pki", ("a", "b"))
+        tls_section = {"ca": files.ca, "cert": files.cert, "key": files.key}
+        creds = load_identity(files, "root-a").channel_credentials()
+    plane = start_data_plane([CellSpec("a"), CellSpec("b")], "a", {"name": "chat", "match": {"prefix": "/v1/"},
+                                                                  "policy": {"mechanism": "discrete"}},
+                             one_way_ms={"a": {"b": 5}}, leaf_ext_proc=False, emulate_wan=False, tls=tls_section)
+    cp_config = tmp / "control-plane.yaml"
+    cp_config.write_text(Path(plane.config_path).read_text())
+    xds, status = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    log = open(tmp / "control-plane.log", "wb")  # noqa: SIM115 - the child writes it until the end of the run
+    cp = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cp_config), "--xds", xds,
+                           "--status", status, "--no-probe"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    from dlb.config.model import HostPort
+
+    deadline = time.monotonic() + 60
+    while not tcp_open(HostPort("127.0.0.1", int(xds.rpartition(":")[2]))):
+        if cp.poll() is not None or time.monotonic() > deadline:
+            plane.close()
+            raise RuntimeError(f"control plane did not start: {(tmp / 'control-plane.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return Setup(plane, cp, cp_config, xds, status, tmp, creds)
+
+
+def _stop(s: Setup) -> None:
+    if s.cp.poll() is None:
+        s.cp.send_signal(signal.SIGTERM)
+        try:
+            s.cp.wait(10)
+        except subprocess.TimeoutExpired:
+            s.cp.kill()
+            s.cp.wait(10)
+    s.plane.close()
+
+
+def _verdicts(rec: dict[str, Any], baseline_p50: float | None) -> dict[str, bool | None]:
+    out: dict[str, bool | None] = {}
+    before, peak, after = rec["rss_before_mb"], rec["rss_peak_mb"], rec["rss_after_mb"]
+    if before is not None and peak is not None:
+        out["rss_growth_le_50mb"] = peak - before <= TARGETS["rss_growth_mb"]
+    if before is not None and after is not None:
+        out["rss_returned_in_settle"] = after - before <= TARGETS["rss_growth_mb"]
+    if rec["loop_block_max_ms"] is not None:
+        out["loop_block_le_50ms"] = rec["loop_block_max_ms"] <= TARGETS["loop_block_ms"]
+    if rec["real_traffic_p50_ms"] is not None and baseline_p50:
+        out["p50_within_2x"] = rec["real_traffic_p50_ms"] <= TARGETS["p50_ratio"] * baseline_p50
+    out["no_errors"] = rec["real_traffic_errors"] == 0
+    return out
+
+
+def run_bench(attacks: list[str], scale: atk.Scale, rate: float, settle_s: float, baseline_s: float, mem_cap_mb: int,
+              validate_timeout_s: float, tls: bool = False, warmup_s: float = WARMUP_S) -> dict[str, Any]:
+    from dlb.provenance import git_commit
+    from dlb.testbed.stack import request
+
+    commit = git_commit()  # the tree as it is when the run starts
+    with tempfile.TemporaryDirectory(prefix="dlb-hostile-") as tmp_name:
+        setup = _start(Path(tmp_name), tls)
+        plane = setup.plane
+        host, port = plane.root_url
+        root_ext_proc = str(plane.cfg.cell("a").root.ext_proc)
+        leaf_probe = str(plane.cfg.cell("a").leaf.probe)
+        traffic = Traffic(lambda: request(host, port, timeout=10)[0] == 200, rate=rate)
+        monitor = Monitor()
+        records: list[dict[str, Any]] = []
+        try:
+            # Warm up until the stack answers, then the baseline.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not traffic.send():
+                time.sleep(0.2)
+            traffic.start()
+            monitor.start()
+            time.sleep(warmup_s)  # warm-up (first connections, the leaves' start-up probes and fits) is not the baseline
+            t0 = time.monotonic()
+            time.sleep(baseline_s)
+            base = traffic.window(t0, time.monotonic())
+            baseline_p50 = p50([ms for _, ms, ok in base if ok])
+            for name in attacks:
+                records.append(_one_attack(name, setup, scale, traffic, monitor, baseline_p50, settle_s, mem_cap_mb,
+                                           validate_timeout_s, root_ext_proc, leaf_probe))
+                print(json.dumps(records[-1]), flush=True)
+        finally:
+            traffic.stop()
+            monitor.stop()
+            _stop(setup)
+    return {"bench": "hostile", "commit": commit, "tls": tls, "scale": scale.__dict__, "rate_rps": rate, "settle_s": settle_s, "warmup_s": warmup_s,
+            "baseline_p50_ms": baseline_p50, "baseline_requests": len(base), "targets": TARGETS, "attacks": records}
+
+
+def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor: Monitor, baseline_p50: float | None,
+                settle_s: float, mem_cap_mb: int, validate_timeout_s: float, root_ext_proc: str, leaf_probe: str) -> dict[str, Any]:
+    plane = s.plane
+    host, port = (root_ext_proc.rpartition(":")[0], int(root_ext_proc.rpartition(":")[2]))
+    detail: dict[str, Any] = {}
+    pid: int | None
+    if name in ("hpack-cache", "stream-walk", "idle-connections"):
+        pid, ping, part = plane.root.pid, ext_proc_ping(root_ext_proc, s.creds), "root ext_proc (HTTP/2 transport)"
+    elif name == "als-flood":
+        pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe, s.creds), "leaf agent (probe port)"
+    elif name == "yaml-bomb-validate":
+        pid, ping, part = None, None, "dlb config validate"
+    else:
+        pid, ping, part = s.cp.pid, health_ping(s.cp_xds, s.creds), "control plane"
+    monitor.watch(pid, ping)
+    time.sleep(0.5)
+    before = rss_mb(pid) if pid else None
+    t0 = time.monotonic()
+    if name == "hpack-cache":
+        detail = atk.hpack_cache(host, port, scale)
+    elif name == "stream-walk":
+        detail = atk.stream_walk(host, port, scale)
+    elif name == "idle-connections":
+        from dlb.testbed.up import http_get
+
+        metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
+
+        def metrics_alive() -> bool:
+            try:
+                return http_get(metrics_url, 1.0)[0] == 200
+            except OSError:
+                return False
+
+        detail = atk.idle_connections(host, port, scale, alive=metrics_alive)
+    elif name == "als-flood":
+        detail = atk.als_flood(leaf_probe, scale)
+        detail.update(_leaf_view(leaf_probe, s.creds))
+    elif name == "ads-bloat":
+        detail = atk.ads_bloat(s.cp_xds, scale)
+        detail.update(_status_sizes(s.cp_status))
+    elif name == "yaml-bomb-validate":
+        bomb = s.tmp / "bomb.yaml"
+        bomb.write_text(atk.yaml_bomb(scale.bomb_depth))
+        peak = [0.0]
+
+        def sample(child: int) -> None:
+            peak[0] = max(peak[0], rss_mb(child) or 0.0)
+
+        detail = atk.validate_bomb(str(bomb), validate_timeout_s, mem_cap_mb, sample)
+        detail["validator_rss_peak_mb"] = round(peak[0], 1)
+    elif name == "yaml-bomb-sighup":
+        detail = _sighup_bomb(s, scale, validate_timeout_s, mem_cap_mb)
+    else:
+        raise ValueError(f"unknown attack {name!r} (one of {', '.join(ATTACKS)})")
+    t1 = time.monotonic()
+    time.sleep(settle_s)
+    t2 = time.monotonic()
+    rss = monitor.rss_window(t0, t2)
+    worst = monitor.worst_ping_ms(t0, t1 + 1.0)
+    reqs = traffic.window(t0, t1)
+    rec: dict[str, Any] = {
+        "attack": name, "row": ROW[name], "part": part,
+        "rss_before_mb": round(before, 1) if before is not None else None,
+        "rss_peak_mb": round(max(rss), 1) if rss else (detail.get("validator_rss_peak_mb")),
+        "rss_after_mb": round(rss[-1], 1) if rss and pid and rss_mb(pid) is not None else None,
+        "loop_block_max_ms": round(worst, 1) if worst is not None else None,
+        "real_traffic_p50_ms": p50([ms for _, ms, ok in reqs if ok]),
+        "real_traffic_errors": sum(1 for _, _, ok in traffic.window(t0, t2) if not ok),
+        "real_traffic_requests": len(reqs),
+        "attack_s": round(t1 - t0, 2),
+        "detail": detail,
+    }
+    if name == "yaml-bomb-validate":
+        rec["rss_after_mb"] = None  # a process of its own that exits (or is killed): judged by the 2 s / 200 MB target only
+    rec["verdicts"] = _verdicts(rec, baseline_p50)
+    if name.startswith("yaml-bomb"):
+        secs = detail.get("seconds")
+        rep_mb = detail.get("validator_rss_peak_mb", (rec["rss_peak_mb"] or 0) - (rec["rss_before_mb"] or 0))
+        clear = not detail.get("traceback") and detail.get("killed_after_s") is None and bool(detail.get("reported", True))
+        rec["verdicts"]["config_reported_in_2s_200mb"] = bool(clear and secs is not None and secs <= TARGETS["config_report_s"]
+                                                              and rep_mb <= TARGETS["config_report_mb"])
+    monitor.watch(None, None)
+    return rec
+
+
+def _leaf_view(target: str, creds: Any) -> dict[str, Any]:
+    """What the flood did to the cell as roots see it: the leaf's RIF and error rate in its probe answer."""
+    import grpc
+
+    from dlb.proto import probe_pb2, probe_pb2_grpc
+
+    try:
+        with secure_or_plain(target, creds) as ch:
+            r = probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(source_cell="hostile-bench"), timeout=5)
+        return {"leaf_rif_after": r.rif, "leaf_error_rate_after": round(r.error_rate, 3)}
+    except grpc.RpcError as exc:
+        return {"leaf_probe_after": exc.code().name}
+
+
+def _status_sizes(status: str) -> dict[str, Any]:
+    """Sizes of the control plane's /status and /metrics after the attack (bounded regardless of clients?)."""
+    from dlb.testbed.up import http_get
+
+    out: dict[str, Any] = {}
+    for path in ("/status", "/metrics"):
+        try:
+            out[f"{path[1:]}_bytes"] = len(http_get(f"http://{status}{path}", 30.0)[1])
+        except OSError as exc:
+            out[f"{path[1:]}_bytes"] = f"error: {exc}"
+    return out
+
+
+def _sighup_bomb(s: Setup, scale: atk.Scale, timeout_s: float, mem_cap_mb: int) -> dict[str, Any]:
+    """Row 7 on the control plane: the bomb replaces its config file, SIGHUP; watched up to ``timeout_s``
+    (killed past ``mem_cap_mb``); the good config is put back afterwards."""
+    good = s.cp_config.read_text()
+    s.cp_config.write_text(atk.yaml_bomb(scale.bomb_depth))
+    log = s.tmp / "control-plane.log"
+    offset = log.stat().st_size
+    t0 = time.monotonic()
+    s.cp.send_signal(signal.SIGHUP)
+    killed, reported, peak = False, False, 0.0
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            peak = max(peak, rss_mb(s.cp.pid) or 0.0)
+            if peak > mem_cap_mb:
+                s.cp.kill()
+                killed = True
+                break
+            text = log.read_bytes()[offset:].decode(errors="replace")
+            if "reload" in text and ("refused" in text or "Traceback" in text):
+                reported = True
+                break
+            time.sleep(0.05)
+    finally:
+        s.cp_config.write_text(good)
+    seconds = round(time.monotonic() - t0, 2)
+    text = log.read_bytes()[offset:].decode(errors="replace")
+    return {"seconds": seconds, "reported": reported, "killed_over_mem_cap": killed, "traceback": "Traceback" in text,
+            "log_head": text[:300], "cp_rss_peak_mb": round(peak, 1), "killed_after_s": None if reported or killed else timeout_s}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("hostile", help="issue 14's attacks against live services while real traffic flows",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", default=None, help="write the records (with the git commit) here")
+    p.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated subset of: {', '.join(ATTACKS)}")
+    p.add_argument("--scale", choices=("ci", "issue"), default="ci", help="attack sizes: ci (seconds) or issue (the issue's table)")
+    p.add_argument("--rate", type=float, default=10.0, help="real requests per second through the root Envoy (default 10)")
+    p.add_argument("--settle-s", type=float, default=10.0, help="seconds after each attacker leaves before RSS 'after' (default 10)")
+    p.add_argument("--baseline-s", type=float, default=10.0,
+                   help=f"seconds of real traffic before any attack (default 10, after {WARMUP_S:g} s of warm-up)")
+    p.add_argument("--mem-cap-mb", type=int, default=1500, help="address-space cap of the validator; control plane killed past it")
+    p.add_argument("--validate-timeout-s", type=float, default=20.0, help="the config validator / a reload is given this long")
+    p.add_argument("--tls", action="store_true",
+                   help="run the stack with mutual TLS (a throw-away CA; needs 'cryptography'): the attackers have no certificate")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    bad = [a for a in attacks if a not in ATTACKS]
+    if bad:
+        print(f"--attacks: unknown {', '.join(bad)} (one of {', '.join(ATTACKS)})", file=sys.stderr)
+        return 2
+    result = run_bench(attacks, atk.Scale.named(args.scale), args.rate, args.settle_s, args.baseline_s, args.mem_cap_mb,
+                       args.validate_timeout_s, tls=args.tls)
+    for r in result["attacks"]:
+        failed = [k for k, v in r["verdicts"].items() if v is False]
+        print(f"row {r['row']} {r['attack']:<20} rss {r['rss_before_mb']}→{r['rss_peak_mb']}→{r['rss_after_mb']} MB  "
+              f"loop {r['loop_block_max_ms']} ms  p50 {r['real_traffic_p50_ms']} ms (baseline {result['baseline_p50_ms']})  "
+              f"errors {r['real_traffic_errors']}  {'PASS' if not failed else 'FAIL: ' + ', '.join(failed)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0

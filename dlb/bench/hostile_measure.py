@@ -1,0 +1,175 @@
+"""What ``dlb bench hostile`` measures while an attack runs: memory, loop responsiveness, real traffic.
+
+Kept apart from the harness (:mod:`dlb.bench.hostile`) because it is the part a reader must trust:
+RSS is read from ``/proc/PID/status``; a service's event-loop block is the round trip of a tiny RPC it
+answers on that loop (a ping), sent from a thread of its own so a blocked service never stops the RSS
+samples; real traffic is recorded per request (start, milliseconds, ok).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlb.bench.hostile_attacks import EXT_PROC_PATH
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class Monitor:
+    """Samples one process's RSS every ``period_s`` and, on a thread of its own (a blocked service must
+    not stop the RSS samples), the round trip of ``ping()`` — the service loop's responsiveness."""
+
+    period_s: float = 0.02
+    rss: list[tuple[float, float]] = field(default_factory=list)  # (t, MB)
+    pings: list[tuple[float, float]] = field(default_factory=list)  # (start, round trip ms)
+    _pid: int | None = None
+    _ping: Callable[[], None] | None = None
+    _ping_started: float | None = None  # a ping in flight (its wait so far counts too)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def watch(self, pid: int | None, ping: Callable[[], None] | None) -> None:
+        self._pid, self._ping = pid, ping
+
+    def start(self) -> None:
+        for fn in (self._sample_rss, self._sample_ping):
+            t = threading.Thread(target=fn, name=f"hostile{fn.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+    def _sample_rss(self) -> None:
+        while not self._stop.wait(self.period_s):
+            pid = self._pid
+            mb = rss_mb(pid) if pid else None
+            if mb is not None:
+                self.rss.append((time.monotonic(), mb))
+
+    def _sample_ping(self) -> None:
+        while not self._stop.is_set():
+            ping = self._ping
+            if ping is None:
+                self._stop.wait(self.period_s)
+                continue
+            t = self._ping_started = time.monotonic()
+            try:
+                ping()
+            except Exception:  # refused or timed out: the wait is what a blocked (or dead) loop costs
+                pass
+            self._ping_started = None
+            rtt = (time.monotonic() - t) * 1000.0
+            self.pings.append((t, rtt))
+            self._stop.wait(max(0.0, self.period_s - rtt / 1000.0))
+
+    def rss_window(self, t0: float, t1: float) -> list[float]:
+        return [mb for t, mb in self.rss if t0 <= t <= t1]
+
+    def worst_ping_ms(self, t0: float, t1: float) -> float | None:
+        """The longest round trip of the pings that overlapped [t0, t1] (one still waiting counts so far)."""
+        out = [ms for t, ms in self.pings if t <= t1 and t + ms / 1000.0 >= t0]
+        started = self._ping_started
+        if started is not None and started <= t1:
+            out.append((time.monotonic() - started) * 1000.0)
+        return max(out) if out else None
+
+
+@dataclass
+class Traffic:
+    """Real requests through the root Envoy at ``rate`` per second, each recorded as (start, ms, ok)."""
+
+    send: Callable[[], bool]
+    rate: float = 10.0
+    records: list[tuple[float, float, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hostile-traffic", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _one(self) -> None:
+        t = time.monotonic()
+        try:
+            ok = self.send()
+        except Exception:
+            ok = False
+        self.records.append((t, (time.monotonic() - t) * 1000.0, ok))
+
+    def _run(self) -> None:
+        with ThreadPoolExecutor(max_workers=16, thread_name_prefix="hostile-req") as pool:
+            nxt = time.monotonic()
+            while not self._stop.is_set():
+                pool.submit(self._one)
+                nxt += 1.0 / self.rate
+                self._stop.wait(max(0.0, nxt - time.monotonic()))
+
+    def window(self, t0: float, t1: float) -> list[tuple[float, float, bool]]:
+        return [r for r in self.records if t0 <= r[0] <= t1]
+
+
+def p50(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+# --- the services' own tiny RPCs (pings) -----------------------------------------------------------
+
+
+def secure_or_plain(target: str, creds: Any) -> Any:
+    """A sync gRPC channel: mTLS with ``creds`` (the bench's own identity), else plaintext."""
+    import grpc
+
+    return grpc.insecure_channel(target) if creds is None else grpc.secure_channel(target, creds)
+
+
+def ext_proc_ping(target: str, creds: Any = None) -> Callable[[], None]:
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    channel = secure_or_plain(target, creds)
+    call = channel.stream_stream(EXT_PROC_PATH, request_serializer=ep.ProcessingRequest.SerializeToString,
+                                 response_deserializer=ep.ProcessingResponse.FromString)
+    msg = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=":path", raw_value=b"/v1/chat/completions"), base_pb2.HeaderValue(key=":method", raw_value=b"POST")])))
+
+    def ping() -> None:
+        for _ in call(iter([msg]), timeout=5):
+            return
+
+    return ping
+
+
+def probe_ping(target: str, creds: Any = None) -> Callable[[], None]:
+    from dlb.proto import probe_pb2, probe_pb2_grpc
+
+    stub = probe_pb2_grpc.ProbeStub(secure_or_plain(target, creds))
+    return lambda: stub.Probe(probe_pb2.ProbeRequest(source_cell="hostile-bench"), timeout=5) and None
+
+
+def health_ping(target: str, creds: Any = None) -> Callable[[], None]:
+    call = secure_or_plain(target, creds).unary_unary("/grpc.health.v1.Health/Check")
+    return lambda: call(b"", timeout=5) and None
