@@ -43,7 +43,10 @@ def test_leaf_drains_on_sigterm_then_exits_cleanly() -> None:
         path.write_text(json.dumps(raw))
         leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0",
                               "--scrape-period-ms", "0", "--drain-s", "2")
-        with leaf, grpc.insecure_channel(probe) as ch:
+        from dlb.config import config_from_dict
+
+        channel = config_from_dict(raw).cells[0].leaf.access_log_address()
+        with leaf, grpc.insecure_channel(probe) as ch, grpc.insecure_channel(channel) as als_ch:
             assert _check(ch) == SERVING
             # An access-log stream held open as Envoy holds it, through the shutdown.
             stream_done = threading.Event()
@@ -52,7 +55,7 @@ def test_leaf_drains_on_sigterm_then_exits_cleanly() -> None:
                 yield als_pb2.StreamAccessLogsMessage(identifier=als_pb2.StreamAccessLogsMessage.Identifier(log_name="dlb-leaf"))
                 stream_done.wait(30)
 
-            als = als_pb2_grpc.AccessLogServiceStub(ch)
+            als = als_pb2_grpc.AccessLogServiceStub(als_ch)  # its own channel, not the probe port
             fut = als.StreamAccessLogs.future(logs(), timeout=30)
             time.sleep(0.3)
             os.kill(leaf.pid, signal.SIGTERM)

@@ -94,42 +94,114 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+#: Budgets that bound what a hostile or broken file can cost (issue 14 rows 7-8: an alias bomb took 60 s and 1.67 GB,
+#: 5,000-deep nesting a Python traceback). A real DLB config is a few KB, nested about 6 deep, with a few hundred values;
+#: the budgets sit far above that and keep the worst file within ~0.5 s and ~60 MB (docs/security.md).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_DEPTH = 64
+#: Values (scalars, mappings, lists) after alias expansion: every alias counts the whole subtree it stands for, each
+#: time it is used. 20,000 is ~5x a 64-cell config with a full latency matrix; composing that many takes ~0.5 s.
+MAX_VALUES = 20_000
+#: libyaml when PyYAML was built with it (~30x faster: a 1 MB file of scalars took 39 s in pure Python).
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: Cross-cell checks (the latency matrix, unique addresses) and prefix shadowing are quadratic in these.
+MAX_CELLS = 256
+MAX_ENDPOINTS = 256
+MAX_UNKNOWN_KEYS = 20
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _OverBudget(Exception):
+    def __init__(self, path: str, line: int) -> None:
+        super().__init__(path)
+        self.path, self.line = path, line
+
+
+def _scan(text: str, source: str) -> Problem | None:
+    """Depth and size from the event stream, before composing (the parser is iterative, the composer recursive)."""
+    depth = values = 0
+    for ev in yaml.parse(text, Loader=_LOADER):
+        if isinstance(ev, (yaml.ScalarEvent, yaml.AliasEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            values += 1
+            if values > MAX_VALUES:
+                return Problem(source, "", f"more than {MAX_VALUES:,} values (a DLB config has hundreds)", ev.start_mark.line + 1)
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return Problem(source, "", f"nested deeper than {MAX_DEPTH} levels (a DLB config needs fewer than 10)", ev.start_mark.line + 1)
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return None
+
+
 def _compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]]:
     problems: list[Problem] = []
     marks: dict[str, int] = {}
+    if len(text) > MAX_CONFIG_BYTES:
+        problems.append(Problem(source, "", f"{len(text):,} characters: larger than the {MAX_CONFIG_BYTES:,} a config may have"))
+        return None, marks, problems
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        deep = _scan(text, source)
+        if deep is not None:
+            return None, marks, [deep]
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         reason = f"not valid YAML: {getattr(exc, 'problem', None) or exc}"
         problems.append(Problem(source, "", reason, mark.line + 1 if mark else None))
         return None, marks, problems
     constructor = yaml.SafeLoader("")
+    budget = [MAX_VALUES]
+
+    def scalar(node: yaml.Node, path: str) -> Any:
+        try:
+            return constructor.construct_object(node)
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:  # ValueError: an int of > 4,300 digits
+            problems.append(Problem(source, path, f"bad value: {str(exc)[:200]}", node.start_mark.line + 1))
+            return None
+
+    def merge_sources(vnode: yaml.Node, path: str) -> list[yaml.MappingNode]:
+        items = vnode.value if isinstance(vnode, yaml.SequenceNode) else [vnode]
+        if all(isinstance(n, yaml.MappingNode) for n in items):
+            return items
+        problems.append(Problem(source, _join(path, "<<"), "a merge key '<<' takes a mapping or a list of mappings", vnode.start_mark.line + 1))
+        return []
 
     def conv(node: yaml.Node, path: str) -> Any:
-        marks.setdefault(path, node.start_mark.line + 1)
+        line = node.start_mark.line + 1
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _OverBudget(path, line)
+        marks.setdefault(path, line)
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
+            merges: list[yaml.MappingNode] = []
             for knode, vnode in node.value:
                 if not isinstance(knode, yaml.ScalarNode):
                     problems.append(Problem(source, path, "mapping keys must be plain scalars", knode.start_mark.line + 1))
                     continue
-                key = str(constructor.construct_object(knode))
+                if knode.tag == MERGE_TAG:  # YAML merge key: explicit keys win, then earlier merged mappings
+                    merges += merge_sources(vnode, path)
+                    continue
+                key = str(scalar(knode, path))
                 child = _join(path, key)
                 if key in out:
                     problems.append(Problem(source, child, f"duplicate key (first given on line {marks.get(child)})", knode.start_mark.line + 1))
                     continue
                 out[key] = conv(vnode, child)
+            for merged in merges:
+                for key, value in conv(merged, path).items():
+                    out.setdefault(key, value)
             return out
         if isinstance(node, yaml.SequenceNode):
             return [conv(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
-        try:
-            return constructor.construct_object(node)
-        except yaml.YAMLError as exc:
-            problems.append(Problem(source, path, f"bad value: {exc}", node.start_mark.line + 1))
-            return None
+        return scalar(node, path)
 
-    data = conv(root, "") if root is not None else None
+    try:
+        data = conv(root, "") if root is not None else None
+    except _OverBudget as over:
+        reason = f"more than {MAX_VALUES:,} values once aliases are expanded (an alias bomb?)"
+        return None, marks, [Problem(source, over.path, reason, over.line)]
     return data, marks, problems
 
 
@@ -166,7 +238,11 @@ class _Checker:
             return {}
         value = {str(k): v for k, v in value.items()}  # config_from_dict may get non-string keys
         known = set(keys)
-        for k in value:
+        strangers = [k for k in value if k not in known]
+        if len(strangers) > MAX_UNKNOWN_KEYS:  # name a few, not 100,000 (each with a spelling hint)
+            self.err(path, f"{len(strangers):,} keys are not allowed here ({', '.join(strangers[:3])}, ...); allowed: {', '.join(sorted(known)) or 'none'}")
+            strangers = []
+        for k in strangers:
             if k not in known:
                 hint = _close(k, known)
                 self.err(_join(path, k), unknown + (f" (did you mean {hint!r}?)" if hint else f"; allowed: {', '.join(sorted(known)) or 'none'}"))
@@ -175,7 +251,7 @@ class _Checker:
                 self.err(_join(path, k), "required")
         return {k: v for k, v in value.items() if k in known}
 
-    def sequence(self, value: Any, path: str, *, required: bool = False, nonempty: bool = False) -> list[Any]:
+    def sequence(self, value: Any, path: str, *, required: bool = False, nonempty: bool = False, max_len: int | None = None) -> list[Any]:
         if value is _MISSING or value is None:
             if required:
                 self.err(path, "required")
@@ -185,6 +261,9 @@ class _Checker:
             return []
         if nonempty and not value:
             self.err(path, "must not be empty")
+        if max_len is not None and len(value) > max_len:  # checks across items are quadratic: check the first max_len
+            self.err(path, f"{len(value):,} items: at most {max_len} are allowed")
+            return value[:max_len]
         return value
 
     # -- scalars -----------------------------------------------------------------------------
@@ -314,7 +393,7 @@ def _close(word: str, options: Iterable[str]) -> str | None:
 def _cells(ck: _Checker, raw: Any) -> list[Cell]:
     cells: list[Cell] = []
     seen: dict[str, str] = {}
-    for i, item in enumerate(ck.sequence(raw, "cells", required=True, nonempty=True)):
+    for i, item in enumerate(ck.sequence(raw, "cells", required=True, nonempty=True, max_len=MAX_CELLS)):
         p = f"cells[{i}]"
         m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root"), required=("name", "leaf", "servers"))
         name = ck.string(m, "name", p, None, pattern=CELL_NAME_RE, what="a cell name (^[a-z][a-z0-9-]{0,62}$)")
@@ -323,12 +402,14 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
                 ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
-        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "listen"), required=("address", "probe") if "leaf" in m else ())
+        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "listen", "access_log"),
+                        required=("address", "probe") if "leaf" in m else ())
         leaf = Leaf(
             address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
             probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
             ext_proc=ck.hostport(lm, "ext_proc", lp, None),
             listen=_listen(ck, lm, lp),
+            access_log=_access_log(ck, lm, lp),
         )
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
@@ -350,6 +431,35 @@ def _cells(ck: _Checker, raw: Any) -> list[Cell]:
                           replicas_auto="replicas" not in m))
     _unique_addresses(ck, cells)
     return cells
+
+
+def _access_log(ck: _Checker, m: dict[str, Any], path: str) -> str | None:
+    """``unix:/absolute/path`` or a loopback host:port: only the cell's own Envoy may reach the access log."""
+    v = ck.string(m, "access_log", path, None)
+    if v is None:
+        return None
+    p = f"{path}.access_log"
+    if v.startswith("unix:"):
+        if not v[5:].startswith("/") or len(v) - 5 > 100:
+            ck.err(p, f"{_show(v)}: a Unix socket needs an absolute path of at most 100 characters")
+            return None
+        return v
+    hp = parse_hostport(v)
+    if hp is None:
+        ck.err(p, f"{_show(v)} is neither unix:/path nor host:port")
+        return None
+    if hp.host != "localhost" and not (_is_ip(hp.host) and ipaddress.ip_address(hp.host.strip("[]")).is_loopback):
+        ck.err(p, f"{hp.host} is not a loopback address: anyone who reaches the access log can steer the cell")
+        return None
+    return v
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _listen(ck: _Checker, m: dict[str, Any], path: str) -> HostPort | None:
@@ -538,7 +648,7 @@ def _endpoints(ck: _Checker, raw: Any) -> list[Endpoint]:
     names: dict[str, str] = {}
     prefixes: list[tuple[str, str]] = []
     keys = ("name", "match", "policy", "latency_prior", "timeout_s", "idle_timeout_s")
-    for i, item in enumerate(ck.sequence(raw, "endpoints", required=True, nonempty=True)):
+    for i, item in enumerate(ck.sequence(raw, "endpoints", required=True, nonempty=True, max_len=MAX_ENDPOINTS)):
         p = f"endpoints[{i}]"
         m = ck.mapping(item, p, keys, required=("name", "match"))
         name = ck.string(m, "name", p, None, pattern=ENDPOINT_NAME_RE, what="an endpoint name (^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$)")
@@ -764,8 +874,11 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Load and check a config file. Services call this at start and refuse to run on ConfigError."""
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(source, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)  # never read a huge file whole
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError([Problem(source, "", f"larger than the {MAX_CONFIG_BYTES:,} bytes a config may have")])
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError([Problem(source, "", f"cannot read: {exc.strerror or exc}")]) from exc
     except UnicodeDecodeError as exc:

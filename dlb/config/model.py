@@ -8,6 +8,7 @@ order; matrices are stored as tuples (hashable, immutable) and exposed as numpy 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -95,10 +96,25 @@ class Leaf:
     probe: HostPort  # leaf agent gRPC probe service (dlb.v1)
     ext_proc: HostPort | None = None  # optional leaf ext_proc (server picking); None = Envoy LEAST_REQUEST
     listen: HostPort | None = None  # where the leaf Envoy binds; None = bind_address() of address
+    #: Where the agent takes the leaf Envoy's access log: ``unix:/path`` or a loopback ``host:port``; never the
+    #: probe address, which roots reach across the network (docs/security.md). None = :meth:`access_log_address`'s default.
+    access_log: str | None = None
 
     @property
     def bind(self) -> HostPort:
         return bind_address(self.address, self.listen)
+
+
+    def access_log_address(self) -> str:
+        """The access-log channel: a Unix socket named after the probe address by default, so the agent
+        and the Envoy bootstrap (static or pushed by the control plane) agree on it from the config alone."""
+        if self.access_log:
+            return self.access_log
+        name = f"{self.probe.host.strip('[]').replace(':', '_')}-{self.probe.port}"
+        if len(name) > 64:  # a Unix socket path has at most 107 bytes; long DNS names are hashed
+            name = hashlib.sha256(name.encode()).hexdigest()[:32]
+        # /tmp: in Kubernetes the leaf Envoy and agent containers share it (an emptyDir, deploy/k8s).
+        return f"unix:/tmp/dlb-als-{name}.sock"
 
 
 @dataclass(frozen=True)

@@ -65,11 +65,28 @@ async def _serve(config, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def reload() -> None:
+    reloading: list[asyncio.Task[None]] = []
+
+    async def reload_now() -> None:
+        # Parse off the event loop: even a file at the loader's budgets must not freeze xDS and the flow loop.
+        # Whatever goes wrong, the running config stays and the log says "reload refused: <why>".
+        problems: list[str] = []
         try:
-            cp.reload(load_config(args.config))
+            config = await asyncio.to_thread(load_config, args.config)
+            cp.reload(config)
+            return
         except ConfigError as e:
-            log.error("config_reload_refused", problems=[str(p) for p in e.problems])  # the running config stays
+            problems = [str(p) for p in e.problems[:50]]
+            why = f"{len(e.problems)} problem(s) in config, first: {problems[0]}"
+        except Exception as e:  # a loader bug must not take the serving control plane down
+            why = f"{type(e).__name__}: {str(e)[:500]}"
+        log.error("config_reload_refused", message=f"reload refused: {why}", problems=problems)
+
+    def reload() -> None:
+        if reloading and not reloading[-1].done():
+            log.warning("config_reload_busy", message="reload already running; signal ignored")
+            return
+        reloading[:] = [loop.create_task(reload_now())]
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     watcher = None

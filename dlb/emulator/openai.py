@@ -129,12 +129,24 @@ def _prompt_tokens_chat(messages: Any) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN) + CHAT_TOKENS_PER_MESSAGE * len(messages)
 
 
+def load_json(raw: bytes) -> Any:
+    """A request body as JSON, or a 400 :class:`ApiError` for anything that is not.
+
+    Beyond syntax errors, ``json.loads`` raises ``ValueError`` for an integer of more than 4,300 digits
+    and ``RecursionError`` for arrays nested ~100,000 deep; both used to escape as aiohttp's text/plain
+    500 (issue 14 row 11).
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise _bad("request body is not valid JSON: nested too deeply", None) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError and the int-digits limit are all ValueErrors
+        raise _bad(f"request body is not valid JSON: {str(e)[:200]}", None) from None
+
+
 def parse_request(kind: Kind, raw: bytes, models: tuple[str, ...], max_model_len: int) -> ParsedRequest:
     """Validate a request body; raises :class:`ApiError` naming the offending field."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _bad(f"request body is not valid JSON: {e}", None) from None
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise _bad(f"request body must be a JSON object, got {type(body).__name__}", None)
     model = body.get("model")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import random
 import threading
 import time
@@ -36,6 +35,7 @@ from dlb.emulator.openai import (
     OutputSampler,
     ParsedRequest,
     full_response,
+    load_json,
     parse_request,
     sse,
     token_text,
@@ -432,9 +432,9 @@ class EmulatorServer:
 
     async def _post_faults(self, request: web.Request) -> web.Response:
         try:
-            patch = json.loads(await request.read() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(ApiError(400, f"request body is not valid JSON: {e}"))
+            patch = load_json(await request.read() or b"{}")
+        except ApiError as e:
+            return _error(e)
         try:
             return web.json_response(self.set_faults(patch).to_dict())
         except FaultError as e:

@@ -2,7 +2,8 @@
 
 The bootstrap names the node (``node.cluster`` = tier, ``node.locality.zone`` = cell, which is the
 control plane's snapshot key), one static cluster for the control plane (HTTP/2, since xDS is gRPC)
-and ADS as the source of listeners and clusters; everything else arrives over ADS.
+and ADS as the source of listeners and clusters; everything else arrives over ADS. The overload manager
+(the downstream connection cap) is bootstrap-only in Envoy, so it is set here as in the static bootstraps.
 
 One bootstrap serves every pod of a tier: Envoy's ``--service-node``, ``--service-cluster`` and
 ``--service-zone`` override ``node.id``, ``node.cluster`` and ``node.locality.zone`` (checked on
@@ -18,7 +19,7 @@ from typing import Any
 
 from dlb.config.model import HostPort, TlsFiles
 from dlb.config.tls import CONTROL_PLANE, identity_name, spiffe_id
-from dlb.envoy.bootstrap import _is_ip, ready_listener
+from dlb.envoy.bootstrap import _is_ip, overload_manager, ready_listener
 from dlb.envoy.tls import upstream_tls
 
 XDS_CLUSTER = "dlb_xds"
@@ -55,6 +56,7 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
             "cds_config": ads,
             "lds_config": ads,
         },
+        "overload_manager": overload_manager(),
         "static_resources": {
             "clusters": [{
                 "name": XDS_CLUSTER,

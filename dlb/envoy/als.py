@@ -8,6 +8,11 @@ the leaf bootstrap (and :func:`add_leaf_access_log` patches an existing bootstra
 ``buffer_flush_interval`` is short (5 ms) because each completion releases RIF the probes report:
 Envoy's default 1 s would make the cell look a second's worth of completions busier than it is.
 Entries are still batched per flush, so the cost per request stays a few hundred bytes of protobuf.
+
+The access log steers the cell (its starts are the cell's RIF, its 503s its error rate), so it has a
+channel of its own that only the cell's Envoy reaches: ``cells[].leaf.access_log`` (a Unix socket by
+default, or a loopback port), never the probe port that roots reach across the network (issue 14 row 5:
+one unauthenticated stream on the probe port black-holed a cell). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 from dlb.config.model import Config
-from dlb.envoy.bootstrap import _is_ip as is_ip
 
 LEAF_AGENT_CLUSTER = "dlb_leaf_agent"
 LOG_NAME = "dlb-leaf"
@@ -43,37 +47,41 @@ def leaf_access_log_options() -> dict[str, Any]:
     return {"flush_access_log_on_new_request": True}
 
 
-def leaf_agent_cluster(host: str, port: int, name: str = LEAF_AGENT_CLUSTER, tls: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The leaf Envoy's cluster to its agent (``cells[].leaf.probe``).
+def envoy_address(address: str) -> dict[str, Any]:
+    """``unix:/path`` or ``host:port`` as an Envoy ``core.v3.Address``."""
+    if address.startswith("unix:"):
+        return {"pipe": {"path": address[len("unix:"):]}}
+    host, _, port = address.rpartition(":")
+    return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
 
-    STRICT_DNS when the probe address is a name (a Kubernetes Service, deploy/k8s): Envoy rejects a
-    name in a STATIC cluster (``malformed IP address``), which is how a pod deployment first failed.
-    ``tls``: the transport socket when the agent serves mutual TLS (:func:`dlb.envoy.bootstrap.dlb_service_tls`).
+
+def leaf_agent_cluster(address: str, name: str = LEAF_AGENT_CLUSTER) -> dict[str, Any]:
+    """The agent's access-log channel (``Leaf.access_log_address()``) as a static HTTP/2 cluster.
+
+    Always a local address (a Unix socket or a loopback port, checked by the config loader), so neither
+    DNS nor TLS: whoever can open it is on the leaf Envoy's host (in Kubernetes, in its pod).
     """
-    cluster: dict[str, Any] = {
+    return {
         "name": name,
-        "type": "STATIC" if is_ip(host) else "STRICT_DNS",
+        "type": "STATIC",
         "connect_timeout": "0.25s",
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
+            {"endpoint": {"address": envoy_address(address)}}]}]},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}}}},
     }
-    if tls is not None:
-        cluster["transport_socket"] = tls
-    return cluster
 
 
 def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush_ms: float = 5.0) -> dict[str, Any]:
     """Patch a leaf bootstrap (from :func:`dlb.envoy.bootstrap.leaf_bootstrap`) in place; idempotent."""
-    probe = cfg.cell(cell).leaf.probe
+    channel = cfg.cell(cell).leaf.access_log_address()
     sr = bootstrap["static_resources"]
     if not any(c["name"] == LEAF_AGENT_CLUSTER for c in sr["clusters"]):
-        from dlb.envoy.bootstrap import dlb_service_tls, service_health  # (bootstrap imports this module lazily too)
+        from dlb.envoy.bootstrap import service_health  # (bootstrap imports this module lazily too)
 
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
-        sr["clusters"].append(service_health(leaf_agent_cluster(probe.host, probe.port, tls=dlb_service_tls(cfg, "leaf", cell)), grpc_health=True))
+        sr["clusters"].append(service_health(leaf_agent_cluster(channel), grpc_health=True))
     for listener in sr["listeners"]:
         if listener["name"] == "dlb_ready":  # bootstrap.READY_LISTENER: a kubelet's probes are not traffic
             continue

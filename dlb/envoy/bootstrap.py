@@ -58,6 +58,8 @@ EXT_PROC_MAX_MESSAGE_BYTES = 4 * MAX_REQUEST_HEADERS_KB * 1024
 HIGH_THRESHOLDS = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000, "max_retries": 16}
 MAX_DOWNSTREAM_CONNECTIONS = 50000
 #: An internal-address list that matches no TCP peer, so every client request is external.
+#: What no request reaching a leaf Envoy may carry: the leaf's own pick and the root's cell choice.
+LEAF_INTERNAL_HEADERS = (_h.SERVER, _h.CELL)
 NO_INTERNAL_ADDRESSES = {"cidr_ranges": [{"address_prefix": "255.255.255.255", "prefix_len": 32}]}
 
 
@@ -290,11 +292,13 @@ def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], 
         # Admin can quit Envoy and dump its config: loopback only, whatever the listeners bind to.
         "admin": {"address": _socket(HostPort("127.0.0.1", admin_port))},
         "static_resources": {"listeners": listeners, "clusters": clusters},
-        "overload_manager": _overload(),
+        "overload_manager": overload_manager(),
     }
 
 
-def _overload() -> dict[str, Any]:
+def overload_manager() -> dict[str, Any]:
+    """The downstream connection cap, shared by static and xDS bootstraps (without one Envoy warns at start
+    and accepts connections until file descriptors run out)."""
     return {
         "resource_monitors": [
             {
@@ -538,6 +542,15 @@ def _fault_filter(src: str, delay_ms: float) -> dict[str, Any]:
     }
 
 
+def leaf_prefixes(cfg: Config) -> list[str]:
+    """The path prefixes a leaf forwards: the endpoints' own, most specific first, without ones a shorter covers."""
+    out: list[str] = []
+    for prefix in sorted({ep.match.prefix for ep in cfg.endpoints}, key=len):
+        if not any(prefix.startswith(p) for p in out):
+            out.append(prefix)
+    return out
+
+
 def leaf_bootstrap(
     cfg: Config,
     cell: str,
@@ -556,7 +569,7 @@ def leaf_bootstrap(
     ``τ_src,cell + τ_cell,src`` (testbeds only; on a real WAN leave it off). A leaf ext_proc is used
     when ``cells[].leaf.ext_proc`` is set: it may name a server in ``x-dlb-server``; without it, or
     when it is down, Envoy's LEAST_REQUEST picks. ``access_log`` wires Envoy's gRPC access log to the
-    leaf agent (``cells[].leaf.probe``), which is how the agent learns completions and latencies
+    leaf agent (over ``cells[].leaf.access_log``), which is how the agent learns completions and latencies
     (:mod:`dlb.envoy.als` owns that wiring). ``ready_port`` adds the :func:`ready_listener`.
     """
     me = cfg.cell(cell)
@@ -578,13 +591,24 @@ def leaf_bootstrap(
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
         # to this listener. Unpicked requests (ext_proc down or undecided) fall through to LEAST_REQUEST.
-        routes.append({"name": "picked", "match": {"prefix": "/", "headers": [{"name": HEADER_SERVER, "present_match": True}]},
-                       "route": dict(action, cluster=LEAF_PICKED_CLUSTER)})
-    routes.append({"name": "least-request", "match": {"prefix": "/"},
-                   "route": dict(action, cluster=LEAF_SERVERS_CLUSTER, retry_policy=_safe_retries())})
+    # Only the API paths the config routes (endpoints[].match.prefix) reach the servers: an emulator's
+    # /admin/faults or a vLLM's own admin paths are never proxied (issue 14 row 9); anything else is a 404.
+    for prefix in leaf_prefixes(cfg):
+        if me.leaf.ext_proc is not None:
+            routes.append({"name": "picked", "match": {"prefix": prefix, "headers": [{"name": HEADER_SERVER, "present_match": True}]},
+                           "route": dict(action, cluster=LEAF_PICKED_CLUSTER)})
+        routes.append({"name": "least-request", "match": {"prefix": prefix},
+                       "route": dict(action, cluster=LEAF_SERVERS_CLUSTER, retry_policy=_safe_retries())})
     filters.append(_router())
-    route_config = {"name": "dlb_leaf", "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}]}
-    listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=False), reuse_port)
+    route_config = {
+        "name": "dlb_leaf",
+        # Headers only this leaf's own ext_proc may set (x-dlb-server is an ORIGINAL_DST target: from a client
+        # it made the leaf Envoy an open proxy to any host:port): stripped from every downstream request
+        # before any filter runs. x-dlb-src-cell is not stripped: roots set it (docs/security.md).
+        "internal_only_headers": list(LEAF_INTERNAL_HEADERS),
+        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
+    }
+    listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("leaf", me.name, admin_port, listener, clusters, ready_port)
     if access_log:
         from dlb.envoy.als import add_leaf_access_log

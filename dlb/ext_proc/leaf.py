@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import math
 import os
+import socket
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -50,6 +53,7 @@ from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
 from dlb.core.server_pick import PrequalConfig
 from dlb.envoy import headers
+from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, Readiness, serve_metrics
@@ -156,15 +160,22 @@ class LeafAgent:
     # -- access log (completions) -------------------------------------------------------------------
     async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
         self.als_streams += 1
+        stream_id = self.als_streams
         try:
-            await self._consume_logs(requests)
+            await self._consume_logs(requests, stream_id)
         except asyncio.CancelledError:
             # The server is stopping and Envoy's log stream never ends on its own: cancellation is how
             # it ends, not an error (re-raised, grpc.aio logged a CancelledError traceback at shutdown).
             pass
+        finally:
+            # Starts this stream reported can no longer complete through it (Envoy reconnects with a new
+            # stream after a restart): forget them now rather than after max_age_s.
+            dropped = self.state.drop_owner(stream_id, self.clock())
+            if dropped:
+                log.info("als_stream_ended", stream=stream_id, inflight_dropped=dropped)
         return als_pb2.StreamAccessLogsResponse()
 
-    async def _consume_logs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage]) -> None:
+    async def _consume_logs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], stream_id: int = 0) -> None:
         async for msg in requests:
             if not msg.HasField("http_logs"):
                 continue
@@ -176,7 +187,7 @@ class LeafAgent:
                 kind = common.access_log_type
                 rid = e.request.request_id
                 if kind == _START:
-                    st.start(now, rid)
+                    st.start(now, rid, owner=stream_id)
                     continue
                 if kind in _PERIODIC:
                     continue
@@ -383,6 +394,10 @@ class LeafAgent:
         yield CounterMetricFamily("dlb_leaf_completed", "Completions seen in the access log", value=st.completed)
         yield CounterMetricFamily("dlb_leaf_failed", "Completions counted as errors", value=st.failed)
         yield CounterMetricFamily("dlb_leaf_inflight_expired", "In-flight records dropped after max age", value=st.expired)
+        yield CounterMetricFamily("dlb_leaf_inflight_refused", "Request starts not recorded: the in-flight table was full",
+                                  value=st.inflight_refused)
+        yield CounterMetricFamily("dlb_leaf_inflight_orphaned", "In-flight records dropped when the access-log stream that opened them ended",
+                                  value=st.orphaned)
         yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probes)
         yield CounterMetricFamily("dlb_leaf_als_entries", "Access-log entries received", value=self.als_entries)
         model = GaugeMetricFamily("dlb_leaf_model", "Published latency-model parameter", labels=["param"])
@@ -491,6 +506,28 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
                      prequal=PrequalConfig(probes_per_pick=choices, pool_size=max(16, choices)))
 
 
+def _bind_als(server: grpc.aio.Server, address: str) -> None:
+    """Bind the access-log server; a socket file left by a killed agent is replaced (a live one is not)."""
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # nobody listens there: stale
+            else:
+                raise BindError(address, "another process serves this access-log socket")
+            finally:
+                probe.close()
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise BindError(address, "gRPC could not bind it (in use, or no such directory?)")
+
+
 async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str | None, ready_file: str | None,
                    choices: int, scrape_period_s: float, seed: int | None, refit_period_s: float,
                    envoy_check_period_s: float = 0.2, xds: str | None = None, xds_delta: bool = False,
@@ -516,7 +553,13 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
     health = HealthState()
     server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent, server)
-    als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, server)
+    # The access log gets a server of its own on a channel only the cell's Envoy reaches (docs/security.md);
+    # it answers grpc.health.v1 too (Envoy health-checks its agent cluster there).
+    als_server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 64)])
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent, als_server)
+    als_server.add_generic_rpc_handlers((health_handler(health),))
+    als_address = cfg.cell(cell_name).leaf.access_log_address()
+    _bind_als(als_server, als_address)
     tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
     ports = [add_port(server, addr, tls) for addr in listen]
     h2 = None
@@ -530,6 +573,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         host, _, mport = metrics.rpartition(":")
         _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     await server.start()
+    await als_server.start()
     readiness.ready = True
     if sync is not None:
         await sync.start()
@@ -542,7 +586,7 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
         tasks.append(asyncio.create_task(agent.scrape_loop(scrape_period_s, min(1.0, max(0.2, scrape_period_s)))))
     if background is not None:
         tasks.append(asyncio.create_task(agent.background_loop(envoy_address, background, background_body)))
-    log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port,
+    log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port, access_log=als_address,
              servers=[s.address for s in state.servers], choices=choices)
     if ready_file:
         write_ready(ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
@@ -555,6 +599,10 @@ async def run_leaf(cfg: Config, cell_name: str, listen: list[str], metrics: str 
             await sync.stop()
         if h2 is not None:
             await h2.stop()
+        await als_server.stop(0.5)
+        if als_address.startswith("unix:"):
+            with contextlib.suppress(OSError):
+                os.unlink(als_address[len("unix:"):])
         log.info("leaf_stopping", cell=cell_name)
 
     await serve_until_signal(server, on_stop, health=health, drain_s=drain_s)

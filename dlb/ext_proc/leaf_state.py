@@ -68,6 +68,7 @@ class InFlight:
     started: float
     cell_rif: int  # cell RIF at arrival, this request included
     tokens: float = 0.0  # size estimate charged to the server's tokens waiting
+    owner: int | None = None  # the access-log stream that opened it (None: the agent's own pick)
 
 
 @dataclass
@@ -105,6 +106,10 @@ class LeafState:
     prequal: PrequalConfig = field(default_factory=PrequalConfig)
     expected_output_tokens: float = 128.0
     kv_full: float = 0.95
+    #: In-flight records kept at most. A cell runs thousands of requests at once, not 100,000: past this a
+    #: start is refused (counted) rather than let one access-log stream grow the table and the cell's RIF
+    #: without bound (issue 14 row 5: 200,000 fake starts black-holed a cell).
+    max_inflight: int = 100_000
 
     #: Data-parallel servers: each balancer and its ranks' addresses in rank order (docs/bfio.md).
     dp_groups: list[tuple[DpBalancer, list[str]]] = field(default_factory=list)
@@ -130,6 +135,9 @@ class LeafState:
         self.failed = 0
         self.expired = 0
         self.unmatched = 0
+        self.inflight_refused = 0
+        self.orphaned = 0  # records dropped because the stream that opened them ended
+        self._owned: dict[int, set[str]] = {}
         self._seq = 0
 
     # -- reconfiguration (xDS) ---------------------------------------------------------------------
@@ -228,8 +236,13 @@ class LeafState:
         if dp is not None:
             dp[0].finish(request_id, now, duration_s, ok)
 
-    def start(self, now: float, request_id: str | None, server: int = UNKNOWN, tokens: float = 0.0) -> str:
-        """Open an in-flight record (returns its key; a synthetic one if Envoy gave no request id)."""
+    def start(self, now: float, request_id: str | None, server: int = UNKNOWN, tokens: float = 0.0,
+              owner: int | None = None) -> str:
+        """Open an in-flight record (returns its key; a synthetic one if Envoy gave no request id).
+
+        ``owner`` ties the record to the access-log stream that reported the start: when that stream
+        ends, :meth:`drop_owner` forgets what it opened (its completions can no longer arrive).
+        """
         if not request_id:
             self._seq += 1
             request_id = f"dlb-anon-{self._seq}"
@@ -242,6 +255,9 @@ class LeafState:
                 self.servers[server].tokens += tokens
                 self.servers[server].picks += 1
             return request_id
+        if len(self.inflight) >= self.max_inflight:
+            self.inflight_refused += 1
+            return request_id
         if server != UNKNOWN:
             self.servers[server].rif += 1
             self.servers[server].tokens += tokens
@@ -249,12 +265,34 @@ class LeafState:
         if tokens > 0:
             self._tokens_sum += tokens
             self._tokens_n += 1
-        self.inflight[request_id] = InFlight(server, now, len(self.inflight) + 1, tokens)
+        self.inflight[request_id] = InFlight(server, now, len(self.inflight) + 1, tokens, owner)
+        if owner is not None:
+            self._owned.setdefault(owner, set()).add(request_id)
         return request_id
+
+    def drop_owner(self, owner: int, now: float) -> int:
+        """Forget the in-flight records an ended access-log stream opened; returns how many."""
+        keys = [k for k in self._owned.pop(owner, ()) if (r := self.inflight.get(k)) is not None and r.owner == owner]
+        for k in keys:
+            self._forget(k, now)
+        self.orphaned += len(keys)
+        return len(keys)
+
+    def _forget(self, key: str, now: float) -> None:
+        """Drop a record whose completion will never come (it releases its server's RIF and tokens)."""
+        rec = self.inflight.pop(key)
+        if rec.owner is not None and (owned := self._owned.get(rec.owner)) is not None:
+            owned.discard(key)
+        self._dp_finish(rec, key, now, None, False)
+        if rec.server != UNKNOWN:
+            self.servers[rec.server].rif -= 1
+            self.servers[rec.server].tokens -= rec.tokens
 
     # -- completions ------------------------------------------------------------------------------
     def complete(self, now: float, c: Completion) -> None:
         rec = self.inflight.pop(c.request_id, None)
+        if rec is not None and rec.owner is not None and (owned := self._owned.get(rec.owner)) is not None:
+            owned.discard(c.request_id)
         if rec is None:
             self.unmatched += 1  # e.g. the leaf restarted mid-request; still an outcome
             cell_rif = len(self.inflight) + 1
@@ -296,11 +334,7 @@ class LeafState:
         horizon = now - self.max_age_s
         old = [k for k, r in self.inflight.items() if r.started < horizon]
         for k in old:
-            rec = self.inflight.pop(k)
-            self._dp_finish(rec, k, now, None, False)
-            if rec.server != UNKNOWN:
-                self.servers[rec.server].rif -= 1
-                self.servers[rec.server].tokens -= rec.tokens
+            self._forget(k, now)
         self.expired += len(old)
         return len(old)
 

@@ -35,6 +35,18 @@ RECONNECT_BACKOFF_INITIAL_MS = 100
 RECONNECT_BACKOFF_MAX_MS = 250
 
 
+def check_answer(target: ProbeTarget, resp: probe_pb2.ProbeResponse) -> None:
+    """Refuse (ValueError) a probe answer no leaf can mean: another cell's, or a state out of range.
+
+    Everything else a leaf sends is used as is (tests/test_decoder_fuzz.py feeds random answers through
+    this and the root's ``on_probe`` and asserts decisions stay well-formed).
+    """
+    if resp.cell != target.name:
+        raise ValueError(f"leaf at {target.address} answered for cell {resp.cell[:100]!r}, expected {target.name!r}")
+    if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):
+        raise ValueError(f"leaf at {target.address} sent an impossible state: rif={resp.rif}, error_rate={resp.error_rate}")
+
+
 @dataclass(frozen=True)
 class ProbeTarget:
     index: int  # cell index in the topology
@@ -119,10 +131,7 @@ class ProbeClient:
                 resp = await stub.Probe(request, timeout=timing.timeout_s)
                 if target.emulated_one_way_s > 0:
                     await asyncio.sleep(target.emulated_one_way_s)  # the answer's trip back
-                if resp.cell != target.name:
-                    raise ValueError(f"leaf at {target.address} answered for cell {resp.cell!r}, expected {target.name!r}")
-                if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):
-                    raise ValueError(f"leaf at {target.address} sent an impossible state: rif={resp.rif}, error_rate={resp.error_rate}")
+                check_answer(target, resp)
             except (grpc.aio.AioRpcError, ValueError) as exc:
                 now = self.clock()
                 st.errors += 1

@@ -56,6 +56,8 @@ class DeltaStream(StreamBase):
         st = self.states.get(type_url)
         first = st is None
         if st is None:
+            self.check_new_type(len(self.states))
+            self.check_names(req.initial_resource_versions, ())
             # initial_resource_versions: what a reconnecting client already holds (not re-sent if current).
             st = self.states[type_url] = DeltaTypeState(sub=self.subscription(type_url),
                                                         client=dict(req.initial_resource_versions))
@@ -66,14 +68,17 @@ class DeltaStream(StreamBase):
             if version is None:
                 observer.stale_nonce(self.node.id, type_url, req.response_nonce)
             elif req.HasField("error_detail"):
-                observer.nacked(self.node.id, type_url, version, req.error_detail.message)
-                self.log.warning("nack", type=types.short(type_url), version=version, reason=req.error_detail.message)
+                reason = self.ctx.limits.clip(req.error_detail.message)
+                observer.nacked(self.node.id, type_url, version, reason)
+                self.log.warning("nack", type=types.short(type_url), version=version, reason=reason)
             else:
                 observer.acked(self.node.id, type_url, version)
         # Subscription changes apply even with a stale nonce: a delta request is a delta, and
         # dropping it would lose the change for good.
         sub = st.sub
+        self.check_names(req.resource_names_subscribe, ())
         change = sub.update(req.resource_names_subscribe, req.resource_names_unsubscribe, first)
+        self.check_names((), (s.sub for s in self.states.values()))
         if change.changed or first:
             observer.subscribed(self.node.id, type_url, sub.names, sub.wildcard)
         if change.narrowed or req.resource_names_unsubscribe:

@@ -7,6 +7,7 @@ stream. Requests are parsed with the xds-protos (upb) classes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from dlb.xds.callbacks import StreamCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.sotw import SotwStream
 from dlb.xds.status import StatusRegistry
-from dlb.xds.stream import Admission, Authorizer, ServerContext, StreamBase, StreamError
+from dlb.xds.stream import Admission, Authorizer, ServerContext, StreamBase, StreamError, StreamLimits
 
 log = get_logger("dlb.xds.server")
 
@@ -43,10 +44,35 @@ DEFAULT_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_concurrent_streams", 10_000),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # A request is a node (tens of KB: Envoy lists its extensions) plus names; 512 KiB is ten times that. Larger
+    # ones are refused by gRPC before Python sees them (50 requests with 1 MB node ids kept +112 MB of RSS).
+    ("grpc.max_receive_message_length", 512 * 1024),
     # gRPC sets SO_REUSEPORT by default: a second control plane on the same address would then bind
     # "successfully" and silently take half the Envoys. Fail loudly instead.
     ("grpc.so_reuseport", 0),
 ]
+
+
+class LogBudget:
+    """A token bucket for one kind of log line: ``burst`` at once, then ``per_s``; the rest are counted."""
+
+    def __init__(self, per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s, self.burst, self.clock = per_s, burst, clock
+        self._tokens, self._at, self._suppressed = float(burst), clock(), 0
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        self._suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        n, self._suppressed = self._suppressed, 0
+        return n
 
 
 def _identity(b: bytes) -> bytes:
@@ -69,12 +95,14 @@ class XdsServer:
     def __init__(self, cache: SnapshotCache, status: StatusRegistry | None = None,
                  authorizer: Authorizer | None = None, make_before_break: bool = True,
                  callbacks: Sequence[StreamCallbacks] = (), admission: Admission | None = None,
-                 credentials: grpc.ServerCredentials | None = None) -> None:
+                 credentials: grpc.ServerCredentials | None = None, limits: StreamLimits | None = None) -> None:
         self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
-                                 admission=admission, make_before_break=make_before_break, callbacks=callbacks)
+                                 admission=admission, make_before_break=make_before_break, callbacks=callbacks,
+                                 limits=limits or StreamLimits())
         self.credentials = credentials  # None: plaintext
         self._server: grpc.aio.Server | None = None
         self.port = 0
+        self._rejections = LogBudget(per_s=1.0, burst=20)
 
     @property
     def cache(self) -> SnapshotCache:
@@ -99,6 +127,7 @@ class XdsServer:
 
     def _handler(self, cls: type[StreamBase], fixed: str | None) -> Callable[..., AsyncIterator[bytes]]:
         ctx = self.ctx
+        rejections = self._rejections
 
         async def handle(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
             stream = cls(ctx, fixed, context.peer())
@@ -108,7 +137,11 @@ class XdsServer:
                 async for response in stream.run(request_iterator):
                     yield response
             except StreamError as exc:
-                stream.log.warning("stream_rejected", code=exc.code.name, reason=str(exc))
+                if exc.limit is not None:
+                    ctx.status.limit_hit(exc.limit)
+                if rejections.allow():  # a client opening stream after stream must not flood the log
+                    stream.log.warning("stream_rejected", code=exc.code.name, reason=str(exc), limit=exc.limit,
+                                       suppressed=rejections.take_suppressed())
                 await context.abort(exc.code, str(exc))
 
         return handle

@@ -76,8 +76,10 @@ class SotwStream(StreamBase):
         assert self.node is not None
         st = self.states.get(type_url)
         if st is None:
+            self.check_new_type(len(self.states))
             st = self.states[type_url] = SotwTypeState(sub=self.subscription(type_url))
         observer = self.ctx.observer
+        clip = self.ctx.limits.clip
         if req.response_nonce and st.nonce:
             if req.response_nonce != st.nonce:
                 # Superseded by a newer response; the client will answer that one (xDS protocol).
@@ -87,18 +89,21 @@ class SotwStream(StreamBase):
                 return False
             st.outstanding = st.adds_pending = False
             if req.HasField("error_detail"):
-                observer.nacked(self.node.id, type_url, st.sent_version, req.error_detail.message)
+                reason = clip(req.error_detail.message)
+                observer.nacked(self.node.id, type_url, st.sent_version, reason)
                 self.log.warning("nack", type=types.short(type_url), version=st.sent_version,
-                                 kept_version=req.version_info, reason=req.error_detail.message)
+                                 kept_version=clip(req.version_info), reason=reason)
             else:
-                st.acked_version = req.version_info
-                observer.acked(self.node.id, type_url, req.version_info)
+                st.acked_version = clip(req.version_info)
+                observer.acked(self.node.id, type_url, st.acked_version)
         else:
             # No nonce, or a nonce from before this stream (a client that kept it across a
             # reconnect): either way nothing was sent on this stream yet, so answer it.
             st.initial_pending = True
         sub = st.sub
+        self.check_names(req.resource_names, ())
         change = sub.replace(req.resource_names)
+        self.check_names((), (s.sub for s in self.states.values()))
         if change.narrowed:
             withdrawn = [n for n in st.sent if not sub.covers(n)]
             if withdrawn:

@@ -21,6 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from dlb.xds import types
 
+#: Subscribed names kept per node and type for ``/status`` (the count is kept too): a node may subscribe thousands.
+SHOWN_NAMES = 100
+
 
 @dataclass
 class TypeStatus:
@@ -33,7 +36,8 @@ class TypeStatus:
     acks: int = 0
     nacks: int = 0
     last_ack_unix: float = 0.0
-    subscribed: list[str] = field(default_factory=list)  # names the node asked for ("*" = wildcard)
+    subscribed: list[str] = field(default_factory=list)  # names the node asked for ("*" = wildcard), the first SHOWN_NAMES
+    subscribed_count: int = 0
 
 
 @dataclass
@@ -43,6 +47,7 @@ class NodeStatus:
     streams: int = 0
     types: dict[str, TypeStatus] = field(default_factory=dict)
     last_seen_unix: float = 0.0
+    closed_monotonic: float | None = None  # when its last stream closed (None: connected)
     seen_seq: int = 0  # strictly increasing with every touch (orders nodes even within one clock tick)
 
     def type(self, type_url: str) -> TypeStatus:
@@ -60,6 +65,11 @@ class StatusRegistry:
     stale_nonces: int = 0
     streams_denied: int = 0  # refused by the server's admission check (mTLS identity ≠ claimed node)
     max_disconnected: int = 1000  # remembered nodes without streams (the oldest are forgotten)
+    #: A node without streams is forgotten this long after its last stream closed (a restart within it keeps history).
+    grace_s: float = 60.0
+    #: Streams closed for going past a StreamLimits field, by field name (a bounded label set).
+    limit_hits: dict[str, int] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def node(self, node_id: str, cluster: str = "") -> NodeStatus:
@@ -71,18 +81,36 @@ class StatusRegistry:
         return ns
 
     def stream_opened(self, node_id: str, cluster: str) -> None:
-        self.node(node_id, cluster).streams += 1
+        ns = self.node(node_id, cluster)
+        ns.streams += 1
+        ns.closed_monotonic = None
 
     def stream_closed(self, node_id: str) -> None:
-        self.node(node_id).streams -= 1
+        ns = self.node(node_id)
+        ns.streams -= 1
+        if ns.streams <= 0:
+            ns.closed_monotonic = self.clock()
+        self.forget_gone()
+
+    def forget_gone(self) -> None:
+        """Drop nodes disconnected for longer than ``grace_s``, and the oldest past ``max_disconnected``."""
+        now = self.clock()
         gone = [ns for ns in self.nodes.values() if ns.streams <= 0]
-        if len(gone) > self.max_disconnected:  # node ids churn (pods come and go): bound the memory
+        expired = [ns for ns in gone if ns.closed_monotonic is not None and now - ns.closed_monotonic > self.grace_s]
+        if len(gone) - len(expired) > self.max_disconnected:  # node ids churn (pods come and go): bound the memory
             gone.sort(key=lambda ns: ns.seen_seq)
-            for ns in gone[: len(gone) - self.max_disconnected]:
-                del self.nodes[ns.node_id]
+            expired += gone[: len(gone) - self.max_disconnected]
+        for ns in expired:
+            self.nodes.pop(ns.node_id, None)
+
+    def limit_hit(self, limit: str) -> None:
+        self.limit_hits[limit] = self.limit_hits.get(limit, 0) + 1
 
     def subscribed(self, node_id: str, type_url: str, names: Set[str], wildcard: bool) -> None:
-        self.node(node_id).type(type_url).subscribed = (["*"] if wildcard else []) + sorted(names)
+        st = self.node(node_id).type(type_url)
+        shown = sorted(names) if len(names) <= SHOWN_NAMES else sorted(itertools.islice(names, SHOWN_NAMES))
+        st.subscribed = (["*"] if wildcard else []) + shown
+        st.subscribed_count = len(names)
 
     def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
         st = self.node(node_id).type(type_url)
@@ -104,8 +132,10 @@ class StatusRegistry:
         self.stale_nonces += 1
 
     def to_json(self) -> dict[str, Any]:
+        self.forget_gone()
         return {
             "stale_nonces": self.stale_nonces,
+            "limit_hits": dict(self.limit_hits),
             "streams_denied": self.streams_denied,
             "nodes": {nid: {"cluster": ns.cluster, "streams": ns.streams, "last_seen_unix": ns.last_seen_unix,
                             "types": {types.short(t): {"type_url": t, **asdict(st)} for t, st in sorted(ns.types.items())}}
@@ -121,6 +151,11 @@ class StatusCollector:
         self.snapshot_count = snapshot_count
 
     def collect(self) -> Iterator[Metric]:
+        self.status.forget_gone()
+        hits = CounterMetricFamily("dlb_xds_limit_hits", "xDS streams closed for going past a server limit", labels=["limit"])
+        for limit, n in sorted(self.status.limit_hits.items()):
+            hits.add_metric([limit], n)
+        yield hits
         streams = GaugeMetricFamily("dlb_xds_streams", "open xDS streams per node", labels=["node"])
         acked = InfoMetricFamily("dlb_xds_acked_version", "last version each node ACKed, per type", labels=["node", "type"])
         sent = InfoMetricFamily("dlb_xds_sent_version", "last version sent to each node, per type", labels=["node", "type"])

@@ -36,11 +36,43 @@ log = get_logger("dlb.xds.server")
 
 
 class StreamError(DlbError):
-    """A protocol violation by the client; the stream is closed with ``code``."""
+    """A protocol violation by the client; the stream is closed with ``code``.
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    ``limit`` names the :class:`StreamLimits` field a client went past (a bounded metric label), if any.
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, limit: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What one client can make the server keep, log or show (issue 14 row 6).
+
+    Without them 50 streams with 1 MB node ids and one stream subscribing 5,000 bogus type URLs x 100
+    names cost +188 MB and +107 MB kept after disconnect, 100 MB of logs, a 201 MB ``/metrics`` and an
+    86 MB ``/status``. Real Envoys use ids of tens of bytes, about 10 types and, here, tens of names.
+    A stream past a limit is closed (RESOURCE_EXHAUSTED or INVALID_ARGUMENT); text the server only
+    records (``version_info``, a NACK's message) is cut to ``text_bytes`` instead.
+    """
+
+    node_id_bytes: int = 512  # also node.cluster and node.locality.zone (the snapshot key)
+    type_url_bytes: int = 256
+    types: int = 16  # distinct type URLs per stream
+    name_bytes: int = 512
+    names: int = 10_000  # names subscribed per stream, all types together
+    text_bytes: int = 1024
+    streams: int = 10_000  # open streams per server
+
+    def clip(self, text: str) -> str:
+        return text if len(text) <= self.text_bytes else text[: self.text_bytes] + f"... ({len(text)} chars)"
+
+
+def _too_long(what: str, value: str, limit: int, field_name: str) -> StreamError:
+    return StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is {len(value)} bytes: over the {limit}-byte limit",
+                       limit=field_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +180,8 @@ class ServerContext:
     make_before_break: bool = True
     callbacks: Sequence[StreamCallbacks] = ()
     legacy_wildcard: Callable[[str], bool] = types.full_state
+    limits: StreamLimits = field(default_factory=StreamLimits)
+    open_streams: int = 0
     body_cache: BodyCache = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
     _diffs: collections.OrderedDict[tuple[str, str, str], tuple[list[Resource], list[str]]] = field(
         default_factory=collections.OrderedDict)
@@ -245,7 +279,29 @@ class StreamBase:
         self._nonce += 1
         return str(self._nonce)
 
+    def check_new_type(self, known: int) -> None:
+        """A stream may use at most ``limits.types`` type URLs (each keeps state until the stream ends)."""
+        if known >= self.ctx.limits.types:
+            raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self.ctx.limits.types} type URLs on one stream",
+                              limit="types")
+
+    def check_names(self, names: Iterable[str], subscriptions: Iterable[Subscription]) -> None:
+        """Each name at most ``limits.name_bytes``; the stream's subscriptions together at most ``limits.names``."""
+        lim = self.ctx.limits
+        names = list(names)
+        if len(names) > lim.names:
+            raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(names)} resource names in one request: over {lim.names}",
+                              limit="names")
+        for n in names:
+            if len(n) > lim.name_bytes:
+                raise _too_long("a resource name", n, lim.name_bytes, "name_bytes")
+        if sum(len(sub.names) for sub in subscriptions) > lim.names:
+            raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {lim.names} resource names on one stream",
+                              limit="names")
+
     def type_of(self, request_type_url: str) -> str:
+        if len(request_type_url) > self.ctx.limits.type_url_bytes:
+            raise _too_long("type_url", request_type_url, self.ctx.limits.type_url_bytes, "type_url_bytes")
         if self.fixed_type is None:
             if not request_type_url:
                 raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "type_url is required on ADS requests")
@@ -261,6 +317,10 @@ class StreamBase:
             return
         if not has_node or node is None or not node.id:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first request on a stream must carry node.id")
+        limit = self.ctx.limits.node_id_bytes
+        for what, value in (("node.id", node.id), ("node.cluster", node.cluster), ("node.locality.zone", node.locality.zone)):
+            if len(value) > limit:
+                raise _too_long(what, value, limit, "node_id_bytes")
         if self.ctx.admission is not None and (why := self.ctx.admission(node, self.peer_auth)) is not None:
             self.ctx.status.streams_denied += 1
             raise StreamError(grpc.StatusCode.PERMISSION_DENIED, why)
@@ -324,6 +384,10 @@ class StreamBase:
             self._wake.set()
 
     async def run(self, request_iterator: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        if self.ctx.open_streams >= self.ctx.limits.streams:
+            raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self.ctx.limits.streams} open streams",
+                              limit="streams")
+        self.ctx.open_streams += 1
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while True:
@@ -340,6 +404,7 @@ class StreamBase:
                 for response in self.push():
                     yield response
         finally:
+            self.ctx.open_streams -= 1
             reader.cancel()
             if self._watch is not None:
                 self.ctx.cache.cancel(self._watch)

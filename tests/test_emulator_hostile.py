@@ -1,0 +1,71 @@
+"""Malformed request bodies get the emulator's JSON 400, never aiohttp's text/plain 500 (issue 14 row 11)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlb.emulator import EmulatorServer
+from dlb.emulator.openai import ApiError, parse_request
+
+HOSTILE: list[bytes] = [
+    b'{"prompt": ' + b"9" * 5000 + b"}",  # past Python's 4,300-digit int limit
+    b'{"max_tokens": ' + b"1" * 4400 + b', "prompt": "x"}',
+    b"[" * 100_000 + b"]" * 100_000,  # JSON nested 100,000 deep
+    b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"messages": "hi"}',
+    b'{"messages": [{"role": 1}]}',
+    b'{"messages": [{"role": "user", "content": [1]}]}',
+    b'{"prompt": {"a": 1}}',
+    b'{"prompt": "x", "stream": "yes"}',
+    b'{"prompt": "x", "max_tokens": 1.5}',
+    b'{"prompt": "x", "max_tokens": 1e400}',
+    b'{"prompt": "x", "n": [1]}',
+    b"\xff\xfe not utf-8",
+    b"NaN",
+]
+
+
+def test_every_hostile_body_gets_a_json_400_from_a_live_emulator() -> None:
+    async def go() -> list[tuple[str, int, str, Any]]:
+        out = []
+        async with EmulatorServer(port=0, time_scale=0.01) as emu, aiohttp.ClientSession() as s:
+            for path in ("/v1/completions", "/v1/chat/completions", "/admin/faults"):
+                for body in HOSTILE:
+                    async with s.post(emu.url + path, data=body, headers={"content-type": "application/json"}) as r:
+                        text = await r.text()
+                        out.append((path, r.status, r.content_type, json.loads(text) if r.content_type == "application/json" else text[:80]))
+        return out
+
+    results = asyncio.run(asyncio.wait_for(go(), 120))
+    bad = [(path, status, ctype, body) for path, status, ctype, body in results
+           if status != 400 or ctype != "application/json" or "message" not in body.get("error", {})]
+    assert not bad, bad
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
+        ["prompt", "messages", "role", "content", "text", "model", "max_tokens", "max_completion_tokens",
+         "n", "stream", "stream_options", "include_usage", "x"]), inner, max_size=5),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(st.sampled_from(["prompt", "messages", "model", "max_tokens", "max_completion_tokens", "n",
+                                             "stream", "stream_options"]), _json, max_size=6),
+       chat=st.booleans())
+def test_any_json_body_parses_or_raises_an_api_error(body: dict[str, Any], chat: bool) -> None:
+    raw = json.dumps(body).encode()
+    try:
+        parsed = parse_request("chat" if chat else "completion", raw, ("dlb-emulated",), 4096)
+    except ApiError as e:
+        assert 400 <= e.status < 500 and e.body()["error"]["message"]
+    else:
+        assert parsed.prompt_tokens >= 1
