@@ -230,6 +230,33 @@ def test_duplicate_yaml_key() -> None:
     assert [(p, "duplicate key" in r) for p, r, _ in found] == [("version", True)]
 
 
+_ALIASED = """version: 1
+cells:
+  - name: a
+    leaf: &leaf {address: 127.0.0.1:10010, probe: 127.0.0.1:9010}
+    servers: [127.0.0.1:8010]
+  - name: b
+    leaf: *leaf
+    servers: [127.0.0.1:8020]
+network: {default_one_way_ms: 10}
+endpoints:
+  - {name: x, match: {prefix: /v1/}, policy: &pol {mechanism: discrete}}
+"""
+
+
+def test_a_problem_inside_an_alias_is_reported_where_the_alias_is_used() -> None:
+    """``*leaf`` in cells[1] clashes with cells[0]: the problem is on cells[1]'s line (7), not the anchor's (4),
+    which is cells[0]'s and sent the reader to the one cell that is fine; also through a merge key."""
+    found = problems_of(_ALIASED)
+    assert ("cells[1].leaf.address", 7) in [(p, line) for p, _, line in found], found
+    merged = problems_of(_ALIASED.replace("leaf: *leaf", "leaf: {<<: *leaf, adress: 127.0.0.1:10020}"))
+    assert ("cells[1].leaf.probe", 7) in [(p, line) for p, _, line in merged], merged
+    assert ("cells[1].leaf.adress", 7) in [(p, line) for p, _, line in merged], merged
+    typo = problems_of(_ALIASED.replace("policy: &pol {mechanism: discrete}}", "policy: &pol {mechanism: discrete}}\n"
+                                        "  - {name: y, match: {prefix: /v2/}, policy: {<<: *pol, cots: rif}}"))
+    assert ("endpoints[1].policy.cots", 12) in [(p, line) for p, _, line in typo], typo
+
+
 def test_empty_and_non_mapping_documents() -> None:
     assert "empty file" in problems_of("")[0][1]
     assert "must be a mapping" in problems_of("- 1\n- 2\n")[0][1]

@@ -153,11 +153,11 @@ def _compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]
     constructor = yaml.SafeLoader("")
     budget = [MAX_VALUES]
 
-    def scalar(node: yaml.Node, path: str) -> Any:
+    def scalar(node: yaml.Node, path: str, line: int | None = None) -> Any:
         try:
             return constructor.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:  # ValueError: an int of > 4,300 digits
-            problems.append(Problem(source, path, f"bad value: {str(exc)[:200]}", node.start_mark.line + 1))
+            problems.append(Problem(source, path, f"bad value: {str(exc)[:200]}", line or node.start_mark.line + 1))
             return None
 
     def merge_sources(vnode: yaml.Node, path: str) -> list[yaml.MappingNode]:
@@ -167,35 +167,46 @@ def _compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]
         problems.append(Problem(source, _join(path, "<<"), "a merge key '<<' takes a mapping or a list of mappings", vnode.start_mark.line + 1))
         return []
 
-    def conv(node: yaml.Node, path: str) -> Any:
-        line = node.start_mark.line + 1
+    #: ids of the nodes converted so far: meeting one again means an alias (``*name``) of it is being used.
+    seen: set[int] = set()
+
+    def conv(node: yaml.Node, path: str, use_line: int | None = None, alias_line: int | None = None) -> Any:
+        """``use_line``: where the parent names this node (its key's line); ``alias_line``: inside an alias,
+        the line of the alias's use, where every field of it is reported (the composed alias is the
+        anchor's node itself, so its own marks point at the anchor: cells[1] given as ``*leaf`` was
+        reported on cells[0]'s line)."""
+        if alias_line is None and id(node) in seen:
+            alias_line = use_line
+        seen.add(id(node))
+        line = alias_line or node.start_mark.line + 1
         budget[0] -= 1
         if budget[0] < 0:
             raise _OverBudget(path, line)
         marks.setdefault(path, line)
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
-            merges: list[yaml.MappingNode] = []
+            merges: list[tuple[yaml.MappingNode, int]] = []
             for knode, vnode in node.value:
+                kline = alias_line or knode.start_mark.line + 1
                 if not isinstance(knode, yaml.ScalarNode):
-                    problems.append(Problem(source, path, "mapping keys must be plain scalars", knode.start_mark.line + 1))
+                    problems.append(Problem(source, path, "mapping keys must be plain scalars", kline))
                     continue
                 if knode.tag == MERGE_TAG:  # YAML merge key: explicit keys win, then earlier merged mappings
-                    merges += merge_sources(vnode, path)
+                    merges += [(m, kline) for m in merge_sources(vnode, path)]
                     continue
-                key = str(scalar(knode, path))
+                key = str(scalar(knode, path, kline))
                 child = _join(path, key)
                 if key in out:
-                    problems.append(Problem(source, child, f"duplicate key (first given on line {marks.get(child)})", knode.start_mark.line + 1))
+                    problems.append(Problem(source, child, f"duplicate key (first given on line {marks.get(child)})", kline))
                     continue
-                out[key] = conv(vnode, child)
-            for merged in merges:
-                for key, value in conv(merged, path).items():
+                out[key] = conv(vnode, child, kline, alias_line)
+            for merged, kline in merges:
+                for key, value in conv(merged, path, kline, alias_line).items():
                     out.setdefault(key, value)
             return out
         if isinstance(node, yaml.SequenceNode):
-            return [conv(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
-        return scalar(node, path)
+            return [conv(item, f"{path}[{i}]", line, alias_line) for i, item in enumerate(node.value)]
+        return scalar(node, path, line)
 
     try:
         data = conv(root, "") if root is not None else None
