@@ -315,3 +315,30 @@ def test_served_leaf_and_root_speak_only_mtls(pki, tmp_path: Path) -> None:
                 assert got == want
 
         asyncio.run(scenario())
+
+
+def test_the_openssl_recipe_of_security_md_runs_in_sh_and_makes_working_certificates(tmp_path: Path) -> None:
+    """docs/security.md's recipe, as written, under POSIX ``sh`` (it used ``${id/\\//-}`` and ``<(...)``,
+    which dash rejects): every certificate it makes verifies against its CA with its own key."""
+    import re
+    import shutil
+    import subprocess
+
+    from dlb.config.loader import tls_pair_problems
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl on PATH")
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    (recipe,) = re.findall(r"```sh\n(openssl req -x509.*?)```", doc, re.DOTALL)
+    subprocess.run(["sh", "-e", "-c", recipe], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    for n in ("control-plane", "root-us-east1", "leaf-us-east1"):
+        assert tls_pair_problems(str(tmp_path / "ca.pem"), str(tmp_path / f"{n}.pem"), str(tmp_path / f"{n}-key.pem")) == []
+    cfg = _doc({"ca": "ca.pem", "cert": "{identity}.pem", "key": "{identity}-key.pem"})
+    cfg["cells"] = [{"name": "us-east1", "leaf": {"address": "127.0.0.1:1000", "probe": "127.0.0.1:2000"},
+                     "root": {"address": "127.0.0.1:4000"}, "servers": ["127.0.0.1:3000"]}]
+    cfg["network"] = {}
+    (tmp_path / "dlb.yaml").write_text(yaml.safe_dump(cfg))
+    tls = load_config(tmp_path / "dlb.yaml").tls
+    for role in ("root", "leaf"):
+        assert component_identity(tls, role, "us-east1") is not None
+    assert component_identity(tls, "control-plane") is not None
