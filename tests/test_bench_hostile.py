@@ -78,3 +78,17 @@ def test_with_mtls_the_unauthenticated_floods_are_refused() -> None:
     assert als["detail"]["leaf_rif_after"] < 100  # the fake starts never counted (the bench's own probe got through mTLS)
     assert set(ads["detail"]["outcomes"]) == {"UNAVAILABLE"}
     assert als["real_traffic_errors"] == 0 and ads["real_traffic_errors"] == 0
+
+
+def test_the_console_line_shows_missing_measures_as_a_dash_not_none() -> None:
+    """`--scale ci` printed 'rss None→45.4→None MB  loop None ms' for the validator and 'p50 None ms'
+    when no real request finished during a short attack."""
+    from dlb.bench.hostile import summary_line
+
+    r = {"row": 7, "attack": "yaml-bomb-validate", "rss_before_mb": None, "rss_peak_mb": 45.4, "rss_after_mb": None,
+         "loop_block_max_ms": None, "real_traffic_p50_ms": None, "real_traffic_errors": 0,
+         "verdicts": {"config_reported_in_2s_200mb": True, "no_errors": True}}
+    line = summary_line(r, 13.2)
+    assert "None" not in line and "rss —→45.4→— MB" in line and "loop — ms" in line and line.endswith("PASS")
+    r["verdicts"]["no_errors"] = False
+    assert summary_line(r, None).endswith("FAIL: no_errors") and "(baseline —)" in summary_line(r, None)

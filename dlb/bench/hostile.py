@@ -318,6 +318,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def summary_line(r: dict[str, Any], baseline_p50_ms: float | None) -> str:
+    """One attack's console line; a measure that does not apply (the validator has no RSS before/after
+    nor a loop; no real request finished during a short attack) shows as '—', not Python's None."""
+
+    def v(x: Any) -> str:
+        return "—" if x is None else str(x)
+
+    failed = [k for k, ok in r["verdicts"].items() if ok is False]
+    return (f"row {r['row']} {r['attack']:<20} rss {v(r['rss_before_mb'])}→{v(r['rss_peak_mb'])}→{v(r['rss_after_mb'])} MB  "
+            f"loop {v(r['loop_block_max_ms'])} ms  p50 {v(r['real_traffic_p50_ms'])} ms (baseline {v(baseline_p50_ms)})  "
+            f"errors {r['real_traffic_errors']}  {'PASS' if not failed else 'FAIL: ' + ', '.join(failed)}")
+
+
 def run(args: argparse.Namespace) -> int:
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     bad = [a for a in attacks if a not in ATTACKS]
@@ -327,10 +340,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_bench(attacks, atk.Scale.named(args.scale), args.rate, args.settle_s, args.baseline_s, args.mem_cap_mb,
                        args.validate_timeout_s, tls=args.tls)
     for r in result["attacks"]:
-        failed = [k for k, v in r["verdicts"].items() if v is False]
-        print(f"row {r['row']} {r['attack']:<20} rss {r['rss_before_mb']}→{r['rss_peak_mb']}→{r['rss_after_mb']} MB  "
-              f"loop {r['loop_block_max_ms']} ms  p50 {r['real_traffic_p50_ms']} ms (baseline {result['baseline_p50_ms']})  "
-              f"errors {r['real_traffic_errors']}  {'PASS' if not failed else 'FAIL: ' + ', '.join(failed)}")
+        print(summary_line(r, result["baseline_p50_ms"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
