@@ -91,3 +91,16 @@ def test_leaf_drain_must_be_a_finite_duration(value: str, tmp_path) -> None:
     """`dlb serve leaf --drain-s nan` used to start and skip the drain; inf never closed the listener."""
     with pytest.raises(SystemExit, match=r"^--drain-s must be >= 0 and finite"):
         cli.main(["serve", "leaf", "--config", str(tmp_path / "none.yaml"), "--cell", "a", "--drain-s", value])
+
+
+def test_a_connection_cap_above_the_descriptor_limit_is_refused() -> None:
+    """`--max-connections` beyond the process's file-descriptor limit could never be reached: accept()
+    would fail with EMFILE first, and the probes, xDS and /metrics sockets with it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        pytest.skip("no file-descriptor limit")
+    with pytest.raises(SystemExit, match=r"^--max-connections must be <= \d+ \(the file-descriptor limit"):
+        cli.main(["serve", "root", "--cell", "a", "--xds", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+                  "--max-connections", str(soft)])

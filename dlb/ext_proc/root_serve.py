@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import math
 import os
+import resource
 
 import numpy as np
 
@@ -109,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # named by field: H2Limits.max_concurrent_streams -> --max-concurrent-streams
         field_name = str(exc).split()[0].removeprefix("H2Limits.")
         raise SystemExit(f"--{field_name.replace('_', '-')}{str(exc).removeprefix('H2Limits.' + field_name)}") from None
+    soft_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_fds != resource.RLIM_INFINITY and args.max_connections > soft_fds - FD_RESERVE:
+        # the cap would never be reached: accept() fails with EMFILE first, and probes, xDS and /metrics with it
+        raise SystemExit(f"--max-connections must be <= {soft_fds - FD_RESERVE} (the file-descriptor limit {soft_fds} "
+                         f"minus {FD_RESERVE} kept for probes, xDS and metrics; raise ulimit -n), got {args.max_connections}")
     cfg = None
     if args.config is not None:
         cfg, cell = load_cell(args.config, args.cell)
@@ -148,7 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = H2Limits()
     p.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="h2 transport: connections served at once, more are closed at accept "
-                        f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}))")
+                        f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}); at most the limit - {FD_RESERVE})")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
                    help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
     p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
