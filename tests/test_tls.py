@@ -101,6 +101,14 @@ def test_an_identity_without_its_files_is_refused_at_start(pki) -> None:
     assert "leaf-zz.pem: cannot read" in str(err.value) and "dlb.yaml" in str(err.value)
 
 
+def test_a_wrong_type_in_tls_is_one_problem_per_field() -> None:
+    """``ca: 5`` was reported twice: 'must be a string, got 5' and 'must be a file path'."""
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(_doc({"ca": 5, "cert": ["a"], "key": ""}))
+    assert [(p.path, p.reason) for p in err.value.problems] == [
+        ("tls.ca", "must be a string, got 5"), ("tls.cert", "must be a string, got a list"), ("tls.key", "must be a file path")]
+
+
 def test_a_component_refuses_a_certificate_that_cannot_work_at_start(pki) -> None:
     """``{identity}`` paths are checked at start: another CA's certificate or another identity's key is
     a ConfigError naming the field and the files, not a server that starts and fails every handshake."""

@@ -744,7 +744,7 @@ def _tls(ck: _Checker, raw: Any, source: str) -> TlsFiles | None:
     for key, (kind, _) in _TLS_PEM.items():
         v = ck.string(m, key, "tls", None)
         if not v:
-            if key in m:
+            if isinstance(m.get(key), str):  # a wrong type was reported by ck.string already
                 ck.err(f"tls.{key}", "must be a file path")
             continue
         path = os.path.join(base, os.path.expanduser(v))
