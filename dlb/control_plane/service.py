@@ -215,7 +215,7 @@ class ControlPlane:
             model = self._remember_model(target.name, resp)
         self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None, model,
                            resp.model.confidence if resp.HasField("model") else 0.0, resp.model.samples,
-                           resp.error_rate, float(resp.completed))
+                           resp.error_rate, float(resp.completed), resp.errors)
 
     def _remember_model(self, cell: str, resp: probe_pb2.ProbeResponse) -> LatencyParams | None:
         try:
