@@ -364,8 +364,11 @@ def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:
     with echo_servers("a", "b", "c") as ports:
         cfg = three_cell_config(ports)
         with running_envoy(root_bootstrap(cfg, "a", admin_port=free_port()), tmp_path, "root"):
-            status, _ = request(cfg.cell("a").root.address.port, path="/admin/secret")
+            status, body = request(cfg.cell("a").root.address.port, path="/admin/secret")
             assert status == 404
+            # An OpenAI SDK shows error.message and switches on error.code: neither may be empty.
+            assert body["error"]["code"] == "route_not_found" and body["error"]["type"] == "invalid_request_error"
+            assert body["error"]["message"] == "dlb: no endpoint serves this path"
 
 
 def test_root_respects_residency_in_fallback(tmp_path: Path) -> None:

@@ -191,11 +191,18 @@ def local_replies() -> dict[str, Any]:
     rewritten, so the root ext_proc's own JSON replies (ImmediateResponse, no such flag) and every
     upstream server's error pass through untouched. ``code`` is Envoy's response-code details
     (``no_healthy_upstream``, ``upstream_reset_before_response_started{...}``), which logs also show.
+    A path no route matches (``NR``) is the client's mistake, not an outage: a 404
+    ``invalid_request_error`` that says so (Envoy's own body for it is empty), without ``retry-after``.
     """
     body = {"json_format": {"error": {"message": "dlb: %LOCAL_REPLY_BODY%", "type": "service_unavailable",
                                       "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
+    no_route = {"json_format": {"error": {"message": "dlb: no endpoint serves this path", "type": "invalid_request_error",
+                                          "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
     return {"mappers": [{
-        "filter": {"response_flag_filter": {"flags": LOCAL_FAILURE_FLAGS}},
+        "filter": {"response_flag_filter": {"flags": ["NR"]}},
+        "body_format_override": no_route,
+    }, {
+        "filter": {"response_flag_filter": {"flags": [f for f in LOCAL_FAILURE_FLAGS if f != "NR"]}},
         "headers_to_add": [{"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
         "body_format_override": body,
     }]}

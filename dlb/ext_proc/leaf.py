@@ -86,6 +86,26 @@ def _serving_seconds(common) -> float:
     return _seconds(common.duration)
 
 
+def _cut_stream(entry) -> bool:
+    """True if the server started a response and then the upstream stream broke (issue 13, item 6).
+
+    Envoy logs the status it had forwarded (e.g. 200) with details
+    ``upstream_reset_after_response_started{reason}`` and a flag for the reason: a SIGKILLed HTTP/1.1
+    server's unterminated chunked body is ``protocol_error`` (UPE, measured), a dead HTTP/2 connection
+    UC or UR, Envoy's own reset LR, the route timeout mid-body UT. Without this a stream cut after its
+    headers counted as a fast success: a 200 and a short latency sample. A reset before any response
+    byte has status 0 or Envoy's own 503, an error already.
+    """
+    status = entry.response.response_code.value
+    if not 0 < status < 400:
+        return False
+    if entry.response.response_code_details.startswith("upstream_reset_after_response_started"):
+        return True
+    f = entry.common_properties.response_flags
+    return bool(f.upstream_remote_reset or f.upstream_connection_termination or f.local_reset
+                or f.upstream_request_timeout or f.upstream_protocol_error)
+
+
 def _address(addr) -> str:
     sa = addr.socket_address
     if not sa.address:
@@ -190,6 +210,7 @@ class LeafAgent:
                     duration_s=_serving_seconds(common),
                     client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
                     probe=rid.startswith(BACKGROUND_PROBE_ID),
+                    cut=_cut_stream(e),
                 ))
 
     # -- probes -------------------------------------------------------------------------------------
@@ -363,13 +384,15 @@ class LeafAgent:
         stok = GaugeMetricFamily("dlb_leaf_server_tokens", "Leaf-counted tokens waiting per server (size estimates of requests in flight)", labels=["server"])
         picks = CounterMetricFamily("dlb_leaf_server_picks", "Requests sent to each server", labels=["server"])
         serr = CounterMetricFamily("dlb_leaf_server_errors", "Failed completions per server", labels=["server"])
+        cut = CounterMetricFamily("dlb_leaf_cut_streams", "Responses a server started and then broke off (reset mid-body)", labels=["server"])
         for s in st.servers:
             srif.add_metric([s.address], s.rif)
             sscr.add_metric([s.address], s.scraped)
             stok.add_metric([s.address], s.tokens)
             picks.add_metric([s.address], s.picks)
             serr.add_metric([s.address], s.errors)
-        yield from (srif, sscr, stok, picks, serr)
+            cut.add_metric([s.address], s.cut_streams)
+        yield from (srif, sscr, stok, picks, serr, cut)
         if st.dp_groups:
             kv = GaugeMetricFamily("dlb_leaf_dp_rank_kv_tokens", "Predicted resident KV tokens per DP rank", labels=["server"])
             for bal, members in st.dp_groups:

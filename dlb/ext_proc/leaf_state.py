@@ -60,6 +60,7 @@ class ServerState:
     picks: int = 0
     completed: int = 0
     errors: int = 0
+    cut_streams: int = 0  # responses it started and then broke off (counted in errors too)
 
 
 @dataclass
@@ -80,6 +81,9 @@ class Completion:
     duration_s: float  # leaf-side latency (first byte in → last byte out)
     client_abort: bool = False  # downstream went away: not the cell's fault, not a latency sample
     probe: bool = False  # the leaf's own background probe request (dlb.core.background)
+    #: The server (or the connection to it) died after the response had started: the client got a
+    #: status 200 and part of the body, then a reset. A failure of the server, not a fast success.
+    cut: bool = False
 
 
 def is_error(status: int) -> bool:
@@ -128,6 +132,7 @@ class LeafState:
         self._tokens_n = 0
         self.completed = 0
         self.failed = 0
+        self.cut_streams = 0
         self.expired = 0
         self.unmatched = 0
         self._seq = 0
@@ -272,7 +277,11 @@ class LeafState:
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
-        err = is_error(c.status)
+        err = is_error(c.status) or c.cut
+        if c.cut:
+            self.cut_streams += 1
+            if server != UNKNOWN:
+                self.servers[server].cut_streams += 1
         self.completed += 1
         self.errors.record(now, err)
         if server != UNKNOWN:
