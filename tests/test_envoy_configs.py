@@ -42,6 +42,8 @@ from dlb.envoy.bootstrap import (
     root_bootstrap,
     write_bootstrap,
 )
+from dlb.ext_proc.health import SERVICE as HEALTH_SERVICE
+from dlb.ext_proc.health import HealthState
 from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
@@ -166,6 +168,9 @@ class _PickCell(ep_grpc.ExternalProcessorServicer):
 def ext_proc_server(port: int, servicer: _PickCell) -> Iterator[_PickCell]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    # grpc.health.v1 too, as the leaf agent's probe server has it: Envoy checks the leaf ext_proc there.
+    check = grpc.unary_unary_rpc_method_handler(HealthState().check, request_deserializer=None, response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     try:
@@ -548,7 +553,7 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
         ext = HostPort("127.0.0.1", free_port())
         a = cfg.cells[0]
         a = dataclasses.replace(a, servers=(Server(HostPort("127.0.0.1", srv["s0"])), Server(HostPort("127.0.0.1", srv["s1"]))),
-                                leaf=dataclasses.replace(a.leaf, ext_proc=ext))
+                                leaf=dataclasses.replace(a.leaf, ext_proc=ext, probe=ext))  # its health is checked at the probe
         cfg = dataclasses.replace(cfg, cells=(a,) + cfg.cells[1:])
         boot = leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False)
         leaf_port = a.leaf.address.port

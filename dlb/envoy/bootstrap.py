@@ -229,6 +229,26 @@ def service_health(cluster: dict[str, Any], *, grpc_health: bool) -> dict[str, A
     return cluster
 
 
+def leaf_ext_proc_cluster(ext_proc: HostPort, probe: HostPort) -> dict[str, Any]:
+    """The leaf ext_proc cluster, health-checked with gRPC health *at the agent's probe address*.
+
+    The agent serves its ext_proc on its own address (DLB's HTTP/2 transport by default, one method
+    only, no health service) but its probe/access-log server always has ``grpc.health.v1``, which turns
+    NOT_SERVING the moment the agent starts draining (SIGTERM). Checking there (the endpoint's
+    ``health_check_config``) makes Envoy mark the ext_proc unhealthy during the drain and stop opening
+    ext_proc streams to it — requests then take LEAST_REQUEST — while the streams already open finish.
+    A TCP check of the ext_proc port would only fail once the agent had closed it, with streams in flight.
+    """
+    cluster = service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25), grpc_health=True)
+    at: dict[str, Any] = {"port_value": probe.port}
+    if probe.host != ext_proc.host:
+        at["address"] = {"socket_address": {"address": probe.host, "port_value": probe.port}}
+    for group in cluster["load_assignment"]["endpoints"]:
+        for lb in group["lb_endpoints"]:
+            lb["endpoint"]["health_check_config"] = at
+    return cluster
+
+
 def _safe_retries() -> dict[str, Any]:
     """Route retry policy for the server cluster: another server, only where nothing was sent (see above)."""
     return {
@@ -523,9 +543,7 @@ def leaf_bootstrap(
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
         filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS))
-        # The leaf ext_proc shares the agent's grpc.aio server (and its health service) when it shares its address.
-        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25),
-                                       grpc_health=me.leaf.ext_proc == me.leaf.probe))
+        clusters.append(leaf_ext_proc_cluster(me.leaf.ext_proc, me.leaf.probe))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
         # to this listener. Unpicked requests (ext_proc down or undecided) fall through to LEAST_REQUEST.
