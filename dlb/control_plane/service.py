@@ -140,6 +140,7 @@ class ControlPlane:
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *rs.endpoints)]
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
+            leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
         return _Static(root, leaf, root_sets)
 
     # -- snapshots ----------------------------------------------------------------------------------

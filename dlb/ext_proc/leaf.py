@@ -41,6 +41,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.config.model import DpGroup
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
@@ -485,6 +486,17 @@ def _ip_address(host: str, port: int) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+def dp_balancer(dp: DpGroup) -> DpBalancer:
+    """The rank picker of one data-parallel server, from its config (file or xDS DpGroups)."""
+    return DpBalancer(ranks=dp.ranks, policy=dp.policy, horizon=dp.horizon, mean_decode_tokens=dp.mean_decode_tokens,
+                      slots=dp.max_num_seqs)
+
+
+def rank_addresses(host: str, port: int, ranks: int) -> list[str]:
+    """The leaf's keys of a DP server's ranks (rank r on port + r), as its server list spells them."""
+    return [_ip_address(host, port + r) for r in range(ranks)]
+
+
 def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
                       refit_period_s: float = 5.0, window_s: float = 60.0, pick_rule: str = "prequal") -> LeafState:
     cell = cfg.cell(cell_name)
@@ -496,9 +508,7 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
         ranks = [ServerState(_ip_address(a.host, a.port), float(s.weight)) for a in s.rank_addresses()]
         servers += ranks
         if s.dp is not None:
-            bal = DpBalancer(ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
-                             mean_decode_tokens=s.dp.mean_decode_tokens, slots=s.dp.max_num_seqs)  # fmt: skip
-            dp_groups.append((bal, [r.address for r in ranks]))
+            dp_groups.append((dp_balancer(s.dp), [r.address for r in ranks]))
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
                      rng=np.random.default_rng(seed), pick_rule=pick_rule,

@@ -163,6 +163,26 @@ class LeafState:
         self.pool.probes.clear()  # probes name servers by index, which just changed
         self.replicas = replicas if replicas else len(new)
 
+    def set_dp_groups(self, groups: list[tuple[DpBalancer, list[str]]]) -> None:
+        """Replace the data-parallel groups (a DpGroups update from the control plane).
+
+        A group whose ranks and settings are unchanged keeps its balancer, and so the residents it
+        counts; a changed or new one starts empty (requests already on its ranks finish unseen by it,
+        which :meth:`DpBalancer.finish` ignores). Ranks not (yet) among the servers are never picked.
+        """
+        def settings(b: DpBalancer) -> tuple[object, ...]:
+            return b.ranks, b.policy, b.horizon, b.mean_decode_tokens, b.slots
+
+        old = {tuple(members): bal for bal, members in self.dp_groups}
+        kept = []
+        for bal, members in groups:
+            prev = old.get(tuple(members))
+            kept.append((prev if prev is not None and settings(prev) == settings(bal) else bal, list(members)))
+        of = {a: (b, m) for b, m in kept for a in m}
+        if len(of) != sum(len(m) for _, m in kept):
+            raise ValueError(f"cell {self.cell}: a rank address belongs to two DP groups")
+        self.dp_groups, self.dp_of = kept, of
+
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""
         self.prior = prior
