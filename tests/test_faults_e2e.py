@@ -230,7 +230,7 @@ def test_a_stream_cut_by_a_dying_server_is_counted_as_a_failure() -> None:
     (issue 13, item 6). The client's stream ends without its terminal chunk: its SDK raises a connection
     error it can retry on."""
     with tempfile.TemporaryDirectory(prefix="dlb-faults-") as tmp, contextlib.ExitStack() as stack:
-        emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=20.0, server_id="a-0").start())
+        emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=20.0, server_id="a-0"))  # __enter__ starts it
         raw = _config([emu.address])
         path = Path(tmp) / "dlb.yaml"
         path.write_text(json.dumps(raw))
