@@ -393,9 +393,17 @@ def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, 
     one_way = {"a": {n: ONE_WAY_MS[i] if i < len(ONE_WAY_MS) else 20.0 * i for i, n in enumerate(names) if i > 0}}
     # DLB's default probe settings (stale after 1 s; the test stack's 600 ms measured this shared box's
     # CPU starvation — a root's probe loop running late — as "no usable cell" replies).
-    plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
-                             probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
-                             control_plane=(fault == "control_plane"))
+    for attempt in range(3):
+        try:
+            plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
+                                     probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
+                                     control_plane=(fault == "control_plane"))
+            break
+        except (RuntimeError, TimeoutError, OSError):
+            # A free port taken by another process between our pick and the child's bind (a shared box:
+            # seen once in a full run, a leaf's metrics port). A fresh plane gets fresh ports.
+            if attempt == 2:
+                raise
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
