@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlb.sim.experiments import EXPERIMENTS, default_workers, git_commit, make_jobs, normalise, run_jobs
+from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, default_workers, git_commit, make_jobs, normalise, run_jobs
 from dlb.sim.policies import POLICIES
 
 
@@ -25,9 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="experiment to run (repeatable; 'all' = every paper experiment); default baseline. "
                    "'priors': time for the router to find the right cell after wrong priors, a leaf restart or a "
                    "3x slower cell, with and without learning (docs/simulator.md)")
-    p.add_argument("--scenarios", type=int, default=10, help="scenarios per experiment (default 10)")
-    p.add_argument("--trials", type=int, default=5, help="trials per scenario (default 5)")
-    p.add_argument("--minutes", type=float, default=10.0, help="simulated minutes per run (default 10)")
+    p.add_argument("--scenarios", type=int, default=PROTOCOL.scenarios,
+                   help=f"scenarios per experiment (default {PROTOCOL.scenarios})")
+    p.add_argument("--trials", type=int, default=None,
+                   help=f"trials per scenario (default: the protocol's, {PROTOCOL.baseline_trials} for the baseline "
+                   f"and {PROTOCOL.trials} for the others and for priors)")
+    p.add_argument("--minutes", type=float, default=PROTOCOL.minutes,
+                   help=f"simulated minutes per run (default {PROTOCOL.minutes:g})")
     p.add_argument("--seed", type=int, default=1, help="base seed; scenario k has seed 1000·seed + k")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
@@ -51,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _validate(args: argparse.Namespace) -> list[str]:
     for name in ("scenarios", "trials", "workers", "root_replicas"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"dlb sim: --{name.replace('_', '-')} must be >= 1")
     if not args.minutes > 0:
         raise SystemExit("dlb sim: --minutes must be > 0")
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "cpu_s": cpu,
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,
         "load_average": list(os.getloadavg()),
-        "scenarios": args.scenarios, "trials": args.trials, "minutes": args.minutes,
+        "scenarios": args.scenarios, "trials": args.trials if args.trials is not None else {e: PROTOCOL.trials_for(e) for e in exps}, "minutes": args.minutes,
         "root_replicas": args.root_replicas,
     }
     (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
@@ -144,7 +148,8 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
         kinds = tuple(k for k in kinds if k in wanted)
     commit = git_commit()  # before running: the code that produces the records
     t0, c0 = time.perf_counter(), time.process_time()
-    records = priors.run_experiment(args.scenarios, args.trials, args.minutes * 60.0, args.seed, pols, kinds)
+    trials = PROTOCOL.trials if args.trials is None else args.trials
+    records = priors.run_experiment(args.scenarios, trials, args.minutes * 60.0, args.seed, pols, kinds)
     for r in records:
         r["commit"] = commit
     path = out / "results.json"
@@ -159,7 +164,7 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
             "cpu_s": time.process_time() - c0, "commit": commit, "scenarios": args.scenarios,
-            "trials": args.trials, "minutes": args.minutes, "seed": args.seed}
+            "trials": trials, "minutes": args.minutes, "seed": args.seed}
     (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))
     print(table)
     print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)
