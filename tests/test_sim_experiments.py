@@ -190,3 +190,19 @@ def test_protocol_defaults_and_short_runs_are_marked() -> None:
     short = reproduction_report(recs(3, 2.0), "r.json", None)
     assert "| baseline | 30 | 2.0 | short |" in short and "| **yes** (short) |" in short
     assert "| short |" in reproduction_report(recs(2, 10.0), "r.json", None)
+
+
+def test_estimate_projects_cost_at_the_protocol(tmp_path) -> None:
+    """``--estimate`` runs each variant × policy once, short, and scales the CPU time to the protocol:
+    ×(10 min ÷ probe minutes) × trials × the 10 scenarios' demand ÷ the probe scenario's."""
+    from dlb.sim.cost import demand
+
+    out = tmp_path / "est"
+    assert main(["sim", "--experiment", "burst", "--estimate", "0.05", "--policies", "Rand", "--out", str(out)]) == 0
+    est = json.loads((out / "cost-estimate.json").read_text())
+    (e,) = est["estimates"]
+    assert e["experiment"] == "burst" and e["runs"] == 1 * 1 * 10 * 2 and not (out / "results.json").exists()
+    kw = EXPERIMENTS["burst"][0].kwargs()
+    ratio = sum(demand(kw, 1000 + k, 10.0) for k in range(10)) / demand(kw, 1000, 0.05)
+    assert e["projected_cpu_s"] == pytest.approx(e["measured_cpu_s"] * (10.0 / 0.05) * 2 * ratio)
+    assert "| burst | 20 |" in (out / "cost-estimate.md").read_text()

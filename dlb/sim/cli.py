@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="root replicas per cell, each with its own probes and state; requests round-robin (default 1)")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--estimate", type=float, default=None, metavar="MINUTES",
+                   help="do not run the experiments: run each variant and policy once on one scenario for MINUTES "
+                   "and project each experiment's CPU time at --scenarios/--trials/--minutes (dlb.sim.cost); "
+                   "writes cost-estimate.json and .md to --out")
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     r = sub.add_parser("report", help="write the paper-reproduction report from a results.json")
@@ -76,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     exps = list(dict.fromkeys(exps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.estimate is not None:
+        return run_estimate(args, [e for e in exps if e != "priors"], policies, out)
     if "priors" in exps:
         run_priors(args, policies, out)
         exps.remove("priors")
@@ -129,6 +135,29 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(records))
     print(f"\n{len(jobs)} runs, {events} events in {wall:.1f} s wall ({bench['events_per_s_wall']:.0f} events/s; "
           f"{bench['events_per_cpu_s']:.0f} events per CPU-second; load average {bench['load_average'][0]:.1f}) → {path}", file=sys.stderr)
+    return 0
+
+
+def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str], out: Path) -> int:
+    """``--estimate``: project each experiment's CPU time at the protocol from short runs (dlb.sim.cost)."""
+    from dataclasses import asdict, replace
+
+    from dlb.sim import cost
+
+    if not args.estimate > 0:
+        raise SystemExit("dlb sim: --estimate must be > 0 minutes")
+    protocol = replace(PROTOCOL, scenarios=args.scenarios, minutes=args.minutes,
+                       **({} if args.trials is None else {"trials": args.trials, "baseline_trials": args.trials}))
+    commit = git_commit()
+    t0, c0 = time.perf_counter(), time.process_time()
+    est = cost.estimate(exps, args.seed, args.estimate, 0, policies, protocol, args.root_replicas, commit)
+    table = cost.markdown(est)
+    meta = {"commit": commit, "probe_minutes": args.estimate, "protocol": asdict(protocol),
+            "root_replicas": args.root_replicas, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "load_average": list(os.getloadavg()), "estimates": [asdict(e) for e in est]}
+    (out / "cost-estimate.json").write_text(json.dumps(meta, indent=1))
+    (out / "cost-estimate.md").write_text(f"# Projected cost at the protocol (commit {commit})\n\n{table}\n")
+    print(table)
     return 0
 
 
