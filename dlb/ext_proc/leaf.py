@@ -262,6 +262,10 @@ class LeafAgent:
             # Refit on schedule, or at once when the first samples can replace the configured prior
             # (a fresh or restarted leaf: its warm-up probes just completed).
             first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
+            t_change = est.take_change()  # the traffic's own samples say the cell changed (dlb.core.change)
+            if t_change is not None:
+                self.refit_now = True
+                log.info("cell_change_detected", cell=self.state.cell, source="traffic", since=round(t_change, 3))
             if now - last < est.config.refit_period_s and not first and not self.refit_now:
                 continue
             last, self.refit_now = now, False
