@@ -55,6 +55,8 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     ("bfio", "bench", "request-path decision cost of the BF-IO pick (G=32)", "dlb.bench.bfio_study:register"),
     ("bfio", "dataplane", "BF-IO vs JSQ rank picks through a real leaf Envoy on a DP emulator",
      "dlb.bench.bfio_dataplane:register"),
+    ("bfio", "placement", "BF-IO vs JSQ when ranks are chosen at arrival (the leaf) or at slot-free time",
+     "dlb.bench.bfio_placement:register"),
 ]
 
 _GROUP_HELP = {

@@ -100,6 +100,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "the cell has a data-parallel server (dp_ranks)"),
     MetricDef("leaf", "dlb_leaf_server_picks", "counter", ("server",), "Requests sent to each server"),
     MetricDef("leaf", "dlb_leaf_server_errors", "counter", ("server",), "Failed completions per server"),
+    MetricDef("leaf", "dlb_leaf_cut_streams", "counter", ("server",),
+              "Responses a server started and then broke off (reset mid-body)"),
     MetricDef("leaf", "dlb_leaf_healthy_servers", "gauge", (), "Servers usable for picking"),
     MetricDef("leaf", "dlb_leaf_envoy_reachable", "gauge", (), "1 if the leaf Envoy accepts connections"),
     MetricDef("leaf", "dlb_leaf_error_rate", "gauge", (), "EMA error fraction reported in probes"),

@@ -48,3 +48,29 @@ def free_port(host: str = "127.0.0.1") -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError("no fresh free port after 1000 tries")
+
+
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """The first of ``n`` consecutive ports that were all free a moment ago (a data-parallel server's
+    ranks listen on port .. port + n - 1, as vLLM's external DP load balancing deploys them)."""
+    if n < 1:
+        raise ValueError(f"n: must be >= 1, got {n}")
+    for _ in range(200):
+        base = free_port(host)
+        if base + n - 1 > 65535:
+            continue
+        socks = []
+        try:
+            for k in range(1, n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((host, base + k))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        if not any(base + k in _handed_out for k in range(1, n)):
+            _handed_out.update(base + k for k in range(1, n))
+            return base
+    raise RuntimeError(f"no block of {n} free ports after 200 tries")

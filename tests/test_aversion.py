@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.aversion import RecentErrors
+from dlb.core.costs import Cost
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig
+from dlb.core.topology import Topology
 
 
 def test_errors_that_stop_report_zero_after_the_hold() -> None:
@@ -27,3 +32,27 @@ def test_a_restarted_leaf_counter_is_a_new_baseline_not_an_error() -> None:
 def test_negative_hold_is_rejected() -> None:
     with pytest.raises(ValueError, match="hold_s"):
         RecentErrors(1, hold_s=-1.0)
+
+
+def test_flow_loop_aversion_stops_when_the_cell_errors_stop() -> None:
+    """The control plane's flow loop decays aversion like a root: not while the leaf's error EMA lingers."""
+    topo = Topology.build(["a", "b"], [2, 2], [[0, 0.01], [0.01, 0]])
+    p = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)
+    ctl = FlowController(topo, [FlowEndpoint("chat", PolicyConfig(Mechanism.FLOW, Cost.LATENCY), p)], [0, 1])
+    errors, now = 0, 0.0
+    while now < 5.0:  # cell a fails: its counter rises every probe
+        errors += 3
+        ctl.on_probe(0, now, 1.0, 2.0, p, 1.0, 100, 0.5, 100.0, errors)
+        ctl.on_probe(1, now, 1.0, 2.0, p, 1.0, 100, 0.0, 100.0, 0)
+        ctl.step(now)
+        now += 0.25
+    assert ctl.aversion[0] == pytest.approx(0.9)
+    assert max(r.aversion[0] for r in ctl.routers.values()) == pytest.approx(0.9)
+    stopped = now
+    while now < stopped + 6.0:  # errors stop; the leaf's EMA stays at 0.5 for a long time
+        ctl.on_probe(0, now, 1.0, 2.0, p, 1.0, 100, 0.5, 100.0, errors)
+        ctl.on_probe(1, now, 1.0, 2.0, p, 1.0, 100, 0.0, 100.0, 0)
+        ctl.step(now)
+        now += 0.25
+    assert ctl.aversion[0] < 0.1  # 2-s hold, then halved every period
+    assert max(r.aversion[0] for r in ctl.routers.values()) < 0.1

@@ -10,11 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlb.core.bfio import (
+    PICK_POINTS,
     DpBalancer,
     GreedyPicker,
     assign_batch_milp,
+    horizon_quadrature,
     imbalance,
     predicted_workload,
+    survival,
 )
 
 
@@ -40,9 +43,33 @@ def test_greedy_pick_minimises_predicted_imbalance(kv: list[int], n_seed: int, p
     rng = np.random.default_rng(n_seed)
     kv_a = np.array(kv, dtype=float)
     n_a = rng.integers(0, 20, len(kv)).astype(float)
-    k = GreedyPicker(horizon, mean).pick(kv_a, n_a, float(prompt))
+    k = GreedyPicker(horizon, mean, points=None).pick(kv_a, n_a, float(prompt))  # the exact horizon sum
     costs = [_objective(kv_a, n_a, [(g, prompt)], horizon, mean) for g in range(len(kv))]
     assert costs[k] <= min(costs) + 1e-6 * max(1.0, min(costs))
+
+
+@settings(max_examples=100, deadline=None)
+@given(horizon=st.integers(0, 400), mean=st.sampled_from([1.0, 2.0, 20.0, 256.0, 5000.0]), points=st.integers(1, 16),
+       alpha=st.floats(-1e4, 1e4), beta=st.floats(-100, 100))
+def test_horizon_quadrature_is_exact_for_lines(horizon: int, mean: float, points: int, alpha: float, beta: float) -> None:
+    """Each bin's point and weight reproduce Σ q^h (α + βh) exactly: the request-path picker's cost is
+    exact wherever the BF-IO cost is linear in h, with at most ``points`` points whatever H."""
+    hs = np.arange(horizon + 1, dtype=float)
+    qh = survival(mean) ** hs
+    pts, w = horizon_quadrature(horizon, mean, points)
+    assert len(pts) <= min(points, horizon + 1) and np.all(np.diff(pts) > 0) and pts[0] >= 0 and pts[-1] <= horizon
+    want = float((qh * (alpha + beta * hs)).sum())
+    assert float((w * (alpha + beta * pts)).sum()) == pytest.approx(want, rel=1e-9, abs=1e-6 * (abs(alpha) + abs(beta) * horizon + 1))
+
+
+def test_request_path_picker_works_on_a_fixed_number_of_points() -> None:
+    """H = 200 costs the picker 12 horizon points, not 201 (why ``dlb bfio bench`` is flat in H), and
+    on a loaded 32-rank state it still picks the exact sum's rank."""
+    rng = np.random.default_rng(3)
+    kv, n = rng.uniform(10_000, 60_000, 32), rng.integers(32, 64, 32).astype(float)
+    quad, exact = GreedyPicker(200, 256.0), GreedyPicker(200, 256.0, points=None)
+    assert len(quad.hs) == PICK_POINTS and len(exact.hs) == 201
+    assert all(quad.pick(kv, n, p) == exact.pick(kv, n, p) for p in (16.0, 600.0, 4000.0))
 
 
 def test_ties_go_to_the_least_predicted_rank() -> None:
@@ -226,3 +253,16 @@ def test_study_simulation_conserves_work_and_bfio_balances_better_than_jsq() -> 
         assert r.energy_proxy > 0 and r.mean_s <= r.p90_s
     assert runs["bf-io"].imbalance < runs["jsq"].imbalance
     assert runs["bf-io"].idle_frac < runs["jsq"].idle_frac
+
+
+def test_placement_simulation_finishes_every_request_under_both_placements() -> None:
+    """``dlb bfio placement``: each placement and policy serves every request of a small overloaded run."""
+    from dlb.bench.bfio_placement import simulate
+    from dlb.emulator.profile import BUILTIN_PROFILES
+
+    for placement in ("central", "arrival"):
+        for policy in ("jsq", "bf-io"):
+            r = simulate(placement, policy, 4, 4, 1.5, 64, 1, BUILTIN_PROFILES["llama-8b-h100"], mean_decode=16.0)
+            assert r.requests == 64 and 0.0 <= r.idle_frac < 1.0 and r.mean_steps >= 1.0
+    with pytest.raises(ValueError, match="placement"):
+        simulate("later", "jsq", 4, 4, 1.5, 8, 1, BUILTIN_PROFILES["llama-8b-h100"])

@@ -398,3 +398,19 @@ def test_arbitrary_text_only_raises_config_error(text: str) -> None:
 def test_yaml_tags_are_not_constructed() -> None:
     found = problems_of("version: !!python/object:os.system 1\ncells: []\nendpoints: []\n")
     assert any(p == "version" and "bad value" in r for p, r, _ in found), found
+
+
+def test_json_written_config_with_exponent_floats_loads_as_numbers() -> None:
+    """The testbeds write configs with json.dumps (JSON is YAML), which spells 0.00004 as '4e-05'; PyYAML
+    (YAML 1.1) reads that as a string, so `latency_prior.b_s` was refused as "must be a number". A plain
+    scalar of that shape is a number; a quoted one stays a string."""
+    import json
+
+    data = minimal()
+    data["endpoints"][0]["latency_prior"] = {"a_s": 0.5, "b_s": 0.00004, "c": 8}
+    text = json.dumps(data)
+    assert "4e-05" in text
+    cfg = parse_config(text, "t.json")
+    assert cfg.endpoints[0].latency_prior.b_s == pytest.approx(4e-05)
+    quoted = text.replace("4e-05", '"4e-05"')
+    assert any(path.endswith("b_s") for path, _, _ in problems_of(quoted.replace("t.json", "t.yaml")))

@@ -428,3 +428,65 @@ def test_waiting_queue_bounded_by_prompt_tokens() -> None:
     assert not eng.submit(EngineRequest(2, 50, 5), 0.0)  # 60 + 50 tokens would wait
     assert eng.submit(EngineRequest(3, 40, 5), 0.0)
     assert eng.waiting_tokens == 100
+
+
+def _reference_step(eng: Engine, now: float) -> tuple[list, list, float, list] | None:
+    """One engine step by the plain rules (the code before the simulator's speed-up, kept as the spec):
+    admit FCFS while the prompt's KV fits, decode every sequence past its prompt, give the rest of the
+    token budget to prompts in order, retire the finished."""
+    while eng.waiting and len(eng.running) < eng.max_batch:
+        head = eng.waiting[0]
+        if eng.running and sum(r.kv_tokens for r in eng.running) + head.prompt_tokens > eng.profile.kv_cache_tokens:
+            break
+        eng.waiting.popleft()
+        eng.waiting_tokens -= head.prompt_tokens
+        head.admitted_at = now
+        eng.running.append(head)
+    if not eng.running:
+        return None
+    decode = [r for r in eng.running if r.in_decode]
+    budget = max(0, eng.profile.max_batch_tokens - len(decode))
+    prefill = []
+    for r in eng.running:
+        if not r.in_decode and budget > 0:
+            take = min(r.prompt_tokens - r.prefilled, budget)
+            prefill.append((r, take))
+            budget -= take
+    duration = eng.profile.step_time(len(decode) + len(prefill), sum(n for _, n in prefill))
+    events = []
+    for r in decode:
+        r.generated = min(r.generated + 1, r.output_tokens)
+        events.append((r.rid, r.generated - 1, r.finished))
+    for r, n in prefill:
+        r.prefilled += n
+        if r.in_decode:
+            r.generated += 1
+            events.append((r.rid, 0, r.finished))
+    eng.running = [r for r in eng.running if not r.finished]
+    return [r.rid for r in decode], [(r.rid, n) for r, n in prefill], duration, events
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrivals=st.lists(st.tuples(st.just(0.0), st.integers(1, 3000), st.integers(1, 400)).map(lambda t: Arrival(*t)),
+                         min_size=1, max_size=30),
+       max_batch=st.integers(1, 8), budget=st.integers(64, 4096), kv=st.integers(3000, 8000))
+def test_engine_steps_equal_the_plain_rules(arrivals, max_batch, budget, kv) -> None:
+    """The engine's inlined hot path (plan / _admit / complete, run millions of times by the
+    simulator) takes exactly the plain rules' steps: same batches, budgets, durations and tokens."""
+    prof = replace(FAST, max_batch_tokens=budget, kv_cache_tokens=kv)
+    fast, ref = Engine(prof, max_batch=max_batch, max_queue=64), Engine(prof, max_batch=max_batch, max_queue=64)
+    for eng in (fast, ref):
+        for i, a in enumerate(arrivals):
+            eng.submit(EngineRequest(i, a.prompt_tokens, a.output_tokens), 0.0)
+    now, steps = 0.0, 0
+    while True:
+        plan, want = fast.plan(now), _reference_step(ref, now)
+        if plan is None or want is None:
+            assert plan is None and want is None
+            break
+        now += plan.duration
+        got = [(e.request.rid, e.index, e.finished) for e in fast.complete(plan, now)]
+        assert ([r.rid for r in plan.decode], [(r.rid, n) for r, n in plan.prefill], plan.duration, got) == want
+        assert [r.rid for r in fast.running] == [r.rid for r in ref.running]
+        steps += 1
+    assert steps > 0 and not fast.waiting and not ref.waiting

@@ -427,8 +427,9 @@ def test_engine_failure_answers_instead_of_hanging() -> None:
             emu.engine.complete = broken  # type: ignore[method-assign]
             st, body, _ = await post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 3})
             assert st == 500 and body["error"]["message"] == "emulator engine failed"
+            assert body["error"]["code"] == "engine_failed"  # a client switches on the code; never null on a 5xx
             st, body, _ = await post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 3})
-            assert st == 503
+            assert st == 503 and body["error"]["code"] == "engine_not_running"
 
     run(go())
 
@@ -458,5 +459,22 @@ def test_prefix_cache_reports_cached_tokens_and_metrics() -> None:
         async with emulator() as emu, aiohttp.ClientSession() as s:  # off by default: plain usage
             _, body, _ = await post(s, emu.url + "/v1/chat/completions", {"messages": msgs("x"), "max_tokens": 1})
             assert "prompt_tokens_details" not in body["usage"]
+
+    run(go())
+
+
+def test_a_request_cut_by_shutdown_gets_a_coded_503() -> None:
+    """A request in flight when the server stops is answered 503 with a non-null ``error.code`` (the faults
+    bench saw ``code: null`` here: a client had nothing to switch on)."""
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            emu = emulator(time_scale=50.0)
+            await emu.start()
+            pending = asyncio.ensure_future(post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 50}))
+            while not emu._live:  # the request reached the engine
+                await asyncio.sleep(0.01)
+            await emu.stop()
+            st, body, _ = await pending
+            assert st == 503 and body["error"]["code"] == "server_shutting_down"
 
     run(go())

@@ -43,6 +43,8 @@ from dlb.envoy.bootstrap import (
     write_bootstrap,
 )
 from dlb.envoy.headers import GIE_DESTINATION
+from dlb.ext_proc.health import SERVICE as HEALTH_SERVICE
+from dlb.ext_proc.health import HealthState
 from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
@@ -167,6 +169,9 @@ class _PickCell(ep_grpc.ExternalProcessorServicer):
 def ext_proc_server(port: int, servicer: _PickCell) -> Iterator[_PickCell]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     ep_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    # grpc.health.v1 too, as the leaf agent's probe server has it: Envoy checks the leaf ext_proc there.
+    check = grpc.unary_unary_rpc_method_handler(HealthState().check, request_deserializer=None, response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     try:
@@ -376,8 +381,11 @@ def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:
     with echo_servers("a", "b", "c") as ports:
         cfg = three_cell_config(ports)
         with running_envoy(root_bootstrap(cfg, "a", admin_port=free_port()), tmp_path, "root"):
-            status, _ = request(cfg.cell("a").root.address.port, path="/admin/secret")
+            status, body = request(cfg.cell("a").root.address.port, path="/admin/secret")
             assert status == 404
+            # An OpenAI SDK shows error.message and switches on error.code: neither may be empty.
+            assert body["error"]["code"] == "route_not_found" and body["error"]["type"] == "invalid_request_error"
+            assert body["error"]["message"] == "dlb: no endpoint serves this path"
 
 
 def test_root_respects_residency_in_fallback(tmp_path: Path) -> None:
@@ -557,7 +565,7 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
         ext = HostPort("127.0.0.1", free_port())
         a = cfg.cells[0]
         a = dataclasses.replace(a, servers=(Server(HostPort("127.0.0.1", srv["s0"])), Server(HostPort("127.0.0.1", srv["s1"]))),
-                                leaf=dataclasses.replace(a.leaf, ext_proc=ext))
+                                leaf=dataclasses.replace(a.leaf, ext_proc=ext, probe=ext))  # its health is checked at the probe
         cfg = dataclasses.replace(cfg, cells=(a,) + cfg.cells[1:])
         boot = leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False)
         leaf_port = a.leaf.address.port

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import random
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +39,7 @@ from dlb.envoy.binary import EnvoyProcess
 from dlb.envoy.bootstrap import leaf_bootstrap, write_bootstrap
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.testbed.emulator import EmulatorProcess
 from dlb.testbed.process import ServiceProcess
 from dlb.testbed.stack import request
 
@@ -75,6 +78,14 @@ def _probe(address: str) -> probe_pb2.ProbeResponse:
                 if time.monotonic() > deadline:
                     raise
         time.sleep(0.1)
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        status, _, _ = request(host, port, timeout=5)
+        return status == 200
+    except OSError:
+        return False
 
 
 class Cell:
@@ -126,11 +137,7 @@ class Cell:
         stack.callback(halt)
 
     def _listening(self) -> bool:
-        try:
-            status, _, _ = request(self.host, self.port, timeout=5)
-            return status == 200
-        except OSError:
-            return False
+        return _listening(self.host, self.port)
 
     def send(self, n: int) -> list[str]:
         """``n`` requests through the leaf Envoy; the answering server per request, or ``status-N``."""
@@ -209,3 +216,46 @@ def test_a_cell_with_every_server_dead_reports_zero_healthy_replicas() -> None:
         # (no_healthy_upstream once the health check has marked both; a refused connect before that)
         assert err["code"] == "no_healthy_upstream" or err["code"].startswith("upstream_reset_before_response_started"), err
         assert err["type"] == "service_unavailable" and err["message"].startswith("dlb: ")
+
+
+def _metric(url: str, name: str) -> float:
+    """Sum of one metric family's samples on a Prometheus endpoint."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")))
+
+
+def test_a_stream_cut_by_a_dying_server_is_counted_as_a_failure() -> None:
+    """A server killed mid-stream: Envoy had forwarded its 200, so the access log says 200. The agent must
+    count the stream as cut (``dlb_leaf_cut_streams``) and as an error of the cell, not as a fast success
+    (issue 13, item 6). The client's stream ends without its terminal chunk: its SDK raises a connection
+    error it can retry on."""
+    with tempfile.TemporaryDirectory(prefix="dlb-faults-") as tmp, contextlib.ExitStack() as stack:
+        emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=20.0, server_id="a-0"))  # __enter__ starts it
+        raw = _config([emu.address])
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw))
+        cfg = config_from_dict(raw, source=str(path))
+        metrics = f"127.0.0.1:{free_port()}"
+        stack.enter_context(ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", metrics))
+        admin = free_port()
+        boot = write_bootstrap(leaf_bootstrap(cfg, "a", admin_port=admin, emulate_wan=False, access_log=True), Path(tmp) / "leaf.yaml")
+        stack.enter_context(EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)))
+        hp = cfg.cell("a").leaf.address
+        probe = str(cfg.cell("a").leaf.probe)
+        _wait(lambda: _probe(probe).completed >= 0, "agent up")
+        _wait(lambda: _listening(hp.host, hp.port), "leaf listener up")
+        conn = http.client.HTTPConnection(hp.host, hp.port, timeout=30)
+        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert resp.readline()  # the stream has started
+        emu.kill()
+        with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+            while resp.read(4096):
+                pass
+        conn.close()
+        url = f"http://{metrics}/metrics"
+        _wait(lambda: _metric(url, "dlb_leaf_cut_streams_total") >= 1, "the agent counted the cut stream")
+        assert _metric(url, "dlb_leaf_cut_streams_total") == 1
+        assert _probe(probe).errors >= 1  # and a failure of the cell (later requests to the dead server add more)

@@ -112,3 +112,75 @@ def test_a_restarted_leaf_is_back_in_the_roots_view_quickly(plane):
     _until_routed_to(plane, "local", "restart_back_to_local")
     leaf = plane.leaf_metrics("local")
     assert metric_value(leaf, "dlb_leaf_background_probes_total", outcome="ok") >= 1
+
+
+def _capacity_rps(emu) -> float:
+    """What one emulated server can serve (requests/s of TOKENS tokens at its full batch), from its profile."""
+    cfg = emu._config
+    prof = cfg.resolved_profile()
+    return cfg.max_batch / (TOKENS * prof.step_time(cfg.max_batch) * cfg.faults.slowdown)
+
+
+def _probes(plane, cell: str) -> float:
+    leaf = plane.leaf_metrics(cell)
+    return sum(metric_value(leaf, "dlb_leaf_background_probes_total", outcome=o) or 0.0 for o in ("ok", "failed"))
+
+
+def _idle_probe_share(plane, cells: tuple[str, ...], what: str, window_s: float = 15.0) -> dict[str, float]:
+    """Background probes each cell's leaf sent through its real leaf Envoy during ``window_s`` with no client
+    traffic (every cell idle: the most they probe; a busy cell sends none), ÷ what the cell could serve."""
+    before = {c: _probes(plane, c) for c in cells}
+    t0 = time.monotonic()
+    time.sleep(window_s)
+    dt = time.monotonic() - t0
+    share = {}
+    for c in cells:
+        capacity = sum(_capacity_rps(e) for e in plane.emulators[c])
+        share[c] = (_probes(plane, c) - before[c]) / (capacity * dt)
+        RESULTS[f"{what}_{c}_idle_probe_share_of_capacity"] = round(share[c], 4)
+    return share
+
+
+def test_probe_traffic_is_a_small_share_of_capacity(plane):
+    """Probe traffic as a share of capacity, measured through the real Envoys while idle (target ≤ 1 %)."""
+    share = _idle_probe_share(plane, ("local", "near"), "prior_x50")
+    assert all(0 < v < 0.05 for v in share.values()), share  # runaway guard; the target's verdict is reported
+
+
+FAST_PRIOR = dict(ENDPOINT, latency_prior={"a_s": 0.0012, "b_s": 0.0001, "c": 4, "s": 1})  # a: 0.02× the real
+
+
+@pytest.fixture(scope="module")
+def fast_prior_plane():
+    """The ×0.02 case: a prior 50× too fast on every cell hides that ``local`` is 4× slow (≈ 250 ms, from the
+    start): by the prior both cells take ~1 ms and ``local`` wins by the round trip; ``near`` is right."""
+    from dlb.emulator.faults import Faults
+
+    p = start_data_plane([CellSpec("local", emulator={"faults": Faults(slowdown=4.0)}), CellSpec("near")], "local",
+                         FAST_PRIOR, one_way_ms={"local": {"near": 30}},
+                         leaf_args=("--background-probe-max-tokens", str(TOKENS)))
+    p.started = time.monotonic()
+    try:
+        yield p
+    finally:
+        print("learning e2e convergence, prior x0.02 (s):", RESULTS)
+        p.close()
+
+
+def test_a_prior_50x_too_fast_is_measured_and_the_slow_cell_avoided(fast_prior_plane):
+    """The root's model of ``local`` rises from the prior's 1.2 ms to what its probes measure, and traffic
+    goes to ``near`` (timed from the data plane's start: the probes' warm-up is part of it)."""
+    plane = fast_prior_plane
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        a = _root_a(plane, "local")
+        if a is not None and a > 0.1:  # the slow cell's ~250 ms, not the prior's 1.2 ms
+            RESULTS["prior_x0.02_measured_after_start"] = round(time.monotonic() - plane.started, 1)
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"local's model not measured within {BOUND_S} s: root sees a_s={_root_a(plane, 'local')}")
+    _until_routed_to(plane, "near", "prior_x0.02_routed_near")
+    # The slow cell is one server at a quarter speed: 5 s between probes (the floor) is ~2 % of its capacity.
+    share = _idle_probe_share(plane, ("local", "near"), "prior_x0.02")
+    assert all(0 < v < 0.05 for v in share.values()), share

@@ -223,3 +223,59 @@ async def _leaf_scenario() -> None:
         await sync.stop()
         await cp.stop()
         tmp_dir.cleanup()
+
+
+def test_leaf_takes_its_dp_groups_from_the_control_plane() -> None:
+    """dp_ranks / policy / horizon reach a leaf over xDS (``dlb.v1.DpGroups``) as from the config file:
+    the leaf, started from a file without them, picks ranks by the pushed policy, and a changed
+    policy or horizon is applied on the next push (issue 15)."""
+    asyncio.run(_dp_scenario())
+
+
+async def _dp_scenario() -> None:
+    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_xds import LeafXdsSync
+
+    with tempfile.TemporaryDirectory(prefix="dlb-leaf-dp-") as tmp:
+        cfg_path = os.path.join(tmp, "dlb.yaml")
+        write_config(cfg_path, {"a": free_port(), "b": free_port()})
+        plain = load_config(cfg_path)  # what the leaf's own file says: no DP server
+        doc = yaml.safe_load(Path(cfg_path).read_text())
+        base = free_port()
+        doc["cells"][1]["servers"] = [{"address": f"127.0.0.1:{base}", "dp_ranks": 4, "policy": "jsq", "horizon": 50}]
+        Path(cfg_path).write_text(yaml.safe_dump(doc))
+        cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
+        xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+        state = state_from_config(plain, "b", seed=0)
+        assert state.dp_groups == []
+        sync = LeafXdsSync(state, f"127.0.0.1:{xds_port}", "b", node_id="leaf-svc-b")
+        await sync.start()
+        try:
+            await wait_until(lambda: len(state.servers) == 4 and len(state.dp_groups) == 1, what="EDS ranks and DP groups")
+            bal, members = state.dp_groups[0]
+            assert members == [f"127.0.0.1:{base + r}" for r in range(4)]
+            assert (bal.ranks, bal.policy, bal.horizon) == (4, "jsq", 50)
+            for k in range(8):  # JSQ over the ranks: two each
+                state.pick(0.0, f"r{k}")
+            assert list(bal.assigned) == [2, 2, 2, 2]
+            doc["cells"][1]["servers"][0].update(policy="bf-io", horizon=7)
+            Path(cfg_path).write_text(yaml.safe_dump(doc))
+            cp.reload(load_config(cfg_path))
+            await wait_until(lambda: state.dp_groups[0][0].policy == "bf-io", what="DP policy update")
+            assert state.dp_groups[0][0].horizon == 7 and state.dp_groups[0][0] is not bal
+        finally:
+            await sync.stop()
+            await cp.stop()
+
+
+def test_dp_groups_resource_errors_name_the_field() -> None:
+    msg = resources_pb2.DpGroups(cell="b")
+    msg.groups.add(server="127.0.0.1:8000", ranks=2, policy="fastest", mean_decode_tokens=100)
+    with pytest.raises(dr.ResourceError, match=r"DpGroups b.groups\[0\].policy"):
+        dr.dp_groups_from_pb(msg)
+    msg.groups[0].policy, msg.groups[0].mean_decode_tokens = "bf-io", 0.5
+    with pytest.raises(dr.ResourceError, match=r"groups\[0\].mean_decode_tokens"):
+        dr.dp_groups_from_pb(msg)
+    msg.groups[0].mean_decode_tokens, msg.groups[0].server = 100, "no-port"
+    with pytest.raises(dr.ResourceError, match=r"groups\[0\].server"):
+        dr.dp_groups_from_pb(msg)

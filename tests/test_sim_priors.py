@@ -65,8 +65,9 @@ def test_recent_samples_dominate_so_a_3x_slower_cell_is_refitted_within_a_window
     Without recency weights the same window still straddles both regimes (checked: < 2.5×)."""
     rng = np.random.default_rng(1)
     out = {}
-    for name, cfg in (("recency", EstimatorConfig(window_s=60, dither=0.0)),
-                      ("flat", EstimatorConfig(window_s=60, dither=0.0, half_life_s=math.inf))):
+    # Recency alone: change detection (which would drop the old samples outright) off in both.
+    for name, cfg in (("recency", EstimatorConfig(window_s=60, dither=0.0, change_block=0)),
+                      ("flat", EstimatorConfig(window_s=60, dither=0.0, half_life_s=math.inf, change_block=0))):
         est = LatencyEstimator(TRUE, cfg)
         _feed(est, 0.0, 60.0, 1.0, rng)
         _feed(est, 60.0, 90.0, 3.0, rng)
@@ -208,3 +209,54 @@ def test_a_prior_the_samples_confirm_within_trust_is_kept_as_configured() -> Non
     y = latency(x, *TRUE.as_array())
     assert measured_prior(x, 1.5 * y, TRUE) == TRUE
     assert measured_prior(x, 3.0 * y, TRUE).a == pytest.approx(3.0 * TRUE.a)
+
+
+# -- change detection on the traffic's own samples (a busy cell sends no probes) -------------------------
+
+
+def test_change_detector_declares_a_change_only_from_a_model_that_was_predicting_well() -> None:
+    from dlb.core.change import ChangeDetector
+
+    rng = np.random.default_rng(3)
+    d = ChangeDetector(block=16, tolerance=1.0, after=3)
+    # Request-size noise (ratio CV ~0.8 around 1): hours of it declare nothing.
+    ratios = rng.gamma(1.5, 1 / 1.5, 200_000)
+    assert all(d.add(0.1 * k, float(x)) is None for k, x in enumerate(ratios)) and d.changes == 0
+    # Armed by now; three blocks 3x slow in a row: a change, dated to the first slow sample.
+    t0 = 20_000.0
+    got = [d.add(t0 + 0.1 * k, 3.0 * float(x)) for k, x in enumerate(rng.gamma(1.5, 1 / 1.5, 48))]
+    assert got[:-1] == [None] * 47 and got[-1] == pytest.approx(t0)
+    # A model that misfits from the start (every block off by x3) is never armed: no change declared.
+    chronic = ChangeDetector(block=16, tolerance=1.0, after=3)
+    assert all(chronic.add(0.1 * k, 3.0) is None for k in range(2000)) and chronic.changes == 0
+    with pytest.raises(ValueError, match="block"):
+        ChangeDetector(block=0)
+
+
+def test_a_busy_cell_that_becomes_3x_slower_is_refitted_within_seconds() -> None:
+    """Samples every 0.1 s, 3× slower from t = 60: the estimator drops the old samples ≤ 6 s later and the
+    refit then sees only the slow cell. Without change detection the same refit at that time still
+    blends both regimes (< 2.5×)."""
+    out = {}
+    for name, block in (("detect", 16), ("off", 0)):
+        rng = np.random.default_rng(1)
+        est = LatencyEstimator(TRUE, EstimatorConfig(window_s=60, dither=0.0, change_block=block))
+        _feed(est, 0.0, 60.0, 1.0, rng)
+        est.refit(60.0)
+        assert est.take_change() is None  # the unchanged cell: no change declared
+        _feed(est, 60.0, 66.0, 3.0, rng)
+        t = est.take_change()
+        if name == "detect":
+            assert t is not None and 60.0 <= t <= 61.0
+        else:
+            assert t is None
+        est.refit(66.0)
+        out[name] = float(latency(10.0, *est.params.as_array()) / latency(10.0, *TRUE.as_array()))
+    assert out["detect"] >= 2.5 > out["off"], out
+
+
+def test_slow_3x_with_traffic_is_left_within_30s_in_simulation() -> None:
+    """The run that took 34 s (Flow-Lat, priors scenario 1001, trial 1) before the traffic's samples were
+    checked for a change: the busy local cell sent no probes, so only the 15-s recency moved its model."""
+    r = priors.run_one("slow-3x", "learn", "Flow-Lat", 1001, 1, 180.0)
+    assert r["converge_s"] is not None and r["converge_s"] <= 30.0, r

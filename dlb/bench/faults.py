@@ -1,10 +1,12 @@
 """``dlb bench faults``: what each failure of a part costs the clients, measured through real Envoys.
 
 For every (fault, leaf mode) pair a fresh data plane is started on 127.0.0.1 (:mod:`dlb.testbed.stack`:
-emulated servers, leaf agents + leaf Envoys, root service + root Envoy; cell ``a`` is the root's own
-cell and the one that fails, cell ``b`` is 20 ms away), Poisson traffic at ``rate`` req/s goes to the
-root Envoy for the whole run, the fault is injected at ``fault_at_s`` and undone ``outage_s`` later
-(20 s for the frozen leaf agent, :data:`OUTAGE_S`).
+emulated servers, leaf agents + leaf Envoys, root service + root Envoy; by default cells ``a``/``b``/``c``
+with 3/2/2 servers, ``a`` the root's own cell and the one that fails, ``b`` 20 ms and ``c`` 40 ms away;
+for the control-plane fault also a control plane, which the leaf agents and the root follow over xDS).
+Poisson traffic at ``rate`` req/s (default 40) goes to the root Envoy for the whole run — a mix of chat
+completions, short streamed chats and ~3.5-s streams (:data:`MIX`) — the fault is injected at
+``fault_at_s`` and undone ``outage_s`` later (20 s for the frozen leaf agent, :data:`OUTAGE_S`).
 Every request is recorded (send time, end time, status, the server that answered, from the
 emulator's ``x-dlb-server`` header), and each run is summarised as::
 
@@ -12,8 +14,9 @@ emulator's ``x-dlb-server`` header), and each run is summarised as::
      new_fail_window_s, detect_s, recover_s, pre_share, verdict}
 
 - ``inflight_at_fault``: sent before the fault, finished after it (any cell);
-- ``cut_streams``: requests whose connection closed before a complete response (status 0);
-  ``refused``: requests that could not connect at all (status -1: the root Envoy was down);
+- ``cut_streams``: requests whose connection closed before a complete response, or streams that
+  ended without ``data: [DONE]`` (status 0); ``refused``: requests that could not connect at all
+  (status -1: the root Envoy was down);
 - ``failed_new`` / ``new_fail_window_s``: failed requests *sent after* the fault, and how long after
   the fault the last of them was sent — the "at most 1 s of new requests" target;
 - ``detect_s``: from the fault to the last failed request sent during the outage (0 if none failed):
@@ -21,12 +24,11 @@ emulator's ``x-dlb-server`` header), and each run is summarised as::
 - ``recover_s``: from the restore until a 1-s window of requests first gives cell ``a`` at least
   80 % of its pre-fault share (``pre_share``); ``null`` if that never happens in the run.
 
-Verdict rules, written before the first run (issue 13): root service, leaf agent (kill or SIGSTOP):
-``failed == 0``; one server or a whole cell: ``new_fail_window_s <= 1`` (failures only among requests
-in flight at the fault plus at most 1 s of new ones); every fault: ``recover_s`` not null and
-``<= 10``. Leaf Envoy and root Envoy faults are recorded without a failure target (requests on a
-killed proxy are lost; a killed root Envoy is the client's own connection). The control-plane fault
-is not in this matrix: the data-plane stack here runs without a control plane.
+Verdict rules, written before the first run (issue 13): root service, control plane, leaf agent (kill
+or SIGSTOP): ``failed == 0``; one server or a whole cell: ``new_fail_window_s <= 1`` (failures only
+among requests in flight at the fault plus at most 1 s of new ones); every fault: ``recover_s`` not
+null and ``<= 10``. Leaf Envoy and root Envoy faults are recorded without a failure target (requests
+on a killed proxy are lost; a killed root Envoy is the client's own connection).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,9 +49,10 @@ from dlb.provenance import git_commit
 
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
-FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "root_envoy")
+FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "control_plane",
+          "root_envoy")
 MODES = ("ext_proc", "least_request")
-NO_FAILURE_TARGET = {"root_service", "leaf_agent_kill", "leaf_agent_freeze"}
+NO_FAILURE_TARGET = {"root_service", "control_plane", "leaf_agent_kill", "leaf_agent_freeze"}
 #: Outages longer than ``--outage-s`` where the issue asks for one: a leaf agent frozen for 20 s.
 OUTAGE_S = {"leaf_agent_freeze": 20.0}
 WINDOW_TARGET = {"server", "cell"}
@@ -63,55 +66,93 @@ REFUSED = -1
 class Sample:
     sent: float
     done: float
-    status: int  # 0: connection closed before a full response; REFUSED: could not connect
-    server: str  # x-dlb-server of a 200; the error code of a JSON error reply; else ""
+    status: int  # 0: connection closed before a full response, or a stream without [DONE]; REFUSED: could not connect
+    server: str  # x-dlb-server of a 200; the error code of a JSON error reply; for status 0 why; else ""
+    kind: str = "chat"  # which request of the mix (:func:`request_mix`)
 
 
 class _TraceConn(asyncio.Protocol):
-    """HTTP/1.1 client connection: status, ``x-dlb-server`` and content-length framing only."""
+    """HTTP/1.1 client connection: status, ``x-dlb-server``, content-length and chunked framing.
+
+    A streamed (chunked) answer counts as complete only if it ended with its terminal chunk *and*
+    carried ``data: [DONE]``: a server that dies mid-stream either leaves the chunked body unterminated
+    (Envoy resets the client) or — an emulator stopping — ends it early without ``[DONE]``. Both are
+    cut streams (status 0, ``server`` says which); a connection lost before any header is status 0, "".
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.pending: list[asyncio.Future[tuple[int, str]]] = []
         self.closed = False
+        self._head: tuple[int, str, int] | None = None  # (status, server, content-length or -1 = chunked)
+        self._tail = b""  # last bytes of a chunked body (for data: [DONE])
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
+    def _finish(self, status: int, server: str) -> None:
+        self._head, self._tail = None, b""
+        if self.pending:
+            fut = self.pending.pop(0)
+            if not fut.done():
+                fut.set_result((status, server))
+
     def data_received(self, data: bytes) -> None:
         self.buf += data
         while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
+            if self._head is None:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = bytes(self.buf[:end]).lower()
+                length, server = 0, ""
+                for line in head.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k == b"content-length":
+                        length = int(v)
+                    elif k == b"transfer-encoding" and b"chunked" in v:
+                        length = -1
+                    elif k == b"x-dlb-server":
+                        server = v.strip().decode()
+                self._head = (int(head[9:12]), server, length)
+                del self.buf[:end + 4]
+            status, server, length = self._head
+            if length >= 0:
+                if len(self.buf) < length:
+                    return
+                if status != 200:  # keep the error's code (DLB's and Envoy's replies are JSON errors)
+                    body = bytes(self.buf[:length])
+                    at = body.find(b'"code":')
+                    server = body[at + 7:].split(b",")[0].strip(b' "}').decode(errors="replace")[:80] if at >= 0 else ""
+                del self.buf[:length]
+                self._finish(status, server)
+                continue
+            if not self._chunks():
                 return
-            head = bytes(self.buf[:end]).lower()
-            length = 0
-            server = ""
-            for line in head.split(b"\r\n")[1:]:
-                k, _, v = line.partition(b":")
-                if k == b"content-length":
-                    length = int(v)
-                elif k == b"x-dlb-server":
-                    server = v.strip().decode()
-            if len(self.buf) < end + 4 + length:
-                return
-            status = int(head[9:12])
-            if status != 200:  # keep the error's code (DLB's and Envoy's replies are JSON errors)
-                body = bytes(self.buf[end + 4:end + 4 + length])
-                at = body.find(b'"code":')
-                server = body[at + 7:].split(b",")[0].strip(b' "}').decode(errors="replace")[:80] if at >= 0 else ""
-            del self.buf[:end + 4 + length]
-            if self.pending:
-                fut = self.pending.pop(0)
-                if not fut.done():
-                    fut.set_result((status, server))
+            done = b"data: [DONE]" in self._tail
+            self._finish(status if done or status != 200 else 0, server if done or status != 200 else "no [DONE]")
+
+    def _chunks(self) -> bool:
+        """Consume whole chunks from ``buf``; True once the terminal chunk (and its CRLF) is in."""
+        while True:
+            eol = self.buf.find(b"\r\n")
+            if eol < 0:
+                return False
+            size = int(bytes(self.buf[:eol]).split(b";")[0], 16)
+            if len(self.buf) < eol + 2 + size + 2:
+                return False
+            self._tail = (self._tail + bytes(self.buf[eol + 2:eol + 2 + size]))[-64:]
+            del self.buf[:eol + 2 + size + 2]
+            if size == 0:
+                return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        for fut in self.pending:
+        cut = "" if self._head is None else f"cut after {self._head[0]}"  # only the first had its headers
+        for k, fut in enumerate(self.pending):
             if not fut.done():
-                fut.set_result((0, ""))
+                fut.set_result((0, "" if k else cut))
         self.pending.clear()
 
     def send(self, data: bytes) -> asyncio.Future[tuple[int, str]]:
@@ -122,16 +163,19 @@ class _TraceConn(asyncio.Protocol):
         return fut
 
 
-async def traced_open_loop(host: str, port: int, request: bytes, rate: float, duration_s: float, seed: int,
-                           events: list[tuple[float, Callable[[], Any]]], origin: float) -> list[Sample]:
-    """Poisson arrivals for ``duration_s``; ``events`` (time after ``origin``, blocking action) run in a thread."""
+async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float, str, bytes]], rate: float,
+                           duration_s: float, seed: int, events: list[tuple[float, Callable[[], Any]]],
+                           origin: float) -> list[Sample]:
+    """Poisson arrivals for ``duration_s``, each a request of the mix ``(weight, kind, bytes)`` drawn at
+    random; ``events`` (time after ``origin``, blocking action) run in a thread."""
     rng = random.Random(seed)
+    weights = [w for w, _, _ in requests]
     loop = asyncio.get_running_loop()
     samples: list[Sample] = []
     idle: list[_TraceConn] = []
     tasks: set[asyncio.Task[None]] = set()
 
-    async def one(scheduled: float) -> None:
+    async def one(scheduled: float, kind: str, request: bytes) -> None:
         conn = None
         while idle:
             c = idle.pop()
@@ -143,7 +187,7 @@ async def traced_open_loop(host: str, port: int, request: bytes, rate: float, du
                 try:
                     _, conn = await loop.create_connection(_TraceConn, host, port)
                 except OSError:  # nobody listening (the root Envoy is down): refused, not cut
-                    samples.append(Sample(scheduled - origin, time.monotonic() - origin, REFUSED, ""))
+                    samples.append(Sample(scheduled - origin, time.monotonic() - origin, REFUSED, "", kind))
                     return
             status, server = await asyncio.wait_for(conn.send(request), 60)
         except (TimeoutError, OSError):
@@ -151,7 +195,7 @@ async def traced_open_loop(host: str, port: int, request: bytes, rate: float, du
             if conn is not None and conn.transport is not None:
                 conn.transport.close()
             conn = None
-        samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server))
+        samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server, kind))
         if conn is not None and not conn.closed:
             idle.append(conn)
 
@@ -169,7 +213,8 @@ async def traced_open_loop(host: str, port: int, request: bytes, rate: float, du
         delay = t - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = loop.create_task(one(t))
+        _, kind, request = rng.choices(requests, weights)[0]
+        task = loop.create_task(one(t, kind, request))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         t += rng.expovariate(rate)
@@ -194,8 +239,6 @@ def _restart_emulator(emu: Any) -> None:
 
 def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable[[], None]]:
     """(inject, restore) for ``fault`` on cell ``a`` of ``plane``."""
-    from dlb.testbed.process import ServiceProcess
-
     emus = plane.emulators["a"]
     ports: dict[int, int] = {}
 
@@ -225,13 +268,9 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
     if fault == "leaf_envoy":
         return (lambda: plane.leaf_envoys["a"].proc.kill()), (lambda: plane.leaf_envoys["a"].start() and None)
     if fault == "root_service":
-        def restart_root() -> None:
-            old = plane.root
-            old.stop()
-            new = ServiceProcess("root", *old.args)
-            plane._stack.enter_context(new)
-            plane.root = new
-        return (lambda: plane.root.proc.kill()), restart_root
+        return (lambda: plane.root.proc.kill()), (lambda: plane.restart_root() and None)
+    if fault == "control_plane":
+        return (lambda: plane.control_plane.proc.kill()), (lambda: plane.restart_control_plane() and None)
     if fault == "root_envoy":
         return (lambda: plane.root_envoy.proc.kill()), (lambda: plane.root_envoy.start() and None)
     raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
@@ -296,34 +335,90 @@ def verdict(row: dict[str, Any]) -> str:
     return "pass" if not why else "fail: " + "; ".join(why)
 
 
-def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, outage_s: float = 5.0,
-            after_s: float = 12.0, max_tokens: int = 16, seed: int = 1) -> dict[str, Any]:
-    """Start a data plane, run traffic with ``fault`` injected at ``fault_at_s`` for ``outage_s``; summarise."""
+#: Cells of the data plane: ``a`` (the root's cell, the one that fails), ``b`` 20 ms away, ``c`` 40 ms.
+CELLS = (3, 2, 2)
+ONE_WAY_MS = (0.0, 20.0, 40.0)
+#: The request mix (weight, kind): chat completions, short streamed chats and long streams.
+MIX = ((0.6, "chat"), (0.3, "stream"), (0.1, "long"))
+LONG_STREAM_S = 3.5
+#: The emulated servers: Llama-3.1-8B on an H100 (knee far above the bench's ~5 sequences per server),
+#: ``time_scale`` times slower so a 3.5-s stream is ~150 tokens. With fast-test (knee at 4 sequences)
+#: the 4 servers left when cell a fails could not carry 40 req/s with 10 % long streams: batches past
+#: the knee slowed every step, streams lasted longer, queues filled and servers answered 429 — the
+#: bench measured its own overload, not the fault (first full run, kept in the closing note).
+PROFILE = "llama-8b-h100"
+
+
+def long_stream_tokens(time_scale: float, batch: int = 5) -> int:
+    """Tokens that make a ~3.5-s stream on the emulated servers (:data:`PROFILE` at ``time_scale``)."""
+    from dlb.emulator.profile import BUILTIN_PROFILES
+
+    return max(1, round(LONG_STREAM_S / (time_scale * BUILTIN_PROFILES[PROFILE].step_time(batch))))
+
+
+def request_mix(host: str, port: int, max_tokens: int, long_tokens: int) -> list[tuple[float, str, bytes]]:
     from dlb.bench.loadgen import build_request
+
+    def chat(tokens: int, stream: bool) -> bytes:
+        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
+        if stream:
+            body["stream"] = True
+        return build_request(host, port, "/v1/chat/completions", json.dumps(body).encode())
+
+    bodies = {"chat": chat(max_tokens, False), "stream": chat(max_tokens, True), "long": chat(long_tokens, True)}
+    return [(w, kind, bodies[kind]) for w, kind in MIX]
+
+
+def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, outage_s: float = 5.0,
+            after_s: float = 12.0, max_tokens: int = 8, seed: int = 1, cells: Sequence[int] = CELLS,
+            time_scale: float = 4.0) -> dict[str, Any]:
+    """Start a data plane, run traffic with ``fault`` injected at ``fault_at_s`` for ``outage_s``; summarise.
+
+    ``cells``: servers per cell (``a``, ``b``, ``c``, … at :data:`ONE_WAY_MS` from ``a``). The emulated
+    servers run ``time_scale`` times slower than :data:`PROFILE`, so a 3.5-s stream is ~150 tokens
+    rather than ~600 (this shared box's CPU, not the servers, would otherwise be what is measured).
+    The control-plane fault runs on a stack with a control plane (leaf agents and root under ``--xds``).
+    """
     from dlb.testbed.stack import CellSpec, metric_value, start_data_plane
 
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+    # RIF cost, not latency: with 3.5-s streams in the mix a latency-cost root herds (a cell that served
+    # long streams looks slow, all traffic goes elsewhere, and back): the pre-fault share of cell a varied
+    # from 0 to 0.86 between rows, so "back within 20 % of it" measured the herding, not the fault.
     endpoint = {"name": "chat", "match": {"prefix": "/v1/"},
-                "policy": {"mechanism": "discrete", "cost": "latency",
+                "policy": {"mechanism": "discrete", "cost": "rif",
                            "aversion": {"enabled": True, "margin": 0.02, "gain": 2.0, "decay": 0.5, "max": 0.9, "period_ms": 500}},
                 "latency_prior": {"a_s": 0.2, "b_s": 0.02, "c": 8, "s": 2}}
+    names = [chr(ord("a") + i) for i in range(len(cells))]
+    specs = [CellSpec(n, servers=k, emulator={"profile": PROFILE, "time_scale": time_scale})
+             for n, k in zip(names, cells, strict=True)]
+    one_way = {"a": {n: ONE_WAY_MS[i] if i < len(ONE_WAY_MS) else 20.0 * i for i, n in enumerate(names) if i > 0}}
     # DLB's default probe settings (stale after 1 s; the test stack's 600 ms measured this shared box's
     # CPU starvation — a root's probe loop running late — as "no usable cell" replies).
-    plane = start_data_plane([CellSpec("a", servers=2), CellSpec("b", servers=2)], "a", endpoint,
-                             one_way_ms={"a": {"b": 20}}, leaf_ext_proc=(mode == "ext_proc"),
-                             probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500})
+    for attempt in range(3):
+        try:
+            plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
+                                     probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
+                                     control_plane=(fault == "control_plane"))
+            break
+        except (RuntimeError, TimeoutError, OSError):
+            # A free port taken by another process between our pick and the child's bind (a shared box:
+            # seen once in a full run, a leaf's metrics port). A fresh plane gets fresh ports.
+            if attempt == 2:
+                raise
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             m = plane.root_metrics()
-            if all(metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c) == 1.0 for c in ("a", "b")):
+            if all(metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c) == 1.0 for c in names):
                 break
             time.sleep(0.1)
         host, port = plane.root_url
-        body = json.dumps({"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}).encode()
-        req = build_request(host, port, "/v1/chat/completions", body)
+        mix = request_mix(host, port, max_tokens, long_stream_tokens(time_scale))
         inject, restore = _fault_actions(plane, fault)
         origin = time.monotonic() + 0.2
-        samples = asyncio.run(traced_open_loop(host, port, req, rate, fault_at_s + outage_s + after_s, seed,
+        samples = asyncio.run(traced_open_loop(host, port, mix, rate, fault_at_s + outage_s + after_s, seed,
                                                [(fault_at_s, inject), (fault_at_s + outage_s, restore)], origin))
         return summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s)
     finally:
@@ -336,8 +431,8 @@ def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("fault", "mode", "sent", "ok", "failed", "inflight_at_fault", "cut_streams", "failed_new", "new_fail_window_s",
-            "detect_s", "recover_s", "verdict")
+    cols = ("fault", "mode", "outage_s", "sent", "ok", "failed", "inflight_at_fault", "cut_streams", "refused", "failed_new",
+            "new_fail_window_s", "detect_s", "recover_s", "verdict")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
@@ -352,12 +447,14 @@ def run(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
+    cells = _cells(args.cells)
     commit = git_commit()  # the code that runs (a commit made while the matrix runs must not be recorded)
     rows = []
     for f in faults:
         for m in modes:
             outage = max(args.outage_s, OUTAGE_S.get(f, 0.0))
-            row = run_one(f, m, args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens, seed=args.seed)
+            row = run_one(f, m, args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens, seed=args.seed,
+                          cells=cells, time_scale=args.time_scale)
             row["outage_s"] = outage
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -365,10 +462,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"commit": commit, "created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
                "fault_at_s": args.fault_at_s,
-               "outage_s": args.outage_s, "after_s": args.after_s, "cells": {"a": 2, "b": 2}, "rows": rows}
+               "outage_s": args.outage_s, "after_s": args.after_s, "time_scale": args.time_scale, "profile": PROFILE,
+               "long_stream_tokens": long_stream_tokens(args.time_scale), "mix": {k: w for w, k in MIX},
+               "cells": {chr(ord("a") + i): k for i, k in enumerate(cells)}, "rows": rows}
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0 if all(r["verdict"] == "pass" for r in rows) else 1
+
+
+def _cells(text: str) -> list[int]:
+    try:
+        cells = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--cells: comma-separated server counts, got {text!r}") from None
+    if len(cells) < 2 or min(cells) < 1:
+        raise SystemExit(f"--cells: at least two cells of at least one server each, got {text!r}")
+    return cells
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -376,10 +485,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the rows (with the git commit) to this file")
     p.add_argument("--faults", default=None, help=f"comma-separated subset of {','.join(FAULTS)}")
     p.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--rate", type=float, default=20.0, help="Poisson arrivals per second")
-    p.add_argument("--fault-at-s", type=float, default=6.0)
-    p.add_argument("--outage-s", type=float, default=5.0)
-    p.add_argument("--after-s", type=float, default=12.0, help="traffic after the restore (recovery is measured here)")
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens per completion (the emulated servers share this process)")
+    p.add_argument("--rate", type=float, default=40.0, help="Poisson arrivals per second")
+    p.add_argument("--cells", default=",".join(map(str, CELLS)), help="servers per cell a,b,c,… (a is the root's cell and fails)")
+    p.add_argument("--time-scale", type=float, default=4.0, help=f"the emulated servers run this much slower than {PROFILE}")
+    p.add_argument("--fault-at-s", type=float, default=8.0)
+    p.add_argument("--outage-s", type=float, default=10.0)
+    p.add_argument("--after-s", type=float, default=15.0, help="traffic after the restore (recovery is measured here)")
+    p.add_argument("--max-tokens", type=int, default=8, help="tokens per chat and short stream (long streams: ~3.5 s)")
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(func=run)

@@ -134,6 +134,12 @@ def _scan(text: str, source: str) -> Problem | None:
     return None
 
 
+STR_TAG = "tag:yaml.org,2002:str"
+#: A YAML 1.2 (and JSON) float with an exponent, which YAML 1.1 reads as a string unless it has both a
+#: dot and a signed exponent.
+_YAML12_FLOAT = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+\Z")
+
+
 def _compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]]:
     problems: list[Problem] = []
     marks: dict[str, int] = {}
@@ -154,6 +160,12 @@ def _compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]
     budget = [MAX_VALUES]
 
     def scalar(node: yaml.Node, path: str, line: int | None = None) -> Any:
+        if (node.tag == STR_TAG and not node.style and _YAML12_FLOAT.match(node.value)  # (plain: None, or "" from libyaml)
+                and not text.startswith("!", node.start_mark.index)):  # (not an explicit !!str)
+            # PyYAML resolves YAML 1.1, where a float needs a dot ('4e-05' is a string); JSON and
+            # YAML 1.2 write exponents without one (json.dumps(0.00004) == '4e-05'): a plain scalar
+            # of that shape is a number, a quoted one stays a string.
+            return float(node.value)
         try:
             return constructor.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:  # ValueError: an int of > 4,300 digits

@@ -9,6 +9,7 @@ The control plane serves, next to Envoy's types:
 | ``dlb.v1.CellLatencyModel`` | cell name | root services (fallback model), leaves (fleet prior) |
 | ``dlb.v1.CellAversion`` | cell name | root services |
 | ``dlb.v1.FlowWeights`` | ``<endpoint>/<source cell>`` | root services (the weights Envoy got) |
+| ``dlb.v1.DpGroups`` | cell name | leaves (data-parallel servers: ranks, rank policy, horizon) |
 
 Decoding validates: a resource that would put a service in a bad state raises
 :class:`ResourceError`, which the xDS client turns into a NACK, so the service keeps its last good
@@ -17,12 +18,13 @@ state and the operator sees the reason in the control plane's status.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
 from google.protobuf.message import Message
 
-from dlb.config.model import AffinityParams, AversionParams, Config, Endpoint, FlowParams, Policy, ProbeParams
+from dlb.config.model import DP_POLICIES, AffinityParams, AversionParams, Config, DpGroup, Endpoint, FlowParams, Policy, ProbeParams
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
@@ -37,6 +39,7 @@ TOPOLOGY = types.type_url_of("dlb.v1.Topology")
 CELL_LATENCY_MODEL = types.type_url_of("dlb.v1.CellLatencyModel")
 CELL_AVERSION = types.type_url_of("dlb.v1.CellAversion")
 FLOW_WEIGHTS = types.type_url_of("dlb.v1.FlowWeights")
+DP_GROUPS = types.type_url_of("dlb.v1.DpGroups")
 TOPOLOGY_NAME = "topology"
 
 _MECH = {Mechanism.DISCRETE: pb.RoutingPolicy.DISCRETE, Mechanism.FLOW: pb.RoutingPolicy.FLOW}
@@ -96,6 +99,41 @@ def cell_aversion(cell: str, error_rate: float, aversion_rate: float) -> pb.Cell
 
 def flow_weights(endpoint: str, source: str, names: tuple[str, ...], x: np.ndarray) -> pb.FlowWeights:
     return pb.FlowWeights(endpoint=endpoint, source_cell=source, weights={n: float(v) for n, v in zip(names, x, strict=True) if v > 0})
+
+
+def dp_groups(config: Config, cell: str) -> pb.DpGroups:
+    """The cell's data-parallel servers as its leaf applies them (every cell gets one, maybe empty:
+    an empty list withdraws groups a previous config had)."""
+    msg = pb.DpGroups(cell=cell)
+    for s in config.cell(cell).servers:
+        if s.dp is not None:
+            msg.groups.add(server=str(s.address), ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
+                           mean_decode_tokens=s.dp.mean_decode_tokens, max_num_seqs=s.dp.max_num_seqs)
+    return msg
+
+
+def dp_groups_from_pb(msg: pb.DpGroups) -> list[tuple[str, int, DpGroup]]:
+    """``(host, port of rank 0, group)`` per group; a field out of its domain raises :class:`ResourceError` naming it."""
+    out = []
+    seen: set[tuple[str, int]] = set()
+    for i, g in enumerate(msg.groups):
+        what = f"DpGroups {msg.cell}.groups[{i}]"
+        host, _, port_s = g.server.rpartition(":")
+        if not host or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
+            raise ResourceError(f"{what}.server: expected host:port, got {g.server!r}")
+        if g.ranks < 1 or int(port_s) + g.ranks - 1 > 65535:
+            raise ResourceError(f"{what}.ranks: must be >= 1 with every rank port <= 65535, got {g.ranks}")
+        if g.policy not in DP_POLICIES:
+            raise ResourceError(f"{what}.policy: must be one of {', '.join(DP_POLICIES)}, got {g.policy!r}")
+        if not math.isfinite(g.mean_decode_tokens) or g.mean_decode_tokens < 1.0:
+            raise ResourceError(f"{what}.mean_decode_tokens: must be a finite number >= 1, got {g.mean_decode_tokens}")
+        key = (host.strip("[]"), int(port_s))
+        if key in seen:
+            raise ResourceError(f"{what}.server: {g.server} is listed twice")
+        seen.add(key)
+        out.append((key[0], key[1], DpGroup(ranks=g.ranks, policy=g.policy, horizon=g.horizon,
+                                            mean_decode_tokens=g.mean_decode_tokens, max_num_seqs=g.max_num_seqs)))
+    return out
 
 
 def flow_weights_name(endpoint: str, source: str) -> str:

@@ -29,6 +29,7 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watch-config", action="store_true",
                    help="reload when the config file changes, as on SIGHUP (follows a Kubernetes ConfigMap's symlink swap)")
     p.add_argument("--watch-period-s", type=float, default=1.0, help="how often --watch-config checks the file")
+    p.add_argument("--ready-file", default=None, help="write {xds, status} ports here (JSON) once serving (testbeds)")
     p.set_defaults(func=run_serve)
 
 
@@ -61,7 +62,11 @@ async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.control_plane.service import ControlPlane
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb, serve_cells=args.serve_cells)
-    await cp.start(args.xds, args.status)
+    xds_port, status_port = await cp.start(args.xds, args.status)
+    if args.ready_file:
+        from dlb.ext_proc.runner import write_ready
+
+        write_ready(args.ready_file, {"xds": xds_port, "status": status_port})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -12,7 +12,10 @@ applies for a source is the split an in-process root in that cell would apply. `
 leaves' ``completed`` counters) is only reported on ``/status``.
 
 Also here: the fleet view the control plane publishes as DLB resources — each cell's latest model
-and confidence, and aversion rates from :func:`update_aversion`.
+and confidence, and aversion rates from :func:`update_aversion`. Aversion (the fleet's and every
+router's) sees a cell's error EMA only while the leaf's error counter keeps rising
+(:class:`RecentErrors`, as in a root service): fed the bare EMA it kept a recovered cell avoided for
+~10 s after its errors stopped (issue 13).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.core.aversion import AversionConfig, update_aversion
+from dlb.core.aversion import AversionConfig, RecentErrors, update_aversion
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
@@ -65,6 +68,7 @@ class FlowController:
     _last_step: float = field(init=False, default=math.nan)
     _last_aversion: float = field(init=False, default=-math.inf)
     _completed_prev: dict[int, tuple[float, float]] = field(init=False, default_factory=dict)
+    _recent_errors: RecentErrors = field(init=False)
 
     def __post_init__(self) -> None:
         for ep in self.endpoints:
@@ -78,10 +82,14 @@ class FlowController:
         }
         self.cells = [CellState() for _ in range(self.topology.n)]
         self.aversion = np.zeros(self.topology.n)
+        periods = [self.aversion_config.period_s] + [ep.policy.aversion.period_s for ep in self.endpoints]
+        self._recent_errors = RecentErrors(self.topology.n, 2.0 * max(periods))
 
     # -- probe results in ---------------------------------------------------------------------------
     def on_probe(self, cell: int, now: float, rif: float, replicas: float | None, model: LatencyParams | None,
-                 confidence: float, samples: int, error_rate: float, completed: float) -> None:
+                 confidence: float, samples: int, error_rate: float, completed: float, errors: int = 0) -> None:
+        """One probe answer; ``errors`` is the leaf's monotone error counter, ``error_rate`` its EMA."""
+        error_rate = self._recent_errors.observe(cell, errors, error_rate, now)
         st = self.cells[cell]
         st.rif, st.model, st.confidence, st.samples, st.error_rate = rif, model, confidence, samples, error_rate
         st.replicas = replicas or float(self.topology.replicas[cell])

@@ -175,6 +175,7 @@ class ControlPlane:
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *rs.endpoints)]
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
+            leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
         return _Static(root, leaf, root_sets)
 
     async def refresh_dns(self) -> bool:
@@ -282,7 +283,7 @@ class ControlPlane:
             model = self._remember_model(target.name, resp)
         self.flow.on_probe(target.index, now, resp.rif, float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None, model,
                            resp.model.confidence if resp.HasField("model") else 0.0, resp.model.samples,
-                           resp.error_rate, float(resp.completed))
+                           resp.error_rate, float(resp.completed), resp.errors)
 
     def _remember_model(self, cell: str, resp: probe_pb2.ProbeResponse) -> LatencyParams | None:
         try:

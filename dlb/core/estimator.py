@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlb.core.change import ChangeDetector
 from dlb.core.fit import (
     MIN_PRIOR_SAMPLES,
     FitResult,
@@ -68,6 +69,12 @@ class EstimatorConfig:
     measure_prior: bool = True
     #: Relative amplitude of the dithering noise on the published time scale (0 disables it).
     dither: float = 0.05
+    #: Change detection on every kept sample (:mod:`dlb.core.change`): blocks of this many samples
+    #: (0 disables it), a block surprising when its mean measured ÷ predicted latency is off by more
+    #: than ``change_tolerance``, ``change_after`` same-sign blocks in a row = the cell changed.
+    change_block: int = 16
+    change_tolerance: float = 1.0
+    change_after: int = 3
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.refit_period_s <= 0 or self.max_samples < 1:
@@ -78,12 +85,14 @@ class EstimatorConfig:
             raise ValueError(f"estimator half_life_s must be > 0 (inf disables the decay): {self.half_life_s}")
         if not 0 <= self.dither < 1:
             raise ValueError(f"estimator dither must be in [0, 1): {self.dither}")
+        if self.change_block < 0 or self.change_after < 1 or not self.change_tolerance > 0:
+            raise ValueError(f"estimator change_block must be >= 0, change_after >= 1, change_tolerance > 0: {self}")
 
     @classmethod
     def static(cls, window_s: float = 60.0, refit_period_s: float = 5.0, max_samples: int = 2000) -> EstimatorConfig:
         """The estimator before issue 12: config prior, no recency weights, no dithering (for comparisons)."""
         return cls(window_s=window_s, refit_period_s=refit_period_s, max_samples=max_samples,
-                   half_life_s=math.inf, measure_prior=False, dither=0.0)
+                   half_life_s=math.inf, measure_prior=False, dither=0.0, change_block=0)
 
 
 class LatencyEstimator:
@@ -108,9 +117,19 @@ class LatencyEstimator:
         self.params: LatencyParams = prior
         self.confidence: float = 0.0
         self.last_result: FitResult | None = None
+        cfg = self.config
+        self.detector = (ChangeDetector(cfg.change_block, cfg.change_tolerance, cfg.change_after)
+                         if cfg.change_block > 0 else None)
+        #: Start of a change the detector declared and the caller has not refitted for yet.
+        self.changed_since: float | None = None
 
     def record(self, now: float, rif_at_arrival: float, latency_s: float) -> None:
-        """One completed request: the cell's RIF when it arrived and its serving latency."""
+        """One completed request: the cell's RIF when it arrived and its serving latency.
+
+        With change detection on, a kept sample is also compared with the published model; when the
+        detector declares a change, the samples before it are dropped at once and
+        :attr:`changed_since` tells the caller to refit now (:meth:`take_change`).
+        """
         if self._stride > 1:
             self._skip += 1
             if self._skip < self._stride:
@@ -119,6 +138,21 @@ class LatencyEstimator:
         self._t.append(now)
         self._rif.append(rif_at_arrival)
         self._lat.append(latency_s)
+        det = self.detector
+        if det is not None:
+            p = self.params
+            z = (rif_at_arrival - p.c) / p.s
+            predicted = p.a + p.b * p.s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))  # latency(), scalar
+            t_change = det.add(now, latency_s / predicted) if predicted > 0 else None
+            if t_change is not None:
+                self.forget_before(t_change)
+                det.reset()
+                self.changed_since = t_change
+
+    def take_change(self) -> float | None:
+        """The start of a change declared from the samples since the last call (the caller refits now), once."""
+        t, self.changed_since = self.changed_since, None
+        return t
 
     def __len__(self) -> int:
         return len(self._t)

@@ -81,15 +81,20 @@ def fit_latency_model(
     # Data residuals are not scaled by n (the robust loss must see them at their natural size); the
     # shrinkage residuals have a fixed weight, so their share of the objective fades like 1/n.
     w_prior = prior_weight
-    log_p0 = np.log(np.maximum(p0, 1e-12))
+    log_p0_abs = np.log(np.maximum(p0, 1e-12))[[0, 1, 3]]
+    abs_idx = [0, 1, 3]
+    logaddexp = np.logaddexp
 
     def residuals(z: np.ndarray) -> np.ndarray:
+        # Called ~50 times per fit (numerical Jacobian); :func:`latency` is inlined with the same
+        # operations in the same order (bit-identical results, fewer Python calls).
         p = z * scale
         p[2] = z[2] * p[0] / p[1]
-        r = sqrt_w * (latency(x, p[0], p[1], p[2], p[3]) - y) / y_scale
+        a, b, c, s = p
+        r = sqrt_w * (a + b * s * logaddexp(0.0, (x - c) / s) - y) / y_scale
         # Shrinkage on log-parameters (c may be 0, so it is shrunk additively relative to x_max).
-        shrink_log = np.log(np.maximum(p[[0, 1, 3]], 1e-12)) - log_p0[[0, 1, 3]]
-        shrink_c = (p[2] - p0[2]) / x_max
+        shrink_log = np.log(np.maximum(p[abs_idx], 1e-12)) - log_p0_abs
+        shrink_c = (c - p0[2]) / x_max
         return np.concatenate([r, w_prior * shrink_log, [w_prior * shrink_c]])
 
     try:

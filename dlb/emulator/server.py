@@ -192,7 +192,7 @@ class EmulatorServer:
             if live.stream is not None:
                 live.stream.put_nowait(None)
             elif not live.done.done():
-                live.done.set_exception(ApiError(503, "server is shutting down", type_="server_error"))
+                live.done.set_exception(ApiError(503, "server is shutting down", type_="server_error", code="server_shutting_down"))
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -224,7 +224,7 @@ class EmulatorServer:
             if live.stream is not None:
                 live.stream.put_nowait(None)
             elif not live.done.done():
-                live.done.set_exception(ApiError(500, "emulator engine failed", type_="server_error"))
+                live.done.set_exception(ApiError(500, "emulator engine failed", type_="server_error", code="engine_failed"))
 
     async def _engine_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -349,7 +349,7 @@ class EmulatorServer:
     def _enqueue(self, parsed: ParsedRequest) -> _Live:
         """Size the request (output length, cached prefix) and queue it; ApiError if it cannot run."""
         if self._engine_task is None or self._engine_task.done():
-            raise ApiError(503, "emulator engine is not running", type_="server_error")
+            raise ApiError(503, "emulator engine is not running", type_="server_error", code="engine_not_running")
         n_out, finish_reason = self.sampler.output_tokens(parsed, self.config.max_model_len)
         blocks: tuple[bytes, ...] = ()
         cached = 0

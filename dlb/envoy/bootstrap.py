@@ -205,11 +205,18 @@ def local_replies() -> dict[str, Any]:
     rewritten, so the root ext_proc's own JSON replies (ImmediateResponse, no such flag) and every
     upstream server's error pass through untouched. ``code`` is Envoy's response-code details
     (``no_healthy_upstream``, ``upstream_reset_before_response_started{...}``), which logs also show.
+    A path no route matches (``NR``) is the client's mistake, not an outage: a 404
+    ``invalid_request_error`` that says so (Envoy's own body for it is empty), without ``retry-after``.
     """
     body = {"json_format": {"error": {"message": "dlb: %LOCAL_REPLY_BODY%", "type": "service_unavailable",
                                       "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
+    no_route = {"json_format": {"error": {"message": "dlb: no endpoint serves this path", "type": "invalid_request_error",
+                                          "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
     return {"mappers": [{
-        "filter": {"response_flag_filter": {"flags": LOCAL_FAILURE_FLAGS}},
+        "filter": {"response_flag_filter": {"flags": ["NR"]}},
+        "body_format_override": no_route,
+    }, {
+        "filter": {"response_flag_filter": {"flags": [f for f in LOCAL_FAILURE_FLAGS if f != "NR"]}},
         "headers_to_add": [{"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
         "body_format_override": body,
     }]}
@@ -233,6 +240,29 @@ def service_health(cluster: dict[str, Any], *, grpc_health: bool) -> dict[str, A
         check["tcp_health_check"] = {}
     cluster["health_checks"] = [check]
     cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
+    return cluster
+
+
+def leaf_ext_proc_cluster(ext_proc: HostPort, probe: HostPort, tls: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The leaf ext_proc cluster, health-checked with gRPC health *at the agent's probe address*.
+
+    The agent serves its ext_proc on its own address (DLB's HTTP/2 transport by default, one method
+    only, no health service) but its probe/access-log server always has ``grpc.health.v1``, which turns
+    NOT_SERVING the moment the agent starts draining (SIGTERM). Checking there (the endpoint's
+    ``health_check_config``) makes Envoy mark the ext_proc unhealthy during the drain and stop opening
+    ext_proc streams to it — requests then take LEAST_REQUEST — while the streams already open finish.
+    A TCP check of the ext_proc port would only fail once the agent had closed it, with streams in flight.
+    ``tls``: the transport socket under mutual TLS (the health check uses it too; the probe server
+    serves the same identity).
+    """
+    cluster = service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
+                             grpc_health=True)
+    at: dict[str, Any] = {"port_value": probe.port}
+    if probe.host != ext_proc.host:
+        at["address"] = {"socket_address": {"address": probe.host, "port_value": probe.port}}
+    for group in cluster["load_assignment"]["endpoints"]:
+        for lb in group["lb_endpoints"]:
+            lb["endpoint"]["health_check_config"] = at
     return cluster
 
 
@@ -584,10 +614,7 @@ def leaf_bootstrap(
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
         filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS))
-        # The leaf ext_proc shares the agent's grpc.aio server (and its health service) when it shares its address.
-        clusters.append(service_health(_cluster(LEAF_EXT_PROC_CLUSTER, [(me.leaf.ext_proc, 1)], http2=True, connect_timeout_s=0.25,
-                                                tls=dlb_service_tls(cfg, "leaf", me.name)),
-                                       grpc_health=me.leaf.ext_proc == me.leaf.probe))
+        clusters.append(leaf_ext_proc_cluster(me.leaf.ext_proc, me.leaf.probe, tls=dlb_service_tls(cfg, "leaf", me.name)))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back
         # to this listener. Unpicked requests (ext_proc down or undecided) fall through to LEAST_REQUEST.

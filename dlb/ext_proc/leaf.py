@@ -45,6 +45,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
+from dlb.config.model import DpGroup
 from dlb.config.tls import component_identity
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.bfio import DpBalancer
@@ -89,6 +90,26 @@ def _serving_seconds(common) -> float:
     if common.HasField("time_to_last_downstream_tx_byte"):
         return _seconds(common.time_to_last_downstream_tx_byte)
     return _seconds(common.duration)
+
+
+def _cut_stream(entry) -> bool:
+    """True if the server started a response and then the upstream stream broke (issue 13, item 6).
+
+    Envoy logs the status it had forwarded (e.g. 200) with details
+    ``upstream_reset_after_response_started{reason}`` and a flag for the reason: a SIGKILLed HTTP/1.1
+    server's unterminated chunked body is ``protocol_error`` (UPE, measured), a dead HTTP/2 connection
+    UC or UR, Envoy's own reset LR, the route timeout mid-body UT. Without this a stream cut after its
+    headers counted as a fast success: a 200 and a short latency sample. A reset before any response
+    byte has status 0 or Envoy's own 503, an error already.
+    """
+    status = entry.response.response_code.value
+    if not 0 < status < 400:
+        return False
+    if entry.response.response_code_details.startswith("upstream_reset_after_response_started"):
+        return True
+    f = entry.common_properties.response_flags
+    return bool(f.upstream_remote_reset or f.upstream_connection_termination or f.local_reset
+                or f.upstream_request_timeout or f.upstream_protocol_error)
 
 
 def _address(addr) -> str:
@@ -202,6 +223,7 @@ class LeafAgent:
                     duration_s=_serving_seconds(common),
                     client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
                     probe=rid.startswith(BACKGROUND_PROBE_ID),
+                    cut=_cut_stream(e),
                 ))
 
     # -- probes -------------------------------------------------------------------------------------
@@ -241,6 +263,10 @@ class LeafAgent:
             # Refit on schedule, or at once when the first samples can replace the configured prior
             # (a fresh or restarted leaf: its warm-up probes just completed).
             first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
+            t_change = est.take_change()  # the traffic's own samples say the cell changed (dlb.core.change)
+            if t_change is not None:
+                self.refit_now = True
+                log.info("cell_change_detected", cell=self.state.cell, source="traffic", since=round(t_change, 3))
             if now - last < est.config.refit_period_s and not first and not self.refit_now:
                 continue
             last, self.refit_now = now, False
@@ -375,13 +401,15 @@ class LeafAgent:
         stok = GaugeMetricFamily("dlb_leaf_server_tokens", "Leaf-counted tokens waiting per server (size estimates of requests in flight)", labels=["server"])
         picks = CounterMetricFamily("dlb_leaf_server_picks", "Requests sent to each server", labels=["server"])
         serr = CounterMetricFamily("dlb_leaf_server_errors", "Failed completions per server", labels=["server"])
+        cut = CounterMetricFamily("dlb_leaf_cut_streams", "Responses a server started and then broke off (reset mid-body)", labels=["server"])
         for s in st.servers:
             srif.add_metric([s.address], s.rif)
             sscr.add_metric([s.address], s.scraped)
             stok.add_metric([s.address], s.tokens)
             picks.add_metric([s.address], s.picks)
             serr.add_metric([s.address], s.errors)
-        yield from (srif, sscr, stok, picks, serr)
+            cut.add_metric([s.address], s.cut_streams)
+        yield from (srif, sscr, stok, picks, serr, cut)
         if st.dp_groups:
             kv = GaugeMetricFamily("dlb_leaf_dp_rank_kv_tokens", "Predicted resident KV tokens per DP rank", labels=["server"])
             for bal, members in st.dp_groups:
@@ -476,6 +504,15 @@ def resolve_all_sync(host: str, port: int) -> list[str]:
     import socket
 
     return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+def dp_balancer(dp: DpGroup) -> DpBalancer:
+    """The rank picker of one data-parallel server, from its config (file or xDS DpGroups)."""
+    return DpBalancer(ranks=dp.ranks, policy=dp.policy, horizon=dp.horizon, mean_decode_tokens=dp.mean_decode_tokens,
+                      slots=dp.max_num_seqs)
+
+
+def rank_addresses(host: str, port: int, ranks: int) -> list[str]:
+    """The leaf's keys of a DP server's ranks (rank r on port + r), as its server list spells them."""
+    return [_ip_address(host, port + r) for r in range(ranks)]
 
 
 def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int | None = None,
@@ -497,9 +534,7 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
         ranks = [ServerState(_ip_address(a.host, a.port), float(s.weight)) for a in s.rank_addresses()]
         servers += ranks
         if s.dp is not None:
-            bal = DpBalancer(ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
-                             mean_decode_tokens=s.dp.mean_decode_tokens, slots=s.dp.max_num_seqs)  # fmt: skip
-            dp_groups.append((bal, [r.address for r in ranks]))
+            dp_groups.append((dp_balancer(s.dp), [r.address for r in ranks]))
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
                      rng=np.random.default_rng(seed), pick_rule=pick_rule,

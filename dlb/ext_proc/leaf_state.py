@@ -60,6 +60,7 @@ class ServerState:
     picks: int = 0
     completed: int = 0
     errors: int = 0
+    cut_streams: int = 0  # responses it started and then broke off (counted in errors too)
 
 
 @dataclass
@@ -81,6 +82,9 @@ class Completion:
     duration_s: float  # leaf-side latency (first byte in → last byte out)
     client_abort: bool = False  # downstream went away: not the cell's fault, not a latency sample
     probe: bool = False  # the leaf's own background probe request (dlb.core.background)
+    #: The server (or the connection to it) died after the response had started: the client got a
+    #: status 200 and part of the body, then a reset. A failure of the server, not a fast success.
+    cut: bool = False
 
 
 def is_error(status: int) -> bool:
@@ -133,6 +137,7 @@ class LeafState:
         self._tokens_n = 0
         self.completed = 0
         self.failed = 0
+        self.cut_streams = 0
         self.expired = 0
         self.unmatched = 0
         self.inflight_refused = 0
@@ -165,6 +170,26 @@ class LeafState:
         self.servers, self.by_address = new, index
         self.pool.probes.clear()  # probes name servers by index, which just changed
         self.replicas = replicas if replicas else len(new)
+
+    def set_dp_groups(self, groups: list[tuple[DpBalancer, list[str]]]) -> None:
+        """Replace the data-parallel groups (a DpGroups update from the control plane).
+
+        A group whose ranks and settings are unchanged keeps its balancer, and so the residents it
+        counts; a changed or new one starts empty (requests already on its ranks finish unseen by it,
+        which :meth:`DpBalancer.finish` ignores). Ranks not (yet) among the servers are never picked.
+        """
+        def settings(b: DpBalancer) -> tuple[object, ...]:
+            return b.ranks, b.policy, b.horizon, b.mean_decode_tokens, b.slots
+
+        old = {tuple(members): bal for bal, members in self.dp_groups}
+        kept = []
+        for bal, members in groups:
+            prev = old.get(tuple(members))
+            kept.append((prev if prev is not None and settings(prev) == settings(bal) else bal, list(members)))
+        of = {a: (b, m) for b, m in kept for a in m}
+        if len(of) != sum(len(m) for _, m in kept):
+            raise ValueError(f"cell {self.cell}: a rank address belongs to two DP groups")
+        self.dp_groups, self.dp_of = kept, of
 
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""
@@ -310,7 +335,11 @@ class LeafState:
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
-        err = is_error(c.status)
+        err = is_error(c.status) or c.cut
+        if c.cut:
+            self.cut_streams += 1
+            if server != UNKNOWN:
+                self.servers[server].cut_streams += 1
         self.completed += 1
         self.errors.record(now, err)
         if server != UNKNOWN:

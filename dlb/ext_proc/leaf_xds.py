@@ -5,7 +5,9 @@
 
 - Envoy's own ``ClusterLoadAssignment`` for the ``servers`` cluster — the same endpoints the leaf
   Envoy load-balances over, so the agent's server picks and scrapes always cover the same servers;
-- ``dlb.v1.CellLatencyModel`` of its cell — its ``fleet_prior`` is what the latency fit shrinks toward.
+- ``dlb.v1.CellLatencyModel`` of its cell — its ``fleet_prior`` is what the latency fit shrinks toward;
+- ``dlb.v1.DpGroups`` of its cell — its data-parallel servers (ranks, rank policy, horizon, decode
+  model, slots), applied as the config file's ``servers[].dp_ranks`` etc. would be.
 
 The config file still gives the agent its own addresses. An update that cannot be applied (no
 endpoints, duplicate addresses, a prior outside the model's domain) is NACKed and the agent keeps
@@ -56,6 +58,7 @@ class LeafXdsSync:
         self.updates = 0
         self.client.subscribe(types.ENDPOINT, endpoint_pb2.ClusterLoadAssignment, self._on_endpoints, names=[LEAF_SERVERS_CLUSTER])
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models, names=[cell])
+        self.client.subscribe(dr.DP_GROUPS, pb.DpGroups, self._on_dp_groups, names=[cell])
 
     async def start(self) -> LeafXdsSync:
         await self.client.start()
@@ -86,3 +89,17 @@ class LeafXdsSync:
             raise ResourceValidationError(str(e)) from e
         self.state.set_prior(prior)
         self.updates += 1
+
+    def _on_dp_groups(self, resources: dict[str, Message]) -> None:
+        from dlb.ext_proc.leaf import dp_balancer, rank_addresses
+
+        msg = resources.get(self.cell)
+        if msg is None:
+            return  # withdrawn: keep the groups we have
+        try:
+            groups = [(dp_balancer(g), rank_addresses(host, port, g.ranks)) for host, port, g in dr.dp_groups_from_pb(msg)]
+            self.state.set_dp_groups(groups)
+        except (dr.ResourceError, ValueError, OSError) as e:
+            raise ResourceValidationError(str(e)) from e
+        self.updates += 1
+        log.info("leaf_dp_groups", cell=self.cell, groups=[(m[0], b.ranks, b.policy, b.horizon) for b, m in groups])

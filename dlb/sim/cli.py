@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlb.sim.experiments import EXPERIMENTS, default_workers, git_commit, make_jobs, normalise, run_jobs
+from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, default_workers, git_commit, make_jobs, normalise, run_jobs
 from dlb.sim.policies import POLICIES
 
 
@@ -25,9 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="experiment to run (repeatable; 'all' = every paper experiment); default baseline. "
                    "'priors': time for the router to find the right cell after wrong priors, a leaf restart or a "
                    "3x slower cell, with and without learning (docs/simulator.md)")
-    p.add_argument("--scenarios", type=int, default=10, help="scenarios per experiment (default 10)")
-    p.add_argument("--trials", type=int, default=5, help="trials per scenario (default 5)")
-    p.add_argument("--minutes", type=float, default=10.0, help="simulated minutes per run (default 10)")
+    p.add_argument("--scenarios", type=int, default=PROTOCOL.scenarios,
+                   help=f"scenarios per experiment (default {PROTOCOL.scenarios})")
+    p.add_argument("--trials", type=int, default=None,
+                   help=f"trials per scenario (default: the protocol's, {PROTOCOL.baseline_trials} for the baseline "
+                   f"and {PROTOCOL.trials} for the others and for priors)")
+    p.add_argument("--minutes", type=float, default=PROTOCOL.minutes,
+                   help=f"simulated minutes per run (default {PROTOCOL.minutes:g})")
     p.add_argument("--seed", type=int, default=1, help="base seed; scenario k has seed 1000·seed + k")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
@@ -37,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="root replicas per cell, each with its own probes and state; requests round-robin (default 1)")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--estimate", type=float, default=None, metavar="MINUTES",
+                   help="do not run the experiments: run each variant and policy once on one scenario for MINUTES "
+                   "and project each experiment's CPU time at --scenarios/--trials/--minutes (dlb.sim.cost); "
+                   "writes cost-estimate.json and .md to --out")
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     r = sub.add_parser("report", help="write the paper-reproduction report from a results.json")
@@ -51,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _validate(args: argparse.Namespace) -> list[str]:
     for name in ("scenarios", "trials", "workers", "root_replicas"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"dlb sim: --{name.replace('_', '-')} must be >= 1")
     if not args.minutes > 0:
         raise SystemExit("dlb sim: --minutes must be > 0")
@@ -72,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     exps = list(dict.fromkeys(exps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.estimate is not None:
+        return run_estimate(args, [e for e in exps if e != "priors"], policies, out)
     if "priors" in exps:
         run_priors(args, policies, out)
         exps.remove("priors")
@@ -118,13 +128,36 @@ def run(args: argparse.Namespace) -> int:
         "cpu_s": cpu,
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,
         "load_average": list(os.getloadavg()),
-        "scenarios": args.scenarios, "trials": args.trials, "minutes": args.minutes,
+        "scenarios": args.scenarios, "trials": args.trials if args.trials is not None else {e: PROTOCOL.trials_for(e) for e in exps}, "minutes": args.minutes,
         "root_replicas": args.root_replicas,
     }
     (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
     print(markdown_table(records))
     print(f"\n{len(jobs)} runs, {events} events in {wall:.1f} s wall ({bench['events_per_s_wall']:.0f} events/s; "
           f"{bench['events_per_cpu_s']:.0f} events per CPU-second; load average {bench['load_average'][0]:.1f}) → {path}", file=sys.stderr)
+    return 0
+
+
+def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str], out: Path) -> int:
+    """``--estimate``: project each experiment's CPU time at the protocol from short runs (dlb.sim.cost)."""
+    from dataclasses import asdict, replace
+
+    from dlb.sim import cost
+
+    if not args.estimate > 0:
+        raise SystemExit("dlb sim: --estimate must be > 0 minutes")
+    protocol = replace(PROTOCOL, scenarios=args.scenarios, minutes=args.minutes,
+                       **({} if args.trials is None else {"trials": args.trials, "baseline_trials": args.trials}))
+    commit = git_commit()
+    t0, c0 = time.perf_counter(), time.process_time()
+    est = cost.estimate(exps, args.seed, args.estimate, 0, policies, protocol, args.root_replicas, commit)
+    table = cost.markdown(est)
+    meta = {"commit": commit, "probe_minutes": args.estimate, "protocol": asdict(protocol),
+            "root_replicas": args.root_replicas, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "load_average": list(os.getloadavg()), "estimates": [asdict(e) for e in est]}
+    (out / "cost-estimate.json").write_text(json.dumps(meta, indent=1))
+    (out / "cost-estimate.md").write_text(f"# Projected cost at the protocol (commit {commit})\n\n{table}\n")
+    print(table)
     return 0
 
 
@@ -144,7 +177,8 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
         kinds = tuple(k for k in kinds if k in wanted)
     commit = git_commit()  # before running: the code that produces the records
     t0, c0 = time.perf_counter(), time.process_time()
-    records = priors.run_experiment(args.scenarios, args.trials, args.minutes * 60.0, args.seed, pols, kinds)
+    trials = PROTOCOL.trials if args.trials is None else args.trials
+    records = priors.run_experiment(args.scenarios, trials, args.minutes * 60.0, args.seed, pols, kinds)
     for r in records:
         r["commit"] = commit
     path = out / "results.json"
@@ -159,7 +193,7 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
             "cpu_s": time.process_time() - c0, "commit": commit, "scenarios": args.scenarios,
-            "trials": args.trials, "minutes": args.minutes, "seed": args.seed}
+            "trials": trials, "minutes": args.minutes, "seed": args.seed}
     (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))
     print(table)
     print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)

@@ -359,19 +359,27 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     crif[j] -= 1
                     done_at[j] += 1
                     serving = now - t_leaf[b]
-                    if fit_models:
-                        est[j].record(now, rif0[b], serving)
                     errs[j].record(now, False)
+                    if fit_models:
+                        e = est[j]
+                        changed = False
+                        if b >= R:  # a background probe: its surprise is judged against the model before it
+                            pj = e.params
+                            pr = probers[j]
+                            pr.on_done(now, surprise(serving, float(latency(rif0[b], pj.a, pj.b, pj.c, pj.s)),
+                                                     pr.config.tolerance))
+                            t_probe = pr.take_change()
+                            if t_probe is not None:
+                                e.forget_before(t_probe)
+                                changed = True
+                        e.record(now, rif0[b], serving)
+                        if e.take_change() is not None:  # the traffic's samples say it changed
+                            changed = True
+                        if changed:  # the cell changed: forget what it was (done), refit now
+                            e.refit(now)
+                            reported[j] = _perturb(e.params, noise[j]) if sc.noise_eps else e.params
+                            confidence[j] = e.confidence
                     if b >= R:  # a background probe: a sample, not a client request
-                        pj = est[j].params
-                        pr = probers[j]
-                        pr.on_done(now, surprise(serving, float(latency(rif0[b], pj.a, pj.b, pj.c, pj.s)), pr.config.tolerance))
-                        t_change = pr.take_change()
-                        if t_change is not None:  # the cell changed: forget what it was, refit now
-                            est[j].forget_before(t_change)
-                            est[j].refit(now)
-                            reported[j] = _perturb(est[j].params, noise[j]) if sc.noise_eps else est[j].params
-                            confidence[j] = est[j].confidence
                         continue
                     in_flight -= 1
                     completed += 1

@@ -65,6 +65,30 @@ METRICS = ("mean", "p50", "p90", "p99", "error_rate")
 
 
 @dataclass(frozen=True)
+class Protocol:
+    """The paper's evaluation protocol as issue 12 fixes it (the defaults of ``dlb sim``): every
+    experiment ``minutes`` long over ``scenarios`` scenarios, ``baseline_trials`` trials of the
+    baseline and ``trials`` of the others (the paper: 5 — fewer so each experiment fits one run of
+    ≤ 90 min on 2 cores; docs/simulator.md has the measured cost). The disruption window is fixed
+    by :func:`dlb.sim.scenario.generate`: 30 %–70 % of the run, minutes 3–7 of 10."""
+
+    scenarios: int = 10
+    minutes: float = 10.0
+    baseline_trials: int = 3
+    trials: int = 2
+
+    def trials_for(self, experiment: str) -> int:
+        return self.baseline_trials if experiment == "baseline" else self.trials
+
+    def met_by(self, experiment: str, scenarios: int, trials: int, minutes: float) -> bool:
+        """Whether runs of ``experiment`` with that many scenarios and trials, ``minutes`` long, follow it."""
+        return scenarios >= self.scenarios and trials >= self.trials_for(experiment) and minutes >= self.minutes - 1e-9
+
+
+PROTOCOL = Protocol()
+
+
+@dataclass(frozen=True)
 class Job:
     experiment: str
     variant: Variant
@@ -83,16 +107,18 @@ class Job:
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
 
 
-def make_jobs(experiments: Iterable[str], scenarios: int, trials: int, minutes: float, seed: int,
+def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, minutes: float, seed: int,
               policies: Iterable[str] = POLICIES, root_replicas: int = 1) -> list[Job]:
+    """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment."""
     commit = git_commit()
     jobs = []
     for exp in experiments:
         if exp not in EXPERIMENTS:
             raise ValueError(f"unknown experiment {exp!r}; choose from {', '.join(EXPERIMENTS)}")
+        n_trials = PROTOCOL.trials_for(exp) if trials is None else trials
         for var in EXPERIMENTS[exp]:
             for k in range(scenarios):
-                for t in range(trials):
+                for t in range(n_trials):
                     for p in policies:
                         jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit))
     return jobs

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlb.sim.experiments import EXPERIMENTS, aggregate
+from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, aggregate
 from dlb.sim.policies import BASELINES, POLICIES
 
 DLB = [p for p in POLICIES if p not in BASELINES]
@@ -142,6 +142,8 @@ class Verdict:
     measured: str
     holds: bool | None  # None: experiment not in the results
     rule: str
+    #: The experiment the verdict is read from (set by :func:`verdicts`).
+    experiment: str = ""
 
 
 def _get(agg: Agg, exp: str, var: str, p: str, m: str = "norm_mean") -> float:
@@ -156,7 +158,9 @@ def _first(records: list[dict], exp: str) -> str | None:
 
 def claim_baseline(records: list[dict], agg: Agg) -> list[Verdict]:
     var = _first(records, "baseline")
-    rule1 = "mean over the 6 DLB policies of norm mean in [0.70, 0.90] (\"~20 % below Rand\")"
+    # Issue 12: "~20 %" read tightly as 15–25 % below Rand (the earlier [0.70, 0.90] accepted 10–30 %
+    # and flipped verdict with the seed); written before the full-protocol run.
+    rule1 = "mean over the 6 DLB policies of norm mean in [0.75, 0.85] (\"~20 % below Rand\" = 15–25 %)"
     rule2 = "Flow-Grad has the lowest norm mean of all policies"
     c1, c2 = "DLB policies ~20 % below Rand at 80 % utilisation", "Flow-Grad best at 80 % utilisation"
     if var is None:
@@ -176,7 +180,7 @@ def claim_baseline(records: list[dict], agg: Agg) -> list[Verdict]:
     losses = [f"{r['policy']} s{r['scenario']}/t{r['trial']} {r['norm_mean']:.3f}" for r in runs
               if r["policy"].startswith("Flow-") and not r.get("norm_mean", math.nan) < 1.0]
     return [
-        Verdict(c1, f"DLB average norm mean {m:.3f} ({100 * (1 - m):.1f}% below Rand); {meas}", 0.70 <= m <= 0.90, rule1),
+        Verdict(c1, f"DLB average norm mean {m:.3f} ({100 * (1 - m):.1f}% below Rand); {meas}", 0.75 <= m <= 0.85, rule1),
         Verdict(c2, f"best: {best} ({vals[best]:.3f}); Flow-Grad {vals['Flow-Grad']:.3f}", best == "Flow-Grad", rule2),
         Verdict(c3, f"Flow-Grad {vals['Flow-Grad']:.3f} vs best {best} {vals[best]:.3f} + spread {spread:.3f}",
                 vals["Flow-Grad"] <= vals[best] + spread, rule3),
@@ -313,22 +317,42 @@ def claim_leaf_pick(records: list[dict], agg: Agg) -> list[Verdict]:
     return [Verdict(c, "; ".join(parts), helps, rule)]
 
 
-CLAIMS: tuple[Callable[[list[dict], Agg], list[Verdict]], ...] = (
-    claim_baseline,
-    claim_low_util,
-    claim_short,
-    claim_homogeneous,
-    lambda r, a: claim_disruption(r, a, "burst"),
-    lambda r, a: claim_disruption(r, a, "outage"),
-    claim_noise,
-    claim_server_model,
-    claim_leaf_pick,
+#: (experiment, claim checker): the experiment tells the report whether the verdict met the protocol.
+CLAIMS: tuple[tuple[str, Callable[[list[dict], Agg], list[Verdict]]], ...] = (
+    ("baseline", claim_baseline),
+    ("utilization", claim_low_util),
+    ("length", claim_short),
+    ("homogeneous", claim_homogeneous),
+    ("burst", lambda r, a: claim_disruption(r, a, "burst")),
+    ("outage", lambda r, a: claim_disruption(r, a, "outage")),
+    ("noise", claim_noise),
+    ("server-model", claim_server_model),
+    ("leaf-pick", claim_leaf_pick),
 )
 
 
 def verdicts(records: list[dict]) -> list[Verdict]:
     agg = aggregate(records)
-    return [v for f in CLAIMS for v in f(records, agg)]
+    out = []
+    for exp, f in CLAIMS:
+        for v in f(records, agg):
+            v.experiment = exp
+            out.append(v)
+    return out
+
+
+def protocol_met(records: list[dict], experiment: str) -> bool:
+    """Whether ``experiment``'s records follow :data:`~dlb.sim.experiments.PROTOCOL`: enough scenarios,
+    every scenario with enough trials (the fewest any variant × policy has), runs long enough."""
+    rs = [r for r in records if r["experiment"] == experiment]
+    if not rs:
+        return False
+    trials: dict[tuple, set] = {}
+    for r in rs:
+        trials.setdefault((r["variant"], r["policy"], r["scenario"]), set()).add(r["trial"])
+    scenarios = len({r["scenario"] for r in rs})
+    minutes = min(r.get("duration_s", 0.0) for r in rs) / 60.0
+    return PROTOCOL.met_by(experiment, scenarios, min(len(t) for t in trials.values()), minutes)
 
 
 def reproduction_report(records: list[dict], source: str, plots_rel: str | None, analysis: str | None = None) -> str:
@@ -347,16 +371,25 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         "",
         f"Code: commit `{commit}`; {replicas} root replica(s) per cell.",
         "",
-        "| experiment | scenarios × trials | minutes simulated |",
-        "| --- | --- | --- |",
+        f"Protocol (issue 12): ≥ {PROTOCOL.scenarios} scenarios, {PROTOCOL.minutes:g} minutes, ≥ "
+        f"{PROTOCOL.baseline_trials} trials for the baseline and ≥ {PROTOCOL.trials} for the others; a verdict "
+        "from an experiment below it is marked *short*.",
+        "",
+        "| experiment | scenarios × trials | minutes simulated | protocol |",
+        "| --- | --- | --- | --- |",
     ]
+    full: dict[str, bool] = {}
     for exp in _experiments(records):
-        mins = sorted({round(r.get("duration_s", math.nan) / 60, 2) for r in records if r["experiment"] == exp})
-        out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} |")
+        rs = [r for r in records if r["experiment"] == exp]
+        mins = sorted({round(r.get("duration_s", math.nan) / 60, 2) for r in rs})
+        full[exp] = protocol_met(rs, exp)
+        out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} | {'full' if full[exp] else 'short'} |")
     del minutes
     out += ["", "## Claims (docs/design.md §4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
     for v in vs:
         mark = {True: "**yes**", False: "**no**", None: "not run"}[v.holds]
+        if v.holds is not None and not full.get(v.experiment, False):
+            mark += " (short)"
         out.append(f"| {v.claim} | {mark} | {v.measured} | {v.rule} |")
     if analysis:
         out += ["", analysis.strip()]

@@ -26,13 +26,13 @@ from typing import Any
 
 from dlb.load.generator import LoadRunner, Result, positive_float
 from dlb.load.workload import WorkloadSpec, generate
-from dlb.procutil import free_port
 from dlb.testbed.fleet import (
     DEFAULT_FLEET,
     CellPlan,
     Fleet,
     demo_config,
     fleet_capacity_rps,
+    server_addresses,
 )
 from dlb.testbed.supervisor import Child, StartError, Supervisor
 from dlb.testbed.up import StopFlag, http_ok, plan
@@ -62,6 +62,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                         "degradation, each from a clean start; prints a table")
     p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
     p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand, MNLB and all six)")
+    p.add_argument("--dp", type=int, default=0, metavar="G",
+                   help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
+                        "rank with BF-IO (docs/bfio.md); default off")
     p.set_defaults(func=run_demo)
 
 
@@ -117,11 +120,15 @@ def _fleet_from_config(path: str) -> tuple[Fleet, dict[str, Any], dict[str, list
 
 def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Supervisor, str]:
     """Plan the run: servers, config, workload; the supervisor with every child added (none started)."""
+    if getattr(args, "dp", 0) < 0 or getattr(args, "dp", 0) == 1:
+        raise ValueError(f"--dp: ranks per data-parallel server, >= 2 (0 = off), got {args.dp}")
+    if args.config and getattr(args, "dp", 0):
+        raise ValueError("--dp: only with the embedded fleet (give dp_ranks in your --config instead)")
     if args.config:
         fleet, cfg_dict, servers = _fleet_from_config(args.config)
     else:
-        fleet = DEFAULT_FLEET
-        servers = {c.name: [f"127.0.0.1:{free_port()}" for _ in range(c.servers)] for c in fleet.cells}
+        fleet = replace(DEFAULT_FLEET, dp_ranks=args.dp) if getattr(args, "dp", 0) else DEFAULT_FLEET
+        servers = server_addresses(fleet)
         cfg_dict = demo_config(fleet, servers)
     if args.degrade_cell:
         fleet = replace(fleet, degrade_cell=args.degrade_cell)
@@ -147,7 +154,8 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
             sup.add(Child(f"server {cell}/{k}", "servers",
                           [*py, "serve", "emulator", "--port", port, "--server-id", f"{cell}/{k}", "--profile", profiles[cell],
                            "--max-batch", str(fleet.max_batch), "--time-scale", str(fleet.time_scale),
-                           "--seed", str(args.seed * 1000 + k)],
+                           "--seed", str(args.seed * 1000 + k),
+                           *(["--dp-size", str(fleet.ranks(cell))] if fleet.ranks(cell) > 1 else [])],
                           sup.run_dir / f"server-{cell}-{k}.log",
                           ready=functools.partial(http_ok, f"http://{addr}/health")))
     config_path = run_dir / "dlb.yaml"

@@ -77,6 +77,8 @@ class EmulatorProcess:
                 "--port-file", port_file, *_flags(opts)]  # fmt: skip
 
     def start(self) -> EmulatorProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # already running: ``with EmulatorProcess(...).start()`` used to orphan a second child
         self._dir = tempfile.TemporaryDirectory(prefix="dlb-emulator-")
         port_file = Path(self._dir.name) / "port"
         env = dict(os.environ)

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlb.procutil import free_port
+from dlb.procutil import free_port, free_port_block
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ class Fleet:
     #: takes ~20 % of the fleet's capacity away, so a fleet at 75 % load stays (just) under capacity.
     degrade_cell: str = "us-central1"
     degrade_slowdown: float = 3.0
+    #: ``dlb demo --dp G``: every server of ``dp_cell`` is a data-parallel group of G lock-step ranks
+    #: (``dlb serve emulator --dp-size G``), whose leaf picks the rank with BF-IO (docs/bfio.md). 0 = off.
+    dp_ranks: int = 0
+    dp_cell: str = "europe-west1"
+
+    def ranks(self, cell: str) -> int:
+        """HTTP endpoints per server of ``cell``: its DP ranks, or 1."""
+        return self.dp_ranks if self.dp_ranks > 0 and cell == self.dp_cell else 1
 
 
 DEFAULT_FLEET = Fleet(
@@ -93,8 +101,16 @@ def server_capacity_rps(profile_name: str, max_batch: int, mean_prompt: float, m
 
 
 def fleet_capacity_rps(fleet: Fleet, mean_prompt: float, mean_output: float) -> dict[str, float]:
-    return {c.name: c.servers * server_capacity_rps(c.profile, fleet.max_batch, mean_prompt, mean_output, fleet.time_scale)
+    # A DP group's G ranks each run max_batch sequences (their lock step costs some of it: the idle time
+    # BF-IO reduces; the demo's load fraction leaves room for it).
+    return {c.name: c.servers * fleet.ranks(c.name) * server_capacity_rps(c.profile, fleet.max_batch, mean_prompt, mean_output,
+                                                                           fleet.time_scale)
             for c in fleet.cells}
+
+
+def server_addresses(fleet: Fleet) -> dict[str, list[str]]:
+    """A free address per server (a free block of ports per data-parallel server)."""
+    return {c.name: [f"127.0.0.1:{free_port_block(fleet.ranks(c.name))}" for _ in range(c.servers)] for c in fleet.cells}
 
 
 def demo_config(fleet: Fleet, server_addrs: dict[str, list[str]]) -> dict[str, Any]:
@@ -102,10 +118,14 @@ def demo_config(fleet: Fleet, server_addrs: dict[str, list[str]]) -> dict[str, A
     names = [c.name for c in fleet.cells]
     cells = []
     for c in fleet.cells:
+        servers: list[Any] = list(server_addrs[c.name])
+        if fleet.ranks(c.name) > 1:
+            servers = [{"address": a, "dp_ranks": fleet.ranks(c.name), "policy": "bf-io", "horizon": 10,
+                        "max_num_seqs": fleet.max_batch} for a in servers]
         item: dict[str, Any] = {
             "name": c.name,
             "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
-            "servers": server_addrs[c.name],
+            "servers": servers,
         }
         if c.root:
             item["root"] = {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"}

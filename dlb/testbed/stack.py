@@ -40,6 +40,9 @@ class DataPlane:
     leaf_envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
     root: ServiceProcess | None = None
     root_envoy: EnvoyProcess | None = None
+    #: ``dlb serve control-plane`` when started with ``control_plane=True`` (leaf agents and the root
+    #: then run with ``--xds`` against it; the Envoys keep their static bootstraps).
+    control_plane: ServiceProcess | None = None
     root_cell: str = ""
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _tmp: Any = None
@@ -61,11 +64,23 @@ class DataPlane:
             return r.read().decode()
 
     def restart_leaf(self, cell: str) -> ServiceProcess:
-        old = self.leaves[cell]
+        self.leaves[cell] = self._restart(self.leaves[cell])
+        return self.leaves[cell]
+
+    def restart_root(self) -> ServiceProcess:
+        assert self.root is not None
+        self.root = self._restart(self.root)
+        return self.root
+
+    def restart_control_plane(self) -> ServiceProcess:
+        assert self.control_plane is not None
+        self.control_plane = self._restart(self.control_plane)
+        return self.control_plane
+
+    def _restart(self, old: ServiceProcess) -> ServiceProcess:
         old.stop()
-        new = ServiceProcess("leaf", *old.args)
+        new = ServiceProcess(old.command, *old.args)
         self._stack.enter_context(new)
-        self.leaves[cell] = new
         return new
 
     def close(self) -> None:
@@ -122,8 +137,10 @@ def start_data_plane(
     root_seed: int = 1,
     leaf_args: tuple[str, ...] = (),
     tls: dict[str, str] | None = None,
+    control_plane: bool = False,
 ) -> DataPlane:
-    """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``.
+    """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``;
+    with ``control_plane`` first a control plane, whose xDS the leaf agents and the root then follow.
 
     ``tls`` is the config's ``tls`` section (``{ca, cert, key}``): every gRPC hop then runs mutual TLS.
     """
@@ -146,18 +163,26 @@ def start_data_plane(
                            probe or {"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 600, "backoff_max_ms": 500})
         if tls is not None:
             raw["tls"] = dict(tls)
+        if control_plane:
+            raw["services"]["control_plane"] = {"xds": f"127.0.0.1:{free_port()}", "status": f"127.0.0.1:{free_port()}"}
         config_path = str(Path(tmp.name) / "dlb.yaml")
         Path(config_path).write_text(json.dumps(raw, indent=1))  # JSON is YAML
         cfg = config_from_dict(raw, source=config_path)
         plane = DataPlane(cfg=cfg, config_path=config_path, emulators=emulators, root_cell=root_cell, _stack=stack, _tmp=tmp)
         procs = []
+        xds: tuple[str, ...] = ()
+        if control_plane:
+            plane.control_plane = ServiceProcess("control-plane", "--config", config_path, *(["--emulate-wan"] if emulate_wan else []))
+            stack.callback(lambda: plane.control_plane.stop() if plane.control_plane is not None else None)
+            plane.control_plane.start()
+            xds = ("--xds", raw["services"]["control_plane"]["xds"])
         for c in cells:
             leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
-                                  "--refit-period-s", "1", "--scrape-period-ms", "100", "--seed", "7", *leaf_args)
+                                  "--refit-period-s", "1", "--scrape-period-ms", "100", "--seed", "7", *xds, *leaf_args)
             plane.leaves[c.name] = leaf
             procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
-                                    "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []))
+                                    "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []), *xds)
         procs.append(plane.root)
         # Start the Python services concurrently (each takes ~1 s to import), then wait for all.
         for p in procs:
