@@ -220,6 +220,18 @@ class RootRouter:
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
 
+    def adopt_unseen(self, other: RootRouter, cell: int, other_cell: int) -> None:
+        """Take over ``other``'s sends to ``other_cell`` that no probe has seen yet, as ``cell``.
+
+        A reconfiguration builds a new router; copying only the summed ``view.sent`` would leave the
+        queue behind it empty, so the next probe would reset the correction to zero and forget the
+        requests still on the wire (once per reconfiguration).
+        """
+        self._unseen[cell] = deque(other._unseen[other_cell])
+        self.view.sent[cell] = sum(amount for _, amount in self._unseen[cell])
+        if self._costs is not None:
+            self._costs[cell] = self._cost_one(cell)
+
     def set_available(self, cell: int, available: bool) -> None:
         """The probe client's verdict (e.g. consecutive probe failures, leaf removed)."""
         self.view.available[cell] = available
