@@ -312,9 +312,16 @@ class RootRouter:
         """ĝ_i = mean_j |c_j'(N)|/μ_j'(N) over arcs in use, N clipped to [N_ref, N_sat] (flow.py)."""
         m = self.models
         cfg = self.policy.flow
+        n_sat_all = saturation_workload(m.a, m.b, m.c, m.s, cfg.saturation)
+        # An overloaded cell (N past saturation) has no equilibrium to stabilise, and its g(N_sat)
+        # (∝ (1 − ρ)⁻³ for the gradient cost) would dominate the mean and shrink the very step that
+        # empties it: leave such cells out unless every arc in use is overloaded (docs/theory.md).
+        calm = in_use & (n_obs <= n_sat_all)
+        if calm.any():
+            in_use = calm
         a, b, c, s = m.a[in_use], m.b[in_use], m.c[in_use], m.s[in_use]
         n_ref = saturation_workload(a, b, c, s, cfg.ref_utilisation)
-        n_sat = saturation_workload(a, b, c, s, cfg.saturation)
+        n_sat = n_sat_all[in_use]
         nn = np.minimum(np.maximum(n_obs[in_use], n_ref), np.maximum(n_sat, n_ref))
         dmu = np.maximum(d_service_rate(nn, a, b, c, s), 1e-9)
         cost = self.policy.cost
