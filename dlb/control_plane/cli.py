@@ -23,6 +23,7 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mnlb", action="store_true",
                    help="baseline for comparisons: every flow endpoint's weights from the central MNLB LP (demand and "
                         "capacity measured from the leaves' probes) instead of the flow routers")
+    p.add_argument("--ready-file", default=None, help="write {xds, status, pid} JSON here once serving")
     p.set_defaults(func=run_serve)
 
 
@@ -45,7 +46,13 @@ async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.control_plane.service import ControlPlane
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb)
-    await cp.start(args.xds, args.status)
+    xds_port, status_port = await cp.start(args.xds, args.status)
+    if args.ready_file:
+        import os
+
+        from dlb.ext_proc.runner import write_ready
+
+        write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
