@@ -59,7 +59,7 @@ class FlowConfig:
     min_rate_fraction: float = 0.05
     #: Scale each arc's step by its own cell's g_j (and project in the matching metric) rather than
     #: by the mean ĝ over the arcs in use; see docs/theory.md, "Per-cell scale".
-    per_cell_scale: bool = False
+    per_cell_scale: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.kappa < np.pi / 2:
