@@ -15,7 +15,9 @@ Step-size rule (derivation in docs/theory.md, "Flow step size"): ``η = κ / (τ
   ``ref_utilisation`` (50 %, in practice the end of the knee, ``c + 4s``), ``N_sat`` at ``saturation`` (99 %) (:func:`saturation_workload`).
   Cells past ``N_sat`` (overloaded: no equilibrium there) stay out of the mean unless every arc in use
   is overloaded — their ``g(N_sat)`` would otherwise shrink the step that empties them.
-  With ``per_cell_scale`` each arc uses its own cell's ``g_j`` instead (overloaded cells the mean).
+  With ``per_cell_scale`` (the default) each arc uses its own cell's ``g_j`` instead (overloaded
+  cells the mean), and the step is projected in the matching metric: every cell's loop gain is then
+  within the bound, not only the mean cell's (docs/theory.md, "Per-cell scale").
 
 Why: linearised, cell j's steady inflow moves by ``Σ_i λ_i δx_ij`` and its cost by ``g_j`` times that,
 so the loop gain acting on cell j is ``Σ_i λ_i η_i g_j``. The old rule divided by each root's own
