@@ -33,9 +33,10 @@ def test_overhead_bench_root_native_smoke(tmp_path):
     """``root-native``: a root Envoy configured only by a live control plane routes the flow endpoint
     through its weighted_clusters (no ext_proc) and serves every request."""
     out = tmp_path / "native.json"
-    assert main(["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", "plain", "root-native", "--json", str(out)]) == 0
+    configs = ("plain", "root-native", "root-native-inproc", "root-native-mixed")  # + the two diagnostic variants
+    assert main(["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", *configs, "--json", str(out)]) == 0
     records = json.loads(out.read_text())
-    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in ("plain", "root-native") for m in ("closed", "open")}
+    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in configs for m in ("closed", "open")}
     for r in records:
         assert r["requests"] > 0 and r["errors"] == 0, r
         assert set(r["cpu_ms_per_req"]) <= {"root_envoy", "loadgen"}  # nothing but Envoy on the request path

@@ -19,7 +19,7 @@ from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
-from dlb.ext_proc.root import RootService
+from dlb.ext_proc.root import EndpointSpec, RootService
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
@@ -383,3 +383,22 @@ def test_a_restarted_leaf_is_back_in_the_roots_view_soon_after_its_agent_is_read
     back, failures = asyncio.run(main())
     print(f"restarted leaf back in the root's view after {back:.3f} s ({failures} failed probes while down)")
     assert back < 2.0
+
+
+def test_sends_no_probe_has_seen_survive_a_reconfiguration():
+    cfg = config(cost="rif")
+    svc = RootService.from_config(cfg, "a", seed=3)
+    clock = Clock()
+    svc.clock = clock
+    for j in range(2):
+        probe(svc, j, clock.t)
+    for _ in range(6):
+        svc.decide(headers_msg().request_headers.headers.headers)
+    before = svc.endpoints[0].router.view.sent.copy()
+    assert before.sum() == 6
+    # A hot reload (same cells) builds new routers; then probes sent before the requests answer.
+    specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core()) for e in cfg.endpoints]
+    svc.configure(cfg.topology(), specs)
+    clock.t += 1e-3  # well inside b's 40-ms round trip: its answer cannot include the requests
+    probe(svc, 1, clock.t)
+    assert before[1] > 0 and svc.endpoints[0].router.view.sent[1] == before[1]

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from dlb.core.projection import project_simplex
+from dlb.core.projection import project_simplex, project_simplex_scaled
 
 
 @st.composite
@@ -96,3 +96,35 @@ def test_shift_invariance() -> None:
     v = np.array([0.3, -1.0, 2.0, 0.5])
     mask = np.array([True, False, True, True])
     np.testing.assert_allclose(project_simplex(v, mask), project_simplex(v + 7.0, mask), atol=1e-12)
+
+
+def test_scaled_projection_matches_the_weighted_qp() -> None:
+    """argmin Σ (z − v)²/w on the simplex, against a numerical QP; equal weights give the plain projection."""
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n = 5
+        v = rng.normal(size=n) * 3
+        w = np.exp(rng.uniform(-3, 3, n))  # weights over ~400×, as per-cell flow steps have
+        mask = rng.random(n) < 0.7
+        if not mask.any():
+            mask[0] = True
+        res = minimize(
+            lambda z: np.sum((z - v) ** 2 / w),  # noqa: B023 - called within this iteration
+            np.where(mask, 1.0 / mask.sum(), 0.0),
+            constraints=[{"type": "eq", "fun": lambda z: z.sum() - 1}],
+            bounds=[(0, None) if m else (0, 0) for m in mask],
+            method="SLSQP",
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
+        np.testing.assert_allclose(project_simplex_scaled(v, w, mask), res.x, atol=1e-5)
+        np.testing.assert_allclose(project_simplex_scaled(v, np.full(n, 2.5), mask), project_simplex(v, mask), atol=1e-12)
+
+
+def test_scaled_projection_absorbs_a_shift_along_the_weights() -> None:
+    """v + a·w projects like v: the flow step may centre its cost with the w-weighted mean."""
+    v = np.array([0.3, -1.0, 2.0, 0.5])
+    w = np.array([0.1, 1.0, 3.0, 0.7])
+    mask = np.array([True, False, True, True])
+    np.testing.assert_allclose(project_simplex_scaled(v, w, mask), project_simplex_scaled(v + 7.0 * w, w, mask), atol=1e-12)
+    with pytest.raises(ValueError, match="> 0"):
+        project_simplex_scaled(v, np.array([0.0, 1.0, 1.0, 1.0]), mask)

@@ -37,6 +37,14 @@ def test_each_experiment_smoke(experiment: str) -> None:
                 q["mean"] for q in recs if q["policy"] == "Rand" and q["variant"] == r["variant"]))
 
 
+def test_in_order_runs_scenario_by_scenario() -> None:
+    """A run stopped at a deadline keeps whole scenarios (each with its Rand) only when jobs go in order."""
+    jobs = make_jobs(["baseline"], scenarios=2, trials=1, minutes=0.01, seed=3, policies=("Rand", "Disc-RIF"))
+    seen: list[int] = []
+    run_jobs(jobs, workers=1, progress=False, on_record=lambda r: seen.append(r["scenario"]), in_order=True)
+    assert seen == sorted(seen) and len(set(seen)) == 2
+
+
 def _rec(exp: str, var: str, x: float, policy: str, norm: float, err: float = 0.0, scenario: int = 1) -> dict:
     return {"experiment": exp, "variant": var, "x": x, "policy": policy, "scenario": scenario, "trial": 0,
             "duration_s": 600.0, "mean": norm, "p50": norm, "p90": 2 * norm, "p99": 3 * norm, "error_rate": err}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +119,22 @@ def test_invalid_dlb_resources_are_rejected() -> None:
         dr.topology_from_pb(t)
     with pytest.raises(dr.ResourceError, match="unknown"):
         dr.weights_from_pb(resources_pb2.FlowWeights(endpoint="e", source_cell="a", weights={"zz": 1.0}), ("a",))
+
+
+def test_a_root_with_only_native_flow_endpoints_has_no_ext_proc_filter(cfg) -> None:
+    """Left in the chain and disabled per route, the ext_proc filter still ran its per-route lookup on
+    every request (measured in docs/bench/overhead-native.json); a root that never calls it has none."""
+    def http_filters(rs: er.ResourceSet) -> list[str]:
+        hcm = hcm_pb2.HttpConnectionManager()
+        rs.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+        return [f.name for f in hcm.http_filters]
+
+    mixed = er.root_resources(cfg, "us-east1")  # the example has a discrete endpoint too: the filter stays
+    assert "envoy.filters.http.ext_proc" in http_filters(mixed)
+    flow_only = replace(cfg, endpoints=tuple(ep for ep in cfg.endpoints if ep.policy.mechanism.value == "flow"))
+    assert flow_only.endpoints and len(flow_only.endpoints) < len(cfg.endpoints)
+    rs = er.root_resources(flow_only, "us-east1")
+    assert http_filters(rs) == ["envoy.filters.http.router"]
+    assert envoy_bootstrap.ROOT_EXT_PROC_CLUSTER not in {c.name for c in rs.clusters}
+    for r in rs.routes[0].virtual_hosts[0].routes:
+        assert "envoy.filters.http.ext_proc" not in r.typed_per_filter_config

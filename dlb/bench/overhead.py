@@ -61,9 +61,16 @@ GRPC_CONFIG = "root-grpc"
 #: Flow routing natively: a root Envoy configured entirely over ADS by a live control plane (its flow
 #: loop probing the leaf agent), the flow endpoint's ``weighted_clusters`` route with ext_proc off.
 NATIVE_CONFIG = "root-native"
+#: Diagnostic variants of ``root-native``, to tell apart what its gap to ``plain`` costs: the control
+#: plane in a thread of the bench process (sharing its CPU and GIL with the Python load generator),
+#: and a root that also has a discrete endpoint, so its ext_proc filter stays in the chain, disabled
+#: on the flow route (the shape every native root had before the filter was left out).
+NATIVE_INPROC_CONFIG = "root-native-inproc"
+NATIVE_MIXED_CONFIG = "root-native-mixed"
+NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG)
 #: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, NATIVE_CONFIG)
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, *NATIVE_CONFIGS)
 
 
 def _cpu_of(pid: int) -> float:
@@ -200,15 +207,18 @@ def resolve_loadgen(choice: str) -> str:
     return choice
 
 
-def native_config(raw: dict[str, Any], upstream: int, listen: int) -> dict[str, Any]:
+def native_config(raw: dict[str, Any], upstream: int, listen: int, discrete_too: bool = False) -> dict[str, Any]:
     """``raw`` with its endpoint on flow routing, the cell's leaf address on the upstream (the control
-    plane's EDS for ``cell-x``) and the root listener on ``listen``; the probe address is the leaf agent's."""
+    plane's EDS for ``cell-x``) and the root listener on ``listen``; the probe address is the leaf agent's.
+    ``discrete_too`` adds a discrete endpoint the load never hits (its prefix), which keeps the root's
+    ext_proc filter in the chain."""
     cell = dict(raw["cells"][0])
     cell["leaf"] = dict(cell["leaf"], address=f"127.0.0.1:{upstream}")
     cell["root"] = dict(cell["root"], address=f"127.0.0.1:{listen}")
     cell["servers"] = [f"127.0.0.1:{free_port()}"]  # the leaf's; unused here (the upstream stands in for the leaf)
     ep = dict(raw["endpoints"][0], policy={"mechanism": "flow", "cost": "latency"})
-    return dict(raw, cells=[cell], endpoints=[ep])
+    extra = [dict(raw["endpoints"][0], name="unused-discrete", match={"prefix": "/unused/"})] if discrete_too else []
+    return dict(raw, cells=[cell], endpoints=[*extra, ep])
 
 
 class _ThreadedControlPlane:
@@ -351,19 +361,26 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                 time.sleep(0.05)
             p, pid = root_to_upstream(bare_name, bare_port)
             targets[bare_name] = (p, {"root_envoy": pid, "root_ext_proc": bare.pid})
-        if NATIVE_CONFIG in configs:
+        for native_name in (n for n in NATIVE_CONFIGS if n in configs):
             from dlb.envoy.ads_bootstrap import ads_bootstrap
 
             p, a = free_port(), free_port()
-            native_raw = native_config(raw, up_port, p)
-            native_path = d / "dlb-native.yaml"
+            native_raw = native_config(raw, up_port, p, discrete_too=native_name == NATIVE_MIXED_CONFIG)
+            native_path = d / f"dlb-{native_name}.yaml"
             native_path.write_text(json.dumps(native_raw))
-            cp = _ThreadedControlPlane(config_from_dict(native_raw, source=str(native_path)))
-            control_planes.append(cp)
-            e = envoy(ads_bootstrap("root", "x", _hp(cp.xds_port), a, node_id="root-x-native"), NATIVE_CONFIG, a)
+            if native_name == NATIVE_INPROC_CONFIG:
+                cp = _ThreadedControlPlane(config_from_dict(native_raw, source=str(native_path)))
+                control_planes.append(cp)
+                xds_port = cp.xds_port
+            else:  # its own process, as deployed: off the load generator's CPU and GIL
+                cp_svc = ServiceProcess("control-plane", "--config", str(native_path), "--xds", f"127.0.0.1:{free_port()}",
+                                        "--status", f"127.0.0.1:{free_port()}")
+                services.append(cp_svc)
+                xds_port = int(cp_svc.start().ready["xds"])
+            e = envoy(ads_bootstrap("root", "x", _hp(xds_port), a, node_id=f"root-x-{native_name}"), native_name, a)
             _wait_http(p)
             assert e.proc is not None  # started by envoy()
-            targets[NATIVE_CONFIG] = (p, {"root_envoy": e.proc.pid})
+            targets[native_name] = (p, {"root_envoy": e.proc.pid})
         if GRPC_CONFIG in configs:
             p, pid = root_to_upstream(GRPC_CONFIG, grpc_port)
             targets[GRPC_CONFIG] = (p, {"root_envoy": pid, "root_ext_proc": root_grpc.pid})

@@ -29,7 +29,7 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watch-config", action="store_true",
                    help="reload when the config file changes, as on SIGHUP (follows a Kubernetes ConfigMap's symlink swap)")
     p.add_argument("--watch-period-s", type=float, default=1.0, help="how often --watch-config checks the file")
-    p.add_argument("--ready-file", default=None, help="write {xds, status} ports here (JSON) once serving (testbeds)")
+    p.add_argument("--ready-file", default=None, help="write {xds, status, pid} JSON here once serving (testbeds, benches)")
     p.set_defaults(func=run_serve)
 
 
@@ -64,9 +64,11 @@ async def _serve(config, args: argparse.Namespace) -> int:
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb, serve_cells=args.serve_cells)
     xds_port, status_port = await cp.start(args.xds, args.status)
     if args.ready_file:
+        import os
+
         from dlb.ext_proc.runner import write_ready
 
-        write_ready(args.ready_file, {"xds": xds_port, "status": status_port})
+        write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -13,6 +13,11 @@ Step-size rule (derivation in docs/theory.md, "Flow step size"): ``η = κ / (τ
 - ``ĝ_i`` = mean over the arcs in use of ``|c_j'(N)| / μ_j'(N)`` (cost change per unit of steady
   inflow) evaluated at ``N`` clipped to ``[N_ref, N_sat]``: ``N_ref`` is the workload at utilisation
   ``ref_utilisation`` (50 %, in practice the end of the knee, ``c + 4s``), ``N_sat`` at ``saturation`` (99 %) (:func:`saturation_workload`).
+  Cells past ``N_sat`` (overloaded: no equilibrium there) stay out of the mean unless every arc in use
+  is overloaded — their ``g(N_sat)`` would otherwise shrink the step that empties them.
+  With ``per_cell_scale`` (the default) each arc uses its own cell's ``g_j`` instead (overloaded
+  cells the mean), and the step is projected in the matching metric: every cell's loop gain is then
+  within the bound, not only the mean cell's (docs/theory.md, "Per-cell scale").
 
 Why: linearised, cell j's steady inflow moves by ``Σ_i λ_i δx_ij`` and its cost by ``g_j`` times that,
 so the loop gain acting on cell j is ``Σ_i λ_i η_i g_j``. The old rule divided by each root's own
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlb.core.latency_model import Num, latency
-from dlb.core.projection import project_simplex
+from dlb.core.projection import project_simplex_scaled
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,9 @@ class FlowConfig:
     ref_utilisation: float = 0.5
     #: Floor of Λ̂ as a fraction of the usable cells' capacity Σ 1/b_j (an idle fleet's rate is ~0).
     min_rate_fraction: float = 0.05
+    #: Scale each arc's step by its own cell's g_j (and project in the matching metric) rather than
+    #: by the mean ĝ over the arcs in use; see docs/theory.md, "Per-cell scale".
+    per_cell_scale: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.kappa < np.pi / 2:
@@ -104,17 +112,23 @@ def flow_step(
     mask: np.ndarray,
     dt: float,
     delay_s: float,
-    h_scale: float,
+    h_scale: float | np.ndarray,
     cfg: FlowConfig,
 ) -> np.ndarray:
-    """One projected-gradient step of duration ``dt``; returns the new vector (on Δ(mask))."""
+    """One projected-gradient step of duration ``dt``; returns the new vector (on Δ(mask)).
+
+    ``h_scale``: ``Λ̂·g`` — one number, or one per cell (``Λ̂·g_j``). Per cell, arc j moves with
+    ``η_j = κ/(τ̄·Λ̂·g_j)`` and the result is projected in the matching metric
+    (:func:`project_simplex_scaled`), so the fixed points stay the cost-equalising ones.
+    """
     if not mask.any():
         raise ValueError("flow step with no usable destination")
-    eta = cfg.kappa / (delay_s * max(h_scale, 1e-12))
+    h = np.broadcast_to(np.maximum(np.asarray(h_scale, float), 1e-12), costs.shape)
+    w = np.where(mask, 1.0 / h, 0.0)
     c = np.where(mask, costs, 0.0)
-    centred = np.where(mask, c - c[mask].mean(), 0.0)
-    move = eta * dt * centred
+    centred = np.where(mask, c - float((w * c).sum() / w.sum()), 0.0)
+    move = (cfg.kappa / delay_s) * dt * w * centred
     biggest = float(np.abs(move).max())
     if biggest > cfg.max_step:
         move *= cfg.max_step / biggest
-    return project_simplex(np.where(mask, x, 0.0) - move, mask)
+    return project_simplex_scaled(np.where(mask, x, 0.0) - move, np.where(mask, w, 1.0), mask)

@@ -220,6 +220,18 @@ class RootRouter:
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
 
+    def adopt_unseen(self, other: RootRouter, cell: int, other_cell: int) -> None:
+        """Take over ``other``'s sends to ``other_cell`` that no probe has seen yet, as ``cell``.
+
+        A reconfiguration builds a new router; copying only the summed ``view.sent`` would leave the
+        queue behind it empty, so the next probe would reset the correction to zero and forget the
+        requests still on the wire (once per reconfiguration).
+        """
+        self._unseen[cell] = deque(other._unseen[other_cell])
+        self.view.sent[cell] = sum(amount for _, amount in self._unseen[cell])
+        if self._costs is not None:
+            self._costs[cell] = self._cost_one(cell)
+
     def set_available(self, cell: int, available: bool) -> None:
         """The probe client's verdict (e.g. consecutive probe failures, leaf removed)."""
         self.view.available[cell] = available
@@ -294,30 +306,47 @@ class RootRouter:
         # τ̄ is the pure feedback delay; the serving relaxation (1/μ') is already inside ĝ (see flow.py).
         delay = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
         lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
-        self.x = flow_step(self.x, costs, usable, dt, delay, lam * self._g_scale(n_obs, in_use), cfg)
+        self.x = flow_step(self.x, costs, usable, dt, delay, lam * self._g_scale(n_obs, usable, in_use), cfg)
 
-    def _g_scale(self, n_obs: np.ndarray, in_use: np.ndarray) -> float:
-        """ĝ_i = mean_j |c_j'(N)|/μ_j'(N) over arcs in use, N clipped to [N_ref, N_sat] (flow.py)."""
+    def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray) -> float | np.ndarray:
+        """g_j = |c_j'(N)|/μ_j'(N) at N clipped to [N_ref, N_sat], per usable cell (flow.py).
+
+        An overloaded cell (N past saturation) has no equilibrium to stabilise, and its g(N_sat)
+        (∝ (1 − ρ)⁻³ for the gradient cost) would shrink the very step that empties it: it takes the
+        mean g of the calm cells in use instead. With ``per_cell_scale`` off: one number, the mean over
+        the calm cells in use (the rule before per-cell scaling; docs/theory.md).
+        """
         m = self.models
         cfg = self.policy.flow
-        a, b, c, s = m.a[in_use], m.b[in_use], m.c[in_use], m.s[in_use]
+        a, b, c, s = m.a[usable], m.b[usable], m.c[usable], m.s[usable]
         n_ref = saturation_workload(a, b, c, s, cfg.ref_utilisation)
         n_sat = saturation_workload(a, b, c, s, cfg.saturation)
-        nn = np.minimum(np.maximum(n_obs[in_use], n_ref), np.maximum(n_sat, n_ref))
+        nn = np.minimum(np.maximum(n_obs[usable], n_ref), np.maximum(n_sat, n_ref))
         dmu = np.maximum(d_service_rate(nn, a, b, c, s), 1e-9)
         cost = self.policy.cost
         if cost is Cost.RIF:
-            dc = 1.0 / self.replicas[in_use]
+            dc = 1.0 / self.replicas[usable]
         elif cost is Cost.LATENCY:
             dc = d_latency(nn, a, b, c, s)
         else:
             eps = np.maximum(1e-3, 1e-3 * nn)
             zero = np.zeros_like(nn)
             sub = ModelTable(a, b, c, s)
-            up = cost_vector(cost, nn + eps, self.replicas[in_use], sub, zero)
-            down = cost_vector(cost, np.maximum(nn - eps, 0), self.replicas[in_use], sub, zero)
+            up = cost_vector(cost, nn + eps, self.replicas[usable], sub, zero)
+            down = cost_vector(cost, np.maximum(nn - eps, 0), self.replicas[usable], sub, zero)
             dc = (up - down) / (nn + eps - np.maximum(nn - eps, 0))
-        return float(np.mean(np.abs(dc) / dmu))
+        g_usable = np.abs(dc) / dmu
+        g = np.ones(len(usable))
+        g[usable] = g_usable
+        over = np.zeros(len(usable), bool)
+        over[usable] = n_obs[usable] > np.maximum(n_sat, n_ref)
+        calm = in_use & ~over
+        ref = calm if calm.any() else in_use
+        mean_g = float(g[ref].mean())
+        if not cfg.per_cell_scale:
+            return mean_g
+        g[over] = mean_g
+        return g
 
     # -- per request --------------------------------------------------------------------------------
     # The decision path runs once per request on the root's event loop, so it avoids numpy (whose

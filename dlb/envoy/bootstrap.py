@@ -451,7 +451,13 @@ def fallback_weights(cfg: Config, cell: str) -> dict[str, int]:
     return {d.name: d.replicas for d in cfg.allowed_destinations(cell)}
 
 
-def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str]) -> list[dict[str, Any]]:
+def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
+    """Flow without affinity, on a root told to run flow natively: Envoy samples the weights itself."""
+    return native_flow and ep.policy.mechanism is Mechanism.FLOW and not ep.policy.affinity.enabled
+
+
+def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str],
+                     has_ext_proc: bool = True) -> list[dict[str, Any]]:
     """One route per allowed cell (x-dlb-cell == cell-<name>), then the fail-open weighted route.
 
     Exact per-cell matches rather than ``cluster_header``: a pick naming an unknown or forbidden cell,
@@ -467,10 +473,11 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
         "overrides": {"grpc_initial_metadata": [{"key": HEADER_ENDPOINT, "value": ep.name}]},
     }
-    if native_flow and ep.policy.mechanism is Mechanism.FLOW and not ep.policy.affinity.enabled:
+    if _runs_natively(ep, native_flow):
         # Flow without affinity runs natively: Envoy samples weighted_clusters, no Python hop.
         ext_proc_route = {"@type": ext_proc_route["@type"], "disabled": True}
-    per_filter["envoy.filters.http.ext_proc"] = ext_proc_route
+    if has_ext_proc:
+        per_filter["envoy.filters.http.ext_proc"] = ext_proc_route
     add_endpoint = [{"header": {"key": HEADER_ENDPOINT, "value": ep.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
     picked = [
         {
@@ -526,7 +533,10 @@ def root_bootstrap(
         raise ValueError(f"weights name cells {bad} that {cell} may not send to (allowed: {sorted(allowed)})")
     if not any(w > 0 for w in weights.values()):
         raise ValueError(f"fallback weights of {cell} are all zero: {weights}")
-    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed)]
+    # A root whose every endpoint runs natively has no ext_proc filter at all: a filter left in the
+    # chain and disabled per route still costs every request its per-route lookup (docs/bench.md).
+    has_ext_proc = not all(_runs_natively(ep, native_flow) for ep in cfg.endpoints)
+    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed, has_ext_proc)]
     route_config = {
         "name": "dlb_root",
         # Stripped from client requests before any filter runs or any route is picked (docs/design.md §2).
@@ -536,10 +546,13 @@ def root_bootstrap(
         "request_headers_to_add": [{"header": {"key": HEADER_SRC_CELL, "value": me.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
-    filters = [_ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)), _router()]
-    tls = dlb_service_tls(cfg, "root", me.name)
-    clusters = [service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
-                               grpc_health=False)]
+    filters = [_router()]
+    clusters = []
+    if has_ext_proc:
+        filters.insert(0, _ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)))
+        tls = dlb_service_tls(cfg, "root", me.name)
+        clusters.append(service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
+                                       grpc_health=False))
     clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     return _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)

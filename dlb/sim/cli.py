@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="do not run the experiments: run each variant and policy once on one scenario for MINUTES "
                    "and project each experiment's CPU time at --scenarios/--trials/--minutes (dlb.sim.cost); "
                    "writes cost-estimate.json and .md to --out")
+    p.add_argument("--in-order", action="store_true",
+                   help="run scenario by scenario (default: largest jobs first); a run stopped early keeps whole "
+                        "scenarios in OUT/partial-*.jsonl")
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     r = sub.add_parser("report", help="write the paper-reproduction report from a results.json")
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
 
-        records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress, on_record=keep)
+        records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress, on_record=keep, in_order=args.in_order)
     partial.unlink()
     wall = time.perf_counter() - t0
     # Keep results of other experiments already in the directory, so experiments can run separately.

@@ -199,9 +199,13 @@ class Progress:
 
 
 def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True,
-             on_record: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run jobs (largest first) on ``workers`` processes; returns normalised records in job order."""
-    order = sorted(range(len(jobs)), key=lambda k: -jobs[k].cost())
+             on_record: Callable[[dict], None] | None = None, in_order: bool = False) -> list[dict]:
+    """Run jobs (largest first, or in the given order) on ``workers`` processes; returns normalised records in job order.
+
+    ``in_order``: as :func:`make_jobs` lists them, scenario by scenario, so a run stopped early (a
+    deadline on a loaded machine) has whole scenarios, each with its Rand to normalise by.
+    """
+    order = list(range(len(jobs))) if in_order else sorted(range(len(jobs)), key=lambda k: -jobs[k].cost())
     bar = Progress(len(jobs)) if progress else None
     out: list[dict[str, Any] | None] = [None] * len(jobs)
     if workers <= 1:
