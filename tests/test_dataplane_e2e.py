@@ -96,7 +96,7 @@ def test_streaming_response_arrives_intact_and_incrementally(plane):
         # The first event is in our hands while the server is still generating: the stream is not
         # buffered anywhere on the way (root Envoy, leaf Envoy).
         emu = {e.server.config.server_id: e for e in plane.emulators["a"] + plane.emulators["b"]}[served]
-        with urllib.request.urlopen(f"{emu.url}/admin/state", timeout=5) as r:
+        with urllib.request.urlopen(f"{emu.admin_url}/admin/state", timeout=5) as r:
             assert json.loads(r.read())["running"] >= 1
         rest = resp.read()
     finally:
