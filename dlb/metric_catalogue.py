@@ -133,6 +133,12 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "the control plane (dlb serve control-plane)"),
     MetricDef("xds", "dlb_xds_dns_truncated", "counter", (),
               "resolutions that returned more than 1024 addresses, cut to the lowest 1024", "the control plane (dlb serve control-plane)"),
+    MetricDef("xds", "dlb_xds_gc_frozen_objects", "gauge", (), "objects exempt from garbage collection (frozen after start, dlb/gc_heap.py)",
+              "the control plane (dlb serve control-plane)"),
+    MetricDef("xds", "dlb_xds_gc_pause_seconds", "counter", ("generation",), "time the process spent in garbage collections",
+              "the control plane (dlb serve control-plane)"),
+    MetricDef("xds", "dlb_xds_gc_pause_longest_seconds", "gauge", ("generation",), "the longest single garbage collection so far",
+              "the control plane (dlb serve control-plane)"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),
               "Requests answered with an error before running (reason: queue_full, injected_error, down)"),

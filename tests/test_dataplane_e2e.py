@@ -96,7 +96,7 @@ def test_streaming_response_arrives_intact_and_incrementally(plane):
         # The first event is in our hands while the server is still generating: the stream is not
         # buffered anywhere on the way (root Envoy, leaf Envoy).
         emu = {e.server.config.server_id: e for e in plane.emulators["a"] + plane.emulators["b"]}[served]
-        with urllib.request.urlopen(f"{emu.url}/admin/state", timeout=5) as r:
+        with urllib.request.urlopen(f"{emu.admin_url}/admin/state", timeout=5) as r:
             assert json.loads(r.read())["running"] >= 1
         rest = resp.read()
     finally:
@@ -187,3 +187,29 @@ def test_error_aversion_moves_traffic_away_from_a_failing_cell(plane):
         assert metric_value(leaf, "dlb_leaf_error_rate") > 0.1 >= metric_value(plane.leaf_metrics("b"), "dlb_leaf_error_rate")
     finally:
         emu_a.set_faults(error_rate=0.0)
+
+
+def _completed_from(plane, cell: str) -> dict[str, int]:
+    import grpc
+
+    from dlb.proto import probe_pb2, probe_pb2_grpc
+
+    with grpc.insecure_channel(str(plane.cfg.cell(cell).leaf.probe)) as ch:
+        r = probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(source_cell="test"), timeout=5)
+    return dict(r.completed_by_source)
+
+
+def test_leaf_counts_a_source_cell_only_from_roots(plane):
+    """A client at leaf b's port claiming to come from cell a is not counted as a's demand (issue 14 row 9);
+    the same request with the roots' token is (the access log sees what the leaf's routes kept)."""
+    from dlb.envoy.headers import ROOT_TOKEN, SRC_CELL
+    from dlb.envoy.root_token import root_token
+
+    leaf = plane.cfg.cell("b").leaf.address
+    before = _completed_from(plane, "b").get("a", 0)
+    for _ in range(3):
+        assert request(leaf.host, leaf.port, headers={SRC_CELL: "a", ROOT_TOKEN: "not-the-token-0123456789"})[0] == 200
+    assert request(leaf.host, leaf.port, headers={SRC_CELL: "a", ROOT_TOKEN: root_token(plane.cfg)})[0] == 200
+    # One Envoy worker (EnvoyProcess.concurrency = 1): one access-log stream, records in request order.
+    _wait(lambda: _completed_from(plane, "b").get("a", 0) >= before + 1, "the root-token request counted")
+    assert _completed_from(plane, "b").get("a", 0) == before + 1

@@ -125,7 +125,7 @@ def test_streaming_is_incremental_and_ends_with_usage_and_done(kind: str) -> Non
                 first = await resp.content.readline()
                 assert first.startswith(b"data: {")
                 # The first token reached us while the request is still generating: not buffered.
-                st = await wait_state(s, emu.url, lambda st: True)
+                st = await wait_state(s, emu.admin_url, lambda st: True)
                 assert st["running"] == 1
                 rest = await read_sse(resp)
             events = [json.loads(first[6:])] + [json.loads(p) for _, p in rest[:-1]]
@@ -213,7 +213,7 @@ def test_metrics_track_running_waiting_and_totals() -> None:
             assert metric(m0, "vllm:num_requests_running") == 0 and metric(m0, "vllm:prompt_tokens_total") == 0
             tasks = [asyncio.create_task(post(s, emu.url + "/v1/completions", {"prompt": p, "max_tokens": 30}))
                      for p in prompts]  # fmt: skip
-            await wait_state(s, emu.url, lambda st: st["running"] == 2 and st["waiting"] == 3)
+            await wait_state(s, emu.admin_url, lambda st: st["running"] == 2 and st["waiting"] == 3)
             m1 = await scrape(s, emu.url)
             assert metric(m1, "vllm:num_requests_running") == 2
             assert metric(m1, "vllm:num_requests_waiting") == 3
@@ -241,9 +241,9 @@ def test_queue_overflow_answers_with_configured_status(status: int) -> None:
                 aiohttp.ClientSession() as s:  # fmt: skip
             long = {"prompt": "x", "max_tokens": 200}
             t1 = asyncio.create_task(post(s, emu.url + "/v1/completions", long))
-            await wait_state(s, emu.url, lambda st: st["running"] == 1)
+            await wait_state(s, emu.admin_url, lambda st: st["running"] == 1)
             t2 = asyncio.create_task(post(s, emu.url + "/v1/completions", long))
-            await wait_state(s, emu.url, lambda st: st["waiting"] == 1)
+            await wait_state(s, emu.admin_url, lambda st: st["waiting"] == 1)
             st, body, headers = await post(s, emu.url + "/v1/completions", long)
             assert st == status and headers["x-dlb-server"] == "emu-test"
             assert_openai_error(body)
@@ -266,7 +266,7 @@ def test_client_disconnect_frees_the_slot() -> None:
                 resp.close()  # drop the connection mid-stream
             async with aiohttp.ClientSession() as s:
                 # Finishing naturally would take 100 s: only an abort frees the slot within the wait.
-                await wait_state(s, emu.url, lambda st: st["running"] == 0 and st["waiting"] == 0, timeout=10)
+                await wait_state(s, emu.admin_url, lambda st: st["running"] == 0 and st["waiting"] == 0, timeout=10)
                 st, _, _ = await post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 2})
                 assert st == 200
 
@@ -295,38 +295,38 @@ def test_fault_knobs_flip_a_running_server_bad_and_back() -> None:
     async def go() -> None:
         async with emulator() as emu, aiohttp.ClientSession() as s:
             url = emu.url + "/v1/completions"
-            async with s.post(emu.url + "/admin/faults", json={"error_rate": 1.0, "error_status": 502}) as r:
+            async with s.post(emu.admin_url + "/admin/faults", json={"error_rate": 1.0, "error_status": 502}) as r:
                 assert r.status == 200 and (await r.json())["error_rate"] == 1.0
             results = [await post(s, url, {"prompt": "x", "max_tokens": 2}) for _ in range(10)]
             assert [st for st, _, _ in results] == [502] * 10
             for _, body, headers in results:
                 assert_openai_error(body)
                 assert headers["x-dlb-server"] == "emu-test"
-            async with s.delete(emu.url + "/admin/faults") as r:
+            async with s.delete(emu.admin_url + "/admin/faults") as r:
                 assert (await r.json())["error_rate"] == 0.0
             assert (await post(s, url, {"prompt": "x", "max_tokens": 2}))[0] == 200
 
-            async with s.post(emu.url + "/admin/faults", json={"down": True}) as r:
+            async with s.post(emu.admin_url + "/admin/faults", json={"down": True}) as r:
                 assert r.status == 200
             for path in ("/health", "/v1/models", "/metrics"):
                 async with s.get(emu.url + path) as r:
                     assert r.status == 503
                     assert_openai_error(await r.json())
             assert (await post(s, url, {"prompt": "x"}))[0] == 503
-            async with s.get(emu.url + "/admin/faults") as r:
+            async with s.get(emu.admin_url + "/admin/faults") as r:
                 assert (await r.json())["down"] is True
-            async with s.post(emu.url + "/admin/faults", json={"down": False}) as r:
+            async with s.post(emu.admin_url + "/admin/faults", json={"down": False}) as r:
                 assert r.status == 200
             async with s.get(emu.url + "/health") as r:
                 assert r.status == 200
 
             for bad, field in [({"error_rate": 1.5}, "error_rate"), ({"slowdwn": 2}, "slowdwn")]:
-                async with s.post(emu.url + "/admin/faults", json=bad) as r:
+                async with s.post(emu.admin_url + "/admin/faults", json=bad) as r:
                     body = await r.json()
                     assert r.status == 400 and body["error"]["param"] == field
-            async with s.post(emu.url + "/admin/faults", data=b"{oops") as r:
+            async with s.post(emu.admin_url + "/admin/faults", data=b"{oops") as r:
                 assert r.status == 400
-            async with s.get(emu.url + "/admin/faults") as r:
+            async with s.get(emu.admin_url + "/admin/faults") as r:
                 assert await r.json() == {"error_rate": 0.0, "error_status": 500, "slowdown": 1.0,
                                           "extra_latency_ms": 0.0, "down": False}  # fmt: skip
 
@@ -376,11 +376,11 @@ def test_threaded_emulator_and_admin_client() -> None:
         assert st == 200 and headers["x-dlb-server"] == "thr" and body["usage"]["completion_tokens"] >= 1
         assert body["choices"][0]["finish_reason"] in ("stop", "length")
         emu.set_faults(error_rate=1.0)
-        assert get_faults(emu.url)["error_rate"] == 1.0
+        assert get_faults(emu.admin_url)["error_rate"] == 1.0
         assert _http("POST", emu.url + "/v1/completions", {"prompt": "x"})[0] == 500
-        assert reset_faults(emu.url)["error_rate"] == 0.0
-        assert set_faults(emu.url, slowdown=2.0)["slowdown"] == 2.0
-        assert get_state(emu.url)["faults"]["slowdown"] == 2.0
+        assert reset_faults(emu.admin_url)["error_rate"] == 0.0
+        assert set_faults(emu.admin_url, slowdown=2.0)["slowdown"] == 2.0
+        assert get_state(emu.admin_url)["faults"]["slowdown"] == 2.0
     assert emu._thread is None  # stopped and joined
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{emu.port}/health", timeout=2)
@@ -392,11 +392,11 @@ def test_child_process_emulator_serves_and_stops_cleanly() -> None:
         st, body, headers = _http("POST", p.url + "/v1/chat/completions",
                                   {"model": "m-b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
         assert st == 503 and headers["x-dlb-server"] == "child-1"  # start-up fault flags took effect
-        reset_faults(p.url)
+        reset_faults(p.admin_url)
         st, body, _ = _http("POST", p.url + "/v1/chat/completions",
                             {"model": "m-b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
         assert st == 200 and body["model"] == "m-b"
-        assert get_state(p.url)["config"]["max_batch"] == 4
+        assert get_state(p.admin_url)["config"]["max_batch"] == 4
         assert p.stop() == 0
         assert "emulator_started" in p.log_text() and "emulator_stopped" in p.log_text()
 

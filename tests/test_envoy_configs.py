@@ -35,6 +35,7 @@ from dlb.envoy.binary import EnvoyProcess, validate
 from dlb.envoy.bootstrap import (
     HEADER_CELL,
     HEADER_ENDPOINT,
+    HEADER_ROOT_TOKEN,
     HEADER_SERVER,
     HEADER_SRC_CELL,
     INTERNAL_HEADERS,
@@ -43,6 +44,7 @@ from dlb.envoy.bootstrap import (
     write_bootstrap,
 )
 from dlb.envoy.headers import GIE_DESTINATION
+from dlb.envoy.root_token import root_token
 from dlb.ext_proc.health import SERVICE as HEALTH_SERVICE
 from dlb.ext_proc.health import HealthState
 from dlb.procutil import free_port
@@ -242,7 +244,8 @@ def test_templates_match_renderer_on_what_matters() -> None:
     leaf_r = leaf_bootstrap(cfg, "us-east1", admin_port=9902, emulate_wan=True)
     assert leaf_t["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     for name in ("dlb.wan_delay.us-west1", "dlb.wan_delay.eu-west1"):
-        assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}}]
+        assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}},
+                                                                       {"name": HEADER_ROOT_TOKEN, "string_match": {"exact": root_token(cfg)}}]
     # Same delay as rendered from the example config (eu-west1 may not send to us-east1 there, so only us-west1).
     assert _filter(_hcm(leaf_t), "dlb.wan_delay.us-west1") == _filter(_hcm(leaf_r), "dlb.wan_delay.us-west1")
     # Same dead-server handling: health check, outlier detection, no panic mode, retry budget and safe retries.
@@ -460,7 +463,7 @@ def test_leaf_delays_by_source_cell_rtt(tmp_path: Path) -> None:
             stats = envoy.stats("fault")
             assert int(stats.get("http.dlb_leaf.fault.delays_injected", "0")) == 0
             t0 = time.monotonic()
-            status, body = request(leaf, headers={HEADER_SRC_CELL: "a"})
+            status, body = request(leaf, headers={HEADER_SRC_CELL: "a", HEADER_ROOT_TOKEN: root_token(cfg)})  # as a root sends it
             elapsed = time.monotonic() - t0
             assert status == 200 and body["name"] == "b-srv"
             assert elapsed >= 0.9 * 0.300  # generous lower bound only (the delay cannot be skipped)

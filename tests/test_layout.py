@@ -14,13 +14,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "dlb"
 
-FOUNDATION = {"errors", "log", "metric_catalogue", "procutil", "proto", "provenance"}
+FOUNDATION = {"errors", "gc_heap", "log", "metric_catalogue", "procutil", "proto", "provenance"}
 #: package → the packages it may import (besides itself). Foundations import nothing but each other.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metric_catalogue": set(),
     "log": set(),
     "procutil": set(),
+    "gc_heap": set(),
     "provenance": set(),
     "proto": set(),
     "core": {"errors"},

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlb.config import config_from_dict
-from dlb.envoy.bootstrap import LEAF_INTERNAL_HEADERS, leaf_bootstrap, leaf_prefixes
-from dlb.envoy.headers import CELL, SERVER
+import pytest
+
+from dlb.config import ConfigError, config_from_dict
+from dlb.envoy.bootstrap import LEAF_INTERNAL_HEADERS, leaf_bootstrap, leaf_prefixes, root_bootstrap
+from dlb.envoy.headers import CELL, ROOT_TOKEN, SERVER, SRC_CELL
+from dlb.envoy.root_token import root_token
 from dlb.procutil import free_port
 from tests.test_envoy_configs import echo_servers, request, running_envoy
 
@@ -51,3 +54,51 @@ def test_leaf_forwards_only_the_configured_api_paths(tmp_path: Path) -> None:
             for path in ("/admin/faults", "/admin/state", "/reset_prefix_cache", "/metrics"):
                 status, body = request(port, path)
                 assert status == 404 and "name" not in body, (path, body)
+
+
+def test_leaf_trusts_the_source_cell_only_from_roots(tmp_path: Path) -> None:
+    """A client at the leaf port claiming ``x-dlb-src-cell`` gets no emulated WAN delay and is counted as no cell.
+
+    Roots send the deployment's token (``root_token_file``) next to the source cell; without it (or with a
+    wrong one) the leaf drops the source cell before the servers and the access log see it, and its WAN
+    fault filters do not match. The token itself never leaves the leaf.
+    """
+    token_file = tmp_path / "root-token"
+    token_file.write_text("s3cret-root-token-0123456789\n")
+    with echo_servers("a-srv", "b-srv") as ports:
+        cfg = config_from_dict({
+            "version": 1, "root_token_file": str(token_file),
+            "cells": [{"name": n, "servers": [f"127.0.0.1:{ports[n + '-srv']}"],
+                       "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                       "root": {"address": f"127.0.0.1:{free_port()}"}} for n in ("a", "b")],
+            "network": {"default_one_way_ms": 5.0},
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]})
+        assert root_token(cfg) == "s3cret-root-token-0123456789"
+        root_adds = {h["header"]["key"]: h["header"]["value"]
+                     for h in root_bootstrap(cfg, "a", admin_port=free_port())["static_resources"]["listeners"][0]["filter_chains"][0]
+                     ["filters"][0]["typed_config"]["route_config"]["request_headers_to_add"]}
+        assert root_adds == {SRC_CELL: "a", ROOT_TOKEN: "s3cret-root-token-0123456789"}
+        boot = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=True)
+        port = cfg.cell("b").leaf.address.port
+        with running_envoy(boot, tmp_path, "leaf") as envoy:
+            for forged in ({SRC_CELL: "a"}, {SRC_CELL: "a", ROOT_TOKEN: "guessed-token-0123456789"}):
+                status, body = request(port, headers=forged)
+                assert status == 200 and body["name"] == "b-srv", body
+                assert SRC_CELL not in body["headers"] and ROOT_TOKEN not in body["headers"], body["headers"]
+            assert int(envoy.stats("fault").get("http.dlb_leaf.fault.delays_injected", "0")) == 0
+            status, body = request(port, headers={SRC_CELL: "a", ROOT_TOKEN: root_adds[ROOT_TOKEN]})
+            assert status == 200 and body["headers"][SRC_CELL] == "a" and ROOT_TOKEN not in body["headers"], body
+            assert int(envoy.stats("fault")["http.dlb_leaf.fault.delays_injected"]) == 1
+
+
+def test_root_token_file_problems_name_the_field(tmp_path: Path) -> None:
+    short = tmp_path / "short"
+    short.write_text("abc")
+    base = {"version": 1, "cells": [{"name": "a", "servers": ["127.0.0.1:1"], "leaf": {"address": "127.0.0.1:2", "probe": "127.0.0.1:3"}}],
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
+    for value, words in ((str(short), "16-256 printable"), (str(tmp_path / "missing"), "cannot read"), (7, "file path")):
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict(dict(base, root_token_file=value))
+        assert "root_token_file" in str(exc.value) and words in str(exc.value)
+    derived = root_token(config_from_dict(base))
+    assert derived == root_token(config_from_dict(base)) and derived.startswith("derived-")  # every renderer agrees

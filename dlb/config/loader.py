@@ -858,7 +858,35 @@ def _discovery(ck: _Checker, raw: Any) -> Discovery:
     return Discovery(dns_period_s=ck.number(m, "dns_period_s", "discovery", Discovery().dns_period_s, ge=0.1, le=3600))
 
 
-TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services", "tls", "discovery")
+#: A root token: printable ASCII without spaces (an HTTP header value Envoy matches exactly), 16-256 bytes.
+_TOKEN = re.compile(r"^[!-~]{16,256}$")
+
+
+def _root_token(ck: _Checker, raw: Any, source: str) -> str | None:
+    """``root_token_file: PATH``: the file holds the secret roots prove themselves to leaves with.
+
+    The secret is read here (one line, surrounding whitespace dropped) so a bad file is a problem report
+    at load time, not a leaf that silently trusts no root. Relative paths are from the config's folder.
+    """
+    if not isinstance(raw, str) or not raw:
+        ck.err("root_token_file", "must be a file path")
+        return None
+    base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
+    path = os.path.join(base, os.path.expanduser(raw))
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(4097)
+    except OSError as exc:
+        ck.err("root_token_file", f"{path}: cannot read: {exc.strerror or exc}")
+        return None
+    token = data.decode("ascii", "replace").strip()
+    if not _TOKEN.match(token):
+        ck.err("root_token_file", f"{path}: must hold one token of 16-256 printable ASCII characters without spaces")
+        return None
+    return token
+
+
+TOP_KEYS = ("version", "cells", "network", "endpoints", "probe", "services", "tls", "discovery", "root_token_file")
 
 
 def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
@@ -876,10 +904,11 @@ def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem
     services = _services(ck, top.get("services"))
     tls = _tls(ck, top.get("tls"), source) if "tls" in top else None
     discovery = _discovery(ck, top.get("discovery"))
+    root_token = _root_token(ck, top.get("root_token_file"), source) if "root_token_file" in top else None
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
-                  discovery=discovery, source=source)
+                  discovery=discovery, root_token=root_token, source=source)
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:

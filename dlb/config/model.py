@@ -316,6 +316,9 @@ class Config:
     services: Services = field(default_factory=Services)
     tls: TlsFiles | None = None  # None: plaintext gRPC everywhere (the default)
     discovery: Discovery = field(default_factory=Discovery)
+    #: The shared secret roots send leaves with ``x-dlb-src-cell`` (``root_token_file``); None: one derived
+    #: from the config (:func:`dlb.envoy.root_token.root_token`). Kept out of repr so it is never logged.
+    root_token: str | None = field(default=None, repr=False)
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------

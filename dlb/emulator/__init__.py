@@ -7,7 +7,7 @@
 - :mod:`dlb.emulator.faults` — fault knobs; :mod:`dlb.emulator.metrics` — vLLM-named metrics.
 - :mod:`dlb.emulator.server` — the aiohttp service: ``EmulatorServer`` (async) and ``ThreadedEmulator``.
 - :mod:`dlb.testbed.emulator` — ``EmulatorProcess``: the same as a child process on a free port.
-- :mod:`dlb.emulator.client` — admin API helpers (``set_faults`` …); :mod:`dlb.emulator.cli` — the command.
+- :mod:`dlb.emulator.client` — admin API helpers (``set_faults`` …, given the admin port's URL); :mod:`dlb.emulator.cli` — the command.
 - :mod:`dlb.bench.emulator_fidelity` — measures a live emulator against its own model.
 """
 

@@ -24,6 +24,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="listen port; 0 picks a free one (default 8000)")
     p.add_argument("--port-file", default=None, help="after binding, write the port to this file (for --port 0)")
+    p.add_argument("--admin-port", type=int, default=None,
+                   help="serve the admin API (/admin/faults, /admin/state) on this port, never on --port; 0 picks a "
+                   "free one (default: no admin API, faults only from the flags below)")  # fmt: skip
+    p.add_argument("--admin-port-file", default=None, help="after binding, write the admin port to this file")
     p.add_argument("--server-id", default=None, help="name returned in the x-dlb-server header (default emulator-PORT)")
     p.add_argument("--model", action="append", default=None,
                    help="model name served; repeat for aliases (default dlb-emulated)")  # fmt: skip
@@ -45,7 +49,7 @@ def register(subparsers: Any) -> None:
                    "load balancing (docs/emulator.md, DP mode)")  # fmt: skip
     p.add_argument("--prefix-cache", action="store_true",
                    help="model automatic prefix caching: a repeated prompt prefix skips prefill (vLLM v1 default)")  # fmt: skip
-    f = p.add_argument_group("faults (also settable at runtime: POST /admin/faults)")
+    f = p.add_argument_group("faults (also settable at runtime: POST /admin/faults on --admin-port)")
     f.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered with --error-status")
     f.add_argument("--error-status", type=int, default=500, help="status of injected errors (default 500)")
     f.add_argument("--slowdown", type=float, default=1.0, help="multiply step times (default 1.0)")
@@ -65,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         config = EmulatorConfig(
             host=args.host,
             port=args.port,
+            admin_port=args.admin_port,
             server_id=args.server_id or "",
             models=tuple(args.model or ["dlb-emulated"]),
             profile=profile,
@@ -102,10 +107,12 @@ def run(args: argparse.Namespace) -> int:
         await server.start()
         if server.config.server_id == "emulator" and not args.port:
             server.config.server_id = f"emulator-{server.port}"
-        if args.port_file:
-            tmp = Path(f"{args.port_file}.tmp{os.getpid()}")
-            tmp.write_text(f"{server.port}\n")  # noqa: ASYNC240 - once, at start-up
-            tmp.replace(args.port_file)  # noqa: ASYNC240 - atomic: a reader never sees a half-written port
+        # The admin port first: a reader that sees the API port file may use both at once.
+        for path, port in ((args.admin_port_file, server.admin_port), (args.port_file, server.port)):
+            if path and port is not None:
+                tmp = Path(f"{path}.tmp{os.getpid()}")
+                tmp.write_text(f"{port}\n")  # noqa: ASYNC240 - once, at start-up
+                tmp.replace(path)  # noqa: ASYNC240 - atomic: a reader never sees a half-written port
         try:
             await stop.wait()
         finally:
@@ -115,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         loop.run_until_complete(main())
     except OSError as e:
-        log.error("emulator_listen_failed", host=args.host, port=args.port, error=str(e))
+        log.error("emulator_listen_failed", host=args.host, port=args.port, admin_port=args.admin_port, error=str(e))
         return 1
     finally:
         loop.close()

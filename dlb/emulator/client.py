@@ -19,7 +19,7 @@ def _call(method: str, url: str, body: dict[str, Any] | None = None, timeout: fl
 
 
 def get_faults(base_url: str) -> dict[str, Any]:
-    """Current fault knobs of the emulator at ``base_url`` (e.g. ``http://127.0.0.1:8000``)."""
+    """Current fault knobs of the emulator whose admin API is at ``base_url`` (``--admin-port``, e.g. ``http://127.0.0.1:8001``)."""
     return _call("GET", base_url.rstrip("/") + "/admin/faults")
 
 

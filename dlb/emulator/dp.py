@@ -80,11 +80,15 @@ class DpEmulator:
         self.config = config
         self.dp_size = dp_size
         base_id = config.server_id or "emulator"
+        # Each rank has its faults and so its admin API: at admin_port + r (any free port when 0).
         self.ranks = [
-            EmulatorServer(config, port=0, server_id=f"{base_id}-dp{r}", seed=config.seed + r) for r in range(dp_size)
+            EmulatorServer(config, port=0, server_id=f"{base_id}-dp{r}", seed=config.seed + r,
+                           admin_port=None if config.admin_port is None else config.admin_port and config.admin_port + r)
+            for r in range(dp_size)
         ]
         self.profile = self.ranks[0].profile
         self.port = 0
+        self.admin_port: int | None = None  # rank 0's; rank r's is ranks[r].admin_port
         self.steps = 0
         self.idle_s = [0.0] * dp_size
         self.busy_s = [0.0] * dp_size
@@ -124,6 +128,7 @@ class DpEmulator:
                 if want or e.errno != errno.EADDRINUSE or attempt == 49:
                     raise
         self.port = self.ranks[0].port
+        self.admin_port = self.ranks[0].admin_port
         self._wake = asyncio.Event()
         for srv in self.ranks:
             srv._wake = self._wake  # any rank's arrival wakes the shared loop

@@ -61,6 +61,10 @@ class EmulatorConfig:
 
     host: str = "127.0.0.1"
     port: int = 0  # 0 = pick a free port; read it back from ``EmulatorServer.port``
+    #: The admin API (``/admin/faults``, ``/admin/state``) listens here, never on ``port``: whoever reaches the
+    #: API (clients, a leaf Envoy) must not be able to slow or break the server (issue 14 row 9). 0 = a free
+    #: port (``EmulatorServer.admin_port``); None = no admin API (faults only from the config).
+    admin_port: int | None = 0
     server_id: str = "emulator"
     models: tuple[str, ...] = ("dlb-emulated",)
     profile: Profile | str = "llama-8b-h100"
@@ -125,8 +129,10 @@ class EmulatorServer:
         self._live: dict[int, _Live] = {}
         self._wake = asyncio.Event()
         self._runner: web.AppRunner | None = None
+        self._admin_runner: web.AppRunner | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self.port: int = 0
+        self.admin_port: int | None = None  # bound admin port once started (None: no admin API)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -138,13 +144,26 @@ class EmulatorServer:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    @property
+    def admin_url(self) -> str:
+        if self.admin_port is None:
+            raise RuntimeError(f"emulator {self.config.server_id} has no admin API (admin_port=None)")
+        return f"http://{self.config.host}:{self.admin_port}"
+
     def build_app(self) -> web.Application:
+        """The OpenAI-compatible API, ``/health`` and ``/metrics`` (as vLLM serves them); no admin paths."""
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._json_errors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.on_response_prepare.append(self._tag_response)
+        return app
+
+    def build_admin_app(self) -> web.Application:
+        """Fault knobs and the scheduler snapshot, on ``admin_port`` only (a fault patch is tiny: 1 MiB bounds it)."""
+        app = web.Application(client_max_size=1 << 20, middlewares=[self._json_errors])
         app.router.add_get("/admin/faults", self._get_faults)
         app.router.add_post("/admin/faults", self._post_faults)
         app.router.add_delete("/admin/faults", self._reset_faults)
@@ -153,15 +172,28 @@ class EmulatorServer:
         app.on_response_prepare.append(self._tag_response)
         return app
 
+    async def _listen(self, app: web.Application, port: int) -> tuple[web.AppRunner, int]:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.config.host, port, reuse_address=True).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        return runner, runner.addresses[0][1]
+
     async def start(self, run_engine: bool = True) -> None:
         """Listen and start the engine coroutine; ``run_engine=False`` leaves stepping to a caller that
         drives several engines in lock step (:class:`dlb.emulator.dp.DpEmulator`)."""
         self._wake = asyncio.Event()  # bind to the running loop
-        self._runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await self._listen(self.build_app(), self.config.port)
+        if self.config.admin_port is not None:
+            try:
+                self._admin_runner, self.admin_port = await self._listen(self.build_admin_app(), self.config.admin_port)
+            except BaseException:
+                await self._runner.cleanup()
+                self._runner = None
+                raise
         if run_engine:
             self._engine_task = asyncio.create_task(self._engine_loop(), name=f"emulator-engine-{self.config.server_id}")
             self._engine_task.add_done_callback(self._engine_died)
@@ -169,6 +201,7 @@ class EmulatorServer:
             "emulator_started",
             server_id=self.config.server_id,
             address=self.address,
+            admin_port=self.admin_port,
             models=list(self.config.models),
             profile=self.profile.name,
             max_batch=self.config.max_batch,
@@ -193,6 +226,9 @@ class EmulatorServer:
                 live.stream.put_nowait(None)
             elif not live.done.done():
                 live.done.set_exception(ApiError(503, "server is shutting down", type_="server_error", code="server_shutting_down"))
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+            self._admin_runner = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -498,6 +534,11 @@ class ThreadedEmulator:
     def address(self) -> str:
         assert self.server is not None, "not started"
         return self.server.address
+
+    @property
+    def admin_url(self) -> str:
+        assert self.server is not None, "not started"
+        return self.server.admin_url
 
     def start(self, timeout: float = 10.0) -> ThreadedEmulator:
         ready = threading.Event()

@@ -8,14 +8,15 @@ setting. The header names here are the contract between the Envoys and the DLB s
 * ``x-dlb-cell``: set by the root ext_proc; the value is the *cluster name* ``cell-<name>``; the
   root routes match it exactly per allowed cell (anything else falls back to the weights).
 * ``x-dlb-src-cell``: the root Envoy's own cell, added by the root's route config (not by the
-  ext_proc, so it is present even when the ext_proc is down); the leaf uses it for WAN emulation.
+  ext_proc, so it is present even when the ext_proc is down); the leaf uses it for WAN emulation,
+  and believes it only next to ``x-dlb-root-token`` (:mod:`dlb.envoy.root_token`).
 * ``x-dlb-endpoint``: the endpoint name, added by the root route that matched.
 * ``x-dlb-server``: set by an optional leaf ext_proc; ``ip:port`` of the chosen server, read by an
   ORIGINAL_DST cluster on the leaf.
 
 All four are ``internal_only_headers`` on the root: Envoy strips them from client requests before
-any filter runs or any route is chosen, so a client cannot steer traffic. A leaf trusts them because
-its listener is reachable only by root Envoys (bind it to an internal address / network policy).
+any filter runs or any route is chosen, so a client cannot steer traffic. A leaf strips ``x-dlb-server``
+and ``x-dlb-cell`` from everyone and drops ``x-dlb-src-cell`` from requests without the roots' token.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ import yaml
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.envoy import headers as _h
+from dlb.envoy.root_token import root_token
 from dlb.envoy.tls import upstream_tls
 
 HEADER_CELL = _h.CELL
 HEADER_SRC_CELL = _h.SRC_CELL
 HEADER_SERVER = _h.SERVER
+HEADER_ROOT_TOKEN = _h.ROOT_TOKEN
 HEADER_ENDPOINT = "x-dlb-endpoint"
 #: Every x-dlb-* header the system uses; all are stripped from client requests at the root.
 INTERNAL_HEADERS = tuple(dict.fromkeys((*_h.INTERNAL, HEADER_ENDPOINT)))
@@ -543,7 +546,9 @@ def root_bootstrap(
         "internal_only_headers": list(INTERNAL_HEADERS),
         # Our own cell, for the leaf's WAN emulation and accounting; added by Envoy itself so it is
         # there when the ext_proc is down too.
-        "request_headers_to_add": [{"header": {"key": HEADER_SRC_CELL, "value": me.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        # With the deployment's token, which the leaves require before they trust x-dlb-src-cell.
+        "request_headers_to_add": [{"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+                                   for key, value in ((HEADER_SRC_CELL, me.name), (HEADER_ROOT_TOKEN, root_token(cfg)))],
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
     filters = [_router()]
@@ -574,15 +579,33 @@ def wan_delays_ms(cfg: Config, cell: str) -> dict[str, float]:
     }
 
 
-def _fault_filter(src: str, delay_ms: float) -> dict[str, Any]:
+def _fault_filter(src: str, delay_ms: float, token: str) -> dict[str, Any]:
+    """Delay requests from ``src``: only a root's (it sends the token) can claim a source cell."""
     return {
         "name": f"dlb.wan_delay.{src}",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
             "delay": {"fixed_delay": _duration(delay_ms / 1000.0), "percentage": {"numerator": 100, "denominator": "HUNDRED"}},
-            "headers": [{"name": HEADER_SRC_CELL, "string_match": {"exact": src}}],
+            "headers": [{"name": HEADER_SRC_CELL, "string_match": {"exact": src}},
+                        {"name": HEADER_ROOT_TOKEN, "string_match": {"exact": token}}],
         },
     }
+
+
+def _root_routes(routes: list[dict[str, Any]], token: str) -> list[dict[str, Any]]:
+    """Each leaf route twice: with the roots' token it keeps ``x-dlb-src-cell``; without, it drops it.
+
+    Envoy has no conditional header removal, but a route matches headers and removes its own: a request
+    that did not come from a root (no or a wrong token) loses the source cell before the access log and
+    the servers see it, so a client cannot pose as another cell's demand (issue 14 row 9).
+    """
+    out: list[dict[str, Any]] = []
+    for r in routes:
+        match = r["match"]
+        trusted = dict(match, headers=[*match.get("headers", []), {"name": HEADER_ROOT_TOKEN, "string_match": {"exact": token}}])
+        out.append(dict(r, name=r["name"] + "-from-root", match=trusted))
+        out.append(dict(r, request_headers_to_remove=[HEADER_SRC_CELL]))
+    return out
 
 
 def leaf_prefixes(cfg: Config) -> list[str]:
@@ -617,9 +640,10 @@ def leaf_bootstrap(
     """
     me = cfg.cell(cell)
     listen = listen or me.leaf.bind
+    token = root_token(cfg)
     filters: list[dict[str, Any]] = []
     if emulate_wan:
-        filters += [_fault_filter(src, ms) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
+        filters += [_fault_filter(src, ms, token) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
     servers = [(a, s.weight) for s in me.servers for a in s.rank_addresses()]  # a DP server: one endpoint per rank
     clusters = [_server_health(_cluster(LEAF_SERVERS_CLUSTER, servers, lb_policy="LEAST_REQUEST"))]
     routes: list[dict[str, Any]] = []
@@ -644,9 +668,11 @@ def leaf_bootstrap(
         "name": "dlb_leaf",
         # Headers only this leaf's own ext_proc may set (x-dlb-server is an ORIGINAL_DST target: from a client
         # it made the leaf Envoy an open proxy to any host:port): stripped from every downstream request
-        # before any filter runs. x-dlb-src-cell is not stripped: roots set it (docs/security.md).
+        # before any filter runs. x-dlb-src-cell is kept only next to the roots' token (_root_routes).
         "internal_only_headers": list(LEAF_INTERNAL_HEADERS),
-        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
+        # The token itself never reaches a server (nor the access log, which sees the router's headers).
+        "request_headers_to_remove": [HEADER_ROOT_TOKEN],
+        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": _root_routes(routes, token)}],
     }
     listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("leaf", me.name, admin_port, listener, clusters, ready_port)

@@ -10,10 +10,13 @@ routes by it, so a client that could set it would pick the server itself, past e
 CELL = "x-dlb-cell"
 #: Root → leaf Envoy: the cell the request entered at (the leaf's WAN emulation delays by its RTT).
 SRC_CELL = "x-dlb-src-cell"
+#: Root → leaf Envoy: the deployment's shared secret; a leaf trusts ``x-dlb-src-cell`` only next to it
+#: (docs/security.md), and removes it before the servers.
+ROOT_TOKEN = "x-dlb-root-token"
 #: Leaf → leaf Envoy: ``ip:port`` of the chosen server (ORIGINAL_DST cluster reads it).
 SERVER = "x-dlb-server"
 
 #: GIE endpoint picker → gateway: ``ip:port[,ip:port…]`` the gateway sends the request to (ORIGINAL_DST).
 GIE_DESTINATION = "x-gateway-destination-endpoint"
 
-INTERNAL = (CELL, SRC_CELL, SERVER, GIE_DESTINATION)
+INTERNAL = (CELL, SRC_CELL, ROOT_TOKEN, SERVER, GIE_DESTINATION)

@@ -4,7 +4,7 @@ Sequence: start one emulator process per server (tier ``servers``), then the dep
 ``dlb up`` does (:func:`dlb.testbed.up.plan`: control plane, leaves, roots, Envoys over xDS, WAN
 emulated), wait for every tier (roots: probes fresh), then send a seeded workload
 (:mod:`dlb.load.workload`) at ``--load`` × the fleet's computed capacity through the roots. At
-``DEGRADE_AT`` of the run the servers of the degraded cell slow down (``POST /admin/faults``) and
+``DEGRADE_AT`` of the run the servers of the degraded cell slow down (``POST /admin/faults`` on each one's admin port) and
 at ``RECOVER_AT`` they recover. Once a second the demo samples the control plane's ``/fleet`` (RIF,
 errors, fitted models, aversion, flow weights) and each root's decision counters (traffic share per
 source); the live view (``rich``) or one plain line per 5 s (``--no-live``) shows them. At the end it
@@ -26,6 +26,7 @@ from typing import Any
 
 from dlb.load.generator import LoadRunner, Result, positive_float
 from dlb.load.workload import WorkloadSpec, generate
+from dlb.procutil import free_port_block
 from dlb.testbed.fleet import (
     DEFAULT_FLEET,
     CellPlan,
@@ -89,6 +90,8 @@ class DemoRun:
     degrade_cell: str | None
     degrade_window: tuple[float, float] | None
     policy: str
+    #: Each server's admin API (``--admin-port``, cell -> addresses in ``servers`` order): the degradation goes there.
+    admin: dict[str, list[str]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)
@@ -149,10 +152,13 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
     py = [sys.executable, "-m", "dlb.cli"]
     profiles = {c.name: c.profile for c in fleet.cells}
     for cell, addrs in servers.items():
+        # The emulator's default --host; a DP server's rank r serves its admin API on port + r.
+        run.admin[cell] = [f"127.0.0.1:{free_port_block(fleet.ranks(cell))}" for _ in addrs]
         for k, addr in enumerate(addrs):
             port = addr.rpartition(":")[2]
             sup.add(Child(f"server {cell}/{k}", "servers",
-                          [*py, "serve", "emulator", "--port", port, "--server-id", f"{cell}/{k}", "--profile", profiles[cell],
+                          [*py, "serve", "emulator", "--port", port, "--admin-port", run.admin[cell][k].rpartition(":")[2],
+                           "--server-id", f"{cell}/{k}", "--profile", profiles[cell],
                            "--max-batch", str(fleet.max_batch), "--time-scale", str(fleet.time_scale),
                            "--seed", str(args.seed * 1000 + k),
                            *(["--dp-size", str(fleet.ranks(cell))] if fleet.ranks(cell) > 1 else [])],
@@ -203,7 +209,7 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
     async def set_faults(body: dict[str, Any]) -> None:
         assert run.degrade_cell is not None
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-            for addr in run.servers[run.degrade_cell]:
+            for addr in run.admin[run.degrade_cell]:
                 async with s.post(f"http://{addr}/admin/faults", json=body) as r:
                     r.raise_for_status()
 

@@ -1,7 +1,8 @@
 """Run an emulator as a child process on a free port (testbeds, benchmarks, fault tests that kill it).
 
-The child binds port 0 and writes the port it got to a file (``--port-file``), so there is no race
-between picking a free port and binding it; we then wait until ``/health`` answers. The child's
+The child binds port 0 (and its admin API on another free port) and writes the ports it got to files
+(``--port-file``, ``--admin-port-file``), so there is no race between picking a free port and binding
+it; we then wait until ``/health`` answers. Fault helpers take ``admin_url``. The child's
 output goes to a log file kept for debugging (``log_text()``). Stopping sends SIGTERM, then SIGKILL.
 """
 
@@ -49,6 +50,7 @@ class EmulatorProcess:
         self.host = host
         self.startup_timeout = startup_timeout
         self.port = 0
+        self.admin_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -59,6 +61,10 @@ class EmulatorProcess:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
 
     @property
     def log_path(self) -> Path:
@@ -72,9 +78,9 @@ class EmulatorProcess:
             return ""
 
     def command(self, port_file: str) -> list[str]:
-        opts = {k: v for k, v in self.options.items() if k not in ("host", "port", "port_file")}
+        opts = {k: v for k, v in self.options.items() if k not in ("host", "port", "port_file", "admin_port", "admin_port_file")}
         return [sys.executable, "-m", "dlb.cli", "serve", "emulator", "--host", self.host, "--port", "0",
-                "--port-file", port_file, *_flags(opts)]  # fmt: skip
+                "--port-file", port_file, "--admin-port", "0", "--admin-port-file", port_file + ".admin", *_flags(opts)]  # fmt: skip
 
     def start(self) -> EmulatorProcess:
         if self.proc is not None and self.proc.poll() is None:
@@ -97,9 +103,10 @@ class EmulatorProcess:
                     raise TimeoutError(f"emulator did not bind within {self.startup_timeout}s:\n{self.log_text()}")
                 time.sleep(0.02)
             self.port = int(port_file.read_text())
+            self.admin_port = int(Path(str(port_file) + ".admin").read_text())  # written before the port file
             while True:  # listening already; wait until the HTTP layer answers (any status: it may start down)
                 try:
-                    urllib.request.urlopen(self.url + "/admin/faults", timeout=2).read()
+                    urllib.request.urlopen(self.url + "/health", timeout=2).read()
                     break
                 except urllib.error.HTTPError:
                     break

@@ -1,0 +1,30 @@
+"""The secret a root Envoy shows a leaf Envoy so the leaf trusts its ``x-dlb-src-cell`` (issue 14 row 9).
+
+A leaf's listener faces the network: anyone who reaches it could claim to come from another cell (and
+get that cell's emulated WAN delay, or be counted as its demand by MNLB). Roots therefore add
+``x-dlb-root-token`` with the deployment's secret; the leaf's WAN-delay filters match it, its routes
+drop ``x-dlb-src-cell`` from a request without it, and it never reaches the servers or the access log.
+
+The secret comes from ``root_token_file`` in the config. Without one it is derived from the cells'
+names and addresses, so every renderer of one config (``dlb config bootstrap``, ``dlb up``, the control
+plane) agrees without a setting: that stops a client that has not read the config, nothing more —
+set ``root_token_file`` wherever the config is not itself secret. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from dlb.config.model import Config
+
+_DERIVED_PREFIX = b"dlb-root-token/v1\n"
+
+
+def root_token(cfg: Config) -> str:
+    """The token roots of ``cfg`` send and its leaves require (``cfg.root_token`` or the derived one)."""
+    if cfg.root_token:
+        return cfg.root_token
+    h = hashlib.sha256(_DERIVED_PREFIX)
+    for c in cfg.cells:
+        h.update(f"{c.name}\t{c.root.address}\t{c.leaf.address}\t{c.leaf.probe}\n".encode())
+    return "derived-" + h.hexdigest()
