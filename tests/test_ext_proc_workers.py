@@ -59,3 +59,33 @@ def test_workers_share_the_port_and_stop_together(tmp_path):
     else:
         os.kill(worker, 9)
         raise AssertionError("worker outlived the first process")
+
+
+def test_a_worker_dies_with_a_killed_first_process(tmp_path):
+    """SIGKILL of the first process (no chance to stop its workers): the worker arms PR_SET_PDEATHSIG itself
+    at start (spawn_workers passes no preexec_fn — a fork() with gRPC threads running aborted the child), so
+    it gets SIGTERM and exits instead of serving on alone."""
+    cfg = {
+        "version": 1,
+        "cells": [{"name": "a", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                   "servers": [f"127.0.0.1:{free_port()}"]}],
+        "network": {"default_one_way_ms": 0},
+        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
+    }
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(cfg))
+    root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--listen", f"127.0.0.1:{free_port()}",
+                          "--metrics", "", "--workers", "2")
+    with root:
+        worker = root.ready["worker_pids"][0]
+        os.kill(root.pid, 9)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(worker, 9)
+            raise AssertionError("worker outlived a SIGKILLed first process")

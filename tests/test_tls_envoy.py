@@ -207,7 +207,13 @@ def test_whole_data_plane_over_mtls(tmp_path: Path) -> None:
         assert all(picked), picked  # every request got a server picked by a leaf ext_proc (over TLS)
         root = plane.root_metrics()
         assert sum(metric_value(root, "dlb_root_decisions_total", endpoint="chat", cell=c) or 0 for c in "ab") >= 20, root
-        assert all((metric_value(root, "dlb_root_probes_total", cell=c) or 0) > 0 for c in "ab")
+        # Both leaves probed over mTLS: the first request needs only one usable cell, and a probe to the other may
+        # still be in its start-up backoff (a leaf that was not listening yet), so wait a bounded while.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all((metric_value(root, "dlb_root_probes_total", cell=c) or 0) > 0 for c in "ab"):
+            time.sleep(0.1)
+            root = plane.root_metrics()
+        assert all((metric_value(root, "dlb_root_probes_total", cell=c) or 0) > 0 for c in "ab"), root
         deadline = time.monotonic() + 10
         completed = 0.0
         while time.monotonic() < deadline and completed < 20:

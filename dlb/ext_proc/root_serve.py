@@ -21,7 +21,7 @@ from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
-from dlb.ext_proc.runner import run_event_loop, spawn_workers, wait_worker, write_ready
+from dlb.ext_proc.runner import die_with_parent, run_event_loop, spawn_workers, wait_worker, write_ready
 from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
 
 
@@ -127,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         if args.listen is None:
             raise SystemExit("dlb serve root: --listen is required without --config")
         listen, metrics = args.listen, args.metrics or None
+    if args.worker_index > 0:
+        die_with_parent()
     seed = None if args.seed is None else args.seed + args.worker_index
     run_event_loop(run_root(cfg, args.cell, listen, metrics or None, args.ready_file, seed, args.emulate_wan,
                             args.workers, args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport,

@@ -15,21 +15,31 @@ from pathlib import Path
 
 from dlb.errors import StartupError
 
+PARENT_PID_ENV = "DLB_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """In a worker started by :func:`spawn_workers`: get SIGTERM when the first process dies (Linux
+    PR_SET_PDEATHSIG), and exit now if it already has (the signal is only armed from here on)."""
+    import ctypes
+    import signal
+
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != int(parent):  # reparented: the first process died before the signal was armed
+        raise SystemExit("dlb serve root: the first process exited before this worker started")
+
 
 def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
     """Start workers 1..n-1 with this process's arguments on the bound port; they die with us."""
     import subprocess
     import sys
     import tempfile
-
-    def die_with_parent() -> None:  # Linux: SIGTERM the worker if the first process dies
-        try:
-            import ctypes
-            import signal
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
     base = _strip_args(sys.argv[1:], {"--listen", "--metrics", "--ready-file", "--worker-index"})
     out = []
@@ -43,7 +53,11 @@ def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:
             args += ["--metrics", f"{host}:{int(mport) + 100 * k}" if int(mport) else metrics]
         else:
             args += ["--metrics", ""]
-        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], preexec_fn=die_with_parent), ready))  # noqa: PLW1509 - prctl only, before any thread starts
+        # No preexec_fn: it forces a plain fork() while this process's gRPC threads run, and gRPC's fork
+        # handlers then abort the child before exec (seen as "worker exited with -6" under load). The
+        # worker ties its life to ours itself (die_with_parent, from DLB_PARENT_PID).
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        out.append((subprocess.Popen([sys.executable, "-m", "dlb.cli", *args], env=env), ready))
     return out
 
 
