@@ -20,7 +20,8 @@ from dlb.testbed.stack import metric_value
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_workers_share_the_port_and_stop_together(tmp_path):
+def _one_cell_config(tmp_path):
+    """A one-cell config whose leaf never answers (the workers' replies are the documented 503)."""
     cfg = {
         "version": 1,
         "cells": [{"name": "a", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
@@ -30,6 +31,11 @@ def test_workers_share_the_port_and_stop_together(tmp_path):
     }
     path = tmp_path / "dlb.yaml"
     path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_workers_share_the_port_and_stop_together(tmp_path):
+    path = _one_cell_config(tmp_path)
     port, mport = free_port(), free_port()
     while mport + 100 > 65535:
         mport = free_port()
@@ -65,15 +71,7 @@ def test_a_worker_dies_with_a_killed_first_process(tmp_path):
     """SIGKILL of the first process (no chance to stop its workers): the worker arms PR_SET_PDEATHSIG itself
     at start (spawn_workers passes no preexec_fn — a fork() with gRPC threads running aborted the child), so
     it gets SIGTERM and exits instead of serving on alone."""
-    cfg = {
-        "version": 1,
-        "cells": [{"name": "a", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
-                   "servers": [f"127.0.0.1:{free_port()}"]}],
-        "network": {"default_one_way_ms": 0},
-        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
-    }
-    path = tmp_path / "dlb.yaml"
-    path.write_text(json.dumps(cfg))
+    path = _one_cell_config(tmp_path)
     root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--listen", f"127.0.0.1:{free_port()}",
                           "--metrics", "", "--workers", "2")
     with root:
