@@ -350,3 +350,31 @@ def test_the_openssl_recipe_of_security_md_runs_in_sh_and_makes_working_certific
     for role in ("root", "leaf"):
         assert component_identity(tls, role, "us-east1") is not None
     assert component_identity(tls, "control-plane") is not None
+
+
+def test_failed_tls_handshakes_do_not_use_up_the_connection_cap(pki) -> None:
+    """Under TLS the listener's protocol factory runs at accept, but a connection whose handshake fails is
+    never made nor lost: counted at accept, each failed handshake stayed in the server's connection set for
+    good, and once the cap was reached every new connection (Envoy's too) was refused after its handshake.
+    Here the cap is 2: five plaintext clients fail their handshakes, then an mTLS client is still served."""
+    from dlb.ext_proc.transport.limits import H2Limits
+
+    tls: TlsFiles = pki["tls"]
+
+    async def scenario() -> None:
+        server = ExtProcServer("h2", _handle, limits=H2Limits(max_connections=2), tls=load_identity(tls, "root-a"))
+        port = await server.bind("127.0.0.1:0")
+        try:
+            for _ in range(5):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # not a ClientHello: the handshake fails
+                await writer.drain()
+                writer.close()
+            await asyncio.sleep(0.5)
+            got = await _process(f"127.0.0.1:{port}", load_identity(tls, "root-a").channel_credentials())
+            assert got in ("request_headers", "immediate_response"), got
+            assert server.stats.connections_refused == 0
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())

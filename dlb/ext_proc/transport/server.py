@@ -34,10 +34,13 @@ log = get_logger("dlb.h2server")
 class H2GrpcProtocol(asyncio.Protocol):
     """One connection: socket bytes to :class:`H2Connection` and back, plus its two timers."""
 
-    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], refuse: bool = False) -> None:
+    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], refuse: bool = False,
+                 admit: Callable[[H2GrpcProtocol], bool] | None = None) -> None:
         self.conn = conn
         self.on_close = on_close
         self.refuse = refuse
+        #: Called when the connection is made (after the TLS handshake under TLS): False = over the cap.
+        self.admit = admit
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._opened_seen = -1
@@ -49,7 +52,8 @@ class H2GrpcProtocol(asyncio.Protocol):
         # asyncio.Transport (an assert here dropped every connection under uvloop).
         self.transport = stream = cast("asyncio.Transport", transport)
         stats = self.conn.stats
-        if self.refuse:
+        if self.refuse or (self.admit is not None and not self.admit(self)):
+            self.refuse = True
             stats.connections_refused += 1
             if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
                 log.warning("h2_connection_cap_reached", refused=stats.connections_refused)
@@ -151,13 +155,18 @@ class H2GrpcServer:
         routes = {p.encode(): r for p, r in self.routes.items()}
         cap = self.limits.connection_cap()
 
-        def factory() -> H2GrpcProtocol:
-            conn = H2Connection(path, self.handler, self.stats, self.limits, routes)
+        def admit(proto: H2GrpcProtocol) -> bool:
+            # Counted when the connection is *made*, not when the factory runs: under TLS the factory
+            # runs at accept and a connection whose handshake fails is never made (nor lost) — counted
+            # at accept, each failed handshake stayed in the set for good and after `cap` of them every
+            # new connection, Envoy's too, was refused.
             if len(self._conns) >= cap:
-                return H2GrpcProtocol(conn, self._conns.discard, refuse=True)
-            proto = H2GrpcProtocol(conn, self._conns.discard)
+                return False
             self._conns.add(proto)
-            return proto
+            return True
+
+        def factory() -> H2GrpcProtocol:
+            return H2GrpcProtocol(H2Connection(path, self.handler, self.stats, self.limits, routes), self._conns.discard, admit=admit)
 
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
