@@ -34,6 +34,19 @@ def _one_cell_config(tmp_path):
     return path
 
 
+def _expect_gone(pid: int, why: str) -> None:
+    """Wait (bounded) for ``pid`` to exit; if it does not, kill it (nothing left behind) and fail with ``why``."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    raise AssertionError(why)
+
+
 def test_workers_share_the_port_and_stop_together(tmp_path):
     path = _one_cell_config(tmp_path)
     port, mport = free_port(), free_port()
@@ -55,16 +68,7 @@ def test_workers_share_the_port_and_stop_together(tmp_path):
             with urllib.request.urlopen(f"http://127.0.0.1:{mp}/metrics", timeout=5) as r:
                 counts.append(metric_value(r.read().decode(), "dlb_root_streams_total"))
         assert sum(counts) == 24 and all(c > 0 for c in counts), counts
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(worker, 9)
-        raise AssertionError("worker outlived the first process")
+    _expect_gone(worker, "worker outlived the first process")
 
 
 def test_a_worker_dies_with_a_killed_first_process(tmp_path):
@@ -77,13 +81,4 @@ def test_a_worker_dies_with_a_killed_first_process(tmp_path):
     with root:
         worker = root.ready["worker_pids"][0]
         os.kill(root.pid, 9)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                os.kill(worker, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(worker, 9)
-            raise AssertionError("worker outlived a SIGKILLed first process")
+        _expect_gone(worker, "worker outlived a SIGKILLed first process")
