@@ -174,8 +174,9 @@ def test_a_dead_server_loses_no_request_and_comes_back(xds: bool) -> None:
         dead.stop()
         served = c.send(40)
         assert served.count("a-0") == 40, served  # every request answered, none by the dead server
-        # It was found dead: retried connects at first, then ejected / health-checked out.
-        assert c.stats("cluster.servers.upstream_rq_retry") >= 1
+        # It was found dead: by a retried connect or by the active health check, whichever came first -- on a
+        # loaded box the health check can mark it before any request picks it, so neither alone is certain.
+        # Without retries a request that picks it before the health check fails, and the count above breaks.
         _wait(lambda: c.stats("cluster.servers.health_check.failure") >= 1, "health check notices the dead server")
         dead._config = replace(dead._config, port=port)
         dead.start()
