@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,17 +34,55 @@ def log_tail(path: str | os.PathLike[str], n: int = 40) -> str:
 
 
 _handed_out: set[int] = set()
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+#: Lowest port :func:`free_port` hands out: above the well-known and most registered service ports.
+LOWEST_PORT = 10000
+#: Fewest ports below the ephemeral range worth drawing from; fewer, and two concurrent test runs
+#: would pick the same port too often, so the old way (the kernel's pick of port 0) is used instead.
+MIN_POOL = 2000
+_random = random.SystemRandom()  # not the global generator: tests seed it, and two seeded runs would collide
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def ephemeral_range(path: str = _EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The kernel's range of ephemeral ports (``connect()``'s source ports, ``bind(port 0)``), or None."""
+    try:
+        lo, hi = (int(v) for v in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return lo, hi
+
+
+def _pool_top(ephemeral: tuple[int, int] | None = None) -> int | None:
+    """One past the highest port :func:`free_port` draws from, or None to let the kernel pick."""
+    span = ephemeral or ephemeral_range()
+    return span[0] if span is not None and span[0] - LOWEST_PORT >= MIN_POOL else None
+
+
+def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None) -> int:
     """A port that was free a moment ago (for configs that need an address before the service runs).
 
-    Never the same port twice in one process: the kernel readily hands a just-released port out
-    again, so two calls in a row could otherwise name one address for two services (seen in CI).
+    Why not the kernel's pick of port 0: that port comes from the ephemeral range, the same range every
+    outgoing connection on the machine takes its source port from. Between this call and the bind
+    by the service that was given the port (an Envoy seconds later), any test's or service's client
+    connection could take it, and the Envoy then NACKed its listener and never became ready — the
+    free-port races of the CI runs (test_faults_e2e, test_up). So the port is drawn at random from
+    [``LOWEST_PORT``, start of the ephemeral range): the kernel never hands those out by itself,
+    only an explicit bind to that number takes one. ``ephemeral`` overrides the range read from
+    /proc (for tests); when it cannot be read or leaves fewer than ``MIN_POOL`` ports below it,
+    the kernel's pick is used, as before.
+
+    Never the same port twice in one process: a port just handed out is not bound yet, so two calls
+    in a row could otherwise name one address for two services (seen in CI).
     """
+    top = _pool_top(ephemeral)
     for _ in range(1000):
         with socket.socket() as sock:
-            sock.bind((host, 0))
+            try:
+                sock.bind((host, _random.randrange(LOWEST_PORT, top) if top else 0))
+            except OSError as e:
+                if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue  # in use (or in TIME_WAIT), or reserved: draw another
+                raise
             port = int(sock.getsockname()[1])
         if port not in _handed_out:
             _handed_out.add(port)
@@ -55,9 +95,10 @@ def free_port_block(n: int, host: str = "127.0.0.1") -> int:
     ranks listen on port .. port + n - 1, as vLLM's external DP load balancing deploys them)."""
     if n < 1:
         raise ValueError(f"n: must be >= 1, got {n}")
+    top = _pool_top() or 65536
     for _ in range(200):
         base = free_port(host)
-        if base + n - 1 > 65535:
+        if base + n > top:
             continue
         socks = []
         try:
