@@ -14,7 +14,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from dlb.testbed.supervisor import Child, Supervisor, processes_of_run
+import pytest
+
+from dlb.testbed.supervisor import Child, StartError, Supervisor, processes_of_run
 
 
 def _alive(pid: int) -> bool:
@@ -64,6 +66,36 @@ def test_stop_goes_in_reverse_tier_order_and_kills_what_ignores_sigterm(tmp_path
     assert any(who == "root" and what.startswith("killed") for _t, who, what in sup.events)
     assert not _alive(stubborn.pid or 0)
     assert processes_of_run(tmp_path) == []
+
+
+def test_a_child_that_is_not_ready_says_what_it_waits_for_then_the_timeout_names_it(tmp_path: Path) -> None:
+    """``dlb up`` used to stay silent while a root waited for a dead cell, then name only the child."""
+    out = io.StringIO()
+    sup = Supervisor(tmp_path, console=out, wait_report_s=0.2)
+    sup.add(Child("root", "roots", ["sleep", "60"], tmp_path / "root.log", ready=lambda: False,
+                  waiting=lambda: "a leaf to answer"))
+    sup.add(Child("quiet", "roots", ["sleep", "60"], tmp_path / "quiet.log", ready=lambda: False))
+    try:
+        with pytest.raises(StartError) as err:
+            sup.start(1.0)
+    finally:
+        sup.stop(3)
+    text = out.getvalue()
+    assert "root: not ready after 0s: waiting for a leaf to answer" in text
+    assert "quiet: not ready after 0s" in text  # no description: how long, at least
+    assert "root (waiting for a leaf to answer)" in str(err.value) and "quiet" in str(err.value)
+
+
+def test_a_description_that_raises_does_not_stop_the_start(tmp_path: Path) -> None:
+    out = io.StringIO()
+    sup = Supervisor(tmp_path, console=out, wait_report_s=0.0)
+    sup.add(Child("c", "t", ["sleep", "60"], tmp_path / "c.log", ready=lambda: False, waiting=lambda: str(1 / 0)))
+    try:
+        with pytest.raises(StartError):
+            sup.start(0.3)
+    finally:
+        sup.stop(3)
+    assert "waiting for ? (ZeroDivisionError" in out.getvalue()
 
 
 SUPERVISOR_SCRIPT = textwrap.dedent("""

@@ -150,3 +150,71 @@ def test_up_refuses_a_config_whose_addresses_it_cannot_listen_on_naming_file_and
     assert f"{path}: cells[1].leaf.probe: cannot listen on 192.0.2.1:9020" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists() or processes_of_run(tmp_path / "run") == []
+
+
+def _root_metrics(usable: dict[tuple[str, str], float], probes: dict[str, tuple[float, float, float]]) -> str:
+    """A root's /metrics as prometheus_client writes it (counters end in ``_total``); probes: cell -> (ok, failed, age)."""
+    lines = [f'dlb_root_cell_usable{{cell="{c}",endpoint="{ep}"}} {v}' for (ep, c), v in usable.items()]
+    for c, (ok, failed, age) in probes.items():
+        lines += [f'dlb_root_probe_age_seconds{{cell="{c}"}} {age}', f'dlb_root_probe_errors_total{{cell="{c}"}} {failed}',
+                  f'dlb_root_probes_total{{cell="{c}"}} {ok}']
+    return "\n".join(lines) + "\n"
+
+
+def test_a_waiting_root_names_each_unusable_cell_and_why() -> None:
+    from dlb.config import config_from_dict
+    from dlb.testbed.waiting import root_waiting
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test"),
+                         CellPlan("europe-west1", 1, "fast-test")))
+    cfg = config_from_dict(demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"], "europe-west1": ["127.0.0.1:3"]}))
+    eps = [ep.name for ep in cfg.endpoints]
+    every = {(ep, c): 1.0 for ep in eps for c in ("us-east1", "us-west1", "europe-west1")}
+    fresh = dict.fromkeys(("us-east1", "us-west1", "europe-west1"), (50.0, 0.0, 0.01))
+    healthy = "dlb_leaf_healthy_servers 1.0\ndlb_leaf_envoy_reachable 1.0\n"
+    leaves: dict[str, str | None] = {"us-east1": healthy, "us-west1": healthy, "europe-west1": healthy}
+    assert root_waiting(_root_metrics(every, fresh), cfg, "us-east1", leaves) == ""
+
+    down = every | {(ep, "us-west1"): 0.0 for ep in eps}
+    no_server = leaves | {"us-west1": "dlb_leaf_healthy_servers 0.0\ndlb_leaf_envoy_reachable 1.0\n"}
+    assert root_waiting(_root_metrics(down, fresh), cfg, "us-east1", no_server) == (
+        "usable cells — cell us-west1: a healthy server (its leaf reports 0 of 1 healthy: is 127.0.0.1:2 running?)")
+
+    silent = fresh | {"us-west1": (0.0, 7.0, float("inf"))}
+    probe = cfg.cell("us-west1").leaf.probe
+    assert root_waiting(_root_metrics(down, silent), cfg, "us-east1", leaves | {"us-west1": None}) == (
+        f"usable cells — cell us-west1: its leaf agent's first probe answer ({probe}, 7 failed)")
+
+    stale = fresh | {"us-west1": (50.0, 3.0, 4.2)}
+    assert "cell us-west1: a fresh probe answer from its leaf agent" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
+    assert "last answer 4s ago, 3 failed" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
+
+    one_endpoint = every | {(eps[-1], "europe-west1"): 0.0}  # one endpoint has not heard from one leaf yet
+    assert root_waiting(_root_metrics(one_endpoint, fresh), cfg, "us-east1", leaves) == (
+        f"usable cells — cell europe-west1 for {eps[-1]}: its leaf to report it available")
+
+
+def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: Path) -> None:
+    """Every server of us-west1 is down: the root never becomes ready, and the console says so and why
+    every few seconds instead of staying silent until the ready timeout (which names the reason too)."""
+    from dlb.procutil import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea:
+        fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+        path = tmp_path / "dlb.yaml"
+        path.write_text(json.dumps(demo_config(fleet, {"us-east1": [ea.address], "us-west1": [dead]})))
+        run_dir = tmp_path / "run"
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        try:
+            out = subprocess.run([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(run_dir),
+                                  "--ready-timeout", "12"], capture_output=True, text=True, env=env, timeout=120, check=False)
+        finally:
+            for pid in processes_of_run(run_dir):
+                os.kill(pid, signal.SIGKILL)
+    text = out.stdout + out.stderr
+    why = f"cell us-west1: a healthy server (its leaf reports 0 of 1 healthy: is {dead} running?)"
+    assert out.returncode == 1, text
+    assert f"root us-east1 service: not ready after 5s: waiting for usable cells — {why}" in text, text
+    assert f"not ready after 12s: root us-east1 service (waiting for usable cells — {why})" in text, text
+    assert processes_of_run(run_dir) == []

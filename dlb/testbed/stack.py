@@ -19,6 +19,7 @@ from typing import Any
 
 from dlb.config import Config, config_from_dict
 from dlb.envoy.binary import EnvoyProcess
+from dlb.testbed.metrics_text import metric_value  # noqa: F401 - re-exported: tests and benches read metrics from here
 from dlb.testbed.process import ServiceProcess, free_port
 
 
@@ -87,22 +88,6 @@ class DataPlane:
         self._stack.close()
         if self._tmp is not None:
             self._tmp.cleanup()
-
-
-def metric_value(text: str, name: str, **labels: str) -> float | None:
-    """The value of one sample in Prometheus text format (labels must match exactly the ones given)."""
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        metric, _, lbl = head.partition("{")
-        if metric != name:
-            continue
-        got = dict(kv.split("=", 1) for kv in lbl.rstrip("}").split(",") if kv) if lbl else {}
-        got = {k: v.strip('"') for k, v in got.items()}
-        if all(got.get(k) == v for k, v in labels.items()):
-            return float(value)
-    return None
 
 
 def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root_cell: str, endpoint: dict[str, Any] | list[dict[str, Any]],

@@ -38,6 +38,9 @@ _PR_SET_PDEATHSIG = 1
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
+#: While a child is not ready, say what it waits for this often (first after this long): a root
+#: that waits for a dead cell used to leave the console silent until the ready timeout.
+WAIT_REPORT_S = 5.0
 #: Set in every child's environment to the run directory: lets a test (or an operator) find every
 #: process of a run in /proc, including ones whose command line does not name the run.
 RUN_ENV = "DLB_SUPERVISED_RUN"
@@ -67,6 +70,8 @@ class Child:
     log_path: Path
     #: Returns True once the child serves (called repeatedly while it starts). None: ready when spawned.
     ready: Callable[[], bool] | None = None
+    #: While not ready: what the child still waits for, in words ("" if it cannot tell).
+    waiting: Callable[[], str] | None = None
     env: dict[str, str] = field(default_factory=dict)
     #: Called before every (re)start, e.g. to remove a stale ready file.
     before_start: Callable[[], None] | None = None
@@ -77,6 +82,8 @@ class Child:
     backoff_s: float = BACKOFF_START_S
     restart_at: float = 0.0
     exit_code: int | None = None
+    waiting_said_at: float = 0.0
+    last_waiting: str = ""
 
     @property
     def pid(self) -> int | None:
@@ -90,8 +97,10 @@ class StartError(RuntimeError):
 class Supervisor:
     """Children in tiers; ``start()`` brings tiers up in order, ``poll()`` restarts, ``stop()`` tears down."""
 
-    def __init__(self, run_dir: Path, console: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, run_dir: Path, console: TextIO | None = None, clock: Callable[[], float] = time.monotonic,
+                 wait_report_s: float = WAIT_REPORT_S) -> None:
         self.run_dir = run_dir
+        self.wait_report_s = wait_report_s
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
         self.tiers: list[str] = []
@@ -120,9 +129,20 @@ class Supervisor:
         with open(c.log_path, "ab") as log:
             c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                       start_new_session=True, preexec_fn=functools.partial(_arm_parent_death_signal, os.getpid()))  # noqa: PLW1509 - prctl + getppid only: no locks taken in the child
-        c.started_at = self.clock()
+        c.started_at = c.waiting_said_at = self.clock()
+        c.last_waiting = ""
         c.state = "starting"
         c.exit_code = None
+
+    def _say_waiting(self, c: Child) -> None:
+        """Every ``wait_report_s`` while ``c`` is not ready: what it waits for (or how long it has waited)."""
+        now = self.clock()
+        if now - c.waiting_said_at < self.wait_report_s:
+            return
+        c.waiting_said_at = now
+        c.last_waiting = _safe_text(c.waiting) if c.waiting is not None else ""
+        self.say(c.name, f"not ready after {now - c.started_at:.0f}s: waiting for {c.last_waiting}" if c.last_waiting
+                 else f"not ready after {now - c.started_at:.0f}s")
 
     def start(self, timeout_s: float = 90.0, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Start every tier in order; a tier's children start together and must all be ready before the next."""
@@ -148,11 +168,15 @@ class Supervisor:
                         self.say(c.name, f"ready (pid {c.pid}, {self.clock() - c.started_at:.1f}s)")
                     else:
                         pending = True
+                        self._say_waiting(c)
                 if not pending:
                     break
                 if self.clock() > deadline:
-                    late = [c.name for c in group if c.state == "starting"]
-                    raise StartError(f"not ready after {timeout_s:.0f}s: {', '.join(late)}; logs in {self.run_dir}")
+                    late = [c for c in group if c.state == "starting"]
+                    for c in late:  # the reason as of now, not as of the last report
+                        c.last_waiting = _safe_text(c.waiting) if c.waiting is not None else ""
+                    names = ", ".join(f"{c.name} (waiting for {c.last_waiting})" if c.last_waiting else c.name for c in late)
+                    raise StartError(f"not ready after {timeout_s:.0f}s: {names}; logs in {self.run_dir}")
                 time.sleep(0.05)
 
     def poll(self) -> None:
@@ -177,9 +201,12 @@ class Supervisor:
                 c.backoff_s = min(c.backoff_s * 2, BACKOFF_MAX_S)
                 c.state = "backoff"
                 continue
-            if c.state == "starting" and (c.ready is None or _safe(c.ready)):
-                c.state = "ready"
-                self.say(c.name, "ready")
+            if c.state == "starting":
+                if c.ready is None or _safe(c.ready):
+                    c.state = "ready"
+                    self.say(c.name, "ready")
+                else:
+                    self._say_waiting(c)
 
     def stop(self, budget_s: float = 9.0) -> None:
         """Stop tiers in reverse start order: SIGTERM a tier, wait for it (a share of the budget), then the next.
@@ -236,6 +263,13 @@ def _safe(check: Callable[[], bool]) -> bool:
         return bool(check())
     except Exception:
         return False
+
+
+def _safe_text(describe: Callable[[], str]) -> str:
+    try:
+        return str(describe())
+    except Exception as e:  # a description must never stop the supervisor
+        return f"? ({type(e).__name__}: {e})"
 
 
 def _tail(path: Path, n: int = 20) -> str:

@@ -105,6 +105,33 @@ def _envoy_live(admin_port: int) -> bool:
         return False
 
 
+def _envoy_waiting(admin_port: int, listener: HostPort, xds: HostPort) -> str:
+    """What a starting Envoy lacks: its admin saying LIVE, or the listener it takes from the control plane."""
+    if not _envoy_live(admin_port):
+        return f"its admin http://127.0.0.1:{admin_port}/ready to answer LIVE (config from the control plane at {xds})"
+    return f"its listener {listener} (from the control plane at {xds}; a refused bind shows in its log)"
+
+
+def _fetch(url: str) -> str | None:
+    try:
+        return http_get(url, 1.0)[1]
+    except OSError:
+        return None
+
+
+def _root_waiting(ready_file: Path, metrics_url: str, cfg: Config, cell: str, leaf_metrics: dict[str, str]) -> str:
+    """What a root service lacks before it is ready: its listener, or usable cells (and why each is not)."""
+    from dlb.testbed.waiting import root_waiting
+
+    if not ready_file.exists():
+        return "its ext_proc listener (ready file not written yet)"
+    text = _fetch(metrics_url)
+    if text is None:
+        return f"its metrics at {metrics_url}"
+    dests = {d.name for d in cfg.allowed_destinations(cell)}
+    return root_waiting(text, cfg, cell, {c: _fetch(url) for c, url in leaf_metrics.items() if c in dests})
+
+
 @dataclass
 class RootInfo:
     cell: str
@@ -150,20 +177,16 @@ def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xd
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
-                  ready=lambda: _envoy_live(admin) and tcp_open(listener))
+                  ready=lambda: _envoy_live(admin) and tcp_open(listener),
+                  waiting=functools.partial(_envoy_waiting, admin, listener, xds))
     return sup.add(child), admin
 
 
 def probes_fresh(metrics_url: str, cfg: Config, cell: str) -> bool:
     """Every cell the root of ``cell`` may send to is usable (fresh probe, available) for every endpoint."""
-    from dlb.testbed.stack import metric_value
+    from dlb.testbed.waiting import unusable
 
-    text = http_get(metrics_url, 1.0)[1]
-    for dest in cfg.allowed_destinations(cell):
-        for ep in cfg.endpoints:
-            if metric_value(text, "dlb_root_cell_usable", endpoint=ep.name, cell=dest.name) != 1.0:
-                return False
-    return True
+    return not unusable(http_get(metrics_url, 1.0)[1], cfg, cell)
 
 
 def _root_ready(ready_file: Path, metrics_url: str, cfg: Config, cell: str) -> bool:
@@ -190,7 +213,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     sup.add(Child("control-plane", "control-plane",
                   [*_python(), "serve", "control-plane", "--config", config_path, *wan, *(control_plane_args or [])],
                   run_dir / "control-plane.log",
-                  ready=lambda: http_get(f"{status_url}/status")[0] == 200 and tcp_open(cp.xds)))
+                  ready=lambda: http_get(f"{status_url}/status")[0] == 200 and tcp_open(cp.xds),
+                  waiting=lambda: f"{status_url}/status to answer 200 and xDS at {cp.xds} to accept"))
     dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url)
     for cell in cfg.cells:
         ready_path = run_dir / f"leaf-{cell.name}.ready.json"
@@ -199,6 +223,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
                        "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *(leaf_args or [])],
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
+                      waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -215,6 +240,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                            "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *wan, *(root_args or [])],
                           run_dir / f"root-{cell.name}.log",
                           ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
+                          waiting=functools.partial(_root_waiting, ready_path, metrics_url, cfg, cell.name, dep.leaf_metrics),
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""

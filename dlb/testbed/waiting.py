@@ -1,0 +1,58 @@
+"""What a root that is not ready yet is waiting for, in words, from its and its leaves' ``/metrics``.
+
+Why: ``dlb up`` calls a root ready only when it has fresh probe state for every cell it may send to
+(:func:`dlb.testbed.up.probes_fresh`). When a cell cannot become usable — every server of it down, a
+leaf agent that does not answer — the console used to stay silent until the ready timeout and then
+name only "root east service", while the reason sat in the metrics: the root's probe counters say
+whether the leaf answers at all, and the leaf's ``dlb_leaf_healthy_servers`` whether it has a server.
+
+Pure: metric texts in, a sentence out (the supervisor asks for it every few seconds; the I/O is in
+:mod:`dlb.testbed.up`).
+"""
+
+from __future__ import annotations
+
+from dlb.config.model import Config
+from dlb.testbed.metrics_text import metric_value
+
+
+def unusable(root_metrics: str, cfg: Config, cell: str) -> dict[str, list[str]]:
+    """Destination cell -> the endpoints for which the root of ``cell`` cannot use it yet (in config order)."""
+    out: dict[str, list[str]] = {}
+    for dest in cfg.allowed_destinations(cell):
+        for ep in cfg.endpoints:
+            if metric_value(root_metrics, "dlb_root_cell_usable", endpoint=ep.name, cell=dest.name) != 1.0:
+                out.setdefault(dest.name, []).append(ep.name)
+    return out
+
+
+def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | None) -> str:
+    """Why one destination cell is not usable: its leaf does not answer probes, or answers with no server."""
+    oks = metric_value(root_metrics, "dlb_root_probes_total", cell=dest) or 0.0
+    errors = metric_value(root_metrics, "dlb_root_probe_errors_total", cell=dest) or 0.0
+    age = metric_value(root_metrics, "dlb_root_probe_age_seconds", cell=dest)
+    probe = cfg.cell(dest).leaf.probe
+    if oks == 0:
+        failed = f", {errors:.0f} failed" if errors else ""
+        return f"its leaf agent's first probe answer ({probe}{failed})"
+    stale_s = cfg.probe.stale_after_ms / 1000.0
+    if age is not None and age > stale_s:
+        return f"a fresh probe answer from its leaf agent ({probe}: last answer {age:.0f}s ago, {errors:.0f} failed)"
+    healthy = None if leaf_metrics is None else metric_value(leaf_metrics, "dlb_leaf_healthy_servers")
+    servers = [str(sv.address) for sv in cfg.cell(dest).servers]
+    if healthy == 0:
+        shown = ", ".join(servers[:3]) + (f" and {len(servers) - 3} more" if len(servers) > 3 else "")
+        return f"a healthy server (its leaf reports 0 of {len(servers)} healthy: is {shown} running?)"
+    if leaf_metrics is not None and metric_value(leaf_metrics, "dlb_leaf_envoy_reachable") == 0:
+        return "its leaf Envoy (the leaf agent cannot reach it)"
+    return "its leaf to report it available"
+
+
+def root_waiting(root_metrics: str, cfg: Config, cell: str, leaf_metrics: dict[str, str | None]) -> str:
+    """One line: every cell the root of ``cell`` may use but cannot yet, and why ("" when none)."""
+    parts = []
+    all_endpoints = [ep.name for ep in cfg.endpoints]
+    for dest, endpoints in unusable(root_metrics, cfg, cell).items():
+        scope = "" if endpoints == all_endpoints else f" for {', '.join(endpoints)}"
+        parts.append(f"cell {dest}{scope}: {cell_reason(root_metrics, cfg, dest, leaf_metrics.get(dest))}")
+    return "usable cells — " + "; ".join(parts) if parts else ""
