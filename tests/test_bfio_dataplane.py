@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 
 import pytest
+from bounded_wait import until as _until
 
 from dlb.bench.bfio_dataplane import dp_cell, drive, rank_totals, workload
 
@@ -33,15 +33,6 @@ class Stream:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def _until(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for: {what}")
 
 
 @pytest.mark.parametrize(("policy", "third_rank"), [("jsq", "dp-dp0"), ("bf-io", "dp-dp1")])

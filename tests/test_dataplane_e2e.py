@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.request
 
 import pytest
+from bounded_wait import until as _wait
 
 from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 
@@ -48,15 +48,6 @@ def plane():
         yield p
     finally:
         p.close()
-
-
-def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for: {what}")
 
 
 def _served_by(plane, n: int, headers: dict[str, str] | None = None) -> list[str]:

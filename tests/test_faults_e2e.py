@@ -29,6 +29,7 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from bounded_wait import until as _wait
 
 from dlb.config import config_from_dict
 from dlb.config.model import HostPort
@@ -56,15 +57,6 @@ def _config(servers: list[str]) -> dict:
                        "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 4, "s": 1}}],
         "services": {"control_plane": {"xds": f"127.0.0.1:{free_port()}", "status": f"127.0.0.1:{free_port()}"}},
     }
-
-
-def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for: {what}")
 
 
 def _probe(address: str) -> probe_pb2.ProbeResponse:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 
 import grpc
 import pytest
+from bounded_wait import until as _wait
 
 from dlb.proto import probe_pb2, probe_pb2_grpc
 from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
@@ -29,15 +29,6 @@ ENDPOINT = {"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism":
 def probe(plane, cell: str) -> probe_pb2.ProbeResponse:
     with grpc.insecure_channel(str(plane.cfg.cell(cell).leaf.probe)) as ch:
         return probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(source_cell="test"), timeout=5)
-
-
-def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for: {what}")
 
 
 class Stream:

@@ -53,11 +53,12 @@ def test_stop_goes_in_reverse_tier_order_and_kills_what_ignores_sigterm(tmp_path
     sup = Supervisor(tmp_path, console=io.StringIO())
     sup.add(Child("cp", "control-plane", ["sleep", "60"], tmp_path / "cp.log"))
     sup.add(Child("leaf", "leaves", ["sleep", "60"], tmp_path / "leaf.log"))
+    armed = tmp_path / "armed"  # written once SIGTERM is ignored: a SIGTERM before that would simply stop it
     stubborn = sup.add(Child("root", "roots", [sys.executable, "-c",
-                                               "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
-                             tmp_path / "root.log"))
-    sup.start(10)
-    time.sleep(0.3)  # let the stubborn child install its handler
+                                               "import pathlib,signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                               "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)", str(armed)],
+                             tmp_path / "root.log", ready=armed.exists))
+    sup.start(30)
     t0 = time.monotonic()
     sup.stop(budget_s=3.0)
     assert time.monotonic() - t0 < 4.0

@@ -1,0 +1,24 @@
+"""One bounded wait for the tests: poll a condition until it holds or a deadline passes.
+
+Why one helper: four test files carried their own copy of this loop. Waits are polls with a deadline,
+never fixed sleeps, so a loaded CI box only makes a test slower, not red; the condition is checked
+once more after the deadline, so a poll starved past it by the scheduler still sees a condition that
+became true meanwhile. Import it as ``from bounded_wait import until`` (pytest puts tests/ on the path).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def until(cond: Callable[[], object], what: str, timeout: float = 30.0, period: float = 0.05) -> None:
+    """Return once ``cond()`` is true; raise ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(period)
+    if cond():
+        return
+    raise AssertionError(f"timed out waiting for: {what}")
