@@ -8,6 +8,7 @@ import random
 import signal
 import socket
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -50,6 +51,11 @@ def ephemeral_range(path: str = _EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None
     except (OSError, ValueError):
         return None
     return lo, hi
+
+
+def reserve_ports(ports: Iterable[int]) -> None:
+    """Never hand these ports out: they are named elsewhere (a config another process will bind) but not bound yet."""
+    _handed_out.update(ports)
 
 
 def _pool_top(ephemeral: tuple[int, int] | None = None) -> int | None:

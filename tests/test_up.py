@@ -218,3 +218,26 @@ def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: 
     assert f"root us-east1 service: not ready after 5s: waiting for usable cells — {why}" in text, text
     assert f"not ready after 12s: root us-east1 service (waiting for usable cells — {why})" in text, text
     assert processes_of_run(run_dir) == []
+
+
+def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config may come from another process's free_port() (a test, a script): its ports are free
+    until ``dlb up`` starts the services, so a draw could otherwise land on one and two children collide."""
+    from dlb import procutil
+    from dlb.config import config_from_dict
+    from dlb.testbed.supervisor import Supervisor
+    from dlb.testbed.up import listen_addresses, plan
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    raw = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    cfg = config_from_dict(raw)
+    named = sorted({hp.port for _, hp in listen_addresses(cfg)})
+    monkeypatch.setattr(procutil, "_handed_out", set())  # as in a fresh `dlb up` process
+    draws = iter(named + list(range(procutil.LOWEST_PORT, procutil.LOWEST_PORT + 2000)))  # the config's ports first
+    monkeypatch.setattr(procutil._random, "randrange", lambda a, b: next(draws))
+    monkeypatch.setattr(procutil, "_pool_top", lambda ephemeral=None: procutil.LOWEST_PORT + 2000)
+    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
+    urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values(), *(r.admin_url for r in dep.roots.values()),
+            *(r.metrics_url for r in dep.roots.values())]
+    drawn = {int(re.search(r":(\d+)/", u).group(1)) for u in urls}  # type: ignore[union-attr]
+    assert len(drawn) == len(urls) and not drawn & set(named), (drawn, named)

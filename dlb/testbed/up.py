@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import Config, HostPort, TlsFiles
-from dlb.procutil import free_port
+from dlb.procutil import free_port, reserve_ports
 from dlb.testbed.supervisor import Child, Supervisor
 
 ENVOY_LOG_LEVEL = "warning"
@@ -207,6 +207,9 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     runs Rand this way: flow endpoints, weights frozen at the replica split by ``--no-probe``).
     """
     run_dir = sup.run_dir
+    # The config's ports are not bound until their services start: an admin or metrics port drawn
+    # below must not be one of them (the config may come from another process's free_port()).
+    reserve_ports(hp.port for _, hp in listen_addresses(cfg, root_services))
     cp = cfg.services.control_plane
     status_url = f"http://{cp.status.host}:{cp.status.port}"
     wan = ["--emulate-wan"] if emulate_wan else []
