@@ -147,6 +147,7 @@ def test_up_refuses_a_config_whose_addresses_it_cannot_listen_on_naming_file_and
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"{path}: cells[0].leaf.address: cannot listen on 127.0.0.1:" in out.stderr, out.stderr
     assert "in use" in out.stderr
+    assert "cells[0].leaf.listen" not in out.stderr, out.stderr  # the same loopback port, reported once
     assert f"{path}: cells[1].leaf.probe: cannot listen on 192.0.2.1:9020" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists() or processes_of_run(tmp_path / "run") == []

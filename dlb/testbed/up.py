@@ -52,18 +52,25 @@ def tcp_open(hp: HostPort, timeout: float = 0.5) -> bool:
 
 
 def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str, HostPort]]:
-    """Every (field path, address) ``dlb up`` will listen on, in file order."""
+    """Every (field path, address) ``dlb up`` will listen on, in file order.
+
+    A ``listen`` equal to its ``address`` (a loopback address binds as it is) is listed once, under
+    ``address``: one port in use was reported twice, once under a field the user never wrote.
+    """
     cp = cfg.services.control_plane
     out = [("services.control_plane.xds", cp.xds), ("services.control_plane.status", cp.status)]
     for i, cell in enumerate(cfg.cells):
         # The Envoys bind ``listen`` (default 0.0.0.0:<port>), and here roots reach them at ``address``: check both.
-        out += [(f"cells[{i}].leaf.address", cell.leaf.address), (f"cells[{i}].leaf.listen", cell.leaf.bind),
-                (f"cells[{i}].leaf.probe", cell.leaf.probe)]
+        out.append((f"cells[{i}].leaf.address", cell.leaf.address))
+        if cell.leaf.bind != cell.leaf.address:
+            out.append((f"cells[{i}].leaf.listen", cell.leaf.bind))
+        out.append((f"cells[{i}].leaf.probe", cell.leaf.probe))
         if cell.leaf.ext_proc is not None:
             out.append((f"cells[{i}].leaf.ext_proc", cell.leaf.ext_proc))
         if cell.root.address is not None:
             out.append((f"cells[{i}].root.address", cell.root.address))
-            out.append((f"cells[{i}].root.listen", cell.root.bind or cell.root.address))
+            if cell.root.bind not in (None, cell.root.address):
+                out.append((f"cells[{i}].root.listen", cell.root.bind or cell.root.address))
             if root_services:
                 field_path = f"cells[{i}].root.ext_proc" if cell.root.ext_proc is not None else "services.root.ext_proc"
                 out.append((field_path, cell.root.ext_proc or cfg.services.root.ext_proc))
