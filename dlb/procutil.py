@@ -38,6 +38,9 @@ _handed_out: set[int] = set()
 _EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 #: Lowest port :func:`free_port` hands out: above the well-known and most registered service ports.
 LOWEST_PORT = 10000
+#: One past the highest: Kubernetes' NodePort range starts at 30000, and on a node kube-proxy redirects
+#: those ports on every local address, loopback included.
+HIGHEST_PORT = 30000
 #: Fewest ports below the ephemeral range worth drawing from; fewer, and two concurrent test runs
 #: would pick the same port too often, so the old way (the kernel's pick of port 0) is used instead.
 MIN_POOL = 2000
@@ -61,7 +64,10 @@ def reserve_ports(ports: Iterable[int]) -> None:
 def _pool_top(ephemeral: tuple[int, int] | None = None) -> int | None:
     """One past the highest port :func:`free_port` draws from, or None to let the kernel pick."""
     span = ephemeral or ephemeral_range()
-    return span[0] if span is not None and span[0] - LOWEST_PORT >= MIN_POOL else None
+    if span is None:
+        return None
+    top = min(span[0], HIGHEST_PORT)
+    return top if top - LOWEST_PORT >= MIN_POOL else None
 
 
 def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None) -> int:
@@ -72,7 +78,7 @@ def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None)
     by the service that was given the port (an Envoy seconds later), any test's or service's client
     connection could take it, and the Envoy then NACKed its listener and never became ready — the
     free-port races of the CI runs (test_faults_e2e, test_up). So the port is drawn at random from
-    [``LOWEST_PORT``, start of the ephemeral range): the kernel never hands those out by itself,
+    [``LOWEST_PORT``, start of the ephemeral range or ``HIGHEST_PORT``): the kernel never hands those out by itself,
     only an explicit bind to that number takes one. ``ephemeral`` overrides the range read from
     /proc (for tests); when it cannot be read or leaves fewer than ``MIN_POOL`` ports below it,
     the kernel's pick is used, as before.
