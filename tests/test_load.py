@@ -165,6 +165,11 @@ def test_the_cli_summary_of_a_run_with_no_success_says_why_instead_of_printing_n
     (["load", "--url", "http://127.0.0.1:1", "--duration", "-5"], "--duration"),
     (["demo", "--no-live", "--duration", "-5"], "--duration"),
     (["demo", "--no-live", "--load", "nan"], "--load"),
+    (["demo", "--no-live", "--ready-timeout", "0"], "--ready-timeout"),
+    (["load", "--url", "http://127.0.0.1:1", "--timeout", "-1"], "--timeout"),
+    # `dlb up` started everything and stopped at once (--duration -5), or timed out before waiting (-1).
+    (["up", "--config", "dlb.yaml", "--duration", "-5"], "--duration"),
+    (["up", "--config", "dlb.yaml", "--ready-timeout", "-1"], "--ready-timeout"),
 ])
 def test_a_bad_rate_or_duration_is_reported_against_the_option_typed(argv: list[str], option: str) -> None:
     """Was ``dlb load: rate_rps: must be > 0`` / ``dlb demo: duration_s: ...``: internal names a user never typed."""
@@ -179,3 +184,19 @@ def test_a_bad_rate_or_duration_is_reported_against_the_option_typed(argv: list[
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"argument {option}: must be a finite number > 0" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and "_rps" not in out.stderr and "duration_s" not in out.stderr
+
+
+def test_a_url_that_is_not_http_is_refused_by_name_before_sending(tmp_path: Path) -> None:
+    """Was: ten requests, ten ``InvalidUrlClientError``s, and a summary as if the fleet had failed."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for url in ("notaurl", "us-east1=127.0.0.1:10000", "ftp://host:1"):
+        out = subprocess.run([sys.executable, "-m", "dlb.cli", "load", "--url", url, "--duration", "1", "--quiet"],
+                             capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"dlb load: --url {url}: not an http(s) URL" in out.stderr, out.stderr
+        assert "requests over" not in out.stdout  # nothing was sent

@@ -21,11 +21,13 @@ import json
 import math
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dlb.load.argtypes import positive_float
 from dlb.load.workload import WorkloadRequest, WorkloadSpec, generate, read_trace
 
 SERVER_HEADER = "x-dlb-server"
@@ -233,18 +235,6 @@ def write_results(results: list[Result], path: str | Path) -> None:
 
 # -- command ----------------------------------------------------------------------------------------
 
-def positive_float(text: str) -> float:
-    """argparse type for rates, durations and load fractions: a bad value is reported against the option
-    the user typed (``argument --rate: ...``), not later as the internal field (``rate_rps``)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("load", help="open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
                               description="Send OpenAI requests open-loop: a generated workload (rate, arrivals, lengths, "
@@ -262,7 +252,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default=None, help="replay this JSON-lines trace instead of generating (see --write-trace)")
     p.add_argument("--write-trace", default=None, help="write the generated workload as a trace and exit")
     p.add_argument("--model", default="dlb-emulated")
-    p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
+    p.add_argument("--timeout", type=positive_float, default=120.0, help="per-request timeout in seconds")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=None, help="per-request results: FILE.csv or FILE.jsonl")
     p.add_argument("--json", default=None, help="write the summary as JSON")
@@ -271,13 +261,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _targets(urls: list[str]) -> dict[str, str]:
+    """``--url`` values by source cell ("" for all); a value that is no http(s) URL is refused by name
+    (before, every request failed with ``InvalidUrlClientError`` and the run went on)."""
     out: dict[str, str] = {}
     for u in urls:
         cell, sep, url = u.partition("=")
-        if sep and not cell.startswith("http"):
-            out[cell] = url
-        else:
-            out[""] = u
+        if not (sep and not cell.startswith("http")):
+            cell, url = "", u
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--url {u}: not an http(s) URL with a host (http://HOST:PORT, or CELL=http://HOST:PORT)")
+        out[cell] = url
     return out
 
 

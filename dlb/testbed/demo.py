@@ -57,7 +57,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
     p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")
-    p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds each tier may take to become ready")
+    p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready")
     p.add_argument("--compare", action="store_true",
                    help="run the same seeded workload against Rand, MNLB and the six DLB policies, with and without the "
                         "degradation, each from a clean start; prints a table")
