@@ -221,7 +221,6 @@ def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
         cfg = load_config(config_path)
     except OSError as exc:
         raise ConfigError([Problem(config_path, "", exc.strerror or str(exc))]) from None
-    try:
-        return cfg, cfg.cell(cell_name)
-    except KeyError as exc:
-        raise ConfigError([Problem(config_path, "cells", str(exc.args[0]))]) from None
+    if cell_name not in cfg.cell_names:  # the option the user typed, not a field of the file (it named the file twice)
+        raise ConfigError([Problem(config_path, "--cell", f"no cell named {cell_name!r} (cells: {', '.join(cfg.cell_names)})")])
+    return cfg, cfg.cell(cell_name)
