@@ -40,6 +40,30 @@ def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], time
     raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen[-30:])}")
 
 
+def _openai_sdk_through(base_url: str) -> None:
+    """The printed ``base_url`` works as a user's OpenAI client uses it: chat, streamed chat with usage,
+    completions, and DLB's errors arriving as the SDK's typed exceptions."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["dlb-emulated"]
+    chat = client.chat.completions.create(model="dlb-emulated", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert chat.choices[0].message.content and chat.usage is not None and chat.usage.completion_tokens == 8
+    chunks = list(client.chat.completions.create(model="dlb-emulated", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    done = client.completions.create(model="dlb-emulated", prompt="Once upon", max_tokens=4)
+    assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 4
+    assert len(list(client.completions.create(model="dlb-emulated", prompt="Once", max_tokens=4, stream=True))) >= 4
+    with pytest.raises(openai.NotFoundError, match="dlb: no endpoint"):  # a path no endpoint serves: DLB's own 404
+        client.with_options(base_url=base_url.removesuffix("/v1")).chat.completions.create(
+            model="dlb-emulated", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError):  # the server's 400 passes through untouched
+        client.chat.completions.create(model="dlb-emulated", messages=[{"role": "user", "content": "hi"}], max_tokens=-1)
+
+
 def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_path: Path) -> None:
     with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
@@ -58,6 +82,7 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             # Ready means routable: the very first request is served by a server, not refused by the root.
             status, headers, _ = request(host, port)
             assert status == 200 and headers.get("x-dlb-server") in ("a/0", "b/0"), (status, headers)
+            _openai_sdk_through(f"http://{host}:{port}/v1")
             # A crashed child is noticed, restarted with backoff, and said so on the console.
             agent = int(re.search(r"leaf us-west1 agent: ready \(pid (\d+)", "".join(seen)).group(1))  # type: ignore[union-attr]
             os.kill(agent, signal.SIGKILL)
