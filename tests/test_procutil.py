@@ -1,9 +1,10 @@
 """``free_port``: ports for configs that must name an address before the service that binds it runs.
 
 The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
-test_faults_e2e and test_up) came from the ephemeral range: every outgoing connection on the machine
-takes its source port there, as does every ``bind(port 0)``. Ports below that range are never handed
-out by the kernel, so only an explicit bind to the same number can take one.
+test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
+(other tests' servers, in this run and the ones beside it) draws there, as do outgoing connections'
+source ports. Ports below that range are never handed out by the kernel, so only an explicit bind to
+the same number can take one.
 """
 
 from __future__ import annotations
