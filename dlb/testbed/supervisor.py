@@ -14,8 +14,9 @@ issue that motivated ``dlb up`` saw exactly that: Python services outliving thei
 - a child that exits while the supervisor runs is restarted with exponential backoff (0.5 s doubling
   to 10 s, reset after 30 s of uptime), and the console says so.
 
-Console output is one line per state change (starting, ready, exited, restarting, stopped); the
-children's output goes to one log file each in the run directory. Pure bookkeeping lives in
+Console output is one line per state change (starting, ready, exited, restarting, stopped), and
+every 5 s one line per child not ready yet saying what it waits for (its ``waiting`` description);
+the children's output goes to one log file each in the run directory. Pure bookkeeping lives in
 :class:`Child`; all waiting is polling with short sleeps (no threads: PDEATHSIG follows the thread
 that forked, so everything is forked from the main thread).
 """
@@ -140,7 +141,7 @@ class Supervisor:
         if now - c.waiting_said_at < self.wait_report_s:
             return
         c.waiting_said_at = now
-        c.last_waiting = _safe_text(c.waiting) if c.waiting is not None else ""
+        c.last_waiting = _describe(c)
         self.say(c.name, f"not ready after {now - c.started_at:.0f}s: waiting for {c.last_waiting}" if c.last_waiting
                  else f"not ready after {now - c.started_at:.0f}s")
 
@@ -174,7 +175,7 @@ class Supervisor:
                 if self.clock() > deadline:
                     late = [c for c in group if c.state == "starting"]
                     for c in late:  # the reason as of now, not as of the last report
-                        c.last_waiting = _safe_text(c.waiting) if c.waiting is not None else ""
+                        c.last_waiting = _describe(c)
                     names = ", ".join(f"{c.name} (waiting for {c.last_waiting})" if c.last_waiting else c.name for c in late)
                     raise StartError(f"not ready after {timeout_s:.0f}s: {names}; logs in {self.run_dir}")
                 time.sleep(0.05)
@@ -265,9 +266,12 @@ def _safe(check: Callable[[], bool]) -> bool:
         return False
 
 
-def _safe_text(describe: Callable[[], str]) -> str:
+def _describe(c: Child) -> str:
+    """What ``c`` waits for, in words ("" when it has no description)."""
+    if c.waiting is None:
+        return ""
     try:
-        return str(describe())
+        return str(c.waiting())
     except Exception as e:  # a description must never stop the supervisor
         return f"? ({type(e).__name__}: {e})"
 
