@@ -211,6 +211,11 @@ def test_a_waiting_root_names_each_unusable_cell_and_why() -> None:
     assert root_waiting(_root_metrics(down, silent), cfg, "us-east1", leaves | {"us-west1": None}) == (
         f"usable cells — cell us-west1: its leaf agent's first probe answer ({probe}, 7 failed)")
 
+    no_envoy = leaves | {"us-west1": "dlb_leaf_healthy_servers 1.0\ndlb_leaf_envoy_reachable 0.0\n"}
+    assert root_waiting(_root_metrics(down, silent), cfg, "us-east1", no_envoy) == (
+        f"usable cells — cell us-west1: its leaf Envoy at {cfg.cell('us-west1').leaf.address} "
+        "(its agent cannot reach it, so it refuses probes)")
+
     stale = fresh | {"us-west1": (50.0, 3.0, 4.2)}
     assert "cell us-west1: a fresh probe answer from its leaf agent" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
     assert "last answer 4s ago, 3 failed" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)

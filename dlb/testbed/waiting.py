@@ -32,6 +32,8 @@ def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | N
     errors = metric_value(root_metrics, "dlb_root_probe_errors_total", cell=dest) or 0.0
     age = metric_value(root_metrics, "dlb_root_probe_age_seconds", cell=dest)
     probe = cfg.cell(dest).leaf.probe
+    if leaf_metrics is not None and metric_value(leaf_metrics, "dlb_leaf_envoy_reachable") == 0:
+        return f"its leaf Envoy at {cfg.cell(dest).leaf.address} (its agent cannot reach it, so it refuses probes)"
     if oks == 0:
         failed = f", {errors:.0f} failed" if errors else ""
         return f"its leaf agent's first probe answer ({probe}{failed})"
@@ -43,8 +45,6 @@ def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | N
     if healthy == 0:
         shown = ", ".join(servers[:3]) + (f" and {len(servers) - 3} more" if len(servers) > 3 else "")
         return f"a healthy server (its leaf reports 0 of {len(servers)} healthy: is {shown} running?)"
-    if leaf_metrics is not None and metric_value(leaf_metrics, "dlb_leaf_envoy_reachable") == 0:
-        return "its leaf Envoy (the leaf agent cannot reach it)"
     return "its leaf to report it available"
 
 
