@@ -24,3 +24,13 @@ def test_plain_line_shows_a_cell_without_finished_requests_as_a_dash_not_dash_s(
     v.update(Sample(t=5.0, fleet={}, decisions={}, done=0, ok=0), runner=None)  # type: ignore[arg-type]
     line = capsys.readouterr().out.strip()
     assert line == "t=  5.0/60s | us-east1: rif 3 share 80% p50 1.25s | europe-west1: rif 0 share 20% p50 -", line
+
+
+def test_the_headline_says_draining_after_the_load_ends_instead_of_a_time_past_the_duration() -> None:
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(spec=SimpleNamespace(duration_s=30.0, rate_rps=15.3), degrade_window=None)
+    sample = Sample(t=0.0, fleet={}, decisions={}, done=10, ok=10)
+    for now, want in ((12.0, "t= 12.0/30s  offered"), (46.0, "t= 46.0s, load ended at 30s, draining  offered")):
+        runner = SimpleNamespace(clock=lambda now=now: now, t0=0.0, sent=400, in_flight=3)
+        assert view.headline(run, sample, runner).startswith(want), view.headline(run, sample, runner)  # type: ignore[arg-type]

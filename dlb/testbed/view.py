@@ -104,7 +104,10 @@ def headline(run: DemoRun, sample: Sample, runner: LoadRunner) -> str:
     now = runner.clock() - runner.t0
     state = "degraded" if _degraded(run, now) else ("recovered" if run.degrade_window and now >= run.degrade_window[1] else "normal")
     okp = 100.0 * sample.ok / sample.done if sample.done else 100.0
-    return (f"t={now:5.1f}/{run.spec.duration_s:.0f}s  offered {run.spec.rate_rps:.1f} req/s  sent {runner.sent}  "
+    # After the load's end the run waits for the requests in flight: say so (it read "t= 46.0/30s").
+    clock = (f"t={now:5.1f}/{run.spec.duration_s:.0f}s" if now <= run.spec.duration_s
+             else f"t={now:5.1f}s, load ended at {run.spec.duration_s:.0f}s, draining")
+    return (f"{clock}  offered {run.spec.rate_rps:.1f} req/s  sent {runner.sent}  "
             f"done {sample.done}  ok {okp:.1f}%  in flight {runner.in_flight}  fleet: {state}")
 
 
