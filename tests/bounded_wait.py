@@ -3,11 +3,14 @@
 Why one helper: four test files carried their own copy of this loop. Waits are polls with a deadline,
 never fixed sleeps, so a loaded CI box only makes a test slower, not red; the condition is checked
 once more after the deadline, so a poll starved past it by the scheduler still sees a condition that
-became true meanwhile. Import it as ``from bounded_wait import until`` (pytest puts tests/ on the path).
+became true meanwhile. Import it as ``from bounded_wait import until`` (pytest puts tests/ on the path);
+``until_async`` is the same for a test running an event loop (the condition runs in a thread, so a
+blocking check — an Envoy admin call — does not stall the services on that loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -21,4 +24,16 @@ def until(cond: Callable[[], object], what: str, timeout: float = 30.0, period: 
         time.sleep(period)
     if cond():
         return
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+async def until_async(cond: Callable[[], object], what: str, timeout: float = 30.0, period: float = 0.05) -> object:
+    """:func:`until` inside an event loop; returns the condition's (true) value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if v := await asyncio.to_thread(cond):
+            return v
+        await asyncio.sleep(period)
+    if v := await asyncio.to_thread(cond):
+        return v
     raise AssertionError(f"timed out waiting for: {what}")

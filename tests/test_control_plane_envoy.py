@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 from aiohttp import ClientSession, ClientTimeout, web
+from bounded_wait import until_async as wait_for
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
@@ -98,16 +99,6 @@ def dump_versions(envoy: EnvoyProcess) -> dict[str, str]:
         elif t == "ListenersConfigDump":
             out["LDS"] = cfg.get("version_info", "")
     return out
-
-
-async def wait_for(cond, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = await asyncio.to_thread(cond)
-        if v:
-            return v
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def set_weights(cp: ControlPlane, x: list[float]) -> str:

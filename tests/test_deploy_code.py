@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from bounded_wait import until_async as _until
 
 from dlb.cli import main
 from dlb.config import ConfigError, config_from_dict, load_config
@@ -558,15 +559,6 @@ async def _resize(tmp_path: Path) -> None:
         await sync.stop()
         await asyncio.to_thread(envoy.stop)
         await cp.stop()
-
-
-async def _until(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(cond):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_discovery_bounds_addresses_per_name_keeps_last_on_failure_and_counts_both() -> None:
