@@ -43,7 +43,8 @@ class H2Limits:
     #: Advertised in SETTINGS; a stream beyond it gets RST_STREAM(REFUSED_STREAM) (Envoy opens another
     #: connection when it reaches a server's limit).
     max_concurrent_streams: int = 1000
-    #: Seconds from accept to a complete client preface; a slow-loris at 1 byte/s never gets there.
+    #: Seconds from accept to a complete client preface (under TLS: the TLS handshake, then the
+    #: preface); a slow-loris at 1 byte/s never gets there.
     handshake_timeout_s: float = 10.0
     #: Seconds a connection may stay with no stream open before GOAWAY(NO_ERROR) and close.
     idle_timeout_s: float = 300.0
@@ -90,7 +91,8 @@ _COUNTERS = (
     ("connection_errors", "Connections closed for a protocol error (GOAWAY)"),
     ("handler_errors", "Messages whose handler raised"),
     ("connections_refused", "Connections closed at accept: the connection cap was reached"),
-    ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface in time"),
+    ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time"),
+    ("tls_failures", "Connections closed for a failed TLS handshake or a bad TLS record"),
     ("idle_timeouts", "Connections closed after the idle timeout with no stream open"),
     ("streams_refused", "Streams refused (REFUSED_STREAM): max concurrent streams reached or shutting down"),
     ("header_cache_refused", "Header blocks not cached: a per-connection or total cache bound was hit"),
@@ -122,6 +124,7 @@ class TransportStats:
     handler_errors: int = 0
     connections_refused: int = 0
     handshake_timeouts: int = 0
+    tls_failures: int = 0
     idle_timeouts: int = 0
     streams_refused: int = 0
     header_cache_refused: int = 0

@@ -4,10 +4,13 @@ Why apart from :mod:`.h2`: the connection there is sans-I/O (bytes in, bytes out
 fuzzed without sockets; everything that needs a clock or a file descriptor lives here. Each bound is
 an :class:`~.limits.H2Limits` field with a counter in :class:`~.limits.TransportStats`:
 
-- a connection cap: beyond it an accepted socket is closed at once, so the process keeps file
-  descriptors for ``/metrics``, probes and xDS (20,000 idle connections exhausted them, issue 14 row 3);
+- a connection cap: beyond it an accepted socket is closed at once, before a transport exists, so the
+  process keeps file descriptors for ``/metrics``, probes and xDS (20,000 idle connections exhausted
+  them, issue 14 row 3); a few connections are accepted per loop turn (:mod:`.pacing`), so a burst
+  of them never holds the loop;
 - a handshake timeout: a client that has not sent the whole preface in time is dropped (a 1 byte/s
-  slow-loris never finished it and was never dropped);
+  slow-loris never finished it and was never dropped); under TLS the TLS handshake runs inside the
+  protocol (:mod:`.tls`), so the cap and this timeout bound it too;
 - an idle timeout: a connection with no stream open for a whole period gets GOAWAY(NO_ERROR) and is
   closed (Envoy reconnects on its next request). Checked by a timer per period, not per byte.
 
@@ -19,6 +22,7 @@ then the sockets close.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl as ssl_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +30,8 @@ from typing import cast
 
 from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
+from dlb.ext_proc.transport.pacing import BatchedCloser, BoundedListener, listen_socket
+from dlb.ext_proc.transport.tls import TlsServerSession
 from dlb.log import get_logger
 
 log = get_logger("dlb.h2server")
@@ -34,13 +40,12 @@ log = get_logger("dlb.h2server")
 class H2GrpcProtocol(asyncio.Protocol):
     """One connection: socket bytes to :class:`H2Connection` and back, plus its two timers."""
 
-    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], refuse: bool = False,
-                 admit: Callable[[H2GrpcProtocol], bool] | None = None) -> None:
+    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], closer: BatchedCloser | None = None) -> None:
         self.conn = conn
+        #: Paces the closes this connection decides on its own (timeouts, the peer's EOF); None: at once.
+        self.closer = closer
+        #: Called from connection_lost (the server forgets the connection; it was counted at accept).
         self.on_close = on_close
-        self.refuse = refuse
-        #: Called when the connection is made (after the TLS handshake under TLS): False = over the cap.
-        self.admit = admit
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._opened_seen = -1
@@ -50,47 +55,67 @@ class H2GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; not an isinstance check: uvloop's TCPTransport does not derive from
         # asyncio.Transport (an assert here dropped every connection under uvloop).
-        self.transport = stream = cast("asyncio.Transport", transport)
+        self.transport = cast("asyncio.Transport", transport)
         stats = self.conn.stats
-        if self.refuse or (self.admit is not None and not self.admit(self)):
-            self.refuse = True
-            stats.connections_refused += 1
-            if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
-                log.warning("h2_connection_cap_reached", refused=stats.connections_refused)
-            stream.abort()
-            return
         stats.open_connections += 1
-        self.conn.initiate()
-        stream.write(self.conn.data_to_send())
+        self._start()
         self._timer = asyncio.get_running_loop().call_later(self.conn.limits.handshake_timeout_s, self._handshake_check)
+
+    def _start(self) -> None:
+        """Our SETTINGS, the first thing the server sends."""
+        self.conn.initiate()
+        self._write(self.conn.data_to_send())
+
+    def _write(self, out: bytes) -> None:
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.write(out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self.refuse:
-            self.conn.stats.open_connections -= 1
-            self.conn.connection_lost()
+        # Thousands of peers resetting together (an attacker leaving) end here in one loop turn: the
+        # bookkeeping is paced like our own closes.
+        self._close_paced(self._release)
+
+    def _release(self) -> None:
+        self.conn.stats.open_connections -= 1
+        self.conn.connection_lost()
         self.on_close(self)
         if self.on_drained is not None:
             self.on_drained()
 
     def _handshake_check(self) -> None:
+        self._timer = None
         if not self.conn.preface_seen:
             self.conn.stats.handshake_timeouts += 1
-            self._close()
+            self._close_paced(self._close)
             return
         self._idle_check()
 
     def _idle_check(self) -> None:
         """Every idle period: close if no stream was open at the last check and none opened since."""
+        self._timer = None
         conn = self.conn
         if not conn.streams and conn.streams_opened == self._opened_seen:
             conn.stats.idle_timeouts += 1
-            self.shutdown()
+            self._close_paced(self.shutdown)
             return
         self._opened_seen = conn.streams_opened if not conn.streams else -1
         self._timer = asyncio.get_running_loop().call_later(conn.limits.idle_timeout_s, self._idle_check)
+
+    def eof_received(self) -> bool:
+        # The peer is gone (an attacker leaving closes thousands at once): keep the transport until
+        # our paced close runs, rather than every teardown in this loop turn.
+        self._close_paced(self._close)
+        return True
+
+    def _close_paced(self, close: Callable[[], None]) -> None:
+        if self.closer is None:
+            close()
+        else:
+            self.closer.close(close)
 
     def pause_writing(self) -> None:
         # The peer stopped reading: stop reading its requests too, so our buffer stays bounded.
@@ -104,11 +129,8 @@ class H2GrpcProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         events = conn.receive_data(data)
-        if conn.out:  # (inline _flush: this runs once per request)
-            out = conn.data_to_send()
-            transport = self.transport
-            if transport is not None and not transport.is_closing():
-                transport.write(out)
+        if conn.out:
+            self._write(conn.data_to_send())
         for ev in events:
             if isinstance(ev, ConnectionTerminated):
                 log.warning("h2_connection_error", code=ev.error_code.name, reason=ev.reason)
@@ -117,9 +139,7 @@ class H2GrpcProtocol(asyncio.Protocol):
             self.on_drained()
 
     def flush(self) -> None:
-        out = self.conn.data_to_send()
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out)
+        self._write(self.conn.data_to_send())
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -130,6 +150,57 @@ class H2GrpcProtocol(asyncio.Protocol):
         self.conn.close()
         self.flush()
         self._close()
+
+
+class TlsH2GrpcProtocol(H2GrpcProtocol):
+    """The same connection under TLS run by :class:`~.tls.TlsServerSession` inside this protocol, so the
+    connection cap and the handshake timeout (the HTTP/2 preface comes after the TLS handshake) act from
+    accept, and the TLS state is made only when the client's first bytes arrive."""
+
+    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], context: ssl_module.SSLContext,
+                 closer: BatchedCloser | None = None) -> None:
+        super().__init__(conn, on_close, closer)
+        self.context = context
+        self.tls: TlsServerSession | None = None
+
+    def _start(self) -> None:
+        pass  # our SETTINGS go out once the TLS handshake completed (see data_received)
+
+    def _write(self, out: bytes) -> None:
+        tls = self.tls
+        if out and tls is not None and tls.handshake_done:
+            tls.send(out)
+            super()._write(tls.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        tls = self.tls
+        if tls is None:
+            tls = self.tls = TlsServerSession(self.context)
+        handshaking = not tls.handshake_done
+        try:
+            plain = tls.receive(data)
+        except ssl_module.SSLError as exc:
+            stats = self.conn.stats
+            stats.tls_failures += 1
+            if stats.tls_failures == 1 or stats.tls_failures % 1000 == 0:
+                log.warning("h2_tls_failed", reason=exc.reason or str(exc), during_handshake=handshaking, failures=stats.tls_failures)
+            super()._write(tls.data_to_send())  # the alert
+            super()._close()
+            return
+        if handshaking and tls.handshake_done:
+            super()._start()
+        if plain:
+            super().data_received(plain)
+        super()._write(tls.data_to_send())  # handshake messages, session tickets
+        if tls.peer_closed:
+            super()._close()
+
+    def _close(self) -> None:
+        tls = self.tls
+        if tls is not None and self.transport is not None and not self.transport.is_closing():
+            tls.close()
+            super()._write(tls.data_to_send())  # our close_notify
+        super()._close()
 
 
 @dataclass
@@ -145,35 +216,52 @@ class H2GrpcServer:
     stats: TransportStats = field(default_factory=TransportStats)
     limits: H2Limits = field(default_factory=H2Limits)
     routes: Mapping[str, Route] = field(default_factory=dict)
-    _server: asyncio.AbstractServer | None = None
+    _listener: BoundedListener | None = None
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
+    _accepting: set[asyncio.Task[object]] = field(default_factory=set)
+    _all_gone: asyncio.Event | None = None  # set by stop(): every connection is closed
+    closer: BatchedCloser = field(default_factory=BatchedCloser)
 
     async def start(self, host: str, port: int, reuse_port: bool = False, ssl: ssl_module.SSLContext | None = None) -> int:
         """Listen and return the bound port (``port=0`` picks a free one); with ``ssl``, TLS (its ALPN must
-        offer h2), the TLS handshake bounded by the same handshake timeout as the preface."""
+        offer h2) run by :class:`TlsH2GrpcProtocol`: the TLS handshake and the preface share one handshake
+        timeout, and the connection cap applies before any handshake.
+
+        Accepting is :class:`~.pacing.BoundedListener`'s (a few connections per loop turn); a
+        connection counts against the cap from accept until its ``connection_lost`` (or until handing
+        it to the loop failed), and one beyond the cap is closed before a transport exists."""
         path = self.path.encode()
         routes = {p.encode(): r for p, r in self.routes.items()}
         cap = self.limits.connection_cap()
-
-        def admit(proto: H2GrpcProtocol) -> bool:
-            # Counted when the connection is *made*, not when the factory runs: under TLS the factory
-            # runs at accept and a connection whose handshake fails is never made (nor lost) — counted
-            # at accept, each failed handshake stayed in the set for good and after `cap` of them every
-            # new connection, Envoy's too, was refused.
-            if len(self._conns) >= cap:
-                return False
-            self._conns.add(proto)
-            return True
-
-        def factory() -> H2GrpcProtocol:
-            return H2GrpcProtocol(H2Connection(path, self.handler, self.stats, self.limits, routes), self._conns.discard, admit=admit)
-
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            factory, host, port, reuse_port=reuse_port or None, backlog=1024, ssl=ssl,
-            ssl_handshake_timeout=self.limits.handshake_timeout_s if ssl is not None else None)
-        # (asyncio and uvloop set TCP_NODELAY on accepted connections themselves.)
-        return int(self._server.sockets[0].getsockname()[1])
+        stats = self.stats
+        closer = self.closer
+
+        def on_accept(sock: socket.socket) -> None:
+            if len(self._conns) >= cap:
+                stats.connections_refused += 1
+                if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
+                    log.warning("h2_connection_cap_reached", refused=stats.connections_refused)
+                sock.close()
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = H2Connection(path, self.handler, stats, self.limits, routes)
+            proto = (H2GrpcProtocol(conn, self._forget, closer) if ssl is None else
+                     TlsH2GrpcProtocol(conn, self._forget, ssl, closer))
+            self._conns.add(proto)
+            task = loop.create_task(loop.connect_accepted_socket(lambda: proto, sock))
+            self._accepting.add(task)
+            task.add_done_callback(lambda t: self._handed_over(t, proto, sock))
+
+        self._listener = BoundedListener(listen_socket(host, port, reuse_port), on_accept)
+        self._listener.start()
+        return self._listener.port
+
+    def _handed_over(self, task: asyncio.Task[object], proto: H2GrpcProtocol, sock: socket.socket) -> None:
+        self._accepting.discard(task)
+        if proto.transport is None and (task.cancelled() or task.exception() is not None):
+            self._forget(proto)  # never made, so never lost: uncount it here
+            sock.close()
 
     def notify(self, path: str, message: bytes) -> None:
         """Send ``message`` on every open watch call of ``path`` on every connection."""
@@ -189,8 +277,8 @@ class H2GrpcServer:
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop listening, GOAWAY every connection, let the streams in flight finish (up to
         ``grace_s``), then close."""
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         drained = asyncio.Event()
 
         def check() -> None:
@@ -209,8 +297,15 @@ class H2GrpcServer:
             log.warning("h2_drain_timeout", open_streams=self.open_streams, grace_s=grace_s)
         for proto in list(self._conns):
             proto.shutdown()
-        if self._server is not None:
+        # Let the closes run (connection_lost) so nothing is left to a closed loop; bounded.
+        if self._conns:
+            self._all_gone = asyncio.Event()
             try:
-                await asyncio.wait_for(self._server.wait_closed(), grace_s)
+                await asyncio.wait_for(self._all_gone.wait(), grace_s)
             except TimeoutError:
                 pass
+
+    def _forget(self, proto: H2GrpcProtocol) -> None:
+        self._conns.discard(proto)
+        if not self._conns and self._all_gone is not None:
+            self._all_gone.set()
