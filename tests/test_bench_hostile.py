@@ -92,3 +92,28 @@ def test_the_console_line_shows_missing_measures_as_a_dash_not_none() -> None:
     assert "None" not in line and "rss —→45.4→— MB" in line and "loop — ms" in line and line.endswith("PASS")
     r["verdicts"]["no_errors"] = False
     assert summary_line(r, None).endswith("FAIL: no_errors") and "(baseline —)" in summary_line(r, None)
+
+
+def test_a_missed_target_makes_the_bench_exit_non_zero_and_names_it(monkeypatch, capsys) -> None:
+    """`dlb bench hostile` exited 0 even when a target failed, so CI could not gate on it. The run itself
+    is a recorded result of the real bench's shape (a live run's verdicts depend on the machine)."""
+    import argparse
+
+    from dlb.bench.hostile import failed_targets
+
+    ok = {"attack": "hpack-cache", "row": 1, "rss_before_mb": 78.1, "rss_peak_mb": 78.2, "rss_after_mb": 78.2,
+          "loop_block_max_ms": 4.8, "real_traffic_p50_ms": 10.7, "real_traffic_errors": 0,
+          "verdicts": {"rss_growth_le_50mb": True, "loop_block_le_50ms": True, "no_errors": True}}
+    bad = dict(ok, attack="idle-connections", row=3, loop_block_max_ms=314.5, real_traffic_errors=2,
+               verdicts={"rss_growth_le_50mb": True, "loop_block_le_50ms": False, "no_errors": False})
+    result = {"baseline_p50_ms": 10.6, "attacks": [ok, bad]}
+    assert failed_targets(result) == ["row 3 idle-connections: loop_block_le_50ms, no_errors"]
+    assert failed_targets({"attacks": [ok]}) == []
+
+    args = argparse.Namespace(attacks="hpack-cache,idle-connections", scale="ci", rate=10.0, settle_s=1.0, baseline_s=1.0,
+                              mem_cap_mb=1000, validate_timeout_s=5.0, tls=False, json=None)
+    monkeypatch.setattr(hostile, "run_bench", lambda *a, **k: result)
+    assert hostile.run(args) == 1
+    assert "row 3 idle-connections: loop_block_le_50ms, no_errors" in capsys.readouterr().err
+    result["attacks"] = [ok]
+    assert hostile.run(args) == 0

@@ -304,7 +304,8 @@ def _sighup_bomb(s: Setup, scale: atk.Scale, timeout_s: float, mem_cap_mb: int) 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("hostile", help="issue 14's attacks against live services while real traffic flows",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", default=None, help="write the records (with the git commit) here")
+    p.add_argument("--json", default=None, help="write the records (with the git commit) here; the exit status is 1 "
+                   "when any target is missed (each named on stderr)")
     p.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated subset of: {', '.join(ATTACKS)}")
     p.add_argument("--scale", choices=("ci", "issue"), default="ci", help="attack sizes: ci (seconds) or issue (the issue's table)")
     p.add_argument("--rate", type=float, default=10.0, help="real requests per second through the root Envoy (default 10)")
@@ -343,4 +344,19 @@ def run(args: argparse.Namespace) -> int:
         print(summary_line(r, result["baseline_p50_ms"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    failed = failed_targets(result)
+    if failed:
+        print(f"dlb bench hostile: {len(failed)} target(s) missed: " + "; ".join(failed), file=sys.stderr)
+        return 1
     return 0
+
+
+def failed_targets(result: dict[str, Any]) -> list[str]:
+    """Each missed target as 'row N attack: verdict, ...' (empty: every target met) — the exit status
+    of ``dlb bench hostile``, so CI can gate on it (it used to exit 0 whatever the verdicts)."""
+    out = []
+    for r in result["attacks"]:
+        missed = [k for k, ok in r["verdicts"].items() if ok is False]
+        if missed:
+            out.append(f"row {r['row']} {r['attack']}: {', '.join(missed)}")
+    return out
