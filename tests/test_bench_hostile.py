@@ -27,6 +27,7 @@ def test_every_attack_is_replayed_measured_and_judged() -> None:
     result = hostile.run_bench(list(hostile.ATTACKS), tiny, rate=5.0, settle_s=0.5, baseline_s=1.0, mem_cap_mb=1000,
                                validate_timeout_s=20.0, warmup_s=1.0)
     assert result["commit"] and result["baseline_p50_ms"] and result["baseline_p50_ms"] > 0
+    assert result["baseline_loop_block_max_ms"] is not None and result["load_avg_1m"]["start"] >= 0
     assert [r["attack"] for r in result["attacks"]] == list(hostile.ATTACKS)
     for r in result["attacks"]:
         assert set(r) >= FIELDS, r
@@ -106,7 +107,8 @@ def test_a_missed_target_makes_the_bench_exit_non_zero_and_names_it(monkeypatch,
           "verdicts": {"rss_growth_le_50mb": True, "loop_block_le_50ms": True, "no_errors": True}}
     bad = dict(ok, attack="idle-connections", row=3, loop_block_max_ms=314.5, real_traffic_errors=2,
                verdicts={"rss_growth_le_50mb": True, "loop_block_le_50ms": False, "no_errors": False})
-    result = {"baseline_p50_ms": 10.6, "attacks": [ok, bad]}
+    result = {"baseline_p50_ms": 10.6, "baseline_loop_block_max_ms": 5.0, "load_avg_1m": {"start": 0.3, "end": 0.5},
+              "attacks": [ok, bad]}
     assert failed_targets(result) == ["row 3 idle-connections: loop_block_le_50ms, no_errors"]
     assert failed_targets({"attacks": [ok]}) == []
 
