@@ -458,3 +458,42 @@ def test_a_tls_handshake_not_finished_in_time_is_a_counted_handshake_timeout(pki
             await server.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_tls_session_returns_every_record_however_the_bytes_are_cut(pki) -> None:
+    """The transport's TLS layer (sans-I/O, memory BIOs) stops reading once nothing is buffered, to skip
+    the read that only raises SSLWantReadError (4 vs 6-8 µs a message): three records in one chunk must
+    all come out, and a record cut in two only once its second half arrives."""
+    import ssl
+
+    from dlb.ext_proc.transport.tls import TlsServerSession
+
+    tls: TlsFiles = pki["tls"]
+    ident = load_identity(tls, "leaf-a")
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.load_verify_locations(ident.ca_path)
+    client_ctx.load_cert_chain(ident.cert_path, ident.key_path)
+    client_ctx.check_hostname = False
+    c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_ctx.wrap_bio(c_in, c_out)
+    server = TlsServerSession(load_identity(tls, "root-a").server_ssl_context())
+    for _ in range(10):  # the handshake, bytes passed by hand
+        try:
+            client.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        assert server.receive(c_out.read()) == b""
+        c_in.write(server.data_to_send())
+        if server.handshake_done and client.version():
+            break
+    assert server.handshake_done
+    for part in (b"one", b"two", b"three"):
+        client.write(part)
+    assert server.receive(c_out.read()) == b"onetwothree"
+    client.write(b"x" * 5000)
+    record = c_out.read()
+    assert server.receive(record[:100]) == b""
+    assert server.receive(record[100:]) == b"x" * 5000
+    server.send(b"reply")
+    c_in.write(server.data_to_send())
+    assert client.read(100) == b"reply"

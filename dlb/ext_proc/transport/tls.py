@@ -50,6 +50,7 @@ class TlsServerSession:
                 return b""
             self.handshake_done = True
         chunks: list[bytes] = []
+        incoming = self._in
         while True:
             try:
                 chunk = obj.read(READ_CHUNK)
@@ -61,6 +62,8 @@ class TlsServerSession:
             if not chunk:
                 break
             chunks.append(chunk)
+            if not incoming.pending and not obj.pending():
+                break  # all consumed: skip the read that would only raise SSLWantReadError (once per request)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def send(self, data: bytes) -> None:
