@@ -238,12 +238,12 @@ def test_a_flood_of_frames_that_do_no_work_ends_the_connection(flood: bytes) -> 
 class Serving:
     """An H2GrpcServer with ``limits`` on an event-loop thread."""
 
-    def __init__(self, limits: H2Limits) -> None:
+    def __init__(self, limits: H2Limits, ssl=None) -> None:
         self.server = H2GrpcServer(METHOD, echo_upper, limits=limits)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(10)
+        self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0, ssl=ssl), self.loop).result(10)
 
     def on_loop(self, fn):
         async def run():
@@ -419,3 +419,76 @@ def test_connections_closing_together_are_closed_a_batch_per_loop_turn(serving: 
         s.close()
     steps = per_turn_changes(serving, gate, lambda: stats.open_connections, lambda n: n == 0)
     assert min(steps) >= -CLOSE_BATCH, min(steps)
+
+
+def client_hello() -> bytes:
+    """A real TLS ClientHello (the first flight of any client), made in memory."""
+    import ssl
+
+    out = ssl.MemoryBIO()
+    with pytest.raises(ssl.SSLWantReadError):
+        ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), out, server_hostname="dlb").do_handshake()
+    return out.read()
+
+
+@pytest.fixture
+def tls_serving(request, tmp_path) -> Iterator[Serving]:
+    from dlb.config.tls import load_identity
+    from dlb.testbed.pki import dlb_pki
+
+    files, _ = dlb_pki(tmp_path / "pki", ("a",))
+    s = Serving(request.param, ssl=load_identity(files, "root-a").server_ssl_context())
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("tls_serving", [H2Limits(max_pending_tls_handshakes=2)], indirect=True)
+def test_tls_handshakes_in_progress_are_bounded(tls_serving: Serving) -> None:
+    """Row 3 under mTLS, the next step of the attack: a ClientHello on each connection, then silence.
+    Each answered ClientHello holds ~50 KB of OpenSSL state (4,000 of them: 58 -> 255 MB); beyond
+    ``max_pending_tls_handshakes`` a connection's first bytes close it, counted."""
+    stats = tls_serving.server.stats
+    hello = client_hello()
+    socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(2)]
+    for s in socks:
+        s.sendall(hello)
+    for _ in range(2000):  # the bound only fails a hung test
+        if tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 2:
+            break
+        threading.Event().wait(0.01)
+    extra = socket.create_connection(("127.0.0.1", tls_serving.port))
+    extra.sendall(hello)
+    assert read_to_eof(extra) == b""
+    assert tls_serving.on_loop(lambda: (stats.tls_handshakes_refused, stats.tls_handshakes_pending)) == (1, 2)
+    for s in [*socks, extra]:
+        s.close()
+    for _ in range(2000):
+        if tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0:
+            break
+        threading.Event().wait(0.01)
+    assert tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0  # given back when the connections went
+
+
+@pytest.mark.parametrize("tls_serving", [H2Limits()], indirect=True)
+def test_clienthellos_arriving_together_are_answered_a_few_per_loop_turn(tls_serving: Serving) -> None:
+    """Answering a ClientHello costs a key exchange and a signature (0.5-1.7 ms here); thousands arriving
+    in one loop turn blocked it 170-290 ms. 40 arrive while the loop is held: no turn answers more than
+    HANDSHAKE_BATCH of them."""
+    from dlb.ext_proc.transport.pacing import HANDSHAKE_BATCH
+
+    stats = tls_serving.server.stats
+    socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(40)]
+    for _ in range(2000):  # accepted (a batch per turn) before the hellos come
+        if tls_serving.on_loop(lambda: stats.open_connections) == 40:
+            break
+        threading.Event().wait(0.01)
+    gate = hold_loop(tls_serving)
+    hello = client_hello()
+    for s in socks:
+        s.sendall(hello)
+    steps = per_turn_changes(tls_serving, gate, lambda: stats.tls_handshakes_pending, lambda n: n == 40)
+    assert max(steps) <= HANDSHAKE_BATCH, max(steps)
+    for s in socks:
+        s.close()

@@ -30,7 +30,7 @@ from typing import cast
 
 from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
-from dlb.ext_proc.transport.pacing import BatchedCloser, BoundedListener, listen_socket
+from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_socket
 from dlb.ext_proc.transport.tls import TlsServerSession
 from dlb.log import get_logger
 
@@ -40,7 +40,7 @@ log = get_logger("dlb.h2server")
 class H2GrpcProtocol(asyncio.Protocol):
     """One connection: socket bytes to :class:`H2Connection` and back, plus its two timers."""
 
-    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], closer: BatchedCloser | None = None) -> None:
+    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], closer: TurnBudget | None = None) -> None:
         self.conn = conn
         #: Paces the closes this connection decides on its own (timeouts, the peer's EOF); None: at once.
         self.closer = closer
@@ -115,7 +115,7 @@ class H2GrpcProtocol(asyncio.Protocol):
         if self.closer is None:
             close()
         else:
-            self.closer.close(close)
+            self.closer.run(close)
 
     def pause_writing(self) -> None:
         # The peer stopped reading: stop reading its requests too, so our buffer stays bounded.
@@ -155,16 +155,22 @@ class H2GrpcProtocol(asyncio.Protocol):
 class TlsH2GrpcProtocol(H2GrpcProtocol):
     """The same connection under TLS run by :class:`~.tls.TlsServerSession` inside this protocol, so the
     connection cap and the handshake timeout (the HTTP/2 preface comes after the TLS handshake) act from
-    accept, and the TLS state is made only when the client's first bytes arrive."""
+    accept. Until the handshake is done the TLS state exists only from the client's first bytes and
+    within ``max_pending_tls_handshakes``, and each handshake step waits its turn in ``handshakes``
+    (a few per loop turn: answering a ClientHello costs a key exchange and a signature)."""
 
     def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], context: ssl_module.SSLContext,
-                 closer: BatchedCloser | None = None) -> None:
+                 closer: TurnBudget | None = None, handshakes: TurnBudget | None = None) -> None:
         super().__init__(conn, on_close, closer)
         self.context = context
+        self.handshakes = handshakes
         self.tls: TlsServerSession | None = None
+        self._inbox: list[bytes] = []  # ciphertext waiting for a handshake step
+        self._reading_paused = False
+        self._pending = False  # counted in stats.tls_handshakes_pending
 
     def _start(self) -> None:
-        pass  # our SETTINGS go out once the TLS handshake completed (see data_received)
+        pass  # our SETTINGS go out once the TLS handshake completed
 
     def _write(self, out: bytes) -> None:
         tls = self.tls
@@ -174,12 +180,52 @@ class TlsH2GrpcProtocol(H2GrpcProtocol):
 
     def data_received(self, data: bytes) -> None:
         tls = self.tls
+        if tls is not None and tls.handshake_done:
+            self._tls_received(tls, data)
+            return
+        self._inbox.append(data)
+        if len(self._inbox) > 1:
+            return  # a step is already waiting for its turn
+        if self.handshakes is None:
+            self._handshake_step()
+        elif not self.handshakes.run(self._handshake_step) and self.transport is not None:
+            self.transport.pause_reading()  # nothing more from this peer until its step runs
+            self._reading_paused = True
+
+    def _handshake_step(self) -> None:
+        data = b"".join(self._inbox)
+        self._inbox.clear()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        tls = self.tls
         if tls is None:
+            stats = self.conn.stats
+            if stats.tls_handshakes_pending >= self.conn.limits.max_pending_tls_handshakes:
+                stats.tls_handshakes_refused += 1
+                if stats.tls_handshakes_refused == 1 or stats.tls_handshakes_refused % 1000 == 0:
+                    log.warning("h2_tls_handshakes_refused", pending=stats.tls_handshakes_pending, refused=stats.tls_handshakes_refused)
+                super()._close()
+                return
             tls = self.tls = TlsServerSession(self.context)
+            stats.tls_handshakes_pending += 1
+            self._pending = True
+        self._tls_received(tls, data)
+
+    def _handshake_over(self) -> None:
+        if self._pending:
+            self._pending = False
+            self.conn.stats.tls_handshakes_pending -= 1
+
+    def _tls_received(self, tls: TlsServerSession, data: bytes) -> None:
         handshaking = not tls.handshake_done
         try:
             plain = tls.receive(data)
         except ssl_module.SSLError as exc:
+            self._handshake_over()
             stats = self.conn.stats
             stats.tls_failures += 1
             if stats.tls_failures == 1 or stats.tls_failures % 1000 == 0:
@@ -188,6 +234,7 @@ class TlsH2GrpcProtocol(H2GrpcProtocol):
             super()._close()
             return
         if handshaking and tls.handshake_done:
+            self._handshake_over()
             super()._start()
         if plain:
             super().data_received(plain)
@@ -195,9 +242,13 @@ class TlsH2GrpcProtocol(H2GrpcProtocol):
         if tls.peer_closed:
             super()._close()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._handshake_over()
+        super().connection_lost(exc)
+
     def _close(self) -> None:
         tls = self.tls
-        if tls is not None and self.transport is not None and not self.transport.is_closing():
+        if tls is not None and tls.handshake_done and self.transport is not None and not self.transport.is_closing():
             tls.close()
             super()._write(tls.data_to_send())  # our close_notify
         super()._close()
@@ -220,7 +271,9 @@ class H2GrpcServer:
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
     _accepting: set[asyncio.Task[object]] = field(default_factory=set)
     _all_gone: asyncio.Event | None = None  # set by stop(): every connection is closed
-    closer: BatchedCloser = field(default_factory=BatchedCloser)
+    #: Closes and TLS handshake steps, a bounded number per loop turn (:mod:`.pacing`).
+    closer: TurnBudget = field(default_factory=lambda: TurnBudget(CLOSE_BATCH))
+    handshakes: TurnBudget = field(default_factory=lambda: TurnBudget(HANDSHAKE_BATCH))
 
     async def start(self, host: str, port: int, reuse_port: bool = False, ssl: ssl_module.SSLContext | None = None) -> int:
         """Listen and return the bound port (``port=0`` picks a free one); with ``ssl``, TLS (its ALPN must
@@ -247,7 +300,7 @@ class H2GrpcServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = H2Connection(path, self.handler, stats, self.limits, routes)
             proto = (H2GrpcProtocol(conn, self._forget, closer) if ssl is None else
-                     TlsH2GrpcProtocol(conn, self._forget, ssl, closer))
+                     TlsH2GrpcProtocol(conn, self._forget, ssl, closer, self.handshakes))
             self._conns.add(proto)
             task = loop.create_task(loop.connect_accepted_socket(lambda: proto, sock))
             self._accepting.add(task)
