@@ -166,7 +166,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
                    help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
     p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
-                   help="h2 transport: seconds for a new connection to send the HTTP/2 preface (default %(default)s; > 0, finite)")
+                   help="h2 transport: seconds from accept for a new connection to finish the TLS handshake (with tls) "
+                        "and send the HTTP/2 preface (default %(default)s; > 0, finite)")
     p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
                    help="h2 transport: a connection with no stream open this long is closed (GOAWAY) (default %(default)s; > 0, finite)")
     p.add_argument("--drain-s", type=float, default=1.0,
