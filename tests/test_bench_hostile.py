@@ -68,13 +68,17 @@ def _children() -> set[int]:
 
 def test_with_mtls_the_unauthenticated_floods_are_refused() -> None:
     """``--tls``: the access-log flood (row 5) and the ADS bloat (row 6) come from a client without a
-    certificate, so they never reach the leaf's in-flight table or the control plane's node state."""
+    certificate, so they never reach the leaf's in-flight table or the control plane's node state; the
+    stalled ClientHellos (row 3's next step, only with --tls) leave the real traffic alone."""
     tiny = replace(Scale.named("ci"), als_starts=5_000, als_errors=50, ads_streams=2, ads_node_id_bytes=64 << 10, bogus_types=50,
-                   hold_s=0.5)
-    result = hostile.run_bench(["als-flood", "ads-bloat"], tiny, rate=5.0, settle_s=0.5, baseline_s=1.0, mem_cap_mb=1000,
-                               validate_timeout_s=20.0, tls=True, warmup_s=1.0)
+                   tls_hellos=200, hold_s=0.5)
+    result = hostile.run_bench(["als-flood", "ads-bloat", "stalled-tls-handshakes"], tiny, rate=5.0, settle_s=0.5, baseline_s=1.0,
+                               mem_cap_mb=1000, validate_timeout_s=20.0, tls=True, warmup_s=1.0)
     assert result["tls"] is True
-    als, ads = result["attacks"]
+    als, ads, hellos = result["attacks"]
+    assert hellos["detail"]["connections"] == 200 and hellos["real_traffic_errors"] == 0
+    assert hostile.default_attacks(True).index("stalled-tls-handshakes") == hostile.default_attacks(True).index("idle-connections") + 1
+    assert "stalled-tls-handshakes" not in hostile.default_attacks(False)
     assert als["detail"]["outcome"] == "refused: UNAVAILABLE"
     assert als["detail"]["leaf_rif_after"] < 100  # the fake starts never counted (the bench's own probe got through mTLS)
     assert set(ads["detail"]["outcomes"]) == {"UNAVAILABLE"}

@@ -44,8 +44,10 @@ from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, health_pi
 from dlb.procutil import free_port
 
 ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
-ROW = {"hpack-cache": 1, "stream-walk": 2, "idle-connections": 3, "als-flood": 5, "ads-bloat": 6, "yaml-bomb-validate": 7,
-       "yaml-bomb-sighup": 7}
+#: Only meaningful against TLS listeners: run after row 3 with ``--tls`` (and on request).
+TLS_ATTACKS = ("stalled-tls-handshakes",)
+ROW = {"hpack-cache": 1, "stream-walk": 2, "idle-connections": 3, "stalled-tls-handshakes": 3, "als-flood": 5, "ads-bloat": 6,
+       "yaml-bomb-validate": 7, "yaml-bomb-sighup": 7}
 WARMUP_S = 8.0
 #: The shortest window the real traffic and the pings are judged over, however soon the attacker is done.
 MIN_WINDOW_S = 3.0
@@ -175,7 +177,7 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
     host, port = (root_ext_proc.rpartition(":")[0], int(root_ext_proc.rpartition(":")[2]))
     detail: dict[str, Any] = {}
     pid: int | None
-    if name in ("hpack-cache", "stream-walk", "idle-connections"):
+    if name in ("hpack-cache", "stream-walk", "idle-connections", "stalled-tls-handshakes"):
         pid, ping, part = plane.root.pid, ext_proc_ping(root_ext_proc, s.creds), "root ext_proc (HTTP/2 transport)"
     elif name == "als-flood":
         pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe, s.creds), "leaf agent (probe port)"
@@ -203,6 +205,8 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
                 return False
 
         detail = atk.idle_connections(host, port, scale, alive=metrics_alive)
+    elif name == "stalled-tls-handshakes":
+        detail = atk.stalled_handshakes(host, port, scale)
     elif name == "als-flood":
         detail = atk.als_flood(leaf_probe, scale)
         detail.update(_leaf_view(leaf_probe, s.creds))
@@ -222,7 +226,7 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
     elif name == "yaml-bomb-sighup":
         detail = _sighup_bomb(s, scale, validate_timeout_s, mem_cap_mb)
     else:
-        raise ValueError(f"unknown attack {name!r} (one of {', '.join(ATTACKS)})")
+        raise ValueError(f"unknown attack {name!r} (one of {', '.join(ATTACKS + TLS_ATTACKS)})")
     attack_s = time.monotonic() - t0
     if attack_s < MIN_WINDOW_S:
         # An attacker cut off at once (under mTLS, at the handshake) left a window of one or two real
@@ -321,7 +325,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None, help="write the records (with the git commit) here; the exit status is 1 "
                    "when any target is missed (each named on stderr)")
-    p.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated subset of: {', '.join(ATTACKS)}")
+    p.add_argument("--attacks", default=None, help=f"comma-separated subset of: {', '.join(ATTACKS + TLS_ATTACKS)} (default: all; "
+                   f"{', '.join(TLS_ATTACKS)} only with --tls)")
     p.add_argument("--scale", choices=("ci", "issue"), default="ci", help="attack sizes: ci (seconds) or issue (the issue's table)")
     p.add_argument("--rate", type=float, default=10.0, help="real requests per second through the root Envoy (default 10)")
     p.add_argument("--settle-s", type=float, default=10.0, help="seconds after each attacker leaves before RSS 'after' (default 10)")
@@ -347,11 +352,21 @@ def summary_line(r: dict[str, Any], baseline_p50_ms: float | None) -> str:
             f"errors {r['real_traffic_errors']}  {'PASS' if not failed else 'FAIL: ' + ', '.join(failed)}")
 
 
+def default_attacks(tls: bool) -> list[str]:
+    """Every row; with TLS the stalled handshakes right after row 3's idle connections."""
+    out = list(ATTACKS)
+    if tls:
+        after = out.index("idle-connections") + 1
+        out[after:after] = TLS_ATTACKS
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
-    bad = [a for a in attacks if a not in ATTACKS]
+    known = ATTACKS + TLS_ATTACKS
+    attacks = default_attacks(args.tls) if args.attacks is None else [a.strip() for a in args.attacks.split(",") if a.strip()]
+    bad = [a for a in attacks if a not in known]
     if bad:
-        print(f"--attacks: unknown {', '.join(bad)} (one of {', '.join(ATTACKS)})", file=sys.stderr)
+        print(f"--attacks: unknown {', '.join(bad)} (one of {', '.join(known)})", file=sys.stderr)
         return 2
     result = run_bench(attacks, atk.Scale.named(args.scale), args.rate, args.settle_s, args.baseline_s, args.mem_cap_mb,
                        args.validate_timeout_s, tls=args.tls)
