@@ -492,3 +492,25 @@ def test_clienthellos_arriving_together_are_answered_a_few_per_loop_turn(tls_ser
     assert max(steps) <= HANDSHAKE_BATCH, max(steps)
     for s in socks:
         s.close()
+
+
+@pytest.mark.parametrize("serving", [H2Limits()], indirect=True)
+def test_a_silent_connection_holds_no_http2_state(serving: Serving) -> None:
+    """Row 3: each accepted connection used to get its HTTP/2 connection (HPACK decoder, tables, stream
+    maps: ~14 objects for the garbage collector) at once; 4,096 silent ones made a 47-ms full collection.
+    Now it is made with the client's first bytes, and our SETTINGS still come first."""
+    socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(20)]
+    stats = serving.server.stats
+    for _ in range(2000):  # the bound only fails a hung test
+        if serving.on_loop(lambda: stats.open_connections) == 20:
+            break
+        threading.Event().wait(0.01)
+    assert serving.on_loop(lambda: [p.conn for p in serving.server._conns]) == [None] * 20
+    talker = socks[0]
+    talker.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0))
+    talker.settimeout(10)
+    first = talker.recv(9)
+    assert first[3] == FrameType.SETTINGS and first[4] == 0  # our SETTINGS (not an ACK) is the first frame
+    assert serving.on_loop(lambda: sum(p.conn is not None for p in serving.server._conns)) == 1
+    for s in socks:
+        s.close()

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.bench import hostile_attacks as atk
-from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, health_ping, p50, probe_ping, rss_mb, secure_or_plain
+from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, gc_pauses, health_ping, p50, probe_ping, rss_mb, secure_or_plain
 from dlb.procutil import free_port
 
 ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
@@ -188,6 +188,7 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
     monitor.watch(pid, ping)
     time.sleep(0.5)
     before = rss_mb(pid) if pid else None
+    gc_before = _root_gc(plane) if part.startswith("root") else None
     t0 = time.monotonic()
     if name == "hpack-cache":
         detail = atk.hpack_cache(host, port, scale)
@@ -235,6 +236,9 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
     t1 = time.monotonic()
     time.sleep(settle_s)
     t2 = time.monotonic()
+    if gc_before is not None:  # the root's collections during the attack (and settle), ms per generation
+        gc_after = _root_gc(plane)
+        detail["root_gc_ms"] = {k: round(v - gc_before.get(k, 0.0), 1) if "total" in k else v for k, v in gc_after.items()}
     rss = monitor.rss_window(t0, t2)
     worst = monitor.worst_ping_ms(t0, t1 + 1.0)
     reqs = traffic.window(t0, t1)
@@ -261,6 +265,17 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
                                                               and rep_mb <= TARGETS["config_report_mb"])
     monitor.watch(None, None)
     return rec
+
+
+def _root_gc(plane: Any) -> dict[str, float]:
+    """The root's GC pause totals and longest so far from its /metrics ({} if it does not answer)."""
+    from dlb.testbed.up import http_get
+
+    try:
+        status, body = http_get(f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics", 5.0)
+    except OSError:
+        return {}
+    return gc_pauses(body, "dlb_root") if status == 200 else {}
 
 
 def _leaf_view(target: str, creds: Any) -> dict[str, Any]:

@@ -69,10 +69,11 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
+    gc_pauses = GcPauses("dlb_root")  # timed from the freeze on (the freeze's own collection is start-up)
     if metrics:
         host, _, mport = metrics.rpartition(":")
         registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
-        registry.register(CallbackCollector(GcPauses("dlb_root").install().families))
+        registry.register(CallbackCollector(gc_pauses.families))
     if workers > 1 and worker_index == 0:
         children = spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
     if sync is not None:
@@ -82,6 +83,7 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     # collection walks only what came since — what a hostile client's connections made the loop wait
     # for (issue 14 row 3; the control plane's row-6 fix).
     freeze_heap()
+    gc_pauses.install()
     log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
              endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=xds)
     worker_pids = [await asyncio.to_thread(wait_worker, c) for c in children]
