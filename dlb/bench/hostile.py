@@ -10,7 +10,10 @@ attack it records, for the process under attack:
 - ``loop_block_max_ms``: the longest round trip of a tiny RPC the service answers on its event loop
   (ext_proc ``Process`` for the root, ``Probe`` for the leaf, ``grpc.health.v1`` for the control plane),
   sent every 20 ms from another thread — a blocked loop shows as a slow answer (null for the config
-  validator, which has no loop). A ping gives up after 5 s, so ~5000 means "blocked at least 5 s";
+  validator, which has no loop). A ping gives up after 5 s, so ~5000 means "blocked at least 5 s".
+  The attackers run in an interpreter of their own (in this one their Python held the GIL the ping
+  thread waited for, and that showed as the service's block); ``baseline_loop_block_max_ms`` is the
+  root's worst ping with no attack, and each root attack's ``detail.root_gc_ms`` its collections;
 - ``real_traffic_p50_ms`` and ``real_traffic_errors``: the real requests started while the attack ran
   (errors: any non-200, until ``settle_s`` after), next to ``baseline_p50_ms`` measured before any attack.
   The window is at least ``MIN_WINDOW_S`` (3 s) long even when the attacker is cut off at once.
@@ -185,35 +188,32 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
         pid, ping, part = None, None, "dlb config validate"
     else:
         pid, ping, part = s.cp.pid, health_ping(s.cp_xds, s.creds), "control plane"
+    attacker = _attacker_process() if name in ATTACKER_PROCESS else None
     monitor.watch(pid, ping)
     time.sleep(0.5)
     before = rss_mb(pid) if pid else None
     gc_before = _root_gc(plane) if part.startswith("root") else None
     t0 = time.monotonic()
-    if name == "hpack-cache":
-        detail = atk.hpack_cache(host, port, scale)
-    elif name == "stream-walk":
-        detail = atk.stream_walk(host, port, scale)
-    elif name == "idle-connections":
-        from dlb.testbed.up import http_get
+    if attacker is not None:
+        kind, target = ATTACKER_PROCESS[name]
+        address: Any = (host, port) if kind == "root" else (leaf_probe if kind == "leaf" else s.cp_xds)
+        alive = None
+        if name == "idle-connections":
+            from dlb.testbed.up import http_get
 
-        metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
+            metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
 
-        def metrics_alive() -> bool:
-            try:
-                return http_get(metrics_url, 1.0)[0] == 200
-            except OSError:
-                return False
+            def alive() -> bool:  # /metrics still answering while the connections are held
+                try:
+                    return http_get(metrics_url, 1.0)[0] == 200
+                except OSError:
+                    return False
 
-        detail = atk.idle_connections(host, port, scale, alive=metrics_alive)
-    elif name == "stalled-tls-handshakes":
-        detail = atk.stalled_handshakes(host, port, scale)
-    elif name == "als-flood":
-        detail = atk.als_flood(leaf_probe, scale)
-        detail.update(_leaf_view(leaf_probe, s.creds))
-    elif name == "ads-bloat":
-        detail = atk.ads_bloat(s.cp_xds, scale)
-        detail.update(_status_sizes(s.cp_status))
+        detail = _in_attacker_process(attacker, target, address, scale, alive)
+        if name == "als-flood":
+            detail.update(_leaf_view(leaf_probe, s.creds))
+        elif name == "ads-bloat":
+            detail.update(_status_sizes(s.cp_status))
     elif name == "yaml-bomb-validate":
         bomb = s.tmp / "bomb.yaml"
         bomb.write_text(atk.yaml_bomb(scale.bomb_depth))
@@ -265,6 +265,60 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
                                                               and rep_mb <= TARGETS["config_report_mb"])
     monitor.watch(None, None)
     return rec
+
+
+#: The attackers that run in a process of their own (attack -> (whose address, function of
+#: hostile_attacks)): in the bench's process their Python competed for its GIL with the thread that
+#: pings the service, and that wait showed as the service's loop block.
+ATTACKER_PROCESS = {"hpack-cache": ("root", "hpack_cache"), "stream-walk": ("root", "stream_walk"),
+                    "idle-connections": ("root", "idle_connections"), "stalled-tls-handshakes": ("root", "stalled_handshakes"),
+                    "als-flood": ("leaf", "als_flood"), "ads-bloat": ("control-plane", "ads_bloat")}
+
+
+def _attacker_process() -> subprocess.Popen[bytes]:
+    """A fresh interpreter for one attacker (``python -m dlb.bench.hostile_attacks``), its imports done
+    before the attack's clock starts: it says ``ready`` and waits for its orders on stdin."""
+    proc = subprocess.Popen([sys.executable, "-m", "dlb.bench.hostile_attacks"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError("the attacker process did not start")
+    return proc
+
+
+def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: Any, scale: atk.Scale,
+                         alive: Any = None) -> dict[str, Any]:
+    """Run ``hostile_attacks.<function>(*address, scale)`` in ``proc`` and return its result; ``alive()``,
+    when given, is sampled once a second meanwhile and reported as ``service_answered``."""
+    import pickle
+    import threading
+
+    assert proc.stdin is not None and proc.stdout is not None
+    args = (*address, scale) if isinstance(address, tuple) else (address, scale)
+    out: list[bytes] = []
+    asked = answered = 0
+    try:
+        proc.stdin.write(pickle.dumps((function, args)))
+        proc.stdin.close()
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else b""), daemon=True)
+        reader.start()
+        while alive is not None and reader.is_alive():
+            asked += 1
+            answered += 1 if alive() else 0
+            reader.join(1.0)
+        reader.join(600)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:  # nothing it started may outlive the bench
+            proc.kill()
+            proc.wait(10)
+    if proc.returncode != 0 or not out:
+        raise RuntimeError(f"attacker {function} failed (exit {proc.returncode})")
+    detail: dict[str, Any] = json.loads(out[0].strip().splitlines()[-1])  # the result is the last line
+    if alive is not None:
+        detail["service_answered"] = f"{answered}/{asked}"
+    return detail
 
 
 def _root_gc(plane: Any) -> dict[str, float]:

@@ -63,6 +63,20 @@ class Scale:
         raise ValueError(f"unknown scale {name!r} (issue or ci)")
 
 
+#: What an attacker process may be asked to run (dlb.bench.hostile runs each in an interpreter of its
+#: own: ``python -m dlb.bench.hostile_attacks`` says ``ready``, reads pickled (function, args) from
+#: stdin, writes the result as JSON to stdout).
+_ATTACKERS = ("hpack_cache", "stream_walk", "idle_connections", "stalled_handshakes", "als_flood", "ads_bloat")
+
+
+def run_attack(function: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """What an attacker process runs: ``function(*args)``, one of :data:`_ATTACKERS`."""
+    if function not in _ATTACKERS:
+        raise ValueError(f"unknown attacker {function!r} (one of {', '.join(_ATTACKERS)})")
+    result: dict[str, Any] = globals()[function](*args)
+    return result
+
+
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream & 0x7FFFFFFF) + payload
 
@@ -407,3 +421,18 @@ def validate_bomb(path: str, timeout_s: float, mem_cap_mb: int, sample: Callable
     return {"exit_code": proc.returncode, "killed_after_s": timeout_s if killed else None, "seconds": round(time.monotonic() - t0, 2),
             "output_lines": len(lines), "output_head": "\n".join(lines[:3])[:400],
             "traceback": any("Traceback" in ln for ln in lines)}
+
+
+def _main() -> None:
+    import json
+    import pickle
+
+    import grpc  # noqa: F401 - imported before "ready", like everything the attackers use
+
+    print("ready", flush=True)
+    function, args = pickle.loads(sys.stdin.buffer.read())  # our own parent process wrote it
+    print(json.dumps(run_attack(function, args)), flush=True)
+
+
+if __name__ == "__main__":
+    _main()
