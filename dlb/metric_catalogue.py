@@ -46,7 +46,11 @@ def _h2(service: str) -> tuple[MetricDef, ...]:
         MetricDef(service, f"{p}_connections_refused", "counter", (),
                   "Connections closed at accept: the connection cap was reached", when),
         MetricDef(service, f"{p}_handshake_timeouts", "counter", (),
-                  "Connections closed for not completing the HTTP/2 preface in time", when),
+                  "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time", when),
+        MetricDef(service, f"{p}_tls_failures", "counter", (),
+                  "Connections closed for a failed TLS handshake or a bad TLS record", when),
+        MetricDef(service, f"{p}_tls_handshakes_refused", "counter", (),
+                  "Connections closed at their first bytes: too many TLS handshakes in progress", when),
         MetricDef(service, f"{p}_idle_timeouts", "counter", (),
                   "Connections closed after the idle timeout with no stream open", when),
         MetricDef(service, f"{p}_streams_refused", "counter", (),
@@ -60,9 +64,22 @@ def _h2(service: str) -> tuple[MetricDef, ...]:
         MetricDef(service, f"{p}_non_grpc_requests", "counter", (),
                   "Requests that were not gRPC, answered with HTTP 415/405", when),
         MetricDef(service, f"{p}_open_connections", "gauge", (), "HTTP/2 connections open now", when),
+        MetricDef(service, f"{p}_tls_handshakes_pending", "gauge", (), "TLS handshakes in progress (a ClientHello answered, not finished)",
+                  when),
         MetricDef(service, f"{p}_header_cache_bytes", "gauge", (),
                   "Bytes of cached decoded header blocks, all connections", when),
         MetricDef(service, f"{p}_buffered_bytes", "gauge", (), "Bytes of partial gRPC messages held, all connections", when),
+    )
+
+
+def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
+    """Garbage-collection pauses of a service whose start-up heap is frozen (``dlb/gc_heap.py``)."""
+    p = f"dlb_{service}_gc"
+    return (
+        MetricDef(service, f"{p}_frozen_objects", "gauge", (), "objects exempt from garbage collection (frozen after start, dlb/gc_heap.py)",
+                  when),
+        MetricDef(service, f"{p}_pause_seconds", "counter", ("generation",), "time the process spent in garbage collections", when),
+        MetricDef(service, f"{p}_pause_longest_seconds", "gauge", ("generation",), "the longest single garbage collection so far", when),
     )
 
 
@@ -89,6 +106,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("root", "dlb_root_cell_error_rate", "gauge", ("cell",), "Cell error rate reported by the last probe", _PROBES),
     MetricDef("root", "dlb_root_cell_model", "gauge", ("cell", "param"), "Cell latency-model parameter from the last probe", _PROBES),
     *_h2("root"),
+    *_gc("root", "dlb serve root with a metrics port"),
     # --- leaf agent (dlb/ext_proc/leaf.py) ---
     MetricDef("leaf", "dlb_leaf_rif", "gauge", (), "Requests in flight counted by the leaf"),
     MetricDef("leaf", "dlb_leaf_server_rif", "gauge", ("server",), "Leaf-counted RIF per server"),
@@ -133,12 +151,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "the control plane (dlb serve control-plane)"),
     MetricDef("xds", "dlb_xds_dns_truncated", "counter", (),
               "resolutions that returned more than 1024 addresses, cut to the lowest 1024", "the control plane (dlb serve control-plane)"),
-    MetricDef("xds", "dlb_xds_gc_frozen_objects", "gauge", (), "objects exempt from garbage collection (frozen after start, dlb/gc_heap.py)",
-              "the control plane (dlb serve control-plane)"),
-    MetricDef("xds", "dlb_xds_gc_pause_seconds", "counter", ("generation",), "time the process spent in garbage collections",
-              "the control plane (dlb serve control-plane)"),
-    MetricDef("xds", "dlb_xds_gc_pause_longest_seconds", "gauge", ("generation",), "the longest single garbage collection so far",
-              "the control plane (dlb serve control-plane)"),
+    *_gc("xds", "the control plane (dlb serve control-plane)"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),
               "Requests answered with an error before running (reason: queue_full, injected_error, down)"),

@@ -27,6 +27,7 @@ def test_every_attack_is_replayed_measured_and_judged() -> None:
     result = hostile.run_bench(list(hostile.ATTACKS), tiny, rate=5.0, settle_s=0.5, baseline_s=1.0, mem_cap_mb=1000,
                                validate_timeout_s=20.0, warmup_s=1.0)
     assert result["commit"] and result["baseline_p50_ms"] and result["baseline_p50_ms"] > 0
+    assert result["baseline_loop_block_max_ms"] is not None and result["load_avg_1m"]["start"] >= 0
     assert [r["attack"] for r in result["attacks"]] == list(hostile.ATTACKS)
     for r in result["attacks"]:
         assert set(r) >= FIELDS, r
@@ -67,13 +68,17 @@ def _children() -> set[int]:
 
 def test_with_mtls_the_unauthenticated_floods_are_refused() -> None:
     """``--tls``: the access-log flood (row 5) and the ADS bloat (row 6) come from a client without a
-    certificate, so they never reach the leaf's in-flight table or the control plane's node state."""
+    certificate, so they never reach the leaf's in-flight table or the control plane's node state; the
+    stalled ClientHellos (row 3's next step, only with --tls) leave the real traffic alone."""
     tiny = replace(Scale.named("ci"), als_starts=5_000, als_errors=50, ads_streams=2, ads_node_id_bytes=64 << 10, bogus_types=50,
-                   hold_s=0.5)
-    result = hostile.run_bench(["als-flood", "ads-bloat"], tiny, rate=5.0, settle_s=0.5, baseline_s=1.0, mem_cap_mb=1000,
-                               validate_timeout_s=20.0, tls=True, warmup_s=1.0)
+                   tls_hellos=200, hold_s=0.5)
+    result = hostile.run_bench(["als-flood", "ads-bloat", "stalled-tls-handshakes"], tiny, rate=5.0, settle_s=0.5, baseline_s=1.0,
+                               mem_cap_mb=1000, validate_timeout_s=20.0, tls=True, warmup_s=1.0)
     assert result["tls"] is True
-    als, ads = result["attacks"]
+    als, ads, hellos = result["attacks"]
+    assert hellos["detail"]["connections"] == 200 and hellos["real_traffic_errors"] == 0
+    assert hostile.default_attacks(True).index("stalled-tls-handshakes") == hostile.default_attacks(True).index("idle-connections") + 1
+    assert "stalled-tls-handshakes" not in hostile.default_attacks(False)
     assert als["detail"]["outcome"] == "refused: UNAVAILABLE"
     assert als["detail"]["leaf_rif_after"] < 100  # the fake starts never counted (the bench's own probe got through mTLS)
     assert set(ads["detail"]["outcomes"]) == {"UNAVAILABLE"}
@@ -92,3 +97,29 @@ def test_the_console_line_shows_missing_measures_as_a_dash_not_none() -> None:
     assert "None" not in line and "rss —→45.4→— MB" in line and "loop — ms" in line and line.endswith("PASS")
     r["verdicts"]["no_errors"] = False
     assert summary_line(r, None).endswith("FAIL: no_errors") and "(baseline —)" in summary_line(r, None)
+
+
+def test_a_missed_target_makes_the_bench_exit_non_zero_and_names_it(monkeypatch, capsys) -> None:
+    """`dlb bench hostile` exited 0 even when a target failed, so CI could not gate on it. The run itself
+    is a recorded result of the real bench's shape (a live run's verdicts depend on the machine)."""
+    import argparse
+
+    from dlb.bench.hostile import failed_targets
+
+    ok = {"attack": "hpack-cache", "row": 1, "rss_before_mb": 78.1, "rss_peak_mb": 78.2, "rss_after_mb": 78.2,
+          "loop_block_max_ms": 4.8, "real_traffic_p50_ms": 10.7, "real_traffic_errors": 0,
+          "verdicts": {"rss_growth_le_50mb": True, "loop_block_le_50ms": True, "no_errors": True}}
+    bad = dict(ok, attack="idle-connections", row=3, loop_block_max_ms=314.5, real_traffic_errors=2,
+               verdicts={"rss_growth_le_50mb": True, "loop_block_le_50ms": False, "no_errors": False})
+    result = {"baseline_p50_ms": 10.6, "baseline_loop_block_max_ms": 5.0, "load_avg_1m": {"start": 0.3, "end": 0.5},
+              "attacks": [ok, bad]}
+    assert failed_targets(result) == ["row 3 idle-connections: loop_block_le_50ms, no_errors"]
+    assert failed_targets({"attacks": [ok]}) == []
+
+    args = argparse.Namespace(attacks="hpack-cache,idle-connections", scale="ci", rate=10.0, settle_s=1.0, baseline_s=1.0,
+                              mem_cap_mb=1000, validate_timeout_s=5.0, tls=False, json=None)
+    monkeypatch.setattr(hostile, "run_bench", lambda *a, **k: result)
+    assert hostile.run(args) == 1
+    assert "row 3 idle-connections: loop_block_le_50ms, no_errors" in capsys.readouterr().err
+    result["attacks"] = [ok]
+    assert hostile.run(args) == 0

@@ -40,3 +40,16 @@ def test_overhead_bench_root_native_smoke(tmp_path):
     for r in records:
         assert r["requests"] > 0 and r["errors"] == 0, r
         assert set(r["cpu_ms_per_req"]) <= {"root_envoy", "loadgen"}  # nothing but Envoy on the request path
+
+
+def test_overhead_bench_root_mtls_smoke(tmp_path):
+    """``root-mtls``: the root hop under mutual TLS (a throw-away CA; TLS inside DLB's HTTP/2 transport)
+    serves every request next to the plaintext root, so the two compare in one run."""
+    out = tmp_path / "mtls.json"
+    configs = ("root", "root-mtls")
+    assert main(["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", *configs, "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in configs for m in ("closed", "open")}
+    for r in records:
+        assert r["requests"] > 0 and r["errors"] == 0, r
+        assert set(r["cpu_ms_per_req"]) >= {"root_envoy", "root_ext_proc"}

@@ -9,6 +9,7 @@ sockets and a clock: those tests wait for the server to act and assert what it d
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import struct
 import threading
@@ -237,12 +238,12 @@ def test_a_flood_of_frames_that_do_no_work_ends_the_connection(flood: bytes) -> 
 class Serving:
     """An H2GrpcServer with ``limits`` on an event-loop thread."""
 
-    def __init__(self, limits: H2Limits) -> None:
+    def __init__(self, limits: H2Limits, ssl=None) -> None:
         self.server = H2GrpcServer(METHOD, echo_upper, limits=limits)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(10)
+        self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0, ssl=ssl), self.loop).result(10)
 
     def on_loop(self, fn):
         async def run():
@@ -354,3 +355,162 @@ def test_a_connection_with_an_open_stream_is_not_idle(serving: Serving) -> None:
     while grpc_message(b"LATE") not in got:
         got += sock.recv(65536)
     sock.close()
+
+
+def per_turn_changes(serving: Serving, gate: threading.Event, value, settled, max_turns: int = 5000) -> list[int]:
+    """Hold the server's loop on ``gate`` (the test queues work for it meanwhile); once released, sample
+    ``value()`` once per loop turn (a callback that reschedules itself) until ``settled(value())``; returns
+    the change seen in each turn. Turns are counted, never timed."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        samples.append(value())
+        if settled(samples[-1]) or len(samples) >= max_turns:
+            done.set()
+            return
+        serving.loop.call_soon(tick)
+
+    serving.loop.call_soon_threadsafe(tick)  # queued behind the gate: the first sample is the state before
+    gate.set()
+    assert done.wait(60), "the loop never settled"
+    assert settled(samples[-1]), samples[-10:]
+    return [b - a for a, b in itertools.pairwise(samples)]
+
+
+def hold_loop(serving: Serving) -> threading.Event:
+    gate = threading.Event()
+    serving.loop.call_soon_threadsafe(gate.wait, 30)
+    return gate
+
+
+@pytest.mark.parametrize("serving", [H2Limits()], indirect=True)
+def test_a_burst_of_connections_is_accepted_a_batch_per_loop_turn(serving: Serving) -> None:
+    """Row 3: uvloop accepted every queued connection in one loop turn (up to the 1024 backlog, 72-114 ms
+    on a loaded box); now at most ACCEPT_BATCH are taken per turn, so the loop serves other work
+    between batches. 200 connections queue while the loop is held; no turn opens more than a batch."""
+    from dlb.ext_proc.transport.pacing import ACCEPT_BATCH
+
+    stats = serving.server.stats
+    gate = hold_loop(serving)
+    socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(200)]
+    try:
+        steps = per_turn_changes(serving, gate, lambda: stats.open_connections, lambda n: n == 200)
+        assert max(steps) <= ACCEPT_BATCH, max(steps)
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("serving", [H2Limits()], indirect=True)
+def test_connections_closing_together_are_closed_a_batch_per_loop_turn(serving: Serving) -> None:
+    """Row 3: an attacker leaving (or thousands reaching the handshake timeout together) closed every
+    connection in the same loop turn; now at most CLOSE_BATCH close per turn."""
+    from dlb.ext_proc.transport.pacing import CLOSE_BATCH
+
+    stats = serving.server.stats
+    socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(200)]
+    for _ in range(2000):  # the bound only fails a hung test
+        if serving.on_loop(lambda: stats.open_connections) == 200:
+            break
+        threading.Event().wait(0.01)
+    gate = hold_loop(serving)
+    for s in socks:
+        s.close()
+    steps = per_turn_changes(serving, gate, lambda: stats.open_connections, lambda n: n == 0)
+    assert min(steps) >= -CLOSE_BATCH, min(steps)
+
+
+def client_hello() -> bytes:
+    """A real TLS ClientHello (the first flight of any client), made in memory."""
+    import ssl
+
+    out = ssl.MemoryBIO()
+    with pytest.raises(ssl.SSLWantReadError):
+        ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), out, server_hostname="dlb").do_handshake()
+    return out.read()
+
+
+@pytest.fixture
+def tls_serving(request, tmp_path) -> Iterator[Serving]:
+    from dlb.config.tls import load_identity
+    from dlb.testbed.pki import dlb_pki
+
+    files, _ = dlb_pki(tmp_path / "pki", ("a",))
+    s = Serving(request.param, ssl=load_identity(files, "root-a").server_ssl_context())
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("tls_serving", [H2Limits(max_pending_tls_handshakes=2)], indirect=True)
+def test_tls_handshakes_in_progress_are_bounded(tls_serving: Serving) -> None:
+    """Row 3 under mTLS, the next step of the attack: a ClientHello on each connection, then silence.
+    Each answered ClientHello holds ~50 KB of OpenSSL state (4,000 of them: 58 -> 255 MB); beyond
+    ``max_pending_tls_handshakes`` a connection's first bytes close it, counted."""
+    stats = tls_serving.server.stats
+    hello = client_hello()
+    socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(2)]
+    for s in socks:
+        s.sendall(hello)
+    for _ in range(2000):  # the bound only fails a hung test
+        if tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 2:
+            break
+        threading.Event().wait(0.01)
+    extra = socket.create_connection(("127.0.0.1", tls_serving.port))
+    extra.sendall(hello)
+    assert read_to_eof(extra) == b""
+    assert tls_serving.on_loop(lambda: (stats.tls_handshakes_refused, stats.tls_handshakes_pending)) == (1, 2)
+    for s in [*socks, extra]:
+        s.close()
+    for _ in range(2000):
+        if tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0:
+            break
+        threading.Event().wait(0.01)
+    assert tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0  # given back when the connections went
+
+
+@pytest.mark.parametrize("tls_serving", [H2Limits()], indirect=True)
+def test_clienthellos_arriving_together_are_answered_a_few_per_loop_turn(tls_serving: Serving) -> None:
+    """Answering a ClientHello costs a key exchange and a signature (0.5-1.7 ms here); thousands arriving
+    in one loop turn blocked it 170-290 ms. 40 arrive while the loop is held: no turn answers more than
+    HANDSHAKE_BATCH of them."""
+    from dlb.ext_proc.transport.pacing import HANDSHAKE_BATCH
+
+    stats = tls_serving.server.stats
+    socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(40)]
+    for _ in range(2000):  # accepted (a batch per turn) before the hellos come
+        if tls_serving.on_loop(lambda: stats.open_connections) == 40:
+            break
+        threading.Event().wait(0.01)
+    gate = hold_loop(tls_serving)
+    hello = client_hello()
+    for s in socks:
+        s.sendall(hello)
+    steps = per_turn_changes(tls_serving, gate, lambda: stats.tls_handshakes_pending, lambda n: n == 40)
+    assert max(steps) <= HANDSHAKE_BATCH, max(steps)
+    for s in socks:
+        s.close()
+
+
+@pytest.mark.parametrize("serving", [H2Limits()], indirect=True)
+def test_a_silent_connection_holds_no_http2_state(serving: Serving) -> None:
+    """Row 3: each accepted connection used to get its HTTP/2 connection (HPACK decoder, tables, stream
+    maps: ~14 objects for the garbage collector) at once; 4,096 silent ones made a 47-ms full collection.
+    Now it is made with the client's first bytes, and our SETTINGS still come first."""
+    socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(20)]
+    stats = serving.server.stats
+    for _ in range(2000):  # the bound only fails a hung test
+        if serving.on_loop(lambda: stats.open_connections) == 20:
+            break
+        threading.Event().wait(0.01)
+    assert serving.on_loop(lambda: [p.conn for p in serving.server._conns]) == [None] * 20
+    talker = socks[0]
+    talker.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0))
+    talker.settimeout(10)
+    first = talker.recv(9)
+    assert first[3] == FrameType.SETTINGS and first[4] == 0  # our SETTINGS (not an ACK) is the first frame
+    assert serving.on_loop(lambda: sum(p.conn is not None for p in serving.server._conns)) == 1
+    for s in socks:
+        s.close()

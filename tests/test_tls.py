@@ -378,3 +378,122 @@ def test_failed_tls_handshakes_do_not_use_up_the_connection_cap(pki) -> None:
             await server.stop()
 
     asyncio.run(scenario())
+
+
+async def _read_until_closed(reader: asyncio.StreamReader, bound_s: float = 20.0) -> bytes:
+    """Everything the server sends until it closes (the bound only fails a hung test; nothing is timed)."""
+    out = b""
+    while True:
+        try:
+            data = await asyncio.wait_for(reader.read(65536), bound_s)
+        except ConnectionResetError:
+            return out
+        if not data:
+            return out
+        out += data
+
+
+def test_tls_connections_count_against_the_cap_before_any_handshake(pki) -> None:
+    """Issue 14 row 3 under mTLS: asyncio ran the TLS handshake before our protocol saw the connection,
+    so connections that never sent a byte were bounded by nothing (20,000 of them: RSS 80 -> ~1000 MB,
+    a 233-315 ms loop block). With TLS inside the transport the cap acts at accept: three silent
+    connections fill a cap of 3 and the fourth is closed at once, counted, before any handshake."""
+    from dlb.ext_proc.transport.limits import H2Limits
+
+    tls: TlsFiles = pki["tls"]
+
+    async def scenario() -> None:
+        server = ExtProcServer("h2", _handle, limits=H2Limits(max_connections=3), tls=load_identity(tls, "root-a"))
+        port = await server.bind("127.0.0.1:0")
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        try:
+            for _ in range(200):  # accepted a few per loop turn (the bound only fails a hung test)
+                if server.stats.open_connections == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert server.stats.open_connections == 3, "silent TLS connections must count from accept"
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await _read_until_closed(reader) == b""
+            writer.close()
+            assert server.stats.connections_refused == 1 and server.stats.open_connections == 3
+            assert server.stats.tls_failures == 0  # nobody got as far as a handshake
+        finally:
+            for _, w in silent:
+                w.close()
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_tls_handshake_not_finished_in_time_is_a_counted_handshake_timeout(pki) -> None:
+    """The handshake timeout covers the TLS handshake and the HTTP/2 preface after it: a client that sends
+    half a ClientHello and stalls is closed and counted in ``handshake_timeouts`` (asyncio's own TLS
+    timeout closed it without a count); garbage instead of a ClientHello is a counted ``tls_failures``."""
+    import ssl
+
+    from dlb.ext_proc.transport.limits import H2Limits
+
+    tls: TlsFiles = pki["tls"]
+    client = ssl.create_default_context(cafile=tls.ca)
+    hello_in, hello_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    with pytest.raises(ssl.SSLWantReadError):
+        client.wrap_bio(hello_in, hello_out, server_hostname="dlb").do_handshake()
+    client_hello = hello_out.read()
+
+    async def scenario() -> None:
+        server = ExtProcServer("h2", _handle, limits=H2Limits(handshake_timeout_s=0.3), tls=load_identity(tls, "root-a"))
+        port = await server.bind("127.0.0.1:0")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(client_hello[: len(client_hello) // 2])
+            assert await _read_until_closed(reader) == b""
+            writer.close()
+            assert server.stats.handshake_timeouts == 1 and server.stats.tls_failures == 0
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            await _read_until_closed(reader)  # a TLS alert, then the close
+            writer.close()
+            assert server.stats.tls_failures == 1
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_tls_session_returns_every_record_however_the_bytes_are_cut(pki) -> None:
+    """The transport's TLS layer (sans-I/O, memory BIOs) stops reading once nothing is buffered, to skip
+    the read that only raises SSLWantReadError (4 vs 6-8 µs a message): three records in one chunk must
+    all come out, and a record cut in two only once its second half arrives."""
+    import ssl
+
+    from dlb.ext_proc.transport.tls import TlsServerSession
+
+    tls: TlsFiles = pki["tls"]
+    ident = load_identity(tls, "leaf-a")
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.load_verify_locations(ident.ca_path)
+    client_ctx.load_cert_chain(ident.cert_path, ident.key_path)
+    client_ctx.check_hostname = False
+    c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_ctx.wrap_bio(c_in, c_out)
+    server = TlsServerSession(load_identity(tls, "root-a").server_ssl_context())
+    for _ in range(10):  # the handshake, bytes passed by hand
+        try:
+            client.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        assert server.receive(c_out.read()) == b""
+        c_in.write(server.data_to_send())
+        if server.handshake_done and client.version():
+            break
+    assert server.handshake_done
+    for part in (b"one", b"two", b"three"):
+        client.write(part)
+    assert server.receive(c_out.read()) == b"onetwothree"
+    client.write(b"x" * 5000)
+    record = c_out.read()
+    assert server.receive(record[:100]) == b""
+    assert server.receive(record[100:]) == b"x" * 5000
+    server.send(b"reply")
+    c_in.write(server.data_to_send())
+    assert client.read(100) == b"reply"

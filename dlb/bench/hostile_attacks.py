@@ -43,6 +43,7 @@ class Scale:
     control_bytes: int = 45_000
     control_batches: int = 6
     idle_connections: int = 20_000
+    tls_hellos: int = 4_000
     als_starts: int = 200_000
     als_errors: int = 2_000
     ads_streams: int = 50
@@ -57,9 +58,23 @@ class Scale:
         if name == "issue":
             return cls()
         if name == "ci":
-            return cls(hpack_connections=2, hpack_blocks=8, open_streams=1_000, control_batches=2, idle_connections=300,
+            return cls(hpack_connections=2, hpack_blocks=8, open_streams=1_000, control_batches=2, idle_connections=300, tls_hellos=100,
                        als_starts=20_000, als_errors=200, ads_streams=5, bogus_types=200, bogus_names=10, bomb_depth=6, hold_s=1.0)
         raise ValueError(f"unknown scale {name!r} (issue or ci)")
+
+
+#: What an attacker process may be asked to run (dlb.bench.hostile runs each in an interpreter of its
+#: own: ``python -m dlb.bench.hostile_attacks`` says ``ready``, reads pickled (function, args) from
+#: stdin, writes the result as JSON to stdout).
+_ATTACKERS = ("hpack_cache", "stream_walk", "idle_connections", "stalled_handshakes", "als_flood", "ads_bloat")
+
+
+def run_attack(function: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """What an attacker process runs: ``function(*args)``, one of :data:`_ATTACKERS`."""
+    if function not in _ATTACKERS:
+        raise ValueError(f"unknown attacker {function!r} (one of {', '.join(_ATTACKERS)})")
+    result: dict[str, Any] = globals()[function](*args)
+    return result
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -197,20 +212,11 @@ def idle_connections(host: str, port: int, scale: Scale, alive: Callable[[], boo
     """Row 3: up to ``idle_connections`` connections that send nothing, and one slow-loris sending the
     preface at 1 byte/s; all held ``hold_s`` (at least 3 s), then closed. ``alive()`` (e.g. the service's
     /metrics answering) is sampled while they are held."""
-    limit = raise_fd_limit(scale.idle_connections + 200)
-    want = min(scale.idle_connections, limit - 200)
-    socks: list[socket.socket] = []
-    refused = 0
     loris = _connect(host, port)
     answered, asked = 0, 0
+    socks: list[socket.socket] = []
     try:
-        for _ in range(want):
-            try:
-                socks.append(socket.create_connection((host, port), timeout=2.0))
-            except OSError:
-                refused += 1
-                if refused > 50:
-                    break
+        socks, refused = _open_many(host, port, scale.idle_connections)
         deadline = time.monotonic() + max(3.0, scale.hold_s)
         i, loris_alive = 0, True
         while time.monotonic() < deadline:
@@ -228,6 +234,53 @@ def idle_connections(host: str, port: int, scale: Scale, alive: Callable[[], boo
         loris.close()
     return {"connections": len(socks), "connect_failures": refused, "closed_by_server": closed_by_server,
             "slow_loris_cut_off": not loris_alive, "slow_loris_bytes": i, "service_answered": f"{answered}/{asked}"}
+
+
+def _open_many(host: str, port: int, n: int, first: bytes = b"") -> tuple[list[socket.socket], int]:
+    """Up to ``n`` connections (bounded by our fd limit), each sending ``first``; gives up after 50
+    failures. Returns the sockets and the number of failures."""
+    limit = raise_fd_limit(n + 200)
+    socks: list[socket.socket] = []
+    failed = 0
+    for _ in range(min(n, limit - 200)):
+        try:
+            s = socket.create_connection((host, port), timeout=2.0)
+        except OSError:
+            failed += 1
+            if failed > 50:
+                break
+            continue
+        socks.append(s)
+        if first and not _send(s, first):
+            failed += 1  # closed on us already: still one of ours to close
+    return socks, failed
+
+
+def client_hello() -> bytes:
+    """A real TLS ClientHello, as any TLS client's first flight (made in memory, never completed)."""
+    import ssl
+
+    out = ssl.MemoryBIO()
+    try:
+        ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), out, server_hostname="dlb").do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return out.read()
+
+
+def stalled_handshakes(host: str, port: int, scale: Scale) -> dict[str, Any]:
+    """Row 3 under mTLS, one step further than idle connections: ``tls_hellos`` connections each send a
+    ClientHello (so the server answers with a key exchange and a signature and keeps the handshake's
+    state) and then nothing; held ``hold_s`` (at least 3 s), then closed."""
+    socks: list[socket.socket] = []
+    try:
+        socks, failed = _open_many(host, port, scale.tls_hellos, client_hello())
+        time.sleep(max(3.0, scale.hold_s))
+        closed_by_server = sum(1 for s in socks if not _drain(s))
+    finally:
+        for s in socks:
+            s.close()
+    return {"connections": len(socks), "connect_or_send_failures": failed, "closed_by_server": closed_by_server}
 
 
 def als_flood(target: str, scale: Scale) -> dict[str, Any]:
@@ -368,3 +421,18 @@ def validate_bomb(path: str, timeout_s: float, mem_cap_mb: int, sample: Callable
     return {"exit_code": proc.returncode, "killed_after_s": timeout_s if killed else None, "seconds": round(time.monotonic() - t0, 2),
             "output_lines": len(lines), "output_head": "\n".join(lines[:3])[:400],
             "traceback": any("Traceback" in ln for ln in lines)}
+
+
+def _main() -> None:
+    import json
+    import pickle
+
+    import grpc  # noqa: F401 - imported before "ready", like everything the attackers use
+
+    print("ready", flush=True)
+    function, args = pickle.loads(sys.stdin.buffer.read())  # our own parent process wrote it
+    print(json.dumps(run_attack(function, args)), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

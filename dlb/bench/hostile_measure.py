@@ -173,3 +173,19 @@ def probe_ping(target: str, creds: Any = None) -> Callable[[], None]:
 def health_ping(target: str, creds: Any = None) -> Callable[[], None]:
     call = secure_or_plain(target, creds).unary_unary("/grpc.health.v1.Health/Check")
     return lambda: call(b"", timeout=5) and None
+
+
+def gc_pauses(metrics_text: str, prefix: str) -> dict[str, float]:
+    """A service's garbage-collection pauses from its /metrics (``dlb/gc_heap.py``): total and longest
+    seconds per generation, in ms — to tell a collection from other loop blocks."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name in (f"{prefix}_gc_pause_seconds", f"{prefix}_gc_pause_longest_seconds"):
+            kind = "total" if fam.name.endswith("_pause_seconds") else "longest"
+            for sample in fam.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                out[f"gc{sample.labels['generation']}_{kind}_ms"] = round(sample.value * 1000.0, 1)
+    return out

@@ -70,7 +70,10 @@ NATIVE_MIXED_CONFIG = "root-native-mixed"
 NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG)
 #: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, *NATIVE_CONFIGS)
+#: The root hop under mutual TLS (the config's ``tls``, a throw-away CA): the root Envoy reaches the
+#: root service over mTLS (TLS inside DLB's HTTP/2 transport), the root probes an mTLS leaf agent.
+MTLS_CONFIG = "root-mtls"
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, MTLS_CONFIG, *NATIVE_CONFIGS)
 
 
 def _cpu_of(pid: int) -> float:
@@ -317,6 +320,19 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             root_w2 = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--listen", f"127.0.0.1:{w2_port}",
                                      "--metrics", "", "--workers", "2")
             services.append(root_w2)
+        if MTLS_CONFIG in configs:
+            from dlb.testbed.pki import dlb_pki
+
+            pki, _ = dlb_pki(d / "pki", ("x",))
+            raw_tls = bench_config(up_port)  # its own ports
+            raw_tls["tls"] = {"ca": pki.ca, "cert": pki.cert, "key": pki.key}
+            raw_tls["cells"][0]["leaf"]["access_log"] = f"unix:{d / 'als-mtls.sock'}"  # not the plain leaf's socket
+            tls_path = d / "dlb-mtls.yaml"
+            tls_path.write_text(json.dumps(raw_tls))
+            cfg_tls = config_from_dict(raw_tls, source=str(tls_path))
+            root_tls = ServiceProcess("root", "--config", str(tls_path), "--cell", "x", "--metrics", "")
+            services += [root_tls, ServiceProcess("leaf", "--config", str(tls_path), "--cell", "x", "--metrics", "",
+                                                  "--scrape-period-ms", "0", "--envoy-check-period-ms", "0")]
         for s in services:
             s.spawn()
         for s in services:
@@ -389,6 +405,11 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             pids = {"root_envoy": pid, "root_ext_proc": root_w2.pid}
             pids.update({f"root_ext_proc_w{k + 1}": pid for k, pid in enumerate(root_w2.ready.get("worker_pids", []))})
             targets[W2_CONFIG] = (p, pids)
+        if MTLS_CONFIG in configs:
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg_tls, "x", admin_port=a, listen=_hp(p))  # its ext_proc cluster speaks mTLS
+            _point_cluster(b, "cell-x", up_port)
+            targets[MTLS_CONFIG] = (p, {"root_envoy": envoy(b, MTLS_CONFIG, a).pid, "root_ext_proc": root_tls.pid})
         if LR_CONFIG in configs:
             from dataclasses import replace
 
@@ -503,7 +524,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
                    help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
                         f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers; {BARE_CONFIG}/{BARE_H2_CONFIG}: constant-reply servicer on grpc.aio / on DLB's h2 transport (floors); "
-                        f"{GRPC_CONFIG}: the root service on grpc.aio; {NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
+                        f"{GRPC_CONFIG}: the root service on grpc.aio; {MTLS_CONFIG}: the root hop under mutual TLS; {NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
                         f"from a live control plane, no ext_proc on the request)")
     p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                    help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")

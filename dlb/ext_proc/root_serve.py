@@ -16,13 +16,14 @@ import numpy as np
 
 from dlb.config import Config
 from dlb.config.tls import component_identity
-from dlb.ext_proc.metrics import Readiness, serve_metrics
+from dlb.ext_proc.metrics import CallbackCollector, Readiness, serve_metrics
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
 from dlb.ext_proc.runner import die_with_parent, run_event_loop, spawn_workers, wait_worker, write_ready
 from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
+from dlb.gc_heap import GcPauses, freeze_heap
 
 
 async def _tick_loop(service: RootService) -> None:
@@ -68,14 +69,21 @@ async def run_root(cfg: Config | None, cell: str, listen: str, metrics: str | No
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
+    gc_pauses = GcPauses("dlb_root")  # timed from the freeze on (the freeze's own collection is start-up)
     if metrics:
         host, _, mport = metrics.rpartition(":")
-        _, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
+        registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
+        registry.register(CallbackCollector(gc_pauses.families))
     if workers > 1 and worker_index == 0:
         children = spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
     if sync is not None:
         await sync.start()
     ticker = asyncio.create_task(_tick_loop(service))
+    # Start-up state (modules, protobuf descriptors, the config) never becomes garbage: frozen, a full
+    # collection walks only what came since — what a hostile client's connections made the loop wait
+    # for (issue 14 row 3; the control plane's row-6 fix).
+    freeze_heap()
+    gc_pauses.install()
     log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
              endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=xds)
     worker_pids = [await asyncio.to_thread(wait_worker, c) for c in children]
@@ -160,7 +168,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
                    help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
     p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
-                   help="h2 transport: seconds for a new connection to send the HTTP/2 preface (default %(default)s; > 0, finite)")
+                   help="h2 transport: seconds from accept for a new connection to finish the TLS handshake (with tls) "
+                        "and send the HTTP/2 preface (default %(default)s; > 0, finite)")
     p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
                    help="h2 transport: a connection with no stream open this long is closed (GOAWAY) (default %(default)s; > 0, finite)")
     p.add_argument("--drain-s", type=float, default=1.0,

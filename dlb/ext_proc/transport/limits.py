@@ -43,8 +43,12 @@ class H2Limits:
     #: Advertised in SETTINGS; a stream beyond it gets RST_STREAM(REFUSED_STREAM) (Envoy opens another
     #: connection when it reaches a server's limit).
     max_concurrent_streams: int = 1000
-    #: Seconds from accept to a complete client preface; a slow-loris at 1 byte/s never gets there.
+    #: Seconds from accept to a complete client preface (under TLS: the TLS handshake, then the
+    #: preface); a slow-loris at 1 byte/s never gets there.
     handshake_timeout_s: float = 10.0
+    #: TLS handshakes in progress (a ClientHello answered, not finished), all connections: each holds
+    #: ~50 KB of OpenSSL state; beyond it a new connection's first bytes close it (Envoy reconnects).
+    max_pending_tls_handshakes: int = 128
     #: Seconds a connection may stay with no stream open before GOAWAY(NO_ERROR) and close.
     idle_timeout_s: float = 300.0
     #: Decoded header list (RFC 9113 SETTINGS_MAX_HEADER_LIST_SIZE) and the raw block while it is
@@ -65,7 +69,7 @@ class H2Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_streams", "max_header_list", "header_cache_bytes", "max_buffered",
-                     "closed_streams_remembered", "control_frame_allowance"):
+                     "closed_streams_remembered", "control_frame_allowance", "max_pending_tls_handshakes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"H2Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_connections < 0:
@@ -90,7 +94,9 @@ _COUNTERS = (
     ("connection_errors", "Connections closed for a protocol error (GOAWAY)"),
     ("handler_errors", "Messages whose handler raised"),
     ("connections_refused", "Connections closed at accept: the connection cap was reached"),
-    ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface in time"),
+    ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time"),
+    ("tls_failures", "Connections closed for a failed TLS handshake or a bad TLS record"),
+    ("tls_handshakes_refused", "Connections closed at their first bytes: too many TLS handshakes in progress"),
     ("idle_timeouts", "Connections closed after the idle timeout with no stream open"),
     ("streams_refused", "Streams refused (REFUSED_STREAM): max concurrent streams reached or shutting down"),
     ("header_cache_refused", "Header blocks not cached: a per-connection or total cache bound was hit"),
@@ -100,6 +106,7 @@ _COUNTERS = (
 )
 _GAUGES = (
     ("open_connections", "HTTP/2 connections open now"),
+    ("tls_handshakes_pending", "TLS handshakes in progress (a ClientHello answered, not finished)"),
     ("header_cache_bytes", "Bytes of cached decoded header blocks, all connections"),
     ("buffered_bytes", "Bytes of partial gRPC messages held, all connections"),
 )
@@ -122,6 +129,8 @@ class TransportStats:
     handler_errors: int = 0
     connections_refused: int = 0
     handshake_timeouts: int = 0
+    tls_failures: int = 0
+    tls_handshakes_refused: int = 0
     idle_timeouts: int = 0
     streams_refused: int = 0
     header_cache_refused: int = 0
@@ -129,6 +138,7 @@ class TransportStats:
     control_floods: int = 0
     non_grpc_requests: int = 0
     open_connections: int = 0
+    tls_handshakes_pending: int = 0
     header_cache_bytes: int = 0
     buffered_bytes: int = 0
 

@@ -4,10 +4,13 @@ Why apart from :mod:`.h2`: the connection there is sans-I/O (bytes in, bytes out
 fuzzed without sockets; everything that needs a clock or a file descriptor lives here. Each bound is
 an :class:`~.limits.H2Limits` field with a counter in :class:`~.limits.TransportStats`:
 
-- a connection cap: beyond it an accepted socket is closed at once, so the process keeps file
-  descriptors for ``/metrics``, probes and xDS (20,000 idle connections exhausted them, issue 14 row 3);
+- a connection cap: beyond it an accepted socket is closed at once, before a transport exists, so the
+  process keeps file descriptors for ``/metrics``, probes and xDS (20,000 idle connections exhausted
+  them, issue 14 row 3); a few connections are accepted per loop turn (:mod:`.pacing`), so a burst
+  of them never holds the loop;
 - a handshake timeout: a client that has not sent the whole preface in time is dropped (a 1 byte/s
-  slow-loris never finished it and was never dropped);
+  slow-loris never finished it and was never dropped); under TLS the TLS handshake runs inside the
+  protocol (:mod:`.tls`), so the cap and this timeout bound it too;
 - an idle timeout: a connection with no stream open for a whole period gets GOAWAY(NO_ERROR) and is
   closed (Envoy reconnects on its next request). Checked by a timer per period, not per byte.
 
@@ -19,6 +22,7 @@ then the sockets close.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl as ssl_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,21 +30,33 @@ from typing import cast
 
 from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
+from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_socket
+from dlb.ext_proc.transport.tls import TlsServerSession
 from dlb.log import get_logger
 
 log = get_logger("dlb.h2server")
 
 
 class H2GrpcProtocol(asyncio.Protocol):
-    """One connection: socket bytes to :class:`H2Connection` and back, plus its two timers."""
+    """One connection: socket bytes to :class:`H2Connection` and back, plus its two timers.
 
-    def __init__(self, conn: H2Connection, on_close: Callable[[H2GrpcProtocol], None], refuse: bool = False,
-                 admit: Callable[[H2GrpcProtocol], bool] | None = None) -> None:
-        self.conn = conn
+    The :class:`H2Connection` (its HPACK decoder, tables and stream maps: ~14 objects the garbage
+    collector walks) is made when the client's first bytes arrive (under TLS: when its handshake is
+    done), and our SETTINGS go out then — RFC 9113 §3.4 asks only that they be the first frame we send.
+    20,000 connections that never send a byte (issue 14 row 3) cost a protocol object each, not a
+    connection; a full collection over ~60,000 of their objects had blocked the loop 47 ms.
+    """
+
+    def __init__(self, make_conn: Callable[[], H2Connection], stats: TransportStats, limits: H2Limits,
+                 on_close: Callable[[H2GrpcProtocol], None], closer: TurnBudget | None = None) -> None:
+        self.make_conn = make_conn
+        self.conn: H2Connection | None = None
+        self.stats = stats
+        self.limits = limits
+        #: Paces the closes this connection decides on its own (timeouts, the peer's EOF); None: at once.
+        self.closer = closer
+        #: Called from connection_lost (the server forgets the connection; it was counted at accept).
         self.on_close = on_close
-        self.refuse = refuse
-        #: Called when the connection is made (after the TLS handshake under TLS): False = over the cap.
-        self.admit = admit
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._opened_seen = -1
@@ -50,47 +66,70 @@ class H2GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; not an isinstance check: uvloop's TCPTransport does not derive from
         # asyncio.Transport (an assert here dropped every connection under uvloop).
-        self.transport = stream = cast("asyncio.Transport", transport)
-        stats = self.conn.stats
-        if self.refuse or (self.admit is not None and not self.admit(self)):
-            self.refuse = True
-            stats.connections_refused += 1
-            if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
-                log.warning("h2_connection_cap_reached", refused=stats.connections_refused)
-            stream.abort()
-            return
-        stats.open_connections += 1
-        self.conn.initiate()
-        stream.write(self.conn.data_to_send())
-        self._timer = asyncio.get_running_loop().call_later(self.conn.limits.handshake_timeout_s, self._handshake_check)
+        self.transport = cast("asyncio.Transport", transport)
+        self.stats.open_connections += 1
+        self._timer = asyncio.get_running_loop().call_later(self.limits.handshake_timeout_s, self._handshake_check)
+
+    def _open(self) -> H2Connection:
+        """The HTTP/2 connection, made now, and our SETTINGS, the first thing the server sends."""
+        conn = self.conn = self.make_conn()
+        conn.initiate()
+        self._write(conn.data_to_send())
+        return conn
+
+    def _write(self, out: bytes) -> None:
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.write(out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self.refuse:
-            self.conn.stats.open_connections -= 1
+        # Thousands of peers resetting together (an attacker leaving) end here in one loop turn: the
+        # bookkeeping is paced like our own closes.
+        self._close_paced(self._release)
+
+    def _release(self) -> None:
+        self.stats.open_connections -= 1
+        if self.conn is not None:
             self.conn.connection_lost()
         self.on_close(self)
         if self.on_drained is not None:
             self.on_drained()
 
     def _handshake_check(self) -> None:
-        if not self.conn.preface_seen:
-            self.conn.stats.handshake_timeouts += 1
-            self._close()
+        self._timer = None
+        if self.conn is None or not self.conn.preface_seen:
+            self.stats.handshake_timeouts += 1
+            self._close_paced(self._close)
             return
         self._idle_check()
 
     def _idle_check(self) -> None:
         """Every idle period: close if no stream was open at the last check and none opened since."""
+        self._timer = None
         conn = self.conn
+        if conn is None:
+            return
         if not conn.streams and conn.streams_opened == self._opened_seen:
-            conn.stats.idle_timeouts += 1
-            self.shutdown()
+            self.stats.idle_timeouts += 1
+            self._close_paced(self.shutdown)
             return
         self._opened_seen = conn.streams_opened if not conn.streams else -1
-        self._timer = asyncio.get_running_loop().call_later(conn.limits.idle_timeout_s, self._idle_check)
+        self._timer = asyncio.get_running_loop().call_later(self.limits.idle_timeout_s, self._idle_check)
+
+    def eof_received(self) -> bool:
+        # The peer is gone (an attacker leaving closes thousands at once): keep the transport until
+        # our paced close runs, rather than every teardown in this loop turn.
+        self._close_paced(self._close)
+        return True
+
+    def _close_paced(self, close: Callable[[], None]) -> None:
+        if self.closer is None:
+            close()
+        else:
+            self.closer.run(close)
 
     def pause_writing(self) -> None:
         # The peer stopped reading: stop reading its requests too, so our buffer stays bounded.
@@ -103,12 +142,11 @@ class H2GrpcProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
+        if conn is None:
+            conn = self._open()
         events = conn.receive_data(data)
-        if conn.out:  # (inline _flush: this runs once per request)
-            out = conn.data_to_send()
-            transport = self.transport
-            if transport is not None and not transport.is_closing():
-                transport.write(out)
+        if conn.out:
+            self._write(conn.data_to_send())
         for ev in events:
             if isinstance(ev, ConnectionTerminated):
                 log.warning("h2_connection_error", code=ev.error_code.name, reason=ev.reason)
@@ -117,9 +155,8 @@ class H2GrpcProtocol(asyncio.Protocol):
             self.on_drained()
 
     def flush(self) -> None:
-        out = self.conn.data_to_send()
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out)
+        if self.conn is not None:
+            self._write(self.conn.data_to_send())
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -127,9 +164,110 @@ class H2GrpcProtocol(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """GOAWAY(NO_ERROR) so Envoy opens new streams elsewhere, then close."""
-        self.conn.close()
-        self.flush()
+        if self.conn is not None:
+            self.conn.close()
+            self.flush()
         self._close()
+
+
+class TlsH2GrpcProtocol(H2GrpcProtocol):
+    """The same connection under TLS run by :class:`~.tls.TlsServerSession` inside this protocol, so the
+    connection cap and the handshake timeout (the HTTP/2 preface comes after the TLS handshake) act from
+    accept. Until the handshake is done the TLS state exists only from the client's first bytes and
+    within ``max_pending_tls_handshakes``, and each handshake step waits its turn in ``handshakes``
+    (a few per loop turn: answering a ClientHello costs a key exchange and a signature)."""
+
+    def __init__(self, make_conn: Callable[[], H2Connection], stats: TransportStats, limits: H2Limits,
+                 on_close: Callable[[H2GrpcProtocol], None], context: ssl_module.SSLContext,
+                 closer: TurnBudget | None = None, handshakes: TurnBudget | None = None) -> None:
+        super().__init__(make_conn, stats, limits, on_close, closer)
+        self.context = context
+        self.handshakes = handshakes
+        self.tls: TlsServerSession | None = None
+        self._inbox: list[bytes] = []  # ciphertext waiting for a handshake step
+        self._reading_paused = False
+        self._pending = False  # counted in stats.tls_handshakes_pending
+
+    def _write(self, out: bytes) -> None:
+        tls = self.tls
+        if out and tls is not None and tls.handshake_done:
+            tls.send(out)
+            super()._write(tls.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        tls = self.tls
+        if tls is not None and tls.handshake_done:
+            self._tls_received(tls, data)
+            return
+        self._inbox.append(data)
+        if len(self._inbox) > 1:
+            return  # a step is already waiting for its turn
+        if self.handshakes is None:
+            self._handshake_step()
+        elif not self.handshakes.run(self._handshake_step) and self.transport is not None:
+            self.transport.pause_reading()  # nothing more from this peer until its step runs
+            self._reading_paused = True
+
+    def _handshake_step(self) -> None:
+        data = b"".join(self._inbox)
+        self._inbox.clear()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        tls = self.tls
+        if tls is None:
+            stats = self.stats
+            if stats.tls_handshakes_pending >= self.limits.max_pending_tls_handshakes:
+                stats.tls_handshakes_refused += 1
+                if stats.tls_handshakes_refused == 1 or stats.tls_handshakes_refused % 1000 == 0:
+                    log.warning("h2_tls_handshakes_refused", pending=stats.tls_handshakes_pending, refused=stats.tls_handshakes_refused)
+                super()._close()
+                return
+            tls = self.tls = TlsServerSession(self.context)
+            stats.tls_handshakes_pending += 1
+            self._pending = True
+        self._tls_received(tls, data)
+
+    def _handshake_over(self) -> None:
+        if self._pending:
+            self._pending = False
+            self.stats.tls_handshakes_pending -= 1
+
+    def _tls_received(self, tls: TlsServerSession, data: bytes) -> None:
+        handshaking = not tls.handshake_done
+        try:
+            plain = tls.receive(data)
+        except ssl_module.SSLError as exc:
+            self._handshake_over()
+            stats = self.stats
+            stats.tls_failures += 1
+            if stats.tls_failures == 1 or stats.tls_failures % 1000 == 0:
+                log.warning("h2_tls_failed", reason=exc.reason or str(exc), during_handshake=handshaking, failures=stats.tls_failures)
+            super()._write(tls.data_to_send())  # the alert
+            super()._close()
+            return
+        if handshaking and tls.handshake_done:
+            self._handshake_over()
+            self._open()  # our SETTINGS, the first frame inside TLS
+        if plain:
+            super().data_received(plain)
+        super()._write(tls.data_to_send())  # handshake messages, session tickets
+        if tls.peer_closed:
+            super()._close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._handshake_over()
+        super().connection_lost(exc)
+
+    def _close(self) -> None:
+        tls = self.tls
+        if tls is not None and tls.handshake_done and self.transport is not None and not self.transport.is_closing():
+            tls.close()
+            super()._write(tls.data_to_send())  # our close_notify
+        super()._close()
 
 
 @dataclass
@@ -145,52 +283,75 @@ class H2GrpcServer:
     stats: TransportStats = field(default_factory=TransportStats)
     limits: H2Limits = field(default_factory=H2Limits)
     routes: Mapping[str, Route] = field(default_factory=dict)
-    _server: asyncio.AbstractServer | None = None
+    _listener: BoundedListener | None = None
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
+    _accepting: set[asyncio.Task[object]] = field(default_factory=set)
+    _all_gone: asyncio.Event | None = None  # set by stop(): every connection is closed
+    #: Closes and TLS handshake steps, a bounded number per loop turn (:mod:`.pacing`).
+    closer: TurnBudget = field(default_factory=lambda: TurnBudget(CLOSE_BATCH))
+    handshakes: TurnBudget = field(default_factory=lambda: TurnBudget(HANDSHAKE_BATCH))
 
     async def start(self, host: str, port: int, reuse_port: bool = False, ssl: ssl_module.SSLContext | None = None) -> int:
         """Listen and return the bound port (``port=0`` picks a free one); with ``ssl``, TLS (its ALPN must
-        offer h2), the TLS handshake bounded by the same handshake timeout as the preface."""
+        offer h2) run by :class:`TlsH2GrpcProtocol`: the TLS handshake and the preface share one handshake
+        timeout, and the connection cap applies before any handshake.
+
+        Accepting is :class:`~.pacing.BoundedListener`'s (a few connections per loop turn); a
+        connection counts against the cap from accept until its ``connection_lost`` (or until handing
+        it to the loop failed), and one beyond the cap is closed before a transport exists."""
         path = self.path.encode()
         routes = {p.encode(): r for p, r in self.routes.items()}
         cap = self.limits.connection_cap()
-
-        def admit(proto: H2GrpcProtocol) -> bool:
-            # Counted when the connection is *made*, not when the factory runs: under TLS the factory
-            # runs at accept and a connection whose handshake fails is never made (nor lost) — counted
-            # at accept, each failed handshake stayed in the set for good and after `cap` of them every
-            # new connection, Envoy's too, was refused.
-            if len(self._conns) >= cap:
-                return False
-            self._conns.add(proto)
-            return True
-
-        def factory() -> H2GrpcProtocol:
-            return H2GrpcProtocol(H2Connection(path, self.handler, self.stats, self.limits, routes), self._conns.discard, admit=admit)
-
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            factory, host, port, reuse_port=reuse_port or None, backlog=1024, ssl=ssl,
-            ssl_handshake_timeout=self.limits.handshake_timeout_s if ssl is not None else None)
-        # (asyncio and uvloop set TCP_NODELAY on accepted connections themselves.)
-        return int(self._server.sockets[0].getsockname()[1])
+        stats = self.stats
+        closer = self.closer
+        limits = self.limits
+
+        def make_conn() -> H2Connection:
+            return H2Connection(path, self.handler, stats, limits, routes)
+
+        def on_accept(sock: socket.socket) -> None:
+            if len(self._conns) >= cap:
+                stats.connections_refused += 1
+                if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
+                    log.warning("h2_connection_cap_reached", refused=stats.connections_refused)
+                sock.close()
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            proto = (H2GrpcProtocol(make_conn, stats, limits, self._forget, closer) if ssl is None else
+                     TlsH2GrpcProtocol(make_conn, stats, limits, self._forget, ssl, closer, self.handshakes))
+            self._conns.add(proto)
+            task = loop.create_task(loop.connect_accepted_socket(lambda: proto, sock))
+            self._accepting.add(task)
+            task.add_done_callback(lambda t: self._handed_over(t, proto, sock))
+
+        self._listener = BoundedListener(listen_socket(host, port, reuse_port), on_accept)
+        self._listener.start()
+        return self._listener.port
+
+    def _handed_over(self, task: asyncio.Task[object], proto: H2GrpcProtocol, sock: socket.socket) -> None:
+        self._accepting.discard(task)
+        if proto.transport is None and (task.cancelled() or task.exception() is not None):
+            self._forget(proto)  # never made, so never lost: uncount it here
+            sock.close()
 
     def notify(self, path: str, message: bytes) -> None:
         """Send ``message`` on every open watch call of ``path`` on every connection."""
         route = self.routes[path]
         for proto in list(self._conns):
-            proto.conn.notify(route, message)
-            proto.flush()
+            if proto.conn is not None:
+                proto.conn.notify(route, message)
+                proto.flush()
 
     @property
     def open_streams(self) -> int:
-        return sum(len(p.conn.streams) for p in self._conns)
+        return sum(len(p.conn.streams) for p in self._conns if p.conn is not None)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop listening, GOAWAY every connection, let the streams in flight finish (up to
         ``grace_s``), then close."""
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         drained = asyncio.Event()
 
         def check() -> None:
@@ -199,9 +360,10 @@ class H2GrpcServer:
 
         for proto in list(self._conns):
             proto.on_drained = check
-            proto.conn.close()
-            proto.conn.end_watches(GrpcStatus.UNAVAILABLE, "server shutting down")
-            proto.flush()
+            if proto.conn is not None:
+                proto.conn.close()
+                proto.conn.end_watches(GrpcStatus.UNAVAILABLE, "server shutting down")
+                proto.flush()
         check()
         try:
             await asyncio.wait_for(drained.wait(), grace_s)
@@ -209,8 +371,15 @@ class H2GrpcServer:
             log.warning("h2_drain_timeout", open_streams=self.open_streams, grace_s=grace_s)
         for proto in list(self._conns):
             proto.shutdown()
-        if self._server is not None:
+        # Let the closes run (connection_lost) so nothing is left to a closed loop; bounded.
+        if self._conns:
+            self._all_gone = asyncio.Event()
             try:
-                await asyncio.wait_for(self._server.wait_closed(), grace_s)
+                await asyncio.wait_for(self._all_gone.wait(), grace_s)
             except TimeoutError:
                 pass
+
+    def _forget(self, proto: H2GrpcProtocol) -> None:
+        self._conns.discard(proto)
+        if not self._conns and self._all_gone is not None:
+            self._all_gone.set()
