@@ -239,6 +239,21 @@ def test_flow_step_scale_does_not_collapse_below_the_knee() -> None:
     assert moves[0] > 0 and moves[1] == pytest.approx(moves[0], rel=0.05)
 
 
+def test_a_confidence_0_model_does_not_replace_a_learned_one() -> None:
+    """A restarted leaf reports its configured prior with confidence 0: the root keeps the curve it learned
+    (its RIF and health still count) until the leaf has measured something. In the core, so the simulator's
+    roots and the control plane's flow loop follow the rule the root service does."""
+    r = RootRouter(topo3(), 0, PolicyConfig.from_name("Disc-Lat"), P)
+    r.on_probe(1, 0.0, 0.0, P, confidence=0.0)  # nothing learned yet: the prior is taken
+    assert r.models.a[1] == P.a
+    learned = LatencyParams(a=0.2, b=0.01, c=8.0, s=1.0)
+    r.on_probe(1, 1.0, 2.0, learned, confidence=0.6)
+    r.on_probe(1, 2.0, 5.0, LatencyParams(a=9.0, b=0.5, c=8.0, s=1.0), confidence=0.0)
+    assert r.models.a[1] == 0.2 and r.view.confidence[1] == 0.6 and r.view.rif[1] == 5.0
+    r.on_probe(1, 3.0, 5.0, LatencyParams(a=0.3, b=0.01, c=8.0, s=1.0), confidence=0.03)  # measured again
+    assert r.models.a[1] == 0.3 and r.view.confidence[1] == 0.03
+
+
 def test_policy_names() -> None:
     assert PolicyConfig(Mechanism.FLOW, Cost.GRADIENT).name == "Flow-Grad"
     assert PolicyConfig(Mechanism.DISCRETE, Cost.RIF).name == "Disc-RIF"

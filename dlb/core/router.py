@@ -184,11 +184,18 @@ class RootRouter:
         leaf answers, but each request sent there would fail (``None`` = not reported, not zero).
         ``seen_until``: the latest send time of this root's requests that the answer's RIF includes
         (the probe's own send time, when the caller knows it); default ``now − 2τ_ij``.
+        ``confidence`` 0 means the leaf has measured nothing (its configured prior: a restarted leaf):
+        such a model does not replace one learned with confidence > 0 — a latency-cost root whose other
+        cells look faster than the prior would never send there again to learn it back (issue 13: a
+        restarted leaf's cell received 1 request in 65 s). Here, not in the service, so the simulator's
+        roots and the control plane's flow loop follow the rule the real roots do.
         """
+        v = self.view
+        if params is not None and confidence <= 0.0 < v.confidence[cell]:
+            params, confidence = None, float(v.confidence[cell])
         serving = replicas is None or replicas > 0
         if replicas is not None and replicas > 0:
             self.replicas[cell] = replicas
-        v = self.view
         v.rif[cell] = max(0.0, rif)
         cutoff = now - float(self.rtt[cell]) if seen_until is None else seen_until
         unseen = self._unseen[cell]

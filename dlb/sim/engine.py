@@ -318,6 +318,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         schedule(d.end_s, _PHASE, 0)
     elif d is not None and d.kind in ("slow", "restart"):
         schedule(d.start_s, _PHASE, 2 if d.kind == "slow" else 3)
+        if d.kind == "slow" and d.end_s < sc.duration_s:
+            schedule(d.end_s, _PHASE, 4)  # the slowdown ends: the cell is as fast as before
     if probing:
         schedule(cfg.background_tick_s, _BG)
 
@@ -487,6 +489,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 if a == 2:  # the cell silently becomes `factor` times slower
                     tp[d.cell] *= d.factor
                     td[d.cell] *= d.factor
+                elif a == 4:  # ... and silently recovers
+                    tp[d.cell] /= d.factor
+                    td[d.cell] /= d.factor
                 elif a == 3:  # the cell's leaf restarts: its samples and measured prior are gone
                     j = d.cell
                     est[j] = new_estimator(j, 1)
