@@ -416,9 +416,15 @@ class RootRouter:
         return cell
 
     def _argmin(self, costs: list[float], cand: list[int]) -> int:
-        best = min(costs[j] for j in cand)
-        tol = 1e-12 * max(1.0, abs(best))
-        ties = [j for j in cand if costs[j] <= best + tol]
+        # min() as a loop (the same result: the first of the smallest, compared with <), then the
+        # ties; one pass each without a generator (once per request in the simulator).
+        best = costs[cand[0]]
+        for j in cand:
+            c = costs[j]
+            if c < best:  # noqa: PLR1730 - a call to min() per cell is what this loop avoids
+                best = c
+        lim = best + 1e-12 * max(1.0, abs(best))
+        ties = [j for j in cand if costs[j] <= lim]
         return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
     def _sample(self, cand: list[int], usable: list[int]) -> int:

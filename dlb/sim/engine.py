@@ -352,7 +352,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     if q:
                         nxt = q.popleft()
                         free[srv] -= 1
-                        schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
+                        seq += 1  # schedule(), inlined on the per-request paths (same sequence numbers)
+                        push(heap, (now + decode_s[nxt] * td[cell_of[srv]], seq, _DECODE_DONE, srv, nxt))
                 j = cell_of[srv]
                 for b in done:
                     if pools is not None:
@@ -395,12 +396,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 q = pq[srv]
                 if q:
                     nxt = q.popleft()
-                    schedule(now + prefill_s[nxt] * tp[cell_of[srv]], _PREFILL_DONE, srv, nxt)
+                    seq += 1
+                    push(heap, (now + prefill_s[nxt] * tp[cell_of[srv]], seq, _PREFILL_DONE, srv, nxt))
                 else:
                     busy[srv] = False
                 if free[srv] > 0:
                     free[srv] -= 1
-                    schedule(now + decode_s[b] * td[cell_of[srv]], _DECODE_DONE, srv, b)
+                    seq += 1
+                    push(heap, (now + decode_s[b] * td[cell_of[srv]], seq, _DECODE_DONE, srv, b))
                 else:
                     dq[srv].append(b)
             elif kind == _LEAF:
@@ -439,7 +442,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         pq[s1].append(a)
                     else:
                         busy[s1] = True
-                        schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
+                        seq += 1
+                        push(heap, (now + prefill_s[a] * tp[j], seq, _PREFILL_DONE, s1, a))
             elif kind == _SNAP:
                 history.append(crif[:])
                 if now < T:
@@ -535,7 +539,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 in_flight -= 1
             else:
                 dst[r] = j
-                schedule(now + tau[i][j], _LEAF, r)
+                seq += 1
+                push(heap, (now + tau[i][j], seq, _LEAF, r, 0))
             r += 1
             next_arrival = t_list[r] if r < R else math.inf
         else:
