@@ -257,13 +257,7 @@ class ErrorTracker:
 
     def record(self, now: float, error: bool) -> None:
         """One outcome (a success or an error) at ``now``."""
-        # _decay(now), inlined (the simulator records every completion): the same operations in order.
-        if now > self._t:
-            if self._total > 0:
-                f = math.exp(-(now - self._t) / self.tau_s)
-                self._errors *= f
-                self._total *= f
-            self._t = now
+        self._decay(now)
         self._total += 1.0
         if error:
             self._errors += 1.0
