@@ -2,9 +2,10 @@
 the most and fewest requests) and ``leaf-pick`` (both variants, batched server), every policy, scenario 1000,
 plus the 21 runs of ../speed-f2d3554/bench.py (pipeline, batched, 4 root replicas).
 
-Usage: PYTHONPATH=<code tree> python bench.py MINUTES OUT.json — per run: events, CPU seconds and a digest of
-its results (latencies, routing, served, mean RIF, probes), so two trees can be compared for speed and for
-bit-identical results (``python bench.py compare A.json B.json``)."""
+Usage: PYTHONPATH=<code tree> python bench.py MINUTES OUT.json [REPEAT] — per run: events, CPU seconds (the
+smallest of REPEAT, default 1: the box is shared) and a digest of its results (latencies, routing, served, mean
+RIF, probes), so two trees can be compared for speed and for bit-identical results
+(``python bench.py compare A.json B.json``)."""
 import hashlib
 import json
 import sys
@@ -67,10 +68,13 @@ if __name__ == "__main__":
     minutes = float(sys.argv[1])
     res = {}
     ev, cpu = 0, 0.0
+    repeat = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     for name, sc, p, cfg in runs(minutes):
-        c0 = time.process_time()
-        r = simulate(sc, p, 0, cfg)
-        c = time.process_time() - c0
+        c = float("inf")
+        for _ in range(repeat):
+            c0 = time.process_time()
+            r = simulate(sc, p, 0, cfg)
+            c = min(c, time.process_time() - c0)
         ev += r.events
         cpu += c
         res[name] = {"digest": digest(r), "events": r.events, "cpu_s": round(c, 3)}
