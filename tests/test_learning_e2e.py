@@ -7,8 +7,11 @@ issue's case. The leaves run the default background-probe settings except the pr
 requests' (``--background-probe-max-tokens 30``), and the testbed's 1-s refit.
 
 Each phase waits (bounded poll) for the routing to reach the right cell and records how long it took
-in ``RESULTS`` (printed; the issue's target is ≤ 30 s). The bound the test enforces is looser (60 s),
-so a loaded CI box does not fail it; a run that never gets there fails.
+in ``RESULTS`` (printed; the issue's target is ≤ 30 s). The bound the polls enforce is looser (60 s),
+so a loaded CI box does not fail them; a run that never gets there fails. The return to ``local`` after
+its slowdown is held to the target itself: it takes ~17 s, and the bug it guards against (a model
+measured from the few probes that declared the change published with confidence 0, which the root
+ignores) made it ~35 s.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ ENDPOINT = {
 }
 BODY = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS}
 BOUND_S = 60.0
+TARGET_S = 30.0
 RESULTS: dict[str, float] = {}
 
 
@@ -85,17 +89,31 @@ def test_models_are_measured_without_any_client_traffic(plane):
     _until_routed_to(plane, "local", "prior_x50_routed_local")
 
 
+def _straight_to_leaf(plane, cell: str, n: int) -> None:
+    """``n`` requests one after another straight at ``cell``'s leaf Envoy (clients that reach the cell
+    without this root): samples the leaf measures and the root never routed."""
+    hp = plane.cfg.cell(cell).leaf.address
+    statuses = [request(hp.host, hp.port, body=BODY)[0] for _ in range(n)]
+    assert statuses == [200] * n, statuses
+
+
 def test_a_cell_that_becomes_3x_slower_loses_its_traffic_and_wins_it_back_when_fast_again(plane):
     """local 3× slower → traffic moves to near; local healthy again → it gets no traffic, but its
-    probes show it is fast, and traffic comes back (the starvation loop of paper §6, broken)."""
+    probes show it is fast, and traffic comes back (the starvation loop of paper §6, broken).
+
+    While local is slow, 30 requests reach its leaf straight (not through this root), so its window is
+    full of slow samples: no handful of fast probes can outvote them, and only the change the probes
+    declare brings local back — the path that took ~35 s when the model it published had confidence 0
+    (checked: fails without that fix; with it ~17 s)."""
     _until_routed_to(plane, "local", "before_slowdown")
     emu = plane.emulators["local"][0]
     emu.set_faults(slowdown=3.0)
     try:
         _until_routed_to(plane, "near", "slow_3x_moved_to_near")
+        _straight_to_leaf(plane, "local", 30)
     finally:
         emu.set_faults(slowdown=1.0)
-    _until_routed_to(plane, "local", "recovered_back_to_local")
+    assert _until_routed_to(plane, "local", "recovered_back_to_local") <= TARGET_S, RESULTS
     # Probe traffic of the cell that was idle most of the time: probes per second, and the share of
     # its one server's time they occupied (an upper bound of the capacity share: the server batches).
     leaf = plane.leaf_metrics("near")
@@ -126,9 +144,10 @@ def _probes(plane, cell: str) -> float:
     return sum(metric_value(leaf, "dlb_leaf_background_probes_total", outcome=o) or 0.0 for o in ("ok", "failed"))
 
 
-def _idle_probe_share(plane, cells: tuple[str, ...], what: str, window_s: float = 15.0) -> dict[str, float]:
+def _idle_probe_share(plane, cells: tuple[str, ...], what: str, window_s: float = 32.0) -> dict[str, float]:
     """Background probes each cell's leaf sent through its real leaf Envoy during ``window_s`` with no client
-    traffic (every cell idle: the most they probe; a busy cell sends none), ÷ what the cell could serve."""
+    traffic (every cell idle: the most they probe; a busy cell sends none), ÷ what the cell could serve.
+    The window spans ≥ 2 of the longest probe interval (15 s), so the count is off by at most one probe."""
     before = {c: _probes(plane, c) for c in cells}
     t0 = time.monotonic()
     time.sleep(window_s)
@@ -144,7 +163,7 @@ def _idle_probe_share(plane, cells: tuple[str, ...], what: str, window_s: float 
 def test_probe_traffic_is_a_small_share_of_capacity(plane):
     """Probe traffic as a share of capacity, measured through the real Envoys while idle (target ≤ 1 %)."""
     share = _idle_probe_share(plane, ("local", "near"), "prior_x50")
-    assert all(0 < v < 0.05 for v in share.values()), share  # runaway guard; the target's verdict is reported
+    assert all(0 < v < 0.01 for v in share.values()), share
 
 
 FAST_PRIOR = dict(ENDPOINT, latency_prior={"a_s": 0.0012, "b_s": 0.0001, "c": 4, "s": 1})  # a: 0.02× the real
@@ -181,6 +200,7 @@ def test_a_prior_50x_too_fast_is_measured_and_the_slow_cell_avoided(fast_prior_p
     else:
         raise AssertionError(f"local's model not measured within {BOUND_S} s: root sees a_s={_root_a(plane, 'local')}")
     _until_routed_to(plane, "near", "prior_x0.02_routed_near")
-    # The slow cell is one server at a quarter speed: 5 s between probes (the floor) is ~2 % of its capacity.
+    # The slow cell is one server at a quarter speed: its budget interval (~30 s) is capped at 15 s, ~0.5 %
+    # of its capacity (the 5-s cap this replaced made it 1.43 %).
     share = _idle_probe_share(plane, ("local", "near"), "prior_x0.02")
-    assert all(0 < v < 0.05 for v in share.values()), share
+    assert all(0 < v < 0.01 for v in share.values()), share

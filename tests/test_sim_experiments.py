@@ -120,6 +120,33 @@ def test_cli_run_and_report(tmp_path, capsys) -> None:
     assert "Paper reproduction" in report.read_text() and (tmp_path / "docs" / "sim-plots" / "baseline.png").exists()
 
 
+def test_one_command_times_each_experiment_and_never_mixes_commits(tmp_path) -> None:
+    """Several experiments in one `dlb sim`: each is timed on its own (wall, CPU, runs, commit) in
+    benchmark.json, priors included; records from another commit already in results.json are dropped,
+    not merged, so the report never meets a mix this command made (and refuses one made by hand)."""
+    from dlb.provenance import git_commit
+
+    out = tmp_path / "res"
+    out.mkdir()
+    stale = {"experiment": "burst", "variant": "burst", "policy": "Rand", "scenario": 1, "trial": 0, "commit": "0" * 40,
+             "mean": 1.0, "p90": 1.0}
+    (out / "results.json").write_text(json.dumps([stale]))
+    rc = main(["sim", "--experiment", "priors", "--experiment", "homogeneous", "--scenarios", "1", "--trials", "1",
+               "--minutes", "0.05", "--policies", "Rand,Disc-Lat", "--variants", "homogeneous,recover",
+               "--out", str(out), "--no-progress", "--workers", "1"])
+    assert rc == 0
+    bench = json.loads((out / "benchmark.json").read_text())
+    commit = git_commit()
+    assert list(bench["per_experiment"]) == ["priors", "homogeneous"] and bench["commit"] == commit
+    for t in bench["per_experiment"].values():
+        assert t["wall_s"] > 0 and t["cpu_s"] > 0 and t["runs"] > 0 and t["commit"] == commit and t["protocol"] is False
+    recs = json.loads((out / "results.json").read_text())
+    assert {r["commit"] for r in recs} == {commit} and {r["experiment"] for r in recs} == {"priors", "homogeneous"}
+    merged = tmp_path / "mixed.json"
+    merged.write_text(json.dumps(recs + [stale]))
+    assert main(["sim", "report", "--results", str(merged), "--output", str(tmp_path / "r.md")]) == 2
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit, match="--policies"):
         main(["sim", "--policies", "Rand,Bogus", "--out", str(tmp_path)])

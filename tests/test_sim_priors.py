@@ -41,17 +41,46 @@ def test_measured_prior_takes_the_servers_knee_and_keeps_the_stability_shape() -
 
 
 def test_estimator_publishes_the_measured_prior_before_a_fit_is_possible() -> None:
-    """With 3 samples (too few to fit), the published model is on the measured scale, not the ×50 prior."""
+    """With 3 samples (too few to fit), the published model is on the measured scale, not the ×50 prior,
+    with the small confidence of 3 samples' evidence (0 would tell roots it is the configured guess)."""
     est = LatencyEstimator(LatencyParams(TRUE.a * 50, TRUE.b * 50, TRUE.c, TRUE.s), EstimatorConfig(dither=0.0))
     for t in (1.0, 2.0, 3.0):
         est.record(t, 1.0, float(latency(1.0, *TRUE.as_array())))
     est.refit(4.0)
-    assert est.params.a == pytest.approx(TRUE.a, rel=1e-6) and est.confidence == 0.0
+    assert est.params.a == pytest.approx(TRUE.a, rel=1e-6) and 0.0 < est.confidence < 0.05
     static = LatencyEstimator(est.prior, EstimatorConfig.static())
     for t in (1.0, 2.0, 3.0):
         static.record(t, 1.0, float(latency(1.0, *TRUE.as_array())))
     static.refit(4.0)
-    assert static.params.a == pytest.approx(TRUE.a * 50)  # the old behaviour: the guess stands
+    assert static.params.a == pytest.approx(TRUE.a * 50) and static.confidence == 0.0  # the old behaviour: the guess stands
+
+
+def test_a_cell_that_recovered_reaches_the_root_from_the_probes_that_declared_the_change() -> None:
+    """The bimodal recovery through real Envoys (6.6 s or ~35 s): a cell slow for a while, idle, then fast
+    again; three fast probes declare the change and the samples before it are dropped. The refit then has
+    3 samples — too few to fit, enough to measure — and must publish the measured model with confidence
+    > 0, or the root takes it for a restarted leaf's prior and keeps the slow curve until 8 probes are in
+    (checked: without the fix confidence is 0 and the root's model stays 3× slow)."""
+    from dlb.core.router import PolicyConfig, RootRouter
+    from dlb.core.topology import Topology
+
+    rng = np.random.default_rng(4)
+    est = LatencyEstimator(TRUE, EstimatorConfig(window_s=60, dither=0.0))
+    _feed(est, 0.0, 20.0, 3.0, rng)  # slow, with traffic
+    est.refit(20.0)
+    slow = est.params
+    assert slow.a > 2.0 * TRUE.a and est.confidence > 0
+    fast = float(latency(1.0, *TRUE.as_array()))
+    for t in (40.0, 41.0, 42.0):  # idle; fast again: the three surprising probes
+        est.record(t, 1.0, fast)
+    assert est.forget_before(40.0) > 0
+    est.refit(42.5)
+    assert est.params.a == pytest.approx(TRUE.a, rel=0.05) and est.confidence > 0
+    topo = Topology.build(["a", "b"], [1, 1], [[0.001, 0.03], [0.03, 0.001]])
+    root = RootRouter(topo, 0, PolicyConfig.from_name("Disc-Lat"), TRUE)
+    root.on_probe(0, 20.0, 0.0, slow, confidence=0.3)
+    root.on_probe(0, 42.6, 0.0, est.params, confidence=est.confidence)
+    assert float(root.models.a[0]) == pytest.approx(TRUE.a, rel=0.05)
 
 
 def _feed(est: LatencyEstimator, t0: float, t1: float, slow: float, rng: np.random.Generator) -> None:

@@ -22,7 +22,13 @@ shape until the cell is loaded, and a guessed shape 13× too optimistic was meas
 idle 1-server cell's probes at 1.8 % of its capacity. So an idle cell spends at
 most ``budget`` of its request capacity on probes (a busy cell nothing), except that it probes at
 least every ``max_interval_s``: the capacity comes from the very model the probes are there to
-check, and a prior 50× too slow would otherwise space them minutes apart. A new prober (a leaf
+check, and a prior 50× too slow would otherwise space them minutes apart. That ceiling is set by
+freshness, not by a rate: a change on an idle cell is seen by its next probe, and declared
+``change_after − 1`` probes of ``min_interval_s`` later, so ``max_interval_s`` = 15 s keeps that
+within the 30-s convergence target (≈ 17 s plus a refit) and still leaves ≥ 4 probes in the
+estimator's 60-s window. It was 5 s, which put a quarter-speed 1-server cell at 1.43 % of its
+capacity (measured through real Envoys); at 15 s only a cell under 1/(0.01 × 15 s) ≈ 6.7 requests/s
+of capacity pays more than 1 %. A new prober (a leaf
 that just started or restarted) sends its first ``warmup`` probes at once, whatever the traffic:
 those few samples are what replaces the configured prior (:func:`dlb.core.fit.measured_prior`), so
 a restarted leaf is back in the roots' view one probe latency after it is ready (the leaf refits as
@@ -63,8 +69,9 @@ def capacity_floor(servers: int, a: float, b: float) -> float:
 class BackgroundProbeConfig:
     #: Never probe more often than this (seconds), whatever the capacity.
     min_interval_s: float = 1.0
-    #: Probe at least this often (seconds) while idle, whatever the model says about capacity.
-    max_interval_s: float = 5.0
+    #: Probe at least this often (seconds) while idle, whatever the model says about capacity (see the
+    #: module docstring: the freshness a 30-s convergence target allows).
+    max_interval_s: float = 15.0
     #: Largest fraction of the cell's request capacity an idle cell spends on probes.
     budget: float = 0.008
     #: A probe not completed after this long is written off (its completion was lost).

@@ -46,6 +46,7 @@ from dlb.core.change import ChangeDetector
 from dlb.core.fit import (
     MIN_PRIOR_SAMPLES,
     FitResult,
+    evidence_confidence,
     fit_latency_model,
     measured_prior,
     shrink_toward_prior,
@@ -199,11 +200,19 @@ class LatencyEstimator:
             rate = len(self._t) * self._stride / span
             self._stride = max(1, math.ceil(rate * self.config.window_s / self.config.max_samples))
         params = shrink_toward_prior(res, prior) if res.confidence > 0 else prior
+        confidence = res.confidence
+        if confidence <= 0 and cfg.measure_prior and rif.size >= MIN_PRIOR_SAMPLES:
+            # Too few samples to fit, but the published prior was measured from them (rescaled or
+            # confirmed): evidence, not a guess. Confidence 0 tells a root "this is the configured
+            # prior" and it keeps its learned curve instead (RootRouter.on_probe) — after a declared
+            # change left a few samples, that kept the slow curve of a recovered cell until 8 probes
+            # came in (~30 s behind real Envoys).
+            confidence = evidence_confidence(float(weights.sum()) if weights is not None else float(rif.size))
         if cfg.dither > 0:
             g = 1.0 + cfg.dither * (2.0 * self._rng.random() - 1.0)
             params = LatencyParams(params.a * g, params.b * g, params.c, params.s)
         self.params = params
-        self.confidence = res.confidence
+        self.confidence = confidence
         return res
 
     def forget_before(self, t: float) -> int:

@@ -114,8 +114,14 @@ def fit_latency_model(
     # observed relative to the knee.
     spread = float(np.ptp(x))
     coverage = min(1.0, spread / max(c + 2 * s, 1.0))
-    confidence = (n_eff / (n_eff + 50.0)) * (0.5 + 0.5 * coverage)
-    return FitResult(params, float(confidence), n, rmse, converged)
+    return FitResult(params, evidence_confidence(n_eff, coverage), n, rmse, converged)
+
+
+def evidence_confidence(n_eff: float, coverage: float = 0.0) -> float:
+    """Confidence in [0, 1) from Σ recency weights ``n_eff`` (half at 50 samples' worth) and the share of
+    the load range seen (``coverage`` in [0, 1]). With ``coverage`` 0 it is what a measured prior is worth:
+    :class:`dlb.core.estimator.LatencyEstimator` publishes one from 3 samples, before a fit is possible."""
+    return float((n_eff / (n_eff + 50.0)) * (0.5 + 0.5 * coverage)) if n_eff > 0 else 0.0
 
 
 #: Fewest samples from which :func:`measured_prior` rescales a prior (fewer: the prior is kept).

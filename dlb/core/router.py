@@ -137,6 +137,8 @@ class RootRouter:
         # A private copy: probes update it when a cell's serving replica count changes (outages).
         self.replicas = topology.replicas.copy()
         self.models = ModelTable.from_params([prior] * n)
+        #: The LatencyParams object each cell's row of ``models`` was last written from (None: written otherwise).
+        self._model_src: list[LatencyParams | None] = [None] * n
         self.view = CellView.empty(n)
         # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
         self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]
@@ -184,26 +186,41 @@ class RootRouter:
         leaf answers, but each request sent there would fail (``None`` = not reported, not zero).
         ``seen_until``: the latest send time of this root's requests that the answer's RIF includes
         (the probe's own send time, when the caller knows it); default ``now − 2τ_ij``.
+        ``confidence`` 0 means the leaf has measured nothing (its configured prior: a restarted leaf):
+        such a model does not replace one learned with confidence > 0 — a latency-cost root whose other
+        cells look faster than the prior would never send there again to learn it back (issue 13: a
+        restarted leaf's cell received 1 request in 65 s). Here, not in the service, so the simulator's
+        roots and the control plane's flow loop follow the rule the real roots do.
         """
+        v = self.view
+        if params is not None and confidence <= 0.0 < v.confidence[cell]:
+            params, confidence = None, float(v.confidence[cell])
         serving = replicas is None or replicas > 0
         if replicas is not None and replicas > 0:
             self.replicas[cell] = replicas
-        v = self.view
         v.rif[cell] = max(0.0, rif)
-        cutoff = now - float(self.rtt[cell]) if seen_until is None else seen_until
+        cutoff = now - self.rtt.item(cell) if seen_until is None else seen_until
         unseen = self._unseen[cell]
         while unseen and unseen[0][0] <= cutoff:
             unseen.popleft()
-        v.sent[cell] = sum(amount for _, amount in unseen) if unseen else 0.0
+        sent = 0.0
+        if unseen:
+            sent = 0  # sum()'s start and order: the same float
+            for _, amount in unseen:
+                sent += amount
+        v.sent[cell] = sent
         v.last_probe[cell] = now
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
         v.confidence[cell] = confidence
-        if bool(v.available[cell]) != serving:
+        if v.available.item(cell) != serving:
             self._usable = None
-        v.available[cell] = serving
-        if params is not None:
+            v.available[cell] = serving
+        # Probes repeat the same model object until the leaf refits (every probe round in the
+        # simulator, n² per round): write the four parameters only when it is a new one.
+        if params is not None and params is not self._model_src[cell]:
             m = self.models
             m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
+            self._model_src[cell] = params
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
         if serving and cell not in self._usable_set:
@@ -241,11 +258,13 @@ class RootRouter:
         """Replace one cell's latency model (e.g. the control plane's, for a cell without a local fit)."""
         m = self.models
         m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
+        self._model_src[cell] = params
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
 
     def invalidate(self) -> None:
         """Drop the per-request caches after writing the state arrays directly (bulk updates)."""
+        self._model_src = [None] * self.topology.n
         self._costs = None
         self._usable = None
         self._cum = None
@@ -358,19 +377,23 @@ class RootRouter:
         return cost_vector(self.policy.cost, self.view.rif + self.view.sent, self.replicas, self.models, self.rtt)
 
     def _cost_one(self, j: int) -> float:
-        """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`."""
-        n = float(self.view.rif[j] + self.view.sent[j])
+        """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`.
+
+        Runs after every pick and probe (the simulator's hottest router path): ``.item(j)`` reads each
+        float straight into Python, the same value ``float(arr[j])`` gives without a numpy scalar."""
+        v = self.view
+        n = v.rif.item(j) + v.sent.item(j)
         cost = self.policy.cost
         if cost is Cost.RIF:
-            return n / float(self.replicas[j])
+            return n / self.replicas.item(j)
         m = self.models
-        a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
+        a, b, c, s = m.a.item(j), m.b.item(j), m.c.item(j), m.s.item(j)
         z = (n - c) / s
         ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))
         if cost is Cost.LATENCY:
-            return ell + float(self.rtt[j])
+            return ell + self.rtt.item(j)
         sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        return ell * ell / max(ell - n * b * sig, GRAD_EPS) + float(self.rtt[j])
+        return ell * ell / max(ell - n * b * sig, GRAD_EPS) + self.rtt.item(j)
 
     def _usable_now(self, now: float) -> list[int]:
         if self._usable is None or now > self._usable_until:
@@ -409,9 +432,15 @@ class RootRouter:
         return cell
 
     def _argmin(self, costs: list[float], cand: list[int]) -> int:
-        best = min(costs[j] for j in cand)
-        tol = 1e-12 * max(1.0, abs(best))
-        ties = [j for j in cand if costs[j] <= best + tol]
+        # min() as a loop (the same result: the first of the smallest, compared with <), then the
+        # ties; one pass each without a generator (once per request in the simulator).
+        best = costs[cand[0]]
+        for j in cand:
+            c = costs[j]
+            if c < best:  # noqa: PLR1730 - a call to min() per cell is what this loop avoids
+                best = c
+        lim = best + 1e-12 * max(1.0, abs(best))
+        ties = [j for j in cand if costs[j] <= lim]
         return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
     def _sample(self, cand: list[int], usable: list[int]) -> int:

@@ -716,8 +716,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
     p.add_argument("--background-probe-min-interval-ms", type=float, default=1000.0,
                    help="background probe requests when the cell is idle: at most one per this (0 = off)")
-    p.add_argument("--background-probe-max-interval-ms", type=float, default=5000.0,
-                   help="... and at least one per this while idle")
+    p.add_argument("--background-probe-max-interval-ms", type=float, default=15000.0,
+                   help="... and at least one per this while idle (how soon a change on an idle cell is seen)")
     p.add_argument("--background-probe-budget", type=float, default=0.008,
                    help="largest share of the cell's request capacity (1/b of its model) idle probing may use")
     p.add_argument("--background-probe-max-tokens", type=int, default=16,

@@ -238,17 +238,10 @@ class RootService:
         conf = resp.model.confidence if resp.HasField("model") else 0.0
         error_rate = self.recent_errors.observe(target.index, resp.errors, resp.error_rate, now)
         j = target.index
+        replicas = float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None
         for e in self.endpoints:
-            r = e.router
-            p, c = params, conf
-            if c <= 0.0 < r.view.confidence[j]:
-                # A restarted leaf reports its prior (confidence 0). Taking it would throw away what this
-                # root learned of the cell, and a latency-cost root whose other cells look faster than
-                # the prior would then never send there again to learn it back (issue 13: a restarted
-                # leaf's cell received 1 request in 65 s). Keep the learned curve until the leaf has one.
-                p, c = None, float(r.view.confidence[j])
-            r.on_probe(j, now, resp.rif, p, error_rate, c,
-                       replicas=float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None)
+            # A confidence-0 model (a restarted leaf's prior) does not replace a learned one: RootRouter.on_probe.
+            e.router.on_probe(j, now, resp.rif, params, error_rate, conf, replicas=replicas)
 
     def tick(self, now: float) -> None:
         for e in self.endpoints:

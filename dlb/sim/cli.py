@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Writes results.json, results.md and one PNG per experiment to --out.",
     )
     p.add_argument("--experiment", action="append", choices=[*EXPERIMENTS, "all", "priors"],
-                   help="experiment to run (repeatable; 'all' = every paper experiment); default baseline. "
+                   help="experiment to run (repeatable; 'all' = every experiment, priors included: the full protocol in one "
+                   "command, each experiment timed and recorded with the commit in benchmark.json); default baseline. "
                    "'priors': time for the router to find the right cell after wrong priors, a leaf restart or a "
                    "3x slower cell, with and without learning (docs/simulator.md)")
     p.add_argument("--scenarios", type=int, default=PROTOCOL.scenarios,
@@ -74,71 +75,109 @@ def _validate(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dlb.sim.report import markdown_table, plot
+    """Run the experiments one after another, each timed on its own (wall and CPU), all from one commit.
 
+    ``all`` is every experiment, priors included: the one command of the full protocol. Each experiment's
+    records go into ``results.json`` as soon as it finishes (so a 7-hour run stopped half-way keeps
+    whole experiments), and ``benchmark.json`` gets its wall time, CPU time, runs and commit.
+    """
     policies = _validate(args)
     exps = args.experiment or ["baseline"]
     if "all" in exps:
-        exps = [e for e in exps if e == "priors"] + list(EXPERIMENTS)
+        exps = ["priors", *EXPERIMENTS]
     exps = list(dict.fromkeys(exps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.estimate is not None:
         return run_estimate(args, [e for e in exps if e != "priors"], policies, out)
+    wanted = _wanted_variants(args, exps)
+    commit = git_commit()  # once, as the run starts: the code that produces every record of it
+    per_exp: dict[str, dict] = {}
+    t0 = time.perf_counter()
+    for exp in exps:
+        if exp == "priors":
+            per_exp[exp] = run_priors(args, policies, out, commit, wanted)
+        else:
+            per_exp[exp] = _run_paper_experiment(args, exp, policies, out, commit, wanted)
+        _write_benchmark(args, out, commit, per_exp, time.perf_counter() - t0)
+    return 0
+
+
+def _wanted_variants(args: argparse.Namespace, exps: list[str]) -> set[str] | None:
+    """``--variants`` as a set (None: all), refused when a label belongs to none of the experiments."""
+    from dlb.sim import priors
+
+    if not args.variants:
+        return None
+    wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
+    known = {v.label for e in exps if e in EXPERIMENTS for v in EXPERIMENTS[e]}
     if "priors" in exps:
-        run_priors(args, policies, out)
-        exps.remove("priors")
-        if not exps:
-            return 0
-    jobs = make_jobs(exps, args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas)
-    if args.variants:
-        wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
-        known = {v.label for e in exps for v in EXPERIMENTS[e]}
-        if wanted - known:
-            raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - known))} (known: {', '.join(sorted(known))})")
+        known |= set(priors.SCENARIOS)
+    if wanted - known:
+        raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - known))} (known: {', '.join(sorted(known))})")
+    return wanted
+
+
+def _keep_results(path: Path, commit: str, replace: str) -> list[dict]:
+    """Records already in ``path`` from the same commit, except experiment ``replace``'s: results of one
+    code only, so ``dlb sim report`` never meets a mix this command made."""
+    if not path.exists():
+        return []
+    try:
+        return [r for r in json.loads(path.read_text()) if r.get("experiment") != replace and r.get("commit") == commit]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str], out: Path, commit: str,
+                          wanted: set[str] | None) -> dict:
+    """One paper experiment: run its jobs, merge its records into results.json; returns its timing."""
+    from dlb.sim.report import markdown_table, plot
+
+    jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit)
+    if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
-    commit = jobs[0].commit if jobs else git_commit()  # the code that produces the records
     t0 = time.perf_counter()
     # Records also stream to a JSONL file as runs finish, so an interrupted long run keeps its work.
-    partial = out / f"partial-{'-'.join(exps)}.jsonl"
+    partial = out / f"partial-{exp}.jsonl"
     with partial.open("w") as fh:
         def keep(rec: dict) -> None:
-            rec["commit"] = commit
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
 
         records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress, on_record=keep, in_order=args.in_order)
     partial.unlink()
     wall = time.perf_counter() - t0
-    # Keep results of other experiments already in the directory, so experiments can run separately.
     path = out / "results.json"
-    kept: list[dict] = []
-    if path.exists():
-        try:
-            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") not in exps
-                    and r.get("commit") == (jobs[0].commit if jobs else None)]
-        except (OSError, json.JSONDecodeError):
-            kept = []
-    all_records = normalise(kept + records)
+    all_records = normalise(_keep_results(path, commit, exp) + records)
     path.write_text(json.dumps(all_records, indent=1, allow_nan=True))
     (out / "results.md").write_text(markdown_table(all_records) + "\n")
     plot(all_records, out)
     events = sum(r["events"] for r in records)
     cpu = sum(r["cpu_s"] for r in records)
-    bench = {
-        "commit": commit, "experiments": exps, "jobs": len(jobs), "workers": args.workers, "wall_s": wall,
-        "events": events, "events_per_s_wall": events / wall if wall > 0 else math.nan,
-        "cpu_s": cpu,
-        "events_per_cpu_s": events / cpu if cpu > 0 else math.nan,
-        "load_average": list(os.getloadavg()),
-        "scenarios": args.scenarios, "trials": args.trials if args.trials is not None else {e: PROTOCOL.trials_for(e) for e in exps}, "minutes": args.minutes,
-        "root_replicas": args.root_replicas,
-    }
-    (out / "benchmark.json").write_text(json.dumps(bench, indent=1))
+    trials = args.trials if args.trials is not None else PROTOCOL.trials_for(exp)
     print(markdown_table(records))
-    print(f"\n{len(jobs)} runs, {events} events in {wall:.1f} s wall ({bench['events_per_s_wall']:.0f} events/s; "
-          f"{bench['events_per_cpu_s']:.0f} events per CPU-second; load average {bench['load_average'][0]:.1f}) → {path}", file=sys.stderr)
-    return 0
+    print(f"\n{exp}: {len(jobs)} runs, {events} events in {wall:.1f} s wall, {cpu:.1f} CPU-s "
+          f"({events / cpu if cpu > 0 else math.nan:.0f} events per CPU-second) → {path}", file=sys.stderr)
+    return {"runs": len(jobs), "wall_s": wall, "cpu_s": cpu, "events": events,
+            "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "commit": commit,
+            "scenarios": args.scenarios, "trials": trials, "minutes": args.minutes,
+            "protocol": PROTOCOL.met_by(exp, args.scenarios, trials, args.minutes)}
+
+
+def _write_benchmark(args: argparse.Namespace, out: Path, commit: str, per_exp: dict[str, dict], wall: float) -> None:
+    """benchmark.json: totals and, per experiment, wall and CPU time, runs and commit (the ≤ 90-min check)."""
+    events = sum(t.get("events", 0) for t in per_exp.values())
+    cpu = sum(t["cpu_s"] for t in per_exp.values())
+    bench = {
+        "commit": commit, "experiments": list(per_exp), "jobs": sum(t["runs"] for t in per_exp.values()),
+        "workers": args.workers, "wall_s": wall, "events": events,
+        "events_per_s_wall": events / wall if wall > 0 else math.nan, "cpu_s": cpu,
+        "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "load_average": list(os.getloadavg()),
+        "scenarios": args.scenarios, "minutes": args.minutes, "root_replicas": args.root_replicas,
+        "per_experiment": per_exp,
+    }
+    (out / "benchmark.json").write_text(json.dumps(bench, indent=1, allow_nan=True))
 
 
 def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str], out: Path) -> int:
@@ -164,42 +203,33 @@ def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str],
     return 0
 
 
-def run_priors(args: argparse.Namespace, policies: list[str], out: Path) -> None:
-    """The priors experiment (dlb.sim.priors): its records replace earlier priors records in results.json."""
+def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit: str,
+               wanted: set[str] | None = None) -> dict:
+    """The priors experiment (dlb.sim.priors): its records replace earlier priors records in results.json;
+    returns its timing (wall and CPU time — it runs in this process — runs and commit)."""
     from dlb.sim import priors
 
     pols = tuple(p for p in policies if p in priors.POLICIES)
     if not pols:
         raise SystemExit(f"dlb sim: the priors experiment runs latency-model policies only ({', '.join(priors.POLICIES)})")
-    kinds = priors.SCENARIOS
-    if args.variants:
-        wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
-        if wanted - set(kinds):
-            raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - set(kinds)))} for priors "
-                             f"(known: {', '.join(kinds)})")
-        kinds = tuple(k for k in kinds if k in wanted)
-    commit = git_commit()  # before running: the code that produces the records
+    kinds = priors.SCENARIOS if wanted is None else tuple(k for k in priors.SCENARIOS if k in wanted)
     t0, c0 = time.perf_counter(), time.process_time()
     trials = PROTOCOL.trials if args.trials is None else args.trials
     records = priors.run_experiment(args.scenarios, trials, args.minutes * 60.0, args.seed, pols, kinds)
     for r in records:
         r["commit"] = commit
     path = out / "results.json"
-    kept: list[dict] = []
-    if path.exists():
-        try:
-            kept = [r for r in json.loads(path.read_text()) if r.get("experiment") != "priors"]
-        except (OSError, json.JSONDecodeError):
-            kept = []
-    path.write_text(json.dumps(normalise(kept + records), indent=1, allow_nan=True))
+    path.write_text(json.dumps(normalise(_keep_results(path, commit, "priors") + records), indent=1, allow_nan=True))
     table = priors.markdown(records)
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
             "cpu_s": time.process_time() - c0, "commit": commit, "scenarios": args.scenarios,
-            "trials": trials, "minutes": args.minutes, "seed": args.seed}
+            "trials": trials, "minutes": args.minutes, "seed": args.seed,
+            "protocol": PROTOCOL.met_by("priors", args.scenarios, trials, args.minutes)}
     (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))
     print(table)
     print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)
+    return meta
 
 
 def run_report(args: argparse.Namespace) -> int:

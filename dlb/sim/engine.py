@@ -318,6 +318,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         schedule(d.end_s, _PHASE, 0)
     elif d is not None and d.kind in ("slow", "restart"):
         schedule(d.start_s, _PHASE, 2 if d.kind == "slow" else 3)
+        if d.kind == "slow" and d.end_s < sc.duration_s:
+            schedule(d.end_s, _PHASE, 4)  # the slowdown ends: the cell is as fast as before
     if probing:
         schedule(cfg.background_tick_s, _BG)
 
@@ -350,7 +352,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     if q:
                         nxt = q.popleft()
                         free[srv] -= 1
-                        schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
+                        seq += 1  # schedule(), inlined on the per-request paths (same sequence numbers)
+                        push(heap, (now + decode_s[nxt] * td[cell_of[srv]], seq, _DECODE_DONE, srv, nxt))
                 j = cell_of[srv]
                 for b in done:
                     if pools is not None:
@@ -393,12 +396,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 q = pq[srv]
                 if q:
                     nxt = q.popleft()
-                    schedule(now + prefill_s[nxt] * tp[cell_of[srv]], _PREFILL_DONE, srv, nxt)
+                    seq += 1
+                    push(heap, (now + prefill_s[nxt] * tp[cell_of[srv]], seq, _PREFILL_DONE, srv, nxt))
                 else:
                     busy[srv] = False
                 if free[srv] > 0:
                     free[srv] -= 1
-                    schedule(now + decode_s[b] * td[cell_of[srv]], _DECODE_DONE, srv, b)
+                    seq += 1
+                    push(heap, (now + decode_s[b] * td[cell_of[srv]], seq, _DECODE_DONE, srv, b))
                 else:
                     dq[srv].append(b)
             elif kind == _LEAF:
@@ -437,7 +442,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         pq[s1].append(a)
                     else:
                         busy[s1] = True
-                        schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
+                        seq += 1
+                        push(heap, (now + prefill_s[a] * tp[j], seq, _PREFILL_DONE, s1, a))
             elif kind == _SNAP:
                 history.append(crif[:])
                 if now < T:
@@ -487,6 +493,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 if a == 2:  # the cell silently becomes `factor` times slower
                     tp[d.cell] *= d.factor
                     td[d.cell] *= d.factor
+                elif a == 4:  # ... and silently recovers
+                    tp[d.cell] /= d.factor
+                    td[d.cell] /= d.factor
                 elif a == 3:  # the cell's leaf restarts: its samples and measured prior are gone
                     j = d.cell
                     est[j] = new_estimator(j, 1)
@@ -530,7 +539,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 in_flight -= 1
             else:
                 dst[r] = j
-                schedule(now + tau[i][j], _LEAF, r)
+                seq += 1
+                push(heap, (now + tau[i][j], seq, _LEAF, r, 0))
             r += 1
             next_arrival = t_list[r] if r < R else math.inf
         else:

@@ -108,9 +108,10 @@ class Job:
 
 
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, minutes: float, seed: int,
-              policies: Iterable[str] = POLICIES, root_replicas: int = 1) -> list[Job]:
-    """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment."""
-    commit = git_commit()
+              policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None) -> list[Job]:
+    """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
+    ``commit``: the code's, taken when a long run started (default: now)."""
+    commit = git_commit() if commit is None else commit
     jobs = []
     for exp in experiments:
         if exp not in EXPERIMENTS:

@@ -19,6 +19,10 @@ unloaded), so the 100–200 ms of extra round trip makes ``local`` the right cel
 | ``prior-x0.02`` | ``far``'s configured prior is 50× too fast (from t = 0) | local |
 | ``restart`` | ``local``'s configured prior is 50× too slow; its leaf restarts at 30 % of the run, losing its samples | local |
 | ``slow-3x`` | ``local`` silently becomes 3× slower at 30 % of the run (utilisation 15 % → 45 %) | near |
+| ``recover`` | ``local`` is 3× slower from 30 % to 60 % of the run, then as fast as before; ``t_event`` = 60 % | local |
+
+``recover`` is the starvation loop of paper §6 after a fault: the traffic left ``local`` while it was
+slow, so only its background probes can show that it is fast again.
 
 Verdict rule, fixed before running: ``converge_s`` is the time from ``t_event`` to the start of the
 first 2-s bin from which on *every* bin (to the end of arrivals) sends ≥ 80 % of requests to the
@@ -40,15 +44,17 @@ from dlb.core.estimator import EstimatorConfig
 from dlb.sim.engine import RunResult, SimConfig, simulate
 from dlb.sim.scenario import Disruption, Scenario, Workload
 
-SCENARIOS: tuple[str, ...] = ("prior-x50", "prior-x0.02", "restart", "slow-3x")
+SCENARIOS: tuple[str, ...] = ("prior-x50", "prior-x0.02", "restart", "slow-3x", "recover")
 MODES: tuple[str, ...] = ("learn", "static")
 POLICIES: tuple[str, ...] = ("Disc-Lat", "Disc-Grad", "Flow-Lat", "Flow-Grad")
 LOCAL, NEAR, FAR = 0, 1, 2
 #: Width of the bins the routing share is measured in, and the share that counts as "found".
 BIN_S = 2.0
 FOUND_SHARE = 0.8
-#: The fault of ``restart`` and ``slow-3x`` happens at this fraction of the run.
+#: The fault of ``restart``, ``slow-3x`` and ``recover`` happens at this fraction of the run.
 EVENT_AT = 0.3
+#: ``recover``'s slowdown ends at this fraction of the run (its ``t_event``).
+RECOVER_AT = 0.6
 
 
 def sim_config(mode: str) -> SimConfig:
@@ -86,6 +92,9 @@ def build_scenario(kind: str, seed: int, duration_s: float) -> tuple[Scenario, f
     if kind == "restart":
         return replace(sc, prior_factor=(50.0, 1.0, 1.0),
                        disruption=Disruption("restart", t_event, duration_s, cell=LOCAL)), t_event, LOCAL
+    if kind == "recover":
+        t_end = RECOVER_AT * duration_s
+        return replace(sc, disruption=Disruption("slow", t_event, t_end, cell=LOCAL, factor=3.0)), t_end, LOCAL
     return replace(sc, disruption=Disruption("slow", t_event, duration_s, cell=LOCAL, factor=3.0)), t_event, NEAR
 
 

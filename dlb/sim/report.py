@@ -375,15 +375,17 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         f"{PROTOCOL.baseline_trials} trials for the baseline and ≥ {PROTOCOL.trials} for the others; a verdict "
         "from an experiment below it is marked *short*.",
         "",
-        "| experiment | scenarios × trials | minutes simulated | protocol |",
-        "| --- | --- | --- | --- |",
+        "| experiment | scenarios × trials | minutes simulated | protocol | CPU min (Σ runs) |",
+        "| --- | --- | --- | --- | --- |",
     ]
     full: dict[str, bool] = {}
     for exp in _experiments(records):
         rs = [r for r in records if r["experiment"] == exp]
         mins = sorted({round(r.get("duration_s", math.nan) / 60, 2) for r in rs})
         full[exp] = protocol_met(rs, exp)
-        out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} | {'full' if full[exp] else 'short'} |")
+        cpu_min = sum(float(r.get("cpu_s", 0.0)) for r in rs) / 60.0
+        out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} | {'full' if full[exp] else 'short'} "
+                   f"| {cpu_min:.1f} |")
     del minutes
     out += ["", "## Claims (docs/design.md §4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
     for v in vs:

@@ -144,8 +144,9 @@ class Workload:
 @dataclass(frozen=True)
 class Disruption:
     """A burst (extra demand at one source cell) or an outage (cells cut to one server) in [start, end);
-    or, from ``start_s`` on, a cell that silently becomes ``factor`` times slower (``slow``) or whose
-    leaf restarts, losing its samples (``restart``) — the faults of the priors experiment."""
+    or, from ``start_s`` on, a cell that silently becomes ``factor`` times slower (``slow``; fast again at
+    ``end_s`` if that is before the run's end) or whose leaf restarts, losing its samples (``restart``) —
+    the faults of the priors experiment."""
 
     kind: str
     start_s: float
