@@ -199,7 +199,7 @@ def test_cli_writes_json_records(tmp_path, capsys) -> None:
     recs = json.loads(out.read_text())
     assert [(r["policy"], r["replicas"]) for r in recs] == [("Flow-RIF", 1), ("Disc-RIF", 1), ("Flow-RIF", 2), ("Disc-RIF", 2)]
     for r in recs:
-        assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude"} <= set(r)
+        assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude", "commit"} <= set(r)
         assert isinstance(r["latency_gap"], float) and isinstance(r["workload_gap"], float)
     text = capsys.readouterr().out
     assert "Flow-RIF" in text and "identical for every R" in text

@@ -489,7 +489,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None, help="write the records as a JSON list to FILE")
-    p.set_defaults(func=run_cli)
+    p.set_defaults(func=run_cli, provenance_commit=None)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -510,6 +510,7 @@ def run_cli(args: argparse.Namespace) -> int:
         nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"))
     else:
         nets = networks(args.topologies, args.seed)
+    commit = getattr(args, "provenance_commit", None) or "unknown"  # filled in by dlb.cli (core does no I/O)
     start = time.monotonic()
     records = run_parallel(nets, cfg, policies, window, jobs, replicas, noises)
     elapsed = time.monotonic() - start
@@ -521,6 +522,6 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  {'PASS' if holds else 'FAIL'}  {name}: {measured}")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump([asdict(r) for r in records], fh, indent=1)
+            json.dump([{**asdict(r), "commit": commit} for r in records], fh, indent=1)
             fh.write("\n")
     return 0 if all(h for _, h, _ in checks) else 1
