@@ -134,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    if hasattr(args, "provenance_commit") and args.provenance_commit is None:
+        from dlb.provenance import git_commit  # a command whose results file records the commit, computed here
+
+        args.provenance_commit = git_commit()
     try:
         return int(func(args) or 0)
     except DlbError as exc:  # libraries raise; only the command line turns an error into an exit

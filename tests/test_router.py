@@ -8,7 +8,7 @@ import pytest
 from dlb.core.affinity import AffinityCache, AffinityConfig
 from dlb.core.aversion import AversionConfig, update_aversion
 from dlb.core.costs import Cost, ModelTable, cost_vector
-from dlb.core.flow import FlowConfig
+from dlb.core.flow import FlowConfig, saturation_workload, workload_at_rate
 from dlb.core.latency_model import LatencyParams, inv_marginal_rate, latency
 from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
@@ -227,14 +227,16 @@ def test_flow_step_does_not_depend_on_the_roots_own_rate() -> None:
 
 def test_flow_step_scale_does_not_collapse_below_the_knee() -> None:
     """Flow-Lat below the knee: ℓ' ≈ 0 there, but the step's scale is taken at N ≥ N_ref, so the same
-    cost difference moves x by the same amount at any load below the reference."""
+    cost difference moves x by the same amount at any load below the reference (here the fleet's
+    rate is above half of every cell's capacity, so N_ref is the 50 %-utilisation workload)."""
     topo = topo3()
     moves = []
     for load in (2.0, 5.0):  # both below the knee c = 8, where ℓ'(N) differs by a factor ~20
         r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(max_step=1.0)), P, np.random.default_rng(0))
-        probed(r, [load, load, load], now=0.0)
+        probed(r, [load, 11.0, 11.0], now=0.0)
         r.tick(0.0)
-        fleet_rate = 3 * load / float(latency(load, *P.as_array()))  # Λ̂ from the probes
+        fleet_rate = (load / float(latency(load, *P.as_array())) + 2 * 11.0 / float(latency(11.0, *P.as_array())))
+        assert fleet_rate > 0.5 / P.b  # Λ̂ could push any cell past 50 %: the reference stays there
         moves.append(np.abs(r.x - np.array([4, 8, 2]) / 14).sum() * fleet_rate)
     assert moves[0] > 0 and moves[1] == pytest.approx(moves[0], rel=0.05)
 
@@ -267,6 +269,23 @@ def test_a_probe_repeating_a_model_rewrites_it_after_any_other_write() -> None:
     r.invalidate()
     r.on_probe(1, 2.0, 0.0, p1)
     assert r.models.a[1] == 0.2 and r.costs(2.0)[1] == pytest.approx(latency(0.0, 0.2, 0.01, 8.0, 1.0) + 0.04)
+def test_at_low_fleet_load_the_step_is_sized_where_the_whole_fleet_could_take_a_cell() -> None:
+    """The fleet at 10 % of one cell's capacity: no cell can get past Λ̂ = 2 req/s, so the gain at the
+    50 %-utilisation workload (10 req/s) is one no reachable state has; sized at μ⁻¹(Λ̂) instead, the
+    step is ~17× larger for Flow-Grad (the priors experiment: 122–178 s to find the right cell before,
+    2 s after). At high fleet load (Λ̂ ≥ half of every cell's capacity) nothing changes."""
+    topo = topo3()
+    moved = {}
+    for load in (0.67, 11.0):
+        r = RootRouter(topo, 0, PolicyConfig(Mechanism.FLOW, Cost.GRADIENT, flow=FlowConfig(max_step=1.0)), P, np.random.default_rng(0))
+        x0 = r.x.copy()
+        probed(r, [load, load, load], now=0.0)
+        r.tick(0.0)
+        moved[load] = float(np.abs(r.x - x0).sum())
+        lam = 3 * load / float(latency(load, *P.as_array()))
+        n_ref = float(np.minimum(saturation_workload(*P.as_array(), 0.5), workload_at_rate(lam, *P.as_array())))
+        assert (n_ref < 4.0) if load < 1 else (n_ref == float(saturation_workload(*P.as_array(), 0.5)))
+    assert moved[0.67] > 0.1, moved  # the 50 %-reference rule moved 0.05 here (0.89 now)
 
 
 def test_policy_names() -> None:

@@ -289,3 +289,13 @@ def test_slow_3x_with_traffic_is_left_within_30s_in_simulation() -> None:
     checked for a change: the busy local cell sent no probes, so only the 15-s recency moved its model."""
     r = priors.run_one("slow-3x", "learn", "Flow-Lat", 1001, 1, 180.0)
     assert r["converge_s"] is not None and r["converge_s"] <= 30.0, r
+
+
+@pytest.mark.parametrize("kind", ["prior-x50", "prior-x0.02"])
+def test_flow_grad_finds_the_right_cell_within_30s_at_low_load_in_simulation(kind: str) -> None:
+    """15 % of one cell's load, a 100–200 ms network margin: Flow-Grad's step was sized for the loop gain
+    at 50 % utilisation, which no cell can reach when the whole fleet carries 15 % of one cell, and took
+    122–178 s (or never) to move its traffic to the right cell where Flow-Lat took 0–6 s. Sized at the
+    workload a cell would have with the whole fleet's rate it takes 2 s (docs/theory.md)."""
+    r = priors.run_one(kind, "learn", "Flow-Grad", 1000, 0, 60.0)
+    assert r["converge_s"] is not None and r["converge_s"] <= 30.0, r

@@ -199,7 +199,7 @@ def test_cli_writes_json_records(tmp_path, capsys) -> None:
     recs = json.loads(out.read_text())
     assert [(r["policy"], r["replicas"]) for r in recs] == [("Flow-RIF", 1), ("Disc-RIF", 1), ("Flow-RIF", 2), ("Disc-RIF", 2)]
     for r in recs:
-        assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude"} <= set(r)
+        assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude", "commit"} <= set(r)
         assert isinstance(r["latency_gap"], float) and isinstance(r["workload_gap"], float)
     text = capsys.readouterr().out
     assert "Flow-RIF" in text and "identical for every R" in text
@@ -223,3 +223,20 @@ def test_targets_judge_exact_runs_only() -> None:
 def test_cli_rejects_unknown_policy() -> None:
     with pytest.raises(SystemExit):
         cli.main(["theory", "--policies", "Flow-Foo"])
+
+
+def test_each_network_is_solved_once_for_every_replica_count_and_noise(monkeypatch) -> None:
+    """The equilibria depend on the network only; solving them again for every (R, ε) job cost ~115 s of
+    CPU per job on the complete 12-cell graph (six jobs in the default set), more than its simulations."""
+    calls: list[str] = []
+    real = th.solve
+
+    def counting(objective: eq.Objective, net: eq.FluidNetwork, *a, **k):
+        calls.append(net.name)
+        return real(objective, net, *a, **k)
+
+    monkeypatch.setattr(th, "solve", counting)
+    net = small_networks()[0]
+    recs = th.run_parallel([net], th.SimConfig(horizon_s=2.0), ["Flow-RIF"], 1.0, 1, replicas=(1, 2), noises=(0.0, 0.25))
+    assert len(recs) == 4 and len({r.equilibrium_latency_gap for r in recs}) == 1
+    assert len(calls) == 2  # RIF (Flow-RIF's) and the optimum, once

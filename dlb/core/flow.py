@@ -12,7 +12,9 @@ Step-size rule (derivation in docs/theory.md, "Flow step size"): ``η = κ / (τ
   at ``min_rate_fraction`` of the cells' capacity so an idle fleet does not blow the step up.
 - ``ĝ_i`` = mean over the arcs in use of ``|c_j'(N)| / μ_j'(N)`` (cost change per unit of steady
   inflow) evaluated at ``N`` clipped to ``[N_ref, N_sat]``: ``N_ref`` is the workload at utilisation
-  ``ref_utilisation`` (50 %, in practice the end of the knee, ``c + 4s``), ``N_sat`` at ``saturation`` (99 %) (:func:`saturation_workload`).
+  ``ref_utilisation`` (50 %, in practice the end of the knee, ``c + 4s``) or, if smaller, the workload
+  the cell would have carrying the whole fleet's rate Λ̂ (:func:`workload_at_rate`) — no reachable
+  state of the cell is busier; ``N_sat`` at ``saturation`` (99 %) (:func:`saturation_workload`).
   Cells past ``N_sat`` (overloaded: no equilibrium there) stay out of the mean unless every arc in use
   is overloaded — their ``g(N_sat)`` would otherwise shrink the step that empties them.
   With ``per_cell_scale`` (the default) each arc uses its own cell's ``g_j`` instead (overloaded
@@ -28,7 +30,11 @@ leaves it unchanged, and it is at most the single-root bound (κ < 1 with the pu
 the number of roots. Clipping N below at ``N_ref`` makes the scale state-independent below the
 reference load: the latency cost's ``ℓ'`` is ≈ 0 below the knee, and a scale taken there swung ~1000×
 and made Flow-Lat bang between cells. Above ``N_ref`` the true gain grows with N, and the scale grows
-with it (up to saturation, past which it is clipped so the router never freezes in overload).
+with it (up to saturation, past which it is clipped so the router never freezes in overload). At low
+fleet load a fixed 50 % reference is a gain no state can have (the priors experiment: all traffic at 15 %
+of one cell, Flow-Grad's step ~17× too small, 122–178 s to find the right cell): N_ref is never above
+μ_j⁻¹(Λ̂), where every reachable steady state of cell j lies, so the scale still bounds the gain of
+every state the loop can visit and still does not follow the current state.
 
 Since the projection is invariant to adding a constant to every allowed coordinate, only cost
 *differences* move ``x``; the step is therefore written against the centred cost.
@@ -55,7 +61,8 @@ class FlowConfig:
     #: Utilisation beyond which a cell's workload is treated as "saturated" when sizing the step
     #: (ĥ is evaluated at min(N, N_sat)); see :func:`saturation_workload`.
     saturation: float = 0.99
-    #: Utilisation of the reference workload below which the step's scale does not follow the state.
+    #: Utilisation of the reference workload below which the step's scale does not follow the state
+    #: (lowered to the whole fleet's rate where that is less; see the module docstring).
     ref_utilisation: float = 0.5
     #: Floor of Λ̂ as a fraction of the usable cells' capacity Σ 1/b_j (an idle fleet's rate is ~0).
     min_rate_fraction: float = 0.05
@@ -85,6 +92,23 @@ def saturation_workload(a: Num, b: Num, c: Num, s: Num, rho: float) -> np.ndarra
     """
     a, b, c, s = (np.asarray(v, float) for v in (a, b, c, s))
     return np.maximum(rho * np.maximum(a - b * c, 0.0) / (b * (1.0 - rho)), c + 4.0 * s)
+
+
+def workload_at_rate(z: float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray:
+    """μ⁻¹(z) per cell, vectorised: the workload at which each cell serves ``z`` requests/s (inf at or past capacity 1/b).
+
+    Starts from the larger of the softplus's two linear branches (``z·a`` and ``z(a − bc)/(1 − bz)``,
+    both lower bounds since ℓ ≥ a and ℓ ≥ a + b(N − c)) and applies N ← z·ℓ(N) twice, which climbs
+    monotonically towards the root (its slope zℓ' < 1 below capacity): exact far from the knee,
+    within the knee's smoothing near it. Cheap enough for every flow step.
+    """
+    a, b, c, s = (np.asarray(v, float) for v in (a, b, c, s))
+    room = 1.0 - b * z
+    ok = room > 0
+    n = np.where(ok, np.maximum(z * a, z * np.maximum(a - b * c, 0.0) / np.where(ok, room, 1.0)), 0.0)
+    for _ in range(2):
+        n = np.where(ok, z * latency(n, a, b, c, s), 0.0)
+    return np.where(ok, n, np.inf)
 
 
 def fleet_rate(n: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np.ndarray, floor_fraction: float) -> float:

@@ -33,7 +33,7 @@ import numpy as np
 from dlb.core.affinity import AffinityCache, AffinityConfig
 from dlb.core.aversion import AversionConfig, update_aversion
 from dlb.core.costs import Cost, ModelTable, cost_vector
-from dlb.core.flow import FlowConfig, feedback_delay, fleet_rate, flow_step, saturation_workload
+from dlb.core.flow import FlowConfig, feedback_delay, fleet_rate, flow_step, saturation_workload, workload_at_rate
 from dlb.core.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service_rate
 from dlb.core.topology import Topology
 
@@ -325,9 +325,9 @@ class RootRouter:
         # τ̄ is the pure feedback delay; the serving relaxation (1/μ') is already inside ĝ (see flow.py).
         delay = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
         lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
-        self.x = flow_step(self.x, costs, usable, dt, delay, lam * self._g_scale(n_obs, usable, in_use), cfg)
+        self.x = flow_step(self.x, costs, usable, dt, delay, lam * self._g_scale(n_obs, usable, in_use, lam), cfg)
 
-    def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray) -> float | np.ndarray:
+    def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray, fleet: float) -> float | np.ndarray:
         """g_j = |c_j'(N)|/μ_j'(N) at N clipped to [N_ref, N_sat], per usable cell (flow.py).
 
         An overloaded cell (N past saturation) has no equilibrium to stabilise, and its g(N_sat)
@@ -338,7 +338,9 @@ class RootRouter:
         m = self.models
         cfg = self.policy.flow
         a, b, c, s = m.a[usable], m.b[usable], m.c[usable], m.s[usable]
-        n_ref = saturation_workload(a, b, c, s, cfg.ref_utilisation)
+        # The reference load is never above what the cell would hold with the whole fleet's rate Λ̂: no
+        # reachable state of the cell is busier, so the gain there bounds every one it can reach.
+        n_ref = np.minimum(saturation_workload(a, b, c, s, cfg.ref_utilisation), workload_at_rate(fleet, a, b, c, s))
         n_sat = saturation_workload(a, b, c, s, cfg.saturation)
         nn = np.minimum(np.maximum(n_obs[usable], n_ref), np.maximum(n_sat, n_ref))
         dmu = np.maximum(d_service_rate(nn, a, b, c, s), 1e-9)

@@ -36,7 +36,9 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -241,8 +243,8 @@ def simulate(net: FluidNetwork, policy: str, cfg: SimConfig = SimConfig()) -> Tr
                 r = routers[q]
                 i = int(src[q])
                 seen = n_hist[(k - d_probe[i]) % hist, cells]
-                for j in np.flatnonzero(net.allowed[i]):
-                    r.on_probe(int(j), now, float(seen[j]), params[j])
+                for j in np.flatnonzero(net.allowed[i]):  # the models never change: sent once, with the first probe
+                    r.on_probe(int(j), now, float(seen[j]), params[j] if k == 0 else None)
                 r.note_arrivals(net.lam[i] / R * (now - last_tick[q]))
                 last_tick[q] = now
                 r.tick(now)
@@ -320,12 +322,20 @@ def compare(net: FluidNetwork, policy: str, traj: Trajectory, eq: Equilibrium, o
     )
 
 
-def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = None, avg_window_s: float | None = None) -> list[Record]:
+def equilibria(net: FluidNetwork, policies: list[str]) -> dict[Objective, Equilibrium]:
+    """The equilibria ``policies`` are judged against, and the optimum (they depend on the network only:
+    the noisy runs' model error is the routers', the equilibria are the true network's)."""
+    return {obj: solve(obj, net) for obj in {POLICIES[p] for p in policies} | {Objective.OPTIMUM}}
+
+
+def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = None, avg_window_s: float | None = None,
+        solved: dict[str, dict[Objective, Equilibrium]] | None = None) -> list[Record]:
+    """Simulate every policy on every network and compare; ``solved``: equilibria already solved, by network name."""
     policies = policies or list(POLICIES)
     window = avg_window_s if avg_window_s is not None else max(10.0, 0.1 * cfg.horizon_s)
     out = []
     for net in nets:
-        eqs = {obj: solve(obj, net) for obj in {POLICIES[p] for p in policies} | {Objective.OPTIMUM}}
+        eqs = solved[net.name] if solved and net.name in solved else equilibria(net, policies)
         for p in policies:
             traj = simulate(net, p, cfg)
             out.append(compare(net, p, traj, eqs[POLICIES[p]], eqs[Objective.OPTIMUM], window,
@@ -378,22 +388,37 @@ def targets(records: list[Record]) -> list[tuple[str, bool, str]]:
     return out
 
 
-def _run_one(job: tuple[FluidNetwork, SimConfig, list[str], float]) -> list[Record]:
-    net, cfg, policies, window = job
-    return run([net], cfg, policies, window)
+def _run_one(job: tuple[FluidNetwork, SimConfig, list[str], float, dict[Objective, Equilibrium]]) -> list[Record]:
+    net, cfg, policies, window, eqs = job
+    return run([net], cfg, policies, window, {net.name: eqs})
+
+
+def _solve_one(job: tuple[FluidNetwork, list[str]]) -> dict[Objective, Equilibrium]:
+    return equilibria(*job)
 
 
 def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int,
                  replicas: tuple[int, ...] = (1,), noises: tuple[float, ...] = (0.0,)) -> list[Record]:
-    """:func:`run` over topologies × replicas × noise in ``jobs`` worker processes (results in that order)."""
-    work = [(net, replace(cfg, root_replicas=r, noise_eps=e), policies, window)
-            for net in nets for r in replicas for e in noises]
-    if jobs <= 1 or len(work) <= 1:
-        return [r for job in work for r in _run_one(job)]
+    """:func:`run` over topologies × replicas × noise in ``jobs`` worker processes (results in that order).
+
+    Each network's equilibria are solved once, not once per (R, ε): on the complete 12-cell graph the
+    three solves take ~115 s of CPU, more than its R = 1 simulations (docs/theory.md, "Runtime").
+    """
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(min(jobs, len(work))) as pool:
-        return [r for recs in pool.map(_run_one, work, chunksize=1) for r in recs]
+    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 and len(nets) * len(replicas) * len(noises) > 1 else None
+
+    def each(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        return pool.map(fn, items, chunksize=1) if pool is not None else [fn(item) for item in items]
+
+    try:
+        solved = each(_solve_one, [(net, policies) for net in nets])
+        work = [(net, replace(cfg, root_replicas=r, noise_eps=e), policies, window, eqs)
+                for net, eqs in zip(nets, solved, strict=True) for r in replicas for e in noises]
+        return [r for recs in each(_run_one, work) for r in recs]
+    finally:
+        if pool is not None:
+            pool.terminate()
 
 
 def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
@@ -464,7 +489,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None, help="write the records as a JSON list to FILE")
-    p.set_defaults(func=run_cli)
+    p.set_defaults(func=run_cli, provenance_commit=None)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -485,6 +510,7 @@ def run_cli(args: argparse.Namespace) -> int:
         nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"))
     else:
         nets = networks(args.topologies, args.seed)
+    commit = getattr(args, "provenance_commit", None) or "unknown"  # filled in by dlb.cli (core does no I/O)
     start = time.monotonic()
     records = run_parallel(nets, cfg, policies, window, jobs, replicas, noises)
     elapsed = time.monotonic() - start
@@ -496,6 +522,6 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  {'PASS' if holds else 'FAIL'}  {name}: {measured}")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump([asdict(r) for r in records], fh, indent=1)
+            json.dump([{**asdict(r), "commit": commit} for r in records], fh, indent=1)
             fh.write("\n")
     return 0 if all(h for _, h, _ in checks) else 1
