@@ -490,30 +490,3 @@ def test_engine_steps_equal_the_plain_rules(arrivals, max_batch, budget, kv) -> 
         assert [r.rid for r in fast.running] == [r.rid for r in ref.running]
         steps += 1
     assert steps > 0 and not fast.waiting and not ref.waiting
-
-
-@settings(max_examples=60, deadline=None)
-@given(arrivals=st.lists(st.tuples(st.just(0.0), st.integers(1, 3000), st.integers(1, 400)).map(lambda t: Arrival(*t)),
-                         min_size=1, max_size=30),
-       max_batch=st.integers(1, 8), budget=st.integers(64, 4096))
-def test_complete_finished_changes_the_engine_as_complete_does(arrivals, max_batch, budget) -> None:
-    """The simulator's complete_finished (no token events) leaves every request and the engine as
-    complete() does and returns exactly the requests complete() reports finished, in its order —
-    with repeated pure-decode runs (steps > 1) as the simulator applies them."""
-    prof = replace(FAST, max_batch_tokens=budget)
-    a, b = Engine(prof, max_batch=max_batch, max_queue=64), Engine(prof, max_batch=max_batch, max_queue=64)
-    for eng in (a, b):
-        for i, arr in enumerate(arrivals):
-            eng.submit(EngineRequest(i, arr.prompt_tokens, arr.output_tokens), 0.0)
-    now = 0.0
-    while (pa := a.plan(now)) is not None:
-        pb = b.plan(now)
-        assert pb is not None
-        k = a.repeatable(pa)
-        now += k * pa.duration
-        want = [e.request.rid for e in a.complete(pa, now, steps=k) if e.finished]
-        assert [r.rid for r in b.complete_finished(pb, now, steps=k)] == want
-        state = [(r.rid, r.prefilled, r.generated, r.first_token_at, r.finished_at) for r in a.running]
-        assert [(r.rid, r.prefilled, r.generated, r.first_token_at, r.finished_at) for r in b.running] == state
-        assert a.steps == b.steps
-    assert b.plan(now) is None and not a.running and not b.running

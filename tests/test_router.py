@@ -256,19 +256,6 @@ def test_a_confidence_0_model_does_not_replace_a_learned_one() -> None:
     assert r.models.a[1] == 0.3 and r.view.confidence[1] == 0.03
 
 
-def test_a_probe_repeating_a_model_rewrites_it_after_any_other_write() -> None:
-    """on_probe skips rewriting a model object it wrote last (the simulator repeats it n² times per round),
-    but not after set_model or a direct write followed by invalidate() (a root's reconfiguration)."""
-    r = RootRouter(topo3(), 0, PolicyConfig.from_name("Disc-Lat"), P)
-    p1 = LatencyParams(a=0.2, b=0.01, c=8.0, s=1.0)
-    r.on_probe(1, 0.0, 0.0, p1)
-    r.set_model(1, LatencyParams(a=0.7, b=0.01, c=8.0, s=1.0))
-    r.on_probe(1, 1.0, 0.0, p1)
-    assert r.models.a[1] == 0.2
-    r.models.a[1] = 9.0  # as RootService._carry_over writes a new router's arrays
-    r.invalidate()
-    r.on_probe(1, 2.0, 0.0, p1)
-    assert r.models.a[1] == 0.2 and r.costs(2.0)[1] == pytest.approx(latency(0.0, 0.2, 0.01, 8.0, 1.0) + 0.04)
 def test_at_low_fleet_load_the_step_is_sized_where_the_whole_fleet_could_take_a_cell() -> None:
     """The fleet at 10 % of one cell's capacity: no cell can get past Λ̂ = 2 req/s, so the gain at the
     50 %-utilisation workload (10 req/s) is one no reachable state has; sized at μ⁻¹(Λ̂) instead, the

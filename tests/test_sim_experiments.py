@@ -145,6 +145,11 @@ def test_one_command_times_each_experiment_and_never_mixes_commits(tmp_path) -> 
     merged = tmp_path / "mixed.json"
     merged.write_text(json.dumps(recs + [stale]))
     assert main(["sim", "report", "--results", str(merged), "--output", str(tmp_path / "r.md")]) == 2
+    # `all` with --variants runs only the experiments that have one of them.
+    assert main(["sim", "--experiment", "all", "--scenarios", "1", "--trials", "1", "--minutes", "0.05",
+                 "--policies", "Rand,Disc-Lat", "--variants", "homogeneous", "--out", str(tmp_path / "all"),
+                 "--no-progress", "--workers", "1"]) == 0
+    assert list(json.loads((tmp_path / "all" / "benchmark.json").read_text())["per_experiment"]) == ["homogeneous"]
 
 
 def test_cli_rejects_bad_input(tmp_path, capsys) -> None:

@@ -299,3 +299,14 @@ def test_flow_grad_finds_the_right_cell_within_30s_at_low_load_in_simulation(kin
     workload a cell would have with the whole fleet's rate it takes 2 s (docs/theory.md)."""
     r = priors.run_one(kind, "learn", "Flow-Grad", 1000, 0, 60.0)
     assert r["converge_s"] is not None and r["converge_s"] <= 30.0, r
+
+
+def test_an_idle_slow_one_server_cell_probes_within_one_percent_and_within_the_convergence_target() -> None:
+    """The quarter-speed emulator of tests/test_learning_e2e.py: one server, a ≈ 0.25 s unloaded, ~14 requests/s
+    at its full batch. The budget's interval (~31 s from the capacity floor 1/a) is capped by the ceiling:
+    at 5 s (before) that cell spent 1.43 % of its capacity on probes; at the default it stays under 1 %,
+    and a change on the idle cell is still seen within the 30-s target (next probe + 2 at min_interval)."""
+    cfg = BackgroundProbeConfig()
+    interval = BackgroundProber(cfg).interval(capacity_floor(1, 0.25, 0.25 / 16))
+    assert 1.0 / (interval * 14.0) < 0.01
+    assert interval + (cfg.change_after - 1) * cfg.min_interval_s <= 20.0

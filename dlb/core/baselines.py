@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 from scipy.optimize import linprog
 
@@ -82,15 +80,10 @@ class WeightedRouter:
             raise ValueError("weights must have a positive entry")
         self.weights = w / w.sum()
         self._cum = np.cumsum(self.weights)
-        # As Python floats: bisect on a list is the same search as np.searchsorted(side="right") on the
-        # same values, without numpy's per-call overhead (Rand and MNLB pick once per simulated request).
-        self._cum_list: list[float] = self._cum.tolist()
-        self._last = len(self._cum_list) - 1
-        self._total = self._cum_list[-1]
 
     def pick(self, now: float, session: str | None = None) -> int:
-        j = bisect.bisect_right(self._cum_list, self.rng.random() * self._total)
-        return j if j < self._last else self._last
+        j = int(np.searchsorted(self._cum, self.rng.random() * self._cum[-1], side="right"))
+        return min(j, self._cum.shape[0] - 1)
 
     def on_probe(self, *args: object, **kwargs: object) -> None:
         """Baselines ignore probe state."""

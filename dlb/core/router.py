@@ -137,8 +137,6 @@ class RootRouter:
         # A private copy: probes update it when a cell's serving replica count changes (outages).
         self.replicas = topology.replicas.copy()
         self.models = ModelTable.from_params([prior] * n)
-        #: The LatencyParams object each cell's row of ``models`` was last written from (None: written otherwise).
-        self._model_src: list[LatencyParams | None] = [None] * n
         self.view = CellView.empty(n)
         # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
         self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]
@@ -199,28 +197,20 @@ class RootRouter:
         if replicas is not None and replicas > 0:
             self.replicas[cell] = replicas
         v.rif[cell] = max(0.0, rif)
-        cutoff = now - self.rtt.item(cell) if seen_until is None else seen_until
+        cutoff = now - float(self.rtt[cell]) if seen_until is None else seen_until
         unseen = self._unseen[cell]
         while unseen and unseen[0][0] <= cutoff:
             unseen.popleft()
-        sent = 0.0
-        if unseen:
-            sent = 0  # sum()'s start and order: the same float
-            for _, amount in unseen:
-                sent += amount
-        v.sent[cell] = sent
+        v.sent[cell] = sum(amount for _, amount in unseen) if unseen else 0.0
         v.last_probe[cell] = now
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
         v.confidence[cell] = confidence
-        if v.available.item(cell) != serving:
+        if bool(v.available[cell]) != serving:
             self._usable = None
-            v.available[cell] = serving
-        # Probes repeat the same model object until the leaf refits (every probe round in the
-        # simulator, n² per round): write the four parameters only when it is a new one.
-        if params is not None and params is not self._model_src[cell]:
+        v.available[cell] = serving
+        if params is not None:
             m = self.models
             m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
-            self._model_src[cell] = params
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
         if serving and cell not in self._usable_set:
@@ -258,13 +248,11 @@ class RootRouter:
         """Replace one cell's latency model (e.g. the control plane's, for a cell without a local fit)."""
         m = self.models
         m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
-        self._model_src[cell] = params
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
 
     def invalidate(self) -> None:
         """Drop the per-request caches after writing the state arrays directly (bulk updates)."""
-        self._model_src = [None] * self.topology.n
         self._costs = None
         self._usable = None
         self._cum = None
@@ -379,23 +367,19 @@ class RootRouter:
         return cost_vector(self.policy.cost, self.view.rif + self.view.sent, self.replicas, self.models, self.rtt)
 
     def _cost_one(self, j: int) -> float:
-        """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`.
-
-        Runs after every pick and probe (the simulator's hottest router path): ``.item(j)`` reads each
-        float straight into Python, the same value ``float(arr[j])`` gives without a numpy scalar."""
-        v = self.view
-        n = v.rif.item(j) + v.sent.item(j)
+        """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`."""
+        n = float(self.view.rif[j] + self.view.sent[j])
         cost = self.policy.cost
         if cost is Cost.RIF:
-            return n / self.replicas.item(j)
+            return n / float(self.replicas[j])
         m = self.models
-        a, b, c, s = m.a.item(j), m.b.item(j), m.c.item(j), m.s.item(j)
+        a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
         z = (n - c) / s
         ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))
         if cost is Cost.LATENCY:
-            return ell + self.rtt.item(j)
+            return ell + float(self.rtt[j])
         sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        return ell * ell / max(ell - n * b * sig, GRAD_EPS) + self.rtt.item(j)
+        return ell * ell / max(ell - n * b * sig, GRAD_EPS) + float(self.rtt[j])
 
     def _usable_now(self, now: float) -> list[int]:
         if self._usable is None or now > self._usable_until:
@@ -434,15 +418,9 @@ class RootRouter:
         return cell
 
     def _argmin(self, costs: list[float], cand: list[int]) -> int:
-        # min() as a loop (the same result: the first of the smallest, compared with <), then the
-        # ties; one pass each without a generator (once per request in the simulator).
-        best = costs[cand[0]]
-        for j in cand:
-            c = costs[j]
-            if c < best:  # noqa: PLR1730 - a call to min() per cell is what this loop avoids
-                best = c
-        lim = best + 1e-12 * max(1.0, abs(best))
-        ties = [j for j in cand if costs[j] <= lim]
+        best = min(costs[j] for j in cand)
+        tol = 1e-12 * max(1.0, abs(best))
+        ties = [j for j in cand if costs[j] <= best + tol]
         return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
     def _sample(self, cand: list[int], usable: list[int]) -> int:

@@ -225,50 +225,36 @@ class Engine:
         ``steps > 1`` is for pure-decode plans (see :meth:`repeatable`); each decoding request gains
         ``steps`` tokens and one event (its last token) is reported.
         """
-        events: list[TokenEvent] = []
-        self._apply(plan, now, steps, events)
-        return events
-
-    def complete_finished(self, plan: StepPlan, now: float, steps: int = 1) -> list[EngineRequest]:
-        """:meth:`complete` without the token events: the requests that finished, in the same order.
-
-        The simulator only needs who finished, and a :class:`TokenEvent` per decoding sequence per
-        run was a third of its batched-server step (measured with cProfile on the leaf-pick runs).
-        """
-        return self._apply(plan, now, steps, None)
-
-    def _apply(self, plan: StepPlan, now: float, steps: int, events: list[TokenEvent] | None) -> list[EngineRequest]:
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError(f"steps must be >= 1 and 1 for a plan with prefill, got {steps}")
         self.steps += steps
-        finished: list[EngineRequest] = []
+        events: list[TokenEvent] = []
+        done = False
         for r in plan.decode:
             if r.aborted:
                 continue
             out = r.output_tokens
             g = r.generated + steps
             if g >= out:
-                g = out
-                finished.append(r)
+                g, done = out, True
             r.generated = g
-            if events is not None:
-                events.append(TokenEvent(r, g - 1, g >= out))
+            events.append(TokenEvent(r, g - 1, g >= out))
         for r, n in plan.prefill:
             if r.aborted:
                 continue
             r.prefilled += n
-            if r.prefilled >= r.prompt_tokens:  # in_decode: its prompt is done, the first token comes out
+            if r.in_decode:
                 r.generated += 1
                 r.first_token_at = now
-                fin = r.generated >= r.output_tokens
-                if fin:
-                    finished.append(r)
-                if events is not None:
-                    events.append(TokenEvent(r, 0, fin))
-        for r in finished:
-            r.finished_at = now
-            self.running.remove(r)
-        return finished
+                fin = r.finished
+                done = done or fin
+                events.append(TokenEvent(r, 0, fin))
+        if done:
+            for ev in events:
+                if ev.finished:
+                    ev.request.finished_at = now
+                    self.running.remove(ev.request)
+        return events
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,9 @@ class BatchedServers:
             return None
         plan = self.plan[srv]
         assert plan is not None
-        done = self.engines[srv].complete_finished(plan, now, steps=self.k[srv])
+        events = self.engines[srv].complete(plan, now, steps=self.k[srv])
         self._start(srv, now)
-        return [r.rid for r in done]
+        return [ev.request.rid for ev in events if ev.finished]
 
     def _start(self, srv: int, now: float) -> None:
         eng = self.engines[srv]

@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     per_exp: dict[str, dict] = {}
     t0 = time.perf_counter()
     for exp in exps:
+        labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
+        if wanted is not None and not labels & wanted:
+            continue  # --variants names none of this experiment's
         if exp == "priors":
             per_exp[exp] = run_priors(args, policies, out, commit, wanted)
         else:
@@ -103,16 +106,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wanted_variants(args: argparse.Namespace, exps: list[str]) -> set[str] | None:
-    """``--variants`` as a set (None: all), refused when a label belongs to none of the experiments."""
+def priors_kinds() -> tuple[str, ...]:
     from dlb.sim import priors
 
+    return priors.SCENARIOS
+
+
+def _wanted_variants(args: argparse.Namespace, exps: list[str]) -> set[str] | None:
+    """``--variants`` as a set (None: all), refused when a label belongs to none of the experiments."""
     if not args.variants:
         return None
     wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
     known = {v.label for e in exps if e in EXPERIMENTS for v in EXPERIMENTS[e]}
     if "priors" in exps:
-        known |= set(priors.SCENARIOS)
+        known |= set(priors_kinds())
     if wanted - known:
         raise SystemExit(f"dlb sim: unknown --variants {', '.join(sorted(wanted - known))} (known: {', '.join(sorted(known))})")
     return wanted

@@ -352,8 +352,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     if q:
                         nxt = q.popleft()
                         free[srv] -= 1
-                        seq += 1  # schedule(), inlined on the per-request paths (same sequence numbers)
-                        push(heap, (now + decode_s[nxt] * td[cell_of[srv]], seq, _DECODE_DONE, srv, nxt))
+                        schedule(now + decode_s[nxt] * td[cell_of[srv]], _DECODE_DONE, srv, nxt)
                 j = cell_of[srv]
                 for b in done:
                     if pools is not None:
@@ -396,14 +395,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 q = pq[srv]
                 if q:
                     nxt = q.popleft()
-                    seq += 1
-                    push(heap, (now + prefill_s[nxt] * tp[cell_of[srv]], seq, _PREFILL_DONE, srv, nxt))
+                    schedule(now + prefill_s[nxt] * tp[cell_of[srv]], _PREFILL_DONE, srv, nxt)
                 else:
                     busy[srv] = False
                 if free[srv] > 0:
                     free[srv] -= 1
-                    seq += 1
-                    push(heap, (now + decode_s[b] * td[cell_of[srv]], seq, _DECODE_DONE, srv, b))
+                    schedule(now + decode_s[b] * td[cell_of[srv]], _DECODE_DONE, srv, b)
                 else:
                     dq[srv].append(b)
             elif kind == _LEAF:
@@ -442,8 +439,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         pq[s1].append(a)
                     else:
                         busy[s1] = True
-                        seq += 1
-                        push(heap, (now + prefill_s[a] * tp[j], seq, _PREFILL_DONE, s1, a))
+                        schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
             elif kind == _SNAP:
                 history.append(crif[:])
                 if now < T:
@@ -539,8 +535,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 in_flight -= 1
             else:
                 dst[r] = j
-                seq += 1
-                push(heap, (now + tau[i][j], seq, _LEAF, r, 0))
+                schedule(now + tau[i][j], _LEAF, r)
             r += 1
             next_arrival = t_list[r] if r < R else math.inf
         else:
