@@ -42,21 +42,31 @@ HANDSHAKE_BATCH = 8
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-def listen_socket(host: str, port: int, reuse_port: bool = False, backlog: int = 1024) -> socket.socket:
-    """A non-blocking listening TCP socket on the first address ``host`` resolves to (OSError if not)."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
+def listen_sockets(host: str, port: int, reuse_port: bool = False, backlog: int = 1024) -> list[socket.socket]:
+    """Non-blocking listening TCP sockets on every address ``host`` resolves to (``localhost``: IPv4 and
+    IPv6, as ``loop.create_server`` does), all on one port (``port=0``: the first one's); OSError if not."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(addr)
-        sock.listen(backlog)
-        sock.setblocking(False)
+        for family, kind, proto, _, resolved in dict.fromkeys(infos):
+            addr = resolved
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # its IPv4 twin is a socket of its own
+            if len(socks) > 1:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            sock.bind(addr)
+            sock.listen(backlog)
+            sock.setblocking(False)
     except OSError:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise
-    return sock
+    return socks
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import cast
 
 from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
-from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_socket
+from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
 from dlb.ext_proc.transport.tls import TlsServerSession
 from dlb.log import get_logger
 
@@ -283,7 +283,7 @@ class H2GrpcServer:
     stats: TransportStats = field(default_factory=TransportStats)
     limits: H2Limits = field(default_factory=H2Limits)
     routes: Mapping[str, Route] = field(default_factory=dict)
-    _listener: BoundedListener | None = None
+    _listeners: list[BoundedListener] = field(default_factory=list)
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
     _accepting: set[asyncio.Task[object]] = field(default_factory=set)
     _all_gone: asyncio.Event | None = None  # set by stop(): every connection is closed
@@ -325,9 +325,10 @@ class H2GrpcServer:
             self._accepting.add(task)
             task.add_done_callback(lambda t: self._handed_over(t, proto, sock))
 
-        self._listener = BoundedListener(listen_socket(host, port, reuse_port), on_accept)
-        self._listener.start()
-        return self._listener.port
+        self._listeners = [BoundedListener(sock, on_accept) for sock in listen_sockets(host, port, reuse_port)]
+        for listener in self._listeners:
+            listener.start()
+        return self._listeners[0].port
 
     def _handed_over(self, task: asyncio.Task[object], proto: H2GrpcProtocol, sock: socket.socket) -> None:
         self._accepting.discard(task)
@@ -350,8 +351,8 @@ class H2GrpcServer:
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop listening, GOAWAY every connection, let the streams in flight finish (up to
         ``grace_s``), then close."""
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         drained = asyncio.Event()
 
         def check() -> None:
