@@ -102,3 +102,29 @@ def test_root_token_file_problems_name_the_field(tmp_path: Path) -> None:
         assert "root_token_file" in str(exc.value) and words in str(exc.value)
     derived = root_token(config_from_dict(base))
     assert derived == root_token(config_from_dict(base)) and derived.startswith("derived-")  # every renderer agrees
+
+
+def test_a_forgeable_root_token_on_a_leaf_beyond_loopback_is_warned_about(tmp_path: Path) -> None:
+    """No root_token_file while a leaf listens on every interface: `dlb config validate` (and `dlb up`, the control
+    plane) warns that anyone who has read the config can claim a source cell; loopback leaves or a token file: quiet."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    def validate(leaf: str, token: bool) -> str:
+        raw = {"version": 1, "cells": [{"name": "a", "servers": ["127.0.0.1:1"], "leaf": {"address": leaf, "probe": "127.0.0.1:3"}}],
+               "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
+        if token:
+            (tmp_path / "token").write_text("s3cret-token-0123456789")
+            raw["root_token_file"] = "token"
+        path = tmp_path / "dlb.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        out = subprocess.run([sys.executable, "-m", "dlb.cli", "config", "validate", str(path)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+
+    warned = validate("10.1.2.3:8080", token=False)
+    assert "warning:" in warned and "root_token_file is not set" in warned and "leaf Envoy of a" in warned, warned
+    assert "warning" not in validate("10.1.2.3:8080", token=True)
+    assert "warning" not in validate("127.0.0.1:8080", token=False)

@@ -7,6 +7,7 @@ import sys
 
 from dlb.config.loader import ConfigError, load_config
 from dlb.config.model import Config
+from dlb.envoy.root_token import forgeable_token_warning
 
 
 def summary(cfg: Config) -> str:
@@ -75,6 +76,9 @@ def run_validate(args: argparse.Namespace) -> int:
                 continue
         if not args.quiet:
             print(summary(cfg) + ("\n  envoy --mode validate: every root and leaf bootstrap OK" if args.envoy else ""))
+        warning = forgeable_token_warning(cfg)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     return status
 
 

@@ -70,6 +70,10 @@ async def _serve(config, args: argparse.Namespace) -> int:
     pauses = GcPauses("dlb_xds").install()
     cp.status_server.registry.register(CallbackCollector(pauses.families))
     log.info("heap_frozen", objects=freeze_heap())
+    from dlb.envoy.root_token import forgeable_token_warning
+
+    if warning := forgeable_token_warning(config):
+        log.warning("root_token_forgeable", message=warning)
     if args.ready_file:
         import os
 

@@ -14,6 +14,7 @@ set ``root_token_file`` wherever the config is not itself secret. Pure: no I/O.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 
 from dlb.config.model import Config
 
@@ -28,3 +29,28 @@ def root_token(cfg: Config) -> str:
     for c in cfg.cells:
         h.update(f"{c.name}\t{c.root.address}\t{c.leaf.address}\t{c.leaf.probe}\n".encode())
     return "derived-" + h.hexdigest()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def forgeable_token_warning(cfg: Config) -> str | None:
+    """Why the root token is weak here, or None: no ``root_token_file`` while a leaf Envoy binds beyond loopback.
+
+    Why a warning and not a problem: a derived token still stops a client that has not read the config,
+    and a one-host or closed-network deployment needs no secret; but where clients can reach a leaf, anyone
+    who has read the config (an example in a public repository) can claim a source cell. Every tool that
+    starts or checks a deployment says so, in the same words.
+    """
+    if cfg.root_token:
+        return None
+    exposed = [c.name for c in cfg.cells if not _loopback(c.leaf.bind.host)]
+    if not exposed:
+        return None
+    return (f"{cfg.source}: root_token_file is not set and the leaf Envoy of {', '.join(exposed)} listens beyond "
+            "loopback: its root token is derived from the config, so anyone who has read the config can set "
+            "x-dlb-src-cell there; set root_token_file (docs/security.md)")

@@ -285,6 +285,7 @@ def default_run_dir(prefix: str) -> Path:
 
 def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None) -> int:
     from dlb.config import ConfigError, load_config
+    from dlb.envoy.root_token import forgeable_token_warning
 
     try:
         cfg = load_config(config_path)
@@ -295,6 +296,9 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     if problems:
         print(f"dlb up: {len(problems)} address(es) in use or not local:\n" + "\n".join(problems), file=sys.stderr)
         return 1
+    warning = forgeable_token_warning(cfg)
+    if warning:
+        print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     stop = StopFlag().install()
     sup = Supervisor(run_dir or default_run_dir("up"))
     print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
