@@ -59,10 +59,21 @@ def _served_by(plane, n: int, headers: dict[str, str] | None = None) -> list[str
     return out
 
 
+def _root_view(plane) -> dict[str, dict[str, float | None]]:
+    """What the root believes of each cell: the first thing to read when a routing assertion fails."""
+    m = plane.root_metrics()
+    return {c: {"a_s": metric_value(m, "dlb_root_cell_model", cell=c, param="a_s"),
+                "confidence": metric_value(m, "dlb_root_cell_model", cell=c, param="confidence"),
+                "rif": metric_value(m, "dlb_root_cell_rif", cell=c),
+                "error_rate": metric_value(m, "dlb_root_cell_error_rate", cell=c),
+                "aversion": metric_value(m, "dlb_root_aversion_rate", endpoint="chat", cell=c),
+                "usable": metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c)} for c in ("a", "b")}
+
+
 def test_requests_go_through_root_and_leaf_to_the_preferred_cell(plane):
     served = _served_by(plane, 12)
     # Latency cost: the local cell has ℓ(N) + 0 and b has ℓ(N) + 50 ms; unloaded, a always wins.
-    assert served == ["a-0"] * 12
+    assert served == ["a-0"] * 12, (served, _root_view(plane))
     root = plane.root_metrics()
     assert metric_value(root, "dlb_root_decisions_total", endpoint="chat", cell="a") >= 12
     assert metric_value(root, "dlb_root_decisions_total", endpoint="chat", cell="b") == 0
@@ -103,7 +114,7 @@ def test_streaming_response_arrives_intact_and_incrementally(plane):
 def test_client_cannot_steer_with_dlb_headers(plane):
     b_server = plane.emulators["b"][0].address
     served = _served_by(plane, 6, headers={"x-dlb-cell": "cell-b", "x-dlb-server": b_server, "x-dlb-src-cell": "b"})
-    assert served == ["a-0"] * 6
+    assert served == ["a-0"] * 6, (served, _root_view(plane))
 
 
 def test_dead_probe_target_is_avoided(plane):
@@ -118,7 +129,8 @@ def test_dead_probe_target_is_avoided(plane):
         plane.restart_leaf("a")
     _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0,
           "cell a usable again")
-    assert _served_by(plane, 4) == ["a-0"] * 4
+    served = _served_by(plane, 4)
+    assert served == ["a-0"] * 4, (served, _root_view(plane))
 
 
 def test_flow_mechanism_weights_drive_the_split(plane):
@@ -155,7 +167,8 @@ def test_dead_leaf_envoy_is_avoided_although_its_agent_answers(plane):
         envoy_a.start()
     _wait(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0,
           "cell a usable again")
-    assert _served_by(plane, 4) == ["a-0"] * 4
+    served = _served_by(plane, 4)
+    assert served == ["a-0"] * 4, (served, _root_view(plane))
 
 
 # Last: it leaves cell a with a decaying error rate (and aversion) behind.
