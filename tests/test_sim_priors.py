@@ -161,14 +161,18 @@ def test_probe_budget_is_taken_of_a_capacity_no_batching_assumption_can_inflate(
     assert capacity_floor(6, a=0.45, b=0.5) == pytest.approx(2.0)
 
 
-def test_a_new_prober_sends_its_warmup_probes_at_once() -> None:
-    """A (re)started leaf sends `warmup` probes at once (even with traffic), then follows the rule."""
+def test_a_new_prober_sends_its_warmup_probes_one_after_another() -> None:
+    """A (re)started leaf sends `warmup` probes straight away (even with traffic), each when the last is done —
+    sent together, all of them paid the cold path's first-request cost and their median said so — then follows
+    the rule."""
     p = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, budget=0.01, warmup=2))
     assert p.due(0.0, 0, 50.0)
     p.on_sent(0.0)
-    assert p.due(0.0, 0, 50.0)
-    p.on_sent(0.0)
-    assert not p.due(0.1, 0, 50.0)  # warm-up done, probes outstanding
+    assert not p.due(0.0, 0, 50.0)  # the first is still out
+    p.on_done(0.05)
+    assert p.due(0.05, 0, 50.0)  # warm-up goes on at once, silence or not
+    p.on_sent(0.05)
+    assert not p.due(0.1, 0, 50.0)  # warm-up done, probe outstanding
     p.on_done(0.2)
     assert not p.due(0.3, 2, 50.0)
     assert not p.due(2.2, 2, 50.0) and p.due(2.4, 2, 50.0)  # then the budget's 2 s of silence

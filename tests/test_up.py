@@ -27,6 +27,13 @@ pytestmark = pytest.mark.envoy
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _start_up(config: Path, run_dir: Path) -> subprocess.Popen[str]:
+    """`dlb up` as a user starts it, in a session of its own (so a stuck child can be killed with its group)."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(config), "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+
+
 def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], timeout: float = 120.0) -> re.Match[str]:
     assert proc.stdout is not None
     end = time.monotonic() + timeout
@@ -71,9 +78,7 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
         path = tmp_path / "dlb.yaml"
         path.write_text(json.dumps(cfg))
         run_dir = tmp_path / "run"
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(run_dir)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        proc = _start_up(path, run_dir)
         seen: list[str] = []
         try:
             m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
@@ -239,9 +244,7 @@ def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: 
         path = tmp_path / "dlb.yaml"
         path.write_text(json.dumps(demo_config(fleet, {"us-east1": [ea.address], "us-west1": [dead]})))
         run_dir = tmp_path / "run"
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(run_dir)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        proc = _start_up(path, run_dir)
         seen: list[str] = []
         try:
             _read_until(proc, rf"root us-east1 service: not ready after \d+s: waiting for usable cells — {re.escape(why)}$", seen)

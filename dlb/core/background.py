@@ -29,7 +29,7 @@ within the 30-s convergence target (≈ 17 s plus a refit) and still leaves ≥ 
 estimator's 60-s window. It was 5 s, which put a quarter-speed 1-server cell at 1.43 % of its
 capacity (measured through real Envoys); at 15 s only a cell under 1/(0.01 × 15 s) ≈ 6.7 requests/s
 of capacity pays more than 1 %. A new prober (a leaf
-that just started or restarted) sends its first ``warmup`` probes at once, whatever the traffic:
+that just started or restarted) sends its first ``warmup`` probes one after another, whatever the traffic:
 those few samples are what replaces the configured prior (:func:`dlb.core.fit.measured_prior`), so
 a restarted leaf is back in the roots' view one probe latency after it is ready (the leaf refits as
 soon as they are in), not after the cell happens to get traffic. A cell so small that one
@@ -116,7 +116,11 @@ class BackgroundProber:
     def due(self, now: float, completions: int, capacity_rps: float) -> bool:
         """Whether to send a probe now; ``completions`` is the cell's running count of completions."""
         if self.sent < self.config.warmup:
-            return True
+            # One after another, not all at once: the first request down a cold path (new connections,
+            # a first ext_proc stream, a server's first batch) is slow by nature, and three sent together
+            # are all first. Their median then put a ×2.5 prior on an idle cell of a loaded CI box, whose
+            # roots sent it nothing until its next probe 15 s later. In sequence, the median is a warm one.
+            return self._outstanding_since is None
         if completions != self._count:
             self._count = completions
             self._last_activity = now
