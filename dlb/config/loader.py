@@ -471,7 +471,7 @@ def _access_log(ck: _Checker, m: dict[str, Any], path: str) -> str | None:
     if hp is None:
         ck.err(p, f"{_show(v)} is neither unix:/path nor host:port")
         return None
-    if hp.host != "localhost" and not (_is_ip(hp.host) and ipaddress.ip_address(hp.host.strip("[]")).is_loopback):
+    if not hp.loopback:
         ck.err(p, f"{hp.host} is not a loopback address: anyone who reaches the access log can steer the cell")
         return None
     return v

@@ -37,6 +37,17 @@ class HostPort:
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    @property
+    def loopback(self) -> bool:
+        """Only this host can reach it: ``localhost`` or a loopback IP (the access log's channel, a leaf a
+        derived root token is safe on)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
 
 DP_POLICIES = ("bf-io", "jsq", "round-robin")
 

@@ -14,7 +14,6 @@ set ``root_token_file`` wherever the config is not itself secret. Pure: no I/O.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 
 from dlb.config.model import Config
 
@@ -31,13 +30,6 @@ def root_token(cfg: Config) -> str:
     return "derived-" + h.hexdigest()
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def forgeable_token_warning(cfg: Config) -> str | None:
     """Why the root token is weak here, or None: no ``root_token_file`` while a leaf Envoy binds beyond loopback.
 
@@ -48,7 +40,7 @@ def forgeable_token_warning(cfg: Config) -> str | None:
     """
     if cfg.root_token:
         return None
-    exposed = [c.name for c in cfg.cells if not _loopback(c.leaf.bind.host)]
+    exposed = [c.name for c in cfg.cells if not c.leaf.bind.loopback]
     if not exposed:
         return None
     return (f"{cfg.source}: root_token_file is not set and the leaf Envoy of {', '.join(exposed)} listens beyond "
