@@ -29,6 +29,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from dlb.emulator import clock
 from dlb.emulator.engine import Engine, StepPlan
 from dlb.emulator.profile import Profile
 from dlb.emulator.server import _MAX_LAG_S, EmulatorConfig, EmulatorServer
@@ -161,25 +162,23 @@ class DpEmulator:
 
     async def _loop(self) -> None:
         assert self._wake is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time()
+        deadline = clock.now()
         while True:
-            now = loop.time()
+            now = clock.now()
             plans = [srv.engine.plan(now) for srv in self.ranks]
             for srv in self.ranks:
                 srv.metrics.sync_engine(srv.engine)
             if all(p is None for p in plans):
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = loop.time()
+                deadline = clock.now()
                 continue
             step = DpStep(tuple(plan_time(self.profile, s.engine, p) for s, p in zip(self.ranks, plans, strict=True)))
             slowdown = max(s.faults.slowdown for s in self.ranks)
             wall = step.duration * self.config.time_scale * slowdown
             deadline = max(deadline, now - _MAX_LAG_S) + wall
-            if deadline > now:
-                await asyncio.sleep(deadline - now)
-            done_at = loop.time()
+            await clock.sleep_until(deadline)
+            done_at = clock.now()
             self._account_step(step)
             for srv, plan in zip(self.ranks, plans, strict=True):
                 if plan is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dlb.emulator import clock
 from dlb.emulator.engine import Engine, EngineRequest, StepPlan, TokenEvent
 from dlb.emulator.faults import FaultError, Faults
 from dlb.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
@@ -263,23 +264,21 @@ class EmulatorServer:
                 live.done.set_exception(ApiError(500, "emulator engine failed", type_="server_error", code="engine_failed"))
 
     async def _engine_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time()
+        deadline = clock.now()
         while True:
-            plan = self.engine.plan(loop.time())
+            plan = self.engine.plan(clock.now())
             self.metrics.sync_engine(self.engine)
             if plan is None:
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = loop.time()
+                deadline = clock.now()
                 continue
             # Absolute deadlines: timer granularity (~1 ms) would otherwise add up step after step.
             step = plan.duration * self.config.time_scale * self.faults.slowdown
-            now = loop.time()
+            now = clock.now()
             deadline = max(deadline, now - _MAX_LAG_S) + step
-            if deadline > now:
-                await asyncio.sleep(deadline - now)
-            done_at = loop.time()
+            await clock.sleep_until(deadline)
+            done_at = clock.now()
             events = self.engine.complete(plan, done_at)
             self._account(plan, events, done_at)
 
@@ -395,8 +394,7 @@ class EmulatorServer:
             cached = self.prefix_cache.match(blocks)
         req = EngineRequest(rid=next(self._ids), prompt_tokens=parsed.prompt_tokens, output_tokens=n_out,
                             model=parsed.model, cached_tokens=cached)  # fmt: skip
-        loop = asyncio.get_running_loop()
-        if not self.engine.submit(req, loop.time()):
+        if not self.engine.submit(req, clock.now()):
             self.metrics.rejected.labels(parsed.model, "queue_full").inc()
             msg = (f"server overloaded: {len(self.engine.waiting)} requests waiting, {len(self.engine.running)} "
                    f"running (max_batch={self.config.max_batch}, max_queue={self.config.max_queue})")  # fmt: skip
@@ -407,7 +405,7 @@ class EmulatorServer:
             series = self.metrics.series[parsed.model]
             series.prefix_queries.inc(req.prompt_tokens)
             series.prefix_hits.inc(req.cached_tokens)
-        live = _Live(req, finish_reason, asyncio.Queue() if parsed.stream else None, loop.create_future(), blocks)
+        live = _Live(req, finish_reason, asyncio.Queue() if parsed.stream else None, asyncio.get_running_loop().create_future(), blocks)
         self._live[req.rid] = live
         self.metrics.sync_engine(self.engine)
         self._wake.set()
