@@ -240,3 +240,19 @@ def test_each_network_is_solved_once_for_every_replica_count_and_noise(monkeypat
     recs = th.run_parallel([net], th.SimConfig(horizon_s=2.0), ["Flow-RIF"], 1.0, 1, replicas=(1, 2), noises=(0.0, 0.25))
     assert len(recs) == 4 and len({r.equilibrium_latency_gap for r in recs}) == 1
     assert len(calls) == 2  # RIF (Flow-RIF's) and the optimum, once
+
+
+def test_parallel_jobs_per_policy_keep_the_serial_order_and_records() -> None:
+    """Jobs run one policy each, dearest first, in worker processes; the records come back in
+    (topology, R, ε, policy) order and equal the serial run's, and each job's records are handed on as
+    it finishes (the CLI streams them to disk)."""
+    nets = small_networks()[:2]
+    cfg = th.SimConfig(horizon_s=2.0)
+    pols = ["Flow-Grad", "Disc-RIF"]
+    streamed: list[th.Record] = []
+    par = th.run_parallel(nets, cfg, pols, 1.0, 2, replicas=(1, 2), on_records=streamed.extend)
+    ser = th.run_parallel(nets, cfg, pols, 1.0, 1, replicas=(1, 2))
+    assert par == ser
+    assert [(r.topology, r.replicas, r.policy) for r in par] == [
+        (n.name, R, p) for n in nets for R in (1, 2) for p in pols]  # fmt: skip
+    assert sorted(streamed, key=repr) == sorted(par, key=repr)

@@ -35,10 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -397,25 +397,46 @@ def _solve_one(job: tuple[FluidNetwork, list[str]]) -> dict[Objective, Equilibri
     return equilibria(*job)
 
 
-def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int,
-                 replicas: tuple[int, ...] = (1,), noises: tuple[float, ...] = (0.0,)) -> list[Record]:
-    """:func:`run` over topologies × replicas × noise in ``jobs`` worker processes (results in that order).
+def _job_cost(job: tuple[FluidNetwork, SimConfig, list[str], float, dict[Objective, Equilibrium]]) -> float:
+    """Relative CPU cost of a job, to start the dearest first: the flow step and the probe bookkeeping
+    are per router and per cell, so ~ n² · R (docs/theory.md, "Runtime")."""
+    net, cfg = job[0], job[1]
+    return float(net.n * net.n * cfg.root_replicas)
 
+
+def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int,
+                 replicas: tuple[int, ...] = (1,), noises: tuple[float, ...] = (0.0,),
+                 on_records: Callable[[list[Record]], None] | None = None) -> list[Record]:
+    """:func:`run` over topologies × replicas × noise × policies in ``jobs`` worker processes.
+
+    Results come back in (topology, R, ε, policy) order whatever order the jobs finished in.
     Each network's equilibria are solved once, not once per (R, ε): on the complete 12-cell graph the
     three solves take ~115 s of CPU, more than its R = 1 simulations (docs/theory.md, "Runtime").
+    One job is one policy (a trajectory does not depend on the other policies), started dearest first:
+    with one job per (topology, R, ε) the last C12 jobs ran ~14 min on one worker while the other idled.
+    ``on_records`` is called with each job's records as it finishes (the CLI streams them to disk, so
+    an interrupted 2-hour run keeps what it did).
     """
     import multiprocessing
 
-    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 and len(nets) * len(replicas) * len(noises) > 1 else None
-
-    def each(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        return pool.map(fn, items, chunksize=1) if pool is not None else [fn(item) for item in items]
-
+    work = [(net, r, e, p) for net in nets for r in replicas for e in noises for p in policies]
+    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 and len(work) > 1 else None
     try:
-        solved = each(_solve_one, [(net, policies) for net in nets])
-        work = [(net, replace(cfg, root_replicas=r, noise_eps=e), policies, window, eqs)
-                for net, eqs in zip(nets, solved, strict=True) for r in replicas for e in noises]
-        return [r for recs in each(_run_one, work) for r in recs]
+        if pool is not None:
+            solved = pool.map(_solve_one, [(net, policies) for net in nets], chunksize=1)
+        else:
+            solved = [_solve_one((net, policies)) for net in nets]
+        eqs = {net.name: s for net, s in zip(nets, solved, strict=True)}
+        order = {(net.name, r, e, p): k for k, (net, r, e, p) in enumerate(work)}
+        todo = [(net, replace(cfg, root_replicas=r, noise_eps=e), [p], window, eqs[net.name]) for net, r, e, p in work]
+        todo.sort(key=_job_cost, reverse=True)
+        results = pool.imap_unordered(_run_one, todo, chunksize=1) if pool is not None else map(_run_one, todo)
+        done: list[Record] = []
+        for recs in results:
+            done += recs
+            if on_records is not None:
+                on_records(recs)
+        return sorted(done, key=lambda rec: order[(rec.topology, rec.replicas, rec.noise, rec.policy)])
     finally:
         if pool is not None:
             pool.terminate()
@@ -512,7 +533,25 @@ def run_cli(args: argparse.Namespace) -> int:
         nets = networks(args.topologies, args.seed)
     commit = getattr(args, "provenance_commit", None) or "unknown"  # filled in by dlb.cli (core does no I/O)
     start = time.monotonic()
-    records = run_parallel(nets, cfg, policies, window, jobs, replicas, noises)
+    total = len(nets) * len(replicas) * len(noises) * len(policies)
+    partial = f"{args.json_path}.partial.jsonl" if args.json_path else None
+    if partial:
+        open(partial, "w", encoding="utf-8").close()
+    finished = 0
+
+    def progress(recs: list[Record]) -> None:
+        # A full scale run takes ~1-2 h: say how far it is, and keep each record on disk as it comes.
+        nonlocal finished
+        finished += len(recs)
+        for r in recs:
+            print(f"[{finished}/{total}, {time.monotonic() - start:.0f} s] {r.topology} {r.policy} R={r.replicas} "
+                  f"ε={r.noise:g}: latency_gap {100 * r.latency_gap:.3f}%", file=sys.stderr, flush=True)
+        if partial:
+            with open(partial, "a", encoding="utf-8") as fh:
+                for r in recs:
+                    fh.write(json.dumps({**asdict(r), "commit": commit}) + "\n")
+
+    records = run_parallel(nets, cfg, policies, window, jobs, replicas, noises, on_records=progress)
     elapsed = time.monotonic() - start
     print(format_table(nets, records))
     print(f"\n{len(nets)} topologies ({args.topology_set}), seed {args.seed}, R {list(replicas)}, ε {list(noises)}, "
@@ -524,4 +563,6 @@ def run_cli(args: argparse.Namespace) -> int:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump([{**asdict(r), "commit": commit} for r in records], fh, indent=1)
             fh.write("\n")
+        if partial:
+            os.unlink(partial)  # the complete file replaces it
     return 0 if all(h for _, h, _ in checks) else 1
