@@ -24,3 +24,21 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head + ("+dirty" if dirty else "")) if head else "unknown"
+
+
+def code_tree() -> str:
+    """The git tree id of ``dlb/`` at HEAD (``<tree>``), ``<tree>+dirty`` or ``unknown``.
+
+    Two commits with the same tree ran the same code: a long protocol run resumed after a commit that
+    touched only docs or tests is still one build's numbers (``dlb sim --resume``, ``dlb sim report``).
+    A dirty tree has no id that names its code, so nothing resumes onto it.
+    """
+    try:
+        tree = subprocess.run(["git", "-C", str(_ROOT), "rev-parse", "HEAD:dlb"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = git_commit()
+    if not tree or commit == "unknown":
+        return "unknown"
+    return tree + ("+dirty" if commit.endswith("+dirty") else "")

@@ -74,8 +74,14 @@ def test_report_refuses_to_mix_commits_or_replicas() -> None:
 
     recs = [dict(_rec("baseline", "util=0.8", 0.8, p, 1.0), commit="abc", root_replicas=4) for p in POLICIES]
     assert check_one_build(recs) == ("abc", 4)
-    with pytest.raises(ValueError, match="mix commits"):
+    with pytest.raises(ValueError, match="mix builds"):
         check_one_build(recs + [dict(recs[0], commit="def")])
+    # Records that carry the dlb/ tree: two commits with one tree are one build, two trees are not.
+    tree = [dict(r, code="t1") for r in recs]
+    label, reps = check_one_build(tree + [dict(tree[0], commit="def")])
+    assert reps == 4 and "abc, def" in label and "t1" in label
+    with pytest.raises(ValueError, match="mix builds"):
+        check_one_build(tree + [dict(tree[0], commit="def", code="t2")])
     with pytest.raises(ValueError, match="mix root replicas"):
         check_one_build(recs + [dict(recs[0], root_replicas=1)])
 
@@ -124,7 +130,7 @@ def test_one_command_times_each_experiment_and_never_mixes_commits(tmp_path) -> 
     """Several experiments in one `dlb sim`: each is timed on its own (wall, CPU, runs, commit) in
     benchmark.json, priors included; records from another commit already in results.json are dropped,
     not merged, so the report never meets a mix this command made (and refuses one made by hand)."""
-    from dlb.provenance import git_commit
+    from dlb.provenance import code_tree, git_commit
 
     out = tmp_path / "res"
     out.mkdir()
@@ -142,6 +148,7 @@ def test_one_command_times_each_experiment_and_never_mixes_commits(tmp_path) -> 
         assert t["wall_s"] > 0 and t["cpu_s"] > 0 and t["runs"] > 0 and t["commit"] == commit and t["protocol"] is False
     recs = json.loads((out / "results.json").read_text())
     assert {r["commit"] for r in recs} == {commit} and {r["experiment"] for r in recs} == {"priors", "homogeneous"}
+    assert {r["code"] for r in recs} == {code_tree()}
     merged = tmp_path / "mixed.json"
     merged.write_text(json.dumps(recs + [stale]))
     assert main(["sim", "report", "--results", str(merged), "--output", str(tmp_path / "r.md")]) == 2
@@ -150,6 +157,48 @@ def test_one_command_times_each_experiment_and_never_mixes_commits(tmp_path) -> 
                  "--policies", "Rand,Disc-Lat", "--variants", "homogeneous", "--out", str(tmp_path / "all"),
                  "--no-progress", "--workers", "1"]) == 0
     assert list(json.loads((tmp_path / "all" / "benchmark.json").read_text())["per_experiment"]) == ["homogeneous"]
+
+
+def test_resume_runs_only_what_an_interrupted_run_left_out(tmp_path, monkeypatch, capsys) -> None:
+    """The full protocol is ~7 h of 2-core time: `--resume` keeps an interrupted run's streamed records
+    of the same code (a line cut by the kill is skipped), runs only the missing jobs, gives the same
+    records as one uninterrupted run, and skips an experiment already finished with the same settings;
+    records of other code are never kept."""
+    import dlb.sim.cli as simcli
+
+    monkeypatch.setattr(simcli, "code_tree", lambda: "tree-a")  # the test checkout may be dirty
+    args = ["sim", "--experiment", "baseline", "--scenarios", "1", "--trials", "1", "--minutes", "0.05",
+            "--policies", "Rand,Disc-RIF,Flow-Grad", "--workers", "1", "--no-progress", "--seed", "5"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert main([*args, "--out", str(whole)]) == 0
+    full = json.loads((whole / "results.json").read_text())
+    assert {r["code"] for r in full} == {"tree-a"} and len(full) == 3
+    # An interrupted run: two records streamed (one of other code), then a line cut by the kill.
+    part.mkdir()
+    kept, other = dict(full[0]), dict(full[1], code="tree-b")
+    (part / "partial-baseline.jsonl").write_text(json.dumps(kept) + "\n" + json.dumps(other) + "\n" + '{"experim')
+    capsys.readouterr()
+    assert main([*args, "--out", str(part), "--resume"]) == 0
+    assert "1 of 3 runs kept" in capsys.readouterr().err
+    got = json.loads((part / "results.json").read_text())
+    strip = ("wall_s", "cpu_s", "finished_at", "piece_started_at", "commit")
+    assert sorted(({k: v for k, v in r.items() if k not in strip} for r in got), key=repr) == sorted(
+        ({k: v for k, v in r.items() if k not in strip} for r in full), key=repr)
+    bench = json.loads((part / "benchmark.json").read_text())["per_experiment"]["baseline"]
+    assert bench["pieces"] == 2 and bench["runs"] == 3  # the kept record ran in the first piece and bench["code"] == "tree-a"
+    # Finished with these settings: kept, nothing run; other settings run again.
+    assert main([*args, "--out", str(part), "--resume"]) == 0
+    assert "finished earlier" in capsys.readouterr().err
+    assert main([*args[:-1], "6", "--out", str(part), "--resume"]) == 0
+    assert "finished earlier" not in capsys.readouterr().err
+    # Other code: nothing is resumed onto it, and a dirty tree refuses to resume at all.
+    monkeypatch.setattr(simcli, "code_tree", lambda: "tree-c")
+    assert main([*args, "--out", str(part), "--resume"]) == 0
+    assert "finished earlier" not in capsys.readouterr().err
+    assert {r["code"] for r in json.loads((part / "results.json").read_text())} == {"tree-c"}
+    monkeypatch.setattr(simcli, "code_tree", lambda: "tree-c+dirty")
+    with pytest.raises(SystemExit, match="dirty"):
+        main([*args, "--out", str(part), "--resume"])
 
 
 def test_cli_rejects_bad_input(tmp_path, capsys) -> None:

@@ -10,7 +10,17 @@ import sys
 import time
 from pathlib import Path
 
-from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, default_workers, git_commit, make_jobs, normalise, run_jobs
+from dlb.provenance import code_tree
+from dlb.sim.experiments import (
+    EXPERIMENTS,
+    PROTOCOL,
+    default_workers,
+    git_commit,
+    make_jobs,
+    normalise,
+    record_key,
+    run_jobs,
+)
 from dlb.sim.policies import POLICIES
 
 
@@ -46,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="do not run the experiments: run each variant and policy once on one scenario for MINUTES "
                    "and project each experiment's CPU time at --scenarios/--trials/--minutes (dlb.sim.cost); "
                    "writes cost-estimate.json and .md to --out")
+    p.add_argument("--resume", action="store_true",
+                   help="keep what an interrupted or earlier run of the same code (git tree of dlb/) left in --out: "
+                        "experiments benchmark.json records as finished with the same settings are skipped, and "
+                        "runs already in OUT/partial-*.jsonl are not run again (the full protocol is ~7 h of 2-core "
+                        "time; this lets it run in pieces)")
     p.add_argument("--in-order", action="store_true",
                    help="run scenario by scenario (default: largest jobs first); a run stopped early keeps whole "
                         "scenarios in OUT/partial-*.jsonl")
@@ -92,18 +107,54 @@ def run(args: argparse.Namespace) -> int:
         return run_estimate(args, [e for e in exps if e != "priors"], policies, out)
     wanted = _wanted_variants(args, exps)
     commit = git_commit()  # once, as the run starts: the code that produces every record of it
+    code = code_tree()
+    if args.resume and (code == "unknown" or code.endswith("+dirty")):
+        raise SystemExit(f"dlb sim --resume: the code is {code!r}; commit dlb/ first (a dirty tree has no id to resume onto)")
+    previous = {k: v for k, v in _previous_benchmark(out).items() if v.get("code") == code} if args.resume else {}
     per_exp: dict[str, dict] = {}
     t0 = time.perf_counter()
     for exp in exps:
         labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
         if wanted is not None and not labels & wanted:
             continue  # --variants names none of this experiment's
-        if exp == "priors":
-            per_exp[exp] = run_priors(args, policies, out, commit, wanted)
+        settings = _settings(args, exp, wanted)
+        done = previous.get(exp)
+        if done is not None and done.get("code") == code and done.get("settings") == settings \
+                and _has_records(out / "results.json", exp, code):
+            print(f"{exp}: finished earlier with this code and these settings; kept (--resume)", file=sys.stderr)
+            per_exp[exp] = done
+        elif exp == "priors":
+            per_exp[exp] = run_priors(args, policies, out, commit, code, wanted)
         else:
-            per_exp[exp] = _run_paper_experiment(args, exp, policies, out, commit, wanted)
-        _write_benchmark(args, out, commit, per_exp, time.perf_counter() - t0)
+            per_exp[exp] = _run_paper_experiment(args, exp, policies, out, commit, code, wanted)
+        per_exp[exp]["settings"] = settings
+        _write_benchmark(args, out, commit, code, {**previous, **per_exp}, time.perf_counter() - t0)
     return 0
+
+
+def _settings(args: argparse.Namespace, exp: str, wanted: set[str] | None) -> dict:
+    """What must match for ``--resume`` to keep an experiment's finished records."""
+    trials = args.trials if args.trials is not None else PROTOCOL.trials_for(exp)
+    return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
+            "root_replicas": args.root_replicas, "policies": args.policies,
+            "variants": sorted(wanted) if wanted is not None else None}
+
+
+def _previous_benchmark(out: Path) -> dict[str, dict]:
+    """benchmark.json's per-experiment entries, or nothing when it is missing or unreadable."""
+    try:
+        data = json.loads((out / "benchmark.json").read_text())
+        per = data.get("per_experiment", {}) if isinstance(data, dict) else {}
+        return {k: v for k, v in per.items() if isinstance(v, dict)}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _has_records(path: Path, exp: str, code: str) -> bool:
+    try:
+        return any(r.get("experiment") == exp and r.get("code") == code for r in json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def priors_kinds() -> tuple[str, ...]:
@@ -125,38 +176,83 @@ def _wanted_variants(args: argparse.Namespace, exps: list[str]) -> set[str] | No
     return wanted
 
 
-def _keep_results(path: Path, commit: str, replace: str) -> list[dict]:
-    """Records already in ``path`` from the same commit, except experiment ``replace``'s: results of one
-    code only, so ``dlb sim report`` never meets a mix this command made."""
+def _keep_results(path: Path, code: str, replace: str) -> list[dict]:
+    """Records already in ``path`` from the same code (git tree of ``dlb/``), except experiment
+    ``replace``'s: results of one build only, so ``dlb sim report`` never meets a mix this command made."""
     if not path.exists():
         return []
     try:
-        return [r for r in json.loads(path.read_text()) if r.get("experiment") != replace and r.get("commit") == commit]
+        return [r for r in json.loads(path.read_text()) if r.get("experiment") != replace and r.get("code") == code]
     except (OSError, json.JSONDecodeError):
         return []
 
 
-def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str], out: Path, commit: str,
+def _resumable(partial: Path, jobs: list, code: str) -> list[dict]:
+    """Records in an earlier run's ``partial`` file that belong to ``jobs`` (same code and settings)."""
+    wanted = {j.key() for j in jobs}
+    kept: dict[tuple, dict] = {}
+    try:
+        lines = partial.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill that interrupted the run
+        if isinstance(rec, dict) and rec.get("code") == code and "experiment" in rec and record_key(rec) in wanted:
+            kept[record_key(rec)] = rec
+    return list(kept.values())
+
+
+def _pieces_wall(records: list[dict]) -> tuple[float, int]:
+    """Wall seconds summed over the pieces a resumed experiment ran in, and how many pieces."""
+    pieces: dict[float, float] = {}
+    for r in records:
+        start = r.get("piece_started_at")
+        if start is not None:
+            pieces[start] = max(pieces.get(start, start), r.get("finished_at", start))
+    return sum(end - start for start, end in pieces.items()), len(pieces)
+
+
+def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str], out: Path, commit: str, code: str,
                           wanted: set[str] | None) -> dict:
-    """One paper experiment: run its jobs, merge its records into results.json; returns its timing."""
+    """One paper experiment: run its jobs, merge its records into results.json; returns its timing.
+
+    Records stream to ``OUT/partial-<exp>.jsonl`` as runs finish, so an interrupted run keeps its work
+    and ``--resume`` runs only what is missing; the wall time is then the sum over the pieces.
+    """
     from dlb.sim.report import markdown_table, plot
 
-    jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit)
+    jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
+                     code)  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
-    t0 = time.perf_counter()
-    # Records also stream to a JSONL file as runs finish, so an interrupted long run keeps its work.
     partial = out / f"partial-{exp}.jsonl"
+    earlier = _resumable(partial, jobs, code) if args.resume else []
+    if earlier:
+        have = {record_key(r) for r in earlier}
+        print(f"{exp}: {len(earlier)} of {len(jobs)} runs kept from {partial} (--resume)", file=sys.stderr)
+        todo = [j for j in jobs if j.key() not in have]
+    else:
+        todo = jobs
+    started = time.time()
     with partial.open("w") as fh:
+        for r in earlier:  # rewritten with only what is kept: the file never holds another build's lines
+            fh.write(json.dumps(r) + "\n")
+        fh.flush()
+
         def keep(rec: dict) -> None:
+            rec["piece_started_at"], rec["finished_at"] = started, time.time()
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
 
-        records = run_jobs(jobs, workers=args.workers, progress=not args.no_progress, on_record=keep, in_order=args.in_order)
+        fresh = run_jobs(todo, workers=args.workers, progress=not args.no_progress, on_record=keep, in_order=args.in_order)
     partial.unlink()
-    wall = time.perf_counter() - t0
+    records = normalise(earlier + fresh)
+    wall, pieces = _pieces_wall(records)
     path = out / "results.json"
-    all_records = normalise(_keep_results(path, commit, exp) + records)
+    all_records = normalise(_keep_results(path, code, exp) + records)
     path.write_text(json.dumps(all_records, indent=1, allow_nan=True))
     (out / "results.md").write_text(markdown_table(all_records) + "\n")
     plot(all_records, out)
@@ -164,20 +260,21 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     cpu = sum(r["cpu_s"] for r in records)
     trials = args.trials if args.trials is not None else PROTOCOL.trials_for(exp)
     print(markdown_table(records))
-    print(f"\n{exp}: {len(jobs)} runs, {events} events in {wall:.1f} s wall, {cpu:.1f} CPU-s "
-          f"({events / cpu if cpu > 0 else math.nan:.0f} events per CPU-second) → {path}", file=sys.stderr)
-    return {"runs": len(jobs), "wall_s": wall, "cpu_s": cpu, "events": events,
-            "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "commit": commit,
+    print(f"\n{exp}: {len(jobs)} runs ({len(todo)} now), {events} events in {wall:.1f} s wall over {pieces} piece(s), "
+          f"{cpu:.1f} CPU-s ({events / cpu if cpu > 0 else math.nan:.0f} events per CPU-second) → {path}", file=sys.stderr)
+    return {"runs": len(jobs), "wall_s": wall, "pieces": pieces, "cpu_s": cpu, "events": events,
+            "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "commit": commit, "code": code,
             "scenarios": args.scenarios, "trials": trials, "minutes": args.minutes,
             "protocol": PROTOCOL.met_by(exp, args.scenarios, trials, args.minutes)}
 
 
-def _write_benchmark(args: argparse.Namespace, out: Path, commit: str, per_exp: dict[str, dict], wall: float) -> None:
+def _write_benchmark(args: argparse.Namespace, out: Path, commit: str, code: str, per_exp: dict[str, dict],
+                     wall: float) -> None:  # fmt: skip
     """benchmark.json: totals and, per experiment, wall and CPU time, runs and commit (the ≤ 90-min check)."""
     events = sum(t.get("events", 0) for t in per_exp.values())
     cpu = sum(t["cpu_s"] for t in per_exp.values())
     bench = {
-        "commit": commit, "experiments": list(per_exp), "jobs": sum(t["runs"] for t in per_exp.values()),
+        "commit": commit, "code": code, "experiments": list(per_exp), "jobs": sum(t["runs"] for t in per_exp.values()),
         "workers": args.workers, "wall_s": wall, "events": events,
         "events_per_s_wall": events / wall if wall > 0 else math.nan, "cpu_s": cpu,
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "load_average": list(os.getloadavg()),
@@ -210,7 +307,7 @@ def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str],
     return 0
 
 
-def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit: str,
+def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit: str, code: str,
                wanted: set[str] | None = None) -> dict:
     """The priors experiment (dlb.sim.priors): its records replace earlier priors records in results.json;
     returns its timing (wall and CPU time — it runs in this process — runs and commit)."""
@@ -224,13 +321,13 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit:
     trials = PROTOCOL.trials if args.trials is None else args.trials
     records = priors.run_experiment(args.scenarios, trials, args.minutes * 60.0, args.seed, pols, kinds)
     for r in records:
-        r["commit"] = commit
+        r["commit"], r["code"] = commit, code
     path = out / "results.json"
-    path.write_text(json.dumps(normalise(_keep_results(path, commit, "priors") + records), indent=1, allow_nan=True))
+    path.write_text(json.dumps(normalise(_keep_results(path, code, "priors") + records), indent=1, allow_nan=True))
     table = priors.markdown(records)
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
-            "cpu_s": time.process_time() - c0, "commit": commit, "scenarios": args.scenarios,
+            "cpu_s": time.process_time() - c0, "commit": commit, "code": code, "scenarios": args.scenarios,
             "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "protocol": PROTOCOL.met_by("priors", args.scenarios, trials, args.minutes)}
     (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))

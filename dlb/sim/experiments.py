@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dlb.provenance import git_commit
+from dlb.provenance import code_tree, git_commit
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.policies import BASELINES, POLICIES
 from dlb.sim.scenario import generate
@@ -99,6 +99,14 @@ class Job:
     root_replicas: int = 1
     #: The git commit of the code that runs the job (recorded in every result).
     commit: str = "unknown"
+    #: The git tree of ``dlb/`` at that commit (:func:`dlb.provenance.code_tree`): what ``--resume``
+    #: and the report compare, so commits that changed only docs or tests do not split one build.
+    code: str = "unknown"
+
+    def key(self) -> tuple:
+        """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
+        return (self.experiment, self.variant.label, self.policy, self.scenario, self.trial, self.duration_s,
+                self.root_replicas, self.code)
 
     def cost(self) -> float:
         """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
@@ -108,10 +116,12 @@ class Job:
 
 
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, minutes: float, seed: int,
-              policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None) -> list[Job]:
+              policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None,
+              code: str | None = None) -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
-    ``commit``: the code's, taken when a long run started (default: now)."""
+    ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now)."""
     commit = git_commit() if commit is None else commit
+    code = code_tree() if code is None else code
     jobs = []
     for exp in experiments:
         if exp not in EXPERIMENTS:
@@ -121,7 +131,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
             for k in range(scenarios):
                 for t in range(n_trials):
                     for p in policies:
-                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit))
+                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code))
     return jobs
 
 
@@ -144,6 +154,7 @@ def run_job(job: Job) -> dict:
         "duration_s": job.duration_s,
         "root_replicas": job.root_replicas,
         "commit": job.commit,
+        "code": job.code,
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],
         "errors": s["errors"],
@@ -155,6 +166,12 @@ def run_job(job: Job) -> dict:
         "cpu_s": cpu,
     }
     return rec
+
+
+def record_key(rec: dict) -> tuple:
+    """:meth:`Job.key` of the job that made ``rec``."""
+    return (rec["experiment"], rec["variant"], rec["policy"], rec["scenario"], rec["trial"], rec["duration_s"],
+            rec.get("root_replicas", 1), rec.get("code", "unknown"))
 
 
 def normalise(records: list[dict]) -> list[dict]:

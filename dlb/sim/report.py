@@ -33,18 +33,28 @@ def load(path: str | Path) -> list[dict]:
 
 
 def check_one_build(records: list[dict]) -> tuple[str, int]:
-    """The (commit, root replicas) every record shares; ValueError when results mix them.
+    """The build (code and commits) and root replicas every record shares; ValueError when they mix.
 
     A report over numbers from different code, or from different numbers of root replicas, would
-    compare things that are not comparable; records without a commit count as ``unknown``.
+    compare things that are not comparable. Records carry the git tree of ``dlb/`` (``code``): commits
+    with the same tree ran the same code (a resumed protocol run spans commits that changed only docs
+    or tests), so those are one build. Records without it are compared by commit (``unknown`` if none).
     """
-    commits = sorted({str(r.get("commit", "unknown")) for r in records})
-    if len(commits) > 1:
-        raise ValueError(f"results mix commits {', '.join(commits)}: re-run them at one commit")
+    codes = sorted({str(r.get("code") or "commit " + str(r.get("commit", "unknown"))) for r in records})
+    if len(codes) > 1:
+        commits = sorted({str(r.get("commit", "unknown")) for r in records})
+        raise ValueError(f"results mix builds ({', '.join(codes)}; commits {', '.join(commits)}): re-run them at one commit")
     reps = sorted({int(r.get("root_replicas", 1)) for r in records})
     if len(reps) > 1:
         raise ValueError(f"results mix root replicas {reps}: report them separately")
-    return (commits[0] if commits else "unknown"), (reps[0] if reps else 1)
+    commits = sorted({str(r.get("commit", "unknown")) for r in records})
+    if not commits:
+        label = "unknown"
+    elif len(commits) == 1:
+        label = commits[0]
+    else:
+        label = f"{', '.join(commits)} (one build: the same dlb/ tree {codes[0]})"
+    return label, (reps[0] if reps else 1)
 
 
 def _variants(records: list[dict], exp: str) -> list[str]:
