@@ -204,3 +204,23 @@ def test_root_replicas_serve_every_request(policy: str) -> None:
     assert many.errors <= max(3, 2 * one.errors)
     with pytest.raises(ValueError, match="root_replicas"):
         SimConfig(root_replicas=0)
+
+
+def test_a_slow_cell_is_slow_in_the_batched_model_too() -> None:
+    """A ``slow`` disruption (priors: a cell silently 3× slower) slowed only the pipeline model's
+    servers; the batched model's engines kept their speed, so the fault did nothing there. Requests
+    that start inside the window take ~3× longer, and the speed comes back when it ends."""
+    from dataclasses import replace
+
+    from dlb.sim.scenario import Disruption
+
+    base = batched_scenario(2.0, 90.0)
+    slow = replace(base, disruption=Disruption("slow", 30.0, 60.0, cell=0, factor=3.0))
+    arr = generate_arrivals(base, 0)
+    a, b = simulate(base, "Rand", 0, arrivals=arr), simulate(slow, "Rand", 0, arrivals=arr)
+    t = arr[0]
+    inside, after = (t > 31.0) & (t < 59.0), t > 62.0
+    assert b.latency.size == a.latency.size == t.size  # one latency per arrival, in arrival order
+    assert b.latency[inside].mean() > 2.5 * a.latency[inside].mean()
+    assert b.latency[after].mean() == pytest.approx(a.latency[after].mean(), rel=0.05)
+    assert b.latency[t < 29.0].mean() == pytest.approx(a.latency[t < 29.0].mean(), rel=1e-9)

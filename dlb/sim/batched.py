@@ -28,6 +28,8 @@ class BatchedServers:
         self.dur = [0.0] * n  # one step of it
         self.k = [0] * n  # steps in it
         self.version = [0] * n  # bumps when a run is cut: older wake-ups are stale
+        #: Step-time multiplier per server (a ``slow`` disruption: the cell silently becomes slower).
+        self.slowdown = [1.0] * n
         self.schedule = schedule
 
     def arrive(self, srv: int, rid: int, prompt_tokens: int, output_tokens: int, now: float) -> bool:
@@ -37,13 +39,25 @@ class BatchedServers:
             return False
         if self.plan[srv] is None:
             self._start(srv, now)
-        elif self.k[srv] > 1:
-            m = int((now - self.t0[srv]) / self.dur[srv]) + 1  # the step in progress still completes
+        else:
+            self._cut(srv, now)
+        return True
+
+    def set_slowdown(self, srv: int, factor: float, now: float) -> None:
+        """From the end of the step in progress, server ``srv``'s steps take ``factor`` × the profile's."""
+        self.slowdown[srv] = factor
+        if self.plan[srv] is not None:
+            self._cut(srv, now)
+
+    def _cut(self, srv: int, now: float) -> None:
+        """End the current run after the step in progress (it still completes), so the next run sees
+        what changed: a request to admit, or a new speed."""
+        if self.k[srv] > 1:
+            m = int((now - self.t0[srv]) / self.dur[srv]) + 1
             if m < self.k[srv]:
                 self.k[srv] = m
                 self.version[srv] += 1
                 self.schedule(self.t0[srv] + m * self.dur[srv], srv, self.version[srv])
-        return True
 
     def wake(self, srv: int, version: int, now: float) -> list[int] | None:
         """A run ended: apply it, start the next one; the ids of requests that finished (None if stale)."""
@@ -62,9 +76,10 @@ class BatchedServers:
         if plan is None:
             return
         k = eng.repeatable(plan)
-        self.t0[srv], self.dur[srv], self.k[srv] = now, plan.duration, k
+        dur = plan.duration * self.slowdown[srv]
+        self.t0[srv], self.dur[srv], self.k[srv] = now, dur, k
         self.version[srv] += 1
-        self.schedule(now + k * plan.duration, srv, self.version[srv])
+        self.schedule(now + k * dur, srv, self.version[srv])
 
     def waiting(self, srv: int) -> int:
         return len(self.engines[srv].waiting)

@@ -489,9 +489,15 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 if a == 2:  # the cell silently becomes `factor` times slower
                     tp[d.cell] *= d.factor
                     td[d.cell] *= d.factor
+                    if batched is not None:  # its engines' steps too, from the step in progress on
+                        for sv in cell_servers[d.cell]:
+                            batched.set_slowdown(sv, d.factor, now)
                 elif a == 4:  # ... and silently recovers
                     tp[d.cell] /= d.factor
                     td[d.cell] /= d.factor
+                    if batched is not None:
+                        for sv in cell_servers[d.cell]:
+                            batched.set_slowdown(sv, 1.0, now)
                 elif a == 3:  # the cell's leaf restarts: its samples and measured prior are gone
                     j = d.cell
                     est[j] = new_estimator(j, 1)
