@@ -85,3 +85,14 @@ def test_the_kernels_pick_when_the_range_leaves_no_pool_below_it() -> None:
 def test_an_address_not_of_this_machine_is_an_error_not_a_search() -> None:
     with pytest.raises(OSError):
         free_port("192.0.2.1")  # TEST-NET-1
+
+
+def test_python_dash_m_dlb_is_the_dlb_command() -> None:
+    """``python -m dlb`` runs the CLI (a venv whose bin is not on PATH); it exits 2 on a bad command."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "dlb", "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "theory" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "dlb", "no-such-command"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
