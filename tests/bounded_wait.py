@@ -5,12 +5,15 @@ never fixed sleeps, so a loaded CI box only makes a test slower, not red; the co
 once more after the deadline, so a poll starved past it by the scheduler still sees a condition that
 became true meanwhile. Import it as ``from bounded_wait import until`` (pytest puts tests/ on the path);
 ``until_async`` is the same for a test running an event loop (the condition runs in a thread, so a
-blocking check — an Envoy admin call — does not stall the services on that loop).
+blocking check — an Envoy admin call — does not stall the services on that loop); ``until_in_loop``
+runs the condition on the loop itself, for one that reads the loop's own objects (not thread-safe) or
+is a coroutine function.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 
@@ -35,5 +38,22 @@ async def until_async(cond: Callable[[], object], what: str, timeout: float = 30
             return v
         await asyncio.sleep(period)
     if v := await asyncio.to_thread(cond):
+        return v
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+async def until_in_loop(cond: Callable[[], object], what: str, timeout: float = 30.0, period: float = 0.02) -> object:
+    """:func:`until_async` with the condition run on the event loop (awaited if it returns an awaitable)."""
+
+    async def check() -> object:
+        v = cond()
+        return await v if inspect.isawaitable(v) else v
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if v := await check():
+            return v
+        await asyncio.sleep(period)
+    if v := await check():
         return v
     raise AssertionError(f"timed out waiting for: {what}")

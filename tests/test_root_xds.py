@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from bounded_wait import until_in_loop
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from leaf_stub import StaticProbe, serve_probe
@@ -66,15 +66,6 @@ def picked_cell(reply: bytes) -> str | None:
     return None
 
 
-async def wait_until(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
 def test_root_follows_the_control_plane(delta: bool) -> None:
     asyncio.run(_scenario(delta))
@@ -106,23 +97,23 @@ async def _scenario(delta: bool) -> None:
             await asyncio.sleep(0.002)
 
     try:
-        await wait_until(lambda: [e.name for e in service.endpoints] == ["chat", "rest"], what="first configuration")
-        await wait_until(lambda: picked_cell(service.decide(headers("/v1/chat/x"))) == "b", what="probes of both leaves")
+        await until_in_loop(lambda: [e.name for e in service.endpoints] == ["chat", "rest"], what="first configuration")
+        await until_in_loop(lambda: picked_cell(service.decide(headers("/v1/chat/x"))) == "b", what="probes of both leaves")
         load = asyncio.create_task(traffic())
         n0 = len(decisions)
 
         # Hot reload 1: the chat endpoint's cost changes (latency → rif); routers rebuilt, state kept.
         write_config(cfg_path, {"a": ports["a"], "b": ports["b"]}, cost="rif")
         cp.reload(load_config(cfg_path))
-        await wait_until(lambda: service.endpoints[0].router.policy.cost is Cost.RIF, what="policy reload")
+        await until_in_loop(lambda: service.endpoints[0].router.policy.cost is Cost.RIF, what="policy reload")
         assert service.endpoints[0].router.view.last_probe.max() > 0  # probe state carried over
 
         # Hot reload 2: a new cell; the root probes it and uses it.
         write_config(cfg_path, ports)
         cp.reload(load_config(cfg_path))
-        await wait_until(lambda: service.cell_names == ("a", "b", "c"), what="topology reload")
-        await wait_until(lambda: stubs["c"].probes > 3, what="probes of the new cell")
-        await wait_until(lambda: "c" in decisions[-50:], what="traffic to the new cell")
+        await until_in_loop(lambda: service.cell_names == ("a", "b", "c"), what="topology reload")
+        await until_in_loop(lambda: stubs["c"].probes > 3, what="probes of the new cell")
+        await until_in_loop(lambda: "c" in decisions[-50:], what="traffic to the new cell")
 
         # An invalid RoutingPolicy (latency prior outside the model's domain): NACKed, old config kept.
         snap = cp.cache.get_snapshot(root_key("a"))
@@ -133,7 +124,7 @@ async def _scenario(delta: bool) -> None:
         bad[dr.ROUTING_POLICY]["chat"] = Resource.from_message(bad_policy, name="chat", type_url=dr.ROUTING_POLICY)
         cp.cache.set_snapshot(root_key("a"), Snapshot.of(bad))
         st = cp.server.status
-        await wait_until(lambda: st.nodes["root-svc-a"].types[dr.ROUTING_POLICY].nacks == 1, what="NACK of the bad policy")
+        await until_in_loop(lambda: st.nodes["root-svc-a"].types[dr.ROUTING_POLICY].nacks == 1, what="NACK of the bad policy")
         assert "latency_prior" in st.nodes["root-svc-a"].types[dr.ROUTING_POLICY].last_nack_reason
         assert service.endpoints[0].router.models.a.min() > 0  # still the good configuration
         n_before = len(decisions)
@@ -191,7 +182,7 @@ async def _leaf_scenario() -> None:
     sync = LeafXdsSync(state, f"127.0.0.1:{xds_port}", "b", node_id="leaf-svc-b")
     await sync.start()
     try:
-        await wait_until(lambda: sync.updates >= 2, what="initial EDS and model")
+        await until_in_loop(lambda: sync.updates >= 2, what="initial EDS and model")
         assert [s.address for s in state.servers] == [first]
         # Servers change: one added with weight 3. The in-flight record follows its server.
         doc = yaml.safe_load(Path(cfg_path).read_text())
@@ -200,7 +191,7 @@ async def _leaf_scenario() -> None:
         with open(cfg_path, "w") as fh:
             yaml.safe_dump(doc, fh)
         cp.reload(load_config(cfg_path))
-        await wait_until(lambda: len(state.servers) == 2, what="EDS update")
+        await until_in_loop(lambda: len(state.servers) == 2, what="EDS update")
         assert [(s.address, s.weight) for s in state.servers] == [(first, 1.0), (extra, 3.0)]
         assert state.servers[0].rif == 1 and state.replicas == 2 and state.rif == 1
         # The first server removed while the request runs: the cell still counts it until it ends.
@@ -208,7 +199,7 @@ async def _leaf_scenario() -> None:
         with open(cfg_path, "w") as fh:
             yaml.safe_dump(doc, fh)
         cp.reload(load_config(cfg_path))
-        await wait_until(lambda: len(state.servers) == 1, what="server removal")
+        await until_in_loop(lambda: len(state.servers) == 1, what="server removal")
         assert state.rif == 1 and state.servers[0].rif == 0
         state.complete(1.0, Completion("req-1", first, 200, 0.5))
         assert state.rif == 0 and state.servers[0].rif == 0
@@ -217,7 +208,7 @@ async def _leaf_scenario() -> None:
         with open(cfg_path, "w") as fh:
             yaml.safe_dump(doc, fh)
         cp.reload(load_config(cfg_path))
-        await wait_until(lambda: state.prior.a == 2.5, what="prior update")
+        await until_in_loop(lambda: state.prior.a == 2.5, what="prior update")
         assert state.estimator.prior.a == 2.5
     finally:
         await sync.stop()
@@ -251,7 +242,7 @@ async def _dp_scenario() -> None:
         sync = LeafXdsSync(state, f"127.0.0.1:{xds_port}", "b", node_id="leaf-svc-b")
         await sync.start()
         try:
-            await wait_until(lambda: len(state.servers) == 4 and len(state.dp_groups) == 1, what="EDS ranks and DP groups")
+            await until_in_loop(lambda: len(state.servers) == 4 and len(state.dp_groups) == 1, what="EDS ranks and DP groups")
             bal, members = state.dp_groups[0]
             assert members == [f"127.0.0.1:{base + r}" for r in range(4)]
             assert (bal.ranks, bal.policy, bal.horizon) == (4, "jsq", 50)
@@ -261,7 +252,7 @@ async def _dp_scenario() -> None:
             doc["cells"][1]["servers"][0].update(policy="bf-io", horizon=7)
             Path(cfg_path).write_text(yaml.safe_dump(doc))
             cp.reload(load_config(cfg_path))
-            await wait_until(lambda: state.dp_groups[0][0].policy == "bf-io", what="DP policy update")
+            await until_in_loop(lambda: state.dp_groups[0][0].policy == "bf-io", what="DP policy update")
             assert state.dp_groups[0][0].horizon == 7 and state.dp_groups[0][0] is not bal
         finally:
             await sync.stop()

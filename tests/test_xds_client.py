@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from bounded_wait import until_in_loop
 from google.protobuf import struct_pb2
 
 from dlb.xds import Snapshot, SnapshotCache, XdsServer
@@ -22,15 +23,6 @@ def struct(**fields) -> struct_pb2.Struct:
 
 def policies(**gains: float) -> Snapshot:
     return Snapshot.from_types({POLICY: [(name, struct(gain=g)) for name, g in gains.items()]})
-
-
-async def until(cond, what: str, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
@@ -53,36 +45,36 @@ def test_updates_nack_and_reconnect_keep_last_good(delta: bool):
         sub = client.subscribe(POLICY, struct_pb2.Struct, on_update)  # wildcard
         server2 = None
         async with client:
-            await until(lambda: server.status.nodes.get("root-1") and
+            await until_in_loop(lambda: server.status.nodes.get("root-1") and
                         server.status.nodes["root-1"].types[POLICY].acked_version == v1, "ACK of v1")
             assert seen == [{"a": 1.0, "b": 2.0}] and sub.version == v1
 
             v2 = cache.set_snapshot("root-1", policies(a=1.0, b=-1.0))  # the callback rejects it
-            await until(lambda: server.status.nodes["root-1"].types[POLICY].nacks == 1, "NACK of v2")
+            await until_in_loop(lambda: server.status.nodes["root-1"].types[POLICY].nacks == 1, "NACK of v2")
             st = server.status.nodes["root-1"].types[POLICY]
             assert st.last_nack_version == v2 and st.acked_version == v1 and "negative gain in ['b']" in st.last_nack_reason
             assert {n: m["gain"] for n, m in client.resources(POLICY).items()} == {"a": 1.0, "b": 2.0}
 
             v3 = cache.set_snapshot("root-1", policies(a=3.0))
-            await until(lambda: sub.version == v3, "v3 accepted")
+            await until_in_loop(lambda: sub.version == v3, "v3 accepted")
             assert seen[-1] == {"a": 3.0}
 
             # Control plane restart: a new process (new boot id) on the same port.
             await server.stop(None)
-            await until(lambda: not client.connected.is_set(), "the client to notice the outage")
+            await until_in_loop(lambda: not client.connected.is_set(), "the client to notice the outage")
             assert {n: m["gain"] for n, m in client.resources(POLICY).items()} == {"a": 3.0}  # last good kept
             cache2 = SnapshotCache()
             v4 = cache2.set_snapshot("root-1", policies(a=4.0, c=5.0))
             server2 = XdsServer(cache2)
             await server2.start(f"127.0.0.1:{port}")
-            await until(lambda: sub.version == v4, "resubscription after reconnect")
+            await until_in_loop(lambda: sub.version == v4, "resubscription after reconnect")
             assert seen[-1] == {"a": 4.0, "c": 5.0} and client.connects >= 2
 
             # Named subscription change at runtime.
             await client.set_names(POLICY, ["c"])
             assert list(client.resources(POLICY)) == ["c"] and seen[-1] == {"c": 5.0}
             v5 = cache2.set_snapshot("root-1", policies(a=4.0, c=6.0))
-            await until(lambda: sub.version == v5, "update of the remaining name")
+            await until_in_loop(lambda: sub.version == v5, "update of the remaining name")
             assert seen[-1] == {"c": 6.0}
         await server.stop(None)
         if server2 is not None:

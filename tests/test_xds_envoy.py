@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from bounded_wait import until_in_loop
 
 from dlb.envoy.binary import EnvoyProcess
 from dlb.procutil import free_port
@@ -79,16 +80,6 @@ def resources(backend_port: int, listener_port: int, extra_clusters=(), tag: str
                            http_listener("http", listener_port, "local_route", source=src), rc, *extra_clusters])
 
 
-async def until(predicate, what: str, timeout: float = 30.0) -> None:
-    """Wait for a condition (not a timing assertion: the bound only stops a hung test)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.parametrize(("api_type", "use_ads"), [("GRPC", True), ("DELTA_GRPC", True), ("GRPC", False)],
                          ids=["ads-sotw", "ads-delta", "per-type-sotw"])
 def test_envoy_acks_nacks_and_never_gets_rejected_config_again(api_type: str, use_ads: bool):
@@ -128,7 +119,7 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
             async def all_acked(version: str) -> bool:
                 return all(acked(t) == version for t in (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE))
 
-            await until(lambda: all_acked(v1), "Envoy to ACK every type at v1")
+            await until_in_loop(lambda: all_acked(v1), "Envoy to ACK every type at v1")
 
             def shown(version: str, type_url: str, name: str) -> str:
                 """The version Envoy's config_dump shows: SotW the response version, delta the resource hash."""
@@ -141,7 +132,7 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
                 except OSError:
                     return False
 
-            await until(served, "traffic through the pushed listener/route/cluster")
+            await until_in_loop(served, "traffic through the pushed listener/route/cluster")
             dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
             assert {c["cluster"]["name"]: c["version_info"] for c in dump["configs"]} == {"backend": shown(v1, types.CLUSTER, "backend")}
             dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_listeners"))
@@ -151,7 +142,7 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
             bad = eds_cluster("bad", source=src)
             bad.connect_timeout.seconds = -1
             v2 = cache.set_snapshot("envoy-1", res(backend_port, listener_port, [bad]))
-            await until(lambda: _true(status.nodes["envoy-1"].types[types.CLUSTER].nacks == 1), "Envoy's NACK")
+            await until_in_loop(lambda: _true(status.nodes["envoy-1"].types[types.CLUSTER].nacks == 1), "Envoy's NACK")
             cds = status.nodes["envoy-1"].types[types.CLUSTER]
             assert cds.last_nack_version == v2 and cds.acked_version == v1
             assert "positive duration" in cds.last_nack_reason  # Envoy's own reason, kept for operators
@@ -161,7 +152,7 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
 
             # A new snapshot with a new route but the same rejected cluster set: RDS goes out, CDS does not.
             v3 = cache.set_snapshot("envoy-1", res(backend_port, listener_port, [bad], tag="b"))
-            await until(lambda: _true(acked(types.ROUTE) == v3), "Envoy to ACK the new route")
+            await until_in_loop(lambda: _true(acked(types.ROUTE) == v3), "Envoy to ACK the new route")
             assert cds.responses == cds_responses
             stats = await run(envoy.stats, "cluster_manager.cds")
             assert stats["cluster_manager.cds.update_rejected"] == "1"
@@ -170,7 +161,7 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
 
             # A valid update is accepted.
             v4 = cache.set_snapshot("envoy-1", res(backend_port, listener_port, [clu("good"), load_assignment("good", [backend_port])], tag="b"))
-            await until(lambda: _true(acked(types.CLUSTER) == v4), "Envoy to ACK the valid clusters")
+            await until_in_loop(lambda: _true(acked(types.CLUSTER) == v4), "Envoy to ACK the valid clusters")
             dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_warming_clusters"))
             dump_active = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
             names = {c["cluster"]["name"]: c["version_info"] for c in dump_active.get("configs", []) + dump.get("configs", [])}
@@ -184,13 +175,13 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
             items = res(backend_port, listener_port, [clu("good"), load_assignment("good", [backend_port])], tag="b")
             v5 = cache.set_snapshot("envoy-1", Snapshot.of({**items.resources, types.CLUSTER: {
                 **items.get(types.CLUSTER), "backend": Resource.from_message(changed)}}))
-            await until(lambda: _true(acked(types.CLUSTER) == v5), "Envoy to ACK the changed cluster")
+            await until_in_loop(lambda: _true(acked(types.CLUSTER) == v5), "Envoy to ACK the changed cluster")
 
             async def active_backend_version() -> str:
                 dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_active_clusters"))
                 return {c["cluster"]["name"]: c["version_info"] for c in dump["configs"]}.get("backend", "")
 
-            await until(lambda: _eq(active_backend_version(), shown(v5, types.CLUSTER, "backend")),
+            await until_in_loop(lambda: _eq(active_backend_version(), shown(v5, types.CLUSTER, "backend")),
                         "the changed cluster to become active")
             assert await served()
         finally:
@@ -264,19 +255,19 @@ async def _warming_scenario(backend_port: int, api_type: str) -> None:
                 except OSError:
                     return 0
 
-            await until(lambda: _eq(route_cluster(), "old"), "the initial route")
-            await until(lambda: _eq(status_code(), 200), "traffic through the old cluster")
+            await until_in_loop(lambda: _eq(route_cluster(), "old"), "the initial route")
+            await until_in_loop(lambda: _eq(status_code(), 200), "traffic through the old cluster")
             # New cluster without endpoints yet + route moved to it, in one snapshot.
             cache.set_snapshot("envoy-1", snapshot("new", {"old": True, "new": False}))
-            await until(lambda: _eq(warming(), ["new"]), "the new cluster warming")
+            await until_in_loop(lambda: _eq(warming(), ["new"]), "the new cluster warming")
             assert await route_cluster() == "old"  # the route waits for the warm cluster
             assert await status_code() == 200
             cds = server.status.nodes["envoy-1"].types[types.CLUSTER]
             assert cds.acked_version == v1  # Envoy holds the CDS ACK until the cluster is warm
             # Endpoints arrive: the cluster warms, Envoy ACKs CDS, the route moves, "old" goes.
             v3 = cache.set_snapshot("envoy-1", snapshot("new", {"new": True}))
-            await until(lambda: _eq(route_cluster(), "new"), "the route to the new cluster")
-            await until(lambda: _true(cds.acked_version == v3), "the final CDS without the old cluster")
+            await until_in_loop(lambda: _eq(route_cluster(), "new"), "the route to the new cluster")
+            await until_in_loop(lambda: _true(cds.acked_version == v3), "the final CDS without the old cluster")
             assert await status_code() == 200
         finally:
             await run(envoy.stop)
