@@ -138,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dlb.provenance import git_commit  # a command whose results file records the commit, computed here
 
         args.provenance_commit = git_commit()
+    if hasattr(args, "provenance_code") and args.provenance_code is None:
+        from dlb.provenance import code_tree
+
+        args.provenance_code = code_tree()
     try:
         return int(func(args) or 0)
     except DlbError as exc:  # libraries raise; only the command line turns an error into an exit

@@ -96,3 +96,4 @@ def test_python_dash_m_dlb_is_the_dlb_command() -> None:
     assert ok.returncode == 0 and "theory" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "dlb", "no-such-command"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+

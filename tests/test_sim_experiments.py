@@ -201,6 +201,49 @@ def test_resume_runs_only_what_an_interrupted_run_left_out(tmp_path, monkeypatch
         main([*args, "--out", str(part), "--resume"])
 
 
+def test_out_dir_damage_gives_messages_and_loses_nothing(tmp_path, monkeypatch, capsys) -> None:
+    """What an --out directory holds is the protocol's only memory: a results.json that is not a list
+    of records is reported and rewritten after the runs (its partial file removed only then); a
+    benchmark.json entry of this build stays without --resume; an unreadable benchmark.json is named
+    when resuming; the order of --policies does not count as a new setting; --out that is a file is a
+    message; Ctrl-C says how to resume; the report reads a file given twice once."""
+    import dlb.sim.cli as simcli
+
+    monkeypatch.setattr(simcli, "code_tree", lambda: "tree-a")
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "results.json").write_text("[1, 2]")
+    args = ["sim", "--scenarios", "1", "--trials", "1", "--minutes", "0.05", "--workers", "1", "--no-progress",
+            "--out", str(out)]  # fmt: skip
+    assert main([*args, "--experiment", "homogeneous", "--policies", "Rand,Disc-RIF"]) == 0
+    assert "2 of its 2 entries are not records" in capsys.readouterr().err
+    assert {r["experiment"] for r in json.loads((out / "results.json").read_text())} == {"homogeneous"}
+    assert not (out / "partial-homogeneous.jsonl").exists()
+    assert main([*args, "--experiment", "burst", "--policies", "Rand,Disc-RIF"]) == 0
+    assert list(json.loads((out / "benchmark.json").read_text())["per_experiment"]) == ["homogeneous", "burst"]
+    capsys.readouterr()
+    assert main([*args, "--experiment", "burst", "--policies", "Disc-RIF, Rand", "--resume"]) == 0
+    assert "finished earlier" in capsys.readouterr().err
+    bench = json.loads((out / "benchmark.json").read_text())
+    assert bench["wall_s"] == pytest.approx(sum(t["wall_s"] for t in bench["per_experiment"].values()))
+    (out / "benchmark.json").write_text('{"per_experiment": [1,')
+    assert main([*args, "--experiment", "burst", "--policies", "Rand,Disc-RIF", "--resume"]) == 0
+    assert "not valid JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="not a directory"):
+        main([*args[:-1], str(out / "results.json"), "--experiment", "burst"])
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simcli, "run_jobs", interrupted)
+    assert main([*args, "--experiment", "outage", "--policies", "Rand"]) == 130
+    assert "--resume" in capsys.readouterr().err
+    rep = tmp_path / "r.md"
+    assert main(["sim", "report", "--results", str(out / "results.json"), "--results", str(out / "results.json"),
+                 "--output", str(rep)]) == 0  # fmt: skip
+    assert "were dropped" in capsys.readouterr().err and "(4 runs)" in rep.read_text()
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit, match="--policies"):
         main(["sim", "--policies", "Rand,Bogus", "--out", str(tmp_path)])

@@ -256,3 +256,48 @@ def test_parallel_jobs_per_policy_keep_the_serial_order_and_records() -> None:
     assert [(r.topology, r.replicas, r.policy) for r in par] == [
         (n.name, R, p) for n in nets for R in (1, 2) for p in pols]  # fmt: skip
     assert sorted(streamed, key=repr) == sorted(par, key=repr)
+
+
+def test_cli_resumes_an_interrupted_run_and_refuses_bad_settings(tmp_path, monkeypatch, capsys) -> None:
+    """`dlb theory --json F --resume` keeps the records an interrupted run of the same code and settings
+    left in F.partial.jsonl (a line cut by the interruption is skipped) and runs only the rest; without
+    --resume an existing partial file is not overwritten; settings that would average the start of a
+    run (window ≥ horizon), a --json path that cannot be written and --jobs 0 are refused before any
+    work; Ctrl-C says where the records are."""
+    import json
+
+    import dlb.provenance
+
+    monkeypatch.setattr(dlb.provenance, "code_tree", lambda: "tree-a")
+    f = tmp_path / "t.json"
+    base = ["theory", "--sizes", "2", "--horizon", "20", "--replicas", "1", "--noise", "0",
+            "--policies", "Flow-Grad,Disc-RIF", "--jobs", "1", "--json", str(f)]  # fmt: skip
+    cli.main(base)
+    full = json.loads(f.read_text())
+    assert len(full) == 4 and {r["code"] for r in full} == {"tree-a"}
+    assert not (tmp_path / "t.json.partial.jsonl").exists()
+    settings = {"code": "tree-a", "set": "scale", "sizes": "2", "topologies": 12, "seed": 0, "horizon": 20.0,
+                "window": 10.0, "kappa": 1.0}
+    partial = tmp_path / "t.json.partial.jsonl"
+    partial.write_text("".join(json.dumps({**r, "settings": settings}) + "\n" for r in full[:2]) + '{"topol')
+    f.unlink()
+    with pytest.raises(SystemExit, match="continue it with --resume"):
+        cli.main(base)
+    capsys.readouterr()
+    cli.main([*base, "--resume"])
+    assert "2 record(s) kept" in capsys.readouterr().err
+    strip = ("commit",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in json.loads(f.read_text())] == [
+        {k: v for k, v in r.items() if k not in strip} for r in full]
+    for bad, msg in ((["--horizon", "5"], "must be shorter than --horizon"), (["--window", "0"], "--window must be > 0"),
+                     (["--jobs", "0"], "--jobs must be >= 1"), (["--json", str(tmp_path / "no" / "x.json")], "does not exist"),
+                     (["--json", str(tmp_path)], "is a directory")):  # fmt: skip
+        with pytest.raises(SystemExit, match=msg):
+            cli.main(["theory", "--sizes", "2", "--horizon", "20", *bad])
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(th, "run_parallel", interrupted)
+    assert cli.main(base) == 130
+    assert "continue with --resume" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from dlb.provenance import code_tree
+from dlb.sim import outdir
 from dlb.sim.experiments import (
     EXPERIMENTS,
     PROTOCOL,
@@ -102,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
         exps = ["priors", *EXPERIMENTS]
     exps = list(dict.fromkeys(exps))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        outdir.prepare(out)
+    except outdir.OutDirError as e:
+        raise SystemExit(f"dlb sim: {e}") from None
     if args.estimate is not None:
         return run_estimate(args, [e for e in exps if e != "priors"], policies, out)
     wanted = _wanted_variants(args, exps)
@@ -110,51 +114,45 @@ def run(args: argparse.Namespace) -> int:
     code = code_tree()
     if args.resume and (code == "unknown" or code.endswith("+dirty")):
         raise SystemExit(f"dlb sim --resume: the code is {code!r}; commit dlb/ first (a dirty tree has no id to resume onto)")
-    previous = {k: v for k, v in _previous_benchmark(out).items() if v.get("code") == code} if args.resume else {}
-    per_exp: dict[str, dict] = {}
-    t0 = time.perf_counter()
-    for exp in exps:
-        labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
-        if wanted is not None and not labels & wanted:
-            continue  # --variants names none of this experiment's
-        settings = _settings(args, exp, wanted)
-        done = previous.get(exp)
-        if done is not None and done.get("code") == code and done.get("settings") == settings \
-                and _has_records(out / "results.json", exp, code):
-            print(f"{exp}: finished earlier with this code and these settings; kept (--resume)", file=sys.stderr)
-            per_exp[exp] = done
-        elif exp == "priors":
-            per_exp[exp] = run_priors(args, policies, out, commit, code, wanted)
-        else:
-            per_exp[exp] = _run_paper_experiment(args, exp, policies, out, commit, code, wanted)
-        per_exp[exp]["settings"] = settings
-        _write_benchmark(args, out, commit, code, {**previous, **per_exp}, time.perf_counter() - t0)
+    # Entries of this build stay in benchmark.json, as their records stay in results.json.
+    entries = outdir.benchmark_entries(out, code, warn=args.resume)
+    started = time.perf_counter()
+    current = None
+    try:
+        for exp in exps:
+            labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
+            if wanted is not None and not labels & wanted:
+                continue  # --variants names none of this experiment's
+            settings = _settings(args, exp, policies, None if wanted is None else labels & wanted)
+            done = entries.get(exp)
+            if args.resume and done is not None and done.get("settings") == settings and outdir.has_results(out, exp, code):
+                print(f"{exp}: finished earlier with this code and these settings; kept (--resume)", file=sys.stderr)
+                continue
+            current = exp
+            if exp == "priors":
+                entries[exp] = run_priors(args, policies, out, commit, code, wanted)
+            else:
+                entries[exp] = _run_paper_experiment(args, exp, policies, out, commit, code, wanted)
+            current = None
+            entries[exp]["settings"] = settings
+            _write_benchmark(args, out, commit, code, entries, time.perf_counter() - started)
+    except KeyboardInterrupt:
+        where = f"; the runs that finished are in {outdir.partial_path(out, current)}" if current and current != "priors" else ""
+        print(f"\ndlb sim: interrupted{where}. Finished experiments are in {out / outdir.RESULTS}; "
+              "continue with the same command and --resume.", file=sys.stderr)
+        return 130
+    except outdir.OutDirError as e:
+        raise SystemExit(f"dlb sim: {e}") from None
     return 0
 
 
-def _settings(args: argparse.Namespace, exp: str, wanted: set[str] | None) -> dict:
-    """What must match for ``--resume`` to keep an experiment's finished records."""
+def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: set[str] | None) -> dict:
+    """What must match for ``--resume`` to keep an experiment's finished records (``labels``: this
+    experiment's variants that ``--variants`` selected, None for all)."""
     trials = args.trials if args.trials is not None else PROTOCOL.trials_for(exp)
     return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
-            "root_replicas": args.root_replicas, "policies": args.policies,
-            "variants": sorted(wanted) if wanted is not None else None}
-
-
-def _previous_benchmark(out: Path) -> dict[str, dict]:
-    """benchmark.json's per-experiment entries, or nothing when it is missing or unreadable."""
-    try:
-        data = json.loads((out / "benchmark.json").read_text())
-        per = data.get("per_experiment", {}) if isinstance(data, dict) else {}
-        return {k: v for k, v in per.items() if isinstance(v, dict)}
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def _has_records(path: Path, exp: str, code: str) -> bool:
-    try:
-        return any(r.get("experiment") == exp and r.get("code") == code for r in json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return False
+            "root_replicas": args.root_replicas, "policies": sorted(policies),
+            "variants": sorted(labels) if labels is not None else None}
 
 
 def priors_kinds() -> tuple[str, ...]:
@@ -176,45 +174,6 @@ def _wanted_variants(args: argparse.Namespace, exps: list[str]) -> set[str] | No
     return wanted
 
 
-def _keep_results(path: Path, code: str, replace: str) -> list[dict]:
-    """Records already in ``path`` from the same code (git tree of ``dlb/``), except experiment
-    ``replace``'s: results of one build only, so ``dlb sim report`` never meets a mix this command made."""
-    if not path.exists():
-        return []
-    try:
-        return [r for r in json.loads(path.read_text()) if r.get("experiment") != replace and r.get("code") == code]
-    except (OSError, json.JSONDecodeError):
-        return []
-
-
-def _resumable(partial: Path, jobs: list, code: str) -> list[dict]:
-    """Records in an earlier run's ``partial`` file that belong to ``jobs`` (same code and settings)."""
-    wanted = {j.key() for j in jobs}
-    kept: dict[tuple, dict] = {}
-    try:
-        lines = partial.read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill that interrupted the run
-        if isinstance(rec, dict) and rec.get("code") == code and "experiment" in rec and record_key(rec) in wanted:
-            kept[record_key(rec)] = rec
-    return list(kept.values())
-
-
-def _pieces_wall(records: list[dict]) -> tuple[float, int]:
-    """Wall seconds summed over the pieces a resumed experiment ran in, and how many pieces."""
-    pieces: dict[float, float] = {}
-    for r in records:
-        start = r.get("piece_started_at")
-        if start is not None:
-            pieces[start] = max(pieces.get(start, start), r.get("finished_at", start))
-    return sum(end - start for start, end in pieces.items()), len(pieces)
-
-
 def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str], out: Path, commit: str, code: str,
                           wanted: set[str] | None) -> dict:
     """One paper experiment: run its jobs, merge its records into results.json; returns its timing.
@@ -228,8 +187,8 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
                      code)  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
-    partial = out / f"partial-{exp}.jsonl"
-    earlier = _resumable(partial, jobs, code) if args.resume else []
+    partial = outdir.partial_path(out, exp)
+    earlier = outdir.read_partial(out, exp, jobs, code) if args.resume else []
     if earlier:
         have = {record_key(r) for r in earlier}
         print(f"{exp}: {len(earlier)} of {len(jobs)} runs kept from {partial} (--resume)", file=sys.stderr)
@@ -237,7 +196,11 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     else:
         todo = jobs
     started = time.time()
-    with partial.open("w") as fh:
+    try:
+        fh = partial.open("w", encoding="utf-8")
+    except OSError as e:
+        raise outdir.OutDirError(f"{partial}: cannot write it: {e.strerror or e}") from e
+    with fh:
         for r in earlier:  # rewritten with only what is kept: the file never holds another build's lines
             fh.write(json.dumps(r) + "\n")
         fh.flush()
@@ -248,12 +211,12 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
             fh.flush()
 
         fresh = run_jobs(todo, workers=args.workers, progress=not args.no_progress, on_record=keep, in_order=args.in_order)
-    partial.unlink()
     records = normalise(earlier + fresh)
-    wall, pieces = _pieces_wall(records)
-    path = out / "results.json"
-    all_records = normalise(_keep_results(path, code, exp) + records)
+    wall, pieces = outdir.pieces_wall(records)
+    path = out / outdir.RESULTS
+    all_records = normalise(outdir.results_of(out, code, drop_experiment=exp) + records)
     path.write_text(json.dumps(all_records, indent=1, allow_nan=True))
+    partial.unlink()  # only now: its records are in results.json
     (out / "results.md").write_text(markdown_table(all_records) + "\n")
     plot(all_records, out)
     events = sum(r["events"] for r in records)
@@ -264,24 +227,29 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
           f"{cpu:.1f} CPU-s ({events / cpu if cpu > 0 else math.nan:.0f} events per CPU-second) → {path}", file=sys.stderr)
     return {"runs": len(jobs), "wall_s": wall, "pieces": pieces, "cpu_s": cpu, "events": events,
             "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "commit": commit, "code": code,
-            "scenarios": args.scenarios, "trials": trials, "minutes": args.minutes,
+            "commits": sorted({str(r.get("commit")) for r in records}), "scenarios": args.scenarios, "trials": trials, "minutes": args.minutes,
             "protocol": PROTOCOL.met_by(exp, args.scenarios, trials, args.minutes)}
 
 
 def _write_benchmark(args: argparse.Namespace, out: Path, commit: str, code: str, per_exp: dict[str, dict],
-                     wall: float) -> None:  # fmt: skip
-    """benchmark.json: totals and, per experiment, wall and CPU time, runs and commit (the ≤ 90-min check)."""
+                     invocation_wall: float) -> None:  # fmt: skip
+    """benchmark.json: totals and, per experiment, wall and CPU time, runs and commit (the ≤ 90-min check).
+
+    Totals are over every experiment of this build in the directory, each timed over the pieces it ran
+    in; ``invocation_wall_s`` is this command's own wall time.
+    """
     events = sum(t.get("events", 0) for t in per_exp.values())
-    cpu = sum(t["cpu_s"] for t in per_exp.values())
+    cpu = sum(t.get("cpu_s", 0.0) for t in per_exp.values())
+    wall = sum(t.get("wall_s", 0.0) for t in per_exp.values())
     bench = {
-        "commit": commit, "code": code, "experiments": list(per_exp), "jobs": sum(t["runs"] for t in per_exp.values()),
-        "workers": args.workers, "wall_s": wall, "events": events,
+        "commit": commit, "code": code, "experiments": list(per_exp), "jobs": sum(t.get("runs", 0) for t in per_exp.values()),
+        "workers": args.workers, "wall_s": wall, "invocation_wall_s": invocation_wall, "events": events,
         "events_per_s_wall": events / wall if wall > 0 else math.nan, "cpu_s": cpu,
         "events_per_cpu_s": events / cpu if cpu > 0 else math.nan, "load_average": list(os.getloadavg()),
         "scenarios": args.scenarios, "minutes": args.minutes, "root_replicas": args.root_replicas,
         "per_experiment": per_exp,
     }
-    (out / "benchmark.json").write_text(json.dumps(bench, indent=1, allow_nan=True))
+    (out / outdir.BENCHMARK).write_text(json.dumps(bench, indent=1, allow_nan=True))
 
 
 def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str], out: Path) -> int:
@@ -322,8 +290,9 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit:
     records = priors.run_experiment(args.scenarios, trials, args.minutes * 60.0, args.seed, pols, kinds)
     for r in records:
         r["commit"], r["code"] = commit, code
-    path = out / "results.json"
-    path.write_text(json.dumps(normalise(_keep_results(path, code, "priors") + records), indent=1, allow_nan=True))
+    path = out / outdir.RESULTS
+    path.write_text(json.dumps(normalise(outdir.results_of(out, code, drop_experiment="priors") + records), indent=1,
+                               allow_nan=True))  # fmt: skip
     table = priors.markdown(records)
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
@@ -347,6 +316,10 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"dlb sim report: {e}", file=sys.stderr)
         return 2
+    records, dropped = outdir.dedupe(records)
+    if dropped:
+        print(f"dlb sim report: {dropped} record(s) of runs already read were dropped (a file given twice, or "
+              "files that overlap)", file=sys.stderr)  # fmt: skip
     try:
         check_one_build(records)
     except ValueError as e:
