@@ -36,7 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load"} | FOUNDATION,
     "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed", "load"} | FOUNDATION,
 }
-#: Command modules (``dlb/cli.py`` and each package's ``cli.py``) sit on top and may import anything.
+#: Command modules (``dlb/cli.py``, ``dlb/__main__.py`` and each package's ``cli.py``) sit on top and
+#: may import anything.
 COMMANDS = "cli"
 #: Finer rules inside the data plane: the transport knows gRPC framing, not DLB.
 MODULE_RULES: dict[str, set[str]] = {"dlb.ext_proc.transport": {"dlb.log", "dlb.errors"}}
@@ -77,7 +78,7 @@ def violations(root: Path = ROOT) -> list[str]:
             continue
         mod = _module_name(path, root)
         src = _package_of(mod)
-        is_command = mod == "dlb.cli" or mod.endswith(f".{COMMANDS}") or mod == "dlb"
+        is_command = mod in ("dlb.cli", "dlb.__main__", "dlb") or mod.endswith(f".{COMMANDS}")
         for line, target in _imports(path):
             dst = _package_of(target)
             where = f"{path.relative_to(root.parent)}:{line}: {mod} -> {target}"
@@ -104,7 +105,7 @@ def test_every_import_points_down_the_layers() -> None:
 def test_every_package_has_a_row() -> None:
     """A new package must say where it sits before anything may import it."""
     packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    modules = {p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", COMMANDS)}
+    modules = {p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__", COMMANDS)}
     assert packages | modules <= set(ALLOWED)
 
 
