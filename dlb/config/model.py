@@ -183,7 +183,7 @@ class AversionParams:
 
     enabled: bool = True
     margin: float = 0.02
-    gain: float = 2.0
+    gain: float = 0.5  # a_j settles at the excess error rate (dlb/core/aversion.py: 2.0 herded the fleet)
     decay: float = 0.5
     max: float = 0.9
     period_ms: float = 1000.0

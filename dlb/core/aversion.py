@@ -5,6 +5,17 @@ every period, cells worse than the best by more than ``margin`` have ``a_j`` rai
 their gap; the others decay geometrically toward 0, which is the recovery path. A request skips cell
 j with probability ``a_j``. ``a_max < 1`` keeps a trickle of traffic on a bad cell so its recovery is
 observed (a cell that receives nothing reports no new errors and no successes either).
+
+The gain sets what kind of controller this is. With decay d per period, a steady gap settles the
+aversion at ``gain · gap / (1 − d)``: with the default gain 0.5 and d = 0.5, **a_j = the cell's excess
+error rate** — a cell failing 30 % more than the best loses 30 % of its traffic. The earlier gain 2.0
+made it 4 × the gap, so any gap above 0.23 hit the cap in one period: bang-bang. When several cells
+fail because they are *overloaded* (not broken), bang-bang aversion herds the fleet: most cells at the
+cap, every root's traffic lands on the one or two cells not averted, those overflow and become averted
+in turn. In the simulator (scenario 3006, 80 % load, Flow-Grad) that cycle, once a random overflow
+started it, held for the rest of the run: 30,000 failed requests and 1.26 × Rand's latency in 2 of 3
+trials; with gain 0.5, 189 and 992 failures and 0.81–0.85 × Rand (docs/sim/issue-11/README.md). A
+broken cell (error rate ~1) still reaches the cap in ~3 periods.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ import numpy as np
 class AversionConfig:
     enabled: bool = True
     margin: float = 0.02
-    gain: float = 2.0
+    gain: float = 0.5
     decay: float = 0.5
     max_rate: float = 0.9
     period_s: float = 1.0
