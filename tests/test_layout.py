@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "dlb"
 
-FOUNDATION = {"errors", "gc_heap", "log", "metric_catalogue", "procutil", "proto", "provenance"}
+FOUNDATION = {"errors", "gc_heap", "log", "metric_catalogue", "procutil", "proto", "provenance", "resumable"}
 #: package → the packages it may import (besides itself). Foundations import nothing but each other.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
@@ -23,8 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "procutil": set(),
     "gc_heap": set(),
     "provenance": set(),
+    "resumable": set(),
     "proto": set(),
-    "core": {"errors"},
+    "core": {"errors", "resumable"},
     "xds": {"log", "errors"},
     "config": {"core", "xds", "proto", "log", "errors"},
     "envoy": {"config", "core"} | FOUNDATION,

@@ -49,6 +49,7 @@ from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
+from dlb.resumable import ignore_sigint, json_lines
 
 #: The policies the check runs (names from dlb.core.router.POLICY_NAMES), and the equilibrium each should reach.
 POLICIES: dict[str, Objective] = {
@@ -400,13 +401,6 @@ def _solve_one(job: tuple[FluidNetwork, list[str]]) -> dict[Objective, Equilibri
     return equilibria(*job)
 
 
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which stops the pool and says where the records are."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _job_cost(job: tuple[FluidNetwork, SimConfig, list[str], float, dict[Objective, Equilibrium]]) -> float:
     """Relative CPU cost of a job, to start the dearest first: the flow step and the probe bookkeeping
     are per router and per cell, so ~ n² · R (docs/theory.md, "Runtime")."""
@@ -434,7 +428,7 @@ def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], 
     have = {(rec.topology, rec.replicas, rec.noise, rec.policy) for rec in done}
     order = {(net.name, r, e, p): k for k, (net, r, e, p) in enumerate(work)}
     work = [w for w in work if (w[0].name, w[1], w[2], w[3]) not in have]
-    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_ignore_sigint) if jobs > 1 and len(work) > 1 else None
+    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=ignore_sigint) if jobs > 1 and len(work) > 1 else None
     try:
         need = [net for net in nets if any(w[0] is net for w in work)]  # a resumed run may have all of one
         if pool is not None:
@@ -550,24 +544,19 @@ def _resumed(partial: str, settings: dict[str, Any]) -> list[Record]:
     (other settings, a line cut by the interruption) are skipped and counted on stderr."""
     kept: dict[tuple[str, int, float, str], Record] = {}
     skipped = 0
+    fields = set(Record.__dataclass_fields__)
     try:
-        with open(partial, "rb") as fh:
-            lines = fh.read().decode("utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        return []
+        for line, d in json_lines(partial):
+            try:
+                rec = Record(**{k: v for k, v in d.items() if k in fields}) if d.get("settings") == settings else None
+            except (TypeError, AttributeError):
+                rec = None
+            if rec is not None:
+                kept[(rec.topology, rec.replicas, rec.noise, rec.policy)] = rec
+            elif line.strip():
+                skipped += 1
     except OSError as e:
         raise SystemExit(f"--resume: cannot read {partial}: {e}") from None
-    fields = set(Record.__dataclass_fields__)
-    for line in lines:
-        try:
-            d = json.loads(line)
-            rec = Record(**{k: v for k, v in d.items() if k in fields}) if d.get("settings") == settings else None
-        except (json.JSONDecodeError, TypeError, AttributeError):
-            rec = None
-        if rec is not None:
-            kept[(rec.topology, rec.replicas, rec.noise, rec.policy)] = rec
-        elif line.strip():
-            skipped += 1
     print(f"--resume: {len(kept)} record(s) kept from {partial}" + (f", {skipped} line(s) not" if skipped else ""),
           file=sys.stderr)
     return list(kept.values())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dlb.provenance import code_tree, git_commit
+from dlb.resumable import ignore_sigint
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.policies import BASELINES, POLICIES
 from dlb.sim.scenario import generate
@@ -237,7 +237,7 @@ def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True,
     else:
         # fork: workers inherit the imported modules (fast start); the jobs share nothing mutable.
         ctx = get_context("fork" if sys.platform.startswith("linux") else "spawn")
-        with ctx.Pool(workers, maxtasksperchild=50, initializer=_ignore_sigint) as pool:
+        with ctx.Pool(workers, maxtasksperchild=50, initializer=ignore_sigint) as pool:
             for k, rec in pool.imap_unordered(_indexed, [(k, jobs[k]) for k in order], chunksize=1):
                 out[k] = rec
                 if on_record:
@@ -245,12 +245,6 @@ def run_jobs(jobs: list[Job], workers: int = 1, progress: bool = True,
                 if bar:
                     bar.step(f"{jobs[k].experiment}/{jobs[k].variant.label}/{jobs[k].policy}")
     return normalise([r for r in out if r is not None])
-
-
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which stops the pool and says how to resume (a worker's
-    own KeyboardInterrupt would print one traceback per worker)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _indexed(item: tuple[int, Job]) -> tuple[int, dict]:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dlb.resumable import json_lines
 from dlb.sim.experiments import Job, record_key
 
 RESULTS = "results.json"
@@ -108,25 +109,21 @@ def read_partial(out: Path, experiment: str, jobs: list[Job], code: str) -> list
     """Records an interrupted run streamed for ``jobs`` (same code and settings); a line cut by the kill,
     or any line that is not such a record, is skipped."""
     path = partial_path(out, experiment)
-    try:
-        lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise OutDirError(f"{path}: cannot read it: {e}") from e
     wanted = {j.key() for j in jobs}
     kept: dict[tuple, dict] = {}
     skipped = 0
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            key = record_key(rec) if isinstance(rec, dict) and rec.get("code") == code else None
-        except (json.JSONDecodeError, KeyError, TypeError):
-            key = None
-        if key is not None and key in wanted:
-            kept[key] = rec
-        elif line.strip():
-            skipped += 1
+    try:
+        for line, rec in json_lines(path):
+            try:
+                key = record_key(rec) if isinstance(rec, dict) and rec.get("code") == code else None
+            except (KeyError, TypeError):
+                key = None
+            if key is not None and key in wanted:
+                kept[key] = rec
+            elif line.strip():
+                skipped += 1
+    except OSError as e:
+        raise OutDirError(f"{path}: cannot read it: {e}") from e
     if skipped:
         print(f"{path}: {skipped} line(s) not kept (other code or settings, or cut by the interruption)", file=sys.stderr)
     return list(kept.values())
