@@ -203,3 +203,19 @@ def test_scrape_tells_a_slow_server_from_an_unreachable_one():
         assert await scrape_vllm(f"127.0.0.1:{free_port()}", 0.5) == (None, None, None)
 
     asyncio.run(scenario())
+
+
+def test_a_recovered_server_counts_again_only_after_the_envoy_health_check_could_have_seen_it():
+    """Whole-cell fault in `dlb bench faults`: the agent's first good scrape made the cell usable while the
+    leaf Envoy still held every server unhealthy, and a request got `503 no_healthy_upstream`."""
+    st = make(2, scrape_fail_threshold=2, rejoin_hold_s=0.75)
+    for i in (0, 1):
+        st.on_scrape(i, None, None, now=10.0)
+        st.on_scrape(i, None, None, now=10.2)
+    assert st.healthy_replicas(10.2) == 0
+    st.on_scrape(0, 0.0, 0.0, now=20.0)
+    st.on_scrape(1, 0.0, 0.0, now=20.0)
+    assert st.healthy(20.5) == 0  # back, but not yet in Envoy's rotation
+    assert st.healthy(20.75) == 2
+    st.on_scrape(0, 1.0, 0.0, now=21.0)  # a good scrape of a healthy server starts no hold
+    assert st.healthy(21.0) == 2

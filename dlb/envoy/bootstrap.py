@@ -156,6 +156,12 @@ def _picked_cluster() -> dict[str, Any]:
 SAFE_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
 #: Active health check of every server: vLLM's and the emulator's ``GET /health`` (200 when serving).
 HEALTH_PATH = "/health"
+#: The leaf Envoy checks each server's ``/health`` this often (plus up to the jitter). A recovered server
+#: is back in Envoy's rotation only at its next check, so the leaf agent waits as long before it counts
+#: the server healthy again (``LeafState.rejoin_hold_s``): a cell reported usable before that gets its
+#: requests answered ``503 no_healthy_upstream`` (seen in ``dlb bench faults``, whole-cell fault).
+SERVER_CHECK_INTERVAL_S = 0.5
+SERVER_CHECK_JITTER_S = 0.05
 
 
 def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
@@ -174,9 +180,10 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
 
     Retries (:data:`SAFE_RETRY_ON`) are a route setting, with their budget here.
     """
+    iv = f"{SERVER_CHECK_INTERVAL_S:g}s"
     cluster["health_checks"] = [{
-        "timeout": "1s", "interval": "0.5s", "no_traffic_interval": "0.5s", "unhealthy_threshold": 2, "healthy_threshold": 1,
-        "interval_jitter": "0.05s", "http_health_check": {"path": HEALTH_PATH},
+        "timeout": "1s", "interval": iv, "no_traffic_interval": iv, "unhealthy_threshold": 2, "healthy_threshold": 1,
+        "interval_jitter": f"{SERVER_CHECK_JITTER_S:g}s", "http_health_check": {"path": HEALTH_PATH},
     }]
     cluster["outlier_detection"] = {
         "split_external_local_origin_errors": True,

@@ -54,6 +54,7 @@ from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
 from dlb.core.server_pick import PrequalConfig
 from dlb.envoy import headers
+from dlb.envoy.bootstrap import SERVER_CHECK_INTERVAL_S, SERVER_CHECK_JITTER_S
 from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
@@ -66,6 +67,9 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 log = get_logger("dlb.leaf")
 
 REQUEST_ID = "x-request-id"
+#: How long a recovered server waits before the probes count it (``LeafState.rejoin_hold_s``): the leaf
+#: Envoy's health-check period and jitter, plus 0.2 s for the check's own round trip and this loop's lateness.
+REJOIN_HOLD_S = SERVER_CHECK_INTERVAL_S + SERVER_CHECK_JITTER_S + 0.2
 #: ``x-request-id`` prefix of the leaf's own background probe requests.
 BACKGROUND_PROBE_ID = "dlb-background-probe-"
 CONTENT_LENGTH = "content-length"
@@ -295,7 +299,7 @@ class LeafAgent:
                 elif isinstance(r, BaseException):
                     raise r
                 else:
-                    self.state.on_scrape(i, *r)
+                    self.state.on_scrape(i, *r, now=self.clock())
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
 
     async def background_loop(self, address: str, config: BackgroundProbeConfig, body: bytes, tick_s: float = 0.25) -> None:
@@ -537,7 +541,7 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
             dp_groups.append((dp_balancer(s.dp), [r.address for r in ranks]))
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
-                     rng=np.random.default_rng(seed), pick_rule=pick_rule,
+                     rng=np.random.default_rng(seed), pick_rule=pick_rule, rejoin_hold_s=REJOIN_HOLD_S,
                      prequal=PrequalConfig(probes_per_pick=choices, pool_size=max(16, choices)))
 
 

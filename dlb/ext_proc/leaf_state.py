@@ -103,6 +103,10 @@ class LeafState:
     eject_after: int = 3
     eject_s: float = 2.0
     scrape_fail_threshold: int = 2
+    #: A server whose scrapes failed (counted unhealthy) counts healthy again only this long after its
+    #: first good scrape: until the leaf Envoy's own health check has seen it too. Without the wait a
+    #: cell whose servers all came back was reported usable ~0.1–0.5 s before Envoy would route to them.
+    rejoin_hold_s: float = 0.0
     error_tau_s: float = 5.0
     estimator_config: EstimatorConfig = field(default_factory=EstimatorConfig)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
@@ -379,7 +383,10 @@ class LeafState:
         s.waiting = -1.0
         s.kv_usage = -1.0
 
-    def on_scrape(self, i: int, running: float | None, waiting: float | None, kv_usage: float | None = None) -> None:
+    def on_scrape(self, i: int, running: float | None, waiting: float | None, kv_usage: float | None = None,
+                  now: float | None = None) -> None:
+        """A scrape's result (``running`` and ``waiting`` both ``None``: it failed). ``now`` starts the
+        rejoin hold of a server that was unhealthy; without it (tests of the load figures) there is none."""
         s = self.servers[i]
         if running is None and waiting is None:
             s.scrape_failures += 1
@@ -388,6 +395,8 @@ class LeafState:
                 s.waiting = -1.0
                 s.kv_usage = -1.0
             return
+        if s.scrape_failures >= self.scrape_fail_threshold and now is not None:
+            s.ejected_until = max(s.ejected_until, now + self.rejoin_hold_s)
         s.scrape_failures = 0
         s.scraped = (running or 0.0) + (waiting or 0.0)
         s.waiting = waiting if waiting is not None else -1.0
