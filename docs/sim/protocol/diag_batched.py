@@ -8,17 +8,17 @@ from dlb.sim.scenario import generate
 from dlb.sim.engine import simulate, SimConfig
 S=5000; T=0
 sc = generate(S, duration_s=600.0, utilization=0.8, server_model="batched")
-cap = sc.capacity(); dem = sc.demand
+cap = sc.capacity()
 print("cells", sc.n, "servers", sc.servers)
 print("capacity r/s", np.round(cap,2), "sum", round(cap.sum(),2))
 print("prior b (1/b r/s)", [round(1/sc.prior(k).b,2) for k in sc.servers])
-for pol in ("Rand","Disc-Lat","Flow-Grad","Flow-RIF"):
-    r = simulate(sc, pol, T, SimConfig())
+runs = {pol: simulate(sc, pol, T, SimConfig()) for pol in ("Rand", "Disc-Lat", "Flow-Grad", "Flow-RIF")}
+for pol, r in runs.items():
     routed = np.bincount(r.routed[r.routed>=0], minlength=sc.n)/600
     print(f"{pol:9s} mean {r.latency.mean():6.2f}  routed/cap {np.round(routed/cap,2)}  meanRIF {np.round(r.mean_rif,1)}")
 print("share of cell 1 (13 servers, 33 % of capacity) per 20-s window, minutes 2-6:")
 for pol in ("Disc-Lat","Flow-Grad"):
-    r = simulate(sc, pol, T, SimConfig())
+    r = runs[pol]
     b = (r.arrival_t // 20).astype(int); ok = r.routed >= 0
     sh = [float(np.mean(r.routed[(b == w) & ok] == 1)) for w in range(6, 18)]
     print(f"{pol:9s}", np.round(sh, 2))

@@ -9,6 +9,7 @@ S=5002; T=0
 for eps in (0.0, 0.1):
     sc = generate(S, duration_s=600.0, utilization=0.8, noise_eps=eps)
     n = sc.n
+    # the per-cell factors the engine draws (dlb/sim/engine.py, simulate(): stream [seed, trial, 3])
     noise = 1.0 + eps*np.random.default_rng([sc.seed, T, 3]).uniform(-1,1,n)
     for pol in ("Flow-Grad","Disc-Grad"):
         r = simulate(sc, pol, T, SimConfig())

@@ -1,5 +1,5 @@
 """Compare a re-run of the noise experiment with the committed protocol records (see README.md)."""
-import json, sys
+import json
 a = [r for r in json.load(open('docs/sim/protocol/results.json')) if r['experiment'] == 'noise']
 b = json.load(open('docs/sim/protocol/noise-one-run/results.json'))
 b = [r for r in b if r['experiment'] == 'noise']
