@@ -200,7 +200,7 @@ def _cpu(q: str) -> float:
 
 def cpu_costs() -> dict[tuple[str, str], float]:
     """CPU-ms per request of each DLB container, from the committed overhead benchmark."""
-    rows = json.loads((REPO / "docs" / "bench" / "overhead.json").read_text())
+    rows = json.loads((REPO / "research" / "bench" / "overhead.json").read_text())
     closed = {r["config"]: r for r in rows if r["mode"] == "closed"}
     return {key: float(closed[cfg]["cpu_ms_per_req"][comp]) for key, (cfg, comp) in COST_SOURCE.items()}
 
