@@ -13,7 +13,8 @@ Rules, precisely:
 - **Issue reference**: ``issue`` or ``issues`` (any case) followed by an optional ``#`` or ``-`` and a
   number: ``issue 14``, ``Issue #9``, ``issue-11``.
 - **Budget**: all of docs/**/*.md and README.md together at most 25,000 words (``wc -w`` counting).
-- **Links**: every relative Markdown link in those files names a file or folder that exists.
+- **Links**: every relative Markdown link in those files names a file or folder that exists, and its
+  ``#anchor``, if any, is a heading of that file.
 """
 
 from __future__ import annotations
@@ -55,14 +56,21 @@ def word_count(paths: list[Path]) -> int:
     return sum(len(p.read_text(encoding="utf-8").split()) for p in paths)
 
 
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file: lower case, punctuation dropped, spaces to ``-``."""
+    text = re.sub(r"(?ms)^```.*?^```", "", path.read_text(encoding="utf-8"))  # no headings in code blocks
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"(?m)^#{1,6} (.*)$", text)}
+
+
 def broken_links(path: Path) -> list[str]:
-    """Relative links of a Markdown file whose target (anchor dropped) does not exist."""
+    """Relative links of a Markdown file whose file does not exist, or whose anchor is no heading there."""
     bad = []
     for target in LINK.findall(path.read_text(encoding="utf-8")):
-        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-            continue  # URLs, mailto:, anchors inside the same file
-        file_part = target.split("#", 1)[0]
-        if not (path.parent / file_part).exists():
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue  # URLs, mailto:
+        file_part, _, anchor = target.partition("#")
+        dest = path.parent / file_part if file_part else path
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
             bad.append(target)
     return bad
 
@@ -149,11 +157,13 @@ def test_planted_issue_references_are_found() -> None:
 
 def test_planted_doc_over_budget_and_broken_link_fail(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("see [running](docs/running.md) and [gone](docs/gone.md#x)\n")
-    (tmp_path / "docs" / "running.md").write_text("word " * (WORD_BUDGET + 1 - 4))
+    (tmp_path / "README.md").write_text("see [running](docs/running.md#run-it) and [gone](docs/gone.md#x)\n")
+    (tmp_path / "docs" / "running.md").write_text("## Run it\n" + "word " * (WORD_BUDGET + 1 - 4 - 3))
     docs = user_docs(tmp_path)
     assert word_count(docs) == WORD_BUDGET + 1 > WORD_BUDGET
     assert broken_links(tmp_path / "README.md") == ["docs/gone.md#x"]
+    (tmp_path / "README.md").write_text("[moved](docs/running.md#walk-it) [self](#nowhere)\n")
+    assert broken_links(tmp_path / "README.md") == ["docs/running.md#walk-it", "#nowhere"]
 
 
 def test_planted_help_text_is_found() -> None:
