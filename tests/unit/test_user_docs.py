@@ -141,8 +141,9 @@ def test_pending_help_is_listed(all_help: list[tuple[str, str]]) -> None:
 
 
 def test_planted_commit_ids_are_found_and_lookalikes_are_not() -> None:
-    planted = "Measured at ab48804 on the box; code 5f11a9d4363cb12beb955f6787827170e48b8fb8 (commit `d6cb3be`)."
-    assert commit_ids(planted) == ["ab48804", "5f11a9d4363cb12beb955f6787827170e48b8fb8", "d6cb3be"]
+    planted = ("Measured at ab48804 on the box; code 5f11a9d4363cb12beb955f6787827170e48b8fb8 (commit `d6cb3be`). "
+               "Fixed in 0a61bcf.")
+    assert commit_ids(planted) == ["ab48804", "5f11a9d4363cb12beb955f6787827170e48b8fb8", "d6cb3be", "0a61bcf"]
     lookalikes = ("1234567 requests; the word defaced; colour #a1b2c3d; literal 0xdeadbeef1; "
                   "sha256 " + "ab12" * 16 + "; uuid 123e4567-e89b-12d3-a456-426614174000; "
                   "file run-ab48804.json and path sim/ab48804/x")
