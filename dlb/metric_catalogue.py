@@ -163,10 +163,12 @@ def for_service(service: str) -> dict[str, MetricDef]:
 
 
 def markdown_table() -> str:
-    """The catalogue as the table in docs/metrics.md."""
-    rows = ["| service | family | type | labels | meaning |", "| --- | --- | --- | --- | --- |"]
+    """The catalogue as the table in docs/metrics.md; each condition once, as a numbered note below it."""
+    rows = ["| service | family | type | labels | meaning | only with |", "| --- | --- | --- | --- | --- | --- |"]
+    notes: dict[str, int] = {}
     for m in CATALOGUE:
         labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
-        when = f" *Only with {m.when}.*" if m.when else ""
-        rows.append(f"| {m.service} | `{m.name}` | {m.type} | {labels} | {m.help}.{when} |")
+        when = f"[{notes.setdefault(m.when, len(notes) + 1)}]" if m.when else ""
+        rows.append(f"| {m.service} | `{m.name}` | {m.type} | {labels} | {m.help}. | {when} |")
+    rows += ["", "Exported only with:", ""] + [f"- [{n}] {when}." for when, n in notes.items()]
     return "\n".join(rows)

@@ -10,7 +10,7 @@ must be reported, so a rule that silently stopped checking fails here:
   with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
 - every workload is covered by a PodDisruptionBudget;
 - every Service selects a workload and its ``targetPort`` names one of that workload's ports;
-- CPU requests cover the declared design rate at the per-request costs of docs/bench/overhead.json;
+- CPU requests cover the declared design rate at the per-request costs of research/bench/overhead.json;
 - grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
 - the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
 - every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
@@ -44,7 +44,7 @@ BIN = Path(sys.executable).parent
 KUBE_VERSIONS = [f"1.{m}" for m in range(30, 38)]
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
 #: CPU-ms per request of each container, keyed (workload base name, container), from the overhead
-#: benchmark's closed-loop runs: (config in docs/bench/overhead.json, component).
+#: benchmark's closed-loop runs: (config in research/bench/overhead.json, component).
 COST_SOURCE = {("dlb-root", "envoy"): ("root", "root_envoy"), ("dlb-root", "root"): ("root", "root_ext_proc"),
                ("dlb-leaf", "envoy"): ("root+leaf", "leaf_envoy"), ("dlb-leaf", "agent"): ("root+leaf", "leaf_agent")}
 LOOPBACK = re.compile(r"(?<![\d.])127\.\d+\.\d+\.\d+|\blocalhost\b|\[?::1\]?(?=:\d)")
@@ -200,7 +200,7 @@ def _cpu(q: str) -> float:
 
 def cpu_costs() -> dict[tuple[str, str], float]:
     """CPU-ms per request of each DLB container, from the committed overhead benchmark."""
-    rows = json.loads((REPO / "docs" / "bench" / "overhead.json").read_text())
+    rows = json.loads((REPO / "research" / "bench" / "overhead.json").read_text())
     closed = {r["config"]: r for r in rows if r["mode"] == "closed"}
     return {key: float(closed[cfg]["cpu_ms_per_req"][comp]) for key, (cfg, comp) in COST_SOURCE.items()}
 

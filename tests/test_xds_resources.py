@@ -123,7 +123,7 @@ def test_invalid_dlb_resources_are_rejected() -> None:
 
 def test_a_root_with_only_native_flow_endpoints_has_no_ext_proc_filter(cfg) -> None:
     """Left in the chain and disabled per route, the ext_proc filter still ran its per-route lookup on
-    every request (measured in docs/bench/overhead-native.json); a root that never calls it has none."""
+    every request (measured in research/bench/overhead-native.json); a root that never calls it has none."""
     def http_filters(rs: er.ResourceSet) -> list[str]:
         hcm = hcm_pb2.HttpConnectionManager()
         rs.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)

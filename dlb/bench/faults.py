@@ -230,13 +230,6 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
 # -- faults ----------------------------------------------------------------------------------------
 
 
-def _restart_emulator(emu: Any) -> None:
-    port = emu.port
-    emu.stop()
-    emu._config = replace(emu._config, port=port)
-    emu.start()
-
-
 def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable[[], None]]:
     """(inject, restore) for ``fault`` on cell ``a`` of ``plane``."""
     emus = plane.emulators["a"]

@@ -19,7 +19,6 @@ state and the operator sees the reason in the control plane's status.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 from google.protobuf.message import Message
@@ -198,14 +197,3 @@ def weights_from_pb(msg: pb.FlowWeights, names: tuple[str, ...]) -> np.ndarray:
     if np.any(x < 0) or x.sum() <= 0:
         raise ResourceError(f"FlowWeights {msg.endpoint}/{msg.source_cell}: weights must be >= 0 with a positive sum")
     return x / x.sum()
-
-
-def aversion_from_pb(msgs: Mapping[str, pb.CellAversion], names: tuple[str, ...]) -> np.ndarray:
-    rates = np.zeros(len(names))
-    for i, n in enumerate(names):
-        m = msgs.get(n)
-        if m is not None:
-            if not 0.0 <= m.aversion_rate < 1.0:
-                raise ResourceError(f"CellAversion {n}: aversion_rate must be in [0, 1): {m.aversion_rate}")
-            rates[i] = m.aversion_rate
-    return rates

@@ -14,7 +14,7 @@ fail because they are *overloaded* (not broken), bang-bang aversion herds the fl
 cap, every root's traffic lands on the one or two cells not averted, those overflow and become averted
 in turn. In the simulator (scenario 3006, 80 % load, Flow-Grad) that cycle, once a random overflow
 started it, held for the rest of the run: 30,000 failed requests and 1.26 × Rand's latency in 2 of 3
-trials; with gain 0.5, 189 and 992 failures and 0.81–0.85 × Rand (docs/sim/issue-11/README.md). A
+trials; with gain 0.5, 189 and 992 failures and 0.81–0.85 × Rand (research/sim/issue-11/README.md). A
 broken cell (error rate ~1) still reaches the cap in ~3 periods.
 """
 

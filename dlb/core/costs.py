@@ -36,12 +36,6 @@ class ModelTable:
         m = np.array([p.as_array() for p in params], dtype=float).reshape(-1, 4)
         return cls(m[:, 0].copy(), m[:, 1].copy(), m[:, 2].copy(), m[:, 3].copy())
 
-    def with_row(self, j: int, p: LatencyParams) -> ModelTable:
-        """A copy with cell j's parameters replaced (model updates arrive one cell at a time)."""
-        a, b, c, s = self.a.copy(), self.b.copy(), self.c.copy(), self.s.copy()
-        a[j], b[j], c[j], s[j] = p.a, p.b, p.c, p.s
-        return ModelTable(a, b, c, s)
-
     def row(self, j: int) -> LatencyParams:
         return LatencyParams(float(self.a[j]), float(self.b[j]), float(self.c[j]), float(self.s[j]))
 

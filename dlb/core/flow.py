@@ -3,7 +3,7 @@
 Every Δ seconds a root in cell i moves its routing vector against the observed costs,
 ``x_i ← Proj_{Δ_i}(x_i − η_i·Δ·c_i)``, and samples each request's cell from ``x_i``.
 
-Step-size rule (derivation in docs/theory.md, "Flow step size"): ``η = κ / (τ̄_i · Λ̂ · ĝ_i)``, where
+Step-size rule (docs/theory.md, "Flow step size"; derivation in research/theory.md): ``η = κ / (τ̄_i · Λ̂ · ĝ_i)``, where
 
 - ``τ̄_i`` is the *pure* feedback delay the root acts under: the mean round trip ``2τ_ij`` over its
   allowed arcs plus the step/probe period (floored at ``min_delay_s``).
@@ -19,7 +19,7 @@ Step-size rule (derivation in docs/theory.md, "Flow step size"): ``η = κ / (τ
   is overloaded — their ``g(N_sat)`` would otherwise shrink the step that empties them.
   With ``per_cell_scale`` (the default) each arc uses its own cell's ``g_j`` instead (overloaded
   cells the mean), and the step is projected in the matching metric: every cell's loop gain is then
-  within the bound, not only the mean cell's (docs/theory.md, "Per-cell scale").
+  within the bound, not only the mean cell's (research/theory.md, "Per-cell scale").
 
 Why: linearised, cell j's steady inflow moves by ``Σ_i λ_i δx_ij`` and its cost by ``g_j`` times that,
 so the loop gain acting on cell j is ``Σ_i λ_i η_i g_j``. The old rule divided by each root's own
@@ -67,7 +67,7 @@ class FlowConfig:
     #: Floor of Λ̂ as a fraction of the usable cells' capacity Σ 1/b_j (an idle fleet's rate is ~0).
     min_rate_fraction: float = 0.05
     #: Scale each arc's step by its own cell's g_j (and project in the matching metric) rather than
-    #: by the mean ĝ over the arcs in use; see docs/theory.md, "Per-cell scale".
+    #: by the mean ĝ over the arcs in use; see research/theory.md, "Per-cell scale".
     per_cell_scale: bool = True
 
     def __post_init__(self) -> None:

@@ -40,10 +40,6 @@ class LatencyParams:
     def as_array(self) -> np.ndarray:
         return np.array([self.a, self.b, self.c, self.s])
 
-    @classmethod
-    def from_array(cls, v: np.ndarray) -> LatencyParams:
-        return cls(float(v[0]), float(v[1]), float(v[2]), float(v[3]))
-
     @property
     def capacity(self) -> float:
         """sup μ = 1/b (requests per second)."""

@@ -321,7 +321,7 @@ class RootRouter:
         An overloaded cell (N past saturation) has no equilibrium to stabilise, and its g(N_sat)
         (∝ (1 − ρ)⁻³ for the gradient cost) would shrink the very step that empties it: it takes the
         mean g of the calm cells in use instead. With ``per_cell_scale`` off: one number, the mean over
-        the calm cells in use (the rule before per-cell scaling; docs/theory.md).
+        the calm cells in use (the rule before per-cell scaling; research/theory.md).
         """
         m = self.models
         cfg = self.policy.flow

@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--results", action="append", default=None,
                    help="results file (repeatable: files are merged; default sim-results/results.json)")
     r.add_argument("--save-merged", default=None, help="write the merged, re-normalised records to this JSON file")
-    r.add_argument("--output", default="docs/paper-reproduction.md", help="report path (default docs/paper-reproduction.md)")
+    r.add_argument("--output", default="research/paper-reproduction.md", help="report path (default research/paper-reproduction.md)")
     r.add_argument("--plots-dir", default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
     r.add_argument("--analysis", default=None, help="Markdown file with the investigation of failed claims, included verbatim")
     r.set_defaults(func=run_report)

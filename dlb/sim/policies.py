@@ -69,11 +69,6 @@ POLICIES: tuple[str, ...] = tuple(REGISTRY)
 BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle")
 
 
-def policy_config(name: str) -> PolicyConfig:
-    """PolicyConfig of a DLB policy name such as ``Flow-Grad`` (core defaults otherwise)."""
-    return PolicyConfig.from_name(name)
-
-
 def uses_latency_model(name: str) -> bool:
     return REGISTRY[name].needs_model
 

@@ -6,6 +6,7 @@ typed in by hand; the reproduction report says which results it was generated fr
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Callable
@@ -22,10 +23,12 @@ Agg = dict[tuple[str, str, str], dict[str, float]]
 
 
 def load(path: str | Path) -> list[dict]:
+    """Records of a results file, plain or gzip'd (``.json.gz``: how research/ keeps large runs)."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = p.read_bytes()
+        data = json.loads(gzip.decompress(raw) if p.suffix == ".gz" else raw)
+    except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read results file {p}: {e}") from None
     if not isinstance(data, list) or any("policy" not in r or "experiment" not in r for r in data):
         raise ValueError(f"{p}: expected a list of records with 'experiment' and 'policy' fields")
@@ -277,7 +280,7 @@ def claim_noise(records: list[dict], agg: Agg) -> list[Verdict]:
 
 def claim_server_model(records: list[dict], agg: Agg) -> list[Verdict]:
     """Issue 12: does the server model explain DLB's ~10 % gain where the paper has ~20 %?
-    (rule written in docs/sim/server-model/README.md before the run)."""
+    (rule written in research/sim/server-model/README.md before the run)."""
     c = "Server model explains the ~10 % vs ~20 % gap (issue 12)"
     rule = ("best DLB gain (1 − norm mean) under `batched` in 15–25 % and under `pipeline` below 15 %; "
             "a gap smaller than SD/√n of the gain is 'no measurable difference'")
@@ -366,7 +369,7 @@ def protocol_met(records: list[dict], experiment: str) -> bool:
 
 
 def reproduction_report(records: list[dict], source: str, plots_rel: str | None, analysis: str | None = None) -> str:
-    """The generated docs/paper-reproduction.md."""
+    """The generated research/paper-reproduction.md."""
     vs = verdicts(records)
     runs: dict[str, set] = {}
     for r in records:

@@ -21,7 +21,6 @@ stated fraction of it rather than a guess. Every address is a free port on 127.0
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,8 +148,3 @@ def demo_config(fleet: Fleet, server_addrs: dict[str, list[str]]) -> dict[str, A
             "root": {"ext_proc": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"},
         },
     }
-
-
-def check_capacity(total_rps: float) -> None:
-    if not math.isfinite(total_rps) or total_rps <= 0:
-        raise ValueError(f"fleet capacity must be a positive number, got {total_rps}")

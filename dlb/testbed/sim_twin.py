@@ -2,7 +2,7 @@
 
 Maps the demo fleet (:data:`dlb.testbed.fleet.DEFAULT_FLEET`) and workload onto a simulator
 :class:`dlb.sim.scenario.Scenario` as closely as the simulator's model allows, runs every policy
-the real comparison ran, and prints the simulator's numbers next to ``docs/bench/compare.json``.
+the real comparison ran, and prints the simulator's numbers next to ``research/bench/compare.json``.
 
 Mapping (each line is a difference docs/real-vs-sim.md explains):
 - cells, servers, one-way latencies: the same (regions table);
@@ -69,7 +69,7 @@ def twin(fleet: Fleet = DEFAULT_FLEET, load: float = 0.75, duration_s: float = 4
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlb.testbed.sim_twin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--real", default="docs/bench/compare.json", help="the real comparison (dlb demo --compare --json)")
+    p.add_argument("--real", default="research/bench/compare.json", help="the real comparison (dlb demo --compare --json)")
     p.add_argument("--duration", type=float, default=40.0)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--json", default=None)

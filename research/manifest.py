@@ -1,0 +1,130 @@
+"""Write research/manifest.json: every run artefact under research/ with its command, commit and sha256.
+
+Why: the artefacts are records, not sources; the manifest says how to make each one again and lets a test
+(tests/unit/test_research_manifest.py) catch a file changed or added without its entry.
+
+Usage (from the repository root): ``python research/manifest.py`` rewrites the manifest;
+``python research/manifest.py --check`` exits 1 when it is out of date.
+
+The commit is the one the artefact records (its ``commit`` field, first record's, or ``a_commit``/``b_commit``);
+artefacts that record none (plots, early files) get the commit that added them to git.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+OUT = ROOT / "manifest.json"
+ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
+
+#: (glob under research/, command that regenerates it), first match wins. DIR is the artefact's folder.
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
+    ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
+    ("bench/faults*", "dlb bench faults --json FILE"),
+    ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
+    ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
+    ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),
+    ("bfio/dataplane*.json", "dlb bfio dataplane ARGS --json FILE (ARGS: the file's args field)"),
+    ("bfio/placement.json", "dlb bfio placement --json FILE"),
+    ("bfio/study.json*", "dlb bfio study --milp --json FILE --plots research/img"),
+    ("img/bfio_*.png", "dlb bfio study --milp --json research/bfio/study.json --plots research/img"),
+    ("sim/issue-11/theory-scale*", "dlb theory --json FILE (sizes and policies: research/sim/issue-11/README.md)"),
+    ("sim/speed-s3-12/*.json", "python research/sim/speed-s3-12/ab.py TREE_A TREE_B MINUTES REPEAT FILE"),
+    ("sim/speed-f2d3554/*.json", "PYTHONPATH=TREE python research/sim/speed-f2d3554/bench.py time MINUTES FILE"),
+    ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),
+    ("sim/priors*/*", "dlb sim --experiment priors --scenarios 5 --trials 2 --minutes 3 --out DIR"),
+    ("sim/plots/*.png", "dlb sim report --results research/sim/protocol/results.json.gz --plots-dir research/sim/plots"),
+    ("sim/issue-11/plots-*/*.png", "dlb sim report --results DIR/results.json.gz --plots-dir FILE's folder"),
+    ("sim/*/*.png", "dlb sim --experiment EXPERIMENT --out DIR (plots written next to results.json)"),
+    ("sim/*", "dlb sim --experiment EXPERIMENT --seed 5 --out DIR (settings: DIR's benchmark.json)"),
+)
+
+
+def artefacts() -> list[Path]:
+    """Every artefact file under research/ (the manifest itself excluded), sorted."""
+    return sorted(p for p in ROOT.rglob("*") if p.is_file() and p != OUT and p.name.endswith(ARTEFACT_SUFFIXES))
+
+
+def command_for(rel: str) -> str:
+    for pattern, cmd in COMMANDS:
+        if fnmatch.fnmatch(rel, pattern):
+            return cmd
+    raise ValueError(f"no regenerating command known for research/{rel}: add a row to COMMANDS")
+
+
+def recorded_commit(path: Path) -> str | None:
+    """The commit the artefact itself records, if it is JSON and records one."""
+    if not path.name.endswith((".json", ".json.gz", ".jsonl")):
+        return None
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode()
+    try:
+        data: Any = json.loads(text.splitlines()[0] if path.suffix == ".jsonl" else text)
+    except (json.JSONDecodeError, IndexError):
+        return None
+    if isinstance(data, list) and data:
+        data = data[0]
+    if not isinstance(data, dict):
+        return None
+    for key in ("commit", "a_commit"):
+        if isinstance(data.get(key), str):
+            return str(data[key])
+    return None
+
+
+def added_commit(path: Path) -> str:
+    """The commit that first added the file (following renames), for artefacts that record none.
+
+    A ``.gz`` is a new blob, so its history is that of the uncompressed file it replaced (which lived
+    under docs/ before research/ existed).
+    """
+    rel = path.relative_to(ROOT).as_posix()
+    plain = rel.removesuffix(".gz")
+    for candidate in (f"research/{rel}", f"research/{plain}", f"docs/{plain}"):
+        out = subprocess.run(["git", "log", "--follow", "--diff-filter=A", "--format=%H", "--", candidate],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+        if out:
+            return out[-1]
+    return "uncommitted"
+
+
+def entry(path: Path) -> dict[str, str | int]:
+    rel = path.relative_to(ROOT).as_posix()
+    commit = recorded_commit(path)
+    return {
+        "path": f"research/{rel}",
+        "bytes": path.stat().st_size,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "commit": commit or added_commit(path),
+        "commit_source": "recorded in the artefact" if commit else "git commit that added the file",
+        "command": command_for(rel),
+    }
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if research/manifest.json is out of date")
+    args = ap.parse_args(argv)
+    text = json.dumps([entry(p) for p in artefacts()], indent=1) + "\n"
+    if args.check:
+        same = OUT.exists() and OUT.read_text() == text
+        print("manifest up to date" if same else "manifest out of date: run python research/manifest.py")
+        return 0 if same else 1
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
