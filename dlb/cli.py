@@ -50,7 +50,7 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     (None, "load", "open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
      "dlb.load.generator:register"),
     (None, "sim", "run the paper's simulation experiments", "dlb.sim.cli:register"),
-    (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.core.theory:register"),
+    (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.theory.cli:register"),
     ("bfio", "study", "BF-IO vs round robin / JSQ / least-KV on a simulated DP decode group", "dlb.bench.bfio_study:register"),
     ("bfio", "bench", "request-path decision cost of the BF-IO pick (G=32)", "dlb.bench.bfio_study:register"),
     ("bfio", "dataplane", "BF-IO vs JSQ rank picks through a real leaf Envoy on a DP emulator",

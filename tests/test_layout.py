@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "emulator": {"log", "procutil", "errors"},
     "load": set(),
     "sim": {"core", "config", "emulator"} | FOUNDATION,
+    "theory": {"core"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "ext_proc"} | FOUNDATION,
     "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load"} | FOUNDATION,
