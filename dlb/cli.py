@@ -44,7 +44,7 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
      "dlb.bench.load_bench:register"),
     ("bench", "hostile", "issue 14's attacks against live services while real traffic flows: RSS, loop block, real p50/errors",
      "dlb.bench.hostile:register"),
-    (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.testbed.cli:register_up"),
+    (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.launch.cli:register_up"),
     (None, "demo", "the whole stack on an embedded emulated fleet, a workload and a live view",
      "dlb.testbed.cli:register_demo"),
     (None, "load", "open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",

@@ -35,8 +35,10 @@ ALLOWED: dict[str, set[str]] = {
     "theory": {"core"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "ext_proc"} | FOUNDATION,
-    "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load"} | FOUNDATION,
-    "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed", "load"} | FOUNDATION,
+    "launch": {"core", "config", "envoy"} | FOUNDATION,
+    "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load", "launch"} | FOUNDATION,
+    "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed", "load", "launch"}
+    | FOUNDATION,
 }
 #: Command modules (``dlb/cli.py``, ``dlb/__main__.py`` and each package's ``cli.py``) sit on top and
 #: may import anything.

@@ -71,8 +71,8 @@ class Setup:
 
 
 def _start(tmp: Path, tls: bool) -> Setup:
+    from dlb.launch.up import tcp_open
     from dlb.testbed.stack import CellSpec, start_data_plane
-    from dlb.testbed.up import tcp_open
 
     tls_section, creds = None, None
     if tls:
@@ -198,7 +198,7 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
         address: Any = (host, port) if kind == "root" else (leaf_probe if kind == "leaf" else s.cp_xds)
         alive = None
         if name == "idle-connections":
-            from dlb.testbed.up import http_get
+            from dlb.launch.up import http_get
 
             metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
 
@@ -322,7 +322,7 @@ def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: 
 
 def _root_gc(plane: Any) -> dict[str, float]:
     """The root's GC pause totals and longest so far from its /metrics ({} if it does not answer)."""
-    from dlb.testbed.up import http_get
+    from dlb.launch.up import http_get
 
     try:
         status, body = http_get(f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics", 5.0)
@@ -347,7 +347,7 @@ def _leaf_view(target: str, creds: Any) -> dict[str, Any]:
 
 def _status_sizes(status: str) -> dict[str, Any]:
     """Sizes of the control plane's /status and /metrics after the attack (bounded regardless of clients?)."""
-    from dlb.testbed.up import http_get
+    from dlb.launch.up import http_get
 
     out: dict[str, Any] = {}
     for path in ("/status", "/metrics"):

@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
         _serve(args.serve, args.chunks, args.first_ms, args.gap_ms)
         return 0
     from dlb.config.model import HostPort
+    from dlb.launch.up import tcp_open
     from dlb.testbed.report import git_commit
-    from dlb.testbed.up import tcp_open
 
     git_commit()  # the tree as it is when the run starts
     port = free_port()
