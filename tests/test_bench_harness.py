@@ -15,7 +15,7 @@ from dlb.bench import harness
 
 
 def _record() -> harness.BenchRecord:
-    return harness.BenchRecord(command="dlb bench x", commit="abc", loadavg_start=(0.5, 0.4, 0.3))
+    return harness.BenchRecord(command_line="dlb bench x", commit="abc", loadavg_start=(0.5, 0.4, 0.3))
 
 
 def test_an_object_gains_the_stamp_and_keeps_every_field_it_had() -> None:
@@ -24,7 +24,7 @@ def test_an_object_gains_the_stamp_and_keeps_every_field_it_had() -> None:
     code = harness.finish(rec, {"commit": {"sha": "own"}, "rows": [1]}, [harness.Target("a <= 1", True, "0.5")])
     out = rec.as_json()
     assert code == 0 and out["commit"] == {"sha": "own"} and out["rows"] == [1]
-    assert out["command"] == "dlb bench x" and out["loadavg_start"] == [0.5, 0.4, 0.3] and len(out["loadavg_end"]) == 3
+    assert out["command_line"] == "dlb bench x" and out["loadavg_start"] == [0.5, 0.4, 0.3] and len(out["loadavg_end"]) == 3
     assert out["target_verdicts"] == [{"rule": "a <= 1", "pass": True, "measured": "0.5"}] and out["pass"] is True
 
 
@@ -51,7 +51,7 @@ def test_a_missed_target_exits_1_and_is_named_and_an_unmeasured_one_is_not_misse
 def test_start_reads_the_commit_and_load_before_the_work(monkeypatch) -> None:
     monkeypatch.setattr(harness, "git_commit", lambda: "c0ffee")
     rec = harness.start(harness.command_line(["bench", "pick", "--json", "a b.json"]))
-    assert rec.commit == "c0ffee" and rec.command == "dlb bench pick --json 'a b.json'" and len(rec.loadavg_start) == 3
+    assert rec.commit == "c0ffee" and rec.command_line == "dlb bench pick --json 'a b.json'" and len(rec.loadavg_start) == 3
     assert rec.loadavg_end is None
 
 
@@ -72,7 +72,7 @@ def test_pick_writes_its_rows_with_commit_and_load(tmp_path) -> None:
     assert cli.main(["bench", "pick", "--decisions", "20", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert rows and {"cells", "policy", "baseline_us", "pick_us", "speedup"} <= set(rows[0])
-    assert all(r["commit"] and len(r["loadavg_start"]) == 3 and r["command"].startswith("dlb bench pick") for r in rows)
+    assert all(r["commit"] and len(r["loadavg_start"]) == 3 and r["command_line"].startswith("dlb bench pick") for r in rows)
 
 
 def test_a_bad_option_value_is_a_message_and_exit_1_not_a_traceback(capsys) -> None:

@@ -172,10 +172,27 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
                              f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
 
 
-def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate: float, seed: int,
-               horizon: int, mean_decode: float, prompt_median_tokens: float, time_scale: float,
-               timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
+@dataclass(frozen=True)
+class DataplaneRun:
+    """One ``dlb bfio dataplane`` run of a policy: the DP group, the workload and how long it may take."""
+
+    dp_size: int
+    max_batch: int
+    requests: int
+    rate: float
+    seed: int
+    horizon: int
+    mean_decode: float
+    prompt_median_tokens: float
+    time_scale: float
+    timeout_s: float = 300.0
+
+
+def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
     """One policy end to end on fresh processes; returns the measured record."""
+    dp_size, max_batch, requests, rate, seed = run.dp_size, run.max_batch, run.requests, run.rate, run.seed
+    horizon, mean_decode, prompt_median_tokens, time_scale, timeout_s = (
+        run.horizon, run.mean_decode, run.prompt_median_tokens, run.time_scale, run.timeout_s)
     with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
                  time_scale=time_scale, seed=seed) as cell:  # fmt: skip
         before = rank_totals(cell.rank_ports)
@@ -204,10 +221,10 @@ def run(args: argparse.Namespace) -> int:
     record = harness.start()
     records = []
     for seed, policy in itertools.product([int(x) for x in args.seeds.split(",")], args.policies.split(",")):
-        rec = run_policy(policy, dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
-                         rate=args.rate, seed=seed, horizon=args.horizon,
-                         mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
-                         time_scale=args.time_scale)  # fmt: skip
+        rec = run_policy(policy, DataplaneRun(dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
+                                              rate=args.rate, seed=seed, horizon=args.horizon,
+                                              mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
+                                              time_scale=args.time_scale))  # fmt: skip
         rec["seed"] = seed
         records.append(rec)
         print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s wall "

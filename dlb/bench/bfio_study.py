@@ -176,9 +176,27 @@ def simulate(g: int, b: int, policy: str, horizon: int | None, work: Workload, p
     )  # fmt: skip
 
 
-def run_study(gs: tuple[int, ...], bs: tuple[int, ...], hs: tuple[int, ...], *, seeds: tuple[int, ...],
-              generations: float, mean_decode: float, prompt_median: float, prompt_sigma: float, profile: Profile,
-              progress: Any = None, milp: bool = False) -> list[RunResult]:  # fmt: skip
+@dataclass(frozen=True)
+class StudyGrid:
+    """What ``dlb bfio study`` runs: the (G, B, H) grid, the seeds and the workload's shape."""
+
+    gs: tuple[int, ...]
+    bs: tuple[int, ...]
+    hs: tuple[int, ...]
+    seeds: tuple[int, ...]
+    generations: float
+    mean_decode: float
+    prompt_median: float
+    prompt_sigma: float
+    profile: Profile
+    milp: bool = False
+
+
+def run_study(grid: StudyGrid, progress: Any = None) -> list[RunResult]:
+    """Every policy on every (seed, G, B) workload of the grid; ``progress(result, seconds)`` after each run."""
+    gs, bs, hs, seeds, generations = grid.gs, grid.bs, grid.hs, grid.seeds, grid.generations
+    mean_decode, prompt_median, prompt_sigma, profile, milp = (
+        grid.mean_decode, grid.prompt_median, grid.prompt_sigma, grid.profile, grid.milp)
     out: list[RunResult] = []
     for seed, g, b in itertools.product(seeds, gs, bs):
             n = int(g * b * generations)
@@ -394,10 +412,10 @@ def run_study_cmd(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     record = harness.start()  # the code that runs is the code at start
-    results = run_study(args.gs, args.bs, args.hs, seeds=args.seeds, generations=args.generations,
-                        mean_decode=args.mean_decode, prompt_median=args.prompt_median,
-                        prompt_sigma=args.prompt_sigma, profile=BUILTIN_PROFILES[args.profile],
-                        progress=progress, milp=args.milp)  # fmt: skip
+    grid = StudyGrid(args.gs, args.bs, args.hs, seeds=args.seeds, generations=args.generations, mean_decode=args.mean_decode,
+                     prompt_median=args.prompt_median, prompt_sigma=args.prompt_sigma, profile=BUILTIN_PROFILES[args.profile],
+                     milp=args.milp)
+    results = run_study(grid, progress=progress)
     records = [asdict(r) for r in results]
     print(table(records))
     verdict = verdicts(records) if len(args.gs) * len(args.bs) == 9 and REF_H in args.hs else {}

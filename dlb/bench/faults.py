@@ -375,9 +375,21 @@ def request_mix(host: str, port: int, max_tokens: int, long_tokens: int) -> list
     return [(w, kind, bodies[kind]) for w, kind in MIX]
 
 
-def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, outage_s: float = 5.0,
-            after_s: float = 12.0, max_tokens: int = 8, seed: int = 1, cells: Sequence[int] = CELLS,
-            time_scale: float = 4.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FaultLoad:
+    """The traffic around one injected fault and its timing (``dlb bench faults``'s options, one row's worth)."""
+
+    rate: float = 40.0
+    fault_at_s: float = 6.0
+    outage_s: float = 5.0
+    after_s: float = 12.0
+    max_tokens: int = 8
+    seed: int = 1
+    cells: Sequence[int] = CELLS
+    time_scale: float = 4.0
+
+
+def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, Any]:
     """Start a data plane, run traffic with ``fault`` injected at ``fault_at_s`` for ``outage_s``; summarise.
 
     ``cells``: servers per cell (``a``, ``b``, ``c``, … at :data:`ONE_WAY_MS` from ``a``). The emulated
@@ -387,6 +399,8 @@ def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, 
     """
     from dlb.testbed.stack import CellSpec, metric_value, start_data_plane
 
+    rate, fault_at_s, outage_s, after_s = load.rate, load.fault_at_s, load.outage_s, load.after_s
+    max_tokens, seed, cells, time_scale = load.max_tokens, load.seed, load.cells, load.time_scale
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
     # RIF cost, not latency: with 3.5-s streams in the mix a latency-cost root herds (a cell that served
@@ -459,8 +473,8 @@ def run(args: argparse.Namespace) -> int:
     for f in faults:
         for m in modes:
             outage = max(args.outage_s, OUTAGE_S.get(f, 0.0))
-            row = run_one(f, m, args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens, seed=args.seed,
-                          cells=cells, time_scale=args.time_scale)
+            row = run_one(f, m, FaultLoad(args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens,
+                                          seed=args.seed, cells=cells, time_scale=args.time_scale))
             row["outage_s"] = outage
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -6,7 +6,7 @@ with :func:`start` (commit and load average read *before* the work: a commit mad
 must not get its numbers), ends with :func:`finish` (load average after, the file, the exit status).
 
 Results files keep the shape each benchmark always wrote — a list of rows or one object — and gain
-the stamp fields (``commit``, ``command``, ``loadavg_start``, ``loadavg_end``, ``target_verdicts``, ``pass``):
+the stamp fields (``commit``, ``command_line``, ``loadavg_start``, ``loadavg_end``, ``target_verdicts``, ``pass``):
 on an object once, on a list in every row. A field the benchmark already writes is never overwritten.
 """
 
@@ -40,7 +40,7 @@ class Target:
 class BenchRecord:
     """What one benchmark run produced and under which conditions."""
 
-    command: str
+    command_line: str
     commit: str
     loadavg_start: tuple[float, float, float]
     loadavg_end: tuple[float, float, float] | None = None
@@ -56,7 +56,7 @@ class BenchRecord:
 
     def stamp(self) -> dict[str, Any]:
         """The fields every results file carries, whatever its benchmark."""
-        return {"commit": self.commit, "command": self.command, "loadavg_start": list(self.loadavg_start),
+        return {"commit": self.commit, "command_line": self.command_line, "loadavg_start": list(self.loadavg_start),
                 "loadavg_end": list(self.loadavg_end) if self.loadavg_end is not None else None,
                 "target_verdicts": [t.as_json() for t in self.targets], "pass": self.passed()}
 
@@ -88,7 +88,7 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def start(command: str | None = None) -> BenchRecord:
     """A record stamped now: the commit and the box's load before the benchmark adds its own."""
-    return BenchRecord(command=command if command is not None else command_line(), commit=git_commit(),
+    return BenchRecord(command_line=command if command is not None else command_line(), commit=git_commit(),
                        loadavg_start=os.getloadavg())
 
 
