@@ -58,9 +58,25 @@ class PlacementResult:
     requests: int
 
 
-def simulate(placement: str, policy: str, g: int, b: int, load: float, n: int, seed: int, profile: Profile,
-             mean_decode: float = 256.0, horizon: int = 10, prompt_median: float = 600.0) -> PlacementResult:
+@dataclass(frozen=True)
+class PlacementRun:
+    """One group and workload: G ranks of B slots, ``n`` requests at ``load`` × the decode capacity."""
+
+    g: int
+    b: int
+    load: float
+    n: int
+    seed: int
+    profile: Profile
+    mean_decode: float = 256.0
+    horizon: int = 10
+    prompt_median: float = 600.0
+
+
+def simulate(placement: str, policy: str, run: PlacementRun) -> PlacementResult:
     """One run; see the module docstring."""
+    g, b, load, n, seed, profile = run.g, run.b, run.load, run.n, run.seed, run.profile
+    mean_decode, horizon, prompt_median = run.mean_decode, run.horizon, run.prompt_median
     if placement not in PLACEMENTS:
         raise ValueError(f"placement: one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if policy not in ("bf-io", "jsq"):
@@ -125,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
             for placement in PLACEMENTS:
                 for policy in ("jsq", "bf-io"):
                     t0 = time.perf_counter()
-                    r = simulate(placement, policy, args.g, b, args.load, int(args.generations * args.g * b), seed, profile,
-                                 args.mean_decode, args.horizon)
+                    r = simulate(placement, policy, PlacementRun(args.g, b, args.load, int(args.generations * args.g * b), seed,
+                                                                 profile, args.mean_decode, args.horizon))
                     rows.append(asdict(r))
                     print(f"B={b} seed={seed} {placement:8} {policy:6} idle={r.idle_frac:.4f} mean={r.mean_steps:8.1f} steps "
                           f"({time.perf_counter() - t0:.1f}s)", flush=True)
