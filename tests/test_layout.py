@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "provenance": set(),
     "resumable": set(),
     "proto": set(),
-    "core": {"errors", "resumable"},
+    "core": {"errors"},
     "xds": {"log", "errors"},
     "config": {"core", "xds", "proto", "log", "errors"},
     "envoy": {"config", "core"} | FOUNDATION,
