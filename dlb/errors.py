@@ -30,7 +30,3 @@ class StartupError(DlbError, RuntimeError):
 
 class UsageError(DlbError, ValueError):
     """A command's options or input files cannot be used (a bad value, an unwritable output path)."""
-
-
-class TargetMissed(DlbError):
-    """A check ran to the end and a target it states did not hold (exit 1, as for any refusal)."""
