@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -34,29 +35,31 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     ("serve", "emulator", "run an emulated OpenAI-compatible GPU inference server", "dlb.emulator.cli:register"),
     ("serve", "root", "root ext_proc service: picks a cell per request", "dlb.ext_proc.root_serve:register"),
     ("serve", "leaf", "leaf agent: picks servers in a cell, measures it, answers probes", "dlb.ext_proc.leaf:register"),
-    ("bench", "envoy-push", "time from a flow-weight change to a real Envoy applying it", "dlb.bench.envoy_push:register"),
-    ("bench", "pick", "per-request decision cost of the root router vs a numpy baseline", "dlb.bench.pick:register"),
-    ("bench", "overhead", "added latency/throughput/CPU of the root (and leaf) ext_proc hop", "dlb.bench.overhead:register"),
-    ("bench", "xds", "xDS server scale: push-to-ACK latency and memory per stream", "dlb.bench.xds_scale:register"),
+    ("bench", "envoy-push", "time from a flow-weight change to a real Envoy applying it", "dlb.bench.cli:register_envoy_push"),
+    ("bench", "pick", "per-request decision cost of the root router vs a numpy baseline", "dlb.bench.cli:register_pick"),
+    ("bench", "overhead", "added latency/throughput/CPU of the root (and leaf) ext_proc hop", "dlb.bench.cli:register_overhead"),
+    ("bench", "xds", "xDS server scale: push-to-ACK latency and memory per stream", "dlb.bench.cli:register_xds"),
     ("bench", "faults", "each fault under load through real Envoys: requests lost, detect and recover times",
-     "dlb.bench.faults:register"),
-    ("bench", "load", "does `dlb load` keep up with a target rate without skewing what it measures",
-     "dlb.bench.load_bench:register"),
-    ("bench", "hostile", "issue 14's attacks against live services while real traffic flows: RSS, loop block, real p50/errors",
-     "dlb.bench.hostile:register"),
-    (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.testbed.cli:register_up"),
+     "dlb.bench.cli:register_faults"),
+    ("bench", "load", "does `dlb load` keep up with a target rate without skewing what it measures", "dlb.bench.cli:register_load"),
+    ("bench", "hostile", "resource-exhaustion attacks against live services while real traffic flows: RSS, loop block, "
+     "real p50/errors", "dlb.bench.cli:register_hostile"),
+    ("bench", "emulator-fidelity", "the emulated server's measured latency vs its own model, and its CPU per token",
+     "dlb.bench.cli:register_emulator_fidelity"),
+    ("bench", "sim-twin", "the simulator on the demo's fleet vs a real `dlb demo --compare` run", "dlb.bench.cli:register_sim_twin"),
+    (None, "up", "run every DLB component of a config on this machine (supervised)", "dlb.launch.cli:register_up"),
     (None, "demo", "the whole stack on an embedded emulated fleet, a workload and a live view",
      "dlb.testbed.cli:register_demo"),
     (None, "load", "open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
      "dlb.load.generator:register"),
     (None, "sim", "run the paper's simulation experiments", "dlb.sim.cli:register"),
-    (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.core.theory:register"),
-    ("bfio", "study", "BF-IO vs round robin / JSQ / least-KV on a simulated DP decode group", "dlb.bench.bfio_study:register"),
-    ("bfio", "bench", "request-path decision cost of the BF-IO pick (G=32)", "dlb.bench.bfio_study:register"),
+    (None, "theory", "fluid-model check: routers vs independently solved equilibria", "dlb.theory.cli:register"),
+    ("bfio", "study", "BF-IO vs round robin / JSQ / least-KV on a simulated DP decode group", "dlb.bench.cli:register_bfio_study"),
+    ("bfio", "bench", "request-path decision cost of the BF-IO pick (G=32)", "dlb.bench.cli:register_bfio_bench"),
     ("bfio", "dataplane", "BF-IO vs JSQ rank picks through a real leaf Envoy on a DP emulator",
-     "dlb.bench.bfio_dataplane:register"),
+     "dlb.bench.cli:register_bfio_dataplane"),
     ("bfio", "placement", "BF-IO vs JSQ when ranks are chosen at arrival (the leaf) or at slot-free time",
-     "dlb.bench.bfio_placement:register"),
+     "dlb.bench.cli:register_bfio_placement"),
 ]
 
 _GROUP_HELP = {
@@ -138,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dlb.provenance import git_commit  # a command whose results file records the commit, computed here
 
         args.provenance_commit = git_commit()
+    if hasattr(args, "command_line") and args.command_line is None:  # a benchmark records how it was run
+        args.command_line = shlex.join(["dlb", *argv])
     if hasattr(args, "provenance_code") and args.provenance_code is None:
         from dlb.provenance import code_tree
 

@@ -26,3 +26,7 @@ class BindError(DlbError, OSError):
 
 class StartupError(DlbError, RuntimeError):
     """A service or one of its worker processes did not come up."""
+
+
+class UsageError(DlbError, ValueError):
+    """A command's options or input files cannot be used (a bad value, an unwritable output path)."""

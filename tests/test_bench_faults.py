@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlb.bench.faults import Sample, _TraceConn, run_one, summarise, verdict
+from dlb.bench.faults import FaultLoad, Sample, _TraceConn, run_one, summarise, verdict
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 
@@ -35,7 +35,7 @@ def _fault_failures(row: dict) -> int:
 
 
 def test_dead_server_in_least_request_mode_fails_no_new_request() -> None:
-    row = run_one("server", "least_request", rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2))
+    row = run_one("server", "least_request", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
     print(row)
     assert row["sent"] > 150, row
     new = {c: n for c, n in row["failure_codes_new"].items() if "dlb_no_usable_cell" not in c}
@@ -47,7 +47,7 @@ def test_dead_server_in_least_request_mode_fails_no_new_request() -> None:
 def test_killed_leaf_agent_loses_nothing() -> None:
     # recover_s is not asserted: a restarted leaf reports its prior model, and a latency-cost root whose
     # other cell is learned and faster may not try it again (issue 13 item 3, owned by issue 12a).
-    row = run_one("leaf_agent_kill", "ext_proc", rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2))
+    row = run_one("leaf_agent_kill", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
     print(row)
     assert row["sent"] > 150 and _fault_failures(row) == 0, row
 
@@ -55,7 +55,7 @@ def test_killed_leaf_agent_loses_nothing() -> None:
 def test_killed_control_plane_loses_nothing() -> None:
     """Leaf agents and the root follow the control plane over xDS; while it is dead they keep their last
     config and probe the leaves themselves, so no request fails."""
-    row = run_one("control_plane", "ext_proc", rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2))
+    row = run_one("control_plane", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
     print(row)
     assert row["sent"] > 150 and _fault_failures(row) == 0, row
 

@@ -257,12 +257,12 @@ def test_study_simulation_conserves_work_and_bfio_balances_better_than_jsq() -> 
 
 def test_placement_simulation_finishes_every_request_under_both_placements() -> None:
     """``dlb bfio placement``: each placement and policy serves every request of a small overloaded run."""
-    from dlb.bench.bfio_placement import simulate
+    from dlb.bench.bfio_placement import PlacementRun, simulate
     from dlb.emulator.profile import BUILTIN_PROFILES
 
     for placement in ("central", "arrival"):
         for policy in ("jsq", "bf-io"):
-            r = simulate(placement, policy, 4, 4, 1.5, 64, 1, BUILTIN_PROFILES["llama-8b-h100"], mean_decode=16.0)
+            r = simulate(placement, policy, PlacementRun(4, 4, 1.5, 64, 1, BUILTIN_PROFILES["llama-8b-h100"], mean_decode=16.0))
             assert r.requests == 64 and 0.0 <= r.idle_frac < 1.0 and r.mean_steps >= 1.0
     with pytest.raises(ValueError, match="placement"):
-        simulate("later", "jsq", 4, 4, 1.5, 8, 1, BUILTIN_PROFILES["llama-8b-h100"])
+        simulate("later", "jsq", PlacementRun(4, 4, 1.5, 8, 1, BUILTIN_PROFILES["llama-8b-h100"]))

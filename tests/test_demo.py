@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dlb.testbed.supervisor import processes_of_run
+from dlb.launch.supervisor import processes_of_run
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 

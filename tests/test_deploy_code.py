@@ -592,7 +592,7 @@ def test_discovery_bounds_addresses_per_name_keeps_last_on_failure_and_counts_bo
 
 def test_dlb_up_checks_the_bind_address_too() -> None:
     """`dlb up` refuses an address it cannot listen on before starting anything: the Envoy binds `listen`."""
-    from dlb.testbed.up import listen_problems
+    from dlb.launch.up import listen_problems
 
     data = _config({"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}", "listen": "192.0.2.5:9000"})
     problems = listen_problems(config_from_dict(data), "dlb.yaml", root_services=False)

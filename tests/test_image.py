@@ -98,9 +98,9 @@ def _dangling() -> set[str]:
 
 def _serves_across_namespaces(tag: str) -> None:
     """The image as a pod would run it: an emulator in one lab namespace (``--network ns:``), asked from another."""
+    from dlb.launch.up import tcp_open
     from dlb.testbed.netns import Lab, entered, unavailable
     from dlb.testbed.stack import request
-    from dlb.testbed.up import tcp_open
 
     if unavailable() is not None:
         return

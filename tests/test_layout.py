@@ -25,17 +25,20 @@ ALLOWED: dict[str, set[str]] = {
     "provenance": set(),
     "resumable": set(),
     "proto": set(),
-    "core": {"errors", "resumable"},
+    "core": {"errors"},
     "xds": {"log", "errors"},
     "config": {"core", "xds", "proto", "log", "errors"},
     "envoy": {"config", "core"} | FOUNDATION,
     "emulator": {"log", "procutil", "errors"},
     "load": set(),
     "sim": {"core", "config", "emulator"} | FOUNDATION,
+    "theory": {"core"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "ext_proc"} | FOUNDATION,
-    "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load"} | FOUNDATION,
-    "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed", "load"} | FOUNDATION,
+    "launch": {"core", "config", "envoy"} | FOUNDATION,
+    "testbed": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "load", "launch"} | FOUNDATION,
+    "bench": {"core", "config", "envoy", "xds", "ext_proc", "control_plane", "emulator", "sim", "testbed", "load", "launch"}
+    | FOUNDATION,
 }
 #: Command modules (``dlb/cli.py``, ``dlb/__main__.py`` and each package's ``cli.py``) sit on top and
 #: may import anything.

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import pytest
 
+from dlb.launch.supervisor import Supervisor
 from dlb.testbed.netns import Lab, entered, lab_namespaces, unavailable
 from dlb.testbed.netns_fleet import ADMIN_PORT, NetnsDeployment, NetnsPlan, plan, unexpected_loopback
 from dlb.testbed.stack import metric_value
-from dlb.testbed.supervisor import Supervisor
 
 _WHY = unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.envoy, pytest.mark.skipif(_WHY is not None, reason=f"netns testbed: {_WHY}")]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlb.testbed.supervisor import Child, StartError, Supervisor, processes_of_run
+from dlb.launch.supervisor import Child, StartError, Supervisor, processes_of_run
 
 
 def _alive(pid: int) -> bool:
@@ -103,7 +103,7 @@ def test_a_description_that_raises_does_not_stop_the_start(tmp_path: Path) -> No
 SUPERVISOR_SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from dlb.testbed.supervisor import Child, Supervisor
+    from dlb.launch.supervisor import Child, Supervisor
     sup = Supervisor(Path(sys.argv[1]))
     sup.add(Child("a", "t", ["sleep", "120"], Path(sys.argv[1]) / "a.log"))
     sup.add(Child("b", "t", [sys.executable, "-c", "import time; time.sleep(120)"], Path(sys.argv[1]) / "b.log"))

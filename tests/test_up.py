@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from dlb.emulator.server import ThreadedEmulator
+from dlb.launch.supervisor import processes_of_run
 from dlb.testbed.fleet import CellPlan, Fleet, demo_config
 from dlb.testbed.stack import request
-from dlb.testbed.supervisor import processes_of_run
 
 pytestmark = pytest.mark.envoy
 REPO = Path(__file__).resolve().parent.parent
@@ -116,8 +116,8 @@ def test_a_root_is_not_ready_until_every_allowed_cell_is_usable_for_every_endpoi
     import threading
 
     from dlb.config import config_from_dict
+    from dlb.launch.up import probes_fresh
     from dlb.procutil import free_port
-    from dlb.testbed.up import probes_fresh
 
     fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")),
                   allowed={"us-east1": ["us-east1", "us-west1"]})
@@ -194,7 +194,7 @@ def _root_metrics(usable: dict[tuple[str, str], float], probes: dict[str, tuple[
 
 def test_a_waiting_root_names_each_unusable_cell_and_why() -> None:
     from dlb.config import config_from_dict
-    from dlb.testbed.waiting import root_waiting
+    from dlb.launch.waiting import root_waiting
 
     fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test"),
                          CellPlan("europe-west1", 1, "fast-test")))
@@ -265,8 +265,8 @@ def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp
     until ``dlb up`` starts the services, so a draw could otherwise land on one and two children collide."""
     from dlb import procutil
     from dlb.config import config_from_dict
-    from dlb.testbed.supervisor import Supervisor
-    from dlb.testbed.up import listen_addresses, plan
+    from dlb.launch.supervisor import Supervisor
+    from dlb.launch.up import listen_addresses, plan
 
     fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
     raw = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from dlb.bench import harness
 from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
 from dlb.envoy.bootstrap import leaf_bootstrap, write_bootstrap
-from dlb.provenance import git_commit
 from dlb.testbed.emulator import EmulatorProcess
 from dlb.testbed.process import ServiceProcess, free_port
 
@@ -172,10 +172,27 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
                              f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
 
 
-def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate: float, seed: int,
-               horizon: int, mean_decode: float, prompt_median_tokens: float, time_scale: float,
-               timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
+@dataclass(frozen=True)
+class DataplaneRun:
+    """One ``dlb bfio dataplane`` run of a policy: the DP group, the workload and how long it may take."""
+
+    dp_size: int
+    max_batch: int
+    requests: int
+    rate: float
+    seed: int
+    horizon: int
+    mean_decode: float
+    prompt_median_tokens: float
+    time_scale: float
+    timeout_s: float = 300.0
+
+
+def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
     """One policy end to end on fresh processes; returns the measured record."""
+    dp_size, max_batch, requests, rate, seed = run.dp_size, run.max_batch, run.requests, run.rate, run.seed
+    horizon, mean_decode, prompt_median_tokens, time_scale, timeout_s = (
+        run.horizon, run.mean_decode, run.prompt_median_tokens, run.time_scale, run.timeout_s)
     with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
                  time_scale=time_scale, seed=seed) as cell:  # fmt: skip
         before = rank_totals(cell.rank_ports)
@@ -200,39 +217,18 @@ def run_policy(policy: str, *, dp_size: int, max_batch: int, requests: int, rate
     }  # fmt: skip
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("dataplane", help="BF-IO vs JSQ rank picks through a real leaf Envoy on a DP emulator")
-    p.add_argument("--policies", default="jsq,bf-io")
-    p.add_argument("--G", dest="dp_size", type=int, default=4, help="DP ranks (default 4)")
-    p.add_argument("--B", dest="max_batch", type=int, default=8, help="running sequences per rank (default 8)")
-    p.add_argument("--requests", type=int, default=300)
-    p.add_argument("--rate", type=float, default=17.5,
-                   help="Poisson arrivals per wall second (default 17.5: above the default group's capacity at --time-scale 4)")
-    p.add_argument("--horizon", type=int, default=10)
-    p.add_argument("--mean-decode", type=float, default=32.0)
-    p.add_argument("--prompt-median", type=float, default=1500.0, help="median prompt tokens")
-    p.add_argument("--time-scale", type=float, default=4.0,
-                   help="wall seconds per profile second (default 4: long steps, so a busy machine's jitter matters less)")
-    p.add_argument("--seeds", default="1", help="comma-separated workload seeds; each policy runs every seed")
-    p.add_argument("--json", default=None)
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
-    commit = git_commit()
+    record = harness.start()
     records = []
     for seed, policy in itertools.product([int(x) for x in args.seeds.split(",")], args.policies.split(",")):
-        rec = run_policy(policy, dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
-                         rate=args.rate, seed=seed, horizon=args.horizon,
-                         mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
-                         time_scale=args.time_scale)  # fmt: skip
+        rec = run_policy(policy, DataplaneRun(dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
+                                              rate=args.rate, seed=seed, horizon=args.horizon,
+                                              mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
+                                              time_scale=args.time_scale))  # fmt: skip
         rec["seed"] = seed
         records.append(rec)
         print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s wall "
               f"{rec['throughput_tok_per_step_s']:.0f} tok/s stepping mean={rec['mean_s']:.3f}s "
               f"p90={rec['p90_s']:.3f}s ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']}", flush=True)  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps({"commit": commit, "command": "dlb bfio dataplane",
-                                               "args": {k: v for k, v in vars(args).items() if k != "func"},
-                                               "records": records}, indent=1) + "\n")  # fmt: skip
-    return 0
+    doc = {"command": "dlb bfio dataplane", "args": {k: v for k, v in vars(args).items() if k != "func"}, "records": records}
+    return harness.finish(record, doc, json_path=args.json)

@@ -33,15 +33,14 @@ import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dlb.bench import harness
 from dlb.core.bfio import DpBalancer, GreedyPicker
 from dlb.emulator.dp import rank_step_time
 from dlb.emulator.profile import BUILTIN_PROFILES, Profile
-from dlb.provenance import git_commit
 
 PLACEMENTS = ("central", "arrival")
 
@@ -59,9 +58,25 @@ class PlacementResult:
     requests: int
 
 
-def simulate(placement: str, policy: str, g: int, b: int, load: float, n: int, seed: int, profile: Profile,
-             mean_decode: float = 256.0, horizon: int = 10, prompt_median: float = 600.0) -> PlacementResult:
+@dataclass(frozen=True)
+class PlacementRun:
+    """One group and workload: G ranks of B slots, ``n`` requests at ``load`` × the decode capacity."""
+
+    g: int
+    b: int
+    load: float
+    n: int
+    seed: int
+    profile: Profile
+    mean_decode: float = 256.0
+    horizon: int = 10
+    prompt_median: float = 600.0
+
+
+def simulate(placement: str, policy: str, run: PlacementRun) -> PlacementResult:
     """One run; see the module docstring."""
+    g, b, load, n, seed, profile = run.g, run.b, run.load, run.n, run.seed, run.profile
+    mean_decode, horizon, prompt_median = run.mean_decode, run.horizon, run.prompt_median
     if placement not in PLACEMENTS:
         raise ValueError(f"placement: one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if policy not in ("bf-io", "jsq"):
@@ -119,15 +134,15 @@ def simulate(placement: str, policy: str, g: int, b: int, load: float, n: int, s
 
 def run(args: argparse.Namespace) -> int:
     profile = BUILTIN_PROFILES[args.profile]
-    commit = git_commit()
+    record = harness.start()
     rows = []
     for b in args.bs:
         for seed in args.seeds:
             for placement in PLACEMENTS:
                 for policy in ("jsq", "bf-io"):
                     t0 = time.perf_counter()
-                    r = simulate(placement, policy, args.g, b, args.load, int(args.generations * args.g * b), seed, profile,
-                                 args.mean_decode, args.horizon)
+                    r = simulate(placement, policy, PlacementRun(args.g, b, args.load, int(args.generations * args.g * b), seed,
+                                                                 profile, args.mean_decode, args.horizon))
                     rows.append(asdict(r))
                     print(f"B={b} seed={seed} {placement:8} {policy:6} idle={r.idle_frac:.4f} mean={r.mean_steps:8.1f} steps "
                           f"({time.perf_counter() - t0:.1f}s)", flush=True)
@@ -142,23 +157,6 @@ def run(args: argparse.Namespace) -> int:
                             "idle_bfio": float(np.mean([idle(s, "bf-io") for s in args.seeds])),
                             "bfio_lower_in_seeds": sum(idle(s, "bf-io") < idle(s, "jsq") for s in args.seeds), "seeds": len(args.seeds)}
             print(key, json.dumps(summary[key]))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"commit": commit, "command": "dlb bfio placement",
-                                               "args": {k: v for k, v in vars(args).items() if k != "func"},
-                                               "summary": summary, "records": rows}, indent=1) + "\n")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("placement", help="BF-IO vs JSQ when ranks are chosen at arrival (the leaf) or at slot-free time")
-    p.add_argument("--G", dest="g", type=int, default=8)
-    p.add_argument("--B", dest="bs", type=lambda s: tuple(int(x) for x in s.split(",")), default=(16, 64),
-                   help="slots per rank, comma-separated (default 16,64)")
-    p.add_argument("--load", type=float, default=1.5, help="arrivals as a multiple of the group's decode capacity")
-    p.add_argument("--generations", type=float, default=4.0, help="requests = G·B·this")
-    p.add_argument("--mean-decode", type=float, default=256.0)
-    p.add_argument("--horizon", type=int, default=10)
-    p.add_argument("--seeds", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2, 3))
-    p.add_argument("--profile", default="llama-8b-h100", choices=sorted(BUILTIN_PROFILES))
-    p.add_argument("--json", default=None)
-    p.set_defaults(func=run)
+    doc = {"command": "dlb bfio placement", "args": {k: v for k, v in vars(args).items() if k != "func"},
+           "summary": summary, "records": rows}
+    return harness.finish(record, doc, json_path=args.json)

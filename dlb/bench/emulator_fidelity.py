@@ -7,7 +7,7 @@ emulator's own overhead (Python, HTTP, one SSE chunk per token): near 1.0 the em
 stand-in for the profile's GPU; when it grows, use fewer concurrent streams or a larger
 ``--time-scale`` (slower steps hide the per-chunk cost).
 
-    python -m dlb.bench.emulator_fidelity --profile llama-8b-h100 --concurrency 1 4 16 32 64
+    dlb bench emulator-fidelity --profile llama-8b-h100 --concurrency 1 4 16 32 64
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import asyncio
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from dlb.bench import harness
 from dlb.emulator.engine import Arrival, Engine, simulate
 from dlb.emulator.openai import CHARS_PER_TOKEN
 from dlb.emulator.profile import load_profile
@@ -104,15 +105,8 @@ def measure(profile: str, concurrency: list[int], prompt_tokens: int, output_tok
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dlb.bench.emulator_fidelity", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default="llama-8b-h100")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--waves", type=int, default=3)
-    ap.add_argument("--time-scale", type=float, default=1.0)
-    a = ap.parse_args(argv)
+def run(a: argparse.Namespace) -> int:
+    record = harness.start()
     rows = measure(a.profile, a.concurrency, a.prompt_tokens, a.output_tokens, a.waves, a.time_scale)
     print(f"profile={a.profile} prompt={a.prompt_tokens} output={a.output_tokens} waves={a.waves} time_scale={a.time_scale}")
     print(f"{'N':>4} {'model e2e ms':>13} {'meas e2e ms':>12} {'ratio':>6} {'model ttft ms':>14} {'meas ttft ms':>13} {'ratio':>6} {'cpu us/tok':>10}")
@@ -120,8 +114,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r.concurrency:>4} {r.model_e2e_s * 1e3:>13.1f} {r.measured_e2e_s * 1e3:>12.1f} {r.e2e_ratio:>6.2f} "
               f"{r.model_ttft_s * 1e3:>14.1f} {r.measured_ttft_s * 1e3:>13.1f} {r.ttft_ratio:>6.2f} "
               f"{'-' if r.server_cpu_us_per_token is None else f'{r.server_cpu_us_per_token:.0f}':>10}")  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    figures = [{**asdict(r), "e2e_ratio": r.e2e_ratio, "ttft_ratio": r.ttft_ratio} for r in rows]
+    return harness.finish(record, figures, json_path=a.json)

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 import yaml
 
+from dlb.bench import harness
 from dlb.config import load_config
 from dlb.config.model import HostPort
 from dlb.control_plane.service import ControlPlane
@@ -87,23 +86,9 @@ async def measure(rounds: int = 50, cells: int = 4, delta: bool = False) -> dict
             "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)), "max_ms": float(arr.max())}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("envoy-push", help="time from a flow-weight change to a real Envoy applying it")
-    p.add_argument("--rounds", type=int, default=50)
-    p.add_argument("--cells", type=int, default=4)
-    p.add_argument("--json", default=None, help="write the records here")
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
+    record = harness.start()
     records = [asyncio.run(measure(args.rounds, args.cells, delta)) for delta in (False, True)]
     for r in records:
         print(f"{r['protocol']:5s} cells={r['cells']} rounds={r['rounds']}: p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  max {r['max_ms']:.2f} ms")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace(rounds=50, cells=4, json=None)))
+    return harness.finish(record, records, json_path=args.json)

@@ -45,7 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dlb.provenance import git_commit
+from dlb.bench import harness
+from dlb.errors import UsageError
 
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
@@ -316,6 +317,11 @@ def _count(values: Any) -> dict[Any, int]:
     return out
 
 
+#: The verdict rule of every row, as the results file states it.
+VERDICT_RULE = ("0 failed requests (root service, control plane, leaf agent faults), new requests failing for <= 1 s "
+                "(cell and server faults), recovered within 10 s")
+
+
 def verdict(row: dict[str, Any]) -> str:
     """The rule of the module docstring: "pass", or "fail: <which target>"."""
     why = []
@@ -362,9 +368,21 @@ def request_mix(host: str, port: int, max_tokens: int, long_tokens: int) -> list
     return [(w, kind, bodies[kind]) for w, kind in MIX]
 
 
-def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, outage_s: float = 5.0,
-            after_s: float = 12.0, max_tokens: int = 8, seed: int = 1, cells: Sequence[int] = CELLS,
-            time_scale: float = 4.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FaultLoad:
+    """The traffic around one injected fault and its timing (``dlb bench faults``'s options, one row's worth)."""
+
+    rate: float = 40.0
+    fault_at_s: float = 6.0
+    outage_s: float = 5.0
+    after_s: float = 12.0
+    max_tokens: int = 8
+    seed: int = 1
+    cells: Sequence[int] = CELLS
+    time_scale: float = 4.0
+
+
+def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, Any]:
     """Start a data plane, run traffic with ``fault`` injected at ``fault_at_s`` for ``outage_s``; summarise.
 
     ``cells``: servers per cell (``a``, ``b``, ``c``, … at :data:`ONE_WAY_MS` from ``a``). The emulated
@@ -374,6 +392,8 @@ def run_one(fault: str, mode: str, rate: float = 40.0, fault_at_s: float = 6.0, 
     """
     from dlb.testbed.stack import CellSpec, metric_value, start_data_plane
 
+    rate, fault_at_s, outage_s, after_s = load.rate, load.fault_at_s, load.outage_s, load.after_s
+    max_tokens, seed, cells, time_scale = load.max_tokens, load.seed, load.cells, load.time_scale
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
     # RIF cost, not latency: with 3.5-s streams in the mix a latency-cost root herds (a cell that served
@@ -436,54 +456,36 @@ def run(args: argparse.Namespace) -> int:
     modes = args.modes.split(",") if args.modes else list(MODES)
     for f in faults:
         if f not in FAULTS:
-            raise SystemExit(f"--faults: unknown fault {f!r}; one of {', '.join(FAULTS)}")
+            raise UsageError(f"--faults: unknown fault {f!r}; one of {', '.join(FAULTS)}")
     for m in modes:
         if m not in MODES:
-            raise SystemExit(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
+            raise UsageError(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
     cells = _cells(args.cells)
-    commit = git_commit()  # the code that runs (a commit made while the matrix runs must not be recorded)
+    record = harness.start()  # the code that runs (a commit made while the matrix runs must not be recorded)
     rows = []
     for f in faults:
         for m in modes:
             outage = max(args.outage_s, OUTAGE_S.get(f, 0.0))
-            row = run_one(f, m, args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens, seed=args.seed,
-                          cells=cells, time_scale=args.time_scale)
+            row = run_one(f, m, FaultLoad(args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens,
+                                          seed=args.seed, cells=cells, time_scale=args.time_scale))
             row["outage_s"] = outage
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(table(rows))
-    if args.json:
-        out = {"commit": commit, "created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
-               "fault_at_s": args.fault_at_s,
-               "outage_s": args.outage_s, "after_s": args.after_s, "time_scale": args.time_scale, "profile": PROFILE,
-               "long_stream_tokens": long_stream_tokens(args.time_scale), "mix": {k: w for w, k in MIX},
-               "cells": {chr(ord("a") + i): k for i, k in enumerate(cells)}, "rows": rows}
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
-    return 0 if all(r["verdict"] == "pass" for r in rows) else 1
+    out = {"created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
+           "fault_at_s": args.fault_at_s,
+           "outage_s": args.outage_s, "after_s": args.after_s, "time_scale": args.time_scale, "profile": PROFILE,
+           "long_stream_tokens": long_stream_tokens(args.time_scale), "mix": {k: w for w, k in MIX},
+           "cells": {chr(ord("a") + i): k for i, k in enumerate(cells)}, "rows": rows}
+    targets = [harness.Target(f"{r['fault']} ({r['mode']}): {VERDICT_RULE}", r["verdict"] == "pass", r["verdict"]) for r in rows]
+    return harness.finish(record, out, targets, json_path=args.json)
 
 
 def _cells(text: str) -> list[int]:
     try:
         cells = [int(x) for x in text.split(",")]
     except ValueError:
-        raise SystemExit(f"--cells: comma-separated server counts, got {text!r}") from None
+        raise UsageError(f"--cells: comma-separated server counts, got {text!r}") from None
     if len(cells) < 2 or min(cells) < 1:
-        raise SystemExit(f"--cells: at least two cells of at least one server each, got {text!r}")
+        raise UsageError(f"--cells: at least two cells of at least one server each, got {text!r}")
     return cells
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("faults", help="inject each fault under load through real Envoys; what clients lose, how fast DLB recovers")
-    p.add_argument("--json", default=None, help="write the rows (with the git commit) to this file")
-    p.add_argument("--faults", default=None, help=f"comma-separated subset of {','.join(FAULTS)}")
-    p.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--rate", type=float, default=40.0, help="Poisson arrivals per second")
-    p.add_argument("--cells", default=",".join(map(str, CELLS)), help="servers per cell a,b,c,… (a is the root's cell and fails)")
-    p.add_argument("--time-scale", type=float, default=4.0, help=f"the emulated servers run this much slower than {PROFILE}")
-    p.add_argument("--fault-at-s", type=float, default=8.0)
-    p.add_argument("--outage-s", type=float, default=10.0)
-    p.add_argument("--after-s", type=float, default=15.0, help="traffic after the restore (recovery is measured here)")
-    p.add_argument("--max-tokens", type=int, default=8, help="tokens per chat and short stream (long streams: ~3.5 s)")
-    p.add_argument("--seed", type=int, default=1)
-    p.set_defaults(func=run)

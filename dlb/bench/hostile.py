@@ -1,4 +1,4 @@
-"""``dlb bench hostile``: issue 14's attacks (rows 1–3, 5–7) against live services while real traffic flows.
+"""``dlb bench hostile``: resource-exhaustion attacks (rows 1–3, 5–7) against live services while real traffic flows.
 
 The bench starts a data plane on 127.0.0.1 (emulated servers in two cells, leaf agents and Envoys, the
 root service on its default HTTP/2 transport and its Envoy) and a control plane, all as the processes
@@ -17,10 +17,10 @@ attack it records, for the process under attack:
   (errors: any non-200, until ``settle_s`` after), next to ``baseline_p50_ms`` measured before any attack.
   The window is at least ``MIN_WINDOW_S`` (3 s) long even when the attacker is cut off at once.
 
-Targets (issue 14): RSS growth ≤ 50 MB and back within 10 s of the attacker leaving; no loop block >
+Targets: RSS growth ≤ 50 MB and back within 10 s of the attacker leaving; no loop block >
 50 ms; p50 within 2× of the baseline and no errors; a bad config reported within 2 s and 200 MB. Each
 record carries a pass/fail per target. Everything is bounded: attack sizes come from ``--scale`` (``ci``
-or ``issue``), each attacker leaves after ``hold_s``, the config validator runs under a time limit and an
+or ``full``), each attacker leaves after ``hold_s``, the config validator runs under a time limit and an
 address-space cap, and the control plane is killed if a reload makes it pass ``--mem-cap-mb``.
 
 ``--tls`` runs the same stack with mutual TLS on every gRPC hop (docs/security.md); the attackers hold
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dlb.bench import harness
 from dlb.bench import hostile_attacks as atk
 from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, gc_pauses, health_ping, p50, probe_ping, rss_mb, secure_or_plain
 from dlb.procutil import free_port
@@ -71,8 +72,8 @@ class Setup:
 
 
 def _start(tmp: Path, tls: bool) -> Setup:
+    from dlb.launch.up import tcp_open
     from dlb.testbed.stack import CellSpec, start_data_plane
-    from dlb.testbed.up import tcp_open
 
     tls_section, creds = None, None
     if tls:
@@ -128,8 +129,23 @@ def _verdicts(rec: dict[str, Any], baseline_p50: float | None) -> dict[str, bool
     return out
 
 
-def run_bench(attacks: list[str], scale: atk.Scale, rate: float, settle_s: float, baseline_s: float, mem_cap_mb: int,
-              validate_timeout_s: float, tls: bool = False, warmup_s: float = WARMUP_S) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HostileOptions:
+    """How hard and how long the bench attacks, and what it waits for (``dlb bench hostile``'s options)."""
+
+    scale: atk.Scale
+    rate: float = 10.0
+    settle_s: float = 10.0
+    baseline_s: float = 10.0
+    mem_cap_mb: int = 1500
+    validate_timeout_s: float = 20.0
+    tls: bool = False
+    warmup_s: float = WARMUP_S
+
+
+def run_bench(attacks: list[str], opts: HostileOptions) -> dict[str, Any]:
+    scale, rate, settle_s, baseline_s = opts.scale, opts.rate, opts.settle_s, opts.baseline_s
+    mem_cap_mb, validate_timeout_s, tls, warmup_s = opts.mem_cap_mb, opts.validate_timeout_s, opts.tls, opts.warmup_s
     from dlb.provenance import git_commit
     from dlb.testbed.stack import request
 
@@ -198,7 +214,7 @@ def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor
         address: Any = (host, port) if kind == "root" else (leaf_probe if kind == "leaf" else s.cp_xds)
         alive = None
         if name == "idle-connections":
-            from dlb.testbed.up import http_get
+            from dlb.launch.up import http_get
 
             metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
 
@@ -322,7 +338,7 @@ def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: 
 
 def _root_gc(plane: Any) -> dict[str, float]:
     """The root's GC pause totals and longest so far from its /metrics ({} if it does not answer)."""
-    from dlb.testbed.up import http_get
+    from dlb.launch.up import http_get
 
     try:
         status, body = http_get(f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics", 5.0)
@@ -347,7 +363,7 @@ def _leaf_view(target: str, creds: Any) -> dict[str, Any]:
 
 def _status_sizes(status: str) -> dict[str, Any]:
     """Sizes of the control plane's /status and /metrics after the attack (bounded regardless of clients?)."""
-    from dlb.testbed.up import http_get
+    from dlb.launch.up import http_get
 
     out: dict[str, Any] = {}
     for path in ("/status", "/metrics"):
@@ -388,25 +404,6 @@ def _sighup_bomb(s: Setup, scale: atk.Scale, timeout_s: float, mem_cap_mb: int) 
             "log_head": text[:300], "cp_rss_peak_mb": round(peak, 1), "killed_after_s": None if reported or killed else timeout_s}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("hostile", help="issue 14's attacks against live services while real traffic flows",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", default=None, help="write the records (with the git commit) here; the exit status is 1 "
-                   "when any target is missed (each named on stderr)")
-    p.add_argument("--attacks", default=None, help=f"comma-separated subset of: {', '.join(ATTACKS + TLS_ATTACKS)} (default: all; "
-                   f"{', '.join(TLS_ATTACKS)} only with --tls)")
-    p.add_argument("--scale", choices=("ci", "issue"), default="ci", help="attack sizes: ci (seconds) or issue (the issue's table)")
-    p.add_argument("--rate", type=float, default=10.0, help="real requests per second through the root Envoy (default 10)")
-    p.add_argument("--settle-s", type=float, default=10.0, help="seconds after each attacker leaves before RSS 'after' (default 10)")
-    p.add_argument("--baseline-s", type=float, default=10.0,
-                   help=f"seconds of real traffic before any attack (default 10, after {WARMUP_S:g} s of warm-up)")
-    p.add_argument("--mem-cap-mb", type=int, default=1500, help="address-space cap of the validator; control plane killed past it")
-    p.add_argument("--validate-timeout-s", type=float, default=20.0, help="the config validator / a reload is given this long")
-    p.add_argument("--tls", action="store_true",
-                   help="run the stack with mutual TLS (a throw-away CA; needs 'cryptography'): the attackers have no certificate")
-    p.set_defaults(func=run)
-
-
 def summary_line(r: dict[str, Any], baseline_p50_ms: float | None) -> str:
     """One attack's console line; a measure that does not apply (the validator has no RSS before/after
     nor a loop; no real request finished during a short attack) shows as '—', not Python's None."""
@@ -436,27 +433,17 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"--attacks: unknown {', '.join(bad)} (one of {', '.join(known)})", file=sys.stderr)
         return 2
-    result = run_bench(attacks, atk.Scale.named(args.scale), args.rate, args.settle_s, args.baseline_s, args.mem_cap_mb,
-                       args.validate_timeout_s, tls=args.tls)
+    record = harness.start()
+    result = run_bench(attacks, HostileOptions(atk.Scale.named(args.scale), args.rate, args.settle_s, args.baseline_s,
+                                               args.mem_cap_mb, args.validate_timeout_s, tls=args.tls))
     print(f"baseline: p50 {result['baseline_p50_ms']} ms, root loop {result['baseline_loop_block_max_ms']} ms with no attack; "
           f"load average {result['load_avg_1m']['start']} -> {result['load_avg_1m']['end']}")
     for r in result["attacks"]:
         print(summary_line(r, result["baseline_p50_ms"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    failed = failed_targets(result)
-    if failed:
-        print(f"dlb bench hostile: {len(failed)} target(s) missed: " + "; ".join(failed), file=sys.stderr)
-        return 1
-    return 0
+    return harness.finish(record, result, targets(result), json_path=args.json)
 
 
-def failed_targets(result: dict[str, Any]) -> list[str]:
-    """Each missed target as 'row N attack: verdict, ...' (empty: every target met) — the exit status
-    of ``dlb bench hostile``, so CI can gate on it (it used to exit 0 whatever the verdicts)."""
-    out = []
-    for r in result["attacks"]:
-        missed = [k for k, ok in r["verdicts"].items() if ok is False]
-        if missed:
-            out.append(f"row {r['row']} {r['attack']}: {', '.join(missed)}")
-    return out
+def targets(result: dict[str, Any]) -> list[harness.Target]:
+    """Every attack's verdicts as targets named 'row N attack: verdict' — the exit status of ``dlb bench
+    hostile`` names each missed one, so CI can gate on it."""
+    return [harness.Target(f"row {r['row']} {r['attack']}: {k}", ok) for r in result["attacks"] for k, ok in r["verdicts"].items()]

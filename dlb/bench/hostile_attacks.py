@@ -34,7 +34,7 @@ EXT_PROC_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 @dataclass(frozen=True)
 class Scale:
-    """Sizes of every attack: ``issue`` is the issue's table; ``ci`` keeps a smoke run in seconds."""
+    """Sizes of every attack: ``full`` is the size the targets are stated for; ``ci`` keeps a smoke run in seconds."""
 
     hpack_connections: int = 8
     hpack_blocks: int = 64
@@ -55,12 +55,12 @@ class Scale:
 
     @classmethod
     def named(cls, name: str) -> Scale:
-        if name == "issue":
+        if name == "full":
             return cls()
         if name == "ci":
             return cls(hpack_connections=2, hpack_blocks=8, open_streams=1_000, control_batches=2, idle_connections=300, tls_hellos=100,
                        als_starts=20_000, als_errors=200, ads_streams=5, bogus_types=200, bogus_names=10, bomb_depth=6, hold_s=1.0)
-        raise ValueError(f"unknown scale {name!r} (issue or ci)")
+        raise ValueError(f"unknown scale {name!r} (full or ci)")
 
 
 #: What an attacker process may be asked to run (dlb.bench.hostile runs each in an interpreter of its

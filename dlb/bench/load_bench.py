@@ -25,9 +25,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from dlb.bench import harness
 from dlb.load.generator import LoadRunner, quantile
 from dlb.load.workload import WorkloadRequest
 from dlb.procutil import free_port, stop_process
@@ -100,6 +100,11 @@ async def measure(port: int, rate: float, duration: float) -> dict[str, Any]:
             "generator_cpu_ms_per_req": 1000 * cpu / max(1, len(results))}
 
 
+#: The verdict rule of the module docstring, as the results file states it.
+RULES = {"keeps_up": "sent >= 99 % and ok >= 99 % of the scheduled requests, send delay p99 <= 20 ms",
+         "no_skew": "skew p50 <= 2 ms and p99 <= 20 ms"}
+
+
 def verdict(m: dict[str, Any]) -> dict[str, bool]:
     """The rule in the module docstring."""
     keeps_up = m["sent"] >= 0.99 * m["scheduled"] and m["ok"] >= 0.99 * m["scheduled"] and m["send_delay_p99_ms"] <= 20
@@ -107,29 +112,16 @@ def verdict(m: dict[str, Any]) -> dict[str, bool]:
     return {"keeps_up": bool(keeps_up), "no_skew": bool(no_skew)}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("load", help="does `dlb load` keep up with a target rate without skewing what it measures",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", type=float, default=300.0, help="streaming requests per second (default 300)")
-    p.add_argument("--low-rate", type=float, default=20.0, help="reference rate (default 20)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds per rate (default 20)")
-    p.add_argument("--chunks", type=int, default=16, help="SSE events per response (default 16)")
-    p.add_argument("--first-ms", type=float, default=20.0, help="upstream delay before the first event")
-    p.add_argument("--gap-ms", type=float, default=5.0, help="upstream delay between events")
-    p.add_argument("--json", default=None, help="write the results (with the git commit) here")
-    p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.serve is not None:
         _serve(args.serve, args.chunks, args.first_ms, args.gap_ms)
         return 0
     from dlb.config.model import HostPort
+    from dlb.launch.up import tcp_open
     from dlb.testbed.report import git_commit
-    from dlb.testbed.up import tcp_open
 
-    git_commit()  # the tree as it is when the run starts
+    record = harness.start()  # the tree and the box's load as they are when the run starts
+    commit = git_commit()
     port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "dlb.cli", "bench", "load", "--serve", str(port), "--chunks", str(args.chunks),
                            "--first-ms", str(args.first_ms), "--gap-ms", str(args.gap_ms)],
@@ -147,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
             uvloop.install()
         except ImportError:
             pass
-        out: dict[str, Any] = {**git_commit(), "upstream": {"chunks": args.chunks, "first_ms": args.first_ms, "gap_ms": args.gap_ms},
-                               "loadavg_start": os.getloadavg(), "runs": []}
+        out: dict[str, Any] = {**commit, "upstream": {"chunks": args.chunks, "first_ms": args.first_ms, "gap_ms": args.gap_ms},
+                               "loadavg_start": record.loadavg_start, "runs": []}
         for rate in (args.low_rate, args.rate):
             m = asyncio.run(measure(port, rate, args.duration))
             m["verdict"] = verdict(m)
@@ -158,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
                   f"skew p50/p99 {m['skew_p50_ms']:.2f}/{m['skew_p99_ms']:.2f} ms  latency p50 {m['latency_p50_ms']:.1f} ms  "
                   f"generator CPU {m['generator_cpu_ms_per_req']:.2f} ms/req  {m['verdict']}", flush=True)
         out["loadavg_end"] = os.getloadavg()
-        if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=1))
-        return 0 if all(out["runs"][-1]["verdict"].values()) else 1
+        last = out["runs"][-1]
+        targets = [harness.Target(f"{name} at {args.rate:g}/s: {RULES[name]}", bool(ok)) for name, ok in last["verdict"].items()]
+        return harness.finish(record, out, targets, json_path=args.json)
     finally:
         stop_process(up, 5)

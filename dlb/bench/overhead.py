@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from dlb.bench import harness
 from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
 from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.config import config_from_dict
@@ -502,32 +503,8 @@ def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
     loadgen = resolve_loadgen(args.loadgen)
-    from dlb.provenance import git_commit
-
+    record = harness.start()  # the code that runs, and the box's load, before the run
     records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices, loadgen=loadgen,
                            envoy_concurrency=args.envoy_concurrency)
-    commit = git_commit()
-    for r in records:  # every results file names the code that produced it
-        r["commit"] = commit
-    if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     print(summarize(records))
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("overhead", help="added latency/throughput/CPU of the root (and leaf) ext_proc hop through real Envoys")
-    p.add_argument("--json", default=None, help="write the records here (list of {config, mode, rate, p50_ms, p99_ms, rps, cpu_s_per_1k, ...})")
-    p.add_argument("--duration", type=float, default=6.0, help="seconds per configuration and mode (default 6)")
-    p.add_argument("--connections", type=int, default=16, help="closed-loop concurrency (default 16)")
-    p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
-    p.add_argument("--configs", nargs="+", choices=CONFIGS + EXTRA_CONFIGS, default=list(CONFIGS),
-                   help=f"systems to compare ({RESP_CONFIG}: leaf ext_proc also sees response headers; "
-                        f"{LR_CONFIG}: no leaf ext_proc, Envoy LEAST_REQUEST + access log; {W2_CONFIG}: root service with 2 workers; {BARE_CONFIG}/{BARE_H2_CONFIG}: constant-reply servicer on grpc.aio / on DLB's h2 transport (floors); "
-                        f"{GRPC_CONFIG}: the root service on grpc.aio; {MTLS_CONFIG}: the root hop under mutual TLS; {NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
-                        f"from a live control plane, no ext_proc on the request)")
-    p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
-                   help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")
-    p.add_argument("--envoy-concurrency", type=int, default=1, help="worker threads of each Envoy under test (default 1)")
-    p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
-    p.set_defaults(func=run)
+    return harness.finish(record, records, json_path=args.json)  # every row names the code that produced it

@@ -9,11 +9,11 @@ Probe answers arrive every 50 decisions for one cell, as they would at ~1k reque
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 
+from dlb.bench import harness
 from dlb.core.costs import Cost, cost_vector
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
@@ -69,19 +69,10 @@ def measure(decisions: int = 20_000, cells: tuple[int, ...] = (3, 10)) -> list[d
     return out
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("pick", help="per-request decision cost of the root router vs a numpy baseline")
-    p.add_argument("--decisions", type=int, default=20_000)
-    p.add_argument("--json", default=None)
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
+    record = harness.start()
     records = measure(args.decisions)
     print(f"{'cells':>5} {'policy':10} {'baseline µs':>12} {'pick µs':>8} {'speedup':>8}")
     for r in records:
         print(f"{r['cells']:>5} {r['policy']:10} {r['baseline_us']:>12.2f} {r['pick_us']:>8.2f} {r['speedup']:>7.2f}x")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
-    return 0
+    return harness.finish(record, records, json_path=args.json)

@@ -27,6 +27,7 @@ from aiohttp import web
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
+from dlb.bench import harness
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
@@ -236,19 +237,6 @@ async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float =
             srv.proc.wait(10)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("xds", help="xDS server scale: push-to-ACK latency and memory per stream")
-    p.add_argument("--streams", default="10,100,500", help="comma-separated stream counts (default 10,100,500)")
-    p.add_argument("--updates", type=int, default=5, help="weight updates per stream count (default 5)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all ACKs of one update")
-    p.add_argument("--json", default=None, help="write the records to this file")
-    p.add_argument("--uvloop", action="store_true", help="run the server process on uvloop")
-    p.add_argument("--delta", action="store_true", help="clients use incremental (delta) ADS instead of SotW")
-    p.add_argument("--resources", type=int, default=1,
-                   help="1 (default): one RDS route whose weights change; K > 1: wildcard CDS of K clusters, one changes per update")
-    p.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         counts = [int(x) for x in args.streams.split(",") if x.strip()]
@@ -258,27 +246,30 @@ def run(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.updates < 1 or args.resources < 1:
         print("--streams needs positive counts, --updates and --resources >= 1", file=sys.stderr)
         return 2
+    record = harness.start()
     records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources))
-    text = json.dumps(records, indent=1)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print(json.dumps(records, indent=1))
+    return harness.finish(record, records, json_path=args.json)
+
+
+def serve_main(argv: list[str]) -> int:
+    """The benchmark's server process (``python -m dlb.bench.xds_scale --serve PORT [--uvloop]``)."""
+    if argv[:1] != ["--serve"]:
+        print("usage: dlb bench xds (this module's --serve is the benchmark's server process)", file=sys.stderr)
+        return 1
+    from dlb import log as _log
+
+    _log.configure()
+    if "--uvloop" in argv:
+        import uvloop
+
+        uvloop.install()
+    try:
+        asyncio.run(_serve(int(argv[1])))
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--serve"]:
-        from dlb import log as _log
-
-        _log.configure()
-        if "--uvloop" in sys.argv:
-            import uvloop
-
-            uvloop.install()
-        try:
-            asyncio.run(_serve(int(sys.argv[2])))
-        except KeyboardInterrupt:
-            pass
-    else:
-        raise SystemExit("usage: dlb bench xds (this module's --serve is the benchmark's server process)")
+    sys.exit(serve_main(sys.argv[1:]))

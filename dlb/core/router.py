@@ -219,7 +219,7 @@ class RootRouter:
     def book(self, cell: int, now: float, amount: float = 1.0) -> None:
         """Count ``amount`` requests sent to ``cell`` at ``now`` until a probe can have seen them.
 
-        :meth:`pick` books its own requests; the fluid model of :mod:`dlb.core.theory` books
+        :meth:`pick` books its own requests; the fluid model of :mod:`dlb.theory.fluid` books
         fractional masses.
         """
         self._unseen[cell].append((now, amount))
@@ -275,7 +275,7 @@ class RootRouter:
         """Count arrivals this router did not route through :meth:`pick` (for the rate EMA of :meth:`tick`).
 
         For callers that apply ``x`` themselves — a data plane sampling the flow split natively, or the
-        fluid model of :mod:`dlb.core.theory`, whose arrivals are fractional.
+        fluid model of :mod:`dlb.theory.fluid`, whose arrivals are fractional.
         """
         self._arrivals += count
 

@@ -1,30 +1,8 @@
-"""``dlb up`` and ``dlb demo``: argument parsing only; the work is in :mod:`dlb.testbed.up` and :mod:`dlb.testbed.demo`."""
+"""``dlb demo``: argument parsing only; the work is in :mod:`dlb.testbed.demo` (``dlb up`` is in :mod:`dlb.launch.cli`)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-from dlb.load.argtypes import positive_float
-
-
-def register_up(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("up", help="run every DLB component of a config on this machine (supervised)",
-                              description="Start the control plane, every cell's leaf Envoy + agent and every source "
-                              "cell's root Envoy + service in front of the servers the config names; wait until every "
-                              "tier is ready (probes fresh); print the URLs; restart crashed children; Ctrl-C stops all.")
-    p.add_argument("--config", required=True, help="DLB config YAML (docs/config.md)")
-    p.add_argument("--run-dir", type=Path, default=None, help="logs and bootstraps (default runs/up-TIMESTAMP)")
-    p.add_argument("--emulate-wan", action="store_true", help="delay leaf traffic and probes by the config's one-way latencies")
-    p.add_argument("--ready-timeout", type=positive_float, default=90.0, help="seconds each tier may take to become ready")
-    p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
-    p.set_defaults(func=_run_up)
-
-
-def _run_up(args: argparse.Namespace) -> int:
-    from dlb.testbed.up import run_up
-
-    return run_up(args.config, args.run_dir, args.emulate_wan, args.ready_timeout, args.duration)
 
 
 def register_demo(subparsers: argparse._SubParsersAction) -> None:

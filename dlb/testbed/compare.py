@@ -25,8 +25,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dlb.launch.up import StopFlag
 from dlb.load.generator import Result, summarize
-from dlb.testbed.up import StopFlag
 
 SCENARIOS = ("steady", "degraded")
 

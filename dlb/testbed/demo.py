@@ -1,7 +1,7 @@
 """``dlb demo``: ``dlb up`` on an embedded emulated fleet, an open-loop workload, a live view, a report.
 
 Sequence: start one emulator process per server (tier ``servers``), then the deployment exactly as
-``dlb up`` does (:func:`dlb.testbed.up.plan`: control plane, leaves, roots, Envoys over xDS, WAN
+``dlb up`` does (:func:`dlb.launch.up.plan`: control plane, leaves, roots, Envoys over xDS, WAN
 emulated), wait for every tier (roots: probes fresh), then send a seeded workload
 (:mod:`dlb.load.workload`) at ``--load`` × the fleet's computed capacity through the roots. At
 ``DEGRADE_AT`` of the run the servers of the degraded cell slow down (``POST /admin/faults`` on each one's admin port) and
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dlb.launch.supervisor import Child, StartError, Supervisor
+from dlb.launch.up import StopFlag, http_ok, plan
 from dlb.load.generator import LoadRunner, Result, positive_float
 from dlb.load.workload import WorkloadSpec, generate
 from dlb.procutil import free_port_block
@@ -35,8 +37,6 @@ from dlb.testbed.fleet import (
     fleet_capacity_rps,
     server_addresses,
 )
-from dlb.testbed.supervisor import Child, StartError, Supervisor
-from dlb.testbed.up import StopFlag, http_ok, plan
 
 DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers

@@ -8,7 +8,7 @@ the in-pod hop from the root Envoy to its service). So a request, a probe or an 
 works here crossed the bridge the way it would cross a network between pods or machines.
 
 :func:`netns_config` is pure (addresses in, config dict out); :func:`plan` adds the processes to a
-:class:`~dlb.testbed.supervisor.Supervisor`, each run with ``ip netns exec`` and each readiness
+:class:`~dlb.launch.supervisor.Supervisor`, each run with ``ip netns exec`` and each readiness
 check made from inside its host (:func:`dlb.testbed.netns.entered`).
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import HostPort
+from dlb.launch.supervisor import Child, Supervisor
+from dlb.launch.up import _envoy_live, http_get, probes_fresh, tcp_open
 from dlb.testbed.netns import Host, Lab, entered, listeners
-from dlb.testbed.supervisor import Child, Supervisor
-from dlb.testbed.up import _envoy_live, http_get, probes_fresh, tcp_open
 
 ADMIN_PORT = 9901  # Envoy admin, on 127.0.0.1 of its host (each host has its own loopback)
 XDS_PORT, STATUS_PORT = 18000, 18001

@@ -19,7 +19,7 @@ from typing import Any
 
 from dlb.config import Config, config_from_dict
 from dlb.envoy.binary import EnvoyProcess
-from dlb.testbed.metrics_text import metric_value  # noqa: F401 - re-exported: tests and benches read metrics from here
+from dlb.launch.metrics_text import metric_value  # noqa: F401 - re-exported: tests and benches read metrics from here
 from dlb.testbed.process import ServiceProcess, free_port
 
 

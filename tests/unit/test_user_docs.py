@@ -33,9 +33,6 @@ COMMIT_ID = re.compile(r"(?<![0-9A-Za-z_#/.\-])(?<!0x)([0-9a-f]{7,40})(?![0-9A-Z
 ISSUE_REF = re.compile(r"\bissues?\s*[#-]?\s*\d+", re.IGNORECASE)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
-#: Commands whose help another part of the same change rewrites; their findings are reported by
-#: test_pending_help_is_listed so they cannot be forgotten. Empty this set when that part lands.
-PENDING_HELP = {"dlb bench", "dlb theory", "dlb up"}
 
 
 def commit_ids(text: str) -> list[str]:
@@ -95,10 +92,6 @@ def all_help() -> list[tuple[str, str]]:
     return list(help_texts(build_parser(None)))  # None: every command's module registers its real parser
 
 
-def _pending(command: str) -> bool:
-    return any(command == p or command.startswith(p + " ") for p in PENDING_HELP)
-
-
 # -- the rules on the real files -------------------------------------------------------------------
 
 
@@ -120,21 +113,12 @@ def test_user_doc_links_resolve(path: Path) -> None:
 
 
 def test_cli_help_names_no_commit_or_issue(all_help: list[tuple[str, str]]) -> None:
-    """No ``dlb ... --help`` text names a commit id or an issue number (pending commands aside)."""
+    """No ``dlb ... --help`` text names a commit id or an issue number."""
     commands = {cmd for cmd, _ in all_help}
     assert {"dlb serve leaf", "dlb sim report", "dlb config validate", "dlb bfio study"} <= commands
     assert "--output" in dict(all_help)["dlb sim report"]  # real parsers, not the lazy placeholders
-    bad = {cmd: findings(text) for cmd, text in all_help if not _pending(cmd) and findings(text)}
+    bad = {cmd: findings(text) for cmd, text in all_help if findings(text)}
     assert bad == {}
-
-
-def test_pending_help_is_listed(all_help: list[tuple[str, str]]) -> None:
-    """The pending commands still exist; what they still name is printed for the part rewriting them."""
-    commands = {cmd for cmd, _ in all_help}
-    assert commands >= PENDING_HELP
-    for cmd, text in all_help:
-        if _pending(cmd) and findings(text):
-            print(f"pending: {cmd}: {findings(text)}")
 
 
 # -- the rules can fail: planted violations ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """``dlb up``: every DLB component of a config on this machine, under one supervisor.
 
-Tiers, started in this order and stopped in the reverse (:mod:`dlb.testbed.supervisor`):
+Tiers, started in this order and stopped in the reverse (:mod:`dlb.launch.supervisor`):
 
 1. ``control-plane`` — ``dlb serve control-plane`` (xDS, flow loop, ``/status``, ``/fleet``);
 2. ``leaves`` — per cell the leaf agent (``dlb serve leaf --xds``) and the leaf Envoy, whose
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import Config, HostPort, TlsFiles
+from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
-from dlb.testbed.supervisor import Child, Supervisor
 
 ENVOY_LOG_LEVEL = "warning"
 
@@ -128,7 +128,7 @@ def _fetch(url: str) -> str | None:
 
 def _root_waiting(ready_file: Path, metrics_url: str, cfg: Config, cell: str, leaf_metrics: dict[str, str]) -> str:
     """What a root service lacks before it is ready: its listener, or usable cells (and why each is not)."""
-    from dlb.testbed.waiting import root_waiting
+    from dlb.launch.waiting import root_waiting
 
     if not ready_file.exists():
         return "its ext_proc listener (ready file not written yet)"
@@ -191,7 +191,7 @@ def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xd
 
 def probes_fresh(metrics_url: str, cfg: Config, cell: str) -> bool:
     """Every cell the root of ``cell`` may send to is usable (fresh probe, available) for every endpoint."""
-    from dlb.testbed.waiting import unusable
+    from dlb.launch.waiting import unusable
 
     return not unusable(http_get(metrics_url, 1.0)[1], cfg, cell)
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dlb.bench import harness
 from dlb.emulator.profile import load_profile
 from dlb.sim.engine import simulate
 from dlb.sim.scenario import Scenario, Workload
@@ -66,14 +66,12 @@ def twin(fleet: Fleet = DEFAULT_FLEET, load: float = 0.75, duration_s: float = 4
     return replace(sc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlb.testbed.sim_twin", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--real", default="research/bench/compare.json", help="the real comparison (dlb demo --compare --json)")
-    p.add_argument("--duration", type=float, default=40.0)
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """``dlb bench sim-twin``: the simulator on the twin of the demo fleet next to a real comparison run."""
+    from dlb.testbed.report import git_commit
+
+    record = harness.start()
+    commit = git_commit()
     real = {r["policy"]: r for r in json.loads(Path(args.real).read_text())["records"] if r["scenario"] == "steady"}
     sc = twin(duration_s=args.duration)
     print(f"sim capacity {sc.capacity().sum():.1f} req/s (demo: {sum(fleet_capacity_rps(DEFAULT_FLEET, MEAN_PROMPT, MEAN_OUTPUT).values()):.1f}); "
@@ -96,13 +94,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['policy']:9s} sim mean {r['sim_mean_s']:.2f}s p90 {r['sim_p90_s']:.2f}s (÷Rand {r['sim_norm_mean']:.2f}, "
               f"errors {100 * r['sim_error_rate']:.1f}%) | real mean {r['real_mean_s']:.2f}s p90 {r['real_p90_s']:.2f}s "
               f"(÷Rand {r['real_norm_mean']:.2f})")
-    if args.json:
-        from dlb.testbed.report import git_commit
-
-        Path(args.json).write_text(json.dumps({**git_commit(), "trials": args.trials, "duration_s": args.duration,
-                                               "records": out}, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return harness.finish(record, {**commit, "trials": args.trials, "duration_s": args.duration, "records": out},
+                          json_path=args.json)

@@ -1,4 +1,4 @@
-"""``dlb theory``: the paper's fluid model (section 4), integrated with the production routers.
+"""The paper's fluid model (section 4), integrated with the production routers (``dlb theory`` runs it).
 
 For seeded random topologies (heterogeneous cells, RTTs 1–150 ms, residency-restricted asymmetric
 arcs) we integrate the delayed fluid dynamics
@@ -21,7 +21,7 @@ one full round trip ``τ_ij + τ_ji`` later (plus up to one probe period of samp
   cell (many roots in a cell would each see only their own sends, a weaker correction).
 
 The end state (time average over the last ``avg_window`` seconds) is compared with equilibria solved
-independently in :mod:`dlb.core.equilibria`: the latency-minimising routing (Flow-Grad's
+independently in :mod:`dlb.theory.equilibria`: the latency-minimising routing (Flow-Grad's
 target), the Wardrop equilibrium (Flow-Lat's) and the RIF equilibrium (Disc-RIF's).
 
 Integration: fixed step ``dt = 2⁻⁷ s`` ≈ 7.8 ms (binary-exact, so the routers' period checks see exact time
@@ -32,24 +32,17 @@ discretisation does not bias the end state.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dlb.core.costs import cost_vector
-from dlb.core.equilibria import Equilibrium, FluidNetwork, Objective, balanced_routing, solve
 from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
-from dlb.resumable import ignore_sigint, json_lines
+from dlb.theory.equilibria import Equilibrium, FluidNetwork, Objective, balanced_routing, solve
 
 #: The policies the check runs (names from dlb.core.router.POLICY_NAMES), and the equilibrium each should reach.
 POLICIES: dict[str, Objective] = {
@@ -345,7 +338,7 @@ def run(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str] | None = N
     return out
 
 
-# -- command line ----------------------------------------------------------------------------------------
+# -- targets ---------------------------------------------------------------------------------------------
 #: Flow-Grad must end within this relative latency gap of the optimum on every topology.
 FLOW_GRAD_TARGET = 0.01
 
@@ -392,64 +385,6 @@ def targets(records: list[Record]) -> list[tuple[str, bool, str]]:
     return out
 
 
-def _run_one(job: tuple[FluidNetwork, SimConfig, list[str], float, dict[Objective, Equilibrium]]) -> list[Record]:
-    net, cfg, policies, window, eqs = job
-    return run([net], cfg, policies, window, {net.name: eqs})
-
-
-def _solve_one(job: tuple[FluidNetwork, list[str]]) -> dict[Objective, Equilibrium]:
-    return equilibria(*job)
-
-
-def _job_cost(job: tuple[FluidNetwork, SimConfig, list[str], float, dict[Objective, Equilibrium]]) -> float:
-    """Relative CPU cost of a job, to start the dearest first: the flow step and the probe bookkeeping
-    are per router and per cell, so ~ n² · R (docs/theory.md, "Runtime")."""
-    net, cfg = job[0], job[1]
-    return float(net.n * net.n * cfg.root_replicas)
-
-
-def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, policies: list[str], window: float, jobs: int,
-                 replicas: tuple[int, ...] = (1,), noises: tuple[float, ...] = (0.0,),
-                 on_records: Callable[[list[Record]], None] | None = None, done: Sequence[Record] = ()) -> list[Record]:
-    """:func:`run` over topologies × replicas × noise × policies in ``jobs`` worker processes.
-
-    Results come back in (topology, R, ε, policy) order whatever order the jobs finished in.
-    Each network's equilibria are solved once, not once per (R, ε): on the complete 12-cell graph the
-    three solves take ~115 s of CPU, more than its R = 1 simulations (docs/theory.md, "Runtime").
-    One job is one policy (a trajectory does not depend on the other policies), started dearest first:
-    with one job per (topology, R, ε) the last C12 jobs ran ~14 min on one worker while the other idled.
-    ``on_records`` is called with each job's records as it finishes (the CLI streams them to disk, so
-    an interrupted 2-hour run keeps what it did); ``done``: records of an interrupted run, whose jobs
-    are not run again (``dlb theory --resume``).
-    """
-    import multiprocessing
-
-    work = [(net, r, e, p) for net in nets for r in replicas for e in noises for p in policies]
-    have = {(rec.topology, rec.replicas, rec.noise, rec.policy) for rec in done}
-    order = {(net.name, r, e, p): k for k, (net, r, e, p) in enumerate(work)}
-    work = [w for w in work if (w[0].name, w[1], w[2], w[3]) not in have]
-    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=ignore_sigint) if jobs > 1 and len(work) > 1 else None
-    try:
-        need = [net for net in nets if any(w[0] is net for w in work)]  # a resumed run may have all of one
-        if pool is not None:
-            solved = pool.map(_solve_one, [(net, policies) for net in need], chunksize=1)
-        else:
-            solved = [_solve_one((net, policies)) for net in need]
-        eqs = {net.name: s for net, s in zip(need, solved, strict=True)}
-        todo = [(net, replace(cfg, root_replicas=r, noise_eps=e), [p], window, eqs[net.name]) for net, r, e, p in work]
-        todo.sort(key=_job_cost, reverse=True)
-        results = pool.imap_unordered(_run_one, todo, chunksize=1) if pool is not None else map(_run_one, todo)
-        out = [rec for rec in done if (rec.topology, rec.replicas, rec.noise, rec.policy) in order]
-        for recs in results:
-            out += recs
-            if on_records is not None:
-                on_records(recs)
-        return sorted(out, key=lambda rec: order[(rec.topology, rec.replicas, rec.noise, rec.policy)])
-    finally:
-        if pool is not None:
-            pool.terminate()
-
-
 def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
     info = {net.name: net for net in nets}
     head = (f"{'topology':8} {'cells':>5} {'util':>5} {'maxRTT':>7}  {'R':>3} {'eps':>5}  {'policy':9} {'latency_gap':>11} "
@@ -471,176 +406,3 @@ def format_table(nets: list[FluidNetwork], records: list[Record]) -> str:
             f"   {100 * max(r.amplitude for r in rs):7.3f}%   {100 * max(r.equilibrium_latency_gap for r in rs):7.3f}%"
         )
     return "\n".join(lines)
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise SystemExit(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise SystemExit(f"{flag}: values must be >= 1: {text!r}")
-    return vals
-
-
-def _floats(text: str, flag: str) -> tuple[float, ...]:
-    try:
-        vals = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise SystemExit(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not vals or min(vals) < 0 or max(vals) >= 1:
-        raise SystemExit(f"{flag}: values must be in [0, 1): {text!r}")
-    return vals
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser(
-        "theory",
-        help="fluid-model check: routers vs independently solved equilibria",
-        description=(
-            "Integrate the paper's delayed fluid model (section 4) on seeded random topologies under "
-            "the six DLB policies with R root replicas per cell and exact or noisy models, driving the "
-            "production RootRouter, and compare the end state with the optimum / Wardrop / RIF "
-            "equilibria solved with scipy.optimize."
-        ),
-    )
-    p.add_argument("--set", dest="topology_set", choices=("scale", "paper"), default="scale",
-                   help="topology set: 'scale' = complete and sparse graphs of 2, 6, 12 cells (default); "
-                   "'paper' = --topologies random 3–6-cell, 70%%-dense graphs")
-    p.add_argument("--sizes", default=",".join(str(n) for n in SCALE_SIZES), help="cell counts of the scale set (default %(default)s)")
-    p.add_argument("--topologies", type=int, default=12, help="number of random topologies of the paper set (default 12)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the topology generator (default 0)")
-    p.add_argument("--horizon", type=float, default=SimConfig.horizon_s, help="simulated seconds per run (default %(default)s)")
-    p.add_argument("--window", type=float, default=None, help="seconds at the end to average over (default 10%% of the horizon, >= 10)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of %(default)s")
-    p.add_argument("--replicas", default="1,4,16", help="root replicas per cell to run (default %(default)s)")
-    p.add_argument("--noise", default="0,0.25", help="model errors ε to run; 0 = exact (default %(default)s)")
-    p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
-    p.add_argument("--json", dest="json_path", default=None,
-                   help="write the records as a JSON list to FILE; while it runs, each record is appended to "
-                   "FILE.partial.jsonl as its job finishes (removed once FILE is written)")
-    p.add_argument("--resume", action="store_true",
-                   help="with --json: keep the records an interrupted run of the same code and settings left in "
-                   "FILE.partial.jsonl and run only the missing jobs (the default set is ~2 h of 2-core time)")
-    p.set_defaults(func=run_cli, provenance_commit=None, provenance_code=None)
-
-
-def _check_json_path(path: str) -> None:
-    """Refuse a --json path that cannot be written, before hours of work rather than after."""
-    import os
-
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise SystemExit(f"--json {path}: is a directory; give a file name")
-    if not os.path.isdir(parent):
-        raise SystemExit(f"--json {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise SystemExit(f"--json {path}: directory {parent} is not writable")
-
-
-def _resumed(partial: str, settings: dict[str, Any]) -> list[Record]:
-    """Records of an interrupted run with the same settings (code included) in ``partial``; other lines
-    (other settings, a line cut by the interruption) are skipped and counted on stderr."""
-    kept: dict[tuple[str, int, float, str], Record] = {}
-    skipped = 0
-    fields = set(Record.__dataclass_fields__)
-    try:
-        for line, d in json_lines(partial):
-            try:
-                rec = Record(**{k: v for k, v in d.items() if k in fields}) if d.get("settings") == settings else None
-            except (TypeError, AttributeError):
-                rec = None
-            if rec is not None:
-                kept[(rec.topology, rec.replicas, rec.noise, rec.policy)] = rec
-            elif line.strip():
-                skipped += 1
-    except OSError as e:
-        raise SystemExit(f"--resume: cannot read {partial}: {e}") from None
-    print(f"--resume: {len(kept)} record(s) kept from {partial}" + (f", {skipped} line(s) not" if skipped else ""),
-          file=sys.stderr)
-    return list(kept.values())
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    import os
-
-    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise SystemExit(f"--policies: unknown policy {unknown}; choose from {list(POLICIES)}")
-    if args.topologies < 1 or args.horizon <= 0:
-        raise SystemExit("--topologies must be >= 1 and --horizon > 0")
-    if args.jobs is not None and args.jobs < 1:
-        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
-    if args.window is not None and not args.window > 0:
-        raise SystemExit(f"--window must be > 0 seconds, got {args.window:g}")
-    replicas = _ints(args.replicas, "--replicas")
-    noises = _floats(args.noise, "--noise")
-    cfg = SimConfig(horizon_s=args.horizon, flow=FlowConfig(kappa=args.kappa))
-    window = args.window if args.window is not None else max(10.0, 0.1 * args.horizon)
-    if window >= args.horizon:
-        raise SystemExit(f"the averaging window ({window:g} s) must be shorter than --horizon ({args.horizon:g} s): "
-                         "it would average the start from an empty system, not the end state (set --window, "
-                         "or a --horizon above 10 s)")
-    if args.resume and not args.json_path:
-        raise SystemExit("--resume needs --json FILE (the interrupted run's records are in FILE.partial.jsonl)")
-    if args.json_path:
-        _check_json_path(args.json_path)
-    jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
-    if args.topology_set == "scale":
-        nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"))
-    else:
-        nets = networks(args.topologies, args.seed)
-    commit = getattr(args, "provenance_commit", None) or "unknown"  # filled in by dlb.cli (core does no I/O)
-    code = getattr(args, "provenance_code", None) or "unknown"
-    settings = {"code": code, "set": args.topology_set, "sizes": args.sizes, "topologies": args.topologies,
-                "seed": args.seed, "horizon": args.horizon, "window": window, "kappa": args.kappa}
-    start = time.monotonic()
-    total = len(nets) * len(replicas) * len(noises) * len(policies)
-    partial = f"{args.json_path}.partial.jsonl" if args.json_path else None
-    done: list[Record] = []
-    if partial and args.resume:
-        if code == "unknown" or code.endswith("+dirty"):
-            raise SystemExit(f"--resume: the code is {code!r}; commit dlb/ first (a dirty tree has no id to resume onto)")
-        done = _resumed(partial, settings)
-    elif partial and os.path.exists(partial) and os.path.getsize(partial) > 0:
-        raise SystemExit(f"{partial} holds an interrupted run's records: continue it with --resume, or remove the file")
-    if partial:
-        with open(partial, "w", encoding="utf-8") as fh:  # rewritten with only what is kept
-            for r in done:
-                fh.write(json.dumps({**asdict(r), "commit": commit, "code": code, "settings": settings}) + "\n")
-    finished = len(done)
-
-    def progress(recs: list[Record]) -> None:
-        # A full scale run takes ~1-2 h: say how far it is, and keep each record on disk as it comes.
-        nonlocal finished
-        finished += len(recs)
-        for r in recs:
-            print(f"[{finished}/{total}, {time.monotonic() - start:.0f} s] {r.topology} {r.policy} R={r.replicas} "
-                  f"ε={r.noise:g}: latency_gap {100 * r.latency_gap:.3f}%", file=sys.stderr, flush=True)
-        if partial:
-            with open(partial, "a", encoding="utf-8") as fh:
-                for r in recs:
-                    fh.write(json.dumps({**asdict(r), "commit": commit, "code": code, "settings": settings}) + "\n")
-
-    try:
-        records = run_parallel(nets, cfg, policies, window, jobs, replicas, noises, on_records=progress, done=done)
-    except KeyboardInterrupt:
-        where = f"; the {finished} finished record(s) are in {partial}, continue with --resume" if partial else ""
-        print(f"\ndlb theory: interrupted{where}", file=sys.stderr)
-        return 130
-    elapsed = time.monotonic() - start
-    print(format_table(nets, records))
-    print(f"\n{len(nets)} topologies ({args.topology_set}), seed {args.seed}, R {list(replicas)}, ε {list(noises)}, "
-          f"horizon {args.horizon:g} s, κ = {args.kappa:g}, {elapsed:.1f} s")
-    checks = targets(records)
-    for name, holds, measured in checks:
-        print(f"  {'PASS' if holds else 'FAIL'}  {name}: {measured}")
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump([{**asdict(r), "commit": commit, "code": code} for r in records], fh, indent=1)
-            fh.write("\n")
-        if partial:
-            os.unlink(partial)  # the complete file replaces it
-    return 0 if all(h for _, h, _ in checks) else 1

@@ -1,19 +1,19 @@
 """What a root that is not ready yet is waiting for, in words, from its and its leaves' ``/metrics``.
 
 Why: ``dlb up`` calls a root ready only when it has fresh probe state for every cell it may send to
-(:func:`dlb.testbed.up.probes_fresh`). When a cell cannot become usable — every server of it down, a
+(:func:`dlb.launch.up.probes_fresh`). When a cell cannot become usable — every server of it down, a
 leaf agent that does not answer — the console used to stay silent until the ready timeout and then
 name only "root east service", while the reason sat in the metrics: the root's probe counters say
 whether the leaf answers at all, and the leaf's ``dlb_leaf_healthy_servers`` whether it has a server.
 
 Pure: metric texts in, a sentence out (the supervisor asks for it every few seconds; the I/O is in
-:mod:`dlb.testbed.up`).
+:mod:`dlb.launch.up`).
 """
 
 from __future__ import annotations
 
 from dlb.config.model import Config
-from dlb.testbed.metrics_text import metric_value
+from dlb.launch.metrics_text import metric_value
 
 
 def unusable(root_metrics: str, cfg: Config, cell: str) -> dict[str, list[str]]:
