@@ -236,7 +236,7 @@ def test_leaf_checks_its_own_envoy_at_envoy_check_address_and_serves_health(tmp_
         own = f"127.0.0.1:{own_envoy.getsockname()[1]}"
         leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", f"127.0.0.1:{metrics}",
                               "--envoy-check-address", own, "--envoy-check-period-ms", "50", "--scrape-period-ms", "0",
-                              "--background-probe-min-interval-ms", "0", "--drain-s", "5")
+                              "--drain-s", "5")
         with leaf, grpc.insecure_channel(probe) as ch:
             assert _get(f"http://127.0.0.1:{metrics}/healthz")[0] == 200
             assert _get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200

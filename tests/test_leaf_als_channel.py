@@ -54,7 +54,7 @@ def test_probe_port_does_not_serve_the_access_log_and_its_own_channel_is_tied_to
         path = Path(tmp) / "dlb.yaml"
         path.write_text(json.dumps(raw))
         leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0",
-                              "--scrape-period-ms", "0", "--background-probe-min-interval-ms", "0")
+                              "--scrape-period-ms", "0")
         with leaf, grpc.insecure_channel(str(cfg.cells[0].leaf.probe)) as probe_ch, grpc.insecure_channel(channel) as als_ch:
             probe = probe_pb2_grpc.ProbeStub(probe_ch)
             # 1. A peer on the network (the probe port) cannot open an access-log stream at all.

@@ -138,3 +138,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")
     r.add_argument("-o", "--output", default="-", help="output file (default stdout)")
     r.set_defaults(func=run_render)
+
+
+class _Moved(argparse.Action):
+    """A flag whose knob moved into the config: using it stops the command and says where the knob lives."""
+
+    def __init__(self, option_strings: list[str], dest: str, where: str = "", **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        self.where = where
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is no longer a flag: routing knobs live in the DLB config, as {self.where} "
+                     "(docs/config.md, policy surface); every process of the deployment then agrees, and xDS can change it live")
+
+
+def add_moved_flags(parser: argparse.ArgumentParser, moved: dict[str, str]) -> None:
+    """Keep each removed routing flag as a hidden one that fails with where its knob lives now."""
+    for flag, where in moved.items():
+        parser.add_argument(flag, action=_Moved, where=where)

@@ -263,3 +263,20 @@ def policy_plugins(policy: Policy) -> list[dict[str, Any]]:
                                                 "max": a.max, "period_ms": a.period_ms}},
             {"type": "affinity", "parameters": {"enabled": f.enabled, "header": f.header, "ttl_s": f.ttl_s,
                                                 "max_sessions": f.max_sessions, "prefix_savings_ms": f.prefix_savings_ms}}]
+
+
+def set_plugins(raw: dict[str, Any], *plugins: dict[str, Any]) -> dict[str, Any]:
+    """Put ``plugins`` into a config dict's ``policy`` section, each replacing any entry of its slot.
+
+    For programs that write a config (testbeds, benchmarks): what used to be a flag on one process
+    becomes a plugin in the file every process of the deployment reads.
+    """
+    section = raw.setdefault("policy", {})
+    section.setdefault("apiVersion", POLICY_API_VERSION)
+    current = list(section.get("plugins") or [])
+    for plugin in plugins:
+        slot = REGISTRY[plugin["type"]].slot
+        current = [p for p in current if not (isinstance(p, dict) and p.get("type") in REGISTRY and REGISTRY[p["type"]].slot == slot)]
+        current.append(plugin)
+    section["plugins"] = current
+    return raw
