@@ -117,12 +117,51 @@ def run_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_check_envoy(args: argparse.Namespace) -> int:
+    """Every mismatch between hand-edited Envoy files and the DLB config, with its path; exit 1 if any."""
+    import yaml
+
+    from dlb.envoy.check import check_bootstrap
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    status = 0
+    for path in args.files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                boot = yaml.safe_load(fh)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            print(f"{path}: cannot read as YAML: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        found = check_bootstrap(boot, cfg, role=args.role, cell=args.cell)
+        for m in found:
+            print(f"{path}: {m}", file=sys.stderr)
+        if found:
+            status = 1
+            print(f"{path}: {len(found)} mismatch{'es' * (len(found) != 1)} with {args.config}", file=sys.stderr)
+        elif not args.quiet:
+            print(f"{path}: agrees with {args.config}")
+    return status
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check DLB config files; report every problem (exit 1 if any)")
     p.add_argument("files", nargs="+", metavar="FILE", help="DLB config YAML")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing when valid")
     p.add_argument("--envoy", action="store_true", help="also render every cell's Envoy bootstraps and run envoy --mode validate")
     p.set_defaults(func=run_validate)
+
+    c = subparsers.add_parser("check-envoy", help="check hand-edited Envoy bootstraps against the DLB config (exit 1 on a mismatch)")
+    c.add_argument("files", nargs="+", metavar="ENVOY.yaml", help="root or leaf Envoy bootstrap")
+    c.add_argument("--config", required=True, help="DLB config YAML")
+    c.add_argument("--role", choices=["root", "leaf"], default=None, help="default: the file's node.cluster (dlb-root / dlb-leaf)")
+    c.add_argument("--cell", default=None, help="default: the file's node.locality.zone")
+    c.add_argument("-q", "--quiet", action="store_true", help="print nothing when every file agrees")
+    c.set_defaults(func=run_check_envoy)
 
     r = subparsers.add_parser("render", help="write the Envoy bootstrap of one cell's root or leaf")
     r.add_argument("file", metavar="FILE", help="DLB config YAML")
