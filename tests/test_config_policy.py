@@ -197,3 +197,19 @@ def test_parse_config_reports_policy_lines() -> None:
     (p,) = info.value.problems
     assert p.path == "policy.plugins[0].parameters.rho"
     assert p.line == 1 + next(i for i, line in enumerate(text.splitlines()) if line.strip() == "rho: 3")
+
+
+def test_demo_writes_its_leaf_and_mnlb_knobs_into_the_config(tmp_path: Any) -> None:
+    """What the demo once passed as flags (--refit-period-s 1 --window-s 10, --mnlb) is in the file it writes."""
+    import argparse
+
+    from dlb.cli import build_parser
+    from dlb.config import load_config
+    from dlb.testbed.demo import prepare
+
+    args = build_parser().parse_args(["demo", "--out", str(tmp_path)])
+    _, _, path = prepare(args, tmp_path / "dlb")
+    pol = load_config(path).policy
+    assert (pol.leaf.fit.window_s, pol.leaf.fit.refit_period_s, pol.weights) == (10.0, 1.0, "flow-routers")
+    _, _, path = prepare(argparse.Namespace(**{**vars(args), "mnlb": True}), tmp_path / "mnlb")
+    assert load_config(path).policy.weights == "mnlb"
