@@ -20,6 +20,9 @@ def summary(cfg: Config) -> str:
         dests = [d.name for d in cfg.allowed_destinations(c.name)]
         lines.append(f"  cell {c.name}: {len(c.servers)} server{'s' * (len(c.servers) != 1)}, replicas {c.replicas}, "
                      f"leaf {c.leaf.address}, may send to {'all' if len(dests) == n else ', '.join(dests)}")
+    lp = cfg.policy.leaf
+    lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick} (choices {lp.pick_params.choices}), latency fit window "
+                 f"{lp.fit.window_s:g} s / refit {lp.fit.refit_period_s:g} s, weights from {cfg.policy.weights}")
     for e in cfg.endpoints:
         p = e.policy
         extras = [x for x, on in (("aversion", p.aversion.enabled), (f"affinity on {p.affinity.header}", p.affinity.enabled)) if on]
