@@ -213,3 +213,30 @@ def test_demo_writes_its_leaf_and_mnlb_knobs_into_the_config(tmp_path: Any) -> N
     assert (pol.leaf.fit.window_s, pol.leaf.fit.refit_period_s, pol.weights) == (10.0, 1.0, "flow-routers")
     _, _, path = prepare(argparse.Namespace(**{**vars(args), "mnlb": True}), tmp_path / "mnlb")
     assert load_config(path).policy.weights == "mnlb"
+
+
+def test_the_control_planes_weight_source_follows_the_config_and_a_reload() -> None:
+    """``mnlb`` and ``rand`` plugins pick the fail-open weights' source; a reload switches it (was --mnlb, a restart)."""
+    import asyncio
+
+    from dlb.control_plane.service import ControlPlane
+
+    flow = [{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [{"type": "flow"}]}}]
+
+    def cfg(*plugins: dict[str, Any]) -> Any:
+        doc = minimal(endpoints=flow)
+        doc["cells"][0]["root"] = {"address": "127.0.0.1:10001"}
+        return config_from_dict(set_plugins(doc, *plugins) if plugins else doc)
+
+    async def scenario() -> None:
+        cp = ControlPlane(cfg(), probe=False, flow_loop=False)
+        assert cp.mnlb is None
+        cp.reload(cfg({"type": "mnlb", "parameters": {"period_s": 3, "rho": 0.5}}))
+        assert cp.mnlb is not None and (cp.mnlb.period_s, cp.mnlb.rho) == (3.0, 0.5) and not cp.weights_frozen
+        cp.reload(cfg({"type": "rand"}))
+        assert cp.mnlb is not None and cp.weights_frozen
+        assert cp.mnlb.weights()["m"][0].tolist() == pytest.approx([1 / 3, 2 / 3])  # replica split: a has 1, b 2
+        cp.reload(cfg({"type": "flow-routers"}))
+        assert cp.mnlb is None
+
+    asyncio.run(scenario())

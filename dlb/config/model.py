@@ -272,8 +272,9 @@ class ProbeParams:
 POLICY_API_VERSION = "dlb.v1"
 #: The leaf's server-pick rules (``policy.plugins[].type``): tokens waiting (Prequal) or power-of-d on RIF.
 PICK_RULES = ("prequal", "rif")
-#: The control plane's source of the fail-open weights: the flow routers, or the central MNLB LP (a baseline).
-WEIGHT_SOURCES = ("flow-routers", "mnlb")
+#: The control plane's source of the fail-open weights: the flow routers, or a baseline: the central MNLB LP,
+#: or Rand (the replica split, never changed).
+WEIGHT_SOURCES = ("flow-routers", "mnlb", "rand")
 
 
 @dataclass(frozen=True)

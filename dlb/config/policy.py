@@ -168,6 +168,8 @@ REGISTRY: dict[str, PluginType] = {t.name: t for t in (
     PluginType("flow-routers", "weights", DEPLOYMENT, NoParams, _none, "fail-open weights from each endpoint's flow routers"),
     PluginType("mnlb", "weights", DEPLOYMENT, MnlbParams, _mnlb,
                "baseline: fail-open weights from the central MNLB LP (for comparisons, not production)"),
+    PluginType("rand", "weights", DEPLOYMENT, NoParams, _none,
+               "baseline: fail-open weights fixed at the replica split (Rand; for comparisons, not production)"),
     PluginType("discrete", "mechanism", ENDPOINT, MechanismParams, _mechanism(False), "the root picks a cell per request"),
     PluginType("flow", "mechanism", ENDPOINT, MechanismParams, _mechanism(True), "the root splits by projected-gradient weights"),
     PluginType("aversion", "aversion", ENDPOINT, AversionParams, aversion_params, "skip cells whose error rate is high"),

@@ -143,7 +143,9 @@ class ControlPlane:
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
         #: MNLB baseline (the ``mnlb`` policy plugin): every endpoint's fail-open weights come from the central
         #: LP (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
-        self.mnlb_enabled = config.policy.weights == "mnlb"
+        #: Rand (the ``rand`` plugin) is MNLB's starting split, never solved: the replica split, fixed.
+        self.mnlb_enabled = config.policy.weights in ("mnlb", "rand")
+        self.weights_frozen = config.policy.weights == "rand"
         mp = config.policy.mnlb
         self.mnlb = (MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources, period_s=mp.period_s, rho=mp.rho)
                      if self.mnlb_enabled and flow_eps else None)
@@ -321,7 +323,8 @@ class ControlPlane:
             await asyncio.sleep(self.flow_period_s)
             try:
                 if self.mnlb is not None:
-                    self.mnlb.step(self.clock())
+                    if not self.weights_frozen:
+                        self.mnlb.step(self.clock())
                 elif self.flow is not None:
                     self.flow.step(self.clock())
                 self.rebuild()
