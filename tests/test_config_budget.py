@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from dlb.config import ConfigError, load_config, parse_config
-from dlb.config.schema import MAX_CELLS, MAX_CONFIG_BYTES, MAX_DEPTH
+from dlb.config.loader import MAX_CELLS, MAX_CONFIG_BYTES, MAX_DEPTH
 from dlb.procutil import free_port
 
 GOOD = """\

@@ -332,7 +332,7 @@ def test_the_openssl_recipe_of_security_md_runs_in_sh_and_makes_working_certific
     import shutil
     import subprocess
 
-    from dlb.config.schema import tls_pair_problems
+    from dlb.config.loader import tls_pair_problems
 
     if shutil.which("openssl") is None:
         pytest.skip("no openssl on PATH")

@@ -7,6 +7,7 @@ the services. May import ``core``, ``xds`` (type URLs), ``proto`` and the founda
 """
 
 from dlb.config.hostport import is_ip
+from dlb.config.loader import ConfigError, Problem, config_from_dict, load_config, parse_config, parse_hostport
 from dlb.config.model import (
     CELL_CLUSTER_PREFIX,
     AffinityParams,
@@ -30,7 +31,6 @@ from dlb.config.model import (
     Server,
     Services,
 )
-from dlb.config.schema import ConfigError, Problem, config_from_dict, load_config, parse_config, parse_hostport
 
 __all__ = [
     "CELL_CLUSTER_PREFIX",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dlb.config.loader import ConfigError, load_config
 from dlb.config.model import Config
-from dlb.config.schema import ConfigError, load_config
 from dlb.envoy.root_token import forgeable_token_warning
 
 
@@ -86,7 +86,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_render(args: argparse.Namespace) -> int:
-    from dlb.config.schema import parse_hostport
+    from dlb.config.loader import parse_hostport
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     try:

@@ -1,6 +1,6 @@
 """The DLB config as frozen dataclasses: what services, the testbed and the Envoy renderer read.
 
-A config is parsed and checked once (``dlb.config.schema``); everything downstream works on these
+A config is parsed and checked once (``dlb.config.loader``); everything downstream works on these
 immutable objects, so a service can never observe a half-valid config. Field names match the YAML keys
 (docs/config.md) and are kept stable: other modules build on them. Cells are indexed 0..n-1 in file
 order; matrices are stored as tuples (hashable, immutable) and exposed as numpy arrays on demand.

@@ -1,8 +1,9 @@
-"""The DLB config schema: each section's checks, the cross-field checks, and the entry points.
+"""The DLB config schema: each section's checks and the cross-field checks, building a :class:`Config`.
 
 The jobs around it live apart: :mod:`dlb.config.yaml_nodes` reads YAML with line numbers,
 :mod:`dlb.config.checker` is the generic field checker, :mod:`dlb.config.tls_check` checks the ``tls``
-files, :mod:`dlb.config.hostport` parses addresses. Checking never stops at the first problem: a bad
+files, :mod:`dlb.config.hostport` parses addresses, :mod:`dlb.config.policy` resolves the policy plugins and
+:mod:`dlb.config.loader` holds the entry points. Checking never stops at the first problem: a bad
 field records a problem and yields its default; ``ConfigError`` is raised at the end with all of them.
 """
 
@@ -14,7 +15,7 @@ import re
 from typing import Any
 
 from dlb.config.checker import Checker, fmt, show
-from dlb.config.hostport import HOSTNAME_RE, is_ip, parse_hostport
+from dlb.config.hostport import is_ip, parse_hostport
 from dlb.config.model import (
     DP_POLICIES,
     Cell,
@@ -37,12 +38,7 @@ from dlb.config.model import (
 )
 from dlb.config.policy import deployment_policy, endpoint_policy
 from dlb.config.problems import ConfigError, Problem
-from dlb.config.tls_check import check_tls, pem_problem, tls_pair_problems
-from dlb.config.yaml_nodes import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES, compose
-
-#: Names other modules and tests import from here (the split kept them).
-__all__ = ["HOSTNAME_RE", "MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_VALUES", "ConfigError", "Problem", "config_from_dict",
-           "is_ip", "load_config", "parse_config", "parse_hostport", "pem_problem", "tls_pair_problems"]
+from dlb.config.tls_check import check_tls
 
 CELL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -372,7 +368,8 @@ def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
 TOP_KEYS = ("version", "cells", "network", "endpoints", "policy", "probe", "services", "tls", "discovery", "root_token_file")
 
 
-def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
+def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
+    """Check plain data (``marks``: field path -> line) and build the Config; raises ConfigError with every problem."""
     ck = Checker(source, marks, problems)
     if data is None and not problems:
         ck.err("", "empty file: expected a mapping with version, cells, endpoints")
@@ -393,30 +390,3 @@ def _build(data: Any, source: str, marks: dict[str, int], problems: list[Problem
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
                   discovery=discovery, policy=policy, root_token=root_token, source=source)
-
-
-def parse_config(text: str, source: str = "<string>") -> Config:
-    """Parse YAML text; raises ConfigError listing every problem (``source`` names the file in messages)."""
-    data, marks, problems = compose(text, source)
-    return _build(data, source, marks, problems)
-
-
-def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
-    """Check and build a config from already-parsed data (tests, generated testbeds); no line numbers."""
-    return _build(data, source, {}, [])
-
-
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Load and check a config file. Services call this at start and refuse to run on ConfigError."""
-    source = os.fspath(path)
-    try:
-        with open(source, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)  # never read a huge file whole
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError([Problem(source, "", f"larger than the {MAX_CONFIG_BYTES:,} bytes a config may have")])
-        text = raw.decode("utf-8")
-    except OSError as exc:
-        raise ConfigError([Problem(source, "", f"cannot read: {exc.strerror or exc}")]) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError([Problem(source, "", f"not UTF-8 text: {exc}")]) from exc
-    return parse_config(text, source)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from dlb.config.loader import ConfigError, Problem, pem_problem, tls_pair_problems
 from dlb.config.model import TlsFiles
-from dlb.config.schema import ConfigError, Problem, pem_problem, tls_pair_problems
 
 SPIFFE_PREFIX = "spiffe://dlb/"
 CONTROL_PLANE = "control-plane"

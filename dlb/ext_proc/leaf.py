@@ -657,7 +657,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     cfg, cell = load_cell(args.config, args.cell)
     if args.envoy_check_address is not None:
-        from dlb.config.schema import parse_hostport
+        from dlb.config.loader import parse_hostport
 
         if parse_hostport(args.envoy_check_address) is None:
             raise SystemExit(f"dlb serve leaf: --envoy-check-address: {args.envoy_check_address!r} is not host:port")

@@ -215,7 +215,7 @@ def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
     command line (``dlb.cli.main``) prints it and exits.
     """
     from dlb.config import ConfigError, load_config
-    from dlb.config.schema import Problem
+    from dlb.config.loader import Problem
 
     try:
         cfg = load_config(config_path)
