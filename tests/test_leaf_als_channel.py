@@ -20,6 +20,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from dlb.config import ConfigError, config_from_dict
+from dlb.config.policy import set_plugins
 from dlb.envoy.bootstrap import leaf_bootstrap
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -46,7 +47,7 @@ def starts(n: int, prefix: str = "fake") -> als_pb2.StreamAccessLogsMessage:
 
 
 def test_probe_port_does_not_serve_the_access_log_and_its_own_channel_is_tied_to_the_stream() -> None:
-    raw = raw_config()
+    raw = set_plugins(raw_config(), {"type": "background-probe", "parameters": {"min_interval_ms": 0}})  # only the test's starts count
     cfg = config_from_dict(raw)
     channel = cfg.cells[0].leaf.access_log_address()
     assert channel.startswith("unix:/")
