@@ -26,6 +26,7 @@ from dlb.errors import DlbError
 _COMMANDS: list[tuple[str | None, str, str, str]] = [
     ("config", "validate", "check DLB config files; report every problem", "dlb.config.cli:register"),
     ("config", "render", "write the Envoy bootstrap of one cell's root or leaf", "dlb.config.cli:register"),
+    ("config", "check-envoy", "check hand-edited Envoy bootstraps against the DLB config", "dlb.config.cli:register"),
     ("config", "xds-bootstrap", "write an Envoy bootstrap that takes everything from the control plane",
      "dlb.envoy.cli:register_bootstrap"),
     ("envoy", "drain", "preStop: fail health checks, drain an Envoy's listeners, wait for requests in flight",

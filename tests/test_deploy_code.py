@@ -36,6 +36,7 @@ from dlb.cli import main
 from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.config.discovery import expand
 from dlb.config.model import HostPort
+from dlb.config.policy import set_plugins
 from dlb.control_plane.service import ControlPlane
 from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess, validate
@@ -220,6 +221,9 @@ def test_every_bootstrap_with_a_ready_port_passes_envoy_validate(tmp_path: Path)
 # --------------------------------------------------------------------------------------------
 
 
+BACKGROUND_OFF = {"type": "background-probe", "parameters": {"min_interval_ms": 0}}
+
+
 def _leaf_config(tmp: Path, leaf_address: str) -> tuple[Path, str]:
     probe = f"127.0.0.1:{free_port()}"
     path = tmp / "dlb.yaml"
@@ -231,12 +235,13 @@ def _leaf_config(tmp: Path, leaf_address: str) -> tuple[Path, str]:
 def test_leaf_checks_its_own_envoy_at_envoy_check_address_and_serves_health(tmp_path: Path) -> None:
     """The cell's address is a load balancer that is down (nothing listens); the pod's own Envoy is up."""
     path, probe = _leaf_config(tmp_path, f"127.0.0.1:{free_port()}")
+    path.write_text(json.dumps(set_plugins(json.loads(path.read_text()), BACKGROUND_OFF)))  # no probe requests to count
     metrics = free_port()
     with socket.create_server(("127.0.0.1", 0)) as own_envoy:  # accepts connections: the check's TCP connect
         own = f"127.0.0.1:{own_envoy.getsockname()[1]}"
         leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", f"127.0.0.1:{metrics}",
                               "--envoy-check-address", own, "--envoy-check-period-ms", "50", "--scrape-period-ms", "0",
-                              "--background-probe-min-interval-ms", "0", "--drain-s", "5")
+                              "--drain-s", "5")
         with leaf, grpc.insecure_channel(probe) as ch:
             assert _get(f"http://127.0.0.1:{metrics}/healthz")[0] == 200
             assert _get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200

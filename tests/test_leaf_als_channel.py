@@ -20,6 +20,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from dlb.config import ConfigError, config_from_dict
+from dlb.config.policy import set_plugins
 from dlb.envoy.bootstrap import leaf_bootstrap
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -46,7 +47,7 @@ def starts(n: int, prefix: str = "fake") -> als_pb2.StreamAccessLogsMessage:
 
 
 def test_probe_port_does_not_serve_the_access_log_and_its_own_channel_is_tied_to_the_stream() -> None:
-    raw = raw_config()
+    raw = set_plugins(raw_config(), {"type": "background-probe", "parameters": {"min_interval_ms": 0}})  # only the test's starts count
     cfg = config_from_dict(raw)
     channel = cfg.cells[0].leaf.access_log_address()
     assert channel.startswith("unix:/")
@@ -54,7 +55,7 @@ def test_probe_port_does_not_serve_the_access_log_and_its_own_channel_is_tied_to
         path = Path(tmp) / "dlb.yaml"
         path.write_text(json.dumps(raw))
         leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0",
-                              "--scrape-period-ms", "0", "--background-probe-min-interval-ms", "0")
+                              "--scrape-period-ms", "0")
         with leaf, grpc.insecure_channel(str(cfg.cells[0].leaf.probe)) as probe_ch, grpc.insecure_channel(channel) as als_ch:
             probe = probe_pb2_grpc.ProbeStub(probe_ch)
             # 1. A peer on the network (the probe port) cannot open an access-log stream at all.

@@ -4,7 +4,7 @@ Two cells, ``local`` (the root's) and ``near`` (30 ms one way, WAN-emulated), on
 each; requests generate 30 tokens (≈ 60–70 ms), so ``local`` is right by ~60 ms of round trip until it
 becomes 3× slower (then ``near`` is). The endpoint's configured prior is 50× too slow (a = 3 s), the
 issue's case. The leaves run the default background-probe settings except the probe size, set to the
-requests' (``--background-probe-max-tokens 30``), and the testbed's 1-s refit.
+requests' (the ``background-probe`` plugin's ``max_tokens: 30``), and the testbed's 1-s refit.
 
 Each phase waits (bounded poll) for the routing to reach the right cell and records how long it took
 in ``RESULTS`` (printed; the issue's target is ≤ 30 s). The bound the polls enforce is looser (60 s),
@@ -40,7 +40,7 @@ RESULTS: dict[str, float] = {}
 @pytest.fixture(scope="module")
 def plane():
     p = start_data_plane([CellSpec("local"), CellSpec("near")], "local", ENDPOINT, one_way_ms={"local": {"near": 30}},
-                         leaf_args=("--background-probe-max-tokens", str(TOKENS)))
+                         plugins=({"type": "background-probe", "parameters": {"max_tokens": TOKENS}},))
     p.started = time.monotonic()
     try:
         yield p
@@ -177,7 +177,7 @@ def fast_prior_plane():
 
     p = start_data_plane([CellSpec("local", emulator={"faults": Faults(slowdown=4.0)}), CellSpec("near")], "local",
                          FAST_PRIOR, one_way_ms={"local": {"near": 30}},
-                         leaf_args=("--background-probe-max-tokens", str(TOKENS)))
+                         plugins=({"type": "background-probe", "parameters": {"max_tokens": TOKENS}},))
     p.started = time.monotonic()
     try:
         yield p

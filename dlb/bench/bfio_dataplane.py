@@ -35,6 +35,7 @@ import numpy as np
 
 from dlb.bench import harness
 from dlb.config import config_from_dict
+from dlb.config.policy import set_plugins
 from dlb.envoy.binary import EnvoyProcess
 from dlb.envoy.bootstrap import leaf_bootstrap, write_bootstrap
 from dlb.testbed.emulator import EmulatorProcess
@@ -156,13 +157,15 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
             }],
             "endpoints": [{"name": "gen", "match": {"prefix": "/v1/"}}],
         }  # fmt: skip
+        # 64 choices: the leaf's pick sees every server, so the DP group's own policy decides the rank.
+        set_plugins(raw, {"type": "prequal", "parameters": {"choices": 64}},
+                    *(() if background_probes else ({"type": "background-probe", "parameters": {"min_interval_ms": 0}},)))
         path = Path(tmp) / "dlb.yaml"
         path.write_text(json.dumps(raw, indent=1))
         cfg = config_from_dict(raw, source=str(path))
         metrics_port = free_port()
         with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
-                            "--seed", str(seed), "--choices", "64",
-                            *(() if background_probes else ("--background-probe-min-interval-ms", "0"))):  # fmt: skip
+                            "--seed", str(seed)):
             admin = free_port()
             boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True),
                                    Path(tmp) / "leaf.yaml")  # fmt: skip

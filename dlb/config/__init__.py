@@ -6,6 +6,7 @@
 the services. May import ``core``, ``xds`` (type URLs), ``proto`` and the foundations.
 """
 
+from dlb.config.hostport import is_ip
 from dlb.config.loader import ConfigError, Problem, config_from_dict, load_config, parse_config, parse_hostport
 from dlb.config.model import (
     CELL_CLUSTER_PREFIX,
@@ -56,6 +57,7 @@ __all__ = [
     "Server",
     "Services",
     "config_from_dict",
+    "is_ip",
     "load_config",
     "parse_config",
     "parse_hostport",

@@ -20,6 +20,9 @@ def summary(cfg: Config) -> str:
         dests = [d.name for d in cfg.allowed_destinations(c.name)]
         lines.append(f"  cell {c.name}: {len(c.servers)} server{'s' * (len(c.servers) != 1)}, replicas {c.replicas}, "
                      f"leaf {c.leaf.address}, may send to {'all' if len(dests) == n else ', '.join(dests)}")
+    lp = cfg.policy.leaf
+    lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick} (choices {lp.pick_params.choices}), latency fit window "
+                 f"{lp.fit.window_s:g} s / refit {lp.fit.refit_period_s:g} s, weights from {cfg.policy.weights}")
     for e in cfg.endpoints:
         p = e.policy
         extras = [x for x, on in (("aversion", p.aversion.enabled), (f"affinity on {p.affinity.header}", p.affinity.enabled)) if on]
@@ -117,12 +120,51 @@ def run_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_check_envoy(args: argparse.Namespace) -> int:
+    """Every mismatch between hand-edited Envoy files and the DLB config, with its path; exit 1 if any."""
+    import yaml
+
+    from dlb.envoy.check import check_bootstrap
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    status = 0
+    for path in args.files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                boot = yaml.safe_load(fh)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            print(f"{path}: cannot read as YAML: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        found = check_bootstrap(boot, cfg, role=args.role, cell=args.cell)
+        for m in found:
+            print(f"{path}: {m}", file=sys.stderr)
+        if found:
+            status = 1
+            print(f"{path}: {len(found)} mismatch{'es' * (len(found) != 1)} with {args.config}", file=sys.stderr)
+        elif not args.quiet:
+            print(f"{path}: agrees with {args.config}")
+    return status
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check DLB config files; report every problem (exit 1 if any)")
     p.add_argument("files", nargs="+", metavar="FILE", help="DLB config YAML")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing when valid")
     p.add_argument("--envoy", action="store_true", help="also render every cell's Envoy bootstraps and run envoy --mode validate")
     p.set_defaults(func=run_validate)
+
+    c = subparsers.add_parser("check-envoy", help="check hand-edited Envoy bootstraps against the DLB config (exit 1 on a mismatch)")
+    c.add_argument("files", nargs="+", metavar="ENVOY.yaml", help="root or leaf Envoy bootstrap")
+    c.add_argument("--config", required=True, help="DLB config YAML")
+    c.add_argument("--role", choices=["root", "leaf"], default=None, help="default: the file's node.cluster (dlb-root / dlb-leaf)")
+    c.add_argument("--cell", default=None, help="default: the file's node.locality.zone")
+    c.add_argument("-q", "--quiet", action="store_true", help="print nothing when every file agrees")
+    c.set_defaults(func=run_check_envoy)
 
     r = subparsers.add_parser("render", help="write the Envoy bootstrap of one cell's root or leaf")
     r.add_argument("file", metavar="FILE", help="DLB config YAML")
@@ -138,3 +180,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")
     r.add_argument("-o", "--output", default="-", help="output file (default stdout)")
     r.set_defaults(func=run_render)
+
+
+class _Moved(argparse.Action):
+    """A flag whose knob moved into the config: using it stops the command and says where the knob lives."""
+
+    def __init__(self, option_strings: list[str], dest: str, where: str = "", **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        self.where = where
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is no longer a flag: routing knobs live in the DLB config, as {self.where} "
+                     "(docs/config.md, policy surface); every process of the deployment then agrees, and xDS can change it live")
+
+
+def add_moved_flags(parser: argparse.ArgumentParser, moved: dict[str, str]) -> None:
+    """Keep each removed routing flag as a hidden one that fails with where its knob lives now."""
+    for flag, where in moved.items():
+        parser.add_argument(flag, action=_Moved, where=where)

@@ -16,15 +16,8 @@ import dataclasses
 import ipaddress
 from collections.abc import Mapping, Sequence
 
+from dlb.config.hostport import is_ip
 from dlb.config.model import Config, HostPort, Server
-
-
-def is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def ip_order(ip: str) -> tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address]:

@@ -268,6 +268,69 @@ class ProbeParams:
     backoff_max_ms: float = 500.0
 
 
+#: The policy surface's version (``policy.apiVersion``); a file naming another is refused, not guessed at.
+POLICY_API_VERSION = "dlb.v1"
+#: The leaf's server-pick rules (``policy.plugins[].type``): tokens waiting (Prequal) or power-of-d on RIF.
+PICK_RULES = ("prequal", "rif")
+#: The control plane's source of the fail-open weights: the flow routers, or a baseline: the central MNLB LP,
+#: or Rand (the replica split, never changed).
+WEIGHT_SOURCES = ("flow-routers", "mnlb", "rand")
+
+
+@dataclass(frozen=True)
+class PickParams:
+    """Parameters of a leaf pick rule (``prequal`` or ``rif``)."""
+
+    choices: int = 2  # servers probed per pick (power-of-d's d; >= servers = least loaded)
+
+
+@dataclass(frozen=True)
+class LatencyFitParams:
+    """The leaf's latency-model fit (``latency-fit``): a shorter window forgets a past slowdown sooner."""
+
+    window_s: float = 60.0
+    refit_period_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class BackgroundProbeParams:
+    """The leaf's background probe requests on an idle cell (``background-probe``); ``min_interval_ms: 0`` = off."""
+
+    min_interval_ms: float = 1000.0
+    max_interval_ms: float = 15000.0
+    budget: float = 0.008  # largest share of the cell's request capacity idle probing may use
+    max_tokens: int = 16  # tokens each probe generates: near the endpoint's mean output length
+    model: str | None = None  # ``model`` field of the probe request
+
+
+@dataclass(frozen=True)
+class MnlbParams:
+    """The MNLB baseline (``mnlb``): the central LP solved every ``period_s`` at utilisation ``rho``."""
+
+    period_s: float = 10.0
+    rho: float = 0.85
+
+
+@dataclass(frozen=True)
+class LeafPolicy:
+    """Every leaf's routing knobs; served to leaves as ``dlb.v1.LeafPolicy`` and applied live."""
+
+    pick: str = "prequal"  # one of PICK_RULES
+    pick_params: PickParams = field(default_factory=PickParams)
+    fit: LatencyFitParams = field(default_factory=LatencyFitParams)
+    background_probe: BackgroundProbeParams = field(default_factory=BackgroundProbeParams)
+
+
+@dataclass(frozen=True)
+class DeploymentPolicy:
+    """The config's ``policy`` section: the knobs that are not per endpoint (docs/config.md, policy surface)."""
+
+    api_version: str = POLICY_API_VERSION
+    leaf: LeafPolicy = field(default_factory=LeafPolicy)
+    weights: str = "flow-routers"  # one of WEIGHT_SOURCES
+    mnlb: MnlbParams = field(default_factory=MnlbParams)
+
+
 @dataclass(frozen=True)
 class Discovery:
     """Server discovery: a ``servers[].address`` that is a DNS name stands for all of its A/AAAA records."""
@@ -327,6 +390,7 @@ class Config:
     services: Services = field(default_factory=Services)
     tls: TlsFiles | None = None  # None: plaintext gRPC everywhere (the default)
     discovery: Discovery = field(default_factory=Discovery)
+    policy: DeploymentPolicy = field(default_factory=DeploymentPolicy)
     #: The shared secret roots send leaves with ``x-dlb-src-cell`` (``root_token_file``); None: one derived
     #: from the config (:func:`dlb.envoy.root_token.root_token`). Kept out of repr so it is never logged.
     root_token: str | None = field(default=None, repr=False)

@@ -10,6 +10,7 @@ The control plane serves, next to Envoy's types:
 | ``dlb.v1.CellAversion`` | cell name | root services |
 | ``dlb.v1.FlowWeights`` | ``<endpoint>/<source cell>`` | root services (the weights Envoy got) |
 | ``dlb.v1.DpGroups`` | cell name | leaves (data-parallel servers: ranks, rank policy, horizon) |
+| ``dlb.v1.LeafPolicy`` | cell name | leaves (pick rule, choices, latency fit, background probes), applied live |
 
 Decoding validates: a resource that would put a service in a bad state raises
 :class:`ResourceError`, which the xDS client turns into a NACK, so the service keeps its last good
@@ -23,7 +24,23 @@ import math
 import numpy as np
 from google.protobuf.message import Message
 
-from dlb.config.model import DP_POLICIES, AffinityParams, AversionParams, Config, DpGroup, Endpoint, FlowParams, Policy, ProbeParams
+from dlb.config.model import (
+    DP_POLICIES,
+    PICK_RULES,
+    POLICY_API_VERSION,
+    AffinityParams,
+    AversionParams,
+    BackgroundProbeParams,
+    Config,
+    DpGroup,
+    Endpoint,
+    FlowParams,
+    LatencyFitParams,
+    LeafPolicy,
+    PickParams,
+    Policy,
+    ProbeParams,
+)
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
@@ -39,6 +56,7 @@ CELL_LATENCY_MODEL = types.type_url_of("dlb.v1.CellLatencyModel")
 CELL_AVERSION = types.type_url_of("dlb.v1.CellAversion")
 FLOW_WEIGHTS = types.type_url_of("dlb.v1.FlowWeights")
 DP_GROUPS = types.type_url_of("dlb.v1.DpGroups")
+LEAF_POLICY = types.type_url_of("dlb.v1.LeafPolicy")
 TOPOLOGY_NAME = "topology"
 
 _MECH = {Mechanism.DISCRETE: pb.RoutingPolicy.DISCRETE, Mechanism.FLOW: pb.RoutingPolicy.FLOW}
@@ -133,6 +151,38 @@ def dp_groups_from_pb(msg: pb.DpGroups) -> list[tuple[str, int, DpGroup]]:
         out.append((key[0], key[1], DpGroup(ranks=g.ranks, policy=g.policy, horizon=g.horizon,
                                             mean_decode_tokens=g.mean_decode_tokens, max_num_seqs=g.max_num_seqs)))
     return out
+
+
+def leaf_policy(config: Config) -> pb.LeafPolicy:
+    """The leaves' routing knobs (the config's ``policy.plugins``), one resource per cell."""
+    lp, bg = config.policy.leaf, config.policy.leaf.background_probe
+    return pb.LeafPolicy(api_version=config.policy.api_version, pick=lp.pick, choices=lp.pick_params.choices,
+                         window_s=lp.fit.window_s, refit_period_s=lp.fit.refit_period_s,
+                         background_min_interval_ms=bg.min_interval_ms, background_max_interval_ms=bg.max_interval_ms,
+                         background_budget=bg.budget, background_max_tokens=bg.max_tokens, background_model=bg.model or "")
+
+
+def leaf_policy_from_pb(msg: pb.LeafPolicy, what: str = "LeafPolicy") -> LeafPolicy:
+    """Decode and check a LeafPolicy; a value a leaf cannot apply raises :class:`ResourceError` (a NACK)."""
+    if msg.api_version != POLICY_API_VERSION:
+        raise ResourceError(f"{what}.api_version: {msg.api_version!r} is not supported (this leaf speaks {POLICY_API_VERSION})")
+    if msg.pick not in PICK_RULES:
+        raise ResourceError(f"{what}.pick: must be one of {', '.join(PICK_RULES)}, got {msg.pick!r}")
+    if msg.choices < 1:
+        raise ResourceError(f"{what}.choices: must be >= 1, got {msg.choices}")
+    for name in ("window_s", "refit_period_s", "background_max_interval_ms", "background_budget"):
+        v = getattr(msg, name)
+        if not (math.isfinite(v) and v > 0):
+            raise ResourceError(f"{what}.{name}: must be a finite number > 0, got {v}")
+    if not (math.isfinite(msg.background_min_interval_ms) and msg.background_min_interval_ms >= 0) or msg.background_budget > 1:
+        raise ResourceError(f"{what}: background_min_interval_ms must be >= 0 and background_budget <= 1")
+    if msg.background_max_tokens < 1:
+        raise ResourceError(f"{what}.background_max_tokens: must be >= 1, got {msg.background_max_tokens}")
+    return LeafPolicy(pick=msg.pick, pick_params=PickParams(choices=msg.choices),
+                      fit=LatencyFitParams(window_s=msg.window_s, refit_period_s=msg.refit_period_s),
+                      background_probe=BackgroundProbeParams(
+                          min_interval_ms=msg.background_min_interval_ms, max_interval_ms=msg.background_max_interval_ms,
+                          budget=msg.background_budget, max_tokens=msg.background_max_tokens, model=msg.background_model or None))
 
 
 def flow_weights_name(endpoint: str, source: str) -> str:

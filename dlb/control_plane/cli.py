@@ -8,6 +8,7 @@ import signal
 import sys
 
 from dlb.config import ConfigError, load_config
+from dlb.config.cli import add_moved_flags
 from dlb.log import get_logger
 
 log = get_logger("dlb.control_plane")
@@ -20,9 +21,6 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--status", default=None, help="status/metrics HTTP address host:port (default services.control_plane.status)")
     p.add_argument("--emulate-wan", action="store_true", help="leaf Envoys delay requests by the source cell's RTT (testbeds)")
     p.add_argument("--no-probe", action="store_true", help="do not probe leaves (serve the config only; no flow updates)")
-    p.add_argument("--mnlb", action="store_true",
-                   help="baseline for comparisons: every flow endpoint's weights from the central MNLB LP (demand and "
-                        "capacity measured from the leaves' probes) instead of the flow routers")
     p.add_argument("--serve-cells", default=None, metavar="A,B",
                    help="build snapshots and flow loops for these cells only (one control plane per cluster); "
                         "every leaf is still probed (default: every cell)")
@@ -30,6 +28,7 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
                    help="reload when the config file changes, as on SIGHUP (follows a Kubernetes ConfigMap's symlink swap)")
     p.add_argument("--watch-period-s", type=float, default=1.0, help="how often --watch-config checks the file")
     p.add_argument("--ready-file", default=None, help="write {xds, status, pid} JSON here once serving (testbeds, benches)")
+    add_moved_flags(p, {"--mnlb": "policy.plugins: [{type: mnlb}]"})
     p.set_defaults(func=run_serve)
 
 
@@ -63,7 +62,7 @@ async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.ext_proc.metrics import CallbackCollector
     from dlb.gc_heap import GcPauses, freeze_heap
 
-    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, mnlb=args.mnlb, serve_cells=args.serve_cells)
+    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells)
     xds_port, status_port = await cp.start(args.xds, args.status)
     # Start-up state never becomes garbage: freeze it so a full collection (which a hostile client's
     # allocations trigger) walks only what came since; it blocked the loop 38-101 ms (issue 14 row 6).

@@ -88,7 +88,7 @@ class ControlPlane:
     """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = True, flow_loop: bool = True, mnlb: bool = False,
+                 probe: bool = True, flow_loop: bool = True,
                  serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
@@ -101,9 +101,6 @@ class ControlPlane:
         self.emulate_wan = emulate_wan
         self.probe_enabled = probe
         self.flow_loop_enabled = flow_loop  # off: snapshots change only on rebuild()/reload() calls
-        #: MNLB baseline (``--mnlb``): every endpoint's fail-open weights come from the central LP
-        #: (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
-        self.mnlb_enabled = mnlb
         #: ``--serve-cells``: snapshots and flow loops for these cells only (None = every cell). One
         #: control plane per Kubernetes cluster serves its own cells, so a WAN partition never cuts a
         #: region off from xDS; it still probes every leaf, since its roots' costs need them all.
@@ -144,7 +141,14 @@ class ControlPlane:
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
         self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
-        self.mnlb = MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources) if self.mnlb_enabled and flow_eps else None
+        #: MNLB baseline (the ``mnlb`` policy plugin): every endpoint's fail-open weights come from the central
+        #: LP (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
+        #: Rand (the ``rand`` plugin) is MNLB's starting split, never solved: the replica split, fixed.
+        self.mnlb_enabled = config.policy.weights in ("mnlb", "rand")
+        self.weights_frozen = config.policy.weights == "rand"
+        mp = config.policy.mnlb
+        self.mnlb = (MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources, period_s=mp.period_s, rho=mp.rho)
+                     if self.mnlb_enabled and flow_eps else None)
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
         self.prior = config.endpoints[0].latency_prior.to_core()
         self.models: dict[str, tuple[LatencyParams, float, int]] = {}
@@ -176,6 +180,7 @@ class ControlPlane:
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
             leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
+            leaf[cell.name].append(Resource.from_message(dr.leaf_policy(config), name=cell.name, type_url=dr.LEAF_POLICY))
         return _Static(root, leaf, root_sets)
 
     async def refresh_dns(self) -> bool:
@@ -318,7 +323,8 @@ class ControlPlane:
             await asyncio.sleep(self.flow_period_s)
             try:
                 if self.mnlb is not None:
-                    self.mnlb.step(self.clock())
+                    if not self.weights_frozen:
+                        self.mnlb.step(self.clock())
                 elif self.flow is not None:
                     self.flow.step(self.clock())
                 self.rebuild()

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dlb.config.hostport import is_ip
 from dlb.config.model import HostPort, TlsFiles
 from dlb.config.tls import CONTROL_PLANE, identity_name, spiffe_id
-from dlb.envoy.bootstrap import _is_ip, overload_manager, ready_listener
+from dlb.envoy.bootstrap import overload_manager, ready_listener
 from dlb.envoy.tls import upstream_tls
 
 XDS_CLUSTER = "dlb_xds"
@@ -38,7 +39,7 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
     if role not in ROLES:
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
     ads = {"ads": {}, "resource_api_version": "V3"}
-    dns = not _is_ip(xds.host)
+    dns = not is_ip(xds.host)
     boot: dict[str, Any] = {
         "node": {
             "id": node_id or f"{role}-{cell}-{os.getpid()}",

@@ -21,7 +21,6 @@ and ``x-dlb-cell`` from everyone and drops ``x-dlb-src-cell`` from requests with
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from dlb.config.hostport import is_ip
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.envoy import headers as _h
@@ -77,14 +77,6 @@ def _duration(seconds: float) -> str:
     return (text if text not in ("", "0", "-0") else "0") + "s"
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
 def _socket(hp: HostPort) -> dict[str, Any]:
     return {"socket_address": {"address": hp.host, "port_value": hp.port}}
 
@@ -98,7 +90,7 @@ def _cluster(name: str, addrs: list[tuple[HostPort, int]], *, lb_policy: str = "
     """A cluster of fixed hosts: STATIC for IPs, STRICT_DNS when any host is a DNS name; ``tls``: its transport socket."""
     cluster: dict[str, Any] = {
         "name": name,
-        "type": "STATIC" if all(_is_ip(hp.host) for hp, _ in addrs) else "STRICT_DNS",
+        "type": "STATIC" if all(is_ip(hp.host) for hp, _ in addrs) else "STRICT_DNS",
         "connect_timeout": _duration(connect_timeout_s),
         "lb_policy": lb_policy,
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
@@ -448,7 +440,7 @@ def _listener(name: str, listen: HostPort, hcm: dict[str, Any], reuse_port: bool
 
 def _bind(hp: HostPort) -> HostPort:
     """A listener needs an IP: a DNS name in the config is how *others* reach us, so bind all interfaces."""
-    return hp if _is_ip(hp.host) else HostPort("0.0.0.0", hp.port)
+    return hp if is_ip(hp.host) else HostPort("0.0.0.0", hp.port)
 
 
 # --------------------------------------------------------------------------------------------

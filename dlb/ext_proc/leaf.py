@@ -45,7 +45,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.config import Config
-from dlb.config.model import DpGroup
+from dlb.config.model import BackgroundProbeParams, DpGroup
 from dlb.config.tls import component_identity
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.bfio import DpBalancer
@@ -57,7 +57,7 @@ from dlb.envoy import headers
 from dlb.envoy.bootstrap import SERVER_CHECK_INTERVAL_S, SERVER_CHECK_JITTER_S
 from dlb.errors import BindError
 from dlb.ext_proc.health import HealthState, health_handler
-from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
+from dlb.ext_proc.leaf_state import PICK_RULES, Completion, LeafState, ServerState
 from dlb.ext_proc.metrics import FastHistogram, Readiness, serve_metrics
 from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, add_port, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
 from dlb.ext_proc.runner import run_event_loop, write_ready
@@ -420,6 +420,11 @@ class LeafAgent:
                 for addr, v in zip(members, bal.kv(now), strict=True):
                     kv.add_metric([addr], float(v))
             yield kv
+        rule = GaugeMetricFamily("dlb_leaf_pick_rule", "1 for the server-pick rule in use (config or xDS LeafPolicy)", labels=["rule"])
+        for name in PICK_RULES:
+            rule.add_metric([name], float(st.pick_rule == name))
+        yield rule
+        yield GaugeMetricFamily("dlb_leaf_pick_choices", "Servers probed per pick in use", value=st.choices)
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
         yield GaugeMetricFamily("dlb_leaf_envoy_reachable", "1 if the leaf Envoy accepts connections", value=float(self.envoy_ok))
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
@@ -668,34 +673,35 @@ def run(args: argparse.Namespace) -> int:
     metrics = args.metrics
     if metrics is None:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
-    run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, args.choices,
-                            args.scrape_period_ms / 1000.0, args.seed, args.refit_period_s, args.envoy_check_period_ms / 1000.0,
+    lp = cfg.policy.leaf  # routing knobs come from the config (policy.plugins), later from xDS
+    run_event_loop(run_leaf(cfg, args.cell, listen, metrics or None, args.ready_file, lp.pick_params.choices,
+                            args.scrape_period_ms / 1000.0, args.seed, lp.fit.refit_period_s, args.envoy_check_period_ms / 1000.0,
                             xds=args.xds, xds_delta=args.xds_delta, ext_proc_h2=ext_proc_h2, drain_s=args.drain_s,
-                            background=_background_config(args), background_body=background_body(args), pick_rule=args.pick,
-                            window_s=args.window_s, envoy_address=args.envoy_check_address))
+                            background=background_config(lp.background_probe), background_body=background_body(lp.background_probe),
+                            pick_rule=lp.pick, window_s=lp.fit.window_s, envoy_address=args.envoy_check_address))
     return 0
 
 
-def _background_config(args: argparse.Namespace) -> BackgroundProbeConfig | None:
-    if args.background_probe_min_interval_ms <= 0:
+def background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
+    """The background prober's settings from the ``background-probe`` plugin (None: ``min_interval_ms: 0``, off)."""
+    if bg.min_interval_ms <= 0:
         return None
     try:
-        return BackgroundProbeConfig(min_interval_s=args.background_probe_min_interval_ms / 1000.0,
-                                     max_interval_s=args.background_probe_max_interval_ms / 1000.0,
-                                     budget=args.background_probe_budget)
+        return BackgroundProbeConfig(min_interval_s=bg.min_interval_ms / 1000.0, max_interval_s=bg.max_interval_ms / 1000.0,
+                                     budget=bg.budget)
     except ValueError as e:
-        raise SystemExit(f"dlb serve leaf: --background-probe-*: {e}") from None
+        raise SystemExit(f"dlb serve leaf: the background-probe plugin: {e}") from None
 
 
-def background_body(args: argparse.Namespace) -> bytes:
-    """The probe: a chat completion of exactly ``--background-probe-max-tokens`` tokens (``ignore_eos``,
-    so its size — and so its latency — does not vary from probe to probe)."""
+def background_body(bg: BackgroundProbeParams) -> bytes:
+    """The probe: a chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, so its size — and so
+    its latency — does not vary from probe to probe)."""
     import json
 
     body: dict = {"messages": [{"role": "user", "content": "dlb background probe"}],
-                  "max_tokens": args.background_probe_max_tokens, "ignore_eos": True}
-    if args.background_probe_model:
-        body["model"] = args.background_probe_model
+                  "max_tokens": bg.max_tokens, "ignore_eos": True}
+    if bg.model:
+        body["model"] = bg.model
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -707,32 +713,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cell", required=True, help="the cell this leaf serves")
     p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
     p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")
-    p.add_argument("--pick", choices=("prequal", "rif"), default="prequal",
-                   help="server pick: balance tokens waiting (Prequal probe pool + hot-cold rule; default) or RIF (power-of-d)")
-    p.add_argument("--choices", type=int, default=2,
-                   help="servers probed per pick (power-of-d's d; >= servers = least loaded)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
     p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
                    help="TCP check of this agent's leaf Envoy (--envoy-check-address); probes fail while it is down (0 = off)")
     p.add_argument("--envoy-check-address", default=None,
                    help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
                         "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
-    p.add_argument("--refit-period-s", type=float, default=5.0, help="latency-model refit period")
-    p.add_argument("--background-probe-min-interval-ms", type=float, default=1000.0,
-                   help="background probe requests when the cell is idle: at most one per this (0 = off)")
-    p.add_argument("--background-probe-max-interval-ms", type=float, default=15000.0,
-                   help="... and at least one per this while idle (how soon a change on an idle cell is seen)")
-    p.add_argument("--background-probe-budget", type=float, default=0.008,
-                   help="largest share of the cell's request capacity (1/b of its model) idle probing may use")
-    p.add_argument("--background-probe-max-tokens", type=int, default=16,
-                   help="tokens each probe generates: set it near the endpoint's mean output length")
-    p.add_argument("--background-probe-model", default=None, help="'model' field of the probe request (default: none)")
-    p.add_argument("--window-s", type=float, default=60.0,
-                   help="latency-model sample window (s); shorter forgets a past slowdown sooner (dlb demo: 10)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",
                    help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
     p.add_argument("--drain-s", type=float, default=1.0,
                    help="on SIGTERM: seconds of gRPC health NOT_SERVING (Envoy stops sending) before streams are closed")
+    from dlb.config.cli import add_moved_flags
+
+    add_moved_flags(p, {
+        "--pick": "policy.plugins: [{type: prequal}] or [{type: rif}]",
+        "--choices": "parameters.choices of the prequal or rif plugin in policy.plugins",
+        "--window-s": "parameters.window_s of the latency-fit plugin in policy.plugins",
+        "--refit-period-s": "parameters.refit_period_s of the latency-fit plugin in policy.plugins",
+        "--background-probe-min-interval-ms": "parameters.min_interval_ms of the background-probe plugin in policy.plugins",
+        "--background-probe-max-interval-ms": "parameters.max_interval_ms of the background-probe plugin in policy.plugins",
+        "--background-probe-budget": "parameters.budget of the background-probe plugin in policy.plugins",
+        "--background-probe-max-tokens": "parameters.max_tokens of the background-probe plugin in policy.plugins",
+        "--background-probe-model": "parameters.model of the background-probe plugin in policy.plugins",
+    })
     p.set_defaults(func=run)

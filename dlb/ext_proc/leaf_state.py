@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -194,6 +194,22 @@ class LeafState:
         if len(of) != sum(len(m) for _, m in kept):
             raise ValueError(f"cell {self.cell}: a rank address belongs to two DP groups")
         self.dp_groups, self.dp_of = kept, of
+
+    def set_policy(self, pick_rule: str, choices: int, window_s: float, refit_period_s: float) -> None:
+        """Apply a new leaf policy (from the config over xDS) to the running leaf; the next pick uses it.
+
+        Server state, in-flight records and samples are kept: a rule change must not look like a restart.
+        The probe pool restarts empty when its size changes (its probes were taken for the old rule).
+        """
+        if pick_rule not in PICK_RULES:
+            raise ValueError(f"cell {self.cell}: pick_rule must be one of {', '.join(PICK_RULES)}, got {pick_rule!r}")
+        prequal = replace(self.prequal, probes_per_pick=choices, pool_size=max(PrequalConfig.pool_size, choices))  # as at start
+        estimator_config = replace(self.estimator_config, window_s=window_s, refit_period_s=refit_period_s)  # validates
+        self.pick_rule, self.choices = pick_rule, choices
+        if prequal != self.prequal:
+            self.prequal = prequal
+            self.pool = ProbePool(prequal, self.pool.rng)
+        self.estimator_config = self.estimator.config = estimator_config
 
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""

@@ -59,6 +59,7 @@ class LeafXdsSync:
         self.client.subscribe(types.ENDPOINT, endpoint_pb2.ClusterLoadAssignment, self._on_endpoints, names=[LEAF_SERVERS_CLUSTER])
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models, names=[cell])
         self.client.subscribe(dr.DP_GROUPS, pb.DpGroups, self._on_dp_groups, names=[cell])
+        self.client.subscribe(dr.LEAF_POLICY, pb.LeafPolicy, self._on_policy, names=[cell])
 
     async def start(self) -> LeafXdsSync:
         await self.client.start()
@@ -89,6 +90,20 @@ class LeafXdsSync:
             raise ResourceValidationError(str(e)) from e
         self.state.set_prior(prior)
         self.updates += 1
+
+    def _on_policy(self, resources: dict[str, Message]) -> None:
+        """A new leaf policy (the config's ``policy.plugins``): the next pick uses its rule, no restart."""
+        msg = resources.get(self.cell)
+        if msg is None:
+            return  # withdrawn: keep the policy we have
+        try:
+            policy = dr.leaf_policy_from_pb(msg, f"LeafPolicy {self.cell}")
+            self.state.set_policy(policy.pick, policy.pick_params.choices, policy.fit.window_s, policy.fit.refit_period_s)
+        except (dr.ResourceError, ValueError) as e:
+            raise ResourceValidationError(str(e)) from e
+        self.updates += 1
+        log.info("leaf_policy", cell=self.cell, pick=policy.pick, choices=policy.pick_params.choices,
+                 window_s=policy.fit.window_s, refit_period_s=policy.fit.refit_period_s)
 
     def _on_dp_groups(self, resources: dict[str, Message]) -> None:
         from dlb.ext_proc.leaf import dp_balancer, rank_addresses

@@ -10,7 +10,7 @@ value in the same scenario.
 Rand runs on the real data path as DLB's fail-open path: both endpoints flow, no root services, the
 control plane's weights frozen at the replica split (no error aversion: the scenarios inject no
 errors, so it would not act). MNLB runs the same way, its weights from the central LP the control
-plane solves every 10 s (``dlb serve control-plane --mnlb``: demand from the leaves' per-source
+plane solves every 10 s (the config's ``mnlb`` policy plugin: demand from the leaves' per-source
 completion counters, capacity from their published models; :mod:`dlb.control_plane.mnlb`).
 
 ``affinity_hit_rate``: among chat turns after a session's first, the fraction served by the same

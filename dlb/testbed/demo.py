@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dlb.config.policy import set_plugins
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
 from dlb.load.generator import LoadRunner, Result, positive_float
@@ -164,6 +165,9 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
                            *(["--dp-size", str(fleet.ranks(cell))] if fleet.ranks(cell) > 1 else [])],
                           sup.run_dir / f"server-{cell}-{k}.log",
                           ready=functools.partial(http_ok, f"http://{addr}/health")))
+    # The leaves forget a past slowdown within the demo's time scale; MNLB comes from the control plane.
+    set_plugins(cfg_dict, {"type": "latency-fit", "parameters": {"window_s": 10, "refit_period_s": 1}},
+                *([{"type": "mnlb"}] if getattr(args, "mnlb", False) else []))
     config_path = run_dir / "dlb.yaml"
     config_path.write_text(json.dumps(cfg_dict, indent=1))
     return run, sup, str(config_path.resolve())
@@ -261,14 +265,14 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
     ``policy`` "Rand" runs Rand on the real data path: both endpoints flow, no root services (Envoy
     takes its fail-open route, the control plane's weighted_clusters) and the control plane's
     weights frozen at the replica split (``--no-probe``). "MNLB" runs the same way with the control
-    plane solving the central LP every 10 s from demand and capacity it measures (``--mnlb``).
+    plane solving the central LP every 10 s from demand and capacity it measures (the ``mnlb`` policy plugin).
     """
     from dlb.config import ConfigError, load_config
 
     out.mkdir(parents=True, exist_ok=True)
     rand, mnlb = policy == "Rand", policy == "MNLB"
     baseline = rand or mnlb  # Envoy-native weights from the control plane, no root service
-    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if baseline else policy, "no_degrade": not degrade})
+    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if baseline else policy, "no_degrade": not degrade, "mnlb": mnlb})
     try:
         run, sup, config_path = prepare(one, out)
         cfg = load_config(config_path)
@@ -282,8 +286,7 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
     print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
           f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s, policy {run.policy}, "
           f"degradation {'on' if degrade else 'off'}; logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, config_path, sup, emulate_wan=True, leaf_args=["--refit-period-s", "1", "--window-s", "10"],
-               control_plane_args=["--no-probe"] if rand else ["--mnlb"] if mnlb else None, root_services=not baseline)
+    dep = plan(cfg, config_path, sup, emulate_wan=True, control_plane_args=["--no-probe"] if rand else None, root_services=not baseline)
     code = 0
     try:
         sup.start(args.ready_timeout, should_stop=stop)

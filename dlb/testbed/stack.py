@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config import Config, config_from_dict
+from dlb.config.policy import set_plugins
 from dlb.envoy.binary import EnvoyProcess
 from dlb.launch.metrics_text import metric_value  # noqa: F401 - re-exported: tests and benches read metrics from here
 from dlb.testbed.process import ServiceProcess, free_port
@@ -121,12 +122,15 @@ def start_data_plane(
     probe: dict[str, Any] | None = None,
     root_seed: int = 1,
     leaf_args: tuple[str, ...] = (),
+    plugins: tuple[dict[str, Any], ...] = (),
     tls: dict[str, str] | None = None,
     control_plane: bool = False,
 ) -> DataPlane:
     """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``;
     with ``control_plane`` first a control plane, whose xDS the leaf agents and the root then follow.
 
+    ``plugins`` go into the config's ``policy`` section (each replacing the default of its slot; the
+    leaves refit every second unless a ``latency-fit`` plugin says otherwise).
     ``tls`` is the config's ``tls`` section (``{ca, cert, key}``): every gRPC hop then runs mutual TLS.
     """
     from dlb.emulator.server import ThreadedEmulator
@@ -146,6 +150,7 @@ def start_data_plane(
             addrs[c.name] = [e.address for e in emulators[c.name]]
         raw = build_config(cells, addrs, root_cell, endpoint, one_way_ms or {}, leaf_ext_proc,
                            probe or {"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 600, "backoff_max_ms": 500})
+        set_plugins(raw, {"type": "latency-fit", "parameters": {"refit_period_s": 1}}, *plugins)
         if tls is not None:
             raw["tls"] = dict(tls)
         if control_plane:
@@ -163,7 +168,7 @@ def start_data_plane(
             xds = ("--xds", raw["services"]["control_plane"]["xds"])
         for c in cells:
             leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
-                                  "--refit-period-s", "1", "--scrape-period-ms", "100", "--seed", "7", *xds, *leaf_args)
+                                  "--scrape-period-ms", "100", "--seed", "7", *xds, *leaf_args)
             plane.leaves[c.name] = leaf
             procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",

@@ -1,0 +1,392 @@
+"""The DLB config schema: each section's checks and the cross-field checks, building a :class:`Config`.
+
+The jobs around it live apart: :mod:`dlb.config.yaml_nodes` reads YAML with line numbers,
+:mod:`dlb.config.checker` is the generic field checker, :mod:`dlb.config.tls_check` checks the ``tls``
+files, :mod:`dlb.config.hostport` parses addresses, :mod:`dlb.config.policy` resolves the policy plugins and
+:mod:`dlb.config.loader` holds the entry points. Checking never stops at the first problem: a bad
+field records a problem and yields its default; ``ConfigError`` is raised at the end with all of them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+from dlb.config.checker import Checker, fmt, show
+from dlb.config.hostport import is_ip, parse_hostport
+from dlb.config.model import (
+    DP_POLICIES,
+    Cell,
+    Config,
+    ControlPlaneAddrs,
+    DeploymentPolicy,
+    Discovery,
+    DpGroup,
+    Endpoint,
+    HostPort,
+    LatencyPrior,
+    Leaf,
+    Match,
+    Network,
+    ProbeParams,
+    Root,
+    RootAddrs,
+    Server,
+    Services,
+)
+from dlb.config.policy import deployment_policy, endpoint_policy
+from dlb.config.problems import ConfigError, Problem
+from dlb.config.tls_check import check_tls
+
+CELL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+SUPPORTED_VERSIONS = (1,)
+#: A one-way latency above a minute is a unit slip (seconds or µs typed as ms), not a network.
+MAX_ONE_WAY_MS = 60_000.0
+
+
+#: Cross-cell checks (the latency matrix, unique addresses) and prefix shadowing are quadratic in these.
+MAX_CELLS = 256
+MAX_ENDPOINTS = 256
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+def _cells(ck: Checker, raw: Any) -> list[Cell]:
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    for i, item in enumerate(ck.sequence(raw, "cells", required=True, nonempty=True, max_len=MAX_CELLS)):
+        p = f"cells[{i}]"
+        m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root"), required=("name", "leaf", "servers"))
+        name = ck.string(m, "name", p, None, pattern=CELL_NAME_RE, what="a cell name (^[a-z][a-z0-9-]{0,62}$)")
+        if name:
+            if name in seen:
+                ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
+            seen.setdefault(name, p)
+        lp = f"{p}.leaf"
+        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "listen", "access_log"),
+                        required=("address", "probe") if "leaf" in m else ())
+        leaf = Leaf(
+            address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
+            probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
+            ext_proc=ck.hostport(lm, "ext_proc", lp, None),
+            listen=_listen(ck, lm, lp),
+            access_log=_access_log(ck, lm, lp),
+        )
+        servers: list[Server] = []
+        for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
+            sp = f"{p}.servers[{k}]"
+            # shorthand: a bare "host:port"
+            sm = ck.mapping({"address": s} if isinstance(s, str) else s, sp, ("address", "weight", *_DP_KEYS), required=("address",))
+            addr = ck.hostport(sm, "address", sp, None)
+            weight = ck.number(sm, "weight", sp, 1, ge=1, le=1_000_000, integer=True)
+            servers.append(Server(addr or HostPort("invalid", 1), weight, _dp_group(ck, sm, sp, addr)))
+        replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
+        rp = f"{p}.root"
+        rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc", "listen"))
+        root = Root(address=ck.hostport(rm, "address", rp, None), ext_proc=ck.hostport(rm, "ext_proc", rp, None),
+                    listen=_listen(ck, rm, rp))
+        if root.listen is not None and "address" not in rm:
+            ck.err(f"{rp}.listen", "needs root.address (the address this cell's clients reach the root at)")
+        # An invalid name becomes "" so the network checks below skip it instead of adding noise.
+        cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root,
+                          replicas_auto="replicas" not in m))
+    _unique_addresses(ck, cells)
+    return cells
+
+
+def _access_log(ck: Checker, m: dict[str, Any], path: str) -> str | None:
+    """``unix:/absolute/path`` or a loopback host:port: only the cell's own Envoy may reach the access log."""
+    v = ck.string(m, "access_log", path, None)
+    if v is None:
+        return None
+    p = f"{path}.access_log"
+    if v.startswith("unix:"):
+        if not v[5:].startswith("/") or len(v) - 5 > 100:
+            ck.err(p, f"{show(v)}: a Unix socket needs an absolute path of at most 100 characters")
+            return None
+        return v
+    hp = parse_hostport(v)
+    if hp is None:
+        ck.err(p, f"{show(v)} is neither unix:/path nor host:port")
+        return None
+    if not hp.loopback:
+        ck.err(p, f"{hp.host} is not a loopback address: anyone who reaches the access log can steer the cell")
+        return None
+    return v
+
+
+def _listen(ck: Checker, m: dict[str, Any], path: str) -> HostPort | None:
+    """Optional bind address of an Envoy listener: an IP (``0.0.0.0``, ``::`` or one interface), never a name."""
+    hp = ck.hostport(m, "listen", path, None)
+    if hp is not None and not is_ip(hp.host):
+        ck.err(f"{path}.listen", f"{hp.host!r} is not an IP address: a listener binds an interface (0.0.0.0 for all)")
+        return None
+    return hp
+
+
+_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")
+
+
+def _dp_group(ck: Checker, m: dict[str, Any], path: str, addr: HostPort | None) -> DpGroup | None:
+    """``dp_ranks`` (> 1 makes a DP server) and the rank policy's settings, which need it."""
+    ranks = ck.number(m, "dp_ranks", path, 1, ge=1, le=4096, integer=True)
+    if ranks == 1:
+        for k in _DP_KEYS[1:]:
+            if k in m:
+                ck.err(f"{path}.{k}", "only applies to a data-parallel server: set dp_ranks > 1")
+        return None
+    policy = ck.string(m, "policy", path, "bf-io")
+    if policy not in DP_POLICIES:
+        ck.err(f"{path}.policy", f"{policy!r} is not one of: {', '.join(DP_POLICIES)}")
+        policy = "bf-io"
+    horizon = ck.number(m, "horizon", path, 10, ge=0, le=10_000, integer=True)
+    mean = ck.number(m, "mean_decode_tokens", path, 256.0, ge=1)
+    slots = ck.number(m, "max_num_seqs", path, 0, ge=0, integer=True)
+    if addr is not None and addr.port + ranks - 1 > 65535:
+        ck.err(f"{path}.dp_ranks", f"ranks listen on ports {addr.port}..{addr.port + ranks - 1}: past 65535")
+    return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean, max_num_seqs=slots)
+
+
+def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
+    """Two things cannot listen on one address; a copy-paste slip here makes a confusing testbed."""
+    owner: dict[HostPort, str] = {}
+    for c in cells:
+        p = f"cells[{c.index}]"
+        uses = [(f"{p}.leaf.address", c.leaf.address), (f"{p}.leaf.probe", c.leaf.probe), (f"{p}.leaf.ext_proc", c.leaf.ext_proc)]
+        # A DP server's ranks r > 0 sit on the following ports; a clash is reported on its dp_ranks.
+        uses += [(f"{p}.servers[{k}]." + ("dp_ranks" if r else "address"), a)
+                 for k, s in enumerate(c.servers) for r, a in enumerate(s.rank_addresses())]  # fmt: skip
+        uses += [(f"{p}.root.address", c.root.address)]
+        for path, hp in uses:
+            if hp is None or hp.host == "invalid":
+                continue
+            if hp in owner:
+                ck.err(path, f"address {hp} is also used by {owner[hp]}")
+            else:
+                owner[hp] = path
+
+
+def _network(ck: Checker, raw: Any, cells: list[Cell]) -> Network:
+    n = len(cells)
+    index: dict[str, int] = {}
+    for c in cells:  # first cell of each valid name; invalid/duplicate ones were reported already
+        if c.name:
+            index.setdefault(c.name, c.index)
+    good = set(index.values())
+    m = ck.mapping(raw, "network", ("one_way_ms", "symmetric", "default_one_way_ms", "allowed"))
+    symmetric = ck.boolean(m, "symmetric", "network", True)
+    default = ck.number(m, "default_one_way_ms", "network", None, ge=0, le=MAX_ONE_WAY_MS)
+
+    given: dict[tuple[int, int], tuple[float, str]] = {}
+    ow = ck.mapping(m.get("one_way_ms"), "network.one_way_ms", index.keys(), unknown="not a cell")
+    for src, row in ow.items():
+        rp = f"network.one_way_ms.{src}"
+        rowm = ck.mapping(row, rp, index.keys(), unknown="not a cell")
+        for dst in rowm:
+            if rowm[dst] is None:
+                ck.err(f"{rp}.{dst}", "must be a number (milliseconds), got null")
+            v = ck.number(rowm, dst, rp, None, ge=0, le=MAX_ONE_WAY_MS)
+            # A bad value was reported above; count the pair as given so it is not also "missing".
+            given[(index[src], index[dst])] = (0.0 if v is None else v, f"{rp}.{dst}")
+
+    tau = [[math.nan] * n for _ in range(n)]
+    for (i, j), (v, _) in given.items():
+        tau[i][j] = v
+    if symmetric:
+        for (i, j), (v, path) in given.items():
+            if (j, i) in given and given[(j, i)][0] != v and i < j:
+                ck.err(path, f"{fmt(v)} differs from {given[(j, i)][1]} = {fmt(given[(j, i)][0])} while network.symmetric is true")
+            elif (j, i) not in given:
+                tau[j][i] = v
+    missing: list[str] = []
+    for i in range(n):
+        if math.isnan(tau[i][i]):
+            tau[i][i] = 0.0
+        for j in range(n):
+            if not math.isnan(tau[i][j]):
+                continue
+            if default is not None:
+                tau[i][j] = default
+            elif i in good and j in good and not (symmetric and j < i):  # a symmetric pair is reported once
+                missing.append(f"{cells[i].name} {'<->' if symmetric else '->'} {cells[j].name}")
+            tau[i][j] = tau[i][j] if not math.isnan(tau[i][j]) else 0.0
+    if missing and n > 1:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        ck.err("network.one_way_ms", f"no latency for {shown} (give them, or set network.default_one_way_ms)")
+
+    allowed = [[True] * n for _ in range(n)]
+    am = ck.mapping(m.get("allowed"), "network.allowed", index.keys(), unknown="not a cell")
+    for src, dsts in am.items():
+        ap = f"network.allowed.{src}"
+        lst = ck.sequence(dsts, ap, required=True, nonempty=True)
+        if not lst:
+            continue
+        row = [False] * n
+        for k, d in enumerate(lst):
+            if not isinstance(d, str) or d not in index:
+                ck.err(f"{ap}[{k}]", f"{show(d)} is not a cell (cells: {', '.join(index)})")
+            elif row[index[d]]:
+                ck.err(f"{ap}[{k}]", f"{d!r} listed twice")
+            else:
+                row[index[d]] = True
+        if any(row):
+            allowed[index[src]] = row
+    return Network(one_way_ms=tuple(tuple(r) for r in tau), allowed=tuple(tuple(r) for r in allowed))
+
+
+def _prior(ck: Checker, raw: Any, path: str) -> LatencyPrior:
+    m = ck.mapping(raw, path, ("a_s", "b_s", "c", "s"))
+    d = LatencyPrior()
+    prior = LatencyPrior(
+        a_s=ck.number(m, "a_s", path, d.a_s, gt=0),
+        b_s=ck.number(m, "b_s", path, d.b_s, gt=0),
+        c=ck.number(m, "c", path, d.c, ge=0),
+        s=ck.number(m, "s", path, d.s, gt=0),
+    )
+    # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (docs/design.md §3, latency model).
+    if prior.c >= prior.a_s / prior.b_s:
+        ck.err(f"{path}.c", f"knee c={fmt(prior.c)} must be below a_s/b_s={fmt(prior.a_s / prior.b_s)} (else throughput falls as load grows)")
+    return prior
+
+
+def _endpoints(ck: Checker, raw: Any) -> list[Endpoint]:
+    out: list[Endpoint] = []
+    names: dict[str, str] = {}
+    prefixes: list[tuple[str, str]] = []
+    keys = ("name", "match", "policy", "latency_prior", "timeout_s", "idle_timeout_s")
+    for i, item in enumerate(ck.sequence(raw, "endpoints", required=True, nonempty=True, max_len=MAX_ENDPOINTS)):
+        p = f"endpoints[{i}]"
+        m = ck.mapping(item, p, keys, required=("name", "match"))
+        name = ck.string(m, "name", p, None, pattern=ENDPOINT_NAME_RE, what="an endpoint name (^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$)")
+        name = name or f"invalid-{i}"
+        if name in names:
+            ck.err(f"{p}.name", f"duplicate endpoint name {name!r} (also {names[name]})")
+        names.setdefault(name, p)
+        mp = f"{p}.match"
+        mm = ck.mapping(m.get("match"), mp, ("prefix",), required=("prefix",) if "match" in m else ())
+        prefix = ck.string(mm, "prefix", mp, None)
+        if prefix is not None and not prefix.startswith("/"):
+            ck.err(f"{mp}.prefix", f"{prefix!r} must start with '/'")
+        elif prefix is not None:
+            for other, opath in prefixes:
+                if prefix.startswith(other):
+                    ck.err(f"{mp}.prefix", f"{prefix!r} never matches: {opath} = {other!r} comes first and matches all of it")
+                    break
+            prefixes.append((prefix, f"{mp}.prefix"))
+        out.append(
+            Endpoint(
+                name=name,
+                match=Match(prefix or "/"),
+                policy=endpoint_policy(ck, m.get("policy"), f"{p}.policy"),
+                latency_prior=_prior(ck, m.get("latency_prior"), f"{p}.latency_prior"),
+                timeout_s=ck.number(m, "timeout_s", p, Endpoint.timeout_s, ge=0),
+                idle_timeout_s=ck.number(m, "idle_timeout_s", p, Endpoint.idle_timeout_s, ge=0),
+            )
+        )
+    return out
+
+
+def _probe(ck: Checker, raw: Any) -> ProbeParams:
+    m = ck.mapping(raw, "probe", ("period_ms", "timeout_ms", "stale_after_ms", "backoff_max_ms"))
+    d = ProbeParams()
+    period = ck.number(m, "period_ms", "probe", d.period_ms, gt=0)
+    out = ProbeParams(
+        period_ms=period,
+        timeout_ms=ck.number(m, "timeout_ms", "probe", d.timeout_ms, gt=0),
+        stale_after_ms=ck.number(m, "stale_after_ms", "probe", d.stale_after_ms, gt=0),
+        backoff_max_ms=ck.number(m, "backoff_max_ms", "probe", d.backoff_max_ms, gt=0),
+    )
+    if out.stale_after_ms <= out.period_ms:
+        ck.err("probe.stale_after_ms", f"{fmt(out.stale_after_ms)} must exceed probe.period_ms={fmt(out.period_ms)} (else every state is stale)")
+    if out.backoff_max_ms < out.period_ms:
+        ck.err("probe.backoff_max_ms", f"{fmt(out.backoff_max_ms)} must be >= probe.period_ms={fmt(out.period_ms)}")
+    return out
+
+
+def _services(ck: Checker, raw: Any) -> Services:
+    m = ck.mapping(raw, "services", ("control_plane", "root"))
+    cm = ck.mapping(m.get("control_plane"), "services.control_plane", ("xds", "status"))
+    rm = ck.mapping(m.get("root"), "services.root", ("ext_proc", "metrics"))
+    dc, dr = ControlPlaneAddrs(), RootAddrs()
+    return Services(
+        control_plane=ControlPlaneAddrs(
+            xds=ck.hostport(cm, "xds", "services.control_plane", dc.xds) or dc.xds,
+            status=ck.hostport(cm, "status", "services.control_plane", dc.status) or dc.status,
+        ),
+        root=RootAddrs(
+            ext_proc=ck.hostport(rm, "ext_proc", "services.root", dr.ext_proc) or dr.ext_proc,
+            metrics=ck.hostport(rm, "metrics", "services.root", dr.metrics) or dr.metrics,
+        ),
+    )
+
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+def _discovery(ck: Checker, raw: Any) -> Discovery:
+    m = ck.mapping(raw, "discovery", ("dns_period_s",))
+    # At least 0.1 s: a tighter loop would resolve faster than any DNS TTL changes, on every name.
+    return Discovery(dns_period_s=ck.number(m, "dns_period_s", "discovery", Discovery().dns_period_s, ge=0.1, le=3600))
+
+
+#: A root token: printable ASCII without spaces (an HTTP header value Envoy matches exactly), 16-256 bytes.
+_TOKEN = re.compile(r"^[!-~]{16,256}$")
+
+
+def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
+    """``root_token_file: PATH``: the file holds the secret roots prove themselves to leaves with.
+
+    The secret is read here (one line, surrounding whitespace dropped) so a bad file is a problem report
+    at load time, not a leaf that silently trusts no root. Relative paths are from the config's folder.
+    """
+    if not isinstance(raw, str) or not raw:
+        ck.err("root_token_file", "must be a file path")
+        return None
+    base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
+    path = os.path.join(base, os.path.expanduser(raw))
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(4097)
+    except OSError as exc:
+        ck.err("root_token_file", f"{path}: cannot read: {exc.strerror or exc}")
+        return None
+    token = data.decode("ascii", "replace").strip()
+    if not _TOKEN.match(token):
+        ck.err("root_token_file", f"{path}: must hold one token of 16-256 printable ASCII characters without spaces")
+        return None
+    return token
+
+
+TOP_KEYS = ("version", "cells", "network", "endpoints", "policy", "probe", "services", "tls", "discovery", "root_token_file")
+
+
+def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]) -> Config:
+    """Check plain data (``marks``: field path -> line) and build the Config; raises ConfigError with every problem."""
+    ck = Checker(source, marks, problems)
+    if data is None and not problems:
+        ck.err("", "empty file: expected a mapping with version, cells, endpoints")
+    top = ck.mapping(data, "", TOP_KEYS, required=("version", "cells", "endpoints") if isinstance(data, dict) else ())
+    version = ck.number(top, "version", "", 1, integer=True)
+    if "version" in top and version not in SUPPORTED_VERSIONS and isinstance(top.get("version"), int):
+        ck.err("version", f"unsupported version {version} (supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
+    cells = _cells(ck, top.get("cells")) if "cells" in top else []
+    network = _network(ck, top.get("network"), cells)
+    endpoints = _endpoints(ck, top.get("endpoints")) if "endpoints" in top else []
+    policy = deployment_policy(ck, top.get("policy")) if "policy" in top else DeploymentPolicy()
+    probe = _probe(ck, top.get("probe"))
+    services = _services(ck, top.get("services"))
+    tls = check_tls(ck, top.get("tls"), source) if "tls" in top else None
+    discovery = _discovery(ck, top.get("discovery"))
+    root_token = _root_token(ck, top.get("root_token_file"), source) if "root_token_file" in top else None
+    if problems:
+        raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
+    return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
+                  discovery=discovery, policy=policy, root_token=root_token, source=source)
