@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlb.ext_proc.leaf import BACKGROUND_PROBE_ID, LeafAgent
-from dlb.ext_proc.probe_client import ProbeTarget, check_answer
+from dlb.probe.codec import check_answer
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
 from tests.test_ext_proc_root import headers_msg, service
 from tests.test_leaf_state import make

@@ -43,9 +43,9 @@ from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 from dlb.envoy.drain import active_requests, drain
 from dlb.ext_proc.leaf import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
-from dlb.ext_proc.metrics import serve_metrics
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.service.metrics import serve_metrics
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = pytest.mark.envoy

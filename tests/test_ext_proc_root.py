@@ -17,9 +17,10 @@ from dlb.config import config_from_dict
 from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.root import EndpointSpec, RootService
+from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)

@@ -25,10 +25,10 @@ from dlb.config import resources as dr
 from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.control_plane.service import ControlPlane, root_key
 from dlb.core.costs import Cost
-from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import CONTINUE
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync
+from dlb.probe.client import ProbeTiming
 from dlb.procutil import free_port
 from dlb.proto import resources_pb2
 from dlb.xds.snapshot import Resource, Snapshot

@@ -10,7 +10,8 @@ import argparse
 import os
 
 from dlb.envoy import headers
-from dlb.ext_proc.protocol import ExtProcServer, header_response, serve_until_signal
+from dlb.ext_proc.protocol import ExtProcServer, header_response
+from dlb.service.serve import serve_until_signal
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,12 +31,12 @@ def main(argv: list[str] | None = None) -> None:
         server = ExtProcServer(args.transport, handle)
         port = await server.bind(args.listen)
         if args.ready_file:
-            from dlb.ext_proc.runner import write_ready
+            from dlb.service.runner import write_ready
 
             write_ready(args.ready_file, {"ext_proc": port, "pid": os.getpid()})
         await serve_until_signal(server)
 
-    from dlb.ext_proc.runner import run_event_loop
+    from dlb.service.runner import run_event_loop
 
     run_event_loop(run())
 

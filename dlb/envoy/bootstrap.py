@@ -237,7 +237,7 @@ def service_health(cluster: dict[str, Any], *, grpc_health: bool) -> dict[str, A
 
     A service that is draining or dead is then *unhealthy* rather than a connect timeout per stream:
     the ext_proc filter fails open at once and the access log stops writing into a closed socket. The
-    leaf agent serves ``grpc.health.v1.Health`` (NOT_SERVING while it drains, :mod:`dlb.ext_proc.health`);
+    leaf agent serves ``grpc.health.v1.Health`` (NOT_SERVING while it drains, :mod:`dlb.service.health`);
     the ext_proc listeners run DLB's own HTTP/2 transport, whose drain closes the listener, so a TCP
     connect is their check. One host per cluster: panic mode (route to unhealthy hosts when too few
     are healthy) is off, or an unhealthy lone host would be used anyway.

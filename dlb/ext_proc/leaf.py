@@ -56,13 +56,16 @@ from dlb.core.server_pick import PrequalConfig
 from dlb.envoy import headers
 from dlb.envoy.bootstrap import SERVER_CHECK_INTERVAL_S, SERVER_CHECK_JITTER_S
 from dlb.errors import BindError
-from dlb.ext_proc.health import HealthState, health_handler
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
-from dlb.ext_proc.metrics import FastHistogram, Readiness, serve_metrics
-from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, add_port, ext_proc_handler, header_response, header_value, load_cell, serve_until_signal
-from dlb.ext_proc.runner import run_event_loop, write_ready
+from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell
 from dlb.log import get_logger
+from dlb.probe.codec import model_message
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.service.health import HealthState, health_handler
+from dlb.service.metrics import FastHistogram, Readiness, serve_metrics
+from dlb.service.ports import add_port
+from dlb.service.runner import run_event_loop, write_ready
+from dlb.service.serve import serve_until_signal
 
 log = get_logger("dlb.leaf")
 
@@ -241,10 +244,9 @@ class LeafAgent:
     def snapshot(self, now: float) -> probe_pb2.ProbeResponse:
         st = self.state
         est = st.estimator
-        p = est.params
         return probe_pb2.ProbeResponse(
             cell=st.cell, rif=float(st.rif), replicas=st.replicas, healthy_replicas=st.healthy_replicas(now),
-            model=probe_pb2.LatencyModel(a_s=p.a, b_s=p.b, c=p.c, s=p.s, confidence=est.confidence, samples=len(est)),
+            model=model_message(est.params, est.confidence, len(est)),
             error_rate=st.errors.rate(now), timestamp_unix_ns=time.time_ns(), completed=st.completed,
             errors=st.failed, waiting=st.waiting(), completed_by_source=self.completed_by_source,
         )

@@ -16,14 +16,15 @@ import numpy as np
 
 from dlb.config import Config
 from dlb.config.tls import component_identity
-from dlb.ext_proc.metrics import CallbackCollector, Readiness, serve_metrics
-from dlb.ext_proc.probe_client import ProbeTiming
-from dlb.ext_proc.protocol import ExtProcServer, load_cell, serve_until_signal
+from dlb.ext_proc.protocol import ExtProcServer, load_cell
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
-from dlb.ext_proc.runner import die_with_parent, run_event_loop, spawn_workers, wait_worker, write_ready
 from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
 from dlb.gc_heap import GcPauses, freeze_heap
+from dlb.probe.client import ProbeTiming
+from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
+from dlb.service.runner import die_with_parent, run_event_loop, spawn_workers, wait_worker, write_ready
+from dlb.service.serve import serve_until_signal
 
 
 async def _tick_loop(service: RootService) -> None:
