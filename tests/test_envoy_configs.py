@@ -43,7 +43,7 @@ from dlb.envoy.bootstrap import (
     root_bootstrap,
     write_bootstrap,
 )
-from dlb.envoy.headers import GIE_DESTINATION
+from dlb.envoy.contract import GIE_DESTINATION
 from dlb.envoy.root_token import root_token
 from dlb.procutil import free_port
 from dlb.service.health import SERVICE as HEALTH_SERVICE

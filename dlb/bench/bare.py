@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from dlb.envoy import headers
+from dlb.envoy import contract
 from dlb.ext_proc.protocol import ExtProcServer, header_response
 from dlb.service.serve import serve_until_signal
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", default=None)
     parser.add_argument("--transport", choices=("h2", "grpc"), default="grpc")
     args = parser.parse_args(argv)
-    reply = header_response([(headers.CELL, args.cell)])
+    reply = header_response([(contract.CELL, args.cell)])
     answer = (reply, True)
 
     def handle(message: bytes) -> tuple[bytes, bool]:

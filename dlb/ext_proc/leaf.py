@@ -53,8 +53,8 @@ from dlb.core.estimator import EstimatorConfig
 from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
 from dlb.core.server_pick import PrequalConfig
-from dlb.envoy import headers
-from dlb.envoy.bootstrap import SERVER_CHECK_INTERVAL_S, SERVER_CHECK_JITTER_S
+from dlb.envoy import contract
+from dlb.envoy.contract import SERVER_CHECK_INTERVAL_S, SERVER_CHECK_JITTER_S
 from dlb.errors import BindError
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.protocol import CONTINUE, ExtProcServer, ext_proc_handler, header_response, header_value, load_cell
@@ -132,7 +132,7 @@ class LeafAgent:
     def __init__(self, state: LeafState, clock=time.monotonic) -> None:
         self.state = state
         self.clock = clock
-        self.responses = [header_response([(headers.SERVER, s.address)], clear_route_cache=True) for s in state.servers]
+        self.responses = [header_response([(contract.SERVER, s.address)], clear_route_cache=True) for s in state.servers]
         self.processing = FastHistogram()
         self.als_entries = 0
         #: Completions per source cell (the root's ``x-dlb-src-cell``), reported in probes: the demand a
@@ -220,7 +220,7 @@ class LeafAgent:
                 if kind in _PERIODIC:
                     continue
                 flags = common.response_flags
-                src = e.request.request_headers.get(headers.SRC_CELL)
+                src = e.request.request_headers.get(contract.SRC_CELL)
                 if src and (self.known_sources is None or src in self.known_sources) and not rid.startswith(BACKGROUND_PROBE_ID):
                     self.completed_by_source[src] = self.completed_by_source.get(src, 0) + 1
                 st.complete(now, Completion(

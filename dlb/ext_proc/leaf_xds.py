@@ -24,7 +24,7 @@ from google.protobuf.message import Message
 
 from dlb.config import resources as dr
 from dlb.config.tls import Identity
-from dlb.envoy.bootstrap import LEAF_SERVERS_CLUSTER
+from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
 from dlb.proto import resources_pb2 as pb

@@ -29,7 +29,7 @@ from dlb.core.aversion import RecentErrors
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
-from dlb.envoy import headers
+from dlb.envoy import contract
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.ext_proc.transport.limits import TransportStats
 from dlb.log import get_logger
@@ -150,7 +150,7 @@ class RootService:
             header = spec.policy.affinity.header.lower() if spec.policy.affinity.enabled else None
             endpoints.append(EndpointState(spec.name, spec.prefix, router, header, decisions,
                                            prev.rejected if prev is not None else 0))
-        responses = [header_response([(headers.CELL, CELL_CLUSTER_PREFIX + n), (headers.SRC_CELL, self.cell)], remove=[headers.SERVER])
+        responses = [header_response([(contract.CELL, CELL_CLUSTER_PREFIX + n), (contract.SRC_CELL, self.cell)], remove=[contract.SERVER])
                      for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
         # Aversion sees a cell's error EMA only while its error counter keeps rising (RecentErrors).
