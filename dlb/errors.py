@@ -26,3 +26,7 @@ class BindError(DlbError, OSError):
 
 class StartupError(DlbError, RuntimeError):
     """A service or one of its worker processes did not come up."""
+
+
+class UsageError(DlbError, ValueError):
+    """A command-line option has a value the command cannot use; the message names the option."""

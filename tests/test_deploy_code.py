@@ -41,7 +41,7 @@ from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess, validate
 from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 from dlb.envoy.drain import active_requests, drain
-from dlb.ext_proc.leaf import state_from_config
+from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -519,7 +519,7 @@ def _envoy_servers(envoy: EnvoyProcess) -> set[str]:
 
 
 async def _resize(tmp_path: Path) -> None:
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
 
     period = 0.5
     records = ["127.0.0.21", "127.0.0.22"]

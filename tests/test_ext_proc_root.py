@@ -259,7 +259,7 @@ def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
         servers, addrs = [], {}
         for name, answers_as in (("a", "a"), ("b", "zzz")):
             server = grpc.aio.server()
-            probe_pb2_grpc.add_ProbeServicer_to_server(_leaf(answers_as), server)
+            probe_pb2_grpc.add_ProbeServicer_to_server(_leaf(answers_as).probe, server)
             addrs[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
             await server.start()
             servers.append(server)
@@ -312,7 +312,7 @@ def test_emulated_wan_ages_probe_answers_by_the_round_trip():
 
     async def main():
         server = grpc.aio.server()
-        probe_pb2_grpc.add_ProbeServicer_to_server(_leaf("far"), server)
+        probe_pb2_grpc.add_ProbeServicer_to_server(_leaf("far").probe, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         got = []

@@ -164,7 +164,7 @@ def test_leaf_follows_the_control_plane() -> None:
 
 
 async def _leaf_scenario() -> None:
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
     from dlb.ext_proc.leaf_state import Completion
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
@@ -224,7 +224,7 @@ def test_leaf_takes_its_dp_groups_from_the_control_plane() -> None:
 
 
 async def _dp_scenario() -> None:
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
     with tempfile.TemporaryDirectory(prefix="dlb-leaf-dp-") as tmp:

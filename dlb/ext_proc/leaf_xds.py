@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from dlb.config import resources as dr
 from dlb.config.tls import Identity
 from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
+from dlb.ext_proc.leaf_setup import dp_balancer, rank_addresses
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
 from dlb.proto import resources_pb2 as pb
@@ -91,8 +92,6 @@ class LeafXdsSync:
         self.updates += 1
 
     def _on_dp_groups(self, resources: dict[str, Message]) -> None:
-        from dlb.ext_proc.leaf import dp_balancer, rank_addresses
-
         msg = resources.get(self.cell)
         if msg is None:
             return  # withdrawn: keep the groups we have

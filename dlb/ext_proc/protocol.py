@@ -26,7 +26,6 @@ from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handl
 from dlb.service.ports import add_port
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dlb.config import Cell, Config
     from dlb.config.tls import Identity
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -171,21 +170,3 @@ class ExtProcServer:
             await self._h2.stop(grace_s)
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
-
-
-def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
-    """The config and one of its cells for a service's command line.
-
-    Raises :class:`~dlb.config.ConfigError` (every problem, with file:line) for bad input; the
-    command line (``dlb.cli.main``) prints it and exits.
-    """
-    from dlb.config import ConfigError, load_config
-    from dlb.config.loader import Problem
-
-    try:
-        cfg = load_config(config_path)
-    except OSError as exc:
-        raise ConfigError([Problem(config_path, "", exc.strerror or str(exc))]) from None
-    if cell_name not in cfg.cell_names:  # the option the user typed, not a field of the file (it named the file twice)
-        raise ConfigError([Problem(config_path, "--cell", f"no cell named {cell_name!r} (cells: {', '.join(cfg.cell_names)})")])
-    return cfg, cfg.cell(cell_name)
