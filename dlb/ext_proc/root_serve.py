@@ -73,35 +73,33 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     On SIGTERM the gRPC health status turns NOT_SERVING for ``opts.drain_s`` (streams keep being served),
     then the listener closes and the streams in flight finish before the process exits.
     """
-    cell, listen, metrics, ready_file, seed = opts.cell, opts.listen, opts.metrics, opts.ready_file, opts.seed
-    emulate_wan, workers, worker_index, xds, xds_delta = opts.emulate_wan, opts.workers, opts.worker_index, opts.xds, opts.xds_delta
-    transport, limits, drain_s = opts.transport, opts.limits, opts.drain_s
+    cell = opts.cell
     if cfg is not None:
-        service = RootService.from_config(cfg, cell, seed=seed)
+        service = RootService.from_config(cfg, cell, seed=opts.seed)
         p = cfg.probe
         timing = ProbeTiming(p.period_ms / 1000, p.timeout_ms / 1000, p.backoff_max_ms / 1000)
     else:
-        service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
+        service = RootService(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(opts.seed))
         timing = ProbeTiming()
     # mTLS (the config's ``tls`` section) on the ext_proc listener, the probes and the xDS stream.
     tls = component_identity(cfg.tls, "root", cell, cfg.source) if cfg is not None else None
     probes = ProbeManager(service, timing, cell, tls)
     if cfg is not None:
-        await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], emulate_wan))
-    sync = RootXdsSync(service, xds, cell, probes, emulate_wan=emulate_wan, delta=xds_delta) if xds else None
-    server = ExtProcServer(transport, service.handle, limits, tls=tls)
-    port = await server.bind(listen, reuse_port=workers > 1)
+        await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], opts.emulate_wan))
+    sync = RootXdsSync(service, opts.xds, cell, probes, emulate_wan=opts.emulate_wan, delta=opts.xds_delta) if opts.xds else None
+    server = ExtProcServer(opts.transport, service.handle, opts.limits, tls=tls)
+    port = await server.bind(opts.listen, reuse_port=opts.workers > 1)
     readiness = Readiness(ready=True)  # /readyz: the ext_proc listener is bound; cleared when draining
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
     gc_pauses = GcPauses("dlb_root")  # timed from the freeze on (the freeze's own collection is start-up)
-    if metrics:
-        host, _, mport = metrics.rpartition(":")
+    if opts.metrics:
+        host, _, mport = opts.metrics.rpartition(":")
         registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
         registry.register(CallbackCollector(gc_pauses.families))
-    if workers > 1 and worker_index == 0:
-        children = spawn_workers(workers, f"{listen.rpartition(':')[0]}:{port}", metrics)
+    if opts.workers > 1 and opts.worker_index == 0:
+        children = spawn_workers(opts.workers, f"{opts.listen.rpartition(':')[0]}:{port}", opts.metrics)
     if sync is not None:
         await sync.start()
     ticker = asyncio.create_task(_tick_loop(service))
@@ -110,11 +108,11 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     # for (issue 14 row 3; the control plane's row-6 fix).
     freeze_heap()
     gc_pauses.install()
-    log.info("root_started", cell=cell, ext_proc=f"{listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
-             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=xds)
+    log.info("root_started", cell=cell, ext_proc=f"{opts.listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
+             endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=opts.xds)
     worker_pids = [await asyncio.to_thread(wait_worker, c) for c in children]
-    if ready_file:
-        write_ready(ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
+    if opts.ready_file:
+        write_ready(opts.ready_file, {"ext_proc": port, "metrics": metrics_port, "pid": os.getpid(), "worker_pids": worker_pids})
 
     async def on_stop() -> None:
         readiness.ready = False
@@ -126,6 +124,6 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
         await probes.stop()
         for child, _ in children:
             await asyncio.to_thread(child.wait, 10)
-        log.info("root_stopping", cell=cell, worker=worker_index)
+        log.info("root_stopping", cell=cell, worker=opts.worker_index)
 
-    await serve_until_signal(server, on_stop, health=server.health, drain_s=drain_s)
+    await serve_until_signal(server, on_stop, health=server.health, drain_s=opts.drain_s)
