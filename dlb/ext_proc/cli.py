@@ -143,7 +143,7 @@ def run_leaf(args: argparse.Namespace) -> int:
     if metrics is None:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     run_event_loop(run_leaf(cfg, LeafOptions(
-        cell=args.cell, listen=listen, metrics=metrics or None, ready_file=args.ready_file, choices=args.choices,
+        cell=args.cell, listen=tuple(listen), metrics=metrics or None, ready_file=args.ready_file, choices=args.choices,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, refit_period_s=args.refit_period_s,
         envoy_check_period_s=args.envoy_check_period_ms / 1000.0, xds=args.xds, xds_delta=args.xds_delta,
         ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, background=_background_config(args),

@@ -43,7 +43,7 @@ class LeafOptions:
 
     cell: str
     #: gRPC addresses for probe (+ ext_proc when shared); the first is the probe's.
-    listen: list[str]
+    listen: tuple[str, ...]
     #: Prometheus ``host:port`` (None: off).
     metrics: str | None = None
     #: Write ``{grpc, grpc_ports, metrics, pid}`` JSON here once serving.
