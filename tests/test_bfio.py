@@ -217,7 +217,7 @@ def test_config_dp_group_errors_name_the_field(dp: dict[str, object], path: str,
 
 def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:
     from dlb.config import config_from_dict
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
     from dlb.ext_proc.leaf_state import Completion
 
     cfg = config_from_dict(_dp_config(dp_ranks=4, policy="bf-io", horizon=10, mean_decode_tokens=100, max_num_seqs=100))

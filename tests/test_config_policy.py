@@ -18,7 +18,7 @@ from dlb.config import ConfigError, Cost, Mechanism, config_from_dict, parse_con
 from dlb.config import resources as dr
 from dlb.config.model import DeploymentPolicy, LeafPolicy, Policy
 from dlb.config.policy import DEPLOYMENT, ENDPOINT, REGISTRY, policy_plugins, set_plugins
-from dlb.ext_proc.leaf import state_from_config
+from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.proto import resources_pb2 as pb
 
 FULL = {

@@ -206,7 +206,7 @@ def _completed_from(plane, cell: str) -> dict[str, int]:
 def test_leaf_counts_a_source_cell_only_from_roots(plane):
     """A client at leaf b's port claiming to come from cell a is not counted as a's demand (issue 14 row 9);
     the same request with the roots' token is (the access log sees what the leaf's routes kept)."""
-    from dlb.envoy.headers import ROOT_TOKEN, SRC_CELL
+    from dlb.envoy.contract import ROOT_TOKEN, SRC_CELL
     from dlb.envoy.root_token import root_token
 
     leaf = plane.cfg.cell("b").leaf.address

@@ -16,8 +16,10 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlb.ext_proc.leaf import BACKGROUND_PROBE_ID, LeafAgent
-from dlb.ext_proc.probe_client import ProbeTarget, check_answer
+from dlb.ext_proc.leaf import LeafAgent
+from dlb.ext_proc.leaf_als import BACKGROUND_PROBE_ID
+from dlb.probe.codec import check_answer
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
 from tests.test_ext_proc_root import headers_msg, service
 from tests.test_leaf_state import make
@@ -89,7 +91,7 @@ def _log_message(draw: st.DrawFn) -> bytes:
 @given(raw=st.lists(_log_message(), max_size=5))
 def test_any_access_log_stream_keeps_the_leaf_state_in_range(raw: list[bytes]) -> None:
     agent = LeafAgent(make(2, max_inflight=50))
-    agent.known_sources = frozenset({"a", "b"})
+    agent.access_log.known_sources = frozenset({"a", "b"})
     decoded = []
     for r in raw:
         try:
@@ -102,13 +104,13 @@ def test_any_access_log_stream_keeps_the_leaf_state_in_range(raw: list[bytes]) -
             for m in decoded:
                 yield m
 
-        await agent._consume_logs(stream(), 1)
+        await agent.access_log.consume(stream(), 1)
 
     asyncio.run(feed())
     st_ = agent.state
     now = agent.clock()
     assert 0 <= st_.rif <= 50 and all(s.rif >= 0 for s in st_.servers)
     assert 0.0 <= st_.errors.rate(now) <= 1.0
-    assert set(agent.completed_by_source) <= {"a", "b"}
+    assert set(agent.access_log.completed_by_source) <= {"a", "b"}
     st_.drop_owner(1, now)
     assert st_.rif == 0 and all(s.rif == 0 and math.isclose(s.tokens, 0.0, abs_tol=1e-9) for s in st_.servers)

@@ -128,7 +128,7 @@ def test_demo_dp_option_makes_europe_west1_a_bfio_dp_cell(tmp_path: Path) -> Non
     into ranks, and the cell's capacity counts every rank. The default run has no DP cell."""
     from dlb.cli import build_parser
     from dlb.config import config_from_dict
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
     from dlb.testbed.demo import prepare
 
     args = build_parser().parse_args(["demo", "--dp", "4", "--out", str(tmp_path)])

@@ -42,11 +42,11 @@ from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess, validate
 from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 from dlb.envoy.drain import active_requests, drain
-from dlb.ext_proc.leaf import state_from_config
+from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
-from dlb.ext_proc.metrics import serve_metrics
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.service.metrics import serve_metrics
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = pytest.mark.envoy
@@ -266,10 +266,10 @@ def test_leaf_checks_its_own_envoy_at_envoy_check_address_and_serves_health(tmp_
             assert _get(f"http://127.0.0.1:{metrics}/healthz")[0] == 200
 
 
-def test_leaf_refuses_a_bad_envoy_check_address(tmp_path: Path) -> None:
+def test_leaf_refuses_a_bad_envoy_check_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = _leaf_config(tmp_path, f"127.0.0.1:{free_port()}")
-    with pytest.raises(SystemExit, match="--envoy-check-address"):
-        main(["serve", "leaf", "--config", str(path), "--cell", "a", "--envoy-check-address", "nope"])
+    assert main(["serve", "leaf", "--config", str(path), "--cell", "a", "--envoy-check-address", "nope"]) == 1
+    assert "--envoy-check-address: 'nope' is not host:port" in capsys.readouterr().err
 
 
 def test_root_metrics_listener_serves_healthz_and_readyz(tmp_path: Path) -> None:
@@ -524,7 +524,7 @@ def _envoy_servers(envoy: EnvoyProcess) -> set[str]:
 
 
 async def _resize(tmp_path: Path) -> None:
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
 
     period = 0.5
     records = ["127.0.0.21", "127.0.0.22"]

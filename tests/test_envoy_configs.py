@@ -43,11 +43,11 @@ from dlb.envoy.bootstrap import (
     root_bootstrap,
     write_bootstrap,
 )
-from dlb.envoy.headers import GIE_DESTINATION
+from dlb.envoy.contract import GIE_DESTINATION
 from dlb.envoy.root_token import root_token
-from dlb.ext_proc.health import SERVICE as HEALTH_SERVICE
-from dlb.ext_proc.health import HealthState
 from dlb.procutil import free_port
+from dlb.service.health import SERVICE as HEALTH_SERVICE
+from dlb.service.health import HealthState
 
 pytestmark = pytest.mark.envoy
 

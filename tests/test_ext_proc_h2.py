@@ -24,10 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlb.ext_proc.health import HealthState, h2_health_routes
-from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.ext_proc.protocol import PROCESS_METHOD, h2_health_routes
 from dlb.ext_proc.transport.h2 import CachingDecoder
 from dlb.ext_proc.transport.server import H2GrpcServer
+from dlb.service.health import HealthState
 
 METHOD = PROCESS_METHOD
 
@@ -416,7 +416,7 @@ def test_envoy_forwards_only_the_headers_the_root_reads(tmp_path):
 
 
 def test_serves_on_uvloop() -> None:
-    """The services run on uvloop (dlb.ext_proc.runner), whose transports are not asyncio.Transport
+    """The services run on uvloop (dlb.service.runner), whose transports are not asyncio.Transport
     subclasses: a call over a uvloop server gets its reply (an isinstance assert once dropped every
     connection there while the asyncio-loop tests passed)."""
     import uvloop

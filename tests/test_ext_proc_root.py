@@ -17,9 +17,10 @@ from dlb.config import config_from_dict
 from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.root import EndpointSpec, RootService
+from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
@@ -258,7 +259,7 @@ def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
         servers, addrs = [], {}
         for name, answers_as in (("a", "a"), ("b", "zzz")):
             server = grpc.aio.server()
-            probe_pb2_grpc.add_ProbeServicer_to_server(_leaf(answers_as), server)
+            probe_pb2_grpc.add_ProbeServicer_to_server(_leaf(answers_as).probe, server)
             addrs[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
             await server.start()
             servers.append(server)
@@ -311,7 +312,7 @@ def test_emulated_wan_ages_probe_answers_by_the_round_trip():
 
     async def main():
         server = grpc.aio.server()
-        probe_pb2_grpc.add_ProbeServicer_to_server(_leaf("far"), server)
+        probe_pb2_grpc.add_ProbeServicer_to_server(_leaf("far").probe, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         got = []

@@ -1,6 +1,6 @@
 """gRPC health and draining on DLB's HTTP/2 transport (issue 14 item 3, from issue 13).
 
-The same contract as the grpc.aio servers (``dlb/ext_proc/health.py``): ``grpc.health.v1.Health``
+The same contract as the grpc.aio servers (``dlb/service/health.py``): ``grpc.health.v1.Health``
 Check and Watch answered by the ext_proc listener itself (a grpc C-core client here, an independent
 implementation); when a drain starts the status turns NOT_SERVING and watchers hear it; stopping
 sends GOAWAY, refuses new streams, lets the streams in flight finish, then closes.
@@ -17,9 +17,9 @@ import hpack
 from test_h2_bounds import frame, goaway_code, headers_frames, read_to_eof, request_block
 from test_h2_connection import echo_upper, grpc_message
 
-from dlb.ext_proc.health import NOT_SERVING, SERVING, decode_status
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.transport.h2 import PREFACE, ErrorCode, FrameType
+from dlb.service.health import NOT_SERVING, SERVING, decode_status
 
 END_STREAM = 0x1
 

@@ -13,7 +13,7 @@ import pytest
 
 from dlb.config import ConfigError, config_from_dict
 from dlb.envoy.bootstrap import LEAF_INTERNAL_HEADERS, leaf_bootstrap, leaf_prefixes, root_bootstrap
-from dlb.envoy.headers import CELL, ROOT_TOKEN, SERVER, SRC_CELL
+from dlb.envoy.contract import CELL, ROOT_TOKEN, SERVER, SRC_CELL
 from dlb.envoy.root_token import root_token
 from dlb.procutil import free_port
 from tests.test_envoy_configs import echo_servers, request, running_envoy

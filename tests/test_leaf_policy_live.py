@@ -20,7 +20,7 @@ from bounded_wait import until
 
 from dlb.config.policy import set_plugins
 from dlb.procutil import free_port
-from dlb.testbed.metrics_text import metric_value
+from dlb.launch.metrics_text import metric_value
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = pytest.mark.timeout(120)

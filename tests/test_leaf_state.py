@@ -166,7 +166,7 @@ def test_latency_sample_is_the_servers_share_not_the_leaf_total():
     from envoy.data.accesslog.v3 import accesslog_pb2
     from google.protobuf.duration_pb2 import Duration
 
-    from dlb.ext_proc.leaf import _serving_seconds
+    from dlb.ext_proc.leaf_als import _serving_seconds
 
     c = accesslog_pb2.AccessLogCommon(
         time_to_first_upstream_tx_byte=Duration(nanos=50_000_000),  # 50 ms WAN delay first
@@ -185,7 +185,7 @@ def test_scrape_tells_a_slow_server_from_an_unreachable_one():
 
     import pytest
 
-    from dlb.ext_proc.leaf import ScrapeSlow, scrape_vllm
+    from dlb.ext_proc.leaf_background import ScrapeSlow, scrape_vllm
     from dlb.procutil import free_port
 
     async def scenario() -> None:

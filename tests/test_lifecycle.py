@@ -19,9 +19,9 @@ import grpc
 import pytest
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from dlb.ext_proc.health import NOT_SERVING, SERVING, decode_status
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.service.health import NOT_SERVING, SERVING, decode_status
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = pytest.mark.timeout(60)

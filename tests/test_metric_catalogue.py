@@ -19,10 +19,10 @@ from dlb.core.latency_model import LatencyParams
 from dlb.emulator.metrics import EmulatorMetrics
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
-from dlb.ext_proc.metrics import serve_metrics
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.transport.limits import TransportStats
 from dlb.metric_catalogue import CATALOGUE, MetricDef, for_service, markdown_table
+from dlb.service.metrics import serve_metrics
 from dlb.xds import SnapshotCache, StatusRegistry, StatusServer, types
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"

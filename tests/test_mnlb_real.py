@@ -69,11 +69,12 @@ def test_leaf_counts_completions_per_source_from_the_access_log_and_reports_them
     from envoy.data.accesslog.v3 import accesslog_pb2
     from envoy.service.accesslog.v3 import als_pb2
 
-    from dlb.ext_proc.leaf import BACKGROUND_PROBE_ID, LeafAgent
+    from dlb.ext_proc.leaf import LeafAgent
+    from dlb.ext_proc.leaf_als import BACKGROUND_PROBE_ID
     from tests.test_leaf_state import make
 
     agent = LeafAgent(make(2))
-    agent.known_sources = frozenset({"a", "b"})
+    agent.access_log.known_sources = frozenset({"a", "b"})
     msg = als_pb2.StreamAccessLogsMessage()
     for rid, src in (("r1", "a"), ("r2", "a"), ("r3", "b"), ("r4", "spoofed"), (BACKGROUND_PROBE_ID + "1", "b"), ("r5", "")):
         e = msg.http_logs.log_entry.add()
@@ -86,7 +87,7 @@ def test_leaf_counts_completions_per_source_from_the_access_log_and_reports_them
     async def feed() -> None:
         async def one():  # an access-log stream of one message
             yield msg
-        await agent._consume_logs(one())
+        await agent.access_log.consume(one())
 
     asyncio.run(feed())
-    assert dict(agent.snapshot(0.0).completed_by_source) == {"a": 2, "b": 1}
+    assert dict(agent.probe.snapshot(0.0).completed_by_source) == {"a": 2, "b": 1}

@@ -25,10 +25,10 @@ from dlb.config import resources as dr
 from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.control_plane.service import ControlPlane, root_key
 from dlb.core.costs import Cost
-from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import CONTINUE
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync
+from dlb.probe.client import ProbeTiming
 from dlb.procutil import free_port
 from dlb.proto import resources_pb2
 from dlb.xds.snapshot import Resource, Snapshot
@@ -164,7 +164,7 @@ def test_leaf_follows_the_control_plane() -> None:
 
 
 async def _leaf_scenario() -> None:
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
     from dlb.ext_proc.leaf_state import Completion
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
@@ -224,7 +224,7 @@ def test_leaf_takes_its_dp_groups_from_the_control_plane() -> None:
 
 
 async def _dp_scenario() -> None:
-    from dlb.ext_proc.leaf import state_from_config
+    from dlb.ext_proc.leaf_setup import state_from_config
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
     with tempfile.TemporaryDirectory(prefix="dlb-leaf-dp-") as tmp:

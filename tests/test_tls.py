@@ -25,8 +25,9 @@ from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.config.model import TlsFiles
 from dlb.config.tls import component_identity, load_identity, node_admission
 from dlb.control_plane.service import ControlPlane, dlb_node_key
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
+from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2, probe_pb2_grpc
 from dlb.testbed.pki import dlb_pki
 from dlb.xds import types
@@ -250,7 +251,7 @@ class _Probe(probe_pb2_grpc.ProbeServicer):
 
 def test_probe_client_speaks_mtls_to_a_leaf(pki) -> None:
     async def scenario() -> None:
-        from dlb.ext_proc.protocol import add_port
+        from dlb.service.ports import add_port
 
         tls: TlsFiles = pki["tls"]
         server = grpc.aio.server()

@@ -28,11 +28,12 @@ from dlb.config.tls import load_identity
 from dlb.control_plane.service import ControlPlane
 from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess
-from dlb.ext_proc.probe_client import ProbeTiming
-from dlb.ext_proc.protocol import ExtProcServer, add_port
+from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
+from dlb.probe.client import ProbeTiming
 from dlb.procutil import free_port
+from dlb.service.ports import add_port
 from dlb.testbed.pki import dlb_pki
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dlb.testbed import view
-from dlb.testbed.demo import Sample
+from dlb.testbed.demo_run import Sample
 
 
 def test_plain_line_shows_a_cell_without_finished_requests_as_a_dash_not_dash_s(monkeypatch: pytest.MonkeyPatch,

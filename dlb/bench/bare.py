@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from dlb.envoy import headers
-from dlb.ext_proc.protocol import ExtProcServer, header_response, serve_until_signal
+from dlb.envoy import contract
+from dlb.ext_proc.protocol import ExtProcServer, header_response
+from dlb.service.serve import serve_until_signal
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", default=None)
     parser.add_argument("--transport", choices=("h2", "grpc"), default="grpc")
     args = parser.parse_args(argv)
-    reply = header_response([(headers.CELL, args.cell)])
+    reply = header_response([(contract.CELL, args.cell)])
     answer = (reply, True)
 
     def handle(message: bytes) -> tuple[bytes, bool]:
@@ -30,12 +31,12 @@ def main(argv: list[str] | None = None) -> None:
         server = ExtProcServer(args.transport, handle)
         port = await server.bind(args.listen)
         if args.ready_file:
-            from dlb.ext_proc.runner import write_ready
+            from dlb.service.runner import write_ready
 
             write_ready(args.ready_file, {"ext_proc": port, "pid": os.getpid()})
         await serve_until_signal(server)
 
-    from dlb.ext_proc.runner import run_event_loop
+    from dlb.service.runner import run_event_loop
 
     run_event_loop(run())
 

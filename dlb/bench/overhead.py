@@ -458,7 +458,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                         sat[name] = res.rps
                     log.info("bench_point", **records[-1])
 
-        from dlb.ext_proc.runner import run_event_loop
+        from dlb.service.runner import run_event_loop
 
         run_event_loop(main())
     finally:

@@ -59,8 +59,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.control_plane.service import ControlPlane
-    from dlb.ext_proc.metrics import CallbackCollector
     from dlb.gc_heap import GcPauses, freeze_heap
+    from dlb.service.metrics import CallbackCollector
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells)
     xds_port, status_port = await cp.start(args.xds, args.status)
@@ -76,7 +76,7 @@ async def _serve(config, args: argparse.Namespace) -> int:
     if args.ready_file:
         import os
 
-        from dlb.ext_proc.runner import write_ready
+        from dlb.service.runner import write_ready
 
         write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
     stop = asyncio.Event()

@@ -7,7 +7,7 @@ Envoy resources plus DLB's policy, topology, latency models, aversion rates and 
 snapshots the leaf Envoy resources plus policies (for the latency prior) and the cell's own model.
 
 Loops:
-- the *probe client* (the root's own, :mod:`dlb.ext_proc.probe_client`) polls every leaf;
+- the *probe client* (the root's own, :mod:`dlb.probe.client`) polls every leaf;
 - the *flow loop* (every ``flow.period_ms`` of the fastest flow endpoint) steps
   :class:`FlowController` and rebuilds the root snapshots, so new weights reach Envoy by RDS;
 - the *state loop* (every second) republishes latency models and aversion rates, quantised so that
@@ -39,11 +39,12 @@ from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism
-from dlb.ext_proc.health import HealthState, health_handler
-from dlb.ext_proc.metrics import CallbackCollector
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.log import get_logger
+from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
+from dlb.service.health import HealthState, health_handler
+from dlb.service.metrics import CallbackCollector
 from dlb.xds.cache import SnapshotCache
 from dlb.xds.server import XdsServer
 from dlb.xds.snapshot import Resource, Snapshot

@@ -20,9 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from dlb.config.model import Config
-
-LEAF_AGENT_CLUSTER = "dlb_leaf_agent"
-LOG_NAME = "dlb-leaf"
+from dlb.envoy.contract import ACCESS_LOG_NAME, LEAF_AGENT_CLUSTER, READY_LISTENER, SRC_CELL
+from dlb.envoy.health_check import service_health
 
 
 def leaf_access_log(cluster: str = LEAF_AGENT_CLUSTER, flush_ms: float = 5.0) -> dict[str, Any]:
@@ -31,13 +30,13 @@ def leaf_access_log(cluster: str = LEAF_AGENT_CLUSTER, flush_ms: float = 5.0) ->
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
             "common_config": {
-                "log_name": LOG_NAME,
+                "log_name": ACCESS_LOG_NAME,
                 "transport_api_version": "V3",
                 "grpc_service": {"envoy_grpc": {"cluster_name": cluster}},
                 "buffer_flush_interval": f"{flush_ms / 1000.0:.3f}s",
                 "buffer_size_bytes": 16384,
             },
-            "additional_request_headers_to_log": ["x-dlb-src-cell"],
+            "additional_request_headers_to_log": [SRC_CELL],
         },
     }
 
@@ -78,12 +77,10 @@ def add_leaf_access_log(bootstrap: dict[str, Any], cfg: Config, cell: str, flush
     channel = cfg.cell(cell).leaf.access_log_address()
     sr = bootstrap["static_resources"]
     if not any(c["name"] == LEAF_AGENT_CLUSTER for c in sr["clusters"]):
-        from dlb.envoy.bootstrap import service_health  # (bootstrap imports this module lazily too)
-
         # The agent answers grpc.health.v1: NOT_SERVING while it drains, so Envoy stops logging to it first.
         sr["clusters"].append(service_health(leaf_agent_cluster(channel), grpc_health=True))
     for listener in sr["listeners"]:
-        if listener["name"] == "dlb_ready":  # bootstrap.READY_LISTENER: a kubelet's probes are not traffic
+        if listener["name"] == READY_LISTENER:  # a kubelet's probes are not traffic
             continue
         for chain in listener["filter_chains"]:
             for f in chain["filters"]:

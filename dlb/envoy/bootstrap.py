@@ -31,7 +31,20 @@ import yaml
 from dlb.config.hostport import is_ip
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
-from dlb.envoy import headers as _h
+from dlb.envoy import contract as _h
+from dlb.envoy.als import add_leaf_access_log
+from dlb.envoy.contract import (
+    HEALTH_PATH,
+    LEAF_EXT_PROC_CLUSTER,
+    LEAF_PICKED_CLUSTER,
+    LEAF_SERVERS_CLUSTER,
+    READY_LISTENER,
+    READY_PATH,
+    ROOT_EXT_PROC_CLUSTER,
+    SERVER_CHECK_INTERVAL_S,
+    SERVER_CHECK_JITTER_S,
+)
+from dlb.envoy.health_check import service_health
 from dlb.envoy.root_token import root_token
 from dlb.envoy.tls import upstream_tls
 
@@ -39,14 +52,9 @@ HEADER_CELL = _h.CELL
 HEADER_SRC_CELL = _h.SRC_CELL
 HEADER_SERVER = _h.SERVER
 HEADER_ROOT_TOKEN = _h.ROOT_TOKEN
-HEADER_ENDPOINT = "x-dlb-endpoint"
+HEADER_ENDPOINT = _h.ENDPOINT
 #: Every x-dlb-* header the system uses; all are stripped from client requests at the root.
 INTERNAL_HEADERS = tuple(dict.fromkeys((*_h.INTERNAL, HEADER_ENDPOINT)))
-
-ROOT_EXT_PROC_CLUSTER = "dlb_root_ext_proc"
-LEAF_EXT_PROC_CLUSTER = "dlb_leaf_ext_proc"
-LEAF_SERVERS_CLUSTER = "servers"
-LEAF_PICKED_CLUSTER = "picked_server"
 
 #: Largest request header block a client may send (Envoy's default, stated explicitly). Only headers
 #: go to the ext_proc, so a gRPC message never carries more than this plus framing.
@@ -61,8 +69,7 @@ EXT_PROC_MAX_MESSAGE_BYTES = 4 * MAX_REQUEST_HEADERS_KB * 1024
 HIGH_THRESHOLDS = {"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000, "max_retries": 16}
 MAX_DOWNSTREAM_CONNECTIONS = 50000
 #: An internal-address list that matches no TCP peer, so every client request is external.
-#: What no request reaching a leaf Envoy may carry: the leaf's own pick and the root's cell choice.
-LEAF_INTERNAL_HEADERS = (_h.SERVER, _h.CELL)
+LEAF_INTERNAL_HEADERS = _h.LEAF_INTERNAL
 NO_INTERNAL_ADDRESSES = {"cidr_ranges": [{"address_prefix": "255.255.255.255", "prefix_len": 32}]}
 
 
@@ -146,14 +153,6 @@ def _picked_cluster() -> dict[str, Any]:
 #: before Envoy sent any byte of the request. A generation that started is never replayed (it may have
 #: cost GPU time, and a partial stream cannot be resumed).
 SAFE_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
-#: Active health check of every server: vLLM's and the emulator's ``GET /health`` (200 when serving).
-HEALTH_PATH = "/health"
-#: The leaf Envoy checks each server's ``/health`` this often (plus up to the jitter). A recovered server
-#: is back in Envoy's rotation only at its next check, so the leaf agent waits as long before it counts
-#: the server healthy again (``LeafState.rejoin_hold_s``): a cell reported usable before that gets its
-#: requests answered ``503 no_healthy_upstream`` (seen in ``dlb bench faults``, whole-cell fault).
-SERVER_CHECK_INTERVAL_S = 0.5
-SERVER_CHECK_JITTER_S = 0.05
 
 
 def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
@@ -224,27 +223,6 @@ def local_replies() -> dict[str, Any]:
     }]}
 
 
-def service_health(cluster: dict[str, Any], *, grpc_health: bool) -> dict[str, Any]:
-    """Health-check one of DLB's own gRPC services (ext_proc, leaf agent) from Envoy, every 0.5 s.
-
-    A service that is draining or dead is then *unhealthy* rather than a connect timeout per stream:
-    the ext_proc filter fails open at once and the access log stops writing into a closed socket. The
-    leaf agent serves ``grpc.health.v1.Health`` (NOT_SERVING while it drains, :mod:`dlb.ext_proc.health`);
-    the ext_proc listeners run DLB's own HTTP/2 transport, whose drain closes the listener, so a TCP
-    connect is their check. One host per cluster: panic mode (route to unhealthy hosts when too few
-    are healthy) is off, or an unhealthy lone host would be used anyway.
-    """
-    check: dict[str, Any] = {"timeout": "0.25s", "interval": "0.5s", "no_traffic_interval": "0.5s",
-                             "unhealthy_threshold": 1, "healthy_threshold": 1}
-    if grpc_health:
-        check["grpc_health_check"] = {}
-    else:
-        check["tcp_health_check"] = {}
-    cluster["health_checks"] = [check]
-    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
-    return cluster
-
-
 def leaf_ext_proc_cluster(ext_proc: HostPort, probe: HostPort, tls: dict[str, Any] | None = None) -> dict[str, Any]:
     """The leaf ext_proc cluster, health-checked with gRPC health *at the agent's probe address*.
 
@@ -280,9 +258,6 @@ def _safe_retries() -> dict[str, Any]:
     }
 
 
-#: The readiness listener every bootstrap can carry (``ready_port``): orchestrators probe it, not admin.
-READY_LISTENER = "dlb_ready"
-READY_PATH = "/ready"
 
 
 def ready_listener(port: int) -> dict[str, Any]:
@@ -373,10 +348,7 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, 
     }
 
 
-#: The leaf ext_proc reads only the request id (to match the access-log completion to its pick) and the
-#: body's length (the size estimate of the tokens-waiting pick; the body itself never reaches Python).
-LEAF_FORWARD_HEADER = "x-request-id"
-LEAF_FORWARD_HEADERS = [LEAF_FORWARD_HEADER, "content-length"]
+LEAF_FORWARD_HEADERS = list(_h.LEAF_FORWARD_HEADERS)
 
 
 def root_forward_headers(cfg: Config) -> list[str]:
@@ -676,8 +648,6 @@ def leaf_bootstrap(
     listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("leaf", me.name, admin_port, listener, clusters, ready_port)
     if access_log:
-        from dlb.envoy.als import add_leaf_access_log
-
         add_leaf_access_log(boot, cfg, cell)
     return boot
 

@@ -1,4 +1,5 @@
-"""``dlb config xds-bootstrap``: write an Envoy bootstrap that takes everything from the control plane."""
+"""``dlb config xds-bootstrap`` (write an Envoy bootstrap that takes everything from the control plane) and
+``dlb envoy drain`` (a pod's preStop: :mod:`dlb.envoy.drain`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import yaml
 
 from dlb.config.model import HostPort
+from dlb.errors import UsageError
 
 #: Where a pod's Envoy answers readiness probes (admin, at 9901 by convention, stays on 127.0.0.1).
 DEFAULT_READY_PORT = 9902
@@ -48,3 +50,32 @@ def run_bootstrap(args: argparse.Namespace) -> int:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(text)
     return 0
+
+
+def _run_drain(args: argparse.Namespace) -> int:
+    import urllib.error
+
+    from dlb.envoy.drain import drain
+
+    if args.deadline < 0:
+        raise UsageError("dlb envoy drain: --deadline must be >= 0 seconds")
+    try:
+        result = drain(args.admin_port, args.deadline, poll_s=args.poll_s)
+    except (urllib.error.URLError, OSError) as e:
+        print(f"dlb envoy drain: admin 127.0.0.1:{args.admin_port} unreachable: {e}", file=sys.stderr)
+        return 1
+    if result.drained:
+        print(f"drained: {result.active_at_start} requests in flight at the start, 0 after {result.waited_s:.1f} s")
+        return 0
+    print(f"deadline {args.deadline:g} s passed with {result.active_at_end} requests in flight "
+          f"({result.active_at_start} at the start)", file=sys.stderr)
+    return 1
+
+
+def register_drain(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("drain", help="preStop: fail health checks, drain listeners, wait for requests in flight")
+    p.add_argument("--admin-port", type=int, required=True, help="the Envoy's admin port (on 127.0.0.1)")
+    p.add_argument("--deadline", type=float, required=True,
+                   help="seconds to wait at most (keep it under the pod's terminationGracePeriodSeconds)")
+    p.add_argument("--poll-s", type=float, default=0.1, help="how often to read the in-flight gauge")
+    p.set_defaults(func=_run_drain)

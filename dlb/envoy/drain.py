@@ -10,14 +10,13 @@ minutes). Envoy Gateway and Contour ship a shutdown manager for the same reason.
 3. wait until the sum of ``http.<listener>.downstream_rq_active`` (admin's own excluded: this poll
    is one of them) is 0, or the deadline passes. Then the kubelet's SIGTERM finds nothing to cut.
 
-:func:`active_requests` is the pure part (stats text in, count out); :func:`drain` does the I/O.
+:func:`active_requests` is the pure part (stats text in, count out); :func:`drain` does the I/O; the
+command is :func:`dlb.envoy.cli.register_drain`.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -59,28 +58,3 @@ def drain(admin_port: int, deadline_s: float, *, poll_s: float = 0.1, host: str 
         sleep(min(poll_s, max(0.0, deadline_s - (clock() - start))))
         active = active_requests(call("/stats?filter=downstream_rq_active", "GET"))
     return DrainResult(drained=active == 0, active_at_start=first, active_at_end=active, waited_s=clock() - start)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.deadline < 0:
-        raise SystemExit("dlb envoy drain: --deadline must be >= 0 seconds")
-    try:
-        result = drain(args.admin_port, args.deadline, poll_s=args.poll_s)
-    except (urllib.error.URLError, OSError) as e:
-        print(f"dlb envoy drain: admin 127.0.0.1:{args.admin_port} unreachable: {e}", file=sys.stderr)
-        return 1
-    if result.drained:
-        print(f"drained: {result.active_at_start} requests in flight at the start, 0 after {result.waited_s:.1f} s")
-        return 0
-    print(f"deadline {args.deadline:g} s passed with {result.active_at_end} requests in flight "
-          f"({result.active_at_start} at the start)", file=sys.stderr)
-    return 1
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("drain", help="preStop: fail health checks, drain listeners, wait for requests in flight")
-    p.add_argument("--admin-port", type=int, required=True, help="the Envoy's admin port (on 127.0.0.1)")
-    p.add_argument("--deadline", type=float, required=True,
-                   help="seconds to wait at most (keep it under the pod's terminationGracePeriodSeconds)")
-    p.add_argument("--poll-s", type=float, default=0.1, help="how often to read the in-flight gauge")
-    p.set_defaults(func=run)

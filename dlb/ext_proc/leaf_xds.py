@@ -24,7 +24,8 @@ from google.protobuf.message import Message
 
 from dlb.config import resources as dr
 from dlb.config.tls import Identity
-from dlb.envoy.bootstrap import LEAF_SERVERS_CLUSTER
+from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
+from dlb.ext_proc.leaf_setup import dp_balancer, rank_addresses
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
 from dlb.proto import resources_pb2 as pb
@@ -106,8 +107,6 @@ class LeafXdsSync:
                  window_s=policy.fit.window_s, refit_period_s=policy.fit.refit_period_s)
 
     def _on_dp_groups(self, resources: dict[str, Message]) -> None:
-        from dlb.ext_proc.leaf import dp_balancer, rank_addresses
-
         msg = resources.get(self.cell)
         if msg is None:
             return  # withdrawn: keep the groups we have

@@ -9,7 +9,7 @@ an identity response serializer — the hot path then only parses the request an
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -18,13 +18,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
-from dlb.ext_proc.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
+from dlb.ext_proc.transport.h2 import Route
 from dlb.ext_proc.transport.limits import H2Limits
 from dlb.ext_proc.transport.server import H2GrpcServer
+from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handler
+from dlb.service.ports import add_port
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dlb.config import Cell, Config
     from dlb.config.tls import Identity
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -110,15 +111,11 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def add_port(server: grpc.aio.Server, listen: str, tls: Identity | None) -> int:
-    """Listen on ``listen`` (mutual TLS with ``tls``, else plaintext); the bound port, or :class:`BindError`."""
-    try:
-        port = server.add_insecure_port(listen) if tls is None else server.add_secure_port(listen, tls.server_credentials())
-    except RuntimeError:  # grpcio >= 1.5x raises instead of returning 0
-        port = 0
-    if port == 0:
-        raise BindError(listen, "gRPC could not bind it (in use?)")
-    return port
+def h2_health_routes(state: HealthState) -> dict[str, Route]:
+    """``Check`` and ``Watch`` on DLB's HTTP/2 transport (the request message is not read: one status
+    serves every service name). Subscribe the server's ``notify(WATCH_PATH, reply)`` to ``state``."""
+    return {CHECK_PATH: Route(lambda _request: (state.reply(), True)),
+            WATCH_PATH: Route(lambda _request: (state.reply(), False), watch=True)}
 
 
 class ExtProcServer:
@@ -173,54 +170,3 @@ class ExtProcServer:
             await self._h2.stop(grace_s)
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
-
-
-async def serve_until_signal(server: grpc.aio.Server | ExtProcServer, on_stop: Callable[[], Awaitable[None]] | None = None,
-                             grace_s: float = 2.0, health: HealthState | None = None, drain_s: float = 0.0) -> None:
-    """Run until SIGTERM/SIGINT, then drain and stop.
-
-    Draining, in order: the gRPC health status turns NOT_SERVING (``health``) and stays so for
-    ``drain_s`` — long enough for Envoy's health check to see it and stop opening streams here, while
-    the streams already open keep being served; then ``on_stop``; then the server stops listening and
-    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain.
-    """
-    import asyncio
-    import signal
-
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    if health is not None:
-        health.serving = False
-    if drain_s > 0:
-        from dlb.log import get_logger
-
-        get_logger("dlb.lifecycle").info("draining", drain_s=drain_s)
-        stop.clear()
-        try:
-            await asyncio.wait_for(stop.wait(), drain_s)  # a second signal ends the drain early
-        except TimeoutError:
-            pass
-    if on_stop is not None:
-        await on_stop()
-    await server.stop(grace_s)
-
-
-def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
-    """The config and one of its cells for a service's command line.
-
-    Raises :class:`~dlb.config.ConfigError` (every problem, with file:line) for bad input; the
-    command line (``dlb.cli.main``) prints it and exits.
-    """
-    from dlb.config import ConfigError, load_config
-    from dlb.config.loader import Problem
-
-    try:
-        cfg = load_config(config_path)
-    except OSError as exc:
-        raise ConfigError([Problem(config_path, "", exc.strerror or str(exc))]) from None
-    if cell_name not in cfg.cell_names:  # the option the user typed, not a field of the file (it named the file twice)
-        raise ConfigError([Problem(config_path, "--cell", f"no cell named {cell_name!r} (cells: {', '.join(cfg.cell_names)})")])
-    return cfg, cfg.cell(cell_name)

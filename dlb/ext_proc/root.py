@@ -29,13 +29,15 @@ from dlb.core.aversion import RecentErrors
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
-from dlb.envoy import headers
-from dlb.ext_proc.metrics import FastHistogram
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget
+from dlb.envoy import contract
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.ext_proc.transport.limits import TransportStats
 from dlb.log import get_logger
+from dlb.probe.client import ProbeClient
+from dlb.probe.codec import model_of
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
+from dlb.service.metrics import FastHistogram
 
 log = get_logger("dlb.root")
 
@@ -148,7 +150,7 @@ class RootService:
             header = spec.policy.affinity.header.lower() if spec.policy.affinity.enabled else None
             endpoints.append(EndpointState(spec.name, spec.prefix, router, header, decisions,
                                            prev.rejected if prev is not None else 0))
-        responses = [header_response([(headers.CELL, CELL_CLUSTER_PREFIX + n), (headers.SRC_CELL, self.cell)], remove=[headers.SERVER])
+        responses = [header_response([(contract.CELL, CELL_CLUSTER_PREFIX + n), (contract.SRC_CELL, self.cell)], remove=[contract.SERVER])
                      for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
         # Aversion sees a cell's error EMA only while its error counter keeps rising (RecentErrors).
@@ -228,13 +230,7 @@ class RootService:
             for e in self.endpoints:
                 e.router.set_available(target.index, False)
             return
-        params = None
-        if resp.HasField("model"):
-            m = resp.model
-            try:
-                params = LatencyParams(m.a_s, m.b_s, m.c, m.s)
-            except ValueError:
-                params = None  # a leaf without a usable model: keep the previous/prior curve
+        params = model_of(resp)  # None: a leaf without a usable model, keep the previous/prior curve
         conf = resp.model.confidence if resp.HasField("model") else 0.0
         error_rate = self.recent_errors.observe(target.index, resp.errors, resp.error_rate, now)
         j = target.index

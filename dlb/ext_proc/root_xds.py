@@ -25,9 +25,10 @@ from google.protobuf.message import Message
 from dlb.config import resources as dr
 from dlb.config.tls import Identity
 from dlb.core.topology import Topology
-from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.root import EndpointSpec, RootService
 from dlb.log import get_logger
+from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.target import ProbeTarget
 from dlb.proto import resources_pb2 as pb
 from dlb.xds.client import ResourceValidationError, XdsClient
 

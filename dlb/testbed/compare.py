@@ -86,7 +86,8 @@ def _clean(x: Any) -> Any:
 
 
 def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
-    from dlb.testbed.demo import DLB_POLICIES, run_once
+    from dlb.testbed.demo import run_once
+    from dlb.testbed.demo_run import DLB_POLICIES
     from dlb.testbed.report import git_commit
 
     policies = args.policies.split(",") if args.policies else ["Rand", "MNLB", *DLB_POLICIES]

@@ -20,16 +20,18 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dlb.config.policy import set_plugins
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
-from dlb.load.generator import LoadRunner, Result, positive_float
+from dlb.load.argtypes import positive_float
+from dlb.load.generator import LoadRunner
 from dlb.load.workload import WorkloadSpec, generate
 from dlb.procutil import free_port_block
+from dlb.testbed.demo_run import DLB_POLICIES, DemoRun, Sample
 from dlb.testbed.fleet import (
     DEFAULT_FLEET,
     CellPlan,
@@ -41,7 +43,6 @@ from dlb.testbed.fleet import (
 
 DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers
-DLB_POLICIES = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,36 +68,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=0, metavar="G",
                    help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
                         "rank with BF-IO (docs/bfio.md); default off")
-    p.set_defaults(func=run_demo)
-
-
-@dataclass
-class Sample:
-    """One second of the run as the control plane and the roots saw it."""
-
-    t: float
-    fleet: dict[str, Any]
-    decisions: dict[str, dict[str, float]]  # source cell -> dest cell -> decisions in the last interval
-    done: int
-    ok: int
-
-
-@dataclass
-class DemoRun:
-    fleet: Fleet
-    cfg_dict: dict[str, Any]
-    servers: dict[str, list[str]]
-    spec: WorkloadSpec
-    capacity: dict[str, float]
-    degrade_cell: str | None
-    degrade_window: tuple[float, float] | None
-    policy: str
-    #: Each server's admin API (``--admin-port``, cell -> addresses in ``servers`` order): the degradation goes there.
-    admin: dict[str, list[str]] = field(default_factory=dict)
-    samples: list[Sample] = field(default_factory=list)
-    results: list[Result] = field(default_factory=list)
-    events: list[tuple[float, str, str]] = field(default_factory=list)
-    interrupted: bool = False
 
 
 def apply_policy(cfg: dict[str, Any], policy: str) -> None:
@@ -317,18 +288,3 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
             print(summary, flush=True)
         print(f"report: {out / 'report.md'}", flush=True)
     return run, (130 if run.interrupted else code)
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    from dlb.testbed.report import git_commit
-
-    git_commit()  # the tree as it is when the run starts
-    out = args.out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    stop = StopFlag().install()
-    if args.compare:
-        from dlb.testbed.compare import run_compare
-
-        return run_compare(args, out, stop)
-    live = not args.no_live and sys.stdout.isatty()
-    _run, code = run_once(args, out, stop, live, args.policy, degrade=not args.no_degrade)
-    return code

@@ -24,7 +24,7 @@ from dlb import provenance
 from dlb.load.generator import Result, quantile, summarize, write_results
 
 if TYPE_CHECKING:
-    from dlb.testbed.demo import DemoRun
+    from dlb.testbed.demo_run import DemoRun
 
 BUCKET_S = 5.0
 REACTION = 0.10  # fraction of the run skipped after each change

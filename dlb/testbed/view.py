@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dlb.load.generator import LoadRunner
-    from dlb.testbed.demo import DemoRun, Sample
+    from dlb.testbed.demo_run import DemoRun, Sample
 
 SPARK = "▁▂▃▄▅▆▇█"
 RECENT_S = 10.0

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from dlb.log import get_logger
+from dlb.probe.codec import check_answer
+from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
 log = get_logger("dlb.probe_client")
@@ -33,28 +35,6 @@ log = get_logger("dlb.probe_client")
 #: dead leaf is one refused TCP connect.
 RECONNECT_BACKOFF_INITIAL_MS = 100
 RECONNECT_BACKOFF_MAX_MS = 250
-
-
-def check_answer(target: ProbeTarget, resp: probe_pb2.ProbeResponse) -> None:
-    """Refuse (ValueError) a probe answer no leaf can mean: another cell's, or a state out of range.
-
-    Everything else a leaf sends is used as is (tests/test_decoder_fuzz.py feeds random answers through
-    this and the root's ``on_probe`` and asserts decisions stay well-formed).
-    """
-    if resp.cell != target.name:
-        raise ValueError(f"leaf at {target.address} answered for cell {resp.cell[:100]!r}, expected {target.name!r}")
-    if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):
-        raise ValueError(f"leaf at {target.address} sent an impossible state: rif={resp.rif}, error_rate={resp.error_rate}")
-
-
-@dataclass(frozen=True)
-class ProbeTarget:
-    index: int  # cell index in the topology
-    name: str  # cell name (the leaf must answer with the same name)
-    address: str  # host:port of the leaf agent's probe service
-    #: Testbeds on one machine: one-way delay to add each way (the WAN the requests are delayed by),
-    #: so the root's view of a remote cell is as old as it would be over the real network.
-    emulated_one_way_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,14 @@
 Why: Envoy health-checks the clusters of DLB's gRPC services (``grpc_health_check``), and a service
 that is shutting down must say so before it stops listening — SIGTERM turns the status to
 NOT_SERVING, Envoy stops opening streams to it (and fails open), the streams in flight finish, then
-the process exits (:func:`dlb.ext_proc.protocol.serve_until_signal`).
+the process exits (:func:`dlb.service.serve.serve_until_signal`).
 
 Why hand-coded rather than ``grpcio-health-checking``: the two messages are one field each
 (``HealthCheckRequest{string service = 1}``, ``HealthCheckResponse{ServingStatus status = 1}``), and
 that package pins protobuf ranges the shared environment cannot follow. The wire bytes below are
 the protobuf encodings of those messages (field 1, varint). On grpc.aio only ``Check`` is offered
 (Envoy and ``grpc_health_probe`` use it; ``Watch`` gets UNIMPLEMENTED); DLB's HTTP/2 transport serves
-``Check`` and ``Watch`` (:func:`h2_health_routes`: a watcher gets the status at once and again on
+``Check`` and ``Watch`` (:func:`dlb.ext_proc.protocol.h2_health_routes`: a watcher gets the status at once and again on
 every change).
 """
 
@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-
-from dlb.ext_proc.transport.h2 import Route
 
 SERVICE = "grpc.health.v1.Health"
 SERVING, NOT_SERVING = 1, 2
@@ -59,13 +57,6 @@ class HealthState:
 
     def check(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return self.reply()
-
-
-def h2_health_routes(state: HealthState) -> dict[str, Route]:
-    """``Check`` and ``Watch`` on DLB's HTTP/2 transport (the request message is not read: one status
-    serves every service name). Subscribe the server's ``notify(WATCH_PATH, reply)`` to ``state``."""
-    return {CHECK_PATH: Route(lambda _request: (state.reply(), True)),
-            WATCH_PATH: Route(lambda _request: (state.reply(), False), watch=True)}
 
 
 def health_handler(state: HealthState) -> grpc.GenericRpcHandler:

@@ -32,7 +32,7 @@ def die_with_parent() -> None:
     except OSError:
         return
     if os.getppid() != int(parent):  # reparented: the first process died before the signal was armed
-        raise SystemExit("dlb serve root: the first process exited before this worker started")
+        raise StartupError("dlb serve root: the first process exited before this worker started")
 
 
 def spawn_workers(workers: int, listen: str, metrics: str | None) -> list:

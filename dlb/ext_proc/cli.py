@@ -1,0 +1,215 @@
+"""``dlb serve root`` and ``dlb serve leaf``: their flags, checked and turned into options objects.
+
+Why here: commands (argparse, exit codes) live only in each package's ``cli.py``; the services take a
+:class:`~dlb.ext_proc.root_serve.RootOptions` / :class:`~dlb.ext_proc.leaf_serve.LeafOptions` and raise
+:class:`~dlb.errors.DlbError` subclasses, which only ``dlb.cli.main`` turns into an exit. The service
+modules are imported when a command runs, so ``dlb serve leaf --help`` loads neither service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import TYPE_CHECKING
+
+from dlb.errors import UsageError
+from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlb.config import Cell, Config
+    from dlb.config.model import BackgroundProbeParams
+    from dlb.core.background import BackgroundProbeConfig
+
+
+def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
+    """The config and one of its cells for a service's command line.
+
+    Raises :class:`~dlb.config.ConfigError` (every problem, with file:line) for bad input; the
+    command line (``dlb.cli.main``) prints it and exits.
+    """
+    from dlb.config import ConfigError, load_config
+    from dlb.config.loader import Problem
+
+    try:
+        cfg = load_config(config_path)
+    except OSError as exc:
+        raise ConfigError([Problem(config_path, "", exc.strerror or str(exc))]) from None
+    if cell_name not in cfg.cell_names:  # the option the user typed, not a field of the file (it named the file twice)
+        raise ConfigError([Problem(config_path, "--cell", f"no cell named {cell_name!r} (cells: {', '.join(cfg.cell_names)})")])
+    return cfg, cfg.cell(cell_name)
+
+
+def run_root(args: argparse.Namespace) -> int:
+    import resource
+
+    from dlb.ext_proc.root_serve import RootOptions, run_root
+    from dlb.service.runner import die_with_parent, run_event_loop
+
+    if args.config is None and args.xds is None:
+        raise UsageError("dlb serve root: give --config FILE, --xds HOST:PORT, or both")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if not 0 <= args.drain_s < math.inf:  # nan would skip the drain, inf never close the listener
+        raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
+    try:
+        limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
+                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
+    except ValueError as exc:  # named by field: H2Limits.max_concurrent_streams -> --max-concurrent-streams
+        field_name = str(exc).split()[0].removeprefix("H2Limits.")
+        raise UsageError(f"--{field_name.replace('_', '-')}{str(exc).removeprefix('H2Limits.' + field_name)}") from None
+    soft_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_fds != resource.RLIM_INFINITY and args.max_connections > soft_fds - FD_RESERVE:
+        # the cap would never be reached: accept() fails with EMFILE first, and probes, xDS and /metrics with it
+        raise UsageError(f"--max-connections must be <= {soft_fds - FD_RESERVE} (the file-descriptor limit {soft_fds} "
+                         f"minus {FD_RESERVE} kept for probes, xDS and metrics; raise ulimit -n), got {args.max_connections}")
+    cfg = None
+    if args.config is not None:
+        cfg, cell = load_cell(args.config, args.cell)
+        listen = args.listen or str(cell.root.ext_proc or cfg.services.root.ext_proc)
+        metrics = args.metrics
+        if metrics is None:
+            m = cfg.services.root.metrics
+            metrics = f"{m.host}:{m.port + cell.index}"  # one metrics port per root on a shared host
+    else:
+        if args.listen is None:
+            raise UsageError("dlb serve root: --listen is required without --config")
+        listen, metrics = args.listen, args.metrics or None
+    if args.worker_index > 0:
+        die_with_parent()
+    seed = None if args.seed is None else args.seed + args.worker_index
+    run_event_loop(run_root(cfg, RootOptions(
+        cell=args.cell, listen=listen, metrics=metrics or None, ready_file=args.ready_file, seed=seed, emulate_wan=args.emulate_wan,
+        workers=args.workers, worker_index=args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport,
+        limits=limits, drain_s=args.drain_s)))
+    return 0
+
+
+def register_root(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("root", help="root ext_proc service: picks a cell per request (Envoy ExternalProcessor)")
+    p.add_argument("--config", default=None, help="DLB config YAML (optional with --xds: then only the starting point)")
+    p.add_argument("--cell", required=True, help="the cell this root serves (source of its traffic)")
+    p.add_argument("--xds", default=None, help="control plane host:port: take (and follow) the routing config over xDS")
+    p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
+    p.add_argument("--listen", default=None, help="gRPC host:port (default: cells[].root.ext_proc, else services.root.ext_proc)")
+    p.add_argument("--metrics", default=None,
+                   help="Prometheus host:port ('' = off; default services.root.metrics with port + cell index)")
+    p.add_argument("--ready-file", default=None, help="write {ext_proc, metrics, pid} JSON here once serving")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (tie-breaks, aversion, flow sampling)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes sharing the port (SO_REUSEPORT); worker k serves metrics on the metrics port + 100k")
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--transport", choices=("h2", "grpc"), default="h2",
+                   help="ext_proc server: h2 = DLB's asyncio HTTP/2 gRPC server (default; ~4x less CPU and half the "
+                        "latency of grpc.aio, measured in docs/data-plane.md), grpc = grpc.aio")
+    d = H2Limits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="h2 transport: connections served at once, more are closed at accept "
+                        f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}); at most the limit - {FD_RESERVE})")
+    p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
+                   help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
+    p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
+                   help="h2 transport: seconds from accept for a new connection to finish the TLS handshake (with tls) "
+                        "and send the HTTP/2 preface (default %(default)s; > 0, finite)")
+    p.add_argument("--idle-timeout-s", type=float, default=d.idle_timeout_s,
+                   help="h2 transport: a connection with no stream open this long is closed (GOAWAY) (default %(default)s; > 0, finite)")
+    p.add_argument("--drain-s", type=float, default=1.0,
+                   help="on SIGTERM: seconds of NOT_SERVING health (streams still served) before the listener closes (default %(default)s)")
+    p.add_argument("--emulate-wan", action="store_true",
+                   help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
+    p.set_defaults(func=run_root)
+
+
+def run_leaf(args: argparse.Namespace) -> int:
+    from dlb.ext_proc.leaf_serve import LeafOptions, run_leaf
+    from dlb.service.runner import run_event_loop
+
+    if not 0 <= args.drain_s < math.inf:  # as dlb serve root: nan would skip the drain, inf never end it
+        raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
+    cfg, cell = load_cell(args.config, args.cell)
+    if args.envoy_check_address is not None:
+        from dlb.config.loader import parse_hostport
+
+        if parse_hostport(args.envoy_check_address) is None:
+            raise UsageError(f"dlb serve leaf: --envoy-check-address: {args.envoy_check_address!r} is not host:port")
+    # Probe and access log on one gRPC server. The ext_proc is served there too when it shares the
+    # probe's address (or --ext-proc-transport grpc); on its own address it gets the HTTP/2 transport.
+    listen = [args.listen or str(cell.leaf.probe)]
+    ext_proc_h2 = None
+    if args.listen is None and cell.leaf.ext_proc is not None and cell.leaf.ext_proc != cell.leaf.probe:
+        if args.ext_proc_transport == "h2":
+            ext_proc_h2 = str(cell.leaf.ext_proc)
+        else:
+            listen.append(str(cell.leaf.ext_proc))
+    metrics = args.metrics
+    if metrics is None:
+        metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
+    lp = cfg.policy.leaf  # routing knobs come from the config (policy.plugins), later from xDS
+    run_event_loop(run_leaf(cfg, LeafOptions(
+        cell=args.cell, listen=tuple(listen), metrics=metrics or None, ready_file=args.ready_file, choices=lp.pick_params.choices,
+        scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, refit_period_s=lp.fit.refit_period_s,
+        envoy_check_period_s=args.envoy_check_period_ms / 1000.0, xds=args.xds, xds_delta=args.xds_delta,
+        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, background=background_config(lp.background_probe),
+        background_body=background_body(lp.background_probe), pick_rule=lp.pick, window_s=lp.fit.window_s,
+        envoy_address=args.envoy_check_address)))
+    return 0
+
+
+def background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
+    """The background prober's settings from the ``background-probe`` plugin (None: ``min_interval_ms: 0``, off)."""
+    from dlb.core.background import BackgroundProbeConfig
+
+    if bg.min_interval_ms <= 0:
+        return None
+    try:
+        return BackgroundProbeConfig(min_interval_s=bg.min_interval_ms / 1000.0, max_interval_s=bg.max_interval_ms / 1000.0,
+                                     budget=bg.budget)
+    except ValueError as e:
+        raise UsageError(f"dlb serve leaf: the background-probe plugin: {e}") from None
+
+
+def background_body(bg: BackgroundProbeParams) -> bytes:
+    """The probe: a chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, so its size — and so
+    its latency — does not vary from probe to probe)."""
+    import json
+
+    body: dict = {"messages": [{"role": "user", "content": "dlb background probe"}],
+                  "max_tokens": bg.max_tokens, "ignore_eos": True}
+    if bg.model:
+        body["model"] = bg.model
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def register_leaf(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("leaf", help="leaf agent: picks servers in a cell, measures it, answers probes")
+    p.add_argument("--config", required=True, help="DLB config YAML")
+    p.add_argument("--xds", default=None, help="control plane host:port: follow its server set (EDS) and fleet prior")
+    p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
+    p.add_argument("--cell", required=True, help="the cell this leaf serves")
+    p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
+    p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")
+    p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
+    p.add_argument("--envoy-check-period-ms", type=float, default=200.0,
+                   help="TCP check of this agent's leaf Envoy (--envoy-check-address); probes fail while it is down (0 = off)")
+    p.add_argument("--envoy-check-address", default=None,
+                   help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
+                        "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
+    p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",
+                   help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
+    p.add_argument("--drain-s", type=float, default=1.0,
+                   help="on SIGTERM: seconds of gRPC health NOT_SERVING (Envoy stops sending) before streams are closed")
+    from dlb.config.cli import add_moved_flags
+
+    add_moved_flags(p, {
+        "--pick": "policy.plugins: [{type: prequal}] or [{type: rif}]",
+        "--choices": "parameters.choices of the prequal or rif plugin in policy.plugins",
+        "--window-s": "parameters.window_s of the latency-fit plugin in policy.plugins",
+        "--refit-period-s": "parameters.refit_period_s of the latency-fit plugin in policy.plugins",
+        "--background-probe-min-interval-ms": "parameters.min_interval_ms of the background-probe plugin in policy.plugins",
+        "--background-probe-max-interval-ms": "parameters.max_interval_ms of the background-probe plugin in policy.plugins",
+        "--background-probe-budget": "parameters.budget of the background-probe plugin in policy.plugins",
+        "--background-probe-max-tokens": "parameters.max_tokens of the background-probe plugin in policy.plugins",
+        "--background-probe-model": "parameters.model of the background-probe plugin in policy.plugins",
+    })
+    p.set_defaults(func=run_leaf)

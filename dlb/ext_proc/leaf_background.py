@@ -1,0 +1,235 @@
+"""The leaf's work off the request path: refit the latency model, scrape the servers' queue gauges,
+check its own leaf Envoy, and send background probe requests when the cell is idle.
+
+Scrapes poll each server's ``/metrics`` (vLLM gauges ``vllm:num_requests_running`` /
+``vllm:num_requests_waiting``); the refit runs in a worker thread; background probes
+(:mod:`dlb.core.background`) are real inference requests POSTed to this cell's own leaf Envoy, so they
+take the data path real traffic takes (leaf Envoy → this agent's server pick → a server → the access
+log), tagged by their ``x-request-id`` so a refusal (4xx) is not taken for a latency sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import time
+from collections.abc import Callable
+
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
+from dlb.core.fit import MIN_PRIOR_SAMPLES
+from dlb.core.latency_model import latency
+from dlb.ext_proc.leaf_als import BACKGROUND_PROBE_ID
+from dlb.ext_proc.leaf_state import LeafState
+from dlb.log import get_logger
+
+log = get_logger("dlb.leaf")
+
+
+class LeafBackground:
+    """The background loops of one leaf and what they measured (exported as metrics)."""
+
+    def __init__(self, state: LeafState, clock: Callable[[], float] = time.monotonic) -> None:
+        self.state = state
+        self.clock = clock
+        self.fits = 0
+        self.fit_seconds = 0.0
+        #: Whether this cell's leaf Envoy accepts connections (see :meth:`envoy_check_loop`).
+        self.envoy_ok = True
+        self.envoy_check_failures = 0
+        #: Background probes (None until :meth:`background_loop` runs) and their outcomes.
+        self.prober: BackgroundProber | None = None
+        self.bg_ok = 0
+        self.bg_failed = 0
+        self.bg_seconds = 0.0
+        self._bg_tasks: set[asyncio.Task] = set()
+        #: Set when background probes declared the cell changed: the fit loop refits at once.
+        self.refit_now = False
+
+    async def fit_loop(self) -> None:
+        """Refit the latency model every ``refit_period_s`` in a worker thread.
+
+        The fit (scipy least squares) takes milliseconds; running it on the event loop would stall
+        every request the leaf is picking for. We refit a shallow copy whose sample deques are copied
+        on the loop thread (so the worker never iterates a deque that is being appended to), then
+        publish the result.
+        """
+        est = self.state.estimator
+        loop = asyncio.get_running_loop()
+        last = self.clock()
+        while True:
+            await asyncio.sleep(min(0.05, est.config.refit_period_s))
+            now = self.clock()
+            # Refit on schedule, or at once when the first samples can replace the configured prior
+            # (a fresh or restarted leaf: its warm-up probes just completed).
+            first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
+            t_change = est.take_change()  # the traffic's own samples say the cell changed (dlb.core.change)
+            if t_change is not None:
+                self.refit_now = True
+                log.info("cell_change_detected", cell=self.state.cell, source="traffic", since=round(t_change, 3))
+            if now - last < est.config.refit_period_s and not first and not self.refit_now:
+                continue
+            last, self.refit_now = now, False
+            try:
+                self.state.expire(now)
+                shadow = copy.copy(est)
+                shadow._t, shadow._rif, shadow._lat = copy.copy(est._t), copy.copy(est._rif), copy.copy(est._lat)
+                t0 = time.perf_counter()
+                await loop.run_in_executor(None, shadow.refit, now)
+                self.fit_seconds += time.perf_counter() - t0
+                self.fits += 1
+                est.params, est.confidence, est.last_result, est._last_fit = shadow.params, shadow.confidence, shadow.last_result, now
+                est.effective_prior, est._stride = shadow.effective_prior, shadow._stride
+            except Exception:
+                log.exception("fit_failed", cell=self.state.cell)
+
+    async def scrape_loop(self, period_s: float, timeout_s: float) -> None:
+        """Poll every server's Prometheus ``/metrics`` for vLLM queue gauges."""
+        while True:
+            started = self.clock()
+            results = await asyncio.gather(*(scrape_vllm(s.address, timeout_s) for s in self.state.servers),
+                                           return_exceptions=True)
+            for i, r in enumerate(results):
+                if isinstance(r, ScrapeSlow):
+                    self.state.on_scrape_slow(i)
+                elif isinstance(r, BaseException):
+                    raise r
+                else:
+                    self.state.on_scrape(i, *r, now=self.clock())
+            await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
+
+    async def background_loop(self, address: str, config: BackgroundProbeConfig, body: bytes, tick_s: float = 0.25) -> None:
+        """Send one background probe request through this cell's leaf Envoy whenever the rule says so.
+
+        The rule (:class:`BackgroundProber`) watches the cell's completions: a cell with traffic never
+        probes; an idle one probes within its capacity budget, and a new leaf warms up at once. Each
+        probe runs as its own task, so a slow server never delays the loop or the request path.
+        """
+        prober = self.prober = BackgroundProber(config)
+        st = self.state
+        seq = 0
+        while True:
+            await asyncio.sleep(tick_s)
+            now = self.clock()
+            p = st.estimator.params
+            while self.envoy_ok and prober.due(now, st.completed, capacity_floor(st.healthy(now), p.a, p.b)):
+                prober.on_sent(now)
+                seq += 1
+                task = asyncio.create_task(self._background_probe(address, body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
+                                                                  config.timeout_s))
+                self._bg_tasks.add(task)
+                task.add_done_callback(self._bg_tasks.discard)
+
+    async def _background_probe(self, address: str, body: bytes, request_id: str, timeout_s: float) -> None:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        p = self.state.estimator.params
+        predicted = float(latency(self.state.rif + 1, p.a, p.b, p.c, p.s))
+        t0 = self.clock()
+        status = 0
+        writer = None
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: " + address.encode() +
+                         b"\r\ncontent-type: application/json\r\nconnection: close\r\nx-request-id: " +
+                         request_id.encode() + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            raw = await asyncio.wait_for(reader.read(-1), timeout_s)
+            line = raw.split(b"\r\n", 1)[0].split()
+            status = int(line[1]) if len(line) >= 2 and line[0].startswith(b"HTTP/1.") else 0
+        except (TimeoutError, OSError, ValueError):
+            status = 0
+        finally:
+            if writer is not None:
+                writer.close()
+        elapsed = self.clock() - t0
+        surprised = 0
+        if 200 <= status < 300:
+            self.bg_ok += 1
+            self.bg_seconds += elapsed
+        else:
+            self.bg_failed += 1
+            if self.bg_failed == 1 or self.bg_failed % 100 == 0:
+                log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed)
+        pr = self.prober
+        if pr is not None:
+            if 200 <= status < 300:
+                surprised = surprise(elapsed, predicted, pr.config.tolerance)
+            pr.on_done(self.clock(), surprised)
+            t_change = pr.take_change()
+            if t_change is not None:
+                # The cell is no longer what its samples say (it recovered, or slowed while idle).
+                dropped = self.state.estimator.forget_before(t_change)
+                self.refit_now = True
+                log.info("cell_change_detected", cell=self.state.cell, direction="slower" if surprised > 0 else "faster",
+                         samples_dropped=dropped)
+
+    async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:
+        """TCP-connect to the leaf Envoy's listener every ``period_s``.
+
+        Probes reach the agent directly, not through the leaf Envoy; without this check a dead leaf
+        Envoy would leave the cell looking healthy to every root while all its requests fail.
+        """
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        while True:
+            ok = True
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), min(1.0, 5 * period_s))
+                writer.close()
+            except (TimeoutError, OSError):
+                ok = False
+            if ok:
+                if not self.envoy_ok:
+                    log.info("leaf_envoy_reachable", cell=self.state.cell, address=address)
+                self.envoy_check_failures = 0
+                self.envoy_ok = True
+            else:
+                self.envoy_check_failures += 1
+                if self.envoy_ok and self.envoy_check_failures >= fail_threshold:
+                    log.warning("leaf_envoy_unreachable", cell=self.state.cell, address=address)
+                    self.envoy_ok = False
+            await asyncio.sleep(period_s)
+
+
+class ScrapeSlow(Exception):
+    """The server accepted the scrape but did not answer within the timeout: busy, not dead."""
+
+
+async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None, float | None]:
+    """(running, waiting, KV-cache usage) from ``http://address/metrics``: the counts summed over label
+    sets, the usage the largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``);
+    all None when the server is unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow`
+    when it connected but answered too late: a loaded server (or a loaded box) is slow to render
+    ``/metrics``, and reading that as "down" took whole healthy cells offline (two slow scrapes per
+    server made the leaf report 0 healthy replicas, and the roots drop such a cell).
+
+    A tiny HTTP/1.0 GET on asyncio streams: no client library on the leaf, and nothing blocks.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+        writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+        body = await asyncio.wait_for(reader.read(-1), timeout_s)
+    except TimeoutError:
+        raise ScrapeSlow(address) from None
+    except (OSError, ValueError):
+        return None, None, None
+    finally:
+        if writer is not None:
+            writer.close()
+    head, _, text = body.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
+        return None, None, None
+    running = waiting = kv = None
+    for line in text.decode("utf-8", "replace").splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:num_requests_waiting"):
+            waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")):
+            kv = max(kv or 0.0, float(line.rsplit(" ", 1)[1]))
+    if running is None and waiting is None:
+        return 0.0, 0.0, None  # reachable, but no vLLM gauges: treat as "no extra load known"
+    return running, waiting, kv

@@ -1,0 +1,171 @@
+"""Running the leaf agent (``dlb serve leaf``): its servers, listeners, background tasks and drain.
+
+One gRPC server (grpc.aio + uvloop) carries the probe service (and the ExternalProcessor when it shares
+the probe's address); the ExternalProcessor otherwise runs on DLB's HTTP/2 transport on its own address
+(``cells[].leaf.ext_proc``); the access log gets a gRPC server of its own on a channel only the cell's
+Envoy reaches. Kept apart from the service modules as :mod:`dlb.ext_proc.root_serve` is from the root's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import stat
+from dataclasses import dataclass
+
+import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
+
+from dlb.config import Config
+from dlb.config.tls import component_identity
+from dlb.core.background import BackgroundProbeConfig
+from dlb.errors import BindError
+from dlb.ext_proc.leaf import LeafAgent
+from dlb.ext_proc.leaf_setup import state_from_config
+from dlb.ext_proc.leaf_xds import LeafXdsSync
+from dlb.ext_proc.protocol import ExtProcServer, ext_proc_handler
+from dlb.log import get_logger
+from dlb.proto import probe_pb2_grpc
+from dlb.service.health import HealthState, health_handler
+from dlb.service.metrics import Readiness, serve_metrics
+from dlb.service.ports import add_port
+from dlb.service.runner import write_ready
+from dlb.service.serve import serve_until_signal
+
+log = get_logger("dlb.leaf")
+
+
+@dataclass(frozen=True)
+class LeafOptions:
+    """How one leaf agent runs, as ``dlb serve leaf`` builds it from its flags (the config file gives the rest)."""
+
+    cell: str
+    #: gRPC addresses for probe (+ ext_proc when shared); the first is the probe's.
+    listen: tuple[str, ...]
+    #: Prometheus ``host:port`` (None: off).
+    metrics: str | None = None
+    #: Write ``{grpc, grpc_ports, metrics, pid}`` JSON here once serving.
+    ready_file: str | None = None
+    #: Servers probed per pick (power-of-d's d).
+    choices: int = 2
+    #: Server ``/metrics`` scrape period (0: off).
+    scrape_period_s: float = 0.2
+    seed: int | None = None
+    refit_period_s: float = 5.0
+    #: TCP check of this agent's leaf Envoy (0: off).
+    envoy_check_period_s: float = 0.2
+    #: Control plane ``host:port`` to follow (server set over EDS, fleet prior, DP groups).
+    xds: str | None = None
+    xds_delta: bool = False
+    #: Serve the ext_proc on this address with DLB's HTTP/2 transport (None: on ``listen``'s gRPC server).
+    ext_proc_h2: str | None = None
+    #: Seconds of NOT_SERVING on SIGTERM before streams are closed.
+    drain_s: float = 0.0
+    #: Background probes when the cell is idle (None: off), and the request each sends.
+    background: BackgroundProbeConfig | None = None
+    background_body: bytes = b""
+    pick_rule: str = "prequal"
+    window_s: float = 60.0
+    #: This agent's own leaf Envoy, checked and used for background probes (None: ``cells[].leaf.address``).
+    envoy_address: str | None = None
+
+
+def _bind_als(server: grpc.aio.Server, address: str) -> None:
+    """Bind the access-log server; a socket file left by a killed agent is replaced (a live one is not)."""
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # nobody listens there: stale
+            else:
+                raise BindError(address, "another process serves this access-log socket")
+            finally:
+                probe.close()
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise BindError(address, "gRPC could not bind it (in use, or no such directory?)")
+
+
+
+async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
+    """Serve probes, the access log and (on ``opts.listen``) ext_proc on grpc.aio; with ``opts.ext_proc_h2``
+    the ext_proc is served on that address by DLB's HTTP/2 transport instead (the request path).
+
+    ``opts.envoy_address`` is this agent's own leaf Envoy, which it checks and sends background probes
+    through (default ``cells[].leaf.address``). In a pod that is ``127.0.0.1:<port>``: the cell's
+    address is then a load balancer in front of the pod, which could answer while this Envoy is dead.
+    """
+    cell_name = opts.cell
+    state = state_from_config(cfg, cell_name, opts.choices, opts.seed, opts.refit_period_s, opts.window_s, pick_rule=opts.pick_rule)
+    agent = LeafAgent(state)
+    agent.access_log.known_sources = frozenset(cfg.cell_names)
+    sync = None
+    if opts.xds:
+        sync = LeafXdsSync(state, opts.xds, cell_name, delta=opts.xds_delta,
+                           tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source))
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
+    health = HealthState()
+    server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
+    probe_pb2_grpc.add_ProbeServicer_to_server(agent.probe, server)
+    # The access log gets a server of its own on a channel only the cell's Envoy reaches (docs/security.md);
+    # it answers grpc.health.v1 too (Envoy health-checks its agent cluster there).
+    als_server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 64)])
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent.access_log, als_server)
+    als_server.add_generic_rpc_handlers((health_handler(health),))
+    als_address = cfg.cell(cell_name).leaf.access_log_address()
+    _bind_als(als_server, als_address)
+    tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
+    ports = [add_port(server, addr, tls) for addr in opts.listen]
+    h2 = None
+    if opts.ext_proc_h2 is not None:
+        h2 = ExtProcServer("h2", agent.handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
+        ports.append(await h2.bind(opts.ext_proc_h2))
+        agent.transport_stats = h2.stats
+    metrics_port = None
+    readiness = Readiness()  # /readyz: 200 once the gRPC server serves, 503 again from the drain's start
+    if opts.metrics:
+        host, _, mport = opts.metrics.rpartition(":")
+        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+    await server.start()
+    await als_server.start()
+    readiness.ready = True
+    if sync is not None:
+        await sync.start()
+    bg = agent.background
+    tasks = [asyncio.create_task(bg.fit_loop())]
+    envoy_address = opts.envoy_address or str(cfg.cell(cell_name).leaf.address)
+    if opts.envoy_check_period_s > 0:
+        bg.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up
+        tasks.append(asyncio.create_task(bg.envoy_check_loop(envoy_address, opts.envoy_check_period_s)))
+    if opts.scrape_period_s > 0:
+        tasks.append(asyncio.create_task(bg.scrape_loop(opts.scrape_period_s, min(1.0, max(0.2, opts.scrape_period_s)))))
+    if opts.background is not None:
+        tasks.append(asyncio.create_task(bg.background_loop(envoy_address, opts.background, opts.background_body)))
+    log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port, access_log=als_address,
+             servers=[s.address for s in state.servers], choices=opts.choices)
+    if opts.ready_file:
+        write_ready(opts.ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
+
+    async def on_stop() -> None:
+        readiness.ready = False
+        for t in tasks:
+            t.cancel()
+        if sync is not None:
+            await sync.stop()
+        if h2 is not None:
+            await h2.stop()
+        await als_server.stop(0.5)
+        if als_address.startswith("unix:"):
+            with contextlib.suppress(OSError):
+                os.unlink(als_address[len("unix:"):])
+        log.info("leaf_stopping", cell=cell_name)
+
+    await serve_until_signal(server, on_stop, health=health, drain_s=opts.drain_s)

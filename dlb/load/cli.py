@@ -1,0 +1,135 @@
+"""``dlb load``: the flags of the open-loop load generator, its progress lines and its summary.
+
+Why here: commands (argparse, printing, exit codes) live only in each package's ``cli.py``; the
+generator (:mod:`dlb.load.generator`) sends requests and records results for any caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import urllib.parse
+from dataclasses import asdict
+from pathlib import Path
+
+from dlb.load.argtypes import positive_float
+from dlb.load.generator import LoadRunner, Result, json_safe, summarize, write_results
+from dlb.load.workload import WorkloadRequest, WorkloadSpec, generate, read_trace
+
+
+def _seconds_text(x: float) -> str:
+    """``1.234s``, or ``-`` when there is nothing to measure (no request succeeded): not ``nans``."""
+    return "-" if math.isnan(x) else f"{x:.3f}s"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("load", help="open-loop OpenAI load generator (Poisson/constant, streaming, sessions, traces)",
+                              description="Send OpenAI requests open-loop: a generated workload (rate, arrivals, lengths, "
+                              "sessions) or a trace file. Latency and TTFT are from the scheduled send time.")
+    p.add_argument("--url", action="append", required=True,
+                   help="base URL (http://host:port); repeat as CELL=URL to send each source cell's requests to its root")
+    p.add_argument("--rate", type=positive_float, default=10.0, help="requests per second (default 10)")
+    p.add_argument("--duration", type=positive_float, default=30.0, help="seconds of arrivals (default 30)")
+    p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
+    p.add_argument("--endpoint", choices=("chat", "completions", "mixed"), default="mixed")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests")
+    p.add_argument("--sessions", type=float, default=3.0, help="mean chat turns per session (1 = no multi-turn)")
+    p.add_argument("--output-median", type=float, default=80.0, help="median output tokens (log-normal)")
+    p.add_argument("--prompt-median", type=float, default=300.0, help="median prompt tokens (log-normal)")
+    p.add_argument("--trace", default=None, help="replay this JSON-lines trace instead of generating (see --write-trace)")
+    p.add_argument("--write-trace", default=None, help="write the generated workload as a trace and exit")
+    p.add_argument("--model", default="dlb-emulated")
+    p.add_argument("--timeout", type=positive_float, default=120.0, help="per-request timeout in seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=None, help="per-request results: FILE.csv or FILE.jsonl")
+    p.add_argument("--json", default=None, help="write the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run_load)
+
+
+def _targets(urls: list[str]) -> dict[str, str]:
+    """``--url`` values by source cell ("" for all); a value that is no http(s) URL is refused by name
+    (before, every request failed with ``InvalidUrlClientError`` and the run went on)."""
+    out: dict[str, str] = {}
+    for u in urls:
+        cell, sep, url = u.partition("=")
+        if not (sep and not cell.startswith("http")):
+            cell, url = "", u
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--url {u}: not an http(s) URL with a host (http://HOST:PORT, or CELL=http://HOST:PORT)")
+        out[cell] = url
+    return out
+
+
+def build_requests(args: argparse.Namespace, sources: list[str]) -> list[WorkloadRequest]:
+    if args.trace:
+        return read_trace(args.trace)
+    chat = {"chat": 1.0, "completions": 0.0, "mixed": 0.6}[args.endpoint]
+    spec = WorkloadSpec(rate_rps=args.rate, duration_s=args.duration, sources=dict.fromkeys(sources, 1.0) or {"": 1.0},
+                        chat_fraction=chat, chat_turns=max(1.0, args.sessions), output_median=args.output_median,
+                        prompt_median=args.prompt_median, seed=args.seed)
+    reqs = generate(spec)
+    if args.arrival == "constant":  # same requests, evenly spaced
+        n = len(reqs)
+        reqs = [WorkloadRequest(**{**asdict(r), "t": k * args.duration / max(n, 1)}) for k, r in enumerate(reqs)]
+    return reqs
+
+
+def run_load(args: argparse.Namespace) -> int:
+    try:
+        targets = _targets(args.url)
+        reqs = build_requests(args, [k for k in targets if k])
+    except (ValueError, OSError) as e:
+        print(f"dlb load: {e}", file=sys.stderr)
+        return 2
+    if args.write_trace:
+        from dlb.load.workload import write_trace
+
+        write_trace(reqs, args.write_trace)
+        print(f"wrote {len(reqs)} requests to {args.write_trace}")
+        return 0
+    try:
+        runner = LoadRunner(reqs, targets, stream=not args.no_stream, model=args.model, timeout_s=args.timeout)
+    except ValueError as e:
+        print(f"dlb load: {e}", file=sys.stderr)
+        return 2
+    duration = max((r.t for r in reqs), default=0.0)
+    where = ", ".join(f"{k or '*'}={v}" for k, v in targets.items())
+    print(f"dlb load: {len(reqs)} requests over {duration:.0f}s to {where}", flush=True)
+
+    async def main() -> list[Result]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        work = asyncio.create_task(runner.run(stop))
+        while not work.done():
+            await asyncio.sleep(1.0)
+            if not args.quiet and not work.done():
+                done = len(runner.results)
+                okn = sum(1 for r in runner.results if r.ok)
+                el = runner.clock() - runner.t0
+                bar = "#" * int(30 * min(1.0, el / max(duration, 1e-9)))
+                print(f"[{bar:<30}] {el:5.0f}s sent {runner.sent}/{len(reqs)} done {done} ok {okn} "
+                      f"in flight {runner.in_flight}", flush=True)
+        return await work
+
+    results = asyncio.run(main())
+    s = summarize(results, duration or None)
+    sec = _seconds_text
+    print(f"requests {s['requests']}  ok {s['ok']} ({100 * s['success_rate']:.1f} %)  offered {s['offered_rps']:.1f}/s\n"
+          f"latency mean {sec(s['mean_s'])} p50 {sec(s['p50_s'])} p90 {sec(s['p90_s'])} p99 {sec(s['p99_s'])}  "
+          f"TTFT p50 {sec(s['ttft_p50_s'])} p90 {sec(s['ttft_p90_s'])}\n"
+          f"generator lag p50 {1000 * s['lag_p50_s']:.1f} ms p99 {1000 * s['lag_p99_s']:.1f} ms  statuses {s['statuses']}"
+          + (f"  errors {s['error_kinds']}" if s["error_kinds"] else ""))
+    if args.out:
+        write_results(results, args.out)
+    if args.json:
+        Path(args.json).write_text(json.dumps(json_safe(s), indent=1, allow_nan=False))
+    return 0 if s["requests"] and s["ok"] == s["requests"] else 1

@@ -1,0 +1,43 @@
+"""The ``dlb.v1`` probe messages in and out: a leaf's answer encoded, a poller's checks on decoding it.
+
+Why one module: the leaf writes the latency model into ``ProbeResponse.model`` and the roots and the
+control plane read it back; the field mapping (``a_s``, ``b_s``, ``c``, ``s``) and the refusal of
+impossible answers must be the same on every side.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dlb.core.latency_model import LatencyParams
+from dlb.probe.target import ProbeTarget
+from dlb.proto import probe_pb2
+
+
+def check_answer(target: ProbeTarget, resp: probe_pb2.ProbeResponse) -> None:
+    """Refuse (ValueError) a probe answer no leaf can mean: another cell's, or a state out of range.
+
+    Everything else a leaf sends is used as is (tests/test_decoder_fuzz.py feeds random answers through
+    this and the root's ``on_probe`` and asserts decisions stay well-formed).
+    """
+    if resp.cell != target.name:
+        raise ValueError(f"leaf at {target.address} answered for cell {resp.cell[:100]!r}, expected {target.name!r}")
+    if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):
+        raise ValueError(f"leaf at {target.address} sent an impossible state: rif={resp.rif}, error_rate={resp.error_rate}")
+
+
+def model_message(p: LatencyParams, confidence: float, samples: int) -> probe_pb2.LatencyModel:
+    """A leaf's fitted ℓ(N) as the probe's ``LatencyModel``."""
+    return probe_pb2.LatencyModel(a_s=p.a, b_s=p.b, c=p.c, s=p.s, confidence=confidence, samples=samples)
+
+
+def model_of(resp: probe_pb2.ProbeResponse) -> LatencyParams | None:
+    """The answer's ℓ(N), or None when it carries none or one outside the model's domain (the poller
+    then keeps its previous or prior curve)."""
+    if not resp.HasField("model"):
+        return None
+    m = resp.model
+    try:
+        return LatencyParams(m.a_s, m.b_s, m.c, m.s)
+    except ValueError:
+        return None

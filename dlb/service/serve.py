@@ -1,0 +1,51 @@
+"""Serve until SIGTERM/SIGINT, then drain: the shutdown every DLB service shares.
+
+Why one function: Envoy must see a service turn NOT_SERVING before its listener closes, or it keeps
+opening streams to a process about to exit; every service drains in the same order for that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from dlb.service.health import HealthState
+
+
+class Stoppable(Protocol):
+    """A server that stops listening and gives in-flight calls ``grace`` seconds (grpc.aio's or DLB's)."""
+
+    async def stop(self, grace: float, /) -> None: ...
+
+
+async def serve_until_signal(server: Stoppable, on_stop: Callable[[], Awaitable[None]] | None = None,
+                             grace_s: float = 2.0, health: HealthState | None = None, drain_s: float = 0.0) -> None:
+    """Run until SIGTERM/SIGINT, then drain and stop.
+
+    Draining, in order: the gRPC health status turns NOT_SERVING (``health``) and stays so for
+    ``drain_s`` — long enough for Envoy's health check to see it and stop opening streams here, while
+    the streams already open keep being served; then ``on_stop``; then the server stops listening and
+    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain.
+    """
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if health is not None:
+        health.serving = False
+    if drain_s > 0:
+        from dlb.log import get_logger
+
+        get_logger("dlb.lifecycle").info("draining", drain_s=drain_s)
+        stop.clear()
+        try:
+            await asyncio.wait_for(stop.wait(), drain_s)  # a second signal ends the drain early
+        except TimeoutError:
+            pass
+    if on_stop is not None:
+        await on_stop()
+    await server.stop(grace_s)

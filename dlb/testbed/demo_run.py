@@ -1,0 +1,46 @@
+"""What one ``dlb demo`` run is and what it records each second: the types the run, its live view, its
+report and ``--compare`` share.
+
+Why a module of its own: the view and the report read these and the demo writes them; defined in
+:mod:`dlb.testbed.demo`, they tied the demo, ``compare``, ``view`` and ``report`` into one import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlb.load.generator import Result
+from dlb.load.workload import WorkloadSpec
+from dlb.testbed.fleet import Fleet
+
+DLB_POLICIES = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
+
+
+@dataclass
+class Sample:
+    """One second of the run as the control plane and the roots saw it."""
+
+    t: float
+    fleet: dict[str, Any]
+    decisions: dict[str, dict[str, float]]  # source cell -> dest cell -> decisions in the last interval
+    done: int
+    ok: int
+
+
+@dataclass
+class DemoRun:
+    fleet: Fleet
+    cfg_dict: dict[str, Any]
+    servers: dict[str, list[str]]
+    spec: WorkloadSpec
+    capacity: dict[str, float]
+    degrade_cell: str | None
+    degrade_window: tuple[float, float] | None
+    policy: str
+    #: Each server's admin API (``--admin-port``, cell -> addresses in ``servers`` order): the degradation goes there.
+    admin: dict[str, list[str]] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    interrupted: bool = False
