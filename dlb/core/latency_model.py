@@ -12,6 +12,7 @@ in one call.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +35,8 @@ class LatencyParams:
     s: float
 
     def __post_init__(self) -> None:
-        if not (self.a > 0 and self.b > 0 and self.s > 0 and self.c >= 0):
-            raise ValueError(f"latency parameters need a, b, s > 0 and c >= 0: {self}")
+        if not (self.a > 0 and self.b > 0 and self.s > 0 and self.c >= 0) or math.isinf(self.a + self.b + self.c + self.s):
+            raise ValueError(f"latency parameters need finite a, b, s > 0 and c >= 0: {self}")
 
     def as_array(self) -> np.ndarray:
         return np.array([self.a, self.b, self.c, self.s])

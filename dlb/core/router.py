@@ -421,6 +421,9 @@ class RootRouter:
         best = min(costs[j] for j in cand)
         tol = 1e-12 * max(1.0, abs(best))
         ties = [j for j in cand if costs[j] <= best + tol]
+        if not ties:  # a NaN cost (a degenerate but in-domain model, e.g. s near 0): treat it as +inf
+            finite = [j for j in cand if not math.isnan(costs[j])]
+            return self._argmin(costs, finite) if finite else cand[self._rand.randrange(len(cand))]
         return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
     def _sample(self, cand: list[int], usable: list[int]) -> int:
