@@ -19,8 +19,8 @@ import yaml
 from bounded_wait import until
 
 from dlb.config.policy import set_plugins
-from dlb.procutil import free_port
 from dlb.launch.metrics_text import metric_value
+from dlb.procutil import free_port
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = pytest.mark.timeout(120)
