@@ -1,4 +1,9 @@
-"""Test-suite settings.
+"""Test-suite settings, and the tier markers.
+
+Tests live in three folders by what they start: ``tests/unit`` (in-process; a socket or a process
+fails the test, see ``tests/unit/conftest.py``), ``tests/integration`` (dlb services, real sockets on
+127.0.0.1, subprocesses) and ``tests/e2e`` (a real Envoy, ``dlb demo``, network namespaces, the
+container image). Each test gets the marker of its folder, so ``pytest -m "not e2e"`` works too.
 
 Under CI (``CI`` set, as ``.ci/run`` is run) hypothesis is derandomised: the examples are the same on
 every run, so a red CI is always reproducible locally with ``CI=1 pytest``; locally, each run still
@@ -8,6 +13,7 @@ explores new examples.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Before anything imports grpc: the suite's own process holds gRPC channels and servers while the
 # testbed supervisor starts children with a preexec_fn (parent-death signal, setns into a network
@@ -16,8 +22,24 @@ import os
 # children exec at once and never use this process's gRPC state, so they need no fork support.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier from its folder (``tests/unit/...`` -> ``unit``), so ``-m unit`` works."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(here).parts[0]
+        except ValueError:  # a test outside tests/ (pytester's planted files): no tier
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))

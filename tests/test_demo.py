@@ -11,6 +11,7 @@ root services, the load generator), then reads the report it wrote. Rules (issue
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bounded_wait import until
 
 from dlb.testbed.supervisor import processes_of_run
 
@@ -36,12 +38,8 @@ def _demo(out: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def _gone(run_dir: Path, timeout: float = 10.0) -> list[int]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        left = processes_of_run(run_dir)
-        if not left:
-            return []
-        time.sleep(0.1)
+    with contextlib.suppress(AssertionError):  # the caller asserts on what is left, naming it
+        until(lambda: not processes_of_run(run_dir), "the run's processes gone", timeout, period=0.1)
     return processes_of_run(run_dir)
 
 

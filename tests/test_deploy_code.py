@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from bounded_wait import until
 from bounded_wait import until_async as _until
 
 from dlb.cli import main
@@ -241,23 +242,18 @@ def test_leaf_checks_its_own_envoy_at_envoy_check_address_and_serves_health(tmp_
             assert _get(f"http://127.0.0.1:{metrics}/healthz")[0] == 200
             assert _get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200
             stub = probe_pb2_grpc.ProbeStub(ch)
-            reply = None
-            for _ in range(100):  # the first check runs within a period of start
+
+            def answered() -> probe_pb2.ProbeResponse | None:
                 try:
-                    reply = stub.Probe(probe_pb2.ProbeRequest(), timeout=5)
-                    break
+                    return stub.Probe(probe_pb2.ProbeRequest(), timeout=5)
                 except grpc.RpcError as e:
                     assert e.code() == grpc.StatusCode.UNAVAILABLE
-                    time.sleep(0.05)
-            assert reply is not None and reply.cell == "a"  # its own Envoy is up: probes are answered
+                    return None
+
+            reply = until(answered, "a probe answered (the first check runs within a period of start)")
+            assert isinstance(reply, probe_pb2.ProbeResponse) and reply.cell == "a"  # its own Envoy is up: probes are answered
             leaf.proc.send_signal(signal.SIGTERM)
-            status = 200
-            for _ in range(100):
-                status = _get(f"http://127.0.0.1:{metrics}/readyz")[0]
-                if status == 503:
-                    break
-                time.sleep(0.05)
-            assert status == 503  # draining: not ready, still alive
+            until(lambda: _get(f"http://127.0.0.1:{metrics}/readyz")[0] == 503, "readyz 503")  # draining: not ready, still alive
             assert _get(f"http://127.0.0.1:{metrics}/healthz")[0] == 200
 
 
@@ -357,17 +353,12 @@ def test_envoy_drain_lets_requests_in_flight_finish(tmp_path: Path) -> None:
 
     try:
         with _envoy(boot, tmp_path, "leaf") as envoy:
-            for _ in range(100):  # the server passes its first health check
-                if "health_flags::healthy" in envoy.admin_get("/clusters"):
-                    break
-                time.sleep(0.05)
+            until(lambda: "health_flags::healthy" in envoy.admin_get("/clusters"), "the server passes its first health check")
             threads = [threading.Thread(target=one) for _ in range(4)]
             for t in threads:
                 t.start()
-            for _ in range(200):
-                if envoy.stats("downstream_rq_active").get("http.dlb_leaf.downstream_rq_active") == "4":
-                    break
-                time.sleep(0.02)
+            until(lambda: envoy.stats("downstream_rq_active").get("http.dlb_leaf.downstream_rq_active") == "4", "4 requests active",
+                  period=0.02)
             result = drain(admin, 30.0)
             assert result.drained and result.active_at_start == 4 and result.active_at_end == 0
             for t in threads:
@@ -446,21 +437,16 @@ def test_watch_config_reloads_when_the_configmap_symlink_swaps(tmp_path: Path) -
         return set(json.loads(text)["cells"]) if code == 200 else set()
 
     try:
-        deadline = time.monotonic() + 90  # imports alone took > 15 s on the shared 2-core box
-        while time.monotonic() < deadline and proc.poll() is None:
+        def ready_or_exited() -> bool:
             with contextlib.suppress(OSError):
-                if _get(f"http://127.0.0.1:{status}/readyz")[0] == 200:
-                    break
-            time.sleep(0.05)
+                return proc.poll() is not None or _get(f"http://127.0.0.1:{status}/readyz")[0] == 200
+            return False
+
+        until(ready_or_exited, "the control plane ready", timeout=90)  # imports alone took > 15 s on the shared 2-core box
         assert proc.poll() is None, (tmp_path / "cp.log").read_text()
         assert cells() == {"a"}
         _configmap(tmp_path, second, 2)
-        seen: set[str] = set()
-        deadline = time.monotonic() + 60
-        while seen != {"a", "b"} and time.monotonic() < deadline:
-            time.sleep(0.05)
-            seen = cells()
-        assert seen == {"a", "b"}  # reloaded without a SIGHUP
+        until(lambda: cells() == {"a", "b"}, "cell b served: reloaded without a SIGHUP", timeout=60)
     finally:
         proc.terminate()
         proc.wait(15)

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from bounded_wait import until
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
@@ -578,9 +579,7 @@ def test_leaf_ext_proc_pick_and_fail_open(tmp_path: Path) -> None:
             with ext_proc_server(ext.port, _PickCell(f"127.0.0.1:{srv['s1']}", header=HEADER_SERVER)):
                 # Envoy health-checks the ext_proc (every 0.5 s): until a check passes it fails open.
                 healthy = "cluster.dlb_leaf_ext_proc.membership_healthy"
-                deadline = time.monotonic() + 20
-                while envoy.stats(healthy).get(healthy) != "1" and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                until(lambda: envoy.stats(healthy).get(healthy) == "1", "the ext_proc cluster healthy", timeout=20)
                 up = [request(leaf_port)[1]["name"] for _ in range(6)]
             assert up == ["s1"] * 6, up
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 
 import grpc
 import pytest
+from bounded_wait import until
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
@@ -36,15 +36,18 @@ def _one_cell_config(tmp_path):
 
 def _expect_gone(pid: int, why: str) -> None:
     """Wait (bounded) for ``pid`` to exit; if it does not, kill it (nothing left behind) and fail with ``why``."""
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    raise AssertionError(why)
+            return True
+        return False
+
+    try:
+        until(gone, why, timeout=15)
+    except AssertionError:
+        os.kill(pid, 9)
+        raise
 
 
 def test_workers_share_the_port_and_stop_together(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import h2.settings
 import hpack
 import pytest
+from bounded_wait import until
 from test_h2_connection import METHOD, Pair, echo_upper, frame, grpc_message
 
 from dlb.ext_proc.transport.h2 import PREFACE, ErrorCode, FrameType, H2Connection, SettingCode, StreamReset
@@ -410,10 +411,7 @@ def test_connections_closing_together_are_closed_a_batch_per_loop_turn(serving: 
 
     stats = serving.server.stats
     socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(200)]
-    for _ in range(2000):  # the bound only fails a hung test
-        if serving.on_loop(lambda: stats.open_connections) == 200:
-            break
-        threading.Event().wait(0.01)
+    until(lambda: serving.on_loop(lambda: stats.open_connections) == 200, "stats.open_connections == 200", period=0.01)
     gate = hold_loop(serving)
     for s in socks:
         s.close()
@@ -454,20 +452,14 @@ def test_tls_handshakes_in_progress_are_bounded(tls_serving: Serving) -> None:
     socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(2)]
     for s in socks:
         s.sendall(hello)
-    for _ in range(2000):  # the bound only fails a hung test
-        if tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 2:
-            break
-        threading.Event().wait(0.01)
+    until(lambda: tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 2, "stats.tls_handshakes_pending == 2", period=0.01)
     extra = socket.create_connection(("127.0.0.1", tls_serving.port))
     extra.sendall(hello)
     assert read_to_eof(extra) == b""
     assert tls_serving.on_loop(lambda: (stats.tls_handshakes_refused, stats.tls_handshakes_pending)) == (1, 2)
     for s in [*socks, extra]:
         s.close()
-    for _ in range(2000):
-        if tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0:
-            break
-        threading.Event().wait(0.01)
+    until(lambda: tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0, "stats.tls_handshakes_pending == 0", period=0.01)
     assert tls_serving.on_loop(lambda: stats.tls_handshakes_pending) == 0  # given back when the connections went
 
 
@@ -480,10 +472,8 @@ def test_clienthellos_arriving_together_are_answered_a_few_per_loop_turn(tls_ser
 
     stats = tls_serving.server.stats
     socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(40)]
-    for _ in range(2000):  # accepted (a batch per turn) before the hellos come
-        if tls_serving.on_loop(lambda: stats.open_connections) == 40:
-            break
-        threading.Event().wait(0.01)
+    # accepted (a batch per turn) before the hellos come
+    until(lambda: tls_serving.on_loop(lambda: stats.open_connections) == 40, "stats.open_connections == 40", period=0.01)
     gate = hold_loop(tls_serving)
     hello = client_hello()
     for s in socks:
@@ -501,10 +491,7 @@ def test_a_silent_connection_holds_no_http2_state(serving: Serving) -> None:
     Now it is made with the client's first bytes, and our SETTINGS still come first."""
     socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(20)]
     stats = serving.server.stats
-    for _ in range(2000):  # the bound only fails a hung test
-        if serving.on_loop(lambda: stats.open_connections) == 20:
-            break
-        threading.Event().wait(0.01)
+    until(lambda: serving.on_loop(lambda: stats.open_connections) == 20, "stats.open_connections == 20", period=0.01)
     assert serving.on_loop(lambda: [p.conn for p in serving.server._conns]) == [None] * 20
     talker = socks[0]
     talker.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0))

@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from bounded_wait import until
 
 from dlb.config.model import HostPort
 
@@ -112,12 +113,11 @@ def _serves_across_namespaces(tag: str) -> None:
         argv.remove("--network=none")
         with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
             try:
-                end = time.monotonic() + 60
-                while proc.poll() is None and time.monotonic() < end:
+                def up_or_exited() -> bool:
                     with entered(client):
-                        if tcp_open(HostPort(srv.ip, 8000)):
-                            break
-                    time.sleep(0.2)
+                        return proc.poll() is not None or tcp_open(HostPort(srv.ip, 8000))
+
+                until(up_or_exited, "the emulator in the image listening", timeout=60, period=0.2)
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
                 with entered(client):
                     status, headers, _ = request(srv.ip, 8000, "/v1/completions",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from bounded_wait import until
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from dlb.ext_proc.health import NOT_SERVING, SERVING, decode_status
@@ -59,12 +60,7 @@ def test_leaf_drains_on_sigterm_then_exits_cleanly() -> None:
             fut = als.StreamAccessLogs.future(logs(), timeout=30)
             time.sleep(0.3)
             os.kill(leaf.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            status = SERVING
-            while status != NOT_SERVING and time.monotonic() < deadline:
-                status = _check(ch)
-                time.sleep(0.05)
-            assert status == NOT_SERVING  # draining: Envoy's health check now fails
+            until(lambda: _check(ch) == NOT_SERVING, "NOT_SERVING: draining, Envoy's health check now fails", timeout=5)
             # ...while the service still answers: probes and the access log are not cut yet.
             assert probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(), timeout=5).cell == "a"
             assert leaf.proc.poll() is None
@@ -125,12 +121,7 @@ def test_root_on_the_h2_transport_drains_on_sigterm_then_exits_cleanly() -> None
         with root, grpc.insecure_channel(ext_proc) as ch:
             assert _check(ch) == SERVING
             os.kill(root.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            status = SERVING
-            while status != NOT_SERVING and time.monotonic() < deadline:
-                status = _check(ch)
-                time.sleep(0.05)
-            assert status == NOT_SERVING
+            until(lambda: _check(ch) == NOT_SERVING, "NOT_SERVING after SIGTERM", timeout=5)
             process = ch.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process",
                                        request_serializer=None, response_deserializer=None)
             assert list(process(iter([b""]), timeout=5)) != []  # still answering while draining
@@ -183,10 +174,7 @@ def test_real_envoy_stops_sending_to_a_draining_leaf_agent_and_no_request_fails(
             def stat(name: str) -> int:
                 return int(envoy.stats(name).get(f"cluster.{LEAF_EXT_PROC_CLUSTER}.{name}", "0"))
 
-            deadline = time.monotonic() + 30
-            while stat("membership_healthy") != 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert stat("membership_healthy") == 1
+            until(lambda: stat("membership_healthy") == 1, "the leaf ext_proc healthy in Envoy")
             statuses: list[int] = []
             stop = threading.Event()
 
@@ -200,19 +188,15 @@ def test_real_envoy_stops_sending_to_a_draining_leaf_agent_and_no_request_fails(
             sender = threading.Thread(target=traffic)
             sender.start()
             try:
-                while len(statuses) < 20:
-                    time.sleep(0.02)
+                until(lambda: len(statuses) >= 20, "20 requests answered", period=0.02)
                 os.kill(leaf.pid, signal.SIGTERM)
-                deadline = time.monotonic() + 10
-                while stat("membership_healthy") != 0 and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                until(lambda: stat("membership_healthy") == 0, "Envoy sees the draining leaf unhealthy", timeout=10, period=0.02)
                 alive_when_unhealthy = leaf.proc.poll() is None
                 ext_proc_open_when_unhealthy = _accepts(cfg.cell("a").leaf.ext_proc)
                 streams = stat("upstream_rq_total")
                 sent = len(statuses)
                 assert leaf.proc.wait(15) == 0
-                while len(statuses) < sent + 20:  # traffic goes on with the agent gone
-                    time.sleep(0.02)
+                until(lambda: len(statuses) >= sent + 20, "traffic goes on with the agent gone", period=0.02)
             finally:
                 stop.set()
                 sender.join(15)

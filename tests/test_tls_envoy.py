@@ -11,14 +11,15 @@ by the ext_proc (the handler counts them; Envoy's fail-open would also answer 20
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from aiohttp import ClientSession, ClientTimeout
+from bounded_wait import until, until_in_loop
 from leaf_stub import StaticProbe
 from test_control_plane_envoy import start_leaf
 
@@ -100,23 +101,19 @@ async def _scenario() -> None:
         try:
             await asyncio.to_thread(envoy.start)
             # The root service's own xDS stream (mTLS, its certificate's identity) delivered the policy.
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and (sync.client.subscriptions and not sync.client.connected.is_set()):
-                await asyncio.sleep(0.05)
+            await until_in_loop(lambda: not sync.client.subscriptions or sync.client.connected.is_set(), "the root's xDS stream",
+                                timeout=20)
             assert sync.client.connected.is_set()
             # Probes over mTLS reach both leaves.
             client = service.probe_client
             assert client is not None
-            while time.monotonic() < deadline and not all(st.ok >= 3 for st in client.stats.values()):
-                await asyncio.sleep(0.05)
+            await until_in_loop(lambda: all(st.ok >= 3 for st in client.stats.values()), "3 probes to each leaf", timeout=20)
             assert all(st.ok >= 3 and st.available for st in client.stats.values()), client.stats
             # Envoy has its listener (LDS/RDS/CDS over mTLS) once a request is answered by a leaf.
-            got: dict[str, int] = {}
-            while time.monotonic() < deadline:
-                got = await _send(root_port, 1)
-                if set(got) <= {"a", "b"}:
-                    break
-                await asyncio.sleep(0.2)
+            async def answered_by_a_leaf() -> bool:
+                return set(await _send(root_port, 1)) <= {"a", "b"}
+
+            await until_in_loop(answered_by_a_leaf, "a request answered by a leaf", timeout=20, period=0.2)
             before = calls[0]
             got = await _send(root_port, 40)
             assert sum(got.get(c, 0) for c in "ab") == 40, got
@@ -200,26 +197,18 @@ def test_whole_data_plane_over_mtls(tmp_path: Path) -> None:
                              tls={"ca": tls.ca, "cert": tls.cert, "key": tls.key})
     try:
         host, port = plane.root_url
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and request(host, port, timeout=10)[0] != 200:
-            time.sleep(0.2)
+        with contextlib.suppress(AssertionError):  # the assertion below says what the requests got
+            until(lambda: request(host, port, timeout=10)[0] == 200, "a 200 from the root", timeout=30, period=0.2)
         picked = [request(host, port, timeout=10)[1].get("x-dlb-server") for _ in range(20)]
         assert all(picked), picked  # every request got a server picked by a leaf ext_proc (over TLS)
         root = plane.root_metrics()
         assert sum(metric_value(root, "dlb_root_decisions_total", endpoint="chat", cell=c) or 0 for c in "ab") >= 20, root
         # Both leaves probed over mTLS: the first request needs only one usable cell, and a probe to the other may
         # still be in its start-up backoff (a leaf that was not listening yet), so wait a bounded while.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all((metric_value(root, "dlb_root_probes_total", cell=c) or 0) > 0 for c in "ab"):
-            time.sleep(0.1)
-            root = plane.root_metrics()
-        assert all((metric_value(root, "dlb_root_probes_total", cell=c) or 0) > 0 for c in "ab"), root
-        deadline = time.monotonic() + 10
-        completed = 0.0
-        while time.monotonic() < deadline and completed < 20:
-            completed = sum(metric_value(plane.leaf_metrics(c), "dlb_leaf_completed_total") or 0 for c in "ab")
-            time.sleep(0.1)
-        assert completed >= 20  # the access log reached the agents (over their Unix sockets)
+        until(lambda: all((metric_value(plane.root_metrics(), "dlb_root_probes_total", cell=c) or 0) > 0 for c in "ab"),
+              "both leaves probed", timeout=10, period=0.1)
+        until(lambda: sum(metric_value(plane.leaf_metrics(c), "dlb_leaf_completed_total") or 0 for c in "ab") >= 20,
+              "20 completions counted: the access log reached the agents (over their Unix sockets)", timeout=10, period=0.1)
         assert plane.root_envoy is not None
         stats = plane.root_envoy.stats("ssl.handshake")
         assert int(stats.get("cluster.dlb_root_ext_proc.ssl.handshake", "0")) >= 1, stats

@@ -12,6 +12,7 @@ import urllib.request
 
 import grpc
 import pytest
+from bounded_wait import until_in_loop
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.route.v3 import route_pb2
@@ -87,6 +88,7 @@ def struct(**fields) -> struct_pb2.Struct:
 # --- SotW ---------------------------------------------------------------------------------------
 
 def test_wildcard_cds_full_state_nonce_and_version():
+    """A wildcard CDS stream gets full state with a fresh nonce per response; an ACK is not answered; the ACKed version is exposed per node."""
     async def main():
         async with xds() as env:
             v1 = env.cache.set_snapshot("n1", snap(clusters=("c1", "c2")))
@@ -108,6 +110,7 @@ def test_wildcard_cds_full_state_nonce_and_version():
 
 
 def test_type_url_required_and_node_required():
+    """A request without type_url, or a first request without node, fails INVALID_ARGUMENT; the first request's node serves the stream."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap())
@@ -131,6 +134,7 @@ def test_type_url_required_and_node_required():
 
 
 def test_unchanged_snapshot_not_pushed_and_bursts_coalesced():
+    """Unchanged config is never pushed, and a burst of snapshots is coalesced into one push of the newest."""
     async def main():
         async with xds() as env:
             v1, s = await cds_stream(env)
@@ -150,6 +154,7 @@ def test_unchanged_snapshot_not_pushed_and_bursts_coalesced():
 
 
 def test_stale_nonce_ignored():
+    """A request carrying a superseded nonce is ignored, names included; a new stream's first request is answered whatever its nonce."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(eds={"a": 1, "b": 2}))
@@ -176,6 +181,7 @@ def test_stale_nonce_ignored():
 
 
 def test_named_subscriptions_new_withdrawn_and_missing_names():
+    """Newly named resources go out at an unchanged version, withdrawn names get no responses, not-yet-existing names are remembered."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(eds={"a": 1, "b": 2}))
@@ -202,6 +208,7 @@ def test_named_subscriptions_new_withdrawn_and_missing_names():
 
 
 def test_nack_logged_exposed_and_not_resent():
+    """A NACKed version is never re-sent until a new snapshot changes that type; the NACK is exposed per node."""
     async def main():
         async with xds() as env:
             v1, s = await cds_stream(env)
@@ -221,6 +228,7 @@ def test_nack_logged_exposed_and_not_resent():
 
 
 def test_make_before_break_order_and_stale_cluster_removal():
+    """Make-before-break: new cluster (CDS), its endpoints (EDS), then the route (RDS); the stale cluster goes after the RDS ACK."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("old",), eds={"old": 1}, routes={"r": "old"}, listeners=("l",)))
@@ -267,6 +275,7 @@ def await_nonce(env: Env, s: RawStream, type_url: str) -> str:
 
 
 def test_eds_resent_after_cluster_change():
+    """A changed cluster has its EDS re-sent right after the CDS update, even with unchanged endpoints."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("c1",), eds={"c1": 1}))
@@ -287,6 +296,7 @@ def test_eds_resent_after_cluster_change():
 
 
 def test_authorizer_and_per_node_snapshots():
+    """A node reads only its own snapshot, and only what the authoriser allows, even when it asks by name."""
     def only_own_cell(nd, type_url, name):
         return name.startswith(nd.cluster + "-")
 
@@ -305,6 +315,7 @@ def test_authorizer_and_per_node_snapshots():
 
 
 def test_custom_types_over_ads_and_watch_cancelled_on_close():
+    """Custom resource types are served over ADS, and a stream's watches are cancelled when it closes."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(custom={"policy-a": struct(gain=2.0), "policy-b": struct(gain=1.0)}))
@@ -314,15 +325,13 @@ def test_custom_types_over_ads_and_watch_cancelled_on_close():
             assert r.type_url == CUSTOM and {k: v["gain"] for k, v in decode(r, struct_pb2.Struct).items()} == {"policy-a": 2.0}
             assert env.cache.watch_count == 1 and env.server.status.nodes["n1"].streams == 1
             await s.close()
-            for _ in range(200):
-                if env.cache.watch_count == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert env.cache.watch_count == 0 and env.server.status.nodes["n1"].streams == 0
+            await until_in_loop(lambda: env.cache.watch_count == 0, "the closed stream's watch cancelled")
+            assert env.server.status.nodes["n1"].streams == 0
     run(main())
 
 
 def test_versions_unique_across_restarts_and_no_duplicate_names():
+    """Versions are unique across restarts, a snapshot has no duplicate names, and delta versions are content hashes."""
     a, b = SnapshotCache(), SnapshotCache()
     assert a.set_snapshot("n", snap()) != b.set_snapshot("n", snap())
     with pytest.raises(SnapshotError, match="duplicate resource name 'c1'"):
@@ -333,6 +342,7 @@ def test_versions_unique_across_restarts_and_no_duplicate_names():
 
 
 def test_status_endpoint_and_metrics():
+    """The status endpoint and the metrics expose, per node and type, the sent and ACKed versions and the last NACK."""
     async def main():
         async with xds() as env:
             status = StatusServer(env.server.status, snapshot_count=lambda: len(env.cache.keys()))
@@ -373,6 +383,7 @@ def delta_req(type_url, sub=(), unsub=(), nonce="", node=None, initial=None, err
 
 
 def test_delta_wildcard_updates_removals_and_named_subscriptions():
+    """Delta sends only changes, deletions in removed_resources, only newly subscribed names, and nothing for unsubscribed ones."""
     async def main():
         async with xds() as env:
             v1 = env.cache.set_snapshot("n1", snap(clusters=("c1", "c2"), eds={"c1": 1, "c2": 2}))
@@ -401,6 +412,7 @@ def test_delta_wildcard_updates_removals_and_named_subscriptions():
 
 
 def test_delta_reconnect_with_initial_resource_versions():
+    """A delta reconnect with initial_resource_versions gets only what changed, and the removal of what is gone."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("c1", "c2")))
@@ -414,6 +426,7 @@ def test_delta_reconnect_with_initial_resource_versions():
 
 
 def test_delta_nack_not_resent():
+    """A delta NACK is not answered, and the rejected resources are not re-sent until a new snapshot changes them."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("c1",)))
@@ -433,6 +446,7 @@ def test_delta_nack_not_resent():
 
 
 def test_delta_make_before_break_and_eds_resend():
+    """Delta keeps make-before-break (removal held until the RDS ACK) and re-sends EDS after a cluster change."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("old",), eds={"old": 1}, routes={"r": "old"}, listeners=("l",)))
@@ -478,6 +492,7 @@ def test_delta_make_before_break_and_eds_resend():
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
 def test_per_type_service_without_ads(delta: bool):
+    """The per-type services (CDS without ADS, SotW and delta) serve the type implied by the service."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(clusters=("c1",)))
@@ -500,6 +515,7 @@ def test_per_type_service_without_ads(delta: bool):
 
 
 def test_body_cache_shares_bodies_and_is_bounded_by_bytes():
+    """Identical responses share one serialized body; the body cache is bounded in bytes and skips bodies over a quarter of it."""
     from dlb.xds.stream import BodyCache
 
     cache = BodyCache(capacity_bytes=100)
@@ -515,6 +531,7 @@ def test_body_cache_shares_bodies_and_is_bounded_by_bytes():
 
 
 def test_streams_with_the_same_view_share_one_serialized_body():
+    """Streams with the same view of a snapshot share one serialized response body."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("shared", snap(clusters=("c1", "c2")))
@@ -529,6 +546,7 @@ def test_streams_with_the_same_view_share_one_serialized_body():
 
 
 def test_status_forgets_the_oldest_disconnected_nodes():
+    """The status registry keeps a bounded number of disconnected nodes, forgetting the oldest first."""
     from dlb.xds.status import StatusRegistry
 
     reg = StatusRegistry(max_disconnected=2)
@@ -542,6 +560,7 @@ def test_status_forgets_the_oldest_disconnected_nodes():
 
 
 def test_set_snapshot_from_another_thread_wakes_streams():
+    """A snapshot set from another thread wakes the streams on the server's event loop."""
     async def main():
         async with xds() as env:
             _, s = await cds_stream(env)
@@ -552,6 +571,7 @@ def test_set_snapshot_from_another_thread_wakes_streams():
 
 
 def test_custom_type_deletion_reaches_sotw_clients():
+    """A SotW custom-type update that only removes a resource still reaches wildcard clients (full state)."""
     async def main():
         async with xds() as env:
             env.cache.set_snapshot("n1", snap(custom={"cell-a": struct(x=1), "cell-b": struct(x=2)}))
@@ -568,6 +588,7 @@ def test_custom_type_deletion_reaches_sotw_clients():
 
 
 def test_resource_wrapper_only_for_clients_that_support_it():
+    """Resources go wrapped in discovery.v3.Resource only to clients that announce support for it."""
     async def main():
         async with xds() as env:
             env.cache.node_key = lambda _n: "shared"
@@ -583,6 +604,7 @@ def test_resource_wrapper_only_for_clients_that_support_it():
 
 
 def test_second_server_on_the_same_address_fails():
+    """A second server on an address already bound fails with BindError naming the port."""
     async def main():
         async with xds() as env:
             other = XdsServer(SnapshotCache())
