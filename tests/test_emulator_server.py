@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
+from bounded_wait import until_in_loop
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlb import cli
@@ -55,14 +56,12 @@ async def read_sse(resp: aiohttp.ClientResponse) -> list[tuple[float, str]]:
 
 
 async def wait_state(s: aiohttp.ClientSession, url: str, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    async def matched() -> dict[str, Any] | None:
         async with s.get(url + "/admin/state") as r:
             st = await r.json()
-        if pred(st):
-            return st
-        assert time.monotonic() < deadline, f"state never matched: {st}"
-        await asyncio.sleep(0.01)
+        return st if pred(st) else None
+
+    return await until_in_loop(matched, "the emulator's state to match", timeout, period=0.01)
 
 
 async def scrape(s: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -471,8 +470,7 @@ def test_a_request_cut_by_shutdown_gets_a_coded_503() -> None:
             emu = emulator(time_scale=50.0)
             await emu.start()
             pending = asyncio.ensure_future(post(s, emu.url + "/v1/completions", {"prompt": "x", "max_tokens": 50}))
-            while not emu._live:  # the request reached the engine
-                await asyncio.sleep(0.01)
+            await until_in_loop(lambda: emu._live, "the request reached the engine", period=0.01)
             await emu.stop()
             st, body, _ = await pending
             assert st == 503 and body["error"]["code"] == "server_shutting_down"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from bounded_wait import until
 
 from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 
@@ -74,15 +75,13 @@ def test_models_are_measured_without_any_client_traffic(plane):
     t0 = time.perf_counter()
     assert request(host, int(port), body=BODY)[0] == 200
     real = time.perf_counter() - t0  # one request straight at the server: what the model should say
-    deadline = time.monotonic() + BOUND_S
-    while time.monotonic() < deadline:
+
+    def measured() -> bool:
         a = [_root_a(plane, c) for c in ("local", "near")]
-        if all(x is not None and x < 3 * real + 0.05 for x in a):
-            RESULTS["prior_x50_measured_after_start"] = round(time.monotonic() - plane.started, 1)
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"models not measured within {BOUND_S} s: root sees a_s={a}, real ≈ {real:.3f} s")
+        return all(x is not None and x < 3 * real + 0.05 for x in a)
+
+    until(measured, f"models measured (real ≈ {real:.3f} s)", timeout=BOUND_S, period=0.2)
+    RESULTS["prior_x50_measured_after_start"] = round(time.monotonic() - plane.started, 1)
     leaf = plane.leaf_metrics("local")
     assert metric_value(leaf, "dlb_leaf_background_probes_total", outcome="ok") >= 3
     assert metric_value(leaf, "dlb_leaf_background_probes_total", outcome="failed") == 0
@@ -190,15 +189,9 @@ def test_a_prior_50x_too_fast_is_measured_and_the_slow_cell_avoided(fast_prior_p
     """The root's model of ``local`` rises from the prior's 1.2 ms to what its probes measure, and traffic
     goes to ``near`` (timed from the data plane's start: the probes' warm-up is part of it)."""
     plane = fast_prior_plane
-    deadline = time.monotonic() + BOUND_S
-    while time.monotonic() < deadline:
-        a = _root_a(plane, "local")
-        if a is not None and a > 0.1:  # the slow cell's ~250 ms, not the prior's 1.2 ms
-            RESULTS["prior_x0.02_measured_after_start"] = round(time.monotonic() - plane.started, 1)
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"local's model not measured within {BOUND_S} s: root sees a_s={_root_a(plane, 'local')}")
+    # the slow cell's ~250 ms, not the prior's 1.2 ms
+    until(lambda: (_root_a(plane, "local") or 0.0) > 0.1, "local's model measured", timeout=BOUND_S, period=0.2)
+    RESULTS["prior_x0.02_measured_after_start"] = round(time.monotonic() - plane.started, 1)
     _until_routed_to(plane, "near", "prior_x0.02_routed_near")
     # The slow cell is one server at a quarter speed: its budget interval (~30 s) is capped at 15 s, ~0.5 %
     # of its capacity (the 5-s cap this replaced made it 1.43 %).

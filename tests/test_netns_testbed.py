@@ -21,6 +21,7 @@ Runs as root with ``ip netns``; otherwise skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from bounded_wait import until
 
 from dlb.testbed.netns import Lab, entered, lab_namespaces, unavailable
 from dlb.testbed.netns_fleet import ADMIN_PORT, NetnsDeployment, NetnsPlan, plan, unexpected_loopback
@@ -112,9 +114,7 @@ def test_nothing_on_loopback_but_admin_and_the_ext_proc_hop(dep: NetnsDeployment
     with subprocess.Popen(dep.host("cp").argv([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "18999"]),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as planted:
         try:
-            end = time.monotonic() + 20
-            while not unexpected_loopback(dep) and time.monotonic() < end:
-                time.sleep(0.1)
+            until(lambda: unexpected_loopback(dep), "the planted loopback service reported", timeout=20, period=0.1)
             assert any("cp: 127.0.0.1:18999" in p for p in unexpected_loopback(dep))
         finally:
             planted.kill()
@@ -127,9 +127,7 @@ def _usable(dep: NetnsDeployment, cell: str) -> float | None:
 
 def _wait_usable(dep: NetnsDeployment, cell: str, value: float, t0: float) -> float:
     """Seconds from ``t0`` until the root reports ``dlb_root_cell_usable`` = ``value`` for ``cell`` (bounded: 30 s)."""
-    while _usable(dep, cell) != value and time.monotonic() < t0 + 30:
-        time.sleep(0.05)
-    assert _usable(dep, cell) == value, f"{cell} usable != {value} after 30 s"
+    until(lambda: _usable(dep, cell) == value, f"{cell} usable == {value}", timeout=max(0.0, t0 + 30 - time.monotonic()))
     return time.monotonic() - t0
 
 
@@ -191,9 +189,8 @@ def test_drain_loses_no_request_in_flight(dep: NetnsDeployment) -> None:
     threads = [threading.Thread(target=lambda: results.append(_post(dep, slow, timeout=60))) for _ in range(6)]
     for t in threads:
         t.start()
-    end = time.monotonic() + 20
-    while _active(dep) < len(threads) and time.monotonic() < end:
-        time.sleep(0.02)
+    with contextlib.suppress(AssertionError):  # at least one in flight is enough (asserted below)
+        until(lambda: _active(dep) >= len(threads), "every slow request in flight", timeout=20, period=0.02)
     in_flight = _active(dep)
     assert in_flight >= 1
     _drain(dep, deadline_s=60)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bounded_wait import until
 
 from dlb.testbed.supervisor import Child, StartError, Supervisor, processes_of_run
 
@@ -29,12 +30,12 @@ def _alive(pid: int) -> bool:
 
 
 def _wait(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+    """Whether ``cond`` held within ``timeout`` (the callers assert it with their own message)."""
+    try:
+        until(cond, "the supervisor's children", timeout)
+    except AssertionError:
+        return False
+    return True
 
 
 def test_crashed_child_is_restarted_with_backoff_and_reported(tmp_path: Path) -> None:
