@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 MOVE = "move it to tests/integration"
 PORT_PICKERS = frozenset({"free_port", "free_port_block"})
@@ -35,7 +35,7 @@ class Guard:
 
     violations: list[str] = field(default_factory=list)
 
-    def trip(self, kind: str, what: str) -> None:
+    def trip(self, kind: str, what: str) -> NoReturn:
         msg = f"unit tests may not {kind} ({what}); {MOVE}"
         self.violations.append(msg)
         raise TierViolation(msg)
@@ -46,7 +46,7 @@ _saved: list[tuple[object, str, object]] = []
 _INHERITED = object()  # the attribute came from a base class (``socket.socket.connect``): delete, not set
 
 
-def _trip(kind: str, what: str) -> None:
+def _trip(kind: str, what: str) -> NoReturn:
     _active[-1].trip(kind, what)
 
 
