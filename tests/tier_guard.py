@@ -61,7 +61,7 @@ def _picks_a_port_number() -> bool:
 
 
 def _socket_call(name: str) -> Callable[..., Any]:
-    def guarded(self: socket.socket, address: object, *a: object, **kw: object) -> Any:
+    def guarded(self: socket.socket, address: Any, *a: object, **kw: object) -> Any:
         if name == "bind" and _picks_a_port_number():
             return _INHERITED_BIND(self, address)
         _trip("open sockets", f"socket.{name}({address!r})")
