@@ -12,8 +12,11 @@ explores new examples.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 # Before anything imports grpc: the suite's own process holds gRPC channels and servers while the
 # testbed supervisor starts children with a preexec_fn (parent-death signal, setns into a network
@@ -43,3 +46,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., Path]:
+    """A DLB config factory: ``make_config(cells, endpoints, **sections)`` writes ``tmp_path/dlb.yaml`` and returns it.
+
+    ``cells`` maps names to ``service_fixtures.CellPorts``; calling it again rewrites the file (a reload).
+    """
+    from service_fixtures import config_doc, write_config
+
+    def make(cells: Mapping[str, Any], endpoints: list[dict[str, Any]], *, name: str = "dlb.yaml", **kw: Any) -> Path:
+        return write_config(tmp_path / name, config_doc(cells, endpoints, **kw))
+
+    return make
+
+
+@pytest.fixture
+def control_plane() -> Callable[..., Any]:
+    """``async with control_plane(cfg) as running:`` a control plane on 127.0.0.1 (service_fixtures.control_plane)."""
+    from service_fixtures import control_plane as start
+
+    return start
+
+
+@pytest.fixture
+def envoy(tmp_path: Path) -> Callable[..., Any]:
+    """``async with envoy(bootstrap) as proc:`` a real Envoy, its bootstrap written under tmp_path (service_fixtures.envoy)."""
+    from service_fixtures import envoy as start
+
+    return functools.partial(start, folder=tmp_path)
+
+
+@pytest.fixture
+def leaves() -> Callable[..., Any]:
+    """``async with leaves({cell: port}):`` stand-in leaves answering with their cell's name (service_fixtures.leaves)."""
+    from service_fixtures import leaves as start
+
+    return start

@@ -8,8 +8,6 @@ probe client against stand-in leaves (real gRPC Probe servers). Decisions are ta
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from bounded_wait import until_in_loop
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from leaf_stub import StaticProbe, serve_probe
+from service_fixtures import CellPorts
 
 from dlb.config import load_config
 from dlb.config import resources as dr
@@ -34,24 +33,12 @@ from dlb.proto import resources_pb2
 from dlb.xds.snapshot import Resource, Snapshot
 
 
-def write_config(path: str, cells: dict[str, int], cost: str = "latency") -> None:
-    doc = {
-        "version": 1,
-        "cells": [{
-            "name": n,
-            "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"},
-            **({"root": {"address": f"127.0.0.1:{free_port()}"}} if n == "a" else {}),
-            "servers": [f"127.0.0.1:{free_port()}"],
-        } for n, port in cells.items()],
-        "network": {"default_one_way_ms": 5},
-        "endpoints": [
-            {"name": "chat", "match": {"prefix": "/v1/chat/"}, "policy": {"mechanism": "discrete", "cost": cost}},
-            {"name": "rest", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete", "cost": "rif"}},
-        ],
-        "probe": {"period_ms": 20},
-    }
-    with open(path, "w") as fh:
-        yaml.safe_dump(doc, fh)
+def write_config(make_config, cells: dict[str, int], cost: str = "latency") -> Path:
+    """Cells whose probe servers listen on ``cells``' ports, the root in a; written to the test's dlb.yaml."""
+    return make_config({n: CellPorts(probe=port) for n, port in cells.items()}, [
+        {"name": "chat", "match": {"prefix": "/v1/chat/"}, "policy": {"mechanism": "discrete", "cost": cost}},
+        {"name": "rest", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete", "cost": "rif"}},
+    ], probe={"period_ms": 20})
 
 
 def headers(path: str) -> list:
@@ -67,18 +54,15 @@ def picked_cell(reply: bytes) -> str | None:
 
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
-def test_root_follows_the_control_plane(delta: bool) -> None:
-    asyncio.run(_scenario(delta))
+def test_root_follows_the_control_plane(delta: bool, make_config) -> None:
+    asyncio.run(_scenario(delta, make_config))
 
 
-async def _scenario(delta: bool) -> None:
-    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-root-xds-")  # removed when the scenario ends
-    tmp = tmp_dir.name
-    cfg_path = os.path.join(tmp, "dlb.yaml")
+async def _scenario(delta: bool, make_config) -> None:
     ports = {"a": free_port(), "b": free_port(), "c": free_port()}
     stubs = {"a": StaticProbe("a", rif=30.0), "b": StaticProbe("b", rif=0.0), "c": StaticProbe("c", rif=0.0)}
     servers = [await serve_probe(stubs[n], f"127.0.0.1:{p}") for n, p in ports.items()]
-    write_config(cfg_path, {"a": ports["a"], "b": ports["b"]})
+    cfg_path = write_config(make_config, {"a": ports["a"], "b": ports["b"]})
     cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     service = RootService(cell="a", cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(0))
@@ -103,13 +87,13 @@ async def _scenario(delta: bool) -> None:
         n0 = len(decisions)
 
         # Hot reload 1: the chat endpoint's cost changes (latency → rif); routers rebuilt, state kept.
-        write_config(cfg_path, {"a": ports["a"], "b": ports["b"]}, cost="rif")
+        write_config(make_config, {"a": ports["a"], "b": ports["b"]}, cost="rif")
         cp.reload(load_config(cfg_path))
         await until_in_loop(lambda: service.endpoints[0].router.policy.cost is Cost.RIF, what="policy reload")
         assert service.endpoints[0].router.view.last_probe.max() > 0  # probe state carried over
 
         # Hot reload 2: a new cell; the root probes it and uses it.
-        write_config(cfg_path, ports)
+        write_config(make_config, ports)
         cp.reload(load_config(cfg_path))
         await until_in_loop(lambda: service.cell_names == ("a", "b", "c"), what="topology reload")
         await until_in_loop(lambda: stubs["c"].probes > 3, what="probes of the new cell")
@@ -142,7 +126,6 @@ async def _scenario(delta: bool) -> None:
         await cp.stop()
         for s in servers:
             await s.stop(None)
-        tmp_dir.cleanup()
 
 
 def test_bad_topology_for_this_root_is_rejected() -> None:
@@ -159,20 +142,17 @@ def test_bad_topology_for_this_root_is_rejected() -> None:
         asyncio.run(sync._on_topology({"topology": t}))
 
 
-def test_leaf_follows_the_control_plane() -> None:
-    asyncio.run(_leaf_scenario())
+def test_leaf_follows_the_control_plane(make_config) -> None:
+    asyncio.run(_leaf_scenario(make_config))
 
 
-async def _leaf_scenario() -> None:
+async def _leaf_scenario(make_config) -> None:
     from dlb.ext_proc.leaf import state_from_config
     from dlb.ext_proc.leaf_state import Completion
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
-    tmp_dir = tempfile.TemporaryDirectory(prefix="dlb-leaf-xds-")  # removed when the scenario ends
-    tmp = tmp_dir.name
-    cfg_path = os.path.join(tmp, "dlb.yaml")
     ports = {"a": free_port(), "b": free_port()}
-    write_config(cfg_path, ports)
+    cfg_path = write_config(make_config, ports)
     cfg = load_config(cfg_path)
     cp = ControlPlane(cfg, probe=False, flow_loop=False)
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
@@ -213,50 +193,47 @@ async def _leaf_scenario() -> None:
     finally:
         await sync.stop()
         await cp.stop()
-        tmp_dir.cleanup()
 
 
-def test_leaf_takes_its_dp_groups_from_the_control_plane() -> None:
+def test_leaf_takes_its_dp_groups_from_the_control_plane(make_config) -> None:
     """dp_ranks / policy / horizon reach a leaf over xDS (``dlb.v1.DpGroups``) as from the config file:
     the leaf, started from a file without them, picks ranks by the pushed policy, and a changed
     policy or horizon is applied on the next push (issue 15)."""
-    asyncio.run(_dp_scenario())
+    asyncio.run(_dp_scenario(make_config))
 
 
-async def _dp_scenario() -> None:
+async def _dp_scenario(make_config) -> None:
     from dlb.ext_proc.leaf import state_from_config
     from dlb.ext_proc.leaf_xds import LeafXdsSync
 
-    with tempfile.TemporaryDirectory(prefix="dlb-leaf-dp-") as tmp:
-        cfg_path = os.path.join(tmp, "dlb.yaml")
-        write_config(cfg_path, {"a": free_port(), "b": free_port()})
-        plain = load_config(cfg_path)  # what the leaf's own file says: no DP server
-        doc = yaml.safe_load(Path(cfg_path).read_text())
-        base = free_port()
-        doc["cells"][1]["servers"] = [{"address": f"127.0.0.1:{base}", "dp_ranks": 4, "policy": "jsq", "horizon": 50}]
+    cfg_path = write_config(make_config, {"a": free_port(), "b": free_port()})
+    plain = load_config(cfg_path)  # what the leaf's own file says: no DP server
+    doc = yaml.safe_load(Path(cfg_path).read_text())
+    base = free_port()
+    doc["cells"][1]["servers"] = [{"address": f"127.0.0.1:{base}", "dp_ranks": 4, "policy": "jsq", "horizon": 50}]
+    Path(cfg_path).write_text(yaml.safe_dump(doc))
+    cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
+    xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+    state = state_from_config(plain, "b", seed=0)
+    assert state.dp_groups == []
+    sync = LeafXdsSync(state, f"127.0.0.1:{xds_port}", "b", node_id="leaf-svc-b")
+    await sync.start()
+    try:
+        await until_in_loop(lambda: len(state.servers) == 4 and len(state.dp_groups) == 1, what="EDS ranks and DP groups")
+        bal, members = state.dp_groups[0]
+        assert members == [f"127.0.0.1:{base + r}" for r in range(4)]
+        assert (bal.ranks, bal.policy, bal.horizon) == (4, "jsq", 50)
+        for k in range(8):  # JSQ over the ranks: two each
+            state.pick(0.0, f"r{k}")
+        assert list(bal.assigned) == [2, 2, 2, 2]
+        doc["cells"][1]["servers"][0].update(policy="bf-io", horizon=7)
         Path(cfg_path).write_text(yaml.safe_dump(doc))
-        cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
-        xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
-        state = state_from_config(plain, "b", seed=0)
-        assert state.dp_groups == []
-        sync = LeafXdsSync(state, f"127.0.0.1:{xds_port}", "b", node_id="leaf-svc-b")
-        await sync.start()
-        try:
-            await until_in_loop(lambda: len(state.servers) == 4 and len(state.dp_groups) == 1, what="EDS ranks and DP groups")
-            bal, members = state.dp_groups[0]
-            assert members == [f"127.0.0.1:{base + r}" for r in range(4)]
-            assert (bal.ranks, bal.policy, bal.horizon) == (4, "jsq", 50)
-            for k in range(8):  # JSQ over the ranks: two each
-                state.pick(0.0, f"r{k}")
-            assert list(bal.assigned) == [2, 2, 2, 2]
-            doc["cells"][1]["servers"][0].update(policy="bf-io", horizon=7)
-            Path(cfg_path).write_text(yaml.safe_dump(doc))
-            cp.reload(load_config(cfg_path))
-            await until_in_loop(lambda: state.dp_groups[0][0].policy == "bf-io", what="DP policy update")
-            assert state.dp_groups[0][0].horizon == 7 and state.dp_groups[0][0] is not bal
-        finally:
-            await sync.stop()
-            await cp.stop()
+        cp.reload(load_config(cfg_path))
+        await until_in_loop(lambda: state.dp_groups[0][0].policy == "bf-io", what="DP policy update")
+        assert state.dp_groups[0][0].horizon == 7 and state.dp_groups[0][0] is not bal
+    finally:
+        await sync.stop()
+        await cp.stop()
 
 
 def test_dp_groups_resource_errors_name_the_field() -> None:

@@ -12,23 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 from aiohttp import ClientSession, ClientTimeout
 from bounded_wait import until, until_in_loop
 from leaf_stub import StaticProbe
-from test_control_plane_envoy import start_leaf
+from service_fixtures import CellPorts
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
 from dlb.config.tls import load_identity
-from dlb.control_plane.service import ControlPlane
 from dlb.envoy.ads_bootstrap import ads_bootstrap
-from dlb.envoy.binary import EnvoyProcess
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer, add_port
 from dlb.ext_proc.root import RootService
@@ -39,45 +34,39 @@ from dlb.testbed.pki import dlb_pki
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
 
 
-def test_root_envoy_path_over_mtls() -> None:
-    asyncio.run(_scenario())
+def test_root_envoy_path_over_mtls(tmp_path: Path, make_config, control_plane, envoy, leaves) -> None:
+    asyncio.run(_scenario(tmp_path, make_config, control_plane, envoy, leaves))
 
 
-async def _scenario() -> None:
+async def _scenario(tmp: Path, make_config, control_plane, start_envoy, leaves) -> None:
     import grpc
 
     from dlb.proto import probe_pb2_grpc
 
-    with tempfile.TemporaryDirectory(prefix="dlb-tls-") as tmp:
-        tls, _ = dlb_pki(Path(tmp), ("a", "b"))
-        leaf_ports = {n: free_port() for n in "ab"}
-        probe_ports = {n: free_port() for n in "ab"}
-        root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
-        doc = {
-            "version": 1,
-            "cells": [{"name": n, "leaf": {"address": f"127.0.0.1:{leaf_ports[n]}", "probe": f"127.0.0.1:{probe_ports[n]}"},
-                       **({"root": {"address": f"127.0.0.1:{root_port}", "ext_proc": f"127.0.0.1:{ext_proc_port}"}} if n == "a" else {}),
-                       "servers": [f"127.0.0.1:{free_port()}"]} for n in "ab"],
-            "network": {"one_way_ms": {"a": {"b": 10}}},
-            "endpoints": [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete"}}],
-            "tls": {"ca": tls.ca, "cert": tls.cert, "key": tls.key},
-        }
-        cfg_path = os.path.join(tmp, "dlb.yaml")
-        Path(cfg_path).write_text(yaml.safe_dump(doc))
-        cfg = load_config(cfg_path)
-        assert cfg.tls is not None
+    tls, _ = dlb_pki(tmp, ("a", "b"))
+    leaf_ports = {n: free_port() for n in "ab"}
+    probe_ports = {n: free_port() for n in "ab"}
+    root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
+    cfg = load_config(make_config(
+        {n: CellPorts(leaf=leaf_ports[n], probe=probe_ports[n]) for n in "ab"},
+        [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete"}}],
+        roots={"a": {"address": root_port, "ext_proc": ext_proc_port}}, network={"one_way_ms": {"a": {"b": 10}}},
+        tls={"ca": tls.ca, "cert": tls.cert, "key": tls.key}))
+    assert cfg.tls is not None
 
-        leaves = [await start_leaf(n, p) for n, p in leaf_ports.items()]
-        probe_servers = []
+    # Stopped in reverse order of start: the Envoy, the root's xDS sync, probes and ext_proc, the control
+    # plane, the probe servers, the stand-in leaves.
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(leaves(leaf_ports))
         for n, rif in (("a", 1.0), ("b", 0.0)):
             s = grpc.aio.server()
             probe_pb2_grpc.add_ProbeServicer_to_server(StaticProbe(n, rif), s)
             add_port(s, f"127.0.0.1:{probe_ports[n]}", load_identity(tls, f"leaf-{n}"))
             await s.start()
-            probe_servers.append(s)
+            stack.push_async_callback(s.stop, 0)
 
-        cp = ControlPlane(cfg, probe=False, flow_loop=False)
-        xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+        running = await stack.enter_async_context(control_plane(cfg))
+        cp, xds_port = running.cp, running.xds_port
 
         root_id = load_identity(tls, "root-a")
         service = RootService.from_config(cfg, "a", seed=1)
@@ -89,51 +78,41 @@ async def _scenario() -> None:
 
         server = ExtProcServer("h2", handle, tls=root_id)
         await server.bind(f"127.0.0.1:{ext_proc_port}")
+        stack.push_async_callback(server.stop, 0)
         probes = ProbeManager(service, ProbeTiming(period_s=0.02, timeout_s=1.0, backoff_max_s=0.1), "a", tls=root_id)
+        stack.push_async_callback(probes.stop)
         await probes.retarget(probe_targets(cfg.topology(), "a", [str(c.leaf.probe) for c in cfg.cells], False))
         sync = RootXdsSync(service, f"127.0.0.1:{xds_port}", "a", probes)
+        stack.push_async_callback(sync.stop)
         await sync.start()
 
-        boot = os.path.join(tmp, "root.yaml")
-        Path(boot).write_text(yaml.safe_dump(ads_bootstrap("root", "a", HostPort("127.0.0.1", xds_port),
-                                                           admin_port, node_id="root-a-tls", tls=cfg.tls)))
-        envoy = EnvoyProcess(boot, admin_port)
-        try:
-            await asyncio.to_thread(envoy.start)
-            # The root service's own xDS stream (mTLS, its certificate's identity) delivered the policy.
-            await until_in_loop(lambda: not sync.client.subscriptions or sync.client.connected.is_set(), "the root's xDS stream",
-                                timeout=20)
-            assert sync.client.connected.is_set()
-            # Probes over mTLS reach both leaves.
-            client = service.probe_client
-            assert client is not None
-            await until_in_loop(lambda: all(st.ok >= 3 for st in client.stats.values()), "3 probes to each leaf", timeout=20)
-            assert all(st.ok >= 3 and st.available for st in client.stats.values()), client.stats
-            # Envoy has its listener (LDS/RDS/CDS over mTLS) once a request is answered by a leaf.
-            async def answered_by_a_leaf() -> bool:
-                return set(await _send(root_port, 1)) <= {"a", "b"}
+        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", xds_port), admin_port, node_id="root-a-tls", tls=cfg.tls)
+        envoy = await stack.enter_async_context(start_envoy(boot, name="root"))
+        # The root service's own xDS stream (mTLS, its certificate's identity) delivered the policy.
+        await until_in_loop(lambda: not sync.client.subscriptions or sync.client.connected.is_set(), "the root's xDS stream",
+                            timeout=20)
+        assert sync.client.connected.is_set()
+        # Probes over mTLS reach both leaves.
+        client = service.probe_client
+        assert client is not None
+        await until_in_loop(lambda: all(st.ok >= 3 for st in client.stats.values()), "3 probes to each leaf", timeout=20)
+        assert all(st.ok >= 3 and st.available for st in client.stats.values()), client.stats
 
-            await until_in_loop(answered_by_a_leaf, "a request answered by a leaf", timeout=20, period=0.2)
-            before = calls[0]
-            got = await _send(root_port, 40)
-            assert sum(got.get(c, 0) for c in "ab") == 40, got
-            # Every request was decided by the ext_proc over TLS (fail-open would also answer 200).
-            assert calls[0] - before >= 40
-            stats = envoy.stats("ssl")
-            assert int(stats.get("cluster.dlb_xds.ssl.handshake", "0")) >= 1, stats
-            assert int(stats.get("cluster.dlb_root_ext_proc.ssl.handshake", "0")) >= 1, stats
-            assert cp.server.status.streams_denied == 0
-            assert {ns.node_id for ns in cp.server.status.nodes.values()} >= {"root-a-tls"}
-        finally:
-            await asyncio.to_thread(envoy.stop)
-            await sync.stop()
-            await probes.stop()
-            await server.stop(0)
-            await cp.stop()
-            for s in probe_servers:
-                await s.stop(0)
-            for leaf in leaves:
-                await leaf.cleanup()
+        # Envoy has its listener (LDS/RDS/CDS over mTLS) once a request is answered by a leaf.
+        async def answered_by_a_leaf() -> bool:
+            return set(await _send(root_port, 1)) <= {"a", "b"}
+
+        await until_in_loop(answered_by_a_leaf, "a request answered by a leaf", timeout=20, period=0.2)
+        before = calls[0]
+        got = await _send(root_port, 40)
+        assert sum(got.get(c, 0) for c in "ab") == 40, got
+        # Every request was decided by the ext_proc over TLS (fail-open would also answer 200).
+        assert calls[0] - before >= 40
+        stats = envoy.stats("ssl")
+        assert int(stats.get("cluster.dlb_xds.ssl.handshake", "0")) >= 1, stats
+        assert int(stats.get("cluster.dlb_root_ext_proc.ssl.handshake", "0")) >= 1, stats
+        assert cp.server.status.streams_denied == 0
+        assert {ns.node_id for ns in cp.server.status.nodes.values()} >= {"root-a-tls"}
 
 
 async def _send(port: int, n: int) -> dict[str, int]:
