@@ -1,5 +1,7 @@
 """DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.transport.h2`) against independent peers.
 
+Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_ext_proc_h2.py``.
+
 The ``h2`` library (python-hyper) plays the client for protocol corners a well-behaved gRPC client
 never produces (CONTINUATION, padding, tiny flow-control windows, byte-by-byte delivery, bad
 input); grpc's C-core client is the conformance check (``test_ext_proc_root.py``), and Envoy itself
@@ -8,53 +10,10 @@ is the peer in ``test_envoy_forwards_only_the_headers_the_root_reads`` and every
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
-
-from dlb.ext_proc.health import HealthState, h2_health_routes
-from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.server import H2GrpcServer
-
-METHOD = PROCESS_METHOD
-
-
-class ServerThread:
-    """An H2GrpcServer on its own event loop thread (the tests talk to it with blocking sockets)."""
-
-    def __init__(self, handler, loop_factory=asyncio.new_event_loop) -> None:
-        # With the health service, as ExtProcServer serves it: the rendered bootstraps health-check ext_proc.
-        self.server = H2GrpcServer(METHOD, handler, routes=h2_health_routes(HealthState()))
-        self.loop = loop_factory()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(10)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(0.5), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-def echo_upper(message: bytes) -> tuple[bytes, bool]:
-    """Replies the message upper-cased; ``b"keep..."`` keeps the call open, ``b"boom"`` raises."""
-    if message == b"boom":
-        raise RuntimeError("handler bug")
-    return message.upper(), not message.startswith(b"keep")
-
-
-@pytest.fixture
-def server() -> Iterator[ServerThread]:
-    s = ServerThread(echo_upper)
-    try:
-        yield s
-    finally:
-        s.close()
-
+from test_ext_proc_h2 import ServerThread
 
 # -- the HPACK cache is exact --------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ import http.client
 import json
 import random
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
@@ -61,15 +60,16 @@ def _config(servers: list[str]) -> dict:
 
 def _probe(address: str) -> probe_pb2.ProbeResponse:
     """The agent's answer, waiting while it refuses (it checks its Envoy, which may have just started)."""
-    deadline = time.monotonic() + 30
-    while True:
+    def answer() -> probe_pb2.ProbeResponse | None:
         with grpc.insecure_channel(address) as ch:
             try:
                 return probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(), timeout=5)
             except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-        time.sleep(0.1)
+                return None
+
+    reply = _wait(answer, f"the agent at {address} answering", timeout=30, period=0.1)
+    assert isinstance(reply, probe_pb2.ProbeResponse)
+    return reply
 
 
 def _listening(host: str, port: int) -> bool:

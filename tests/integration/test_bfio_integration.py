@@ -1,4 +1,7 @@
-"""BF-IO's pure algorithm (dlb/core/bfio.py) against brute force and its own definitions."""
+"""BF-IO's pure algorithm (dlb/core/bfio.py) against brute force and its own definitions.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_bfio.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
 """Hostile and broken config files (issue 14 rows 7-8): a problem report naming file and line, never a
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_config_budget.py``.
 traceback, a hang or gigabytes; a control plane whose SIGHUP reload fails keeps serving the old config."""
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bounded_wait import until
+from test_config_budget import alias_bomb
 
 from dlb.procutil import free_port
 
@@ -28,28 +32,22 @@ endpoints:
 """
 
 
-def alias_bomb(levels: int) -> str:
-    """The billion-laughs document: each level lists the previous one 9 times (9**levels values)."""
-    lines = ["version: 1", 'l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
-
-
 def _status(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/fleet", timeout=10) as r:
         return json.loads(r.read())
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, count: int = 1) -> str:
-    """Wait (bounded by the test timeout) until ``text`` appears ``count`` times in the log."""
-    import time
+    """Wait (bounded) until ``text`` appears ``count`` times in the log; fail at once if the process exited."""
 
-    while True:
+    def seen() -> str | None:
         body = log.read_text()
         if body.count(text) >= count:
             return body
         assert proc.poll() is None, body[-3000:]
-        time.sleep(0.05)
+        return None
+
+    return str(until(seen, f"{text!r} {count} time(s) in {log.name}", timeout=100))
 
 
 @pytest.mark.timeout(120)

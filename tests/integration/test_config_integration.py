@@ -1,15 +1,16 @@
-"""DLB config: the example loads, defaults apply, every problem is reported with file, line and path."""
+"""DLB config: the example loads, defaults apply, every problem is reported with file, line and path.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_config.py``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from test_config import EXAMPLE
 
 from dlb.cli import main
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "envoy_configs" / "dlb.example.yaml"
-
 
 # --------------------------------------------------------------------------------------------
 # valid configs

@@ -1,4 +1,7 @@
-"""Libraries raise typed errors under one root (``DlbError``); only the command line turns them into exits."""
+"""Libraries raise typed errors under one root (``DlbError``); only the command line turns them into exits.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_errors.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,10 @@ import asyncio
 import socket
 
 import pytest
+from test_errors import _handler
 
 from dlb.errors import BindError
 from dlb.ext_proc.protocol import ExtProcServer
-
-
-def _handler(message: bytes) -> tuple[bytes | None, bool]:
-    return None, True
 
 
 @pytest.mark.parametrize("transport", ["h2", "grpc"])

@@ -1,4 +1,6 @@
 """Root ext_proc service: decisions on real ext_proc protobufs, over a real gRPC stream, and the
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_ext_proc_root.py``.
 probe client against real (in-process) leaf agents, including dead and mis-addressed ones."""
 
 from __future__ import annotations
@@ -11,68 +13,18 @@ import grpc
 import numpy as np
 import pytest
 from bounded_wait import until_in_loop
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from test_ext_proc_root import headers_msg, probe, service
 
-from dlb.config import config_from_dict
 from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.probe_client import ProbeClient, ProbeTarget, ProbeTiming
 from dlb.ext_proc.protocol import ExtProcServer
-from dlb.ext_proc.root import RootService
-from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.proto import probe_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def config(affinity: bool = False, cost: str = "latency", aversion: bool = False):
-    cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
-              "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["a", "b"])]
-    policy = {"mechanism": "discrete", "cost": cost, "aversion": {"enabled": aversion}}
-    if affinity:
-        policy["affinity"] = {"enabled": True, "header": "x-session-id", "prefix_savings_ms": 1000}
-    return config_from_dict({
-        "version": 1, "cells": cells, "network": {"one_way_ms": {"a": {"b": 20}}},
-        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": policy,
-                       "latency_prior": {"a_s": 0.1, "b_s": 0.01, "c": 4, "s": 1}}],
-    })
-
-
-def headers_msg(path: str = "/v1/chat/completions", **extra: str) -> ep.ProcessingRequest:
-    hs = [(":path", path), (":method", "POST"), ("x-request-id", "r1"), *[(k.replace("_", "-"), v) for k, v in extra.items()]]
-    return ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs])))
-
-
-def set_headers(raw: bytes) -> dict[str, str]:
-    resp = ep.ProcessingResponse.FromString(raw)
-    assert resp.WhichOneof("response") == "request_headers", resp
-    common = resp.request_headers.response
-    assert common.clear_route_cache
-    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
-
-
-def probe(svc: RootService, cell: int, now: float, rif: float = 0.0, err: float = 0.0) -> None:
-    name = svc.cell_names[cell]
-    svc.on_probe(ProbeTarget(cell, name, ""), probe_pb2.ProbeResponse(
-        cell=name, rif=rif, error_rate=err, model=probe_pb2.LatencyModel(a_s=0.1, b_s=0.01, c=4, s=1, confidence=1)), now)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def service(**kw) -> tuple[RootService, Clock]:
-    svc = RootService.from_config(config(**kw), "a", seed=3)
-    clock = Clock()
-    svc.clock = clock
-    return svc, clock
 
 
 @pytest.mark.parametrize("transport", ["h2", "grpc"])
@@ -171,8 +123,7 @@ def test_emulated_wan_ages_probe_answers_by_the_round_trip():
         client = ProbeClient([ProbeTarget(0, "far", f"127.0.0.1:{port}", emulated_one_way_s=0.05)],
                              lambda t, r, now: got.append(r), ProbeTiming(period_s=0.01, timeout_s=1.0))
         client.start()
-        while not got:
-            await asyncio.sleep(0.01)
+        await until_in_loop(lambda: got, "a probe answered", period=0.01)
         st = client.stats[0]
         await client.stop()
         await server.stop(0)

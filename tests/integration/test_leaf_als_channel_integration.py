@@ -1,5 +1,7 @@
 """The access log steers a cell, so only the cell's own Envoy may feed it (issue 14 row 5).
 
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_leaf_als_channel.py``.
+
 Before: the agent served the access-log service on its probe port, which roots reach across the
 network; one unauthenticated stream of 200,000 fake starts and 2,000 fake 503s black-holed the cell
 (RIF 200,000, error rate 0.96, records kept up to 900 s). Now the access log has its own channel (a
@@ -16,8 +18,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from envoy.data.accesslog.v3 import accesslog_pb2
-from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
+from test_leaf_als_channel import raw_config, starts
 
 from dlb.config import config_from_dict
 from dlb.envoy.bootstrap import leaf_bootstrap
@@ -26,22 +28,6 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = pytest.mark.timeout(120)
-START = accesslog_pb2.AccessLogType.Value("DownstreamStart")
-
-
-def raw_config(**leaf: str) -> dict:
-    return {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
-                                     "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}", **leaf}}],
-            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
-
-
-def starts(n: int, prefix: str = "fake") -> als_pb2.StreamAccessLogsMessage:
-    msg = als_pb2.StreamAccessLogsMessage(identifier=als_pb2.StreamAccessLogsMessage.Identifier(log_name="dlb-leaf"))
-    for i in range(n):
-        e = msg.http_logs.log_entry.add()
-        e.common_properties.access_log_type = START
-        e.request.request_id = f"{prefix}-{i}"
-    return msg
 
 
 def test_probe_port_does_not_serve_the_access_log_and_its_own_channel_is_tied_to_the_stream() -> None:

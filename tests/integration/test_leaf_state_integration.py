@@ -1,4 +1,7 @@
-"""The leaf's bookkeeping (pure, clock passed in): picking, RIF accounting, completions, health."""
+"""The leaf's bookkeeping (pure, clock passed in): picking, RIF accounting, completions, health.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_leaf_state.py``.
+"""
 
 import pytest
 

@@ -1,4 +1,7 @@
-"""Package-wide logging setup and the CLI registry."""
+"""Package-wide logging setup and the CLI registry.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_log_cli.py``.
+"""
 
 from __future__ import annotations
 

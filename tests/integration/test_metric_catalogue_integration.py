@@ -1,5 +1,7 @@
 """Each service's /metrics against the one catalogue of dlb_* families (dlb/metric_catalogue.py).
 
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_metric_catalogue.py``.
+
 Every service is scraped over HTTP through the exporter it runs in production (root and leaf:
 ``serve_metrics``; control plane: ``StatusServer``; emulator: its registry's exposition), then
 parsed with prometheus_client's own parser.
@@ -11,7 +13,7 @@ import asyncio
 import urllib.request
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+from test_metric_catalogue import compare
 
 from dlb.config import config_from_dict
 from dlb.core.latency_model import LatencyParams
@@ -20,31 +22,7 @@ from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.metrics import serve_metrics
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.transport.limits import TransportStats
-from dlb.metric_catalogue import MetricDef, for_service
 from dlb.xds import SnapshotCache, StatusRegistry, StatusServer, types
-
-
-def exported(text: str) -> dict[str, tuple[str, set[str]]]:
-    """dlb_* families in an exposition: name -> (type, label names seen on its samples)."""
-    out: dict[str, tuple[str, set[str]]] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name.startswith("dlb_"):
-            labels = {k for s in fam.samples for k in s.labels if k != "le"}
-            out[fam.name] = (fam.type, labels)
-    return out
-
-
-def compare(service: str, text: str) -> None:
-    listed = for_service(service)
-    got = exported(text)
-    unlisted = sorted(set(got) - set(listed))
-    assert not unlisted, f"{service} exports families missing from dlb/metric_catalogue.py: {unlisted}"
-    for name, (typ, labels) in got.items():
-        m: MetricDef = listed[name]
-        assert typ == m.type, f"{name}: exported as {typ}, catalogued as {m.type}"
-        assert not labels or labels == set(m.labels), f"{name}: labels {sorted(labels)}, catalogued {list(m.labels)}"
-    missing = sorted(n for n, m in listed.items() if not m.when and n not in got)
-    assert not missing, f"{service} no longer exports catalogued families: {missing}"
 
 
 def scrape(collect) -> str:

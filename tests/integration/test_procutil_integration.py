@@ -1,5 +1,7 @@
 """``free_port``: ports for configs that must name an address before the service that binds it runs.
 
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_procutil.py``.
+
 The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
 test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
 (other tests' servers, in this run and the ones beside it) draws there, as do outgoing connections'
@@ -10,23 +12,12 @@ the same number can take one.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
+from test_procutil import _below_range
 
 from dlb import procutil
 from dlb.procutil import free_port
-
-
-def _below_range() -> tuple[int, int]:
-    try:
-        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range")
-    span = (lo, hi)
-    if span[0] - getattr(procutil, "LOWEST_PORT", 10000) < getattr(procutil, "MIN_POOL", 2000):
-        pytest.skip(f"ephemeral range {span} leaves no pool below it on this machine")
-    return span
 
 
 def test_ports_handed_out_are_not_taken_by_other_sockets_bound_to_port_0() -> None:

@@ -1,11 +1,14 @@
-"""The fluid-model check: equilibrium solvers against brute force, and the routers against the solvers."""
+"""The fluid-model check: equilibrium solvers against brute force, and the routers against the solvers.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_theory.py``.
+"""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
+from test_theory import small_networks
 
 from dlb import cli
 from dlb.core import equilibria as eq
@@ -17,11 +20,6 @@ def test_optimum_is_no_worse_than_other_equilibria() -> None:
         opt = eq.solve(eq.Objective.OPTIMUM, net)
         for other in (eq.Objective.WARDROP, eq.Objective.RIF):
             assert opt.total_latency <= eq.solve(other, net).total_latency * (1 + 1e-7)
-
-
-def small_networks() -> list[eq.FluidNetwork]:
-    rng = np.random.default_rng(1)
-    return [th.random_network(rng, f"S{i}", n_cells=(3, 3)) for i in range(3)]
 
 
 def test_cli_writes_json_records(tmp_path, capsys) -> None:

@@ -1,5 +1,7 @@
 """Mutual TLS on DLB's gRPC channels and per-node authorisation on the control plane (docs/security.md).
 
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_tls.py``.
+
 Certificates come from a CA the test makes (tests/tls_certs.py); a second CA stands in for an
 attacker's. Every server here is the real one on 127.0.0.1 (grpc.aio or DLB's HTTP/2 transport):
 a client without a certificate, or with one from the other CA, is refused at the handshake; a
@@ -19,6 +21,7 @@ from aiohttp import ClientSession
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from test_tls import _doc, _node
 
 from dlb.config import config_from_dict, load_config
 from dlb.config.model import TlsFiles
@@ -44,24 +47,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"dir": d, "tls": tls, "foreign": foreign}
 
 
-def _doc(tls: dict[str, str] | None) -> dict:
-    cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
-              "root": {"address": f"127.0.0.1:{4000 + i}"}, "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate("ab")]
-    doc = {"version": 1, "cells": cells, "network": {"one_way_ms": {"a": {"b": 20}}},
-           "endpoints": [{"name": "chat", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete"}}]}
-    if tls is not None:
-        doc["tls"] = tls
-    return doc
-
-
 # --- the config section ----------------------------------------------------------------------------
 
 
 # --- the control plane: authentication and per-node authorisation ----------------------------------
-
-
-def _node(cluster: str, cell: str, node_id: str = "n1") -> base_pb2.Node:
-    return base_pb2.Node(id=node_id, cluster=cluster, locality=base_pb2.Locality(zone=cell))
 
 
 async def _ads_first(target: str, creds: grpc.ChannelCredentials | None, node: base_pb2.Node, type_url: str,

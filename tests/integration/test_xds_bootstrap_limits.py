@@ -7,12 +7,12 @@ The overload manager exists only in the bootstrap (xDS cannot push it), so an En
 from __future__ import annotations
 
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from bounded_wait import until
 
 from dlb.cli import main
 from dlb.envoy.binary import envoy_binary, validate
@@ -28,13 +28,15 @@ def _start_log(bootstrap: Path, admin_port: int, log: Path) -> str:
                              "--disable-hot-restart", "--concurrency", "1", "--base-id", str(admin_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while True:  # bounded by the test timeout
+        def admin_answers() -> bool:
             assert proc.poll() is None, log.read_text()
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/server_info", timeout=1).read()
-                break
             except OSError:
-                time.sleep(0.05)
+                return False
+            return True
+
+        until(admin_answers, "Envoy's admin answering", timeout=120)
     finally:
         stop_process(proc, 10)
     return log.read_text()

@@ -13,6 +13,7 @@ import os
 import sys
 
 import grpc
+from bounded_wait import until_in_loop
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
@@ -108,10 +109,8 @@ async def _scenario() -> None:
         def acked() -> dict[str, str]:
             return {types.short(t): s.acked_version for t, s in status.items()}
 
-        deadline = asyncio.get_running_loop().time() + 30
-        while not (set(acked()) == {"LDS", "RDS", "CDS", "EDS"} and all(acked().values())):
-            assert asyncio.get_running_loop().time() < deadline, f"not every type ACKed: {acked()}"
-            await asyncio.sleep(0.01)
+        await until_in_loop(lambda: set(acked()) == {"LDS", "RDS", "CDS", "EDS"} and all(acked().values()), "every type ACKed",
+                            timeout=30, period=0.01)
         # A subset of the snapshot's clusters (the weight-0 one is never requested), answered at once.
         assert status[types.CLUSTER].subscribed == ["echo-one"]
         assert status[types.LISTENER].subscribed == ["echo"]

@@ -1,5 +1,7 @@
 """``dlb demo --no-live`` end to end: the whole stack from one command, and nothing left behind.
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_demo.py``.
+
 Runs the real CLI in a subprocess (emulators, control plane, leaf/root Envoys over xDS, leaf agents,
 root services, the load generator), then reads the report it wrote. Rules (issue 10):
 - >= 99 % of requests succeed through every tier, and every cell serves traffic;

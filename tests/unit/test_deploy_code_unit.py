@@ -1,5 +1,7 @@
 """What running DLB on several hosts (Kubernetes pods) needs from the code (issue 17, part A).
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_deploy_code.py``.
+
 Each test stands for one assumption of a single host that the code no longer makes, checked on a
 real Envoy where Envoy is the judge:
 
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_deploy_code import HEADLESS, _config, _cp_config, _discovery_config, _leaf_config
 
 from dlb.cli import main
 from dlb.config import ConfigError, config_from_dict
@@ -24,20 +26,6 @@ from dlb.control_plane.service import ControlPlane
 from dlb.envoy.drain import active_requests
 from dlb.ext_proc.leaf import state_from_config
 from dlb.procutil import free_port
-
-
-def _config(leaf: dict[str, Any], root: dict[str, Any] | None = None, cells: tuple[str, ...] = ("a",)) -> dict[str, Any]:
-    out = []
-    for k, name in enumerate(cells):
-        c: dict[str, Any] = {"name": name, "leaf": dict(leaf) if k == 0 else {"address": f"127.0.0.1:{free_port()}",
-                                                                              "probe": f"127.0.0.1:{free_port()}"},
-                             "servers": [f"127.0.0.1:{free_port()}"]}
-        if root is not None and k == 0:
-            c["root"] = root
-        out.append(c)
-    return {"version": 1, "cells": out, "network": {"default_one_way_ms": 5},
-            "endpoints": [{"name": "chat", "match": {"prefix": "/"}}]}
-
 
 # --------------------------------------------------------------------------------------------
 # 1. xds-bootstrap: DNS control plane, node identity from Envoy's flags
@@ -77,14 +65,6 @@ def test_listen_must_be_an_ip_and_root_listen_needs_an_address() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _leaf_config(tmp: Path, leaf_address: str) -> tuple[Path, str]:
-    probe = f"127.0.0.1:{free_port()}"
-    path = tmp / "dlb.yaml"
-    path.write_text(json.dumps(_config({"address": leaf_address, "probe": probe},
-                                       root={"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"})))
-    return path, probe
-
-
 def test_leaf_refuses_a_bad_envoy_check_address(tmp_path: Path) -> None:
     path, _ = _leaf_config(tmp_path, f"127.0.0.1:{free_port()}")
     with pytest.raises(SystemExit, match="--envoy-check-address"):
@@ -107,15 +87,6 @@ def test_active_requests_sums_listeners_but_not_admin() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _cp_config(cells: tuple[str, ...]) -> dict[str, Any]:
-    data = _config({"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
-                   root={"address": f"127.0.0.1:{free_port()}"}, cells=cells)
-    for c in data["cells"]:
-        c.setdefault("root", {"address": f"127.0.0.1:{free_port()}"})
-    data["endpoints"][0]["policy"] = {"mechanism": "flow"}
-    return data
-
-
 def test_serve_cells_builds_snapshots_and_flow_loops_for_those_cells_only() -> None:
     cfg = config_from_dict(_cp_config(("a", "b", "c")))
     cp = ControlPlane(cfg, probe=False, flow_loop=False, serve_cells=["b", "c"])
@@ -136,17 +107,6 @@ def test_serve_cells_names_an_unknown_cell(tmp_path: Path, capsys: pytest.Captur
 # --------------------------------------------------------------------------------------------
 # 4. server discovery: a DNS name is every address it has, re-resolved and pushed over EDS
 # --------------------------------------------------------------------------------------------
-
-HEADLESS = "vllm.cell-a.svc.cluster.local"
-
-
-def _discovery_config(period_s: float, replicas: int | None = None) -> dict[str, Any]:
-    data = _config({"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"})
-    data["cells"][0]["servers"] = [f"{HEADLESS}:8000"]
-    if replicas is not None:
-        data["cells"][0]["replicas"] = replicas
-    data["discovery"] = {"dns_period_s": period_s}
-    return data
 
 
 def test_expand_makes_one_server_per_address_and_counts_unset_replicas() -> None:

@@ -1,14 +1,14 @@
 """The emulator's data-parallel mode over real sockets: G ranks on consecutive ports, lock-step steps
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_emulator_dp.py``.
 whose time is the slowest rank's, and per-rank barrier idle exported as a metric."""
 
 from __future__ import annotations
 
 import pytest
+from test_emulator_dp import FAST
 
 from dlb.emulator.dp import DpStep, rank_step_time
-from dlb.emulator.profile import BUILTIN_PROFILES
-
-FAST = BUILTIN_PROFILES["fast-test"]
 
 
 def test_rank_time_grows_with_resident_kv_and_the_step_is_the_slowest_rank() -> None:

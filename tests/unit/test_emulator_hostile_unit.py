@@ -1,4 +1,7 @@
-"""Malformed request bodies get the emulator's JSON 400, never aiohttp's text/plain 500 (issue 14 row 11)."""
+"""Malformed request bodies get the emulator's JSON 400, never aiohttp's text/plain 500 (issue 14 row 11).
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_emulator_hostile.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Real-Envoy tests of the root and leaf bootstraps (templates in envoy_configs/ and rendered ones).
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_envoy_configs.py``.
+
 Upstreams are tiny ``http.server`` echo servers on 127.0.0.1 standing in for leaves and inference
 servers; they answer with their own name and the headers they received, so a test can see which cell
 a request reached and what Envoy forwarded. The ext_proc is either absent (nothing listens on its
@@ -8,14 +10,11 @@ port: fail-open) or a minimal grpc ExternalProcessor defined here that names one
 
 from __future__ import annotations
 
-import http.client
-import json
-from pathlib import Path
 from typing import Any
 
 import yaml
+from test_envoy_configs import CONFIG_DIR, TEMPLATES, _hcm, three_cell_config
 
-from dlb.config import Config, config_from_dict
 from dlb.envoy.bootstrap import (
     HEADER_ROOT_TOKEN,
     HEADER_SRC_CELL,
@@ -26,53 +25,14 @@ from dlb.envoy.bootstrap import (
 from dlb.envoy.root_token import root_token
 from dlb.procutil import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO / "envoy_configs"
-
-
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
 
 
-def request(port: int, path: str = "/v1/chat/completions", headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        conn.request("POST", path, body=b'{"model":"m"}', headers={"content-type": "application/json", **(headers or {})})
-        resp = conn.getresponse()
-        raw = resp.read()
-        try:
-            return resp.status, json.loads(raw)
-        except ValueError:
-            return resp.status, {"raw": raw.decode(errors="replace")}
-    finally:
-        conn.close()
-
-
-def three_cell_config(leaf_ports: dict[str, int], *, one_way_ms: float = 20.0, allowed: dict[str, list[str]] | None = None) -> Config:
-    """Cells a, b, c whose leaf addresses are the given ports; root listeners on free ports."""
-    cells = []
-    for name in ("a", "b", "c"):
-        cells.append({
-            "name": name,
-            "leaf": {"address": f"127.0.0.1:{leaf_ports[name]}", "probe": f"127.0.0.1:{free_port()}"},
-            "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"},
-            "servers": [f"127.0.0.1:{leaf_ports[name + '-srv']}"] if name + "-srv" in leaf_ports else [f"127.0.0.1:{free_port()}"],
-        })
-    data: dict[str, Any] = {
-        "version": 1,
-        "cells": cells,
-        "network": {"default_one_way_ms": one_way_ms, **({"allowed": allowed} if allowed else {})},
-        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
-    }
-    return config_from_dict(data, "test")
-
-
 # --------------------------------------------------------------------------------------------
 # every YAML validates
 # --------------------------------------------------------------------------------------------
-
-TEMPLATES = sorted(p for p in CONFIG_DIR.glob("*.yaml") if not p.name.startswith("dlb."))
 
 
 def test_templates_exist() -> None:
@@ -111,10 +71,6 @@ def test_templates_match_renderer_on_what_matters() -> None:
     retry_t, retry_r = (next(r for r in _hcm(b)["route_config"]["virtual_hosts"][0]["routes"] if r["name"] == "least-request")["route"]["retry_policy"]
                         for b in (leaf_t, leaf_r))
     assert retry_t == retry_r
-
-
-def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
-    return boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 
 
 def _filter(hcm: dict[str, Any], name: str) -> dict[str, Any]:

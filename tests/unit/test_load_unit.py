@@ -1,4 +1,7 @@
-"""Workloads (seeded, open loop) and the ``dlb load`` generator against a real local HTTP server."""
+"""Workloads (seeded, open loop) and the ``dlb load`` generator against a real local HTTP server.
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_load.py``.
+"""
 
 from __future__ import annotations
 

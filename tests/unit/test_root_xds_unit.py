@@ -1,5 +1,7 @@
 """The root service configured over xDS by a real control plane, hot-reloaded without dropping requests.
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_root_xds.py``.
+
 Real parts: ``ControlPlane`` (gRPC xDS server), the service's ``XdsClient`` (ADS, SotW and delta), the
 probe client against stand-in leaves (real gRPC Probe servers). Decisions are taken through
 ``RootService.decide`` — the same call the ext_proc stream makes for each request's headers.
@@ -10,16 +12,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
 from dlb.ext_proc.probe_client import ProbeTiming
 from dlb.ext_proc.root import RootService
 from dlb.proto import resources_pb2
-
-
-def headers(path: str) -> list:
-    return [base_pb2.HeaderValue(key=":path", raw_value=path.encode())]
 
 
 def test_bad_topology_for_this_root_is_rejected() -> None:

@@ -1,8 +1,12 @@
-"""Experiments, records, normalisation, the report and the ``dlb sim`` command (CI-sized)."""
+"""Experiments, records, normalisation, the report and the ``dlb sim`` command (CI-sized).
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_sim_experiments.py``.
+"""
 
 from __future__ import annotations
 
 import pytest
+from test_sim_experiments import _rec
 
 from dlb.cli import main
 from dlb.sim.experiments import normalise
@@ -10,11 +14,6 @@ from dlb.sim.policies import POLICIES
 from dlb.sim.report import verdicts
 
 #: Sweeps with many variants (and y = 10, ten times the request rate) smoke two policies.
-
-
-def _rec(exp: str, var: str, x: float, policy: str, norm: float, err: float = 0.0, scenario: int = 1) -> dict:
-    return {"experiment": exp, "variant": var, "x": x, "policy": policy, "scenario": scenario, "trial": 0,
-            "duration_s": 600.0, "mean": norm, "p50": norm, "p90": 2 * norm, "p99": 3 * norm, "error_rate": err}
 
 
 def test_verdicts_follow_the_numbers() -> None:

@@ -1,58 +1,18 @@
 """xDS protocol behaviour of dlb.xds (docs/design.md §5) driven by a raw gRPC client (xds-protos stubs).
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_xds_protocol.py``.
+
 Absence of a push is proven with ``RawStream.barrier`` (no sleeps, no timed assertions).
 """
 
 from __future__ import annotations
 
-import contextlib
-
-import grpc
 import pytest
+from test_xds_protocol import snap
 
-from dlb.xds import Snapshot, SnapshotCache, SnapshotError, XdsServer, types
+from dlb.xds import Snapshot, SnapshotCache, SnapshotError
 from dlb.xds.snapshot import Resource
-from dlb.xds.testing import RawStream, eds_cluster, http_listener, load_assignment, route_config
-
-CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
-
-
-class Env:
-    def __init__(self, **kw) -> None:
-        self.cache = SnapshotCache(**{k: v for k, v in kw.items() if k == "node_key"})
-        self.server = XdsServer(self.cache, **{k: v for k, v in kw.items() if k != "node_key"})
-        self.streams: list[RawStream] = []
-
-    def stream(self, delta: bool = False) -> RawStream:
-        s = RawStream(self.channel, delta=delta)
-        self.streams.append(s)
-        return s
-
-
-@contextlib.asynccontextmanager
-async def xds(**kw):
-    env = Env(**kw)
-    port = await env.server.start()
-    env.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield env
-    finally:
-        for s in env.streams:
-            await s.close()
-        await env.channel.close()
-        await env.server.stop(None)
-
-
-def snap(clusters=("c1",), eds=None, routes=None, listeners=(), custom=None) -> Snapshot:
-    items = [eds_cluster(c) for c in clusters]
-    items += [load_assignment(c, [p]) for c, p in (eds or {}).items()]
-    items += [route_config(r, cluster=c) for r, c in (routes or {}).items()]
-    items += [http_listener(name, 10000 + i, "r") for i, name in enumerate(listeners)]
-    items += [(n, s) for n, s in (custom or {}).items()]
-    return Snapshot.build(items, extra_types=[CDS, LDS])
-
-
-# --- SotW ---------------------------------------------------------------------------------------
+from dlb.xds.testing import eds_cluster
 
 
 def test_versions_unique_across_restarts_and_no_duplicate_names():
