@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -68,3 +69,12 @@ def test_nested_guards_record_only_in_the_innermost() -> None:
             socket.create_connection(("127.0.0.1", 9), timeout=1)
         assert len(inner.violations) == 1
     assert outer.violations == []
+
+
+def test_every_test_file_sits_in_a_tier_folder_under_a_unique_name() -> None:
+    """Tiers are folders (the markers come from them); the import mode needs each test module's name once."""
+    tests = Path(__file__).resolve().parents[1]
+    assert sorted(p.name for p in tests.glob("test_*.py")) == []  # none outside a tier
+    names = [p.name for p in tests.glob("*/test_*.py")]
+    assert {p.parent.name for p in tests.glob("*/test_*.py")} == {"unit", "integration", "e2e"}
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
