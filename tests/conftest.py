@@ -2,8 +2,10 @@
 
 Tests live in three folders by what they start: ``tests/unit`` (in-process; a socket or a process
 fails the test, see ``tests/unit/conftest.py``), ``tests/integration`` (dlb services, real sockets on
-127.0.0.1, subprocesses) and ``tests/e2e`` (a real Envoy, ``dlb demo``, network namespaces, the
-container image). Each test gets the marker of its folder, so ``pytest -m "not e2e"`` works too.
+127.0.0.1, subprocesses; also in-process runs too slow for the fast tier, > 15 s each) and ``tests/e2e``
+(a real Envoy, ``dlb demo``, network namespaces, the container image). Each test gets the marker of its
+folder, so ``pytest -m "not e2e"`` works too. Shared fixtures (``make_config``, ``control_plane``,
+``envoy``, ``leaves``) are below; their code is in ``service_fixtures.py``.
 
 Under CI (``CI`` set, as ``.ci/run`` is run) hypothesis is derandomised: the examples are the same on
 every run, so a red CI is always reproducible locally with ``CI=1 pytest``; locally, each run still
