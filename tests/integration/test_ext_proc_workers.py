@@ -3,9 +3,9 @@ streams, and stopping the first stops the other."""
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +13,7 @@ from bounded_wait import until
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from service_fixtures import CellPorts
 
 from dlb.testbed.process import ServiceProcess, free_port
 from dlb.testbed.stack import metric_value
@@ -20,18 +21,10 @@ from dlb.testbed.stack import metric_value
 pytestmark = pytest.mark.timeout(120)
 
 
-def _one_cell_config(tmp_path):
-    """A one-cell config whose leaf never answers (the workers' replies are the documented 503)."""
-    cfg = {
-        "version": 1,
-        "cells": [{"name": "a", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
-                   "servers": [f"127.0.0.1:{free_port()}"]}],
-        "network": {"default_one_way_ms": 0},
-        "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
-    }
-    path = tmp_path / "dlb.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
+def _one_cell_config(make_config) -> Path:
+    """A one-cell config, no root, whose leaf never answers (the workers' replies are the documented 503)."""
+    return make_config({"a": CellPorts()}, [{"name": "chat", "match": {"prefix": "/v1/"}}], roots={},
+                       network={"default_one_way_ms": 0})
 
 
 def _expect_gone(pid: int, why: str) -> None:
@@ -50,8 +43,8 @@ def _expect_gone(pid: int, why: str) -> None:
         raise
 
 
-def test_workers_share_the_port_and_stop_together(tmp_path):
-    path = _one_cell_config(tmp_path)
+def test_workers_share_the_port_and_stop_together(make_config):
+    path = _one_cell_config(make_config)
     port, mport = free_port(), free_port()
     while mport + 100 > 65535:
         mport = free_port()
@@ -74,11 +67,11 @@ def test_workers_share_the_port_and_stop_together(tmp_path):
     _expect_gone(worker, "worker outlived the first process")
 
 
-def test_a_worker_dies_with_a_killed_first_process(tmp_path):
+def test_a_worker_dies_with_a_killed_first_process(make_config):
     """SIGKILL of the first process (no chance to stop its workers): the worker arms PR_SET_PDEATHSIG itself
     at start (spawn_workers passes no preexec_fn — a fork() with gRPC threads running aborted the child), so
     it gets SIGTERM and exits instead of serving on alone."""
-    path = _one_cell_config(tmp_path)
+    path = _one_cell_config(make_config)
     root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--listen", f"127.0.0.1:{free_port()}",
                           "--metrics", "", "--workers", "2")
     with root:
