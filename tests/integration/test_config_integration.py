@@ -13,16 +13,6 @@ from test_config import EXAMPLE
 from dlb.cli import main
 
 # --------------------------------------------------------------------------------------------
-# valid configs
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# problems: all of them, with paths and lines
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------------------------
 
@@ -38,8 +28,3 @@ def test_cli_validate_envoy(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 6  # 3 leaves + 3 roots, each named
     assert err[0] == f"{EXAMPLE}: cells[0] (us-east1): Envoy rejects the leaf bootstrap: Proto constraint validation failed (something)"
-
-
-# --------------------------------------------------------------------------------------------
-# robustness: whatever the input, only ConfigError comes out
-# --------------------------------------------------------------------------------------------

@@ -51,12 +51,6 @@ def headers_frames(sid: int, block: bytes, end_stream: bool = True) -> bytes:
     return out
 
 
-# --- row 1: the header-block cache ---------------------------------------------------------------
-
-
-# --- row 2: no per-frame walk over all streams ----------------------------------------------------
-
-
 # --- row 3: connection cap, handshake and idle timeouts (sockets) ----------------------------------
 class Serving:
     """An H2GrpcServer with ``limits`` on an event-loop thread."""

@@ -47,9 +47,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"dir": d, "tls": tls, "foreign": foreign}
 
 
-# --- the config section ----------------------------------------------------------------------------
-
-
 # --- the control plane: authentication and per-node authorisation ----------------------------------
 
 

@@ -28,11 +28,6 @@ from dlb.ext_proc.leaf import state_from_config
 from dlb.procutil import free_port
 
 # --------------------------------------------------------------------------------------------
-# 1. xds-bootstrap: DNS control plane, node identity from Envoy's flags
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
 # 2. listen vs address
 # --------------------------------------------------------------------------------------------
 
@@ -53,11 +48,6 @@ def test_listen_must_be_an_ip_and_root_listen_needs_an_address() -> None:
     paths = {p.path: p.reason for p in e.value.problems}
     assert "not an IP address" in paths["cells[0].leaf.listen"]
     assert "needs root.address" in paths["cells[0].root.listen"]
-
-
-# --------------------------------------------------------------------------------------------
-# 5. the dlb_ready listener
-# --------------------------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------

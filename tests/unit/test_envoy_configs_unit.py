@@ -26,11 +26,6 @@ from dlb.envoy.root_token import root_token
 from dlb.procutil import free_port
 
 # --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
 # every YAML validates
 # --------------------------------------------------------------------------------------------
 
@@ -107,8 +102,3 @@ def test_durations_and_tiny_delays() -> None:
     assert [_duration(x) for x in (0, 600, 0.062, 1e-7, 0.0000015, 2.5)] == ["0s", "600s", "0.062s", "0s", "0.000002s", "2.5s"]
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=0.0001)
     assert wan_delays_ms(cfg, "a") == {}  # 0.2 µs round trips: no zero-length fault filters
-
-
-# --------------------------------------------------------------------------------------------
-# property: whatever valid config, the rendered bootstraps are ones Envoy accepts
-# --------------------------------------------------------------------------------------------

@@ -226,6 +226,3 @@ def test_a_flood_of_frames_that_do_no_work_ends_the_connection(flood: bytes) -> 
     events = conn.receive_data(flood)
     assert conn.terminated and events[-1].error_code == ErrorCode.ENHANCE_YOUR_CALM
     assert stats.control_floods == 1
-
-
-# --- row 3: connection cap, handshake and idle timeouts (sockets) ----------------------------------
