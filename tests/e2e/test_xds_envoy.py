@@ -11,8 +11,6 @@ import asyncio
 import functools
 import http.server
 import json
-import os
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -20,7 +18,6 @@ import urllib.request
 import pytest
 from bounded_wait import until_in_loop
 
-from dlb.envoy.binary import EnvoyProcess
 from dlb.procutil import free_port
 from dlb.xds import Resource, Snapshot, SnapshotCache, XdsServer, types
 from dlb.xds.testing import eds_cluster, grpc_source, http_listener, load_assignment, route_config
@@ -82,17 +79,17 @@ def resources(backend_port: int, listener_port: int, extra_clusters=(), tag: str
 
 @pytest.mark.parametrize(("api_type", "use_ads"), [("GRPC", True), ("DELTA_GRPC", True), ("GRPC", False)],
                          ids=["ads-sotw", "ads-delta", "per-type-sotw"])
-def test_envoy_acks_nacks_and_never_gets_rejected_config_again(api_type: str, use_ads: bool):
+def test_envoy_acks_nacks_and_never_gets_rejected_config_again(api_type: str, use_ads: bool, envoy):
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     try:
-        asyncio.run(asyncio.wait_for(_scenario(backend.server_address[1], api_type, use_ads), 120))
+        asyncio.run(asyncio.wait_for(_scenario(backend.server_address[1], api_type, use_ads, envoy), 120))
     finally:
         backend.shutdown()
         backend.server_close()
 
 
-async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
+async def _scenario(backend_port: int, api_type: str, use_ads: bool, start_envoy) -> None:
     src = None if use_ads else grpc_source("xds")
     res = functools.partial(resources, src=src)
     clu = functools.partial(cluster, src=src)
@@ -103,13 +100,8 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
     xds_port = await server.start()
     admin_port, listener_port = free_port(), free_port()
     v1 = cache.set_snapshot("envoy-1", res(backend_port, listener_port))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bootstrap.json")
-        with open(path, "w") as f:
-            json.dump(bootstrap(admin_port, xds_port, "envoy-1", api_type, use_ads), f)
-        envoy = EnvoyProcess(path, admin_port)
-        try:
-            await run(envoy.start)
+    try:
+        async with start_envoy(bootstrap(admin_port, xds_port, "envoy-1", api_type, use_ads), name="bootstrap") as envoy:
             status = server.status
 
             def acked(type_url: str) -> str:
@@ -184,9 +176,8 @@ async def _scenario(backend_port: int, api_type: str, use_ads: bool) -> None:
             await until_in_loop(lambda: _eq(active_backend_version(), shown(v5, types.CLUSTER, "backend")),
                         "the changed cluster to become active")
             assert await served()
-        finally:
-            await run(envoy.stop)
-            await server.stop(None)
+    finally:
+        await server.stop(None)
 
 
 async def _eq(coro, want) -> bool:
@@ -198,20 +189,20 @@ async def _true(value: bool) -> bool:
 
 
 @pytest.mark.parametrize("api_type", ["GRPC", "DELTA_GRPC"], ids=["ads-sotw", "ads-delta"])
-def test_routes_wait_for_new_clusters_to_warm(api_type: str):
+def test_routes_wait_for_new_clusters_to_warm(api_type: str, envoy):
     """Make-before-break with a real Envoy: a route to a new cluster is pushed only once the cluster
     is warm. The new cluster's endpoints are withheld at first, so the cluster stays warming; the
     route must not move (traffic keeps flowing through the old cluster) until they arrive."""
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     try:
-        asyncio.run(asyncio.wait_for(_warming_scenario(backend.server_address[1], api_type), 120))
+        asyncio.run(asyncio.wait_for(_warming_scenario(backend.server_address[1], api_type, envoy), 120))
     finally:
         backend.shutdown()
         backend.server_close()
 
 
-async def _warming_scenario(backend_port: int, api_type: str) -> None:
+async def _warming_scenario(backend_port: int, api_type: str, start_envoy) -> None:
     loop = asyncio.get_running_loop()
     run = lambda f, *a: loop.run_in_executor(None, f, *a)
     cache = SnapshotCache()
@@ -229,13 +220,8 @@ async def _warming_scenario(backend_port: int, api_type: str) -> None:
         return Snapshot.build(items)
 
     v1 = cache.set_snapshot("envoy-1", snapshot("old", {"old": True}))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bootstrap.json")
-        with open(path, "w") as f:
-            json.dump(bootstrap(admin_port, xds_port, "envoy-1", api_type), f)
-        envoy = EnvoyProcess(path, admin_port)
-        try:
-            await run(envoy.start)
+    try:
+        async with start_envoy(bootstrap(admin_port, xds_port, "envoy-1", api_type), name="bootstrap") as envoy:
 
             async def route_cluster() -> str:
                 dump = json.loads(await run(envoy.admin_get, "/config_dump?resource=dynamic_route_configs"))
@@ -269,6 +255,5 @@ async def _warming_scenario(backend_port: int, api_type: str) -> None:
             await until_in_loop(lambda: _eq(route_cluster(), "new"), "the route to the new cluster")
             await until_in_loop(lambda: _true(cds.acked_version == v3), "the final CDS without the old cluster")
             assert await status_code() == 200
-        finally:
-            await run(envoy.stop)
-            await server.stop(None)
+    finally:
+        await server.stop(None)
