@@ -14,7 +14,7 @@ import threading
 
 import grpc
 import hpack
-from test_h2_bounds_integration import goaway_code, headers_frames, read_to_eof, request_block
+from test_h2_bounds import goaway_code, headers_frames, read_to_eof, request_block
 from test_h2_connection import echo_upper, frame, grpc_message
 
 from dlb.ext_proc.health import NOT_SERVING, SERVING, decode_status

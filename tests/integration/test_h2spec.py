@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_h2_bounds_integration import Serving
+from test_h2_bounds import Serving
 
 from dlb.ext_proc.protocol import PROCESS_METHOD
 from dlb.ext_proc.transport.limits import H2Limits

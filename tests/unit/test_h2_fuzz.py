@@ -16,7 +16,7 @@ import hpack
 import hpack.exceptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_h2_bounds import request_block
+from test_h2_bounds_unit import request_block
 from test_h2_connection import METHOD, echo_upper, frame, grpc_message
 
 from dlb.ext_proc.transport.h2 import PREFACE, ConnectionTerminated, FrameType, H2Connection

@@ -1,6 +1,6 @@
 """Bounds of the root's HTTP/2 transport against hostile peers (issue 14, rows 1-3), without timing.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_h2_bounds.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_h2_bounds_unit.py``.
 
 Memory is read from the bounded structures' own sizes (the cached header blocks, counted by this test
 from what the cache holds) and event-loop work from operation counts (streams visited per frame), so

@@ -1,6 +1,6 @@
 """Mutual TLS on DLB's gRPC channels and per-node authorisation on the control plane (docs/security.md).
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_tls.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_tls_unit.py``.
 
 Certificates come from a CA the test makes (tests/tls_certs.py); a second CA stands in for an
 attacker's. Every server here is the real one on 127.0.0.1 (grpc.aio or DLB's HTTP/2 transport):
@@ -21,7 +21,7 @@ from aiohttp import ClientSession
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from test_tls import _doc, _node
+from test_tls_unit import _doc, _node
 
 from dlb.config import config_from_dict, load_config
 from dlb.config.model import TlsFiles

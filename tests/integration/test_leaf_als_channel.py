@@ -1,6 +1,6 @@
 """The access log steers a cell, so only the cell's own Envoy may feed it (issue 14 row 5).
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_leaf_als_channel.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_leaf_als_channel_unit.py``.
 
 Before: the agent served the access-log service on its probe port, which roots reach across the
 network; one unauthenticated stream of 200,000 fake starts and 2,000 fake 503s black-holed the cell
@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from envoy.service.accesslog.v3 import als_pb2_grpc
-from test_leaf_als_channel import raw_config, starts
+from test_leaf_als_channel_unit import raw_config, starts
 
 from dlb.config import config_from_dict
 from dlb.envoy.bootstrap import leaf_bootstrap

@@ -1,6 +1,6 @@
 """Each service's /metrics against the one catalogue of dlb_* families (dlb/metric_catalogue.py).
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_metric_catalogue.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_metric_catalogue_unit.py``.
 
 Every service is scraped over HTTP through the exporter it runs in production (root and leaf:
 ``serve_metrics``; control plane: ``StatusServer``; emulator: its registry's exposition), then
@@ -13,7 +13,7 @@ import asyncio
 import urllib.request
 
 import numpy as np
-from test_metric_catalogue import compare
+from test_metric_catalogue_unit import compare
 
 from dlb.config import config_from_dict
 from dlb.core.latency_model import LatencyParams

@@ -1,6 +1,6 @@
 """``free_port``: ports for configs that must name an address before the service that binds it runs.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_procutil.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_procutil_unit.py``.
 
 The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
 test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from test_procutil import _below_range
+from test_procutil_unit import _below_range
 
 from dlb import procutil
 from dlb.procutil import free_port

@@ -1,6 +1,6 @@
 """deploy/docker/Dockerfile: hadolint always; a real offline build and run when podman can run here.
 
-Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_image.py``.
+Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_image_integration.py``.
 
 The build test (marker ``container``) needs root, ``podman``, ``runc`` and ``debootstrap`` (Debian
 packages; ``.ci/run`` installs them when it runs as root with apt). Otherwise it is skipped, saying
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 from bounded_wait import until
-from test_image import DOCKERFILE, REPO, RUN
+from test_image_integration import DOCKERFILE, REPO, RUN
 
 from dlb.config.model import HostPort
 
