@@ -1,7 +1,5 @@
 """``dlb bench hostile`` at smoke size: every attack runs against live services and leaves a full record.
 
-Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/unit/test_bench_hostile_unit.py``.
-
 The targets themselves are not asserted here (the fixes for the rows land separately and the numbers
 depend on the machine); what is checked is that the harness attacks, measures, judges and cleans up:
 each record has the issue's fields, the run records its commit, and nothing it started is left running.

@@ -1,7 +1,5 @@
 """deploy/docker/Dockerfile: hadolint always; a real offline build and run when podman can run here.
 
-Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_image_integration.py``.
-
 The build test (marker ``container``) needs root, ``podman``, ``runc`` and ``debootstrap`` (Debian
 packages; ``.ci/run`` installs them when it runs as root with apt). Otherwise it is skipped, saying
 which is missing. What it does, as an operator with no registry would:

@@ -1,7 +1,5 @@
 """The control plane freezes its start-up heap, so a full garbage collection walks only what came after.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_gc_heap_unit.py``.
-
 Issue 14 row 6: after bloated ADS streams were refused, a full collection (triggered by the attack's
 allocations) walked every object the control plane built at start and blocked its event loop 38-101 ms.
 """

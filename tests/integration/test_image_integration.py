@@ -1,5 +1,7 @@
 """deploy/docker/Dockerfile: hadolint always; a real offline build and run when podman can run here.
 
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/e2e/test_image.py``.
+
 The build test (marker ``container``) needs root, ``podman``, ``runc`` and ``debootstrap`` (Debian
 packages; ``.ci/run`` installs them when it runs as root with apt). Otherwise it is skipped, saying
 which is missing. What it does, as an operator with no registry would:

@@ -1,6 +1,4 @@
 """Package-wide logging setup and the CLI registry.
-
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_log_cli_unit.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Each service's /metrics against the one catalogue of dlb_* families (dlb/metric_catalogue.py).
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_metric_catalogue_unit.py``.
-
 Every service is scraped over HTTP through the exporter it runs in production (root and leaf:
 ``serve_metrics``; control plane: ``StatusServer``; emulator: its registry's exposition), then
 parsed with prometheus_client's own parser.

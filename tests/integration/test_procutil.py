@@ -1,7 +1,5 @@
 """``free_port``: ports for configs that must name an address before the service that binds it runs.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_procutil_unit.py``.
-
 The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
 test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
 (other tests' servers, in this run and the ones beside it) draws there, as do outgoing connections'

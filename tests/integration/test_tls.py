@@ -1,7 +1,5 @@
 """Mutual TLS on DLB's gRPC channels and per-node authorisation on the control plane (docs/security.md).
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_tls_unit.py``.
-
 Certificates come from a CA the test makes (tests/tls_certs.py); a second CA stands in for an
 attacker's. Every server here is the real one on 127.0.0.1 (grpc.aio or DLB's HTTP/2 transport):
 a client without a certificate, or with one from the other CA, is refused at the handshake; a

@@ -1,7 +1,5 @@
 """``dlb bench faults``, CI-sized: two faults of the matrix under 20 req/s, through real Envoys.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_bench_faults_e2e.py``.
-
 Each assertion is a count of requests (never a time): a dead server behind Envoy's LEAST_REQUEST
 costs no request sent after it died (safe retries + outlier detection + health checks), and killing a
 leaf agent costs no request at all. ``recover_s`` only has to exist (the cell gets its traffic back

@@ -1,5 +1,7 @@
 """Bounds of the root's HTTP/2 transport against hostile peers (issue 14, rows 1-3), without timing.
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_h2_bounds.py``.
+
 Memory is read from the bounded structures' own sizes (the cached header blocks, counted by this test
 from what the cache holds) and event-loop work from operation counts (streams visited per frame), so
 the tests say the same on a loaded box. Row 3 (connection cap, handshake and idle timeouts) needs

@@ -1,4 +1,7 @@
-"""Package-wide logging setup and the CLI registry."""
+"""Package-wide logging setup and the CLI registry.
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_log_cli.py``.
+"""
 
 from __future__ import annotations
 

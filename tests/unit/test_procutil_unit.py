@@ -1,5 +1,7 @@
 """``free_port``: ports for configs that must name an address before the service that binds it runs.
 
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_procutil.py``.
+
 The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
 test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
 (other tests' servers, in this run and the ones beside it) draws there, as do outgoing connections'
