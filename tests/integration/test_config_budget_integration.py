@@ -1,0 +1,82 @@
+"""Hostile and broken config files (issue 14 rows 7-8): a problem report naming file and line, never a
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_config_budget.py``.
+traceback, a hang or gigabytes; a control plane whose SIGHUP reload fails keeps serving the old config."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from bounded_wait import until
+from test_config_budget import alias_bomb
+
+from dlb.procutil import free_port
+
+GOOD = """\
+version: 1
+cells:
+  - name: a
+    leaf: {address: 127.0.0.1:10010, probe: 127.0.0.1:9010}
+    servers: [127.0.0.1:8010]
+endpoints:
+  - name: m
+    match: {prefix: /v1/}
+"""
+
+
+def _status(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/fleet", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen, count: int = 1) -> str:
+    """Wait (bounded) until ``text`` appears ``count`` times in the log; fail at once if the process exited."""
+
+    def seen() -> str | None:
+        body = log.read_text()
+        if body.count(text) >= count:
+            return body
+        assert proc.poll() is None, body[-3000:]
+        return None
+
+    return str(until(seen, f"{text!r} {count} time(s) in {log.name}", timeout=100))
+
+
+@pytest.mark.timeout(120)
+def test_failed_sighup_reload_is_refused_and_the_old_config_keeps_serving(tmp_path: Path) -> None:
+    cfg = tmp_path / "dlb.yaml"
+    cfg.write_text(GOOD)
+    log = tmp_path / "cp.log"
+    xds, status = free_port(), free_port()
+    env = {**os.environ, "DLB_LOG_FORMAT": "json"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cfg), "--no-probe",
+                                 "--xds", f"127.0.0.1:{xds}", "--status", f"127.0.0.1:{status}"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_for(log, "control_plane_started", proc)
+        assert list(_status(status)["cells"]) == ["a"]
+        bad = [alias_bomb(9), "x: " + "[" * 5000 + "]" * 5000, GOOD + "probe: {<<: [1, 2]}\n"]
+        for n, text in enumerate(bad, start=1):
+            cfg.write_text(text)
+            proc.send_signal(signal.SIGHUP)
+            body = _wait_for(log, "reload refused: ", proc, count=n)
+            assert list(_status(status)["cells"]) == ["a"], "the old config must keep serving"
+        assert "Traceback" not in body and str(cfg) in body
+        cfg.write_text(yaml.safe_dump({**yaml.safe_load(GOOD), "cells": [
+            {"name": n, "leaf": {"address": f"127.0.0.1:1{i}010", "probe": f"127.0.0.1:9{i}10"}, "servers": [f"127.0.0.1:8{i}10"]}
+            for i, n in enumerate(["a", "b"])], "network": {"default_one_way_ms": 5}}))
+        proc.send_signal(signal.SIGHUP)
+        _wait_for(log, "config_reloaded", proc)
+        assert list(_status(status)["cells"]) == ["a", "b"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

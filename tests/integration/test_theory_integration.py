@@ -1,0 +1,101 @@
+"""The fluid-model check: equilibrium solvers against brute force, and the routers against the solvers.
+
+Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_theory.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from test_theory import small_networks
+
+from dlb import cli
+from dlb.theory import equilibria as eq
+from dlb.theory import fluid as th
+from dlb.theory import parallel
+
+
+def test_optimum_is_no_worse_than_other_equilibria() -> None:
+    for net in th.networks(3, 5):
+        opt = eq.solve(eq.Objective.OPTIMUM, net)
+        for other in (eq.Objective.WARDROP, eq.Objective.RIF):
+            assert opt.total_latency <= eq.solve(other, net).total_latency * (1 + 1e-7)
+
+
+def test_cli_writes_json_records(tmp_path, capsys) -> None:
+    out = tmp_path / "theory.json"
+    rc = cli.main(["theory", "--set", "paper", "--topologies", "1", "--seed", "3", "--horizon", "40",
+                   "--policies", "Flow-RIF,Disc-RIF", "--replicas", "1,2", "--noise", "0", "--jobs", "1", "--json", str(out)])
+    recs = json.loads(out.read_text())
+    assert [(r["policy"], r["replicas"]) for r in recs] == [("Flow-RIF", 1), ("Disc-RIF", 1), ("Flow-RIF", 2), ("Disc-RIF", 2)]
+    for r in recs:
+        assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude", "commit"} <= set(r)
+        assert isinstance(r["latency_gap"], float) and isinstance(r["workload_gap"], float)
+    text = capsys.readouterr().out
+    assert "Flow-RIF" in text and "identical for every R" in text
+    assert rc == (0 if "FAIL" not in text else 1)
+
+
+def test_cli_rejects_unknown_policy(capsys) -> None:
+    assert cli.main(["theory", "--policies", "Flow-Foo"]) == 1
+    assert "--policies: unknown policy ['Flow-Foo']" in capsys.readouterr().err
+
+
+def test_parallel_jobs_per_policy_keep_the_serial_order_and_records() -> None:
+    """Jobs run one policy each, dearest first, in worker processes; the records come back in
+    (topology, R, ε, policy) order and equal the serial run's, and each job's records are handed on as
+    it finishes (the CLI streams them to disk)."""
+    nets = small_networks()[:2]
+    cfg = th.SimConfig(horizon_s=2.0)
+    pols = ["Flow-Grad", "Disc-RIF"]
+    streamed: list[th.Record] = []
+    par = parallel.run_parallel(nets, cfg, parallel.Sweep(pols, 1.0, (1, 2)), 2, on_records=streamed.extend)
+    ser = parallel.run_parallel(nets, cfg, parallel.Sweep(pols, 1.0, (1, 2)), 1)
+    assert par == ser
+    assert [(r.topology, r.replicas, r.policy) for r in par] == [
+        (n.name, R, p) for n in nets for R in (1, 2) for p in pols]  # fmt: skip
+    assert sorted(streamed, key=repr) == sorted(par, key=repr)
+
+
+def test_cli_resumes_an_interrupted_run_and_refuses_bad_settings(tmp_path, monkeypatch, capsys) -> None:
+    """`dlb theory --json F --resume` keeps the records an interrupted run of the same code and settings
+    left in F.partial.jsonl (a line cut by the interruption is skipped) and runs only the rest; without
+    --resume an existing partial file is not overwritten; settings that would average the start of a
+    run (window ≥ horizon), a --json path that cannot be written and --jobs 0 are refused before any
+    work; Ctrl-C says where the records are."""
+    import json
+
+    import dlb.provenance
+
+    monkeypatch.setattr(dlb.provenance, "code_tree", lambda: "tree-a")
+    f = tmp_path / "t.json"
+    base = ["theory", "--sizes", "2", "--horizon", "20", "--replicas", "1", "--noise", "0",
+            "--policies", "Flow-Grad,Disc-RIF", "--jobs", "1", "--json", str(f)]  # fmt: skip
+    cli.main(base)
+    full = json.loads(f.read_text())
+    assert len(full) == 4 and {r["code"] for r in full} == {"tree-a"}
+    assert not (tmp_path / "t.json.partial.jsonl").exists()
+    settings = {"code": "tree-a", "set": "scale", "sizes": "2", "topologies": 12, "seed": 0, "horizon": 20.0,
+                "window": 10.0, "kappa": 1.0}
+    partial = tmp_path / "t.json.partial.jsonl"
+    partial.write_text("".join(json.dumps({**r, "settings": settings}) + "\n" for r in full[:2]) + '{"topol')
+    f.unlink()
+    assert cli.main(base) == 1
+    assert "continue it with --resume" in capsys.readouterr().err
+    cli.main([*base, "--resume"])
+    assert "2 record(s) kept" in capsys.readouterr().err
+    strip = ("commit",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in json.loads(f.read_text())] == [
+        {k: v for k, v in r.items() if k not in strip} for r in full]
+    for bad, msg in ((["--horizon", "5"], "must be shorter than --horizon"), (["--window", "0"], "--window must be > 0"),
+                     (["--jobs", "0"], "--jobs must be >= 1"), (["--json", str(tmp_path / "no" / "x.json")], "does not exist"),
+                     (["--json", str(tmp_path)], "is a directory")):  # fmt: skip
+        assert cli.main(["theory", "--sizes", "2", "--horizon", "20", *bad]) == 1
+        assert msg in capsys.readouterr().err
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parallel, "run_parallel", interrupted)
+    assert cli.main(base) == 130
+    assert "continue with --resume" in capsys.readouterr().err

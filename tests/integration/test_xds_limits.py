@@ -1,0 +1,219 @@
+"""What one xDS client can make the control plane keep, log or show is bounded (issue 14 row 6).
+
+Measured before: 50 ADS streams with 1 MB node ids and one stream subscribing 5,000 bogus type URLs x
+100 names kept +188 MB and +107 MB after disconnect, wrote 100 MB of logs, and made ``/metrics`` 201 MB
+and ``/status`` 86 MB. Each test drives the real gRPC server with the plain xds-protos stubs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from dlb.xds import Snapshot, SnapshotCache, StatusServer, XdsServer, types
+from dlb.xds.status import SHOWN_NAMES, StatusRegistry
+from dlb.xds.stream import StreamLimits
+from dlb.xds.testing import RawStream, ack, eds_cluster, nack, node, sotw_request
+
+CDS = types.CLUSTER
+BOGUS = "type.googleapis.com/bogus.T"
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def server(status: StatusRegistry | None = None) -> AsyncIterator[tuple[XdsServer, grpc.aio.Channel, StatusServer]]:
+    cache = SnapshotCache()
+    cache.set_snapshot("n1", Snapshot.build([eds_cluster("c1")], extra_types=[CDS]))
+    xds = XdsServer(cache, status=status)
+    port = await xds.start()
+    http = StatusServer(xds.status)
+    await http.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
+    try:
+        yield xds, channel, http
+    finally:
+        await channel.close()
+        await http.stop()
+        await xds.stop(None)
+
+
+async def closed_with(s: RawStream) -> grpc.StatusCode:
+    """Read until the server ends the stream; the status it ended it with."""
+    with contextlib.suppress(grpc.aio.AioRpcError, EOFError):
+        while True:
+            await s.recv()
+    return await s.call.code()
+
+
+async def get(port: int, path: str) -> bytes:
+    def fetch() -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.read()
+
+    return await asyncio.to_thread(fetch)  # the server runs on this loop
+
+
+def test_huge_node_ids_are_refused_and_leave_nothing_behind() -> None:
+    async def go() -> tuple[list[grpc.StatusCode], dict, bytes]:
+        async with server() as (_, channel, http):
+            codes = []
+            for i in range(6):  # 100 KB ids pass gRPC's message limit and meet ours; a 1 MB request meets gRPC's
+                s = RawStream(channel)
+                await s.send(sotw_request(CDS, node=node(f"{i}" + "x" * (100_000 if i < 5 else 1 << 20))))
+                codes.append(await closed_with(s))
+                await s.close()
+            return codes, json.loads(await get(http.port, "/status")), await get(http.port, "/metrics")
+
+    codes, status, metrics = run(go())
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 5 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert status["nodes"] == {} and status["limit_hits"] == {"node_id_bytes": 5}
+    assert b'dlb_xds_limit_hits_total{limit="node_id_bytes"} 5.0' in metrics and len(metrics) < 10_000
+
+
+def test_a_stream_subscribing_many_bogus_types_is_closed_at_the_type_limit() -> None:
+    limit = StreamLimits().types
+
+    async def go() -> tuple[grpc.StatusCode, dict, int]:
+        async with server() as (_, channel, http):
+            s = RawStream(channel)
+            await s.send(sotw_request(CDS, node=node("n1")))
+            await s.send(ack(await s.recv()))
+            for t in range(5000):
+                await s.send(sotw_request(f"{BOGUS}{t}", [f"name-{k}" for k in range(100)]))
+            code = await closed_with(s)
+            await s.close()
+            return code, json.loads(await get(http.port, "/status")), len(await get(http.port, "/metrics"))
+
+    code, status, metrics_len = run(go())
+    # The server ends it RESOURCE_EXHAUSTED; a client still writing thousands of requests may see its own INTERNAL.
+    assert code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL)
+    assert len(status["nodes"]["n1"]["types"]) <= limit and status["limit_hits"] == {"types": 1}
+    assert metrics_len < 50_000
+
+
+def test_names_are_bounded_in_count_and_length() -> None:
+    lim = StreamLimits()
+
+    async def go() -> list[grpc.StatusCode]:
+        out = []
+        async with server() as (_, channel, _http):
+            for names in ([f"n{k}" for k in range(lim.names + 1)], ["x" * (lim.name_bytes + 1)]):
+                s = RawStream(channel)
+                await s.send(sotw_request(CDS, node=node("n1")))
+                await s.send(sotw_request(types.ENDPOINT, names))
+                out.append(await closed_with(s))
+                await s.close()
+            # the same, spread over requests of one stream (each under the per-request count)
+            s = RawStream(channel, delta=True)
+            from envoy.service.discovery.v3 import discovery_pb2
+
+            await s.send(discovery_pb2.DeltaDiscoveryRequest(type_url=CDS, node=node("n1")))
+            for part in range(3):
+                await s.send(discovery_pb2.DeltaDiscoveryRequest(
+                    type_url=types.ENDPOINT, resource_names_subscribe=[f"p{part}-{k}" for k in range(lim.names // 2)]))
+            out.append(await closed_with(s))
+            await s.close()
+        return out
+
+    assert run(go()) == [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT,
+                         grpc.StatusCode.RESOURCE_EXHAUSTED]
+
+
+def test_status_shows_a_bounded_list_of_names_and_clips_client_text() -> None:
+    async def go() -> dict:
+        async with server() as (_, channel, http):
+            s = RawStream(channel)
+            await s.send(sotw_request(CDS, node=node("n1")))
+            resp = await s.recv()
+            await s.send(nack(resp, "v" * 100_000, "r" * 300_000))
+            await s.send(sotw_request(types.ENDPOINT, [f"name-{k}" for k in range(5000)]))
+            await s.send(sotw_request(CDS, [], version="v" * 100_000, nonce=resp.nonce))  # an ACK with a huge version
+            await s.barrier()
+            return json.loads(await get(http.port, "/status"))
+
+    st = run(go())["nodes"]["n1"]["types"]
+    eds = st[types.short(types.ENDPOINT)]
+    assert len(eds["subscribed"]) == SHOWN_NAMES and eds["subscribed_count"] == 5000
+    cds = st[types.short(CDS)]
+    assert len(cds["last_nack_reason"]) < 2000
+    assert len(json.dumps(st)) < 50_000
+
+
+def test_a_disconnected_node_is_forgotten_after_the_grace_period() -> None:
+    clock = Clock()
+    status = StatusRegistry(grace_s=60.0, clock=clock)
+
+    async def go() -> tuple[list[str], list[str], list[str]]:
+        async with server(status) as (_, channel, http):
+            s = RawStream(channel)
+            await s.send(sotw_request(CDS, node=node("n1")))
+            await s.recv()
+            await s.close()
+            while status.nodes["n1"].streams > 0:  # bounded by the test timeout
+                await asyncio.sleep(0.01)
+            before = list(json.loads(await get(http.port, "/status"))["nodes"])
+            clock.now += 59
+            within = list(json.loads(await get(http.port, "/status"))["nodes"])
+            clock.now += 2
+            return before, within, list(json.loads(await get(http.port, "/status"))["nodes"])
+
+    assert run(go()) == (["n1"], ["n1"], [])
+
+
+def test_many_stream_limits_of_the_server() -> None:
+    async def go() -> list[grpc.StatusCode | None]:
+        cache = SnapshotCache()
+        cache.set_snapshot("n1", Snapshot.build([eds_cluster("c1")], extra_types=[CDS]))
+        xds = XdsServer(cache, limits=StreamLimits(streams=2))
+        port = await xds.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            streams = []
+            for _ in range(2):
+                streams.append(s := RawStream(channel))
+                await s.send(sotw_request(CDS, node=node("n1")))
+                await s.recv()
+            streams.append(RawStream(channel))  # opened only once the first two are counted
+            await streams[2].send(sotw_request(CDS, node=node("n1")))
+            third = await closed_with(streams[2])
+            for s in streams:
+                await s.close()
+        await xds.stop(None)
+        return [third, xds.status.limit_hits.get("streams")]  # type: ignore[list-item]
+
+    assert run(go()) == [grpc.StatusCode.RESOURCE_EXHAUSTED, 1]
+
+
+@pytest.mark.parametrize("field_name", ["id", "cluster"])
+def test_node_fields_over_the_limit_name_the_field_not_the_value(field_name: str) -> None:
+    async def go() -> str:
+        async with server() as (_, channel, _http):
+            s = RawStream(channel)
+            n = node("n1")
+            setattr(n, field_name, "y" * 10_000)
+            await s.send(sotw_request(CDS, node=n))
+            with contextlib.suppress(grpc.aio.AioRpcError, EOFError):
+                while True:
+                    await s.recv()
+            details = await s.call.details()
+            await s.close()
+            return details or ""
+
+    details = run(go())
+    assert f"node.{field_name}" in details and "yyyy" not in details

@@ -1,0 +1,66 @@
+"""``dlb bench faults``, CI-sized: two faults of the matrix under 20 req/s, through real Envoys.
+
+Each assertion is a count of requests (never a time): a dead server behind Envoy's LEAST_REQUEST
+costs no request sent after it died (safe retries + outlier detection + health checks), and killing a
+leaf agent costs no request at all. ``recover_s`` only has to exist (the cell gets its traffic back
+within the run); the speed targets live in the benchmark's verdicts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dlb.bench.faults import Sample, _TraceConn, summarise, verdict
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_summary_counts_and_verdict_rules() -> None:
+    s = [Sample(0.5, 0.6, 200, "a-0"), Sample(2.0, 2.1, 200, "a-0"), Sample(2.5, 2.7, 200, "b-0"),
+         Sample(2.9, 3.5, 0, ""),  # in flight at the fault (t = 3), cut
+         Sample(3.2, 3.3, 503, ""), Sample(3.6, 3.7, 200, "b-1"),  # one new failure 0.2 s after the fault
+         Sample(6.1, 6.2, 200, "a-1"), Sample(6.6, 6.7, 200, "a-0"), Sample(7.2, 7.3, 200, "a-0")]
+    row = summarise(s, "server", "least_request", 1.0, fault_at=3.0, restore_at=6.0)
+    assert (row["sent"], row["ok"], row["failed"], row["inflight_at_fault"], row["cut_streams"]) == (9, 7, 2, 1, 1)
+    assert row["failed_new"] == 1 and row["new_fail_window_s"] == pytest.approx(0.2) and row["detect_s"] == pytest.approx(0.2)
+    assert row["pre_share"] == pytest.approx(0.5) and row["recover_s"] == 0.0 and row["verdict"] == "pass"
+    assert verdict(dict(row, fault="root_service")).startswith("fail: 2 failed")
+    assert "recover_s None" in verdict(dict(row, recover_s=None))
+
+
+class _Transport:
+    def write(self, data: bytes) -> None:
+        pass
+
+
+def _answers(chunks: list[bytes], lose: bool = False) -> list[tuple[int, str]]:
+    """Feed raw response bytes to a trace connection with two requests pending; what each got."""
+    import asyncio
+
+    async def go() -> list[tuple[int, str]]:
+        c = _TraceConn()
+        c.connection_made(_Transport())  # type: ignore[arg-type]
+        futs = [c.send(b"r1"), c.send(b"r2")]
+        for chunk in chunks:
+            c.data_received(chunk)
+        if lose:
+            c.connection_lost(None)
+        return [f.result() if f.done() else (-2, "pending") for f in futs]
+
+    return asyncio.run(go())
+
+
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-dlb-server: a-1\r\n\r\n"
+
+
+def test_trace_client_tells_a_whole_stream_from_a_cut_one() -> None:
+    """A stream is complete only with its terminal chunk and ``data: [DONE]``; split anywhere, it parses."""
+    whole = STREAM_HEAD + b"c\r\ndata: {\"x\"}\n\r\n" + b"d\r\ndata: [DONE]\n\r\n" + b"0\r\n\r\n"
+    after = b"HTTP/1.1 503 x\r\ncontent-length: 21\r\n\r\n{\"error\":{\"code\":\"z\"}}"
+    raw = whole + after
+    assert _answers([raw]) == [(200, "a-1"), (503, "z")]
+    assert _answers([raw[k:k + 7] for k in range(0, len(raw), 7)]) == [(200, "a-1"), (503, "z")]
+    early = STREAM_HEAD + b"c\r\ndata: {\"x\"}\n\r\n" + b"0\r\n\r\n"  # ended without [DONE]: an emulator stopping
+    assert _answers([early])[0] == (0, "no [DONE]")
+    cut = STREAM_HEAD + b"c\r\ndata: {\"x\"}\n\r\n"  # Envoy resets the client mid-body: a server died
+    assert _answers([cut], lose=True) == [(0, "cut after 200"), (0, "")]

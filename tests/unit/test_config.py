@@ -1,0 +1,403 @@
+"""DLB config: the example loads, defaults apply, every problem is reported with file, line and path."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlb.cli import main
+from dlb.config import ConfigError, Cost, HostPort, Mechanism, config_from_dict, load_config, parse_config, parse_hostport
+from dlb.core.router import PolicyConfig
+from dlb.core.topology import Topology
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "envoy_configs" / "dlb.example.yaml"
+
+
+def minimal(**extra: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "version": 1,
+        "cells": [
+            {"name": "a", "leaf": {"address": "127.0.0.1:10010", "probe": "127.0.0.1:9010"}, "servers": ["127.0.0.1:8010"]},
+            {"name": "b", "leaf": {"address": "127.0.0.1:10020", "probe": "127.0.0.1:9020"}, "servers": ["127.0.0.1:8020", "127.0.0.1:8021"]},
+        ],
+        "network": {"one_way_ms": {"a": {"b": 10}}},
+        "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
+    }
+    data.update(extra)
+    return data
+
+
+def problems_of(text: str) -> list[tuple[str, str, int | None]]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "t.yaml")
+    assert all(p.file == "t.yaml" for p in info.value.problems)
+    return [(p.path, p.reason, p.line) for p in info.value.problems]
+
+
+# --------------------------------------------------------------------------------------------
+# valid configs
+# --------------------------------------------------------------------------------------------
+
+
+def test_example_loads_and_gives_topology() -> None:
+    cfg = load_config(EXAMPLE)
+    assert cfg.cell_names == ("us-east1", "us-west1", "eu-west1")
+    assert [c.index for c in cfg.cells] == [0, 1, 2]
+    assert cfg.cells[0].replicas == 3 and cfg.cells[1].replicas == 2  # default = #servers; explicit
+    assert cfg.cells[0].cluster_name == "cell-us-east1"
+    topo = cfg.topology()
+    assert isinstance(topo, Topology)
+    assert topo.names == cfg.cell_names
+    np.testing.assert_allclose(topo.replicas, [3, 2, 2])
+    np.testing.assert_allclose(topo.tau, [[0, 0.031, 0.038], [0.031, 0, 0.066], [0.038, 0.066, 0]])
+    assert topo.allowed.tolist() == [[True, True, True], [True, True, True], [False, False, True]]
+    assert cfg.rtt_ms("us-west1", "eu-west1") == 132
+    assert cfg.endpoint_for_path("/v1/chat/completions").name == "llama-8b"
+    assert cfg.endpoint_for_path("/v1/embeddings").name == "embed"
+    assert cfg.endpoint_for_path("/healthz") is None
+
+
+def test_defaults() -> None:
+    cfg = config_from_dict(minimal())
+    e = cfg.endpoints[0]
+    assert e.policy.mechanism is Mechanism.DISCRETE and e.policy.cost is Cost.LATENCY
+    assert e.policy.aversion.enabled and not e.policy.affinity.enabled
+    assert (e.timeout_s, e.idle_timeout_s) == (600.0, 300.0)
+    assert cfg.cells[1].replicas == 2 and cfg.cells[1].servers[0].weight == 1
+    assert cfg.network.one_way_ms == ((0.0, 10.0), (10.0, 0.0))  # symmetric fill, zero diagonal
+    assert cfg.services.root.ext_proc == HostPort("127.0.0.1", 18080)
+    assert cfg.probe.period_ms == 20.0
+
+
+def test_config_is_frozen() -> None:
+    cfg = config_from_dict(minimal())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.cells[0].replicas = 5  # type: ignore[misc]
+
+
+def test_policy_converts_to_routing_core_objects() -> None:
+    cfg = load_config(EXAMPLE)
+    chat, embed = cfg.endpoints
+    pc = chat.policy.to_core(cfg.probe)
+    assert isinstance(pc, PolicyConfig) and pc.name == "Disc-Lat"
+    assert pc.affinity.enabled and math.isclose(pc.affinity.prefix_savings, 0.05)
+    assert math.isclose(pc.stale_after_s, 1.0)
+    pe = embed.policy.to_core(cfg.probe)
+    assert pe.name == "Flow-Grad" and math.isclose(pe.flow.period_s, 0.2)
+    prior = chat.latency_prior.to_core()
+    assert prior.is_stable_shape() and prior.a == 0.8
+
+
+def test_asymmetric_and_default_latency() -> None:
+    data = minimal(network={"symmetric": False, "default_one_way_ms": 50, "one_way_ms": {"a": {"b": 10}}})
+    assert config_from_dict(data).network.one_way_ms == ((0.0, 10.0), (50.0, 0.0))
+
+
+def test_allowed_restricts_arcs() -> None:
+    data = minimal()
+    data["network"]["allowed"] = {"b": ["b"]}
+    cfg = config_from_dict(data)
+    assert cfg.network.allowed == ((True, True), (False, True))
+    assert [c.name for c in cfg.allowed_destinations("b")] == ["b"]
+
+
+# --------------------------------------------------------------------------------------------
+# problems: all of them, with paths and lines
+# --------------------------------------------------------------------------------------------
+
+BAD = """\
+version: 2
+cells:
+  - name: us-east1
+    leaf: {address: 127.0.0.1:10010, probe: localhost}
+    servers: [127.0.0.1:8010]
+  - name: Bad_Name
+    replicas: 0
+    leaf: {address: 127.0.0.1:10010, prob: 127.0.0.1:9}
+    servers: []
+network:
+  one_way_ms:
+    us-east1: {nowhere: 3}
+endpoints:
+  - name: a
+    match: {prefix: /v1/}
+    policy: {mechanism: flows, flow: {kappa: 2}, aversion: {max: 1}}
+    latency_prior: {a_s: 1, b_s: 0.5, c: 8}
+  - name: a
+    match: {prefix: /v1/chat}
+    timeout_s: -1
+probe: {period_ms: 20, stale_after_ms: 10}
+services: {root: {ext_proc: ":80"}}
+extra: 1
+"""
+
+
+def test_every_problem_is_reported_with_path_and_line() -> None:
+    found = problems_of(BAD)
+    expected = [
+        ("version", "unsupported version 2", 1),
+        ("cells[0].leaf.probe", "'localhost' is not host:port", 4),
+        ("cells[1].name", "'Bad_Name' is not a cell name", 6),
+        ("cells[1].replicas", "must be >= 1, got 0", 7),
+        ("cells[1].leaf.prob", "unknown key (did you mean 'probe'?)", 8),
+        ("cells[1].leaf.probe", "required", 8),
+        ("cells[1].leaf.address", "also used by cells[0].leaf.address", 8),
+        ("cells[1].servers", "must not be empty", 9),
+        ("network.one_way_ms.us-east1.nowhere", "not a cell", 12),
+        ("endpoints[0].policy.mechanism", "'flows' is not one of: discrete, flow", 16),
+        ("endpoints[0].policy.flow.kappa", "must be < 1.5708", 16),
+        ("endpoints[0].policy.aversion.max", "must be < 1", 16),
+        ("endpoints[0].latency_prior.c", "must be below a_s/b_s=2", 17),
+        ("endpoints[1].name", "duplicate endpoint name 'a'", 18),
+        ("endpoints[1].match.prefix", "never matches", 19),
+        ("endpoints[1].timeout_s", "must be >= 0, got -1", 20),
+        ("probe.stale_after_ms", "must exceed probe.period_ms", 21),
+        ("services.root.ext_proc", "':80' is not host:port", 22),
+        ("extra", "unknown key", 23),
+    ]
+    for path, reason, line in expected:
+        assert any(p == path and reason in r and ln == line for p, r, ln in found), (path, reason, line, found)
+    assert len(found) == len(expected), found
+    assert [ln for _, _, ln in found] == sorted(ln for _, _, ln in found)  # reported in file order
+
+
+def test_error_message_format() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(BAD, "dlb.yaml")
+    text = str(info.value)
+    assert text.startswith("19 problems in config:")
+    assert "dlb.yaml:4: cells[0].leaf.probe: 'localhost' is not host:port" in text
+
+
+def test_missing_pairs_named_once_when_symmetric() -> None:
+    data = minimal(network={})
+    data["cells"].append({"name": "c", "leaf": {"address": "127.0.0.1:10030", "probe": "127.0.0.1:9030"}, "servers": ["127.0.0.1:8030"]})
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "x.yaml")
+    (p,) = info.value.problems
+    assert p.path == "network.one_way_ms" and "a <-> b, a <-> c, b <-> c" in p.reason and "default_one_way_ms" in p.reason
+
+
+def test_symmetric_conflict() -> None:
+    data = minimal(network={"one_way_ms": {"a": {"b": 10}, "b": {"a": 12}}})
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert [p.path for p in info.value.problems] == ["network.one_way_ms.a.b"]
+    assert "differs from network.one_way_ms.b.a = 12" in info.value.problems[0].reason
+
+
+def test_latency_unit_slip_is_caught() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(minimal(network={"one_way_ms": {"a": {"b": 3_600_000}}}))
+    assert [str(p) for p in info.value.problems] == ["<dict>: network.one_way_ms.a.b: must be <= 60000, got 3600000"]
+
+
+def test_null_latency_is_an_error_not_zero() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(minimal(network={"one_way_ms": {"a": {"b": None}}}))
+    assert [p.path for p in info.value.problems] == ["network.one_way_ms.a.b"]
+
+
+def test_allowed_errors() -> None:
+    data = minimal()
+    data["network"]["allowed"] = {"a": ["a", "a", "zz"], "b": [], "q": ["a"]}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    got = {(p.path, p.reason.split(" (")[0]) for p in info.value.problems}
+    assert ("network.allowed.a[1]", "'a' listed twice") in got
+    assert ("network.allowed.a[2]", "'zz' is not a cell") in got
+    assert ("network.allowed.b", "must not be empty") in got
+    assert any(path == "network.allowed.q" for path, _ in got)
+
+
+def test_yaml_syntax_error_has_line() -> None:
+    (found,) = problems_of("version: 1\ncells: [\n  {name: a\n")
+    assert found[0] == "" and "not valid YAML" in found[1] and found[2] is not None
+
+
+def test_duplicate_yaml_key() -> None:
+    text = yaml.safe_dump(minimal(), sort_keys=False) + "version: 1\n"
+    found = problems_of(text)
+    assert [(p, "duplicate key" in r) for p, r, _ in found] == [("version", True)]
+
+
+_ALIASED = """version: 1
+cells:
+  - name: a
+    leaf: &leaf {address: 127.0.0.1:10010, probe: 127.0.0.1:9010}
+    servers: [127.0.0.1:8010]
+  - name: b
+    leaf: *leaf
+    servers: [127.0.0.1:8020]
+network: {default_one_way_ms: 10}
+endpoints:
+  - {name: x, match: {prefix: /v1/}, policy: &pol {mechanism: discrete}}
+"""
+
+
+def test_a_problem_inside_an_alias_is_reported_where_the_alias_is_used() -> None:
+    """``*leaf`` in cells[1] clashes with cells[0]: the problem is on cells[1]'s line (7), not the anchor's (4),
+    which is cells[0]'s and sent the reader to the one cell that is fine; also through a merge key."""
+    found = problems_of(_ALIASED)
+    assert ("cells[1].leaf.address", 7) in [(p, line) for p, _, line in found], found
+    merged = problems_of(_ALIASED.replace("leaf: *leaf", "leaf: {<<: *leaf, adress: 127.0.0.1:10020}"))
+    assert ("cells[1].leaf.probe", 7) in [(p, line) for p, _, line in merged], merged
+    assert ("cells[1].leaf.adress", 7) in [(p, line) for p, _, line in merged], merged
+    typo = problems_of(_ALIASED.replace("policy: &pol {mechanism: discrete}}", "policy: &pol {mechanism: discrete}}\n"
+                                        "  - {name: y, match: {prefix: /v2/}, policy: {<<: *pol, cots: rif}}"))
+    assert ("endpoints[1].policy.cots", 12) in [(p, line) for p, _, line in typo], typo
+
+
+def test_empty_and_non_mapping_documents() -> None:
+    assert "empty file" in problems_of("")[0][1]
+    assert "must be a mapping" in problems_of("- 1\n- 2\n")[0][1]
+
+
+def test_rif_with_prefix_savings_is_a_time() -> None:
+    """Affinity compares expected latencies whatever the routing cost, so savings apply with rif too."""
+    data = minimal()
+    data["endpoints"][0]["policy"] = {"cost": "rif", "affinity": {"enabled": True, "prefix_savings_ms": 5}}
+    cfg = config_from_dict(data)
+    assert math.isclose(cfg.endpoints[0].policy.to_core(cfg.probe).affinity.prefix_savings, 0.005)
+
+
+def test_internal_affinity_header_rejected() -> None:
+    data = minimal()
+    data["endpoints"][0]["policy"] = {"affinity": {"header": "x-dlb-cell"}}
+    with pytest.raises(ConfigError, match="internal"):
+        config_from_dict(data)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.yaml")
+    assert info.value.problems[0].file.endswith("nope.yaml") and "cannot read" in info.value.problems[0].reason
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("127.0.0.1:80", HostPort("127.0.0.1", 80)),
+        ("[::1]:8080", HostPort("::1", 8080)),
+        ("leaf-1.example.com:10000", HostPort("leaf-1.example.com", 10000)),
+        ("localhost", None),
+        (":80", None),
+        ("127.0.0.1:0", None),
+        ("127.0.0.1:70000", None),
+        ("::1:80", None),
+        ("[leaf]:80", None),
+        ("bad_host:80", None),
+        ("999.1.1.1:80", None),
+        ("10.0.0:80", None),
+        (8080, None),
+    ],
+)
+def test_parse_hostport(text: Any, expected: HostPort | None) -> None:
+    assert parse_hostport(text) == expected
+
+
+def test_hostport_str_round_trips() -> None:
+    for s in ("127.0.0.1:80", "[::1]:8080", "leaf.example:1"):
+        assert str(parse_hostport(s)) == s
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------
+
+
+def test_cli_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "validate", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "valid (version 1): 3 cells, 7/9 arcs allowed, 2 endpoints" in out
+    assert "cell eu-west1: 2 servers, replicas 2" in out and "may send to eu-west1" in out
+
+
+def test_cli_validate_reports_all_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD)
+    assert main(["config", "validate", str(bad), str(EXAMPLE), "-q"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 20 and lines[-1] == f"{bad}: invalid: 19 problems"
+    assert f"{bad}:8: cells[1].leaf.prob: unknown key (did you mean 'probe'?)" in lines
+    assert captured.out == ""  # the valid file is quiet under -q
+
+
+# --------------------------------------------------------------------------------------------
+# robustness: whatever the input, only ConfigError comes out
+# --------------------------------------------------------------------------------------------
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=True, allow_infinity=True),
+                     st.text(max_size=12), st.sampled_from(["127.0.0.1:1", "a", "flow", "/v1/", "us-east1"]))
+_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.text(max_size=8), inner, max_size=3)), max_leaves=8)
+
+
+def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_mutated_configs_never_crash(data: st.DataObject) -> None:
+    base = yaml.safe_load(EXAMPLE.read_text())
+    doc = copy.deepcopy(base)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(_paths(doc)[1:]))
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = data.draw(_values)
+    try:
+        cfg = config_from_dict(doc, "fuzz")
+    except ConfigError as exc:
+        assert exc.problems and all(p.reason for p in exc.problems)
+    else:
+        cfg.topology()  # a config that passes is one the routing core accepts
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("abc:-[]{}!&*|>'\"#%@`,?\n \t0123456789./")), max_size=80))
+def test_arbitrary_text_only_raises_config_error(text: str) -> None:
+    try:
+        parse_config(text, "fuzz.yaml")
+    except ConfigError as exc:
+        assert exc.problems and all(p.file == "fuzz.yaml" for p in exc.problems)
+
+
+def test_yaml_tags_are_not_constructed() -> None:
+    found = problems_of("version: !!python/object:os.system 1\ncells: []\nendpoints: []\n")
+    assert any(p == "version" and "bad value" in r for p, r, _ in found), found
+
+
+def test_json_written_config_with_exponent_floats_loads_as_numbers() -> None:
+    """The testbeds write configs with json.dumps (JSON is YAML), which spells 0.00004 as '4e-05'; PyYAML
+    (YAML 1.1) reads that as a string, so `latency_prior.b_s` was refused as "must be a number". A plain
+    scalar of that shape is a number; a quoted one stays a string."""
+    import json
+
+    data = minimal()
+    data["endpoints"][0]["latency_prior"] = {"a_s": 0.5, "b_s": 0.00004, "c": 8}
+    text = json.dumps(data)
+    assert "4e-05" in text
+    cfg = parse_config(text, "t.json")
+    assert cfg.endpoints[0].latency_prior.b_s == pytest.approx(4e-05)
+    quoted = text.replace("4e-05", '"4e-05"')
+    assert any(path.endswith("b_s") for path, _, _ in problems_of(quoted.replace("t.json", "t.yaml")))

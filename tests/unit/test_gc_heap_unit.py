@@ -1,0 +1,25 @@
+"""The control plane freezes its start-up heap, so a full garbage collection walks only what came after.
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_gc_heap.py``.
+
+Issue 14 row 6: after bloated ADS streams were refused, a full collection (triggered by the attack's
+allocations) walked every object the control plane built at start and blocked its event loop 38-101 ms.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from dlb.gc_heap import GcPauses
+
+
+def test_gc_pauses_counts_each_collection_by_generation() -> None:
+    pauses = GcPauses("dlb_test").install()
+    try:
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        pauses.uninstall()
+    assert pauses.count[2] >= 1 and pauses.count[0] >= 1
+    assert pauses.seconds[2] >= pauses.longest[2] > 0
+    assert pauses._callback not in gc.callbacks

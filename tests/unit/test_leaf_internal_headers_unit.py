@@ -1,0 +1,30 @@
+"""A client reaching a leaf Envoy directly cannot steer it with internal headers (issue 14 row 9).
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_leaf_internal_headers.py``.
+
+``x-dlb-server`` is the leaf ext_proc's pick, read by an ORIGINAL_DST cluster: from a client it sent the
+request to any host:port the client named (an open proxy). The leaf now strips it (and ``x-dlb-cell``)
+from every downstream request before any filter runs; its own ext_proc sets it afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlb.config import ConfigError, config_from_dict
+from dlb.envoy.root_token import root_token
+
+
+def test_root_token_file_problems_name_the_field(tmp_path: Path) -> None:
+    short = tmp_path / "short"
+    short.write_text("abc")
+    base = {"version": 1, "cells": [{"name": "a", "servers": ["127.0.0.1:1"], "leaf": {"address": "127.0.0.1:2", "probe": "127.0.0.1:3"}}],
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
+    for value, words in ((str(short), "16-256 printable"), (str(tmp_path / "missing"), "cannot read"), (7, "file path")):
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict(dict(base, root_token_file=value))
+        assert "root_token_file" in str(exc.value) and words in str(exc.value)
+    derived = root_token(config_from_dict(base))
+    assert derived == root_token(config_from_dict(base)) and derived.startswith("derived-")  # every renderer agrees

@@ -1,0 +1,194 @@
+"""The leaf's bookkeeping (pure, clock passed in): picking, RIF accounting, completions, health."""
+
+import numpy as np
+import pytest
+
+from dlb.core.estimator import EstimatorConfig
+from dlb.core.latency_model import LatencyParams
+from dlb.ext_proc.leaf_state import UNKNOWN, Completion, LeafState, ServerState
+
+PRIOR = LatencyParams(0.1, 0.01, 4.0, 1.0)
+
+
+def make(n=3, choices=2, **kw) -> LeafState:
+    servers = [ServerState(f"10.0.0.{i}:80", weight=kw.pop(f"w{i}", 1.0)) for i in range(n)]
+    return LeafState(cell="c", servers=servers, replicas=n, prior=PRIOR, choices=choices, rng=np.random.default_rng(0),
+                     estimator_config=EstimatorConfig(window_s=60, refit_period_s=1), **kw)
+
+
+def test_least_loaded_when_d_covers_all_servers_and_rif_is_counted_at_pick():
+    st = make(3, choices=3)
+    picks = [st.pick(0.0, f"r{i}") for i in range(9)]
+    # Join-the-shortest-queue with nothing completing: perfectly balanced.
+    assert sorted(picks.count(i) for i in range(3)) == [3, 3, 3]
+    assert st.rif == 9 and [s.rif for s in st.servers] == [3, 3, 3]
+    assert st.inflight["r8"].cell_rif == 9
+
+
+def test_weights_scale_the_load():
+    st = make(2, choices=2, w1=3.0)
+    picks = [st.pick(0.0, f"r{i}") for i in range(8)]
+    assert picks.count(1) == 6 and picks.count(0) == 2
+
+
+def test_scraped_load_counts_work_the_leaf_did_not_send():
+    st = make(2, choices=2)
+    st.on_scrape(0, running=5.0, waiting=3.0)  # busy with someone else's traffic
+    st.on_scrape(1, running=0.0, waiting=0.0)
+    assert [st.pick(0.0, f"r{i}") for i in range(5)] == [1] * 5
+
+
+def test_power_of_d_samples_only_d_servers():
+    st = make(10, choices=2)
+    for s in st.servers[1:]:
+        s.rif = 100  # everyone but server 0 is loaded
+    picks = [st.choose(0.0) for _ in range(200)]
+    # Server 0 wins whenever sampled (P = 2/10 per pick), never always: d < n.
+    share = picks.count(0) / len(picks)
+    assert 0.08 < share < 0.35
+
+
+def test_completion_releases_rif_and_feeds_the_model_and_error_rate():
+    st = make(2, choices=2)
+    st.pick(0.0, "a")
+    st.pick(0.0, "b")
+    server_a = st.inflight["a"].server
+    st.complete(1.0, Completion("a", st.servers[server_a].address, 200, 0.5))
+    st.complete(1.0, Completion("b", "", 503, 0.1))
+    assert st.rif == 0 and all(s.rif == 0 for s in st.servers)
+    assert st.completed == 2 and st.failed == 1
+    assert st.errors.rate(1.0) == pytest.approx(0.5)
+    assert len(st.estimator) == 1  # only the success is a latency sample
+
+
+def test_client_abort_is_neither_error_nor_sample():
+    st = make(1)
+    st.pick(0.0, "a")
+    st.complete(0.5, Completion("a", "", 0, 0.2, client_abort=True))
+    assert st.rif == 0 and st.completed == 0 and st.errors.rate(0.5) == 0.0
+
+
+def test_als_start_entries_count_rif_without_a_leaf_pick():
+    st = make(2)
+    st.start(0.0, "x")  # LEAST_REQUEST mode: Envoy picked, the log tells us it started
+    assert st.rif == 1 and st.inflight["x"].server == UNKNOWN
+    st.complete(0.3, Completion("x", st.servers[1].address, 200, 0.3))
+    assert st.rif == 0 and st.servers[1].completed == 1 and st.servers[1].rif == 0
+
+
+def test_duplicate_start_after_pick_is_not_double_counted():
+    st = make(2)
+    st.pick(0.0, "x")
+    st.start(0.0, "x")
+    assert st.rif == 1 and sum(s.rif for s in st.servers) == 1
+
+
+def test_lost_completions_expire():
+    st = make(1, max_age_s=10.0)
+    st.pick(0.0, "old")
+    st.pick(5.0, "new")
+    assert st.expire(12.0) == 1
+    assert st.rif == 1 and st.servers[0].rif == 1
+
+
+def test_failing_server_is_ejected_then_retried():
+    st = make(2, choices=2, eject_after=3, eject_s=2.0)
+    bad = st.servers[0].address
+    for i in range(3):
+        st.start(0.0, f"e{i}", 0)
+        st.complete(0.0, Completion(f"e{i}", bad, 500, 0.01))
+    assert st.usable(1.0) == [1]
+    assert all(st.pick(1.0, f"r{i}") == 1 for i in range(5))
+    assert 0 in st.usable(2.5)  # ejection ends: the server gets a chance to recover
+
+
+def test_all_ejected_fails_open():
+    st = make(1, eject_after=1)
+    st.start(0.0, "e", 0)
+    st.complete(0.0, Completion("e", st.servers[0].address, 500, 0.01))
+    assert st.usable(0.5) == [0]
+
+
+def test_unreachable_metrics_mark_server_unhealthy():
+    st = make(2, scrape_fail_threshold=2)
+    st.on_scrape(0, None, None)
+    assert st.healthy(0.0) == 2
+    st.on_scrape(0, None, None)
+    assert st.healthy(0.0) == 1 and st.usable(0.0) == [1]
+    assert st.healthy_replicas(0.0) == 1  # probes report k_j scaled by the healthy fraction
+    st.on_scrape(0, 1.0, 0.0)
+    assert st.healthy(0.0) == 2
+
+
+def test_slow_metrics_make_load_unknown_but_keep_the_server_healthy():
+    """A scrape that times out is a busy server, not a dead one: no number of them takes it (or,
+    with every server slow, the whole cell) out of service; a later good scrape restores its load."""
+    st = make(2, scrape_fail_threshold=2)
+    st.on_scrape(0, 3.0, 1.0)
+    for _ in range(5):
+        st.on_scrape_slow(0)
+        st.on_scrape_slow(1)
+    assert st.healthy(0.0) == 2 and st.usable(0.0) == [0, 1] and st.healthy_replicas(0.0) == 2
+    assert st.servers[0].scraped == -1.0  # unknown, not the stale 4
+    st.on_scrape(0, 1.0, 0.0)
+    assert st.servers[0].scraped == 1.0
+
+
+def test_model_is_refit_from_completions():
+    """Completions tagged with the cell RIF at their arrival recover a known latency curve."""
+    from dlb.core.latency_model import latency
+
+    st = make(1)
+    rng = np.random.default_rng(1)
+    truth = LatencyParams(0.2, 0.02, 6.0, 1.0)
+    t = 0.0
+    k = 0
+    for _ in range(40):
+        burst = int(rng.integers(1, 25))
+        ids = [f"r{k + j}" for j in range(burst)]
+        k += burst
+        for rid in ids:
+            st.pick(t, rid)
+        for rid in ids:
+            n = st.inflight[rid].cell_rif
+            lat = float(latency(n, truth.a, truth.b, truth.c, truth.s)) * (1 + 0.02 * rng.standard_normal())
+            st.complete(t, Completion(rid, st.servers[0].address, 200, lat))
+        t += 0.1
+    assert st.rif == 0 and len(st.estimator) == k
+    st.estimator.refit(t)
+    p = st.estimator.params
+    assert st.estimator.confidence > 0.5
+    assert p.a == pytest.approx(truth.a, rel=0.2) and p.b == pytest.approx(truth.b, rel=0.2)
+
+
+def test_latency_sample_is_the_servers_share_not_the_leaf_total():
+    """The testbed's WAN delay sits in the leaf Envoy before the upstream; the model must not see it."""
+    from envoy.data.accesslog.v3 import accesslog_pb2
+    from google.protobuf.duration_pb2 import Duration
+
+    from dlb.ext_proc.leaf_als import _serving_seconds
+
+    c = accesslog_pb2.AccessLogCommon(
+        time_to_first_upstream_tx_byte=Duration(nanos=50_000_000),  # 50 ms WAN delay first
+        time_to_last_upstream_rx_byte=Duration(nanos=250_000_000),
+        time_to_last_downstream_tx_byte=Duration(nanos=251_000_000),
+    )
+    assert _serving_seconds(c) == pytest.approx(0.2)
+    only_total = accesslog_pb2.AccessLogCommon(time_to_last_downstream_tx_byte=Duration(nanos=251_000_000))
+    assert _serving_seconds(only_total) == pytest.approx(0.251)
+
+
+def test_a_recovered_server_counts_again_only_after_the_envoy_health_check_could_have_seen_it():
+    """Whole-cell fault in `dlb bench faults`: the agent's first good scrape made the cell usable while the
+    leaf Envoy still held every server unhealthy, and a request got `503 no_healthy_upstream`."""
+    st = make(2, scrape_fail_threshold=2, rejoin_hold_s=0.75)
+    for i in (0, 1):
+        st.on_scrape(i, None, None, now=10.0)
+        st.on_scrape(i, None, None, now=10.2)
+    assert st.healthy_replicas(10.2) == 0
+    st.on_scrape(0, 0.0, 0.0, now=20.0)
+    st.on_scrape(1, 0.0, 0.0, now=20.0)
+    assert st.healthy(20.5) == 0  # back, but not yet in Envoy's rotation
+    assert st.healthy(20.75) == 2
+    st.on_scrape(0, 1.0, 0.0, now=21.0)  # a good scrape of a healthy server starts no hold
+    assert st.healthy(21.0) == 2

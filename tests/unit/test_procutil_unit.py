@@ -1,0 +1,50 @@
+"""``free_port``: ports for configs that must name an address before the service that binds it runs.
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_procutil.py``.
+
+The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
+test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
+(other tests' servers, in this run and the ones beside it) draws there, as do outgoing connections'
+source ports. Ports below that range are never handed out by the kernel, so only an explicit bind to
+the same number can take one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlb import procutil
+from dlb.procutil import free_port, free_port_block
+
+
+def _below_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range")
+    span = (lo, hi)
+    if span[0] - getattr(procutil, "LOWEST_PORT", 10000) < getattr(procutil, "MIN_POOL", 2000):
+        pytest.skip(f"ephemeral range {span} leaves no pool below it on this machine")
+    return span
+
+
+def test_free_ports_come_from_below_the_kernels_ephemeral_range() -> None:
+    lo, _ = _below_range()
+    ports = [free_port() for _ in range(50)]
+    assert all(p < lo for p in ports), ports
+    assert len(set(ports)) == len(ports)
+    base = free_port_block(4)
+    assert min(ports) >= procutil.LOWEST_PORT and max(ports) < procutil.HIGHEST_PORT  # not a Kubernetes NodePort either
+    assert base >= procutil.LOWEST_PORT and base + 3 < lo
+
+
+def test_the_kernels_pick_when_the_range_leaves_no_pool_below_it() -> None:
+    port = free_port(ephemeral=(1024, 65535))
+    assert 1024 <= port <= 65535
+
+
+def test_an_address_not_of_this_machine_is_an_error_not_a_search() -> None:
+    with pytest.raises(OSError):
+        free_port("192.0.2.1")  # TEST-NET-1

@@ -1,0 +1,87 @@
+"""``dlb up --config FILE``: ready means routable, the URLs it prints work, and it stops in order.
+
+Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_up.py``.
+
+Two emulated servers (in this process) behind a 2-cell config on free ports; ``dlb up`` runs as the
+real CLI in a subprocess. The first request after "ready" must be routed (no 503 ``no usable cell``:
+ready waits for fresh probes); a crashed child is restarted; SIGTERM stops everything within 10 s.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dlb.testbed.fleet import CellPlan, Fleet, demo_config
+
+
+def _root_metrics(usable: dict[tuple[str, str], float], probes: dict[str, tuple[float, float, float]]) -> str:
+    """A root's /metrics as prometheus_client writes it (counters end in ``_total``); probes: cell -> (ok, failed, age)."""
+    lines = [f'dlb_root_cell_usable{{cell="{c}",endpoint="{ep}"}} {v}' for (ep, c), v in usable.items()]
+    for c, (ok, failed, age) in probes.items():
+        lines += [f'dlb_root_probe_age_seconds{{cell="{c}"}} {age}', f'dlb_root_probe_errors_total{{cell="{c}"}} {failed}',
+                  f'dlb_root_probes_total{{cell="{c}"}} {ok}']
+    return "\n".join(lines) + "\n"
+
+
+def test_a_waiting_root_names_each_unusable_cell_and_why() -> None:
+    from dlb.config import config_from_dict
+    from dlb.launch.waiting import root_waiting
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test"),
+                         CellPlan("europe-west1", 1, "fast-test")))
+    cfg = config_from_dict(demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"], "europe-west1": ["127.0.0.1:3"]}))
+    eps = [ep.name for ep in cfg.endpoints]
+    every = {(ep, c): 1.0 for ep in eps for c in ("us-east1", "us-west1", "europe-west1")}
+    fresh = dict.fromkeys(("us-east1", "us-west1", "europe-west1"), (50.0, 0.0, 0.01))
+    healthy = "dlb_leaf_healthy_servers 1.0\ndlb_leaf_envoy_reachable 1.0\n"
+    leaves: dict[str, str | None] = {"us-east1": healthy, "us-west1": healthy, "europe-west1": healthy}
+    assert root_waiting(_root_metrics(every, fresh), cfg, "us-east1", leaves) == ""
+
+    down = every | {(ep, "us-west1"): 0.0 for ep in eps}
+    no_server = leaves | {"us-west1": "dlb_leaf_healthy_servers 0.0\ndlb_leaf_envoy_reachable 1.0\n"}
+    assert root_waiting(_root_metrics(down, fresh), cfg, "us-east1", no_server) == (
+        "usable cells — cell us-west1: a healthy server (its leaf reports 0 of 1 healthy: is 127.0.0.1:2 running?)")
+
+    silent = fresh | {"us-west1": (0.0, 7.0, float("inf"))}
+    probe = cfg.cell("us-west1").leaf.probe
+    assert root_waiting(_root_metrics(down, silent), cfg, "us-east1", leaves | {"us-west1": None}) == (
+        f"usable cells — cell us-west1: its leaf agent's first probe answer ({probe}, 7 failed)")
+
+    no_envoy = leaves | {"us-west1": "dlb_leaf_healthy_servers 1.0\ndlb_leaf_envoy_reachable 0.0\n"}
+    assert root_waiting(_root_metrics(down, silent), cfg, "us-east1", no_envoy) == (
+        f"usable cells — cell us-west1: its leaf Envoy at {cfg.cell('us-west1').leaf.address} "
+        "(its agent cannot reach it, so it refuses probes)")
+
+    stale = fresh | {"us-west1": (50.0, 3.0, 4.2)}
+    assert "cell us-west1: a fresh probe answer from its leaf agent" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
+    assert "last answer 4s ago, 3 failed" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
+
+    one_endpoint = every | {(eps[-1], "europe-west1"): 0.0}  # one endpoint has not heard from one leaf yet
+    assert root_waiting(_root_metrics(one_endpoint, fresh), cfg, "us-east1", leaves) == (
+        f"usable cells — cell europe-west1 for {eps[-1]}: its leaf to report it available")
+
+
+def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config may come from another process's free_port() (a test, a script): its ports are free
+    until ``dlb up`` starts the services, so a draw could otherwise land on one and two children collide."""
+    from dlb import procutil
+    from dlb.config import config_from_dict
+    from dlb.launch.supervisor import Supervisor
+    from dlb.launch.up import listen_addresses, plan
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    raw = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    cfg = config_from_dict(raw)
+    named = sorted({hp.port for _, hp in listen_addresses(cfg)})
+    monkeypatch.setattr(procutil, "_handed_out", set())  # as in a fresh `dlb up` process
+    draws = iter(named + list(range(procutil.LOWEST_PORT, procutil.LOWEST_PORT + 2000)))  # the config's ports first
+    monkeypatch.setattr(procutil._random, "randrange", lambda a, b: next(draws))
+    monkeypatch.setattr(procutil, "_pool_top", lambda ephemeral=None: procutil.LOWEST_PORT + 2000)
+    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
+    urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values(), *(r.admin_url for r in dep.roots.values()),
+            *(r.metrics_url for r in dep.roots.values())]
+    drawn = {int(re.search(r":(\d+)/", u).group(1)) for u in urls}  # type: ignore[union-attr]
+    assert len(drawn) == len(urls) and not drawn & set(named), (drawn, named)
