@@ -116,8 +116,7 @@ def test_connections_beyond_the_cap_are_closed_at_accept(serving: Serving) -> No
     assert read_to_eof(extra) == b""
     assert serving.on_loop(lambda: serving.server.stats.connections_refused) == 1
     socks.pop().close()
-    while serving.on_loop(lambda: serving.server.stats.open_connections) > 2:
-        threading.Event().wait(0.05)
+    until(lambda: serving.on_loop(lambda: serving.server.stats.open_connections) <= 2, "the closed connection gone")
     again = socket.create_connection(("127.0.0.1", serving.port))
     again.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0) + headers_frames(1, request_block(), end_stream=False)
                   + frame(FrameType.DATA, END_STREAM, 1, grpc_message(b"hi")))

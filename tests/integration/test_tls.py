@@ -16,6 +16,7 @@ import grpc
 import pytest
 import yaml
 from aiohttp import ClientSession
+from bounded_wait import until_in_loop
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -173,10 +174,8 @@ def test_probe_client_speaks_mtls_to_a_leaf(pki) -> None:
         for c in (mtls, plain):
             c.start()
         try:
-            for _ in range(500):
-                if len(answers) >= 3 and plain.stats[0].errors >= 3:
-                    break
-                await asyncio.sleep(0.02)
+            await until_in_loop(lambda: len(answers) >= 3 and plain.stats[0].errors >= 3, "3 answers over mTLS, 3 plaintext failures",
+                                period=0.02)
             assert len(answers) >= 3 and all(r is not None and r.cell == "a" for r in answers)
             assert plain.stats[0].errors >= 3 and plain.stats[0].ok == 0  # every plaintext probe failed
         finally:
@@ -306,11 +305,8 @@ def test_tls_connections_count_against_the_cap_before_any_handshake(pki) -> None
         port = await server.bind("127.0.0.1:0")
         silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
         try:
-            for _ in range(200):  # accepted a few per loop turn (the bound only fails a hung test)
-                if server.stats.open_connections == 3:
-                    break
-                await asyncio.sleep(0.05)
-            assert server.stats.open_connections == 3, "silent TLS connections must count from accept"
+            # accepted a few per loop turn
+            await until_in_loop(lambda: server.stats.open_connections == 3, "silent TLS connections counted from accept")
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             assert await _read_until_closed(reader) == b""
             writer.close()

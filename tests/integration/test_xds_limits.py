@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from bounded_wait import until_in_loop
 
 from dlb.xds import Snapshot, SnapshotCache, StatusServer, XdsServer, types
 from dlb.xds.status import SHOWN_NAMES, StatusRegistry
@@ -166,8 +167,7 @@ def test_a_disconnected_node_is_forgotten_after_the_grace_period() -> None:
             await s.send(sotw_request(CDS, node=node("n1")))
             await s.recv()
             await s.close()
-            while status.nodes["n1"].streams > 0:  # bounded by the test timeout
-                await asyncio.sleep(0.01)
+            await until_in_loop(lambda: status.nodes["n1"].streams == 0, "the closed stream counted", period=0.01)
             before = list(json.loads(await get(http.port, "/status"))["nodes"])
             clock.now += 59
             within = list(json.loads(await get(http.port, "/status"))["nodes"])
