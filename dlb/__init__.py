@@ -1,7 +1,7 @@
 """DLB for Envoy: distributed two-tier global load balancing for generative-AI inference.
 
 One folder per part of the system; imports point one way (core ← config ← services ← launchers), and
-``tests/test_layout.py`` fails on an import against that direction:
+``tests/unit/test_layout.py`` fails on an import against that direction:
 
 - ``dlb.core``: the pure routing algorithms (no I/O, time passed in) and the fluid-model theory check.
 - ``dlb.xds``: a generic xDS server, snapshot cache, status registry and client (nothing DLB-specific).

@@ -3,7 +3,7 @@
 Why a catalogue next to the collectors rather than instead of them: the collectors build families at
 scrape time (the fast path: nothing is updated per request but plain counters), so the names live
 where the values are. This table is what operators and dashboards read (``docs/metrics.md`` is
-generated from it) and ``tests/test_metric_catalogue.py`` scrapes each service and fails when a
+generated from it) and ``tests/integration/test_metric_catalogue.py`` scrapes each service and fails when a
 family is exported that is not listed here, or listed with another type or label set, or listed
 and no longer exported. Imports nothing.
 

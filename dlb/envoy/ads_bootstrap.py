@@ -7,7 +7,7 @@ and ADS as the source of listeners and clusters; everything else arrives over AD
 
 One bootstrap serves every pod of a tier: Envoy's ``--service-node``, ``--service-cluster`` and
 ``--service-zone`` override ``node.id``, ``node.cluster`` and ``node.locality.zone`` (checked on
-Envoy 1.40 in tests/test_deploy_code.py), so a pod's name and cell come from the downward API. The
+Envoy 1.40 in tests/e2e/test_deploy_code.py), so a pod's name and cell come from the downward API. The
 control plane's address may be a DNS name (a Kubernetes Service): the cluster is then ``STRICT_DNS``,
 since Envoy 1.40 refuses a name in a ``STATIC`` cluster ("malformed IP address").
 """

@@ -388,7 +388,7 @@ def _hcm(stat_prefix: str, route_config: dict[str, Any], http_filters: list[dict
     if edge:
         # The root is the edge: the peer address, not a client-supplied X-Forwarded-For, decides whether
         # a request is internal, and *no* peer may be internal, else internal_only_headers are kept.
-        # Measured on Envoy 1.40 (tests/test_envoy_configs.py): with `internal_address_config:
+        # Measured on Envoy 1.40 (tests/e2e/test_envoy_configs.py): with `internal_address_config:
         # {cidr_ranges: []}` a loopback/RFC1918 client counts as internal and its spoofed x-dlb-cell
         # wins; so we list one range no TCP peer can have (the limited broadcast address).
         hcm["use_remote_address"] = True
@@ -437,7 +437,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
     Exact per-cell matches rather than ``cluster_header``: a pick naming an unknown or forbidden cell,
     or a cluster that is not a cell at all (the ext_proc's own), falls through to the weights instead
     of a 503 or a request sent to the wrong place. Measured with cluster_header on Envoy 1.40: all
-    three gave 503s (tests/test_envoy_configs.py::test_root_bad_pick_falls_back_to_weights).
+    three gave 503s (tests/e2e/test_envoy_configs.py::test_root_bad_pick_falls_back_to_weights).
     """
     action = {"timeout": _duration(ep.timeout_s), "idle_timeout": _duration(ep.idle_timeout_s)}
     clusters = [{"name": cfg.cell(name).cluster_name, "weight": int(w)} for name, w in weights.items() if w > 0]
@@ -658,7 +658,7 @@ class _EnvoyYamlDumper(yaml.SafeDumper):
     PyYAML quotes strings that *it* would misread, but Envoy reads YAML with yaml-cpp and turns any
     plain scalar that converts to a bool or a number into one: a cell named ``y`` or ``n`` (YAML 1.1
     booleans PyYAML leaves bare) or an endpoint named ``1e3`` became a bool/number in a string field
-    and Envoy refused the bootstrap (found by the property test in tests/test_envoy_configs.py).
+    and Envoy refused the bootstrap (found by the property test in tests/e2e/test_envoy_configs.py).
     Only proto-field-like words stay bare, so the files remain readable.
     """
 

@@ -17,7 +17,7 @@ from dlb.proto import probe_pb2
 def check_answer(target: ProbeTarget, resp: probe_pb2.ProbeResponse) -> None:
     """Refuse (ValueError) a probe answer no leaf can mean: another cell's, or a state out of range.
 
-    Everything else a leaf sends is used as is (tests/test_decoder_fuzz.py feeds random answers through
+    Everything else a leaf sends is used as is (tests/unit/test_decoder_fuzz.py feeds random answers through
     this and the root's ``on_probe`` and asserts decisions stay well-formed).
     """
     if resp.cell != target.name:

@@ -2,5 +2,5 @@
 
 ``probe.proto`` is the source; ``probe_pb2.py`` / ``probe_pb2_grpc.py`` are generated and committed
 (so a fresh install needs no protoc). Regenerate with ``python -m dlb.proto.generate`` — the test
-``tests/test_probe_proto.py`` fails when the committed files are out of date.
+``tests/integration/test_probe_proto.py`` fails when the committed files are out of date.
 """

@@ -413,7 +413,7 @@ class StreamBase:
                 self.ctx.observer.stream_closed(self.node.id)
                 self.log.info("stream_closed")
 
-    # --- the state machine (synchronous: tests/test_xds_stream.py drives it without a loop) ---
+    # --- the state machine (synchronous: tests/unit/test_xds_stream.py drives it without a loop) ---
     def handle(self, req: Any) -> bool:  # pragma: no cover - abstract
         """Apply one request; True if a push could now be due."""
         raise NotImplementedError

@@ -112,6 +112,24 @@ def test_user_doc_links_resolve(path: Path) -> None:
     assert broken_links(path) == []
 
 
+TEST_PATH = re.compile(r"\btests/[A-Za-z0-9_/]+\.py")
+
+
+def missing_test_paths(text: str, repo: Path = REPO) -> list[str]:
+    """``tests/….py`` paths named in ``text`` that do not exist (a moved or split test file left behind)."""
+    return sorted({m for m in TEST_PATH.findall(text) if not (repo / m).is_file()})
+
+
+def test_named_test_files_exist() -> None:
+    """User docs and the code's docstrings name test files by path; every such path exists."""
+    texts = [p.read_text(encoding="utf-8") for p in [*user_docs(), *sorted((REPO / "dlb").rglob("*.py"))]]
+    assert missing_test_paths("\n".join(texts)) == []
+
+
+def test_a_planted_missing_test_path_is_found() -> None:
+    assert missing_test_paths("see tests/unit/test_layout.py and tests/test_gone.py") == ["tests/test_gone.py"]
+
+
 def test_cli_help_names_no_commit_or_issue(all_help: list[tuple[str, str]]) -> None:
     """No ``dlb ... --help`` text names a commit id or an issue number."""
     commands = {cmd for cmd, _ in all_help}

@@ -29,7 +29,7 @@ in (``receive_data``), events and bytes out (``data_to_send``) — so tests feed
 hypothesis fuzzes it; ``server.H2GrpcProtocol`` is the thin ``asyncio.Protocol`` that moves bytes
 between it and a socket (with the connection cap and the timers); ``headers`` decodes and validates
 header blocks; ``limits`` holds every bound (``H2Limits``) and the counters that show it was hit.
-Passes h2spec 146/146 (``tests/test_h2spec.py``).
+Passes h2spec 146/146 (``tests/integration/test_h2spec.py``).
 A stream's life is a :class:`StreamState` changed only through :data:`TRANSITIONS`; frame types,
 error codes and gRPC statuses are IntEnums, and protocol errors are :class:`H2Error` subclasses that
 carry the error code they end the connection with.
