@@ -6,8 +6,6 @@ import argparse
 
 
 def register_demo(subparsers: argparse._SubParsersAction) -> None:
-    from dlb.testbed.demo import add_demo_arguments
-
     p = subparsers.add_parser("demo", help="the whole stack on an embedded emulated fleet, a workload and a live view")
     add_demo_arguments(p)
     p.set_defaults(func=_run_demo)
@@ -33,3 +31,34 @@ def _run_demo(args: argparse.Namespace) -> int:
     live = not args.no_live and sys.stdout.isatty()
     _run, code = run_once(args, out, stop, live, args.policy, degrade=not args.no_degrade)
     return code
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """The demo's options (``dlb demo --help``); :func:`dlb.testbed.demo.prepare` reads them."""
+    from pathlib import Path
+
+    from dlb.load.argtypes import positive_float
+    from dlb.testbed.demo_run import DLB_POLICIES
+
+    p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
+                     "streaming OpenAI traffic at a fraction of capacity, degrade one cell mid-run, show it live "
+                     "and write a report (report.md, PNGs, results.json).")
+    p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of load (default 60)")
+    p.add_argument("--policy", choices=DLB_POLICIES, default=None,
+                   help="one DLB policy for both endpoints (default: chat Disc-Lat + affinity, completions Flow-Grad)")
+    p.add_argument("--config", default=None, help="your own DLB config: an emulator is started on every server address")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default runs/demo-TIMESTAMP)")
+    p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
+    p.add_argument("--load", type=positive_float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
+    p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
+    p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
+    p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready")
+    p.add_argument("--compare", action="store_true",
+                   help="run the same seeded workload against Rand, MNLB and the six DLB policies, with and without the "
+                        "degradation, each from a clean start; prints a table")
+    p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
+    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand, MNLB and all six)")
+    p.add_argument("--dp", type=int, default=0, metavar="G",
+                   help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
+                        "rank with BF-IO (docs/bfio.md); default off")

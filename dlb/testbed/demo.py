@@ -27,11 +27,10 @@ from typing import Any
 from dlb.config.policy import set_plugins
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
-from dlb.load.argtypes import positive_float
 from dlb.load.generator import LoadRunner
 from dlb.load.workload import WorkloadSpec, generate
 from dlb.procutil import free_port_block
-from dlb.testbed.demo_run import DLB_POLICIES, DemoRun, Sample
+from dlb.testbed.demo_run import DemoRun, Sample
 from dlb.testbed.fleet import (
     DEFAULT_FLEET,
     CellPlan,
@@ -43,31 +42,6 @@ from dlb.testbed.fleet import (
 
 DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers
-
-
-def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
-                     "streaming OpenAI traffic at a fraction of capacity, degrade one cell mid-run, show it live "
-                     "and write a report (report.md, PNGs, results.json).")
-    p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of load (default 60)")
-    p.add_argument("--policy", choices=DLB_POLICIES, default=None,
-                   help="one DLB policy for both endpoints (default: chat Disc-Lat + affinity, completions Flow-Grad)")
-    p.add_argument("--config", default=None, help="your own DLB config: an emulator is started on every server address")
-    p.add_argument("--out", type=Path, default=None, help="report folder (default runs/demo-TIMESTAMP)")
-    p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
-    p.add_argument("--load", type=positive_float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
-    p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
-    p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
-    p.add_argument("--seed", type=int, default=1, help="workload seed")
-    p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready")
-    p.add_argument("--compare", action="store_true",
-                   help="run the same seeded workload against Rand, MNLB and the six DLB policies, with and without the "
-                        "degradation, each from a clean start; prints a table")
-    p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
-    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand, MNLB and all six)")
-    p.add_argument("--dp", type=int, default=0, metavar="G",
-                   help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
-                        "rank with BF-IO (docs/bfio.md); default off")
 
 
 def apply_policy(cfg: dict[str, Any], policy: str) -> None:
