@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,11 +77,11 @@ def _faults(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=40.0, help="Poisson arrivals per second")
     p.add_argument("--cells", default=",".join(map(str, f.CELLS)), help="servers per cell a,b,c,… (a is the root's cell and fails)")
     p.add_argument("--time-scale", type=float, default=4.0, help=f"the emulated servers run this much slower than {f.PROFILE}")
-    p.add_argument("--fault-at-s", type=float, default=8.0)
-    p.add_argument("--outage-s", type=float, default=10.0)
+    p.add_argument("--fault-at-s", type=float, default=8.0, help="seconds of load before the fault (default 8)")
+    p.add_argument("--outage-s", type=float, default=10.0, help="how long the fault lasts, in seconds (default 10)")
     p.add_argument("--after-s", type=float, default=15.0, help="traffic after the restore (recovery is measured here)")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per chat and short stream (long streams: ~3.5 s)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
 
 
 def _load(p: argparse.ArgumentParser) -> None:
@@ -113,19 +114,19 @@ def _hostile(p: argparse.ArgumentParser) -> None:
 
 
 def _emulator_fidelity(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default="llama-8b-h100")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--output-tokens", type=int, default=64)
-    p.add_argument("--waves", type=int, default=3)
-    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--profile", default="llama-8b-h100", help="emulator GPU profile (default llama-8b-h100)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64], help="requests in flight per measurement (default 1 4 16 32 64)")
+    p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length of each request (default 256)")
+    p.add_argument("--output-tokens", type=int, default=64, help="output length of each request (default 64)")
+    p.add_argument("--waves", type=int, default=3, help="waves of requests per concurrency (default 3)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="emulator time scale: <1 runs faster than the profile (default 1.0)")
     add_json_option(p, "the rows")
 
 
 def _sim_twin(p: argparse.ArgumentParser) -> None:
     p.add_argument("--real", default="research/bench/compare.json", help="the real comparison (dlb demo --compare --json)")
-    p.add_argument("--duration", type=float, default=40.0)
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--duration", type=float, default=40.0, help="simulated seconds (default 40, as the demo's comparison)")
+    p.add_argument("--trials", type=int, default=3, help="simulated trials to average (default 3)")
     add_json_option(p, "the records")
 
 
@@ -140,7 +141,7 @@ def _bfio_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mean-decode", type=float, default=256.0, help="mean of the geometric decode length")
     p.add_argument("--prompt-median", type=float, default=600.0, help="median prompt tokens (lognormal)")
     p.add_argument("--prompt-sigma", type=float, default=1.0, help="sigma of the lognormal prompt length")
-    p.add_argument("--profile", default="llama-8b-h100", choices=sorted(b.BUILTIN_PROFILES))
+    p.add_argument("--profile", default="llama-8b-h100", choices=sorted(b.BUILTIN_PROFILES), help="emulator GPU profile (default llama-8b-h100)")
     add_json_option(p, "the records")
     p.add_argument("--plots", default=None, help="write the plots into this directory")
     p.add_argument("--milp", action="store_true",
@@ -150,21 +151,21 @@ def _bfio_study(p: argparse.ArgumentParser) -> None:
 def _bfio_bench(p: argparse.ArgumentParser) -> None:
     from dlb.bench import bfio_study as b
 
-    p.add_argument("--G", dest="g", type=int, default=32)
-    p.add_argument("--H", dest="hs", type=_ints, default=b.STUDY_H)
-    p.add_argument("--picks", type=int, default=5000)
+    p.add_argument("--G", dest="g", type=int, default=32, help="ranks per group (default 32)")
+    p.add_argument("--H", dest="hs", type=_ints, default=b.STUDY_H, help="BF-IO horizons to time (default 0,1,10,50,200)")
+    p.add_argument("--picks", type=int, default=5000, help="picks to time (default 5000)")
     add_json_option(p, "the records")
 
 
 def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policies", default="jsq,bf-io")
+    p.add_argument("--policies", default="jsq,bf-io", help="rank-pick policies to compare, comma-separated (default jsq,bf-io)")
     p.add_argument("--G", dest="dp_size", type=int, default=4, help="DP ranks (default 4)")
     p.add_argument("--B", dest="max_batch", type=int, default=8, help="running sequences per rank (default 8)")
-    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--requests", type=int, default=300, help="requests per policy (default 300)")
     p.add_argument("--rate", type=float, default=17.5,
                    help="Poisson arrivals per wall second (default 17.5: above the default group's capacity at --time-scale 4)")
-    p.add_argument("--horizon", type=int, default=10)
-    p.add_argument("--mean-decode", type=float, default=32.0)
+    p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
+    p.add_argument("--mean-decode", type=float, default=32.0, help="mean decode length in tokens")
     p.add_argument("--prompt-median", type=float, default=1500.0, help="median prompt tokens")
     p.add_argument("--time-scale", type=float, default=4.0,
                    help="wall seconds per profile second (default 4: long steps, so a busy machine's jitter matters less)")
@@ -175,14 +176,14 @@ def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
 def _bfio_placement(p: argparse.ArgumentParser) -> None:
     from dlb.emulator.profile import BUILTIN_PROFILES
 
-    p.add_argument("--G", dest="g", type=int, default=8)
+    p.add_argument("--G", dest="g", type=int, default=8, help="ranks per group (default 8)")
     p.add_argument("--B", dest="bs", type=_ints, default=(16, 64), help="slots per rank, comma-separated (default 16,64)")
     p.add_argument("--load", type=float, default=1.5, help="arrivals as a multiple of the group's decode capacity")
     p.add_argument("--generations", type=float, default=4.0, help="requests = G·B·this")
-    p.add_argument("--mean-decode", type=float, default=256.0)
-    p.add_argument("--horizon", type=int, default=10)
-    p.add_argument("--seeds", type=_ints, default=(1, 2, 3))
-    p.add_argument("--profile", default="llama-8b-h100", choices=sorted(BUILTIN_PROFILES))
+    p.add_argument("--mean-decode", type=float, default=256.0, help="mean decode length in tokens")
+    p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
+    p.add_argument("--seeds", type=_ints, default=(1, 2, 3), help="workload seeds, comma-separated (default 1,2,3)")
+    p.add_argument("--profile", default="llama-8b-h100", choices=sorted(BUILTIN_PROFILES), help="emulator GPU profile (default llama-8b-h100)")
     add_json_option(p, "the records")
 
 
@@ -226,6 +227,12 @@ BENCHES: dict[tuple[str, str], Bench] = {
 }
 
 
+def plain_text(doc: str) -> str:
+    """A module docstring as ``--help`` text: reST roles and double backquotes dropped (``:func:`x``` → ``x``)."""
+    doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "`")
+
+
 def _runner(target: str) -> Callable[[argparse.Namespace], int]:
     """The bench's run function, imported when the command runs."""
 
@@ -243,7 +250,7 @@ def add(subparsers: argparse._SubParsersAction, group: str, name: str) -> None:
     description = None
     formatter: type[argparse.HelpFormatter] = argparse.HelpFormatter
     if bench.description is not None:
-        description = importlib.import_module(bench.description).__doc__
+        description = plain_text(importlib.import_module(bench.description).__doc__ or "")
         formatter = argparse.RawDescriptionHelpFormatter
     p = subparsers.add_parser(name, help=bench.help, description=description, formatter_class=formatter)
     bench.setup(p)

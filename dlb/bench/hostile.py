@@ -1,4 +1,4 @@
-"""``dlb bench hostile``: resource-exhaustion attacks (rows 1–3, 5–7) against live services while real traffic flows.
+"""``dlb bench hostile``: resource-exhaustion attacks against live services while real traffic flows.
 
 The bench starts a data plane on 127.0.0.1 (emulated servers in two cells, leaf agents and Envoys, the
 root service on its default HTTP/2 transport and its Envoy) and a control plane, all as the processes

@@ -1,4 +1,4 @@
-"""The attackers of ``dlb bench hostile``: issue 14's rows 1–3 and 5–7 as bytes on the wire.
+"""The attackers of ``dlb bench hostile``: the attacks as bytes on the wire.
 
 Each attacker is a plain function that connects from 127.0.0.1 as an adversary on the network would,
 does its damage for a bounded time and leaves (closes everything) before it returns; it returns a

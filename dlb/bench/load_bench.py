@@ -13,7 +13,6 @@ Verdict rule, fixed before any run: at ``--rate`` (default 300 streaming req/s) 
 seconds the generator *keeps up* if it sent ≥ 99 % of the scheduled requests, ≥ 99 % succeeded, and
 ``send_delay`` p99 ≤ 20 ms; it *does not skew* if ``skew`` p50 ≤ 2 ms and p99 ≤ 20 ms. A low-rate
 run (``--low-rate``, default 20/s) is measured the same way for reference.
-(run ``dlb bench load --help``)
 """
 
 from __future__ import annotations

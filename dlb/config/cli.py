@@ -168,7 +168,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     r = subparsers.add_parser("render", help="write the Envoy bootstrap of one cell's root or leaf")
     r.add_argument("file", metavar="FILE", help="DLB config YAML")
-    r.add_argument("role", choices=["root", "leaf"])
+    r.add_argument("role", choices=["root", "leaf"], help="which Envoy of the cell")
     r.add_argument("cell", help="cell name")
     r.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (bound to 127.0.0.1)")
     r.add_argument("--listen", help="listener host:port (default: cells[].root.listen / cells[].leaf.listen, "
@@ -191,7 +191,8 @@ class _Moved(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
         parser.error(f"{option_string} is no longer a flag: routing knobs live in the DLB config, as {self.where} "
-                     "(docs/config.md, policy surface); every process of the deployment then agrees, and xDS can change it live")
+                     "in its `policy: {apiVersion: dlb.v1, plugins: [...]}` section (docs/config.md, policy surface); "
+                     "every process of the deployment then agrees, and xDS can change it live")
 
 
 def add_moved_flags(parser: argparse.ArgumentParser, moved: dict[str, str]) -> None:

@@ -199,7 +199,7 @@ def resolve(ck: Checker, raw: Any, path: str, scope: str) -> dict[str, tuple[str
             continue
         if kind.scope != scope:
             home = "policy.plugins" if kind.scope == DEPLOYMENT else "endpoints[].policy.plugins"
-            ck.err(join(p, "type"), f"{name!r} is a {kind.scope} type: it belongs in {home}")
+            ck.err(join(p, "type"), f"{name!r} is {'an' if kind.scope[:1] in 'aeiou' else 'a'} {kind.scope} type: it belongs in {home}")
             continue
         params = kind.check(ck, m.get("parameters"), join(p, "parameters"))
         if kind.slot in out:

@@ -17,11 +17,11 @@ DEFAULT_READY_PORT = 9902
 
 def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("xds-bootstrap", help="write an Envoy bootstrap that takes everything from the control plane")
-    p.add_argument("--role", choices=["root", "leaf"], required=True)
-    p.add_argument("--cell", required=True)
+    p.add_argument("--role", choices=["root", "leaf"], required=True, help="which Envoy of the cell")
+    p.add_argument("--cell", required=True, help="the cell this Envoy serves")
     p.add_argument("--xds", required=True, help="control plane xDS address host:port")
-    p.add_argument("--admin-port", type=int, required=True)
-    p.add_argument("--node-id", default=None)
+    p.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (127.0.0.1)")
+    p.add_argument("--node-id", default=None, help="xDS node id (default ROLE-CELL-PID)")
     p.add_argument("--delta", action="store_true", help="use incremental xDS (DELTA_GRPC)")
     p.add_argument("--ready-port", type=int, default=DEFAULT_READY_PORT,
                    help=f"port of the dlb_ready listener on 0.0.0.0 answering GET /ready (default {DEFAULT_READY_PORT}; 0 = none)")

@@ -99,8 +99,8 @@ def register_root(subparsers: argparse._SubParsersAction) -> None:
                    help="processes sharing the port (SO_REUSEPORT); worker k serves metrics on the metrics port + 100k")
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--transport", choices=("h2", "grpc"), default="h2",
-                   help="ext_proc server: h2 = DLB's asyncio HTTP/2 gRPC server (default; ~4x less CPU and half the "
-                        "latency of grpc.aio, measured in docs/data-plane.md), grpc = grpc.aio")
+                   help="ext_proc server: h2 = DLB's asyncio HTTP/2 gRPC server (default; a fraction of grpc.aio's CPU "
+                        "and latency, measured in docs/data-plane.md), grpc = grpc.aio")
     d = H2Limits()
     p.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="h2 transport: connections served at once, more are closed at accept "
@@ -194,7 +194,7 @@ def register_leaf(subparsers: argparse._SubParsersAction) -> None:
                    help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
                         "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (server-pick tie-breaks; default random)")
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",
                    help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
     p.add_argument("--drain-s", type=float, default=1.0,
