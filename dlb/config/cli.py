@@ -136,7 +136,11 @@ def run_check_envoy(args: argparse.Namespace) -> int:
         try:
             with open(path, encoding="utf-8") as fh:
                 boot = yaml.safe_load(fh)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        except OSError as exc:
+            print(f"{path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+            status = 1
+            continue
+        except (UnicodeDecodeError, yaml.YAMLError) as exc:
             print(f"{path}: cannot read as YAML: {exc}", file=sys.stderr)
             status = 1
             continue

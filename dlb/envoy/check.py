@@ -298,6 +298,8 @@ def check_bootstrap(boot: Any, cfg: Config, *, role: str | None = None, cell: st
     if role not in ("root", "leaf"):
         return [Mismatch("node.cluster", f"{_get(boot, 'node', 'cluster')!r}: cannot tell root from leaf (set dlb-root or dlb-leaf, "
                                          "or pass --role)")]
+    if cell is not None and cell not in cfg.cell_names:  # the caller's value, not the file's
+        return [Mismatch("--cell", f"{cell!r} is not a cell of {cfg.source} (cells: {', '.join(cfg.cell_names)})")]
     cell = cell or _get(boot, "node", "locality", "zone")
     if cell not in cfg.cell_names:
         return [Mismatch("node.locality.zone", f"{cell!r} is not a cell of {cfg.source} (cells: {', '.join(cfg.cell_names)}; "

@@ -181,3 +181,10 @@ def test_cli_exits_1_and_prints_every_mismatch_with_its_path(tmp_path: Path, cap
     assert f"{path}: static_resources.clusters: no cluster 'cell-eu-west1'" in err
     assert f"{path}: {HCM}.route_config.internal_only_headers: missing x-dlb-cell" in err
     assert f"{path}: 2 mismatches with {EXAMPLE}" in err
+
+
+def test_a_bad_cell_option_is_blamed_on_the_option_not_the_file() -> None:
+    """``--cell nope`` is the caller's mistake: the report names ``--cell``, not the file's node.locality.zone."""
+    boot = yaml.safe_load((CONFIG_DIR / "root.yaml").read_text())
+    found = check_bootstrap(boot, CFG, cell="nope")
+    assert [m.path for m in found] == ["--cell"] and "'nope' is not a cell" in str(found[0])
