@@ -311,6 +311,7 @@ class HubScoreRoot:
         self.queue = np.zeros(topology.n)
         self.kv = np.zeros(topology.n)
         self.seen = np.zeros(topology.n, bool)
+        self.signalled = False
         self._best = NO_CELL
 
     def on_signals(self, cell: int, queue_depth: float, kv_utilisation: float, up: bool = True) -> None:
@@ -319,13 +320,14 @@ class HubScoreRoot:
         self.queue[cell] = queue_depth
         self.kv[cell] = kv_utilisation
         self.seen[cell] = up
+        self.signalled = True
         self._best = NO_CELL  # recompute on the next pick
 
     def pick(self, now: float, session: str | None = None) -> int:
         if self._best == NO_CELL:
             live = self.seen[self.cells]
-            if not live.any():
-                return NO_CELL
+            if not live.any():  # before the first probe the hub knows only distance; after, all are down
+                return NO_CELL if self.signalled else int(self.cells[0])
             cells, rtt = self.cells[live], self.rtt[live]
             s = hub_scores(self.queue[cells], self.kv[cells], rtt, self.weights)
             self._best = int(cells[int(np.argmax(s))])

@@ -130,9 +130,11 @@ def test_hub_score_orders_by_queue_kv_and_locality() -> None:
 def test_hub_score_root_picks_on_the_last_signals_and_skips_dead_cells() -> None:
     t = Topology.build(["a", "b"], [2, 2], [[0, 0.05], [0.05, 0]])
     root = HubScoreRoot(t, 0)
-    assert root.pick(0.0) == NO_CELL  # no signals yet
+    assert root.pick(0.0) == 0  # no signals yet: the nearest cell
     root.on_signals(0, 3.0, 0.9)
     root.on_signals(1, 0.0, 0.1)
     assert root.pick(0.0) == 1
     root.on_signals(1, 0.0, 0.1, up=False)
     assert root.pick(0.0) == 0
+    root.on_signals(0, 0.0, 0.1, up=False)
+    assert root.pick(0.0) == NO_CELL  # every cell down
