@@ -16,7 +16,8 @@ Envoy-native configuration the real path serves (no DLB decision per request):
 Health, modelled simply: *active health checks* see which servers are up (the live replica count a
 probe carries; a cell's servers ``0..k_live−1`` are up, the engine's outage convention), and
 *outlier detection* is Envoy's ``consecutive_5xx`` with its defaults (:class:`OutlierConfig`), fed by
-the replies this root receives. Envoy's panic threshold is modelled for ``lr-global`` only.
+the replies this root receives. Envoy's panic threshold (50 %) is modelled: ``lr-global`` then picks
+among all its hosts, ``locality-failover`` splits by host count when every priority is in panic.
 
 Hosts are numbered cell-major: cell j's servers are ``offset[j] .. offset[j] + replicas[j] − 1`` with
 ``offset`` the running sum of replicas (:func:`host_offsets`), the simulator's numbering.
@@ -46,28 +47,37 @@ def host_offsets(replicas: Sequence[float]) -> list[int]:
     return out
 
 
-def priority_loads(healthy: Sequence[int], total: Sequence[int], overprovisioning: float = OVERPROVISIONING) -> list[int]:
+def priority_loads(healthy: Sequence[int], total: Sequence[int], overprovisioning: float = OVERPROVISIONING,
+                   panic_percent: float = 50.0) -> list[int]:
     """Envoy's per-priority load in percent (sums to 100), from each priority's healthy host count.
 
-    Envoy's integer arithmetic: health_p = min(100, ⌊100·factor·healthy_p / total_p⌋); priorities take
-    health in order until 100 is reached (spill-over); if the health sum is under 100 the loads are
-    scaled to it; the rounding remainder goes to the first priority with health. With no health at
-    all everything goes to priority 0 (Envoy would be in panic there).
+    Envoy's integer arithmetic (``LoadBalancerBase::recalculatePerPriorityState``): health_p =
+    min(100, ⌊100·factor·healthy_p / total_p⌋); priorities take health in order until 100 is reached
+    (spill-over); if the health sum is under 100 the loads are scaled to it; the rounding remainder
+    goes to the first priority with health. *Total panic*: when the health sum is under 100 and every
+    priority has fewer than ``panic_percent`` % of its hosts healthy (or none is healthy at all), the
+    load follows host counts regardless of health.
     """
     factor = int(round(overprovisioning * 100))
     health = [min(100, factor * h // t) if t > 0 else 0 for h, t in zip(healthy, total, strict=True)]
     norm = min(100, sum(health))
-    if norm == 0:
-        return [100] + [0] * (len(health) - 1)
+    if norm < 100 and all(t == 0 or 100.0 * h / t < panic_percent for h, t in zip(healthy, total, strict=True)):
+        return _split(list(total), sum(total))
+    return _split(health, norm)
+
+
+def _split(weights: list[int], norm: int) -> list[int]:
+    """100 split as ⌊100·w/norm⌋ each, capped by what is left, remainder to the first non-zero weight."""
+    if norm <= 0:
+        return [100] + [0] * (len(weights) - 1)
     left = 100
     loads = []
-    for h in health:
-        v = min(left, h * 100 // norm)
+    for w in weights:
+        v = min(left, w * 100 // norm)
         loads.append(v)
         left -= v
     if left:
-        first = next(p for p, h in enumerate(health) if h > 0)
-        loads[first] += left
+        loads[next(p for p, w in enumerate(weights) if w > 0)] += left
     return loads
 
 

@@ -38,7 +38,15 @@ def test_priority_load_spills_in_order_and_sums_to_100() -> None:
     assert priority_loads([2, 4, 10], [10, 10, 10]) == [28, 56, 16]
     loads = priority_loads([1, 1, 1], [5, 5, 5])  # each 28, sum 84 → scaled to 100
     assert sum(loads) == 100 and loads[0] >= loads[1] == loads[2]
-    assert priority_loads([0, 0], [4, 4]) == [100, 0]
+    assert priority_loads([0, 0], [4, 4]) == [50, 50]  # total panic: by host count
+
+
+def test_total_panic_splits_by_host_count_not_health() -> None:
+    # 20 % healthy everywhere: health 28 + 28 < 100 and both under the 50 % panic threshold.
+    assert priority_loads([2, 6], [10, 30]) == [25, 75]
+    assert priority_loads([2, 6], [10, 30], panic_percent=0.0) == [50, 50]  # panic off: by health
+    # One priority above the threshold: no total panic, health decides (35 + 84 ≥ 100 → spill-over).
+    assert priority_loads([25, 60], [100, 100]) == [35, 65]
 
 
 def test_outlier_ejects_after_five_consecutive_5xx_and_un_ejects_after_base_time() -> None:
