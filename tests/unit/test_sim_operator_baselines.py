@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dlb.sim.engine import SimConfig, simulate
-from dlb.sim.policies import BASELINES, DEFAULT_POLICIES, OPERATOR_BASELINES
+from dlb.sim.policies import BASELINES, DEFAULT_POLICIES, OPERATOR_BASELINES, build_roots
 from dlb.sim.scenario import Scenario, generate
 
 
@@ -52,3 +52,26 @@ def test_lr_global_stops_sending_to_servers_an_outage_took_down() -> None:
 def test_operator_baselines_are_baselines_and_not_run_by_default() -> None:
     assert set(OPERATOR_BASELINES) <= set(BASELINES)
     assert not set(OPERATOR_BASELINES) & set(DEFAULT_POLICIES)
+
+
+def test_every_reply_reaches_the_root_that_sent_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lr-global's active counts are per root: each root hears back about exactly its own requests,
+    so after the drain every count is back to zero, overflowed requests included."""
+    from dlb.sim import engine
+
+    built: list = []
+
+    def spy(*args: object, **kwargs: object) -> list:
+        roots = build_roots(*args, **kwargs)  # type: ignore[arg-type]
+        built.extend(roots)
+        return roots
+
+    monkeypatch.setattr(engine, "build_roots", spy)
+    sc = generate(11, utilization=1.1, duration_s=15.0)
+    sc = replace(sc, workload=replace(sc.workload, queue_limit=2))
+    res = simulate(sc, "lr-global", 0, SimConfig(root_replicas=2))
+    assert res.errors > 0 and res.in_flight == 0
+    assert len(built) == 2 * sc.n
+    assert all(a == 0 for root in built for a in root.active)
+    ejected = sum(root.health.outliers.mult[h] > 0 for root in built for h in range(len(root.active)))
+    assert ejected > 0  # overflow 5xx replies drove outlier detection
