@@ -22,7 +22,7 @@ from dlb.sim.experiments import (
     record_key,
     run_jobs,
 )
-from dlb.sim.policies import POLICIES
+from dlb.sim.policies import DEFAULT_POLICIES, POLICIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"simulated minutes per run (default {PROTOCOL.minutes:g})")
     p.add_argument("--seed", type=int, default=1, help="base seed; scenario k has seed 1000·seed + k")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of policies (Rand is needed for normalisation)")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                   help="comma-separated policies (Rand is needed for normalisation); also: " + ",".join(
+                       p for p in POLICIES if p not in DEFAULT_POLICIES))
     p.add_argument("--variants", default=None,
                    help="comma-separated subset of variant labels (e.g. 'eps=0.0,eps=0.75'); default all")
     p.add_argument("--root-replicas", type=int, default=1,

@@ -30,6 +30,14 @@ Model (paper, Appendix B.1 and Figure 9):
   is a request of the workload's mean size, injected at the leaf (no root, no WAN), served like any
   other, counted in the cell's RIF, and its completion is a latency sample. Probes are not in the
   latency results; ``RunResult.probes`` counts them per cell.
+- **Operator baselines** (:mod:`dlb.core.operator_baselines`) use three optional root hooks, found by
+  attribute: ``pick_server(now)`` names the server itself (a global, cell-major server id), and the
+  request then bypasses the leaf's pick (``lr-global``: Envoy picks the host); ``on_reply(now, server,
+  ok)`` is called when the answer (or the 5xx of an overflow or a down server) is back at the root
+  that sent it, a return trip after the server answered (active requests and outlier detection);
+  ``on_signals(cell, queue, kv, up)`` delivers, with the RIF's staleness, each cell's mean waiting
+  requests per live server and mean KV-cache utilisation (``pipeline``: busy decode slots / slots).
+  Roots without them run exactly as before.
 - **Latency-model noise** (paper 5.4): the parameters a leaf reports are multiplied by
   ``1 + ε ξ_j``, ``ξ_j ~ U[−1, 1]`` fixed per cell and trial.
 
@@ -65,7 +73,7 @@ from dlb.sim.batched import BatchedServers
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario
 
-_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP = range(9)
+_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP, _REPLY = range(10)
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
 
     replicas = [build_roots(policy, topo, prior_root, rng_for(r)) for r in range(R_roots)]
     pick_fns = [[rep[i].pick for rep in replicas] for i in range(n)]
+    # Operator-baseline hooks (see the module docstring); every root of a policy has the same surface.
+    names_server = hasattr(replicas[0][0], "pick_server")
+    server_fns = ([[rep[i].pick_server for rep in replicas] for i in range(n)]  # type: ignore[attr-defined]  # lr-global's hook
+                  if names_server else [])
+    replies = hasattr(replicas[0][0], "on_reply")
+    signals = hasattr(replicas[0][0], "on_signals")
     next_replica = [0] * n
     # MNLB estimates capacities from the published latency models, so it needs them fitted too.
     fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB"
@@ -234,6 +248,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         cell_of.extend([j] * sc.servers[j])
     S = len(cell_of)
     online = [list(s) for s in cell_servers]
+    # Servers are numbered cell-major, as the roots that name them number them (core host_offsets).
+    is_up = [True] * S
     pq: list[deque] = [deque() for _ in range(S)]
     dq: list[deque] = [deque() for _ in range(S)]
     busy = [False] * S
@@ -278,6 +294,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     k_live = [float(k) for k in sc.servers]
 
     dst = [-1] * R
+    fixed = [-1] * R if names_server else []  # the server a root named (lr-global)
+    srv_of = [-1] * R if replies else []  # the server that answered (or refused)
+    sender: list = [None] * R if replies else []  # the root object that sent the request
     t_leaf = [0.0] * R
     rif0 = [0] * R
     lat = np.full(R, math.nan)
@@ -301,6 +320,25 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     lag = [[int(round(tau[i][j] / cfg.snapshot_s)) for j in range(n)] for i in range(n)]
     max_lag = max(max(r) for r in lag)
     history: deque[list[int]] = deque(maxlen=max_lag + 1)
+    sig_history: deque[list[tuple[float, float, bool]]] = deque(maxlen=max_lag + 1)
+
+    def cell_signals() -> list[tuple[float, float, bool]]:
+        """Each cell's mean waiting requests per live server, mean KV utilisation, and whether any is up."""
+        out = []
+        for j in range(n):
+            on = online[j]
+            if not on:
+                out.append((0.0, 0.0, False))
+                continue
+            if batched is not None:
+                engs = batched.engines
+                qd = sum(len(engs[sv].waiting) for sv in on)
+                kv = sum(engs[sv].kv_usage for sv in on)
+            else:
+                qd = sum(len(pq[sv]) + len(dq[sv]) for sv in on)
+                kv = sum(w.slots - free[sv] for sv in on) / w.slots
+            out.append((qd / len(on), kv / len(on), True))
+        return out
     rif_sum = [0] * n
     n_snaps = 0
     arrivals_since = [0] * n
@@ -388,6 +426,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     served[j] += 1
                     i = src_list[b]
                     back = tau[j][i]
+                    if replies:
+                        schedule(now + back, _REPLY, b, 1)
                     lat[b] = now + back - t_list[b]
                     net_sum += back + tau[i][j]
             elif kind == _PREFILL_DONE:
@@ -406,7 +446,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _LEAF:
                 j = dst[a] if a < R else b
                 cand = online[j]
-                if pools is not None:
+                if names_server and a < R:  # the root named the server: no leaf pick
+                    s1 = fixed[a]
+                elif pools is not None:
                     s1 = pools[j].pick(now, cand, probe, tok_est[a])
                 else:
                     m = len(cand)
@@ -415,10 +457,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         s2 = cand[int(rnd() * m)]
                         if srif[s2] < srif[s1]:
                             s1 = s2
-                if batched is not None:
+                if not is_up[s1]:  # only a root-named server can be down: the connection fails
+                    rejected = True
+                elif batched is not None:
                     rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
                 else:
                     rejected = len(pq[s1]) + len(dq[s1]) >= qlim
+                if replies and a < R:
+                    srv_of[a] = s1
                 if rejected:
                     errs[j].record(now, True)
                     if a >= R:
@@ -427,6 +473,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         continue
                     errors += 1
                     in_flight -= 1
+                    if replies:
+                        schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
                     continue
                 srif[s1] += 1
                 if pools is not None:
@@ -442,6 +490,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
             elif kind == _SNAP:
                 history.append(crif[:])
+                if signals:
+                    sig_history.append(cell_signals())
                 if now < T:
                     n_snaps += 1
                     for j in range(n):
@@ -458,6 +508,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                             root = replicas[rr][i]
                             for j in range(n):
                                 back = min(lg[j], hl - 1)
+                                if signals:
+                                    qd, kv, up = sig_history[hl - 1 - back][j]
+                                    root.on_signals(j, qd, kv, up)  # type: ignore[attr-defined]  # hub-score's hook
                                 # The answer's RIF is the snapshot ``back`` ticks old: it counts this
                                 # root's requests sent up to τ_ij before that snapshot.
                                 root.on_probe(j, now, history[hl - 1 - back][j], reported[j], er[j], confidence[j],
@@ -510,6 +563,10 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     for j in range(n):
                         online[j] = cell_servers[j][: counts[j]]
                         k_live[j] = float(counts[j])
+                        for m, sv in enumerate(cell_servers[j]):
+                            is_up[sv] = m < counts[j]
+            elif kind == _REPLY:
+                sender[a].on_reply(now, srv_of[a], b == 1)
             elif kind == _BG:
                 for j in range(n):
                     pj = est[j].params
@@ -533,7 +590,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             i = src_list[r]
             k = next_replica[i]
             next_replica[i] = k + 1 if k + 1 < R_roots else 0
-            j = pick_fns[i][k](now)
+            if names_server:
+                s_named = server_fns[i][k](now)
+                j = NO_CELL if s_named == NO_CELL else cell_of[s_named]
+                fixed[r] = s_named
+            else:
+                j = pick_fns[i][k](now)
+            if replies:
+                sender[r] = replicas[k][i]
             arrivals_since[i] += 1
             in_flight += 1
             if j == NO_CELL:

@@ -16,6 +16,9 @@ service runs. The baselines use the core's :func:`rand_weights`, :func:`mnlb_sol
 - **MNLB-oracle**: the same loop handed the truth — the exact demand at t = 0 and the cells'
   theoretical capacities at their live replica counts. Stronger than any MNLB that has to estimate
   them; kept as a labelled upper bound for the baseline.
+- **lr-global**, **locality-failover**, **hub-score**: what operators run (DESIGN §3), the core's
+  :mod:`dlb.core.operator_baselines` roots; the engine wires their server-naming, reply and signal
+  hooks. They are not in the default ``--policies`` (name them to run them).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dlb.core.aversion import AversionConfig, update_aversion
 from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
+from dlb.core.operator_baselines import HubScoreRoot, LocalityFailoverRoot, LrGlobalRoot
 from dlb.core.router import POLICY_NAMES, PolicyConfig, RootRouter, Router
 from dlb.core.topology import Topology
 
@@ -63,10 +67,18 @@ REGISTRY: dict[str, PolicySpec] = {
     "MNLB": PolicySpec(_mnlb, needs_model=False),
     "MNLB-oracle": PolicySpec(_mnlb, needs_model=False),
     **{name: _dlb(PolicyConfig(mechanism=m, cost=c)) for (m, c), name in POLICY_NAMES.items()},
+    "lr-global": PolicySpec(lambda topology, source, prior, rng: LrGlobalRoot(topology, source, rng), needs_model=False),
+    "locality-failover": PolicySpec(lambda topology, source, prior, rng: LocalityFailoverRoot(topology, source, rng),
+                                    needs_model=False),
+    "hub-score": PolicySpec(lambda topology, source, prior, rng: HubScoreRoot(topology, source), needs_model=False),
 }
 POLICIES: tuple[str, ...] = tuple(REGISTRY)
+#: What operators run instead of DLB (DESIGN §3): runnable by name, not in the default policy set.
+OPERATOR_BASELINES: tuple[str, ...] = ("lr-global", "locality-failover", "hub-score")
+#: The policies ``dlb sim`` runs when ``--policies`` is not given.
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if p not in OPERATOR_BASELINES)
 #: The baselines (not DLB policies).
-BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle")
+BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle", *OPERATOR_BASELINES)
 
 
 def uses_latency_model(name: str) -> bool:

@@ -109,7 +109,8 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
 
     agg = aggregate(records)
     paths = []
-    colors = dict(zip(POLICIES, plt.get_cmap("tab10").colors, strict=False))  # type: ignore[attr-defined]  # a ListedColormap
+    palette = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
+    colors = {p: palette[k % len(palette)] for k, p in enumerate(POLICIES)}  # more policies than colours: cycle
     for exp in _experiments(records):
         variants = _variants(records, exp)
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), dpi=80)

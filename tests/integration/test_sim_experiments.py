@@ -238,3 +238,17 @@ def test_estimate_projects_cost_at_the_protocol(tmp_path) -> None:
     ratio = sum(demand(kw, 1000 + k, 10.0) for k in range(10)) / demand(kw, 1000, 0.05)
     assert e["projected_cpu_s"] == pytest.approx(e["measured_cpu_s"] * (10.0 / 0.05) * 2 * ratio)
     assert "| burst | 20 |" in (out / "cost-estimate.md").read_text()
+
+
+def test_cli_runs_the_operator_baselines_by_name(tmp_path) -> None:
+    """The operator baselines run when named (not by default), in records, tables and plots (a
+    plot palette of ten colours once crashed on the eleventh policy)."""
+    out = tmp_path / "ops"
+    pols = "Rand,Disc-RIF,lr-global,locality-failover,hub-score"
+    rc = main(["sim", "--experiment", "server-model", "--scenarios", "1", "--trials", "1", "--minutes", "0.05",
+               "--policies", pols, "--workers", "1", "--out", str(out), "--no-progress", "--seed", "4"])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    assert {r["policy"] for r in data} == set(pols.split(",")) and all(r.keys() >= FIELDS for r in data)
+    assert {r["variant"] for r in data} == {"pipeline", "batched"}
+    assert "| hub-score |" in (out / "results.md").read_text() and (out / "server-model.png").exists()
