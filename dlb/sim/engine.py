@@ -30,6 +30,10 @@ Model (paper, Appendix B.1 and Figure 9):
   is a request of the workload's mean size, injected at the leaf (no root, no WAN), served like any
   other, counted in the cell's RIF, and its completion is a latency sample. Probes are not in the
   latency results; ``RunResult.probes`` counts them per cell.
+- **Scoring** (:mod:`dlb.sim.outcome`): besides the served requests' latencies, the result counts
+  overflow errors, root refusals (no usable cell) and sheds (``pick`` returned
+  :data:`~dlb.core.router.SHED`) apart; the failure-counting figures put every unserved request at
+  ``SimConfig.request_timeout_s``.
 - **Latency-model noise** (paper 5.4): the parameters a leaf reports are multiplied by
   ``1 + ε ξ_j``, ``ξ_j ~ U[−1, 1]`` fixed per cell and trial.
 

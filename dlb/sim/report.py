@@ -156,7 +156,8 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
     for exp in _experiments(records):
         variants = _variants(records, exp)
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), dpi=80)
-        panels = (("norm_mean", "mean latency / Rand"), ("norm_p90", "p90 latency / Rand"), ("error_rate", "error rate"))
+        panels = (("norm_mean", "mean latency / Rand (failures at timeout)"), ("norm_p90", "p90 / Rand (failures at timeout)"),
+                  ("error_rate", "error rate"))
         for ax, (metric, title) in zip(axes, panels, strict=True):
             if len(variants) > 1:
                 xs = [agg[(exp, variants[0], POLICIES[0])]["x"] if (exp, variants[0], POLICIES[0]) in agg else 0]
