@@ -96,8 +96,10 @@ def _le(agg: Agg, exp: str, var: str, p: str, m: str = "norm_mean") -> str:
     a = agg.get((exp, var, p))
     if a is None:
         return "–"
-    shed = a.get("shed_rate", math.nan)
-    extra = f", shed {_fmt(shed, pct=True)}" if math.isfinite(shed) and shed > 0 else ""
+    extra = ""
+    for name, field in (("shed", "shed_rate"), ("timed out", "timed_out_rate")):
+        v = a.get(field, math.nan)
+        extra += f", {name} {_fmt(v, pct=True)}" if math.isfinite(v) and v > 0 else ""
     return f"{_fmt(a[m])} (err {_fmt(a['error_rate'], pct=True)}{extra})"
 
 
@@ -110,7 +112,8 @@ def timeout_note(records: list[dict]) -> str:
             f"request timeout ({t}), a served one at its latency capped there. \"norm mean\" and \"norm p90\" "
             "are those figures ÷ Rand's in the same scenario, trial and variant; \"served only\" is the "
             "success-only mean ÷ Rand's. Error rate = overflow errors + requests the root had no cell for, "
-            "/ arrivals; shed rate = requests the root refused on purpose / arrivals.")
+            "/ arrivals; shed rate = requests the root refused on purpose / arrivals; served after timeout = served "
+            "requests that took longer than the timeout (counted at it) / arrivals.")
     if derived:
         note += (" Some records predate these fields: their mean is derived from the success-only mean and the "
                  "error rate (served requests assumed within the timeout); p90 and shed rate are n/a unless "
@@ -128,15 +131,16 @@ def markdown_table(records: list[dict]) -> str:
         for var in _variants(records, exp):
             n = next((a["n"] for (e, v, _p), a in agg.items() if e == exp and v == var), 0)
             out += [f"## {exp} — {var} ({n} runs per policy)", "",
-                    "| policy | norm mean | error rate | shed rate | norm p90 | norm mean, served only | mean (s) "
-                    "| mean, served only (s) | of which network (s) |",
-                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                    "| policy | norm mean | error rate | shed rate | served after timeout | norm p90 "
+                    "| norm mean, served only | mean (s) | mean, served only (s) | of which network (s) |",
+                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
             for p in POLICIES:
                 a = agg.get((exp, var, p))
                 if a is None:
                     continue
                 out.append(f"| {p} | {_fmt(a['norm_mean'])} ± {_fmt(a['norm_mean_sd'])} | "
                            f"{_fmt(a['error_rate'], pct=True)} | {_fmt(a['shed_rate'], pct=True, missing='n/a')} | "
+                           f"{_fmt(a['timed_out_rate'], pct=True, missing='n/a')} | "
                            f"{_fmt(a['norm_p90'], missing='n/a')} | {_fmt(a['norm_mean_served'])} | "
                            f"{_fmt(a['mean_latency_with_failures'])} | {_fmt(a['mean'])} | {_fmt(a['net_mean'])} |")
             out.append("")

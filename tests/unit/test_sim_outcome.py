@@ -116,7 +116,8 @@ def test_old_records_load_with_what_can_be_derived() -> None:
 
 def test_report_shows_error_beside_latency() -> None:
     recs = normalise([dict(_old(p, 2.0 if p == "Rand" else 1.7, 0.02 if p == "Flow-Lat" else 0.0),
-                           mean_latency_with_failures=2.0, p90_latency_with_failures=4.0, shed_rate=0.0)
+                           mean_latency_with_failures=2.0, p90_latency_with_failures=4.0, shed_rate=0.0,
+                           timed_out_rate=0.01 if p == "Disc-RIF" else 0.0)
                       for p in POLICIES])
     md = markdown_table(recs)
     header = next(line for line in md.splitlines() if line.startswith("| policy"))
@@ -126,7 +127,7 @@ def test_report_shows_error_beside_latency() -> None:
     rep = reproduction_report(recs, "results.json", None)
     assert "request timeout (60 s)" in rep
     baseline = next(line for line in rep.splitlines() if line.startswith("| DLB policies ~20 %"))
-    assert "Flow-Lat 1.000 (err 2.00%)" in baseline
+    assert "Flow-Lat 1.000 (err 2.00%)" in baseline and "Disc-RIF 1.000 (err 0.00%, timed out 1.00%)" in baseline
 
 
 def test_report_refuses_mixed_timeouts_and_server_models() -> None:
