@@ -42,6 +42,7 @@ import numpy as np
 
 from dlb.core.estimator import EstimatorConfig
 from dlb.sim.engine import RunResult, SimConfig, simulate
+from dlb.sim.outcome import FIELDS
 from dlb.sim.scenario import Disruption, Scenario, Workload
 
 SCENARIOS: tuple[str, ...] = ("prior-x50", "prior-x0.02", "restart", "slow-3x", "recover")
@@ -134,6 +135,7 @@ def run_one(kind: str, mode: str, policy: str, seed: int, trial: int, duration_s
         "probes": int(probes.sum()), "probe_errors": res.probe_errors,
         "share_right_last_bin": _last_share(res, right, duration_s),
         "mean": s["mean"], "p90": s["p90"], "error_rate": s["error_rate"], "arrivals": s["arrivals"],
+        **{f: s[f] for f in FIELDS},
         "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
     }
 
