@@ -157,13 +157,16 @@ def markdown(records: list[dict]) -> str:
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         rows.setdefault((r["variant"], r["policy"]), []).append(r)
-    out = ["| variant | policy | runs | converged | converge_s median | converge_s max | probe share max | mean latency s |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| variant | policy | runs | converged | converge_s median | converge_s max | probe share max "
+           "| mean latency s (failures at the timeout) | error rate |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (var, pol), rs in rows.items():
         cs = [r["converge_s"] for r in rs if r["converge_s"] is not None]
         med = f"{np.median(cs):.0f}" if cs else "never"
         worst = f"{max(cs):.0f}" if len(cs) == len(rs) else "never"
         share = max(r["probe_share"] for r in rs)
-        lat = np.nanmean([r["mean"] for r in rs])
-        out.append(f"| {var} | {pol} | {len(rs)} | {len(cs)} | {med} | {worst} | {100 * share:.2f} % | {lat:.3f} |")
+        lat = np.nanmean([r.get("mean_latency_with_failures", math.nan) for r in rs])
+        err = np.nanmean([r["error_rate"] for r in rs])
+        out.append(f"| {var} | {pol} | {len(rs)} | {len(cs)} | {med} | {worst} | {100 * share:.2f} % | {lat:.3f} "
+                   f"| {100 * err:.2f} % |")
     return "\n".join(out)
