@@ -38,6 +38,9 @@ from dlb.core.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service
 from dlb.core.topology import Topology
 
 NO_CELL = -1
+#: A pick that refuses on purpose (shedding: every allowed cell saturated); the simulator counts it
+#: apart from NO_CELL (no usable cell) and from overflow errors at the servers.
+SHED = -2
 
 
 class Router(Protocol):

@@ -22,7 +22,9 @@ from dlb.sim.experiments import (
     record_key,
     run_jobs,
 )
+from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S
 from dlb.sim.policies import DEFAULT_POLICIES, POLICIES
+from dlb.sim.scenario import SERVER_MODELS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated subset of variant labels (e.g. 'eps=0.0,eps=0.75'); default all")
     p.add_argument("--root-replicas", type=int, default=1,
                    help="root replicas per cell, each with its own probes and state; requests round-robin (default 1)")
+    p.add_argument("--server-model", choices=SERVER_MODELS, default=None,
+                   help="server model of every variant that does not set its own (the server-model and leaf-pick "
+                        "experiments do); default: pipeline. Each record names the model it ran")
+    p.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help="what a client waits for one request: failed, shed and slower requests count at it in the "
+                        f"failure-counting latency figures (default {DEFAULT_REQUEST_TIMEOUT_S:g})")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--estimate", type=float, default=None, metavar="MINUTES",
@@ -85,6 +93,8 @@ def _validate(args: argparse.Namespace) -> list[str]:
             raise SystemExit(f"dlb sim: --{name.replace('_', '-')} must be >= 1")
     if not args.minutes > 0:
         raise SystemExit("dlb sim: --minutes must be > 0")
+    if not args.request_timeout > 0:
+        raise SystemExit("dlb sim: --request-timeout must be > 0")
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in pols if p not in POLICIES]
     if bad:
@@ -153,7 +163,8 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
     experiment's variants that ``--variants`` selected, None for all)."""
     trials = args.trials if args.trials is not None else PROTOCOL.trials_for(exp)
     return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
-            "root_replicas": args.root_replicas, "policies": sorted(policies),
+            "root_replicas": args.root_replicas, "policies": sorted(policies), "server_model": args.server_model,
+            "request_timeout_s": args.request_timeout,
             "variants": sorted(labels) if labels is not None else None}
 
 
@@ -186,7 +197,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     from dlb.sim.report import markdown_table, plot
 
     jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
-                     code)  # fmt: skip
+                     code, args.server_model, args.request_timeout)  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
     partial = outdir.partial_path(out, exp)
@@ -266,7 +277,8 @@ def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str],
                        **({} if args.trials is None else {"trials": args.trials, "baseline_trials": args.trials}))
     commit = git_commit()
     t0, c0 = time.perf_counter(), time.process_time()
-    est = cost.estimate(exps, args.seed, args.estimate, 0, policies, protocol, args.root_replicas, commit)
+    est = cost.estimate(exps, args.seed, args.estimate, 0, policies, protocol, args.root_replicas, commit,
+                        args.server_model)
     table = cost.markdown(est)
     meta = {"commit": commit, "probe_minutes": args.estimate, "protocol": asdict(protocol),
             "root_replicas": args.root_replicas, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,

@@ -39,20 +39,21 @@ def demand(variant_kwargs: dict, seed: int, minutes: float) -> float:
 
 def estimate(experiments: Iterable[str], seed: int = 1, probe_minutes: float = 0.5, probe_scenario: int = 0,
              policies: Iterable[str] = POLICIES, protocol: Protocol = PROTOCOL, root_replicas: int = 1,
-             commit: str = "unknown") -> list[CostEstimate]:
+             commit: str = "unknown", server_model: str | None = None) -> list[CostEstimate]:
     """Run every (variant, policy) of each experiment once on one probe scenario for ``probe_minutes``
-    and project the experiment's CPU seconds at ``protocol``."""
+    and project the experiment's CPU seconds at ``protocol`` (``server_model``: as ``dlb sim --server-model``)."""
     pols = tuple(policies)
     probe_seed = seed * 1000 + probe_scenario
     out = []
     for exp in experiments:
         measured = projected = 0.0
         for var in EXPERIMENTS[exp]:
-            kw = var.kwargs()
+            kw = Job(exp, var, probe_seed, 0, "Rand", 60.0, server_model=server_model).scenario_kwargs()
             full = sum(demand(kw, seed * 1000 + k, protocol.minutes) for k in range(protocol.scenarios))
             scale = (protocol.minutes / probe_minutes) * full / demand(kw, probe_seed, probe_minutes)
             for p in pols:
-                rec = run_job(Job(exp, var, probe_seed, 0, p, probe_minutes * 60.0, root_replicas, commit))
+                rec = run_job(Job(exp, var, probe_seed, 0, p, probe_minutes * 60.0, root_replicas, commit,
+                                  server_model=server_model))
                 measured += rec["cpu_s"]
                 projected += rec["cpu_s"] * scale * protocol.trials_for(exp)
         runs = len(EXPERIMENTS[exp]) * len(pols) * protocol.scenarios * protocol.trials_for(exp)

@@ -38,6 +38,10 @@ Model (paper, Appendix B.1 and Figure 9):
   ``on_signals(cell, queue, kv, up)`` delivers, with the RIF's staleness, each cell's mean waiting
   requests per live server and mean KV-cache utilisation (``pipeline``: busy decode slots / slots).
   Roots without them run exactly as before.
+- **Scoring** (:mod:`dlb.sim.outcome`): besides the served requests' latencies, the result counts
+  overflow errors, root refusals (no usable cell) and sheds (``pick`` returned
+  :data:`~dlb.core.router.SHED`) apart; the failure-counting figures put every unserved request at
+  ``SimConfig.request_timeout_s``.
 - **Latency-model noise** (paper 5.4): the parameters a leaf reports are multiplied by
   ``1 + ε ξ_j``, ``ξ_j ~ U[−1, 1]`` fixed per cell and trial.
 
@@ -66,10 +70,11 @@ from dlb.core.background import (
 from dlb.core.baselines import WeightedRouter
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.latency_model import LatencyParams, latency
-from dlb.core.router import NO_CELL
+from dlb.core.router import NO_CELL, SHED
 from dlb.core.server_pick import PrequalConfig, ProbePool
 from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
+from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, with_failures
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario
 
@@ -95,15 +100,24 @@ class SimConfig:
     #: Root replicas per cell (production runs many): requests round-robin over them; each has its
     #: own probes and state and probes every ``probe_period_s``, the replicas staggered over the period.
     root_replicas: int = 1
+    #: What a client waits for one request (:mod:`dlb.sim.outcome`): failed, shed and slower requests
+    #: count at it in the failure-counting latency figures. It changes no event of the run.
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
             raise ValueError(f"root_replicas must be >= 1: {self.root_replicas}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0: {self.request_timeout_s}")
 
 
 @dataclass
 class RunResult:
-    """Outcome of one run. ``latency`` holds the end-to-end seconds of every successful request."""
+    """Outcome of one run. ``latency`` holds the end-to-end seconds of every successful request.
+
+    ``errors`` = ``overflow`` (refused by a full server) + ``refused`` (the root had no usable cell);
+    ``shed`` requests (the root refused on purpose, :data:`~dlb.core.router.SHED`) are counted apart.
+    """
 
     scenario: int
     policy: str
@@ -126,12 +140,30 @@ class RunResult:
     #: Background probe requests sent per cell, and those that ended in an overflow error.
     probes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     probe_errors: int = 0
+    overflow: int = 0
+    refused: int = 0
+    shed: int = 0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    server_model: str = "pipeline"
 
     def summary(self) -> dict:
         lat = self.latency
         ok = lat.size > 0
         q = np.quantile(lat, [0.5, 0.9, 0.99]) if ok else [math.nan] * 3
+        t = self.request_timeout_s
+        # Never finished: an error, shed, or still in flight when the run stopped.
+        mean_f, p90_f = with_failures(lat, self.arrivals - lat.size, t)
+        per = 1.0 / max(self.arrivals, 1)
         return {
+            "mean_latency_with_failures": mean_f,
+            "p90_latency_with_failures": p90_f,
+            "shed_rate": self.shed * per,
+            "overflow_rate": self.overflow * per,
+            "refused_rate": self.refused * per,
+            "timed_out_rate": int(np.count_nonzero(lat > t)) * per,
+            "request_timeout_s": t,
+            "server_model": self.server_model,
+            "shed": self.shed,
             "mean": float(lat.mean()) if ok else math.nan,
             "p50": float(q[0]),
             "p90": float(q[1]),
@@ -362,6 +394,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         schedule(cfg.background_tick_s, _BG)
 
     completed = errors = events = 0
+    overflow = refused = shed = 0
     net_sum = 0.0
     in_flight = 0
     r = 0
@@ -472,6 +505,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         probers[j].on_done(now)
                         continue
                     errors += 1
+                    overflow += 1
                     in_flight -= 1
                     if replies:
                         schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
@@ -600,8 +634,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 sender[r] = replicas[k][i]
             arrivals_since[i] += 1
             in_flight += 1
-            if j == NO_CELL:
+            if j == SHED:  # refused on purpose: not an error of the system, but not served either
+                shed += 1
+                in_flight -= 1
+            elif j == NO_CELL:
                 errors += 1
+                refused += 1
                 in_flight -= 1
             else:
                 dst[r] = j
@@ -630,4 +668,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         arrival_t=t_arr,
         probes=np.asarray(probes_sent, dtype=np.int64),
         probe_errors=probe_errors,
+        overflow=overflow,
+        refused=refused,
+        shed=shed,
+        request_timeout_s=cfg.request_timeout_s,
+        server_model=w.server_model,
     )

@@ -22,8 +22,9 @@ import numpy as np
 from dlb.provenance import code_tree, git_commit
 from dlb.resumable import ignore_sigint
 from dlb.sim.engine import SimConfig, simulate
+from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, complete
 from dlb.sim.policies import BASELINES, POLICIES
-from dlb.sim.scenario import generate
+from dlb.sim.scenario import Workload, generate
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ EXPERIMENTS: dict[str, tuple[Variant, ...]] = {
                   _v("prequal", 1.0, server_model="batched", leaf_pick="prequal")),
 }
 
-METRICS = ("mean", "p50", "p90", "p99", "error_rate")
+METRICS = ("mean", "p50", "p90", "p99", "error_rate", "mean_latency_with_failures", "p90_latency_with_failures",
+           "shed_rate", "overflow_rate", "refused_rate", "timed_out_rate")
 
 
 @dataclass(frozen=True)
@@ -103,24 +105,41 @@ class Job:
     #: The git tree of ``dlb/`` at that commit (:func:`dlb.provenance.code_tree`): what ``--resume``
     #: and the report compare, so commits that changed only docs or tests do not split one build.
     code: str = "unknown"
+    #: ``dlb sim --server-model``: the server model of variants that do not set their own (None: the
+    #: workload's default).
+    server_model: str | None = None
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
         return (self.experiment, self.variant.label, self.policy, self.scenario, self.trial, self.duration_s,
-                self.root_replicas, self.code)
+                self.root_replicas, self.code, self.effective_server_model())
+
+    def scenario_kwargs(self) -> dict[str, Any]:
+        """The variant's arguments of :func:`~dlb.sim.scenario.generate`, ``--server-model`` applied
+        where the variant does not choose the server model itself (the server-model experiment does)."""
+        kw = self.variant.kwargs()
+        if self.server_model is not None and "server_model" not in kw:
+            kw["server_model"] = self.server_model
+        return kw
+
+    def effective_server_model(self) -> str:
+        return str(self.scenario_kwargs().get("server_model", Workload().server_model))
 
     def cost(self) -> float:
         """Rough relative cost (arrivals × a per-policy factor) so big jobs start first."""
-        sc = generate(self.scenario, duration_s=self.duration_s, **self.variant.kwargs())
+        sc = generate(self.scenario, duration_s=self.duration_s, **self.scenario_kwargs())
         factor = 1.0 if self.policy in BASELINES else 3.0 * self.root_replicas**0.3
         return float(sc.demand.sum()) * self.duration_s * factor * sc.n**0.3
 
 
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, minutes: float, seed: int,
               policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None,
-              code: str | None = None) -> list[Job]:
+              code: str | None = None, server_model: str | None = None,
+              request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
-    ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now)."""
+    ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now).
+    ``server_model``: for variants that do not set it (None: the workload's default)."""
     commit = git_commit() if commit is None else commit
     code = code_tree() if code is None else code
     jobs = []
@@ -132,7 +151,8 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
             for k in range(scenarios):
                 for t in range(n_trials):
                     for p in policies:
-                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code))
+                        jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code,
+                                        server_model, request_timeout_s))
     return jobs
 
 
@@ -140,8 +160,9 @@ def run_job(job: Job) -> dict:
     """Simulate one job; returns its record (without the normalised fields) plus timing."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    sc = generate(job.scenario, duration_s=job.duration_s, **job.variant.kwargs())
-    res = simulate(sc, job.policy, job.trial, SimConfig(root_replicas=job.root_replicas))
+    sc = generate(job.scenario, duration_s=job.duration_s, **job.scenario_kwargs())
+    res = simulate(sc, job.policy, job.trial,
+                   SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -156,9 +177,12 @@ def run_job(job: Job) -> dict:
         "root_replicas": job.root_replicas,
         "commit": job.commit,
         "code": job.code,
+        "server_model": s["server_model"],
+        "request_timeout_s": s["request_timeout_s"],
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],
         "errors": s["errors"],
+        "shed": s["shed"],
         "in_flight": s["in_flight"],
         "cells": sc.n,
         "net_mean": s["net_mean"],
@@ -172,20 +196,40 @@ def run_job(job: Job) -> dict:
 def record_key(rec: dict) -> tuple:
     """:meth:`Job.key` of the job that made ``rec``."""
     return (rec["experiment"], rec["variant"], rec["policy"], rec["scenario"], rec["trial"], rec["duration_s"],
-            rec.get("root_replicas", 1), rec.get("code", "unknown"))
+            rec.get("root_replicas", 1), rec.get("code", "unknown"), rec.get("server_model", _old_server_model(rec)))
+
+
+def _old_server_model(rec: dict) -> str:
+    """The server model of a record that does not say: its variant's, else the default it ran with."""
+    var = next((v for v in EXPERIMENTS.get(rec.get("experiment", ""), ()) if v.label == rec.get("variant")), None)
+    return str(var.kwargs().get("server_model", "pipeline")) if var is not None else "pipeline"
+
+
+#: Normalised figure → the record field it divides by Rand's: the failure-counting figures
+#: (:mod:`dlb.sim.outcome`), and the success-only mean for reference.
+NORMALISED = {"norm_mean": "mean_latency_with_failures", "norm_p90": "p90_latency_with_failures",
+              "norm_mean_served": "mean"}
 
 
 def normalise(records: list[dict]) -> list[dict]:
-    """Add ``norm_mean``/``norm_p90``: divided by Rand's value in the same scenario, trial, variant."""
+    """Add ``norm_mean``/``norm_p90`` (failed and shed requests at the timeout) and ``norm_mean_served``
+    (success only): divided by Rand's value in the same scenario, trial, variant and server model.
+    Records without the failure-counting fields are completed first (:func:`dlb.sim.outcome.complete`)."""
+    for r in records:
+        if r.get("experiment") in EXPERIMENTS and "mean_latency_with_failures" not in r:
+            complete(r, server_model=_old_server_model(r))
+
     def key(r: dict) -> tuple:
-        return r["experiment"], r["variant"], r["scenario"], r["trial"], r.get("root_replicas", 1)
+        return (r["experiment"], r["variant"], r["scenario"], r["trial"], r.get("root_replicas", 1),
+                r.get("server_model", "pipeline"))
 
     rand = {key(r): r for r in records if r["policy"] == "Rand"}
     for r in records:
         base = rand.get(key(r))
-        for m in ("mean", "p90"):
-            ok = base is not None and base[m] > 0 and math.isfinite(base[m])
-            r[f"norm_{m}"] = r[m] / base[m] if base is not None and ok else math.nan
+        for name, m in NORMALISED.items():
+            b = float("nan") if base is None else float(base.get(m, math.nan))
+            v = float(r.get(m, math.nan))
+            r[name] = v / b if b > 0 and math.isfinite(b) else math.nan
     return records
 
 
@@ -264,19 +308,19 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, str], dict[str, float
     agg = {}
     for key, rs in groups.items():
         def col(m: str) -> np.ndarray:
-            v = np.array([r[m] for r in rs], float)  # noqa: B023 - called within this iteration
+            v = np.array([r.get(m, math.nan) for r in rs], float)  # noqa: B023 - called within this iteration
             return v[np.isfinite(v)]
 
-        nm, np90, er, mean = col("norm_mean"), col("norm_p90"), col("error_rate"), col("mean")
-        net = np.array([r.get("net_mean", math.nan) for r in rs], float)
-        net = net[np.isfinite(net)]
+        def avg(m: str) -> float:
+            v = col(m)
+            return float(v.mean()) if v.size else math.nan
+
+        nm = col("norm_mean")
         agg[key] = {
             "norm_mean": float(nm.mean()) if nm.size else math.nan,
             "norm_mean_sd": float(nm.std()) if nm.size else math.nan,
-            "norm_p90": float(np90.mean()) if np90.size else math.nan,
-            "error_rate": float(er.mean()) if er.size else math.nan,
-            "mean": float(mean.mean()) if mean.size else math.nan,
-            "net_mean": float(net.mean()) if net.size else math.nan,
+            **{m: avg(m) for m in ("norm_p90", "norm_mean_served", "error_rate", "shed_rate", "timed_out_rate", "mean",
+                                   "mean_latency_with_failures", "net_mean")},
             "n": len(rs),
             "x": float(rs[0].get("x", 0.0)),
         }

@@ -158,4 +158,4 @@ def dedupe(records: list[dict]) -> tuple[list[dict], int]:
 
 
 #: Fields that differ between two runs of the same job (they time the run, not its result).
-_TIMING = frozenset({"wall_s", "cpu_s", "piece_started_at", "finished_at", "norm_mean", "norm_p90"})
+_TIMING = frozenset({"wall_s", "cpu_s", "piece_started_at", "finished_at", "norm_mean", "norm_p90", "norm_mean_served"})

@@ -42,6 +42,7 @@ import numpy as np
 
 from dlb.core.estimator import EstimatorConfig
 from dlb.sim.engine import RunResult, SimConfig, simulate
+from dlb.sim.outcome import FIELDS
 from dlb.sim.scenario import Disruption, Scenario, Workload
 
 SCENARIOS: tuple[str, ...] = ("prior-x50", "prior-x0.02", "restart", "slow-3x", "recover")
@@ -134,6 +135,7 @@ def run_one(kind: str, mode: str, policy: str, seed: int, trial: int, duration_s
         "probes": int(probes.sum()), "probe_errors": res.probe_errors,
         "share_right_last_bin": _last_share(res, right, duration_s),
         "mean": s["mean"], "p90": s["p90"], "error_rate": s["error_rate"], "arrivals": s["arrivals"],
+        **{f: s[f] for f in FIELDS},
         "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
     }
 
@@ -155,13 +157,16 @@ def markdown(records: list[dict]) -> str:
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         rows.setdefault((r["variant"], r["policy"]), []).append(r)
-    out = ["| variant | policy | runs | converged | converge_s median | converge_s max | probe share max | mean latency s |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| variant | policy | runs | converged | converge_s median | converge_s max | probe share max "
+           "| mean latency s (failures at the timeout) | error rate |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (var, pol), rs in rows.items():
         cs = [r["converge_s"] for r in rs if r["converge_s"] is not None]
         med = f"{np.median(cs):.0f}" if cs else "never"
         worst = f"{max(cs):.0f}" if len(cs) == len(rs) else "never"
         share = max(r["probe_share"] for r in rs)
-        lat = np.nanmean([r["mean"] for r in rs])
-        out.append(f"| {var} | {pol} | {len(rs)} | {len(cs)} | {med} | {worst} | {100 * share:.2f} % | {lat:.3f} |")
+        lat = np.nanmean([r.get("mean_latency_with_failures", math.nan) for r in rs])
+        err = np.nanmean([r["error_rate"] for r in rs])
+        out.append(f"| {var} | {pol} | {len(rs)} | {len(cs)} | {med} | {worst} | {100 * share:.2f} % | {lat:.3f} "
+                   f"| {100 * err:.2f} % |")
     return "\n".join(out)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, aggregate
+from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S
 from dlb.sim.policies import BASELINES, POLICIES
 
 DLB = [p for p in POLICIES if p not in BASELINES]
@@ -50,6 +51,17 @@ def check_one_build(records: list[dict]) -> tuple[str, int]:
     reps = sorted({int(r.get("root_replicas", 1)) for r in records})
     if len(reps) > 1:
         raise ValueError(f"results mix root replicas {reps}: report them separately")
+    models: dict[tuple, set] = {}
+    for r in records:
+        if "variant" in r:
+            models.setdefault((r["experiment"], r["variant"]), set()).add(r.get("server_model", "pipeline"))
+    mixed = sorted(f"{e}/{v}" for (e, v), m in models.items() if len(m) > 1)
+    if mixed:
+        raise ValueError(f"results mix server models within {', '.join(mixed)}: report each --server-model separately")
+    timeouts = sorted({float(r.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)) for r in records})
+    if len(timeouts) > 1:
+        raise ValueError(f"results mix request timeouts {timeouts} s: their failure-counting latencies differ; "
+                         "report them separately")
     commits = sorted({str(r.get("commit", "unknown")) for r in records})
     if not commits:
         label = "unknown"
@@ -72,10 +84,41 @@ def _experiments(records: list[dict]) -> list[str]:
     return [e for e in EXPERIMENTS if e in seen]
 
 
-def _fmt(v: float, pct: bool = False) -> str:
+def _fmt(v: float, pct: bool = False, missing: str = "–") -> str:
     if v is None or not math.isfinite(v):
-        return "–"
+        return missing
     return f"{100 * v:.2f}%" if pct else f"{v:.3f}"
+
+
+def _le(agg: Agg, exp: str, var: str, p: str, m: str = "norm_mean") -> str:
+    """A normalised latency with the error rate beside it (and the shed rate when something was shed):
+    a latency that looks good by failing requests shows it in the same cell."""
+    a = agg.get((exp, var, p))
+    if a is None:
+        return "–"
+    extra = ""
+    for name, field in (("shed", "shed_rate"), ("timed out", "timed_out_rate")):
+        v = a.get(field, math.nan)
+        extra += f", {name} {_fmt(v, pct=True)}" if math.isfinite(v) and v > 0 else ""
+    return f"{_fmt(a[m])} (err {_fmt(a['error_rate'], pct=True)}{extra})"
+
+
+def timeout_note(records: list[dict]) -> str:
+    """The sentence every table header carries: what the normalised figures count, at which timeout."""
+    ts = sorted({float(r.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)) for r in records if "mean" in r})
+    t = ", ".join(f"{x:g} s" for x in ts) or f"{DEFAULT_REQUEST_TIMEOUT_S:g} s"
+    derived = any(r.get("failure_figures_derived") for r in records)
+    note = (f"Latency figures count every request: a failed or shed request, or one still unfinished, at the "
+            f"request timeout ({t}), a served one at its latency capped there. \"norm mean\" and \"norm p90\" "
+            "are those figures ÷ Rand's in the same scenario, trial and variant; \"served only\" is the "
+            "success-only mean ÷ Rand's. Error rate = overflow errors + requests the root had no cell for, "
+            "/ arrivals; shed rate = requests the root refused on purpose / arrivals; served after timeout = served "
+            "requests that took longer than the timeout (counted at it) / arrivals.")
+    if derived:
+        note += (" Some records predate these fields: their mean is derived from the success-only mean and the "
+                 "error rate (served requests assumed within the timeout); p90 and shed rate are n/a unless "
+                 "the record settles them.")
+    return note
 
 
 def markdown_table(records: list[dict]) -> str:
@@ -83,19 +126,23 @@ def markdown_table(records: list[dict]) -> str:
     agg = aggregate(records)
     out = ["# Simulation results", "",
            "Normalised latency = policy / Rand in the same scenario, trial and variant, averaged over "
-           "scenarios × trials (± standard deviation). Latency in seconds; error rate = overflow errors / arrivals.", ""]
+           "scenarios × trials (± standard deviation). Latency in seconds. " + timeout_note(records), ""]
     for exp in _experiments(records):
         for var in _variants(records, exp):
             n = next((a["n"] for (e, v, _p), a in agg.items() if e == exp and v == var), 0)
             out += [f"## {exp} — {var} ({n} runs per policy)", "",
-                    "| policy | norm mean | norm p90 | mean (s) | of which network (s) | error rate |",
-                    "| --- | --- | --- | --- | --- | --- |"]
+                    "| policy | norm mean | error rate | shed rate | served after timeout | norm p90 "
+                    "| norm mean, served only | mean (s) | mean, served only (s) | of which network (s) |",
+                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
             for p in POLICIES:
                 a = agg.get((exp, var, p))
                 if a is None:
                     continue
-                out.append(f"| {p} | {_fmt(a['norm_mean'])} ± {_fmt(a['norm_mean_sd'])} | {_fmt(a['norm_p90'])} | "
-                           f"{_fmt(a['mean'])} | {_fmt(a['net_mean'])} | {_fmt(a['error_rate'], pct=True)} |")
+                out.append(f"| {p} | {_fmt(a['norm_mean'])} ± {_fmt(a['norm_mean_sd'])} | "
+                           f"{_fmt(a['error_rate'], pct=True)} | {_fmt(a['shed_rate'], pct=True, missing='n/a')} | "
+                           f"{_fmt(a['timed_out_rate'], pct=True, missing='n/a')} | "
+                           f"{_fmt(a['norm_p90'], missing='n/a')} | {_fmt(a['norm_mean_served'])} | "
+                           f"{_fmt(a['mean_latency_with_failures'])} | {_fmt(a['mean'])} | {_fmt(a['net_mean'])} |")
             out.append("")
     return "\n".join(out)
 
@@ -114,7 +161,8 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
     for exp in _experiments(records):
         variants = _variants(records, exp)
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), dpi=80)
-        panels = (("norm_mean", "mean latency / Rand"), ("norm_p90", "p90 latency / Rand"), ("error_rate", "error rate"))
+        panels = (("norm_mean", "mean latency / Rand (failures at timeout)"), ("norm_p90", "p90 / Rand (failures at timeout)"),
+                  ("error_rate", "error rate"))
         for ax, (metric, title) in zip(axes, panels, strict=True):
             if len(variants) > 1:
                 xs = [agg[(exp, variants[0], POLICIES[0])]["x"] if (exp, variants[0], POLICIES[0]) in agg else 0]
@@ -183,7 +231,7 @@ def claim_baseline(records: list[dict], agg: Agg) -> list[Verdict]:
     dlb = [vals[p] for p in DLB]
     m = sum(dlb) / len(dlb)
     best = min(POLICIES, key=lambda p: vals[p] if math.isfinite(vals[p]) else math.inf)
-    meas = ", ".join(f"{p} {vals[p]:.3f}" for p in POLICIES if math.isfinite(vals[p]))
+    meas = ", ".join(f"{p} {_le(agg, 'baseline', var, p)}" for p in POLICIES if math.isfinite(vals[p]))
     # Issue 11's rules, written down before the re-run: the spread of a policy is the standard
     # deviation of its norm mean over the baseline's scenario × trial runs.
     rule3 = "Flow-Grad's norm mean ≤ the best policy's + that policy's scenario spread (sd over runs)"
@@ -191,11 +239,13 @@ def claim_baseline(records: list[dict], agg: Agg) -> list[Verdict]:
     c3, c4 = "Flow-Grad best or within the scenario spread of the best", "no flow policy loses to Rand anywhere"
     spread = agg.get(("baseline", var, best), {}).get("norm_mean_sd", math.nan)
     runs = [r for r in records if r["experiment"] == "baseline" and r["variant"] == var]
-    losses = [f"{r['policy']} s{r['scenario']}/t{r['trial']} {r['norm_mean']:.3f}" for r in runs
+    losses = [f"{r['policy']} s{r['scenario']}/t{r['trial']} {r['norm_mean']:.3f} (err {100 * r['error_rate']:.2f}%)"
+              for r in runs
               if r["policy"].startswith("Flow-") and not r.get("norm_mean", math.nan) < 1.0]
     return [
         Verdict(c1, f"DLB average norm mean {m:.3f} ({100 * (1 - m):.1f}% below Rand); {meas}", 0.75 <= m <= 0.85, rule1),
-        Verdict(c2, f"best: {best} ({vals[best]:.3f}); Flow-Grad {vals['Flow-Grad']:.3f}", best == "Flow-Grad", rule2),
+        Verdict(c2, f"best: {best} {_le(agg, 'baseline', var, best)}; Flow-Grad {_le(agg, 'baseline', var, 'Flow-Grad')}",
+                best == "Flow-Grad", rule2),
         Verdict(c3, f"Flow-Grad {vals['Flow-Grad']:.3f} vs best {best} {vals[best]:.3f} + spread {spread:.3f}",
                 vals["Flow-Grad"] <= vals[best] + spread, rule3),
         Verdict(c4, f"{len(losses)} losing runs" + (f": {'; '.join(losses[:6])}" if losses else ""), not losses, rule4),
@@ -211,7 +261,7 @@ def claim_low_util(records: list[dict], agg: Agg) -> list[Verdict]:
     low = min(vs, key=lambda v: agg[("utilization", v, "Rand")]["x"] if ("utilization", v, "Rand") in agg else 9)
     rif = min(_get(agg, "utilization", low, p) for p in RIF)
     mdl = min(_get(agg, "utilization", low, p) for p in MODEL)
-    per = ", ".join(f"{p} {_get(agg, 'utilization', low, p):.3f}" for p in DLB)
+    per = ", ".join(f"{p} {_le(agg, 'utilization', low, p)}" for p in DLB)
     return [Verdict(c, f"{low}: best RIF {rif:.3f} vs best Lat/Grad {mdl:.3f} ({per})", rif > mdl, rule)]
 
 
@@ -224,7 +274,7 @@ def claim_short(records: list[dict], agg: Agg) -> list[Verdict]:
     if var is None:
         return [Verdict(c1, "not run", None, r1), Verdict(c2, "not run", None, r2)]
     v = {p: _get(agg, "length", var, p) for p in POLICIES}
-    meas = ", ".join(f"{p} {v[p]:.3f}" for p in POLICIES if math.isfinite(v[p]))
+    meas = ", ".join(f"{p} {_le(agg, 'length', var, p)}" for p in POLICIES if math.isfinite(v[p]))
     rif_poor = all(v[r] > v["MNLB"] and all(v[r] > v[m] for m in MODEL) for r in RIF)
     only_fg = v["Flow-Grad"] < v["MNLB"] and all(v[p] >= v["MNLB"] for p in DLB if p != "Flow-Grad")
     beat = [p for p in DLB if v[p] < v["MNLB"]]
@@ -240,7 +290,7 @@ def claim_homogeneous(records: list[dict], agg: Agg) -> list[Verdict]:
         return [Verdict(c, "not run", None, rule)]
     v = {p: _get(agg, "homogeneous", var, p) for p in POLICIES}
     ran = [p for p in POLICIES if math.isfinite(v[p])]  # e.g. MNLB-oracle is absent from older results
-    return [Verdict(c, ", ".join(f"{p} {v[p]:.3f}" for p in ran), bool(ran) and min(v[p] for p in ran) >= 0.85, rule)]
+    return [Verdict(c, ", ".join(f"{p} {_le(agg, 'homogeneous', var, p)}" for p in ran), bool(ran) and min(v[p] for p in ran) >= 0.85, rule)]
 
 
 def claim_disruption(records: list[dict], agg: Agg, exp: str) -> list[Verdict]:
@@ -254,7 +304,7 @@ def claim_disruption(records: list[dict], agg: Agg, exp: str) -> list[Verdict]:
     base_p90 = min(p90["Rand"], p90["MNLB"])
     base_er = min(er["Rand"], er["MNLB"])
     ok = all(p90[p] < base_p90 and er[p] <= base_er for p in DLB)
-    meas = "; ".join(f"{p} p90 {p90[p]:.3f} err {100 * er[p]:.2f}%" for p in POLICIES if math.isfinite(p90[p]))
+    meas = "; ".join(f"{p} p90 {_fmt(p90[p], missing='n/a')} err {100 * er[p]:.2f}%" for p in POLICIES if (exp, var, p) in agg)
     return [Verdict(c, meas, ok, rule)]
 
 
@@ -274,7 +324,7 @@ def claim_noise(records: list[dict], agg: Agg) -> list[Verdict]:
     )
     deg = {p: (_get(agg, "noise", lo, p), _get(agg, "noise", hi, p)) for p in MODEL}
     ok2 = all(b < 1.0 and b <= 1.25 * a for a, b in deg.values())
-    meas2 = ", ".join(f"{p} {a:.3f}→{b:.3f}" for p, (a, b) in deg.items())
+    meas2 = ", ".join(f"{p} {a:.3f}→{_le(agg, 'noise', hi, p)}" for p, (a, _b) in deg.items())
     return [Verdict(c1, f"max relative spread of RIF norm mean over ε: {100 * spread:.2f}%", spread < 0.02, r1),
             Verdict(c2, f"{lo} → {hi}: {meas2}", ok2, r2)]
 
@@ -296,7 +346,8 @@ def claim_server_model(records: list[dict], agg: Agg) -> list[Verdict]:
         top = min(present, key=lambda q: agg[("server-model", var, q)]["norm_mean"])
         a = agg[("server-model", var, top)]
         best[var] = (1 - a["norm_mean"], a["norm_mean_sd"] / math.sqrt(max(a["n"], 1)))
-        gains = ", ".join(f"{q} {100 * (1 - agg[('server-model', var, q)]['norm_mean']):.1f}%" for q in present)
+        gains = ", ".join(f"{q} {100 * (1 - agg[('server-model', var, q)]['norm_mean']):.1f}% "
+                          f"(err {100 * agg[('server-model', var, q)]['error_rate']:.2f}%)" for q in present)
         parts.append(f"{var}: best {top} {100 * best[var][0]:.1f}% (± {100 * best[var][1]:.1f}% s.e.); {gains}")
     g_b, se_b = best["batched"]
     g_p, se_p = best["pipeline"]
@@ -310,12 +361,12 @@ def claim_server_model(records: list[dict], agg: Agg) -> list[Verdict]:
 def claim_leaf_pick(records: list[dict], agg: Agg) -> list[Verdict]:
     """Issue 12: does the Prequal (tokens-waiting) leaf pick beat power-of-two on RIF?"""
     c = "Leaf pick by tokens waiting (Prequal) beats power-of-two on RIF, batched server (issue 12)"
-    rule = ("for every DLB policy run, prequal's mean latency < rif's in ≥ 5/6 of the (scenario, trial) "
+    rule = ("for every DLB policy run, prequal's mean latency (failures at the timeout) < rif's in ≥ 5/6 of the (scenario, trial) "
             "pairs ('hurts' if > in ≥ 5/6)")
     by: dict[tuple[str, str, int, int], float] = {}
     for r in records:
         if r["experiment"] == "leaf-pick":
-            by[(r["variant"], r["policy"], r["scenario"], r["trial"])] = r["mean"]
+            by[(r["variant"], r["policy"], r["scenario"], r["trial"])] = r.get("mean_latency_with_failures", r["mean"])
     pols = sorted({k[1] for k in by if k[1] in DLB}, key=POLICIES.index)
     if not pols:
         return [Verdict(c, "not run", None, rule)]
@@ -377,13 +428,16 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         runs.setdefault(r["experiment"], set()).add((r["scenario"], r["trial"]))
     minutes = sorted({round(r.get("duration_s", 0) / 60, 2) for r in records if "duration_s" in r})
     commit, replicas = check_one_build(records)
+    models = ", ".join(sorted({str(r.get("server_model", "pipeline")) for r in records if r.get("experiment") in EXPERIMENTS}))
     out = [
         "# Paper reproduction: DLB simulation claims",
         "",
         f"Generated by `dlb sim report` from `{source}` ({len(records)} runs). Do not edit by hand: "
         "re-run the experiments and the report. Method and model: [simulator.md](simulator.md).",
         "",
-        f"Code: commit `{commit}`; {replicas} root replica(s) per cell.",
+        f"Code: commit `{commit}`; {replicas} root replica(s) per cell; server model(s): {models}.",
+        "",
+        timeout_note(records) + " Every verdict below reads those figures, with the error rate beside each.",
         "",
         f"Protocol (issue 12): ≥ {PROTOCOL.scenarios} scenarios, {PROTOCOL.minutes:g} minutes, ≥ "
         f"{PROTOCOL.baseline_trials} trials for the baseline and ≥ {PROTOCOL.trials} for the others; a verdict "

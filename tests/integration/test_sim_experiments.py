@@ -15,7 +15,8 @@ from dlb.sim.report import markdown_table, plot, reproduction_report
 SMOKE_POLICIES = ("Rand", "MNLB", "Disc-RIF", "Flow-Grad")
 #: Sweeps with many variants (and y = 10, ten times the request rate) smoke two policies.
 SMALL = {"length": ("Rand", "Flow-Grad"), "noise": ("Rand", "Disc-Lat"), "utilization": ("Rand", "Disc-Grad")}
-FIELDS = {"experiment", "variant", "policy", "scenario", "trial", "mean", "p50", "p90", "p99", "error_rate", "norm_mean", "norm_p90"}
+FIELDS = {"experiment", "variant", "policy", "scenario", "trial", "mean", "p50", "p90", "p99", "error_rate", "norm_mean", "norm_p90",
+          "mean_latency_with_failures", "p90_latency_with_failures", "shed_rate", "server_model", "request_timeout_s"}
 
 
 @pytest.mark.parametrize("experiment", list(EXPERIMENTS))
@@ -32,9 +33,10 @@ def test_each_experiment_smoke(experiment: str) -> None:
         assert r["arrivals"] > 0 and math.isfinite(r["mean"]) and r["mean"] > 0
         if r["policy"] == "Rand":
             assert r["norm_mean"] == 1.0 and r["norm_p90"] == 1.0
-        else:
-            assert r["norm_mean"] == pytest.approx(r["mean"] / next(
-                q["mean"] for q in recs if q["policy"] == "Rand" and q["variant"] == r["variant"]))
+        else:  # normalised: the failure-counting mean; the success-only one beside it
+            rand = next(q for q in recs if q["policy"] == "Rand" and q["variant"] == r["variant"])
+            assert r["norm_mean"] == pytest.approx(r["mean_latency_with_failures"] / rand["mean_latency_with_failures"])
+            assert r["norm_mean_served"] == pytest.approx(r["mean"] / rand["mean"])
 
 
 def test_in_order_runs_scenario_by_scenario() -> None:

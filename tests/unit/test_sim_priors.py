@@ -183,6 +183,7 @@ def test_router_finds_the_right_cell_within_30s_in_simulation(kind: str) -> None
     r = priors.run_one(kind, "learn", "Disc-Lat", 1000, 0, 90.0)
     assert r["converge_s"] is not None and r["converge_s"] <= 30.0, r
     assert 0 < r["probe_share"] < 0.01 and r["probe_share_max_cell"] < 0.01, r
+    assert r["mean_latency_with_failures"] >= r["mean"] * (1 - r["error_rate"]) and r["shed_rate"] == 0.0, r
 
 
 @pytest.mark.parametrize("kind", ["prior-x50", "prior-x0.02", "restart"])
