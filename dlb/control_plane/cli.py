@@ -58,6 +58,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(config, args: argparse.Namespace) -> int:
+    from dlb.control_plane.reload import Reloader
     from dlb.control_plane.service import ControlPlane
     from dlb.gc_heap import GcPauses, freeze_heap
     from dlb.service.metrics import CallbackCollector
@@ -82,8 +83,6 @@ async def _serve(config, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    reloading: list[asyncio.Task[None]] = []
-
     async def reload_now() -> None:
         # Parse off the event loop: even a file at the loader's budgets must not freeze xDS and the flow loop.
         # Whatever goes wrong, the running config stays and the log says "reload refused: <why>".
@@ -99,11 +98,8 @@ async def _serve(config, args: argparse.Namespace) -> int:
             why = f"{type(e).__name__}: {str(e)[:500]}"
         log.error("config_reload_refused", message=f"reload refused: {why}", problems=problems)
 
-    def reload() -> None:
-        if reloading and not reloading[-1].done():
-            log.warning("config_reload_busy", message="reload already running; signal ignored")
-            return
-        reloading[:] = [loop.create_task(reload_now())]
+    # A signal during a reload queues another (the latest file wins): dlb.control_plane.reload.
+    reload = Reloader(reload_now).request
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     watcher = None
