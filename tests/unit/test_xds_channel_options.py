@@ -37,3 +37,13 @@ def test_the_root_service_xds_channel_is_capped() -> None:
     svc.configure(Topology.build(["a"], [1], [[0.0]]), [])
     sync = RootXdsSync(svc, "127.0.0.1:1", "a", ProbeManager(svc, ProbeTiming(), "a"))
     _check(sync.client.channel_options)
+
+
+def test_envoy_ads_stream_back_off_is_capped() -> None:
+    """Envoy's own xDS stream back-off (0.5 s growing to 30 s by default) is capped at 1 s too."""
+    from dlb.config.model import HostPort
+    from dlb.envoy.ads_bootstrap import ads_bootstrap
+
+    boot = ads_bootstrap("leaf", "a", HostPort("127.0.0.1", 18000), 19000)
+    grpc_service = boot["dynamic_resources"]["ads_config"]["grpc_services"][0]["envoy_grpc"]
+    assert grpc_service["retry_policy"]["retry_back_off"]["max_interval"] == "1s"
