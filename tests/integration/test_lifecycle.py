@@ -181,3 +181,30 @@ def test_a_leaf_whose_envoy_stays_up_drains_in_full_then_exits() -> None:
             code = leaf.proc.wait(15)
             took = time.monotonic() - t0
         assert code == 0 and 1.5 <= took < 1.5 + 2.25, (code, took)
+
+
+def test_a_root_whose_envoy_is_gone_ends_its_drain_and_exits_within_the_budget() -> None:
+    """The root's drain (h2 transport) is for the Envoys connected to it: when the last one has gone
+    (stopped with it, as ``dlb up`` does), a 5-s drain ends at once and the root exits 0 in its share."""
+    from dlb.launch.supervisor import STOP_BUDGET_S
+
+    with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
+        ext_proc = f"127.0.0.1:{free_port()}"
+        raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
+                                        "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                                        "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": ext_proc}}],
+               "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw))
+        root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", "", "--drain-s", "5")
+        with root:
+            with grpc.insecure_channel(ext_proc) as ch:  # an Envoy connected to it...
+                assert _check(ch) == SERVING
+                os.kill(root.pid, signal.SIGTERM)
+                until(lambda: _check(ch) == NOT_SERVING, "NOT_SERVING after SIGTERM", timeout=5)
+                t0 = time.monotonic()
+            code = root.proc.wait(15)  # ...and gone
+            took = time.monotonic() - t0
+            text = root.log_path.read_text()
+        assert code == 0 and took < STOP_BUDGET_S / 4, (code, took)
+        assert "draining" in text and "Traceback" not in text, text
