@@ -65,22 +65,6 @@ async def _serve(config, args: argparse.Namespace) -> int:
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells)
     xds_port, status_port = await cp.start(args.xds, args.status)
-    # Start-up state never becomes garbage: freeze it so a full collection (which a hostile client's
-    # allocations trigger) walks only what came since; it blocked the loop 38-101 ms (issue 14 row 6).
-    pauses = GcPauses("dlb_xds").install()
-    cp.status_server.registry.register(CallbackCollector(pauses.families))
-    log.info("heap_frozen", objects=freeze_heap())
-    from dlb.envoy.root_token import forgeable_token_warning
-
-    if warning := forgeable_token_warning(config):
-        log.warning("root_token_forgeable", message=warning)
-    if args.ready_file:
-        import os
-
-        from dlb.service.runner import write_ready
-
-        write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     async def reload_now() -> None:
@@ -101,7 +85,24 @@ async def _serve(config, args: argparse.Namespace) -> int:
     # A signal during a reload queues another (the latest file wins): dlb.control_plane.reload.
     reload = Reloader(reload_now).request
 
+    # Installed before the ready file: a SIGHUP from then on reloads instead of killing the process.
     loop.add_signal_handler(signal.SIGHUP, reload)
+    # Start-up state never becomes garbage: freeze it so a full collection (which a hostile client's
+    # allocations trigger) walks only what came since; it blocked the loop 38-101 ms (issue 14 row 6).
+    pauses = GcPauses("dlb_xds").install()
+    cp.status_server.registry.register(CallbackCollector(pauses.families))
+    log.info("heap_frozen", objects=freeze_heap())
+    from dlb.envoy.root_token import forgeable_token_warning
+
+    if warning := forgeable_token_warning(config):
+        log.warning("root_token_forgeable", message=warning)
+    if args.ready_file:
+        import os
+
+        from dlb.service.runner import write_ready
+
+        write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
+    stop = asyncio.Event()
     watcher = None
     if args.watch_config:
         from dlb.control_plane.watch import watch
