@@ -8,9 +8,12 @@ imported only when its command runs (``dlb --help`` stays light).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
-from collections.abc import Callable
+import signal
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dlb.bench.harness import add_json_option, invoked_as
@@ -239,9 +242,40 @@ def _runner(target: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         module, func = target.split(":")
         invoked_as(getattr(args, "command_line", None))
-        return int(getattr(importlib.import_module(module), func)(args) or 0)
+        with _sigterm_unwinds() as stopped:
+            try:
+                return int(getattr(importlib.import_module(module), func)(args) or 0)
+            except KeyboardInterrupt:
+                print(f"dlb bench: stopped by {stopped[0] if stopped else 'SIGINT'}; what it started is stopped", file=sys.stderr)
+                return 143 if stopped else 130
 
     return run
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[list[str]]:
+    """SIGTERM unwinds the bench like Ctrl-C does, so every ``with`` that started a process stops it.
+
+    Python's default SIGTERM action exits at once without running ``finally`` or ``__exit__``: a bench
+    killed with SIGTERM left its Envoys, services and emulators running. The list holds the signal's
+    name once it arrived.
+    """
+    stopped: list[str] = []
+
+    def on_term(signum: int, frame: object) -> None:
+        if not stopped:
+            stopped.append("SIGTERM")
+            raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread (a bench run from a test's thread): nothing to install
+        yield stopped
+        return
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add(subparsers: argparse._SubParsersAction, group: str, name: str) -> None:

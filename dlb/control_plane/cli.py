@@ -58,31 +58,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(config, args: argparse.Namespace) -> int:
+    from dlb.control_plane.reload import Reloader
     from dlb.control_plane.service import ControlPlane
     from dlb.gc_heap import GcPauses, freeze_heap
     from dlb.service.metrics import CallbackCollector
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells)
     xds_port, status_port = await cp.start(args.xds, args.status)
-    # Start-up state never becomes garbage: freeze it so a full collection (which a hostile client's
-    # allocations trigger) walks only what came since; it blocked the loop 38-101 ms (issue 14 row 6).
-    pauses = GcPauses("dlb_xds").install()
-    cp.status_server.registry.register(CallbackCollector(pauses.families))
-    log.info("heap_frozen", objects=freeze_heap())
-    from dlb.envoy.root_token import forgeable_token_warning
-
-    if warning := forgeable_token_warning(config):
-        log.warning("root_token_forgeable", message=warning)
-    if args.ready_file:
-        import os
-
-        from dlb.service.runner import write_ready
-
-        write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-
-    reloading: list[asyncio.Task[None]] = []
 
     async def reload_now() -> None:
         # Parse off the event loop: even a file at the loader's budgets must not freeze xDS and the flow loop.
@@ -99,13 +82,27 @@ async def _serve(config, args: argparse.Namespace) -> int:
             why = f"{type(e).__name__}: {str(e)[:500]}"
         log.error("config_reload_refused", message=f"reload refused: {why}", problems=problems)
 
-    def reload() -> None:
-        if reloading and not reloading[-1].done():
-            log.warning("config_reload_busy", message="reload already running; signal ignored")
-            return
-        reloading[:] = [loop.create_task(reload_now())]
+    # A signal during a reload queues another (the latest file wins): dlb.control_plane.reload.
+    reload = Reloader(reload_now).request
 
+    # Installed before the ready file: a SIGHUP from then on reloads instead of killing the process.
     loop.add_signal_handler(signal.SIGHUP, reload)
+    # Start-up state never becomes garbage: freeze it so a full collection (which a hostile client's
+    # allocations trigger) walks only what came since; it blocked the loop 38-101 ms (issue 14 row 6).
+    pauses = GcPauses("dlb_xds").install()
+    cp.status_server.registry.register(CallbackCollector(pauses.families))
+    log.info("heap_frozen", objects=freeze_heap())
+    from dlb.envoy.root_token import forgeable_token_warning
+
+    if warning := forgeable_token_warning(config):
+        log.warning("root_token_forgeable", message=warning)
+    if args.ready_file:
+        import os
+
+        from dlb.service.runner import write_ready
+
+        write_ready(args.ready_file, {"xds": xds_port, "status": status_port, "pid": os.getpid()})
+    stop = asyncio.Event()
     watcher = None
     if args.watch_config:
         from dlb.control_plane.watch import watch

@@ -270,6 +270,11 @@ class RootRouter:
         self._x = np.asarray(value, dtype=float)
         self._cum = None
 
+    @property
+    def probed(self) -> bool:
+        """True once any probe answer arrived (warm start over: see :meth:`pick`)."""
+        return bool(np.isfinite(self.view.last_probe).any())
+
     def usable(self, now: float) -> np.ndarray:
         v = self.view
         return self.allowed & v.available & (now - v.last_probe <= self.policy.stale_after_s)
@@ -395,11 +400,30 @@ class RootRouter:
             self._cum = None
         return self._usable
 
+    def unprobed(self) -> list[int]:
+        """Before any probe answer (a root that just started): the allowed cells not known dead."""
+        if self.probed:
+            return []
+        v = self.view
+        return [j for j in self._allowed_idx if v.available[j]]
+
     def pick(self, now: float, session: str | None = None) -> int:
-        """Destination cell for one request, or ``NO_CELL`` when no cell is usable."""
+        """Destination cell for one request, or ``NO_CELL`` when no cell is usable.
+
+        Warm start: until the first probe answer, the cells not known dead (failed probes) are
+        sampled by the flow vector (the control plane's last weights, else the replica split), so a
+        restarted root routes from its first request instead of answering 503 until its probes come
+        back (measured: 2–5 s of 503s). From the first answer on, only fresh cells are used.
+        """
         usable = self._usable_now(now)
         if not usable:
-            return NO_CELL
+            warm = self.unprobed()
+            if not warm:
+                return NO_CELL
+            self._arrivals += 1
+            cell = self._sample(warm, [])
+            self.book(cell, now)
+            return cell
         self._arrivals += 1
         cand = usable
         if self._aversion_on:

@@ -168,4 +168,6 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
                 os.unlink(als_address[len("unix:"):])
         log.info("leaf_stopping", cell=cell_name)
 
-    await serve_until_signal(server, on_stop, health=health, drain_s=opts.drain_s)
+    # The drain is for this agent's leaf Envoy: it ends early once that Envoy is gone (the check loop's verdict).
+    audience = (lambda: bg.envoy_ok) if opts.envoy_check_period_s > 0 else None
+    await serve_until_signal(server, on_stop, health=health, drain_s=opts.drain_s, audience=audience)

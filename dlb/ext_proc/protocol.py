@@ -146,6 +146,10 @@ class ExtProcServer:
     def stats(self):
         return self._h2.stats if self._h2 is not None else None
 
+    def has_clients(self) -> bool:
+        """True while a client (its Envoy) is connected; always True on grpc.aio, which does not say."""
+        return self._h2 is None or self._h2.connections > 0
+
     async def bind(self, listen: str, reuse_port: bool = False) -> int:
         """Listen on ``host:port`` (port 0 = any) and serve; returns the port. Raises :class:`BindError`."""
         host, _, port_s = listen.rpartition(":")

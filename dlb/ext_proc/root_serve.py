@@ -126,4 +126,5 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
             await asyncio.to_thread(child.wait, 10)
         log.info("root_stopping", cell=cell, worker=opts.worker_index)
 
-    await serve_until_signal(server, on_stop, health=server.health, drain_s=opts.drain_s)
+    # The drain is for the root Envoy: it ends early once no Envoy is connected (stopped with this service).
+    await serve_until_signal(server, on_stop, health=server.health, drain_s=opts.drain_s, audience=server.has_clients)

@@ -19,11 +19,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 from envoy.config.core.v3 import base_pb2
 from google.protobuf.message import Message
 
 from dlb.config import resources as dr
 from dlb.config.tls import Identity
+from dlb.core.router import Mechanism
 from dlb.core.topology import Topology
 from dlb.ext_proc.root import EndpointSpec, RootService
 from dlb.log import get_logger
@@ -126,6 +128,19 @@ class RootXdsSync:
 
     def _on_weights(self, resources: dict[str, Message]) -> None:
         self.weights = {m.endpoint: m for m in resources.values() if m.source_cell == self.cell}
+        # A flow router that has heard no probe yet routes by x (warm start): give it these weights,
+        # which may arrive after the topology and policies that built it.
+        names = self.service.cell_names
+        for ep in self.service.endpoints:
+            m = self.weights.get(ep.name)
+            if m is None or ep.router.probed or ep.router.policy.mechanism is not Mechanism.FLOW:
+                continue
+            try:
+                x = np.where(ep.router.allowed, dr.weights_from_pb(m, names), 0.0)
+            except dr.ResourceError:
+                continue  # weights of another topology: keep the replica split
+            if x.sum() > 0:
+                ep.router.x = x / x.sum()
 
     def _on_models(self, resources: dict[str, Message]) -> None:
         """Use the control plane's model for cells this root has no confident model of."""

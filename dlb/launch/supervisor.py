@@ -39,6 +39,9 @@ _PR_SET_PDEATHSIG = 1
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
+#: Seconds :meth:`Supervisor.stop` may take in all; each tier gets an equal share of what is left, so
+#: a service must exit within ``STOP_BUDGET_S / tiers`` of SIGTERM (2.25 s under ``dlb demo``'s four).
+STOP_BUDGET_S = 9.0
 #: While a child is not ready, say what it waits for this often (first after this long): a root
 #: that waits for a dead cell used to leave the console silent until the ready timeout.
 WAIT_REPORT_S = 5.0
@@ -209,7 +212,7 @@ class Supervisor:
                 else:
                     self._say_waiting(c)
 
-    def stop(self, budget_s: float = 9.0) -> None:
+    def stop(self, budget_s: float = STOP_BUDGET_S) -> None:
         """Stop tiers in reverse start order: SIGTERM a tier, wait for it (a share of the budget), then the next.
 
         Whatever is alive at the end of the budget is SIGKILLed, so the whole stop takes at most ``budget_s``.

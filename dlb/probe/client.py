@@ -121,7 +121,10 @@ class ProbeClient:
                     log.warning("probe_failed", cell=target.name, address=target.address, reason=reason,
                                 consecutive=st.consecutive_failures)
                 st.last_error = reason
-                if st.consecutive_failures >= timing.fail_threshold and st.available:
+                # A leaf that never answered is reported dead too (once): a restarted root routes by
+                # static weights to cells it has no news of, never to cells known to fail.
+                never_answered = st.ok == 0 and st.consecutive_failures == timing.fail_threshold
+                if st.consecutive_failures >= timing.fail_threshold and (st.available or never_answered):
                     st.available = False
                     self.on_result(target, None, now)
                 delay = min(timing.backoff_max_s, timing.period_s * (2.0 ** st.consecutive_failures))

@@ -19,13 +19,17 @@ class Stoppable(Protocol):
 
 
 async def serve_until_signal(server: Stoppable, on_stop: Callable[[], Awaitable[None]] | None = None,
-                             grace_s: float = 2.0, health: HealthState | None = None, drain_s: float = 0.0) -> None:
+                             grace_s: float = 2.0, health: HealthState | None = None, drain_s: float = 0.0,
+                             audience: Callable[[], bool] | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and stop.
 
     Draining, in order: the gRPC health status turns NOT_SERVING (``health``) and stays so for
     ``drain_s`` — long enough for Envoy's health check to see it and stop opening streams here, while
     the streams already open keep being served; then ``on_stop``; then the server stops listening and
-    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain.
+    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain, and so
+    does ``audience()`` turning False (the Envoy the drain is for is gone: a leaf agent stopped with
+    its Envoy, as ``dlb up`` and a pod stop them, has nobody left to drain for — waiting out the drain
+    made every leaf miss the supervisor's stop budget).
     """
     import asyncio
     import signal
@@ -42,10 +46,15 @@ async def serve_until_signal(server: Stoppable, on_stop: Callable[[], Awaitable[
 
         get_logger("dlb.lifecycle").info("draining", drain_s=drain_s)
         stop.clear()
-        try:
-            await asyncio.wait_for(stop.wait(), drain_s)  # a second signal ends the drain early
-        except TimeoutError:
-            pass
+        end = loop.time() + drain_s
+        while not stop.is_set() and (audience is None or audience()):  # a second signal ends the drain early
+            left = end - loop.time()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), min(left, 0.05 if audience is not None else left))
+            except TimeoutError:
+                pass
     if on_stop is not None:
         await on_stop()
     await server.stop(grace_s)

@@ -75,12 +75,33 @@ class Subscription:
             self.versions = {n: v for n, v in self.versions.items() if n in names}
 
 
+#: gRPC's own reconnect back-off on every xDS channel, capped at 1 s: uncapped (gRPC's default grows
+#: to 120 s) a service took up to ~50 s to find a restarted control plane. A reconnect attempt to a
+#: dead control plane is one refused TCP connect, so a 1-s cap costs nothing.
+RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+def xds_channel_options(extra: list[tuple[str, int]] | None = None) -> list[tuple[str, int]]:
+    """The xDS channel's options: keepalive and the capped reconnect back-off, then ``extra`` (which wins)."""
+    merged = dict([("grpc.keepalive_time_ms", 30_000), *RECONNECT_OPTIONS])
+    merged.update(extra or [])
+    return list(merged.items())
+
+
 @dataclass
 class Backoff:
-    """Full-jitter exponential backoff (AWS architecture blog): spreads reconnect storms."""
+    """Full-jitter exponential backoff (AWS architecture blog): spreads reconnect storms.
+
+    Capped at 1 s, like the channel's (:data:`RECONNECT_OPTIONS`): a service must find a restarted
+    control plane within about a second.
+    """
 
     initial: float = 0.1
-    maximum: float = 5.0
+    maximum: float = 1.0
     attempt: int = 0
 
     def next(self) -> float:
@@ -104,7 +125,7 @@ class XdsClient:
             self.node.client_features.append(feature)  # we unwrap discovery.v3.Resource in SotW
         self.delta = delta
         self.backoff = backoff or Backoff()
-        self.channel_options = channel_options or [("grpc.keepalive_time_ms", 30_000)]
+        self.channel_options = xds_channel_options(channel_options)
         self.subscriptions: dict[str, Subscription] = {}
         self.connected = asyncio.Event()
         self.connects = 0

@@ -102,6 +102,7 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             text = "".join(seen)
             order = [text.index(f"{who}: stopped") for who in ("root us-east1 service", "leaf us-east1 agent", "control-plane")]
             assert order == sorted(order), "stop order must be roots, leaves, control plane"
+            assert "did not stop on SIGTERM" not in text, text  # every service exits within its tier's share
             assert processes_of_run(run_dir) == []
             assert (run_dir / "control-plane.log").exists() and (run_dir / "leaf-us-east1-envoy.log").exists()
         finally:

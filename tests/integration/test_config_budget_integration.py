@@ -80,3 +80,41 @@ def test_failed_sighup_reload_is_refused_and_the_old_config_keeps_serving(tmp_pa
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_sighup_during_a_reload_is_queued_and_the_latest_file_wins(tmp_path: Path) -> None:
+    """A slow reload (a file at the loader's budgets) is running when the good file lands and a second
+    SIGHUP comes: that signal used to be dropped (``config_reload_busy``) and the control plane kept
+    serving an older config than the file on disk."""
+    cfg = tmp_path / "dlb.yaml"
+    cfg.write_text(GOOD)
+    log = tmp_path / "cp.log"
+    xds, status = free_port(), free_port()
+    env = {**os.environ, "DLB_LOG_FORMAT": "json"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cfg), "--no-probe",
+                                 "--xds", f"127.0.0.1:{xds}", "--status", f"127.0.0.1:{status}"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_for(log, "control_plane_started", proc)
+        assert list(_status(status)["cells"]) == ["a"]
+        _wait_for(log, "heap_frozen", proc)  # logged after the SIGHUP handler is installed
+
+        def replace(text: str) -> None:  # as an editor or a ConfigMap update does: never half a file
+            tmp = cfg.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(cfg)
+
+        replace("x: " + "[" * 5000 + "]" * 5000 + "\n" + alias_bomb(9))  # slow to refuse
+        proc.send_signal(signal.SIGHUP)
+        two = {**yaml.safe_load(GOOD), "network": {"default_one_way_ms": 5}, "cells": [
+            {"name": n, "leaf": {"address": f"127.0.0.1:1{i}010", "probe": f"127.0.0.1:9{i}10"}, "servers": [f"127.0.0.1:8{i}10"]}
+            for i, n in enumerate(["a", "b"])]}
+        replace(yaml.safe_dump(two))
+        proc.send_signal(signal.SIGHUP)  # while the first reload runs (or just after: either way the file wins)
+        _wait_for(log, "config_reloaded", proc)
+        assert list(_status(status)["cells"]) == ["a", "b"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

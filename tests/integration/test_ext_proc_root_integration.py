@@ -23,7 +23,7 @@ from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
-from dlb.proto import probe_pb2_grpc
+from dlb.proto import probe_pb2, probe_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,11 +91,7 @@ def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
                    ProbeTarget(2, "c", f"127.0.0.1:{free_port()}")]  # nobody listens there
         client = ProbeClient(targets, lambda t, r, now: results.append((t.name, r is not None)),
                              ProbeTiming(period_s=0.01, timeout_s=0.2, backoff_max_s=0.1, fail_threshold=2))
-        # Dead/wrong targets are never "available", so they only report after a success; make them
-        # start available to see the explicit down verdict.
         client.start()
-        for t in targets[1:]:
-            client.stats[t.index].available = True
         await asyncio.sleep(1.0)
         stats = {t.name: client.stats[t.index] for t in targets}
         await client.stop()
@@ -169,3 +165,68 @@ def test_a_restarted_leaf_is_back_in_the_roots_view_soon_after_its_agent_is_read
     back, failures = asyncio.run(main())
     print(f"restarted leaf back in the root's view after {back:.3f} s ({failures} failed probes while down)")
     assert back < 2.0
+
+
+class _SlowProbe(probe_pb2_grpc.ProbeServicer):
+    """A leaf that is up but slow to answer its probes (a busy box, a leaf agent starting)."""
+
+    def __init__(self, cell: str, delay_s: float) -> None:
+        self.cell, self.delay_s = cell, delay_s
+
+    async def Probe(self, request, context):
+        await asyncio.sleep(self.delay_s)
+        return probe_pb2.ProbeResponse(cell=self.cell, rif=0, replicas=1, healthy_replicas=1,
+                                       model=probe_pb2.LatencyModel(a_s=0.1, b_s=0.01, c=4, s=1, confidence=1))
+
+
+@pytest.mark.parametrize("mechanism", ["discrete", "flow"])
+def test_a_started_root_refuses_nothing_while_its_leaves_are_slow_to_answer(mechanism):
+    """Warm start, end to end: a root started while its leaves take 1 s per probe answer routes every
+    request from the first one (by its static weights), and a cell whose leaf is dead is never chosen."""
+    from dlb.config import config_from_dict
+    from dlb.ext_proc.root import RootService
+    from dlb.ext_proc.root_xds import ProbeManager, probe_targets
+    from dlb.testbed.process import free_port
+
+    async def main():
+        servers, addrs = [], []
+        for name in ("a", "b"):
+            server = grpc.aio.server()
+            probe_pb2_grpc.add_ProbeServicer_to_server(_SlowProbe(name, 1.0), server)
+            addrs.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            await server.start()
+            servers.append(server)
+        addrs.append(f"127.0.0.1:{free_port()}")  # cell c: its leaf is dead (nobody listens)
+        cells = [{"name": n, "servers": [f"127.0.0.1:{4000 + i}"], "leaf": {"address": f"127.0.0.1:{5000 + i}", "probe": addrs[i]},
+                  **({"root": {"address": "127.0.0.1:6000", "ext_proc": "127.0.0.1:6001"}} if n == "a" else {})}
+                 for i, n in enumerate(["a", "b", "c"])]
+        cfg = config_from_dict({"version": 1, "cells": cells, "probe": {"timeout_ms": 3000, "period_ms": 20},
+                                "network": {"default_one_way_ms": 5},
+                                "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"},
+                                               "policy": {"mechanism": mechanism, "cost": "latency"}}]})
+        svc = RootService.from_config(cfg, "a", seed=1)
+        probes = ProbeManager(svc, ProbeTiming(0.02, 3.0, 0.1), "a")
+        await probes.retarget(probe_targets(cfg.topology(), "a", addrs, False))
+        chosen, refused = [], 0
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < 2.0:  # the first answers come back after ~1 s
+                out = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
+                if out.HasField("immediate_response"):
+                    refused += 1
+                else:
+                    cell = out.request_headers.response.header_mutation.set_headers[0].header.raw_value.decode()
+                    chosen.append((time.monotonic() - t0, cell))
+                await asyncio.sleep(0.01)
+            probed = svc.endpoints[0].router.probed
+        finally:
+            await probes.stop()
+            for s in servers:
+                await s.stop(0)
+        return chosen, refused, probed
+
+    chosen, refused, probed = asyncio.run(main())
+    assert refused == 0 and probed, (refused, probed)
+    # Both live cells; the dead c at most until its probes have failed twice (a refused connect each).
+    assert {c for _, c in chosen} >= {"cell-a", "cell-b"}
+    assert not [t for t, c in chosen if c == "cell-c" and t > 0.5], chosen

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -128,4 +129,82 @@ def test_root_on_the_h2_transport_drains_on_sigterm_then_exits_cleanly() -> None
             assert root.proc.poll() is None
             assert root.proc.wait(15) == 0
             text = root.log_path.read_text()
+        assert "draining" in text and "Traceback" not in text, text
+
+
+def _leaf_with_an_envoy(tmp: str, drain_s: float) -> tuple[ServiceProcess, socket.socket]:
+    """A leaf agent started as ``dlb up`` starts it (xDS, server scrapes, the check of its own Envoy), and
+    a TCP listener standing in for that Envoy."""
+
+    envoy = socket.create_server(("127.0.0.1", 0))
+    envoy_address = f"127.0.0.1:{envoy.getsockname()[1]}"
+    raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
+                                    "leaf": {"address": envoy_address, "probe": f"127.0.0.1:{free_port()}"},
+                                    "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"}}],
+           "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
+    path = Path(tmp) / "dlb.yaml"
+    path.write_text(json.dumps(raw))
+    leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--xds", f"127.0.0.1:{free_port()}",
+                          "--envoy-check-period-ms", "200", "--drain-s", str(drain_s))
+    return leaf, envoy
+
+
+def test_a_leaf_stopped_with_its_envoy_exits_within_the_supervisors_budget() -> None:
+    """``dlb up``/``dlb demo`` SIGTERM a leaf agent and its Envoy together; the agent's drain is for that
+    Envoy, so it ends when the Envoy is gone and the agent exits 0 within its share of the stop budget
+    (every leaf used to be SIGKILLed). A 5-s drain makes the old behaviour fail here on any box."""
+    from dlb.launch.supervisor import STOP_BUDGET_S
+
+    budget = STOP_BUDGET_S / 4  # dlb demo: servers, control plane, leaves, roots
+    with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
+        leaf, envoy = _leaf_with_an_envoy(tmp, drain_s=5.0)
+        with leaf:
+            until(lambda: "leaf_envoy_reachable" in leaf.log_path.read_text(), "the agent to see its Envoy", timeout=15)
+            envoy.close()  # the supervisor stops the whole tier at once
+            t0 = time.monotonic()
+            os.kill(leaf.pid, signal.SIGTERM)
+            code = leaf.proc.wait(15)
+            took = time.monotonic() - t0
+            text = leaf.log_path.read_text()
+        assert code == 0 and took < budget, (code, took, text[-2000:])
+        assert "draining" in text and "Traceback" not in text
+
+
+def test_a_leaf_whose_envoy_stays_up_drains_in_full_then_exits() -> None:
+    """The drain still holds while its Envoy is there to see NOT_SERVING (a pod whose Envoy outlives it)."""
+    with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
+        leaf, envoy = _leaf_with_an_envoy(tmp, drain_s=1.5)
+        with leaf, envoy:
+            until(lambda: "leaf_envoy_reachable" in leaf.log_path.read_text(), "the agent to see its Envoy", timeout=15)
+            t0 = time.monotonic()
+            os.kill(leaf.pid, signal.SIGTERM)
+            code = leaf.proc.wait(15)
+            took = time.monotonic() - t0
+        assert code == 0 and 1.5 <= took < 1.5 + 2.25, (code, took)
+
+
+def test_a_root_whose_envoy_is_gone_ends_its_drain_and_exits_within_the_budget() -> None:
+    """The root's drain (h2 transport) is for the Envoys connected to it: when the last one has gone
+    (stopped with it, as ``dlb up`` does), a 5-s drain ends at once and the root exits 0 in its share."""
+    from dlb.launch.supervisor import STOP_BUDGET_S
+
+    with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
+        ext_proc = f"127.0.0.1:{free_port()}"
+        raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
+                                        "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                                        "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": ext_proc}}],
+               "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw))
+        root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", "", "--drain-s", "5")
+        with root:
+            with grpc.insecure_channel(ext_proc) as ch:  # an Envoy connected to it...
+                assert _check(ch) == SERVING
+                os.kill(root.pid, signal.SIGTERM)
+                until(lambda: _check(ch) == NOT_SERVING, "NOT_SERVING after SIGTERM", timeout=5)
+                t0 = time.monotonic()
+            code = root.proc.wait(15)  # ...and gone
+            took = time.monotonic() - t0
+            text = root.log_path.read_text()
+        assert code == 0 and took < STOP_BUDGET_S / 4, (code, took)
         assert "draining" in text and "Traceback" not in text, text

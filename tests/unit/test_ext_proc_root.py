@@ -82,15 +82,23 @@ def test_load_moves_the_decision_and_spoofed_headers_are_ignored():
 
 def test_no_fresh_probe_state_gives_503_and_unknown_path_404():
     svc, clock = service()
-    resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
-    assert resp.immediate_response.status.code == 503 and b"no usable cell" in resp.immediate_response.body
     probe(svc, 0, clock.t)
     clock.t += 5.0  # stale (stale_after 1 s by default)
     resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers))
-    assert resp.immediate_response.status.code == 503
+    assert resp.immediate_response.status.code == 503 and b"no usable cell" in resp.immediate_response.body
     resp = ep.ProcessingResponse.FromString(svc.decide(headers_msg(path="/other").request_headers.headers.headers))
     assert resp.immediate_response.status.code == 404
-    assert svc.unmatched == 1 and svc.endpoints[0].rejected == 2
+    assert svc.unmatched == 1 and svc.endpoints[0].rejected == 1
+
+
+def test_a_started_root_routes_before_its_first_probe_answer_but_not_to_a_dead_cell():
+    """Warm start: no 503 while no probe has answered yet; a cell whose probes failed is not used."""
+    svc, clock = service()
+    cells = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(60)}
+    assert cells == {"cell-a", "cell-b"} and svc.endpoints[0].rejected == 0  # replicas 1:1
+    svc.on_probe(ProbeTarget(1, "b", ""), None, clock.t)  # b's leaf: consecutive probe failures
+    cells = {set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] for _ in range(60)}
+    assert cells == {"cell-a"}
 
 
 def test_dlb_own_replies_are_openai_shaped_errors_with_retry_after_where_it_helps():
@@ -104,7 +112,9 @@ def test_dlb_own_replies_are_openai_shaped_errors_with_retry_after_where_it_help
         hdrs = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
         return imm.status.code, hdrs, json.loads(imm.body)
 
-    code, hdrs, body = reply("/v1/chat/completions")  # no probe yet: no usable cell
+    probe(svc, 0, svc.clock())
+    svc.clock = lambda: 1e9  # that probe is long stale, and no other cell answered: no usable cell
+    code, hdrs, body = reply("/v1/chat/completions")
     assert code == 503 and hdrs["content-type"] == "application/json" and hdrs["retry-after"] == "1"
     assert set(body) == {"error"} and body["error"]["code"] == "dlb_no_usable_cell"
     assert body["error"]["type"] == "service_unavailable" and "no usable cell" in body["error"]["message"]

@@ -44,3 +44,30 @@ def test_dp_groups_resource_errors_name_the_field() -> None:
     msg.groups[0].mean_decode_tokens, msg.groups[0].server = 100, "no-port"
     with pytest.raises(dr.ResourceError, match=r"groups\[0\].server"):
         dr.dp_groups_from_pb(msg)
+
+
+def test_flow_weights_that_arrive_after_the_config_seed_a_router_with_no_probe_yet() -> None:
+    """Warm start: a restarted root routes by the control plane's last weights until its first probe
+    answer, whichever of its xDS resources came first; once it has probe state, its own x rules."""
+    import numpy as np
+
+    import dlb.ext_proc.root_xds as rx
+    from dlb.core.latency_model import LatencyParams
+    from dlb.core.router import Mechanism, PolicyConfig
+    from dlb.core.topology import Topology
+    from dlb.ext_proc.root import EndpointSpec
+
+    service = RootService(cell="a", cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(0))
+    service.configure(Topology.build(["a", "b"], [1, 1], [[0.0, 0.01], [0.01, 0.0]]),
+                      [EndpointSpec("chat", "/v1/", PolicyConfig(mechanism=Mechanism.FLOW), LatencyParams(0.1, 0.01, 4, 1))])
+    sync = rx.RootXdsSync(service, "127.0.0.1:1", "a", rx.ProbeManager(service, ProbeTiming(), "a"))
+    w = resources_pb2.FlowWeights(endpoint="chat", source_cell="a")
+    w.weights["a"], w.weights["b"] = 0.0, 1.0
+    sync._on_weights({"chat/a": w})
+    router = service.endpoints[0].router
+    np.testing.assert_allclose(router.x, [0.0, 1.0])
+    assert {router.pick(0.0) for _ in range(20)} == {1}
+    router.on_probe(0, 0.1, 0.0)
+    w.weights["a"], w.weights["b"] = 1.0, 0.0
+    sync._on_weights({"chat/a": w})
+    np.testing.assert_allclose(router.x, [0.0, 1.0])  # probed: the router's own flow state is kept

@@ -96,7 +96,35 @@ def test_stale_and_unavailable_cells_are_skipped() -> None:
     assert r.pick(0.5) == 0
     assert r.pick(5.0) == NO_CELL  # everything stale
     fresh = RootRouter(topo3(), 0, PolicyConfig(), P)
-    assert fresh.pick(0.0) == NO_CELL  # never probed
+    for j in range(3):
+        fresh.set_available(j, False)  # never answered, probes failed: known dead
+    assert fresh.pick(0.0) == NO_CELL
+
+
+@pytest.mark.parametrize("mechanism", list(Mechanism))
+def test_a_router_with_no_probe_yet_routes_by_its_static_weights(mechanism: Mechanism) -> None:
+    """Warm start: a restarted root samples the replica split (or the weights it was given) until its
+    first probe answer, instead of refusing every request; a cell whose probes failed is left out."""
+    t = topo3()
+    r = RootRouter(t, 0, PolicyConfig(mechanism, Cost.LATENCY), P, np.random.default_rng(1))
+    counts = np.bincount([r.pick(0.0) for _ in range(1400)], minlength=3)
+    np.testing.assert_allclose(counts / 1400, [4 / 14, 8 / 14, 2 / 14], atol=0.04)  # replicas 4:8:2
+    r.x = np.array([0.0, 0.0, 1.0])  # e.g. the control plane's last FlowWeights
+    assert {r.pick(0.1) for _ in range(50)} == {2}
+    r.set_available(2, False)  # its probes failed: known dead, even with all the weight
+    assert {r.pick(0.2) for _ in range(200)} <= {0, 1}
+    r.set_available(0, False)
+    r.set_available(1, False)
+    assert r.pick(0.3) == NO_CELL
+
+
+def test_warm_start_ends_at_the_first_probe_and_a_stale_cell_stays_unused() -> None:
+    r = RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF, stale_after_s=1.0), P, np.random.default_rng(0))
+    assert r.pick(0.0) != NO_CELL and not r.probed
+    r.on_probe(1, 0.5, 0.0, P)
+    assert r.probed
+    assert {r.pick(0.6) for _ in range(30)} == {1}  # fresh state wins over cells it has no news of
+    assert r.pick(5.0) == NO_CELL  # cell 1 went stale (its leaf may be gone); 0 and 2 never answered
 
 
 def test_flow_moves_toward_lower_cost_and_stays_on_simplex() -> None:

@@ -345,6 +345,11 @@ class H2GrpcServer:
                 proto.flush()
 
     @property
+    def connections(self) -> int:
+        """Client connections open now (an Envoy keeps one per worker thread)."""
+        return len(self._conns)
+
+    @property
     def open_streams(self) -> int:
         return sum(len(p.conn.streams) for p in self._conns if p.conn is not None)
 
