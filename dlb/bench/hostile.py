@@ -145,7 +145,7 @@ class HostileOptions:
 
 def run_bench(attacks: list[str], opts: HostileOptions) -> dict[str, Any]:
     scale, rate, settle_s, baseline_s = opts.scale, opts.rate, opts.settle_s, opts.baseline_s
-    mem_cap_mb, validate_timeout_s, tls, warmup_s = opts.mem_cap_mb, opts.validate_timeout_s, opts.tls, opts.warmup_s
+    tls, warmup_s = opts.tls, opts.warmup_s
     from dlb.provenance import git_commit
     from dlb.testbed.stack import request
 
@@ -156,7 +156,6 @@ def run_bench(attacks: list[str], opts: HostileOptions) -> dict[str, Any]:
         plane = setup.plane
         host, port = plane.root_url
         root_ext_proc = str(plane.cfg.cell("a").root.ext_proc)
-        leaf_probe = str(plane.cfg.cell("a").leaf.probe)
         traffic = Traffic(lambda: request(host, port, timeout=10)[0] == 200, rate=rate)
         monitor = Monitor()
         records: list[dict[str, Any]] = []
@@ -177,8 +176,7 @@ def run_bench(attacks: list[str], opts: HostileOptions) -> dict[str, Any]:
             worst = monitor.worst_ping_ms(t0, t_base)
             baseline_loop = round(worst, 1) if worst is not None else None
             for name in attacks:
-                records.append(_one_attack(name, setup, scale, traffic, monitor, baseline_p50, settle_s, mem_cap_mb,
-                                           validate_timeout_s, root_ext_proc, leaf_probe))
+                records.append(_one_attack(name, setup, opts, traffic, monitor, baseline_p50))
                 print(json.dumps(records[-1]), flush=True)
         finally:
             traffic.stop()
@@ -189,9 +187,11 @@ def run_bench(attacks: list[str], opts: HostileOptions) -> dict[str, Any]:
             "load_avg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)}, "targets": TARGETS, "attacks": records}
 
 
-def _one_attack(name: str, s: Setup, scale: atk.Scale, traffic: Traffic, monitor: Monitor, baseline_p50: float | None,
-                settle_s: float, mem_cap_mb: int, validate_timeout_s: float, root_ext_proc: str, leaf_probe: str) -> dict[str, Any]:
+def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, monitor: Monitor, baseline_p50: float | None) -> dict[str, Any]:
+    """Run one attack against the live stack and measure the part it targets while real traffic flows."""
+    scale, settle_s, mem_cap_mb, validate_timeout_s = opts.scale, opts.settle_s, opts.mem_cap_mb, opts.validate_timeout_s
     plane = s.plane
+    root_ext_proc, leaf_probe = str(plane.cfg.cell("a").root.ext_proc), str(plane.cfg.cell("a").leaf.probe)
     host, port = (root_ext_proc.rpartition(":")[0], int(root_ext_proc.rpartition(":")[2]))
     detail: dict[str, Any] = {}
     pid: int | None

@@ -120,6 +120,7 @@ def register_root(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_leaf(args: argparse.Namespace) -> int:
+    from dlb.ext_proc.leaf_background import background_body
     from dlb.ext_proc.leaf_serve import LeafOptions, run_leaf
     from dlb.service.runner import run_event_loop
 
@@ -148,35 +149,19 @@ def run_leaf(args: argparse.Namespace) -> int:
         cell=args.cell, listen=tuple(listen), metrics=metrics or None, ready_file=args.ready_file, choices=lp.pick_params.choices,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, refit_period_s=lp.fit.refit_period_s,
         envoy_check_period_s=args.envoy_check_period_ms / 1000.0, xds=args.xds, xds_delta=args.xds_delta,
-        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, background=background_config(lp.background_probe),
+        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, background=_background_config(lp.background_probe),
         background_body=background_body(lp.background_probe), pick_rule=lp.pick, window_s=lp.fit.window_s,
         envoy_address=args.envoy_check_address)))
     return 0
 
 
-def background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
-    """The background prober's settings from the ``background-probe`` plugin (None: ``min_interval_ms: 0``, off)."""
-    from dlb.core.background import BackgroundProbeConfig
+def _background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
+    from dlb.ext_proc.leaf_background import background_config
 
-    if bg.min_interval_ms <= 0:
-        return None
     try:
-        return BackgroundProbeConfig(min_interval_s=bg.min_interval_ms / 1000.0, max_interval_s=bg.max_interval_ms / 1000.0,
-                                     budget=bg.budget)
+        return background_config(bg)
     except ValueError as e:
         raise UsageError(f"dlb serve leaf: the background-probe plugin: {e}") from None
-
-
-def background_body(bg: BackgroundProbeParams) -> bytes:
-    """The probe: a chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, so its size — and so
-    its latency — does not vary from probe to probe)."""
-    import json
-
-    body: dict = {"messages": [{"role": "user", "content": "dlb background probe"}],
-                  "max_tokens": bg.max_tokens, "ignore_eos": True}
-    if bg.model:
-        body["model"] = bg.model
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def register_leaf(subparsers: argparse._SubParsersAction) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import time
 from collections.abc import Callable
 
+from dlb.config.model import BackgroundProbeParams
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
@@ -37,8 +39,11 @@ class LeafBackground:
         #: Whether this cell's leaf Envoy accepts connections (see :meth:`envoy_check_loop`).
         self.envoy_ok = True
         self.envoy_check_failures = 0
-        #: Background probes (None until :meth:`background_loop` runs) and their outcomes.
+        #: Background probes (None until :meth:`background_loop` runs or while they are off) and their outcomes.
         self.prober: BackgroundProber | None = None
+        #: The ``background-probe`` plugin's settings in force; :meth:`set_background` changes them live.
+        self.bg_config: BackgroundProbeConfig | None = None
+        self.bg_body = b""
         self.bg_ok = 0
         self.bg_failed = 0
         self.bg_seconds = 0.0
@@ -98,25 +103,42 @@ class LeafBackground:
                     self.state.on_scrape(i, *r, now=self.clock())
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
 
-    async def background_loop(self, address: str, config: BackgroundProbeConfig, body: bytes, tick_s: float = 0.25) -> None:
+    def set_background(self, config: BackgroundProbeConfig | None, body: bytes) -> None:
+        """New background-probe settings (the config over xDS): the running loop uses them from its next
+        tick. The schedule's state (probes sent, surprises, a declared change) is kept, so a settings
+        change does not look like a restart; ``None`` turns probing off."""
+        self.bg_config, self.bg_body = config, body
+        if config is None:
+            self.prober = None
+        elif self.prober is not None:
+            self.prober.config = config
+
+    async def background_loop(self, address: str, config: BackgroundProbeConfig | None, body: bytes, tick_s: float = 0.25) -> None:
         """Send one background probe request through this cell's leaf Envoy whenever the rule says so.
 
         The rule (:class:`BackgroundProber`) watches the cell's completions: a cell with traffic never
         probes; an idle one probes within its capacity budget, and a new leaf warms up at once. Each
-        probe runs as its own task, so a slow server never delays the loop or the request path.
+        probe runs as its own task, so a slow server never delays the loop or the request path. The
+        loop runs while probing is off too, so :meth:`set_background` can turn it on without a restart.
         """
-        prober = self.prober = BackgroundProber(config)
+        self.set_background(config, body)
         st = self.state
         seq = 0
         while True:
             await asyncio.sleep(tick_s)
+            cfg = self.bg_config
+            if cfg is None:
+                continue
+            prober = self.prober
+            if prober is None:
+                prober = self.prober = BackgroundProber(cfg)
             now = self.clock()
             p = st.estimator.params
             while self.envoy_ok and prober.due(now, st.completed, capacity_floor(st.healthy(now), p.a, p.b)):
                 prober.on_sent(now)
                 seq += 1
-                task = asyncio.create_task(self._background_probe(address, body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
-                                                                  config.timeout_s))
+                task = asyncio.create_task(self._background_probe(address, self.bg_body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
+                                                                  cfg.timeout_s))
                 self._bg_tasks.add(task)
                 task.add_done_callback(self._bg_tasks.discard)
 
@@ -233,3 +255,23 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
     if running is None and waiting is None:
         return 0.0, 0.0, None  # reachable, but no vLLM gauges: treat as "no extra load known"
     return running, waiting, kv
+
+
+def background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
+    """The background prober's settings from the ``background-probe`` plugin (None: ``min_interval_ms: 0``, off).
+
+    Raises ValueError for settings the prober refuses (the CLI reports it; over xDS it is a NACK)."""
+    if bg.min_interval_ms <= 0:
+        return None
+    return BackgroundProbeConfig(min_interval_s=bg.min_interval_ms / 1000.0, max_interval_s=bg.max_interval_ms / 1000.0,
+                                 budget=bg.budget)
+
+
+def background_body(bg: BackgroundProbeParams) -> bytes:
+    """The probe: a chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, so its size — and so
+    its latency — does not vary from probe to probe)."""
+    body: dict = {"messages": [{"role": "user", "content": "dlb background probe"}],
+                  "max_tokens": bg.max_tokens, "ignore_eos": True}
+    if bg.model:
+        body["model"] = bg.model
+    return json.dumps(body, separators=(",", ":")).encode()

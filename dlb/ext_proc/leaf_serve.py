@@ -19,10 +19,12 @@ import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
 
 from dlb.config import Config
+from dlb.config.model import LeafPolicy
 from dlb.config.tls import component_identity
 from dlb.core.background import BackgroundProbeConfig
 from dlb.errors import BindError
 from dlb.ext_proc.leaf import LeafAgent
+from dlb.ext_proc.leaf_background import background_body, background_config
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
 from dlb.ext_proc.protocol import ExtProcServer, ext_proc_handler
@@ -107,10 +109,17 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     state = state_from_config(cfg, cell_name, opts.choices, opts.seed, opts.refit_period_s, opts.window_s, pick_rule=opts.pick_rule)
     agent = LeafAgent(state)
     agent.access_log.known_sources = frozenset(cfg.cell_names)
+    bg = agent.background
     sync = None
     if opts.xds:
+
+        def background_from_policy(policy: LeafPolicy) -> None:
+            # A prober setting the leaf refuses raises ValueError here: the update is NACKed, the old one stays.
+            bg.set_background(background_config(policy.background_probe), background_body(policy.background_probe))
+            log.info("leaf_background_probe", cell=cell_name, on=bg.bg_config is not None)
+
         sync = LeafXdsSync(state, opts.xds, cell_name, delta=opts.xds_delta,
-                           tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source))
+                           tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source), on_policy=background_from_policy)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
     health = HealthState()
     server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
@@ -139,7 +148,6 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     readiness.ready = True
     if sync is not None:
         await sync.start()
-    bg = agent.background
     tasks = [asyncio.create_task(bg.fit_loop())]
     envoy_address = opts.envoy_address or str(cfg.cell(cell_name).leaf.address)
     if opts.envoy_check_period_s > 0:
@@ -147,8 +155,8 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         tasks.append(asyncio.create_task(bg.envoy_check_loop(envoy_address, opts.envoy_check_period_s)))
     if opts.scrape_period_s > 0:
         tasks.append(asyncio.create_task(bg.scrape_loop(opts.scrape_period_s, min(1.0, max(0.2, opts.scrape_period_s)))))
-    if opts.background is not None:
-        tasks.append(asyncio.create_task(bg.background_loop(envoy_address, opts.background, opts.background_body)))
+    # Runs while probing is off too: a live config change (xDS) can turn it on without a restart.
+    tasks.append(asyncio.create_task(bg.background_loop(envoy_address, opts.background, opts.background_body)))
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port, access_log=als_address,
              servers=[s.address for s in state.servers], choices=opts.choices)
     if opts.ready_file:

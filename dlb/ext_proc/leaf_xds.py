@@ -17,12 +17,14 @@ its last good state; in-flight requests are never dropped (their records follow 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from dlb.config import resources as dr
+from dlb.config.model import LeafPolicy
 from dlb.config.tls import Identity
 from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
 from dlb.ext_proc.leaf_setup import dp_balancer, rank_addresses
@@ -50,9 +52,11 @@ def servers_from_cla(cla: endpoint_pb2.ClusterLoadAssignment) -> list[tuple[str,
 
 class LeafXdsSync:
     def __init__(self, state: LeafState, target: str, cell: str, *, delta: bool = False, node_id: str | None = None,
-                 tls: Identity | None = None) -> None:
+                 tls: Identity | None = None, on_policy: Callable[[LeafPolicy], None] | None = None) -> None:
         self.state = state
         self.cell = cell
+        #: Told every accepted leaf policy, for what lives outside the state (the background probes' settings).
+        self.on_policy = on_policy
         node = base_pb2.Node(id=node_id or f"leaf-service-{cell}-{os.getpid()}", cluster="dlb-leaf",
                              locality=base_pb2.Locality(zone=cell))
         self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
@@ -100,6 +104,8 @@ class LeafXdsSync:
         try:
             policy = dr.leaf_policy_from_pb(msg, f"LeafPolicy {self.cell}")
             self.state.set_policy(policy.pick, policy.pick_params.choices, policy.fit.window_s, policy.fit.refit_period_s)
+            if self.on_policy is not None:
+                self.on_policy(policy)
         except (dr.ResourceError, ValueError) as e:
             raise ResourceValidationError(str(e)) from e
         self.updates += 1

@@ -173,9 +173,12 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "dlb.cli"]
 
 
-def _envoy_child(sup: Supervisor, name: str, tier: str, role: str, cell: str, xds: HostPort, listener: HostPort,
-                 run_dir: Path, tls: TlsFiles | None = None) -> tuple[Child, int]:
+def _envoy_child(sup: Supervisor, role: str, cell: str, xds: HostPort, listener: HostPort, run_dir: Path,
+                 tls: TlsFiles | None = None) -> tuple[Child, int]:
+    """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
+
+    name, tier = f"{role} {cell} envoy", f"{role}s" if role == "root" else "leaves"
     from dlb.envoy.binary import envoy_binary
 
     admin = free_port()
@@ -235,7 +238,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _, admin = _envoy_child(sup, f"leaf {cell.name} envoy", "leaves", "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls)
+        _, admin = _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
@@ -254,7 +257,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, f"root {cell.name} envoy", "roots", "root", cell.name, cp.xds, cell.root.address, run_dir, cfg.tls)
+        _, admin = _envoy_child(sup, "root", cell.name, cp.xds, cell.root.address, run_dir, cfg.tls)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)

@@ -67,3 +67,30 @@ def test_a_reloaded_pick_rule_reaches_the_running_leaf() -> None:
             path.write_text(yaml.safe_dump(doc))
             os.kill(cp.pid, signal.SIGHUP)
             until(lambda: _rule(metrics) == ("prequal", 2.0), what="the leaf back on prequal", timeout=30)
+
+
+def _probes_failed(metrics: str) -> float:
+    text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
+    return metric_value(text, "dlb_leaf_background_probes_total", outcome="failed") or 0.0
+
+
+def test_background_probes_turned_on_in_the_config_start_without_a_restart() -> None:
+    """The ``background-probe`` plugin is live too: switched on by a reload, the running leaf starts
+    probing (here through an address where no Envoy listens, so its probes are counted as failed)."""
+    with tempfile.TemporaryDirectory(prefix="dlb-leaf-policy-") as tmp:
+        path = Path(tmp) / "dlb.yaml"
+        xds, status = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        path.write_text(yaml.safe_dump(_config(xds, status, [])))
+        metrics = f"127.0.0.1:{free_port()}"
+        with ServiceProcess("control-plane", "--config", str(path), "--no-probe") as cp, \
+                ServiceProcess("leaf", "--config", str(path), "--cell", "b", "--xds", xds, "--metrics", metrics,
+                               "--envoy-check-period-ms", "0", "--scrape-period-ms", "0") as leaf:  # fmt: skip
+            pid = leaf.pid
+            until(lambda: _rule(metrics)[0] == "prequal", what="the leaf serving its metrics", timeout=30)
+            assert _probes_failed(metrics) == 0.0  # off in the file: no probe sent
+            doc = yaml.safe_load(path.read_text())
+            set_plugins(doc, {"type": "background-probe", "parameters": {"min_interval_ms": 200, "max_interval_ms": 1000}})
+            path.write_text(yaml.safe_dump(doc))
+            os.kill(cp.pid, signal.SIGHUP)
+            until(lambda: _probes_failed(metrics) > 0, what="background probes sent after the reload", timeout=30)
+            assert leaf.pid == pid and leaf.proc.poll() is None  # applied live, not by a restart

@@ -192,3 +192,19 @@ def test_a_recovered_server_counts_again_only_after_the_envoy_health_check_could
     assert st.healthy(20.75) == 2
     st.on_scrape(0, 1.0, 0.0, now=21.0)  # a good scrape of a healthy server starts no hold
     assert st.healthy(21.0) == 2
+
+
+def test_background_probe_settings_change_live_and_keep_the_schedule() -> None:
+    """New ``background-probe`` settings replace the prober's config but keep what it has counted
+    (a settings change is not a restart); ``None`` turns probing off."""
+    from dlb.core.background import BackgroundProbeConfig, BackgroundProber
+    from dlb.ext_proc.leaf_background import LeafBackground
+
+    bg = LeafBackground(make(2))
+    first, second = BackgroundProbeConfig(min_interval_s=1.0), BackgroundProbeConfig(min_interval_s=2.0)
+    bg.set_background(first, b"{}")
+    bg.prober = BackgroundProber(first, sent=5)
+    bg.set_background(second, b'{"max_tokens":4}')
+    assert bg.prober.config is second and bg.prober.sent == 5 and bg.bg_body == b'{"max_tokens":4}'
+    bg.set_background(None, b"")
+    assert bg.bg_config is None and bg.prober is None
