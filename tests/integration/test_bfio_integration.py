@@ -1,6 +1,8 @@
 """BF-IO's pure algorithm (dlb/core/bfio.py) against brute force and its own definitions.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_bfio.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_bfio.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

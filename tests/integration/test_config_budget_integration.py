@@ -1,7 +1,9 @@
-"""Hostile and broken config files (issue 14 rows 7-8): a problem report naming file and line, never a
+"""Hostile and broken config files: a problem report naming file and line, never a traceback, a hang or gigabytes.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_config_budget.py``.
-traceback, a hang or gigabytes; a control plane whose SIGHUP reload fails keeps serving the old config."""
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_config_budget.py``.
+The rules and what the tests stand for: that file's docstring.
+"""
 
 from __future__ import annotations
 

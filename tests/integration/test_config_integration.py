@@ -1,6 +1,8 @@
 """DLB config: the example loads, defaults apply, every problem is reported with file, line and path.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_config.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_config.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

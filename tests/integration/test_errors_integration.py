@@ -1,6 +1,8 @@
 """Libraries raise typed errors under one root (``DlbError``); only the command line turns them into exits.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_errors.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_errors.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

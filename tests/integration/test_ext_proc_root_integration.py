@@ -1,7 +1,9 @@
 """Root ext_proc service: decisions on real ext_proc protobufs, over a real gRPC stream, and the
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_ext_proc_root.py``.
-probe client against real (in-process) leaf agents, including dead and mis-addressed ones."""
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_ext_proc_root.py``.
+The rules and what the tests stand for: that file's docstring.
+"""
 
 from __future__ import annotations
 

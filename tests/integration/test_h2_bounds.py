@@ -15,38 +15,14 @@ import struct
 import threading
 from collections.abc import Iterator
 
-import hpack
 import pytest
 from bounded_wait import until
+from test_h2_bounds_unit import END_STREAM, headers_frames, request_block
 from test_h2_connection import METHOD, echo_upper, frame, grpc_message
 
 from dlb.ext_proc.transport.h2 import PREFACE, ErrorCode, FrameType
 from dlb.ext_proc.transport.limits import H2Limits
 from dlb.ext_proc.transport.server import H2GrpcServer
-
-END_STREAM, END_HEADERS = 0x1, 0x4
-
-
-def request_block(pad: str = "", path: str = METHOD) -> bytes:
-    """A request header block that leaves the HPACK table unchanged (so the server may cache it)."""
-    fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "dlb"),
-              ("content-type", "application/grpc"), ("te", "trailers")]
-    if pad:
-        fields.append(("x-pad", pad))
-    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in fields], huffman=False)
-
-
-def headers_frames(sid: int, block: bytes, end_stream: bool = True) -> bytes:
-    """HEADERS (+ CONTINUATION when the block is larger than one 16 KB frame)."""
-    chunks = [block[i:i + 16384] for i in range(0, len(block), 16384)] or [b""]
-    out = b""
-    for i, chunk in enumerate(chunks):
-        last = END_HEADERS if i == len(chunks) - 1 else 0
-        if i == 0:
-            out += frame(FrameType.HEADERS, last | (END_STREAM if end_stream else 0), sid, chunk)
-        else:
-            out += frame(FrameType.CONTINUATION, last, sid, chunk)
-    return out
 
 
 # --- row 3: connection cap, handshake and idle timeouts (sockets) ----------------------------------

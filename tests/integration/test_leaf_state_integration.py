@@ -1,6 +1,8 @@
 """The leaf's bookkeeping (pure, clock passed in): picking, RIF accounting, completions, health.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_leaf_state.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_leaf_state.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 import pytest

@@ -1,7 +1,9 @@
 """Learning without traffic (issue 12): measured prior, recency, dithering, background probes, and the
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_sim_priors.py``.
-simulator's priors experiment (the router finds the right cell within 30 s; probes stay under 1 %)."""
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_sim_priors.py``.
+The rules and what the tests stand for: that file's docstring.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The fluid-model check: equilibrium solvers against brute force, and the routers against the solvers.
 
-Here: the tests that start dlb services, open sockets or run subprocesses; the others: ``tests/unit/test_theory.py``.
+Here: the tests that start dlb services, open sockets or run subprocesses;
+the others: ``tests/unit/test_theory.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``dlb bench hostile`` at smoke size: every attack runs against live services and leaves a full record.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_bench_hostile.py``.
-
-The targets themselves are not asserted here (the fixes for the rows land separately and the numbers
-depend on the machine); what is checked is that the harness attacks, measures, judges and cleans up:
-each record has the issue's fields, the run records its commit, and nothing it started is left running.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/e2e/test_bench_hostile.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """``dlb demo --no-live`` end to end: the whole stack from one command, and nothing left behind.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_demo.py``.
-
-Runs the real CLI in a subprocess (emulators, control plane, leaf/root Envoys over xDS, leaf agents,
-root services, the load generator), then reads the report it wrote. Rules (issue 10):
-- >= 99 % of requests succeed through every tier, and every cell serves traffic;
-- the degraded cell's share falls during the degradation and comes back after it (the verdict rule is
-  written in dlb/testbed/report.py and stored in results.json);
-- no process of the run is left once the command ends — normally, after SIGINT mid-run, and after
-  the supervisor is SIGKILLed (processes are found by the DLB_SUPERVISED_RUN marker in /proc).
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/e2e/test_demo.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """What running DLB on several hosts (Kubernetes pods) needs from the code (issue 17, part A).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_deploy_code.py``.
-
-Each test stands for one assumption of a single host that the code no longer makes, checked on a
-real Envoy where Envoy is the judge:
-
-- a DNS name for the control plane (a Service) makes ``dlb_xds`` a ``STRICT_DNS`` cluster, and Envoy's
-  ``--service-node/--service-cluster/--service-zone`` name the node, so one bootstrap serves a tier;
-- a listener binds ``listen`` (default ``0.0.0.0:<port>``), not the address others reach it at;
-- every bootstrap can carry a ``dlb_ready`` listener answering ``/ready`` off loopback.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/e2e/test_deploy_code.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The emulator's data-parallel mode over real sockets: G ranks on consecutive ports, lock-step steps
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_emulator_dp.py``.
-whose time is the slowest rank's, and per-rank barrier idle exported as a metric."""
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_emulator_dp.py``.
+The rules and what the tests stand for: that file's docstring.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Malformed request bodies get the emulator's JSON 400, never aiohttp's text/plain 500 (issue 14 row 11).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_emulator_hostile.py``.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_emulator_hostile.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

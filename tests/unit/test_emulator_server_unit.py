@@ -1,7 +1,9 @@
 """The emulator over real sockets on 127.0.0.1: OpenAI wire format, streaming, metrics, overload,
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_emulator_server.py``.
-fault knobs, and the three ways to run it (async in-process, threaded, child process)."""
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_emulator_server.py``.
+The rules and what the tests stand for: that file's docstring.
+"""
 
 from __future__ import annotations
 

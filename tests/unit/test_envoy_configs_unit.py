@@ -1,11 +1,8 @@
 """Real-Envoy tests of the root and leaf bootstraps (templates in envoy_configs/ and rendered ones).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_envoy_configs.py``.
-
-Upstreams are tiny ``http.server`` echo servers on 127.0.0.1 standing in for leaves and inference
-servers; they answer with their own name and the headers they received, so a test can see which cell
-a request reached and what Envoy forwarded. The ext_proc is either absent (nothing listens on its
-port: fail-open) or a minimal grpc ExternalProcessor defined here that names one cell.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/e2e/test_envoy_configs.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

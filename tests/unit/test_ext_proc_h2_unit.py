@@ -1,11 +1,8 @@
 """DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.transport.h2`) against independent peers.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_ext_proc_h2.py``.
-
-The ``h2`` library (python-hyper) plays the client for protocol corners a well-behaved gRPC client
-never produces (CONTINUATION, padding, tiny flow-control windows, byte-by-byte delivery, bad
-input); grpc's C-core client is the conformance check (``test_ext_proc_root.py``), and Envoy itself
-is the peer in ``test_envoy_forwards_only_the_headers_the_root_reads`` and every end-to-end test.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_ext_proc_h2.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

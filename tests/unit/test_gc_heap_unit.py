@@ -1,9 +1,8 @@
 """The control plane freezes its start-up heap, so a full garbage collection walks only what came after.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_gc_heap.py``.
-
-Issue 14 row 6: after bloated ADS streams were refused, a full collection (triggered by the attack's
-allocations) walked every object the control plane built at start and blocked its event loop 38-101 ms.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_gc_heap.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

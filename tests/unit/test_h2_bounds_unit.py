@@ -1,11 +1,8 @@
 """Bounds of the root's HTTP/2 transport against hostile peers (issue 14, rows 1-3), without timing.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_h2_bounds.py``.
-
-Memory is read from the bounded structures' own sizes (the cached header blocks, counted by this test
-from what the cache holds) and event-loop work from operation counts (streams visited per frame), so
-the tests say the same on a loaded box. Row 3 (connection cap, handshake and idle timeouts) needs
-sockets and a clock: those tests wait for the server to act and assert what it did, never how fast.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_h2_bounds.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

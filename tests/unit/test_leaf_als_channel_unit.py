@@ -1,12 +1,8 @@
 """The access log steers a cell, so only the cell's own Envoy may feed it (issue 14 row 5).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_leaf_als_channel.py``.
-
-Before: the agent served the access-log service on its probe port, which roots reach across the
-network; one unauthenticated stream of 200,000 fake starts and 2,000 fake 503s black-holed the cell
-(RIF 200,000, error rate 0.96, records kept up to 900 s). Now the access log has its own channel (a
-Unix socket by default, or a loopback port), the in-flight table is bounded, and the records a stream
-opened are dropped when that stream ends.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_leaf_als_channel.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A client reaching a leaf Envoy directly cannot steer it with internal headers (issue 14 row 9).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_leaf_internal_headers.py``.
-
-``x-dlb-server`` is the leaf ext_proc's pick, read by an ORIGINAL_DST cluster: from a client it sent the
-request to any host:port the client named (an open proxy). The leaf now strips it (and ``x-dlb-cell``)
-from every downstream request before any filter runs; its own ext_proc sets it afterwards.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_leaf_internal_headers.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

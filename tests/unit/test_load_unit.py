@@ -1,6 +1,8 @@
 """Workloads (seeded, open loop) and the ``dlb load`` generator against a real local HTTP server.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_load.py``.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_load.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

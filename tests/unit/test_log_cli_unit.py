@@ -1,6 +1,8 @@
 """Package-wide logging setup and the CLI registry.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_log_cli.py``.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_log_cli.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

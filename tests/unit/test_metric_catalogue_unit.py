@@ -1,10 +1,8 @@
 """Each service's /metrics against the one catalogue of dlb_* families (dlb/metric_catalogue.py).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_metric_catalogue.py``.
-
-Every service is scraped over HTTP through the exporter it runs in production (root and leaf:
-``serve_metrics``; control plane: ``StatusServer``; emulator: its registry's exposition), then
-parsed with prometheus_client's own parser.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_metric_catalogue.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """``free_port``: ports for configs that must name an address before the service that binds it runs.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_procutil.py``.
-
-The CI races (an Envoy's listener port taken between ``free_port()`` and the Envoy's bind, in
-test_faults_e2e and test_up) came from the ephemeral range: every ``bind(port 0)`` on the machine
-(other tests' servers, in this run and the ones beside it) draws there, as do outgoing connections'
-source ports. Ports below that range are never handed out by the kernel, so only an explicit bind to
-the same number can take one.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_procutil.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

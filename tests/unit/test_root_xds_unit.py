@@ -1,10 +1,8 @@
 """The root service configured over xDS by a real control plane, hot-reloaded without dropping requests.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_root_xds.py``.
-
-Real parts: ``ControlPlane`` (gRPC xDS server), the service's ``XdsClient`` (ADS, SotW and delta), the
-probe client against stand-in leaves (real gRPC Probe servers). Decisions are taken through
-``RootService.decide`` — the same call the ext_proc stream makes for each request's headers.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_root_xds.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

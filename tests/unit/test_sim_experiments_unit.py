@@ -1,6 +1,8 @@
 """Experiments, records, normalisation, the report and the ``dlb sim`` command (CI-sized).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_sim_experiments.py``.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_sim_experiments.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Mutual TLS on DLB's gRPC channels and per-node authorisation on the control plane (docs/security.md).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_tls.py``.
-
-Certificates come from a CA the test makes (tests/tls_certs.py); a second CA stands in for an
-attacker's. Every server here is the real one on 127.0.0.1 (grpc.aio or DLB's HTTP/2 transport):
-a client without a certificate, or with one from the other CA, is refused at the handshake; a
-certificate from the right CA that claims another (role, cell) on the control plane is refused with
-PERMISSION_DENIED and counted.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_tls.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``dlb up --config FILE``: ready means routable, the URLs it prints work, and it stops in order.
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/e2e/test_up.py``.
-
-Two emulated servers (in this process) behind a 2-cell config on free ports; ``dlb up`` runs as the
-real CLI in a subprocess. The first request after "ready" must be routed (no 503 ``no usable cell``:
-ready waits for fresh probes); a crashed child is restarted; SIGTERM stops everything within 10 s.
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/e2e/test_up.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """xDS protocol behaviour of dlb.xds (docs/design.md §5) driven by a raw gRPC client (xds-protos stubs).
 
-Here: the tests that run in-process (no sockets, no processes); the others: ``tests/integration/test_xds_protocol.py``.
-
-Absence of a push is proven with ``RawStream.barrier`` (no sleeps, no timed assertions).
+Here: the tests that run in-process (no sockets, no processes);
+the others: ``tests/integration/test_xds_protocol.py``.
+The rules and what the tests stand for: that file's docstring.
 """
 
 from __future__ import annotations
