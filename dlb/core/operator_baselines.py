@@ -187,7 +187,25 @@ class _HealthView:
         self.outliers.record(server, ok, now)
 
 
-class LrGlobalRoot:
+class _HealthFollower:
+    """What the Envoy-native baselines share: health from probes (servers up) and their own replies
+    (outlier ejection), and a cached candidate set rebuilt when health may have changed."""
+
+    health: _HealthView
+    _valid_until: float
+
+    def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
+                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
+                 seen_until: float | None = None) -> None:
+        if replicas is not None and int(round(replicas)) != self.health.up[cell]:
+            self.health.on_probe(cell, replicas)
+            self._valid_until = -math.inf
+
+    def tick(self, now: float) -> None:
+        """Nothing periodic: health changes arrive with probes and replies."""
+
+
+class LrGlobalRoot(_HealthFollower):
     """``lr-global``: one pool of every server of every allowed cell, P2C on this root's active requests.
 
     The simulator calls ``pick_server`` instead of ``pick`` (the request then bypasses the leaf's pick)
@@ -239,18 +257,9 @@ class LrGlobalRoot:
         if self.health.outliers.until[server] != before:
             self._valid_until = -math.inf
 
-    def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
-                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
-                 seen_until: float | None = None) -> None:
-        if replicas is not None and int(round(replicas)) != self.health.up[cell]:
-            self.health.on_probe(cell, replicas)
-            self._valid_until = -math.inf
-
-    def tick(self, now: float) -> None:
-        """Nothing periodic: health changes arrive with probes and replies."""
 
 
-class LocalityFailoverRoot:
+class LocalityFailoverRoot(_HealthFollower):
     """``locality-failover``: Envoy priorities by locality, spill-over by health, leaf pick inside.
 
     Priority 0 is the source cell, then the other allowed cells one priority each by RTT; each
@@ -293,15 +302,6 @@ class LocalityFailoverRoot:
         if self.health.outliers.record(server, ok, now):
             self._valid_until = -math.inf
 
-    def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
-                 error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
-                 seen_until: float | None = None) -> None:
-        if replicas is not None and int(round(replicas)) != self.health.up[cell]:
-            self.health.on_probe(cell, replicas)
-            self._valid_until = -math.inf
-
-    def tick(self, now: float) -> None:
-        """Nothing periodic: health changes arrive with probes and replies."""
 
 
 class HubScoreRoot:

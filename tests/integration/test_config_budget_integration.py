@@ -18,20 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 from bounded_wait import until
-from test_config_budget import alias_bomb
+from test_config_budget import GOOD, alias_bomb
 
 from dlb.procutil import free_port
-
-GOOD = """\
-version: 1
-cells:
-  - name: a
-    leaf: {address: 127.0.0.1:10010, probe: 127.0.0.1:9010}
-    servers: [127.0.0.1:8010]
-endpoints:
-  - name: m
-    match: {prefix: /v1/}
-"""
 
 
 def _status(port: int) -> dict:
