@@ -41,8 +41,8 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, count: int = 1) -> s
     return str(until(seen, f"{text!r} {count} time(s) in {log.name}", timeout=100))
 
 
-@pytest.mark.timeout(120)
-def test_failed_sighup_reload_is_refused_and_the_old_config_keeps_serving(tmp_path: Path) -> None:
+def _start_control_plane(tmp_path: Path) -> tuple[Path, Path, int, subprocess.Popen]:
+    """``dlb serve control-plane`` on GOOD with a JSON log: (config path, log, status port, process)."""
     cfg = tmp_path / "dlb.yaml"
     cfg.write_text(GOOD)
     log = tmp_path / "cp.log"
@@ -52,6 +52,19 @@ def test_failed_sighup_reload_is_refused_and_the_old_config_keeps_serving(tmp_pa
         proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cfg), "--no-probe",
                                  "--xds", f"127.0.0.1:{xds}", "--status", f"127.0.0.1:{status}"],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+    return cfg, log, status, proc
+
+
+def _two_cells() -> dict:
+    """GOOD with a second cell: the config a successful reload must end up serving."""
+    return {**yaml.safe_load(GOOD), "network": {"default_one_way_ms": 5}, "cells": [
+        {"name": n, "leaf": {"address": f"127.0.0.1:1{i}010", "probe": f"127.0.0.1:9{i}10"}, "servers": [f"127.0.0.1:8{i}10"]}
+        for i, n in enumerate(["a", "b"])]}
+
+
+@pytest.mark.timeout(120)
+def test_failed_sighup_reload_is_refused_and_the_old_config_keeps_serving(tmp_path: Path) -> None:
+    cfg, log, status, proc = _start_control_plane(tmp_path)
     try:
         _wait_for(log, "control_plane_started", proc)
         assert list(_status(status)["cells"]) == ["a"]
@@ -62,9 +75,7 @@ def test_failed_sighup_reload_is_refused_and_the_old_config_keeps_serving(tmp_pa
             body = _wait_for(log, "reload refused: ", proc, count=n)
             assert list(_status(status)["cells"]) == ["a"], "the old config must keep serving"
         assert "Traceback" not in body and str(cfg) in body
-        cfg.write_text(yaml.safe_dump({**yaml.safe_load(GOOD), "cells": [
-            {"name": n, "leaf": {"address": f"127.0.0.1:1{i}010", "probe": f"127.0.0.1:9{i}10"}, "servers": [f"127.0.0.1:8{i}10"]}
-            for i, n in enumerate(["a", "b"])], "network": {"default_one_way_ms": 5}}))
+        cfg.write_text(yaml.safe_dump(_two_cells()))
         proc.send_signal(signal.SIGHUP)
         _wait_for(log, "config_reloaded", proc)
         assert list(_status(status)["cells"]) == ["a", "b"]
@@ -78,15 +89,7 @@ def test_a_sighup_during_a_reload_is_queued_and_the_latest_file_wins(tmp_path: P
     """A slow reload (a file at the loader's budgets) is running when the good file lands and a second
     SIGHUP comes: that signal used to be dropped (``config_reload_busy``) and the control plane kept
     serving an older config than the file on disk."""
-    cfg = tmp_path / "dlb.yaml"
-    cfg.write_text(GOOD)
-    log = tmp_path / "cp.log"
-    xds, status = free_port(), free_port()
-    env = {**os.environ, "DLB_LOG_FORMAT": "json"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cfg), "--no-probe",
-                                 "--xds", f"127.0.0.1:{xds}", "--status", f"127.0.0.1:{status}"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    cfg, log, status, proc = _start_control_plane(tmp_path)
     try:
         _wait_for(log, "control_plane_started", proc)
         assert list(_status(status)["cells"]) == ["a"]
@@ -99,10 +102,7 @@ def test_a_sighup_during_a_reload_is_queued_and_the_latest_file_wins(tmp_path: P
 
         replace("x: " + "[" * 5000 + "]" * 5000 + "\n" + alias_bomb(9))  # slow to refuse
         proc.send_signal(signal.SIGHUP)
-        two = {**yaml.safe_load(GOOD), "network": {"default_one_way_ms": 5}, "cells": [
-            {"name": n, "leaf": {"address": f"127.0.0.1:1{i}010", "probe": f"127.0.0.1:9{i}10"}, "servers": [f"127.0.0.1:8{i}10"]}
-            for i, n in enumerate(["a", "b"])]}
-        replace(yaml.safe_dump(two))
+        replace(yaml.safe_dump(_two_cells()))
         proc.send_signal(signal.SIGHUP)  # while the first reload runs (or just after: either way the file wins)
         _wait_for(log, "config_reloaded", proc)
         assert list(_status(status)["cells"]) == ["a", "b"]

@@ -107,17 +107,23 @@ def test_every_grpc_aio_server_serves_grpc_health() -> None:
     assert asyncio.run(main()) == (SERVING, SERVING, NOT_SERVING)
 
 
+def _one_root_config(folder: Path) -> tuple[Path, str]:
+    """A one-cell config whose root has an ext_proc address of its own: (its path, that address)."""
+    ext_proc = f"127.0.0.1:{free_port()}"
+    raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
+                                    "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+                                    "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": ext_proc}}],
+           "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
+    path = folder / "dlb.yaml"
+    path.write_text(json.dumps(raw))
+    return path, ext_proc
+
+
 def test_root_on_the_h2_transport_drains_on_sigterm_then_exits_cleanly() -> None:
     """``dlb serve root`` (h2 transport, the default): health SERVING on its ext_proc port; SIGTERM turns
     it NOT_SERVING for the drain while ext_proc calls are still answered; then a clean exit 0."""
     with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
-        ext_proc = f"127.0.0.1:{free_port()}"
-        raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
-                                        "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
-                                        "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": ext_proc}}],
-               "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
-        path = Path(tmp) / "dlb.yaml"
-        path.write_text(json.dumps(raw))
+        path, ext_proc = _one_root_config(Path(tmp))
         root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", "", "--drain-s", "2")
         with root, grpc.insecure_channel(ext_proc) as ch:
             assert _check(ch) == SERVING
@@ -189,13 +195,7 @@ def test_a_root_whose_envoy_is_gone_ends_its_drain_and_exits_within_the_budget()
     from dlb.launch.supervisor import STOP_BUDGET_S
 
     with tempfile.TemporaryDirectory(prefix="dlb-lifecycle-") as tmp:
-        ext_proc = f"127.0.0.1:{free_port()}"
-        raw = {"version": 1, "cells": [{"name": "a", "servers": [f"127.0.0.1:{free_port()}"],
-                                        "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
-                                        "root": {"address": f"127.0.0.1:{free_port()}", "ext_proc": ext_proc}}],
-               "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]}
-        path = Path(tmp) / "dlb.yaml"
-        path.write_text(json.dumps(raw))
+        path, ext_proc = _one_root_config(Path(tmp))
         root = ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", "", "--drain-s", "5")
         with root:
             with grpc.insecure_channel(ext_proc) as ch:  # an Envoy connected to it...
