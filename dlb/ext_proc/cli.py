@@ -17,8 +17,6 @@ from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
-    from dlb.config.model import BackgroundProbeParams
-    from dlb.core.background import BackgroundProbeConfig
 
 
 def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
@@ -120,7 +118,6 @@ def register_root(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_leaf(args: argparse.Namespace) -> int:
-    from dlb.ext_proc.leaf_background import background_body
     from dlb.ext_proc.leaf_serve import LeafOptions, run_leaf
     from dlb.service.runner import run_event_loop
 
@@ -144,24 +141,13 @@ def run_leaf(args: argparse.Namespace) -> int:
     metrics = args.metrics
     if metrics is None:
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
-    lp = cfg.policy.leaf  # routing knobs come from the config (policy.plugins), later from xDS
+    # Routing knobs are not options: run_leaf reads them from the config's policy (later from xDS).
     run_event_loop(run_leaf(cfg, LeafOptions(
-        cell=args.cell, listen=tuple(listen), metrics=metrics or None, ready_file=args.ready_file, choices=lp.pick_params.choices,
-        scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, refit_period_s=lp.fit.refit_period_s,
+        cell=args.cell, listen=tuple(listen), metrics=metrics or None, ready_file=args.ready_file,
+        scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed,
         envoy_check_period_s=args.envoy_check_period_ms / 1000.0, xds=args.xds, xds_delta=args.xds_delta,
-        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, background=_background_config(lp.background_probe),
-        background_body=background_body(lp.background_probe), pick_rule=lp.pick, window_s=lp.fit.window_s,
-        envoy_address=args.envoy_check_address)))
+        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, envoy_address=args.envoy_check_address)))
     return 0
-
-
-def _background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
-    from dlb.ext_proc.leaf_background import background_config
-
-    try:
-        return background_config(bg)
-    except ValueError as e:
-        raise UsageError(f"dlb serve leaf: the background-probe plugin: {e}") from None
 
 
 def register_leaf(subparsers: argparse._SubParsersAction) -> None:

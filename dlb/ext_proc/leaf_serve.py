@@ -21,8 +21,7 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from dlb.config import Config
 from dlb.config.model import LeafPolicy
 from dlb.config.tls import component_identity
-from dlb.core.background import BackgroundProbeConfig
-from dlb.errors import BindError
+from dlb.errors import BindError, UsageError
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_background import background_body, background_config
 from dlb.ext_proc.leaf_setup import state_from_config
@@ -41,7 +40,8 @@ log = get_logger("dlb.leaf")
 
 @dataclass(frozen=True)
 class LeafOptions:
-    """How one leaf agent runs, as ``dlb serve leaf`` builds it from its flags (the config file gives the rest)."""
+    """How one leaf agent runs, as ``dlb serve leaf`` builds it from its flags: process concerns only.
+    Routing knobs (pick rule, fit, background probes) come from the config's ``policy`` and later xDS."""
 
     cell: str
     #: gRPC addresses for probe (+ ext_proc when shared); the first is the probe's.
@@ -50,12 +50,9 @@ class LeafOptions:
     metrics: str | None = None
     #: Write ``{grpc, grpc_ports, metrics, pid}`` JSON here once serving.
     ready_file: str | None = None
-    #: Servers probed per pick (power-of-d's d).
-    choices: int = 2
     #: Server ``/metrics`` scrape period (0: off).
     scrape_period_s: float = 0.2
     seed: int | None = None
-    refit_period_s: float = 5.0
     #: TCP check of this agent's leaf Envoy (0: off).
     envoy_check_period_s: float = 0.2
     #: Control plane ``host:port`` to follow (server set over EDS, fleet prior, DP groups).
@@ -65,11 +62,6 @@ class LeafOptions:
     ext_proc_h2: str | None = None
     #: Seconds of NOT_SERVING on SIGTERM before streams are closed.
     drain_s: float = 0.0
-    #: Background probes when the cell is idle (None: off), and the request each sends.
-    background: BackgroundProbeConfig | None = None
-    background_body: bytes = b""
-    pick_rule: str = "prequal"
-    window_s: float = 60.0
     #: This agent's own leaf Envoy, checked and used for background probes (None: ``cells[].leaf.address``).
     envoy_address: str | None = None
 
@@ -106,7 +98,13 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     address is then a load balancer in front of the pod, which could answer while this Envoy is dead.
     """
     cell_name = opts.cell
-    state = state_from_config(cfg, cell_name, opts.choices, opts.seed, opts.refit_period_s, opts.window_s, pick_rule=opts.pick_rule)
+    lp = cfg.policy.leaf
+    try:
+        background = background_config(lp.background_probe)
+    except ValueError as e:
+        raise UsageError(f"dlb serve leaf: the background-probe plugin: {e}") from None
+    state = state_from_config(cfg, cell_name, lp.pick_params.choices, opts.seed, lp.fit.refit_period_s, lp.fit.window_s,
+                              pick_rule=lp.pick)
     agent = LeafAgent(state)
     agent.access_log.known_sources = frozenset(cfg.cell_names)
     bg = agent.background
@@ -156,9 +154,9 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     if opts.scrape_period_s > 0:
         tasks.append(asyncio.create_task(bg.scrape_loop(opts.scrape_period_s, min(1.0, max(0.2, opts.scrape_period_s)))))
     # Runs while probing is off too: a live config change (xDS) can turn it on without a restart.
-    tasks.append(asyncio.create_task(bg.background_loop(envoy_address, opts.background, opts.background_body)))
+    tasks.append(asyncio.create_task(bg.background_loop(envoy_address, background, background_body(lp.background_probe))))
     log.info("leaf_started", cell=cell_name, grpc_ports=ports, metrics_port=metrics_port, access_log=als_address,
-             servers=[s.address for s in state.servers], choices=opts.choices)
+             servers=[s.address for s in state.servers], choices=state.choices)
     if opts.ready_file:
         write_ready(opts.ready_file, {"grpc": ports[0], "grpc_ports": ports, "metrics": metrics_port, "pid": os.getpid()})
 
