@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -217,18 +218,19 @@ class LeafState:
         self.estimator.reset_prior(prior)
 
     # -- picking ---------------------------------------------------------------------------------
-    def usable(self, now: float) -> list[int]:
-        ok = [i for i, s in enumerate(self.servers)
-              if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
-        return ok or list(range(len(self.servers)))
+    def usable(self, now: float, among: Sequence[int] | None = None) -> list[int]:
+        """Healthy servers (of ``among``: a gateway's subset hint, when given); all of them if none is."""
+        pool = range(len(self.servers)) if among is None else among
+        ok = [i for i in pool if self.servers[i].ejected_until <= now and self.servers[i].scrape_failures < self.scrape_fail_threshold]
+        return ok or list(pool)
 
     def load(self, i: int) -> float:
         s = self.servers[i]
         return max(float(s.rif), s.scraped) / s.weight
 
-    def choose(self, now: float) -> int:
+    def choose(self, now: float, among: Sequence[int] | None = None) -> int:
         """Power-of-d choice among usable servers (no side effects)."""
-        cand = self.usable(now)
+        cand = self.usable(now, among)
         if len(cand) > self.choices:
             idx = self.rng.choice(len(cand), size=self.choices, replace=False)
             cand = [cand[int(k)] for k in idx]
@@ -248,7 +250,8 @@ class LeafState:
         mean = self._tokens_sum / self._tokens_n if self._tokens_n else self.expected_output_tokens + 1.0
         return max(float(s.rif), s.scraped) / s.weight, max(s.tokens, s.scraped * mean) / s.weight
 
-    def pick(self, now: float, request_id: str | None, content_length: int | None = None) -> int:
+    def pick(self, now: float, request_id: str | None, content_length: int | None = None,
+             among: Sequence[int] | None = None) -> int:
         """Choose a server for a request and count it in flight.
 
         A pick that lands on a rank of a data-parallel server is handed to that server's balancer, which
@@ -256,9 +259,9 @@ class LeafState:
         """
         tokens = self.request_tokens(content_length)
         if self.pick_rule == "prequal":
-            i = self.pool.pick(now, self.usable(now), self._probe, tokens)
+            i = self.pool.pick(now, self.usable(now, among), self._probe, tokens)
         else:
-            i = self.choose(now)
+            i = self.choose(now, among)
         dp = self.dp_of.get(self.servers[i].address) if self.dp_of else None
         if dp is None:
             self.start(now, request_id, i, tokens)
@@ -266,7 +269,7 @@ class LeafState:
         prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
         bal, members = dp
         idx = [self.by_address.get(a, UNKNOWN) for a in members]
-        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now
+        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now and (among is None or k in among)
                             and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
         if allowed.any():
             i = idx[bal.choose(now, prompt_tokens, allowed)]
