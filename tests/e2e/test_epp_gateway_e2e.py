@@ -45,8 +45,10 @@ LOG_FORMAT = (f'{{"dest":"%REQ({DEST})%","meta":"%DYNAMIC_METADATA(envoy.lb:{DES
 REQUESTS = int(os.environ.get("DLB_EPP_E2E_REQUESTS", "300"))
 
 
-def gateway(port: int, admin: int, epp_port: int, pool: list[str], log_path: Path, fail_open: bool) -> dict[str, Any]:
-    """A GIE-style gateway Envoy for one InferencePool whose EPP listens on ``epp_port``."""
+def gateway(port: int, admin: int, epp_port: int, pool: list[str], log_path: Path, fail_open: bool,
+            subset: list[str] | None = None) -> dict[str, Any]:
+    """A GIE-style gateway Envoy for one InferencePool whose EPP listens on ``epp_port``; with ``subset``, a
+    ``set_metadata`` filter before the ext_proc sets the protocol's subset hint for every request."""
     ext_proc = {
         "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"}, "timeout": "10s"},
         # Envoy 1.40 cannot fail open once a FULL_DUPLEX_STREAMED request body went to the dead stream (measured:
@@ -95,6 +97,10 @@ def gateway(port: int, admin: int, epp_port: int, pool: list[str], log_path: Pat
                     "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [
                         {"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": "300s"}}]}]},
                     "http_filters": [
+                        *([{"name": "envoy.filters.http.set_metadata", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+                            "metadata": [{"metadata_namespace": "envoy.lb.subset_hint",
+                                          "value": {"x-gateway-destination-endpoint-subset": subset}}]}}] if subset else []),
                         {"name": "envoy.filters.http.ext_proc", "typed_config": {
                             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor", **ext_proc}},
                         {"name": "envoy.filters.http.router", "typed_config": {
@@ -119,9 +125,10 @@ def gateway(port: int, admin: int, epp_port: int, pool: list[str], log_path: Pat
 class Pool:
     """Three emulated servers, the EPP for them and a GIE-style gateway Envoy in front."""
 
-    def __init__(self, tmp: Path, fail_open: bool) -> None:
+    def __init__(self, tmp: Path, fail_open: bool, subset: int | None = None) -> None:
         self.tmp = tmp
         self.fail_open = fail_open
+        self.subset = subset
         self.servers = [EmulatorProcess(server_id=f"s{i}", profile="fast-test", max_batch=32, max_queue=512) for i in range(3)]
         self.epp: ServiceProcess | None = None
         self.envoy: EnvoyProcess | None = None
@@ -141,7 +148,9 @@ class Pool:
                                   f"127.0.0.1:{self.metrics_port}", "--drain-s", "0").start()
         boot = self.tmp / "envoy.yaml"
         admin = free_port()
-        boot.write_text(yaml.safe_dump(gateway(self.port, admin, epp_port, [s.address for s in self.servers], self.log, self.fail_open)))
+        hint = [self.servers[self.subset].address] if self.subset is not None else None
+        boot.write_text(yaml.safe_dump(gateway(self.port, admin, epp_port, [s.address for s in self.servers], self.log, self.fail_open,
+                                               hint)))
         self.envoy = EnvoyProcess(str(boot), admin).start()
         until(lambda: "health_flags::healthy" in self.clusters(), "the gateway sees its EPP healthy (GIE's health service name)")
         return self
@@ -189,7 +198,7 @@ async def send(port: int, n: int, concurrency: int = 16) -> list[tuple[int, str,
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def check_all_went_where_picked(pool: Pool, results: list[tuple[int, str, bytes]], key: str) -> None:
+def check_all_went_where_picked(pool: Pool, results: list[tuple[int, str, bytes]], key: str, spread: bool = True) -> None:
     assert [r[0] for r in results] == [200] * len(results), [r[:2] for r in results if r[0] != 200][:5]
     for _status, _server, body in results[::2]:  # the streamed ones end as an OpenAI stream does
         assert body.rstrip().endswith(b"data: [DONE]")
@@ -201,7 +210,7 @@ def check_all_went_where_picked(pool: Pool, results: list[tuple[int, str, bytes]
         assert line[key] == line["upstream"] == pool.by_name[line["server"]], line
     served, picks = pool.served(), pool.picks()
     assert served == picks, (served, picks)
-    assert sum(served.values()) == len(results) and min(served.values()) > 0
+    assert sum(served.values()) == len(results) and (min(served.values()) > 0 or not spread)
 
 
 def test_fail_close_gateway_routes_by_the_epp_header_and_drops_requests_when_the_epp_dies(tmp_path: Path) -> None:
@@ -229,3 +238,11 @@ def test_fail_open_gateway_reads_the_epp_metadata_and_picks_itself_when_the_epp_
         assert [s for s, _, _ in after] == [200] * 30  # FailOpen: forwarded to an endpoint of Envoy's picking
         gained = {a: pool.served()[a] - before[a] for a in before}
         assert sum(gained.values()) == 30 and sum(1 for v in gained.values() if v > 0) >= 2
+
+
+def test_the_gateways_subset_hint_confines_the_pick(tmp_path: Path) -> None:
+    with Pool(tmp_path, fail_open=False, subset=1) as pool:
+        results = asyncio.run(send(pool.port, 40))
+        check_all_went_where_picked(pool, results, "dest", spread=False)
+        only = pool.servers[1].address
+        assert pool.served() == {s.address: 40.0 if s.address == only else 0.0 for s in pool.servers}
