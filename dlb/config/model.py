@@ -254,8 +254,19 @@ class Endpoint:
     match: Match
     policy: Policy = field(default_factory=Policy)
     latency_prior: LatencyPrior = field(default_factory=LatencyPrior)
+    #: ``(cell, prior)`` where an operator knows a cell differs (a slower region, older GPUs); others use ``latency_prior``.
+    latency_prior_by_cell: tuple[tuple[str, LatencyPrior], ...] = ()
     timeout_s: float = 600.0  # whole-request limit on the root route (0 = none); generation is long
     idle_timeout_s: float = 300.0  # no bytes either way for this long ends the stream
+
+
+    def prior_for(self, cell: str) -> LatencyPrior:
+        """The prior of this endpoint in ``cell``: its own entry in ``latency_prior_by_cell``, else ``latency_prior``."""
+        return next((p for c, p in self.latency_prior_by_cell if c == cell), self.latency_prior)
+
+    def cell_priors(self) -> dict[str, LatencyParams]:
+        """The routing core's prior of every cell with one of its own."""
+        return {c: p.to_core() for c, p in self.latency_prior_by_cell}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import itertools
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -129,6 +130,7 @@ class RootRouter:
         policy: PolicyConfig,
         prior: LatencyParams,
         rng: np.random.Generator | None = None,
+        cell_priors: Sequence[LatencyParams] | None = None,
     ) -> None:
         self.topology = topology
         self.source = source
@@ -139,7 +141,8 @@ class RootRouter:
         self.rtt = 2.0 * topology.tau[source]
         # A private copy: probes update it when a cell's serving replica count changes (outages).
         self.replicas = topology.replicas.copy()
-        self.models = ModelTable.from_params([prior] * n)
+        # One prior per cell when the config gives cells their own (a known-slower region), else the endpoint's.
+        self.models = ModelTable.from_params(list(cell_priors) if cell_priors is not None else [prior] * n)
         self.view = CellView.empty(n)
         # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
         self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]

@@ -52,6 +52,11 @@ class EndpointSpec:
     prefix: str
     policy: PolicyConfig
     prior: LatencyParams
+    #: Cells with a prior of their own (``endpoints[].latency_prior_by_cell``); others take ``prior``.
+    cell_priors: Mapping[str, LatencyParams] = field(default_factory=dict)
+
+    def priors(self, cells: Sequence[str]) -> list[LatencyParams]:
+        return [self.cell_priors.get(c, self.prior) for c in cells]
 
 
 def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_names: Sequence[str]) -> None:
@@ -118,7 +123,8 @@ class RootService:
 
     @classmethod
     def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> RootService:
-        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core()) for e in cfg.endpoints]
+        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core(), e.cell_priors())
+                 for e in cfg.endpoints]
         svc = cls(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         svc.configure(cfg.topology(), specs)
         return svc
@@ -135,7 +141,7 @@ class RootService:
         old = {e.name: e for e in self.endpoints}
         endpoints = []
         for spec in specs:
-            router = RootRouter(topology, src, spec.policy, spec.prior, rng=self.rng)
+            router = RootRouter(topology, src, spec.policy, spec.prior, rng=self.rng, cell_priors=spec.priors(topology.names))
             prev = old.get(spec.name)
             decisions = [0] * topology.n
             if prev is not None:
