@@ -13,6 +13,7 @@ each chunk is handed back as it came (token-by-token streaming stays token by to
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -22,6 +23,7 @@ from dlb.envoy.contract import CONTENT_LENGTH
 from dlb.epp import protocol
 from dlb.ext_proc.leaf_state import UNKNOWN, Completion, LeafState, is_error
 from dlb.ext_proc.protocol import CONTINUE, header_value
+from dlb.service.tracing import Tracer
 
 FULL_DUPLEX = ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
 
@@ -33,6 +35,8 @@ class EndpointPicker:
     state: LeafState
     #: Shed (429) a request when every eligible endpoint reports its KV cache full (``state.kv_full``).
     shed_when_full: bool = False
+    #: Records a span per pick (``--otlp-endpoint``); None: tracing off.
+    tracer: Tracer | None = None
     replies: dict[str, bytes] = field(default_factory=dict)
     no_endpoint: int = 0
     shed: int = 0
@@ -58,8 +62,9 @@ class EndpointPicker:
         st = self.state
         return all(st.servers[i].kv_usage >= st.kv_full for i in st.usable(now, among))
 
-    def stream(self) -> EppStream:
-        return EppStream(self, f"epp-{next(self._keys)}")
+    def stream(self, traceparent: str | None = None) -> EppStream:
+        """A new ext_proc stream; ``traceparent`` from the call's gRPC metadata (Envoy's, when it traces)."""
+        return EppStream(self, f"epp-{next(self._keys)}", traceparent=traceparent)
 
 
 @dataclass
@@ -76,6 +81,7 @@ class EppStream:
     done: bool = False
     request_mode: int = 0
     response_mode: int = 0
+    traceparent: str | None = None
 
     def on_message(self, req: ep.ProcessingRequest, now: float) -> list[bytes]:
         which = req.WhichOneof("request")
@@ -107,15 +113,7 @@ class EppStream:
 
     def _pick(self, req: ep.ProcessingRequest, now: float) -> bytes:
         epp = self.epp
-        among = epp.eligible(protocol.subset_hint(req))
-        if among is not None and not among:
-            epp.no_endpoint += 1
-            self.done = True
-            return protocol.NO_ENDPOINT
-        if epp.shed_when_full and epp.full(now, among):
-            epp.shed += 1
-            self.done = True
-            return protocol.SHED
+        t0 = time.time_ns() if epp.tracer is not None else 0
         length = None
         for h in req.request_headers.headers.headers:
             if h.key == CONTENT_LENGTH:
@@ -123,10 +121,39 @@ class EppStream:
                     length = int(header_value(h))
                 except ValueError:
                     length = None
-        self.started = now
-        self.picked = epp.state.pick(now, self.key, length, among)
-        self.address = epp.state.servers[self.picked].address
-        return epp.reply_for(self.address)
+            elif h.key == "traceparent" and self.traceparent is None:
+                self.traceparent = header_value(h)
+        among = epp.eligible(protocol.subset_hint(req))
+        if among is not None and not among:
+            epp.no_endpoint += 1
+            self.done = True
+            reply, refused = protocol.NO_ENDPOINT, 503
+        elif epp.shed_when_full and epp.full(now, among):
+            epp.shed += 1
+            self.done = True
+            reply, refused = protocol.SHED, 429
+        else:
+            self.started = now
+            self.picked = epp.state.pick(now, self.key, length, among)
+            self.address = epp.state.servers[self.picked].address
+            reply, refused = epp.reply_for(self.address), 0
+        if epp.tracer is not None:
+            self._trace(t0, among, refused)
+        return reply
+
+    def _trace(self, start_ns: int, among: list[int] | None, refused: int) -> None:
+        """The pick as a span: where it went and the load it saw there (or why nothing was picked)."""
+        st = self.epp.state
+        attrs: dict[str, str | int | float] = {"dlb.pool": st.cell, "dlb.pick_rule": st.pick_rule, "dlb.pool.rif": st.rif,
+                                                "dlb.subset": -1 if among is None else len(among)}
+        if refused:
+            attrs["http.response.status_code"] = refused
+        else:
+            s = st.servers[self.picked]
+            attrs.update({"dlb.server": s.address, "dlb.server.rif": s.rif, "dlb.server.tokens_waiting": s.tokens})
+        assert self.epp.tracer is not None
+        self.epp.tracer.record("dlb.epp.pick", self.traceparent, start_ns, time.time_ns(), attrs,
+                               error="no eligible endpoint" if refused == 503 else "shed" if refused else None)
 
     def _note_served(self, req: ep.ProcessingRequest) -> None:
         """Move the in-flight record to the endpoint the gateway says served (a retry went elsewhere)."""

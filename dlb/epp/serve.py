@@ -11,7 +11,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -32,6 +32,7 @@ from dlb.service.metrics import Readiness, serve_metrics
 from dlb.service.ports import add_port
 from dlb.service.runner import write_ready
 from dlb.service.serve import serve_until_signal
+from dlb.service.tracing import TracingOptions, make_tracer
 
 log = get_logger("dlb.epp")
 
@@ -51,13 +52,17 @@ class EppOptions:
     dns_period_s: float = 5.0
     shed_when_full: bool = False
     drain_s: float = 0.0
+    tracing: TracingOptions = field(default_factory=TracingOptions)
 
 
 def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic) -> grpc.GenericRpcHandler:
     """ExternalProcessor.Process with one :class:`~dlb.epp.picker.EppStream` per call; its end releases the pick."""
 
     async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        stream = epp.stream()
+        traceparent = None
+        if epp.tracer is not None:  # Envoy's trace context of this ext_proc call, when its tracer is on
+            traceparent = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
+        stream = epp.stream(traceparent if isinstance(traceparent, str) else None)
         try:
             async for raw in requests:
                 t0 = time.perf_counter()
@@ -87,7 +92,8 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
     state = state_from_config(cfg, opts.cell, lp.pick_params.choices, opts.seed, lp.fit.refit_period_s, lp.fit.window_s,
                               pick_rule=lp.pick)
     agent = LeafAgent(state)
-    epp = EndpointPicker(state, shed_when_full=opts.shed_when_full)
+    tracer = make_tracer(opts.tracing)
+    epp = EndpointPicker(state, shed_when_full=opts.shed_when_full, tracer=tracer)
     health = HealthState()
     readiness = Readiness()
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
@@ -120,6 +126,8 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
         readiness.ready = False
         for t in tasks:
             t.cancel()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # flush the spans still buffered
         log.info("epp_stopping", pool=opts.cell)
 
     await serve_until_signal(server, on_stop, health=health, drain_s=opts.drain_s)
