@@ -357,7 +357,7 @@ def root_forward_headers(cfg: Config) -> list[str]:
     Every endpoint's affinity header is forwarded, enabled or not, plus the default name, so turning
     affinity on over xDS works without re-rendering Envoy as long as the header name is one of these.
     """
-    names = [":path", AffinityParams().header.lower()]
+    names = [":path", _h.TRACEPARENT, AffinityParams().header.lower()]
     for ep in cfg.endpoints:
         h = ep.policy.affinity.header.lower()
         if h not in names:

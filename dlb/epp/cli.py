@@ -6,21 +6,18 @@ import argparse
 import math
 
 from dlb.errors import UsageError
+from dlb.ext_proc.cli import add_tracing_flags
 
 
 def run_epp(args: argparse.Namespace) -> int:
     from dlb.epp.serve import EppOptions, run_epp
-    from dlb.ext_proc.cli import load_cell
+    from dlb.ext_proc.cli import load_cell, tracing_options
     from dlb.service.runner import run_event_loop
-    from dlb.service.tracing import TracingOptions
 
     for flag, value in (("--drain-s", args.drain_s), ("--dns-period-s", args.dns_period_s), ("--scrape-period-ms", args.scrape_period_ms)):
         if not 0 <= value < math.inf:
             raise UsageError(f"{flag} must be >= 0 and finite, got {value}")
-    try:
-        tracing = TracingOptions(args.otlp_endpoint, args.trace_sample_ratio, service_name=f"dlb-epp-{args.cell}")
-    except ValueError as exc:
-        raise UsageError(f"--trace-sample-ratio: {exc}") from None
+    tracing = tracing_options(args, f"dlb-epp-{args.cell}")
     cfg, cell = load_cell(args.config, args.cell)
     listen = args.listen or str(cell.leaf.ext_proc or cell.leaf.probe)
     run_event_loop(run_epp(cfg, EppOptions(
@@ -42,9 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dns-period-s", type=float, default=5.0, help="re-resolve the pool's DNS names this often (0 = once)")
     p.add_argument("--shed-when-full", action="store_true",
                    help="answer 429 when every eligible endpoint's KV cache is full (default: queue there)")
-    p.add_argument("--otlp-endpoint", default=None, help="OTLP/gRPC collector host:port: a span per pick (default: tracing off)")
-    p.add_argument("--trace-sample-ratio", type=float, default=0.01,
-                   help="share of traces sampled when the request's traceparent does not decide (default %(default)s)")
+    add_tracing_flags(p, "pick")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")
     p.add_argument("--drain-s", type=float, default=1.0,
                    help="on SIGTERM: seconds of gRPC health NOT_SERVING before streams are closed")

@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
@@ -26,7 +26,7 @@ from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_background import background_body, background_config
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
-from dlb.ext_proc.protocol import ExtProcServer, ext_proc_handler
+from dlb.ext_proc.protocol import ExtProcServer, MessageHandler, ext_proc_handler
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
 from dlb.service.health import HealthState, health_handler
@@ -34,6 +34,7 @@ from dlb.service.metrics import Readiness, serve_metrics
 from dlb.service.ports import add_port
 from dlb.service.runner import write_ready
 from dlb.service.serve import serve_until_signal
+from dlb.service.tracing import TracingOptions, make_tracer
 
 log = get_logger("dlb.leaf")
 
@@ -64,6 +65,8 @@ class LeafOptions:
     drain_s: float = 0.0
     #: This agent's own leaf Envoy, checked and used for background probes (None: ``cells[].leaf.address``).
     envoy_address: str | None = None
+    #: A span per pick to an OTLP collector (off unless it names one).
+    tracing: TracingOptions = field(default_factory=TracingOptions)
 
 
 def _bind_als(server: grpc.aio.Server, address: str) -> None:
@@ -120,7 +123,13 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
                            tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source), on_policy=background_from_policy)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
     health = HealthState()
-    server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
+    tracer = make_tracer(opts.tracing)
+    handle: MessageHandler = agent.handle
+    if tracer is not None:
+        from dlb.ext_proc.tracing import describe_leaf, traced
+
+        handle = traced(agent.handle, tracer, "dlb.leaf.pick", describe_leaf(agent))
+    server.add_generic_rpc_handlers((ext_proc_handler(handle), health_handler(health)))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent.probe, server)
     # The access log gets a server of its own on a channel only the cell's Envoy reaches (docs/security.md);
     # it answers grpc.health.v1 too (Envoy health-checks its agent cluster there).
@@ -133,7 +142,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     ports = [add_port(server, addr, tls) for addr in opts.listen]
     h2 = None
     if opts.ext_proc_h2 is not None:
-        h2 = ExtProcServer("h2", agent.handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
+        h2 = ExtProcServer("h2", handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
         ports.append(await h2.bind(opts.ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None
@@ -169,6 +178,8 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         if h2 is not None:
             await h2.stop()
         await als_server.stop(0.5)
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # the spans still buffered
         if als_address.startswith("unix:"):
             with contextlib.suppress(OSError):
                 os.unlink(als_address[len("unix:"):])

@@ -11,7 +11,7 @@ DLB span joins the request's trace. Sampling follows the parent's flag, else ``s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,12 +52,17 @@ class Tracer:
         self._propagator = TraceContextTextMapPropagator()
 
     def record(self, name: str, traceparent: str | None, start_ns: int, end_ns: int,
-               attributes: Mapping[str, AttributeValue], error: str | None = None) -> None:
-        """One finished span, child of ``traceparent`` (a new trace without one)."""
+               attributes: Mapping[str, AttributeValue] | Callable[[], Mapping[str, AttributeValue]],
+               error: str | None = None) -> None:
+        """One finished span, child of ``traceparent`` (a new trace without one). ``attributes`` may be a
+        function: it is called only for a sampled span (reading costs for a dropped span is waste)."""
         from opentelemetry.trace import Status, StatusCode
 
         ctx = self._propagator.extract({"traceparent": traceparent}) if traceparent else None
-        span = self._tracer.start_span(name, context=ctx, start_time=start_ns, attributes=dict(attributes))
+        span = self._tracer.start_span(name, context=ctx, start_time=start_ns)
+        if not span.is_recording():
+            return
+        span.set_attributes(dict(attributes() if callable(attributes) else attributes))
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=end_ns)
