@@ -113,7 +113,7 @@ class EppStream:
 
     def _pick(self, req: ep.ProcessingRequest, now: float) -> bytes:
         epp = self.epp
-        t0 = time.time_ns() if epp.tracer is not None else 0
+        t0 = time.time_ns() if epp.tracer is not None else 0  # the pick's span starts here (sampled ones only)
         length = None
         for h in req.request_headers.headers.headers:
             if h.key == CONTENT_LENGTH:
@@ -137,7 +137,7 @@ class EppStream:
             self.picked = epp.state.pick(now, self.key, length, among)
             self.address = epp.state.servers[self.picked].address
             reply, refused = epp.reply_for(self.address), 0
-        if epp.tracer is not None:
+        if epp.tracer is not None and epp.tracer.sampled(self.traceparent):
             self._trace(t0, among, refused)
         return reply
 

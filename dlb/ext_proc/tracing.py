@@ -2,8 +2,9 @@
 
 Why a wrapper and not code inside ``decide``/``pick``: with tracing off the request path is exactly as
 before (the wrapper is not installed); with it on, the message is parsed a second time for its
-``traceparent`` (Envoy forwards it to both services) and the span's attributes — the decision, every
-candidate cell's cost and aversion, the server's load — are read only for sampled traces.
+``traceparent`` only when it carries one (Envoy forwards it to both services), and the span and its
+attributes — the decision, every candidate cell's cost and aversion, the server's load — are built only
+for sampled requests.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dlb.ext_proc.protocol import MessageHandler, header_value
 from dlb.ext_proc.root import RootService
 from dlb.service.tracing import AttributeValue, Tracer
 
+TRACE_BYTES = TRACEPARENT.encode()
 Describe = Callable[[ep.ProcessingRequest, bytes], Mapping[str, AttributeValue]]
 
 
@@ -28,9 +30,16 @@ def traced(handle: MessageHandler, tracer: Tracer, name: str, describe: Describe
     def run(message: bytes) -> tuple[bytes | None, bool]:
         start = time.time_ns()
         reply, end = handle(message)
-        req = ep.ProcessingRequest.FromString(message)
-        if req.WhichOneof("request") == "request_headers" and reply is not None:
+        if reply is None:
+            return reply, end
+        req = parent = None
+        if TRACE_BYTES in message:  # the parent's flag decides: parse to read it
+            req = ep.ProcessingRequest.FromString(message)
             parent = next((header_value(h) for h in req.request_headers.headers.headers if h.key == TRACEPARENT), None)
+        if not tracer.sampled(parent):
+            return reply, end
+        req = req or ep.ProcessingRequest.FromString(message)
+        if req.WhichOneof("request") == "request_headers":
             tracer.record(name, parent, start, time.time_ns(), lambda: describe(req, reply))
         return reply, end
 
