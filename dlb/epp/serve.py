@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from prometheus_client.core import CounterMetricFamily
 
 from dlb.config import Config
 from dlb.config.tls import component_identity
@@ -78,14 +77,6 @@ def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic
     return grpc.method_handlers_generic_handler(service, {name: method})
 
 
-def epp_families(epp: EndpointPicker):
-    yield CounterMetricFamily("dlb_epp_no_endpoint", "Requests answered 503: no eligible endpoint (pool or subset hint)",
-                              value=epp.no_endpoint)
-    yield CounterMetricFamily("dlb_epp_shed", "Requests answered 429: every eligible endpoint's KV cache full", value=epp.shed)
-    yield CounterMetricFamily("dlb_epp_served_elsewhere", "Responses the gateway reports served by another endpoint than picked",
-                              value=epp.served_elsewhere)
-
-
 async def run_epp(cfg: Config, opts: EppOptions) -> None:
     """Serve the EPP for the pool of ``cfg``'s cell ``opts.cell`` until SIGTERM, then drain."""
     lp = cfg.policy.leaf
@@ -104,11 +95,9 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
 
-        def collect():
-            yield from agent.collect()
-            yield from epp_families(epp)
-
-        _, metrics_port = serve_metrics(collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+        # The leaf's families (dlb_leaf_*, docs/metrics.md): the EPP is the leaf behind GIE's protocol. Its
+        # 503/429 replies show in the gateway's access log and stats (response code details dlb_no_capacity).
+        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     await server.start()
     readiness.ready = True
     bg = agent.background
