@@ -180,6 +180,14 @@ class Pool:
             text = r.read().decode()
         return {s.address: metric_value(text, "dlb_leaf_server_picks_total", server=s.address) or 0.0 for s in self.servers}
 
+    def kill_epp_and_send(self, n: int) -> tuple[dict[str, float], list[tuple[int, str, bytes]]]:
+        """SIGKILL the EPP, then send ``n`` requests: (each server's count before, the results)."""
+        assert self.epp is not None and self.epp.proc is not None
+        os.kill(self.epp.pid, signal.SIGKILL)
+        self.epp.proc.wait(10)
+        before = self.served()
+        return before, asyncio.run(send(self.port, n, concurrency=4))
+
     def log_lines(self) -> list[dict[str, str]]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()] if self.log.exists() else []
 
@@ -217,11 +225,7 @@ def test_fail_close_gateway_routes_by_the_epp_header_and_drops_requests_when_the
     with Pool(tmp_path, fail_open=False) as pool:
         results = asyncio.run(send(pool.port, REQUESTS))
         check_all_went_where_picked(pool, results, "dest")
-        assert pool.epp is not None
-        os.kill(pool.epp.pid, signal.SIGKILL)
-        pool.epp.proc.wait(10)
-        before = pool.served()
-        after = asyncio.run(send(pool.port, 20, concurrency=4))
+        before, after = pool.kill_epp_and_send(20)
         assert all(status >= 500 for status, _, _ in after), [s for s, _, _ in after]  # FailClose: dropped
         assert pool.served() == before  # and none reached a server
 
@@ -230,11 +234,7 @@ def test_fail_open_gateway_reads_the_epp_metadata_and_picks_itself_when_the_epp_
     with Pool(tmp_path, fail_open=True) as pool:
         results = asyncio.run(send(pool.port, REQUESTS // 3))
         check_all_went_where_picked(pool, results, "meta")
-        assert pool.epp is not None
-        os.kill(pool.epp.pid, signal.SIGKILL)
-        pool.epp.proc.wait(10)
-        before = pool.served()
-        after = asyncio.run(send(pool.port, 30, concurrency=4))
+        before, after = pool.kill_epp_and_send(30)
         assert [s for s, _, _ in after] == [200] * 30  # FailOpen: forwarded to an endpoint of Envoy's picking
         gained = {a: pool.served()[a] - before[a] for a in before}
         assert sum(gained.values()) == 30 and sum(1 for v in gained.values() if v > 0) >= 2
