@@ -286,7 +286,10 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None) -> int:
+def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
+           service_args: list[str] | None = None) -> int:
+    """Start, wait until ready, serve until Ctrl-C or ``duration_s``. ``service_args`` go to every root and
+    leaf service (the tracing flags)."""
     from dlb.config import ConfigError, load_config
     from dlb.envoy.root_token import forgeable_token_warning
 
@@ -305,7 +308,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     stop = StopFlag().install()
     sup = Supervisor(run_dir or default_run_dir("up"))
     print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan)
+    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args)
     code = 0
     try:
         sup.start(ready_timeout_s, should_stop=stop)
