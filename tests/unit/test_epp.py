@@ -176,3 +176,37 @@ def test_dns_names_become_one_endpoint_per_address():
     assert pool_servers(cfg, "pool", {}) == [("10.0.0.9:8000", 1.0)]  # the name has no address yet
     got = pool_servers(cfg, "pool", {"vllm.ns.svc": ["10.0.0.5", "10.0.0.4"]})
     assert [a for a, _ in got] == ["10.0.0.4:8000", "10.0.0.5:8000", "10.0.0.9:8000"]
+
+
+def test_the_pool_follows_dns_and_keeps_the_last_addresses_when_a_lookup_fails():
+    import asyncio
+
+    from dlb.config.loader import config_from_dict
+    from dlb.epp.pool import follow_dns
+    from dlb.ext_proc.leaf_setup import state_from_config
+
+    cfg = config_from_dict({"version": 1, "cells": [{"name": "pool", "leaf": {"address": "127.0.0.1:1", "probe": "127.0.0.1:2"},
+                                                      "servers": ["vllm.ns.svc:8000"]}],
+                            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]})
+    state = state_from_config(cfg, "pool", resolve=lambda h, p: ["10.0.0.1"])
+    answers = iter([["10.0.0.1", "10.0.0.2"], OSError("SERVFAIL"), ["10.0.0.2"]])
+    seen: list[list[str]] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        a = next(answers)
+        seen.append([s.address for s in state.servers])
+        if isinstance(a, OSError):
+            raise a
+        return a
+
+    async def run() -> None:
+        task = asyncio.create_task(follow_dns(cfg, "pool", state, 0.001, resolve))
+        while len(seen) < 3:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 5))
+    # grown to two pods; a failed lookup changes nothing; then one pod left
+    assert seen == [["10.0.0.1:8000"], ["10.0.0.1:8000", "10.0.0.2:8000"], ["10.0.0.1:8000", "10.0.0.2:8000"]]
+    assert [s.address for s in state.servers] == ["10.0.0.2:8000"]
