@@ -27,6 +27,7 @@ from dlb.testbed.stack import request
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 TRACE_ID, CLIENT_SPAN = "5af7651916cd43dd8448eb211c80319d", "c7ad6b7169203331"
+TRACED = 3
 
 
 def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(tmp_path: Path) -> None:
@@ -51,10 +52,22 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
             m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
             host, port = m.group(1), int(m.group(2))
             _read_until(proc, r"Ctrl-C stops everything", seen)
-            status, headers, _ = request(host, port, headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})
-            assert status == 200
+            # A few traced requests: just after start, on a loaded box, a leaf Envoy may not reach its ext_proc yet
+            # and picks by itself (fail open), with no pick span (seen 2 runs in 7); one complete trace is the claim.
+            served = {}
+            for k in range(TRACED):
+                status, headers, _ = request(host, port, headers={"traceparent": f"00-{TRACE_ID[:-1]}{k}-{CLIENT_SPAN}-01"})
+                assert status == 200
+                served[f"{TRACE_ID[:-1]}{k}"] = headers["x-dlb-server"]
             assert request(host, port)[0] == 200  # unsampled: no span
-            until(lambda: {s.name for _, s in collector.spans} >= {"dlb.root.decide", "dlb.leaf.pick"}, "both spans", timeout=20)
+
+            def complete() -> str | None:
+                names: dict[str, set[str]] = {}
+                for _, sp in collector.spans:
+                    names.setdefault(sp.trace_id.hex(), set()).add(sp.name)
+                return next((t for t, n in names.items() if n == {"dlb.root.decide", "dlb.leaf.pick"}), None)
+
+            trace = until(complete, "one trace with both spans", timeout=20)
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
         finally:
@@ -63,10 +76,11 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
             for pid in processes_of_run(run_dir):
                 os.kill(pid, signal.SIGKILL)
             server.stop(None)
-    spans = {s.name: (svc, s) for svc, s in collector.spans}
-    assert sorted(spans) == ["dlb.leaf.pick", "dlb.root.decide"] and len(collector.spans) == 2
+    assert {sp.trace_id.hex() for _, sp in collector.spans} <= set(served)  # only the sampled requests
+    spans = {sp.name: (svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace}
+    assert sorted(spans) == ["dlb.leaf.pick", "dlb.root.decide"]
     for _svc, span in spans.values():
-        assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == CLIENT_SPAN
+        assert span.parent_span_id.hex() == CLIENT_SPAN
     cell = next(a.value.string_value for a in spans["dlb.root.decide"][1].attributes if a.key == "dlb.cell")
     assert spans["dlb.root.decide"][0] == "dlb-root-us-east1" and spans["dlb.leaf.pick"][0] == f"dlb-leaf-{cell}"
-    assert headers["x-dlb-server"] == ("a/0" if cell == "us-east1" else "b/0")
+    assert served[trace] == ("a/0" if cell == "us-east1" else "b/0")
