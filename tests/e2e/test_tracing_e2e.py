@@ -4,12 +4,8 @@ saying what it decided. Envoy forwards ``traceparent`` to both ext_procs; its ow
 
 from __future__ import annotations
 
-from concurrent import futures
-
-import grpc
 import pytest
 from bounded_wait import until
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from test_epp_tracing import Collector
 
 from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
@@ -23,10 +19,7 @@ TRACE_ID, CLIENT_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 
 def test_root_decision_and_leaf_pick_join_the_clients_trace() -> None:
     collector = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
-    otlp = ("--otlp-endpoint", f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}", "--trace-sample-ratio", "0")
-    server.start()
+    otlp = ("--otlp-endpoint", f"127.0.0.1:{collector.start()}", "--trace-sample-ratio", "0")
     plane = start_data_plane([CellSpec("a", servers=2), CellSpec("b", servers=1)], "a", ENDPOINT, root_args=otlp, leaf_args=otlp)
     try:
         until(lambda: metric_value(plane.root_metrics(), "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0, "cell a usable")
@@ -37,7 +30,7 @@ def test_root_decision_and_leaf_pick_join_the_clients_trace() -> None:
         until(lambda: {s.name for _, s in collector.spans} >= {"dlb.root.decide", "dlb.leaf.pick"}, "both spans exported", timeout=20)
     finally:
         plane.close()
-        server.stop(None)
+        collector.stop()
     spans = {s.name: (service, s) for service, s in collector.spans}
     assert len(collector.spans) == 2, [s.name for _, s in collector.spans]
     for name, service in (("dlb.root.decide", "dlb-root-a"), ("dlb.leaf.pick", None)):

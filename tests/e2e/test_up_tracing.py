@@ -9,13 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 from bounded_wait import until
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from test_epp_tracing import Collector
 from test_up import REPO, _read_until
 
@@ -32,10 +29,7 @@ TRACED = 3
 
 def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(tmp_path: Path) -> None:
     collector = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
-    otlp = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    otlp = collector.start()
     run_dir = tmp_path / "run"
     with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
@@ -75,7 +69,7 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
                 proc.kill()
             for pid in processes_of_run(run_dir):
                 os.kill(pid, signal.SIGKILL)
-            server.stop(None)
+            collector.stop()
     assert {sp.trace_id.hex() for _, sp in collector.spans} <= set(served)  # only the sampled requests
     spans = {sp.name: (svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace}
     assert sorted(spans) == ["dlb.leaf.pick", "dlb.root.decide"]

@@ -30,6 +30,17 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans: list = []
         self.lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+
+    def start(self) -> int:
+        """Serve on 127.0.0.1; returns the port."""
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        return port
+
+    def stop(self) -> None:
+        self.server.stop(None)
 
     def Export(self, request, context):
         with self.lock:
@@ -52,10 +63,7 @@ def pick(port: int, traceparent: str) -> ep.ProcessingResponse:
 
 def test_a_pick_span_joins_the_requests_trace(tmp_path: Path) -> None:
     collector = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
-    otlp = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    otlp = collector.start()
     port = free_port()
     cfg = {"version": 1, "cells": [{"name": "pool", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"},
                                     "servers": ["127.0.0.1:1", "127.0.0.1:2"]}],
@@ -71,7 +79,7 @@ def test_a_pick_span_joins_the_requests_trace(tmp_path: Path) -> None:
             assert unsampled.request_headers.response.header_mutation.set_headers
             until(lambda: collector.spans, "the pick's span reaches the collector", timeout=20)
     finally:
-        server.stop(None)
+        collector.stop()
     (service, span), = collector.spans
     attrs = {a.key: a.value for a in span.attributes}
     assert service == "dlb-epp-pool" and span.name == "dlb.epp.pick"
