@@ -29,8 +29,9 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 
 NO_ENDPOINT = openai_error(503, "dlb: no eligible endpoint in the pool (or in the gateway's subset hint) for this request; retry shortly",
                            "service_unavailable", "dlb_no_capacity", retry_after_s=1)
+#: One code for "nothing can serve this now", 503 or 429 alike, as the root's replies (DLB's error contract).
 SHED = openai_error(429, "dlb: every eligible endpoint is full (KV cache); this request was shed, retry later",
-                    "rate_limit_exceeded", "dlb_overloaded", retry_after_s=1)
+                    "service_unavailable", "dlb_no_capacity", retry_after_s=1)
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 

@@ -109,6 +109,7 @@ def test_full_kv_caches_shed_with_429_only_when_asked():
         assert (r.WhichOneof("response") == "immediate_response") == shed
         if shed:
             assert r.immediate_response.status.code == 429
+            assert json.loads(r.immediate_response.body)["error"]["code"] == "dlb_no_capacity"
 
 
 def test_full_duplex_bodies_pass_through_chunk_by_chunk_and_the_end_releases_the_pick():
