@@ -62,7 +62,7 @@ def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_
     oi = np.array([p[0] for p in pairs])
     ni = np.array([p[1] for p in pairs])
     ov, nv = old.view, new.view
-    for attr in ("rif", "last_probe", "error_rate", "confidence", "available"):
+    for attr in ("rif", "last_probe", "error_rate", "confidence", "available", "capacity"):
         getattr(nv, attr)[ni] = getattr(ov, attr)[oi]
     for o, j in pairs:  # the sends no probe has seen yet, not just their sum (view.sent)
         new.adopt_unseen(old, j, o)
