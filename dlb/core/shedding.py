@@ -89,9 +89,13 @@ def should_shed(cells: Sequence[int], view: CellState, now: float, cfg: ShedConf
     if not cfg.enabled or not cells:
         return False
     cap, rif, sent, err, seen = view.capacity, view.rif, view.sent, view.error_rate, view.last_probe
+    near = cfg.near_fill
     for j in cells:
         c = float(cap[j])
-        if not c > 0 or not saturated(float(rif[j] + sent[j]), c, float(err[j]), now - float(seen[j]), cfg):
+        if not c > 0:
+            return False
+        n = float(rif[j] + sent[j])
+        if n < near * c or not saturated(n, c, float(err[j]), now - float(seen[j]), cfg):
             return False
     return True
 
