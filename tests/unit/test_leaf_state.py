@@ -233,3 +233,38 @@ def test_capacity_is_learned_from_each_servers_429s_and_unknown_until_all_refuse
     assert leaf.servers[0].admit_limit == 5
     leaf.servers[1].ejected_until = 10.0
     assert leaf.capacity(1.0) == 5  # an ejected server admits nothing
+
+
+def test_the_probe_answer_carries_the_capacity_learned_from_the_access_log() -> None:
+    """Through the leaf agent: access-log entries of 429s from each server (the pick counted by the leaf's
+    ext_proc) make the probe answer report the cell's capacity; before, the field is absent."""
+    import asyncio
+
+    from envoy.service.accesslog.v3 import als_pb2
+
+    from dlb.ext_proc.leaf import LeafAgent
+
+    agent = LeafAgent(make(2, choices=2))
+    assert not agent.probe.snapshot(0.0).HasField("capacity")  # an unknown capacity is not sent as 0
+    st = agent.state
+    for i in range(2):
+        for k in range(3):
+            st.start(0.0, f"s{i}-{k}", i)
+        st.start(0.0, f"full{i}", i)
+    msg = als_pb2.StreamAccessLogsMessage()
+    for i in range(2):
+        e = msg.http_logs.log_entry.add()
+        e.request.request_id = f"full{i}"
+        e.response.response_code.value = 429
+        host, port = st.servers[i].address.split(":")
+        e.common_properties.upstream_remote_address.socket_address.address = host
+        e.common_properties.upstream_remote_address.socket_address.port_value = int(port)
+
+    async def feed() -> None:
+        async def one():
+            yield msg
+        await agent.access_log.consume(one())
+
+    asyncio.run(feed())
+    answer = agent.probe.snapshot(0.0)
+    assert answer.HasField("capacity") and answer.capacity == 6
