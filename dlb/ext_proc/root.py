@@ -112,10 +112,6 @@ class EndpointState:
         SHED_REPLY_TTL_S (the decision itself is the router's, per request)."""
         self.shed += 1
         self.shed_unlogged += 1
-        if now - self.shed_logged_at >= SHED_LOG_EVERY_S:
-            log.warning("requests_shed", endpoint=self.name, source_cell=cell, shed=self.shed_unlogged,
-                        retry_after_s=self.retry_after_s, every_s=SHED_LOG_EVERY_S)
-            self.shed_unlogged, self.shed_logged_at = 0, now
         if now >= self.shed_reply_until:
             r = self.router
             m, v = r.models, r.view
@@ -125,6 +121,10 @@ class EndpointState:
                 429, "dlb: every cell that may serve this request is full; retry after the retry-after seconds",
                 replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=self.retry_after_s)
             self.shed_reply_until = now + SHED_REPLY_TTL_S
+        if now - self.shed_logged_at >= SHED_LOG_EVERY_S:
+            log.warning("requests_shed", endpoint=self.name, source_cell=cell, shed=self.shed_unlogged,
+                        retry_after_s=self.retry_after_s, every_s=SHED_LOG_EVERY_S)
+            self.shed_unlogged, self.shed_logged_at = 0, now
         return self.shed_reply
 
 

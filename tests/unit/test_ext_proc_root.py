@@ -288,3 +288,22 @@ def test_every_cell_saturated_gives_429_with_a_drain_time_retry_after_and_counts
     assert imm.status.code == 429 and {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}["retry-after"] == "5"
     shed = [m for m in svc2.collect() if m.name == "dlb_root_shed"][0]
     assert [(s.labels, s.value) for s in shed.samples] == [({"endpoint": "chat", "source_cell": "a"}, 1.0)]
+
+
+def test_sheds_are_logged_at_most_once_per_period_with_their_count() -> None:
+    """Not one log line per shed: a root shedding thousands of requests a second writes one line per
+    endpoint every SHED_LOG_EVERY_S, carrying how many it shed since the last."""
+    from structlog.testing import capture_logs
+
+    from dlb.ext_proc.root import SHED_LOG_EVERY_S
+
+    svc, clock = service()
+    with capture_logs() as logs:
+        for _ in range(3):
+            for j in (0, 1):
+                probe(svc, j, clock.t, rif=40, capacity=40)
+            for _ in range(100):
+                svc.decide(headers_msg().request_headers.headers.headers)
+            clock.t += SHED_LOG_EVERY_S / 2
+    lines = [e for e in logs if e["event"] == "requests_shed"]
+    assert svc.endpoints[0].shed == 300 and [e["shed"] for e in lines] == [1, 200], lines
