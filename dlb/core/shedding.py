@@ -7,8 +7,8 @@ needed. A 429 with ``Retry-After`` at once costs the client nothing it would hav
 What a root knows, and so what "saturated" means here. A probe's RIF counts the requests the leaf
 admitted, and a cell holds at most its buffer — running slots plus queue limit of its serving
 servers — so past the buffer extra load never shows in the RIF, only as rejections (the error
-EMA). The buffer itself is the leaf's ``capacity`` in the probe answer (what its servers admitted
-when they first answered 429: ``dlb.ext_proc.leaf_state``); an older leaf sends none. Cell j is
+EMA). The buffer itself is the leaf's ``capacity`` in the probe answer (the most each server held
+when it answered 429, summed: ``dlb.ext_proc.leaf_state``); an older leaf sends none. Cell j is
 *saturated* when its capacity ``C_j`` is known, its probe is at most ``max_age_s`` old, and, with
 ``N_j`` = probe RIF + this root's sends no probe has seen yet (the root's own view, so sends between
 two probes count at once and a root never sends more than the room it saw):
@@ -20,7 +20,10 @@ two probes count at once and a root never sends more than the room it saw):
 
 Busy is not saturated: a cell below ``near_fill`` of its buffer, or one near it that rejects
 nothing, has room. Unknown capacity or stale state count as room, so a root never sheds on what it
-does not know; a root sheds only while *every* usable cell is saturated.
+does not know; a root sheds only while *every* usable cell is saturated. A shed books no send (the
+cells' state is unchanged) but counts as an arrival, so the root's rate estimate still sees the demand.
+Not covered: a server whose queue is long enough to time requests out before it rejects any (the
+simulator's batched model at 110 % load: 17.5 % timed out, nothing rejected, nothing shed).
 """
 
 from __future__ import annotations
