@@ -45,6 +45,8 @@ def _h2(service: str) -> tuple[MetricDef, ...]:
         # Bounds (dlb/ext_proc/transport/limits.py): each counts the times a bound was hit.
         MetricDef(service, f"{p}_connections_refused", "counter", (),
                   "Connections closed at accept: the connection cap was reached", when),
+        MetricDef(service, f"{p}_connections_evicted", "counter", (), "Streamless connections closed to admit a new one", when),
+        MetricDef(service, f"{p}_first_stream_timeouts", "counter", (), "Connections closed for opening no stream in time", when),
         MetricDef(service, f"{p}_handshake_timeouts", "counter", (),
                   "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time", when),
         MetricDef(service, f"{p}_tls_failures", "counter", (),

@@ -40,12 +40,19 @@ class H2Limits:
     """Per-server bounds (``max_*_total`` are shared by all connections of one server)."""
 
     max_connections: int = 0  # 0: default_max_connections() at server start
+    #: Connections from one peer address; 0: a quarter of the connection cap, at least 64 (or the cap).
+    #: Envoy keeps one per worker thread (more past ``max_concurrent_streams``).
+    max_connections_per_peer: int = 0
     #: Advertised in SETTINGS; a stream beyond it gets RST_STREAM(REFUSED_STREAM) (Envoy opens another
     #: connection when it reaches a server's limit).
     max_concurrent_streams: int = 1000
     #: Seconds from accept to a complete client preface (under TLS: the TLS handshake, then the
     #: preface); a slow-loris at 1 byte/s never gets there.
     handshake_timeout_s: float = 10.0
+    #: Seconds from accept to the connection's first stream; a peer that sends the preface and SETTINGS
+    #: and then nothing held a slot for the whole idle timeout (4,300 of them locked Envoy out for
+    #: 5 minutes). Checked from the handshake deadline on, so at least ``handshake_timeout_s``.
+    first_stream_timeout_s: float = 10.0
     #: TLS handshakes in progress (a ClientHello answered, not finished), all connections: each holds
     #: ~50 KB of OpenSSL state; beyond it a new connection's first bytes close it (Envoy reconnects).
     max_pending_tls_handshakes: int = 128
@@ -77,12 +84,22 @@ class H2Limits:
         for name in ("max_concurrent_streams", "max_header_list"):  # sent in SETTINGS: 32-bit values
             if getattr(self, name) > SETTINGS_VALUE_MAX:
                 raise ValueError(f"H2Limits.{name} must be <= {SETTINGS_VALUE_MAX} (a SETTINGS value), got {getattr(self, name)}")
-        for name in ("handshake_timeout_s", "idle_timeout_s"):  # inf or nan would be no bound at all
+        if self.max_connections_per_peer < 0:
+            raise ValueError(f"H2Limits.max_connections_per_peer must be >= 0 (0 = default), got {self.max_connections_per_peer}")
+        for name in ("handshake_timeout_s", "idle_timeout_s", "first_stream_timeout_s"):  # inf or nan would be no bound at all
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"H2Limits.{name} must be > 0 and finite, got {getattr(self, name)}")
 
+        if self.first_stream_timeout_s < self.handshake_timeout_s:
+            raise ValueError(f"H2Limits.first_stream_timeout_s ({self.first_stream_timeout_s}) must be >= handshake_timeout_s "
+                             f"({self.handshake_timeout_s}): the first stream comes after the preface")
+
     def connection_cap(self) -> int:
         return self.max_connections or default_max_connections()
+
+    def peer_cap(self) -> int:
+        cap = self.connection_cap()
+        return self.max_connections_per_peer or max(cap // 4, min(cap, 64))
 
 
 #: (field, metric suffix doc) of the counters; the gauges follow.
@@ -94,6 +111,8 @@ _COUNTERS = (
     ("connection_errors", "Connections closed for a protocol error (GOAWAY)"),
     ("handler_errors", "Messages whose handler raised"),
     ("connections_refused", "Connections closed at accept: the connection cap was reached"),
+    ("connections_evicted", "Streamless connections closed to admit a new one"),
+    ("first_stream_timeouts", "Connections closed for opening no stream in time"),
     ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time"),
     ("tls_failures", "Connections closed for a failed TLS handshake or a bad TLS record"),
     ("tls_handshakes_refused", "Connections closed at their first bytes: too many TLS handshakes in progress"),
@@ -128,6 +147,8 @@ class TransportStats:
     connection_errors: int = 0  # GOAWAY with an error code sent
     handler_errors: int = 0
     connections_refused: int = 0
+    connections_evicted: int = 0
+    first_stream_timeouts: int = 0
     handshake_timeouts: int = 0
     tls_failures: int = 0
     tls_handshakes_refused: int = 0
