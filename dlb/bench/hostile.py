@@ -43,18 +43,23 @@ from typing import Any
 
 from dlb.bench import harness
 from dlb.bench import hostile_attacks as atk
+from dlb.bench import hostile_measure as measure
 from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, gc_pauses, health_ping, p50, probe_ping, rss_mb, secure_or_plain
 from dlb.procutil import free_port
 
-ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
+ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "slot-squat", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
 #: Only meaningful against TLS listeners: run after row 3 with ``--tls`` (and on request).
 TLS_ATTACKS = ("stalled-tls-handshakes",)
 ROW = {"hpack-cache": 1, "stream-walk": 2, "idle-connections": 3, "stalled-tls-handshakes": 3, "als-flood": 5, "ads-bloat": 6,
-       "yaml-bomb-validate": 7, "yaml-bomb-sighup": 7}
+       "yaml-bomb-validate": 7, "yaml-bomb-sighup": 7, "slot-squat": 8}
 WARMUP_S = 8.0
 #: The shortest window the real traffic and the pings are judged over, however soon the attacker is done.
 MIN_WINDOW_S = 3.0
-TARGETS = {"rss_growth_mb": 50.0, "loop_block_ms": 50.0, "p50_ratio": 2.0, "errors": 0, "config_report_s": 2.0, "config_report_mb": 200.0}
+#: Row 8: a new gRPC channel opened this often while the slots are squatted, each served within NEW_CHANNEL_MS.
+NEW_CHANNEL_EVERY_S = 2.0
+NEW_CHANNEL_MS = 1000.0
+TARGETS = {"new_channel_ms": NEW_CHANNEL_MS,
+           "rss_growth_mb": 50.0, "loop_block_ms": 50.0, "p50_ratio": 2.0, "errors": 0, "config_report_s": 2.0, "config_report_mb": 200.0}
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -195,7 +200,7 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
     host, port = (root_ext_proc.rpartition(":")[0], int(root_ext_proc.rpartition(":")[2]))
     detail: dict[str, Any] = {}
     pid: int | None
-    if name in ("hpack-cache", "stream-walk", "idle-connections", "stalled-tls-handshakes"):
+    if name in ("hpack-cache", "stream-walk", "idle-connections", "slot-squat", "stalled-tls-handshakes"):
         pid, ping, part = plane.root.pid, ext_proc_ping(root_ext_proc, s.creds), "root ext_proc (HTTP/2 transport)"
     elif name == "als-flood":
         pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe, s.creds), "leaf agent (probe port)"
@@ -212,8 +217,14 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
     if attacker is not None:
         kind, target = ATTACKER_PROCESS[name]
         address: Any = (host, port) if kind == "root" else (leaf_probe if kind == "leaf" else s.cp_xds)
-        alive = None
-        if name == "idle-connections":
+        alive, every_s, new_channels = None, 1.0, list[float | None]()
+        if name == "slot-squat":
+            every_s = NEW_CHANNEL_EVERY_S
+
+            def alive() -> bool:  # a restarted root Envoy's new connection, while the slots are squatted
+                new_channels.append(measure.new_channel_call_ms(root_ext_proc, s.creds))
+                return new_channels[-1] is not None
+        elif name == "idle-connections":
             from dlb.launch.up import http_get
 
             metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
@@ -224,7 +235,9 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
                 except OSError:
                     return False
 
-        detail = _in_attacker_process(attacker, target, address, scale, alive)
+        detail = _in_attacker_process(attacker, target, address, scale, alive, every_s)
+        if name == "slot-squat":
+            detail["new_channel_ms"] = [round(ms, 1) if ms is not None else None for ms in new_channels]
         if name == "als-flood":
             detail.update(_leaf_view(leaf_probe, s.creds))
         elif name == "ads-bloat":
@@ -272,6 +285,9 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
     if name == "yaml-bomb-validate":
         rec["rss_after_mb"] = None  # a process of its own that exits (or is killed): judged by the 2 s / 200 MB target only
     rec["verdicts"] = _verdicts(rec, baseline_p50)
+    if name == "slot-squat":
+        served = detail["new_channel_ms"]
+        rec["verdicts"]["new_channels_served_in_1s"] = bool(served) and all(ms is not None and ms <= NEW_CHANNEL_MS for ms in served)
     if name.startswith("yaml-bomb"):
         secs = detail.get("seconds")
         rep_mb = detail.get("validator_rss_peak_mb", (rec["rss_peak_mb"] or 0) - (rec["rss_before_mb"] or 0))
@@ -286,7 +302,8 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
 #: function of hostile_attacks)); in the bench's process their Python shared a GIL with the ping and
 #: traffic threads (an A/B of row 3 at load 6-9 showed no difference beyond the box's noise).
 ATTACKER_PROCESS = {"hpack-cache": ("root", "hpack_cache"), "stream-walk": ("root", "stream_walk"),
-                    "idle-connections": ("root", "idle_connections"), "stalled-tls-handshakes": ("root", "stalled_handshakes"),
+                    "idle-connections": ("root", "idle_connections"), "slot-squat": ("root", "slot_squat"),
+                    "stalled-tls-handshakes": ("root", "stalled_handshakes"),
                     "als-flood": ("leaf", "als_flood"), "ads-bloat": ("control-plane", "ads_bloat")}
 
 
@@ -303,9 +320,9 @@ def _attacker_process() -> subprocess.Popen[bytes]:
 
 
 def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: Any, scale: atk.Scale,
-                         alive: Any = None) -> dict[str, Any]:
+                         alive: Any = None, every_s: float = 1.0) -> dict[str, Any]:
     """Run ``hostile_attacks.<function>(*address, scale)`` in ``proc`` and return its result; ``alive()``,
-    when given, is sampled once a second meanwhile and reported as ``service_answered``."""
+    when given, is sampled every ``every_s`` meanwhile and reported as ``service_answered``."""
     import pickle
     import threading
 
@@ -321,7 +338,7 @@ def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: 
         while alive is not None and reader.is_alive():
             asked += 1
             answered += 1 if alive() else 0
-            reader.join(1.0)
+            reader.join(every_s)
         reader.join(600)
         proc.wait(30)
     finally:
