@@ -132,6 +132,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_inflight_orphaned", "counter", (), "In-flight records dropped when the access-log stream that opened them ended"),
     MetricDef("leaf", "dlb_leaf_probes", "counter", (), "Probe requests answered"),
     MetricDef("leaf", "dlb_leaf_als_entries", "counter", (), "Access-log entries received"),
+    MetricDef("leaf", "dlb_leaf_als_peers_refused", "counter", (), "Access-log connections from another user, refused"),
     MetricDef("leaf", "dlb_leaf_model", "gauge", ("param",), "Published latency-model parameter"),
     MetricDef("leaf", "dlb_leaf_fit_seconds", "counter", (), "Time spent fitting the latency model"),
     MetricDef("leaf", "dlb_leaf_pick_rule", "gauge", ("rule",), "1 for the server-pick rule in use (config or xDS LeafPolicy)"),

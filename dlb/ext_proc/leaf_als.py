@@ -135,4 +135,4 @@ class LeafAccessLog:
                     client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
                     probe=rid.startswith(BACKGROUND_PROBE_ID),
                     cut=_cut_stream(e),
-                ))
+                ), owner=stream_id)
