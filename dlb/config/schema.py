@@ -365,6 +365,10 @@ def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
     return token
 
 
+#: The root token file when the config names none: ``dlb up`` generates one per run and sets this for
+#: every process it starts, so a config without ``root_token_file`` still gets a secret no reader can forge.
+ROOT_TOKEN_ENV = "DLB_ROOT_TOKEN_FILE"
+
 TOP_KEYS = ("version", "cells", "network", "endpoints", "policy", "probe", "services", "tls", "discovery", "root_token_file")
 
 
@@ -385,7 +389,8 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
     services = _services(ck, top.get("services"))
     tls = check_tls(ck, top.get("tls"), source) if "tls" in top else None
     discovery = _discovery(ck, top.get("discovery"))
-    root_token = _root_token(ck, top.get("root_token_file"), source) if "root_token_file" in top else None
+    token_file = top.get("root_token_file", os.environ.get(ROOT_TOKEN_ENV))
+    root_token = _root_token(ck, token_file, source) if token_file is not None else None
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
+import secrets
 import signal
 import socket
 import sys
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import Config, HostPort, TlsFiles
+from dlb.config.schema import ROOT_TOKEN_ENV
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
 
@@ -286,6 +289,16 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def generate_root_token(run_dir: Path) -> Path:
+    """A fresh random root token in ``run_dir/root-token`` (mode 0600): one per run, never derived from the config."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = (run_dir / "root-token").resolve()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None) -> int:
     from dlb.config import ConfigError, load_config
     from dlb.envoy.root_token import forgeable_token_warning
@@ -299,13 +312,24 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     if problems:
         print(f"dlb up: {len(problems)} address(es) in use or not local:\n" + "\n".join(problems), file=sys.stderr)
         return 1
-    warning = forgeable_token_warning(cfg)
-    if warning:
-        print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     stop = StopFlag().install()
     sup = Supervisor(run_dir or default_run_dir("up"))
     print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
+    token_env = {}
+    if cfg.root_token is None:
+        token_env[ROOT_TOKEN_ENV] = str(generate_root_token(sup.run_dir))  # every child reads it
+        os.environ.update(token_env)
+        try:
+            cfg = load_config(config_path)
+        finally:  # the children get it from their Child.env; this process's environment stays as it was
+            del os.environ[ROOT_TOKEN_ENV]
+        print(f"dlb up: root token generated in {token_env[ROOT_TOKEN_ENV]} (set root_token_file to use your own)", flush=True)
+    warning = forgeable_token_warning(cfg)
+    if warning:
+        print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan)
+    for child in sup.children:
+        child.env.update(token_env)
     code = 0
     try:
         sup.start(ready_timeout_s, should_stop=stop)
