@@ -53,7 +53,7 @@ class H2Limits:
     #: and then nothing held a slot for the whole idle timeout (4,300 of them locked Envoy out for
     #: 5 minutes). Checked from the handshake deadline on, so at least ``handshake_timeout_s``.
     first_stream_timeout_s: float = 10.0
-    #: TLS handshakes in progress (a ClientHello answered, not finished), all connections: each holds
+    #: TLS handshakes in progress, all connections: each holds
     #: ~50 KB of OpenSSL state; beyond it a new connection's first bytes close it (Envoy reconnects).
     max_pending_tls_handshakes: int = 128
     #: Seconds a connection may stay with no stream open before GOAWAY(NO_ERROR) and close.
@@ -113,21 +113,21 @@ _COUNTERS = (
     ("connections_refused", "Connections closed at accept: the connection cap was reached"),
     ("connections_evicted", "Streamless connections closed to admit a new one"),
     ("first_stream_timeouts", "Connections closed for opening no stream in time"),
-    ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time"),
-    ("tls_failures", "Connections closed for a failed TLS handshake or a bad TLS record"),
-    ("tls_handshakes_refused", "Connections closed at their first bytes: too many TLS handshakes in progress"),
-    ("idle_timeouts", "Connections closed after the idle timeout with no stream open"),
-    ("streams_refused", "Streams refused (REFUSED_STREAM): max concurrent streams reached or shutting down"),
-    ("header_cache_refused", "Header blocks not cached: a per-connection or total cache bound was hit"),
-    ("buffer_limit_hits", "Connections cut for holding too many bytes of partial messages"),
+    ("handshake_timeouts", "Connections closed for no TLS handshake and HTTP/2 preface in time"),
+    ("tls_failures", "Connections closed for a TLS failure"),
+    ("tls_handshakes_refused", "Connections closed: too many TLS handshakes in progress"),
+    ("idle_timeouts", "Connections closed idle (no stream open)"),
+    ("streams_refused", "Streams refused: stream cap reached or shutting down"),
+    ("header_cache_refused", "Header blocks not cached: a cache bound was hit"),
+    ("buffer_limit_hits", "Connections cut for too many partial-message bytes"),
     ("control_floods", "Connections cut for a flood of control frames (ENHANCE_YOUR_CALM)"),
-    ("non_grpc_requests", "Requests that were not gRPC, answered with HTTP 415/405"),
+    ("non_grpc_requests", "Non-gRPC requests, answered 415/405"),
 )
 _GAUGES = (
     ("open_connections", "HTTP/2 connections open now"),
-    ("tls_handshakes_pending", "TLS handshakes in progress (a ClientHello answered, not finished)"),
-    ("header_cache_bytes", "Bytes of cached decoded header blocks, all connections"),
-    ("buffered_bytes", "Bytes of partial gRPC messages held, all connections"),
+    ("tls_handshakes_pending", "TLS handshakes in progress"),
+    ("header_cache_bytes", "Bytes of cached header blocks"),
+    ("buffered_bytes", "Bytes of partial gRPC messages held"),
 )
 
 
