@@ -317,17 +317,25 @@ class LeafState:
             self._owned.setdefault(owner, set()).add(request_id)
         return request_id
 
-    def drop_owner(self, owner: int, now: float) -> int:
+    def drop_owner(self, owner: int, now: float, at_most: int | None = None) -> int:
         """Forget what an ended access-log stream reported: the in-flight records it opened (returns how
-        many) and its outcomes in the error rate — a local peer's fake 503s end with its stream."""
+        many; ``at_most`` per call, so a caller can spread 100,000 of them over loop turns) and its
+        outcomes in the error rate — a local peer's fake 503s end with its stream."""
         reported = self._owner_errors.pop(owner, None)
         if reported is not None:
             self.errors.remove(reported, now)
-        keys = [k for k in self._owned.pop(owner, ()) if (r := self.inflight.get(k)) is not None and r.owner == owner]
-        for k in keys:
-            self._forget(k, now)
-        self.orphaned += len(keys)
-        return len(keys)
+        owned = self._owned.get(owner, set())
+        n = 0
+        while owned and (at_most is None or n < at_most):
+            k = owned.pop()
+            r = self.inflight.get(k)
+            if r is not None and r.owner == owner:
+                self._forget(k, now)
+                n += 1
+        if not owned:
+            self._owned.pop(owner, None)
+        self.orphaned += n
+        return n
 
     def _forget(self, key: str, now: float) -> None:
         """Drop a record whose completion will never come (it releases its server's RIF and tokens)."""
