@@ -184,6 +184,23 @@ def secret_problems(docs: list[dict[str, Any]]) -> list[str]:
             for k, v in (d.get("data") or {}).items() if SECRET_KEY.search(k) or SECRET_TEXT.search(str(v))]
 
 
+def root_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Roots (where clients enter) have a PriorityClass, spread over zones and nodes, and an HPA from 2 replicas."""
+    hpas = {d["spec"]["scaleTargetRef"]["name"]: d for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
+    problems = []
+    for w in _workloads(docs):
+        if _base_name(w) != "dlb-root":
+            continue
+        pod, name = _pod(w), w["metadata"]["name"]
+        if not pod.get("priorityClassName"):
+            problems.append(f"{_name(w)}: no priorityClassName")
+        if {c["topologyKey"] for c in pod.get("topologySpreadConstraints", [])} < {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}:
+            problems.append(f"{_name(w)}: not spread over zones and nodes (topologySpreadConstraints)")
+        if name not in hpas or hpas[name]["spec"].get("minReplicas", 1) < 2:
+            problems.append(f"{_name(w)}: no HorizontalPodAutoscaler with minReplicas >= 2")
+    return problems
+
+
 def pdb_problems(docs: list[dict[str, Any]]) -> list[str]:
     pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
     problems = []
@@ -364,6 +381,7 @@ RULES = {
     "pdb": pdb_problems,
     "networkpolicy": networkpolicy_problems,
     "secrets": secret_problems,
+    "roots": root_problems,
     "services": service_problems,
     "sizing": lambda docs: sizing_problems(docs, cpu_costs()),
     "config": config_problems,
@@ -490,6 +508,10 @@ def _plant_secret_in_configmap(docs: list[dict[str, Any]]) -> None:
     cm["data"]["root-token"] = "s3cr3t-s3cr3t-s3cr3t"
 
 
+def _plant_no_hpa(docs: list[dict[str, Any]]) -> None:
+    docs[:] = [d for d in docs if d["kind"] != "HorizontalPodAutoscaler"]
+
+
 PLANTED = [
     ("cli", _plant_flag_typo, "--envoy-check-adress"),
     ("cli", _plant_drain_typo, "preStop"),
@@ -497,6 +519,7 @@ PLANTED = [
     ("containers", _plant_no_startup, "no startupProbe"),
     ("networkpolicy", _plant_open_port, "port debug has no NetworkPolicy"),
     ("secrets", _plant_secret_in_configmap, "secret in ConfigMap"),
+    ("roots", _plant_no_hpa, "no HorizontalPodAutoscaler"),
     ("containers", _plant_root_user, "may run as root"),
     ("containers", _plant_no_listen, "no explicit --listen"),
     ("pdb", _plant_uncovered, "no PodDisruptionBudget"),
