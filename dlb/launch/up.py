@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import random
-import secrets
 import signal
 import socket
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import Config, HostPort, TlsFiles
-from dlb.config.schema import ROOT_TOKEN_ENV
+from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
 
@@ -289,17 +288,8 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def generate_root_token(run_dir: Path) -> Path:
-    """A fresh random root token in ``run_dir/root-token`` (mode 0600): one per run, never derived from the config."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = (run_dir / "root-token").resolve()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_urlsafe(32) + "\n")
-    return path
-
-
-def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None) -> int:
+def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
+           insecure: bool = False) -> int:
     from dlb.config import ConfigError, load_config
     from dlb.envoy.root_token import forgeable_token_warning
 
@@ -315,15 +305,16 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     stop = StopFlag().install()
     sup = Supervisor(run_dir or default_run_dir("up"))
     print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
-    token_env = {}
-    if cfg.root_token is None:
-        token_env[ROOT_TOKEN_ENV] = str(generate_root_token(sup.run_dir))  # every child reads it
+    token_env, said = run_env(cfg, sup.run_dir, insecure)
+    for line in said:
+        print(f"dlb up: {line}", flush=True)
+    if token_env:
         os.environ.update(token_env)
         try:
             cfg = load_config(config_path)
         finally:  # the children get it from their Child.env; this process's environment stays as it was
-            del os.environ[ROOT_TOKEN_ENV]
-        print(f"dlb up: root token generated in {token_env[ROOT_TOKEN_ENV]} (set root_token_file to use your own)", flush=True)
+            for k in token_env:
+                del os.environ[k]
     warning = forgeable_token_warning(cfg)
     if warning:
         print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)

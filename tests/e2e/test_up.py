@@ -95,6 +95,14 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             from dlb.envoy.root_token import root_token
 
             assert token_file.read_text().strip() != root_token(config_from_dict(cfg))
+            # No tls section either: a private CA for this run, and the leaves' gRPC port refuses plaintext.
+            assert "mTLS between the control plane, roots and leaves" in "".join(seen) and (run_dir / "pki" / "ca.pem").exists()
+            import grpc
+
+            from dlb.proto import probe_pb2, probe_pb2_grpc
+
+            with grpc.insecure_channel(str(config_from_dict(cfg).cells[0].leaf.probe)) as ch, pytest.raises(grpc.RpcError):
+                probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(), timeout=3)
             # A crashed child is noticed, restarted with backoff, and said so on the console.
             agent = int(re.search(r"leaf us-west1 agent: ready \(pid (\d+)", "".join(seen)).group(1))  # type: ignore[union-attr]
             os.kill(agent, signal.SIGKILL)
