@@ -31,17 +31,14 @@ def generate_root_token(run_dir: Path) -> Path:
 def generate_pki(folder: Path, cfg: Config) -> Path | None:
     """A CA and a certificate per component of ``cfg`` in ``folder`` (keys 0600); None if the
     ``cryptography`` package is missing (then the run stays plaintext, said by the caller)."""
-    try:
-        from dlb.testbed.pki import Pki
-    except ImportError:
-        return None
     from dlb.config.tls import identity_name, spiffe_id
     from dlb.errors import DlbError
 
     try:
-        pki = Pki(folder.resolve(), "ca")
-    except DlbError:
+        from dlb.launch.pki import Pki
+    except (ImportError, DlbError):  # the module says which package is missing
         return None
+    pki = Pki(folder.resolve(), "ca")
     ids = [("control-plane", "")] + [(role, c.name) for c in cfg.cells for role in ("root", "leaf")]
     for role, cell in ids:
         _, key = pki.issue(identity_name(role, cell), (spiffe_id(role, cell),))
