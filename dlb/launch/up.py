@@ -162,6 +162,18 @@ class Deployment:
     leaf_metrics: dict[str, str] = field(default_factory=dict)
     leaf_admin: dict[str, str] = field(default_factory=dict)
 
+    def ports_text(self) -> str:
+        """Every address this run listens on, before anything starts: the config's by field, then the
+        metrics and Envoy admin ports drawn free for this run (not in the config)."""
+        lines = [f"  {hp}  {field}" for field, hp in listen_addresses(self.cfg)]
+        lines += [f"  {leaf.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} metrics (drawn)" for cell, leaf in self.leaf_metrics.items()]
+        lines += [f"  {url.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} Envoy admin (drawn)" for cell, url in self.leaf_admin.items()]
+        for r in self.roots.values():
+            if r.metrics_url:
+                lines.append(f"  {r.metrics_url.rsplit('//', 1)[1].split('/')[0]}  root {r.cell} metrics (drawn)")
+            lines.append(f"  {r.admin_url.rsplit('//', 1)[1].split('/')[0]}  root {r.cell} Envoy admin (drawn)")
+        return "\n".join(lines)
+
     def urls_text(self) -> str:
         lines = [f"control plane: {self.status_url}/status  fleet: {self.status_url}/fleet  metrics: {self.status_url}/metrics"]
         for r in self.roots.values():
@@ -321,6 +333,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan)
     for child in sup.children:
         child.env.update(token_env)
+    print("dlb up: listening on\n" + dep.ports_text(), flush=True)
     code = 0
     try:
         sup.start(ready_timeout_s, should_stop=stop)
