@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,7 @@ class EventLimiter:
     #: kind -> [tokens, last refill time, dropped since the last line]
     _buckets: dict[str, list[float]] = field(default_factory=dict)
 
-    def __call__(self, _logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, _logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         if event.get("level", method) not in _LIMITED_LEVELS:
             return event
         kind = str(event.get("event"))

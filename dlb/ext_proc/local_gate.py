@@ -169,7 +169,7 @@ class _Inbound(_Relay):
         if t.is_closing():
             inner.close()
             return
-        self.peer = inner  # type: ignore[assignment]
+        self.peer = inner
         inner.write(b"".join(self.early))
         self.early.clear()
         t.resume_reading()
