@@ -125,8 +125,9 @@ class Leaf:
         name = f"{self.probe.host.strip('[]').replace(':', '_')}-{self.probe.port}"
         if len(name) > 64:  # a Unix socket path has at most 107 bytes; long DNS names are hashed
             name = hashlib.sha256(name.encode()).hexdigest()[:32]
-        # /tmp: in Kubernetes the leaf Envoy and agent containers share it (an emptyDir, deploy/k8s).
-        return f"unix:/tmp/dlb-als-{name}.sock"
+        # A directory of its own (the agent makes it 0700 or refuses one it does not own), in /tmp: in
+        # Kubernetes the leaf Envoy and agent containers share it (an emptyDir, deploy/k8s).
+        return f"unix:/tmp/dlb-als-{name}/als.sock"
 
 
 @dataclass(frozen=True)

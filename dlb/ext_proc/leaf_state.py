@@ -151,6 +151,8 @@ class LeafState:
         self.inflight_refused = 0
         self.orphaned = 0  # records dropped because the stream that opened them ended
         self._owned: dict[int, set[str]] = {}
+        #: Outcomes each open access-log stream reported, taken back from ``errors`` when it ends.
+        self._owner_errors: dict[int, ErrorTracker] = {}
         self._seq = 0
 
     # -- reconfiguration (xDS) ---------------------------------------------------------------------
@@ -319,13 +321,25 @@ class LeafState:
             self._owned.setdefault(owner, set()).add(request_id)
         return request_id
 
-    def drop_owner(self, owner: int, now: float) -> int:
-        """Forget the in-flight records an ended access-log stream opened; returns how many."""
-        keys = [k for k in self._owned.pop(owner, ()) if (r := self.inflight.get(k)) is not None and r.owner == owner]
-        for k in keys:
-            self._forget(k, now)
-        self.orphaned += len(keys)
-        return len(keys)
+    def drop_owner(self, owner: int, now: float, at_most: int | None = None) -> int:
+        """Forget what an ended access-log stream reported: the in-flight records it opened (returns how
+        many; ``at_most`` per call, so a caller can spread 100,000 of them over loop turns) and its
+        outcomes in the error rate — a local peer's fake 503s end with its stream."""
+        reported = self._owner_errors.pop(owner, None)
+        if reported is not None:
+            self.errors.remove(reported, now)
+        owned = self._owned.get(owner, set())
+        n = 0
+        while owned and (at_most is None or n < at_most):
+            k = owned.pop()
+            r = self.inflight.get(k)
+            if r is not None and r.owner == owner:
+                self._forget(k, now)
+                n += 1
+        if not owned:
+            self._owned.pop(owner, None)
+        self.orphaned += n
+        return n
 
     def _forget(self, key: str, now: float) -> None:
         """Drop a record whose completion will never come (it releases its server's RIF and tokens)."""
@@ -338,7 +352,8 @@ class LeafState:
             self.servers[rec.server].tokens -= rec.tokens
 
     # -- completions ------------------------------------------------------------------------------
-    def complete(self, now: float, c: Completion) -> None:
+    def complete(self, now: float, c: Completion, owner: int | None = None) -> None:
+        """A finished request; ``owner``: the access-log stream that reported it (see :meth:`drop_owner`)."""
         rec = self.inflight.pop(c.request_id, None)
         if rec is not None and rec.owner is not None and (owned := self._owned.get(rec.owner)) is not None:
             owned.discard(c.request_id)
@@ -369,6 +384,11 @@ class LeafState:
                 self.servers[server].cut_streams += 1
         self.completed += 1
         self.errors.record(now, err)
+        if owner is not None:
+            tracker = self._owner_errors.get(owner)
+            if tracker is None:
+                tracker = self._owner_errors[owner] = ErrorTracker(self.error_tau_s)
+            tracker.record(now, err)
         if server != UNKNOWN:
             s = self.servers[server]
             s.completed += 1

@@ -284,6 +284,11 @@ class RootService:
         for e in self.endpoints:
             e.router.tick(now)
 
+    def routable(self) -> bool:
+        """Every endpoint has a cell usable now (allowed, a fresh probe, available): what readiness means."""
+        now = self.clock()
+        return bool(self.endpoints) and all(e.router.usable(now).any() for e in self.endpoints)
+
     # -- metrics ---------------------------------------------------------------------------------
     def collect(self) -> Iterable:
         now = self.clock()
