@@ -385,6 +385,23 @@ def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
     return token
 
 
+#: The root token file when the config names none: ``dlb up`` generates one per run and sets this for
+#: every process it starts, so a config without ``root_token_file`` still gets a secret no reader can forge.
+ROOT_TOKEN_ENV = "DLB_ROOT_TOKEN_FILE"
+
+#: A folder of certificates ``dlb up`` made for this run (``ca.pem``, ``{identity}.pem``,
+#: ``{identity}-key.pem``): the ``tls`` section when the config has none.
+TLS_DIR_ENV = "DLB_TLS_DIR"
+
+
+def _tls_from_env() -> dict[str, str] | None:
+    folder = os.environ.get(TLS_DIR_ENV)
+    if not folder:
+        return None
+    return {"ca": os.path.join(folder, "ca.pem"), "cert": os.path.join(folder, "{identity}.pem"),
+            "key": os.path.join(folder, "{identity}-key.pem")}
+
+
 TOP_KEYS = ("version", "cells", "network", "endpoints", "policy", "probe", "services", "tls", "discovery", "root_token_file")
 
 
@@ -403,9 +420,11 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
     policy = deployment_policy(ck, top.get("policy")) if "policy" in top else DeploymentPolicy()
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
-    tls = check_tls(ck, top.get("tls"), source) if "tls" in top else None
+    tls_raw = top.get("tls", _tls_from_env())
+    tls = check_tls(ck, tls_raw, source) if tls_raw is not None else None
     discovery = _discovery(ck, top.get("discovery"))
-    root_token = _root_token(ck, top.get("root_token_file"), source) if "root_token_file" in top else None
+    token_file = top.get("root_token_file", os.environ.get(ROOT_TOKEN_ENV))
+    root_token = _root_token(ck, token_file, source) if token_file is not None else None
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,

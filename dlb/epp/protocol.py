@@ -18,6 +18,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
+from dlb.envoy import replies
 from dlb.envoy.contract import GIE_DESTINATION
 from dlb.ext_proc.protocol import header_value, openai_error
 
@@ -27,11 +28,12 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 
+#: One code for "nothing can serve this now", 503 or 429 alike, as the root's replies (:mod:`dlb.envoy.replies`).
+_NO_CAPACITY = replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY
 NO_ENDPOINT = openai_error(503, "dlb: no eligible endpoint in the pool (or in the gateway's subset hint) for this request; retry shortly",
-                           "service_unavailable", "dlb_no_capacity", retry_after_s=1)
-#: One code for "nothing can serve this now", 503 or 429 alike, as the root's replies (DLB's error contract).
+                           *_NO_CAPACITY, retry_after_s=replies.DEFAULT_RETRY_AFTER_S)
 SHED = openai_error(429, "dlb: every eligible endpoint is full (KV cache); this request was shed, retry later",
-                    "service_unavailable", "dlb_no_capacity", retry_after_s=1)
+                    *_NO_CAPACITY, retry_after_s=replies.DEFAULT_RETRY_AFTER_S)
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 

@@ -68,7 +68,8 @@ def run_root(args: argparse.Namespace) -> int:
         raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     try:
         limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
-                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
+                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s,
+                          max_connections_per_peer=args.max_connections_per_peer, first_stream_timeout_s=args.first_stream_timeout_s)
     except ValueError as exc:  # named by field: H2Limits.max_concurrent_streams -> --max-concurrent-streams
         field_name = str(exc).split()[0].removeprefix("H2Limits.")
         raise UsageError(f"--{field_name.replace('_', '-')}{str(exc).removeprefix('H2Limits.' + field_name)}") from None
@@ -120,6 +121,12 @@ def register_root(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="h2 transport: connections served at once, more are closed at accept "
                         f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}); at most the limit - {FD_RESERVE})")
+    p.add_argument("--max-connections-per-peer", type=int, default=d.max_connections_per_peer,
+                   help="h2 transport: connections from one address (0 = a quarter of the cap, at least 64); at either cap a "
+                        "connection that has opened no stream gives way to the new one")
+    p.add_argument("--first-stream-timeout-s", type=float, default=d.first_stream_timeout_s,
+                   help="h2 transport: a connection that opens no stream this long after accept is closed "
+                        "(default %(default)s; >= --handshake-timeout-s)")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
                    help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
     p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,

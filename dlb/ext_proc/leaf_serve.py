@@ -9,11 +9,11 @@ Envoy reaches. Kept apart from the service modules as :mod:`dlb.ext_proc.root_se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
@@ -26,6 +26,7 @@ from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_background import background_body, background_config
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
+from dlb.ext_proc.local_gate import AgentSocketDir, GateError, PeerGate, private_dir
 from dlb.ext_proc.protocol import ExtProcServer, MessageHandler, ext_proc_handler
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
@@ -69,10 +70,17 @@ class LeafOptions:
     tracing: TracingOptions = field(default_factory=TracingOptions)
 
 
-def _bind_als(server: grpc.aio.Server, address: str) -> None:
-    """Bind the access-log server; a socket file left by a killed agent is replaced (a live one is not)."""
+def _bind_als(server: grpc.aio.Server, address: str) -> tuple[PeerGate, AgentSocketDir] | None:
+    """Bind the access-log server. A Unix socket: its directory must be private (made 0700 if missing),
+    a socket file left by a killed agent is replaced (a live one is not), and the server listens in a
+    per-run directory behind a :class:`PeerGate` at ``address`` (returned, to start once it serves)."""
+    gate = None
     if address.startswith("unix:"):
         path = address[len("unix:"):]
+        try:
+            private_dir(Path(path).parent)
+        except GateError as exc:
+            raise BindError(address, str(exc)) from None
         if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
             probe = socket.socket(socket.AF_UNIX)
             try:
@@ -83,13 +91,16 @@ def _bind_als(server: grpc.aio.Server, address: str) -> None:
                 raise BindError(address, "another process serves this access-log socket")
             finally:
                 probe.close()
+        inner = AgentSocketDir()
+        gate = PeerGate(path, inner.grpc_socket), inner
+        address = f"unix:{inner.grpc_socket}"
     try:
         port = server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
         raise BindError(address, "gRPC could not bind it (in use, or no such directory?)")
-
+    return gate
 
 
 async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
@@ -137,7 +148,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent.access_log, als_server)
     als_server.add_generic_rpc_handlers((health_handler(health),))
     als_address = cfg.cell(cell_name).leaf.access_log_address()
-    _bind_als(als_server, als_address)
+    gated = _bind_als(als_server, als_address)
     tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
     ports = [add_port(server, addr, tls) for addr in opts.listen]
     h2 = None
@@ -152,6 +163,12 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     await server.start()
     await als_server.start()
+    if gated is not None:
+        try:
+            await gated[0].start()
+        except GateError as exc:
+            raise BindError(als_address, str(exc)) from None
+        agent.als_gate = gated[0]
     readiness.ready = True
     if sync is not None:
         await sync.start()
@@ -177,12 +194,13 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
             await sync.stop()
         if h2 is not None:
             await h2.stop()
+        if gated is not None:
+            await gated[0].stop()
         await als_server.stop(0.5)
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # the spans still buffered
-        if als_address.startswith("unix:"):
-            with contextlib.suppress(OSError):
-                os.unlink(als_address[len("unix:"):])
+        if gated is not None:
+            gated[1].remove()
         log.info("leaf_stopping", cell=cell_name)
 
     # The drain is for this agent's leaf Envoy: it ends early once that Envoy is gone (the check loop's verdict).

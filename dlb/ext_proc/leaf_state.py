@@ -62,6 +62,10 @@ class ServerState:
     completed: int = 0
     errors: int = 0
     cut_streams: int = 0  # responses it started and then broke off (counted in errors too)
+    #: Most requests seen in flight at the server when it answered 429 (its queue full): what it admits,
+    #: running slots + queue limit (-1 unknown). The most, not the last: a refusal seen with fewer in
+    #: flight (others just finished) must not make a busy server look full.
+    admit_limit: float = -1.0
 
 
 @dataclass
@@ -148,6 +152,8 @@ class LeafState:
         self.inflight_refused = 0
         self.orphaned = 0  # records dropped because the stream that opened them ended
         self._owned: dict[int, set[str]] = {}
+        #: Outcomes each open access-log stream reported, taken back from ``errors`` when it ends.
+        self._owner_errors: dict[int, ErrorTracker] = {}
         self._seq = 0
 
     # -- reconfiguration (xDS) ---------------------------------------------------------------------
@@ -318,13 +324,25 @@ class LeafState:
             self._owned.setdefault(owner, set()).add(request_id)
         return request_id
 
-    def drop_owner(self, owner: int, now: float) -> int:
-        """Forget the in-flight records an ended access-log stream opened; returns how many."""
-        keys = [k for k in self._owned.pop(owner, ()) if (r := self.inflight.get(k)) is not None and r.owner == owner]
-        for k in keys:
-            self._forget(k, now)
-        self.orphaned += len(keys)
-        return len(keys)
+    def drop_owner(self, owner: int, now: float, at_most: int | None = None) -> int:
+        """Forget what an ended access-log stream reported: the in-flight records it opened (returns how
+        many; ``at_most`` per call, so a caller can spread 100,000 of them over loop turns) and its
+        outcomes in the error rate — a local peer's fake 503s end with its stream."""
+        reported = self._owner_errors.pop(owner, None)
+        if reported is not None:
+            self.errors.remove(reported, now)
+        owned = self._owned.get(owner, set())
+        n = 0
+        while owned and (at_most is None or n < at_most):
+            k = owned.pop()
+            r = self.inflight.get(k)
+            if r is not None and r.owner == owner:
+                self._forget(k, now)
+                n += 1
+        if not owned:
+            self._owned.pop(owner, None)
+        self.orphaned += n
+        return n
 
     def _forget(self, key: str, now: float) -> None:
         """Drop a record whose completion will never come (it releases its server's RIF and tokens)."""
@@ -337,7 +355,8 @@ class LeafState:
             self.servers[rec.server].tokens -= rec.tokens
 
     # -- completions ------------------------------------------------------------------------------
-    def complete(self, now: float, c: Completion) -> None:
+    def complete(self, now: float, c: Completion, owner: int | None = None) -> None:
+        """A finished request; ``owner``: the access-log stream that reported it (see :meth:`drop_owner`)."""
         rec = self.inflight.pop(c.request_id, None)
         if rec is not None and rec.owner is not None and (owned := self._owned.get(rec.owner)) is not None:
             owned.discard(c.request_id)
@@ -358,6 +377,9 @@ class LeafState:
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
+        if c.status == 429 and server != UNKNOWN:
+            s = self.servers[server]
+            s.admit_limit = max(s.admit_limit, float(s.rif), s.scraped)  # its own request no longer counted
         err = is_error(c.status) or c.cut
         if c.cut:
             self.cut_streams += 1
@@ -365,6 +387,11 @@ class LeafState:
                 self.servers[server].cut_streams += 1
         self.completed += 1
         self.errors.record(now, err)
+        if owner is not None:
+            tracker = self._owner_errors.get(owner)
+            if tracker is None:
+                tracker = self._owner_errors[owner] = ErrorTracker(self.error_tau_s)
+            tracker.record(now, err)
         if server != UNKNOWN:
             s = self.servers[server]
             s.completed += 1
@@ -437,6 +464,13 @@ class LeafState:
     def healthy_replicas(self, now: float) -> int:
         """k_j scaled by the healthy fraction of servers (what the RIF cost N_j/k_j should divide by)."""
         return math.ceil(self.replicas * self.healthy(now) / len(self.servers))
+
+    def capacity(self, now: float) -> float | None:
+        """Requests the cell admits before its servers refuse: the healthy servers' admit limits summed;
+        None until every healthy server has refused once (a root never sheds on a guess)."""
+        limits = [s.admit_limit for s in self.servers
+                  if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
+        return float(sum(limits)) if limits and min(limits) > 0 else None
 
     def waiting(self) -> float:
         vals = [s.waiting for s in self.servers if s.waiting >= 0]

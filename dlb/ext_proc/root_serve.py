@@ -98,14 +98,17 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
         handle = traced(service.handle, tracer, "dlb.root.decide", describe_root(service))
     server = ExtProcServer(opts.transport, handle, opts.limits, tls=tls)
     port = await server.bind(opts.listen, reuse_port=opts.workers > 1)
-    readiness = Readiness(ready=True)  # /readyz: the ext_proc listener is bound; cleared when draining
+    # /readyz: the listener is bound (cleared when draining), the routing config is in (over xDS when
+    # following it) and every endpoint has a cell it may send to now, with a fresh probe.
+    readiness = Readiness(ready=True)
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
     gc_pauses = GcPauses("dlb_root")  # timed from the freeze on (the freeze's own collection is start-up)
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
-        registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
+        registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport),
+                                               lambda: readiness.ready and (sync is None or sync.reloads > 0) and service.routable())
         registry.register(CallbackCollector(gc_pauses.families))
     if opts.workers > 1 and opts.worker_index == 0:
         children = spawn_workers(opts.workers, f"{opts.listen.rpartition(':')[0]}:{port}", opts.metrics)

@@ -154,6 +154,8 @@ def start_data_plane(
         set_plugins(raw, {"type": "latency-fit", "parameters": {"refit_period_s": 1}}, *plugins)
         if tls is not None:
             raw["tls"] = dict(tls)
+        for c in raw["cells"]:  # this plane's private directory: two testbeds on one box never share a socket
+            c["leaf"].setdefault("access_log", f"unix:{tmp.name}/als-{c['name']}.sock")
         if control_plane:
             raw["services"]["control_plane"] = {"xds": f"127.0.0.1:{free_port()}", "status": f"127.0.0.1:{free_port()}"}
         config_path = str(Path(tmp.name) / "dlb.yaml")
