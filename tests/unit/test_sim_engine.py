@@ -139,23 +139,30 @@ def batched_scenario(lam: float, duration: float) -> Scenario:
                     mod_period_s=np.array([100.0]), mod_phase=np.array([0.0]))
 
 
-@pytest.mark.parametrize("lam", [2.0, 12.0])
-def test_batched_server_is_the_emulator_engine_step_for_step(lam: float) -> None:
-    """The simulator's multi-step runs give every request exactly the latency the emulator's own
-    step-by-step virtual-clock run gives (same profile, same arrivals at the server)."""
+@pytest.mark.parametrize(("lam", "kv"), [(2.0, 400_000), (12.0, 400_000), (8.0, 8_000)])
+def test_batched_server_is_the_emulator_engine_step_for_step(lam: float, kv: int) -> None:
+    """The simulator's multi-step runs (each step's context one token per sequence longer, runs cut
+    where the KV growth preempts) give every request exactly the latency the emulator's own
+    step-by-step virtual-clock run gives (same profile, same arrivals at the server); with a small
+    KV cache, with the same preemptions, and none is lost."""
     from dlb.emulator.engine import Arrival, Engine
     from dlb.emulator.engine import simulate as engine_simulate
 
     sc = batched_scenario(lam, duration=60.0)
+    sc = replace(sc, workload=replace(sc.workload, kv_cache_tokens=kv))
     t, _src, ptok, dtok = generate_arrivals(sc, 0)
     res = simulate(sc, "Rand", 0, arrivals=(t, _src, ptok, dtok))
     assert res.errors == 0 and res.completed == t.size > 50
     w = sc.workload
-    eng = Engine(w.cell_profile(2e-5, 0.006), max_batch=w.max_batch, max_waiting_tokens=w.kv_cache_tokens)
+    assert w.cell_profile(2e-5, 0.006).ref_context_tokens == 1024  # the context term is on
+    eng = Engine(w.cell_profile(2e-5, 0.006), max_batch=w.max_batch, max_waiting_tokens=kv)
     ref = engine_simulate(eng, [Arrival(float(a) + 0.002, max(1, round(p)), max(1, round(d)))
                                 for a, p, d in zip(t, ptok, dtok, strict=True)])
     want = np.sort(np.array([r.e2e + 0.004 for r in ref]))
     np.testing.assert_allclose(np.sort(res.latency), want, rtol=0, atol=1e-9)
+    assert res.preemptions == eng.preemptions
+    assert (res.preemptions > 20) == (kv < 10_000)
+    assert res.summary()["preemptions"] == res.preemptions
 
 
 def test_batched_latency_grows_with_load_past_the_knee() -> None:
