@@ -37,6 +37,9 @@ from dlb.emulator.profile import BUILTIN_PROFILES, Profile
 from dlb.sim.regions import sample_cells
 
 SERVER_MODELS = ("pipeline", "batched")
+#: What ``dlb sim`` runs when ``--server-model`` is not given: the realistic server. ``Workload``'s own
+#: default stays ``pipeline``, the paper's, for the library callers and tests that model it.
+DEFAULT_SERVER_MODEL = "batched"
 LEAF_PICKS = ("rif", "prequal")
 
 
