@@ -160,6 +160,11 @@ class Engine:
         if self.max_waiting_tokens is not None and self.max_waiting_tokens < 1:
             raise ValueError(f"max_waiting_tokens must be >= 1, got {self.max_waiting_tokens}")
         self.waiting_tokens = sum(r.kv_tokens for r in self.waiting)
+        # Kept up to date as requests are admitted, grow, finish, leave: the KV the running set holds
+        # (= kv_used) and how many of them are still prefilling, so a batch that only decodes is
+        # planned without a pass over it.
+        self._kv = sum(r.kv_tokens for r in self.running)
+        self._prefilling = sum(1 for r in self.running if not r.in_decode)
 
     # -- admission -------------------------------------------------------------------------------------
 
@@ -185,6 +190,8 @@ class Engine:
         req.aborted = True
         if req in self.running:
             self.running.remove(req)
+            self._kv -= req.kv_tokens
+            self._prefilling -= not req.in_decode
         else:
             try:
                 self.waiting.remove(req)
@@ -195,7 +202,8 @@ class Engine:
 
     @property
     def kv_used(self) -> int:
-        return sum(r.kv_tokens for r in self.running)
+        """KV tokens the running set holds (kept up to date, not summed: the simulator reads it often)."""
+        return self._kv
 
     @property
     def kv_usage(self) -> float:
@@ -206,6 +214,8 @@ class Engine:
         """Recompute-style preemption: free ``req``'s KV, send it to the front of the queue; readmitted,
         it prefills its prompt and what it generated again (vLLM's ``PreemptionMode.RECOMPUTE``)."""
         self.running.remove(req)  # its KV blocks are freed
+        self._kv -= req.kv_tokens
+        self._prefilling -= not req.in_decode
         req.prefilled = req.cached_tokens
         req.prefill_len = req.prompt_tokens + req.generated
         req.preempted += 1
@@ -215,6 +225,8 @@ class Engine:
 
     def _growth(self) -> tuple[int, int, list[EngineRequest], list[EngineRequest]]:
         """(KV held by the running set, tokens it emits this step, decoding, still prefilling)."""
+        if not self._prefilling:  # every running sequence decodes: one token each
+            return self._kv, len(self.running), self.running[:], []
         decode: list[EngineRequest] = []
         pending: list[EngineRequest] = []
         kv = 0
@@ -261,6 +273,8 @@ class Engine:
                 projected += need + 1
                 running.append(head)
                 pending.append(head)
+                self._kv += need
+                self._prefilling += 1
         if not running:
             return None
         budget = max(0, self.profile.max_batch_tokens - len(decode))
@@ -298,42 +312,55 @@ class Engine:
             k = min(k, (self.profile.kv_cache_tokens - plan.context) // d)
         return max(1, k)
 
-    def complete(self, plan: StepPlan, now: float, steps: int = 1) -> list[TokenEvent]:
+    def complete(self, plan: StepPlan, now: float, steps: int = 1, finished_only: bool = False) -> list[TokenEvent]:
         """Apply ``steps`` runs of a finished plan ending at ``now``: emit tokens, retire finished requests.
 
         ``steps > 1`` is for pure-decode plans (see :meth:`repeatable`); each decoding request gains
-        ``steps`` tokens and one event (its last token) is reported.
+        ``steps`` tokens and one event (its last token) is reported. ``finished_only``: report only
+        the requests that finished (what the simulator reads; it saves an event per sequence per run).
         """
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError(f"steps must be >= 1 and 1 for a plan with prefill, got {steps}")
         self.steps += steps
         events: list[TokenEvent] = []
         done = False
+        grown = 0
         for r in plan.decode:
             if r.aborted:
                 continue
             out = r.output_tokens
-            g = r.generated + steps
+            g0 = r.generated
+            g = g0 + steps
             if g >= out:
-                g, done = out, True
+                g = out
+                done = True
+                events.append(TokenEvent(r, g - 1, True))
+            elif not finished_only:
+                events.append(TokenEvent(r, g - 1, False))
+            grown += g - g0
             r.generated = g
-            events.append(TokenEvent(r, g - 1, g >= out))
         for r, n in plan.prefill:
             if r.aborted:
                 continue
             r.prefilled += n
             if r.prefilled >= r.prefill_len:  # a (re)computed prompt emits the next token
                 r.generated += 1
+                grown += 1
+                self._prefilling -= 1
                 if r.first_token_at is None:
                     r.first_token_at = now
                 fin = r.finished
                 done = done or fin
-                events.append(TokenEvent(r, r.generated - 1, fin))
+                if fin or not finished_only:
+                    events.append(TokenEvent(r, r.generated - 1, fin))
+        self._kv += grown
         if done:
             for ev in events:
                 if ev.finished:
-                    ev.request.finished_at = now
-                    self.running.remove(ev.request)
+                    r = ev.request
+                    r.finished_at = now
+                    self.running.remove(r)
+                    self._kv -= r.kv_tokens
         return events
 
 

@@ -74,9 +74,9 @@ class BatchedServers:
             return None
         plan = self.plan[srv]
         assert plan is not None
-        events = self.engines[srv].complete(plan, now, steps=self.k[srv])
+        events = self.engines[srv].complete(plan, now, steps=self.k[srv], finished_only=True)
         self._start(srv, now)
-        return [ev.request.rid for ev in events if ev.finished]
+        return [ev.request.rid for ev in events]
 
     def _start(self, srv: int, now: float) -> None:
         eng = self.engines[srv]

@@ -101,13 +101,14 @@ def test_no_request_is_lost_to_preemption_and_repeated_steps_equal_single_steps(
     while (plan := a.plan(now_a)) is not None:
         k = a.repeatable(plan)
         now_a += plan.run_time(k)
-        a.complete(plan, now_a, steps=k)
+        a.complete(plan, now_a, steps=k, finished_only=True)
         for _ in range(k):
             pb = b.plan(now_b)
             assert pb is not None and pb.batch == plan.batch
             now_b += pb.duration
             b.complete(pb, now_b)
         assert [(r.rid, r.generated) for r in a.running] == [(r.rid, r.generated) for r in b.running]
+        assert a.kv_used == b.kv_used == sum(r.kv_tokens for r in a.running)
         assert now_a == pytest.approx(now_b, rel=1e-12)
         assert a.preemptions == b.preemptions
     assert b.plan(now_b) is None and a.preemptions > 0

@@ -528,6 +528,7 @@ def test_engine_steps_equal_the_plain_rules(arrivals, max_batch, budget, kv, ctx
         assert ([r.rid for r in plan.decode], [(r.rid, n) for r, n in plan.prefill], plan.duration, got,
                 fast.preemptions - before) == want
         assert [r.rid for r in fast.running] == [r.rid for r in ref.running]
+        assert fast.kv_used == sum(r.kv_tokens for r in fast.running)  # the running count is right
         if len(fast.running) > 1:
             assert fast.kv_used <= kv  # preemption keeps the KV within the cache
         preempted += want[4]
