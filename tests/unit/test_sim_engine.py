@@ -231,3 +231,20 @@ def test_a_slow_cell_is_slow_in_the_batched_model_too() -> None:
     assert b.latency[inside].mean() > 2.5 * a.latency[inside].mean()
     assert b.latency[after].mean() == pytest.approx(a.latency[after].mean(), rel=0.05)
     assert b.latency[t < 29.0].mean() == pytest.approx(a.latency[t < 29.0].mean(), rel=1e-9)
+
+
+def test_batched_queue_holds_what_the_server_serves_within_the_request_timeout() -> None:
+    """The batched server's waiting queue is bounded by the prompts it admits, at its rate, within
+    the request timeout (less the unloaded latency), at most a KV cache's worth: under overload a
+    request is refused at once instead of queueing past the time its client waits."""
+    w = Workload(server_model="batched")
+    tp, td = 2e-4, 8e-3
+    wait = 60.0 - w.unloaded_latency(tp, td)
+    assert w.max_waiting_tokens(tp, td, 60.0) == int(w.server_rate(tp, td) * wait * w.mean_prefill_tokens)
+    assert w.max_waiting_tokens(tp, td, 20.0) < w.max_waiting_tokens(tp, td, 60.0) < w.kv_cache_tokens
+    assert w.max_waiting_tokens(tp, td, 1e5) == w.kv_cache_tokens
+    over = batched_scenario(45.0, 60.0)  # ~1.4x the server's rate (32 requests/s)
+    short, long = (simulate(over, "Rand", 0, SimConfig(request_timeout_s=t)) for t in (10.0, 40.0))
+    assert short.errors > long.errors > 0
+    assert np.median(short.latency) < np.median(long.latency) - 3.0  # a shorter wait for those it serves
+    assert short.completed + short.errors == short.arrivals
