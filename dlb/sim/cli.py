@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "each record names the model it ran")
     p.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help="what a client waits for one request: failed, shed and slower requests count at it in the "
-                        f"failure-counting latency figures, and a batched server queues no more than it serves within it "
+                        "failure-counting latency figures, and a batched server queues no more than it serves within it "
                         f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
