@@ -7,8 +7,9 @@ Model (paper, Appendix B.1 and Figure 9):
   ``prefill_tokens × prefill_token_s``) and two decode engines × four slots (eight parallel slots,
   ``decode_tokens × decode_token_s`` each). Requests wait in the server's prefill queue and then its
   decode queue; a request that finds ``queue_limit`` requests waiting is rejected: an overflow error.
-  ``batched``: the emulator's continuous-batching engine on the measured step-time curve
-  (:mod:`dlb.sim.batched`); a request that finds a KV cache's worth of prompt tokens waiting is rejected.
+  ``batched``: the emulator's continuous-batching engine on the measured step-time curve, with its
+  context term and KV preemption (:mod:`dlb.sim.batched`); a request that finds the waiting queue
+  full (the prompts the server admits within the request timeout) is rejected.
 - **Roots** (``root_replicas`` per cell, requests round-robin over them) pick the destination cell with the policy object (``pick(now)``); the
   request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
 - **Leaves** pick a server inside the cell by power-of-two choices on server RIF or, with
@@ -101,7 +102,8 @@ class SimConfig:
     #: own probes and state and probes every ``probe_period_s``, the replicas staggered over the period.
     root_replicas: int = 1
     #: What a client waits for one request (:mod:`dlb.sim.outcome`): failed, shed and slower requests
-    #: count at it in the failure-counting latency figures. It changes no event of the run.
+    #: count at it in the failure-counting latency figures. Its only effect on the run: it bounds a
+    #: batched server's waiting queue (:meth:`~dlb.sim.scenario.Workload.max_waiting_tokens`).
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     #: Leaves report their cells' buffer (:func:`buffer_per_server` × live servers) in probes, so DLB
     #: roots shed when every usable cell is saturated (:mod:`dlb.core.shedding`); False: like older
@@ -150,6 +152,8 @@ class RunResult:
     shed: int = 0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     server_model: str = "pipeline"
+    #: Batched model: requests preempted because decode growth overflowed a KV cache (0 for pipeline).
+    preemptions: int = 0
 
     def summary(self) -> dict:
         lat = self.latency
@@ -169,6 +173,7 @@ class RunResult:
             "request_timeout_s": t,
             "server_model": self.server_model,
             "shed": self.shed,
+            "preemptions": self.preemptions,
             "mean": float(lat.mean()) if ok else math.nan,
             "p50": float(q[0]),
             "p90": float(q[1]),
@@ -314,7 +319,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     batched: BatchedServers | None = None
     if w.server_model == "batched":
         cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
-        batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, w.kv_cache_tokens,
+        cell_wait = [w.max_waiting_tokens(tp[j], td[j], cfg.request_timeout_s) for j in range(n)]
+        batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, [cell_wait[c] for c in cell_of],
                                  lambda t, srv, ver: schedule(t, _STEP, srv, ver))
         ptok_i = [max(1, round(x)) for x in prefill_s]
         dtok_i = [max(1, round(x)) for x in decode_s]
@@ -688,4 +694,5 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         shed=shed,
         request_timeout_s=cfg.request_timeout_s,
         server_model=w.server_model,
+        preemptions=batched.preemptions if batched is not None else 0,
     )
