@@ -220,12 +220,14 @@ def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray,
     return t_all, s_all, ptok, dtok
 
 
-def buffer_per_server(w: Workload) -> float:
+def buffer_per_server(w: Workload, waiting_tokens: float | None = None) -> float:
     """Requests one server holds before it rejects: pipeline, the one in prefill + its decode slots +
-    ``queue_limit`` waiting; batched, a full batch + a KV cache's worth of mean prompts waiting."""
+    ``queue_limit`` waiting; batched, a full batch + its waiting queue's bound (``waiting_tokens``,
+    default a KV cache's worth) in mean prompts."""
     if w.server_model == "pipeline":
         return float(1 + w.slots + w.queue_limit)
-    return float(w.max_concurrency() + w.kv_cache_tokens // max(w.mean_prefill_tokens, 1.0))
+    waiting = w.kv_cache_tokens if waiting_tokens is None else waiting_tokens
+    return float(w.max_concurrency() + waiting // max(w.mean_prefill_tokens, 1.0))
 
 
 def _scaled(p: LatencyParams, factor: float) -> LatencyParams:
@@ -343,7 +345,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     reported = [_perturb(priors[j], noise[j]) if sc.noise_eps else priors[j] for j in range(n)]
     confidence = [0.0] * n
     k_live = [float(k) for k in sc.servers]
-    per_server = buffer_per_server(w)
+    per_server = [buffer_per_server(w, cell_wait[j] if batched is not None else None) for j in range(n)]
 
     dst = [-1] * R
     fixed = [-1] * R if names_server else []  # the server a root named (lr-global)
@@ -569,7 +571,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                                 # root's requests sent up to τ_ij before that snapshot.
                                 root.on_probe(j, now, history[hl - 1 - back][j], reported[j], er[j], confidence[j],
                                               k_live[j], now - back * snap - ti[j],
-                                              k_live[j] * per_server if cfg.shed else None)
+                                              k_live[j] * per_server[j] if cfg.shed else None)
                             root.tick(now)
                 if now < T or in_flight > 0:
                     schedule(now + cfg.snapshot_s, _SNAP, a + 1)
