@@ -69,6 +69,9 @@ class FlowConfig:
     #: Scale each arc's step by its own cell's g_j (and project in the matching metric) rather than
     #: by the mean ĝ over the arcs in use; see research/theory.md, "Per-cell scale".
     per_cell_scale: bool = True
+    #: Count the queue relaxation time 1/μ'(N) of the slowest cell in use in τ̄ (module docstring,
+    #: "Queue dynamics"); off: τ̄ is the network and probe delay only (the rule before).
+    relaxation_delay: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.kappa < np.pi / 2:
