@@ -21,6 +21,7 @@ from dlb.core.costs import Cost
 from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
+from dlb.core.shedding import ShedConfig
 from dlb.core.topology import Topology
 
 #: Envoy cluster name of a cell on a root Envoy: ``cell-<name>``.
@@ -209,12 +210,27 @@ class AffinityParams:
 
 
 @dataclass(frozen=True)
+class ShedParams:
+    """Early shedding: 429 + ``retry-after`` when every usable cell is saturated (dlb/core/shedding.py)."""
+
+    enabled: bool = True
+    fill: float = ShedConfig.fill
+    near_fill: float = ShedConfig.near_fill
+    min_error_rate: float = ShedConfig.min_error_rate
+    max_age_ms: float = ShedConfig.max_age_s * 1000.0
+
+    def to_core(self) -> ShedConfig:
+        return ShedConfig(self.enabled, self.fill, self.near_fill, self.min_error_rate, self.max_age_ms / 1000.0)
+
+
+@dataclass(frozen=True)
 class Policy:
     mechanism: Mechanism = Mechanism.DISCRETE
     cost: Cost = Cost.LATENCY
     flow: FlowParams = field(default_factory=FlowParams)
     aversion: AversionParams = field(default_factory=AversionParams)
     affinity: AffinityParams = field(default_factory=AffinityParams)
+    shed: ShedParams = field(default_factory=ShedParams)
 
     def to_core(self, probe: ProbeParams) -> PolicyConfig:
         """The routing core's policy object (seconds, its own field names) for this endpoint."""
@@ -224,6 +240,7 @@ class Policy:
             flow=self.flow.to_core(),
             aversion=self.aversion.to_core(),
             affinity=self.affinity.to_core(self.cost),
+            shed=self.shed.to_core(),
             stale_after_s=probe.stale_after_ms / 1000.0,
         )
 

@@ -43,6 +43,7 @@ from dlb.core.latency_model import (
     latency,
     service_rate,
 )
+from dlb.core.shedding import ShedConfig, should_shed
 from dlb.core.topology import Topology
 
 NO_CELL = -1
@@ -61,8 +62,9 @@ class Router(Protocol):
         ...
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None, error_rate: float = 0.0,
-                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None) -> None:
-        """A probe answer from ``cell``'s leaf, received at ``now`` (``seen_until``: see RootRouter.on_probe)."""
+                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None,
+                 capacity: float | None = None) -> None:
+        """A probe answer from ``cell``'s leaf, received at ``now`` (``seen_until``, ``capacity``: see RootRouter.on_probe)."""
         ...
 
     def tick(self, now: float) -> None:
@@ -89,6 +91,7 @@ class PolicyConfig:
     flow: FlowConfig = field(default_factory=FlowConfig)
     aversion: AversionConfig = field(default_factory=AversionConfig)
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    shed: ShedConfig = field(default_factory=ShedConfig)
     #: Probe state older than this makes a cell unusable (the leaf may be gone).
     stale_after_s: float = 1.0
     #: Time constant of the EMA of this root's own arrival rate (reported; the flow step does not use it).
@@ -121,10 +124,12 @@ class CellView:
     error_rate: np.ndarray
     confidence: np.ndarray
     available: np.ndarray
+    #: Requests the cell admits before its leaf rejects (NaN: not reported), :mod:`dlb.core.shedding`.
+    capacity: np.ndarray
 
     @classmethod
     def empty(cls, n: int) -> CellView:
-        return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool))
+        return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool), np.full(n, math.nan))
 
 
 class RootRouter:
@@ -188,9 +193,11 @@ class RootRouter:
         confidence: float = 1.0,
         replicas: float | None = None,
         seen_until: float | None = None,
+        capacity: float | None = None,
     ) -> None:
         """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time).
 
+        ``capacity``: requests the cell admits before its leaf rejects (None: not reported, never shed on).
         ``replicas``: the leaf's current count of serving replicas, when it reports one; the RIF
         cost ``N_j/k_j`` must use the live count or it keeps loading a cell that lost servers. A
         reported 0 (every server down) makes the cell unusable until a probe reports one back: its
@@ -216,6 +223,7 @@ class RootRouter:
             unseen.popleft()
         v.sent[cell] = sum(amount for _, amount in unseen) if unseen else 0.0
         v.last_probe[cell] = now
+        v.capacity[cell] = math.nan if capacity is None else capacity
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
         self._inflate[cell] = offered_inflation(float(v.error_rate[cell]))
         v.confidence[cell] = confidence
@@ -453,7 +461,8 @@ class RootRouter:
         return [j for j in self._allowed_idx if v.available[j]]
 
     def pick(self, now: float, session: str | None = None) -> int:
-        """Destination cell for one request, or ``NO_CELL`` when no cell is usable.
+        """Destination cell for one request, ``NO_CELL`` when no cell is usable, or ``SHED`` when every
+        usable cell is saturated (:mod:`dlb.core.shedding`; a shed counts as an arrival, not a send).
 
         Warm start: until the first probe answer, the cells not known dead (failed probes) are
         sampled by the flow vector (the control plane's last weights, else the replica split), so a
@@ -470,6 +479,8 @@ class RootRouter:
             self.book(cell, now)
             return cell
         self._arrivals += 1
+        if should_shed(usable, self.view, now, self.policy.shed):
+            return SHED
         cand = usable
         if self._aversion_on:
             rand = self._rand.random

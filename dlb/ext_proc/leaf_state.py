@@ -61,6 +61,10 @@ class ServerState:
     completed: int = 0
     errors: int = 0
     cut_streams: int = 0  # responses it started and then broke off (counted in errors too)
+    #: Most requests seen in flight at the server when it answered 429 (its queue full): what it admits,
+    #: running slots + queue limit (-1 unknown). The most, not the last: a refusal seen with fewer in
+    #: flight (others just finished) must not make a busy server look full.
+    admit_limit: float = -1.0
 
 
 @dataclass
@@ -355,6 +359,9 @@ class LeafState:
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
+        if c.status == 429 and server != UNKNOWN:
+            s = self.servers[server]
+            s.admit_limit = max(s.admit_limit, float(s.rif), s.scraped)  # its own request no longer counted
         err = is_error(c.status) or c.cut
         if c.cut:
             self.cut_streams += 1
@@ -434,6 +441,13 @@ class LeafState:
     def healthy_replicas(self, now: float) -> int:
         """k_j scaled by the healthy fraction of servers (what the RIF cost N_j/k_j should divide by)."""
         return math.ceil(self.replicas * self.healthy(now) / len(self.servers))
+
+    def capacity(self, now: float) -> float | None:
+        """Requests the cell admits before its servers refuse: the healthy servers' admit limits summed;
+        None until every healthy server has refused once (a root never sheds on a guess)."""
+        limits = [s.admit_limit for s in self.servers
+                  if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
+        return float(sum(limits)) if limits and min(limits) > 0 else None
 
     def waiting(self) -> float:
         vals = [s.waiting for s in self.servers if s.waiting >= 0]

@@ -76,7 +76,7 @@ from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, with_failures
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
-from dlb.sim.scenario import Scenario
+from dlb.sim.scenario import Scenario, Workload
 
 _LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP, _REPLY = range(10)
 
@@ -103,6 +103,11 @@ class SimConfig:
     #: What a client waits for one request (:mod:`dlb.sim.outcome`): failed, shed and slower requests
     #: count at it in the failure-counting latency figures. It changes no event of the run.
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    #: Leaves report their cells' buffer (:func:`buffer_per_server` × live servers) in probes, so DLB
+    #: roots shed when every usable cell is saturated (:mod:`dlb.core.shedding`); False: like older
+    #: leaves, which report none (no root ever sheds). The real leaf learns the figure from its servers'
+    #: 429s; the simulated one knows it from the start.
+    shed: bool = True
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
@@ -208,6 +213,14 @@ def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray,
     ptok = w.prefill_shift + rng.gamma(w.prefill_shape, w.prefill_scale, m)
     dtok = w.decode_shift + rng.gamma(w.decode_shape, w.decode_scale, m)
     return t_all, s_all, ptok, dtok
+
+
+def buffer_per_server(w: Workload) -> float:
+    """Requests one server holds before it rejects: pipeline, the one in prefill + its decode slots +
+    ``queue_limit`` waiting; batched, a full batch + a KV cache's worth of mean prompts waiting."""
+    if w.server_model == "pipeline":
+        return float(1 + w.slots + w.queue_limit)
+    return float(w.max_concurrency() + w.kv_cache_tokens // max(w.mean_prefill_tokens, 1.0))
 
 
 def _scaled(p: LatencyParams, factor: float) -> LatencyParams:
@@ -324,6 +337,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     reported = [_perturb(priors[j], noise[j]) if sc.noise_eps else priors[j] for j in range(n)]
     confidence = [0.0] * n
     k_live = [float(k) for k in sc.servers]
+    per_server = buffer_per_server(w)
 
     dst = [-1] * R
     fixed = [-1] * R if names_server else []  # the server a root named (lr-global)
@@ -548,7 +562,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                                 # The answer's RIF is the snapshot ``back`` ticks old: it counts this
                                 # root's requests sent up to τ_ij before that snapshot.
                                 root.on_probe(j, now, history[hl - 1 - back][j], reported[j], er[j], confidence[j],
-                                              k_live[j], now - back * snap - ti[j])
+                                              k_live[j], now - back * snap - ti[j],
+                                              k_live[j] * per_server if cfg.shed else None)
                             root.tick(now)
                 if now < T or in_flight > 0:
                     schedule(now + cfg.snapshot_s, _SNAP, a + 1)

@@ -101,7 +101,7 @@ class RandRoot:
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
                  error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
-                 seen_until: float | None = None) -> None:
+                 seen_until: float | None = None, capacity: float | None = None) -> None:
         self.errors[cell] = error_rate
         self.fresh[cell] = True
         if replicas is not None and replicas > 0:

@@ -52,11 +52,11 @@ def test_conservation_with_overflow_and_cut_drain() -> None:
     for policy in ("Rand", "Disc-RIF", "Flow-Lat"):
         res = simulate(sc, policy, 0)
         assert res.errors > 0
-        assert res.completed + res.errors + res.in_flight == res.arrivals
+        assert res.completed + res.errors + res.shed + res.in_flight == res.arrivals
         assert res.in_flight == 0 and res.latency.size == res.completed
         cut = simulate(sc, policy, 0, SimConfig(drain_s=0.0))
         assert cut.in_flight > 0
-        assert cut.completed + cut.errors + cut.in_flight == cut.arrivals
+        assert cut.completed + cut.errors + cut.shed + cut.in_flight == cut.arrivals
 
 
 def test_deterministic_for_a_seed() -> None:
@@ -224,3 +224,16 @@ def test_a_slow_cell_is_slow_in_the_batched_model_too() -> None:
     assert b.latency[inside].mean() > 2.5 * a.latency[inside].mean()
     assert b.latency[after].mean() == pytest.approx(a.latency[after].mean(), rel=0.05)
     assert b.latency[t < 29.0].mean() == pytest.approx(a.latency[t < 29.0].mean(), rel=1e-9)
+
+
+def test_overload_sheds_only_with_leaves_that_report_capacity() -> None:
+    """At 110 % load Disc-RIF's roots shed; with leaves that report no capacity (older ones) they never do.
+    Shed requests are arrivals that count at the request timeout in the failure-counting mean."""
+    sc = generate(11, utilization=1.1, duration_s=30.0)
+    on = simulate(sc, "Disc-RIF", 0)
+    off = simulate(sc, "Disc-RIF", 0, SimConfig(shed=False))
+    assert on.shed > 0 and off.shed == 0
+    s = on.summary()
+    assert s["shed_rate"] == pytest.approx(on.shed / on.arrivals)
+    unserved = on.arrivals - on.latency.size
+    assert s["mean_latency_with_failures"] >= unserved * on.request_timeout_s / on.arrivals
