@@ -365,7 +365,7 @@ class RootRouter:
             in_use = usable
         lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
         g, relax = self._g_scale(n_obs, usable, in_use, lam)
-        # τ̄: the feedback delay plus the slowest in-use cell's queue relaxation time (flow.py).
+        # τ̄: the feedback delay (plus the slowest in-use cell's queue relaxation time if configured; flow.py).
         delay = feedback_delay(self.rtt, usable, cfg.period_s, relax if cfg.relaxation_delay else 0.0,
                                cfg.min_delay_s)
         self.x = flow_step(self.x, costs, usable, dt, delay, lam * g, cfg)
