@@ -44,13 +44,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--policies", default="Rand,Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad,lr-global,hub-score")
     ap.add_argument("--json", default="")
-    ap.add_argument("--no-relax", action="store_true", help="flow τ̄ without the queue relaxation time")
     a = ap.parse_args()
-    if a.no_relax:
-        import dlb.core.router as router
-
-        plain = router.feedback_delay
-        router.feedback_delay = lambda rtt, mask, period, _serving, floor: plain(rtt, mask, period, 0.0, floor)
     seeds = [int(s) for s in a.seeds.split(",")]
     pols = a.policies.split(",")
     jobs = [(s, a.util, p, a.model, a.minutes, a.replicas, a.disruption, a.noise) for s in seeds for p in pols]
