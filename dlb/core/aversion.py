@@ -34,6 +34,9 @@ class AversionConfig:
     decay: float = 0.5
     max_rate: float = 0.9
     period_s: float = 1.0
+    #: Utilisation (of a cell's model capacity 1/b) up to which a healthy cell counts as able to take
+    #: diverted load (:func:`cap_to_headroom`).
+    headroom_rho: float = 0.95
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_rate < 1.0:
@@ -42,6 +45,8 @@ class AversionConfig:
             raise ValueError(f"aversion decay must be in [0, 1]: {self.decay}")
         if self.gain < 0 or self.margin < 0 or self.period_s <= 0:
             raise ValueError("aversion gain, margin must be >= 0 and period_s > 0")
+        if not 0.0 < self.headroom_rho <= 1.0:
+            raise ValueError(f"aversion headroom_rho must be in (0, 1]: {self.headroom_rho}")
 
 
 def update_aversion(
@@ -61,6 +66,35 @@ def update_aversion(
     worse = active & (gap > 0)
     new[worse] = rates[worse] + cfg.gain * gap[worse]
     return np.clip(new, 0.0, cfg.max_rate)
+
+
+def cap_to_headroom(rates: np.ndarray, inflow: np.ndarray, spare: float) -> np.ndarray:
+    """Scale ``rates`` down so the load they divert, ``Σ a_j·inflow_j``, fits in ``spare`` (same units).
+
+    :func:`update_aversion` compares each cell with the best one, so when every cell overflows every
+    rate climbs: the fleet's traffic lands on the one or two cells not averted, which overflow in
+    turn (herding). Diverting more than the healthy cells can take only moves the errors, so the
+    rates shrink together until it fits; with no spare anywhere they are 0 and shedding takes over.
+    """
+    diverted = float(np.dot(rates, inflow))
+    if diverted <= spare or diverted <= 0.0:
+        return rates
+    return rates * (max(spare, 0.0) / diverted)
+
+
+def fold_into_split(x: np.ndarray, rates: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """A flow vector with the averted shares moved to the other cells in ``mask``, pro rata.
+
+    Under flow routing aversion acts on ``x`` itself once per period (``x_j ← x_j(1 − a_j)``,
+    renormalised), so the vector the flow step integrates is the split actually served and cannot
+    wind up against a diversion it does not see. If every cell in ``mask`` would lose all its share,
+    ``x`` is returned unchanged.
+    """
+    kept = np.where(mask, x * (1.0 - rates), 0.0)
+    total = float(kept.sum())
+    if total <= 0.0:
+        return x
+    return kept / total
 
 
 @dataclass

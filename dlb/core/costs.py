@@ -44,6 +44,22 @@ class ModelTable:
         return int(self.a.shape[0])
 
 
+#: Error rates above this are read as this when inflating the workload (a cell failing everything
+#: would otherwise have an infinite cost and never be tried again once it recovers).
+MAX_OVERFLOW = 0.9
+
+
+def offered_inflation(error_rate: float) -> float:
+    """Offered ÷ admitted workload of a cell that fails ``error_rate`` of its requests: ``1/(1 − e)``.
+
+    A leaf's RIF counts only what its servers admitted, and it is capped by their buffers (slots +
+    queue): past that, extra load turns into rejections while the RIF, and every cost computed from
+    it, stays flat — an overloaded split could be a fixed point. By Little's law the offered
+    workload is the admitted one divided by the admitted fraction, so the costs are evaluated there.
+    """
+    return 1.0 / (1.0 - min(max(error_rate, 0.0), MAX_OVERFLOW))
+
+
 def cost_vector(
     cost: Cost,
     workload: np.ndarray,

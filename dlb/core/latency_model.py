@@ -24,6 +24,14 @@ Num = np.ndarray | float
 #: approach 0 for fitted parameters near the boundary, where 1/μ' would explode.
 GRAD_EPS = 1e-6
 
+#: The utilisation at which the gradient cost stops growing faster than latency. Past the knee
+#: ``(ℓ − Nℓ')/ℓ = 1 − bN/ℓ = 1 − ρ``, so ``1/μ' = ℓ/(1 − ρ)``: near a fitted ``a ≈ bc`` the
+#: denominator is a small difference of two estimates, and a ±5 % change of ``a`` moved the cost of a
+#: full cell between 67 and 185 s while its latency moved 2 %. Flooring ``1 − ρ`` at ``1 − GRAD_MAX_RHO``
+#: bounds the cost by ``ℓ/(1 − GRAD_MAX_RHO)`` (20 ℓ): still increasing in N (through ℓ), insensitive to
+#: the estimate's dither, and load past that utilisation is the overflow term's and shedding's to handle.
+GRAD_MAX_RHO = 0.95
+
 
 @dataclass(frozen=True)
 class LatencyParams:
@@ -86,10 +94,10 @@ def d_service_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.
 
 
 def inv_marginal_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num, eps: float = GRAD_EPS) -> np.ndarray:
-    """1/μ'(N) = ℓ² / (ℓ − Nℓ'), with the denominator clipped at ``eps`` seconds."""
+    """1/μ'(N) = ℓ² / (ℓ − Nℓ'), with the denominator floored at ``(1 − GRAD_MAX_RHO)·ℓ`` (and ``eps``)."""
     n = np.asarray(n, float)
     ell = latency(n, a, b, c, s)
-    denom = np.maximum(ell - n * d_latency(n, a, b, c, s), eps)
+    denom = np.maximum(ell - n * d_latency(n, a, b, c, s), np.maximum((1.0 - GRAD_MAX_RHO) * ell, eps))
     return ell * ell / denom
 
 

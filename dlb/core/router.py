@@ -32,10 +32,18 @@ from typing import Protocol
 import numpy as np
 
 from dlb.core.affinity import AffinityCache, AffinityConfig
-from dlb.core.aversion import AversionConfig, update_aversion
-from dlb.core.costs import Cost, ModelTable, cost_vector
+from dlb.core.aversion import AversionConfig, cap_to_headroom, fold_into_split, update_aversion
+from dlb.core.costs import Cost, ModelTable, cost_vector, offered_inflation
 from dlb.core.flow import FlowConfig, feedback_delay, fleet_rate, flow_step, saturation_workload, workload_at_rate
-from dlb.core.latency_model import GRAD_EPS, LatencyParams, d_latency, d_service_rate
+from dlb.core.latency_model import (
+    GRAD_EPS,
+    GRAD_MAX_RHO,
+    LatencyParams,
+    d_latency,
+    d_service_rate,
+    latency,
+    service_rate,
+)
 from dlb.core.shedding import ShedConfig, should_shed
 from dlb.core.topology import Topology
 
@@ -152,6 +160,8 @@ class RootRouter:
         # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
         self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]
         self.aversion = np.zeros(n)
+        # Per cell: offered ÷ admitted workload, 1/(1 − error rate) (see :func:`offered_inflation`).
+        self._inflate = np.ones(n)
         # Flow state: start from the replica-weighted split over allowed cells (Rand's split).
         w = np.where(self.allowed, self.replicas, 0.0)
         self._x = w / w.sum()
@@ -218,6 +228,7 @@ class RootRouter:
         v.last_probe[cell] = now
         v.capacity[cell] = math.nan if capacity is None else capacity
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
+        self._inflate[cell] = offered_inflation(float(v.error_rate[cell]))
         v.confidence[cell] = confidence
         if bool(v.available[cell]) != serving:
             self._usable = None
@@ -312,8 +323,7 @@ class RootRouter:
         usable = self.usable(now)
         av = self.policy.aversion
         if now - self._last_aversion >= av.period_s:
-            self.aversion = update_aversion(self.aversion, self.view.error_rate, usable, av)
-            self._aversion_on = bool(self.aversion.any())
+            self._update_aversion(usable)
             self._last_aversion = now
         if self.policy.mechanism is Mechanism.FLOW and now - self._last_flow >= self.policy.flow.period_s:
             step_dt = self.policy.flow.period_s if math.isinf(self._last_flow) else now - self._last_flow
@@ -321,21 +331,52 @@ class RootRouter:
             if usable.any():
                 self._flow_update(usable, min(step_dt, 10 * self.policy.flow.period_s))
 
+    def _update_aversion(self, usable: np.ndarray) -> None:
+        """One aversion period: raise/decay the rates, cap them at what the other cells can take, and
+        under flow routing fold them into ``x`` instead of skipping cells per request.
+
+        Skipping per request under flow routing let the integrator wind up: the diverted load lowered
+        the averted cell's cost, the flow step raised its share, and when the error average decayed the
+        wound-up share overloaded the cell again (per-cell load swung 0.17–1.55 × capacity in 10-s bins).
+        Folded in, ``x`` is the split actually served, so the flow step starts from reality.
+        """
+        av = self.policy.aversion
+        errors = self.view.error_rate
+        rates = update_aversion(self.aversion, errors, usable, av)
+        if rates.any() and usable.any():
+            m = self.models
+            n = self.view.rif * self._inflate
+            inflow = np.where(usable, service_rate(n, m.a, m.b, m.c, m.s), 0.0)
+            healthy = usable & (errors <= float(errors[usable].min()) + av.margin)
+            spare = np.where(healthy, np.maximum(av.headroom_rho / m.b - inflow, 0.0), 0.0)
+            rates = cap_to_headroom(rates, inflow, float(spare.sum()))
+        self.aversion = rates
+        if self.policy.mechanism is Mechanism.FLOW:
+            self._aversion_on = False
+            if rates.any():
+                self.x = fold_into_split(self.x, rates, usable)
+        else:
+            self._aversion_on = bool(rates.any())
+
     def _flow_update(self, usable: np.ndarray, dt: float) -> None:
-        n_obs = self.view.rif
+        n_obs = self.view.rif * self._inflate
         costs = cost_vector(self.policy.cost, n_obs, self.replicas, self.models, self.rtt)
         m = self.models
         cfg = self.policy.flow
         in_use = usable & (self.x > 0)
         if not in_use.any():
             in_use = usable
-        # τ̄ is the pure feedback delay; the serving relaxation (1/μ') is already inside ĝ (see flow.py).
-        delay = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
         lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
-        self.x = flow_step(self.x, costs, usable, dt, delay, lam * self._g_scale(n_obs, usable, in_use, lam), cfg)
+        g, relax = self._g_scale(n_obs, usable, in_use, lam)
+        # τ̄: the feedback delay (plus the slowest in-use cell's queue relaxation time if configured; flow.py).
+        delay = feedback_delay(self.rtt, usable, cfg.period_s, relax if cfg.relaxation_delay else 0.0,
+                               cfg.min_delay_s)
+        self.x = flow_step(self.x, costs, usable, dt, delay, lam * g, cfg)
 
-    def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray, fleet: float) -> float | np.ndarray:
-        """g_j = |c_j'(N)|/μ_j'(N) at N clipped to [N_ref, N_sat], per usable cell (flow.py).
+    def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray,
+                 fleet: float) -> tuple[float | np.ndarray, float]:
+        """g_j = |c_j'(N)|/μ_j'(N) at N clipped to [N_ref, N_sat], per usable cell (flow.py), and the
+        largest relaxation time 1/μ_j'(N) (at most ℓ/(1 − GRAD_MAX_RHO)) of the calm cells in use.
 
         An overloaded cell (N past saturation) has no equilibrium to stabilise, and its g(N_sat)
         (∝ (1 − ρ)⁻³ for the gradient cost) would shrink the very step that empties it: it takes the
@@ -371,10 +412,13 @@ class RootRouter:
         calm = in_use & ~over
         ref = calm if calm.any() else in_use
         mean_g = float(g[ref].mean())
+        relax = np.zeros(len(usable))
+        relax[usable] = np.minimum(1.0 / dmu, latency(nn, a, b, c, s) / (1.0 - GRAD_MAX_RHO))
+        slowest = float(relax[ref].max())
         if not cfg.per_cell_scale:
-            return mean_g
+            return mean_g, slowest
         g[over] = mean_g
-        return g
+        return g, slowest
 
     # -- per request --------------------------------------------------------------------------------
     # The decision path runs once per request on the root's event loop, so it avoids numpy (whose
@@ -383,11 +427,12 @@ class RootRouter:
     # pick updates the chosen cell's cost — and rebuilt only when what they derive from changes.
     def costs(self, now: float) -> np.ndarray:
         """The cost vector a discrete decision would use now (probe RIF + local correction)."""
-        return cost_vector(self.policy.cost, self.view.rif + self.view.sent, self.replicas, self.models, self.rtt)
+        n = (self.view.rif + self.view.sent) * self._inflate
+        return cost_vector(self.policy.cost, n, self.replicas, self.models, self.rtt)
 
     def _cost_one(self, j: int) -> float:
         """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`."""
-        n = float(self.view.rif[j] + self.view.sent[j])
+        n = float(self.view.rif[j] + self.view.sent[j]) * float(self._inflate[j])
         cost = self.policy.cost
         if cost is Cost.RIF:
             return n / float(self.replicas[j])
@@ -398,7 +443,7 @@ class RootRouter:
         if cost is Cost.LATENCY:
             return ell + float(self.rtt[j])
         sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        return ell * ell / max(ell - n * b * sig, GRAD_EPS) + float(self.rtt[j])
+        return ell * ell / max(ell - n * b * sig, (1.0 - GRAD_MAX_RHO) * ell, GRAD_EPS) + float(self.rtt[j])
 
     def _usable_now(self, now: float) -> list[int]:
         if self._usable is None or now > self._usable_until:
@@ -511,5 +556,5 @@ class RootRouter:
         """ℓ_j(N_j) + 2τ_ij with N_j = probe RIF + this root's unseen sends."""
         m = self.models
         a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
-        z = (float(self.view.rif[j] + self.view.sent[j]) - c) / s
+        z = (float(self.view.rif[j] + self.view.sent[j]) * float(self._inflate[j]) - c) / s
         return a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0)) + float(self.rtt[j])

@@ -51,7 +51,24 @@ def test_service_rate_increasing_and_bounded(p: LatencyParams, n: float) -> None
     assert float(lm.d_service_rate(n, a, b, c, s)) > 0
     assert float(lm.service_rate(n, a, b, c, s)) < 1.0 / b
     inv = float(lm.inv_marginal_rate(n, a, b, c, s))
-    assert inv == pytest.approx(1.0 / float(lm.d_service_rate(n, a, b, c, s)), rel=1e-6)
+    exact = 1.0 / float(lm.d_service_rate(n, a, b, c, s))
+    ell = float(lm.latency(n, a, b, c, s))
+    # Exact below the utilisation floor; past it, ℓ/(1 − ρ_max), never more than the exact value.
+    assert inv == pytest.approx(min(exact, ell / (1.0 - lm.GRAD_MAX_RHO)), rel=1e-6)
+
+
+def test_gradient_cost_past_the_knee_is_insensitive_to_dither_in_a() -> None:
+    """A full cell whose fitted a is within 5 % of b·c: the exact 1/μ' swings several-fold with a ±5 %
+    change of a while ℓ moves ~2 %; the floored cost moves with ℓ only."""
+    b, c, s, n = 0.05, 40.0, 2.0, 120.0
+    exact, floored, ells = [], [], []
+    for a in (2.0 * 1.05, 2.0 * 1.10, 2.0 * 1.15):
+        ell = float(lm.latency(n, a, b, c, s))
+        ells.append(ell)
+        exact.append(1.0 / float(lm.d_service_rate(n, a, b, c, s)))
+        floored.append(float(lm.inv_marginal_rate(n, a, b, c, s)))
+    assert max(exact) / min(exact) > 2.0
+    assert max(floored) / min(floored) == pytest.approx(max(ells) / min(ells), rel=1e-9)
 
 
 def test_inv_marginal_rate_is_clipped() -> None:

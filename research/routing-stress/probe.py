@@ -1,0 +1,71 @@
+"""Quick stress probe: a few scenarios × policies × server models, printed as ratio to Rand and error rate.
+
+Development tool for the routing-under-stress work (tuning seeds only; the report uses `dlb sim`).
+Usage: python research/routing-stress/probe.py --seeds 101,102 --util 0.95 --minutes 3 --model batched
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from dlb.sim.engine import SimConfig, simulate
+from dlb.sim.scenario import generate
+
+
+def run(args: tuple) -> dict:
+    seed, util, policy, model, minutes, replicas, disruption, noise = args
+    kw = {"utilization": util, "server_model": model}
+    if disruption:
+        kw["disruption"] = disruption
+    if noise:
+        kw["noise_eps"] = noise
+    t0 = time.perf_counter()
+    sc = generate(seed, duration_s=minutes * 60.0, **kw)
+    res = simulate(sc, policy, 0, SimConfig(root_replicas=replicas))
+    s = res.summary()
+    return {"seed": seed, "policy": policy, "model": model, "mf": s["mean_latency_with_failures"],
+            "err": s["error_rate"], "shed": s["shed_rate"], "mean": s["mean"], "wall": time.perf_counter() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="101,102")
+    ap.add_argument("--util", type=float, default=0.95)
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--model", default="batched")
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--disruption", default="")
+    ap.add_argument("--noise", type=float, default=0.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--policies", default="Rand,Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad,lr-global,hub-score")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    pols = a.policies.split(",")
+    jobs = [(s, a.util, p, a.model, a.minutes, a.replicas, a.disruption, a.noise) for s in seeds for p in pols]
+    recs = []
+    with ProcessPoolExecutor(a.workers) as ex:
+        for rec in ex.map(run, jobs):
+            recs.append(rec)
+            print(f"  done {rec['seed']} {rec['policy']}: mf {rec['mf']:.2f} err {100 * rec['err']:.1f}% "
+                  f"wall {rec['wall']:.0f}s", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(recs, f)
+    rand = {r["seed"]: r["mf"] for r in recs if r["policy"] == "Rand"}
+    print(f"util={a.util} model={a.model} R={a.replicas} dis={a.disruption} eps={a.noise} seeds={seeds}")
+    for p in pols:
+        rs = [r for r in recs if r["policy"] == p]
+        ratio = np.mean([r["mf"] / rand[r["seed"]] for r in rs]) if rand else float("nan")
+        per = " ".join(f"{r['mf'] / rand[r['seed']]:.3f}/{100 * r['err']:.1f}%" for r in rs)
+        print(f"{p:18s} {ratio:6.3f}  err {100 * np.mean([r['err'] for r in rs]):5.2f}%  "
+              f"shed {100 * np.mean([r['shed'] for r in rs]):4.1f}%  [{per}]  wall {np.mean([r['wall'] for r in rs]):.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The root router under stress: aversion that cannot herd or wind up the flow vector, a cost that
+sees overflow, and a flow step sized for the servers' own queue dynamics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlb.core.aversion import AversionConfig, cap_to_headroom, fold_into_split
+from dlb.core.costs import Cost, offered_inflation
+from dlb.core.flow import FlowConfig, workload_at_rate
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
+
+P = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)  # capacity 20 req/s per cell
+
+
+def two_cells() -> Topology:
+    return Topology.build(["a", "b"], [4, 4], [[0.0, 0.01], [0.01, 0.0]])
+
+
+def probe_all(r: RootRouter, now: float, rif: list[float], errors: list[float]) -> None:
+    for j, (n, e) in enumerate(zip(rif, errors, strict=True)):
+        r.on_probe(j, now, n, P, e, seen_until=now)
+
+
+def test_headroom_cap_scales_rates_to_what_the_healthy_cells_can_take() -> None:
+    rates = np.array([0.4, 0.2, 0.0])
+    inflow = np.array([10.0, 10.0, 5.0])
+    np.testing.assert_allclose(cap_to_headroom(rates, inflow, 100.0), rates)  # 6 req/s fit
+    np.testing.assert_allclose(cap_to_headroom(rates, inflow, 3.0), rates * 0.5)
+    np.testing.assert_allclose(cap_to_headroom(rates, inflow, 0.0), 0.0)
+
+
+def test_fold_moves_the_averted_share_pro_rata_within_the_mask() -> None:
+    x = np.array([0.5, 0.3, 0.2])
+    out = fold_into_split(x, np.array([0.5, 0.0, 0.0]), np.array([True, True, False]))
+    np.testing.assert_allclose(out, [0.25 / 0.55, 0.3 / 0.55, 0.0])
+    np.testing.assert_allclose(fold_into_split(x, np.ones(3), np.ones(3, bool)), x)  # nothing left: unchanged
+
+
+def test_offered_inflation_is_one_over_the_admitted_fraction_and_capped() -> None:
+    assert offered_inflation(0.0) == 1.0
+    assert offered_inflation(0.5) == pytest.approx(2.0)
+    assert offered_inflation(1.0) == pytest.approx(10.0)
+    assert offered_inflation(-0.1) == 1.0
+
+
+def test_a_cell_rejecting_at_its_buffer_costs_more_than_an_equally_full_one_that_does_not() -> None:
+    """Probed RIF is capped at the buffer: two cells at the cap look equal unless the rejections count."""
+    r = RootRouter(two_cells(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF), P, np.random.default_rng(0))
+    probe_all(r, 0.0, [40.0, 40.0], [0.5, 0.0])
+    assert [r.pick(0.01) for _ in range(5)] == [1] * 5
+
+
+def test_flow_aversion_lives_in_x_so_the_vector_is_the_split_served() -> None:
+    """A failing cell loses share in x itself; pick samples x without skipping (no hidden diversion for
+    the integrator to wind up against), and once the errors stop the share does not rebound past the
+    equal split (a plant whose workload follows the split at once, 24 req/s over two cells)."""
+    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, aversion=AversionConfig(period_s=1.0))
+    r = RootRouter(two_cells(), 0, pol, P, np.random.default_rng(0))
+    a, b, c, s = P.as_array()
+
+    def run(until: float, errors: list[float], now: float) -> tuple[float, list[float]]:
+        shares = []
+        while now < until:
+            rif = [float(workload_at_rate(24.0 * x, a, b, c, s)) for x in r.x]
+            probe_all(r, now, rif, errors)
+            r.tick(now)
+            shares.append(float(r.x[1]))
+            now += 0.2
+        return now, shares
+
+    now, _ = run(5.0, [0.0, 0.3], 0.0)
+    assert r.x[1] < 0.48
+    assert r.aversion[1] > 0 and not r._aversion_on
+    now, after = run(30.0, [0.0, 0.0], now)
+    assert min(after) <= after[-1] <= max(after) <= 0.5 + 0.02
+
+
+def test_when_every_cell_overflows_aversion_does_not_herd() -> None:
+    """Every cell past capacity and failing about equally: nowhere to divert to, so no cell is averted
+    (the old rule raised every rate but the best cell's toward the cap)."""
+    topo = Topology.build(["a", "b", "c"], [4, 4, 4], np.full((3, 3), 0.01) - 0.01 * np.eye(3))
+    r = RootRouter(topo, 0, PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY), P, np.random.default_rng(0))
+    for k in range(10):
+        for j, e in enumerate([0.20, 0.30, 0.32]):
+            r.on_probe(j, float(k), 400.0, P, e, seen_until=float(k))
+        r.tick(float(k))
+    np.testing.assert_allclose(r.aversion, 0.0)
+
+
+def test_one_broken_cell_is_still_averted_when_the_others_have_room() -> None:
+    topo = Topology.build(["a", "b", "c"], [4, 4, 4], np.full((3, 3), 0.01) - 0.01 * np.eye(3))
+    r = RootRouter(topo, 0, PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY), P, np.random.default_rng(0))
+    for k in range(6):
+        for j, e in enumerate([0.0, 0.0, 1.0]):
+            r.on_probe(j, float(k), 10.0, P, e, seen_until=float(k))
+        r.tick(float(k))
+    assert r.aversion[2] == pytest.approx(0.9)
+    assert r.aversion[0] == r.aversion[1] == 0.0
+
+
+@pytest.mark.parametrize("relax", [False, True])
+def test_flow_step_counts_the_queue_relaxation_time_in_its_delay(relax: bool) -> None:
+    """A loaded cell's workload answers an inflow change with time constant 1/μ'(N): counted in τ̄, the
+    first step from the same state is several times smaller than with the network delay alone."""
+    moves = {}
+    for flag in (False, True):
+        pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(relaxation_delay=flag))
+        r = RootRouter(two_cells(), 0, pol, P, np.random.default_rng(0))
+        probe_all(r, 0.0, [30.0, 14.0], [0.0, 0.0])
+        x0 = r.x.copy()
+        r.tick(0.0)
+        moves[flag] = float(np.abs(r.x - x0).max())
+    assert moves[True] > 0
+    assert moves[True] * 3 < moves[False]
