@@ -42,6 +42,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("img/bfio_*.png", "dlb bfio study --milp --json research/bfio/study.json --plots research/img"),
     ("sim/issue-11/theory-scale*", "dlb theory --json FILE (sizes and policies: research/sim/issue-11/README.md)"),
     ("sim/shedding/*.json", "python research/sim/shedding/overload.py --minutes 5 --scenarios 4"),
+    ("routing-stress/*.json", "python research/routing-stress/probe.py --seeds 7001,7002,7003 --minutes 4 --util 0.95 "
+                               "--model pipeline --workers 1 --json FILE (at the commit in FILE's name)"),
     ("sim/speed-s3-12/*.json", "python research/sim/speed-s3-12/ab.py TREE_A TREE_B MINUTES REPEAT FILE"),
     ("sim/speed-f2d3554/*.json", "PYTHONPATH=TREE python research/sim/speed-f2d3554/bench.py time MINUTES FILE"),
     ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),
