@@ -34,7 +34,15 @@ import numpy as np
 from dlb.core.affinity import AffinityCache, AffinityConfig
 from dlb.core.aversion import AversionConfig, cap_to_headroom, fold_into_split, update_aversion
 from dlb.core.costs import Cost, ModelTable, cost_vector, offered_inflation
-from dlb.core.flow import FlowConfig, feedback_delay, fleet_rate, flow_step, saturation_workload, workload_at_rate
+from dlb.core.flow import (
+    FlowConfig,
+    adapt_gain,
+    feedback_delay,
+    fleet_rate,
+    flow_step,
+    saturation_workload,
+    workload_at_rate,
+)
 from dlb.core.latency_model import (
     GRAD_EPS,
     GRAD_MAX_RHO,
@@ -179,6 +187,13 @@ class RootRouter:
         # ``rng`` so a seeded router stays deterministic.
         self._rand = random.Random(int(self.rng.integers(1 << 62)))
         self._last_flow = -math.inf
+        # Per-cell step multipliers of the flow loop and the sign of each cell's last move (see
+        # FlowConfig.adaptive_gain).
+        self._gain = np.ones(n)
+        self._last_dir = np.zeros(n)
+        # Flow: the workload each cell had at the last step and its smoothed rate of change.
+        self._n_prev: np.ndarray | None = None
+        self._n_rate = np.zeros(n)
         self._last_aversion = -math.inf
         self._last_tick = math.nan
         self._arrivals = 0.0
@@ -360,9 +375,23 @@ class RootRouter:
 
     def _flow_update(self, usable: np.ndarray, dt: float) -> None:
         n_obs = self.view.rif * self._inflate
-        costs = cost_vector(self.policy.cost, n_obs, self.replicas, self.models, self.rtt)
-        m = self.models
         cfg = self.policy.flow
+        if cfg.lead_s > 0:
+            if self._n_prev is not None:
+                alpha = min(1.0, dt / cfg.lead_smoothing_s)
+                trend = (n_obs - self._n_prev) / dt
+                self._n_rate = np.where(np.isfinite(trend), self._n_rate + alpha * (trend - self._n_rate), 0.0)
+            self._n_prev = n_obs.copy()
+            m = self.models
+            # The trend runs on for at most the cell's own relaxation time 1/μ'(N): a lightly loaded
+            # cell settles within about one latency, and a longer lead would only slow the step.
+            dmu = np.maximum(d_service_rate(n_obs, m.a, m.b, m.c, m.s), 1e-9)
+            horizon = np.minimum(cfg.lead_s, 1.0 / dmu)
+            n_cost = np.maximum(n_obs + horizon * self._n_rate, 0.0)
+        else:
+            n_cost = n_obs
+        costs = cost_vector(self.policy.cost, n_cost, self.replicas, self.models, self.rtt)
+        m = self.models
         in_use = usable & (self.x > 0)
         if not in_use.any():
             in_use = usable
@@ -371,7 +400,12 @@ class RootRouter:
         # τ̄: the feedback delay (plus the slowest in-use cell's queue relaxation time if configured; flow.py).
         delay = feedback_delay(self.rtt, usable, cfg.period_s, relax if cfg.relaxation_delay else 0.0,
                                cfg.min_delay_s)
-        self.x = flow_step(self.x, costs, usable, dt, delay, lam * g, cfg)
+        if not cfg.adaptive_gain:
+            self.x = flow_step(self.x, costs, usable, dt, delay, lam * g, cfg)
+            return
+        old = self.x
+        self.x = flow_step(old, costs, usable, dt, delay, lam * g / self._gain, cfg)
+        self._gain, self._last_dir = adapt_gain(self._gain, self._last_dir, self.x - old, usable, cfg)
 
     def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray,
                  fleet: float) -> tuple[float | np.ndarray, float]:
