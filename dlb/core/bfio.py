@@ -41,6 +41,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from dlb.core.hold_queue import HoldQueue
+
 FloatArray = npt.NDArray[np.float64]
 Policy = Literal["bf-io", "jsq", "round-robin", "least-kv"]
 POLICIES: tuple[str, ...] = ("bf-io", "jsq", "round-robin", "least-kv")
@@ -265,6 +267,8 @@ class DpBalancer:
     step_ema: float = 0.1  # weight of one completion in the step-time estimate
     slots: int = 0  # running sequences per rank (vLLM --max-num-seqs); 0 = unknown
     count_slack: int = -1  # residents above the fewest a full rank may hold; -1 = max(1, slots // 4)
+    #: Requests the leaf holds while no rank can admit (None: send at once, as without a queue).
+    hold: HoldQueue | None = None
     residents: dict[str, _Resident] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -282,6 +286,23 @@ class DpBalancer:
         self.assigned = np.zeros(self.ranks, dtype=np.int64)
         self.queues: list[deque[str]] = [deque() for _ in range(self.ranks)]
         self._rr = 0
+        #: Each rank's admission bound in requests (its running slots), as the rank reports it; 0 = unknown.
+        self.limit = np.full(self.ranks, float(self.slots))
+        #: Ranks whose reported KV cache is full: they admit nothing whatever their slot count says.
+        self.kv_blocked = np.zeros(self.ranks, dtype=bool)
+
+    def set_admission(self, rank: int, limit: float | None, kv_full: bool) -> None:
+        """What a rank's own metrics say about its admission: slot bound (None: not reported) and KV full."""
+        if limit is not None and limit > 0:
+            self.limit[rank] = limit
+            if self.slots <= 0:  # the running/waiting model needs a bound too: the first one reported
+                self.slots = int(limit)
+        self.kv_blocked[rank] = kv_full
+
+    def admitting(self, allowed: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Ranks that can start one more request now: allowed, KV not full, residents under the bound."""
+        out: npt.NDArray[np.bool_] = allowed & ~self.kv_blocked & ((self.limit <= 0) | (self.n < self.limit))
+        return out
 
     def kv(self, now: float) -> FloatArray:
         """Predicted resident KV tokens per rank at ``now`` (running requests only)."""

@@ -100,7 +100,8 @@ class LeafBackground:
                 elif isinstance(r, BaseException):
                     raise r
                 else:
-                    self.state.on_scrape(i, *r, now=self.clock())
+                    running, waiting, kv, limit = r
+                    self.state.on_scrape(i, running, waiting, kv, now=self.clock(), admit_limit=limit)
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
 
     def set_background(self, config: BackgroundProbeConfig | None, body: bytes) -> None:
@@ -217,9 +218,10 @@ class ScrapeSlow(Exception):
     """The server accepted the scrape but did not answer within the timeout: busy, not dead."""
 
 
-async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None, float | None]:
-    """(running, waiting, KV-cache usage) from ``http://address/metrics``: the counts summed over label
-    sets, the usage the largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``);
+async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None, float | None, float | None]:
+    """(running, waiting, KV-cache usage, admission limit) from ``http://address/metrics``: the counts
+    summed over label sets, the usage the largest (vLLM v0 ``gpu_cache_usage_perc`` or v1
+    ``kv_cache_usage_perc``), the limit a DP rank's ``dlb_dp_max_num_seqs`` (None if absent);
     all None when the server is unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow`
     when it connected but answered too late: a loaded server (or a loaded box) is slow to render
     ``/metrics``, and reading that as "down" took whole healthy cells offline (two slow scrapes per
@@ -237,14 +239,14 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
     except TimeoutError:
         raise ScrapeSlow(address) from None
     except (OSError, ValueError):
-        return None, None, None
+        return None, None, None, None
     finally:
         if writer is not None:
             writer.close()
     head, _, text = body.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
-        return None, None, None
-    running = waiting = kv = None
+        return None, None, None, None
+    running = waiting = kv = limit = None
     for line in text.decode("utf-8", "replace").splitlines():
         if line.startswith("vllm:num_requests_running"):
             running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
@@ -252,9 +254,11 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
             waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
         elif line.startswith(("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")):
             kv = max(kv or 0.0, float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("dlb_dp_max_num_seqs"):
+            limit = float(line.rsplit(" ", 1)[1])
     if running is None and waiting is None:
-        return 0.0, 0.0, None  # reachable, but no vLLM gauges: treat as "no extra load known"
-    return running, waiting, kv
+        return 0.0, 0.0, None, limit  # reachable, but no vLLM gauges: treat as "no extra load known"
+    return running, waiting, kv, limit
 
 
 def background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:
