@@ -326,6 +326,30 @@ class DpBalancer:
             return int(np.argmin(np.where(open_, kv, np.inf)))
         return self.picker.pick(kv, self.nrun, prompt_tokens, open_)
 
+    def choose_backlog(self, now: float, prompts: list[float], admit: npt.NDArray[np.bool_]) -> tuple[int, int]:
+        """(which of ``prompts``, which rank): the held request and rank to place next.
+
+        BF-IO takes the pair that leaves the least predicted imbalance ``max − mean``: placing prompt p
+        on rank r costs ``Σ_h q^h·max(top(h), base_r(h) + p + h)`` (:meth:`GreedyPicker.costs`) and
+        lowers the imbalance by the mean's rise ``Σ_h q^h·(p + h)/G`` — so a light rank gets the largest
+        request that stays under the heaviest, the heaviest the smallest. Other policies ignore sizes:
+        the oldest request, on the rank the policy picks.
+        """
+        if self.policy != "bf-io" or len(prompts) == 1:
+            return 0, self.choose(now, prompts[0], admit)
+        kv = self.kv(now)
+        open_ = self.open_ranks(admit)
+        q0, q1 = float(self.picker.qh.sum()), float((self.picker.qh * self.picker.hs).sum())
+        best, pick = math.inf, 0
+        for i, p in enumerate(prompts):
+            prim, _ = self.picker.costs(kv, self.nrun, p)
+            score = np.where(open_, prim, np.inf)
+            r = int(score.argmin())
+            cost = float(score[r]) - (p * q0 + q1) / self.ranks
+            if i == 0 or cost < best - 1e-9 * max(1.0, abs(best)):  # ties: the older request
+                best, pick = cost, i
+        return pick, self.choose(now, prompts[pick], admit)  # the rank with BF-IO's own tie-break
+
     def open_ranks(self, allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
         """Ranks a workload-aware policy may choose from.
 

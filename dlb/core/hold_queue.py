@@ -7,7 +7,10 @@ vanished). Held here, each request is placed when a rank can admit it, on the ra
 
 Bounded twice: at most ``max_len`` requests (past it a request is refused at once: 429) and at most
 ``deadline_s`` each (past it: 503), so neither memory nor a client's wait grows without limit.
-Strict FIFO: the oldest held request is always the next released, so none starves.
+Bounded bypass, not strict FIFO: a policy that weighs request sizes (BF-IO) may release any of the
+``window`` oldest requests — choosing *which* request goes to the rank that has room is where a backlog
+helps, since when one rank frees a slot there is no choice of rank left. A request passed over
+``window`` times is released next whatever its size, so none starves; ``window`` 1 is strict FIFO.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Held:
     tokens: float  # the request's size estimate, charged to its server when released
     arrived: float
     deadline: float
+    skips: int = 0  # times a younger request was released before it
 
 
 @dataclass
@@ -85,8 +89,35 @@ class HoldQueue:
         h = self.head()
         if h is None:
             raise IndexError("no request is held")
-        self._order.popleft()
-        del self._live[h.key]
+        return self.take(h.key, now)
+
+    def window(self, size: int) -> list[Held]:
+        """The ``size`` oldest live requests, oldest first; only the head once it was passed over ``size`` times."""
+        head = self.head()
+        if head is None:
+            return []
+        if head.skips >= size:
+            return [head]
+        out: list[Held] = []
+        for h in self._order:
+            if self._live.get(h.key) is h:
+                out.append(h)
+                if len(out) == size:
+                    break
+        return out
+
+    def take(self, key: str, now: float) -> Held:
+        """Release one held request; every older one still held counts one more skip."""
+        h = self._live.pop(key)
+        for older in self._order:
+            if older is h:
+                break
+            if self._live.get(older.key) is older:
+                older.skips += 1
+        if self._order and self._order[0] is h:
+            self._order.popleft()
+        else:
+            self._compact()
         self.released += 1
         self.held_seconds += max(0.0, now - h.arrived)
         return h
@@ -96,9 +127,12 @@ class HoldQueue:
         if self._live.pop(key, None) is None:
             return False
         self.cancelled += 1
-        if len(self._order) > 2 * self.max_len:  # many cancelled entries in the deque: compact it
-            self._order = deque(h for h in self._order if self._live.get(h.key) is h)
+        self._compact()
         return True
+
+    def _compact(self) -> None:
+        if len(self._order) > 2 * self.max_len:  # many dead entries (cancelled, taken out of order): drop them
+            self._order = deque(h for h in self._order if self._live.get(h.key) is h)
 
     def expire(self, now: float) -> list[str]:
         """Remove and return the requests whose deadline has passed (oldest first)."""

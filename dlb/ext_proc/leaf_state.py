@@ -123,6 +123,9 @@ class LeafState:
     #: start is refused (counted) rather than let one access-log stream grow the table and the cell's RIF
     #: without bound (issue 14 row 5: 200,000 fake starts black-holed a cell).
     max_inflight: int = 100_000
+    #: Held requests a DP group's policy may choose among (the oldest ones); each is passed over at most
+    #: this many times (:meth:`HoldQueue.window`). 1 = strict FIFO.
+    hold_window: int = 16
 
     #: Data-parallel servers: each balancer and its ranks' addresses in rank order (docs/bfio.md).
     dp_groups: list[tuple[DpBalancer, list[str]]] = field(default_factory=list)
@@ -293,20 +296,21 @@ class LeafState:
         return idx, allowed
 
     def release(self, now: float) -> list[tuple[str, int]]:
-        """Place held requests, oldest first, while a rank of their group can admit one; returns
-        ``(key, server index)`` of each placed request (its rank is the group policy's pick then)."""
+        """Place held requests while a rank of their group can admit one; returns ``(key, server index)``
+        of each. The group's policy picks the request among the ``hold_window`` oldest and its rank
+        (:meth:`DpBalancer.choose_backlog`; FIFO for policies blind to sizes)."""
         out: list[tuple[str, int]] = []
         for bal, members in self.dp_groups:
             q = bal.hold
             if q is None or q.head() is None:
                 continue
             idx, allowed = self._dp_allowed(members, now)
-            while (h := q.head()) is not None:
+            while (cands := q.window(self.hold_window)):
                 admit = bal.admitting(allowed)
                 if not admit.any():
                     break
-                q.pop(now)
-                r = bal.choose(now, h.prompt_tokens, admit)
+                i, r = bal.choose_backlog(now, [c.prompt_tokens for c in cands], admit)
+                h = q.take(cands[i].key, now)
                 key = self.start(now, h.key, idx[r], h.tokens)
                 bal.open(now, key, r, h.prompt_tokens)
                 out.append((key, idx[r]))

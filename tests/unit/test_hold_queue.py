@@ -48,6 +48,21 @@ def test_queue_deadline_expires_oldest_first() -> None:
     assert q.expire(1.0) == ["a"] and len(q) == 1 and q.expired == 1
 
 
+def test_window_bounds_how_often_a_request_is_passed_over() -> None:
+    """Any of the ``window`` oldest may be released, but one passed over ``window`` times goes next."""
+    q = HoldQueue(10, 1.0)
+    for k in "abcde":
+        q.offer(0.0, k, 1, 1)
+    assert [h.key for h in q.window(3)] == ["a", "b", "c"]
+    q.take("c", 0.1)
+    q.take("b", 0.1)
+    assert q.head() is not None and q.head().key == "a" and q.head().skips == 2
+    assert [h.key for h in q.window(3)] == ["a", "d", "e"]
+    q.take("e", 0.1)
+    assert [h.key for h in q.window(3)] == ["a"]  # passed over 3 times: no choice left
+    assert [h.key for h in q.window(1)] == ["a"]
+
+
 def test_queue_is_fifo_across_cancellations() -> None:
     """Release order is arrival order; a cancelled request is skipped, never released."""
     q = HoldQueue(10, 1.0)
@@ -102,6 +117,20 @@ def test_release_picks_by_bf_io_among_ranks_with_room() -> None:
     bal.finish("x01", 0.1)  # rank 0 keeps its heavy request
     bal.finish("x11", 0.1)  # rank 1 keeps a light one
     assert st.release(0.1) == [("h", 1)]
+
+
+def test_bf_io_chooses_which_held_request_the_freed_rank_gets() -> None:
+    """One rank frees and the backlog offers a choice: BF-IO gives the light rank the large request
+    (it stays under the heaviest rank), JSQ the oldest (FIFO)."""
+    for policy, expect in (("bf-io", "big"), ("jsq", "small")):
+        st = leaf(policy, slots=2, max_len=5)
+        bal = st.dp_groups[0][0]
+        for rank, prompts in enumerate(((9000, 10), (10, 10), (9000, 10), (9000, 10))):
+            for j, p in enumerate(prompts):
+                bal.open(0.0, f"x{rank}{j}", rank, p)
+        assert st.pick(0.0, "small", 40) == HELD and st.pick(0.0, "big", 4 * 4000) == HELD
+        bal.finish("x11", 0.1)  # the light rank frees a slot
+        assert st.release(0.1) == [(expect, 1)], policy
 
 
 def test_reported_limit_and_full_kv_bound_admission() -> None:
