@@ -28,7 +28,9 @@ own predicted workload, so BF-IO degrades to "least predicted workload" rather t
 :class:`DpBalancer` is the state a leaf keeps per DP group: each rank's resident requests as running
 sums (prompt tokens, count, start times), so the predicted KV of every rank at ``now`` is O(G) without
 walking requests: a request started at ``t0`` has decoded about ``(now − t0)/step_s`` tokens, where
-``step_s`` is learnt from completions (``duration / mean_decode_tokens``).
+``step_s`` is learnt from completions (``duration / mean_decode_tokens``). Where the ranks report their
+resident KV (``dlb_dp_kv_tokens``; vLLM's KV usage × its cache size), that measurement replaces the
+estimate and the elapsed-time model only bridges the time since the last report.
 """
 
 from __future__ import annotations
@@ -290,6 +292,16 @@ class DpBalancer:
         self.limit = np.full(self.ranks, float(self.slots))
         #: Ranks whose reported KV cache is full: they admit nothing whatever their slot count says.
         self.kv_blocked = np.zeros(self.ranks, dtype=bool)
+        #: KV tokens each rank last reported (nan: never) and the leaf's own prediction at that moment.
+        self.kv_reported = np.full(self.ranks, np.nan)
+        self.kv_predicted_then = np.zeros(self.ranks)
+
+    def observe_kv(self, rank: int, kv_tokens: float, now: float) -> None:
+        """A rank's own count of its resident KV tokens (its metrics): from now on :meth:`kv` is this
+        measurement plus only the change the leaf predicts since — what it placed, what finished and
+        the tokens decoded in between — instead of an estimate of every request's decoded tokens."""
+        self.kv_reported[rank] = kv_tokens
+        self.kv_predicted_then[rank] = self._predicted(now)[rank]
 
     def set_admission(self, rank: int, limit: float | None, kv_full: bool) -> None:
         """What a rank's own metrics say about its admission: slot bound (None: not reported) and KV full."""
@@ -304,9 +316,18 @@ class DpBalancer:
         out: npt.NDArray[np.bool_] = allowed & ~self.kv_blocked & ((self.limit <= 0) | (self.n < self.limit))
         return out
 
-    def kv(self, now: float) -> FloatArray:
-        """Predicted resident KV tokens per rank at ``now`` (running requests only)."""
+    def _predicted(self, now: float) -> FloatArray:
         return self.prompt_sum + np.maximum(0.0, self.nrun * now - self.start_sum) / self.step_s
+
+    def kv(self, now: float) -> FloatArray:
+        """Resident KV tokens per rank at ``now``: the rank's last report plus the predicted change since
+        (:meth:`observe_kv`); for a rank that never reported, the prediction alone (running requests'
+        prompts plus elapsed time over ``step_s``)."""
+        pred = self._predicted(now)
+        if np.isnan(self.kv_reported).all():
+            return pred
+        measured = np.maximum(0.0, self.kv_reported + pred - self.kv_predicted_then)
+        return np.where(np.isnan(self.kv_reported), pred, measured)
 
     def choose(self, now: float, prompt_tokens: float, allowed: npt.NDArray[np.bool_] | None = None) -> int:
         """The rank this group's policy picks for a new request (no side effects except round robin's cursor)."""

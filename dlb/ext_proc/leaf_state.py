@@ -450,14 +450,18 @@ class LeafState:
         s.kv_usage = -1.0
 
     def on_scrape(self, i: int, running: float | None, waiting: float | None, kv_usage: float | None = None,
-                  now: float | None = None, admit_limit: float | None = None) -> None:
+                  now: float | None = None, admit_limit: float | None = None, kv_tokens: float | None = None) -> None:
         """A scrape's result (``running`` and ``waiting`` both ``None``: it failed). ``now`` starts the
         rejoin hold of a server that was unhealthy; without it (tests of the load figures) there is none.
-        ``admit_limit``: the running slots a DP rank reports (its admission bound for the hold queue)."""
+        ``admit_limit`` and ``kv_tokens``: a DP rank's running-slot bound (for the hold queue) and resident
+        KV (BF-IO's measured workload), as the rank reports them."""
         s = self.servers[i]
         dp = self.dp_of.get(s.address) if self.dp_of else None
         if dp is not None and running is not None:
-            dp[0].set_admission(dp[1].index(s.address), admit_limit, kv_usage is not None and kv_usage >= self.kv_full)
+            rank = dp[1].index(s.address)
+            dp[0].set_admission(rank, admit_limit, kv_usage is not None and kv_usage >= self.kv_full)
+            if kv_tokens is not None and now is not None:
+                dp[0].observe_kv(rank, kv_tokens, now)
         if running is None and waiting is None:
             s.scrape_failures += 1
             if s.scrape_failures >= self.scrape_fail_threshold:

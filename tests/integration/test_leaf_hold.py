@@ -67,8 +67,10 @@ def test_held_requests_are_released_to_the_freed_rank_and_refused_past_the_bound
         held = [Stream(host, port), Stream(host, port)]
         try:
             assert sorted(s.server for s in streams) == ["dp-dp0", "dp-dp1"]
-            threads = [s.open_in_thread() for s in held]
-            until(lambda: metric(cell.leaf_metrics(), "dlb_leaf_dp_held{") == 2, "two requests held")
+            threads = []
+            for n, s in enumerate(held, 1):  # one at a time: the arrival order is the test's
+                threads.append(s.open_in_thread())
+                until(lambda n=n: metric(cell.leaf_metrics(), "dlb_leaf_dp_held{") == n, f"{n} requests held")
             assert all(s.status == -1 for s in held)  # no answer yet: Envoy waits on the ext_proc
             full = Stream(host, port).open()
             assert full.status == 429 and full.retry_after == "1"

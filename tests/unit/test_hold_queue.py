@@ -198,3 +198,15 @@ def test_transport_cancels_a_later_reply_when_the_stream_is_reset() -> None:
     p.client.reset_stream(1)
     p.pump()
     assert fut.cancelled() and 1 not in p.server.streams
+
+
+def test_reported_kv_replaces_the_elapsed_time_estimate() -> None:
+    """A rank's reported KV is the workload BF-IO sees; the leaf adds only what it predicts changed since."""
+    bal = DpBalancer(ranks=2, slots=4, step_s=0.01)
+    bal.open(0.0, "a", 0, 100.0)
+    assert bal.kv(1.0)[0] == pytest.approx(100.0 + 100.0)  # estimate: 1 s / 10 ms decoded
+    bal.observe_kv(0, 150.0, 1.0)  # the rank says it holds 150 (it decoded slower than estimated)
+    assert bal.kv(1.0)[0] == pytest.approx(150.0)
+    bal.open(1.0, "b", 0, 40.0)
+    assert bal.kv(1.5)[0] == pytest.approx(150.0 + 50.0 + 40.0 + 50.0)  # + decoded by a, + b's prompt and tokens
+    assert bal.kv(1.5)[1] == 0.0  # rank 1 never reported: the estimate (empty)
