@@ -360,15 +360,15 @@ class DpBalancer:
             return 0, self.choose(now, prompts[0], admit)
         kv = self.kv(now)
         open_ = self.open_ranks(admit)
-        q0, q1 = float(self.picker.qh.sum()), float((self.picker.qh * self.picker.hs).sum())
-        best, pick = math.inf, 0
-        for i, p in enumerate(prompts):
-            prim, _ = self.picker.costs(kv, self.nrun, p)
-            score = np.where(open_, prim, np.inf)
-            r = int(score.argmin())
-            cost = float(score[r]) - (p * q0 + q1) / self.ranks
-            if i == 0 or cost < best - 1e-9 * max(1.0, abs(best)):  # ties: the older request
-                best, pick = cost, i
+        hs, qh = self.picker.hs, self.picker.qh
+        p = np.asarray(prompts, dtype=np.float64)
+        base = kv[:, None] + self.nrun[:, None] * hs  # (G, H')
+        cand = base[None, :, :] + (p[:, None, None] + hs[None, None, :])  # (W, G, H'): p on each rank
+        prim = np.maximum(cand, base.max(axis=0)) @ qh  # (W, G), as GreedyPicker.costs for every p at once
+        prim[:, ~open_] = np.inf
+        # Lower is better; the mean's rise Σ_h q^h (p + h) / G is subtracted (ties: the older request).
+        cost = prim.min(axis=1) - (p * float(qh.sum()) + float((qh * hs).sum())) / self.ranks
+        pick = int(np.argmin(cost))
         return pick, self.choose(now, prompts[pick], admit)  # the rank with BF-IO's own tie-break
 
     def open_ranks(self, allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
