@@ -49,7 +49,7 @@ class HostPort:
             return False
 
 
-DP_POLICIES = ("bf-io", "jsq", "round-robin")
+DP_POLICIES = ("bf-io", "jsq", "round-robin", "least-kv")
 
 
 @dataclass(frozen=True)

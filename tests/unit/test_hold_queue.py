@@ -210,3 +210,17 @@ def test_reported_kv_replaces_the_elapsed_time_estimate() -> None:
     bal.open(1.0, "b", 0, 40.0)
     assert bal.kv(1.5)[0] == pytest.approx(150.0 + 50.0 + 40.0 + 50.0)  # + decoded by a, + b's prompt and tokens
     assert bal.kv(1.5)[1] == 0.0  # rank 1 never reported: the estimate (empty)
+
+
+def test_hold_settings_travel_over_xds() -> None:
+    """``DpGroups`` carries the hold queue (0 deadline = the default); a deadline past the cap is refused by name."""
+    from dlb.config import resources as dr
+    from dlb.proto import resources_pb2
+
+    msg = resources_pb2.DpGroups(cell="b")
+    msg.groups.add(server="127.0.0.1:8000", ranks=2, policy="bf-io", mean_decode_tokens=100, hold_queue=64)
+    ((_, _, group),) = dr.dp_groups_from_pb(msg)
+    assert (group.hold_queue, group.hold_deadline_ms) == (64, 5000.0)
+    msg.groups[0].hold_deadline_ms = 500_000
+    with pytest.raises(dr.ResourceError, match=r"groups\[0\].hold_deadline_ms"):
+        dr.dp_groups_from_pb(msg)
