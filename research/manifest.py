@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane*.json", "dlb bfio dataplane ARGS --json FILE (ARGS: the file's args field)"),
+    ("bfio/dataplane*.txt", "the lines dlb bfio dataplane ARGS prints (ARGS: research/bfio.md, C6)"),
     ("bfio/placement.json", "dlb bfio placement --json FILE"),
     ("bfio/study.json*", "dlb bfio study --milp --json FILE --plots research/img"),
     ("img/bfio_*.png", "dlb bfio study --milp --json research/bfio/study.json --plots research/img"),

@@ -135,18 +135,22 @@ class DpCell:
 @contextlib.contextmanager
 def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mean_decode: float = 32.0,
             max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1,
-            background_probes: bool = True) -> Iterator[DpCell]:  # fmt: skip
+            background_probes: bool = True, hold_queue: int = 0, hold_deadline_ms: float = 5000.0) -> Iterator[DpCell]:  # fmt: skip
     """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy.
 
     ``background_probes=False`` turns off the leaf's own probe requests, for tests that place requests
     one by one and check where each lands (a warm-up probe still in flight is a resident too).
+    ``hold_queue`` > 0: the leaf holds requests while every rank is at the bound the ranks report
+    (``max_num_seqs`` then stays unset in the config unless given: the bound is the ranks' own).
     """
     with tempfile.TemporaryDirectory(prefix="dlb-bfio-dp-") as tmp, \
             EmulatorProcess(server_id="dp", profile="fast-test", dp_size=dp_size, max_batch=max_batch,
                             max_queue=10_000, time_scale=time_scale, seed=seed) as emu:  # fmt: skip
         server: dict[str, Any] = {"address": f"127.0.0.1:{emu.port}", "dp_ranks": dp_size, "policy": policy,
                                   "horizon": horizon, "mean_decode_tokens": mean_decode,
-                                  "max_num_seqs": max_batch if max_num_seqs is None else max_num_seqs}  # fmt: skip
+                                  "max_num_seqs": (0 if hold_queue else max_batch) if max_num_seqs is None else max_num_seqs}  # fmt: skip
+        if hold_queue:
+            server.update(hold_queue=hold_queue, hold_deadline_ms=hold_deadline_ms)
         raw = {
             "version": 1,
             "cells": [{
@@ -189,6 +193,8 @@ class DataplaneRun:
     prompt_median_tokens: float
     time_scale: float
     timeout_s: float = 300.0
+    hold_queue: int = 0  # > 0: the leaf holds requests above the ranks' admission bound
+    hold_deadline_ms: float = 60_000.0
 
 
 def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
@@ -197,7 +203,8 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
     horizon, mean_decode, prompt_median_tokens, time_scale, timeout_s = (
         run.horizon, run.mean_decode, run.prompt_median_tokens, run.time_scale, run.timeout_s)
     with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
-                 time_scale=time_scale, seed=seed) as cell:  # fmt: skip
+                 time_scale=time_scale, seed=seed, hold_queue=run.hold_queue,
+                 hold_deadline_ms=run.hold_deadline_ms) as cell:  # fmt: skip
         before = rank_totals(cell.rank_ports)
         out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s)
         after = rank_totals(cell.rank_ports)
@@ -227,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
         rec = run_policy(policy, DataplaneRun(dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
                                               rate=args.rate, seed=seed, horizon=args.horizon,
                                               mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
-                                              time_scale=args.time_scale))  # fmt: skip
+                                              time_scale=args.time_scale, hold_queue=args.hold,
+                                              hold_deadline_ms=args.hold_deadline_ms))  # fmt: skip
         rec["seed"] = seed
         records.append(rec)
         print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s wall "

@@ -173,6 +173,8 @@ def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=4.0,
                    help="wall seconds per profile second (default 4: long steps, so a busy machine's jitter matters less)")
     p.add_argument("--seeds", default="1", help="comma-separated workload seeds; each policy runs every seed")
+    p.add_argument("--hold", type=int, default=0, help="leaf hold queue length (0: off, requests go straight to a rank)")
+    p.add_argument("--hold-deadline-ms", type=float, default=60_000.0, help="longest hold (default %(default)s)")
     add_json_option(p, "the records")
 
 

@@ -50,7 +50,7 @@ class HostPort:
             return False
 
 
-DP_POLICIES = ("bf-io", "jsq", "round-robin")
+DP_POLICIES = ("bf-io", "jsq", "round-robin", "least-kv")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class DpGroup:
     horizon: int = 10  # BF-IO look-ahead in decode steps
     mean_decode_tokens: float = 256.0  # mean of the geometric decode-length model
     max_num_seqs: int = 0  # running sequences per rank (vLLM's per-rank --max-num-seqs); 0 = unknown
+    hold_queue: int = 0  # requests the leaf holds while no rank can admit (0: off, send at once)
+    hold_deadline_ms: float = 5000.0  # a held request's longest wait; then 503
 
 
 @dataclass(frozen=True)

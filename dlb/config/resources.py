@@ -43,6 +43,7 @@ from dlb.config.model import (
     ShedParams,
 )
 from dlb.core.costs import Cost
+from dlb.core.hold_queue import MAX_HOLD_S
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
 from dlb.core.topology import Topology
@@ -128,7 +129,8 @@ def dp_groups(config: Config, cell: str) -> pb.DpGroups:
     for s in config.cell(cell).servers:
         if s.dp is not None:
             msg.groups.add(server=str(s.address), ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
-                           mean_decode_tokens=s.dp.mean_decode_tokens, max_num_seqs=s.dp.max_num_seqs)
+                           mean_decode_tokens=s.dp.mean_decode_tokens, max_num_seqs=s.dp.max_num_seqs,
+                           hold_queue=s.dp.hold_queue, hold_deadline_ms=s.dp.hold_deadline_ms)
     return msg
 
 
@@ -151,8 +153,14 @@ def dp_groups_from_pb(msg: pb.DpGroups) -> list[tuple[str, int, DpGroup]]:
         if key in seen:
             raise ResourceError(f"{what}.server: {g.server} is listed twice")
         seen.add(key)
+        if g.hold_queue > 100_000:
+            raise ResourceError(f"{what}.hold_queue: must be <= 100000, got {g.hold_queue}")
+        deadline = g.hold_deadline_ms or DpGroup.hold_deadline_ms
+        if not 1 <= deadline <= MAX_HOLD_S * 1000:
+            raise ResourceError(f"{what}.hold_deadline_ms: must be in 1..{MAX_HOLD_S * 1000:g}, got {deadline}")
         out.append((key[0], key[1], DpGroup(ranks=g.ranks, policy=g.policy, horizon=g.horizon,
-                                            mean_decode_tokens=g.mean_decode_tokens, max_num_seqs=g.max_num_seqs)))
+                                            mean_decode_tokens=g.mean_decode_tokens, max_num_seqs=g.max_num_seqs,
+                                            hold_queue=g.hold_queue, hold_deadline_ms=deadline)))
     return out
 
 

@@ -40,6 +40,7 @@ from dlb.config.model import (
 from dlb.config.policy import deployment_policy, endpoint_policy
 from dlb.config.problems import ConfigError, Problem
 from dlb.config.tls_check import check_tls
+from dlb.core.hold_queue import MAX_HOLD_S
 
 CELL_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 ENDPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -131,7 +132,7 @@ def _listen(ck: Checker, m: dict[str, Any], path: str) -> HostPort | None:
     return hp
 
 
-_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs")
+_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs", "hold_queue", "hold_deadline_ms")
 
 
 def _dp_group(ck: Checker, m: dict[str, Any], path: str, addr: HostPort | None) -> DpGroup | None:
@@ -149,9 +150,13 @@ def _dp_group(ck: Checker, m: dict[str, Any], path: str, addr: HostPort | None) 
     horizon = ck.number(m, "horizon", path, 10, ge=0, le=10_000, integer=True)
     mean = ck.number(m, "mean_decode_tokens", path, 256.0, ge=1)
     slots = ck.number(m, "max_num_seqs", path, 0, ge=0, integer=True)
+    hold = ck.number(m, "hold_queue", path, 0, ge=0, le=100_000, integer=True)
+    # Under the leaf Envoy's ext_proc max_message_timeout (dlb.core.hold_queue.MAX_HOLD_S).
+    deadline = ck.number(m, "hold_deadline_ms", path, 5000.0, ge=1, le=MAX_HOLD_S * 1000)
     if addr is not None and addr.port + ranks - 1 > 65535:
         ck.err(f"{path}.dp_ranks", f"ranks listen on ports {addr.port}..{addr.port + ranks - 1}: past 65535")
-    return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean, max_num_seqs=slots)
+    return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean, max_num_seqs=slots,
+                   hold_queue=hold, hold_deadline_ms=deadline)
 
 
 def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:

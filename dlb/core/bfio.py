@@ -28,7 +28,9 @@ own predicted workload, so BF-IO degrades to "least predicted workload" rather t
 :class:`DpBalancer` is the state a leaf keeps per DP group: each rank's resident requests as running
 sums (prompt tokens, count, start times), so the predicted KV of every rank at ``now`` is O(G) without
 walking requests: a request started at ``t0`` has decoded about ``(now − t0)/step_s`` tokens, where
-``step_s`` is learnt from completions (``duration / mean_decode_tokens``).
+``step_s`` is learnt from completions (``duration / mean_decode_tokens``). Where the ranks report their
+resident KV (``dlb_dp_kv_tokens``; vLLM's KV usage × its cache size), that measurement replaces the
+estimate and the elapsed-time model only bridges the time since the last report.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from dlb.core.hold_queue import HoldQueue
 
 FloatArray = npt.NDArray[np.float64]
 Policy = Literal["bf-io", "jsq", "round-robin", "least-kv"]
@@ -265,6 +269,8 @@ class DpBalancer:
     step_ema: float = 0.1  # weight of one completion in the step-time estimate
     slots: int = 0  # running sequences per rank (vLLM --max-num-seqs); 0 = unknown
     count_slack: int = -1  # residents above the fewest a full rank may hold; -1 = max(1, slots // 4)
+    #: Requests the leaf holds while no rank can admit (None: send at once, as without a queue).
+    hold: HoldQueue | None = None
     residents: dict[str, _Resident] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -282,10 +288,46 @@ class DpBalancer:
         self.assigned = np.zeros(self.ranks, dtype=np.int64)
         self.queues: list[deque[str]] = [deque() for _ in range(self.ranks)]
         self._rr = 0
+        #: Each rank's admission bound in requests (its running slots), as the rank reports it; 0 = unknown.
+        self.limit = np.full(self.ranks, float(self.slots))
+        #: Ranks whose reported KV cache is full: they admit nothing whatever their slot count says.
+        self.kv_blocked = np.zeros(self.ranks, dtype=bool)
+        #: KV tokens each rank last reported (nan: never) and the leaf's own prediction at that moment.
+        self.kv_reported = np.full(self.ranks, np.nan)
+        self.kv_predicted_then = np.zeros(self.ranks)
+
+    def observe_kv(self, rank: int, kv_tokens: float, now: float) -> None:
+        """A rank's own count of its resident KV tokens (its metrics): from now on :meth:`kv` is this
+        measurement plus only the change the leaf predicts since — what it placed, what finished and
+        the tokens decoded in between — instead of an estimate of every request's decoded tokens."""
+        self.kv_reported[rank] = kv_tokens
+        self.kv_predicted_then[rank] = self._predicted(now)[rank]
+
+    def set_admission(self, rank: int, limit: float | None, kv_full: bool) -> None:
+        """What a rank's own metrics say about its admission: slot bound (None: not reported) and KV full."""
+        if limit is not None and limit > 0:
+            self.limit[rank] = limit
+            if self.slots <= 0:  # the running/waiting model needs a bound too: the first one reported
+                self.slots = int(limit)
+        self.kv_blocked[rank] = kv_full
+
+    def admitting(self, allowed: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Ranks that can start one more request now: allowed, KV not full, residents under the bound."""
+        out: npt.NDArray[np.bool_] = allowed & ~self.kv_blocked & ((self.limit <= 0) | (self.n < self.limit))
+        return out
+
+    def _predicted(self, now: float) -> FloatArray:
+        return self.prompt_sum + np.maximum(0.0, self.nrun * now - self.start_sum) / self.step_s
 
     def kv(self, now: float) -> FloatArray:
-        """Predicted resident KV tokens per rank at ``now`` (running requests only)."""
-        return self.prompt_sum + np.maximum(0.0, self.nrun * now - self.start_sum) / self.step_s
+        """Resident KV tokens per rank at ``now``: the rank's last report plus the predicted change since
+        (:meth:`observe_kv`); for a rank that never reported, the prediction alone (running requests'
+        prompts plus elapsed time over ``step_s``)."""
+        pred = self._predicted(now)
+        if np.isnan(self.kv_reported).all():
+            return pred
+        measured = np.maximum(0.0, self.kv_reported + pred - self.kv_predicted_then)
+        return np.where(np.isnan(self.kv_reported), pred, measured)
 
     def choose(self, now: float, prompt_tokens: float, allowed: npt.NDArray[np.bool_] | None = None) -> int:
         """The rank this group's policy picks for a new request (no side effects except round robin's cursor)."""
@@ -304,6 +346,30 @@ class DpBalancer:
         if self.policy == "least-kv":
             return int(np.argmin(np.where(open_, kv, np.inf)))
         return self.picker.pick(kv, self.nrun, prompt_tokens, open_)
+
+    def choose_backlog(self, now: float, prompts: list[float], admit: npt.NDArray[np.bool_]) -> tuple[int, int]:
+        """(which of ``prompts``, which rank): the held request and rank to place next.
+
+        BF-IO takes the pair that leaves the least predicted imbalance ``max − mean``: placing prompt p
+        on rank r costs ``Σ_h q^h·max(top(h), base_r(h) + p + h)`` (:meth:`GreedyPicker.costs`) and
+        lowers the imbalance by the mean's rise ``Σ_h q^h·(p + h)/G`` — so a light rank gets the largest
+        request that stays under the heaviest, the heaviest the smallest. Other policies ignore sizes:
+        the oldest request, on the rank the policy picks.
+        """
+        if self.policy != "bf-io" or len(prompts) == 1:
+            return 0, self.choose(now, prompts[0], admit)
+        kv = self.kv(now)
+        open_ = self.open_ranks(admit)
+        hs, qh = self.picker.hs, self.picker.qh
+        p = np.asarray(prompts, dtype=np.float64)
+        base = kv[:, None] + self.nrun[:, None] * hs  # (G, H')
+        cand = base[None, :, :] + (p[:, None, None] + hs[None, None, :])  # (W, G, H'): p on each rank
+        prim = np.maximum(cand, base.max(axis=0)) @ qh  # (W, G), as GreedyPicker.costs for every p at once
+        prim[:, ~open_] = np.inf
+        # Lower is better; the mean's rise Σ_h q^h (p + h) / G is subtracted (ties: the older request).
+        cost = prim.min(axis=1) - (p * float(qh.sum()) + float((qh * hs).sum())) / self.ranks
+        pick = int(np.argmin(cost))
+        return pick, self.choose(now, prompts[pick], admit)  # the rank with BF-IO's own tie-break
 
     def open_ranks(self, allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
         """Ranks a workload-aware policy may choose from.

@@ -105,6 +105,9 @@ class DpEmulator:
                            ["rank"], registry=reg)
             busy = Counter("dlb_dp_busy_seconds", "Time this DP rank computed its share of DP steps.", ["rank"], registry=reg)
             kv = Gauge("dlb_dp_kv_tokens", "KV tokens resident on this DP rank.", ["rank"], registry=reg)
+            # The rank's admission bound, reported so a leaf holding requests for the group need not guess it.
+            Gauge("dlb_dp_max_num_seqs", "Running sequences this DP rank admits at most (its --max-num-seqs).",
+                  registry=reg).set(config.max_batch)
             self._m_idle.append(idle.labels(str(r)))
             self._m_busy.append(busy.labels(str(r)))
             self._m_kv.append(kv.labels(str(r)))

@@ -31,6 +31,7 @@ import yaml
 from dlb.config.hostport import is_ip
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
+from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
 from dlb.envoy import contract as _h
 from dlb.envoy import replies
 from dlb.envoy.als import add_leaf_access_log
@@ -317,7 +318,9 @@ def overload_manager() -> dict[str, Any]:
     }
 
 
-def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, forward_headers: list[str]) -> dict[str, Any]:
+def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, forward_headers: list[str],
+                     max_message_timeout_s: float | None = None) -> dict[str, Any]:
+    extra = {"max_message_timeout": _duration(max_message_timeout_s)} if max_message_timeout_s else {}
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -326,6 +329,7 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, 
             # Fail open: a dead or slow service means "route by the last weights", never a 5xx.
             "failure_mode_allow": True,
             "message_timeout": _duration(message_timeout_ms / 1000.0),
+            **extra,
             # Request headers only: bodies and responses (streamed tokens) never pass through Python.
             "processing_mode": {
                 "request_header_mode": "SEND",
@@ -619,7 +623,10 @@ def leaf_bootstrap(
     # Generation deadlines are the root's (per endpoint); the leaf only relies on idle timeouts.
     action = {"timeout": "0s"}
     if me.leaf.ext_proc is not None:
-        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS))
+        # A request held for a data-parallel rank gets its reply up to MAX_HOLD_S later; the agent then
+        # restarts the message timer once (override_message_timeout), which Envoy caps at this maximum.
+        filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS,
+                                        max_message_timeout_s=MAX_HOLD_S + REPLY_MARGIN_S))
         clusters.append(leaf_ext_proc_cluster(me.leaf.ext_proc, me.leaf.probe, tls=dlb_service_tls(cfg, "leaf", me.name)))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back

@@ -14,23 +14,37 @@ one module each around one :class:`~dlb.ext_proc.leaf_state.LeafState`:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from google.protobuf import duration_pb2
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
 from dlb.envoy import contract
 from dlb.ext_proc.leaf_als import LeafAccessLog
 from dlb.ext_proc.leaf_background import LeafBackground
 from dlb.ext_proc.leaf_probe import LeafProbe
-from dlb.ext_proc.leaf_state import PICK_RULES, LeafState
-from dlb.ext_proc.protocol import CONTINUE, header_response, header_value
+from dlb.ext_proc.leaf_state import HELD, PICK_RULES, LeafState
+from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
+from dlb.ext_proc.transport.h2 import Later
 from dlb.service.metrics import FastHistogram
 
 if TYPE_CHECKING:
     from dlb.ext_proc.local_gate import PeerGate
+#: Sent at once for a held request: Envoy's ext_proc message timer (200 ms) restarts at the hold's
+#: longest possible wait plus the margin, the leaf Envoy's ``max_message_timeout`` (Envoy honours one
+#: override per message). The agent answers (the pick, or 503 at the group's deadline) before it fires.
+HOLD_TIMEOUT_OVERRIDE = ep.ProcessingResponse(override_message_timeout=duration_pb2.Duration(
+    seconds=int(MAX_HOLD_S + REPLY_MARGIN_S), nanos=int((MAX_HOLD_S + REPLY_MARGIN_S) % 1 * 1e9))).SerializeToString()
+HOLD_FULL_RESPONSE = openai_error(429, "dlb: every rank of this data-parallel server is full and the leaf's queue for it "
+                                  "is full; retry shortly", "rate_limit_error", "dlb_no_capacity", retry_after_s=1)
+HOLD_DEADLINE_RESPONSE = openai_error(503, "dlb: no rank of this data-parallel server could admit the request before "
+                                      "the leaf's hold deadline; retry shortly", "service_unavailable", "dlb_no_capacity",
+                                      retry_after_s=1)
 
 
 class LeafAgent:
@@ -48,6 +62,9 @@ class LeafAgent:
         self.als_gate: PeerGate | None = None
         self.background = LeafBackground(state, clock)
         self.probe = LeafProbe(state, self.access_log.completed_by_source, lambda: self.background.envoy_ok, clock)
+        #: Held requests' pending replies, by in-flight key (bounded by the groups' hold queues).
+        self.held: dict[str, asyncio.Future[bytes]] = {}
+        self.access_log.on_batch = self.release
 
     # -- ext_proc (request path) -------------------------------------------------------------------
     def handle(self, message: bytes) -> tuple[bytes, bool]:
@@ -70,11 +87,52 @@ class LeafAgent:
                         length = int(header_value(h))
                     except ValueError:
                         length = None
-            out = self.responses[self.state.pick(self.clock(), rid, length)]
+            i = self.state.pick(self.clock(), rid, length)
+            if i >= 0:
+                out = self.responses[i]
+            elif i == HELD:
+                out = self._hold(self.state.last_held)
+            else:
+                out = HOLD_FULL_RESPONSE
         else:
             out = CONTINUE.get(which, CONTINUE["request_headers"])
         self.processing.observe(time.perf_counter() - t0)
         return out, False
+
+    # -- the hold queue (data-parallel groups at their admission bound) ------------------------------
+    def _hold(self, key: str) -> Later:
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.held[key] = fut
+        fut.add_done_callback(lambda f: self._held_done(key, f))
+        return Later(HOLD_TIMEOUT_OVERRIDE, fut)
+
+    def _held_done(self, key: str, fut: asyncio.Future[bytes]) -> None:
+        if self.held.get(key) is fut:
+            del self.held[key]
+        if fut.cancelled():  # Envoy ended the stream (client gone): it no longer waits for a rank
+            self.state.cancel_held(key)
+
+    def release(self) -> None:
+        """Answer held requests a rank can now admit, and those past their deadline (503).
+
+        Called after every access-log batch (completions free ranks) and by :meth:`hold_loop`."""
+        if not self.held:
+            return
+        now = self.clock()
+        for key, i in self.state.release(now):
+            fut = self.held.get(key)
+            if fut is not None and not fut.done():
+                fut.set_result(self.responses[i])
+        for key in self.state.expire_held(now):
+            fut = self.held.get(key)
+            if fut is not None and not fut.done():
+                fut.set_result(HOLD_DEADLINE_RESPONSE)
+
+    async def hold_loop(self, period_s: float = 0.01) -> None:
+        """Deadlines and admission changes seen by scrapes (a KV cache no longer full) act within ``period_s``."""
+        while True:
+            await asyncio.sleep(period_s)
+            self.release()
 
     # -- metrics -----------------------------------------------------------------------------------
     def collect(self) -> Iterable:
@@ -98,10 +156,21 @@ class LeafAgent:
         yield from (srif, sscr, stok, picks, serr, cut)
         if st.dp_groups:
             kv = GaugeMetricFamily("dlb_leaf_dp_rank_kv_tokens", "Predicted resident KV tokens per DP rank", labels=["server"])
+            held = GaugeMetricFamily("dlb_leaf_dp_held", "Requests held for a data-parallel server", labels=["server"])
+            held_s = CounterMetricFamily("dlb_leaf_dp_held_seconds", "Summed wait of held requests released to a rank", labels=["server"])
+            outcome = CounterMetricFamily("dlb_leaf_dp_hold_outcomes", "Held requests: released, full (429), deadline (503), cancelled",
+                                          labels=["server", "outcome"])
             for bal, members in st.dp_groups:
                 for addr, v in zip(members, bal.kv(now), strict=True):
                     kv.add_metric([addr], float(v))
-            yield kv
+                q = bal.hold
+                if q is not None:
+                    held.add_metric([members[0]], len(q))
+                    held_s.add_metric([members[0]], q.held_seconds)
+                    for name, v in (("released", q.released), ("full", q.rejected_full), ("deadline", q.expired),
+                                    ("cancelled", q.cancelled)):
+                        outcome.add_metric([members[0], name], v)
+            yield from (kv, held, held_s, outcome)
         rule = GaugeMetricFamily("dlb_leaf_pick_rule", "1 for the server-pick rule in use (config or xDS LeafPolicy)", labels=["rule"])
         for name in PICK_RULES:
             rule.add_metric([name], float(st.pick_rule == name))

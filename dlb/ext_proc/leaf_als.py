@@ -91,6 +91,8 @@ class LeafAccessLog:
         #: header naming no known source (a client cannot set it: the root Envoy strips it) is not counted.
         self.completed_by_source: dict[str, int] = {}
         self.known_sources: frozenset[str] | None = None
+        #: Called after each batch of entries (the agent releases held requests to ranks freed by completions).
+        self.on_batch: Callable[[], None] | None = None
 
     async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
         self.streams += 1
@@ -142,3 +144,5 @@ class LeafAccessLog:
                     probe=rid.startswith(BACKGROUND_PROBE_ID),
                     cut=_cut_stream(e),
                 ), owner=stream_id)
+            if self.on_batch is not None:
+                self.on_batch()

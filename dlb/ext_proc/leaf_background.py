@@ -14,8 +14,10 @@ import asyncio
 import copy
 import json
 import os
+import re
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from dlb.config.model import BackgroundProbeParams
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
@@ -100,7 +102,8 @@ class LeafBackground:
                 elif isinstance(r, BaseException):
                     raise r
                 else:
-                    self.state.on_scrape(i, *r, now=self.clock())
+                    self.state.on_scrape(i, r.running, r.waiting, r.kv_usage, now=self.clock(), admit_limit=r.admit_limit,
+                                         kv_tokens=r.kv_tokens)
             await asyncio.sleep(max(0.0, period_s - (self.clock() - started)))
 
     def set_background(self, config: BackgroundProbeConfig | None, body: bytes) -> None:
@@ -213,14 +216,29 @@ class LeafBackground:
             await asyncio.sleep(period_s)
 
 
+class Scrape(NamedTuple):
+    """What one ``/metrics`` scrape of a server says (None: not exported, or the scrape failed)."""
+
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    admit_limit: float | None = None  # a DP rank's running-slot bound (dlb_dp_max_num_seqs)
+    kv_tokens: float | None = None  # resident KV tokens (dlb_dp_kv_tokens, or vLLM usage × cache size)
+
+
+FAILED = Scrape(None, None, None)
+_CACHE_LABEL = re.compile(r'(num_gpu_blocks|block_size)="(\d+)"')
+
+
 class ScrapeSlow(Exception):
     """The server accepted the scrape but did not answer within the timeout: busy, not dead."""
 
 
-async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, float | None, float | None]:
-    """(running, waiting, KV-cache usage) from ``http://address/metrics``: the counts summed over label
-    sets, the usage the largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``);
-    all None when the server is unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow`
+async def scrape_vllm(address: str, timeout_s: float) -> Scrape:
+    """A :class:`Scrape` of ``http://address/metrics``: the counts summed over label sets, the usage the
+    largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``), a DP rank's admission
+    bound and resident KV tokens if it exports them (vLLM: usage × ``cache_config_info``'s blocks × block
+    size); all None when the server is unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow`
     when it connected but answered too late: a loaded server (or a loaded box) is slow to render
     ``/metrics``, and reading that as "down" took whole healthy cells offline (two slow scrapes per
     server made the leaf report 0 healthy replicas, and the roots drop such a cell).
@@ -237,14 +255,14 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
     except TimeoutError:
         raise ScrapeSlow(address) from None
     except (OSError, ValueError):
-        return None, None, None
+        return FAILED
     finally:
         if writer is not None:
             writer.close()
     head, _, text = body.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
-        return None, None, None
-    running = waiting = kv = None
+        return FAILED
+    running = waiting = kv = limit = kv_tokens = cache = None
     for line in text.decode("utf-8", "replace").splitlines():
         if line.startswith("vllm:num_requests_running"):
             running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
@@ -252,9 +270,19 @@ async def scrape_vllm(address: str, timeout_s: float) -> tuple[float | None, flo
             waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
         elif line.startswith(("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")):
             kv = max(kv or 0.0, float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("dlb_dp_max_num_seqs"):
+            limit = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dlb_dp_kv_tokens"):
+            kv_tokens = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:cache_config_info{"):
+            fields = dict(_CACHE_LABEL.findall(line))
+            if len(fields) == 2:
+                cache = float(fields["num_gpu_blocks"]) * float(fields["block_size"])
+    if kv_tokens is None and cache is not None and kv is not None:
+        kv_tokens = kv * cache
     if running is None and waiting is None:
-        return 0.0, 0.0, None  # reachable, but no vLLM gauges: treat as "no extra load known"
-    return running, waiting, kv
+        return Scrape(0.0, 0.0, None, limit, kv_tokens)  # reachable, but no vLLM gauges: "no extra load known"
+    return Scrape(running, waiting, kv, limit, kv_tokens)
 
 
 def background_config(bg: BackgroundProbeParams) -> BackgroundProbeConfig | None:

@@ -172,7 +172,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     readiness.ready = True
     if sync is not None:
         await sync.start()
-    tasks = [asyncio.create_task(bg.fit_loop())]
+    tasks = [asyncio.create_task(bg.fit_loop()), asyncio.create_task(agent.hold_loop())]
     envoy_address = opts.envoy_address or str(cfg.cell(cell_name).leaf.address)
     if opts.envoy_check_period_s > 0:
         bg.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up

@@ -15,6 +15,7 @@ from dlb.config import Config
 from dlb.config.model import DpGroup
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
+from dlb.core.hold_queue import HoldQueue
 from dlb.core.server_pick import PrequalConfig
 from dlb.envoy.contract import SERVER_CHECK_INTERVAL_S, SERVER_CHECK_JITTER_S
 from dlb.ext_proc.leaf_state import LeafState, ServerState
@@ -40,7 +41,8 @@ def resolve_all_sync(host: str, port: int) -> list[str]:
 def dp_balancer(dp: DpGroup) -> DpBalancer:
     """The rank picker of one data-parallel server, from its config (file or xDS DpGroups)."""
     return DpBalancer(ranks=dp.ranks, policy=dp.policy, horizon=dp.horizon, mean_decode_tokens=dp.mean_decode_tokens,
-                      slots=dp.max_num_seqs)
+                      slots=dp.max_num_seqs,
+                      hold=HoldQueue(dp.hold_queue, dp.hold_deadline_ms / 1000.0) if dp.hold_queue > 0 else None)
 
 
 def rank_addresses(host: str, port: int, ranks: int) -> list[str]:

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
@@ -39,6 +40,10 @@ from dlb.core.latency_model import LatencyParams
 from dlb.core.server_pick import PrequalConfig, ProbePool
 
 UNKNOWN = -1
+#: :meth:`LeafState.pick` outcomes that name no server: the request is held for a DP rank, or refused
+#: because the group's hold queue is full.
+HELD = -2
+HOLD_FULL = -3
 PICK_RULES = ("rif", "prequal")
 #: Bytes of request body per prompt token, for the size estimate (JSON chat bodies: ~4 for English).
 BYTES_PER_TOKEN = 4.0
@@ -123,6 +128,9 @@ class LeafState:
     #: start is refused (counted) rather than let one access-log stream grow the table and the cell's RIF
     #: without bound (issue 14 row 5: 200,000 fake starts black-holed a cell).
     max_inflight: int = 100_000
+    #: Held requests a DP group's policy may choose among (the oldest ones); each is passed over at most
+    #: this many times (:meth:`HoldQueue.window`). 1 = strict FIFO.
+    hold_window: int = 16
 
     #: Data-parallel servers: each balancer and its ranks' addresses in rank order (docs/bfio.md).
     dp_groups: list[tuple[DpBalancer, list[str]]] = field(default_factory=list)
@@ -155,6 +163,7 @@ class LeafState:
         #: Outcomes each open access-log stream reported, taken back from ``errors`` when it ends.
         self._owner_errors: dict[int, ErrorTracker] = {}
         self._seq = 0
+        self.last_held = ""  # the key of the request the last HELD pick holds
 
     # -- reconfiguration (xDS) ---------------------------------------------------------------------
     def set_servers(self, servers: list[tuple[str, float]], replicas: int | None = None) -> None:
@@ -190,7 +199,8 @@ class LeafState:
         which :meth:`DpBalancer.finish` ignores). Ranks not (yet) among the servers are never picked.
         """
         def settings(b: DpBalancer) -> tuple[object, ...]:
-            return b.ranks, b.policy, b.horizon, b.mean_decode_tokens, b.slots
+            hold = (b.hold.max_len, b.hold.deadline_s) if b.hold is not None else None
+            return b.ranks, b.policy, b.horizon, b.mean_decode_tokens, b.slots, hold
 
         old = {tuple(members): bal for bal, members in self.dp_groups}
         kept = []
@@ -274,14 +284,55 @@ class LeafState:
             return i
         prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
         bal, members = dp
-        idx = [self.by_address.get(a, UNKNOWN) for a in members]
-        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now and (among is None or k in among)
-                            and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
+        idx, allowed = self._dp_allowed(members, now, among)
         if allowed.any():
-            i = idx[bal.choose(now, prompt_tokens, allowed)]
+            admit = bal.admitting(allowed) if bal.hold is not None else allowed
+            if not admit.any():  # every rank is at its own admission bound: hold it here
+                if not request_id:
+                    self._seq += 1
+                    request_id = f"dlb-anon-{self._seq}"
+                self.last_held = request_id
+                return HELD if bal.hold.offer(now, request_id, prompt_tokens, tokens) else HOLD_FULL  # type: ignore[union-attr]
+            i = idx[bal.choose(now, prompt_tokens, admit)]
         key = self.start(now, request_id, i, tokens)
         bal.open(now, key, members.index(self.servers[i].address), prompt_tokens)
         return i
+
+    def _dp_allowed(self, members: list[str], now: float,
+                    among: Sequence[int] | None = None) -> tuple[list[int], npt.NDArray[np.bool_]]:
+        idx = [self.by_address.get(a, UNKNOWN) for a in members]
+        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now and (among is None or k in among)
+                            and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
+        return idx, allowed
+
+    def release(self, now: float) -> list[tuple[str, int]]:
+        """Place held requests while a rank of their group can admit one; returns ``(key, server index)``
+        of each. The group's policy picks the request among the ``hold_window`` oldest and its rank
+        (:meth:`DpBalancer.choose_backlog`; FIFO for policies blind to sizes)."""
+        out: list[tuple[str, int]] = []
+        for bal, members in self.dp_groups:
+            q = bal.hold
+            if q is None or q.head() is None:
+                continue
+            idx, allowed = self._dp_allowed(members, now)
+            while (cands := q.window(self.hold_window)):
+                admit = bal.admitting(allowed)
+                if not admit.any():
+                    break
+                i, r = bal.choose_backlog(now, [c.prompt_tokens for c in cands], admit)
+                h = q.take(cands[i].key, now)
+                key = self.start(now, h.key, idx[r], h.tokens)
+                bal.open(now, key, r, h.prompt_tokens)
+                out.append((key, idx[r]))
+        return out
+
+    def expire_held(self, now: float) -> list[str]:
+        """Keys of held requests past their deadline (removed from their queues)."""
+        return [k for bal, _ in self.dp_groups if bal.hold is not None for k in bal.hold.expire(now)]
+
+    def cancel_held(self, key: str) -> bool:
+        """Forget a held request whose ext_proc stream ended (Envoy gave up on it, or the client left)."""
+        return any(bal.hold.cancel(key) for bal, _ in self.dp_groups if bal.hold is not None)
 
     def _dp_finish(self, rec: InFlight, request_id: str, now: float, duration_s: float | None, ok: bool) -> None:
         if rec.server == UNKNOWN or not self.dp_of:
@@ -430,10 +481,18 @@ class LeafState:
         s.kv_usage = -1.0
 
     def on_scrape(self, i: int, running: float | None, waiting: float | None, kv_usage: float | None = None,
-                  now: float | None = None) -> None:
+                  now: float | None = None, admit_limit: float | None = None, kv_tokens: float | None = None) -> None:
         """A scrape's result (``running`` and ``waiting`` both ``None``: it failed). ``now`` starts the
-        rejoin hold of a server that was unhealthy; without it (tests of the load figures) there is none."""
+        rejoin hold of a server that was unhealthy; without it (tests of the load figures) there is none.
+        ``admit_limit`` and ``kv_tokens``: a DP rank's running-slot bound (for the hold queue) and resident
+        KV (BF-IO's measured workload), as the rank reports them."""
         s = self.servers[i]
+        dp = self.dp_of.get(s.address) if self.dp_of else None
+        if dp is not None and running is not None:
+            rank = dp[1].index(s.address)
+            dp[0].set_admission(rank, admit_limit, kv_usage is not None and kv_usage >= self.kv_full)
+            if kv_tokens is not None and now is not None:
+                dp[0].observe_kv(rank, kv_tokens, now)
         if running is None and waiting is None:
             s.scrape_failures += 1
             if s.scrape_failures >= self.scrape_fail_threshold:

@@ -19,7 +19,7 @@ from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
-from dlb.ext_proc.transport.h2 import Route
+from dlb.ext_proc.transport.h2 import Later, Route
 from dlb.ext_proc.transport.limits import H2Limits
 from dlb.ext_proc.transport.server import H2GrpcServer
 from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handler
@@ -98,6 +98,14 @@ def ext_proc_handler(handle: MessageHandler) -> grpc.GenericRpcHandler:
     async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         async for raw in requests:
             reply, end = handle(raw)
+            if isinstance(reply, Later):  # a held request: its answer comes when the future resolves
+                if reply.now is not None:
+                    yield reply.now
+                later = reply.later
+                try:
+                    reply = await later  # type: ignore[misc]  # an asyncio.Future on this transport
+                finally:
+                    later.cancel()  # no-op once resolved; if the stream ended first, the request is gone
             if reply is not None:
                 yield reply
             if end:

@@ -43,6 +43,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import hpack
 import hpack.exceptions
@@ -55,8 +56,29 @@ from dlb.log import get_logger
 
 log = get_logger("dlb.h2server")
 
+
+
+class Pending(Protocol):
+    """A reply that is not ready yet (an ``asyncio.Future[bytes]`` fits): resolved, or cancelled by us."""
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+    def cancel(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def result(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A handler's answer that comes after the call returns (the leaf holding a request for a rank):
+    ``now`` is sent at once (if not None), ``later``'s result when it resolves. If the stream ends first
+    (Envoy reset it), ``later`` is cancelled, which tells the handler's owner the request is gone."""
+
+    now: bytes | None
+    later: Pending
+
+
 #: The request path of a service: one serialised message in, ``(reply or None, end_of_call)`` out.
-Handler = Callable[[bytes], "tuple[bytes | None, bool]"]
+Handler = Callable[[bytes], "tuple[bytes | Later | None, bool]"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -296,6 +318,7 @@ class _Stream:
     buf: bytearray = field(default_factory=bytearray)
     headers_sent: bool = False
     pending: list[bytes] = field(default_factory=list)  # DATA payloads waiting for flow-control window
+    later: Pending | None = None  # a reply the handler owes (:class:`Later`), cancelled if the stream ends
     #: The block that ends the stream, sent once ``pending`` is empty: trailers (HEADERS with
     #: END_STREAM), or b"" for an empty DATA frame with END_STREAM (the end of a plain HTTP reply).
     trailers: bytes | None = None
@@ -398,6 +421,8 @@ class H2Connection:
         self.watchers: dict[int, _Stream] = {}
         self.buffered = 0  # bytes of partial messages on this connection
         self.control_budget = limits.control_frame_allowance
+        #: Called when output was queued outside :meth:`receive_data` (a :class:`Later` reply): write it.
+        self.on_output: Callable[[], None] | None = None
 
     # -- the API -------------------------------------------------------------------------------------
     def initiate(self) -> None:
@@ -434,6 +459,8 @@ class H2Connection:
 
     def connection_lost(self) -> None:
         """Forget every stream and give back the server-wide budget this connection held."""
+        for stream in self.streams.values():
+            self._cancel_later(stream)
         self.streams.clear()
         self.watchers.clear()
         self.conn_blocked.clear()
@@ -737,10 +764,25 @@ class H2Connection:
             return
         if route.watch and not end:
             self.watchers[stream.sid] = stream
+        if isinstance(reply, Later):
+            if reply.now is not None:
+                self._send_message(stream, reply.now)
+            stream.later = reply.later
+            reply.later.add_done_callback(lambda fut: self._later_done(stream, fut))
+            return
         if reply is not None:
             self._send_message(stream, reply)
         if end:
             self._finish(stream, GRPC_OK)
+
+    def _later_done(self, stream: _Stream, fut: Pending) -> None:
+        """A :class:`Later` reply resolved: send it if the stream is still ours, then let the I/O layer write."""
+        if stream.later is not fut or fut.cancelled() or self.streams.get(stream.sid) is not stream:
+            return
+        stream.later = None
+        self._send_message(stream, fut.result())
+        if self.on_output is not None:
+            self.on_output()
 
     def _remote_end(self, stream: _Stream) -> None:
         if stream.apply(_RECV_END_STREAM) is _CLOSING_REMOTE_ENDED:
@@ -925,6 +967,7 @@ class H2Connection:
         """The stream is over: remove it from every table (its heap entry, if any, goes stale)."""
         sid = stream.sid
         self.streams.pop(sid, None)
+        self._cancel_later(stream)
         if self.conn_blocked:
             self.conn_blocked.pop(sid, None)
         if self.watchers:
@@ -934,6 +977,12 @@ class H2Connection:
         stream.trailers = None
         if stream.held or stream.buf:
             self._unbuffer(stream)
+
+    @staticmethod
+    def _cancel_later(stream: _Stream) -> None:
+        later, stream.later = stream.later, None
+        if later is not None:
+            later.cancel()
 
     def _remember_closed(self, sid: int) -> None:
         closed = self.closed

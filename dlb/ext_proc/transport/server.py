@@ -82,6 +82,7 @@ class H2GrpcProtocol(asyncio.Protocol):
     def _open(self) -> H2Connection:
         """The HTTP/2 connection, made now, and our SETTINGS, the first thing the server sends."""
         conn = self.conn = self.make_conn()
+        conn.on_output = self.flush
         conn.initiate()
         self._write(conn.data_to_send())
         return conn
