@@ -43,6 +43,8 @@ from dlb.envoy.contract import (
     ROOT_EXT_PROC_CLUSTER,
     SERVER_CHECK_INTERVAL_S,
     SERVER_CHECK_JITTER_S,
+    SERVER_CHECK_TIMEOUT_S,
+    SERVER_CHECK_UNHEALTHY_THRESHOLD,
 )
 from dlb.envoy.health_check import service_health
 from dlb.envoy.root_token import root_token
@@ -153,38 +155,45 @@ def _picked_cluster() -> dict[str, Any]:
 #: before Envoy sent any byte of the request. A generation that started is never replayed (it may have
 #: cost GPU time, and a partial stream cannot be resumed).
 SAFE_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+#: The servers cluster panics (routes to every server) only below this healthy share: none healthy.
+SERVER_PANIC_PERCENT = 1.0
 
 
 def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
-    """Make ``cluster`` stop sending to a dead server within about a second (issue 13, item 1).
+    """Take a *dead* server out of rotation within about a second, and never a merely *slow* one.
 
-    Before this a dead server kept getting traffic in LEAST_REQUEST mode (94 of 3000 requests failed
-    over a 25-s outage): its requests failed fast, so it always looked least loaded. Three layers:
+    A dead server kept getting traffic in LEAST_REQUEST mode (its requests failed fast, so it looked
+    least loaded); a slow one was taken out with the dead ones (a 1-s ``/health`` timeout, and outlier
+    detection allowed to eject every server), so an overloaded cell answered 503 to everything. So:
 
-    - *outlier detection* ejects a server after 2 consecutive local-origin failures (connect refused,
-      timeout, reset) or 3 gateway errors, at once rather than on the next interval;
-    - an *active health check* of ``/health`` every 0.5 s finds dead and recovered servers without
-      traffic (``no_traffic_interval`` too: an idle cell must not keep a dead server for a minute);
-    - *panic mode off* (``healthy_panic_threshold: 0``): with every server down Envoy answers 503 at
-      once instead of spreading requests over dead hosts; the leaf then reports 0 healthy servers and
-      roots stop sending (see ``healthy_replicas`` in probe.proto).
+    - *active health check* of ``/health`` every 0.5 s (``no_traffic_interval`` too: an idle cell must
+      not keep a dead server for a minute). A non-200 answer takes a server out at once; refused
+      connects or late answers (waited for :data:`~dlb.envoy.contract.SERVER_CHECK_TIMEOUT_S`) only
+      :data:`~dlb.envoy.contract.SERVER_CHECK_UNHEALTHY_THRESHOLD` in a row (why those numbers: there);
+    - *outlier detection* only on what a server does wrong, never on its speed: 2 consecutive
+      local-origin failures (connect refused, reset; the leaf sets no request timeout, so slowness is
+      never one) or 5 consecutive 5xx answers; at most half the servers ejected, so it alone cannot
+      empty a cell;
+    - *panic only when no server is healthy* (threshold 1 %: below it in cells of up to 100 servers
+      means none): Envoy then spreads requests over all servers instead of answering 503 itself; the
+      leaf agent, which counts healthy what this Envoy does (``--envoy-admin``), reports 0 healthy
+      replicas and roots stop sending here. With some servers healthy, only they get requests.
 
     Retries (:data:`SAFE_RETRY_ON`) are a route setting, with their budget here.
     """
-    iv = f"{SERVER_CHECK_INTERVAL_S:g}s"
     cluster["health_checks"] = [{
-        "timeout": "1s", "interval": iv, "no_traffic_interval": iv, "unhealthy_threshold": 2, "healthy_threshold": 1,
-        "interval_jitter": f"{SERVER_CHECK_JITTER_S:g}s", "http_health_check": {"path": HEALTH_PATH},
+        "timeout": _duration(SERVER_CHECK_TIMEOUT_S), "interval": _duration(SERVER_CHECK_INTERVAL_S),
+        "no_traffic_interval": _duration(SERVER_CHECK_INTERVAL_S), "unhealthy_threshold": SERVER_CHECK_UNHEALTHY_THRESHOLD,
+        "healthy_threshold": 1, "interval_jitter": _duration(SERVER_CHECK_JITTER_S), "http_health_check": {"path": HEALTH_PATH},
     }]
     cluster["outlier_detection"] = {
         "split_external_local_origin_errors": True,
         "consecutive_local_origin_failure": 2, "enforcing_consecutive_local_origin_failure": 100,
-        "consecutive_gateway_failure": 3, "enforcing_consecutive_gateway_failure": 100,
-        "consecutive_5xx": 5, "enforcing_consecutive_5xx": 100,
+        "consecutive_5xx": 5, "enforcing_consecutive_5xx": 100, "enforcing_consecutive_gateway_failure": 0,
         "enforcing_success_rate": 0, "enforcing_local_origin_success_rate": 0,
-        "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 100,
+        "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 50,
     }
-    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": SERVER_PANIC_PERCENT}}
     # Retries may add at most 20 % to the requests in flight (3 concurrent at least): a budget, not a
     # count, so a cell-wide failure cannot multiply the load on the servers that are left.
     thresholds = cluster["circuit_breakers"]["thresholds"][0]

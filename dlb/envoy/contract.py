@@ -61,3 +61,12 @@ HEALTH_PATH = "/health"
 #: requests answered ``503 no_healthy_upstream`` (seen in ``dlb bench faults``, whole-cell fault).
 SERVER_CHECK_INTERVAL_S = 0.5
 SERVER_CHECK_JITTER_S = 0.05
+#: How long the leaf Envoy waits for a server's ``/health`` before counting one failed check, and how
+#: many failed checks in a row take it out: an answer that is late is load, not death. A loaded inference
+#: server answers ``/health`` late (vLLM's goes through its busy engine process; on a busy box the
+#: emulators missed the old 1-s timeout twice in a row and a slow cell answered 503 to all its traffic).
+#: 5 s is over 3 times the slowest answer seen from a server that still served, so only a server silent
+#: for 3 × 5 s is taken out by timeouts. A dead one is found faster by other signals: a non-200
+#: ``/health`` at once, refused connects in 3 checks (1.5 s), outlier detection, the agent's scrapes.
+SERVER_CHECK_TIMEOUT_S = 5.0
+SERVER_CHECK_UNHEALTHY_THRESHOLD = 3

@@ -21,7 +21,8 @@ What it does, and why here rather than in Envoy:
 - **Measure**: each completion gives a (cell RIF at arrival, latency) sample for
   :class:`LatencyEstimator` and an outcome for :class:`ErrorTracker` (both from the routing core).
 - **Passive health**: ``eject_after`` consecutive failures of one server remove it from picking for
-  ``eject_s``; if every server is ejected we pick among all (fail open, never a local 503).
+  ``eject_s``; so do failed scrapes and the leaf Envoy's own verdict (:meth:`LeafState.set_envoy_view`);
+  if every server is out we pick among all (fail open, never a local 503).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class ServerState:
     completed: int = 0
     errors: int = 0
     cut_streams: int = 0  # responses it started and then broke off (counted in errors too)
+    #: The leaf Envoy routes nothing here (its health check or outlier detection took it out).
+    envoy_out: bool = False
 
 
 @dataclass
@@ -216,10 +219,19 @@ class LeafState:
         self.prior = prior
         self.estimator.reset_prior(prior)
 
+    def set_envoy_view(self, out: set[str]) -> None:
+        """The leaf Envoy's verdict (:mod:`dlb.envoy.host_health`): ``out`` are the servers it routes
+        nothing to. They are neither picked nor counted healthy, so what probes report is what the
+        Envoy can serve: a cell whose Envoy took every server out reports 0 healthy replicas."""
+        for s in self.servers:
+            s.envoy_out = s.address in out
+
     # -- picking ---------------------------------------------------------------------------------
+    def _ok(self, s: ServerState, now: float) -> bool:
+        return s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold and not s.envoy_out
+
     def usable(self, now: float) -> list[int]:
-        ok = [i for i, s in enumerate(self.servers)
-              if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
+        ok = [i for i, s in enumerate(self.servers) if self._ok(s, now)]
         return ok or list(range(len(self.servers)))
 
     def load(self, i: int) -> float:
@@ -266,8 +278,7 @@ class LeafState:
         prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
         bal, members = dp
         idx = [self.by_address.get(a, UNKNOWN) for a in members]
-        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now
-                            and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
+        allowed = np.array([k != UNKNOWN and self._ok(self.servers[k], now) for k in idx])
         if allowed.any():
             i = idx[bal.choose(now, prompt_tokens, allowed)]
         key = self.start(now, request_id, i, tokens)
@@ -429,7 +440,7 @@ class LeafState:
         return len(self.inflight)
 
     def healthy(self, now: float) -> int:
-        return sum(1 for s in self.servers if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold)
+        return sum(1 for s in self.servers if self._ok(s, now))
 
     def healthy_replicas(self, now: float) -> int:
         """k_j scaled by the healthy fraction of servers (what the RIF cost N_j/k_j should divide by)."""

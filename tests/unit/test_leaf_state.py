@@ -208,3 +208,15 @@ def test_background_probe_settings_change_live_and_keep_the_schedule() -> None:
     assert bg.prober.config is second and bg.prober.sent == 5 and bg.bg_body == b'{"max_tokens":4}'
     bg.set_background(None, b"")
     assert bg.bg_config is None and bg.prober is None
+
+
+def test_servers_the_leaf_envoy_took_out_are_neither_picked_nor_counted_healthy():
+    """The agent's healthy servers are its Envoy's: with every server out there, probes report 0 replicas."""
+    st = make(3, choices=3)
+    st.set_envoy_view({"10.0.0.1:80"})
+    assert st.healthy(0.0) == 2 and st.healthy_replicas(0.0) == 2
+    assert 1 not in {st.pick(0.0, f"r{i}") for i in range(12)}
+    st.set_envoy_view({s.address for s in st.servers})
+    assert st.healthy(0.0) == 0 and st.healthy_replicas(0.0) == 0
+    st.set_envoy_view(set())  # back in its rotation: back in the agent's
+    assert st.healthy(0.0) == 3
