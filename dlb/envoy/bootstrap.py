@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from dlb.config.hostport import is_ip
-from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
+from dlb.config.model import CELL_CLUSTER_PREFIX, AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.envoy import contract as _h
 from dlb.envoy.als import add_leaf_access_log
@@ -51,6 +51,7 @@ from dlb.envoy.root_token import root_token
 from dlb.envoy.tls import upstream_tls
 
 HEADER_CELL = _h.CELL
+HEADER_FALLBACK = _h.FALLBACK
 HEADER_SRC_CELL = _h.SRC_CELL
 HEADER_SERVER = _h.SERVER
 HEADER_ROOT_TOKEN = _h.ROOT_TOKEN
@@ -269,6 +270,44 @@ def _safe_retries() -> dict[str, Any]:
 
 
 
+#: What the root retries on the fallback cell: its connection to the cell failed or was refused, or
+#: it was reset before any response header (the leaf Envoy died). Envoy never retries once response
+#: headers went to the client, so a stream that started answering is never replayed; a request the
+#: dead cell had started is generated again elsewhere (the client gets an answer, a GPU pays twice).
+CROSS_CELL_RETRY_ON = "connect-failure,refused-stream,reset"
+
+
+def fallback_cluster_name(cluster: str, fallback: str) -> str:
+    """The aggregate cluster ``cell-<a>`` then ``cell-<b>`` (cell names have no dots: no clash)."""
+    return f"{cluster}.or.{fallback.removeprefix(CELL_CLUSTER_PREFIX)}"
+
+
+def _fallback_cluster(cluster: str, fallback: str) -> dict[str, Any]:
+    """An aggregate cluster: priority 0 is ``cluster``'s leaf, priority 1 ``fallback``'s. Requests go to
+    the first; the route's retry (previous_priorities) goes to the second."""
+    return {
+        "name": fallback_cluster_name(cluster, fallback),
+        "connect_timeout": "1s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig", "clusters": [cluster, fallback]}},
+        "circuit_breakers": {"thresholds": [dict(HIGH_THRESHOLDS, priority="DEFAULT", max_retries=HIGH_THRESHOLDS["max_requests"])]},
+    }
+
+
+def _cross_cell_retries() -> dict[str, Any]:
+    """Once, on the other priority of the aggregate cluster (the fallback cell), without back-off
+    worth speaking of: the fallback cell is healthy, the failure was the first cell's."""
+    return {
+        "retry_on": CROSS_CELL_RETRY_ON,
+        "num_retries": 1,
+        "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+            "update_frequency": 1}},
+        "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.02s"},
+    }
+
+
 def ready_listener(port: int) -> dict[str, Any]:
     """``GET /ready`` on ``0.0.0.0:port``: 200 while Envoy serves, 503 once it fails health checks.
 
@@ -462,6 +501,20 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
     if has_ext_proc:
         per_filter["envoy.filters.http.ext_proc"] = ext_proc_route
     add_endpoint = [{"header": {"key": HEADER_ENDPOINT, "value": ep.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    # The root picked a cell and a fallback: one aggregate cluster per ordered pair, retried once across.
+    pairs = [
+        {
+            "name": f"{ep.name}-to-{name}-or-{other}",
+            "match": {"prefix": ep.match.prefix, "headers": [
+                {"name": HEADER_CELL, "string_match": {"exact": cfg.cell(name).cluster_name}},
+                {"name": HEADER_FALLBACK, "string_match": {"exact": cfg.cell(other).cluster_name}}]},
+            "route": dict(action, cluster=fallback_cluster_name(cfg.cell(name).cluster_name, cfg.cell(other).cluster_name),
+                          retry_policy=_cross_cell_retries()),
+            "request_headers_to_add": add_endpoint,
+            "typed_per_filter_config": per_filter,
+        }
+        for name in allowed for other in allowed if other != name
+    ] if has_ext_proc and not _runs_natively(ep, native_flow) else []
     picked = [
         {
             "name": f"{ep.name}-to-{name}",
@@ -472,7 +525,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         }
         for name in allowed
     ]
-    return picked + [
+    return pairs + picked + [
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
@@ -530,6 +583,8 @@ def root_bootstrap(
         "request_headers_to_add": [{"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
                                    for key, value in ((HEADER_SRC_CELL, me.name), (HEADER_ROOT_TOKEN, root_token(cfg)))],
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
+        # The fallback is the root Envoy's business (its route chose the pair); the leaf never sees it.
+        "request_headers_to_remove": [HEADER_FALLBACK],
     }
     filters = [_router()]
     clusters = []
@@ -538,7 +593,15 @@ def root_bootstrap(
         tls = dlb_service_tls(cfg, "root", me.name)
         clusters.append(service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
                                        grpc_health=False))
-    clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
+    dests = [d for d in cfg.cells if d.name in allowed]
+    for d in dests:
+        cluster = _cluster(d.cluster_name, [(d.leaf.address, 1)])
+        # Each request is retried across cells at most once, so retries are bounded by requests; a
+        # dead leaf Envoy resets every request it held at once, and each must get its retry.
+        cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
+        clusters.append(cluster)
+    if has_ext_proc:
+        clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     return _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
 

@@ -14,6 +14,9 @@ routes by it, so a client that could set it would pick the server itself, past e
 # -- headers ------------------------------------------------------------------------------------------
 #: Root → root Envoy route: the chosen cell's cluster, ``cell-<name>`` (read by ``cluster_header``).
 CELL = "x-dlb-cell"
+#: Root → root Envoy route: the cell a request is retried on (once) if its connection to ``CELL`` fails
+#: or is reset before response headers, ``cell-<name>``; removed before the request leaves the root.
+FALLBACK = "x-dlb-fallback-cell"
 #: Root → leaf Envoy: the cell the request entered at (the leaf's WAN emulation delays by its RTT).
 SRC_CELL = "x-dlb-src-cell"
 #: Root → leaf Envoy: the deployment's shared secret; a leaf trusts ``x-dlb-src-cell`` only next to it
@@ -27,7 +30,7 @@ ENDPOINT = "x-dlb-endpoint"
 #: GIE endpoint picker → gateway: ``ip:port[,ip:port…]`` the gateway sends the request to (ORIGINAL_DST).
 GIE_DESTINATION = "x-gateway-destination-endpoint"
 
-INTERNAL = (CELL, SRC_CELL, ROOT_TOKEN, SERVER, GIE_DESTINATION)
+INTERNAL = (CELL, FALLBACK, SRC_CELL, ROOT_TOKEN, SERVER, GIE_DESTINATION)
 #: What no request reaching a leaf Envoy may carry: the leaf's own pick and the root's cell choice.
 LEAF_INTERNAL = (SERVER, CELL)
 #: The leaf ext_proc reads only the request id (to match the access-log completion to its pick) and the

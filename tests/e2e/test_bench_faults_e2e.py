@@ -44,3 +44,14 @@ def test_killed_control_plane_loses_nothing() -> None:
     row = run_one("control_plane", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
     print(row)
     assert row["sent"] > 150 and _fault_failures(row) == 0, row
+
+
+def test_killed_leaf_envoy_loses_only_streams_already_answering() -> None:
+    """The root names a fallback cell with every pick; its Envoy retries a request whose connection to the
+    dead leaf Envoy fails, or is reset before any response header, once on that cell. Only streams whose
+    answer had started are lost (Envoy never replays those)."""
+    row = run_one("leaf_envoy", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
+    print(row)
+    assert row["sent"] > 150, row
+    lost = {c: n for c, n in row["failure_codes"].items() if c not in ("0 cut after 200", "0 no [DONE]")}
+    assert not lost, row
