@@ -55,3 +55,25 @@ def test_killed_leaf_envoy_loses_only_streams_already_answering() -> None:
     assert row["sent"] > 150, row
     lost = {c: n for c, n in row["failure_codes"].items() if c not in ("0 cut after 200", "0 no [DONE]")}
     assert not lost, row
+
+
+def test_faults_smoke_under_flow_grad_through_the_cli(tmp_path) -> None:
+    """The CI form of ``dlb bench faults``: a flow policy, the leaf Envoy kill and the overloaded cell, one
+    short run each, the mix with streamed chats and ``/v1/completions``."""
+    import json
+
+    from dlb.cli import main
+
+    out = tmp_path / "faults.json"
+    code = main(["bench", "faults", "--policy", "Flow-Grad", "--faults", "leaf_envoy,cell_overload", "--modes", "ext_proc",
+                 "--runs", "1", "--rate", "20", "--cells", "2,2", "--fault-at-s", "3", "--outage-s", "4", "--duration", "12",
+                 "--json", str(out)])
+    doc = json.loads(out.read_text())
+    rows = doc["figures"]["rows"] if "figures" in doc else doc["rows"]
+    print(json.dumps([{k: r[k] for k in ("fault", "policy", "failed", "verdict")} for r in rows]))
+    assert {r["fault"] for r in rows} == {"leaf_envoy", "cell_overload"} and all(r["policy"] == "Flow-Grad" for r in rows)
+    # What is lost is the smoke test's business; how fast a flow policy moves traffic back (5 s of traffic
+    # after the restore here) is the full benchmark's.
+    lost = [why for r in rows for why in r["verdict"].removeprefix("fail: ").split("; ") if why != "pass" and "recover_s" not in why]
+    assert not lost, rows
+    assert code in (0, 1)
