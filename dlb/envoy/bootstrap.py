@@ -270,11 +270,12 @@ def _safe_retries() -> dict[str, Any]:
 
 
 
-#: What the root retries on the fallback cell: its connection to the cell failed or was refused, or
-#: it was reset before any response header (the leaf Envoy died). Envoy never retries once response
-#: headers went to the client, so a stream that started answering is never replayed; a request the
-#: dead cell had started is generated again elsewhere (the client gets an answer, a GPU pays twice).
-CROSS_CELL_RETRY_ON = "connect-failure,refused-stream,reset"
+#: What the root retries on the fallback cell: its connection to the cell failed or was refused, it
+#: was reset before any response header (the leaf Envoy died), or the cell answered 503 (it served
+#: nothing: the leaf Envoy found no live server, or a server was stopping). Envoy never retries once
+#: response headers went to the client, so a stream that started answering is never replayed; a request
+#: the dead cell had started is generated again elsewhere (the client gets an answer, a GPU pays twice).
+CROSS_CELL_RETRY_ON = "connect-failure,refused-stream,reset,retriable-status-codes"
 
 
 def fallback_cluster_name(cluster: str, fallback: str) -> str:
@@ -300,6 +301,7 @@ def _cross_cell_retries() -> dict[str, Any]:
     worth speaking of: the fallback cell is healthy, the failure was the first cell's."""
     return {
         "retry_on": CROSS_CELL_RETRY_ON,
+        "retriable_status_codes": [503],
         "num_retries": 1,
         "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",

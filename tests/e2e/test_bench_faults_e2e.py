@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlb.bench.faults import FaultLoad, run_one
+from dlb.bench.faults import ANSWERING, FaultLoad, run_one
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 
@@ -53,7 +53,7 @@ def test_killed_leaf_envoy_loses_only_streams_already_answering() -> None:
     row = run_one("leaf_envoy", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
     print(row)
     assert row["sent"] > 150, row
-    lost = {c: n for c, n in row["failure_codes"].items() if c not in ("0 cut after 200", "0 no [DONE]")}
+    lost = {c: n for c, n in row["failure_codes"].items() if c not in ANSWERING}
     assert not lost, row
 
 
@@ -77,3 +77,14 @@ def test_faults_smoke_under_flow_grad_through_the_cli(tmp_path) -> None:
     lost = [why for r in rows for why in r["verdict"].removeprefix("fail: ").split("; ") if why != "pass" and "recover_s" not in why]
     assert not lost, rows
     assert code in (0, 1)
+
+
+def test_killed_cell_loses_only_streams_already_answering() -> None:
+    """Every server of cell a stopped: what the cell cannot serve (a refused connect, its leaf Envoy's
+    503 with no live server, a server's 503 while stopping) is retried once on the root's fallback cell;
+    only streams whose answer had started are lost."""
+    row = run_one("cell", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
+    print(row)
+    assert row["sent"] > 150, row
+    lost = {c: n for c, n in row["failure_codes"].items() if c not in ANSWERING}
+    assert not lost, row
