@@ -24,11 +24,17 @@ emulator's ``x-dlb-server`` header), and each run is summarised as::
 - ``recover_s``: from the restore until a 1-s window of requests first gives cell ``a`` at least
   80 % of its pre-fault share (``pre_share``); ``null`` if that never happens in the run.
 
-Verdict rules, written before the first run (issue 13): root service, control plane, leaf agent (kill
-or SIGSTOP): ``failed == 0``; one server or a whole cell: ``new_fail_window_s <= 1`` (failures only
-among requests in flight at the fault plus at most 1 s of new ones); every fault: ``recover_s`` not
-null and ``<= 10``. Leaf Envoy and root Envoy faults are recorded without a failure target (requests
-on a killed proxy are lost; a killed root Envoy is the client's own connection).
+Verdict rules, written before the first run: root service, control plane, leaf agent (kill or
+SIGSTOP): ``failed == 0``; one server or a whole cell: ``new_fail_window_s <= 1`` (failures only
+among requests in flight at the fault plus at most 1 s of new ones); leaf Envoy: no failure but
+streams whose answer had started (the root retries the rest on a fallback cell); cell overload
+(cell ``a``'s servers :data:`OVERLOAD_SLOWDOWN` times slower, ``/health`` answered after 1.5 s):
+``failed <= 1 %`` of sent and the leaf Envoy never counts fewer healthy servers than it has
+(``envoy_min_healthy``; ``cell_load`` is the mean share of the cell's batch slots busy meanwhile);
+every fault: ``recover_s`` not null and ``<= 10``. The root Envoy fault has no failure target (a killed
+root Envoy is the client's own connection). ``policy`` is the endpoint's DLB policy (``--policy``);
+with ``--runs N`` each row is run N times (seeds ``seed`` … ``seed + N - 1``) and reported as
+min/median/max of its counts, passing only if every run passes.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from dlb.errors import UsageError
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
 FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "control_plane",
-          "root_envoy")
+          "root_envoy", "cell_overload")
 MODES = ("ext_proc", "least_request")
 NO_FAILURE_TARGET = {"root_service", "control_plane", "leaf_agent_kill", "leaf_agent_freeze"}
 #: Outages longer than ``--outage-s`` where the issue asks for one: a leaf agent frozen for 20 s.
@@ -265,6 +271,15 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
         return (lambda: plane.root.proc.kill()), (lambda: plane.restart_root() and None)
     if fault == "control_plane":
         return (lambda: plane.control_plane.proc.kill()), (lambda: plane.restart_control_plane() and None)
+    if fault == "cell_overload":
+        def slow() -> None:
+            for e in emus:
+                e.set_faults(slowdown=OVERLOAD_SLOWDOWN, health_delay_ms=OVERLOAD_HEALTH_DELAY_MS)
+
+        def fast() -> None:
+            for e in emus:
+                e.set_faults(slowdown=1.0, health_delay_ms=0.0)
+        return slow, fast
     if fault == "root_envoy":
         return (lambda: plane.root_envoy.proc.kill()), (lambda: plane.root_envoy.start() and None)
     raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
@@ -318,8 +333,11 @@ def _count(values: Any) -> dict[Any, int]:
 
 
 #: The verdict rule of every row, as the results file states it.
-VERDICT_RULE = ("0 failed requests (root service, control plane, leaf agent faults), new requests failing for <= 1 s "
-                "(cell and server faults), recovered within 10 s")
+VERDICT_RULE = ("0 failed requests (root service, control plane, leaf agent faults), 0 but streams already answering "
+                "(leaf Envoy), new requests failing for <= 1 s (cell and server faults), >= 99 % served and every server "
+                "kept by its leaf Envoy (cell overload), recovered within 10 s")
+#: Failures of a request whose answer had started (status 200, then cut): no proxy can retry those.
+ANSWERING = ("0 cut after 200", "0 no [DONE]")
 
 
 def verdict(row: dict[str, Any]) -> str:
@@ -327,6 +345,13 @@ def verdict(row: dict[str, Any]) -> str:
     why = []
     if row["fault"] in NO_FAILURE_TARGET and row["failed"] > 0:
         why.append(f"{row['failed']} failed (target 0)")
+    if row["fault"] == "leaf_envoy" and (lost := sum(n for c, n in row["failure_codes"].items() if c not in ANSWERING)):
+        why.append(f"{lost} failed before their answer started (target 0)")
+    if row["fault"] == "cell_overload":
+        if row["failed"] > 0.01 * row["sent"]:
+            why.append(f"{row['failed']} of {row['sent']} failed (target <= 1 %)")
+        if row.get("envoy_min_healthy") is not None and row["envoy_min_healthy"] < row.get("servers_a", row["envoy_min_healthy"]):
+            why.append(f"the leaf Envoy kept only {row['envoy_min_healthy']} servers")
     if row["fault"] in WINDOW_TARGET and row["new_fail_window_s"] > 1.0:
         why.append(f"new requests failed for {row['new_fail_window_s']} s (target <= 1)")
     if row["recover_s"] is None or row["recover_s"] > 10.0:
@@ -337,8 +362,13 @@ def verdict(row: dict[str, Any]) -> str:
 #: Cells of the data plane: ``a`` (the root's cell, the one that fails), ``b`` 20 ms away, ``c`` 40 ms.
 CELLS = (3, 2, 2)
 ONE_WAY_MS = (0.0, 20.0, 40.0)
-#: The request mix (weight, kind): chat completions, short streamed chats and long streams.
-MIX = ((0.6, "chat"), (0.3, "stream"), (0.1, "long"))
+#: The request mix (weight, kind): chat completions, short streamed chats, long streams and legacy
+#: ``/v1/completions``, plain and streamed (clients of both APIs must lose nothing).
+MIX = ((0.4, "chat"), (0.2, "stream"), (0.1, "long"), (0.15, "completion"), (0.15, "completion_stream"))
+#: The cell-overload row: cell ``a``'s servers this much slower, answering ``/health`` this late (a loaded
+#: inference server's API), for the outage.
+OVERLOAD_SLOWDOWN = 8.0
+OVERLOAD_HEALTH_DELAY_MS = 1500.0
 LONG_STREAM_S = 3.5
 #: The emulated servers: Llama-3.1-8B on an H100 (knee far above the bench's ~5 sequences per server),
 #: ``time_scale`` times slower so a 3.5-s stream is ~150 tokens. With fast-test (knee at 4 sequences)
@@ -358,13 +388,18 @@ def long_stream_tokens(time_scale: float, batch: int = 5) -> int:
 def request_mix(host: str, port: int, max_tokens: int, long_tokens: int) -> list[tuple[float, str, bytes]]:
     from dlb.bench.loadgen import build_request
 
-    def chat(tokens: int, stream: bool) -> bytes:
-        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
+    def chat(tokens: int, stream: bool, path: str = "/v1/chat/completions") -> bytes:
+        body: dict[str, Any] = {"model": "dlb-emulated", "max_tokens": tokens}
+        if path.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": "hi"}]
+        else:
+            body["prompt"] = "hi"
         if stream:
             body["stream"] = True
-        return build_request(host, port, "/v1/chat/completions", json.dumps(body).encode())
+        return build_request(host, port, path, json.dumps(body).encode())
 
-    bodies = {"chat": chat(max_tokens, False), "stream": chat(max_tokens, True), "long": chat(long_tokens, True)}
+    bodies = {"chat": chat(max_tokens, False), "stream": chat(max_tokens, True), "long": chat(long_tokens, True),
+              "completion": chat(max_tokens, False, "/v1/completions"), "completion_stream": chat(max_tokens, True, "/v1/completions")}
     return [(w, kind, bodies[kind]) for w, kind in MIX]
 
 
@@ -380,6 +415,8 @@ class FaultLoad:
     seed: int = 1
     cells: Sequence[int] = CELLS
     time_scale: float = 4.0
+    #: The DLB routing policy of the endpoint (``Disc-RIF``, ``Flow-Grad``, …: :data:`dlb.core.router.POLICY_NAMES`).
+    policy: str = "Disc-RIF"
 
 
 def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, Any]:
@@ -396,12 +433,15 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     max_tokens, seed, cells, time_scale = load.max_tokens, load.seed, load.cells, load.time_scale
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
-    # RIF cost, not latency: with 3.5-s streams in the mix a latency-cost root herds (a cell that served
-    # long streams looks slow, all traffic goes elsewhere, and back): the pre-fault share of cell a varied
-    # from 0 to 0.86 between rows, so "back within 20 % of it" measured the herding, not the fault.
+    # Disc-RIF by default: with 3.5-s streams in the mix a latency-cost root herds (a cell that served
+    # long streams looks slow, all traffic goes elsewhere, and back), so recover_s of latency policies
+    # measures that herding as much as the fault.
+    from dlb.core.router import PolicyConfig
+
+    pc = PolicyConfig.from_name(load.policy)
     endpoint = {"name": "chat", "match": {"prefix": "/v1/"},
-                # Error aversion at DLB's defaults, as a user gets it (gain 0.5, period 1 s since 53bb703).
-                "policy": {"mechanism": "discrete", "cost": "rif"},
+                # Error aversion at DLB's defaults, as a user gets it.
+                "policy": {"mechanism": pc.mechanism.value, "cost": pc.cost.value},
                 "latency_prior": {"a_s": 0.2, "b_s": 0.02, "c": 8, "s": 2}}
     names = [chr(ord("a") + i) for i in range(len(cells))]
     specs = [CellSpec(n, servers=k, emulator={"profile": PROFILE, "time_scale": time_scale})
@@ -431,9 +471,19 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         mix = request_mix(host, port, max_tokens, long_stream_tokens(time_scale))
         inject, restore = _fault_actions(plane, fault)
         origin = time.monotonic() + 0.2
-        samples = asyncio.run(traced_open_loop(host, port, mix, rate, fault_at_s + outage_s + after_s, seed,
-                                               [(fault_at_s, inject), (fault_at_s + outage_s, restore)], origin))
-        return summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s)
+        watch = _CellWatch(plane, fault == "cell_overload")
+        try:
+            samples = asyncio.run(traced_open_loop(host, port, mix, rate, fault_at_s + outage_s + after_s, seed,
+                                                   [(fault_at_s, inject), (fault_at_s + outage_s, restore)], origin))
+        finally:
+            watch.stop()
+        row = summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s)
+        row["policy"] = load.policy
+        if watch.on:
+            row["envoy_min_healthy"], row["cell_load"] = watch.min_healthy, watch.mean_load()
+            row["servers_a"] = len(plane.emulators["a"])
+            row["verdict"] = verdict(row)
+        return row
     finally:
         if fault == "leaf_agent_freeze":
             try:
@@ -443,41 +493,120 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         plane.close()
 
 
+class _CellWatch:
+    """For the overload row: every 0.25 s, how many servers cell ``a``'s leaf Envoy counts healthy and how
+    full the servers' batches are (read from the in-process emulators' engines)."""
+
+    def __init__(self, plane: Any, on: bool) -> None:
+        import threading
+
+        self.plane, self.on = plane, on
+        self.min_healthy = len(plane.emulators["a"])
+        self.loads: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if on else None
+        if self._thread is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        envoy, emus = self.plane.leaf_envoys["a"], self.plane.emulators["a"]
+        while not self._done.wait(0.25):
+            try:
+                stat = envoy.stats(r"^cluster\.servers\.membership_healthy$").get("cluster.servers.membership_healthy")
+            except OSError:
+                continue
+            if stat is not None:
+                self.min_healthy = min(self.min_healthy, int(stat))
+            if any(e.server.faults.slowdown > 1.0 for e in emus):  # the outage: the cell is slow
+                eng = [e.server.engine for e in emus]
+                self.loads.append(sum(len(x.running) for x in eng) / sum(x.max_batch for x in eng))
+
+    def mean_load(self) -> float | None:
+        return round(sum(self.loads) / len(self.loads), 3) if self.loads else None
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+#: Counts reported as min/median/max over the runs of a row.
+SPREAD = ("sent", "failed", "inflight_at_fault", "cut_streams", "refused", "failed_new", "new_fail_window_s", "detect_s", "recover_s")
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from its runs: each count as ``[min, median, max]`` (``recover_s`` None if any run never
+    recovered), the verdict "pass" only if every run passed (else the first failing run's)."""
+    import statistics
+
+    row: dict[str, Any] = {k: runs[0][k] for k in ("fault", "mode", "policy", "outage_s") if k in runs[0]}
+    row["runs"] = len(runs)
+    for k in SPREAD:
+        vals = [r[k] for r in runs]
+        row[k] = None if any(v is None for v in vals) else [min(vals), statistics.median(vals), max(vals)]
+    for k in ("envoy_min_healthy", "cell_load"):
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        if vals:
+            row[k] = [min(vals), statistics.median(vals), max(vals)]
+    failing = [r["verdict"] for r in runs if r["verdict"] != "pass"]
+    row["verdict"] = failing[0] if failing else "pass"
+    row["run_rows"] = runs
+    return row
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("fault", "mode", "outage_s", "sent", "ok", "failed", "inflight_at_fault", "cut_streams", "refused", "failed_new",
-            "new_fail_window_s", "detect_s", "recover_s", "verdict")
+    cols = ("policy", "fault", "mode", "outage_s", "runs", *SPREAD, "verdict")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join("/".join(map(str, r[c])) if isinstance(r.get(c), list) else str(r.get(c)) for c in cols) + " |"
+              for r in rows]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    from dlb.core.router import POLICY_NAMES
+
     faults = args.faults.split(",") if args.faults else list(FAULTS)
     modes = args.modes.split(",") if args.modes else list(MODES)
+    policies = args.policy.split(",")
     for f in faults:
         if f not in FAULTS:
             raise UsageError(f"--faults: unknown fault {f!r}; one of {', '.join(FAULTS)}")
     for m in modes:
         if m not in MODES:
             raise UsageError(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
+    for pol in policies:
+        if pol not in POLICY_NAMES.values():
+            raise UsageError(f"--policy: unknown policy {pol!r}; one of {', '.join(POLICY_NAMES.values())} "
+                             "(the operator baselines exist in the simulator only, not as a real data plane)")
+    if args.runs < 1:
+        raise UsageError(f"--runs: at least 1, got {args.runs}")
     cells = _cells(args.cells)
     record = harness.start()  # the code that runs (a commit made while the matrix runs must not be recorded)
     rows = []
-    for f in faults:
-        for m in modes:
-            outage = max(args.outage_s, OUTAGE_S.get(f, 0.0))
-            row = run_one(f, m, FaultLoad(args.rate, args.fault_at_s, outage, args.after_s, max_tokens=args.max_tokens,
-                                          seed=args.seed, cells=cells, time_scale=args.time_scale))
-            row["outage_s"] = outage
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    for pol in policies:
+        for f in faults:
+            for m in modes:
+                outage = max(args.outage_s, OUTAGE_S.get(f, 0.0))
+                after = args.after_s if args.duration is None else args.duration - args.fault_at_s - outage
+                if after < 3.0:
+                    raise UsageError(f"--duration: {args.duration} s leaves {after:g} s after the {outage:g}-s outage of {f} "
+                                     f"(starting at --fault-at-s {args.fault_at_s:g}); at least 3 s are needed to see recovery")
+                runs = []
+                for k in range(args.runs):
+                    r = run_one(f, m, FaultLoad(args.rate, args.fault_at_s, outage, after, max_tokens=args.max_tokens, seed=args.seed + k,
+                                                cells=cells, time_scale=args.time_scale, policy=pol))
+                    r["outage_s"] = outage
+                    print(json.dumps(r), flush=True)
+                    runs.append(r)
+                rows.append(spread(runs))
     print(table(rows))
     out = {"created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
-           "fault_at_s": args.fault_at_s,
-           "outage_s": args.outage_s, "after_s": args.after_s, "time_scale": args.time_scale, "profile": PROFILE,
+           "fault_at_s": args.fault_at_s, "runs": args.runs, "policies": policies,
+           "outage_s": args.outage_s, "duration_s": args.duration, "after_s": args.after_s, "time_scale": args.time_scale, "profile": PROFILE,
            "long_stream_tokens": long_stream_tokens(args.time_scale), "mix": {k: w for w, k in MIX},
            "cells": {chr(ord("a") + i): k for i, k in enumerate(cells)}, "rows": rows}
-    targets = [harness.Target(f"{r['fault']} ({r['mode']}): {VERDICT_RULE}", r["verdict"] == "pass", r["verdict"]) for r in rows]
+    targets = [harness.Target(f"{r['fault']} ({r['policy']}, {r['mode']}): {VERDICT_RULE}", r["verdict"] == "pass", r["verdict"])
+               for r in rows]
     return harness.finish(record, out, targets, json_path=args.json)
 
 

@@ -25,6 +25,8 @@ class Faults:
     error_status: int = 500  # HTTP status of injected errors (4xx/5xx)
     slowdown: float = 1.0  # multiplies every engine step time (2.0 = GPU twice as slow)
     extra_latency_ms: float = 0.0  # fixed delay before an inference request is handled
+    #: ``/health`` answers this late: a loaded vLLM's health call waits on its busy engine process.
+    health_delay_ms: float = 0.0
     down: bool = False  # answer inference, /v1/models and /health with 503 (the admin API still works)
 
     def __post_init__(self) -> None:
@@ -41,6 +43,8 @@ class Faults:
             raise FaultError(f"slowdown: must be > 0, got {self.slowdown!r}")
         if num("extra_latency_ms", self.extra_latency_ms) < 0:
             raise FaultError(f"extra_latency_ms: must be >= 0, got {self.extra_latency_ms!r}")
+        if num("health_delay_ms", self.health_delay_ms) < 0:
+            raise FaultError(f"health_delay_ms: must be >= 0, got {self.health_delay_ms!r}")
         if not isinstance(self.down, bool):
             raise FaultError(f"down: must be true or false, got {self.down!r}")
 

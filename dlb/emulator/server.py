@@ -213,6 +213,15 @@ class EmulatorServer:
         )
 
     async def stop(self) -> None:
+        """Stop the way a dying server looks to its proxy: first no new request gets in (listener and idle
+        keep-alive connections closed: a proxy's next try is a connect failure, which it retries
+        elsewhere), then the engine stops and requests in flight end. Stopping the engine first left a
+        window in which new requests were answered ``503 engine_not_running`` (2 in a solo fault run)."""
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()
+            if self._runner.server is not None:
+                self._runner.server.pre_shutdown()
         if self._engine_task is not None:
             self._engine_task.cancel()
             try:
@@ -453,6 +462,8 @@ class EmulatorServer:
         return web.json_response({"object": "list", "data": data})
 
     async def _health(self, _request: web.Request) -> web.Response:
+        if self.faults.health_delay_ms > 0:
+            await asyncio.sleep(self.faults.health_delay_ms / 1000.0)
         return self._down() or web.Response(status=200)
 
     async def _metrics(self, _request: web.Request) -> web.Response:

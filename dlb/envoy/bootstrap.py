@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from dlb.config.hostport import is_ip
-from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
+from dlb.config.model import CELL_CLUSTER_PREFIX, AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
 from dlb.envoy import contract as _h
@@ -45,12 +45,15 @@ from dlb.envoy.contract import (
     ROOT_EXT_PROC_CLUSTER,
     SERVER_CHECK_INTERVAL_S,
     SERVER_CHECK_JITTER_S,
+    SERVER_CHECK_TIMEOUT_S,
+    SERVER_CHECK_UNHEALTHY_THRESHOLD,
 )
 from dlb.envoy.health_check import service_health
 from dlb.envoy.root_token import root_token
 from dlb.envoy.tls import upstream_tls
 
 HEADER_CELL = _h.CELL
+HEADER_FALLBACK = _h.FALLBACK
 HEADER_SRC_CELL = _h.SRC_CELL
 HEADER_SERVER = _h.SERVER
 HEADER_ROOT_TOKEN = _h.ROOT_TOKEN
@@ -155,38 +158,45 @@ def _picked_cluster() -> dict[str, Any]:
 #: before Envoy sent any byte of the request. A generation that started is never replayed (it may have
 #: cost GPU time, and a partial stream cannot be resumed).
 SAFE_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+#: The servers cluster panics (routes to every server) only below this healthy share: none healthy.
+SERVER_PANIC_PERCENT = 1.0
 
 
 def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
-    """Make ``cluster`` stop sending to a dead server within about a second (issue 13, item 1).
+    """Take a *dead* server out of rotation within about a second, and never a merely *slow* one.
 
-    Before this a dead server kept getting traffic in LEAST_REQUEST mode (94 of 3000 requests failed
-    over a 25-s outage): its requests failed fast, so it always looked least loaded. Three layers:
+    A dead server kept getting traffic in LEAST_REQUEST mode (its requests failed fast, so it looked
+    least loaded); a slow one was taken out with the dead ones (a 1-s ``/health`` timeout, and outlier
+    detection allowed to eject every server), so an overloaded cell answered 503 to everything. So:
 
-    - *outlier detection* ejects a server after 2 consecutive local-origin failures (connect refused,
-      timeout, reset) or 3 gateway errors, at once rather than on the next interval;
-    - an *active health check* of ``/health`` every 0.5 s finds dead and recovered servers without
-      traffic (``no_traffic_interval`` too: an idle cell must not keep a dead server for a minute);
-    - *panic mode off* (``healthy_panic_threshold: 0``): with every server down Envoy answers 503 at
-      once instead of spreading requests over dead hosts; the leaf then reports 0 healthy servers and
-      roots stop sending (see ``healthy_replicas`` in probe.proto).
+    - *active health check* of ``/health`` every 0.5 s (``no_traffic_interval`` too: an idle cell must
+      not keep a dead server for a minute). A non-200 answer takes a server out at once; refused
+      connects or late answers (waited for :data:`~dlb.envoy.contract.SERVER_CHECK_TIMEOUT_S`) only
+      :data:`~dlb.envoy.contract.SERVER_CHECK_UNHEALTHY_THRESHOLD` in a row (why those numbers: there);
+    - *outlier detection* only on what a server does wrong, never on its speed: 2 consecutive
+      local-origin failures (connect refused, reset; the leaf sets no request timeout, so slowness is
+      never one) or 5 consecutive 5xx answers; at most half the servers ejected, so it alone cannot
+      empty a cell;
+    - *panic only when no server is healthy* (threshold 1 %: below it in cells of up to 100 servers
+      means none): Envoy then spreads requests over all servers instead of answering 503 itself; the
+      leaf agent, which counts healthy what this Envoy does (``--envoy-admin``), reports 0 healthy
+      replicas and roots stop sending here. With some servers healthy, only they get requests.
 
     Retries (:data:`SAFE_RETRY_ON`) are a route setting, with their budget here.
     """
-    iv = f"{SERVER_CHECK_INTERVAL_S:g}s"
     cluster["health_checks"] = [{
-        "timeout": "1s", "interval": iv, "no_traffic_interval": iv, "unhealthy_threshold": 2, "healthy_threshold": 1,
-        "interval_jitter": f"{SERVER_CHECK_JITTER_S:g}s", "http_health_check": {"path": HEALTH_PATH},
+        "timeout": _duration(SERVER_CHECK_TIMEOUT_S), "interval": _duration(SERVER_CHECK_INTERVAL_S),
+        "no_traffic_interval": _duration(SERVER_CHECK_INTERVAL_S), "unhealthy_threshold": SERVER_CHECK_UNHEALTHY_THRESHOLD,
+        "healthy_threshold": 1, "interval_jitter": _duration(SERVER_CHECK_JITTER_S), "http_health_check": {"path": HEALTH_PATH},
     }]
     cluster["outlier_detection"] = {
         "split_external_local_origin_errors": True,
         "consecutive_local_origin_failure": 2, "enforcing_consecutive_local_origin_failure": 100,
-        "consecutive_gateway_failure": 3, "enforcing_consecutive_gateway_failure": 100,
-        "consecutive_5xx": 5, "enforcing_consecutive_5xx": 100,
+        "consecutive_5xx": 5, "enforcing_consecutive_5xx": 100, "enforcing_consecutive_gateway_failure": 0,
         "enforcing_success_rate": 0, "enforcing_local_origin_success_rate": 0,
-        "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 100,
+        "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 50,
     }
-    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": SERVER_PANIC_PERCENT}}
     # Retries may add at most 20 % to the requests in flight (3 concurrent at least): a budget, not a
     # count, so a cell-wide failure cannot multiply the load on the servers that are left.
     thresholds = cluster["circuit_breakers"]["thresholds"][0]
@@ -257,6 +267,46 @@ def _safe_retries() -> dict[str, Any]:
     }
 
 
+
+
+#: What the root retries on the fallback cell: its connection to the cell failed or was refused, it
+#: was reset before any response header (the leaf Envoy died), or the cell answered 503 (it served
+#: nothing: the leaf Envoy found no live server, or a server was stopping). Envoy never retries once
+#: response headers went to the client, so a stream that started answering is never replayed; a request
+#: the dead cell had started is generated again elsewhere (the client gets an answer, a GPU pays twice).
+CROSS_CELL_RETRY_ON = "connect-failure,refused-stream,reset,retriable-status-codes"
+
+
+def fallback_cluster_name(cluster: str, fallback: str) -> str:
+    """The aggregate cluster ``cell-<a>`` then ``cell-<b>`` (cell names have no dots: no clash)."""
+    return f"{cluster}.or.{fallback.removeprefix(CELL_CLUSTER_PREFIX)}"
+
+
+def _fallback_cluster(cluster: str, fallback: str) -> dict[str, Any]:
+    """An aggregate cluster: priority 0 is ``cluster``'s leaf, priority 1 ``fallback``'s. Requests go to
+    the first; the route's retry (previous_priorities) goes to the second."""
+    return {
+        "name": fallback_cluster_name(cluster, fallback),
+        "connect_timeout": "1s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig", "clusters": [cluster, fallback]}},
+        "circuit_breakers": {"thresholds": [dict(HIGH_THRESHOLDS, priority="DEFAULT", max_retries=HIGH_THRESHOLDS["max_requests"])]},
+    }
+
+
+def _cross_cell_retries() -> dict[str, Any]:
+    """Once, on the other priority of the aggregate cluster (the fallback cell), without back-off
+    worth speaking of: the fallback cell is healthy, the failure was the first cell's."""
+    return {
+        "retry_on": CROSS_CELL_RETRY_ON,
+        "retriable_status_codes": [503],
+        "num_retries": 1,
+        "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+            "update_frequency": 1}},
+        "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.02s"},
+    }
 
 
 def ready_listener(port: int) -> dict[str, Any]:
@@ -455,6 +505,20 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
     if has_ext_proc:
         per_filter["envoy.filters.http.ext_proc"] = ext_proc_route
     add_endpoint = [{"header": {"key": HEADER_ENDPOINT, "value": ep.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    # The root picked a cell and a fallback: one aggregate cluster per ordered pair, retried once across.
+    pairs = [
+        {
+            "name": f"{ep.name}-to-{name}-or-{other}",
+            "match": {"prefix": ep.match.prefix, "headers": [
+                {"name": HEADER_CELL, "string_match": {"exact": cfg.cell(name).cluster_name}},
+                {"name": HEADER_FALLBACK, "string_match": {"exact": cfg.cell(other).cluster_name}}]},
+            "route": dict(action, cluster=fallback_cluster_name(cfg.cell(name).cluster_name, cfg.cell(other).cluster_name),
+                          retry_policy=_cross_cell_retries()),
+            "request_headers_to_add": add_endpoint,
+            "typed_per_filter_config": per_filter,
+        }
+        for name in allowed for other in allowed if other != name
+    ] if has_ext_proc and not _runs_natively(ep, native_flow) else []
     picked = [
         {
             "name": f"{ep.name}-to-{name}",
@@ -465,7 +529,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         }
         for name in allowed
     ]
-    return picked + [
+    return pairs + picked + [
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
@@ -523,6 +587,8 @@ def root_bootstrap(
         "request_headers_to_add": [{"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
                                    for key, value in ((HEADER_SRC_CELL, me.name), (HEADER_ROOT_TOKEN, root_token(cfg)))],
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
+        # The fallback is the root Envoy's business (its route chose the pair); the leaf never sees it.
+        "request_headers_to_remove": [HEADER_FALLBACK],
     }
     filters = [_router()]
     clusters = []
@@ -531,7 +597,15 @@ def root_bootstrap(
         tls = dlb_service_tls(cfg, "root", me.name)
         clusters.append(service_health(_cluster(ROOT_EXT_PROC_CLUSTER, [(ext_proc, 1)], http2=True, connect_timeout_s=0.25, tls=tls),
                                        grpc_health=False))
-    clusters += [_cluster(d.cluster_name, [(d.leaf.address, 1)]) for d in cfg.cells if d.name in allowed]
+    dests = [d for d in cfg.cells if d.name in allowed]
+    for d in dests:
+        cluster = _cluster(d.cluster_name, [(d.leaf.address, 1)])
+        # Each request is retried across cells at most once, so retries are bounded by requests; a
+        # dead leaf Envoy resets every request it held at once, and each must get its retry.
+        cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
+        clusters.append(cluster)
+    if has_ext_proc:
+        clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     return _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
 

@@ -16,6 +16,7 @@ from typing import Any
 from dlb.config.model import Cell, Config, HostPort
 from dlb.envoy.bootstrap import (
     HEADER_CELL,
+    HEADER_FALLBACK,
     HEADER_ROOT_TOKEN,
     HEADER_SRC_CELL,
     INTERNAL_HEADERS,
@@ -23,6 +24,7 @@ from dlb.envoy.bootstrap import (
     LEAF_PICKED_CLUSTER,
     LEAF_SERVERS_CLUSTER,
     READY_LISTENER,
+    fallback_cluster_name,
     leaf_prefixes,
 )
 from dlb.envoy.root_token import root_token
@@ -178,12 +180,16 @@ class _Check:
         for d in allowed:
             self.cluster_points_at_or_missing(d)
         allowed_names = {d.cluster_name for d in allowed}
-        for name, (i, _) in self.clusters.items():
-            if isinstance(name, str) and name.startswith("cell-") and name not in allowed_names:
-                known = name.removeprefix("cell-") in cfg.cell_names
-                self.bad(f"static_resources.clusters[{i}]", f"cluster {name!r}: " + (
-                    f"the DLB config does not allow {cell.name} -> {name.removeprefix('cell-')} (network.allowed)" if known
-                    else "no such cell in the DLB config"))
+        for cluster, (i, _) in self.clusters.items():
+            if not isinstance(cluster, str) or not cluster.startswith("cell-"):
+                continue
+            first, _, then = cluster.partition(".or.")  # a cell + fallback (aggregate) names two cells
+            for name in [first, "cell-" + then] if then else [first]:
+                if name not in allowed_names:
+                    known = name.removeprefix("cell-") in cfg.cell_names
+                    self.bad(f"static_resources.clusters[{i}]", f"cluster {cluster!r}: " + (
+                        f"the DLB config does not allow {cell.name} -> {name.removeprefix('cell-')} (network.allowed)" if known
+                        else "no such cell in the DLB config"))
         if found is None:
             return
         lpath, listener = found
@@ -232,12 +238,17 @@ class _Check:
             for k, (path, r) in enumerate(routes):
                 if _get(r, "match", "prefix") != prefix:
                     continue
-                cell_match = [_get(h, "string_match", "exact") for h in _list(_get(r, "match", "headers")) if _get(h, "name") == HEADER_CELL]
+                headers = _list(_get(r, "match", "headers"))
+                cell_match = [_get(h, "string_match", "exact") for h in headers if _get(h, "name") == HEADER_CELL]
+                fb_match = [_get(h, "string_match", "exact") for h in headers if _get(h, "name") == HEADER_FALLBACK]
                 if cell_match:
                     target = _get(r, "route", "cluster")
-                    if target != cell_match[0]:
-                        self.bad(f"{path}.route.cluster", f"{target!r}, but the route matches {HEADER_CELL} = {cell_match[0]!r}")
-                    picked.setdefault(str(cell_match[0]), k)
+                    want = fallback_cluster_name(str(cell_match[0]), str(fb_match[0])) if fb_match else cell_match[0]
+                    if target != want:
+                        self.bad(f"{path}.route.cluster", f"{target!r}, but the route matches {HEADER_CELL} = {cell_match[0]!r}"
+                                 + (f" and {HEADER_FALLBACK} = {fb_match[0]!r}" if fb_match else ""))
+                    if not fb_match:
+                        picked.setdefault(str(cell_match[0]), k)
                 elif fallback is None:
                     fallback = k
                     wc = _get(r, "route", "weighted_clusters", "clusters")

@@ -14,6 +14,9 @@ routes by it, so a client that could set it would pick the server itself, past e
 # -- headers ------------------------------------------------------------------------------------------
 #: Root → root Envoy route: the chosen cell's cluster, ``cell-<name>`` (read by ``cluster_header``).
 CELL = "x-dlb-cell"
+#: Root → root Envoy route: the cell a request is retried on (once) if its connection to ``CELL`` fails
+#: or is reset before response headers, ``cell-<name>``; removed before the request leaves the root.
+FALLBACK = "x-dlb-fallback-cell"
 #: Root → leaf Envoy: the cell the request entered at (the leaf's WAN emulation delays by its RTT).
 SRC_CELL = "x-dlb-src-cell"
 #: Root → leaf Envoy: the deployment's shared secret; a leaf trusts ``x-dlb-src-cell`` only next to it
@@ -27,7 +30,7 @@ ENDPOINT = "x-dlb-endpoint"
 #: GIE endpoint picker → gateway: ``ip:port[,ip:port…]`` the gateway sends the request to (ORIGINAL_DST).
 GIE_DESTINATION = "x-gateway-destination-endpoint"
 
-INTERNAL = (CELL, SRC_CELL, ROOT_TOKEN, SERVER, GIE_DESTINATION)
+INTERNAL = (CELL, FALLBACK, SRC_CELL, ROOT_TOKEN, SERVER, GIE_DESTINATION)
 #: What no request reaching a leaf Envoy may carry: the leaf's own pick and the root's cell choice.
 LEAF_INTERNAL = (SERVER, CELL)
 #: The leaf ext_proc reads only the request id (to match the access-log completion to its pick) and the
@@ -63,3 +66,12 @@ HEALTH_PATH = "/health"
 #: requests answered ``503 no_healthy_upstream`` (seen in ``dlb bench faults``, whole-cell fault).
 SERVER_CHECK_INTERVAL_S = 0.5
 SERVER_CHECK_JITTER_S = 0.05
+#: How long the leaf Envoy waits for a server's ``/health`` before counting one failed check, and how
+#: many failed checks in a row take it out: an answer that is late is load, not death. A loaded inference
+#: server answers ``/health`` late (vLLM's goes through its busy engine process; on a busy box the
+#: emulators missed the old 1-s timeout twice in a row and a slow cell answered 503 to all its traffic).
+#: 5 s is over 3 times the slowest answer seen from a server that still served, so only a server silent
+#: for 3 × 5 s is taken out by timeouts. A dead one is found faster by other signals: a non-200
+#: ``/health`` at once, refused connects in 3 checks (1.5 s), outlier detection, the agent's scrapes.
+SERVER_CHECK_TIMEOUT_S = 5.0
+SERVER_CHECK_UNHEALTHY_THRESHOLD = 3

@@ -149,11 +149,11 @@ def run_leaf(args: argparse.Namespace) -> int:
     if not 0 <= args.drain_s < math.inf:  # as dlb serve root: nan would skip the drain, inf never end it
         raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     cfg, cell = load_cell(args.config, args.cell)
-    if args.envoy_check_address is not None:
+    for flag, value in (("--envoy-check-address", args.envoy_check_address), ("--envoy-admin", args.envoy_admin)):
         from dlb.config.loader import parse_hostport
 
-        if parse_hostport(args.envoy_check_address) is None:
-            raise UsageError(f"dlb serve leaf: --envoy-check-address: {args.envoy_check_address!r} is not host:port")
+        if value is not None and parse_hostport(value) is None:
+            raise UsageError(f"dlb serve leaf: {flag}: {value!r} is not host:port")
     # Probe and access log on one gRPC server. The ext_proc is served there too when it shares the
     # probe's address (or --ext-proc-transport grpc); on its own address it gets the HTTP/2 transport.
     listen = [args.listen or str(cell.leaf.probe)]
@@ -172,7 +172,7 @@ def run_leaf(args: argparse.Namespace) -> int:
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed,
         envoy_check_period_s=args.envoy_check_period_ms / 1000.0, xds=args.xds, xds_delta=args.xds_delta,
         ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, envoy_address=args.envoy_check_address,
-        tracing=tracing_options(args, f"dlb-leaf-{args.cell}"))))
+        envoy_admin=args.envoy_admin, tracing=tracing_options(args, f"dlb-leaf-{args.cell}"))))
     return 0
 
 
@@ -190,6 +190,8 @@ def register_leaf(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--envoy-check-address", default=None,
                    help="this agent's own leaf Envoy host:port, checked and used for background probes (default: "
                         "cells[].leaf.address; in a pod 127.0.0.1:<port>, not the cell's load balancer)")
+    p.add_argument("--envoy-admin", default=None,
+                   help="that Envoy's admin host:port: count healthy only the servers it routes to (default: off)")
     p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (server-pick tie-breaks; default random)")
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",

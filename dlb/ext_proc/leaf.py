@@ -24,7 +24,7 @@ from google.protobuf import duration_pb2
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
-from dlb.envoy import contract
+from dlb.envoy import contract, replies
 from dlb.ext_proc.leaf_als import LeafAccessLog
 from dlb.ext_proc.leaf_background import LeafBackground
 from dlb.ext_proc.leaf_probe import LeafProbe
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 HOLD_TIMEOUT_OVERRIDE = ep.ProcessingResponse(override_message_timeout=duration_pb2.Duration(
     seconds=int(MAX_HOLD_S + REPLY_MARGIN_S), nanos=int((MAX_HOLD_S + REPLY_MARGIN_S) % 1 * 1e9))).SerializeToString()
 HOLD_FULL_RESPONSE = openai_error(429, "dlb: every rank of this data-parallel server is full and the leaf's queue for it "
-                                  "is full; retry shortly", "rate_limit_error", "dlb_no_capacity", retry_after_s=1)
+                                  "is full; retry shortly", "rate_limit_error", replies.NO_CAPACITY, retry_after_s=1)
 HOLD_DEADLINE_RESPONSE = openai_error(503, "dlb: no rank of this data-parallel server could admit the request before "
-                                      "the leaf's hold deadline; retry shortly", "service_unavailable", "dlb_no_capacity",
+                                      "the leaf's hold deadline; retry shortly", "service_unavailable", replies.NO_CAPACITY,
                                       retry_after_s=1)
 
 

@@ -23,6 +23,8 @@ from dlb.config.model import BackgroundProbeParams
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
+from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
+from dlb.envoy.host_health import hosts_out
 from dlb.ext_proc.leaf_als import BACKGROUND_PROBE_ID
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
@@ -215,6 +217,63 @@ class LeafBackground:
                     self.envoy_ok = False
             await asyncio.sleep(period_s)
 
+    async def envoy_health_loop(self, admin: str, period_s: float) -> None:
+        """Read which servers the leaf Envoy routes to from its admin ``/clusters`` every ``period_s``
+        and apply it (:meth:`LeafState.set_envoy_view`), so probes report the healthy servers the Envoy
+        has, not ones the agent believes in on its own. An unreadable admin keeps the last view (a dead
+        Envoy is :meth:`envoy_check_loop`'s to report)."""
+        failures = 0
+        while True:
+            try:
+                body = await http_get(admin, "/clusters?format=json", min(1.0, max(0.2, period_s)))
+                _, out = hosts_out(body, LEAF_SERVERS_CLUSTER)
+            except (OSError, TimeoutError, ValueError) as e:
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("leaf_envoy_admin_unreadable", cell=self.state.cell, admin=admin, error=str(e), failures=failures)
+            else:
+                if failures:
+                    log.info("leaf_envoy_admin_readable", cell=self.state.cell, admin=admin)
+                failures = 0
+                self.state.set_envoy_view(out)
+            await asyncio.sleep(period_s)
+
+
+async def http_get(address: str, path: str, timeout_s: float) -> bytes:
+    """The body of a 200 answer to ``GET path`` from ``address`` (HTTP/1.1, one request per connection,
+    on asyncio streams: Envoy's admin refuses HTTP/1.0); OSError for anything else, TimeoutError when
+    it takes longer than ``timeout_s``."""
+    host, _, port = address.rpartition(":")
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(-1), timeout_s)
+    finally:
+        if writer is not None:
+            writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status, *headers = head.split(b"\r\n")
+    if not status.startswith(b"HTTP/1.") or b" 200 " not in status + b" ":
+        raise OSError(f"GET {path} from {address}: {status.decode(errors='replace')!r}")
+    if any(h.lower().startswith(b"transfer-encoding:") and b"chunked" in h.lower() for h in headers):
+        body = _unchunk(body)
+    return body
+
+
+def _unchunk(data: bytes) -> bytes:
+    """A chunked body's payload (ValueError if the framing is broken)."""
+    out = bytearray()
+    while True:
+        line, sep, data = data.partition(b"\r\n")
+        size = int(line.split(b";")[0], 16)
+        if not sep or len(data) < size:
+            raise ValueError("truncated chunked body")
+        if size == 0:
+            return bytes(out)
+        out += data[:size]
+        data = data[size + 2:]
+
 
 class Scrape(NamedTuple):
     """What one ``/metrics`` scrape of a server says (None: not exported, or the scrape failed)."""
@@ -243,24 +302,13 @@ async def scrape_vllm(address: str, timeout_s: float) -> Scrape:
     ``/metrics``, and reading that as "down" took whole healthy cells offline (two slow scrapes per
     server made the leaf report 0 healthy replicas, and the roots drop such a cell).
 
-    A tiny HTTP/1.0 GET on asyncio streams: no client library on the leaf, and nothing blocks.
+    A tiny HTTP/1.0 GET on asyncio streams (:func:`http_get`): no client library on the leaf, and nothing blocks.
     """
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    writer = None
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
-        writer.write(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
-        body = await asyncio.wait_for(reader.read(-1), timeout_s)
+        text = await http_get(address, "/metrics", timeout_s)
     except TimeoutError:
         raise ScrapeSlow(address) from None
     except (OSError, ValueError):
-        return FAILED
-    finally:
-        if writer is not None:
-            writer.close()
-    head, _, text = body.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
         return FAILED
     running = waiting = kv = limit = kv_tokens = cache = None
     for line in text.decode("utf-8", "replace").splitlines():

@@ -21,6 +21,7 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from dlb.config import Config
 from dlb.config.model import LeafPolicy
 from dlb.config.tls import component_identity
+from dlb.envoy.contract import SERVER_CHECK_INTERVAL_S
 from dlb.errors import BindError, UsageError
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_background import background_body, background_config
@@ -68,6 +69,8 @@ class LeafOptions:
     envoy_address: str | None = None
     #: A span per pick to an OTLP collector (off unless it names one).
     tracing: TracingOptions = field(default_factory=TracingOptions)
+    #: That Envoy's admin ``host:port``: count healthy only the servers it routes to (None: off).
+    envoy_admin: str | None = None
 
 
 def _bind_als(server: grpc.aio.Server, address: str) -> tuple[PeerGate, AgentSocketDir] | None:
@@ -177,6 +180,9 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     if opts.envoy_check_period_s > 0:
         bg.envoy_ok = False  # not ready for traffic until the first check finds the leaf Envoy up
         tasks.append(asyncio.create_task(bg.envoy_check_loop(envoy_address, opts.envoy_check_period_s)))
+    if opts.envoy_admin is not None:
+        # Twice per health-check period: the verdict reaches probes within a quarter second of Envoy acting on it.
+        tasks.append(asyncio.create_task(bg.envoy_health_loop(opts.envoy_admin, SERVER_CHECK_INTERVAL_S / 2)))
     if opts.scrape_period_s > 0:
         tasks.append(asyncio.create_task(bg.scrape_loop(opts.scrape_period_s, min(1.0, max(0.2, opts.scrape_period_s)))))
     # Runs while probing is off too: a live config change (xDS) can turn it on without a restart.

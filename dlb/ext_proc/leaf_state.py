@@ -21,7 +21,8 @@ What it does, and why here rather than in Envoy:
 - **Measure**: each completion gives a (cell RIF at arrival, latency) sample for
   :class:`LatencyEstimator` and an outcome for :class:`ErrorTracker` (both from the routing core).
 - **Passive health**: ``eject_after`` consecutive failures of one server remove it from picking for
-  ``eject_s``; if every server is ejected we pick among all (fail open, never a local 503).
+  ``eject_s``; so do failed scrapes and the leaf Envoy's own verdict (:meth:`LeafState.set_envoy_view`);
+  if every server is out we pick among all (fail open, never a local 503).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class ServerState:
     #: running slots + queue limit (-1 unknown). The most, not the last: a refusal seen with fewer in
     #: flight (others just finished) must not make a busy server look full.
     admit_limit: float = -1.0
+    #: The leaf Envoy routes nothing here (its health check or outlier detection took it out).
+    envoy_out: bool = False
 
 
 @dataclass
@@ -233,11 +236,21 @@ class LeafState:
         self.prior = prior
         self.estimator.reset_prior(prior)
 
+    def set_envoy_view(self, out: set[str]) -> None:
+        """The leaf Envoy's verdict (:mod:`dlb.envoy.host_health`): ``out`` are the servers it routes
+        nothing to. They are neither picked nor counted healthy, so what probes report is what the
+        Envoy can serve: a cell whose Envoy took every server out reports 0 healthy replicas."""
+        for s in self.servers:
+            s.envoy_out = s.address in out
+
     # -- picking ---------------------------------------------------------------------------------
+    def _ok(self, s: ServerState, now: float) -> bool:
+        return s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold and not s.envoy_out
+
     def usable(self, now: float, among: Sequence[int] | None = None) -> list[int]:
         """Healthy servers (of ``among``: a gateway's subset hint, when given); all of them if none is."""
         pool = range(len(self.servers)) if among is None else among
-        ok = [i for i in pool if self.servers[i].ejected_until <= now and self.servers[i].scrape_failures < self.scrape_fail_threshold]
+        ok = [i for i in pool if self._ok(self.servers[i], now)]
         return ok or list(pool)
 
     def load(self, i: int) -> float:
@@ -301,8 +314,8 @@ class LeafState:
     def _dp_allowed(self, members: list[str], now: float,
                     among: Sequence[int] | None = None) -> tuple[list[int], npt.NDArray[np.bool_]]:
         idx = [self.by_address.get(a, UNKNOWN) for a in members]
-        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now and (among is None or k in among)
-                            and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
+        allowed = np.array([k != UNKNOWN and (among is None or k in among) and self._ok(self.servers[k], now)
+                            for k in idx])
         return idx, allowed
 
     def release(self, now: float) -> list[tuple[str, int]]:
@@ -518,7 +531,7 @@ class LeafState:
         return len(self.inflight)
 
     def healthy(self, now: float) -> int:
-        return sum(1 for s in self.servers if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold)
+        return sum(1 for s in self.servers if self._ok(s, now))
 
     def healthy_replicas(self, now: float) -> int:
         """k_j scaled by the healthy fraction of servers (what the RIF cost N_j/k_j should divide by)."""
@@ -527,8 +540,7 @@ class LeafState:
     def capacity(self, now: float) -> float | None:
         """Requests the cell admits before its servers refuse: the healthy servers' admit limits summed;
         None until every healthy server has refused once (a root never sheds on a guess)."""
-        limits = [s.admit_limit for s in self.servers
-                  if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
+        limits = [s.admit_limit for s in self.servers if self._ok(s, now)]
         return float(sum(limits)) if limits and min(limits) > 0 else None
 
     def waiting(self) -> float:

@@ -4,7 +4,9 @@ Envoy's ext_proc filter opens one gRPC stream per HTTP request and sends the req
 answer with a header mutation ``x-dlb-cell: cell-<name>`` (+ ``x-dlb-src-cell: <own cell>``) and
 ``clear_route_cache`` so the route's ``cluster_header`` sends the request to that cell's leaf Envoy.
 The decision is made by the routing core's :class:`RootRouter` (one per endpoint) from probe state
-cached by :class:`ProbeClient`; nothing on the request path waits for I/O.
+cached by :class:`ProbeClient`; nothing on the request path waits for I/O. With more than one usable
+cell the answer also names a fallback, ``x-dlb-fallback-cell``: the next-best cell, on which the root
+Envoy retries a request whose connection to the first failed or was reset before any response header.
 
 Client-supplied ``x-dlb-*`` headers are never read here (only ``:path`` and the endpoint's session
 header are), and the root Envoy strips them before any filter runs (``internal_only_headers``).
@@ -28,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dlb.config import Config
 from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.core.aversion import RecentErrors
+from dlb.core.fallback import NO_FALLBACK, next_best
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL, SHED, Mechanism, PolicyConfig, RootRouter
 from dlb.core.shedding import retry_after_s
@@ -93,6 +96,10 @@ def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_
     new.invalidate()  # the arrays above were written directly
 
 
+#: How often each endpoint's fallback table is rebuilt from its costs (a few times per probe period).
+FALLBACK_REFRESH_S = 0.05
+
+
 @dataclass
 class EndpointState:
     """One endpoint on this root: its path prefix, router and decision counters."""
@@ -111,6 +118,11 @@ class EndpointState:
     #: Sheds since the last ``requests_shed`` log line (one line per endpoint per SHED_LOG_EVERY_S).
     shed_unlogged: int = 0
     shed_logged_at: float = -math.inf
+
+    #: Per cell, the next-best usable cell a request there is retried on (:mod:`dlb.core.fallback`),
+    #: rebuilt every :data:`FALLBACK_REFRESH_S` rather than per request.
+    fallback: list[int] = field(default_factory=list)
+    fallback_until: float = -math.inf
 
     def refuse_shed(self, cell: str, now: float) -> bytes:
         """The 429 for a shed request; its ``retry-after`` is re-derived from the cells' state at most every
@@ -142,6 +154,8 @@ class RootService:
     endpoints: list[EndpointState]
     #: Pre-serialised ``ProcessingResponse`` per destination cell index.
     responses: list[bytes]
+    #: The same with a fallback cell, ``[cell][fallback]`` (``x-dlb-fallback-cell`` too).
+    fallback_responses: list[list[bytes]] = field(default_factory=list)
     no_cell_response: bytes = field(default_factory=lambda: openai_error(
         503, "dlb: no usable cell for this request (all destinations down, stale or not allowed); retry shortly",
         replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=replies.DEFAULT_RETRY_AFTER_S))
@@ -192,8 +206,14 @@ class RootService:
             header = spec.policy.affinity.header.lower() if spec.policy.affinity.enabled else None
             endpoints.append(EndpointState(spec.name, spec.prefix, router, header, decisions,
                                            prev.rejected if prev is not None else 0, prev.shed if prev is not None else 0))
-        responses = [header_response([(contract.CELL, CELL_CLUSTER_PREFIX + n), (contract.SRC_CELL, self.cell)], remove=[contract.SERVER])
-                     for n in topology.names]
+        def response(cell: str, fallback: str | None = None) -> bytes:
+            headers = [(contract.CELL, CELL_CLUSTER_PREFIX + cell), (contract.SRC_CELL, self.cell)]
+            if fallback is not None:
+                headers.append((contract.FALLBACK, CELL_CLUSTER_PREFIX + fallback))
+            return header_response(headers, remove=[contract.SERVER])
+
+        responses = [response(n) for n in topology.names]
+        self.fallback_responses = [[response(n, f) for f in topology.names] for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
         # Aversion sees a cell's error EMA only while its error counter keeps rising (RecentErrors).
         hold = 2.0 * max((s.policy.aversion.period_s for s in specs), default=1.0)
@@ -233,7 +253,17 @@ class RootService:
             ep_state.rejected += 1
             return self.no_cell_response
         ep_state.decisions[cell] += 1
-        return self.responses[cell]
+        if now >= ep_state.fallback_until:
+            self._refresh_fallback(ep_state, now)
+        fb = ep_state.fallback[cell]
+        return self.responses[cell] if fb == NO_FALLBACK else self.fallback_responses[cell][fb]
+
+    def _refresh_fallback(self, ep_state: EndpointState, now: float) -> None:
+        """Rebuild the endpoint's fallback table from the costs a discrete pick would use now."""
+        r = ep_state.router
+        usable = [int(j) for j in np.flatnonzero(r.usable(now))]
+        ep_state.fallback = next_best(r.costs(now).tolist(), usable, len(self.cell_names))
+        ep_state.fallback_until = now + FALLBACK_REFRESH_S
 
     def __post_init__(self) -> None:
         #: Every endpoint's affinity header (the only client headers besides :path we ever read).

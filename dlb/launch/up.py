@@ -188,14 +188,15 @@ def _python() -> list[str]:
 
 
 def _envoy_child(sup: Supervisor, role: str, cell: str, xds: HostPort, listener: HostPort, run_dir: Path,
-                 tls: TlsFiles | None = None) -> tuple[Child, int]:
-    """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier."""
+                 tls: TlsFiles | None = None, admin: int | None = None) -> tuple[Child, int]:
+    """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier (admin on
+    ``admin``, default a free port)."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
 
     name, tier = f"{role} {cell} envoy", f"{role}s" if role == "root" else "leaves"
     from dlb.envoy.binary import envoy_binary
 
-    admin = free_port()
+    admin = admin or free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
     boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=tls), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
@@ -245,14 +246,15 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url)
     for cell in cfg.cells:
         ready_path = run_dir / f"leaf-{cell.name}.ready.json"
-        metrics_port = free_port()
+        metrics_port, admin = free_port(), free_port()
         sup.add(Child(f"leaf {cell.name} agent", "leaves",
                       [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
-                       "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *(leaf_args or [])],
+                       "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path),
+                       "--envoy-admin", f"127.0.0.1:{admin}", *(leaf_args or [])],
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _, admin = _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls)
+        _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls, admin)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:

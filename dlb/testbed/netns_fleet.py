@@ -162,7 +162,8 @@ def plan(lab: Lab, p: NetnsPlan, sup: Supervisor) -> NetnsDeployment:
         ready_path = sup.run_dir / f"leaf-{cell}.ready.json"
         add(cell, Child(f"leaf {cell} agent", "leaves",
                         _python(h, "serve", "leaf", "--config", conf, "--cell", cell, "--xds", xds,
-                                "--metrics", f"{h.ip}:{LEAF_METRICS_PORT}", "--ready-file", str(ready_path)),
+                                "--metrics", f"{h.ip}:{LEAF_METRICS_PORT}", "--ready-file", str(ready_path),
+                                "--envoy-admin", f"127.0.0.1:{ADMIN_PORT}"),
                         sup.run_dir / f"leaf-{cell}.log", ready=functools.partial(ready_path.exists),
                         before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         dep.children[cell].append(_envoy(sup, dep, h, "leaves", "leaf", cell, HostPort(h.ip, LEAF_PORT)))

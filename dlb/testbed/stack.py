@@ -169,9 +169,11 @@ def start_data_plane(
             stack.callback(lambda: plane.control_plane.stop() if plane.control_plane is not None else None)
             plane.control_plane.start()
             xds = ("--xds", raw["services"]["control_plane"]["xds"])
+        leaf_admin = {c.name: free_port() for c in cells}  # each agent reads its Envoy's health verdicts there
         for c in cells:
             leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
-                                  "--scrape-period-ms", "100", "--seed", "7", *xds, *leaf_args)
+                                  "--scrape-period-ms", "100", "--seed", "7", "--envoy-admin", f"127.0.0.1:{leaf_admin[c.name]}",
+                                  *xds, *leaf_args)
             plane.leaves[c.name] = leaf
             procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
@@ -184,7 +186,7 @@ def start_data_plane(
         for p in procs:
             p.wait_ready()
         for c in cells:
-            admin = free_port()
+            admin = leaf_admin[c.name]
             boot = leaf_bootstrap(cfg, c.name, admin_port=admin, emulate_wan=emulate_wan, access_log=True)
             path = write_bootstrap(boot, Path(tmp.name) / f"leaf-{c.name}.yaml")
             plane.leaf_envoys[c.name] = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))

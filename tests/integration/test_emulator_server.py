@@ -326,7 +326,7 @@ def test_fault_knobs_flip_a_running_server_bad_and_back() -> None:
                 assert r.status == 400
             async with s.get(emu.admin_url + "/admin/faults") as r:
                 assert await r.json() == {"error_rate": 0.0, "error_status": 500, "slowdown": 1.0,
-                                          "extra_latency_ms": 0.0, "down": False}  # fmt: skip
+                                          "extra_latency_ms": 0.0, "health_delay_ms": 0.0, "down": False}  # fmt: skip
 
     run(go())
 

@@ -320,13 +320,15 @@ def _strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
         yield path, node
 
 
-#: Where loopback is right: Envoy's admin (never exposed), the hop from a pod's Envoy to its own
-#: ext_proc service (dlb.yaml and the root service's --listen). Paths as _strings spells them.
+#: Where loopback is right: Envoy's admin (never exposed; the leaf agent reads its pod Envoy's there),
+#: the hop from a pod's Envoy to its own ext_proc service (dlb.yaml and the root service's --listen).
+#: Paths as _strings spells them.
 LOOPBACK_ALLOWED = [
     re.compile(r"^bootstrap\.admin\.address\.socket_address\.address$"),
     re.compile(r"^dlb\.yaml\.cells\[\d+\]\.(root|leaf)\.ext_proc$"),
     re.compile(r"^dlb\.yaml\.services\.root\.ext_proc$"),
     re.compile(r"^Deployment/dlb-root[\w-]*\.spec\.template\.spec\.containers\[\d+\]\.args\[\d+\]=--listen=127\.0\.0\.1:\d+$"),
+    re.compile(r"^Deployment/dlb-leaf[\w-]*\.spec\.template\.spec\.containers\[\d+\]\.args\[\d+\]=--envoy-admin=127\.0\.0\.1:9901$"),
 ]
 
 
@@ -341,7 +343,7 @@ def loopback_problems(docs: list[dict[str, Any]]) -> list[str]:
         for p, s in _strings(d, _name(d)):
             if LOOPBACK.search(s):
                 # A root service's --listen is allowed only as that exact flag (the in-pod ext_proc hop).
-                found.append(f"{p}={s}" if s.startswith("--listen=") else p)
+                found.append(f"{p}={s}" if s.startswith(("--listen=", "--envoy-admin=")) else p)
     return [f"{p}: loopback address outside admin and the in-pod ext_proc hop" for p in found
             if not any(a.search(p) for a in LOOPBACK_ALLOWED)]
 

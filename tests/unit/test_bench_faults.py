@@ -64,3 +64,21 @@ def test_trace_client_tells_a_whole_stream_from_a_cut_one() -> None:
     assert _answers([early])[0] == (0, "no [DONE]")
     cut = STREAM_HEAD + b"c\r\ndata: {\"x\"}\n\r\n"  # Envoy resets the client mid-body: a server died
     assert _answers([cut], lose=True) == [(0, "cut after 200"), (0, "")]
+
+
+def test_leaf_envoy_and_overload_verdicts_and_the_spread_of_three_runs() -> None:
+    """A killed leaf Envoy may cost only streams already answering; an overloaded cell at most 1 % and none
+    of its servers; three runs are one row of min/median/max that passes only if every run does."""
+    from dlb.bench.faults import spread
+
+    s = [Sample(0.5, 0.6, 200, "a-0"), Sample(2.0, 2.1, 200, "a-0"), Sample(2.9, 3.5, 0, "cut after 200"),
+         Sample(6.1, 6.2, 200, "a-1"), Sample(7.2, 7.3, 200, "a-0")]
+    row = summarise(s, "leaf_envoy", "ext_proc", 1.0, fault_at=3.0, restore_at=6.0)
+    assert row["verdict"] == "pass"
+    lost = summarise([*s, Sample(3.1, 3.2, 503, "no_healthy_upstream")], "leaf_envoy", "ext_proc", 1.0, 3.0, 6.0)
+    assert lost["verdict"].startswith("fail: 1 failed before their answer started")
+    over = dict(row, fault="cell_overload", envoy_min_healthy=1, servers_a=2)
+    assert verdict(over) == "fail: 1 of 5 failed (target <= 1 %); the leaf Envoy kept only 1 servers"
+    r = spread([dict(row, policy="Flow-Grad", recover_s=x) for x in (0.0, 2.0, 1.0)])
+    assert r["recover_s"] == [0.0, 1.0, 2.0] and r["sent"] == [5, 5, 5] and r["verdict"] == "pass" and r["runs"] == 3
+    assert spread([row, dict(lost, policy="Disc-RIF"), dict(row, recover_s=None)])["recover_s"] is None

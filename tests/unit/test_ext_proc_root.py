@@ -64,13 +64,21 @@ def service(**kw) -> tuple[RootService, Clock]:
     return svc, clock
 
 
-def test_decision_sets_cell_and_source_headers():
+def test_decision_sets_cell_fallback_and_source_headers():
     svc, clock = service()
     probe(svc, 0, clock.t)
     probe(svc, 1, clock.t)
     h = set_headers(svc.decide(headers_msg().request_headers.headers.headers))
-    assert h == {"x-dlb-cell": "cell-a", "x-dlb-src-cell": "a"}
+    # b is the only other usable cell: the root Envoy retries there if a's connection fails
+    assert h == {"x-dlb-cell": "cell-a", "x-dlb-fallback-cell": "cell-b", "x-dlb-src-cell": "a"}
     assert svc.endpoints[0].decisions == [1, 0]
+
+
+def test_no_fallback_when_one_cell_is_usable():
+    svc, clock = service()
+    probe(svc, 0, clock.t)  # b never answered: not usable, so not a fallback
+    h = set_headers(svc.decide(headers_msg().request_headers.headers.headers))
+    assert h == {"x-dlb-cell": "cell-a", "x-dlb-src-cell": "a"}
 
 
 def test_load_moves_the_decision_and_spoofed_headers_are_ignored():

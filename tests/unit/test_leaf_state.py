@@ -268,3 +268,15 @@ def test_the_probe_answer_carries_the_capacity_learned_from_the_access_log() -> 
     asyncio.run(feed())
     answer = agent.probe.snapshot(0.0)
     assert answer.HasField("capacity") and answer.capacity == 6
+
+
+def test_servers_the_leaf_envoy_took_out_are_neither_picked_nor_counted_healthy():
+    """The agent's healthy servers are its Envoy's: with every server out there, probes report 0 replicas."""
+    st = make(3, choices=3)
+    st.set_envoy_view({"10.0.0.1:80"})
+    assert st.healthy(0.0) == 2 and st.healthy_replicas(0.0) == 2
+    assert 1 not in {st.pick(0.0, f"r{i}") for i in range(12)}
+    st.set_envoy_view({s.address for s in st.servers})
+    assert st.healthy(0.0) == 0 and st.healthy_replicas(0.0) == 0
+    st.set_envoy_view(set())  # back in its rotation: back in the agent's
+    assert st.healthy(0.0) == 3
