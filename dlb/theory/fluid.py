@@ -59,8 +59,7 @@ DT = 2.0**-7
 
 
 # -- topologies ------------------------------------------------------------------------------------------
-def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int] = (3, 6), density: float = 0.7,
-                   load: float | None = None) -> FluidNetwork:
+def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int] = (3, 6), density: float = 0.7) -> FluidNetwork:
     """A heterogeneous random fluid network.
 
     - Cells on a 2-D map; RTT = 1 ms + 149 ms × distance/√2, so 1–150 ms, triangle inequality holds;
@@ -71,10 +70,9 @@ def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int]
       the knee. Cell parameters aggregate k servers: b/k, c·k, s·k.
     - Residency: every cell may serve itself; each other arc is allowed with probability 0.7,
       independently per direction (so the arc set is asymmetric).
-    - Demand: 60–85 % of total capacity (``load``: exactly that fraction; the random draw is made
-      either way, so a topology's cells and arcs do not depend on it), split over sources uniformly on
-      the simplex; redrawn until a routing exists that keeps every cell under 90 % (or halfway from
-      ``load`` to the buffer's utilisation; Assumption 2 with margin, checked by an LP).
+    - Demand: 60–85 % of total capacity (:func:`at_load` sets another), split over sources uniformly
+      on the simplex; redrawn until a routing exists that keeps every cell under 90 % (Assumption 2
+      with margin, checked by an LP).
     - Buffer: :func:`buffers`.
     """
     n = int(rng.integers(n_cells[0], n_cells[1] + 1))
@@ -91,14 +89,13 @@ def random_network(rng: np.random.Generator, name: str, n_cells: tuple[int, int]
     allowed = rng.random((n, n)) < density
     np.fill_diagonal(allowed, True)
     cap = k / b_srv
-    margin = 0.9 if load is None else max(0.9, 0.5 * (load + BUFFER_RHO))
     for attempt in range(400):
         if attempt and attempt % 50 == 0:  # a sparse draw may admit no servable demand: redraw the arcs
             allowed = rng.random((n, n)) < density
             np.fill_diagonal(allowed, True)
         util = rng.uniform(0.6, 0.85)
-        lam = rng.dirichlet(np.ones(n)) * (util if load is None else load) * cap.sum()
-        if balanced_routing(lam, cap, allowed)[1] < margin:
+        lam = rng.dirichlet(np.ones(n)) * util * cap.sum()
+        if balanced_routing(lam, cap, allowed)[1] < 0.9:
             break
     else:  # pragma: no cover - with self-loops and arc redraws one is practically always found
         raise RuntimeError(f"{name}: could not draw a feasible demand")
@@ -142,18 +139,31 @@ def scale_networks(seed: int, sizes: tuple[int, ...] = SCALE_SIZES, graphs: tupl
                    loads: tuple[float | None, ...] = (None,)) -> list[FluidNetwork]:
     """The "scale" set: one topology per (size, graph, load), named e.g. ``C12`` (complete) / ``S12``
     (sparse), ``C12@95`` at a set load. Every (size, graph) is drawn, in the same order, whatever is
-    asked for, so a topology is the same in every selection; a load changes only the demand's size."""
+    asked for, so a topology is the same in every selection; a load changes only the demand (:func:`at_load`)."""
     order = sorted(set(sizes), key=lambda n: (n not in _FIRST_DRAWN, _FIRST_DRAWN.index(n) if n in _FIRST_DRAWN else n))
-    out = []
-    for load in loads:
-        rng = np.random.default_rng([seed, 11])
-        tag = "" if load is None else f"@{round(100 * load)}"
-        for n in order:
-            for g, d in SCALE_GRAPHS:
-                net = random_network(rng, f"{g[0].upper()}{n:02d}{tag}", n_cells=(n, n), density=d, load=load)
-                if g in graphs:
-                    out.append(net)
-    return out
+    rng = np.random.default_rng([seed, 11])
+    drawn = [random_network(rng, f"{g[0].upper()}{n:02d}", n_cells=(n, n), density=d) for n in order for g, d in SCALE_GRAPHS]
+    keep = [net for net in drawn if any(net.name.startswith(g[0].upper()) for g in graphs)]
+    if loads == (None,):
+        return keep
+    return [net if load is None else at_load(net, load, np.random.default_rng([seed, 12, k]))
+            for load in loads for k, net in enumerate(keep)]
+
+
+def at_load(net: FluidNetwork, load: float, rng: np.random.Generator) -> FluidNetwork:
+    """``net`` with its demand scaled to ``load`` of capacity, named e.g. ``C12@95``.
+
+    The split over sources is kept if some routing still keeps every cell under halfway from ``load``
+    to the buffer's utilisation (Assumption 2 with margin); else it is redrawn uniformly on the simplex.
+    """
+    margin = max(0.9, 0.5 * (load + BUFFER_RHO))
+    total = load * float(net.capacity.sum())
+    split = net.lam / net.lam.sum()
+    for _ in range(400):
+        if balanced_routing(split * total, net.capacity, net.allowed)[1] < margin:
+            return replace(net, name=f"{net.name}@{round(100 * load)}", lam=split * total)
+        split = rng.dirichlet(np.ones(net.n))
+    raise RuntimeError(f"{net.name}: no demand split is servable at load {load:g}")
 
 
 def dynamics_network(load: float = 0.9) -> FluidNetwork:
@@ -446,21 +456,10 @@ WARDROP_TARGET = 0.01
 
 
 def targets(records: list[Record]) -> list[tuple[str, bool, str]]:
-    """The checks ``dlb theory`` exits on, over the exact-model records: (target, holds, measured).
-
-    Records of the delay-only rule are judged only against the shipped rule on the same case: the
-    delay-only rule must ring (amplitude above the limit) where the shipped one settles.
-    """
+    """The checks ``dlb theory`` exits on, over the exact-model records of the shipped flow delay rule
+    (records of the delay-only rule, like noisy ones, are reported, not judged): (target, holds, measured)."""
     exact = [r for r in records if r.noise == 0.0 and r.rule == "relaxation"]
-    old = [r for r in records if r.noise == 0.0 and r.rule != "relaxation"]
     out = []
-    if old:
-        calm = max(exact, key=lambda r: r.amplitude, default=None)
-        ring = min(old, key=lambda r: r.amplitude)
-        out.append((f"delay-only rule rings (amplitude > {100 * AMPLITUDE_LIMIT:g}%) where the shipped rule does not",
-                    ring.amplitude > AMPLITUDE_LIMIT and (calm is None or calm.amplitude <= AMPLITUDE_LIMIT),
-                    f"delay-only min {100 * ring.amplitude:.3f}% ({ring.policy} {ring.topology}); shipped max "
-                    + (f"{100 * calm.amplitude:.3f}% ({calm.policy} {calm.topology})" if calm else "not run")))
     fg = [r for r in exact if r.policy == "Flow-Grad"]
     if fg:
         # |gap|: an end state far *below* the optimum is impossible at steady state; it means the
