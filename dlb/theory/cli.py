@@ -79,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of %(default)s")
     p.add_argument("--replicas", default="1,4,16", help="root replicas per cell to run (default %(default)s)")
     p.add_argument("--noise", default="0,0.25", help="model errors ε to run; 0 = exact (default %(default)s)")
+    p.add_argument("--rule", choices=("relaxation", "delay-only", "both"), default=None,
+                   help="flow step delay rule: τ̄ counts the slowest queue's relaxation time (relaxation, the "
+                   "router's default) or only network + probe delay (delay-only); default: both for the dynamics "
+                   "set, relaxation otherwise")
     p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None,
@@ -165,11 +169,13 @@ def run_cli(args: argparse.Namespace) -> int:
         raise UsageError("--load applies to the scale and dynamics sets")
     else:
         nets = networks(args.topologies, args.seed)
+    if args.rule is not None:
+        rules = {"relaxation": (True,), "delay-only": (False,), "both": (False, True)}[args.rule]
     commit = getattr(args, "provenance_commit", None) or "unknown"  # filled in by dlb.cli
     code = getattr(args, "provenance_code", None) or "unknown"
     settings = {"code": code, "set": args.topology_set, "sizes": args.sizes, "topologies": args.topologies,
                 "seed": args.seed, "horizon": args.horizon, "window": window, "kappa": args.kappa,
-                "graphs": args.graphs, "load": args.load}
+                "graphs": args.graphs, "load": args.load, "rule": args.rule}
     start = time.monotonic()
     total = len(nets) * len(replicas) * len(noises) * len(policies) * len(rules)
     partial = f"{args.json_path}.partial.jsonl" if args.json_path else None
