@@ -41,6 +41,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bfio/study.json*", "dlb bfio study --milp --json FILE --plots research/img"),
     ("img/bfio_*.png", "dlb bfio study --milp --json research/bfio/study.json --plots research/img"),
     ("sim/issue-11/theory-scale*", "dlb theory --json FILE (sizes and policies: research/sim/issue-11/README.md)"),
+    ("sim/theory-load/targets-delay-only*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
+     "--policies Flow-Grad --replicas 1 --noise 0 --rule delay-only --jobs 1 --json FILE"),
+    ("sim/theory-load/targets*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
+     "--policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
+    ("sim/theory-load/dynamics*", "dlb theory --set dynamics --policies Flow-Grad,Flow-Lat --replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/speed-s3-12/*.json", "python research/sim/speed-s3-12/ab.py TREE_A TREE_B MINUTES REPEAT FILE"),
     ("sim/speed-f2d3554/*.json", "PYTHONPATH=TREE python research/sim/speed-f2d3554/bench.py time MINUTES FILE"),
     ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),

@@ -80,7 +80,7 @@ def test_cli_resumes_an_interrupted_run_and_refuses_bad_settings(tmp_path, monke
     assert len(full) == 4 and {r["code"] for r in full} == {"tree-a"}
     assert not (tmp_path / "t.json.partial.jsonl").exists()
     settings = {"code": "tree-a", "set": "scale", "sizes": "2", "topologies": 12, "seed": 0, "horizon": 20.0,
-                "window": 10.0, "kappa": 1.0}
+                "window": 10.0, "kappa": 1.0, "graphs": "complete,sparse", "load": None, "rule": None}
     partial = tmp_path / "t.json.partial.jsonl"
     partial.write_text("".join(json.dumps({**r, "settings": settings}) + "\n" for r in full[:2]) + '{"topol')
     f.unlink()
