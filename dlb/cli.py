@@ -36,6 +36,7 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
     ("serve", "emulator", "run an emulated OpenAI-compatible GPU inference server", "dlb.emulator.cli:register"),
     ("serve", "root", "root ext_proc service: picks a cell per request", "dlb.ext_proc.cli:register_root"),
     ("serve", "leaf", "leaf agent: picks servers in a cell, measures it, answers probes", "dlb.ext_proc.cli:register_leaf"),
+    ("serve", "epp", "Gateway API Inference Extension endpoint picker for one pool", "dlb.epp.cli:register"),
     ("bench", "envoy-push", "time from a flow-weight change to a real Envoy applying it", "dlb.bench.cli:register_envoy_push"),
     ("bench", "pick", "per-request decision cost of the root router vs a numpy baseline", "dlb.bench.cli:register_pick"),
     ("bench", "overhead", "added latency/throughput/CPU of the root (and leaf) ext_proc hop", "dlb.bench.cli:register_overhead"),

@@ -3,6 +3,11 @@
 Every service and command calls :func:`configure` at start-up; library modules only call
 :func:`get_logger`. JSON lines by default (machine-readable for operators), a console renderer
 when asked for (``DLB_LOG_FORMAT=console``), so logs stay greppable in CI output.
+
+Warnings and errors are rate-limited per event kind (:class:`EventLimiter`): a hostile peer makes the
+same few events over and over (one ``h2_connection_error`` per bad connection: 1,435 lines from 1,531
+fuzzed conversations), and a log that grows with what peers send is itself a resource they exhaust.
+The line that passes after a quiet spell says how many of its kind were ``dropped``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -31,6 +40,44 @@ class _Stderr:
         sys.stderr.flush()
 
 
+#: Levels the limiter applies to: routine info lines (start, stop, reconfiguration) are not a peer's doing.
+_LIMITED_LEVELS = frozenset({"warning", "error", "critical", "exception"})
+
+
+@dataclass
+class EventLimiter:
+    """A token bucket per event kind: ``burst`` lines at once, then one per ``every_s``; a structlog
+    processor (it raises ``DropEvent`` for the rest, and adds ``dropped`` to the next line that passes)."""
+
+    burst: int = 5
+    every_s: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    #: kind -> [tokens, last refill time, dropped since the last line]
+    _buckets: dict[str, list[float]] = field(default_factory=dict)
+
+    def __call__(self, _logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if event.get("level", method) not in _LIMITED_LEVELS:
+            return event
+        kind = str(event.get("event"))
+        now = self.clock()
+        bucket = self._buckets.get(kind)
+        if bucket is None:
+            if len(self._buckets) >= 1000:  # event names are ours, but bound the table anyway
+                self._buckets.clear()
+            bucket = self._buckets[kind] = [float(self.burst), now, 0.0]
+        tokens = min(float(self.burst), bucket[0] + (now - bucket[1]) / self.every_s)
+        bucket[1] = now
+        if tokens < 1.0:
+            bucket[0] = tokens
+            bucket[2] += 1
+            raise structlog.DropEvent
+        bucket[0] = tokens - 1.0
+        if bucket[2]:
+            event["dropped"] = int(bucket[2])
+            bucket[2] = 0.0
+        return event
+
+
 def configure(level: str | None = None, fmt: str | None = None) -> None:
     """Configure structlog and stdlib logging; idempotent."""
     global _configured
@@ -48,6 +95,7 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            EventLimiter(),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,

@@ -44,8 +44,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("sim/theory-load/targets-delay-only*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
      "--policies Flow-Grad --replicas 1 --noise 0 --rule delay-only --jobs 1 --json FILE"),
     ("sim/theory-load/targets*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
-     "--policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
+     "--policies Flow-Grad --replicas 1 --noise 0 --rule relaxation --jobs 1 --json FILE"),
     ("sim/theory-load/dynamics*", "dlb theory --set dynamics --policies Flow-Grad,Flow-Lat --replicas 1 --noise 0 --jobs 1 --json FILE"),
+    ("sim/shedding/*.json", "python research/sim/shedding/overload.py --minutes 5 --scenarios 4"),
+    ("routing-stress/*.json", "python research/routing-stress/probe.py --seeds 7001,7002,7003 --minutes 4 --util 0.95 "
+                               "--model pipeline --workers 1 --json FILE (at the commit in FILE's name)"),
     ("sim/speed-s3-12/*.json", "python research/sim/speed-s3-12/ab.py TREE_A TREE_B MINUTES REPEAT FILE"),
     ("sim/speed-f2d3554/*.json", "PYTHONPATH=TREE python research/sim/speed-f2d3554/bench.py time MINUTES FILE"),
     ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),

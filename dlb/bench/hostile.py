@@ -43,18 +43,26 @@ from typing import Any
 
 from dlb.bench import harness
 from dlb.bench import hostile_attacks as atk
+from dlb.bench import hostile_local as local
+from dlb.bench import hostile_measure as measure
 from dlb.bench.hostile_measure import Monitor, Traffic, ext_proc_ping, gc_pauses, health_ping, p50, probe_ping, rss_mb, secure_or_plain
 from dlb.procutil import free_port
 
-ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "als-flood", "ads-bloat", "yaml-bomb-validate", "yaml-bomb-sighup")
+ATTACKS = ("hpack-cache", "stream-walk", "idle-connections", "slot-squat", "als-flood", "als-injection", "als-path-squat", "ads-bloat",
+           "yaml-bomb-validate", "yaml-bomb-sighup")
 #: Only meaningful against TLS listeners: run after row 3 with ``--tls`` (and on request).
 TLS_ATTACKS = ("stalled-tls-handshakes",)
 ROW = {"hpack-cache": 1, "stream-walk": 2, "idle-connections": 3, "stalled-tls-handshakes": 3, "als-flood": 5, "ads-bloat": 6,
-       "yaml-bomb-validate": 7, "yaml-bomb-sighup": 7}
+       "yaml-bomb-validate": 7, "yaml-bomb-sighup": 7, "slot-squat": 8,
+       "als-injection": 9, "als-path-squat": 10}
 WARMUP_S = 8.0
 #: The shortest window the real traffic and the pings are judged over, however soon the attacker is done.
 MIN_WINDOW_S = 3.0
-TARGETS = {"rss_growth_mb": 50.0, "loop_block_ms": 50.0, "p50_ratio": 2.0, "errors": 0, "config_report_s": 2.0, "config_report_mb": 200.0}
+#: Row 8: a new gRPC channel opened this often while the slots are squatted, each served within NEW_CHANNEL_MS.
+NEW_CHANNEL_EVERY_S = 2.0
+NEW_CHANNEL_MS = 1000.0
+TARGETS = {"new_channel_ms": NEW_CHANNEL_MS,
+           "rss_growth_mb": 50.0, "loop_block_ms": 50.0, "p50_ratio": 2.0, "errors": 0, "config_report_s": 2.0, "config_report_mb": 200.0}
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -192,13 +200,19 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
     scale, settle_s, mem_cap_mb, validate_timeout_s = opts.scale, opts.settle_s, opts.mem_cap_mb, opts.validate_timeout_s
     plane = s.plane
     root_ext_proc, leaf_probe = str(plane.cfg.cell("a").root.ext_proc), str(plane.cfg.cell("a").leaf.probe)
+    als_path = plane.cfg.cell("a").leaf.access_log_address()
     host, port = (root_ext_proc.rpartition(":")[0], int(root_ext_proc.rpartition(":")[2]))
     detail: dict[str, Any] = {}
     pid: int | None
-    if name in ("hpack-cache", "stream-walk", "idle-connections", "stalled-tls-handshakes"):
+    if name in ("hpack-cache", "stream-walk", "idle-connections", "slot-squat", "stalled-tls-handshakes"):
         pid, ping, part = plane.root.pid, ext_proc_ping(root_ext_proc, s.creds), "root ext_proc (HTTP/2 transport)"
     elif name == "als-flood":
         pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe, s.creds), "leaf agent (probe port)"
+    elif name == "als-injection":
+        pid, ping, part = plane.leaves["a"].pid, probe_ping(leaf_probe, s.creds), "leaf agent (access-log socket)"
+        detail["other_user"] = local.other_user_try(als_path.removeprefix("unix:"))
+    elif name == "als-path-squat":  # the agent restarts: no RSS or loop figure spans it
+        pid, ping, part = None, None, "leaf agent (start-up)"
     elif name == "yaml-bomb-validate":
         pid, ping, part = None, None, "dlb config validate"
     else:
@@ -211,9 +225,15 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
     t0 = time.monotonic()
     if attacker is not None:
         kind, target = ATTACKER_PROCESS[name]
-        address: Any = (host, port) if kind == "root" else (leaf_probe if kind == "leaf" else s.cp_xds)
-        alive = None
-        if name == "idle-connections":
+        address: Any = {"root": (host, port), "leaf": leaf_probe, "als": als_path}.get(kind, s.cp_xds)
+        alive, every_s, new_channels = None, 1.0, list[float | None]()
+        if name == "slot-squat":
+            every_s = NEW_CHANNEL_EVERY_S
+
+            def alive() -> bool:  # a restarted root Envoy's new connection, while the slots are squatted
+                new_channels.append(measure.new_channel_call_ms(root_ext_proc, s.creds))
+                return new_channels[-1] is not None
+        elif name == "idle-connections":
             from dlb.launch.up import http_get
 
             metrics_url = f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics"
@@ -224,9 +244,13 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
                 except OSError:
                     return False
 
-        detail = _in_attacker_process(attacker, target, address, scale, alive)
-        if name == "als-flood":
+        detail.update(_in_attacker_process(attacker, target, address, scale, alive, every_s))
+        if name == "slot-squat":
+            detail["new_channel_ms"] = [round(ms, 1) if ms is not None else None for ms in new_channels]
+        if name in ("als-flood", "als-injection"):
             detail.update(_leaf_view(leaf_probe, s.creds))
+        if name == "als-injection":
+            detail["leaf_als_peers_refused"] = _metric(plane.leaf_metrics("a"), "dlb_leaf_als_peers_refused_total")
         elif name == "ads-bloat":
             detail.update(_status_sizes(s.cp_status))
     elif name == "yaml-bomb-validate":
@@ -241,6 +265,8 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
         detail["validator_rss_peak_mb"] = round(peak[0], 1)
     elif name == "yaml-bomb-sighup":
         detail = _sighup_bomb(s, scale, validate_timeout_s, mem_cap_mb)
+    elif name == "als-path-squat":
+        detail = _path_squat(plane)
     else:
         raise ValueError(f"unknown attack {name!r} (one of {', '.join(ATTACKS + TLS_ATTACKS)})")
     attack_s = time.monotonic() - t0
@@ -272,6 +298,14 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
     if name == "yaml-bomb-validate":
         rec["rss_after_mb"] = None  # a process of its own that exits (or is killed): judged by the 2 s / 200 MB target only
     rec["verdicts"] = _verdicts(rec, baseline_p50)
+    if name == "als-injection":  # what the stream reported is gone once it closed
+        rif, err = detail.get("leaf_rif_after", 1 << 30), detail.get("leaf_error_rate_after", 1.0)
+        rec["verdicts"]["injection_forgotten_at_close"] = rif < 100 and err < 0.5
+    if name == "als-path-squat":
+        rec["verdicts"]["agent_back_and_fed_despite_squat"] = bool(detail["squatted"]) and detail["als_entries_after_restart"] > 0
+    if name == "slot-squat":
+        served = detail["new_channel_ms"]
+        rec["verdicts"]["new_channels_served_in_1s"] = bool(served) and all(ms is not None and ms <= NEW_CHANNEL_MS for ms in served)
     if name.startswith("yaml-bomb"):
         secs = detail.get("seconds")
         rep_mb = detail.get("validator_rss_peak_mb", (rec["rss_peak_mb"] or 0) - (rec["rss_before_mb"] or 0))
@@ -286,8 +320,9 @@ def _one_attack(name: str, s: Setup, opts: HostileOptions, traffic: Traffic, mon
 #: function of hostile_attacks)); in the bench's process their Python shared a GIL with the ping and
 #: traffic threads (an A/B of row 3 at load 6-9 showed no difference beyond the box's noise).
 ATTACKER_PROCESS = {"hpack-cache": ("root", "hpack_cache"), "stream-walk": ("root", "stream_walk"),
-                    "idle-connections": ("root", "idle_connections"), "stalled-tls-handshakes": ("root", "stalled_handshakes"),
-                    "als-flood": ("leaf", "als_flood"), "ads-bloat": ("control-plane", "ads_bloat")}
+                    "idle-connections": ("root", "idle_connections"), "slot-squat": ("root", "slot_squat"),
+                    "stalled-tls-handshakes": ("root", "stalled_handshakes"),
+                    "als-flood": ("leaf", "als_flood"), "als-injection": ("als", "als_flood"), "ads-bloat": ("control-plane", "ads_bloat")}
 
 
 def _attacker_process() -> subprocess.Popen[bytes]:
@@ -303,9 +338,9 @@ def _attacker_process() -> subprocess.Popen[bytes]:
 
 
 def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: Any, scale: atk.Scale,
-                         alive: Any = None) -> dict[str, Any]:
+                         alive: Any = None, every_s: float = 1.0) -> dict[str, Any]:
     """Run ``hostile_attacks.<function>(*address, scale)`` in ``proc`` and return its result; ``alive()``,
-    when given, is sampled once a second meanwhile and reported as ``service_answered``."""
+    when given, is sampled every ``every_s`` meanwhile and reported as ``service_answered``."""
     import pickle
     import threading
 
@@ -321,7 +356,7 @@ def _in_attacker_process(proc: subprocess.Popen[bytes], function: str, address: 
         while alive is not None and reader.is_alive():
             asked += 1
             answered += 1 if alive() else 0
-            reader.join(1.0)
+            reader.join(every_s)
         reader.join(600)
         proc.wait(30)
     finally:
@@ -359,6 +394,32 @@ def _leaf_view(target: str, creds: Any) -> dict[str, Any]:
         return {"leaf_rif_after": r.rif, "leaf_error_rate_after": round(r.error_rate, 3)}
     except grpc.RpcError as exc:
         return {"leaf_probe_after": exc.code().name}
+
+
+def _metric(text: str, name: str) -> float | None:
+    """One unlabelled sample of a Prometheus text exposition (None if absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def _path_squat(plane: Any) -> dict[str, Any]:
+    """Row 10: another user binds the paths it can predict for cell a's access-log socket, then cell a's
+    agent restarts; did it come back, and does its Envoy's access log reach it?"""
+    probe = plane.cfg.cell("a").leaf.probe
+    paths = local.predictable_paths(probe.host, probe.port)
+    with local.squatting(paths) as squatted:
+        t0 = time.monotonic()
+        plane.restart_leaf("a")
+        back_s = round(time.monotonic() - t0, 2)
+        entries = 0.0
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not entries:
+            entries = _metric(plane.leaf_metrics("a"), "dlb_leaf_als_entries_total") or 0.0
+            time.sleep(0.2)
+    return {"squatted": paths if squatted else [], "agent_ready_s": back_s, "als_entries_after_restart": entries,
+            "socket": plane.cfg.cell("a").leaf.access_log_address()}
 
 
 def _status_sizes(status: str) -> dict[str, Any]:

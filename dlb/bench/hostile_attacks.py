@@ -44,6 +44,8 @@ class Scale:
     control_batches: int = 6
     idle_connections: int = 20_000
     tls_hellos: int = 4_000
+    squat_connections: int = 4_300
+    squat_s: float = 30.0  # three first-stream timeouts: the squatter reopens what the server closes
     als_starts: int = 200_000
     als_errors: int = 2_000
     ads_streams: int = 50
@@ -59,6 +61,7 @@ class Scale:
             return cls()
         if name == "ci":
             return cls(hpack_connections=2, hpack_blocks=8, open_streams=1_000, control_batches=2, idle_connections=300, tls_hellos=100,
+                       squat_connections=300, squat_s=4.0,
                        als_starts=20_000, als_errors=200, ads_streams=5, bogus_types=200, bogus_names=10, bomb_depth=6, hold_s=1.0)
         raise ValueError(f"unknown scale {name!r} (full or ci)")
 
@@ -66,7 +69,7 @@ class Scale:
 #: What an attacker process may be asked to run (dlb.bench.hostile runs each in an interpreter of its
 #: own: ``python -m dlb.bench.hostile_attacks`` says ``ready``, reads pickled (function, args) from
 #: stdin, writes the result as JSON to stdout).
-_ATTACKERS = ("hpack_cache", "stream_walk", "idle_connections", "stalled_handshakes", "als_flood", "ads_bloat")
+_ATTACKERS = ("hpack_cache", "stream_walk", "idle_connections", "slot_squat", "stalled_handshakes", "als_flood", "ads_bloat")
 
 
 def run_attack(function: str, args: tuple[Any, ...]) -> dict[str, Any]:
@@ -234,6 +237,39 @@ def idle_connections(host: str, port: int, scale: Scale, alive: Callable[[], boo
         loris.close()
     return {"connections": len(socks), "connect_failures": refused, "closed_by_server": closed_by_server,
             "slow_loris_cut_off": not loris_alive, "slow_loris_bytes": i, "service_answered": f"{answered}/{asked}"}
+
+
+def slot_squat(host: str, port: int, scale: Scale) -> dict[str, Any]:
+    """Row 8: ``squat_connections`` connections that each send the HTTP/2 preface and SETTINGS and then
+    nothing (past the handshake deadline, unlike row 3), for ``squat_s``; once a second the ones the
+    server closed are reopened, as a squatter that means it would."""
+    hello = PREFACE + frame(SETTINGS, 0, 0)
+    socks, failed = _open_many(host, port, scale.squat_connections, hello)
+    opened, closed_by_server, sweeps = len(socks), 0, 0
+    deadline = time.monotonic() + scale.squat_s
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            sweeps += 1
+            kept = []
+            for s in socks:
+                if _drain(s):
+                    kept.append(s)
+                else:
+                    s.close()
+                    closed_by_server += 1
+            socks = kept
+            if time.monotonic() < deadline:
+                more, f = _open_many(host, port, scale.squat_connections - len(socks), hello)
+                socks += more
+                opened += len(more)
+                failed += f
+        held = sum(1 for s in socks if _drain(s))
+    finally:
+        for s in socks:
+            s.close()
+    return {"connections_opened": opened, "connect_or_send_failures": failed, "closed_by_server": closed_by_server,
+            "held_at_end": held, "sweeps": sweeps}
 
 
 def _open_many(host: str, port: int, n: int, first: bytes = b"") -> tuple[list[socket.socket], int]:

@@ -146,11 +146,12 @@ def secure_or_plain(target: str, creds: Any) -> Any:
     return grpc.insecure_channel(target) if creds is None else grpc.secure_channel(target, creds)
 
 
-def ext_proc_ping(target: str, creds: Any = None) -> Callable[[], None]:
+def ext_proc_ping(target: str, creds: Any = None, channel: Any = None) -> Callable[[], None]:
+    """One ext_proc exchange (request headers in, a reply out) on ``channel`` (default: one kept open)."""
     from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-    channel = secure_or_plain(target, creds)
+    channel = channel if channel is not None else secure_or_plain(target, creds)
     call = channel.stream_stream(EXT_PROC_PATH, request_serializer=ep.ProcessingRequest.SerializeToString,
                                  response_deserializer=ep.ProcessingResponse.FromString)
     msg = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
@@ -161,6 +162,18 @@ def ext_proc_ping(target: str, creds: Any = None) -> Callable[[], None]:
             return
 
     return ping
+
+
+def new_channel_call_ms(target: str, creds: Any = None) -> float | None:
+    """Milliseconds from opening a new gRPC channel (a new connection, as a restarted Envoy makes) to the
+    reply of one ext_proc exchange on it; None if it failed within 5 s."""
+    t = time.monotonic()
+    try:
+        with secure_or_plain(target, creds) as channel:
+            ext_proc_ping(target, channel=channel)()
+    except Exception:
+        return None
+    return (time.monotonic() - t) * 1000.0
 
 
 def probe_ping(target: str, creds: Any = None) -> Callable[[], None]:

@@ -21,6 +21,7 @@ from dlb.core.costs import Cost
 from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig
+from dlb.core.shedding import ShedConfig
 from dlb.core.topology import Topology
 
 #: Envoy cluster name of a cell on a root Envoy: ``cell-<name>``.
@@ -124,8 +125,9 @@ class Leaf:
         name = f"{self.probe.host.strip('[]').replace(':', '_')}-{self.probe.port}"
         if len(name) > 64:  # a Unix socket path has at most 107 bytes; long DNS names are hashed
             name = hashlib.sha256(name.encode()).hexdigest()[:32]
-        # /tmp: in Kubernetes the leaf Envoy and agent containers share it (an emptyDir, deploy/k8s).
-        return f"unix:/tmp/dlb-als-{name}.sock"
+        # A directory of its own (the agent makes it 0700 or refuses one it does not own), in /tmp: in
+        # Kubernetes the leaf Envoy and agent containers share it (an emptyDir, deploy/k8s).
+        return f"unix:/tmp/dlb-als-{name}/als.sock"
 
 
 @dataclass(frozen=True)
@@ -209,12 +211,27 @@ class AffinityParams:
 
 
 @dataclass(frozen=True)
+class ShedParams:
+    """Early shedding: 429 + ``retry-after`` when every usable cell is saturated (dlb/core/shedding.py)."""
+
+    enabled: bool = True
+    fill: float = ShedConfig.fill
+    near_fill: float = ShedConfig.near_fill
+    min_error_rate: float = ShedConfig.min_error_rate
+    max_age_ms: float = ShedConfig.max_age_s * 1000.0
+
+    def to_core(self) -> ShedConfig:
+        return ShedConfig(self.enabled, self.fill, self.near_fill, self.min_error_rate, self.max_age_ms / 1000.0)
+
+
+@dataclass(frozen=True)
 class Policy:
     mechanism: Mechanism = Mechanism.DISCRETE
     cost: Cost = Cost.LATENCY
     flow: FlowParams = field(default_factory=FlowParams)
     aversion: AversionParams = field(default_factory=AversionParams)
     affinity: AffinityParams = field(default_factory=AffinityParams)
+    shed: ShedParams = field(default_factory=ShedParams)
 
     def to_core(self, probe: ProbeParams) -> PolicyConfig:
         """The routing core's policy object (seconds, its own field names) for this endpoint."""
@@ -224,6 +241,7 @@ class Policy:
             flow=self.flow.to_core(),
             aversion=self.aversion.to_core(),
             affinity=self.affinity.to_core(self.cost),
+            shed=self.shed.to_core(),
             stale_after_s=probe.stale_after_ms / 1000.0,
         )
 
@@ -254,8 +272,19 @@ class Endpoint:
     match: Match
     policy: Policy = field(default_factory=Policy)
     latency_prior: LatencyPrior = field(default_factory=LatencyPrior)
+    #: ``(cell, prior)`` where an operator knows a cell differs (a slower region, older GPUs); others use ``latency_prior``.
+    latency_prior_by_cell: tuple[tuple[str, LatencyPrior], ...] = ()
     timeout_s: float = 600.0  # whole-request limit on the root route (0 = none); generation is long
     idle_timeout_s: float = 300.0  # no bytes either way for this long ends the stream
+
+
+    def prior_for(self, cell: str) -> LatencyPrior:
+        """The prior of this endpoint in ``cell``: its own entry in ``latency_prior_by_cell``, else ``latency_prior``."""
+        return next((p for c, p in self.latency_prior_by_cell if c == cell), self.latency_prior)
+
+    def cell_priors(self) -> dict[str, LatencyParams]:
+        """The routing core's prior of every cell with one of its own."""
+        return {c: p.to_core() for c, p in self.latency_prior_by_cell}
 
 
 @dataclass(frozen=True)

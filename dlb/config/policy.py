@@ -35,6 +35,7 @@ from dlb.config.model import (
     MnlbParams,
     PickParams,
     Policy,
+    ShedParams,
 )
 from dlb.config.yaml_nodes import join
 
@@ -156,8 +157,24 @@ def affinity_params(ck: Checker, raw: Any, path: str) -> AffinityParams:
     )
 
 
+def shed_params(ck: Checker, raw: Any, path: str) -> ShedParams:
+    m = ck.mapping(raw, path, ("enabled", "fill", "near_fill", "min_error_rate", "max_age_ms"))
+    d = ShedParams()
+    out = ShedParams(
+        enabled=ck.boolean(m, "enabled", path, d.enabled),
+        fill=ck.number(m, "fill", path, d.fill, gt=0, le=2),
+        near_fill=ck.number(m, "near_fill", path, d.near_fill, gt=0, le=2),
+        min_error_rate=ck.number(m, "min_error_rate", path, d.min_error_rate, gt=0, le=1),
+        max_age_ms=ck.number(m, "max_age_ms", path, d.max_age_ms, gt=0, le=60_000),
+    )
+    if out.near_fill > out.fill:
+        ck.err(join(path, "near_fill"), f"{out.near_fill:g} must be <= fill={out.fill:g}")
+        out = ShedParams(out.enabled, out.fill, out.fill, out.min_error_rate, out.max_age_ms)
+    return out
+
+
 #: The one registry: type name -> what it configures. Slots: ``leaf.pick``, ``leaf.fit``,
-#: ``leaf.background-probe``, ``weights`` (deployment); ``mechanism``, ``aversion``, ``affinity`` (endpoint).
+#: ``leaf.background-probe``, ``weights`` (deployment); ``mechanism``, ``aversion``, ``affinity``, ``shed`` (endpoint).
 REGISTRY: dict[str, PluginType] = {t.name: t for t in (
     PluginType("prequal", "leaf.pick", DEPLOYMENT, PickParams, _pick,
                "leaf picks the server with the fewest tokens waiting among probed ones (Prequal pool + hot-cold rule)"),
@@ -174,6 +191,7 @@ REGISTRY: dict[str, PluginType] = {t.name: t for t in (
     PluginType("flow", "mechanism", ENDPOINT, MechanismParams, _mechanism(True), "the root splits by projected-gradient weights"),
     PluginType("aversion", "aversion", ENDPOINT, AversionParams, aversion_params, "skip cells whose error rate is high"),
     PluginType("affinity", "affinity", ENDPOINT, AffinityParams, affinity_params, "conditional session affinity on a header"),
+    PluginType("shed", "shed", ENDPOINT, ShedParams, shed_params, "answer 429 + retry-after when every usable cell is saturated"),
 )}
 
 
@@ -241,7 +259,8 @@ def endpoint_policy(ck: Checker, raw: Any, path: str) -> Policy:
         d = Policy()
         mech_name, mech = slots.get("mechanism", (d.mechanism.value, MechanismParams()))
         return Policy(mechanism=Mechanism(mech_name), cost=mech.cost, flow=mech.flow,
-                      aversion=slots.get("aversion", ("", d.aversion))[1], affinity=slots.get("affinity", ("", d.affinity))[1])
+                      aversion=slots.get("aversion", ("", d.aversion))[1], affinity=slots.get("affinity", ("", d.affinity))[1],
+                      shed=slots.get("shed", ("", d.shed))[1])
     m = ck.mapping(raw, path, OLD_ENDPOINT_KEYS)
     d = Policy()
     mechanism = ck.choice(m, "mechanism", path, Mechanism, d.mechanism)
@@ -259,12 +278,14 @@ def policy_plugins(policy: Policy) -> list[dict[str, Any]]:
     mech: dict[str, Any] = {"cost": policy.cost.value}
     if policy.mechanism is Mechanism.FLOW:
         mech |= {"period_ms": policy.flow.period_ms, "kappa": policy.flow.kappa}
-    a, f = policy.aversion, policy.affinity
+    a, f, sh = policy.aversion, policy.affinity, policy.shed
     return [{"type": policy.mechanism.value, "parameters": mech},
             {"type": "aversion", "parameters": {"enabled": a.enabled, "margin": a.margin, "gain": a.gain, "decay": a.decay,
                                                 "max": a.max, "period_ms": a.period_ms}},
             {"type": "affinity", "parameters": {"enabled": f.enabled, "header": f.header, "ttl_s": f.ttl_s,
-                                                "max_sessions": f.max_sessions, "prefix_savings_ms": f.prefix_savings_ms}}]
+                                                "max_sessions": f.max_sessions, "prefix_savings_ms": f.prefix_savings_ms}},
+            {"type": "shed", "parameters": {"enabled": sh.enabled, "fill": sh.fill, "near_fill": sh.near_fill,
+                                            "min_error_rate": sh.min_error_rate, "max_age_ms": sh.max_age_ms}}]
 
 
 def set_plugins(raw: dict[str, Any], *plugins: dict[str, Any]) -> dict[str, Any]:

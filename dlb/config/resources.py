@@ -40,6 +40,7 @@ from dlb.config.model import (
     PickParams,
     Policy,
     ProbeParams,
+    ShedParams,
 )
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
@@ -93,6 +94,8 @@ def routing_policy(config: Config, ep: Endpoint) -> pb.RoutingPolicy:
                                            max_sessions=pol.affinity.max_sessions, prefix_savings_ms=pol.affinity.prefix_savings_ms),
         latency_prior=model_to_pb(ep.latency_prior.to_core()),
         stale_after_ms=config.probe.stale_after_ms,
+        shed=pb.RoutingPolicy.Shed(disabled=not pol.shed.enabled, fill=pol.shed.fill, near_fill=pol.shed.near_fill,
+                                   min_error_rate=pol.shed.min_error_rate, max_age_ms=pol.shed.max_age_ms),
     )
 
 
@@ -209,7 +212,7 @@ def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams]:
         raise ResourceError(f"{what}: mechanism and cost must be set (got {msg.mechanism}, {msg.cost})")
     # Decode into the config model's dataclasses and let them convert, so units and defaults (an unset
     # proto3 field is 0) are exactly those of a config file.
-    a, f = msg.aversion, msg.affinity
+    a, f, sh = msg.aversion, msg.affinity, msg.shed
     try:
         policy = Policy(
             mechanism=mech,
@@ -218,6 +221,8 @@ def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams]:
             aversion=AversionParams(a.enabled, a.margin, a.gain, a.decay, a.max, a.period_ms or AversionParams.period_ms),
             affinity=AffinityParams(f.enabled, f.header or AffinityParams.header, f.ttl_s or AffinityParams.ttl_s,
                                     f.max_sessions or AffinityParams.max_sessions, f.prefix_savings_ms),
+            shed=ShedParams(not sh.disabled, sh.fill or ShedParams.fill, sh.near_fill or ShedParams.near_fill,
+                            sh.min_error_rate or ShedParams.min_error_rate, sh.max_age_ms or ShedParams.max_age_ms),
         ).to_core(ProbeParams(stale_after_ms=msg.stale_after_ms or ProbeParams.stale_after_ms))
     except ValueError as e:
         raise ResourceError(f"{what}: {e}") from e

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from dlb.config.checker import Checker, fmt, show
+from dlb.config.checker import MISSING, Checker, fmt, kind, show
 from dlb.config.hostport import is_ip, parse_hostport
 from dlb.config.model import (
     DP_POLICIES,
@@ -240,9 +241,10 @@ def _network(ck: Checker, raw: Any, cells: list[Cell]) -> Network:
     return Network(one_way_ms=tuple(tuple(r) for r in tau), allowed=tuple(tuple(r) for r in allowed))
 
 
-def _prior(ck: Checker, raw: Any, path: str) -> LatencyPrior:
+def _prior(ck: Checker, raw: Any, path: str, d: LatencyPrior | None = None) -> LatencyPrior:
+    """A latency prior; fields left out take ``d``'s (the endpoint's own prior, for a per-cell one)."""
     m = ck.mapping(raw, path, ("a_s", "b_s", "c", "s"))
-    d = LatencyPrior()
+    d = d or LatencyPrior()
     prior = LatencyPrior(
         a_s=ck.number(m, "a_s", path, d.a_s, gt=0),
         b_s=ck.number(m, "b_s", path, d.b_s, gt=0),
@@ -255,11 +257,28 @@ def _prior(ck: Checker, raw: Any, path: str) -> LatencyPrior:
     return prior
 
 
-def _endpoints(ck: Checker, raw: Any) -> list[Endpoint]:
+def _priors_by_cell(ck: Checker, raw: Any, path: str, base: LatencyPrior, cells: Sequence[str]) -> tuple[tuple[str, LatencyPrior], ...]:
+    """``{cell: prior}``: a cell's own prior of this endpoint; each field defaults to the endpoint's ``latency_prior``."""
+    if raw is None or raw is MISSING:
+        return ()
+    if not isinstance(raw, dict):
+        ck.err(path, f"must be a mapping of cell name to latency prior, got {kind(raw)}")
+        return ()
+    out = []
+    for cell, value in raw.items():
+        p = f"{path}.{cell}"
+        if str(cell) not in cells:
+            ck.err(p, f"{show(cell)} is not a cell (cells: {', '.join(cells)})")
+        else:
+            out.append((str(cell), _prior(ck, value, p, base)))
+    return tuple(out)
+
+
+def _endpoints(ck: Checker, raw: Any, cells: Sequence[str] = ()) -> list[Endpoint]:
     out: list[Endpoint] = []
     names: dict[str, str] = {}
     prefixes: list[tuple[str, str]] = []
-    keys = ("name", "match", "policy", "latency_prior", "timeout_s", "idle_timeout_s")
+    keys = ("name", "match", "policy", "latency_prior", "latency_prior_by_cell", "timeout_s", "idle_timeout_s")
     for i, item in enumerate(ck.sequence(raw, "endpoints", required=True, nonempty=True, max_len=MAX_ENDPOINTS)):
         p = f"endpoints[{i}]"
         m = ck.mapping(item, p, keys, required=("name", "match"))
@@ -284,7 +303,8 @@ def _endpoints(ck: Checker, raw: Any) -> list[Endpoint]:
                 name=name,
                 match=Match(prefix or "/"),
                 policy=endpoint_policy(ck, m.get("policy"), f"{p}.policy"),
-                latency_prior=_prior(ck, m.get("latency_prior"), f"{p}.latency_prior"),
+                latency_prior=(prior := _prior(ck, m.get("latency_prior"), f"{p}.latency_prior")),
+                latency_prior_by_cell=_priors_by_cell(ck, m.get("latency_prior_by_cell"), f"{p}.latency_prior_by_cell", prior, cells),
                 timeout_s=ck.number(m, "timeout_s", p, Endpoint.timeout_s, ge=0),
                 idle_timeout_s=ck.number(m, "idle_timeout_s", p, Endpoint.idle_timeout_s, ge=0),
             )
@@ -365,6 +385,23 @@ def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
     return token
 
 
+#: The root token file when the config names none: ``dlb up`` generates one per run and sets this for
+#: every process it starts, so a config without ``root_token_file`` still gets a secret no reader can forge.
+ROOT_TOKEN_ENV = "DLB_ROOT_TOKEN_FILE"
+
+#: A folder of certificates ``dlb up`` made for this run (``ca.pem``, ``{identity}.pem``,
+#: ``{identity}-key.pem``): the ``tls`` section when the config has none.
+TLS_DIR_ENV = "DLB_TLS_DIR"
+
+
+def _tls_from_env() -> dict[str, str] | None:
+    folder = os.environ.get(TLS_DIR_ENV)
+    if not folder:
+        return None
+    return {"ca": os.path.join(folder, "ca.pem"), "cert": os.path.join(folder, "{identity}.pem"),
+            "key": os.path.join(folder, "{identity}-key.pem")}
+
+
 TOP_KEYS = ("version", "cells", "network", "endpoints", "policy", "probe", "services", "tls", "discovery", "root_token_file")
 
 
@@ -379,13 +416,15 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
         ck.err("version", f"unsupported version {version} (supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
     cells = _cells(ck, top.get("cells")) if "cells" in top else []
     network = _network(ck, top.get("network"), cells)
-    endpoints = _endpoints(ck, top.get("endpoints")) if "endpoints" in top else []
+    endpoints = _endpoints(ck, top.get("endpoints"), [c.name for c in cells]) if "endpoints" in top else []
     policy = deployment_policy(ck, top.get("policy")) if "policy" in top else DeploymentPolicy()
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
-    tls = check_tls(ck, top.get("tls"), source) if "tls" in top else None
+    tls_raw = top.get("tls", _tls_from_env())
+    tls = check_tls(ck, tls_raw, source) if tls_raw is not None else None
     discovery = _discovery(ck, top.get("discovery"))
-    root_token = _root_token(ck, top.get("root_token_file"), source) if "root_token_file" in top else None
+    token_file = top.get("root_token_file", os.environ.get(ROOT_TOKEN_ENV))
+    root_token = _root_token(ck, token_file, source) if token_file is not None else None
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,

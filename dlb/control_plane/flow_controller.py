@@ -37,6 +37,7 @@ class FlowEndpoint:
     name: str
     policy: PolicyConfig
     prior: LatencyParams
+    cell_priors: Mapping[str, LatencyParams] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,7 +77,8 @@ class FlowController:
                 raise ValueError(f"endpoint {ep.name} is not a flow endpoint")
         rng = np.random.default_rng(self.seed)
         self.routers = {
-            (ep.name, i): RootRouter(self.topology, i, ep.policy, ep.prior, np.random.default_rng(rng.integers(1 << 63)))
+            (ep.name, i): RootRouter(self.topology, i, ep.policy, ep.prior, np.random.default_rng(rng.integers(1 << 63)),
+                                     cell_priors=[ep.cell_priors.get(c, ep.prior) for c in self.topology.names])
             for ep in self.endpoints
             for i in self.sources
         }

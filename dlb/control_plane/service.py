@@ -137,7 +137,7 @@ class ControlPlane:
         config = expand(config, self.resolved)
         self.config = config
         topo = config.topology()
-        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core())
+        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core(), ep.cell_priors())
                     for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW]
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
         self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]
@@ -151,7 +151,9 @@ class ControlPlane:
         self.mnlb = (MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources, period_s=mp.period_s, rho=mp.rho)
                      if self.mnlb_enabled and flow_eps else None)
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
-        self.prior = config.endpoints[0].latency_prior.to_core()
+        #: Each cell's prior (the first endpoint's, as the leaves' cell-wide model uses): the leaves' fleet prior
+        #: and the roots' curve for a cell with no model yet.
+        self.priors = {c: config.endpoints[0].prior_for(c).to_core() for c in config.cell_names}
         self.models: dict[str, tuple[LatencyParams, float, int]] = {}
         self._static = self._pack_static(config)
         versions = self.rebuild()
@@ -220,9 +222,9 @@ class ControlPlane:
         names = self.config.cell_names
         aversion = self.flow.aversion if self.flow is not None else np.zeros(len(names))
         for i, name in enumerate(names):
-            model, conf, _samples = self.models.get(name, (self.prior, 0.0, 0))
+            model, conf, _samples = self.models.get(name, (self.priors[name], 0.0, 0))
             q = LatencyParams(_q(model.a), _q(model.b), _q(model.c), _q(model.s))
-            msg = dr.cell_latency_model(name, q, self.prior, round(conf, 2), 0, 0)
+            msg = dr.cell_latency_model(name, q, self.priors[name], round(conf, 2), 0, 0)
             out.append(Resource.from_message(msg, name=name, type_url=dr.CELL_LATENCY_MODEL))
             err = self.flow.cells[i].error_rate if self.flow is not None else 0.0
             out.append(Resource.from_message(dr.cell_aversion(name, round(err, 2), round(float(aversion[i]), 2)),

@@ -262,6 +262,14 @@ class ErrorTracker:
         if error:
             self._errors += 1.0
 
+    def remove(self, part: ErrorTracker, now: float) -> None:
+        """Take back what ``part`` recorded: a tracker with the same tau fed some of this one's
+        outcomes (both decay alike, so what is left is exactly the rest's)."""
+        self._decay(now)
+        part._decay(now)
+        self._errors = max(0.0, self._errors - part._errors)
+        self._total = max(0.0, self._total - part._total)
+
     def rate(self, now: float) -> float:
         """Error fraction over roughly the last ``tau`` seconds (0 when nothing was seen)."""
         self._decay(now)

@@ -69,9 +69,11 @@ class FlowConfig:
     #: Scale each arc's step by its own cell's g_j (and project in the matching metric) rather than
     #: by the mean ĝ over the arcs in use; see research/theory.md, "Per-cell scale".
     per_cell_scale: bool = True
-    #: Count the queue relaxation time 1/μ'(N) of the slowest cell in use in τ̄ (module docstring,
-    #: "Queue dynamics"); off: τ̄ is the network and probe delay only (the rule before).
-    relaxation_delay: bool = True
+    #: Count the queue relaxation time 1/μ'(N) of the slowest cell in use in τ̄. The linearised loop
+    #: needs it to be well damped (docs/theory.md), but in the simulator at 95 % load it made every
+    #: flow policy slower to move load off an overflowing cell and 2–5× worse than without
+    #: (research/routing-stress/README.md), so it is off by default: τ̄ = network + probe delay.
+    relaxation_delay: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.kappa < np.pi / 2:
@@ -127,7 +129,7 @@ def fleet_rate(n: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, s: np
 def feedback_delay(rtt: np.ndarray, mask: np.ndarray, period_s: float, serving_s: float, min_delay_s: float) -> float:
     """τ̄_i: mean round trip over usable arcs + probe period + any extra lag ``serving_s``.
 
-    The router passes ``serving_s = 0``: the workload's relaxation is already in ĥ (module docstring).
+    The router passes ``serving_s = 0`` unless ``FlowConfig.relaxation_delay`` (off by default).
     """
     mean_rtt = float(rtt[mask].mean()) if mask.any() else 0.0
     return max(min_delay_s, mean_rtt + period_s + max(serving_s, 0.0))

@@ -196,7 +196,7 @@ class _HealthFollower:
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
                  error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
-                 seen_until: float | None = None) -> None:
+                 seen_until: float | None = None, capacity: float | None = None) -> None:
         if replicas is not None and int(round(replicas)) != self.health.up[cell]:
             self.health.on_probe(cell, replicas)
             self._valid_until = -math.inf
@@ -345,7 +345,7 @@ class HubScoreRoot:
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None,
                  error_rate: float = 0.0, confidence: float = 1.0, replicas: float | None = None,
-                 seen_until: float | None = None) -> None:
+                 seen_until: float | None = None, capacity: float | None = None) -> None:
         """The load signals come through :meth:`on_signals`; nothing else in a probe is read."""
 
     def tick(self, now: float) -> None:

@@ -25,6 +25,7 @@ import itertools
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +44,7 @@ from dlb.core.latency_model import (
     latency,
     service_rate,
 )
+from dlb.core.shedding import ShedConfig, should_shed
 from dlb.core.topology import Topology
 
 NO_CELL = -1
@@ -61,8 +63,9 @@ class Router(Protocol):
         ...
 
     def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None, error_rate: float = 0.0,
-                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None) -> None:
-        """A probe answer from ``cell``'s leaf, received at ``now`` (``seen_until``: see RootRouter.on_probe)."""
+                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None,
+                 capacity: float | None = None) -> None:
+        """A probe answer from ``cell``'s leaf, received at ``now`` (``seen_until``, ``capacity``: see RootRouter.on_probe)."""
         ...
 
     def tick(self, now: float) -> None:
@@ -89,6 +92,7 @@ class PolicyConfig:
     flow: FlowConfig = field(default_factory=FlowConfig)
     aversion: AversionConfig = field(default_factory=AversionConfig)
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    shed: ShedConfig = field(default_factory=ShedConfig)
     #: Probe state older than this makes a cell unusable (the leaf may be gone).
     stale_after_s: float = 1.0
     #: Time constant of the EMA of this root's own arrival rate (reported; the flow step does not use it).
@@ -121,10 +125,12 @@ class CellView:
     error_rate: np.ndarray
     confidence: np.ndarray
     available: np.ndarray
+    #: Requests the cell admits before its leaf rejects (NaN: not reported), :mod:`dlb.core.shedding`.
+    capacity: np.ndarray
 
     @classmethod
     def empty(cls, n: int) -> CellView:
-        return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool))
+        return cls(np.zeros(n), np.zeros(n), np.full(n, -math.inf), np.zeros(n), np.zeros(n), np.ones(n, bool), np.full(n, math.nan))
 
 
 class RootRouter:
@@ -137,6 +143,7 @@ class RootRouter:
         policy: PolicyConfig,
         prior: LatencyParams,
         rng: np.random.Generator | None = None,
+        cell_priors: Sequence[LatencyParams] | None = None,
     ) -> None:
         self.topology = topology
         self.source = source
@@ -147,7 +154,8 @@ class RootRouter:
         self.rtt = 2.0 * topology.tau[source]
         # A private copy: probes update it when a cell's serving replica count changes (outages).
         self.replicas = topology.replicas.copy()
-        self.models = ModelTable.from_params([prior] * n)
+        # One prior per cell when the config gives cells their own (a known-slower region), else the endpoint's.
+        self.models = ModelTable.from_params(list(cell_priors) if cell_priors is not None else [prior] * n)
         self.view = CellView.empty(n)
         # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
         self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]
@@ -188,9 +196,11 @@ class RootRouter:
         confidence: float = 1.0,
         replicas: float | None = None,
         seen_until: float | None = None,
+        capacity: float | None = None,
     ) -> None:
         """A probe answer from ``cell``'s leaf, as of ``now`` (the caller's receive time).
 
+        ``capacity``: requests the cell admits before its leaf rejects (None: not reported, never shed on).
         ``replicas``: the leaf's current count of serving replicas, when it reports one; the RIF
         cost ``N_j/k_j`` must use the live count or it keeps loading a cell that lost servers. A
         reported 0 (every server down) makes the cell unusable until a probe reports one back: its
@@ -216,6 +226,7 @@ class RootRouter:
             unseen.popleft()
         v.sent[cell] = sum(amount for _, amount in unseen) if unseen else 0.0
         v.last_probe[cell] = now
+        v.capacity[cell] = math.nan if capacity is None else capacity
         v.error_rate[cell] = min(max(error_rate, 0.0), 1.0)
         self._inflate[cell] = offered_inflation(float(v.error_rate[cell]))
         v.confidence[cell] = confidence
@@ -357,7 +368,7 @@ class RootRouter:
             in_use = usable
         lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
         g, relax = self._g_scale(n_obs, usable, in_use, lam)
-        # τ̄: the feedback delay plus the slowest in-use cell's queue relaxation time (flow.py).
+        # τ̄: the feedback delay (plus the slowest in-use cell's queue relaxation time if configured; flow.py).
         delay = feedback_delay(self.rtt, usable, cfg.period_s, relax if cfg.relaxation_delay else 0.0,
                                cfg.min_delay_s)
         self.x = flow_step(self.x, costs, usable, dt, delay, lam * g, cfg)
@@ -453,7 +464,8 @@ class RootRouter:
         return [j for j in self._allowed_idx if v.available[j]]
 
     def pick(self, now: float, session: str | None = None) -> int:
-        """Destination cell for one request, or ``NO_CELL`` when no cell is usable.
+        """Destination cell for one request, ``NO_CELL`` when no cell is usable, or ``SHED`` when every
+        usable cell is saturated (:mod:`dlb.core.shedding`; a shed counts as an arrival, not a send).
 
         Warm start: until the first probe answer, the cells not known dead (failed probes) are
         sampled by the flow vector (the control plane's last weights, else the replica split), so a
@@ -470,6 +482,8 @@ class RootRouter:
             self.book(cell, now)
             return cell
         self._arrivals += 1
+        if should_shed(usable, self.view, now, self.policy.shed):
+            return SHED
         cand = usable
         if self._aversion_on:
             rand = self._rand.random

@@ -3,23 +3,35 @@
 This is the part of a vLLM-style server that decides latency, reduced to its scheduling rules:
 
 - A request is *waiting* until the scheduler admits it into the *running* set (at most ``max_batch``
-  sequences, and only while its prompt fits in the free KV cache). Waiting beyond the free slots is
+  sequences, and only while its prompt, and the token it may emit this step, fit in the KV cache that
+  the running sequences leave after this step's growth). Waiting beyond the free slots is
   bounded by ``max_queue`` requests, or, with ``max_waiting_tokens``, by the prompt tokens waiting (a
   bound in KV-cache units, which is what the simulator uses instead of a fixed count); an arrival
   past the bound is rejected (the HTTP layer answers 429/503).
 - Each engine step runs every running sequence together: sequences past their prompt decode one
   token each; newly admitted ones get a chunk of their prompt within the per-step token budget
   (chunked prefill). A request whose prompt completes in a step emits its first token in that step.
-- The step takes ``profile.step_time(batch, prefill_tokens)``: flat at low batch, linear past the knee,
-  so end-to-end latency is flat at low load and grows linearly past it.
+- **Preemption** (vLLM's recompute mode): every running sequence that emits a token in a step grows
+  its KV by one. When that growth would overflow the KV cache, the youngest running request (the last
+  admitted) is preempted: its KV is freed, it goes back to the *front* of the waiting queue, and when
+  readmitted it recomputes its prompt and the tokens it already generated as a prefill, then
+  continues (tokens already emitted stay emitted). No request is admitted in a step that preempted.
+  ``preemptions`` counts them (vLLM's ``vllm:num_preemptions``). A request alone in the batch is never
+  preempted.
+- The step takes ``profile.step_time(batch, prefill_tokens, context)``, ``context`` being the KV its
+  attention reads (each decoding sequence's prompt and generated tokens, each prompt chunk's prefix
+  and chunk): flat at low load, linear past the knee (:mod:`dlb.emulator.profile` says what each
+  term is calibrated from), so latency is flat at low load and grows linearly past it.
 
 The HTTP layer drives it with the wall clock (``plan`` → sleep ``plan.duration`` → ``complete``);
 :func:`simulate` drives it with a virtual clock, which is how the tests check the latency model
 exactly. The simulator (:mod:`dlb.sim.engine`) runs this same class for every simulated server, so the
 emulator and the simulator share one server model. It cannot afford one event per engine step, so it
 uses :meth:`Engine.repeatable` and ``complete(plan, now, steps=k)``: a pure-decode step with no
-admissible arrival repeats unchanged until its shortest request finishes, and ``k`` identical steps
-are applied at once (bit-for-bit the same token counts as ``k`` single steps).
+admissible arrival repeats with the same batch until its shortest request finishes or the KV growth
+would force a preemption, and ``k`` steps are applied at once (bit-for-bit the same token counts as
+``k`` single steps; their time is :meth:`StepPlan.run_time`, the sum of the single steps' times, which
+grow with the context).
 """
 
 from __future__ import annotations
@@ -47,6 +59,9 @@ class EngineRequest:
     finished_at: float | None = None
     aborted: bool = False
     cached_tokens: int = 0  # prompt prefix found in the prefix cache: skips prefill
+    #: Tokens to compute before decoding: the prompt, plus the generated tokens after a preemption.
+    prefill_len: int = 0
+    preempted: int = 0  # times this request was preempted
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -56,10 +71,11 @@ class EngineRequest:
         # A fully cached prompt still computes its last token (it produces the first output), as vLLM does.
         self.cached_tokens = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
         self.prefilled = max(self.prefilled, self.cached_tokens)
+        self.prefill_len = max(self.prefill_len, self.prompt_tokens)
 
     @property
     def in_decode(self) -> bool:
-        return self.prefilled >= self.prompt_tokens
+        return self.prefilled >= self.prefill_len
 
     @property
     def finished(self) -> bool:
@@ -67,8 +83,8 @@ class EngineRequest:
 
     @property
     def kv_tokens(self) -> int:
-        """KV cache held: the whole prompt is reserved at admission (as vLLM allocates blocks when it
-        schedules), plus every generated token."""
+        """KV cache held while running: the whole prompt is reserved at admission (as vLLM allocates
+        blocks when it schedules), plus every generated token (also what a preempted request needs back)."""
         return self.prompt_tokens + self.generated
 
 
@@ -79,6 +95,10 @@ class StepPlan:
     decode: tuple[EngineRequest, ...]
     prefill: tuple[tuple[EngineRequest, int], ...]  # (request, prompt tokens computed this step)
     duration: float
+    #: KV tokens the step's attention reads (what the profile's context term charges).
+    context: int = 0
+    #: The profile that timed it (:meth:`run_time` of repeated steps); None: steps of equal time.
+    profile: Profile | None = None
 
     @property
     def batch(self) -> int:
@@ -87,6 +107,25 @@ class StepPlan:
     @property
     def prefill_tokens(self) -> int:
         return sum(n for _, n in self.prefill)
+
+    def run_time(self, steps: int) -> float:
+        """Profile seconds of ``steps`` back-to-back runs of this plan (more than one only for a
+        pure-decode plan, whose context grows by one token per sequence per step)."""
+        if steps == 1 or self.profile is None:
+            return steps * self.duration
+        return self.profile.decode_run_time(len(self.decode), self.context, steps)
+
+    def steps_by(self, elapsed: float, steps: int) -> int:
+        """The step (1-based, at most ``steps``) in progress ``elapsed`` profile seconds after the run
+        started: the first whose end is later than ``elapsed``."""
+        lo, hi = 1, steps
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.run_time(mid) > elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
 
 @dataclass(slots=True)
@@ -111,6 +150,7 @@ class Engine:
     waiting: deque[EngineRequest] = field(default_factory=deque)
     running: list[EngineRequest] = field(default_factory=list)
     steps: int = 0
+    preemptions: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -119,7 +159,12 @@ class Engine:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_waiting_tokens is not None and self.max_waiting_tokens < 1:
             raise ValueError(f"max_waiting_tokens must be >= 1, got {self.max_waiting_tokens}")
-        self.waiting_tokens = sum(r.prompt_tokens for r in self.waiting)
+        self.waiting_tokens = sum(r.kv_tokens for r in self.waiting)
+        # Kept up to date as requests are admitted, grow, finish, leave: the KV the running set holds
+        # (= kv_used) and how many of them are still prefilling, so a batch that only decodes is
+        # planned without a pass over it.
+        self._kv = sum(r.kv_tokens for r in self.running)
+        self._prefilling = sum(1 for r in self.running if not r.in_decode)
 
     # -- admission -------------------------------------------------------------------------------------
 
@@ -137,7 +182,7 @@ class Engine:
             return False
         req.arrival = now
         self.waiting.append(req)
-        self.waiting_tokens += req.prompt_tokens
+        self.waiting_tokens += req.kv_tokens
         return True
 
     def abort(self, req: EngineRequest) -> None:
@@ -145,115 +190,177 @@ class Engine:
         req.aborted = True
         if req in self.running:
             self.running.remove(req)
+            self._kv -= req.kv_tokens
+            self._prefilling -= not req.in_decode
         else:
             try:
                 self.waiting.remove(req)
             except ValueError:
                 pass
             else:
-                self.waiting_tokens -= req.prompt_tokens
+                self.waiting_tokens -= req.kv_tokens
 
     @property
     def kv_used(self) -> int:
-        return sum(r.kv_tokens for r in self.running)
+        """KV tokens the running set holds (kept up to date, not summed: the simulator reads it often)."""
+        return self._kv
 
     @property
     def kv_usage(self) -> float:
         """Fraction of KV cache in use (vLLM reports ``gpu_cache_usage_perc`` as a 0..1 fraction)."""
         return min(1.0, self.kv_used / self.profile.kv_cache_tokens)
 
-    def _admit(self, now: float) -> None:
-        # Each admitted prompt's KV is reserved up front: a prompt that does not fit waits (FCFS, no
-        # overtaking), which is how a full KV cache turns into queueing on a real server.
-        waiting, running = self.waiting, self.running
-        if not waiting or len(running) >= self.max_batch:
-            return  # nothing can be admitted: skip summing the KV in use (the simulator's hot path)
-        reserved = sum(r.prompt_tokens + r.generated for r in running)  # kv_used, inlined
-        kv_cap = self.profile.kv_cache_tokens
-        while waiting and len(running) < self.max_batch:
-            head = waiting[0]
-            if running and reserved + head.prompt_tokens > kv_cap:
-                break
-            waiting.popleft()
-            self.waiting_tokens -= head.prompt_tokens
-            head.admitted_at = now
-            reserved += head.prompt_tokens
-            running.append(head)
+    def _preempt(self, req: EngineRequest) -> None:
+        """Recompute-style preemption: free ``req``'s KV, send it to the front of the queue; readmitted,
+        it prefills its prompt and what it generated again (vLLM's ``PreemptionMode.RECOMPUTE``)."""
+        self.running.remove(req)  # its KV blocks are freed
+        self._kv -= req.kv_tokens
+        self._prefilling -= not req.in_decode
+        req.prefilled = req.cached_tokens
+        req.prefill_len = req.prompt_tokens + req.generated
+        req.preempted += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
+        self.waiting_tokens += req.kv_tokens
 
-    # -- stepping --------------------------------------------------------------------------------------
-
-    def plan(self, now: float) -> StepPlan | None:
-        """Admit what fits and describe the next step, or None when there is nothing to run."""
-        self._admit(now)
-        if not self.running:
-            return None
-        # One pass over the batch (the simulator plans ~25-sequence batches millions of times):
-        # ``prefilled >= prompt_tokens`` is :attr:`EngineRequest.in_decode`, inlined.
+    def _growth(self) -> tuple[int, int, list[EngineRequest], list[EngineRequest]]:
+        """(KV held by the running set, tokens it emits this step, decoding, still prefilling)."""
+        if not self._prefilling:  # every running sequence decodes: one token each
+            return self._kv, len(self.running), self.running[:], []
         decode: list[EngineRequest] = []
         pending: list[EngineRequest] = []
+        kv = 0
+        # One pass over the batch (the simulator plans ~25-sequence batches millions of times):
+        # ``prefilled >= prefill_len`` is :attr:`EngineRequest.in_decode`, inlined; kv sums ``kv_tokens``.
         for r in self.running:
-            (decode if r.prefilled >= r.prompt_tokens else pending).append(r)
+            kv += r.prompt_tokens + r.generated
+            (decode if r.prefilled >= r.prefill_len else pending).append(r)
+        grow = len(decode)
+        budget = self.profile.max_batch_tokens - grow
+        for r in pending:  # a prompt that completes this step emits its first token
+            if budget <= 0:
+                break
+            need = r.prefill_len - r.prefilled
+            if need <= budget:
+                grow += 1
+            budget -= need
+        return kv, grow, decode, pending
+
+    def plan(self, now: float) -> StepPlan | None:
+        """Preempt what the KV cannot hold, admit what fits, and describe the next step (None: nothing to run)."""
+        running, waiting = self.running, self.waiting
+        cap = self.profile.kv_cache_tokens
+        kv, grow, decode, pending = self._growth()
+        preempted = False
+        while kv + grow > cap and len(running) > 1:  # this step's tokens would overflow the KV cache
+            self._preempt(running[-1])
+            preempted = True
+            kv, grow, decode, pending = self._growth()
+        # Admission, FCFS without overtaking: each prompt's KV is reserved up front, with room for the
+        # token it may emit this step; a prompt that does not fit waits, which is how a full KV cache
+        # turns into queueing on a real server. None in a step that had to preempt (as vLLM).
+        if waiting and not preempted and len(running) < self.max_batch:
+            projected = kv + grow
+            while waiting and len(running) < self.max_batch:
+                head = waiting[0]
+                need = head.prompt_tokens + head.generated
+                if running and projected + need + 1 > cap:
+                    break
+                waiting.popleft()
+                self.waiting_tokens -= need
+                if head.admitted_at is None:
+                    head.admitted_at = now
+                projected += need + 1
+                running.append(head)
+                pending.append(head)
+                self._kv += need
+                self._prefilling += 1
+        if not running:
+            return None
         budget = max(0, self.profile.max_batch_tokens - len(decode))
         prefill: list[tuple[EngineRequest, int]] = []
         prefill_tokens = 0
+        context = kv if not pending else sum(r.prompt_tokens + r.generated for r in decode)
         for r in pending:
             if budget <= 0:
                 break
-            take = min(r.prompt_tokens - r.prefilled, budget)
+            take = min(r.prefill_len - r.prefilled, budget)
             prefill.append((r, take))
             prefill_tokens += take
+            context += r.prefilled + take
             budget -= take
         batch = len(decode) + len(prefill)
-        duration = self.profile.step_time(batch, prefill_tokens)
-        return StepPlan(decode=tuple(decode), prefill=tuple(prefill), duration=duration)
+        duration = self.profile.step_time(batch, prefill_tokens, context)
+        return StepPlan(decode=tuple(decode), prefill=tuple(prefill), duration=duration, context=context,
+                        profile=self.profile)
 
     def repeatable(self, plan: StepPlan) -> int:
-        """How many times ``plan`` can run back to back unchanged if nothing arrives meanwhile.
+        """How many times ``plan`` can run back to back with the same batch if nothing arrives meanwhile.
 
         A step with prefill changes the batch (the prompt moves to decode), so it runs once. A
-        pure-decode step repeats until its shortest request finishes: ``plan`` already admitted every
-        waiting request that fits, and more decoding only grows the KV in use, so nothing waiting
-        becomes admissible before a request leaves.
+        pure-decode step repeats until its shortest request finishes, or until one more step's growth
+        would overflow the KV cache (the next plan preempts): ``plan`` already admitted every waiting
+        request that fits, and more decoding only grows the KV in use, so nothing waiting becomes
+        admissible before a request leaves. Each repeat is one token longer per sequence, so it takes
+        a little longer (:meth:`StepPlan.run_time`).
         """
         if plan.prefill or not plan.decode:
             return 1
-        return max(1, min(r.output_tokens - r.generated for r in plan.decode))
+        k = min(r.output_tokens - r.generated for r in plan.decode)
+        d = len(plan.decode)
+        if d > 1:  # a lone sequence is never preempted
+            k = min(k, (self.profile.kv_cache_tokens - plan.context) // d)
+        return max(1, k)
 
-    def complete(self, plan: StepPlan, now: float, steps: int = 1) -> list[TokenEvent]:
+    def complete(self, plan: StepPlan, now: float, steps: int = 1, finished_only: bool = False) -> list[TokenEvent]:
         """Apply ``steps`` runs of a finished plan ending at ``now``: emit tokens, retire finished requests.
 
         ``steps > 1`` is for pure-decode plans (see :meth:`repeatable`); each decoding request gains
-        ``steps`` tokens and one event (its last token) is reported.
+        ``steps`` tokens and one event (its last token) is reported. ``finished_only``: report only
+        the requests that finished (what the simulator reads; it saves an event per sequence per run).
         """
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError(f"steps must be >= 1 and 1 for a plan with prefill, got {steps}")
         self.steps += steps
         events: list[TokenEvent] = []
         done = False
+        grown = 0
         for r in plan.decode:
             if r.aborted:
                 continue
             out = r.output_tokens
-            g = r.generated + steps
+            g0 = r.generated
+            g = g0 + steps
             if g >= out:
-                g, done = out, True
+                g = out
+                done = True
+                events.append(TokenEvent(r, g - 1, True))
+            elif not finished_only:
+                events.append(TokenEvent(r, g - 1, False))
+            grown += g - g0
             r.generated = g
-            events.append(TokenEvent(r, g - 1, g >= out))
         for r, n in plan.prefill:
             if r.aborted:
                 continue
             r.prefilled += n
-            if r.in_decode:
+            if r.prefilled >= r.prefill_len:  # a (re)computed prompt emits the next token
                 r.generated += 1
-                r.first_token_at = now
+                grown += 1
+                self._prefilling -= 1
+                if r.first_token_at is None:
+                    r.first_token_at = now
                 fin = r.finished
                 done = done or fin
-                events.append(TokenEvent(r, 0, fin))
+                if fin or not finished_only:
+                    events.append(TokenEvent(r, r.generated - 1, fin))
+        self._kv += grown
         if done:
             for ev in events:
                 if ev.finished:
-                    ev.request.finished_at = now
-                    self.running.remove(ev.request)
+                    r = ev.request
+                    r.finished_at = now
+                    self.running.remove(r)
+                    self._kv -= r.kv_tokens
         return events
 
 

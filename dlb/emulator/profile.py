@@ -5,18 +5,32 @@ all running sequences (one decode token each) plus a chunk of prompt tokens of n
 requests. The time of one step is what decides every latency the emulator produces, so it is the
 only thing a profile describes:
 
-    step_time(batch, prefill_tokens) = base
-                                       + prefill_slope · prefill_tokens
-                                       + decode_slope · batch
-                                       + past_knee_slope · max(0, batch − knee)
+    step_time(batch, prefill_tokens, context) = base
+                                                + prefill_slope · prefill_tokens
+                                                + decode_slope · batch
+                                                + past_knee_slope · max(0, load − knee)
+    load = context / ref_context_tokens   (batch when the profile has no context term, or no context is given)
 
 The first three terms are the form of the BLIS simulator's fitted step time (Llama-3.1-8B, H100:
 5.753 ms + 17.25 µs × prefill tokens + 6.00 µs × decode tokens). The last term is the
 *flat-then-linear* shape measured on real hardware (``h200-llama-step-times.json``, packaged next to
 this module): decode step time is flat while the step is bound by fixed per-step costs (weight reads,
-kernel launches) and grows linearly with batch once compute dominates. Slopes and knee come from the
+kernel launches) and grows linearly once the batch's work outgrows them. Slopes and knee come from the
 measurement; the floor comes from a production server (the eager-mode measurement has a 10–19 ms Python
 launch floor a CUDA-graph server does not have).
+
+**Context term.** Every measured decode point holds a 1024-token KV context per sequence
+(``ref_context_tokens`` = 1024, read from the file's ``ctx``), so the measured "per sequence" past-knee
+slope is a cost per 1024 tokens of KV that the step's attention reads: ``load`` is the step's KV context
+in units of the measured sequence (8B: 0.442 ms per 1024 tokens = 0.43 µs per KV token, past a knee
+of 21.4 × 1024 ≈ 21.9 k tokens; at 1024 tokens per sequence it is the measured curve exactly). Why the
+growth is charged to the KV and not to the batch: the prefill points are linear in tokens (8B: 29.7,
+29.1, 29.1 µs per token at 1k, 2k and 4k), so per-token dense compute does not grow, and the dense
+matmuls of ≤ 128 decode tokens stay bound by the weight read (the floor); and the 1B shape's slope is
+half the 8B's (0.218 vs 0.442 ms), as its KV bytes per token are at Llama-3.2-1B's head layout (an
+assumption: the file does not record heads). A long context reaches the knee with fewer sequences;
+short ones later. Prefill attention over the prompt is not charged apart (no quadratic term visible
+up to 4k). Profiles with ``ref_context_tokens`` = 0 have no context term (the step time depends on batch only).
 """
 
 from __future__ import annotations
@@ -49,6 +63,9 @@ class Profile:
     past_knee_ms_per_seq: float  # slope past the knee
     max_batch_tokens: int = 8192  # token budget per step (chunked prefill), like vLLM's max_num_batched_tokens
     kv_cache_tokens: int = 400_000  # KV cache capacity; drives vllm:gpu_cache_usage_perc and admission
+    #: KV context per sequence of the measured batch curve: > 0 turns the past-knee term into a
+    #: per-KV-token (context) term, ``past_knee_ms_per_seq / ref_context_tokens`` per token; 0: none.
+    ref_context_tokens: int = 0
     source: str = ""  # where the numbers come from
 
     def __post_init__(self) -> None:
@@ -62,15 +79,35 @@ class Profile:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ProfileError(f"profile {self.name!r}: {f}: must be an integer >= 1, got {v!r}")
+        v = self.ref_context_tokens
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ProfileError(f"profile {self.name!r}: ref_context_tokens: must be an integer >= 0, got {v!r}")
 
-    def step_time(self, batch: int, prefill_tokens: int = 0) -> float:
-        """Seconds one engine step takes with ``batch`` sequences and ``prefill_tokens`` prompt tokens."""
+    def step_time(self, batch: int, prefill_tokens: int = 0, context: int | None = None) -> float:
+        """Seconds one engine step takes with ``batch`` sequences, ``prefill_tokens`` prompt tokens and
+        ``context`` tokens of KV read by its attention (None: ``ref_context_tokens`` per sequence, the
+        measured curve)."""
+        load = batch if context is None or not self.ref_context_tokens else context / self.ref_context_tokens
         ms = (
             self.base_ms
             + self.prefill_us_per_token * 1e-3 * prefill_tokens
             + self.decode_us_per_seq * 1e-3 * batch
-            + self.past_knee_ms_per_seq * max(0.0, batch - self.batch_knee)
+            + self.past_knee_ms_per_seq * max(0.0, load - self.batch_knee)
         )
+        return ms * 1e-3
+
+    def decode_run_time(self, batch: int, context: int, steps: int) -> float:
+        """Seconds of ``steps`` pure-decode steps of ``batch`` sequences whose KV context starts at
+        ``context`` tokens and grows by ``batch`` (one token each) per step: the sum of their
+        :meth:`step_time`, in closed form (the simulator runs up to hundreds of such steps at once)."""
+        if steps == 1 or not self.ref_context_tokens:
+            return steps * self.step_time(batch, 0, context)
+        ref = self.ref_context_tokens
+        e0 = context - self.batch_knee * ref  # KV tokens past the knee at the first step
+        first = 0 if e0 > 0 else min(steps, math.floor(-e0 / batch) + 1)  # first step past the knee
+        n = steps - first
+        past = n * e0 + batch * (first + steps - 1) * n / 2.0  # Σ over those steps of (e0 + i·batch)
+        ms = steps * (self.base_ms + self.decode_us_per_seq * 1e-3 * batch) + self.past_knee_ms_per_seq * past / ref
         return ms * 1e-3
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +180,10 @@ def profile_from_step_times(
         pre = [(float(p["tokens"]), float(p["ms"])) for p in run["prefill"]]
     except (KeyError, TypeError, ValueError) as e:
         raise ProfileError(f"{origin}: runs[{model}]: decode/prefill points need batch|tokens and ms ({e})") from None
+    # One context length for every decode point: the past-knee slope is per that many KV tokens.
+    ctxs = {p.get("ctx") for p in run["decode"]}
+    ref_ctx = next(iter(ctxs)) if len(ctxs) == 1 else 0
+    ref_ctx = ref_ctx if isinstance(ref_ctx, int) and not isinstance(ref_ctx, bool) and ref_ctx > 0 else 0
     small = [ms for b, ms in dec if b <= 16]
     if not small:
         raise ProfileError(f"{origin}: runs[{model}].decode: need points with batch <= 16 to find the floor")
@@ -166,7 +207,9 @@ def profile_from_step_times(
         decode_us_per_seq=decode_us_per_seq,
         batch_knee=round(knee, 2),
         past_knee_ms_per_seq=slope,
-        source=f"{origin}: {model} (floor {floor:.2f} ms, knee {knee:.1f}, slope {slope:.3f} ms/seq)",
+        ref_context_tokens=ref_ctx,
+        source=f"{origin}: {model} (floor {floor:.2f} ms, knee {knee:.1f}, slope {slope:.3f} ms/seq"
+        + (f" at {ref_ctx} tokens of context)" if ref_ctx else ")"),
     )
 
 

@@ -32,6 +32,7 @@ from dlb.config.hostport import is_ip
 from dlb.config.model import AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.envoy import contract as _h
+from dlb.envoy import replies
 from dlb.envoy.als import add_leaf_access_log
 from dlb.envoy.contract import (
     HEALTH_PATH,
@@ -193,34 +194,31 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
-#: Envoy's own failure replies (response flags): no healthy upstream, connect failure, overflow, no
-#: route, upstream reset / timeout / connection termination before any response byte.
-LOCAL_FAILURE_FLAGS = ["UH", "UF", "UO", "NR", "URX", "UC", "UT", "LR", "UR"]
-
-
 def local_replies() -> dict[str, Any]:
-    """Envoy's own failure replies as OpenAI-shaped JSON errors, with ``retry-after: 1`` on them.
+    """Envoy's own failure replies as OpenAI-shaped JSON errors with DLB's codes (:mod:`dlb.envoy.replies`).
 
     Clients of DLB speak the OpenAI API; Envoy's text/plain "no healthy upstream" reached an OpenAI
-    SDK as a bare ``Error code: 503``. Only replies carrying one of :data:`LOCAL_FAILURE_FLAGS` are
-    rewritten, so the root ext_proc's own JSON replies (ImmediateResponse, no such flag) and every
-    upstream server's error pass through untouched. ``code`` is Envoy's response-code details
-    (``no_healthy_upstream``, ``upstream_reset_before_response_started{...}``), which logs also show.
-    A path no route matches (``NR``) is the client's mistake, not an outage: a 404
-    ``invalid_request_error`` that says so (Envoy's own body for it is empty), without ``retry-after``.
+    SDK as a bare ``Error code: 503``, and its details (``no_healthy_upstream``) named the same
+    condition differently from the root's reply. One mapper per code, matched on the response flag,
+    so the root ext_proc's own replies (ImmediateResponse, no flag) and every upstream server's error
+    pass through untouched; the message keeps Envoy's details for operators. Where waiting helps,
+    ``retry-after: 1``. A path no route matches is the client's mistake: 404, no ``retry-after``
+    (Envoy's own body for it is empty).
     """
-    body = {"json_format": {"error": {"message": "dlb: %LOCAL_REPLY_BODY%", "type": "service_unavailable",
-                                      "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
-    no_route = {"json_format": {"error": {"message": "dlb: no endpoint serves this path", "type": "invalid_request_error",
-                                          "param": None, "code": "%RESPONSE_CODE_DETAILS%"}}}
-    return {"mappers": [{
-        "filter": {"response_flag_filter": {"flags": ["NR"]}},
-        "body_format_override": no_route,
-    }, {
-        "filter": {"response_flag_filter": {"flags": [f for f in LOCAL_FAILURE_FLAGS if f != "NR"]}},
-        "headers_to_add": [{"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-        "body_format_override": body,
-    }]}
+    mappers = []
+    for code, kind in replies.ERRORS.items():
+        flags = [f for f, c in replies.ENVOY_FLAGS.items() if c == code]
+        if not flags:
+            continue
+        mapper: dict[str, Any] = {"filter": {"response_flag_filter": {"flags": flags}}, "body_format_override": {"json_format": {
+            "error": {"message": "dlb: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)", "type": kind.type, "param": None, "code": code}}}}
+        if code == replies.NO_ENDPOINT:
+            mapper["body_format_override"]["json_format"]["error"]["message"] = "dlb: no endpoint serves this path"
+        if kind.retry:
+            mapper["headers_to_add"] = [{"header": {"key": "retry-after", "value": str(replies.DEFAULT_RETRY_AFTER_S)},
+                                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+        mappers.append(mapper)
+    return {"mappers": mappers}
 
 
 def leaf_ext_proc_cluster(ext_proc: HostPort, probe: HostPort, tls: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -357,7 +355,7 @@ def root_forward_headers(cfg: Config) -> list[str]:
     Every endpoint's affinity header is forwarded, enabled or not, plus the default name, so turning
     affinity on over xDS works without re-rendering Envoy as long as the header name is one of these.
     """
-    names = [":path", AffinityParams().header.lower()]
+    names = [":path", _h.TRACEPARENT, AffinityParams().header.lower()]
     for ep in cfg.endpoints:
         h = ep.policy.affinity.header.lower()
         if h not in names:

@@ -34,7 +34,9 @@ LEAF_INTERNAL = (SERVER, CELL)
 #: body's length (the size estimate of the tokens-waiting pick; the body itself never reaches Python).
 REQUEST_ID = "x-request-id"
 CONTENT_LENGTH = "content-length"
-LEAF_FORWARD_HEADERS = (REQUEST_ID, CONTENT_LENGTH)
+#: W3C trace context: both services make their spans children of it when tracing is on.
+TRACEPARENT = "traceparent"
+LEAF_FORWARD_HEADERS = (REQUEST_ID, CONTENT_LENGTH, TRACEPARENT)
 
 # -- clusters -----------------------------------------------------------------------------------------
 ROOT_EXT_PROC_CLUSTER = "dlb_root_ext_proc"

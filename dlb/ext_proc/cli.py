@@ -17,6 +17,23 @@ from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config
+    from dlb.service.tracing import TracingOptions
+
+
+def add_tracing_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--otlp-endpoint`` and ``--trace-sample-ratio`` (every service that can trace takes the same two)."""
+    p.add_argument("--otlp-endpoint", default=None, help=f"OTLP/gRPC collector host:port: a span per {what} (default: tracing off)")
+    p.add_argument("--trace-sample-ratio", type=float, default=0.01,
+                   help="share of traces sampled when the request's traceparent does not decide (default %(default)s)")
+
+
+def tracing_options(args: argparse.Namespace, service_name: str) -> TracingOptions:
+    from dlb.service.tracing import TracingOptions
+
+    try:
+        return TracingOptions(args.otlp_endpoint, args.trace_sample_ratio, service_name=service_name)
+    except ValueError as exc:
+        raise UsageError(f"--trace-sample-ratio: {exc}") from None
 
 
 def load_cell(config_path: str, cell_name: str) -> tuple[Config, Cell]:
@@ -51,7 +68,8 @@ def run_root(args: argparse.Namespace) -> int:
         raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     try:
         limits = H2Limits(max_connections=args.max_connections, max_concurrent_streams=args.max_concurrent_streams,
-                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s)
+                          handshake_timeout_s=args.handshake_timeout_s, idle_timeout_s=args.idle_timeout_s,
+                          max_connections_per_peer=args.max_connections_per_peer, first_stream_timeout_s=args.first_stream_timeout_s)
     except ValueError as exc:  # named by field: H2Limits.max_concurrent_streams -> --max-concurrent-streams
         field_name = str(exc).split()[0].removeprefix("H2Limits.")
         raise UsageError(f"--{field_name.replace('_', '-')}{str(exc).removeprefix('H2Limits.' + field_name)}") from None
@@ -78,7 +96,7 @@ def run_root(args: argparse.Namespace) -> int:
     run_event_loop(run_root(cfg, RootOptions(
         cell=args.cell, listen=listen, metrics=metrics or None, ready_file=args.ready_file, seed=seed, emulate_wan=args.emulate_wan,
         workers=args.workers, worker_index=args.worker_index, xds=args.xds, xds_delta=args.xds_delta, transport=args.transport,
-        limits=limits, drain_s=args.drain_s)))
+        limits=limits, drain_s=args.drain_s, tracing=tracing_options(args, f"dlb-root-{args.cell}"))))
     return 0
 
 
@@ -103,6 +121,12 @@ def register_root(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="h2 transport: connections served at once, more are closed at accept "
                         f"(0 = min(4096, file-descriptor limit - {FD_RESERVE}); at most the limit - {FD_RESERVE})")
+    p.add_argument("--max-connections-per-peer", type=int, default=d.max_connections_per_peer,
+                   help="h2 transport: connections from one address (0 = a quarter of the cap, at least 64); at either cap a "
+                        "connection that has opened no stream gives way to the new one")
+    p.add_argument("--first-stream-timeout-s", type=float, default=d.first_stream_timeout_s,
+                   help="h2 transport: a connection that opens no stream this long after accept is closed "
+                        "(default %(default)s; >= --handshake-timeout-s)")
     p.add_argument("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
                    help="h2 transport: SETTINGS_MAX_CONCURRENT_STREAMS per connection; more get REFUSED_STREAM (default %(default)s)")
     p.add_argument("--handshake-timeout-s", type=float, default=d.handshake_timeout_s,
@@ -114,6 +138,7 @@ def register_root(subparsers: argparse._SubParsersAction) -> None:
                    help="on SIGTERM: seconds of NOT_SERVING health (streams still served) before the listener closes (default %(default)s)")
     p.add_argument("--emulate-wan", action="store_true",
                    help="testbeds: delay each probe by the one-way latency both ways (as the leaf Envoy delays requests)")
+    add_tracing_flags(p, "decision")
     p.set_defaults(func=run_root)
 
 
@@ -146,7 +171,8 @@ def run_leaf(args: argparse.Namespace) -> int:
         cell=args.cell, listen=tuple(listen), metrics=metrics or None, ready_file=args.ready_file,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed,
         envoy_check_period_s=args.envoy_check_period_ms / 1000.0, xds=args.xds, xds_delta=args.xds_delta,
-        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, envoy_address=args.envoy_check_address)))
+        ext_proc_h2=ext_proc_h2, drain_s=args.drain_s, envoy_address=args.envoy_check_address,
+        tracing=tracing_options(args, f"dlb-leaf-{args.cell}"))))
     return 0
 
 
@@ -170,6 +196,7 @@ def register_leaf(subparsers: argparse._SubParsersAction) -> None:
                    help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
     p.add_argument("--drain-s", type=float, default=1.0,
                    help="on SIGTERM: seconds of gRPC health NOT_SERVING (Envoy stops sending) before streams are closed")
+    add_tracing_flags(p, "pick")
     from dlb.config.cli import add_moved_flags
 
     add_moved_flags(p, {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,6 +28,9 @@ from dlb.ext_proc.leaf_probe import LeafProbe
 from dlb.ext_proc.leaf_state import PICK_RULES, LeafState
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value
 from dlb.service.metrics import FastHistogram
+
+if TYPE_CHECKING:
+    from dlb.ext_proc.local_gate import PeerGate
 
 
 class LeafAgent:
@@ -40,6 +44,8 @@ class LeafAgent:
         #: Counters of the HTTP/2 ext_proc transport when it serves this agent (exported at scrape time).
         self.transport_stats = None
         self.access_log = LeafAccessLog(state, clock)
+        #: The access-log socket's peer check when it is a Unix socket (set by the runner).
+        self.als_gate: PeerGate | None = None
         self.background = LeafBackground(state, clock)
         self.probe = LeafProbe(state, self.access_log.completed_by_source, lambda: self.background.envoy_ok, clock)
 
@@ -113,6 +119,8 @@ class LeafAgent:
                                   value=st.orphaned)
         yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probe.answered)
         yield CounterMetricFamily("dlb_leaf_als_entries", "Access-log entries received", value=self.access_log.entries)
+        yield CounterMetricFamily("dlb_leaf_als_peers_refused", "Access-log connections from another user, refused",
+                                  value=self.als_gate.refused if self.als_gate is not None else 0)
         model = GaugeMetricFamily("dlb_leaf_model", "Published latency-model parameter", labels=["param"])
         p = st.estimator.params
         for name, v in (("a_s", p.a), ("b_s", p.b), ("c", p.c), ("s", p.s), ("confidence", st.estimator.confidence),

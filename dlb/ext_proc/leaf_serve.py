@@ -9,11 +9,11 @@ Envoy reaches. Kept apart from the service modules as :mod:`dlb.ext_proc.root_se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
@@ -26,7 +26,8 @@ from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_background import background_body, background_config
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.leaf_xds import LeafXdsSync
-from dlb.ext_proc.protocol import ExtProcServer, ext_proc_handler
+from dlb.ext_proc.local_gate import AgentSocketDir, GateError, PeerGate, private_dir
+from dlb.ext_proc.protocol import ExtProcServer, MessageHandler, ext_proc_handler
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
 from dlb.service.health import HealthState, health_handler
@@ -34,6 +35,7 @@ from dlb.service.metrics import Readiness, serve_metrics
 from dlb.service.ports import add_port
 from dlb.service.runner import write_ready
 from dlb.service.serve import serve_until_signal
+from dlb.service.tracing import TracingOptions, make_tracer
 
 log = get_logger("dlb.leaf")
 
@@ -64,12 +66,21 @@ class LeafOptions:
     drain_s: float = 0.0
     #: This agent's own leaf Envoy, checked and used for background probes (None: ``cells[].leaf.address``).
     envoy_address: str | None = None
+    #: A span per pick to an OTLP collector (off unless it names one).
+    tracing: TracingOptions = field(default_factory=TracingOptions)
 
 
-def _bind_als(server: grpc.aio.Server, address: str) -> None:
-    """Bind the access-log server; a socket file left by a killed agent is replaced (a live one is not)."""
+def _bind_als(server: grpc.aio.Server, address: str) -> tuple[PeerGate, AgentSocketDir] | None:
+    """Bind the access-log server. A Unix socket: its directory must be private (made 0700 if missing),
+    a socket file left by a killed agent is replaced (a live one is not), and the server listens in a
+    per-run directory behind a :class:`PeerGate` at ``address`` (returned, to start once it serves)."""
+    gate = None
     if address.startswith("unix:"):
         path = address[len("unix:"):]
+        try:
+            private_dir(Path(path).parent)
+        except GateError as exc:
+            raise BindError(address, str(exc)) from None
         if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
             probe = socket.socket(socket.AF_UNIX)
             try:
@@ -80,13 +91,16 @@ def _bind_als(server: grpc.aio.Server, address: str) -> None:
                 raise BindError(address, "another process serves this access-log socket")
             finally:
                 probe.close()
+        inner = AgentSocketDir()
+        gate = PeerGate(path, inner.grpc_socket), inner
+        address = f"unix:{inner.grpc_socket}"
     try:
         port = server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
         raise BindError(address, "gRPC could not bind it (in use, or no such directory?)")
-
+    return gate
 
 
 async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
@@ -120,7 +134,13 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
                            tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source), on_policy=background_from_policy)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
     health = HealthState()
-    server.add_generic_rpc_handlers((ext_proc_handler(agent.handle), health_handler(health)))
+    tracer = make_tracer(opts.tracing)
+    handle: MessageHandler = agent.handle
+    if tracer is not None:
+        from dlb.ext_proc.tracing import describe_leaf, traced
+
+        handle = traced(agent.handle, tracer, "dlb.leaf.pick", describe_leaf(agent))
+    server.add_generic_rpc_handlers((ext_proc_handler(handle), health_handler(health)))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent.probe, server)
     # The access log gets a server of its own on a channel only the cell's Envoy reaches (docs/security.md);
     # it answers grpc.health.v1 too (Envoy health-checks its agent cluster there).
@@ -128,12 +148,12 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent.access_log, als_server)
     als_server.add_generic_rpc_handlers((health_handler(health),))
     als_address = cfg.cell(cell_name).leaf.access_log_address()
-    _bind_als(als_server, als_address)
+    gated = _bind_als(als_server, als_address)
     tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
     ports = [add_port(server, addr, tls) for addr in opts.listen]
     h2 = None
     if opts.ext_proc_h2 is not None:
-        h2 = ExtProcServer("h2", agent.handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
+        h2 = ExtProcServer("h2", handle, health=health, tls=tls)  # NOT_SERVING with the rest of the leaf on drain
         ports.append(await h2.bind(opts.ext_proc_h2))
         agent.transport_stats = h2.stats
     metrics_port = None
@@ -143,6 +163,12 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     await server.start()
     await als_server.start()
+    if gated is not None:
+        try:
+            await gated[0].start()
+        except GateError as exc:
+            raise BindError(als_address, str(exc)) from None
+        agent.als_gate = gated[0]
     readiness.ready = True
     if sync is not None:
         await sync.start()
@@ -168,10 +194,13 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
             await sync.stop()
         if h2 is not None:
             await h2.stop()
+        if gated is not None:
+            await gated[0].stop()
         await als_server.stop(0.5)
-        if als_address.startswith("unix:"):
-            with contextlib.suppress(OSError):
-                os.unlink(als_address[len("unix:"):])
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # the spans still buffered
+        if gated is not None:
+            gated[1].remove()
         log.info("leaf_stopping", cell=cell_name)
 
     # The drain is for this agent's leaf Envoy: it ends early once that Envoy is gone (the check loop's verdict).

@@ -59,8 +59,8 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
     names = {h: p for h, p in dns_names(cfg).items() if any(s.address.host == h for s in cfg.cell(cell_name).servers)}
     cfg = expand(cfg, {h: resolve(h, p) for h, p in names.items()})
     cell = cfg.cell(cell_name)
-    # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint.
-    prior = cfg.endpoints[0].latency_prior.to_core()
+    # The cell serves every endpoint with the same servers: one cell-wide model, prior of the first endpoint here.
+    prior = cfg.endpoints[0].prior_for(cell_name).to_core()
     servers: list[ServerState] = []
     dp_groups: list[tuple[DpBalancer, list[str]]] = []
     for s in cell.servers:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -61,6 +62,10 @@ class ServerState:
     completed: int = 0
     errors: int = 0
     cut_streams: int = 0  # responses it started and then broke off (counted in errors too)
+    #: Most requests seen in flight at the server when it answered 429 (its queue full): what it admits,
+    #: running slots + queue limit (-1 unknown). The most, not the last: a refusal seen with fewer in
+    #: flight (others just finished) must not make a busy server look full.
+    admit_limit: float = -1.0
 
 
 @dataclass
@@ -147,6 +152,8 @@ class LeafState:
         self.inflight_refused = 0
         self.orphaned = 0  # records dropped because the stream that opened them ended
         self._owned: dict[int, set[str]] = {}
+        #: Outcomes each open access-log stream reported, taken back from ``errors`` when it ends.
+        self._owner_errors: dict[int, ErrorTracker] = {}
         self._seq = 0
 
     # -- reconfiguration (xDS) ---------------------------------------------------------------------
@@ -217,18 +224,19 @@ class LeafState:
         self.estimator.reset_prior(prior)
 
     # -- picking ---------------------------------------------------------------------------------
-    def usable(self, now: float) -> list[int]:
-        ok = [i for i, s in enumerate(self.servers)
-              if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
-        return ok or list(range(len(self.servers)))
+    def usable(self, now: float, among: Sequence[int] | None = None) -> list[int]:
+        """Healthy servers (of ``among``: a gateway's subset hint, when given); all of them if none is."""
+        pool = range(len(self.servers)) if among is None else among
+        ok = [i for i in pool if self.servers[i].ejected_until <= now and self.servers[i].scrape_failures < self.scrape_fail_threshold]
+        return ok or list(pool)
 
     def load(self, i: int) -> float:
         s = self.servers[i]
         return max(float(s.rif), s.scraped) / s.weight
 
-    def choose(self, now: float) -> int:
+    def choose(self, now: float, among: Sequence[int] | None = None) -> int:
         """Power-of-d choice among usable servers (no side effects)."""
-        cand = self.usable(now)
+        cand = self.usable(now, among)
         if len(cand) > self.choices:
             idx = self.rng.choice(len(cand), size=self.choices, replace=False)
             cand = [cand[int(k)] for k in idx]
@@ -248,7 +256,8 @@ class LeafState:
         mean = self._tokens_sum / self._tokens_n if self._tokens_n else self.expected_output_tokens + 1.0
         return max(float(s.rif), s.scraped) / s.weight, max(s.tokens, s.scraped * mean) / s.weight
 
-    def pick(self, now: float, request_id: str | None, content_length: int | None = None) -> int:
+    def pick(self, now: float, request_id: str | None, content_length: int | None = None,
+             among: Sequence[int] | None = None) -> int:
         """Choose a server for a request and count it in flight.
 
         A pick that lands on a rank of a data-parallel server is handed to that server's balancer, which
@@ -256,9 +265,9 @@ class LeafState:
         """
         tokens = self.request_tokens(content_length)
         if self.pick_rule == "prequal":
-            i = self.pool.pick(now, self.usable(now), self._probe, tokens)
+            i = self.pool.pick(now, self.usable(now, among), self._probe, tokens)
         else:
-            i = self.choose(now)
+            i = self.choose(now, among)
         dp = self.dp_of.get(self.servers[i].address) if self.dp_of else None
         if dp is None:
             self.start(now, request_id, i, tokens)
@@ -266,7 +275,7 @@ class LeafState:
         prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
         bal, members = dp
         idx = [self.by_address.get(a, UNKNOWN) for a in members]
-        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now
+        allowed = np.array([k != UNKNOWN and self.servers[k].ejected_until <= now and (among is None or k in among)
                             and self.servers[k].scrape_failures < self.scrape_fail_threshold for k in idx])  # fmt: skip
         if allowed.any():
             i = idx[bal.choose(now, prompt_tokens, allowed)]
@@ -315,13 +324,25 @@ class LeafState:
             self._owned.setdefault(owner, set()).add(request_id)
         return request_id
 
-    def drop_owner(self, owner: int, now: float) -> int:
-        """Forget the in-flight records an ended access-log stream opened; returns how many."""
-        keys = [k for k in self._owned.pop(owner, ()) if (r := self.inflight.get(k)) is not None and r.owner == owner]
-        for k in keys:
-            self._forget(k, now)
-        self.orphaned += len(keys)
-        return len(keys)
+    def drop_owner(self, owner: int, now: float, at_most: int | None = None) -> int:
+        """Forget what an ended access-log stream reported: the in-flight records it opened (returns how
+        many; ``at_most`` per call, so a caller can spread 100,000 of them over loop turns) and its
+        outcomes in the error rate — a local peer's fake 503s end with its stream."""
+        reported = self._owner_errors.pop(owner, None)
+        if reported is not None:
+            self.errors.remove(reported, now)
+        owned = self._owned.get(owner, set())
+        n = 0
+        while owned and (at_most is None or n < at_most):
+            k = owned.pop()
+            r = self.inflight.get(k)
+            if r is not None and r.owner == owner:
+                self._forget(k, now)
+                n += 1
+        if not owned:
+            self._owned.pop(owner, None)
+        self.orphaned += n
+        return n
 
     def _forget(self, key: str, now: float) -> None:
         """Drop a record whose completion will never come (it releases its server's RIF and tokens)."""
@@ -334,7 +355,8 @@ class LeafState:
             self.servers[rec.server].tokens -= rec.tokens
 
     # -- completions ------------------------------------------------------------------------------
-    def complete(self, now: float, c: Completion) -> None:
+    def complete(self, now: float, c: Completion, owner: int | None = None) -> None:
+        """A finished request; ``owner``: the access-log stream that reported it (see :meth:`drop_owner`)."""
         rec = self.inflight.pop(c.request_id, None)
         if rec is not None and rec.owner is not None and (owned := self._owned.get(rec.owner)) is not None:
             owned.discard(c.request_id)
@@ -355,6 +377,9 @@ class LeafState:
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
+        if c.status == 429 and server != UNKNOWN:
+            s = self.servers[server]
+            s.admit_limit = max(s.admit_limit, float(s.rif), s.scraped)  # its own request no longer counted
         err = is_error(c.status) or c.cut
         if c.cut:
             self.cut_streams += 1
@@ -362,6 +387,11 @@ class LeafState:
                 self.servers[server].cut_streams += 1
         self.completed += 1
         self.errors.record(now, err)
+        if owner is not None:
+            tracker = self._owner_errors.get(owner)
+            if tracker is None:
+                tracker = self._owner_errors[owner] = ErrorTracker(self.error_tau_s)
+            tracker.record(now, err)
         if server != UNKNOWN:
             s = self.servers[server]
             s.completed += 1
@@ -434,6 +464,13 @@ class LeafState:
     def healthy_replicas(self, now: float) -> int:
         """k_j scaled by the healthy fraction of servers (what the RIF cost N_j/k_j should divide by)."""
         return math.ceil(self.replicas * self.healthy(now) / len(self.servers))
+
+    def capacity(self, now: float) -> float | None:
+        """Requests the cell admits before its servers refuse: the healthy servers' admit limits summed;
+        None until every healthy server has refused once (a root never sheds on a guess)."""
+        limits = [s.admit_limit for s in self.servers
+                  if s.ejected_until <= now and s.scrape_failures < self.scrape_fail_threshold]
+        return float(sum(limits)) if limits and min(limits) > 0 else None
 
     def waiting(self) -> float:
         vals = [s.waiting for s in self.servers if s.waiting >= 0]

@@ -8,8 +8,10 @@ cached by :class:`ProbeClient`; nothing on the request path waits for I/O.
 
 Client-supplied ``x-dlb-*`` headers are never read here (only ``:path`` and the endpoint's session
 header are), and the root Envoy strips them before any filter runs (``internal_only_headers``).
-A request no cell can take gets a 503 ImmediateResponse naming the reason, shaped as an OpenAI API
-error (JSON, with ``retry-after``) so OpenAI clients show it and retry it.
+A request no cell can take gets an ImmediateResponse shaped as an OpenAI API error (JSON, code
+``dlb_no_capacity``, :mod:`dlb.envoy.replies`) with ``retry-after``, so OpenAI clients show it and retry
+it: 503 when no cell is usable, 429 when the router sheds (every usable cell saturated,
+:mod:`dlb.core.shedding`), its ``retry-after`` the shortest drain time of those cells.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dlb.config import Config
 from dlb.config.model import CELL_CLUSTER_PREFIX
 from dlb.core.aversion import RecentErrors
-from dlb.core.latency_model import LatencyParams
-from dlb.core.router import NO_CELL, Mechanism, PolicyConfig, RootRouter
+from dlb.core.latency_model import LatencyParams, latency
+from dlb.core.router import NO_CELL, SHED, Mechanism, PolicyConfig, RootRouter
+from dlb.core.shedding import retry_after_s
 from dlb.core.topology import Topology
-from dlb.envoy import contract
+from dlb.envoy import contract, replies
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.ext_proc.transport.limits import TransportStats
 from dlb.log import get_logger
@@ -40,6 +43,11 @@ from dlb.proto import probe_pb2
 from dlb.service.metrics import FastHistogram
 
 log = get_logger("dlb.root")
+
+#: At most one ``requests_shed`` line per endpoint this often (with the count since the last one).
+SHED_LOG_EVERY_S = 10.0
+#: How long one shed reply (its ``retry-after``) is reused: a few probe periods.
+SHED_REPLY_TTL_S = 0.25
 
 PATH = ":path"
 
@@ -52,6 +60,11 @@ class EndpointSpec:
     prefix: str
     policy: PolicyConfig
     prior: LatencyParams
+    #: Cells with a prior of their own (``endpoints[].latency_prior_by_cell``); others take ``prior``.
+    cell_priors: Mapping[str, LatencyParams] = field(default_factory=dict)
+
+    def priors(self, cells: Sequence[str]) -> list[LatencyParams]:
+        return [self.cell_priors.get(c, self.prior) for c in cells]
 
 
 def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_names: Sequence[str]) -> None:
@@ -62,7 +75,7 @@ def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_
     oi = np.array([p[0] for p in pairs])
     ni = np.array([p[1] for p in pairs])
     ov, nv = old.view, new.view
-    for attr in ("rif", "last_probe", "error_rate", "confidence", "available"):
+    for attr in ("rif", "last_probe", "error_rate", "confidence", "available", "capacity"):
         getattr(nv, attr)[ni] = getattr(ov, attr)[oi]
     for o, j in pairs:  # the sends no probe has seen yet, not just their sum (view.sent)
         new.adopt_unseen(old, j, o)
@@ -90,6 +103,34 @@ class EndpointState:
     session_header: str | None  # lower-case header name, or None when affinity is off
     decisions: list[int]
     rejected: int = 0
+    shed: int = 0
+    #: The 429 reply while the state it was derived from is recent (``retry-after`` changes slowly).
+    shed_reply: bytes = b""
+    shed_reply_until: float = -math.inf
+    retry_after_s: int = replies.DEFAULT_RETRY_AFTER_S
+    #: Sheds since the last ``requests_shed`` log line (one line per endpoint per SHED_LOG_EVERY_S).
+    shed_unlogged: int = 0
+    shed_logged_at: float = -math.inf
+
+    def refuse_shed(self, cell: str, now: float) -> bytes:
+        """The 429 for a shed request; its ``retry-after`` is re-derived from the cells' state at most every
+        SHED_REPLY_TTL_S (the decision itself is the router's, per request)."""
+        self.shed += 1
+        self.shed_unlogged += 1
+        if now >= self.shed_reply_until:
+            r = self.router
+            m, v = r.models, r.view
+            drain = [float(latency(v.rif[j] + v.sent[j], m.a[j], m.b[j], m.c[j], m.s[j])) for j in np.flatnonzero(r.usable(now))]
+            self.retry_after_s = retry_after_s(drain, r.policy.shed)
+            self.shed_reply = openai_error(
+                429, "dlb: every cell that may serve this request is full; retry after the retry-after seconds",
+                replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=self.retry_after_s)
+            self.shed_reply_until = now + SHED_REPLY_TTL_S
+        if now - self.shed_logged_at >= SHED_LOG_EVERY_S:
+            log.warning("requests_shed", endpoint=self.name, source_cell=cell, shed=self.shed_unlogged,
+                        retry_after_s=self.retry_after_s, every_s=SHED_LOG_EVERY_S)
+            self.shed_unlogged, self.shed_logged_at = 0, now
+        return self.shed_reply
 
 
 @dataclass
@@ -103,9 +144,9 @@ class RootService:
     responses: list[bytes]
     no_cell_response: bytes = field(default_factory=lambda: openai_error(
         503, "dlb: no usable cell for this request (all destinations down, stale or not allowed); retry shortly",
-        "service_unavailable", "dlb_no_usable_cell", retry_after_s=1))
+        replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=replies.DEFAULT_RETRY_AFTER_S))
     no_endpoint_response: bytes = field(default_factory=lambda: openai_error(
-        404, "dlb: no endpoint matches this path", "invalid_request_error", "dlb_no_endpoint"))
+        404, "dlb: no endpoint matches this path", replies.ERRORS[replies.NO_ENDPOINT].type, replies.NO_ENDPOINT))
     processing: FastHistogram = field(default_factory=FastHistogram)
     unmatched: int = 0
     streams: int = 0
@@ -118,7 +159,8 @@ class RootService:
 
     @classmethod
     def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> RootService:
-        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core()) for e in cfg.endpoints]
+        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core(), e.cell_priors())
+                 for e in cfg.endpoints]
         svc = cls(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         svc.configure(cfg.topology(), specs)
         return svc
@@ -135,7 +177,7 @@ class RootService:
         old = {e.name: e for e in self.endpoints}
         endpoints = []
         for spec in specs:
-            router = RootRouter(topology, src, spec.policy, spec.prior, rng=self.rng)
+            router = RootRouter(topology, src, spec.policy, spec.prior, rng=self.rng, cell_priors=spec.priors(topology.names))
             prev = old.get(spec.name)
             decisions = [0] * topology.n
             if prev is not None:
@@ -149,7 +191,7 @@ class RootService:
                     router.x = x / x.sum()
             header = spec.policy.affinity.header.lower() if spec.policy.affinity.enabled else None
             endpoints.append(EndpointState(spec.name, spec.prefix, router, header, decisions,
-                                           prev.rejected if prev is not None else 0))
+                                           prev.rejected if prev is not None else 0, prev.shed if prev is not None else 0))
         responses = [header_response([(contract.CELL, CELL_CLUSTER_PREFIX + n), (contract.SRC_CELL, self.cell)], remove=[contract.SERVER])
                      for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
@@ -182,8 +224,12 @@ class RootService:
             self.unmatched += 1
             return self.no_endpoint_response
         session = sessions.get(ep_state.session_header) if sessions and ep_state.session_header else None
-        cell = ep_state.router.pick(self.clock(), session)
-        if cell == NO_CELL:
+        now = self.clock()
+        cell = ep_state.router.pick(now, session)
+        if cell < 0:
+            if cell == SHED:
+                return ep_state.refuse_shed(self.cell, now)
+            assert cell == NO_CELL
             ep_state.rejected += 1
             return self.no_cell_response
         ep_state.decisions[cell] += 1
@@ -235,13 +281,19 @@ class RootService:
         error_rate = self.recent_errors.observe(target.index, resp.errors, resp.error_rate, now)
         j = target.index
         replicas = float(resp.healthy_replicas) if resp.HasField("healthy_replicas") else None
+        capacity = resp.capacity if resp.HasField("capacity") else None  # an older leaf: unknown, never shed on
         for e in self.endpoints:
             # A confidence-0 model (a restarted leaf's prior) does not replace a learned one: RootRouter.on_probe.
-            e.router.on_probe(j, now, resp.rif, params, error_rate, conf, replicas=replicas)
+            e.router.on_probe(j, now, resp.rif, params, error_rate, conf, replicas=replicas, capacity=capacity)
 
     def tick(self, now: float) -> None:
         for e in self.endpoints:
             e.router.tick(now)
+
+    def routable(self) -> bool:
+        """Every endpoint has a cell usable now (allowed, a fresh probe, available): what readiness means."""
+        now = self.clock()
+        return bool(self.endpoints) and all(e.router.usable(now).any() for e in self.endpoints)
 
     # -- metrics ---------------------------------------------------------------------------------
     def collect(self) -> Iterable:
@@ -249,6 +301,8 @@ class RootService:
         names = self.cell_names
         dec = CounterMetricFamily("dlb_root_decisions", "Requests routed, by endpoint and destination cell", labels=["endpoint", "cell"])
         rej = CounterMetricFamily("dlb_root_rejected", "Requests answered 503 (no usable cell)", labels=["endpoint"])
+        shed = CounterMetricFamily("dlb_root_shed", "Requests answered 429 (shed: every usable cell saturated)",
+                                   labels=["endpoint", "source_cell"])
         av = GaugeMetricFamily("dlb_root_aversion_rate", "Error-aversion skip probability a_j", labels=["endpoint", "cell"])
         flow = GaugeMetricFamily("dlb_root_flow_weight", "Flow routing vector x_ij", labels=["endpoint", "cell"])
         usable = GaugeMetricFamily("dlb_root_cell_usable", "1 if the cell is usable now (allowed, fresh, available)", labels=["endpoint", "cell"])
@@ -263,7 +317,8 @@ class RootService:
                 if r.policy.mechanism is Mechanism.FLOW:
                     flow.add_metric([e.name, name], float(r.x[j]))
             rej.add_metric([e.name], e.rejected)
-        yield from (dec, rej, av, flow, usable)
+            shed.add_metric([e.name, self.cell], e.shed)
+        yield from (dec, rej, shed, av, flow, usable)
         yield CounterMetricFamily("dlb_root_unmatched", "Requests whose path matched no endpoint", value=self.unmatched)
         yield CounterMetricFamily("dlb_root_streams", "ext_proc streams opened by Envoy", value=self.streams)
         if self.transport_stats is not None:

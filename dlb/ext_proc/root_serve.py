@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dlb.config import Config
 from dlb.config.tls import component_identity
-from dlb.ext_proc.protocol import ExtProcServer
+from dlb.ext_proc.protocol import ExtProcServer, MessageHandler
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
 from dlb.ext_proc.transport.limits import H2Limits
@@ -23,6 +23,7 @@ from dlb.probe.client import ProbeTiming
 from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
 from dlb.service.runner import spawn_workers, wait_worker, write_ready
 from dlb.service.serve import serve_until_signal
+from dlb.service.tracing import TracingOptions, make_tracer
 
 
 async def _tick_loop(service: RootService) -> None:
@@ -60,6 +61,8 @@ class RootOptions:
     limits: H2Limits | None = None
     #: Seconds of NOT_SERVING on SIGTERM before the listener closes.
     drain_s: float = 0.0
+    #: A span per decision to an OTLP collector (off unless it names one).
+    tracing: TracingOptions = field(default_factory=TracingOptions)
 
 
 async def run_root(cfg: Config | None, opts: RootOptions) -> None:
@@ -87,16 +90,25 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     if cfg is not None:
         await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], opts.emulate_wan))
     sync = RootXdsSync(service, opts.xds, cell, probes, emulate_wan=opts.emulate_wan, delta=opts.xds_delta) if opts.xds else None
-    server = ExtProcServer(opts.transport, service.handle, opts.limits, tls=tls)
+    tracer = make_tracer(opts.tracing)
+    handle: MessageHandler = service.handle
+    if tracer is not None:
+        from dlb.ext_proc.tracing import describe_root, traced
+
+        handle = traced(service.handle, tracer, "dlb.root.decide", describe_root(service))
+    server = ExtProcServer(opts.transport, handle, opts.limits, tls=tls)
     port = await server.bind(opts.listen, reuse_port=opts.workers > 1)
-    readiness = Readiness(ready=True)  # /readyz: the ext_proc listener is bound; cleared when draining
+    # /readyz: the listener is bound (cleared when draining), the routing config is in (over xDS when
+    # following it) and every endpoint has a cell it may send to now, with a fresh probe.
+    readiness = Readiness(ready=True)
     service.transport_stats = server.stats
     children: list = []
     metrics_port = None
     gc_pauses = GcPauses("dlb_root")  # timed from the freeze on (the freeze's own collection is start-up)
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
-        registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready)
+        registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport),
+                                               lambda: readiness.ready and (sync is None or sync.reloads > 0) and service.routable())
         registry.register(CallbackCollector(gc_pauses.families))
     if opts.workers > 1 and opts.worker_index == 0:
         children = spawn_workers(opts.workers, f"{opts.listen.rpartition(':')[0]}:{port}", opts.metrics)
@@ -124,6 +136,8 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
         await probes.stop()
         for child, _ in children:
             await asyncio.to_thread(child.wait, 10)
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # the spans still buffered
         log.info("root_stopping", cell=cell, worker=opts.worker_index)
 
     # The drain is for the root Envoy: it ends early once no Envoy is connected (stopped with this service).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dlb.ext_proc.cli import add_tracing_flags, tracing_options
 from dlb.load.argtypes import positive_float
 
 
@@ -17,11 +18,16 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path, default=None, help="logs and bootstraps (default runs/up-TIMESTAMP)")
     p.add_argument("--emulate-wan", action="store_true", help="delay leaf traffic and probes by the config's one-way latencies")
     p.add_argument("--ready-timeout", type=positive_float, default=90.0, help="seconds each tier may take to become ready")
+    p.add_argument("--insecure", action="store_true",
+                   help="no private CA: gRPC between the control plane, roots and leaves stays plaintext unless the config has tls")
     p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    add_tracing_flags(p, "root decision and leaf pick")
     p.set_defaults(func=_run_up)
 
 
 def _run_up(args: argparse.Namespace) -> int:
     from dlb.launch.up import run_up
 
-    return run_up(args.config, args.run_dir, args.emulate_wan, args.ready_timeout, args.duration)
+    tracing_options(args, "dlb")  # checks the ratio before anything starts
+    tracing = ["--otlp-endpoint", args.otlp_endpoint, "--trace-sample-ratio", str(args.trace_sample_ratio)] if args.otlp_endpoint else []
+    return run_up(args.config, args.run_dir, args.emulate_wan, args.ready_timeout, args.duration, args.insecure, tracing)

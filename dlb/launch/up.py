@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 import signal
 import socket
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.model import Config, HostPort, TlsFiles
+from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
 
@@ -160,6 +162,18 @@ class Deployment:
     leaf_metrics: dict[str, str] = field(default_factory=dict)
     leaf_admin: dict[str, str] = field(default_factory=dict)
 
+    def ports_text(self) -> str:
+        """Every address this run listens on, before anything starts: the config's by field, then the
+        metrics and Envoy admin ports drawn free for this run (not in the config)."""
+        lines = [f"  {hp}  {field}" for field, hp in listen_addresses(self.cfg)]
+        lines += [f"  {leaf.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} metrics (drawn)" for cell, leaf in self.leaf_metrics.items()]
+        lines += [f"  {url.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} Envoy admin (drawn)" for cell, url in self.leaf_admin.items()]
+        for r in self.roots.values():
+            if r.metrics_url:
+                lines.append(f"  {r.metrics_url.rsplit('//', 1)[1].split('/')[0]}  root {r.cell} metrics (drawn)")
+            lines.append(f"  {r.admin_url.rsplit('//', 1)[1].split('/')[0]}  root {r.cell} Envoy admin (drawn)")
+        return "\n".join(lines)
+
     def urls_text(self) -> str:
         lines = [f"control plane: {self.status_url}/status  fleet: {self.status_url}/fleet  metrics: {self.status_url}/metrics"]
         for r in self.roots.values():
@@ -286,7 +300,10 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None) -> int:
+def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
+           insecure: bool = False, service_args: list[str] | None = None) -> int:
+    """Start, wait until ready, serve until Ctrl-C or ``duration_s``. ``service_args`` go to every root and
+    leaf service (the tracing flags)."""
     from dlb.config import ConfigError, load_config
     from dlb.envoy.root_token import forgeable_token_warning
 
@@ -299,13 +316,26 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     if problems:
         print(f"dlb up: {len(problems)} address(es) in use or not local:\n" + "\n".join(problems), file=sys.stderr)
         return 1
-    warning = forgeable_token_warning(cfg)
-    if warning:
-        print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     stop = StopFlag().install()
     sup = Supervisor(run_dir or default_run_dir("up"))
     print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan)
+    token_env, said = run_env(cfg, sup.run_dir, insecure)
+    for line in said:
+        print(f"dlb up: {line}", flush=True)
+    if token_env:
+        os.environ.update(token_env)
+        try:
+            cfg = load_config(config_path)
+        finally:  # the children get it from their Child.env; this process's environment stays as it was
+            for k in token_env:
+                del os.environ[k]
+    warning = forgeable_token_warning(cfg)
+    if warning:
+        print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
+    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args)
+    for child in sup.children:
+        child.env.update(token_env)
+    print("dlb up: listening on\n" + dep.ports_text(), flush=True)
     code = 0
     try:
         sup.start(ready_timeout_s, should_stop=stop)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64lb/proto/probe.proto\x12\x06\x64lb.v1\"#\n\x0cProbeRequest\x12\x13\n\x0bsource_cell\x18\x01 \x01(\t\"c\n\x0cLatencyModel\x12\x0b\n\x03\x61_s\x18\x01 \x01(\x01\x12\x0b\n\x03\x62_s\x18\x02 \x01(\x01\x12\t\n\x01\x63\x18\x03 \x01(\x01\x12\t\n\x01s\x18\x04 \x01(\x01\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12\x0f\n\x07samples\x18\x06 \x01(\r\"\xfd\x02\n\rProbeResponse\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12\x0b\n\x03rif\x18\x02 \x01(\x01\x12\x10\n\x08replicas\x18\x03 \x01(\r\x12\x1d\n\x10healthy_replicas\x18\x04 \x01(\rH\x00\x88\x01\x01\x12#\n\x05model\x18\x05 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12\x12\n\nerror_rate\x18\x06 \x01(\x01\x12\x19\n\x11timestamp_unix_ns\x18\x07 \x01(\x03\x12\x11\n\tcompleted\x18\x08 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\t \x01(\x04\x12\x0f\n\x07waiting\x18\n \x01(\x01\x12I\n\x13\x63ompleted_by_source\x18\x0b \x03(\x0b\x32,.dlb.v1.ProbeResponse.CompletedBySourceEntry\x1a\x38\n\x16\x43ompletedBySourceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x13\n\x11_healthy_replicas2=\n\x05Probe\x12\x34\n\x05Probe\x12\x14.dlb.v1.ProbeRequest\x1a\x15.dlb.v1.ProbeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x64lb/proto/probe.proto\x12\x06\x64lb.v1\"#\n\x0cProbeRequest\x12\x13\n\x0bsource_cell\x18\x01 \x01(\t\"c\n\x0cLatencyModel\x12\x0b\n\x03\x61_s\x18\x01 \x01(\x01\x12\x0b\n\x03\x62_s\x18\x02 \x01(\x01\x12\t\n\x01\x63\x18\x03 \x01(\x01\x12\t\n\x01s\x18\x04 \x01(\x01\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12\x0f\n\x07samples\x18\x06 \x01(\r\"\xa1\x03\n\rProbeResponse\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12\x0b\n\x03rif\x18\x02 \x01(\x01\x12\x10\n\x08replicas\x18\x03 \x01(\r\x12\x1d\n\x10healthy_replicas\x18\x04 \x01(\rH\x00\x88\x01\x01\x12#\n\x05model\x18\x05 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12\x12\n\nerror_rate\x18\x06 \x01(\x01\x12\x19\n\x11timestamp_unix_ns\x18\x07 \x01(\x03\x12\x11\n\tcompleted\x18\x08 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\t \x01(\x04\x12\x0f\n\x07waiting\x18\n \x01(\x01\x12I\n\x13\x63ompleted_by_source\x18\x0b \x03(\x0b\x32,.dlb.v1.ProbeResponse.CompletedBySourceEntry\x12\x15\n\x08\x63\x61pacity\x18\x0c \x01(\x01H\x01\x88\x01\x01\x1a\x38\n\x16\x43ompletedBySourceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x13\n\x11_healthy_replicasB\x0b\n\t_capacity2=\n\x05Probe\x12\x34\n\x05Probe\x12\x14.dlb.v1.ProbeRequest\x1a\x15.dlb.v1.ProbeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LATENCYMODEL']._serialized_start=70
   _globals['_LATENCYMODEL']._serialized_end=169
   _globals['_PROBERESPONSE']._serialized_start=172
-  _globals['_PROBERESPONSE']._serialized_end=553
-  _globals['_PROBERESPONSE_COMPLETEDBYSOURCEENTRY']._serialized_start=476
-  _globals['_PROBERESPONSE_COMPLETEDBYSOURCEENTRY']._serialized_end=532
-  _globals['_PROBE']._serialized_start=555
-  _globals['_PROBE']._serialized_end=616
+  _globals['_PROBERESPONSE']._serialized_end=589
+  _globals['_PROBERESPONSE_COMPLETEDBYSOURCEENTRY']._serialized_start=499
+  _globals['_PROBERESPONSE_COMPLETEDBYSOURCEENTRY']._serialized_end=555
+  _globals['_PROBE']._serialized_start=591
+  _globals['_PROBE']._serialized_end=652
 # @@protoc_insertion_point(module_scope)

@@ -5,7 +5,10 @@ An event per engine step would cost ~50 steps per second per server (a 100-serve
 for 10 minutes is 3 M steps); instead a server runs its plan for as many identical steps as
 :meth:`Engine.repeatable` allows and is woken early only when something changes the batch: an
 arrival cuts the run at the end of the step in progress (where a real scheduler would admit it),
-and the end of a run retires whoever finished. Token counts are exactly those of single steps.
+and the end of a run retires whoever finished. Token counts are exactly those of single steps, and a
+run's time is the sum of its steps' times (:meth:`StepPlan.run_time`: each step's context is one
+token per sequence longer than the last). A run also ends where the KV growth would force a
+preemption, so preemptions happen at the step where single steps have them.
 """
 
 from __future__ import annotations
@@ -19,17 +22,19 @@ from dlb.emulator.profile import Profile
 class BatchedServers:
     """All servers of one run; ``schedule(t, server, version)`` asks the event loop for a wake-up."""
 
-    def __init__(self, profiles: list[Profile], max_batch: int, max_waiting_tokens: int,
+    def __init__(self, profiles: list[Profile], max_batch: int, max_waiting_tokens: list[int],
                  schedule: Callable[[float, int, int], None]) -> None:
-        self.engines = [Engine(p, max_batch=max_batch, max_waiting_tokens=max_waiting_tokens) for p in profiles]
+        self.engines = [Engine(p, max_batch=max_batch, max_waiting_tokens=m)
+                        for p, m in zip(profiles, max_waiting_tokens, strict=True)]
         n = len(profiles)
         self.plan: list[StepPlan | None] = [None] * n
         self.t0 = [0.0] * n  # start of the current run
-        self.dur = [0.0] * n  # one step of it
         self.k = [0] * n  # steps in it
         self.version = [0] * n  # bumps when a run is cut: older wake-ups are stale
-        #: Step-time multiplier per server (a ``slow`` disruption: the cell silently becomes slower).
+        #: Step-time multiplier per server (a ``slow`` disruption: the cell silently becomes slower),
+        #: and the one the current run started with.
         self.slowdown = [1.0] * n
+        self.slowdown_of_run = [1.0] * n
         self.schedule = schedule
 
     def arrive(self, srv: int, rid: int, prompt_tokens: int, output_tokens: int, now: float) -> bool:
@@ -52,12 +57,16 @@ class BatchedServers:
     def _cut(self, srv: int, now: float) -> None:
         """End the current run after the step in progress (it still completes), so the next run sees
         what changed: a request to admit, or a new speed."""
-        if self.k[srv] > 1:
-            m = int((now - self.t0[srv]) / self.dur[srv]) + 1
-            if m < self.k[srv]:
+        k = self.k[srv]
+        if k > 1:
+            plan = self.plan[srv]
+            assert plan is not None
+            slow = self.slowdown_of_run[srv]
+            m = plan.steps_by((now - self.t0[srv]) / slow, k)
+            if m < k:
                 self.k[srv] = m
                 self.version[srv] += 1
-                self.schedule(self.t0[srv] + m * self.dur[srv], srv, self.version[srv])
+                self.schedule(self.t0[srv] + plan.run_time(m) * slow, srv, self.version[srv])
 
     def wake(self, srv: int, version: int, now: float) -> list[int] | None:
         """A run ended: apply it, start the next one; the ids of requests that finished (None if stale)."""
@@ -65,9 +74,9 @@ class BatchedServers:
             return None
         plan = self.plan[srv]
         assert plan is not None
-        events = self.engines[srv].complete(plan, now, steps=self.k[srv])
+        events = self.engines[srv].complete(plan, now, steps=self.k[srv], finished_only=True)
         self._start(srv, now)
-        return [ev.request.rid for ev in events if ev.finished]
+        return [ev.request.rid for ev in events]
 
     def _start(self, srv: int, now: float) -> None:
         eng = self.engines[srv]
@@ -76,13 +85,18 @@ class BatchedServers:
         if plan is None:
             return
         k = eng.repeatable(plan)
-        dur = plan.duration * self.slowdown[srv]
-        self.t0[srv], self.dur[srv], self.k[srv] = now, dur, k
+        slow = self.slowdown[srv]
+        self.t0[srv], self.k[srv], self.slowdown_of_run[srv] = now, k, slow
         self.version[srv] += 1
-        self.schedule(now + k * dur, srv, self.version[srv])
+        self.schedule(now + plan.run_time(k) * slow, srv, self.version[srv])
 
     def waiting(self, srv: int) -> int:
         return len(self.engines[srv].waiting)
 
     def running(self, srv: int) -> int:
         return len(self.engines[srv].running)
+
+    @property
+    def preemptions(self) -> int:
+        """Preemptions over every server so far."""
+        return sum(e.preemptions for e in self.engines)

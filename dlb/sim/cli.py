@@ -23,8 +23,8 @@ from dlb.sim.experiments import (
     run_jobs,
 )
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S
-from dlb.sim.policies import DEFAULT_POLICIES, POLICIES
-from dlb.sim.scenario import SERVER_MODELS
+from dlb.sim.policies import DEFAULT_POLICIES, OPERATOR_BASELINES, POLICIES
+from dlb.sim.scenario import DEFAULT_SERVER_MODEL, SERVER_MODELS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,18 +49,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1, help="base seed; scenario k has seed 1000·seed + k")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                   help="comma-separated policies (Rand is needed for normalisation); also: " + ",".join(
-                       p for p in POLICIES if p not in DEFAULT_POLICIES))
+                   help="comma-separated policies (Rand is needed for normalisation; default: all, the operator "
+                        "baselines " + ", ".join(OPERATOR_BASELINES) + " included)")
     p.add_argument("--variants", default=None,
                    help="comma-separated subset of variant labels (e.g. 'eps=0.0,eps=0.75'); default all")
     p.add_argument("--root-replicas", type=int, default=1,
                    help="root replicas per cell, each with its own probes and state; requests round-robin (default 1)")
-    p.add_argument("--server-model", choices=SERVER_MODELS, default=None,
+    p.add_argument("--server-model", choices=SERVER_MODELS, default=DEFAULT_SERVER_MODEL,
                    help="server model of every variant that does not set its own (the server-model and leaf-pick "
-                        "experiments do); default: pipeline. Each record names the model it ran")
+                        "experiments do): batched (continuous batching, default) or pipeline (the paper's); "
+                        "each record names the model it ran")
     p.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help="what a client waits for one request: failed, shed and slower requests count at it in the "
-                        f"failure-counting latency figures (default {DEFAULT_REQUEST_TIMEOUT_S:g})")
+                        "failure-counting latency figures, and a batched server queues no more than it serves within it "
+                        f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--estimate", type=float, default=None, metavar="MINUTES",

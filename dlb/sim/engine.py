@@ -7,8 +7,9 @@ Model (paper, Appendix B.1 and Figure 9):
   ``prefill_tokens × prefill_token_s``) and two decode engines × four slots (eight parallel slots,
   ``decode_tokens × decode_token_s`` each). Requests wait in the server's prefill queue and then its
   decode queue; a request that finds ``queue_limit`` requests waiting is rejected: an overflow error.
-  ``batched``: the emulator's continuous-batching engine on the measured step-time curve
-  (:mod:`dlb.sim.batched`); a request that finds a KV cache's worth of prompt tokens waiting is rejected.
+  ``batched``: the emulator's continuous-batching engine on the measured step-time curve, with its
+  context term and KV preemption (:mod:`dlb.sim.batched`); a request that finds the waiting queue
+  full (the prompts the server admits within the request timeout) is rejected.
 - **Roots** (``root_replicas`` per cell, requests round-robin over them) pick the destination cell with the policy object (``pick(now)``); the
   request reaches the leaf ``τ_ij`` later and the response returns ``τ_ji`` after completion.
 - **Leaves** pick a server inside the cell by power-of-two choices on server RIF or, with
@@ -76,7 +77,7 @@ from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, with_failures
 from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
-from dlb.sim.scenario import Scenario
+from dlb.sim.scenario import Scenario, Workload
 
 _LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP, _REPLY = range(10)
 
@@ -101,8 +102,14 @@ class SimConfig:
     #: own probes and state and probes every ``probe_period_s``, the replicas staggered over the period.
     root_replicas: int = 1
     #: What a client waits for one request (:mod:`dlb.sim.outcome`): failed, shed and slower requests
-    #: count at it in the failure-counting latency figures. It changes no event of the run.
+    #: count at it in the failure-counting latency figures. Its only effect on the run: it bounds a
+    #: batched server's waiting queue (:meth:`~dlb.sim.scenario.Workload.max_waiting_tokens`).
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    #: Leaves report their cells' buffer (:func:`buffer_per_server` × live servers) in probes, so DLB
+    #: roots shed when every usable cell is saturated (:mod:`dlb.core.shedding`); False: like older
+    #: leaves, which report none (no root ever sheds). The real leaf learns the figure from its servers'
+    #: 429s; the simulated one knows it from the start.
+    shed: bool = True
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
@@ -145,6 +152,8 @@ class RunResult:
     shed: int = 0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     server_model: str = "pipeline"
+    #: Batched model: requests preempted because decode growth overflowed a KV cache (0 for pipeline).
+    preemptions: int = 0
 
     def summary(self) -> dict:
         lat = self.latency
@@ -164,6 +173,7 @@ class RunResult:
             "request_timeout_s": t,
             "server_model": self.server_model,
             "shed": self.shed,
+            "preemptions": self.preemptions,
             "mean": float(lat.mean()) if ok else math.nan,
             "p50": float(q[0]),
             "p90": float(q[1]),
@@ -208,6 +218,16 @@ def generate_arrivals(sc: Scenario, trial: int) -> tuple[np.ndarray, np.ndarray,
     ptok = w.prefill_shift + rng.gamma(w.prefill_shape, w.prefill_scale, m)
     dtok = w.decode_shift + rng.gamma(w.decode_shape, w.decode_scale, m)
     return t_all, s_all, ptok, dtok
+
+
+def buffer_per_server(w: Workload, waiting_tokens: float | None = None) -> float:
+    """Requests one server holds before it rejects: pipeline, the one in prefill + its decode slots +
+    ``queue_limit`` waiting; batched, a full batch + its waiting queue's bound (``waiting_tokens``,
+    default a KV cache's worth) in mean prompts."""
+    if w.server_model == "pipeline":
+        return float(1 + w.slots + w.queue_limit)
+    waiting = w.kv_cache_tokens if waiting_tokens is None else waiting_tokens
+    return float(w.max_concurrency() + waiting // max(w.mean_prefill_tokens, 1.0))
 
 
 def _scaled(p: LatencyParams, factor: float) -> LatencyParams:
@@ -301,7 +321,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     batched: BatchedServers | None = None
     if w.server_model == "batched":
         cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
-        batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, w.kv_cache_tokens,
+        cell_wait = [w.max_waiting_tokens(tp[j], td[j], cfg.request_timeout_s) for j in range(n)]
+        batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, [cell_wait[c] for c in cell_of],
                                  lambda t, srv, ver: schedule(t, _STEP, srv, ver))
         ptok_i = [max(1, round(x)) for x in prefill_s]
         dtok_i = [max(1, round(x)) for x in decode_s]
@@ -324,6 +345,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     reported = [_perturb(priors[j], noise[j]) if sc.noise_eps else priors[j] for j in range(n)]
     confidence = [0.0] * n
     k_live = [float(k) for k in sc.servers]
+    per_server = [buffer_per_server(w, cell_wait[j] if batched is not None else None) for j in range(n)]
 
     dst = [-1] * R
     fixed = [-1] * R if names_server else []  # the server a root named (lr-global)
@@ -548,7 +570,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                                 # The answer's RIF is the snapshot ``back`` ticks old: it counts this
                                 # root's requests sent up to τ_ij before that snapshot.
                                 root.on_probe(j, now, history[hl - 1 - back][j], reported[j], er[j], confidence[j],
-                                              k_live[j], now - back * snap - ti[j])
+                                              k_live[j], now - back * snap - ti[j],
+                                              k_live[j] * per_server[j] if cfg.shed else None)
                             root.tick(now)
                 if now < T or in_flight > 0:
                     schedule(now + cfg.snapshot_s, _SNAP, a + 1)
@@ -673,4 +696,5 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         shed=shed,
         request_timeout_s=cfg.request_timeout_s,
         server_model=w.server_model,
+        preemptions=batched.preemptions if batched is not None else 0,
     )

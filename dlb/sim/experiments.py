@@ -183,6 +183,7 @@ def run_job(job: Job) -> dict:
         "arrivals": s["arrivals"],
         "errors": s["errors"],
         "shed": s["shed"],
+        "preemptions": s["preemptions"],
         "in_flight": s["in_flight"],
         "cells": sc.n,
         "net_mean": s["net_mean"],

@@ -16,8 +16,8 @@ import numpy as np
 
 #: The simulator's request timeout (seconds): what a client waits for one completion. About 40× the
 #: mean request's unloaded latency (≈ 1.4 s), 8× the worst pipeline p99 at 95 % load (7.5 s); a batched
-#: server's queue (a KV cache's worth of prompts) can hold minutes, and those requests count as timed
-#: out. Chosen before any run was scored with it; ``dlb sim --request-timeout`` changes it.
+#: server queues at most what it admits within it (:meth:`dlb.sim.scenario.Workload.max_waiting_tokens`).
+#: Chosen before any run was scored with it; ``dlb sim --request-timeout`` changes it.
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 
 #: The new fields of a result record, in the order tables show them.

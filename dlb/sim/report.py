@@ -1,7 +1,10 @@
 """Turn ``results.json`` into a Markdown table, paper-style plots, and the reproduction report.
 
 The verdicts are computed from the numbers with the thresholds written next to each claim, never
-typed in by hand; the reproduction report says which results it was generated from.
+typed in by hand; the reproduction report says which results it was generated from. Every latency
+figure is shown ÷ Rand and ÷ the best operator baseline (the one of :data:`OPERATOR_BASELINES` with the
+lowest norm mean in that experiment and variant), with the error rate beside it. Results of runs with
+different ``--server-model`` are reported side by side: tables, claims and plots once per server model.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, aggregate
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S
-from dlb.sim.policies import BASELINES, POLICIES
+from dlb.sim.policies import BASELINES, OPERATOR_BASELINES, POLICIES
 
 DLB = [p for p in POLICIES if p not in BASELINES]
 RIF = ["Disc-RIF", "Flow-RIF"]
@@ -51,13 +54,6 @@ def check_one_build(records: list[dict]) -> tuple[str, int]:
     reps = sorted({int(r.get("root_replicas", 1)) for r in records})
     if len(reps) > 1:
         raise ValueError(f"results mix root replicas {reps}: report them separately")
-    models: dict[tuple, set] = {}
-    for r in records:
-        if "variant" in r:
-            models.setdefault((r["experiment"], r["variant"]), set()).add(r.get("server_model", "pipeline"))
-    mixed = sorted(f"{e}/{v}" for (e, v), m in models.items() if len(m) > 1)
-    if mixed:
-        raise ValueError(f"results mix server models within {', '.join(mixed)}: report each --server-model separately")
     timeouts = sorted({float(r.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)) for r in records})
     if len(timeouts) > 1:
         raise ValueError(f"results mix request timeouts {timeouts} s: their failure-counting latencies differ; "
@@ -70,6 +66,46 @@ def check_one_build(records: list[dict]) -> tuple[str, int]:
     else:
         label = f"{', '.join(commits)} (one build: the same dlb/ tree {codes[0]})"
     return label, (reps[0] if reps else 1)
+
+
+def _sets_own_model(exp: str) -> bool:
+    """Whether the experiment's variants choose the server model themselves (``--server-model`` does not apply)."""
+    return any("server_model" in v.kwargs() for v in EXPERIMENTS.get(exp, ()))
+
+
+def by_server_model(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The records split by the server model they ran on (batched first), for runs of different
+    ``--server-model``; experiments whose variants choose the model themselves go with the first."""
+    own = [r for r in records if _sets_own_model(r["experiment"])]
+    rest = [r for r in records if not _sets_own_model(r["experiment"])]
+    models = sorted({str(r.get("server_model", "pipeline")) for r in rest}, key=lambda m: (m != "batched", m))
+    if len(models) <= 1:
+        return [(models[0] if models else "", records)]
+    return [(m, [r for r in rest if r.get("server_model", "pipeline") == m] + (own if k == 0 else []))
+            for k, m in enumerate(models)]
+
+
+def _model_label(model: str, parts: list[tuple[str, list[dict]]]) -> str:
+    return f" — {model} server" if len(parts) > 1 else ""
+
+
+def vs_best_operator(records: list[dict], agg: Agg, exp: str, var: str) -> tuple[str | None, dict[str, float]]:
+    """The best operator baseline of (experiment, variant), by norm mean, and every policy's mean
+    latency (failures at the timeout) ÷ that baseline's in the same scenario and trial, averaged over runs."""
+    ops = [o for o in OPERATOR_BASELINES if math.isfinite(agg.get((exp, var, o), {}).get("norm_mean", math.nan))]
+    if not ops:
+        return None, {}
+    best = min(ops, key=lambda o: agg[(exp, var, o)]["norm_mean"])
+    runs = [r for r in records if r["experiment"] == exp and r["variant"] == var]
+    base = {(r["scenario"], r["trial"]): float(r.get("mean_latency_with_failures", math.nan))
+            for r in runs if r["policy"] == best}
+    ratios: dict[str, list[float]] = {}
+    for r in runs:
+        b = base.get((r["scenario"], r["trial"]), math.nan)
+        v = float(r.get("mean_latency_with_failures", math.nan))
+        if b > 0 and math.isfinite(v):
+            ratios.setdefault(r["policy"], []).append(v / b)
+    return best, {p: sum(v) / len(v) for p, v in ratios.items()}
 
 
 def _variants(records: list[dict], exp: str) -> list[str]:
@@ -122,33 +158,68 @@ def timeout_note(records: list[dict]) -> str:
 
 
 def markdown_table(records: list[dict]) -> str:
-    """Per experiment and variant: policy rows, normalised mean/p90 (mean over scenarios×trials)."""
-    agg = aggregate(records)
+    """Per experiment and variant (and server model, when runs of several are given): policy rows,
+    normalised mean ÷ Rand and ÷ the best operator baseline, error rates, p90 (mean over scenarios×trials)."""
     out = ["# Simulation results", "",
            "Normalised latency = policy / Rand in the same scenario, trial and variant, averaged over "
-           "scenarios × trials (± standard deviation). Latency in seconds. " + timeout_note(records), ""]
-    for exp in _experiments(records):
-        for var in _variants(records, exp):
-            n = next((a["n"] for (e, v, _p), a in agg.items() if e == exp and v == var), 0)
-            out += [f"## {exp} — {var} ({n} runs per policy)", "",
-                    "| policy | norm mean | error rate | shed rate | served after timeout | norm p90 "
-                    "| norm mean, served only | mean (s) | mean, served only (s) | of which network (s) |",
-                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-            for p in POLICIES:
-                a = agg.get((exp, var, p))
-                if a is None:
-                    continue
-                out.append(f"| {p} | {_fmt(a['norm_mean'])} ± {_fmt(a['norm_mean_sd'])} | "
-                           f"{_fmt(a['error_rate'], pct=True)} | {_fmt(a['shed_rate'], pct=True, missing='n/a')} | "
-                           f"{_fmt(a['timed_out_rate'], pct=True, missing='n/a')} | "
-                           f"{_fmt(a['norm_p90'], missing='n/a')} | {_fmt(a['norm_mean_served'])} | "
-                           f"{_fmt(a['mean_latency_with_failures'])} | {_fmt(a['mean'])} | {_fmt(a['net_mean'])} |")
-            out.append("")
+           "scenarios × trials (± standard deviation); \"÷ best operator\" = policy / the best operator baseline "
+           "(lowest norm mean of " + ", ".join(OPERATOR_BASELINES) + ") the same way. Latency in seconds. "
+           + timeout_note(records), ""]
+    parts = by_server_model(records)
+    for model, part in parts:
+        agg = aggregate(part)
+        for exp in _experiments(part):
+            for var in _variants(part, exp):
+                n = next((a["n"] for (e, v, _p), a in agg.items() if e == exp and v == var), 0)
+                best, ratio = vs_best_operator(part, agg, exp, var)
+                note = f"; best operator baseline: {best}" if best else ""
+                out += [f"## {exp} — {var}{_model_label(model, parts)} ({n} runs per policy{note})", "",
+                        "| policy | norm mean | ÷ best operator | error rate | shed rate | served after timeout | norm p90 "
+                        "| norm mean, served only | mean (s) | mean, served only (s) | of which network (s) |",
+                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                for p in POLICIES:
+                    a = agg.get((exp, var, p))
+                    if a is None:
+                        continue
+                    out.append(f"| {p} | {_fmt(a['norm_mean'])} ± {_fmt(a['norm_mean_sd'])} | "
+                               f"{_fmt(ratio.get(p, math.nan), missing='n/a')} | "
+                               f"{_fmt(a['error_rate'], pct=True)} | {_fmt(a['shed_rate'], pct=True, missing='n/a')} | "
+                               f"{_fmt(a['timed_out_rate'], pct=True, missing='n/a')} | "
+                               f"{_fmt(a['norm_p90'], missing='n/a')} | {_fmt(a['norm_mean_served'])} | "
+                               f"{_fmt(a['mean_latency_with_failures'])} | {_fmt(a['mean'])} | {_fmt(a['net_mean'])} |")
+                out.append("")
     return "\n".join(out)
 
 
+def dlb_vs_operators(records: list[dict]) -> list[str]:
+    """One row per experiment and variant: Rand's errors, the best operator baseline, the best DLB
+    policy and Flow-Grad, each ÷ Rand with its error rate, and the DLB ones ÷ the best operator."""
+    agg = aggregate(records)
+    out = ["| experiment — variant | Rand err | best operator ÷ Rand | best DLB ÷ Rand | best DLB ÷ best operator "
+           "| Flow-Grad ÷ Rand | Flow-Grad ÷ best operator |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for exp in _experiments(records):
+        for var in _variants(records, exp):
+            best, ratio = vs_best_operator(records, agg, exp, var)
+            dlb = [p for p in DLB if math.isfinite(agg.get((exp, var, p), {}).get("norm_mean", math.nan))]
+            top = min(dlb, key=lambda p: agg[(exp, var, p)]["norm_mean"]) if dlb else None
+            rand = agg.get((exp, var, "Rand"))
+            out.append(" | ".join([
+                f"| {exp} — {var}", _fmt(rand["error_rate"], pct=True) if rand else "–",
+                f"{best} {_le(agg, exp, var, best)}" if best else "not run",
+                f"{top} {_le(agg, exp, var, top)}" if top else "not run",
+                _fmt(ratio.get(top, math.nan), missing="n/a") if top else "–",
+                _le(agg, exp, var, "Flow-Grad"), _fmt(ratio.get("Flow-Grad", math.nan), missing="n/a")]) + " |")
+    return out
+
+
 def plot(records: list[dict], out_dir: Path) -> list[Path]:
-    """One PNG per experiment, three panels (norm mean, norm p90, error rate), like Figures 6, 10–12."""
+    """One PNG per experiment (``EXP-MODEL.png`` per server model when runs of several are given),
+    three panels (norm mean, norm p90, error rate), like Figures 6, 10–12."""
+    parts = by_server_model(records)
+    return [p for model, part in parts for p in _plot(part, out_dir, f"-{model}" if len(parts) > 1 else "")]
+
+
+def _plot(records: list[dict], out_dir: Path, suffix: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,9 +257,9 @@ def plot(records: list[dict], out_dir: Path) -> list[Path]:
             ax.tick_params(labelsize=7)
         if len(variants) > 1:
             axes[0].legend(fontsize=6, ncol=2)
-        fig.suptitle(f"{exp}", fontsize=10)
+        fig.suptitle(f"{exp}{suffix.replace('-', ', ', 1)}", fontsize=10)
         fig.tight_layout()
-        path = out_dir / f"{exp}.png"
+        path = out_dir / f"{exp}{suffix}.png"
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
@@ -455,12 +526,19 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} | {'full' if full[exp] else 'short'} "
                    f"| {cpu_min:.1f} |")
     del minutes
-    out += ["", "## Claims (docs/design.md §4)", "", "| claim | holds | measured (norm = ÷ Rand) | rule |", "| --- | --- | --- | --- |"]
-    for v in vs:
-        mark = {True: "**yes**", False: "**no**", None: "not run"}[v.holds]
-        if v.holds is not None and not full.get(v.experiment, False):
-            mark += " (short)"
-        out.append(f"| {v.claim} | {mark} | {v.measured} | {v.rule} |")
+    parts = by_server_model(records)
+    for model, part in parts:
+        label = _model_label(model, parts)
+        out += ["", f"## DLB against Rand and the best operator baseline{label}", "",
+                "Norm mean (failures at the timeout) ÷ Rand with the error rate beside it; \"÷ best operator\": "
+                "÷ the operator baseline with the lowest norm mean.", "", *dlb_vs_operators(part)]
+        out += ["", f"## Claims (docs/design.md §4){label}", "", "| claim | holds | measured (norm = ÷ Rand) | rule |",
+                "| --- | --- | --- | --- |"]
+        for v in vs if len(parts) == 1 else verdicts(part):
+            mark = {True: "**yes**", False: "**no**", None: "not run"}[v.holds]
+            if v.holds is not None and not full.get(v.experiment, False):
+                mark += " (short)"
+            out.append(f"| {v.claim} | {mark} | {v.measured} | {v.rule} |")
     if analysis:
         out += ["", analysis.strip()]
     out += ["", "## All numbers", ""]
@@ -468,7 +546,9 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
     out.append(table.replace("\n## ", "\n### "))
     if plots_rel:
         out += ["", "## Plots", ""]
-        for exp in _experiments(records):
-            out.append(f"![{exp}]({plots_rel}/{exp}.png)")
-            out.append("")
+        for model, part in parts:
+            suffix = f"-{model}" if len(parts) > 1 else ""
+            for exp in _experiments(part):
+                out.append(f"![{exp}{suffix}]({plots_rel}/{exp}{suffix}.png)")
+                out.append("")
     return "\n".join(out) + "\n"

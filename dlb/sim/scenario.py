@@ -14,8 +14,9 @@ Two server models (``Workload.server_model``):
   does not depend on how many requests share the GPU until the slots fill.
 - ``batched`` — the emulator's continuous-batching engine (:class:`dlb.emulator.engine.Engine`, the
   *same* class the emulated servers run): prefill and decode share every step, the step time follows
-  the measured H200 curve (flat to the knee, then linear in batch), admission is limited by the KV
-  cache and the waiting queue by a KV cache's worth of prompt tokens instead of a count. The curve's
+  the measured H200 curve (flat to the knee, then linear in the KV context the step reads), admission
+  is limited by the KV cache, decode growth past it preempts the youngest request (recompute, as
+  vLLM), and the waiting queue is bounded in prompt tokens (:meth:`Workload.max_waiting_tokens`). The curve's
   *shape* is the measurement's (knee and past-knee slope relative to the floor); its floor and
   per-prompt-token cost are the cell's decode and prefill token times, so the two models differ in
   structure only, not in the fleet's speeds.
@@ -36,6 +37,9 @@ from dlb.emulator.profile import BUILTIN_PROFILES, Profile
 from dlb.sim.regions import sample_cells
 
 SERVER_MODELS = ("pipeline", "batched")
+#: What ``dlb sim`` runs when ``--server-model`` is not given: the realistic server. ``Workload``'s own
+#: default stays ``pipeline``, the paper's, for the library callers and tests that model it.
+DEFAULT_SERVER_MODEL = "batched"
 LEAF_PICKS = ("rif", "prequal")
 
 
@@ -79,6 +83,13 @@ class Workload:
         return self.decode_shift + self.decode_shape * self.decode_scale
 
     @property
+    def mean_context_tokens(self) -> float:
+        """Mean KV context of a decoding request, weighted by the steps it decodes: its prompt plus half
+        its output, E[P] + E[D²] / (2 E[D]) (a long answer stays in the batch longer)."""
+        d = self.mean_decode_tokens
+        return self.mean_prefill_tokens + (self.decode_shape * self.decode_scale**2 + d * d) / (2.0 * d)
+
+    @property
     def slots(self) -> int:
         return self.decode_engines * self.slots_per_engine
 
@@ -102,6 +113,7 @@ class Workload:
             past_knee_ms_per_seq=shape.past_knee_ms_per_seq * k,
             max_batch_tokens=shape.max_batch_tokens,
             kv_cache_tokens=self.kv_cache_tokens,
+            ref_context_tokens=shape.ref_context_tokens,
             source=f"shape of {shape.source}",
         )
 
@@ -122,7 +134,8 @@ class Workload:
 
         Pipeline: the slower of its two stages. Batched: the best throughput over batch sizes up to
         :meth:`max_concurrency`, where a mean request costs its prompt's share of step time plus
-        ``decode tokens × step_time(B) / B`` (prompts stall the whole batch while they compute).
+        ``decode tokens × step_time(B) / B`` (prompts stall the whole batch while they compute), each
+        of the B sequences holding :attr:`mean_context_tokens` of KV.
         """
         if self.server_model == "pipeline":
             prefill = 1.0 / (self.mean_prefill_tokens * prefill_token_s)
@@ -130,8 +143,21 @@ class Workload:
             return min(prefill, decode)
         prof = self.cell_profile(prefill_token_s, decode_token_s)
         t_prefill = self.mean_prefill_tokens * prof.prefill_us_per_token * 1e-6
-        best = max(b / prof.step_time(b) for b in range(1, self.max_concurrency() + 1))
+        ctx = self.mean_context_tokens
+        best = max(b / prof.step_time(b, 0, round(b * ctx)) for b in range(1, self.max_concurrency() + 1))
         return 1.0 / (t_prefill + self.mean_decode_tokens / best)
+
+    def max_waiting_tokens(self, prefill_token_s: float, decode_token_s: float, timeout_s: float) -> int:
+        """Batched model: prompt tokens a server lets wait; an arrival past them is rejected (503).
+
+        A KV cache's worth of prompts, but no more than the server admits, at its rate, in the time a
+        client waits for an answer (``timeout_s`` less the request's unloaded latency): a request queued
+        behind more would time out before it ran, and serving it would spend capacity on a request the
+        client has given up on. vLLM itself queues without a bound; its clients' timeouts bound it.
+        """
+        rate = self.server_rate(prefill_token_s, decode_token_s)
+        wait = max(0.0, timeout_s - self.unloaded_latency(prefill_token_s, decode_token_s))
+        return max(1, min(self.kv_cache_tokens, int(rate * wait * self.mean_prefill_tokens)))
 
     @property
     def knee_slots(self) -> float:

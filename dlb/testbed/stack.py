@@ -122,6 +122,7 @@ def start_data_plane(
     probe: dict[str, Any] | None = None,
     root_seed: int = 1,
     leaf_args: tuple[str, ...] = (),
+    root_args: tuple[str, ...] = (),
     plugins: tuple[dict[str, Any], ...] = (),
     tls: dict[str, str] | None = None,
     control_plane: bool = False,
@@ -153,6 +154,8 @@ def start_data_plane(
         set_plugins(raw, {"type": "latency-fit", "parameters": {"refit_period_s": 1}}, *plugins)
         if tls is not None:
             raw["tls"] = dict(tls)
+        for c in raw["cells"]:  # this plane's private directory: two testbeds on one box never share a socket
+            c["leaf"].setdefault("access_log", f"unix:{tmp.name}/als-{c['name']}.sock")
         if control_plane:
             raw["services"]["control_plane"] = {"xds": f"127.0.0.1:{free_port()}", "status": f"127.0.0.1:{free_port()}"}
         config_path = str(Path(tmp.name) / "dlb.yaml")
@@ -172,7 +175,7 @@ def start_data_plane(
             plane.leaves[c.name] = leaf
             procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
-                                    "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []), *xds)
+                                    "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []), *xds, *root_args)
         procs.append(plane.root)
         # Start the Python services concurrently (each takes ~1 s to import), then wait for all.
         for p in procs:

@@ -48,8 +48,12 @@ def main() -> None:
     seeds = [int(s) for s in a.seeds.split(",")]
     pols = a.policies.split(",")
     jobs = [(s, a.util, p, a.model, a.minutes, a.replicas, a.disruption, a.noise) for s in seeds for p in pols]
+    recs = []
     with ProcessPoolExecutor(a.workers) as ex:
-        recs = list(ex.map(run, jobs))
+        for rec in ex.map(run, jobs):
+            recs.append(rec)
+            print(f"  done {rec['seed']} {rec['policy']}: mf {rec['mf']:.2f} err {100 * rec['err']:.1f}% "
+                  f"wall {rec['wall']:.0f}s", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(recs, f)

@@ -31,11 +31,16 @@ def test_every_attack_is_replayed_measured_and_judged() -> None:
     assert [r["attack"] for r in result["attacks"]] == list(hostile.ATTACKS)
     for r in result["attacks"]:
         assert set(r) >= FIELDS, r
-        assert r["rss_peak_mb"] and r["rss_peak_mb"] > 0, r
         assert r["verdicts"] and all(v in (True, False) for v in r["verdicts"].values()), r
+        if r["attack"] == "als-path-squat":  # the agent restarts: no one process's RSS or loop spans the row
+            continue
+        assert r["rss_peak_mb"] and r["rss_peak_mb"] > 0, r
         if r["attack"] != "yaml-bomb-validate":
             assert r["rss_before_mb"] > 0 and r["loop_block_max_ms"] is not None, r
     by = {r["attack"]: r for r in result["attacks"]}
+    assert by["slot-squat"]["verdicts"]["new_channels_served_in_1s"] is not None
+    assert by["als-injection"]["detail"]["leaf_rif_after"] < 100  # what the stream reported ended with it
+    assert by["als-path-squat"]["detail"]["als_entries_after_restart"] > 0
     assert by["stream-walk"]["detail"]["streams_opened"] > 0
     assert by["als-flood"]["detail"]["entries"] == 5_050
     assert by["yaml-bomb-validate"]["detail"]["exit_code"] not in (None, 0)  # the bomb is never a valid config

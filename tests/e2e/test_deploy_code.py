@@ -244,13 +244,20 @@ def test_leaf_checks_its_own_envoy_at_envoy_check_address_and_serves_health(tmp_
 
 
 def test_root_metrics_listener_serves_healthz_and_readyz(tmp_path: Path) -> None:
+    """The root is ready only once it can route: alive but 503 while no cell has a fresh probe, 200 once
+    its leaf answers probes (a root ready at bind time took traffic it could only refuse)."""
     path, _ = _leaf_config(tmp_path, f"127.0.0.1:{free_port()}")
     metrics = free_port()
     with ServiceProcess("root", "--config", str(path), "--cell", "a", "--metrics", f"127.0.0.1:{metrics}"):
         assert _get(f"http://127.0.0.1:{metrics}/healthz") == (200, "ok\n")
-        assert _get(f"http://127.0.0.1:{metrics}/readyz") == (200, "ready\n")
+        assert _get(f"http://127.0.0.1:{metrics}/readyz")[0] == 503
         status, text = _get(f"http://127.0.0.1:{metrics}/metrics")
         assert status == 200 and "dlb_" in text
+        with socket.create_server(("127.0.0.1", 0)) as own_envoy:  # the leaf's Envoy check connects here
+            leaf = ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "50",
+                                  "--envoy-check-address", f"127.0.0.1:{own_envoy.getsockname()[1]}", "--scrape-period-ms", "0")
+            with leaf:
+                until(lambda: _get(f"http://127.0.0.1:{metrics}/readyz") == (200, "ready\n"), "the root ready once its leaf answers")
 
 
 def test_readyz_is_503_until_ready() -> None:

@@ -345,7 +345,7 @@ def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:
             status, body = request(cfg.cell("a").root.address.port, path="/admin/secret")
             assert status == 404
             # An OpenAI SDK shows error.message and switches on error.code: neither may be empty.
-            assert body["error"]["code"] == "route_not_found" and body["error"]["type"] == "invalid_request_error"
+            assert body["error"]["code"] == "dlb_no_endpoint" and body["error"]["type"] == "invalid_request_error"
             assert body["error"]["message"] == "dlb: no endpoint serves this path"
 
 

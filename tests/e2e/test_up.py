@@ -88,6 +88,25 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             status, headers, _ = request(host, port)
             assert status == 200 and headers.get("x-dlb-server") in ("a/0", "b/0"), (status, headers)
             _openai_sdk_through(f"http://{host}:{port}/v1")
+            # Every port printed before anything started: the config's by field, the drawn ones named as such.
+            text = "".join(seen)
+            assert text.index("dlb up: listening on") < text.index("ready (pid"), text
+            assert "services.control_plane.xds" in text and "cells[0].leaf.probe" in text and "root us-east1 Envoy admin (drawn)" in text
+            # No root_token_file in the config: a fresh random token for this run, private, not the derived one.
+            token_file = run_dir / "root-token"
+            assert "root token generated in" in "".join(seen) and (token_file.stat().st_mode & 0o777) == 0o600
+            from dlb.config import config_from_dict
+            from dlb.envoy.root_token import root_token
+
+            assert token_file.read_text().strip() != root_token(config_from_dict(cfg))
+            # No tls section either: a private CA for this run, and the leaves' gRPC port refuses plaintext.
+            assert "mTLS between the control plane, roots and leaves" in "".join(seen) and (run_dir / "pki" / "ca.pem").exists()
+            import grpc
+
+            from dlb.proto import probe_pb2, probe_pb2_grpc
+
+            with grpc.insecure_channel(str(config_from_dict(cfg).cells[0].leaf.probe)) as ch, pytest.raises(grpc.RpcError):
+                probe_pb2_grpc.ProbeStub(ch).Probe(probe_pb2.ProbeRequest(), timeout=3)
             # A crashed child is noticed, restarted with backoff, and said so on the console.
             agent = int(re.search(r"leaf us-west1 agent: ready \(pid (\d+)", "".join(seen)).group(1))  # type: ignore[union-attr]
             os.kill(agent, signal.SIGKILL)

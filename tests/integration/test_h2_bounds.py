@@ -81,27 +81,69 @@ def goaway_code(data: bytes) -> int | None:
     return None
 
 
+def served(sock: socket.socket, sid: int, word: bytes) -> None:
+    """Send one call on stream ``sid`` of ``sock`` and wait for its echo."""
+    sock.sendall(headers_frames(sid, request_block(), end_stream=False) + frame(FrameType.DATA, END_STREAM, sid, grpc_message(word)))
+    sock.settimeout(10)
+    got = b""
+    while grpc_message(word.upper()) not in got:
+        data = sock.recv(65536)
+        assert data, "closed before the reply"
+        got += data
+
+
+def client(port: int) -> socket.socket:
+    """A connection that has sent the preface and SETTINGS (and nothing else yet)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0))
+    return sock
+
+
 @pytest.mark.parametrize("serving", [H2Limits(max_connections=3)], indirect=True)
 def test_connections_beyond_the_cap_are_closed_at_accept(serving: Serving) -> None:
-    """With the cap reached a new connection is closed at once (fds stay free for /metrics and probes),
-    counted; once a connection leaves, a new one is served again."""
-    socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(3)]
+    """With the cap reached by connections that opened streams, a new connection is closed at once (fds
+    stay free for /metrics and probes), counted; once a connection leaves, a new one is served again."""
+    socks = [client(serving.port) for _ in range(3)]
     for s in socks:
-        s.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0))
+        served(s, 1, b"hi")
     extra = socket.create_connection(("127.0.0.1", serving.port))
     assert read_to_eof(extra) == b""
-    assert serving.on_loop(lambda: serving.server.stats.connections_refused) == 1
+    assert serving.on_loop(lambda: (serving.server.stats.connections_refused, serving.server.stats.connections_evicted)) == (1, 0)
     socks.pop().close()
     until(lambda: serving.on_loop(lambda: serving.server.stats.open_connections) <= 2, "the closed connection gone")
-    again = socket.create_connection(("127.0.0.1", serving.port))
-    again.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0) + headers_frames(1, request_block(), end_stream=False)
-                  + frame(FrameType.DATA, END_STREAM, 1, grpc_message(b"hi")))
-    again.settimeout(10)
-    got = b""
-    while grpc_message(b"HI") not in got:
-        got += again.recv(65536)
+    again = client(serving.port)
+    served(again, 1, b"hi")
     for s in [*socks, extra, again]:
         s.close()
+
+
+@pytest.mark.parametrize("serving", [H2Limits(max_connections=4, max_connections_per_peer=3)], indirect=True)
+def test_squatters_never_keep_a_new_client_out(serving: Serving) -> None:
+    """At a cap (here the peer's) a new connection takes the slot of the oldest connection that opened no
+    stream; one that opened a stream keeps its slot. So connections that send the preface and SETTINGS
+    and nothing more cannot lock a restarted Envoy out."""
+    busy = client(serving.port)
+    served(busy, 1, b"busy")
+    squatters = [client(serving.port) for _ in range(2)]
+    until(lambda: serving.on_loop(lambda: serving.server.stats.open_connections) == 3, "three connections open")
+    newcomer = client(serving.port)
+    served(newcomer, 1, b"new")  # it got in: the oldest squatter gave its slot up
+    read_to_eof(squatters[0])  # returns at its close (a timeout, failing the test, if it stayed)
+    assert serving.on_loop(lambda: serving.server.stats.connections_evicted) == 1
+    served(busy, 3, b"still")  # the connection with a stream was never a candidate
+    assert serving.on_loop(lambda: serving.server.stats.connections_refused) == 0
+    for s in [busy, *squatters, newcomer]:
+        s.close()
+
+
+@pytest.mark.parametrize("serving", [H2Limits(handshake_timeout_s=0.2, first_stream_timeout_s=0.5)], indirect=True)
+def test_a_connection_that_opens_no_stream_is_closed_at_the_first_stream_timeout(serving: Serving) -> None:
+    """The preface and SETTINGS are not enough to keep a slot: with no stream by the first-stream
+    timeout the connection gets GOAWAY(NO_ERROR) and is closed, long before the idle timeout."""
+    squatter = client(serving.port)
+    assert goaway_code(read_to_eof(squatter)) == ErrorCode.NO_ERROR
+    assert serving.on_loop(lambda: (serving.server.stats.first_stream_timeouts, serving.server.stats.idle_timeouts)) == (1, 0)
+    squatter.close()
 
 
 @pytest.mark.parametrize("serving", [H2Limits(handshake_timeout_s=0.5)], indirect=True)

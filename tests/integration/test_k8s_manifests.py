@@ -141,7 +141,7 @@ def container_problems(docs: list[dict[str, Any]]) -> list[str]:
             where = f"{_name(w)} container {c['name']}"
             requests = c.get("resources", {}).get("requests", {})
             problems += [f"{where}: no {r} request" for r in ("cpu", "memory") if r not in requests]
-            problems += [f"{where}: no {p}" for p in ("readinessProbe", "livenessProbe") if p not in c]
+            problems += [f"{where}: no {p}" for p in ("startupProbe", "readinessProbe", "livenessProbe") if p not in c]
             sc = c.get("securityContext", {})
             if not (pod_nonroot or sc.get("runAsNonRoot") is True) or sc.get("runAsUser") == 0:
                 problems.append(f"{where}: may run as root (runAsNonRoot)")
@@ -155,6 +155,49 @@ def container_problems(docs: list[dict[str, Any]]) -> list[str]:
             if args[:2] in (["serve", "root"], ["serve", "leaf"]):
                 flags = _flags(c)
                 problems += [f"{where}: no explicit {f}" for f in ("--listen", "--metrics", "--xds") if not flags.get(f)]
+    return problems
+
+
+def networkpolicy_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Every container port is admitted by a NetworkPolicy rule naming it (or every port) for its pods."""
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    problems = []
+    for w in _workloads(docs):
+        labels, ns = w["spec"]["template"]["metadata"].get("labels", {}), w["metadata"].get("namespace")
+        rules = [r for p in policies if p["metadata"].get("namespace") == ns
+                 and _selects(p["spec"]["podSelector"].get("matchLabels", {}), labels) for r in p["spec"].get("ingress", [])]
+        for c in _pod(w)["containers"]:
+            for port in c.get("ports", []):
+                if not any("ports" not in r or any(rp.get("port") in (port.get("name"), port["containerPort"]) for rp in r["ports"])
+                           for r in rules):
+                    problems.append(f"{_name(w)} container {c['name']}: port {port.get('name', port['containerPort'])} has no NetworkPolicy")
+    return problems
+
+
+#: ConfigMap keys or contents that are secrets (they belong in a Secret: ConfigMaps are readable more widely).
+SECRET_KEY = re.compile(r"token|secret|password|passwd|private|\.key$|-key\.pem$", re.I)
+SECRET_TEXT = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|^\s*root_token\s*:", re.M)
+
+
+def secret_problems(docs: list[dict[str, Any]]) -> list[str]:
+    return [f"{_name(d)}: {k}: secret in ConfigMap (use a Secret)" for d in docs if d["kind"] == "ConfigMap"
+            for k, v in (d.get("data") or {}).items() if SECRET_KEY.search(k) or SECRET_TEXT.search(str(v))]
+
+
+def root_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Roots (where clients enter) have a PriorityClass, spread over zones and nodes, and an HPA from 2 replicas."""
+    hpas = {d["spec"]["scaleTargetRef"]["name"]: d for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
+    problems = []
+    for w in _workloads(docs):
+        if _base_name(w) != "dlb-root":
+            continue
+        pod, name = _pod(w), w["metadata"]["name"]
+        if not pod.get("priorityClassName"):
+            problems.append(f"{_name(w)}: no priorityClassName")
+        if {c["topologyKey"] for c in pod.get("topologySpreadConstraints", [])} < {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}:
+            problems.append(f"{_name(w)}: not spread over zones and nodes (topologySpreadConstraints)")
+        if name not in hpas or hpas[name]["spec"].get("minReplicas", 1) < 2:
+            problems.append(f"{_name(w)}: no HorizontalPodAutoscaler with minReplicas >= 2")
     return problems
 
 
@@ -336,6 +379,9 @@ RULES = {
     "cli": cli_problems,
     "containers": container_problems,
     "pdb": pdb_problems,
+    "networkpolicy": networkpolicy_problems,
+    "secrets": secret_problems,
+    "roots": root_problems,
     "services": service_problems,
     "sizing": lambda docs: sizing_problems(docs, cpu_costs()),
     "config": config_problems,
@@ -449,10 +495,31 @@ def _plant_drain_typo(docs: list[dict[str, Any]]) -> None:
     _container(docs, "dlb-root", "envoy")["lifecycle"]["preStop"]["exec"]["command"][3] = "--admin-prot"
 
 
+def _plant_no_startup(docs: list[dict[str, Any]]) -> None:
+    del _container(docs, "dlb-leaf", "agent")["startupProbe"]
+
+
+def _plant_open_port(docs: list[dict[str, Any]]) -> None:
+    _container(docs, "dlb-root", "root")["ports"].append({"name": "debug", "containerPort": 6060})
+
+
+def _plant_secret_in_configmap(docs: list[dict[str, Any]]) -> None:
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    cm["data"]["root-token"] = "s3cr3t-s3cr3t-s3cr3t"
+
+
+def _plant_no_hpa(docs: list[dict[str, Any]]) -> None:
+    docs[:] = [d for d in docs if d["kind"] != "HorizontalPodAutoscaler"]
+
+
 PLANTED = [
     ("cli", _plant_flag_typo, "--envoy-check-adress"),
     ("cli", _plant_drain_typo, "preStop"),
     ("containers", _plant_missing_probe, "no readinessProbe"),
+    ("containers", _plant_no_startup, "no startupProbe"),
+    ("networkpolicy", _plant_open_port, "port debug has no NetworkPolicy"),
+    ("secrets", _plant_secret_in_configmap, "secret in ConfigMap"),
+    ("roots", _plant_no_hpa, "no HorizontalPodAutoscaler"),
     ("containers", _plant_root_user, "may run as root"),
     ("containers", _plant_no_listen, "no explicit --listen"),
     ("pdb", _plant_uncovered, "no PodDisruptionBudget"),

@@ -236,14 +236,14 @@ def test_estimate_projects_cost_at_the_protocol(tmp_path) -> None:
     est = json.loads((out / "cost-estimate.json").read_text())
     (e,) = est["estimates"]
     assert e["experiment"] == "burst" and e["runs"] == 1 * 1 * 10 * 2 and not (out / "results.json").exists()
-    kw = EXPERIMENTS["burst"][0].kwargs()
+    kw = {**EXPERIMENTS["burst"][0].kwargs(), "server_model": "batched"}  # dlb sim's default server
     ratio = sum(demand(kw, 1000 + k, 10.0) for k in range(10)) / demand(kw, 1000, 0.05)
     assert e["projected_cpu_s"] == pytest.approx(e["measured_cpu_s"] * (10.0 / 0.05) * 2 * ratio)
     assert "| burst | 20 |" in (out / "cost-estimate.md").read_text()
 
 
 def test_cli_runs_the_operator_baselines_by_name(tmp_path) -> None:
-    """The operator baselines run when named (not by default), in records, tables and plots (a
+    """The operator baselines run when named, in records, tables and plots (a
     plot palette of ten colours once crashed on the eleventh policy)."""
     out = tmp_path / "ops"
     pols = "Rand,Disc-RIF,lr-global,locality-failover,hub-score"

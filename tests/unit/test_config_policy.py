@@ -16,8 +16,9 @@ from test_config import minimal, problems_of
 from dlb.cli import main
 from dlb.config import ConfigError, Cost, Mechanism, config_from_dict, parse_config
 from dlb.config import resources as dr
-from dlb.config.model import DeploymentPolicy, LeafPolicy, Policy
+from dlb.config.model import DeploymentPolicy, LeafPolicy, Policy, ProbeParams
 from dlb.config.policy import DEPLOYMENT, ENDPOINT, REGISTRY, policy_plugins, set_plugins
+from dlb.core.shedding import ShedConfig
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.proto import resources_pb2 as pb
 
@@ -54,7 +55,7 @@ def test_registry_types_have_defaults_and_a_scope() -> None:
         assert t.scope in (DEPLOYMENT, ENDPOINT)
         t.params()  # every parameter has a default
     slots = {t.slot for t in REGISTRY.values()}
-    assert {"leaf.pick", "leaf.fit", "leaf.background-probe", "weights", "mechanism", "aversion", "affinity"} == slots
+    assert {"leaf.pick", "leaf.fit", "leaf.background-probe", "weights", "mechanism", "aversion", "affinity", "shed"} == slots
 
 
 OLD = {"mechanism": "flow", "cost": "gradient", "flow": {"period_ms": 100, "kappa": 0.5},
@@ -240,3 +241,29 @@ def test_the_control_planes_weight_source_follows_the_config_and_a_reload() -> N
         assert cp.mnlb is None
 
     asyncio.run(scenario())
+
+
+def test_shedding_is_on_by_default_a_plugin_switches_it_and_xds_carries_it() -> None:
+    """The ``shed`` endpoint plugin: default on (no plugin, the old shape, an older control plane's
+    resource without the message); ``enabled: false`` reaches the root's router, by file and over xDS."""
+    assert _endpoint_policy({"plugins": []}).to_core(ProbeParams()).shed.enabled
+    assert _endpoint_policy(OLD).shed.enabled
+    off = _endpoint_policy({"plugins": [{"type": "shed", "parameters": {"enabled": False, "near_fill": 0.8}}]})
+    core = off.to_core(ProbeParams())
+    assert not core.shed.enabled and core.shed.near_fill == 0.8
+    cfg = config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
+        {"type": "shed", "parameters": {"enabled": False, "max_age_ms": 200}}]}}]))
+    msg = dr.routing_policy(cfg, cfg.endpoints[0])
+    got, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(msg.SerializeToString()))
+    assert not got.shed.enabled and got.shed.max_age_s == 0.2
+    msg.ClearField("shed")  # a control plane from before the plugin
+    assert dr.policy_from_pb(msg)[0].shed == ShedConfig()
+
+
+def test_a_malformed_shed_plugin_names_the_field_and_the_file() -> None:
+    doc = minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
+        {"type": "shed", "parameters": {"enabled": "yes", "fill": 0.5, "near_fill": 0.9, "min_error_rate": 0, "max_age": 1}}]}}])
+    paths = {p: r for p, r, _ in problems_of(yaml.safe_dump(doc, sort_keys=False))}
+    base = "endpoints[0].policy.plugins[0].parameters"
+    assert set(paths) == {f"{base}.enabled", f"{base}.near_fill", f"{base}.min_error_rate", f"{base}.max_age"}, paths
+    assert "must be <= fill=0.5" in paths[f"{base}.near_fill"] and "did you mean 'max_age_ms'" in paths[f"{base}.max_age"]

@@ -430,29 +430,59 @@ def test_waiting_queue_bounded_by_prompt_tokens() -> None:
     assert eng.waiting_tokens == 100
 
 
-def _reference_step(eng: Engine, now: float) -> tuple[list, list, float, list] | None:
-    """One engine step by the plain rules (the code before the simulator's speed-up, kept as the spec):
-    admit FCFS while the prompt's KV fits, decode every sequence past its prompt, give the rest of the
-    token budget to prompts in order, retire the finished."""
-    while eng.waiting and len(eng.running) < eng.max_batch:
+def _reference_emits(eng: Engine) -> int:
+    """Tokens the running set emits in the next step: every decoding sequence, and every prompt the
+    token budget completes."""
+    decode = [r for r in eng.running if r.in_decode]
+    budget = eng.profile.max_batch_tokens - len(decode)
+    n = len(decode)
+    for r in eng.running:
+        if not r.in_decode and budget > 0:
+            take = min(r.prefill_len - r.prefilled, budget)
+            n += take == r.prefill_len - r.prefilled
+            budget -= take
+    return n
+
+
+def _reference_step(eng: Engine, now: float) -> tuple[list, list, float, list, int] | None:
+    """One engine step by the plain rules (kept as the spec of the inlined hot path): while the step's
+    tokens would overflow the KV cache, preempt the youngest of several running requests to the front
+    of the queue (it recomputes prompt + generated); unless that happened, admit FCFS while the
+    prompt and its first token fit next to the running set's KV and growth; decode every sequence past
+    its prefill, give the rest of the token budget to prefills in order; retire the finished."""
+    kv = lambda: sum(r.kv_tokens for r in eng.running)
+    cap = eng.profile.kv_cache_tokens
+    preempted = 0
+    while len(eng.running) > 1 and kv() + _reference_emits(eng) > cap:
+        victim = eng.running.pop()
+        victim.prefilled, victim.prefill_len = victim.cached_tokens, victim.prompt_tokens + victim.generated
+        eng.waiting.appendleft(victim)
+        eng.waiting_tokens += victim.kv_tokens
+        preempted += 1
+    admitted: list = []
+    grow = _reference_emits(eng)
+    while not preempted and eng.waiting and len(eng.running) < eng.max_batch:
         head = eng.waiting[0]
-        if eng.running and sum(r.kv_tokens for r in eng.running) + head.prompt_tokens > eng.profile.kv_cache_tokens:
+        if eng.running and kv() + grow + len(admitted) + head.kv_tokens + 1 > cap:
             break
         eng.waiting.popleft()
-        eng.waiting_tokens -= head.prompt_tokens
-        head.admitted_at = now
+        eng.waiting_tokens -= head.kv_tokens
+        head.admitted_at = now if head.admitted_at is None else head.admitted_at
         eng.running.append(head)
+        admitted.append(head)
     if not eng.running:
         return None
     decode = [r for r in eng.running if r.in_decode]
     budget = max(0, eng.profile.max_batch_tokens - len(decode))
     prefill = []
+    context = sum(r.kv_tokens for r in decode)
     for r in eng.running:
         if not r.in_decode and budget > 0:
-            take = min(r.prompt_tokens - r.prefilled, budget)
+            take = min(r.prefill_len - r.prefilled, budget)
             prefill.append((r, take))
+            context += r.prefilled + take
             budget -= take
-    duration = eng.profile.step_time(len(decode) + len(prefill), sum(n for _, n in prefill))
+    duration = eng.profile.step_time(len(decode) + len(prefill), sum(n for _, n in prefill), context)
     events = []
     for r in decode:
         r.generated = min(r.generated + 1, r.output_tokens)
@@ -461,32 +491,48 @@ def _reference_step(eng: Engine, now: float) -> tuple[list, list, float, list] |
         r.prefilled += n
         if r.in_decode:
             r.generated += 1
-            events.append((r.rid, 0, r.finished))
+            events.append((r.rid, r.generated - 1, r.finished))
     eng.running = [r for r in eng.running if not r.finished]
-    return [r.rid for r in decode], [(r.rid, n) for r, n in prefill], duration, events
+    return [r.rid for r in decode], [(r.rid, n) for r, n in prefill], duration, events, preempted
+
+
+#: FAST with a context term: 64 tokens of KV per sequence-equivalent, so random prompts cross the knee.
+FAST_CTX = replace(FAST, ref_context_tokens=64)
 
 
 @settings(max_examples=100, deadline=None)
 @given(arrivals=st.lists(st.tuples(st.just(0.0), st.integers(1, 3000), st.integers(1, 400)).map(lambda t: Arrival(*t)),
                          min_size=1, max_size=30),
-       max_batch=st.integers(1, 8), budget=st.integers(64, 4096), kv=st.integers(3000, 8000))
-def test_engine_steps_equal_the_plain_rules(arrivals, max_batch, budget, kv) -> None:
-    """The engine's inlined hot path (plan / _admit / complete, run millions of times by the
-    simulator) takes exactly the plain rules' steps: same batches, budgets, durations and tokens."""
-    prof = replace(FAST, max_batch_tokens=budget, kv_cache_tokens=kv)
+       max_batch=st.integers(1, 8), budget=st.integers(64, 4096), kv=st.integers(3000, 8000),
+       ctx=st.sampled_from([FAST, FAST_CTX]))
+def test_engine_steps_equal_the_plain_rules(arrivals, max_batch, budget, kv, ctx) -> None:
+    """The engine's inlined hot path (plan / preemption / admission / complete, run millions of times
+    by the simulator) takes exactly the plain rules' steps: same batches, budgets, durations, tokens and
+    preemptions; and no request is lost: every one finishes with all its tokens."""
+    prof = replace(ctx, max_batch_tokens=budget, kv_cache_tokens=kv)
     fast, ref = Engine(prof, max_batch=max_batch, max_queue=64), Engine(prof, max_batch=max_batch, max_queue=64)
+    reqs = []
     for eng in (fast, ref):
-        for i, a in enumerate(arrivals):
-            eng.submit(EngineRequest(i, a.prompt_tokens, a.output_tokens), 0.0)
-    now, steps = 0.0, 0
+        reqs.append([EngineRequest(i, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
+        for r in reqs[-1]:
+            eng.submit(r, 0.0)
+    now, steps, preempted = 0.0, 0, 0
     while True:
+        before = fast.preemptions
         plan, want = fast.plan(now), _reference_step(ref, now)
         if plan is None or want is None:
             assert plan is None and want is None
             break
         now += plan.duration
         got = [(e.request.rid, e.index, e.finished) for e in fast.complete(plan, now)]
-        assert ([r.rid for r in plan.decode], [(r.rid, n) for r, n in plan.prefill], plan.duration, got) == want
+        assert ([r.rid for r in plan.decode], [(r.rid, n) for r, n in plan.prefill], plan.duration, got,
+                fast.preemptions - before) == want
         assert [r.rid for r in fast.running] == [r.rid for r in ref.running]
+        assert fast.kv_used == sum(r.kv_tokens for r in fast.running)  # the running count is right
+        if len(fast.running) > 1:
+            assert fast.kv_used <= kv  # preemption keeps the KV within the cache
+        preempted += want[4]
         steps += 1
+    assert fast.preemptions == preempted == sum(r.preempted for r in reqs[0])
+    assert all(r.generated == r.output_tokens and r.finished_at is not None for r in reqs[0])
     assert steps > 0 and not fast.waiting and not ref.waiting

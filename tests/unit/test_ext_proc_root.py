@@ -42,10 +42,11 @@ def set_headers(raw: bytes) -> dict[str, str]:
     return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
 
 
-def probe(svc: RootService, cell: int, now: float, rif: float = 0.0, err: float = 0.0) -> None:
+def probe(svc: RootService, cell: int, now: float, rif: float = 0.0, err: float = 0.0, capacity: float | None = None) -> None:
     name = svc.cell_names[cell]
     svc.on_probe(ProbeTarget(cell, name, ""), probe_pb2.ProbeResponse(
-        cell=name, rif=rif, error_rate=err, model=probe_pb2.LatencyModel(a_s=0.1, b_s=0.01, c=4, s=1, confidence=1)), now)
+        cell=name, rif=rif, error_rate=err, model=probe_pb2.LatencyModel(a_s=0.1, b_s=0.01, c=4, s=1, confidence=1),
+        capacity=capacity), now)
 
 
 class Clock:
@@ -116,7 +117,7 @@ def test_dlb_own_replies_are_openai_shaped_errors_with_retry_after_where_it_help
     svc.clock = lambda: 1e9  # that probe is long stale, and no other cell answered: no usable cell
     code, hdrs, body = reply("/v1/chat/completions")
     assert code == 503 and hdrs["content-type"] == "application/json" and hdrs["retry-after"] == "1"
-    assert set(body) == {"error"} and body["error"]["code"] == "dlb_no_usable_cell"
+    assert set(body) == {"error"} and body["error"]["code"] == "dlb_no_capacity"
     assert body["error"]["type"] == "service_unavailable" and "no usable cell" in body["error"]["message"]
     code, hdrs, body = reply("/other")
     assert code == 404 and hdrs["content-type"] == "application/json" and "retry-after" not in hdrs
@@ -259,3 +260,50 @@ def test_sends_no_probe_has_seen_survive_a_reconfiguration():
     clock.t += 1e-3  # well inside b's 40-ms round trip: its answer cannot include the requests
     probe(svc, 1, clock.t)
     assert before[1] > 0 and svc.endpoints[0].router.view.sent[1] == before[1]
+
+
+def test_every_cell_saturated_gives_429_with_a_drain_time_retry_after_and_counts_it():
+    """Shedding (dlb.core.shedding): both cells' buffers full → 429 dlb_no_capacity, retry-after = the
+    shortest ℓ_j(N_j) rounded up (ℓ(40) = 0.1 + 0.01·(40 − 4 + softplus) ≈ 0.46 s → the 1-s floor;
+    ℓ(400) ≈ 4.06 s → 5); one cell with room → routed there."""
+    import json
+
+    svc, clock = service()
+    probe(svc, 0, clock.t, rif=40, capacity=40)
+    probe(svc, 1, clock.t, rif=400, capacity=400)
+    imm = ep.ProcessingResponse.FromString(svc.decide(headers_msg().request_headers.headers.headers)).immediate_response
+    hdrs = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
+    body = json.loads(imm.body)
+    assert imm.status.code == 429 and hdrs["retry-after"] == "1" and hdrs["content-type"] == "application/json"
+    assert body["error"]["code"] == "dlb_no_capacity" and body["error"]["type"] == "service_unavailable"
+    assert svc.endpoints[0].shed == 1 and svc.endpoints[0].rejected == 0
+    clock.t += 0.3  # past the reply's reuse time; cell a drained, b still full
+    probe(svc, 0, clock.t, rif=10, capacity=40)
+    probe(svc, 1, clock.t, rif=400, capacity=400)
+    assert set_headers(svc.decide(headers_msg().request_headers.headers.headers))["x-dlb-cell"] == "cell-a"
+    svc2, clock2 = service()
+    probe(svc2, 0, clock2.t, rif=400, capacity=400)
+    probe(svc2, 1, clock2.t, rif=400, capacity=400)
+    imm = ep.ProcessingResponse.FromString(svc2.decide(headers_msg().request_headers.headers.headers)).immediate_response
+    assert imm.status.code == 429 and {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}["retry-after"] == "5"
+    shed = [m for m in svc2.collect() if m.name == "dlb_root_shed"][0]
+    assert [(s.labels, s.value) for s in shed.samples] == [({"endpoint": "chat", "source_cell": "a"}, 1.0)]
+
+
+def test_sheds_are_logged_at_most_once_per_period_with_their_count() -> None:
+    """Not one log line per shed: a root shedding thousands of requests a second writes one line per
+    endpoint every SHED_LOG_EVERY_S, carrying how many it shed since the last."""
+    from structlog.testing import capture_logs
+
+    from dlb.ext_proc.root import SHED_LOG_EVERY_S
+
+    svc, clock = service()
+    with capture_logs() as logs:
+        for _ in range(3):
+            for j in (0, 1):
+                probe(svc, j, clock.t, rif=40, capacity=40)
+            for _ in range(100):
+                svc.decide(headers_msg().request_headers.headers.headers)
+            clock.t += SHED_LOG_EVERY_S / 2
+    lines = [e for e in logs if e["event"] == "requests_shed"]
+    assert svc.endpoints[0].shed == 300 and [e["shed"] for e in lines] == [1, 200], lines

@@ -45,6 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"core", "config", "emulator"} | FOUNDATION,
     "theory": {"core"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds", "service", "probe"} | FOUNDATION,
+    "epp": {"core", "config", "envoy", "service", "probe", "ext_proc"} | FOUNDATION,
     "control_plane": {"core", "config", "envoy", "xds", "service", "probe"} | FOUNDATION,
     "launch": {"core", "config", "envoy"} | FOUNDATION,
     "testbed": {"core", "config", "envoy", "xds", "service", "probe", "ext_proc", "control_plane", "emulator", "sim", "load",
@@ -337,7 +338,7 @@ def test_a_planted_impurity_in_the_core_is_caught(tmp_path: Path, planted: str) 
 
 
 #: Packages whose commands live in their ``cli.py`` only (the rest move there in other parts of the work).
-COMMAND_FREE = ("service", "probe", "ext_proc", "envoy", "load")
+COMMAND_FREE = ("service", "probe", "ext_proc", "envoy", "load", "epp")
 #: Where argparse belongs: the commands, and the argparse types they share (``dlb/load/argtypes.py``).
 COMMAND_MODULES = {"cli.py", "argtypes.py"}
 

@@ -208,3 +208,63 @@ def test_background_probe_settings_change_live_and_keep_the_schedule() -> None:
     assert bg.prober.config is second and bg.prober.sent == 5 and bg.bg_body == b'{"max_tokens":4}'
     bg.set_background(None, b"")
     assert bg.bg_config is None and bg.prober is None
+
+
+def test_capacity_is_learned_from_each_servers_429s_and_unknown_until_all_refused() -> None:
+    """The probe's capacity: what every healthy server held when it refused (429), summed; unknown
+    (None) while any healthy server never refused, so a root never sheds on a guess (dlb.core.shedding)."""
+    leaf = make(n=2, choices=2)
+    for k in range(5):
+        leaf.start(0.0, f"a{k}", 0)
+    leaf.start(0.0, "r0", 0)
+    leaf.complete(0.1, Completion("r0", leaf.servers[0].address, 429, 0.001))
+    assert leaf.servers[0].admit_limit == 5 and leaf.capacity(0.1) is None  # server 1 never refused
+    leaf.start(0.2, "r1", 1)
+    leaf.complete(0.2, Completion("r1", leaf.servers[1].address, 503, 0.001))  # a fault, not a full queue
+    assert leaf.capacity(0.2) is None
+    for k in range(3):
+        leaf.start(0.3, f"b{k}", 1)
+    leaf.start(0.3, "r2", 1)
+    leaf.complete(0.3, Completion("r2", leaf.servers[1].address, 429, 0.001))
+    assert leaf.capacity(0.3) == 8
+    leaf.complete(0.4, Completion("a0", leaf.servers[0].address, 200, 1.0))
+    leaf.start(0.4, "r3", 0)
+    leaf.complete(0.4, Completion("r3", leaf.servers[0].address, 429, 0.001))  # fewer in flight: the most stays
+    assert leaf.servers[0].admit_limit == 5
+    leaf.servers[1].ejected_until = 10.0
+    assert leaf.capacity(1.0) == 5  # an ejected server admits nothing
+
+
+def test_the_probe_answer_carries_the_capacity_learned_from_the_access_log() -> None:
+    """Through the leaf agent: access-log entries of 429s from each server (the pick counted by the leaf's
+    ext_proc) make the probe answer report the cell's capacity; before, the field is absent."""
+    import asyncio
+
+    from envoy.service.accesslog.v3 import als_pb2
+
+    from dlb.ext_proc.leaf import LeafAgent
+
+    agent = LeafAgent(make(2, choices=2))
+    assert not agent.probe.snapshot(0.0).HasField("capacity")  # an unknown capacity is not sent as 0
+    st = agent.state
+    for i in range(2):
+        for k in range(3):
+            st.start(0.0, f"s{i}-{k}", i)
+        st.start(0.0, f"full{i}", i)
+    msg = als_pb2.StreamAccessLogsMessage()
+    for i in range(2):
+        e = msg.http_logs.log_entry.add()
+        e.request.request_id = f"full{i}"
+        e.response.response_code.value = 429
+        host, port = st.servers[i].address.split(":")
+        e.common_properties.upstream_remote_address.socket_address.address = host
+        e.common_properties.upstream_remote_address.socket_address.port_value = int(port)
+
+    async def feed() -> None:
+        async def one():
+            yield msg
+        await agent.access_log.consume(one())
+
+    asyncio.run(feed())
+    answer = agent.probe.snapshot(0.0)
+    assert answer.HasField("capacity") and answer.capacity == 6

@@ -52,11 +52,11 @@ def test_conservation_with_overflow_and_cut_drain() -> None:
     for policy in ("Rand", "Disc-RIF", "Flow-Lat"):
         res = simulate(sc, policy, 0)
         assert res.errors > 0
-        assert res.completed + res.errors + res.in_flight == res.arrivals
+        assert res.completed + res.errors + res.shed + res.in_flight == res.arrivals
         assert res.in_flight == 0 and res.latency.size == res.completed
         cut = simulate(sc, policy, 0, SimConfig(drain_s=0.0))
         assert cut.in_flight > 0
-        assert cut.completed + cut.errors + cut.in_flight == cut.arrivals
+        assert cut.completed + cut.errors + cut.shed + cut.in_flight == cut.arrivals
 
 
 def test_deterministic_for_a_seed() -> None:
@@ -139,23 +139,30 @@ def batched_scenario(lam: float, duration: float) -> Scenario:
                     mod_period_s=np.array([100.0]), mod_phase=np.array([0.0]))
 
 
-@pytest.mark.parametrize("lam", [2.0, 12.0])
-def test_batched_server_is_the_emulator_engine_step_for_step(lam: float) -> None:
-    """The simulator's multi-step runs give every request exactly the latency the emulator's own
-    step-by-step virtual-clock run gives (same profile, same arrivals at the server)."""
+@pytest.mark.parametrize(("lam", "kv"), [(2.0, 400_000), (12.0, 400_000), (8.0, 8_000)])
+def test_batched_server_is_the_emulator_engine_step_for_step(lam: float, kv: int) -> None:
+    """The simulator's multi-step runs (each step's context one token per sequence longer, runs cut
+    where the KV growth preempts) give every request exactly the latency the emulator's own
+    step-by-step virtual-clock run gives (same profile, same arrivals at the server); with a small
+    KV cache, with the same preemptions, and none is lost."""
     from dlb.emulator.engine import Arrival, Engine
     from dlb.emulator.engine import simulate as engine_simulate
 
     sc = batched_scenario(lam, duration=60.0)
+    sc = replace(sc, workload=replace(sc.workload, kv_cache_tokens=kv))
     t, _src, ptok, dtok = generate_arrivals(sc, 0)
     res = simulate(sc, "Rand", 0, arrivals=(t, _src, ptok, dtok))
     assert res.errors == 0 and res.completed == t.size > 50
     w = sc.workload
-    eng = Engine(w.cell_profile(2e-5, 0.006), max_batch=w.max_batch, max_waiting_tokens=w.kv_cache_tokens)
+    assert w.cell_profile(2e-5, 0.006).ref_context_tokens == 1024  # the context term is on
+    eng = Engine(w.cell_profile(2e-5, 0.006), max_batch=w.max_batch, max_waiting_tokens=kv)
     ref = engine_simulate(eng, [Arrival(float(a) + 0.002, max(1, round(p)), max(1, round(d)))
                                 for a, p, d in zip(t, ptok, dtok, strict=True)])
     want = np.sort(np.array([r.e2e + 0.004 for r in ref]))
     np.testing.assert_allclose(np.sort(res.latency), want, rtol=0, atol=1e-9)
+    assert res.preemptions == eng.preemptions
+    assert (res.preemptions > 20) == (kv < 10_000)
+    assert res.summary()["preemptions"] == res.preemptions
 
 
 def test_batched_latency_grows_with_load_past_the_knee() -> None:
@@ -224,3 +231,33 @@ def test_a_slow_cell_is_slow_in_the_batched_model_too() -> None:
     assert b.latency[inside].mean() > 2.5 * a.latency[inside].mean()
     assert b.latency[after].mean() == pytest.approx(a.latency[after].mean(), rel=0.05)
     assert b.latency[t < 29.0].mean() == pytest.approx(a.latency[t < 29.0].mean(), rel=1e-9)
+
+
+def test_overload_sheds_only_with_leaves_that_report_capacity() -> None:
+    """At 110 % load Disc-RIF's roots shed; with leaves that report no capacity (older ones) they never do.
+    Shed requests are arrivals that count at the request timeout in the failure-counting mean."""
+    sc = generate(11, utilization=1.1, duration_s=30.0, server_model="pipeline")
+    on = simulate(sc, "Disc-RIF", 0)
+    off = simulate(sc, "Disc-RIF", 0, SimConfig(shed=False))
+    assert on.shed > 0 and off.shed == 0
+    s = on.summary()
+    assert s["shed_rate"] == pytest.approx(on.shed / on.arrivals)
+    unserved = on.arrivals - on.latency.size
+    assert s["mean_latency_with_failures"] >= unserved * on.request_timeout_s / on.arrivals
+
+
+def test_batched_queue_holds_what_the_server_serves_within_the_request_timeout() -> None:
+    """The batched server's waiting queue is bounded by the prompts it admits, at its rate, within
+    the request timeout (less the unloaded latency), at most a KV cache's worth: under overload a
+    request is refused at once instead of queueing past the time its client waits."""
+    w = Workload(server_model="batched")
+    tp, td = 2e-4, 8e-3
+    wait = 60.0 - w.unloaded_latency(tp, td)
+    assert w.max_waiting_tokens(tp, td, 60.0) == int(w.server_rate(tp, td) * wait * w.mean_prefill_tokens)
+    assert w.max_waiting_tokens(tp, td, 20.0) < w.max_waiting_tokens(tp, td, 60.0) < w.kv_cache_tokens
+    assert w.max_waiting_tokens(tp, td, 1e5) == w.kv_cache_tokens
+    over = batched_scenario(45.0, 60.0)  # ~1.4x the server's rate (32 requests/s)
+    short, long = (simulate(over, "Rand", 0, SimConfig(request_timeout_s=t)) for t in (10.0, 40.0))
+    assert short.errors > long.errors > 0
+    assert np.median(short.latency) < np.median(long.latency) - 3.0  # a shorter wait for those it serves
+    assert short.completed + short.errors == short.arrivals

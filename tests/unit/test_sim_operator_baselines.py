@@ -49,9 +49,18 @@ def test_lr_global_stops_sending_to_servers_an_outage_took_down() -> None:
     assert res.errors / res.arrivals < 0.01
 
 
-def test_operator_baselines_are_baselines_and_not_run_by_default() -> None:
+def test_operator_baselines_are_baselines_run_by_default_on_the_batched_server() -> None:
+    """``dlb sim`` with no options runs every policy, the operator baselines included, on the batched
+    server; ``--server-model pipeline`` and a baseline name in ``--policies`` parse."""
+    from dlb.cli import build_parser
+
     assert set(OPERATOR_BASELINES) <= set(BASELINES)
-    assert not set(OPERATOR_BASELINES) & set(DEFAULT_POLICIES)
+    assert set(OPERATOR_BASELINES) <= set(DEFAULT_POLICIES)
+    args = build_parser(["sim"]).parse_args(["sim"])
+    assert args.server_model == "batched"
+    assert set(args.policies.split(",")) == set(DEFAULT_POLICIES) >= {"Rand", "Flow-Grad", "hub-score"}
+    args = build_parser(["sim"]).parse_args(["sim", "--server-model", "pipeline", "--policies", "Rand,lr-global"])
+    assert args.server_model == "pipeline" and args.policies == "Rand,lr-global"
 
 
 def test_every_reply_reaches_the_root_that_sent_the_request(monkeypatch: pytest.MonkeyPatch) -> None:

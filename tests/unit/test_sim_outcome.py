@@ -122,20 +122,48 @@ def test_report_shows_error_beside_latency() -> None:
     md = markdown_table(recs)
     header = next(line for line in md.splitlines() if line.startswith("| policy"))
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert cols[1:4] == ["norm mean", "error rate", "shed rate"]
-    assert "| Flow-Lat | 1.000 ± 0.000 | 2.00% | 0.00% |" in md
+    assert cols[1:5] == ["norm mean", "÷ best operator", "error rate", "shed rate"]
+    assert "| Flow-Lat | 1.000 ± 0.000 | 1.000 | 2.00% | 0.00% |" in md
     rep = reproduction_report(recs, "results.json", None)
     assert "request timeout (60 s)" in rep
     baseline = next(line for line in rep.splitlines() if line.startswith("| DLB policies ~20 %"))
     assert "Flow-Lat 1.000 (err 2.00%)" in baseline and "Disc-RIF 1.000 (err 0.00%, timed out 1.00%)" in baseline
 
 
-def test_report_refuses_mixed_timeouts_and_server_models() -> None:
+def test_report_refuses_mixed_timeouts() -> None:
     recs = normalise([_old(p, 1.0, 0.0) for p in POLICIES])
     with pytest.raises(ValueError, match="request timeouts"):
         check_one_build(recs + [dict(recs[0], request_timeout_s=30.0)])
-    with pytest.raises(ValueError, match="server models"):
-        check_one_build(recs + [dict(recs[0], server_model="batched")])
+
+
+def _run(policy: str, model: str, scenario: int, lat: float, err: float = 0.0) -> dict:
+    return dict(_old(policy, lat, err), scenario=scenario, server_model=model, mean_latency_with_failures=lat,
+                p90_latency_with_failures=2 * lat, shed_rate=0.0, timed_out_rate=0.0)
+
+
+def test_report_divides_by_the_best_operator_baseline_and_splits_server_models() -> None:
+    """"÷ best operator" divides by the operator baseline with the lowest norm mean, run by run; runs of
+    both server models are reported side by side, each against its own Rand and operators."""
+    lat = {"Rand": 2.0, "lr-global": 1.6, "locality-failover": 1.8, "hub-score": 1.9, "Flow-Grad": 1.2}
+    recs = []
+    for model, k in (("batched", 1.0), ("pipeline", 0.5)):
+        for sc in (1, 2):
+            recs += [_run(p, model, sc, v * k * sc, 0.03 if p == "Flow-Grad" and model == "pipeline" else 0.0)
+                     for p, v in lat.items()]
+            recs.append(_run("Disc-RIF", model, sc, 1.5 * k * sc))
+    check_one_build(recs)  # two server models are two reports' worth, not a mix to refuse
+    recs = normalise(recs)
+    md = markdown_table(recs)
+    assert "## baseline — util=0.8 — batched server (2 runs per policy; best operator baseline: lr-global)" in md
+    assert "## baseline — util=0.8 — pipeline server (2 runs per policy; best operator baseline: lr-global)" in md
+    assert md.index("batched server") < md.index("pipeline server")
+    assert "| Flow-Grad | 0.600 ± 0.000 | 0.750 | 0.00% |" in md  # 1.2 / 1.6, and ÷ Rand 1.2 / 2.0
+    assert "| Flow-Grad | 0.600 ± 0.000 | 0.750 | 3.00% |" in md  # the pipeline runs: their own errors
+    assert "| lr-global | 0.800 ± 0.000 | 1.000 |" in md
+    rep = reproduction_report(recs, "results.json", None)
+    assert "## Claims (docs/design.md §4) — batched server" in rep and "## Claims (docs/design.md §4) — pipeline server" in rep
+    row = next(line for line in rep.splitlines() if line.startswith("| baseline — util=0.8 |"))
+    assert "lr-global 0.800 (err 0.00%)" in row and "Flow-Grad 0.600 (err 0.00%) | 0.750 |" in row
 
 
 def test_cli_checks_server_model_and_timeout(tmp_path) -> None:

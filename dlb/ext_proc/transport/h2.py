@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import hpack
 import hpack.exceptions
+from google.protobuf.message import DecodeError
 
 from dlb.errors import DlbError
 from dlb.ext_proc.transport.headers import CachingDecoder, HeaderBlock
@@ -724,10 +725,14 @@ class H2Connection:
         assert route is not None  # a stream without a route was answered when it opened
         try:
             reply, end = route.handler(message)
+        except DecodeError as exc:  # what the peer sent: a line without a traceback (rate-limited, dlb.log)
+            self.stats.handler_errors += 1
+            log.warning("ext_proc_message_malformed", error=str(exc)[:200], errors=self.stats.handler_errors)
+            self._finish(stream, GrpcStatus.INVALID_ARGUMENT, "malformed message")
+            return
         except Exception:  # a bug in the handler fails this stream (Envoy then fails open), not the server
             self.stats.handler_errors += 1
-            if self.stats.handler_errors == 1 or self.stats.handler_errors % 1000 == 0:
-                log.exception("ext_proc_handler_failed", errors=self.stats.handler_errors)
+            log.exception("ext_proc_handler_failed", errors=self.stats.handler_errors)
             self._finish(stream, GrpcStatus.INTERNAL, "handler failed")
             return
         if route.watch and not end:

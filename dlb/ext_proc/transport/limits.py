@@ -40,13 +40,20 @@ class H2Limits:
     """Per-server bounds (``max_*_total`` are shared by all connections of one server)."""
 
     max_connections: int = 0  # 0: default_max_connections() at server start
+    #: Connections from one peer address; 0: a quarter of the connection cap, at least 64 (or the cap).
+    #: Envoy keeps one per worker thread (more past ``max_concurrent_streams``).
+    max_connections_per_peer: int = 0
     #: Advertised in SETTINGS; a stream beyond it gets RST_STREAM(REFUSED_STREAM) (Envoy opens another
     #: connection when it reaches a server's limit).
     max_concurrent_streams: int = 1000
     #: Seconds from accept to a complete client preface (under TLS: the TLS handshake, then the
     #: preface); a slow-loris at 1 byte/s never gets there.
     handshake_timeout_s: float = 10.0
-    #: TLS handshakes in progress (a ClientHello answered, not finished), all connections: each holds
+    #: Seconds from accept to the connection's first stream; a peer that sends the preface and SETTINGS
+    #: and then nothing held a slot for the whole idle timeout (4,300 of them locked Envoy out for
+    #: 5 minutes). Checked from the handshake deadline on, so at least ``handshake_timeout_s``.
+    first_stream_timeout_s: float = 10.0
+    #: TLS handshakes in progress, all connections: each holds
     #: ~50 KB of OpenSSL state; beyond it a new connection's first bytes close it (Envoy reconnects).
     max_pending_tls_handshakes: int = 128
     #: Seconds a connection may stay with no stream open before GOAWAY(NO_ERROR) and close.
@@ -77,12 +84,22 @@ class H2Limits:
         for name in ("max_concurrent_streams", "max_header_list"):  # sent in SETTINGS: 32-bit values
             if getattr(self, name) > SETTINGS_VALUE_MAX:
                 raise ValueError(f"H2Limits.{name} must be <= {SETTINGS_VALUE_MAX} (a SETTINGS value), got {getattr(self, name)}")
-        for name in ("handshake_timeout_s", "idle_timeout_s"):  # inf or nan would be no bound at all
+        if self.max_connections_per_peer < 0:
+            raise ValueError(f"H2Limits.max_connections_per_peer must be >= 0 (0 = default), got {self.max_connections_per_peer}")
+        for name in ("handshake_timeout_s", "idle_timeout_s", "first_stream_timeout_s"):  # inf or nan would be no bound at all
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"H2Limits.{name} must be > 0 and finite, got {getattr(self, name)}")
 
+        if self.first_stream_timeout_s < self.handshake_timeout_s:
+            raise ValueError(f"H2Limits.first_stream_timeout_s ({self.first_stream_timeout_s}) must be >= handshake_timeout_s "
+                             f"({self.handshake_timeout_s}): the first stream comes after the preface")
+
     def connection_cap(self) -> int:
         return self.max_connections or default_max_connections()
+
+    def peer_cap(self) -> int:
+        cap = self.connection_cap()
+        return self.max_connections_per_peer or max(cap // 4, min(cap, 64))
 
 
 #: (field, metric suffix doc) of the counters; the gauges follow.
@@ -94,21 +111,23 @@ _COUNTERS = (
     ("connection_errors", "Connections closed for a protocol error (GOAWAY)"),
     ("handler_errors", "Messages whose handler raised"),
     ("connections_refused", "Connections closed at accept: the connection cap was reached"),
-    ("handshake_timeouts", "Connections closed for not completing the HTTP/2 preface (and the TLS handshake before it) in time"),
-    ("tls_failures", "Connections closed for a failed TLS handshake or a bad TLS record"),
-    ("tls_handshakes_refused", "Connections closed at their first bytes: too many TLS handshakes in progress"),
-    ("idle_timeouts", "Connections closed after the idle timeout with no stream open"),
-    ("streams_refused", "Streams refused (REFUSED_STREAM): max concurrent streams reached or shutting down"),
-    ("header_cache_refused", "Header blocks not cached: a per-connection or total cache bound was hit"),
-    ("buffer_limit_hits", "Connections cut for holding too many bytes of partial messages"),
+    ("connections_evicted", "Streamless connections closed to admit a new one"),
+    ("first_stream_timeouts", "Connections closed for opening no stream in time"),
+    ("handshake_timeouts", "Connections closed for no TLS handshake and HTTP/2 preface in time"),
+    ("tls_failures", "Connections closed for a TLS failure"),
+    ("tls_handshakes_refused", "Connections closed: too many TLS handshakes in progress"),
+    ("idle_timeouts", "Connections closed idle (no stream open)"),
+    ("streams_refused", "Streams refused: stream cap reached or shutting down"),
+    ("header_cache_refused", "Header blocks not cached: a cache bound was hit"),
+    ("buffer_limit_hits", "Connections cut for too many partial-message bytes"),
     ("control_floods", "Connections cut for a flood of control frames (ENHANCE_YOUR_CALM)"),
-    ("non_grpc_requests", "Requests that were not gRPC, answered with HTTP 415/405"),
+    ("non_grpc_requests", "Non-gRPC requests, answered 415/405"),
 )
 _GAUGES = (
     ("open_connections", "HTTP/2 connections open now"),
-    ("tls_handshakes_pending", "TLS handshakes in progress (a ClientHello answered, not finished)"),
-    ("header_cache_bytes", "Bytes of cached decoded header blocks, all connections"),
-    ("buffered_bytes", "Bytes of partial gRPC messages held, all connections"),
+    ("tls_handshakes_pending", "TLS handshakes in progress"),
+    ("header_cache_bytes", "Bytes of cached header blocks"),
+    ("buffered_bytes", "Bytes of partial gRPC messages held"),
 )
 
 
@@ -128,6 +147,8 @@ class TransportStats:
     connection_errors: int = 0  # GOAWAY with an error code sent
     handler_errors: int = 0
     connections_refused: int = 0
+    connections_evicted: int = 0
+    first_stream_timeouts: int = 0
     handshake_timeouts: int = 0
     tls_failures: int = 0
     tls_handshakes_refused: int = 0

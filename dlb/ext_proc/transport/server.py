@@ -4,13 +4,16 @@ Why apart from :mod:`.h2`: the connection there is sans-I/O (bytes in, bytes out
 fuzzed without sockets; everything that needs a clock or a file descriptor lives here. Each bound is
 an :class:`~.limits.H2Limits` field with a counter in :class:`~.limits.TransportStats`:
 
-- a connection cap: beyond it an accepted socket is closed at once, before a transport exists, so the
-  process keeps file descriptors for ``/metrics``, probes and xDS (20,000 idle connections exhausted
-  them, issue 14 row 3); a few connections are accepted per loop turn (:mod:`.pacing`), so a burst
-  of them never holds the loop;
+- a connection cap, in total and per peer address (:mod:`.admission`): at a cap a new connection takes
+  the slot of the oldest one that has opened no stream, and is closed at once, before a transport
+  exists, only if there is none; so the process keeps file descriptors for ``/metrics``, probes and
+  xDS, and squatters never lock Envoy out. A few connections are accepted per loop turn
+  (:mod:`.pacing`), so a burst of them never holds the loop;
 - a handshake timeout: a client that has not sent the whole preface in time is dropped (a 1 byte/s
   slow-loris never finished it and was never dropped); under TLS the TLS handshake runs inside the
   protocol (:mod:`.tls`), so the cap and this timeout bound it too;
+- a first-stream timeout: a connection that has opened no stream that long after accept is closed
+  (a preface and SETTINGS and then nothing is not a client);
 - an idle timeout: a connection with no stream open for a whole period gets GOAWAY(NO_ERROR) and is
   closed (Envoy reconnects on its next request). Checked by a timer per period, not per byte.
 
@@ -28,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
+from dlb.ext_proc.transport.admission import Admission
 from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
 from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
@@ -50,6 +54,8 @@ class H2GrpcProtocol(asyncio.Protocol):
     def __init__(self, make_conn: Callable[[], H2Connection], stats: TransportStats, limits: H2Limits,
                  on_close: Callable[[H2GrpcProtocol], None], closer: TurnBudget | None = None) -> None:
         self.make_conn = make_conn
+        #: Called once, when the connection opens its first stream (the server's admission hears of it).
+        self.on_proven: Callable[[H2GrpcProtocol], None] | None = None
         self.conn: H2Connection | None = None
         self.stats = stats
         self.limits = limits
@@ -60,6 +66,7 @@ class H2GrpcProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._opened_seen = -1
+        self._first_stream_deadline = 0.0
         #: Set by H2GrpcServer.stop: called whenever this connection has no stream left.
         self.on_drained: Callable[[], None] | None = None
 
@@ -68,7 +75,9 @@ class H2GrpcProtocol(asyncio.Protocol):
         # asyncio.Transport (an assert here dropped every connection under uvloop).
         self.transport = cast("asyncio.Transport", transport)
         self.stats.open_connections += 1
-        self._timer = asyncio.get_running_loop().call_later(self.limits.handshake_timeout_s, self._handshake_check)
+        loop = asyncio.get_running_loop()
+        self._first_stream_deadline = loop.time() + self.limits.first_stream_timeout_s
+        self._timer = loop.call_later(self.limits.handshake_timeout_s, self._handshake_check)
 
     def _open(self) -> H2Connection:
         """The HTTP/2 connection, made now, and our SETTINGS, the first thing the server sends."""
@@ -107,17 +116,26 @@ class H2GrpcProtocol(asyncio.Protocol):
         self._idle_check()
 
     def _idle_check(self) -> None:
-        """Every idle period: close if no stream was open at the last check and none opened since."""
+        """Every idle period: close if no stream was open at the last check and none opened since; and
+        at the first-stream deadline if none was ever opened."""
         self._timer = None
         conn = self.conn
         if conn is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if not conn.streams_opened and now >= self._first_stream_deadline:
+            self.stats.first_stream_timeouts += 1
+            self._close_paced(self.shutdown)
             return
         if not conn.streams and conn.streams_opened == self._opened_seen:
             self.stats.idle_timeouts += 1
             self._close_paced(self.shutdown)
             return
         self._opened_seen = conn.streams_opened if not conn.streams else -1
-        self._timer = asyncio.get_running_loop().call_later(self.limits.idle_timeout_s, self._idle_check)
+        delay = self.limits.idle_timeout_s
+        if not conn.streams_opened:
+            delay = min(delay, self._first_stream_deadline - now)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._idle_check)
 
     def eof_received(self) -> bool:
         # The peer is gone (an attacker leaving closes thousands at once): keep the transport until
@@ -145,6 +163,9 @@ class H2GrpcProtocol(asyncio.Protocol):
         if conn is None:
             conn = self._open()
         events = conn.receive_data(data)
+        if self.on_proven is not None and conn.streams_opened:
+            proven, self.on_proven = self.on_proven, None
+            proven(self)
         if conn.out:
             self._write(conn.data_to_send())
         for ev in events:
@@ -161,6 +182,11 @@ class H2GrpcProtocol(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def evict(self) -> None:
+        """Closed to give its slot to a new connection (it had opened no stream)."""
+        self.on_proven = None
+        self._close()
 
     def shutdown(self) -> None:
         """GOAWAY(NO_ERROR) so Envoy opens new streams elsewhere, then close."""
@@ -287,6 +313,7 @@ class H2GrpcServer:
     _conns: set[H2GrpcProtocol] = field(default_factory=set)
     _accepting: set[asyncio.Task[object]] = field(default_factory=set)
     _all_gone: asyncio.Event | None = None  # set by stop(): every connection is closed
+    _admission: Admission[H2GrpcProtocol] | None = None  # made by start()
     #: Closes and TLS handshake steps, a bounded number per loop turn (:mod:`.pacing`).
     closer: TurnBudget = field(default_factory=lambda: TurnBudget(CLOSE_BATCH))
     handshakes: TurnBudget = field(default_factory=lambda: TurnBudget(HANDSHAKE_BATCH))
@@ -301,7 +328,8 @@ class H2GrpcServer:
         it to the loop failed), and one beyond the cap is closed before a transport exists."""
         path = self.path.encode()
         routes = {p.encode(): r for p, r in self.routes.items()}
-        cap = self.limits.connection_cap()
+        admission = self._admission = Admission[H2GrpcProtocol](self.limits.connection_cap(), self.limits.peer_cap(),
+                                                                 closable=lambda p: p.transport is not None)
         loop = asyncio.get_running_loop()
         stats = self.stats
         closer = self.closer
@@ -311,15 +339,26 @@ class H2GrpcServer:
             return H2Connection(path, self.handler, stats, limits, routes)
 
         def on_accept(sock: socket.socket) -> None:
-            if len(self._conns) >= cap:
-                stats.connections_refused += 1
-                if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
-                    log.warning("h2_connection_cap_reached", refused=stats.connections_refused)
+            try:
+                peer = str(sock.getpeername()[0])
+            except OSError:  # already reset by the peer
                 sock.close()
                 return
+            victims = admission.make_room(peer)
+            if victims is None:
+                stats.connections_refused += 1
+                if stats.connections_refused == 1 or stats.connections_refused % 1000 == 0:
+                    log.warning("h2_connection_cap_reached", refused=stats.connections_refused, peer=peer)
+                sock.close()
+                return
+            for victim in victims:
+                stats.connections_evicted += 1
+                victim.evict()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             proto = (H2GrpcProtocol(make_conn, stats, limits, self._forget, closer) if ssl is None else
                      TlsH2GrpcProtocol(make_conn, stats, limits, self._forget, ssl, closer, self.handshakes))
+            proto.on_proven = admission.proven
+            admission.add(proto, peer)
             self._conns.add(proto)
             task = loop.create_task(loop.connect_accepted_socket(lambda: proto, sock))
             self._accepting.add(task)
@@ -387,5 +426,7 @@ class H2GrpcServer:
 
     def _forget(self, proto: H2GrpcProtocol) -> None:
         self._conns.discard(proto)
+        if self._admission is not None:
+            self._admission.remove(proto)
         if not self._conns and self._all_gone is not None:
             self._all_gone.set()

@@ -1,0 +1,46 @@
+"""``dlb serve epp``: its flags, checked and turned into :class:`~dlb.epp.serve.EppOptions`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from dlb.errors import UsageError
+from dlb.ext_proc.cli import add_tracing_flags
+
+
+def run_epp(args: argparse.Namespace) -> int:
+    from dlb.epp.serve import EppOptions, run_epp
+    from dlb.ext_proc.cli import load_cell, tracing_options
+    from dlb.service.runner import run_event_loop
+
+    for flag, value in (("--drain-s", args.drain_s), ("--dns-period-s", args.dns_period_s), ("--scrape-period-ms", args.scrape_period_ms)):
+        if not 0 <= value < math.inf:
+            raise UsageError(f"{flag} must be >= 0 and finite, got {value}")
+    tracing = tracing_options(args, f"dlb-epp-{args.cell}")
+    cfg, cell = load_cell(args.config, args.cell)
+    listen = args.listen or str(cell.leaf.ext_proc or cell.leaf.probe)
+    run_event_loop(run_epp(cfg, EppOptions(
+        cell=args.cell, listen=listen, metrics=args.metrics or None, ready_file=args.ready_file,
+        scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, dns_period_s=args.dns_period_s,
+        shed_when_full=args.shed_when_full, drain_s=args.drain_s, tracing=tracing)))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("epp", help="Gateway API Inference Extension endpoint picker for one pool (a cell's servers)")
+    p.add_argument("--config", required=True, help="DLB config YAML; the pool is one cell's servers (IPs or DNS names)")
+    p.add_argument("--cell", required=True, help="the cell whose servers form the InferencePool")
+    p.add_argument("--listen", default=None,
+                   help="gRPC host:port for ext_proc, health and probes (default: cells[].leaf.ext_proc, else cells[].leaf.probe)")
+    p.add_argument("--metrics", default=None, help="Prometheus host:port (default: off)")
+    p.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid} JSON here once serving")
+    p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")
+    p.add_argument("--dns-period-s", type=float, default=5.0, help="re-resolve the pool's DNS names this often (0 = once)")
+    p.add_argument("--shed-when-full", action="store_true",
+                   help="answer 429 when every eligible endpoint's KV cache is full (default: queue there)")
+    add_tracing_flags(p, "pick")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")
+    p.add_argument("--drain-s", type=float, default=1.0,
+                   help="on SIGTERM: seconds of gRPC health NOT_SERVING before streams are closed")
+    p.set_defaults(func=run_epp)

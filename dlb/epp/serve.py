@@ -1,0 +1,122 @@
+"""Running the EPP (``dlb serve epp``): one grpc.aio server carrying ext_proc, health and the probe service.
+
+Why grpc.aio and not DLB's HTTP/2 transport: a GIE gateway sends the whole exchange and some messages
+need two replies or none (per-stream state, :mod:`dlb.epp.picker`); the HTTP/2 transport's handler
+answers each message with one reply and keeps no stream state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from dlb.config import Config
+from dlb.config.tls import component_identity
+from dlb.epp.health import epp_health_handler
+from dlb.epp.picker import EndpointPicker
+from dlb.epp.pool import follow_dns
+from dlb.ext_proc.leaf import LeafAgent
+from dlb.ext_proc.leaf_setup import state_from_config
+from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.log import get_logger
+from dlb.proto import probe_pb2_grpc
+from dlb.service.health import HealthState
+from dlb.service.metrics import Readiness, serve_metrics
+from dlb.service.ports import add_port
+from dlb.service.runner import write_ready
+from dlb.service.serve import serve_until_signal
+from dlb.service.tracing import TracingOptions, make_tracer
+
+log = get_logger("dlb.epp")
+
+
+@dataclass(frozen=True)
+class EppOptions:
+    """How one EPP runs (process concerns; the pick rule and fit come from the config's ``policy``)."""
+
+    cell: str
+    #: gRPC ``host:port`` of ext_proc + health + probe.
+    listen: str
+    metrics: str | None = None
+    ready_file: str | None = None
+    scrape_period_s: float = 0.2
+    seed: int | None = None
+    #: Re-resolve the pool's DNS names this often (0: resolve once, at start).
+    dns_period_s: float = 5.0
+    shed_when_full: bool = False
+    drain_s: float = 0.0
+    tracing: TracingOptions = field(default_factory=TracingOptions)
+
+
+def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic) -> grpc.GenericRpcHandler:
+    """ExternalProcessor.Process with one :class:`~dlb.epp.picker.EppStream` per call; its end releases the pick."""
+
+    async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        traceparent = None
+        if epp.tracer is not None:  # Envoy's trace context of this ext_proc call, when its tracer is on
+            traceparent = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
+        stream = epp.stream(traceparent if isinstance(traceparent, str) else None)
+        try:
+            async for raw in requests:
+                t0 = time.perf_counter()
+                replies = stream.on_message(ep.ProcessingRequest.FromString(raw), clock())
+                agent.processing.observe(time.perf_counter() - t0)
+                for reply in replies:
+                    yield reply
+        finally:
+            stream.finish(clock(), aborted=True)  # nothing if the response already ended
+
+    method = grpc.stream_stream_rpc_method_handler(process, request_deserializer=None, response_serializer=None)
+    service, _, name = PROCESS_METHOD.strip("/").rpartition("/")
+    return grpc.method_handlers_generic_handler(service, {name: method})
+
+
+async def run_epp(cfg: Config, opts: EppOptions) -> None:
+    """Serve the EPP for the pool of ``cfg``'s cell ``opts.cell`` until SIGTERM, then drain."""
+    lp = cfg.policy.leaf
+    state = state_from_config(cfg, opts.cell, lp.pick_params.choices, opts.seed, lp.fit.refit_period_s, lp.fit.window_s,
+                              pick_rule=lp.pick)
+    agent = LeafAgent(state)
+    tracer = make_tracer(opts.tracing)
+    epp = EndpointPicker(state, shed_when_full=opts.shed_when_full, tracer=tracer)
+    health = HealthState()
+    readiness = Readiness()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
+    server.add_generic_rpc_handlers((ext_proc_handler(epp, agent), epp_health_handler(health, lambda: readiness.ready)))
+    probe_pb2_grpc.add_ProbeServicer_to_server(agent.probe, server)
+    port = add_port(server, opts.listen, component_identity(cfg.tls, "leaf", opts.cell, cfg.source))
+    metrics_port = None
+    if opts.metrics:
+        host, _, mport = opts.metrics.rpartition(":")
+
+        # The leaf's families (dlb_leaf_*, docs/metrics.md): the EPP is the leaf behind GIE's protocol. Its
+        # 503/429 replies show in the gateway's access log and stats (response code details dlb_no_capacity).
+        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+    await server.start()
+    readiness.ready = True
+    bg = agent.background
+    tasks = [asyncio.create_task(bg.fit_loop())]
+    if opts.scrape_period_s > 0:
+        tasks.append(asyncio.create_task(bg.scrape_loop(opts.scrape_period_s, min(1.0, max(0.2, opts.scrape_period_s)))))
+    if opts.dns_period_s > 0:
+        tasks.append(asyncio.create_task(follow_dns(cfg, opts.cell, state, opts.dns_period_s)))
+    log.info("epp_started", pool=opts.cell, grpc_port=port, metrics_port=metrics_port, endpoints=[s.address for s in state.servers],
+             pick=state.pick_rule)
+    if opts.ready_file:
+        write_ready(opts.ready_file, {"grpc": port, "metrics": metrics_port, "pid": os.getpid()})
+
+    async def on_stop() -> None:
+        readiness.ready = False
+        for t in tasks:
+            t.cancel()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # flush the spans still buffered
+        log.info("epp_stopping", pool=opts.cell)
+
+    await serve_until_signal(server, on_stop, health=health, drain_s=opts.drain_s)
