@@ -80,9 +80,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--replicas", default="1,4,16", help="root replicas per cell to run (default %(default)s)")
     p.add_argument("--noise", default="0,0.25", help="model errors ε to run; 0 = exact (default %(default)s)")
     p.add_argument("--rule", choices=("relaxation", "delay-only", "both"), default=None,
-                   help="flow step delay rule: τ̄ counts the slowest queue's relaxation time (relaxation, the "
-                   "router's default) or only network + probe delay (delay-only); default: both for the dynamics "
-                   "set, relaxation otherwise")
+                   help="flow step delay rule: τ̄ is network + probe delay (delay-only, the router's default) or "
+                   "also counts the slowest queue's relaxation time (relaxation); default: both for the dynamics "
+                   "set, the router's otherwise")
     p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None,
@@ -159,7 +159,7 @@ def run_cli(args: argparse.Namespace) -> int:
     known = [g for g, _ in SCALE_GRAPHS]
     if not graphs or any(g not in known for g in graphs):
         raise UsageError(f"--graphs: choose from {known}, got {args.graphs!r}")
-    rules: tuple[bool, ...] = (True,)
+    rules: tuple[bool, ...] = (FlowConfig().relaxation_delay,)
     if args.topology_set == "scale":
         nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"), graphs, loads or (None,))
     elif args.topology_set == "dynamics":

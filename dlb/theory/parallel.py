@@ -50,7 +50,7 @@ class Sweep:
     replicas: tuple[int, ...] = (1,)
     noises: tuple[float, ...] = (0.0,)
     #: FlowConfig.relaxation_delay values to run (False: the delay-only rule).
-    rules: tuple[bool, ...] = (True,)
+    rules: tuple[bool, ...] = (FlowConfig().relaxation_delay,)
 
 
 def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, sweep: Sweep, jobs: int,

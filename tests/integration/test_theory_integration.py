@@ -120,8 +120,8 @@ def test_dynamics_case_settles_under_the_delay_only_rule() -> None:
     assert rec.overflow == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped relaxation rule evaluates T at the current state: 164 % above the "
-                   "optimum at 600 s (research/theory.md, 'Queue dynamics'); remove this mark when it settles")
-def test_dynamics_case_settles_under_the_shipped_rule() -> None:
+@pytest.mark.xfail(strict=True, reason="the relaxation rule (off by default) evaluates T at the current state: 164 % "
+                   "above the optimum at 600 s (research/theory.md, 'Queue dynamics'); remove this mark when it settles")
+def test_dynamics_case_settles_under_the_relaxation_rule() -> None:
     rec = _dynamics_record(True)
     assert abs(rec.latency_gap) <= th.FLOW_GRAD_TARGET and rec.amplitude <= th.AMPLITUDE_LIMIT, rec

@@ -253,7 +253,8 @@ def test_load_sets_the_demand_and_keeps_every_topology() -> None:
         np.testing.assert_array_equal(net.allowed, new[name].allowed)
 
 
-def test_targets_judge_the_shipped_delay_rule_only() -> None:
-    ok = th.Record("T", "Flow-Grad", 0.004, 0.0, 0.0, 0.0)
-    old = th.Record("T", "Flow-Grad", 0.5, 0.0, 0.3, 0.0, rule="delay-only")
+def test_targets_judge_the_routers_default_delay_rule_only() -> None:
+    ok = th.Record("T", "Flow-Grad", 0.004, 0.0, 0.0, 0.0, rule=th.rule_name(FlowConfig()))
+    other = th.rule_name(FlowConfig(relaxation_delay=not FlowConfig().relaxation_delay))
+    old = th.Record("T", "Flow-Grad", 0.5, 0.0, 0.3, 0.0, rule=other)
     assert th.targets([ok, old]) == th.targets([ok])
