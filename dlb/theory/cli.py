@@ -17,7 +17,19 @@ from dlb.core.flow import FlowConfig
 from dlb.errors import UsageError
 from dlb.resumable import json_lines
 from dlb.theory import parallel
-from dlb.theory.fluid import POLICIES, SCALE_SIZES, Record, SimConfig, format_table, networks, scale_networks, targets
+from dlb.theory.fluid import (
+    BUFFER_RHO,
+    POLICIES,
+    SCALE_GRAPHS,
+    SCALE_SIZES,
+    Record,
+    SimConfig,
+    dynamics_network,
+    format_table,
+    networks,
+    scale_networks,
+    targets,
+)
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -51,10 +63,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "equilibria solved with scipy.optimize."
         ),
     )
-    p.add_argument("--set", dest="topology_set", choices=("scale", "paper"), default="scale",
-                   help="topology set: 'scale' = complete and sparse graphs of 2, 6, 12 cells (default); "
-                   "'paper' = --topologies random 3–6-cell, 70%%-dense graphs")
+    p.add_argument("--set", dest="topology_set", choices=("scale", "paper", "dynamics"), default="scale",
+                   help="topology set: 'scale' = complete and sparse graphs of --sizes cells (default); "
+                   "'paper' = --topologies random 3–6-cell, 70%%-dense graphs; 'dynamics' = a 2-cell case whose "
+                   "queue relaxes far slower than the network answers, run under both flow delay rules")
     p.add_argument("--sizes", default=",".join(str(n) for n in SCALE_SIZES), help="cell counts of the scale set (default %(default)s)")
+    p.add_argument("--graphs", default=",".join(g for g, _ in SCALE_GRAPHS), help="graphs of the scale set (default %(default)s)")
+    p.add_argument("--load", default=None,
+                   help="demand as fractions of capacity, e.g. 0.85,0.95 (default: scale and paper sets draw "
+                   "60–85%%; dynamics 0.95)")
     p.add_argument("--topologies", type=int, default=12, help="number of random topologies of the paper set (default 12)")
     p.add_argument("--seed", type=int, default=0, help="seed of the topology generator (default 0)")
     p.add_argument("--horizon", type=float, default=SimConfig.horizon_s, help="simulated seconds per run (default %(default)s)")
@@ -62,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of %(default)s")
     p.add_argument("--replicas", default="1,4,16", help="root replicas per cell to run (default %(default)s)")
     p.add_argument("--noise", default="0,0.25", help="model errors ε to run; 0 = exact (default %(default)s)")
+    p.add_argument("--rule", choices=("relaxation", "delay-only", "both"), default=None,
+                   help="flow step delay rule: τ̄ is network + probe delay (delay-only, the router's default) or "
+                   "also counts the slowest queue's relaxation time (relaxation); default: both for the dynamics "
+                   "set, the router's otherwise")
     p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None,
@@ -87,7 +108,7 @@ def _check_json_path(path: str) -> None:
 def _resumed(partial: str, settings: dict[str, Any]) -> list[Record]:
     """Records of an interrupted run with the same settings (code included) in ``partial``; other lines
     (other settings, a line cut by the interruption) are skipped and counted on stderr."""
-    kept: dict[tuple[str, int, float, str], Record] = {}
+    kept: dict[tuple[str, int, float, str, str], Record] = {}
     skipped = 0
     fields = set(Record.__dataclass_fields__)
     try:
@@ -97,7 +118,7 @@ def _resumed(partial: str, settings: dict[str, Any]) -> list[Record]:
             except (TypeError, AttributeError):
                 rec = None
             if rec is not None:
-                kept[(rec.topology, rec.replicas, rec.noise, rec.policy)] = rec
+                kept[parallel.job_key(rec)] = rec
             elif line.strip():
                 skipped += 1
     except OSError as e:
@@ -131,16 +152,32 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.json_path:
         _check_json_path(args.json_path)
     jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
+    loads = _floats(args.load, "--load") if args.load is not None else None
+    if loads is not None and (min(loads) <= 0 or max(loads) >= BUFFER_RHO):
+        raise UsageError(f"--load: values must be in (0, {BUFFER_RHO:g}) (the buffers fill at {BUFFER_RHO:g}): {args.load!r}")
+    graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
+    known = [g for g, _ in SCALE_GRAPHS]
+    if not graphs or any(g not in known for g in graphs):
+        raise UsageError(f"--graphs: choose from {known}, got {args.graphs!r}")
+    rules: tuple[bool, ...] = (FlowConfig().relaxation_delay,)
     if args.topology_set == "scale":
-        nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"))
+        nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"), graphs, loads or (None,))
+    elif args.topology_set == "dynamics":
+        nets = [dynamics_network(x) for x in loads or (0.95,)]
+        rules = (False, True)  # the delay-only rule and the shipped one, side by side
+    elif loads is not None:
+        raise UsageError("--load applies to the scale and dynamics sets")
     else:
         nets = networks(args.topologies, args.seed)
+    if args.rule is not None:
+        rules = {"relaxation": (True,), "delay-only": (False,), "both": (False, True)}[args.rule]
     commit = getattr(args, "provenance_commit", None) or "unknown"  # filled in by dlb.cli
     code = getattr(args, "provenance_code", None) or "unknown"
     settings = {"code": code, "set": args.topology_set, "sizes": args.sizes, "topologies": args.topologies,
-                "seed": args.seed, "horizon": args.horizon, "window": window, "kappa": args.kappa}
+                "seed": args.seed, "horizon": args.horizon, "window": window, "kappa": args.kappa,
+                "graphs": args.graphs, "load": args.load, "rule": args.rule}
     start = time.monotonic()
-    total = len(nets) * len(replicas) * len(noises) * len(policies)
+    total = len(nets) * len(replicas) * len(noises) * len(policies) * len(rules)
     partial = f"{args.json_path}.partial.jsonl" if args.json_path else None
     done: list[Record] = []
     if partial and args.resume:
@@ -161,14 +198,14 @@ def run_cli(args: argparse.Namespace) -> int:
         finished += len(recs)
         for r in recs:
             print(f"[{finished}/{total}, {time.monotonic() - start:.0f} s] {r.topology} {r.policy} R={r.replicas} "
-                  f"ε={r.noise:g}: latency_gap {100 * r.latency_gap:.3f}%", file=sys.stderr, flush=True)
+                  f"ε={r.noise:g} {r.rule}: latency_gap {100 * r.latency_gap:.3f}%", file=sys.stderr, flush=True)
         if partial:
             with open(partial, "a", encoding="utf-8") as fh:
                 for r in recs:
                     fh.write(json.dumps({**asdict(r), "commit": commit, "code": code, "settings": settings}) + "\n")
 
     try:
-        records = parallel.run_parallel(nets, cfg, parallel.Sweep(policies, window, replicas, noises), jobs,
+        records = parallel.run_parallel(nets, cfg, parallel.Sweep(policies, window, replicas, noises, rules), jobs,
                                         on_records=progress, done=done)
     except KeyboardInterrupt:
         where = f"; the {finished} finished record(s) are in {partial}, continue with --resume" if partial else ""

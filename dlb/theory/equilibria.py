@@ -19,7 +19,8 @@ routers' end states is evidence, not a tautology.
   ``brentq``), which the tests use to cross-check the general solver.
 
 Cells are strictly below capacity at every solution (Assumption 2 makes a feasible routing exist and
-the marginal costs blow up at capacity). :func:`solve` starts from the routing that minimises the
+the marginal costs blow up at capacity); with buffers (``FluidNetwork.buffer``) a cell's workload is
+also bounded by its buffer, and a cell held there may be cheaper than the arcs in use. :func:`solve` starts from the routing that minimises the
 largest utilisation (an LP) and works in workload space, where the problem stays well conditioned;
 every answer is checked by its complementary-slackness residual (:func:`kkt_residual`), and when SLSQP
 stopped short (it sometimes reports success at a non-stationary point) it is rerun over the routing
@@ -53,7 +54,7 @@ class FluidNetwork:
     """The data of the fluid model: arrival rates, latency models, one-way delays, allowed arcs.
 
     Arrays: ``lam`` (n,), ``a, b, c, s, replicas`` (n,), ``tau`` (n, n) one-way seconds, ``allowed``
-    (n, n) bool. ``name`` labels reports.
+    (n, n) bool, ``buffer`` (n,) or None. ``name`` labels reports.
     """
 
     name: str
@@ -65,6 +66,9 @@ class FluidNetwork:
     replicas: np.ndarray
     tau: np.ndarray
     allowed: np.ndarray
+    #: Per-cell buffer (requests a cell can hold: servers' slots + queues); inflow beyond it is lost.
+    #: ``None``: unbounded (the paper's model).
+    buffer: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -173,10 +177,13 @@ def kkt_residual(objective: Objective, x: np.ndarray, net: FluidNetwork, tol: fl
     z = (net.lam[:, None] * x).sum(axis=0)
     n = workload(z, net)
     cost = _cell_marginal(objective, n, net)[None, :] + _network_terms(objective, net)
+    # A cell held at its buffer has a binding capacity constraint: it may be cheaper than the arcs in use.
+    full = n >= net.buffer * (1.0 - 1e-6) if net.buffer is not None else np.zeros(net.n, bool)
     worst = 0.0
     for i in range(net.n):
         allowed = net.allowed[i]
-        best = float(cost[i, allowed].min())
+        open_ = allowed & ~full if (allowed & ~full).any() else allowed
+        best = float(cost[i, open_].min())
         used = allowed & (x[i] > tol)
         if used.any():
             worst = max(worst, float((cost[i, used] - best).max()))
@@ -208,13 +215,21 @@ def balanced_routing(lam: np.ndarray, capacity: np.ndarray, allowed: np.ndarray)
     return x / x.sum(axis=1, keepdims=True), float(res.x[-1])
 
 
+def _inflow_cap(net: FluidNetwork) -> np.ndarray:
+    """Largest inflow the solvers treat as servable: 99.9 % of capacity, or what the buffer holds."""
+    cap = 0.999 * net.capacity
+    if net.buffer is None:
+        return cap
+    return np.minimum(cap, service_rate(net.buffer, net.a, net.b, net.c, net.s))
+
+
 def _inflow_objective(objective: Objective, z: np.ndarray, net: FluidNetwork) -> tuple[np.ndarray, np.ndarray]:
     """Per-cell potential P_j(z_j) and P_j'(z_j), continued past 99.9 % of capacity by a steep quadratic.
 
     The continuation keeps P convex and C¹ so a line search may probe beyond capacity without
     meeting ``inf``; it never changes the minimiser, which is strictly inside capacity.
     """
-    zc = 0.999 * net.capacity
+    zc = _inflow_cap(net)
     inside = np.minimum(z, zc)
     nn = workload(inside, net)
     p = _cell_primitive(objective, nn, net)
@@ -293,7 +308,8 @@ def solve(objective: Objective, net: FluidNetwork, x0: np.ndarray | None = None,
         bottom = np.hstack([-a_in / net.capacity[:, None], np.diag(d_service_rate(nn, *theta) * unit / net.capacity)])
         return np.vstack([top, bottom])
 
-    bounds = [(0.0, 1.0)] * m + [(0.0, None)] * n
+    top = net.buffer / unit if net.buffer is not None else [None] * n
+    bounds = [(0.0, 1.0)] * m + [(0.0, hi) for hi in top]
     cons = [{"type": "eq", "fun": balance, "jac": balance_jac}]
 
     def routing(v: np.ndarray) -> np.ndarray:

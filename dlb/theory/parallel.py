@@ -10,9 +10,19 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from dlb.core.flow import FlowConfig
 from dlb.resumable import ignore_sigint
 from dlb.theory.equilibria import Equilibrium, FluidNetwork, Objective
-from dlb.theory.fluid import Record, SimConfig, equilibria, run
+from dlb.theory.fluid import Record, SimConfig, equilibria, rule_name, run
+
+
+def job_key(rec: Record) -> tuple[str, int, float, str, str]:
+    """What identifies a record's job: topology, R, ε, policy and flow delay rule."""
+    return (rec.topology, rec.replicas, rec.noise, rec.policy, rec.rule)
+
+
+def _rule(relaxation: bool) -> str:
+    return rule_name(FlowConfig(relaxation_delay=relaxation))
 
 
 def _run_one(job: tuple[FluidNetwork, SimConfig, list[str], float, dict[Objective, Equilibrium]]) -> list[Record]:
@@ -39,6 +49,8 @@ class Sweep:
     window: float
     replicas: tuple[int, ...] = (1,)
     noises: tuple[float, ...] = (0.0,)
+    #: FlowConfig.relaxation_delay values to run (False: the delay-only rule).
+    rules: tuple[bool, ...] = (FlowConfig().relaxation_delay,)
 
 
 def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, sweep: Sweep, jobs: int,
@@ -55,10 +67,11 @@ def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, sweep: Sweep, jobs: i
     are not run again (``dlb theory --resume``).
     """
     policies, window = sweep.policies, sweep.window
-    work = [(net, r, e, p) for net in nets for r in sweep.replicas for e in sweep.noises for p in policies]
-    have = {(rec.topology, rec.replicas, rec.noise, rec.policy) for rec in done}
-    order = {(net.name, r, e, p): k for k, (net, r, e, p) in enumerate(work)}
-    work = [w for w in work if (w[0].name, w[1], w[2], w[3]) not in have]
+    work = [(net, r, e, p, q) for net in nets for r in sweep.replicas for e in sweep.noises for p in policies
+            for q in sweep.rules]
+    have = {job_key(rec) for rec in done}
+    order = {(net.name, r, e, p, _rule(q)): k for k, (net, r, e, p, q) in enumerate(work)}
+    work = [w for w in work if (w[0].name, w[1], w[2], w[3], _rule(w[4])) not in have]
     pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=ignore_sigint) if jobs > 1 and len(work) > 1 else None
     try:
         need = [net for net in nets if any(w[0] is net for w in work)]  # a resumed run may have all of one
@@ -67,15 +80,16 @@ def run_parallel(nets: list[FluidNetwork], cfg: SimConfig, sweep: Sweep, jobs: i
         else:
             solved = [_solve_one((net, policies)) for net in need]
         eqs = {net.name: s for net, s in zip(need, solved, strict=True)}
-        todo = [(net, replace(cfg, root_replicas=r, noise_eps=e), [p], window, eqs[net.name]) for net, r, e, p in work]
+        todo = [(net, replace(cfg, root_replicas=r, noise_eps=e, flow=replace(cfg.flow, relaxation_delay=q)), [p], window,
+                 eqs[net.name]) for net, r, e, p, q in work]
         todo.sort(key=_job_cost, reverse=True)
         results = pool.imap_unordered(_run_one, todo, chunksize=1) if pool is not None else map(_run_one, todo)
-        out = [rec for rec in done if (rec.topology, rec.replicas, rec.noise, rec.policy) in order]
+        out = [rec for rec in done if job_key(rec) in order]
         for recs in results:
             out += recs
             if on_records is not None:
                 on_records(recs)
-        return sorted(out, key=lambda rec: order[(rec.topology, rec.replicas, rec.noise, rec.policy)])
+        return sorted(out, key=lambda rec: order[job_key(rec)])
     finally:
         if pool is not None:
             pool.terminate()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_theory import small_networks
 
 from dlb import cli
+from dlb.core.flow import FlowConfig
 from dlb.theory import equilibria as eq
 from dlb.theory import fluid as th
 from dlb.theory import parallel
@@ -78,7 +80,7 @@ def test_cli_resumes_an_interrupted_run_and_refuses_bad_settings(tmp_path, monke
     assert len(full) == 4 and {r["code"] for r in full} == {"tree-a"}
     assert not (tmp_path / "t.json.partial.jsonl").exists()
     settings = {"code": "tree-a", "set": "scale", "sizes": "2", "topologies": 12, "seed": 0, "horizon": 20.0,
-                "window": 10.0, "kappa": 1.0}
+                "window": 10.0, "kappa": 1.0, "graphs": "complete,sparse", "load": None, "rule": None}
     partial = tmp_path / "t.json.partial.jsonl"
     partial.write_text("".join(json.dumps({**r, "settings": settings}) + "\n" for r in full[:2]) + '{"topol')
     f.unlink()
@@ -101,3 +103,25 @@ def test_cli_resumes_an_interrupted_run_and_refuses_bad_settings(tmp_path, monke
     monkeypatch.setattr(parallel, "run_parallel", interrupted)
     assert cli.main(base) == 130
     assert "continue with --resume" in capsys.readouterr().err
+
+
+def _dynamics_record(relaxation: bool) -> th.Record:
+    net = th.dynamics_network(0.95)
+    cfg = th.SimConfig(horizon_s=480.0, flow=FlowConfig(relaxation_delay=relaxation))
+    return th.run([net], cfg, ["Flow-Grad"])[0]
+
+
+def test_dynamics_case_settles_under_the_delay_only_rule() -> None:
+    """``dlb theory --set dynamics``: a queue relaxing in ~57 s behind a 0.2-s loop. Linearised, the
+    delay-only loop K·e^{−sτ}/(s(1 + sT)) keeps a phase margin ≈ (1 − Kτ)/√(KT) > 0 for Kτ < 1 whatever
+    T (research/theory.md, "Queue dynamics"): x settles in ~2 min and N relaxes with T, no cycle."""
+    rec = _dynamics_record(False)
+    assert abs(rec.latency_gap) <= th.FLOW_GRAD_TARGET and rec.amplitude <= th.AMPLITUDE_LIMIT, rec
+    assert rec.overflow == 0.0
+
+
+@pytest.mark.xfail(strict=True, reason="the relaxation rule (off by default) evaluates T at the current state: 164 % "
+                   "above the optimum at 600 s (research/theory.md, 'Queue dynamics'); remove this mark when it settles")
+def test_dynamics_case_settles_under_the_relaxation_rule() -> None:
+    rec = _dynamics_record(True)
+    assert abs(rec.latency_gap) <= th.FLOW_GRAD_TARGET and rec.amplitude <= th.AMPLITUDE_LIMIT, rec

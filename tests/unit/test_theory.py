@@ -212,3 +212,49 @@ def test_each_network_is_solved_once_for_every_replica_count_and_noise(monkeypat
     recs = parallel.run_parallel([net], th.SimConfig(horizon_s=2.0), parallel.Sweep(["Flow-RIF"], 1.0, (1, 2), (0.0, 0.25)), 1)
     assert len(recs) == 4 and len({r.equilibrium_latency_gap for r in recs}) == 1
     assert len(calls) == 2  # RIF (Flow-RIF's) and the optimum, once
+
+
+def one_cell(lam: float) -> eq.FluidNetwork:
+    """One cell fed ``lam`` requests/s (capacity 1/b = 50), with the generator's buffer."""
+    net = eq.FluidNetwork(name="one", lam=np.array([lam]), a=np.array([0.8]), b=np.array([0.02]), c=np.array([20.0]),
+                          s=np.array([4.0]), replicas=np.array([4.0]), tau=np.array([[0.0005]]),
+                          allowed=np.array([[True]]))
+    return eq.FluidNetwork(**{**net.__dict__, "buffer": th.buffers(net)})
+
+
+def test_a_full_buffer_holds_its_workload_and_loses_the_rest() -> None:
+    """Past the buffer the cell serves μ(B) = 0.99/b and the rest of the inflow is lost (the record's
+    overflow); without the buffer N would grow without bound and nothing would be counted."""
+    net = one_cell(100.0)
+    b_full = float(net.buffer[0])
+    assert service_rate(b_full, 0.8, 0.02, 20.0, 4.0) == pytest.approx(th.BUFFER_RHO * 50.0, rel=1e-9)
+    traj = th.simulate(net, "Flow-RIF", th.SimConfig(horizon_s=120.0))
+    assert traj.N[-1, 0] == pytest.approx(b_full, rel=1e-12)
+    opt = eq.solve(eq.Objective.OPTIMUM, one_cell(40.0))  # any equilibrium: compare() needs one
+    rec = th.compare(net, "Flow-RIF", traj, opt, opt, 20.0)
+    assert rec.overflow == pytest.approx((100.0 - th.BUFFER_RHO * 50.0) / 100.0, rel=1e-3)
+    assert th.compare(one_cell(40.0), "Flow-RIF", th.simulate(one_cell(40.0), "Flow-RIF", th.SimConfig(horizon_s=60.0)),
+                      opt, opt, 20.0).overflow == 0.0
+
+
+def test_load_sets_the_demand_and_keeps_every_topology() -> None:
+    """--load scales the demand only; adding size 10 or a load leaves the older sizes' draws alone."""
+    by_load = th.scale_networks(0, (2, 6), ("complete",), (0.85, 0.95))
+    assert [n.name for n in by_load] == ["C02@85", "C06@85", "C02@95", "C06@95"]
+    for lo, hi in zip(by_load[:2], by_load[2:], strict=True):
+        assert lo.utilisation == pytest.approx(0.85) and hi.utilisation == pytest.approx(0.95)
+        np.testing.assert_array_equal(lo.a, hi.a)
+        np.testing.assert_array_equal(lo.tau, hi.tau)
+    old = {n.name: n for n in th.scale_networks(0, (2, 6, 12))}
+    new = {n.name: n for n in th.scale_networks(0, (2, 6, 10, 12))}
+    assert set(new) == set(old) | {"C10", "S10"}
+    for name, net in old.items():
+        np.testing.assert_array_equal(net.lam, new[name].lam)
+        np.testing.assert_array_equal(net.allowed, new[name].allowed)
+
+
+def test_targets_judge_the_routers_default_delay_rule_only() -> None:
+    ok = th.Record("T", "Flow-Grad", 0.004, 0.0, 0.0, 0.0, rule=th.rule_name(FlowConfig()))
+    other = th.rule_name(FlowConfig(relaxation_delay=not FlowConfig().relaxation_delay))
+    old = th.Record("T", "Flow-Grad", 0.5, 0.0, 0.3, 0.0, rule=other)
+    assert th.targets([ok, old]) == th.targets([ok])
