@@ -42,6 +42,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bfio/study.json*", "dlb bfio study --milp --json FILE --plots research/img"),
     ("img/bfio_*.png", "dlb bfio study --milp --json research/bfio/study.json --plots research/img"),
     ("sim/issue-11/theory-scale*", "dlb theory --json FILE (sizes and policies: research/sim/issue-11/README.md)"),
+    ("sim/theory-load/flow-grad-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
+                                    "--replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/targets-delay-only*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
      "--policies Flow-Grad --replicas 1 --noise 0 --rule delay-only --jobs 1 --json FILE"),
     ("sim/theory-load/targets*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
