@@ -57,6 +57,9 @@ def describe_root(svc: RootService) -> Describe:
             return out
         router = state.router
         chosen = next((svc.cell_names[i] for i, r in enumerate(svc.responses) if r is reply), "")
+        if not chosen:  # a pick with a fallback cell (x-dlb-fallback-cell) is a reply of its own
+            chosen = next((svc.cell_names[i] for i, row in enumerate(svc.fallback_responses)
+                           if any(r is reply for r in row)), "")
         out.update({"dlb.endpoint": state.name, "dlb.policy": router.policy.name, "dlb.cell": chosen})
         costs = router.costs(svc.clock())
         for j, cell in enumerate(svc.cell_names):
