@@ -67,7 +67,7 @@ class LeafAgent:
         self.access_log.on_batch = self.release
 
     # -- ext_proc (request path) -------------------------------------------------------------------
-    def handle(self, message: bytes) -> tuple[bytes, bool]:
+    def handle(self, message: bytes) -> tuple[bytes | Later, bool]:
         """One serialised ``ProcessingRequest`` in, ``(reply, end_of_call)`` out (both transports).
 
         The call stays open after the pick (``end`` False): an Envoy configured to send response
@@ -89,7 +89,7 @@ class LeafAgent:
                         length = None
             i = self.state.pick(self.clock(), rid, length)
             if i >= 0:
-                out = self.responses[i]
+                out: bytes | Later = self.responses[i]
             elif i == HELD:
                 out = self._hold(self.state.last_held)
             else:

@@ -18,6 +18,7 @@ from dlb.envoy.contract import TRACEPARENT
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.protocol import MessageHandler, header_value
 from dlb.ext_proc.root import RootService
+from dlb.ext_proc.transport.h2 import Later
 from dlb.service.tracing import AttributeValue, Tracer
 
 TRACE_BYTES = TRACEPARENT.encode()
@@ -27,10 +28,10 @@ Describe = Callable[[ep.ProcessingRequest, bytes], Mapping[str, AttributeValue]]
 def traced(handle: MessageHandler, tracer: Tracer, name: str, describe: Describe) -> MessageHandler:
     """``handle`` recording a span named ``name`` for each request-headers message."""
 
-    def run(message: bytes) -> tuple[bytes | None, bool]:
+    def run(message: bytes) -> tuple[bytes | Later | None, bool]:
         start = time.time_ns()
         reply, end = handle(message)
-        if reply is None:
+        if reply is None or isinstance(reply, Later):  # a held request's pick comes later: no span for it
             return reply, end
         req = parent = None
         if TRACE_BYTES in message:  # the parent's flag decides: parse to read it
