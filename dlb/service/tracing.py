@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlb.errors import UsageError
+
 AttributeValue = str | int | float | bool
 
 
@@ -90,5 +92,26 @@ class Tracer:
         self._provider.shutdown()
 
 
+def otlp_unavailable() -> str | None:
+    """Why the OTLP exporter cannot load in this environment (None: it can).
+
+    xds-protos (Envoy's API) ships an older copy of opentelemetry-proto's modules at the same paths; when
+    pip installs it after opentelemetry-proto (as a fresh ``pip install -e .`` does), the exporter's
+    imports fail. Named here so a service asked to trace says so in one line instead of a traceback.
+    """
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: F401
+    except ImportError as e:
+        return (f"the OTLP exporter cannot load ({e}): xds-protos installed an older copy of opentelemetry-proto's "
+                "modules over it; `pip install --force-reinstall --no-deps opentelemetry-proto` restores them")
+    return None
+
+
 def make_tracer(options: TracingOptions) -> Tracer | None:
-    return Tracer(options) if options.otlp_endpoint else None
+    """The service's tracer, or None when tracing is off; UsageError when it is on but cannot export."""
+    if not options.otlp_endpoint:
+        return None
+    reason = otlp_unavailable()
+    if reason is not None:
+        raise UsageError(f"--otlp-endpoint: {reason}")
+    return Tracer(options)

@@ -8,9 +8,10 @@ import pytest
 from bounded_wait import until
 from test_epp_tracing import Collector
 
+from dlb.service.tracing import otlp_unavailable
 from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 
-pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180), pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")]
 
 ENDPOINT = {"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "latency"},
             "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 4, "s": 1}}

@@ -19,10 +19,11 @@ from test_up import REPO, _read_until
 from dlb.emulator.server import ThreadedEmulator
 from dlb.launch.supervisor import processes_of_run
 from dlb.procutil import free_port
+from dlb.service.tracing import otlp_unavailable
 from dlb.testbed.fleet import CellPlan, Fleet, demo_config
 from dlb.testbed.stack import request
 
-pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240), pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")]
 TRACE_ID, CLIENT_SPAN = "5af7651916cd43dd8448eb211c80319d", "c7ad6b7169203331"
 TRACED = 12
 

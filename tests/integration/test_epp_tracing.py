@@ -16,9 +16,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from dlb.procutil import free_port
+from dlb.service.tracing import otlp_unavailable
 from dlb.testbed.process import ServiceProcess
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")]
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
