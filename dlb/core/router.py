@@ -398,8 +398,7 @@ class RootRouter:
         lam = fleet_rate(n_obs[usable], m.a[usable], m.b[usable], m.c[usable], m.s[usable], cfg.min_rate_fraction)
         g, relax = self._g_scale(n_obs, usable, in_use, lam)
         # τ̄: the feedback delay (plus the slowest in-use cell's queue relaxation time if configured; flow.py).
-        delay = feedback_delay(self.rtt, usable, cfg.period_s, relax if cfg.relaxation_delay else 0.0,
-                               cfg.min_delay_s)
+        delay = feedback_delay(self.rtt, usable, cfg.period_s, relax, cfg.min_delay_s)
         if not cfg.adaptive_gain:
             self.x = flow_step(self.x, costs, usable, dt, delay, lam * g, cfg)
             return
@@ -410,7 +409,8 @@ class RootRouter:
     def _g_scale(self, n_obs: np.ndarray, usable: np.ndarray, in_use: np.ndarray,
                  fleet: float) -> tuple[float | np.ndarray, float]:
         """g_j = |c_j'(N)|/μ_j'(N) at N clipped to [N_ref, N_sat], per usable cell (flow.py), and the
-        largest relaxation time 1/μ_j'(N) (at most ℓ/(1 − GRAD_MAX_RHO)) of the calm cells in use.
+        largest relaxation time 1/μ_j'(N) (at most ℓ/(1 − GRAD_MAX_RHO)) of the calm cells in use (0 unless
+        FlowConfig.relaxation_delay).
 
         An overloaded cell (N past saturation) has no equilibrium to stabilise, and its g(N_sat)
         (∝ (1 − ρ)⁻³ for the gradient cost) would shrink the very step that empties it: it takes the
@@ -446,9 +446,11 @@ class RootRouter:
         calm = in_use & ~over
         ref = calm if calm.any() else in_use
         mean_g = float(g[ref].mean())
-        relax = np.zeros(len(usable))
-        relax[usable] = np.minimum(1.0 / dmu, latency(nn, a, b, c, s) / (1.0 - GRAD_MAX_RHO))
-        slowest = float(relax[ref].max())
+        slowest = 0.0
+        if cfg.relaxation_delay:  # off by default: no work on every step for a term nobody adds
+            relax = np.zeros(len(usable))
+            relax[usable] = np.minimum(1.0 / dmu, latency(nn, a, b, c, s) / (1.0 - GRAD_MAX_RHO))
+            slowest = float(relax[ref].max())
         if not cfg.per_cell_scale:
             return mean_g, slowest
         g[over] = mean_g

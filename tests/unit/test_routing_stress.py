@@ -71,27 +71,27 @@ def test_flow_aversion_lives_in_x_so_the_vector_is_the_split_served() -> None:
     assert np.mean(picks == 1) == pytest.approx(r.x[1], abs=0.03)
 
 
+def aversion_after(errors: list[float], rif: float, periods: int) -> np.ndarray:
+    """The aversion rates of a discrete root over three equal cells probed with ``errors`` and ``rif``."""
+    topo = Topology.build(["a", "b", "c"], [4, 4, 4], np.full((3, 3), 0.01) - 0.01 * np.eye(3))
+    r = RootRouter(topo, 0, PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY), P, np.random.default_rng(0))
+    for k in range(periods):
+        for j, e in enumerate(errors):
+            r.on_probe(j, float(k), rif, P, e, seen_until=float(k))
+        r.tick(float(k))
+    return r.aversion
+
+
 def test_when_every_cell_overflows_aversion_does_not_herd() -> None:
     """Every cell past capacity and failing about equally: nowhere to divert to, so no cell is averted
     (the old rule raised every rate but the best cell's toward the cap)."""
-    topo = Topology.build(["a", "b", "c"], [4, 4, 4], np.full((3, 3), 0.01) - 0.01 * np.eye(3))
-    r = RootRouter(topo, 0, PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY), P, np.random.default_rng(0))
-    for k in range(10):
-        for j, e in enumerate([0.20, 0.30, 0.32]):
-            r.on_probe(j, float(k), 400.0, P, e, seen_until=float(k))
-        r.tick(float(k))
-    np.testing.assert_allclose(r.aversion, 0.0)
+    np.testing.assert_allclose(aversion_after([0.20, 0.30, 0.32], 400.0, 10), 0.0)
 
 
 def test_one_broken_cell_is_still_averted_when_the_others_have_room() -> None:
-    topo = Topology.build(["a", "b", "c"], [4, 4, 4], np.full((3, 3), 0.01) - 0.01 * np.eye(3))
-    r = RootRouter(topo, 0, PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY), P, np.random.default_rng(0))
-    for k in range(6):
-        for j, e in enumerate([0.0, 0.0, 1.0]):
-            r.on_probe(j, float(k), 10.0, P, e, seen_until=float(k))
-        r.tick(float(k))
-    assert r.aversion[2] == pytest.approx(0.9)
-    assert r.aversion[0] == r.aversion[1] == 0.0
+    rates = aversion_after([0.0, 0.0, 1.0], 10.0, 6)
+    assert rates[2] == pytest.approx(0.9)
+    assert rates[0] == rates[1] == 0.0
 
 
 @pytest.mark.parametrize("relax", [False, True])
