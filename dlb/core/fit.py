@@ -26,6 +26,15 @@ from dlb.core.latency_model import LatencyParams, latency
 MIN_SAMPLES = 8
 #: Largest knee as a fraction of a/b (the stability boundary c < a/b).
 R_MAX = 0.99
+#: Share of the window's evidence that must lie near or below the prior's knee (RIF ≤ 2c + s; the
+#: prior's knee may be off ×2) for the intercept ``a`` and the knee ``c`` to be fitted. With less,
+#: every sample sits on the queueing slope, where any
+#: (a, b) pair through the window's mean fits as well as any other: a busy batched cell (RIF 1,000
+#: past a knee of 60) was fitted with a = 15 s and 1/b = 1,641 req/s against a true 1.1 s and
+#: 56 req/s, and its gradient cost swung 20× between refits. Then only ``b`` is fitted, with ``a``,
+#: ``c`` and ``s`` held at the (measured) prior — the slope through the window given the unloaded
+#: latency, i.e. Little's law at the operating point.
+MIN_FLAT_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -63,10 +72,12 @@ def fit_latency_model(
         return FitResult(prior, 0.0, n, math.nan, False)
     sqrt_w = np.sqrt(w)
     n_eff = float(w.sum())
+    p0 = prior.as_array()
+    if float(w[x <= 2.0 * p0[2] + p0[3]].sum()) < MIN_FLAT_SHARE * n_eff:
+        return _fit_slope_only(x, y, w, prior, prior_weight, loss)
 
     y_scale = float(np.median(y))
     x_max = max(float(x.max()), 1.0)
-    p0 = prior.as_array()
     # Work in scaled units so the optimiser sees O(1) numbers whatever the endpoint's latency scale.
     # The knee is searched as r = c·b/a ∈ [0, R_MAX] so every candidate satisfies the stability
     # shape c < a/b. (Fitting c freely and clamping afterwards moved the knee far left of the data
@@ -115,6 +126,36 @@ def fit_latency_model(
     spread = float(np.ptp(x))
     coverage = min(1.0, spread / max(c + 2 * s, 1.0))
     return FitResult(params, evidence_confidence(n_eff, coverage), n, rmse, converged)
+
+
+def _fit_slope_only(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: LatencyParams, prior_weight: float,
+                    loss: str) -> FitResult:
+    """Fit ``b`` alone, ``a``, ``c`` and ``s`` held at ``prior`` (see :data:`MIN_FLAT_SHARE`).
+
+    The model is linear in ``b`` (ℓ = a + b·g(N)), so this is a one-parameter robust regression,
+    shrunk toward the prior's ``b`` on the log scale like the full fit.
+    """
+    a, b0, c, s = prior.a, prior.b, prior.c, prior.s
+    g = s * np.logaddexp(0.0, (x - c) / s)
+    sqrt_w = np.sqrt(w)
+    y_scale = float(np.median(y))
+    log_b0 = math.log(b0)
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        b = b0 * math.exp(z[0])
+        return np.concatenate([sqrt_w * (a + b * g - y) / y_scale, [prior_weight * (math.log(b) - log_b0)]])
+
+    try:
+        res = least_squares(residuals, np.zeros(1), bounds=(-20.0, 20.0), loss=loss, f_scale=0.25, max_nfev=100)
+    except (ValueError, np.linalg.LinAlgError):
+        return FitResult(prior, 0.0, int(x.size), math.nan, False)
+    b = b0 * math.exp(float(res.x[0]))
+    if c * b >= a:  # the stability shape, as in the full fit
+        c = 0.99 * a / b
+    params = LatencyParams(a, b, c, s)
+    rmse = float(np.sqrt(np.mean((latency(x, a, b, c, s) - y) ** 2)))
+    coverage = min(1.0, float(np.ptp(x)) / max(c + 2 * s, 1.0))
+    return FitResult(params, evidence_confidence(float(w.sum()), coverage), int(x.size), rmse, bool(res.success))
 
 
 def evidence_confidence(n_eff: float, coverage: float = 0.0) -> float:

@@ -78,3 +78,21 @@ def test_ignores_bad_samples() -> None:
     res = fit_latency_model(x, y, PRIOR)
     assert res.samples == 300
     assert res.params.b == pytest.approx(TRUE.b, rel=0.1)
+
+
+def test_window_only_past_the_knee_fits_the_slope_through_the_operating_point() -> None:
+    """A busy cell's window holds no sample below its knee: the intercept cannot be told from the slope,
+    so the fit keeps the prior's unloaded latency and knee and fits the slope (1/b = capacity) alone."""
+    true = LatencyParams(a=1.1, b=1 / 56.0, c=60.0, s=15.0)
+    prior = LatencyParams(a=1.05, b=1 / 67.0, c=63.0, s=15.8)  # a fleet prior, 20 % optimistic on capacity
+    caps = []
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(900, 1300, 200)
+        y = latency(x, *true.as_array()) * rng.lognormal(0, 0.6, 200)  # output lengths vary: heavy noise
+        res = fit_latency_model(x, y, prior)
+        caps.append(res.params.capacity)
+        assert res.params.a == pytest.approx(prior.a)
+        assert res.params.is_stable_shape()
+    assert np.median(caps) == pytest.approx(true.capacity, rel=0.15)
+    assert max(caps) / min(caps) < 1.5  # the estimate does not swing between windows
