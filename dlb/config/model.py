@@ -425,6 +425,8 @@ class Config:
     #: The shared secret roots send leaves with ``x-dlb-src-cell`` (``root_token_file``); None: one derived
     #: from the config (:func:`dlb.envoy.root_token.root_token`). Kept out of repr so it is never logged.
     root_token: str | None = field(default=None, repr=False)
+    #: Where ``root_token`` was read (absolute): Envoys read the token from this file, never from xDS.
+    root_token_file: str | None = None
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlb.config.model import Config, HostPort, TlsFiles
+from dlb.config.model import Config, HostPort
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
@@ -188,17 +188,19 @@ def _python() -> list[str]:
 
 
 def _envoy_child(sup: Supervisor, role: str, cell: str, xds: HostPort, listener: HostPort, run_dir: Path,
-                 tls: TlsFiles | None = None, admin: int | None = None) -> tuple[Child, int]:
+                 cfg: Config, admin: int | None = None) -> tuple[Child, int]:
     """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier (admin on
     ``admin``, default a free port)."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
+    from dlb.envoy.root_token import token_secret
 
     name, tier = f"{role} {cell} envoy", f"{role}s" if role == "root" else "leaves"
     from dlb.envoy.binary import envoy_binary
 
     admin = admin or free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=tls), indent=1))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=cfg.tls,
+                                                 token=token_secret(cfg)), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
@@ -254,7 +256,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls, admin)
+        _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg, admin)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
@@ -273,7 +275,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, "root", cell.name, cp.xds, cell.root.address, run_dir, cfg.tls)
+        _, admin = _envoy_child(sup, "root", cell.name, cp.xds, cell.root.address, run_dir, cfg)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)
