@@ -91,7 +91,7 @@ def test_xds_bootstrap_with_a_dns_name_is_strict_dns_and_envoy_accepts_it(tmp_pa
     assert main(["config", "xds-bootstrap", "--role", "leaf", "--cell", "a", "--xds", "dlb-control-plane.dlb-system.svc:18000",
                  "--admin-port", "9901", "-o", str(out)]) == 0
     boot = yaml.safe_load(out.read_text())
-    (xds,) = boot["static_resources"]["clusters"]
+    xds = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "dlb_xds")  # beside the admin stats cluster
     assert xds["type"] == "STRICT_DNS"
     result = validate(out)
     assert result.returncode == 0, result.stdout + result.stderr

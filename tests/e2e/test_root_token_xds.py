@@ -53,7 +53,7 @@ async def _scenario(tmp_path: Path, ports: dict[str, int]) -> None:
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     envoys: list[EnvoyProcess] = []
     try:
-        snaps = [cp.cache.get_snapshot(k) for k in cp.cache.keys()]
+        snaps = [cp.cache.get_snapshot(k) for k in cp.cache.keys()]  # noqa: SIM118  (a method, not a dict)
         assert len(snaps) >= 2  # every root and leaf node of the config
         sent = b"".join(r.sotw_field + r.delta_field for snap in snaps if snap for by_name in snap.resources.values() for r in by_name.values())
         assert b"x-dlb-root-token" in sent and cfg.root_token_file.encode() in sent  # the leaf's check and the root's filter are there
