@@ -379,6 +379,8 @@ class ControlPlaneAddrs:
 class RootAddrs:
     ext_proc: HostPort = HostPort("127.0.0.1", 18080)
     metrics: HostPort = HostPort("127.0.0.1", 19080)
+    #: The root Envoy's admin (``dlb up``; loopback only in every bootstrap).
+    admin: HostPort = HostPort("127.0.0.1", 19901)
 
 
 @dataclass(frozen=True)

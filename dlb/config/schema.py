@@ -337,7 +337,7 @@ def _probe(ck: Checker, raw: Any) -> ProbeParams:
 def _services(ck: Checker, raw: Any) -> Services:
     m = ck.mapping(raw, "services", ("control_plane", "root"))
     cm = ck.mapping(m.get("control_plane"), "services.control_plane", ("xds", "status"))
-    rm = ck.mapping(m.get("root"), "services.root", ("ext_proc", "metrics"))
+    rm = ck.mapping(m.get("root"), "services.root", ("ext_proc", "metrics", "admin"))
     dc, dr = ControlPlaneAddrs(), RootAddrs()
     return Services(
         control_plane=ControlPlaneAddrs(
@@ -347,6 +347,7 @@ def _services(ck: Checker, raw: Any) -> Services:
         root=RootAddrs(
             ext_proc=ck.hostport(rm, "ext_proc", "services.root", dr.ext_proc) or dr.ext_proc,
             metrics=ck.hostport(rm, "metrics", "services.root", dr.metrics) or dr.metrics,
+            admin=ck.hostport(rm, "admin", "services.root", dr.admin) or dr.admin,
         ),
     )
 
