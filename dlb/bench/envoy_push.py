@@ -24,6 +24,7 @@ from dlb.config.model import HostPort
 from dlb.control_plane.service import ControlPlane
 from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess
+from dlb.envoy.root_token import token_secret
 from dlb.procutil import free_port
 
 
@@ -53,12 +54,14 @@ async def measure(rounds: int = 50, cells: int = 4, delta: bool = False) -> dict
     tmp = tmp_dir.name
     cfg_path = os.path.join(tmp, "dlb.yaml")
     _config(cfg_path, cells)
-    cp = ControlPlane(load_config(cfg_path), probe=False, flow_loop=False)
+    cfg = load_config(cfg_path)
+    cp = ControlPlane(cfg, probe=False, flow_loop=False)
     xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     admin = free_port()
     boot = os.path.join(tmp, "root.yaml")
     with open(boot, "w") as fh:
-        yaml.safe_dump(ads_bootstrap("root", "c0", HostPort("127.0.0.1", xds_port), admin, node_id="bench-root", delta=delta), fh)
+        yaml.safe_dump(ads_bootstrap("root", "c0", HostPort("127.0.0.1", xds_port), admin, node_id="bench-root", delta=delta,
+                                     token=token_secret(cfg)), fh)
     envoy = EnvoyProcess(boot, admin)
     samples: list[float] = []
     rng = np.random.default_rng(0)

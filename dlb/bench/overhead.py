@@ -380,6 +380,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             targets[bare_name] = (p, {"root_envoy": pid, "root_ext_proc": bare.pid})
         for native_name in (n for n in NATIVE_CONFIGS if n in configs):
             from dlb.envoy.ads_bootstrap import ads_bootstrap
+            from dlb.envoy.root_token import token_secret
 
             p, a = free_port(), free_port()
             native_raw = native_config(raw, up_port, p, discrete_too=native_name == NATIVE_MIXED_CONFIG)
@@ -394,7 +395,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                                         "--status", f"127.0.0.1:{free_port()}")
                 services.append(cp_svc)
                 xds_port = int(cp_svc.start().ready["xds"])
-            e = envoy(ads_bootstrap("root", "x", _hp(xds_port), a, node_id=f"root-x-{native_name}"), native_name, a)
+            token = token_secret(config_from_dict(native_raw, source=str(native_path)))
+            e = envoy(ads_bootstrap("root", "x", _hp(xds_port), a, node_id=f"root-x-{native_name}", token=token), native_name, a)
             _wait_http(p)
             assert e.proc is not None  # started by envoy()
             targets[native_name] = (p, {"root_envoy": e.proc.pid})

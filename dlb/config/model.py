@@ -379,6 +379,8 @@ class ControlPlaneAddrs:
 class RootAddrs:
     ext_proc: HostPort = HostPort("127.0.0.1", 18080)
     metrics: HostPort = HostPort("127.0.0.1", 19080)
+    #: The root Envoy's admin (``dlb up``; loopback only in every bootstrap).
+    admin: HostPort = HostPort("127.0.0.1", 19901)
 
 
 @dataclass(frozen=True)
@@ -425,6 +427,8 @@ class Config:
     #: The shared secret roots send leaves with ``x-dlb-src-cell`` (``root_token_file``); None: one derived
     #: from the config (:func:`dlb.envoy.root_token.root_token`). Kept out of repr so it is never logged.
     root_token: str | None = field(default=None, repr=False)
+    #: Where ``root_token`` was read (absolute): Envoys read the token from this file, never from xDS.
+    root_token_file: str | None = None
     source: str = "<memory>"  # file the config came from (for messages)
 
     # -- lookups -------------------------------------------------------------------------------

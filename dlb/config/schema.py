@@ -337,7 +337,7 @@ def _probe(ck: Checker, raw: Any) -> ProbeParams:
 def _services(ck: Checker, raw: Any) -> Services:
     m = ck.mapping(raw, "services", ("control_plane", "root"))
     cm = ck.mapping(m.get("control_plane"), "services.control_plane", ("xds", "status"))
-    rm = ck.mapping(m.get("root"), "services.root", ("ext_proc", "metrics"))
+    rm = ck.mapping(m.get("root"), "services.root", ("ext_proc", "metrics", "admin"))
     dc, dr = ControlPlaneAddrs(), RootAddrs()
     return Services(
         control_plane=ControlPlaneAddrs(
@@ -347,6 +347,7 @@ def _services(ck: Checker, raw: Any) -> Services:
         root=RootAddrs(
             ext_proc=ck.hostport(rm, "ext_proc", "services.root", dr.ext_proc) or dr.ext_proc,
             metrics=ck.hostport(rm, "metrics", "services.root", dr.metrics) or dr.metrics,
+            admin=ck.hostport(rm, "admin", "services.root", dr.admin) or dr.admin,
         ),
     )
 
@@ -366,17 +367,18 @@ def _discovery(ck: Checker, raw: Any) -> Discovery:
 _TOKEN = re.compile(r"^[!-~]{16,256}$")
 
 
-def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
+def _root_token(ck: Checker, raw: Any, source: str) -> tuple[str, str] | None:
     """``root_token_file: PATH``: the file holds the secret roots prove themselves to leaves with.
 
     The secret is read here (one line, surrounding whitespace dropped) so a bad file is a problem report
     at load time, not a leaf that silently trusts no root. Relative paths are from the config's folder.
+    Returns the token and the file's absolute path (Envoys read it themselves).
     """
     if not isinstance(raw, str) or not raw:
         ck.err("root_token_file", "must be a file path")
         return None
     base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
-    path = os.path.join(base, os.path.expanduser(raw))
+    path = os.path.abspath(os.path.join(base, os.path.expanduser(raw)))
     try:
         with open(path, "rb") as fh:
             data = fh.read(4097)
@@ -387,7 +389,7 @@ def _root_token(ck: Checker, raw: Any, source: str) -> str | None:
     if not _TOKEN.match(token):
         ck.err("root_token_file", f"{path}: must hold one token of 16-256 printable ASCII characters without spaces")
         return None
-    return token
+    return token, path
 
 
 #: The root token file when the config names none: ``dlb up`` generates one per run and sets this for
@@ -429,8 +431,9 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
     tls = check_tls(ck, tls_raw, source) if tls_raw is not None else None
     discovery = _discovery(ck, top.get("discovery"))
     token_file = top.get("root_token_file", os.environ.get(ROOT_TOKEN_ENV))
-    root_token = _root_token(ck, token_file, source) if token_file is not None else None
+    token = _root_token(ck, token_file, source) if token_file is not None else None
     if problems:
         raise ConfigError(sorted(problems, key=lambda pr: pr.line or 0))  # stable: file order, then check order
     return Config(version=version, cells=tuple(cells), network=network, endpoints=tuple(endpoints), probe=probe, services=services, tls=tls,
-                  discovery=discovery, policy=policy, root_token=root_token, source=source)
+                  discovery=discovery, policy=policy, root_token=token[0] if token else None,
+                  root_token_file=token[1] if token else None, source=source)

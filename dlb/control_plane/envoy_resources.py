@@ -35,10 +35,13 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2  # noqa: F401  (registers the access-log config type for json_format)
 from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2  # noqa: F401  (the root's cell + fallback clusters)
+from envoy.extensions.filters.http.credential_injector.v3 import credential_injector_pb2  # noqa: F401  (the root's token)
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
 from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
+from envoy.extensions.filters.http.lua.v3 import lua_pb2  # noqa: F401  (the leaf's token check)
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.http.injected_credentials.generic.v3 import generic_pb2  # noqa: F401
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401  (the leaf's retry host predicate)
 from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2  # noqa: F401  (the root's cross-cell retry)
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401  (mTLS to DLB services, docs/security.md)

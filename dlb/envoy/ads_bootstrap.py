@@ -20,7 +20,7 @@ from typing import Any
 from dlb.config.hostport import is_ip
 from dlb.config.model import HostPort, TlsFiles
 from dlb.config.tls import CONTROL_PLANE, identity_name, spiffe_id
-from dlb.envoy.bootstrap import overload_manager, ready_listener
+from dlb.envoy.bootstrap import admin_stats_cluster, overload_manager, ready_listener
 from dlb.envoy.tls import upstream_tls
 
 XDS_CLUSTER = "dlb_xds"
@@ -28,16 +28,20 @@ ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
 
 
 def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id: str | None = None,
-                  delta: bool = False, ready_port: int | None = None, tls: TlsFiles | None = None) -> dict[str, Any]:
+                  delta: bool = False, ready_port: int | None = None, tls: TlsFiles | None = None,
+                  token: dict[str, Any] | None = None) -> dict[str, Any]:
     """Bootstrap of an Envoy of ``role`` (root|leaf) in ``cell``, configured entirely over ADS.
 
     ``delta`` selects the incremental protocol (``DELTA_GRPC``) instead of state of the world;
     ``ready_port`` adds the ``dlb_ready`` listener (:func:`dlb.envoy.bootstrap.ready_listener`).
     ``tls`` (a config's ``tls`` section): mutual TLS to the control plane with this (role, cell)'s
-    certificate — the identity the control plane authorises this node by.
+    certificate — the identity the control plane authorises this node by. ``token``: the root token's
+    static secret (:func:`dlb.envoy.root_token.token_secret`), which a root's listener from xDS names.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
+    if role == "root" and token is None:
+        raise ValueError("a root Envoy's bootstrap needs the root token secret (token_secret(cfg) or token_file_secret(path))")
     ads = {"ads": {}, "resource_api_version": "V3"}
     dns = not is_ip(xds.host)
     boot: dict[str, Any] = {
@@ -82,6 +86,9 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
     }
     if ready_port is not None:
         boot["static_resources"]["listeners"] = [ready_listener(ready_port)]
+        boot["static_resources"]["clusters"].append(admin_stats_cluster(admin_port))
+    if role == "root":
+        boot["static_resources"]["secrets"] = [token]
     if tls is not None:
         xds_cluster = boot["static_resources"]["clusters"][0]
         xds_cluster["transport_socket"] = upstream_tls(tls, identity_name(role, cell), spiffe_id(CONTROL_PLANE))

@@ -49,7 +49,7 @@ from dlb.envoy.contract import (
     SERVER_CHECK_UNHEALTHY_THRESHOLD,
 )
 from dlb.envoy.health_check import service_health
-from dlb.envoy.root_token import root_token
+from dlb.envoy.root_token import token_check, token_injector, token_secret
 from dlb.envoy.tls import upstream_tls
 
 HEADER_CELL = _h.CELL
@@ -309,16 +309,31 @@ def _cross_cell_retries() -> dict[str, Any]:
     }
 
 
+#: The cluster of Envoy's own admin (127.0.0.1), which the ready listener exposes for /stats/prometheus only.
+ADMIN_STATS_CLUSTER = "dlb_admin_stats"
+STATS_PATH = "/stats/prometheus"
+
+
+def admin_stats_cluster(admin_port: int) -> dict[str, Any]:
+    """Envoy's admin as a cluster, so the ready listener can serve its Prometheus stats (and nothing else of it)."""
+    return _cluster(ADMIN_STATS_CLUSTER, [(HostPort("127.0.0.1", admin_port), 1)], connect_timeout_s=0.25)
+
+
 def ready_listener(port: int) -> dict[str, Any]:
     """``GET /ready`` on ``0.0.0.0:port``: 200 while Envoy serves, 503 once it fails health checks.
+
+    ``GET /stats/prometheus`` there is Envoy's own stats, from admin (:func:`admin_stats_cluster`): a
+    Prometheus in another pod can scrape Envoy while admin (which can quit it) stays on loopback.
 
     Why a listener of its own: admin stays on 127.0.0.1 (it can quit Envoy), so a kubelet cannot reach
     admin's ``/ready``. Envoy opens listeners only after its first xDS config is in (init), and the
     ``health_check`` filter answers 503 after ``POST /healthcheck/fail`` (``dlb envoy drain`` does
     that first), so the pod leaves its Service before its listeners drain. Anything but ``/ready`` is 404.
     """
+    stats = {"match": {"path": STATS_PATH, "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+             "route": {"cluster": ADMIN_STATS_CLUSTER, "timeout": "5s"}}
     route_config = {"name": READY_LISTENER, "virtual_hosts": [{"name": "ready", "domains": ["*"], "routes": [
-        {"match": {"prefix": "/"}, "direct_response": {"status": 404}}]}]}
+        stats, {"match": {"prefix": "/"}, "direct_response": {"status": 404}}]}]}
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": READY_LISTENER,
@@ -343,6 +358,8 @@ def ready_listener(port: int) -> dict[str, Any]:
 def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], clusters: list[dict[str, Any]],
                ready_port: int | None = None) -> dict[str, Any]:
     listeners = [listener] + ([ready_listener(ready_port)] if ready_port is not None else [])
+    if ready_port is not None:
+        clusters = [*clusters, admin_stats_cluster(admin_port)]
     return {
         "node": {"id": f"{role}-{cell}", "cluster": f"dlb-{role}", "locality": {"zone": cell}},
         # Admin can quit Envoy and dump its config: loopback only, whatever the listeners bind to.
@@ -582,15 +599,14 @@ def root_bootstrap(
         # Stripped from client requests before any filter runs or any route is picked (docs/design.md §2).
         "internal_only_headers": list(INTERNAL_HEADERS),
         # Our own cell, for the leaf's WAN emulation and accounting; added by Envoy itself so it is
-        # there when the ext_proc is down too.
-        # With the deployment's token, which the leaves require before they trust x-dlb-src-cell.
-        "request_headers_to_add": [{"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
-                                   for key, value in ((HEADER_SRC_CELL, me.name), (HEADER_ROOT_TOKEN, root_token(cfg)))],
+        # there when the ext_proc is down too. The token leaves require next to it comes from the
+        # token_injector filter (from a secret in the bootstrap, so it is never in the route config).
+        "request_headers_to_add": [{"header": {"key": HEADER_SRC_CELL, "value": me.name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
         "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
         # The fallback is the root Envoy's business (its route chose the pair); the leaf never sees it.
         "request_headers_to_remove": [HEADER_FALLBACK],
     }
-    filters = [_router()]
+    filters = [token_injector(), _router()]  # after the ext_proc: the token is never sent to it
     clusters = []
     if has_ext_proc:
         filters.insert(0, _ext_proc_filter(ROOT_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_root", root_forward_headers(cfg)))
@@ -607,7 +623,9 @@ def root_bootstrap(
     if has_ext_proc:
         clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
-    return _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
+    boot = _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
+    boot["static_resources"]["secrets"] = [token_secret(cfg)]
+    return boot
 
 
 # --------------------------------------------------------------------------------------------
@@ -626,33 +644,16 @@ def wan_delays_ms(cfg: Config, cell: str) -> dict[str, float]:
     }
 
 
-def _fault_filter(src: str, delay_ms: float, token: str) -> dict[str, Any]:
-    """Delay requests from ``src``: only a root's (it sends the token) can claim a source cell."""
+def _fault_filter(src: str, delay_ms: float) -> dict[str, Any]:
+    """Delay requests from ``src``: only a root's (it sends the token) keeps a source cell past :func:`token_check`."""
     return {
         "name": f"dlb.wan_delay.{src}",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
             "delay": {"fixed_delay": _duration(delay_ms / 1000.0), "percentage": {"numerator": 100, "denominator": "HUNDRED"}},
-            "headers": [{"name": HEADER_SRC_CELL, "string_match": {"exact": src}},
-                        {"name": HEADER_ROOT_TOKEN, "string_match": {"exact": token}}],
+            "headers": [{"name": HEADER_SRC_CELL, "string_match": {"exact": src}}],
         },
     }
-
-
-def _root_routes(routes: list[dict[str, Any]], token: str) -> list[dict[str, Any]]:
-    """Each leaf route twice: with the roots' token it keeps ``x-dlb-src-cell``; without, it drops it.
-
-    Envoy has no conditional header removal, but a route matches headers and removes its own: a request
-    that did not come from a root (no or a wrong token) loses the source cell before the access log and
-    the servers see it, so a client cannot pose as another cell's demand (issue 14 row 9).
-    """
-    out: list[dict[str, Any]] = []
-    for r in routes:
-        match = r["match"]
-        trusted = dict(match, headers=[*match.get("headers", []), {"name": HEADER_ROOT_TOKEN, "string_match": {"exact": token}}])
-        out.append(dict(r, name=r["name"] + "-from-root", match=trusted))
-        out.append(dict(r, request_headers_to_remove=[HEADER_SRC_CELL]))
-    return out
 
 
 def leaf_prefixes(cfg: Config) -> list[str]:
@@ -687,10 +688,10 @@ def leaf_bootstrap(
     """
     me = cfg.cell(cell)
     listen = listen or me.leaf.bind
-    token = root_token(cfg)
-    filters: list[dict[str, Any]] = []
+    # First: a request without the roots' token loses x-dlb-src-cell before any filter or the access log sees it.
+    filters: list[dict[str, Any]] = [token_check(cfg)]
     if emulate_wan:
-        filters += [_fault_filter(src, ms, token) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
+        filters += [_fault_filter(src, ms) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
     servers = [(a, s.weight) for s in me.servers for a in s.rank_addresses()]  # a DP server: one endpoint per rank
     clusters = [_server_health(_cluster(LEAF_SERVERS_CLUSTER, servers, lb_policy="LEAST_REQUEST"))]
     routes: list[dict[str, Any]] = []
@@ -718,11 +719,11 @@ def leaf_bootstrap(
         "name": "dlb_leaf",
         # Headers only this leaf's own ext_proc may set (x-dlb-server is an ORIGINAL_DST target: from a client
         # it made the leaf Envoy an open proxy to any host:port): stripped from every downstream request
-        # before any filter runs. x-dlb-src-cell is kept only next to the roots' token (_root_routes).
+        # before any filter runs. x-dlb-src-cell is kept only next to the roots' token (token_check).
         "internal_only_headers": list(LEAF_INTERNAL_HEADERS),
         # The token itself never reaches a server (nor the access log, which sees the router's headers).
         "request_headers_to_remove": [HEADER_ROOT_TOKEN],
-        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": _root_routes(routes, token)}],
+        "virtual_hosts": [{"name": "dlb", "domains": ["*"], "routes": routes}],
     }
     listener = _listener("dlb_leaf", _bind(listen), _hcm("dlb_leaf", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("leaf", me.name, admin_port, listener, clusters, ready_port)

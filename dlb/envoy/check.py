@@ -27,7 +27,7 @@ from dlb.envoy.bootstrap import (
     fallback_cluster_name,
     leaf_prefixes,
 )
-from dlb.envoy.root_token import root_token
+from dlb.envoy.root_token import SECRET, TOKEN_CHECK, TOKEN_FILTER
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
@@ -133,6 +133,14 @@ class _Check:
                      "unset or empty: Envoy then counts loopback/private peers as internal and keeps their x-dlb-* headers "
                      "(set cidr_ranges: [{address_prefix: 255.255.255.255, prefix_len: 32}])")
 
+    def token_filter(self, hpath: str, hcm: dict[str, Any], name: str, why: str) -> None:
+        """The root's token injector / the leaf's token check must be in the HTTP filters (and the secret in the bootstrap)."""
+        if not any(_get(f, "name") == name for f in _list(hcm.get("http_filters"))):
+            self.bad(f"{hpath}.http_filters", f"no {name} filter: {why} (`dlb config render` writes it)")
+        static = _list(_get(self.boot, "static_resources", "secrets"))
+        if name == TOKEN_FILTER and not any(_get(s, "name") == SECRET for s in static):
+            self.bad("static_resources.secrets", f"no {SECRET!r} secret: the root's {TOKEN_FILTER} filter has no token to add")
+
     def ext_proc(self, hpath: str, hcm: dict[str, Any], want: HostPort | None, what: str) -> None:
         filters = _list(hcm.get("http_filters"))
         found = [(i, f) for i, f in enumerate(filters) if _get(f, "name") == EXT_PROC or _get(f, "typed_config", "@type") == EXT_PROC_TYPE]
@@ -200,6 +208,7 @@ class _Check:
             return
         hpath, hcm = h
         self.internal_headers(hpath, hcm, INTERNAL_HEADERS)
+        self.token_filter(hpath, hcm, TOKEN_FILTER, "leaves drop this root's x-dlb-src-cell without the token")
         self.ext_proc(hpath, hcm, cell.root.ext_proc or cfg.services.root.ext_proc, f"cells[{cell.index}].root.ext_proc")
         rc = hcm.get("route_config")
         if rc is not None:
@@ -218,9 +227,9 @@ class _Check:
         if added.get(HEADER_SRC_CELL) != cell.name:
             self.bad(f"{rpath}.request_headers_to_add", f"must add {HEADER_SRC_CELL}: {cell.name} (leaves count demand and "
                      f"emulate the WAN by it), has {added.get(HEADER_SRC_CELL)!r}")
-        if added.get(HEADER_ROOT_TOKEN) != root_token(self.cfg):
-            self.bad(f"{rpath}.request_headers_to_add", f"{HEADER_ROOT_TOKEN} is " + ("missing" if HEADER_ROOT_TOKEN not in added else
-                     "not the deployment's token") + " (leaves trust x-dlb-src-cell only next to it; `dlb config render` writes it)")
+        if HEADER_ROOT_TOKEN in added:
+            self.bad(f"{rpath}.request_headers_to_add", f"{HEADER_ROOT_TOKEN} must not be in the route config (xDS would carry "
+                     f"the secret): the {TOKEN_FILTER} filter adds it from the bootstrap's {SECRET!r} secret")
 
     def root_routes(self, rpath: str, rc: dict[str, Any], allowed: set[str]) -> None:
         cfg = self.cfg
@@ -284,6 +293,7 @@ class _Check:
             return
         hpath, hcm = h
         self.internal_headers(hpath, hcm, LEAF_INTERNAL_HEADERS)
+        self.token_filter(hpath, hcm, TOKEN_CHECK, "any client can claim a source cell here")
         self.ext_proc(hpath, hcm, cell.leaf.ext_proc, f"cells[{cell.index}].leaf.ext_proc")
         rc = hcm.get("route_config")
         if rc is None:

@@ -25,7 +25,9 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", action="store_true", help="use incremental xDS (DELTA_GRPC)")
     p.add_argument("--ready-port", type=int, default=DEFAULT_READY_PORT,
                    help=f"port of the dlb_ready listener on 0.0.0.0 answering GET /ready (default {DEFAULT_READY_PORT}; 0 = none)")
-    p.add_argument("--config", default=None, help="DLB config whose tls section gives mTLS to the control plane (docs/security.md)")
+    p.add_argument("--config", default=None, help="DLB config whose tls section gives mTLS to the control plane and whose "
+                   "root_token_file a root reads (docs/security.md)")
+    p.add_argument("--root-token-file", default=None, help="root: the token file (overrides --config's)")
     p.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
     p.set_defaults(func=run_bootstrap)
 
@@ -37,13 +39,20 @@ def run_bootstrap(args: argparse.Namespace) -> int:
     if not host or not port.isdigit():
         print(f"--xds: {args.xds!r} is not host:port", file=sys.stderr)
         return 2
-    tls = None
+    from dlb.envoy.root_token import token_file_secret, token_secret
+
+    tls = token = None
     if args.config is not None:
         from dlb.config import load_config
 
-        tls = load_config(args.config).tls
+        cfg = load_config(args.config)
+        tls, token = cfg.tls, token_secret(cfg)
+    if args.root_token_file is not None:
+        token = token_file_secret(args.root_token_file)
+    if args.role == "root" and token is None:
+        raise UsageError("--role root: give --root-token-file or --config (the root token is never sent over xDS)")
     text = yaml.safe_dump(ads_bootstrap(args.role, args.cell, HostPort(host.strip("[]"), int(port)), args.admin_port,
-                                        args.node_id, args.delta, args.ready_port or None, tls=tls), sort_keys=False)
+                                        args.node_id, args.delta, args.ready_port or None, tls=tls, token=token), sort_keys=False)
     if args.output == "-":
         sys.stdout.write(text)
     else:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlb.config.model import Config, HostPort, TlsFiles
+from dlb.config.model import Config, HostPort
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
@@ -51,6 +51,14 @@ def tcp_open(hp: HostPort, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def root_ports(cfg: Config) -> dict[str, tuple[HostPort, HostPort]]:
+    """Each source cell's (root service metrics, root Envoy admin): ``services.root.metrics``/``.admin``
+    plus the root's position among the config's roots, so a run's Prometheus targets never move."""
+    m, a = cfg.services.root.metrics, cfg.services.root.admin
+    roots = [c.name for c in cfg.cells if c.root.address is not None]
+    return {name: (HostPort(m.host, m.port + k), HostPort(a.host, a.port + k)) for k, name in enumerate(roots)}
 
 
 def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str, HostPort]]:
@@ -76,6 +84,11 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
             if root_services:
                 field_path = f"cells[{i}].root.ext_proc" if cell.root.ext_proc is not None else "services.root.ext_proc"
                 out.append((field_path, cell.root.ext_proc or cfg.services.root.ext_proc))
+    for k, (cell_name, (metrics, admin)) in enumerate(root_ports(cfg).items()):
+        plus = f" + {k}" if k else ""
+        if root_services:
+            out.append((f"services.root.metrics{plus} (root {cell_name})", metrics))
+        out.append((f"services.root.admin{plus} (root {cell_name} Envoy)", admin))
     return out
 
 
@@ -164,14 +177,10 @@ class Deployment:
 
     def ports_text(self) -> str:
         """Every address this run listens on, before anything starts: the config's by field, then the
-        metrics and Envoy admin ports drawn free for this run (not in the config)."""
+        leaves' metrics and Envoy admin ports drawn free for this run (not in the config)."""
         lines = [f"  {hp}  {field}" for field, hp in listen_addresses(self.cfg)]
         lines += [f"  {leaf.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} metrics (drawn)" for cell, leaf in self.leaf_metrics.items()]
         lines += [f"  {url.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} Envoy admin (drawn)" for cell, url in self.leaf_admin.items()]
-        for r in self.roots.values():
-            if r.metrics_url:
-                lines.append(f"  {r.metrics_url.rsplit('//', 1)[1].split('/')[0]}  root {r.cell} metrics (drawn)")
-            lines.append(f"  {r.admin_url.rsplit('//', 1)[1].split('/')[0]}  root {r.cell} Envoy admin (drawn)")
         return "\n".join(lines)
 
     def urls_text(self) -> str:
@@ -188,17 +197,19 @@ def _python() -> list[str]:
 
 
 def _envoy_child(sup: Supervisor, role: str, cell: str, xds: HostPort, listener: HostPort, run_dir: Path,
-                 tls: TlsFiles | None = None, admin: int | None = None) -> tuple[Child, int]:
+                 cfg: Config, admin: int | None = None) -> tuple[Child, int]:
     """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier (admin on
     ``admin``, default a free port)."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
+    from dlb.envoy.root_token import token_secret
 
     name, tier = f"{role} {cell} envoy", f"{role}s" if role == "root" else "leaves"
     from dlb.envoy.binary import envoy_binary
 
     admin = admin or free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=tls), indent=1))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=cfg.tls,
+                                                 token=token_secret(cfg)), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
@@ -254,26 +265,26 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg.tls, admin)
+        _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg, admin)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
         if cell.root.address is None:
             continue  # not a source cell: no clients enter here
         ready_path = run_dir / f"root-{cell.name}.ready.json"
-        metrics_port = free_port()
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        metrics, admin_hp = root_ports(cfg)[cell.name]
+        metrics_url = f"http://{metrics.host}:{metrics.port}/metrics"
         if root_services:
             sup.add(Child(f"root {cell.name} service", "roots",
                           [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
-                           "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path), *wan, *(root_args or [])],
+                           "--metrics", str(metrics), "--ready-file", str(ready_path), *wan, *(root_args or [])],
                           run_dir / f"root-{cell.name}.log",
                           ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
                           waiting=functools.partial(_root_waiting, ready_path, metrics_url, cfg, cell.name, dep.leaf_metrics),
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, "root", cell.name, cp.xds, cell.root.address, run_dir, cfg.tls)
+        _, admin = _envoy_child(sup, "root", cell.name, cp.xds, cell.root.address, run_dir, cfg, admin_hp.port)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)

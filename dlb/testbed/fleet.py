@@ -115,6 +115,7 @@ def server_addresses(fleet: Fleet) -> dict[str, list[str]]:
 def demo_config(fleet: Fleet, server_addrs: dict[str, list[str]]) -> dict[str, Any]:
     """The DLB config of ``fleet`` (a dict; JSON is YAML) with every service on a free port."""
     names = [c.name for c in fleet.cells]
+    n_roots = max(1, sum(1 for c in fleet.cells if c.root))
     cells = []
     for c in fleet.cells:
         servers: list[Any] = list(server_addrs[c.name])
@@ -145,6 +146,8 @@ def demo_config(fleet: Fleet, server_addrs: dict[str, list[str]]) -> dict[str, A
         "probe": {"period_ms": 50, "timeout_ms": 300, "stale_after_ms": 1500, "backoff_max_ms": 2000},
         "services": {
             "control_plane": {"xds": f"127.0.0.1:{free_port()}", "status": f"127.0.0.1:{free_port()}"},
-            "root": {"ext_proc": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"},
+            # A block per root: dlb up gives the k-th root metrics and admin port + k.
+            "root": {"ext_proc": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port_block(n_roots)}",
+                     "admin": f"127.0.0.1:{free_port_block(n_roots)}"},
         },
     }

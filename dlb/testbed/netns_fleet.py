@@ -119,12 +119,15 @@ def _python(host: Host, *args: str) -> list[str]:
 
 
 def _envoy(sup: Supervisor, dep: NetnsDeployment, host: Host, tier: str, role: str, cell: str, listener: HostPort) -> Child:
+    from dlb.config import config_from_dict
     from dlb.envoy.ads_bootstrap import ads_bootstrap
     from dlb.envoy.binary import envoy_binary
+    from dlb.envoy.root_token import token_secret
 
     xds = HostPort(dep.host("cp").ip, XDS_PORT)
     boot = sup.run_dir / f"{role}-{cell}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, ADMIN_PORT, node_id=f"{role}-{cell}"), indent=1))
+    token = token_secret(config_from_dict(dep.config, source=str(dep.config_path)))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, ADMIN_PORT, node_id=f"{role}-{cell}", token=token), indent=1))
     argv = host.argv([envoy_binary(), "-c", str(boot), "--log-level", "warning", "--disable-hot-restart",
                       "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))])
     ready = functools.partial(in_host, host, lambda: _envoy_live(ADMIN_PORT) and tcp_open(listener))

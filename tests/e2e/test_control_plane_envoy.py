@@ -32,6 +32,7 @@ from dlb.config.model import HostPort
 from dlb.control_plane.service import ControlPlane, root_key
 from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess
+from dlb.envoy.root_token import token_secret
 from dlb.procutil import free_port
 from dlb.xds import types
 from dlb.xds.snapshot import Resource, Snapshot
@@ -98,9 +99,11 @@ async def _scenario(make_config, control_plane, start_envoy, leaves) -> None:
     ports = {"a": free_port(), "b": free_port(), "c": free_port()}
     root_port, ext_proc_port, admin_port = free_port(), free_port(), free_port()
     cfg_path = write_config(make_config, {"a": ports["a"], "b": ports["b"]}, root_port, ext_proc_port)
-    async with leaves(ports), control_plane(load_config(cfg_path)) as running:
+    cfg = load_config(cfg_path)
+    async with leaves(ports), control_plane(cfg) as running:
         cp, status_port = running.cp, running.status_port
-        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", running.xds_port), admin_port, node_id="root-a-test")
+        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", running.xds_port), admin_port, node_id="root-a-test",
+                             token=token_secret(cfg))
         async with start_envoy(boot, name="root") as envoy:
             await _follows(cp, envoy, make_config, ports, root_port, ext_proc_port, status_port)
 
@@ -197,7 +200,8 @@ async def _flow_loop_scenario(make_config, control_plane, start_envoy, leaves) -
         servers = [await serve_probe(probes[c.name], str(c.leaf.probe)) for c in cfg.cells]
         try:
             async with control_plane(cfg, probe=True, flow_loop=True) as running:
-                boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", running.xds_port), admin_port, node_id="root-a-flow")
+                boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", running.xds_port), admin_port, node_id="root-a-flow",
+                                     token=token_secret(cfg))
                 async with start_envoy(boot, name="root") as envoy:
                     await _flow_weights_reach(running.cp, envoy, root_port)
         finally:
@@ -291,7 +295,8 @@ async def _two_roots_scenario(make_config, control_plane, start_envoy, leaves) -
         cp = running.cp
         envoys = {}
         for n, (_listen, _ext, admin) in roots.items():
-            boot = ads_bootstrap("root", n, HostPort("127.0.0.1", running.xds_port), admin, node_id=f"root-{n}-two")
+            boot = ads_bootstrap("root", n, HostPort("127.0.0.1", running.xds_port), admin, node_id=f"root-{n}-two",
+                                 token=token_secret(cfg))
             envoys[n] = await stack.enter_async_context(start_envoy(boot, name=f"root-{n}"))
         for n, e in envoys.items():
             await wait_for(lambda e=e, n=n: np.abs(configured(e) - reference[n]).max() < 0.01, timeout=90,

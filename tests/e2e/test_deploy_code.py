@@ -91,7 +91,7 @@ def test_xds_bootstrap_with_a_dns_name_is_strict_dns_and_envoy_accepts_it(tmp_pa
     assert main(["config", "xds-bootstrap", "--role", "leaf", "--cell", "a", "--xds", "dlb-control-plane.dlb-system.svc:18000",
                  "--admin-port", "9901", "-o", str(out)]) == 0
     boot = yaml.safe_load(out.read_text())
-    (xds,) = boot["static_resources"]["clusters"]
+    xds = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "dlb_xds")  # beside the admin stats cluster
     assert xds["type"] == "STRICT_DNS"
     result = validate(out)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -113,8 +113,11 @@ async def _service_flags(tmp_path: Path) -> None:
     out, admin = tmp_path / "leaf.yaml", free_port()
     # Rendered for cell a with a meaningless node id, reaching the control plane by name (STRICT_DNS):
     # the flags decide who this Envoy is.
+    token = tmp_path / "root-token"
+    token.write_text("s3cret-root-token-0123456789\n")
     assert main(["config", "xds-bootstrap", "--role", "root", "--cell", "a", "--node-id", "rendered", "--xds",
-                 f"localhost:{xds_port}", "--admin-port", str(admin), "--ready-port", "0", "-o", str(out)]) == 0
+                 f"localhost:{xds_port}", "--admin-port", str(admin), "--ready-port", "0", "--root-token-file", str(token),
+                 "-o", str(out)]) == 0
     envoy = EnvoyProcess(str(out), admin, base_id=random.randrange(1, 60000),
                          extra_args=["--service-node", "dlb-leaf-b-7f9c", "--service-cluster", "dlb-leaf", "--service-zone", "b"])
     try:
@@ -192,7 +195,7 @@ def test_every_bootstrap_with_a_ready_port_passes_envoy_validate(tmp_path: Path)
         result = validate(out)
         assert result.returncode == 0, result.stdout + result.stderr
         assert main(["config", "xds-bootstrap", "--role", role, "--cell", cell, "--xds", "dlb-control-plane:18000",
-                     "--admin-port", "9901", "-o", str(out)]) == 0
+                     "--admin-port", "9901", "--config", os.fspath(cfg.source), "-o", str(out)]) == 0
         assert "dlb_ready" in out.read_text()
         result = validate(out)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -57,7 +57,9 @@ def test_packed_config_passes_dlb_config_validate_envoy(tmp_path: Path) -> None:
         text = packed_config(render(d))
         assert text is not None, d
         path = tmp_path / f"{d.name}.yaml"
-        path.write_text(text)
+        # The token Secret a pod mounts, here a file of our own (the validator reads it).
+        (tmp_path / "token").write_text("s3cret-root-token-0123456789\n")
+        path.write_text(text.replace("/etc/dlb-root-token/token", str(tmp_path / "token")))
         out = _dlb("config", "validate", "--envoy", str(path))
         assert out.returncode == 0, f"{d.relative_to(REPO)}: {out.stdout}{out.stderr}"
         checked += 1

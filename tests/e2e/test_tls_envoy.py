@@ -24,6 +24,7 @@ from dlb.config import load_config
 from dlb.config.model import HostPort
 from dlb.config.tls import load_identity
 from dlb.envoy.ads_bootstrap import ads_bootstrap
+from dlb.envoy.root_token import token_secret
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.root import RootService
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
@@ -87,7 +88,8 @@ async def _scenario(tmp: Path, make_config, control_plane, start_envoy, leaves) 
         stack.push_async_callback(sync.stop)
         await sync.start()
 
-        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", xds_port), admin_port, node_id="root-a-tls", tls=cfg.tls)
+        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", xds_port), admin_port, node_id="root-a-tls", tls=cfg.tls,
+                             token=token_secret(cfg))
         envoy = await stack.enter_async_context(start_envoy(boot, name="root"))
         # The root service's own xDS stream (mTLS, its certificate's identity) delivered the policy.
         await until_in_loop(lambda: not sync.client.subscriptions or sync.client.connected.is_set(), "the root's xDS stream",
@@ -146,7 +148,7 @@ def test_every_tls_bootstrap_is_accepted_by_envoy(tmp_path: Path) -> None:
     boots = {
         "root": root_bootstrap(cfg, "a", admin_port=free_port()),
         "leaf": leaf_bootstrap(cfg, "a", admin_port=free_port(), emulate_wan=False, access_log=True),
-        "ads-root": ads_bootstrap("root", "a", HostPort("127.0.0.1", free_port()), free_port(), tls=cfg.tls),
+        "ads-root": ads_bootstrap("root", "a", HostPort("127.0.0.1", free_port()), free_port(), tls=cfg.tls, token=token_secret(cfg)),
         "ads-leaf": ads_bootstrap("leaf", "a", HostPort("127.0.0.1", free_port()), free_port(), tls=cfg.tls),
     }
     expect = {"root": {"dlb_root_ext_proc": "spiffe://dlb/root/a"},

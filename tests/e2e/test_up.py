@@ -88,10 +88,10 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             status, headers, _ = request(host, port)
             assert status == 200 and headers.get("x-dlb-server") in ("a/0", "b/0"), (status, headers)
             _openai_sdk_through(f"http://{host}:{port}/v1")
-            # Every port printed before anything started: the config's by field, the drawn ones named as such.
+            # Every port printed before anything started: the config's by field (a root's admin too), the drawn ones named as such.
             text = "".join(seen)
             assert text.index("dlb up: listening on") < text.index("ready (pid"), text
-            assert "services.control_plane.xds" in text and "cells[0].leaf.probe" in text and "root us-east1 Envoy admin (drawn)" in text
+            assert "services.control_plane.xds" in text and "cells[0].leaf.probe" in text and "services.root.admin (root us-east1 Envoy)" in text
             # No root_token_file in the config: a fresh random token for this run, private, not the derived one.
             token_file = run_dir / "root-token"
             assert "root token generated in" in "".join(seen) and (token_file.stat().st_mode & 0o777) == 0o600

@@ -184,6 +184,58 @@ def secret_problems(docs: list[dict[str, Any]]) -> list[str]:
             for k, v in (d.get("data") or {}).items() if SECRET_KEY.search(k) or SECRET_TEXT.search(str(v))]
 
 
+def token_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """dlb.yaml names a root_token_file; every DLB container has it from a Secret, and the root bootstrap reads that file.
+
+    Every container needs it: the services load dlb.yaml (which reads the file), the root Envoy's bootstrap
+    secret and the leaf Envoy's token check read it themselves (xDS carries only the path).
+    """
+    text = packed_config(docs)
+    path = yaml.safe_load(text).get("root_token_file") if text else "/etc/dlb-root-token/token"  # a cell overlay alone
+    if not path:
+        return ["dlb.yaml: no root_token_file (the leaf would trust a token derived from the config)"]
+    folder = str(Path(path).parent)
+    problems = []
+    for w in _workloads(docs):
+        if _base_name(w) not in ("dlb-root", "dlb-leaf", "dlb-control-plane"):
+            continue
+        secrets = {v["name"] for v in _pod(w).get("volumes", []) if "secret" in v}
+        for c in _pod(w)["containers"]:
+            if not any(m["mountPath"] == folder and m["name"] in secrets for m in c.get("volumeMounts", [])):
+                problems.append(f"{_name(w)} container {c['name']}: no Secret mounted at {folder} (root_token_file {path})")
+    for name, boot in bootstraps(docs).items():
+        files = [s["generic_secret"]["secret"].get("filename") for s in yaml.safe_load(boot)["static_resources"].get("secrets", [])]
+        if name.startswith("dlb-bootstrap-root") and files != [path]:
+            problems.append(f"ConfigMap/{name}: the root token secret reads {files}, not root_token_file {path}")
+    return problems
+
+
+#: Container ports that serve Prometheus metrics: the services' /metrics and Envoy's /stats/prometheus.
+METRICS_PORTS = ("http-metrics", "http-status", "envoy-ready")
+
+
+def monitoring_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """In a cluster's render: every metrics port of every pod is scraped by a PodMonitor, whose ports all exist."""
+    if not any(w["metadata"]["name"] == "dlb-control-plane" for w in _workloads(docs)):
+        return []  # a cell overlay alone: base/common (in its cluster overlay) has the PodMonitor
+    monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    problems = []
+    used: set[tuple[str, str]] = set()
+    for w in _workloads(docs):
+        labels, ns = w["spec"]["template"]["metadata"].get("labels", {}), w["metadata"].get("namespace")
+        scraped = {e["port"] for m in monitors if m["metadata"].get("namespace") == ns
+                   and _selects(m["spec"]["selector"].get("matchLabels", {}), labels) for e in m["spec"]["podMetricsEndpoints"]}
+        for c in _pod(w)["containers"]:
+            for port in c.get("ports", []):
+                if port.get("name") in METRICS_PORTS:
+                    used.add((ns, port["name"]))
+                    if port["name"] not in scraped:
+                        problems.append(f"{_name(w)} container {c['name']}: metrics port {port['name']} is scraped by no PodMonitor")
+    problems += [f"{_name(m)}: port {e['port']} is no metrics port of a pod it selects" for m in monitors
+                 for e in m["spec"]["podMetricsEndpoints"] if (m["metadata"].get("namespace"), e["port"]) not in used]
+    return problems
+
+
 def root_problems(docs: list[dict[str, Any]]) -> list[str]:
     """Roots (where clients enter) have a PriorityClass, spread over zones and nodes, and an HPA from 2 replicas."""
     hpas = {d["spec"]["scaleTargetRef"]["name"]: d for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
@@ -338,7 +390,11 @@ def loopback_problems(docs: list[dict[str, Any]]) -> list[str]:
         if d["kind"] == "ConfigMap":
             for key, text in d.get("data", {}).items():
                 root = "dlb.yaml" if key == "dlb.yaml" else "bootstrap"
-                found += [p for p, s in _strings(yaml.safe_load(text), root) if LOOPBACK.search(s)]
+                doc = yaml.safe_load(text)
+                if root == "bootstrap":  # the admin cluster is admin itself (the ready listener serves its stats only)
+                    static = doc.get("static_resources", {})
+                    static["clusters"] = [c for c in static.get("clusters", []) if c["name"] != "dlb_admin_stats"]
+                found += [p for p, s in _strings(doc, root) if LOOPBACK.search(s)]
             continue
         for p, s in _strings(d, _name(d)):
             if LOOPBACK.search(s):
@@ -383,6 +439,8 @@ RULES = {
     "pdb": pdb_problems,
     "networkpolicy": networkpolicy_problems,
     "secrets": secret_problems,
+    "token": token_problems,
+    "monitoring": monitoring_problems,
     "roots": root_problems,
     "services": service_problems,
     "sizing": lambda docs: sizing_problems(docs, cpu_costs()),
@@ -420,7 +478,8 @@ def test_strict_schemas(version: str, tmp_path: Path) -> None:
 
 
 def test_strict_schemas_catch_a_typo() -> None:
-    text = render_text(K8S / "overlays" / "cluster-us").replace("requests:", "requets:", 1)
+    # The field at the start of a line (bootstraps in ConfigMaps hold "max_requests:" as text)
+    text = re.sub(r"(?m)^(\s+)requests:", r"\1requets:", render_text(K8S / "overlays" / "cluster-us"), count=1)
     out = subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", "-k", KUBE_VERSIONS[-1], "-"],
                          input=text, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "requets" in out.stdout + out.stderr
@@ -510,6 +569,16 @@ def _plant_secret_in_configmap(docs: list[dict[str, Any]]) -> None:
     cm["data"]["root-token"] = "s3cr3t-s3cr3t-s3cr3t"
 
 
+def _plant_no_token_mount(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-leaf", "envoy")
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "root-token"]
+
+
+def _plant_unscraped_envoy(docs: list[dict[str, Any]]) -> None:
+    pm = _first(docs, "PodMonitor", "dlb")
+    pm["spec"]["podMetricsEndpoints"] = [e for e in pm["spec"]["podMetricsEndpoints"] if e["port"] != "envoy-ready"]
+
+
 def _plant_no_hpa(docs: list[dict[str, Any]]) -> None:
     docs[:] = [d for d in docs if d["kind"] != "HorizontalPodAutoscaler"]
 
@@ -522,6 +591,8 @@ PLANTED = [
     ("networkpolicy", _plant_open_port, "port debug has no NetworkPolicy"),
     ("secrets", _plant_secret_in_configmap, "secret in ConfigMap"),
     ("roots", _plant_no_hpa, "no HorizontalPodAutoscaler"),
+    ("monitoring", _plant_unscraped_envoy, "metrics port envoy-ready is scraped by no PodMonitor"),
+    ("token", _plant_no_token_mount, "container envoy: no Secret mounted at /etc/dlb-root-token"),
     ("containers", _plant_root_user, "may run as root"),
     ("containers", _plant_no_listen, "no explicit --listen"),
     ("pdb", _plant_uncovered, "no PodDisruptionBudget"),

@@ -111,7 +111,11 @@ ROOT_MISTAKES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
      f"{HCM}.http_filters[0].typed_config.grpc_service.envoy_grpc.cluster_name", "not in static_resources.clusters"),
     ("ext_proc fails closed", lambda b: _ext_proc(b)["typed_config"].update(failure_mode_allow=False),
      f"{HCM}.http_filters[0].typed_config.failure_mode_allow", "fails open"),
-    ("ext_proc after the router", _filters_reversed, f"{HCM}.http_filters[1]", "never runs"),
+    ("ext_proc after the router", _filters_reversed, f"{HCM}.http_filters[2]", "never runs"),
+    ("token in the route config", lambda b: _hcm(b)["route_config"]["request_headers_to_add"].append(
+        {"header": {"key": "x-dlb-root-token", "value": "derived-x"}}), f"{HCM}.route_config.request_headers_to_add", "xDS would carry"),
+    ("no token injector", lambda b: _hcm(b)["http_filters"].pop(1), f"{HCM}.http_filters", "no envoy.filters.http.credential_injector"),
+    ("no token secret", lambda b: b["static_resources"].pop("secrets"), "static_resources.secrets", "no 'dlb-root-token' secret"),
     ("no ext_proc filter", lambda b: _hcm(b).update(http_filters=_hcm(b)["http_filters"][1:]), f"{HCM}.http_filters",
      "is never asked"),
     ("x-dlb-cell not internal", _set(lambda b: _hcm(b)["route_config"], "internal_only_headers", ["x-dlb-src-cell"]),

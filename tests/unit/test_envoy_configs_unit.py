@@ -13,13 +13,12 @@ import yaml
 from test_envoy_configs import CONFIG_DIR, TEMPLATES, _hcm, three_cell_config
 
 from dlb.envoy.bootstrap import (
-    HEADER_ROOT_TOKEN,
     HEADER_SRC_CELL,
     INTERNAL_HEADERS,
     leaf_bootstrap,
     root_bootstrap,
 )
-from dlb.envoy.root_token import root_token
+from dlb.envoy.root_token import TOKEN_CHECK, TOKEN_FILTER, root_token
 from dlb.procutil import free_port
 
 # --------------------------------------------------------------------------------------------
@@ -51,8 +50,14 @@ def test_templates_match_renderer_on_what_matters() -> None:
     leaf_r = leaf_bootstrap(cfg, "us-east1", admin_port=9902, emulate_wan=True)
     assert leaf_t["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     for name in ("dlb.wan_delay.us-west1", "dlb.wan_delay.eu-west1"):
-        assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}},
-                                                                       {"name": HEADER_ROOT_TOKEN, "string_match": {"exact": root_token(cfg)}}]
+        assert _filter(_hcm(leaf_t), name)["typed_config"]["headers"] == [{"name": HEADER_SRC_CELL, "string_match": {"exact": name.rsplit(".", 1)[1]}}]
+    # The token is in no route and no filter but the leaf's check (and the root's bootstrap secret): what the templates show.
+    for name in (TOKEN_CHECK, TOKEN_FILTER):
+        t, r = (_filter(_hcm(b), name) for b in ((leaf_t, leaf_r) if name == TOKEN_CHECK else (template, rendered)))
+        assert t == r, name
+    assert template["static_resources"]["secrets"] == rendered["static_resources"]["secrets"]
+    for boot in (template, rendered, leaf_t, leaf_r):
+        assert root_token(cfg) not in str(_hcm(boot)["route_config"])
     # Same delay as rendered from the example config (eu-west1 may not send to us-east1 there, so only us-west1).
     assert _filter(_hcm(leaf_t), "dlb.wan_delay.us-west1") == _filter(_hcm(leaf_r), "dlb.wan_delay.us-west1")
     # Same dead-server handling: health check, outlier detection, no panic mode, retry budget and safe retries.
@@ -86,7 +91,7 @@ def test_leaf_without_emulation_adds_no_fault_filter() -> None:
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=150.0)
     boot = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=False)
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
+    assert [f["name"] for f in hcm["http_filters"]] == [TOKEN_CHECK, "envoy.filters.http.router"]
     boot2 = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=True)
     hcm2 = boot2["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     delays = {f["name"]: f["typed_config"]["delay"]["fixed_delay"] for f in hcm2["http_filters"] if "fault" in f["typed_config"]["@type"]}

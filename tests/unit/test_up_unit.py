@@ -79,7 +79,26 @@ def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp
     monkeypatch.setattr(procutil._random, "randrange", lambda a, b: next(draws))
     monkeypatch.setattr(procutil, "_pool_top", lambda ephemeral=None: procutil.LOWEST_PORT + 2000)
     dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
-    urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values(), *(r.admin_url for r in dep.roots.values()),
-            *(r.metrics_url for r in dep.roots.values())]
+    urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values()]
     drawn = {int(re.search(r":(\d+)/", u).group(1)) for u in urls}  # type: ignore[union-attr]
     assert len(drawn) == len(urls) and not drawn & set(named), (drawn, named)
+    # A root's metrics and admin are the config's (services.root.*), not drawn: a stable Prometheus target.
+    root = dep.roots["us-east1"]
+    assert (root.metrics_url, root.admin_url) == (f"http://{cfg.services.root.metrics}/metrics", f"http://{cfg.services.root.admin}/")
+
+
+def test_each_root_gets_its_own_metrics_and_admin_port_from_the_config() -> None:
+    from dlb.config import config_from_dict
+    from dlb.launch.up import listen_addresses, root_ports
+
+    def cell(name: str, i: int, root: bool) -> dict[str, object]:
+        return {"name": name, "servers": [f"127.0.0.1:{100 + i}"], "leaf": {"address": f"127.0.0.1:{200 + i}", "probe": f"127.0.0.1:{300 + i}"},
+                **({"root": {"address": f"127.0.0.1:{400 + i}"}} if root else {})}
+
+    cfg = config_from_dict({"version": 1, "endpoints": [{"name": "c", "match": {"prefix": "/v1/"}}],
+                            "cells": [cell("a", 0, True), cell("b", 1, False), cell("c", 2, True)],
+                            "network": {"default_one_way_ms": 1}, "services": {"root": {"metrics": "127.0.0.1:29080"}}})
+    assert {c: (str(m), str(a)) for c, (m, a) in root_ports(cfg).items()} == {
+        "a": ("127.0.0.1:29080", "127.0.0.1:19901"), "c": ("127.0.0.1:29081", "127.0.0.1:19902")}
+    fields = dict(listen_addresses(cfg))
+    assert str(fields["services.root.metrics + 1 (root c)"]) == "127.0.0.1:29081" and "services.root.admin (root a Envoy)" in fields
