@@ -192,17 +192,18 @@ def _python() -> list[str]:
 
 
 def _envoy_child(sup: Supervisor, role: str, cell: str, xds: list[HostPort], listener: HostPort, run_dir: Path,
-                 tls: TlsFiles | None = None, admin: int | None = None) -> tuple[Child, int]:
+                 tls: TlsFiles | None = None, admin: int | None = None, replica: int = 1) -> tuple[Child, int]:
     """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier (admin on
-    ``admin``, default a free port)."""
+    ``admin``, default a free port); ``replica`` > 1 names a further Envoy sharing the same listener."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
 
-    name, tier = f"{role} {cell} envoy", f"{role}s" if role == "root" else "leaves"
+    suffix = "" if replica == 1 else f" {replica}"
+    name, tier = f"{role} {cell} envoy{suffix}", f"{role}s" if role == "root" else "leaves"
     from dlb.envoy.binary import envoy_binary
 
     admin = admin or free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=tls), indent=1))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}{suffix.replace(' ', '-')}", tls=tls), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
@@ -232,7 +233,8 @@ def http_ok(url: str) -> bool:
 
 def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = False,
          leaf_args: list[str] | None = None, root_args: list[str] | None = None,
-         control_plane_args: list[str] | None = None, root_services: bool = True, control_planes: int = 1) -> Deployment:
+         control_plane_args: list[str] | None = None, root_services: bool = True, control_planes: int = 1,
+         root_envoys: int = 1) -> Deployment:
     """Add the control plane, every leaf and every root of ``cfg`` to ``sup`` (nothing is started yet).
 
     ``root_services=False`` starts the root Envoys without their ext_proc service: every request then
@@ -246,6 +248,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     cp = cfg.services.control_plane
     status_url = f"http://{cp.status.host}:{cp.status.port}"
     wan = ["--emulate-wan"] if emulate_wan else []
+    shared_roots = ["--root-reuse-port"] if root_envoys > 1 else []
     # Replica 1 listens where the config says; the others on free ports of the same host. Every Envoy
     # and service is given all of them (active-active: each replica probes and builds the same snapshots).
     replicas = [(cp.xds, cp.status)] + [(HostPort(cp.xds.host, free_port()), HostPort(cp.status.host, free_port()))
@@ -257,7 +260,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
         url = f"http://{status.host}:{status.port}"
         sup.add(Child(name, "control-plane",
                       [*_python(), "serve", "control-plane", "--config", config_path, "--xds", str(xds), "--status", str(status),
-                       *wan, *(control_plane_args or [])],
+                       *wan, *shared_roots, *(control_plane_args or [])],
                       run_dir / f"{name.replace(' ', '-')}.log",
                       ready=functools.partial(_control_plane_ready, url, xds),
                       waiting=functools.partial(str, f"{url}/status to answer 200 and xDS at {xds} to accept")))
@@ -291,7 +294,10 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, "root", cell.name, xds_all, cell.root.address, run_dir, cfg.tls)
+        admin = 0
+        for k in range(root_envoys):  # a second one shares the listener (SO_REUSEPORT): a kill loses only in-flight
+            _, port = _envoy_child(sup, "root", cell.name, xds_all, cell.root.address, run_dir, cfg.tls, replica=k + 1)
+            admin = admin or port
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)
@@ -321,7 +327,8 @@ def default_run_dir(prefix: str) -> Path:
 
 
 def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
-           insecure: bool = False, service_args: list[str] | None = None, control_planes: int = 2) -> int:
+           insecure: bool = False, service_args: list[str] | None = None, control_planes: int = 2,
+           root_envoys: int = 2) -> int:
     """Start, wait until ready, serve until Ctrl-C or ``duration_s``. ``service_args`` go to every root and
     leaf service (the tracing flags)."""
     from dlb.config import ConfigError, load_config
@@ -353,7 +360,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     if warning:
         print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
-               control_planes=control_planes)
+               control_planes=control_planes, root_envoys=root_envoys)
     for child in sup.children:
         child.env.update(token_env)
     print("dlb up: listening on\n" + dep.ports_text(), flush=True)

@@ -140,7 +140,7 @@ class XdsClient:
         if self.target != target.strip():
             # An address list has no host of its own to check a certificate against: the first replica's
             # (so with TLS, replicas given by IP share a certificate naming that address; dlb up's do).
-            first = target.split(",")[0].strip()
+            first = target.split(",", maxsplit=1)[0].strip()
             channel_options = [("grpc.default_authority", first), *(channel_options or [])]  # type: ignore[list-item]
         self.node = base_pb2.Node()
         self.node.CopyFrom(node)
