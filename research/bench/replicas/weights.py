@@ -46,17 +46,18 @@ def main() -> int:
         more = plane.more_control_planes[0].args
         urls.append(f"http://{more[more.index('--status') + 1]}")
         stop = threading.Event()
-        sent = {"ok": 0, "failed": 0}
+        sent: dict[str, int] = {}
 
         def send() -> None:
             host, port = plane.root_url
             while not stop.is_set():
                 t0 = time.monotonic()
                 try:
-                    status, _, _ = request(host, port, timeout=20)
-                    sent["ok" if status == 200 else "failed"] += 1
-                except OSError:
-                    sent["failed"] += 1
+                    status, _, body = request(host, port, timeout=20)
+                    why = str(status) if status == 200 else f"{status} {body[:60].decode(errors='replace')}"
+                except OSError as e:
+                    why = type(e).__name__
+                sent[why] = sent.get(why, 0) + 1
                 time.sleep(max(0.0, 4 / args.rate - (time.monotonic() - t0)))
 
         workers = [threading.Thread(target=send, daemon=True) for _ in range(4)]
