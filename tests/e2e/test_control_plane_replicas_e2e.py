@@ -94,6 +94,10 @@ class Load(threading.Thread):
                     self.failed.append(why)
             time.sleep(0.02)
 
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(30)
+
     def run(self) -> None:
         workers = [threading.Thread(target=self._one, daemon=True) for _ in range(self.WORKERS)]
         for w in workers:
@@ -103,9 +107,10 @@ class Load(threading.Thread):
 
 
 @contextlib.contextmanager
-def _dlb_up(tmp_path: Path) -> Iterator[tuple[list[str], tuple[str, int], str]]:
+def _dlb_up(tmp_path: Path) -> Iterator[tuple[list[str], Load, str]]:
     """``dlb up`` (defaults: 2 control planes, 2 root Envoys) on two emulated cells; yields the replicas'
-    status URLs, the root's address and the console text so far. Stops everything on exit."""
+    status URLs, :class:`Load` through the root (running for 3 s already) and the console text so far.
+    Stops everything on exit."""
     with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
         path = tmp_path / "dlb.yaml"
@@ -115,13 +120,19 @@ def _dlb_up(tmp_path: Path) -> Iterator[tuple[list[str], tuple[str, int], str]]:
         proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(run_dir)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         seen: list[str] = []
+        load = None
         try:
             first = _read_until(proc, r"(\S+)\s+services\.control_plane\.status", seen).group(1)
             second = _read_until(proc, r"(\S+)\s+control plane 2 status \(drawn\)", seen).group(1)
             m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
             _read_until(proc, r"Ctrl-C stops everything", seen)
-            yield [f"http://{first}", f"http://{second}"], (m.group(1), int(m.group(2))), "".join(seen)
+            load = Load(m.group(1), int(m.group(2)))
+            load.start()
+            time.sleep(3.0)
+            yield [f"http://{first}", f"http://{second}"], load, "".join(seen)
         finally:
+            if load is not None:
+                load.finish()
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -139,34 +150,27 @@ def _pid(console: str, child: str) -> int:
 
 
 def test_killing_one_control_plane_replica_under_load_loses_nothing_and_rehomes_every_node(tmp_path: Path) -> None:
-    with _dlb_up(tmp_path) as (urls, root, console):
-        load = Load(*root)
-        load.start()
-        try:
-            time.sleep(3.0)
-            before: dict[str, dict[str, str]] = {}
-            for url in urls:
-                before.update(_acked(_status(url) or {}))
-            on_first = set(_acked(_status(urls[0]) or {}))
-            # 2 leaf + 2 root Envoys, 2 leaf agents, 1 root service
-            assert len(before) >= 7 and on_first, before
-            weights = [json.loads(urllib.request.urlopen(f"{u}/fleet", timeout=2).read())["flow_weights"] for u in urls]
+    with _dlb_up(tmp_path) as (urls, load, console):
+        before: dict[str, dict[str, str]] = {}
+        for url in urls:
+            before.update(_acked(_status(url) or {}))
+        on_first = set(_acked(_status(urls[0]) or {}))
+        assert len(before) >= 7 and on_first, before  # 2 leaf + 2 root Envoys, 2 leaf agents, 1 root service
+        weights = [json.loads(urllib.request.urlopen(f"{u}/fleet", timeout=2).read())["flow_weights"] for u in urls]
 
-            t_kill = time.monotonic()
-            os.kill(_pid(console, "control-plane"), signal.SIGKILL)
-            rehomed: dict[str, float] = {}
-            versions: dict[str, dict[str, str]] = {}
-            while time.monotonic() - t_kill < 10.0 and len(rehomed) < len(before):
-                live = _acked(_status(urls[1]) or {})
-                for nid, vs in live.items():
-                    if nid in before and nid not in rehomed and set(vs) >= set(before[nid]):
-                        rehomed[nid] = time.monotonic() - t_kill
-                        versions[nid] = vs
-                time.sleep(0.05)
-            time.sleep(1.0)
-        finally:
-            load.stop.set()
-            load.join(30)
+        t_kill = time.monotonic()
+        os.kill(_pid(console, "control-plane"), signal.SIGKILL)
+        rehomed: dict[str, float] = {}
+        versions: dict[str, dict[str, str]] = {}
+        while time.monotonic() - t_kill < 10.0 and len(rehomed) < len(before):
+            live = _acked(_status(urls[1]) or {})
+            for nid, vs in live.items():
+                if nid in before and nid not in rehomed and set(vs) >= set(before[nid]):
+                    rehomed[nid] = time.monotonic() - t_kill
+                    versions[nid] = vs
+            time.sleep(0.05)
+        time.sleep(1.0)
+        load.finish()
         moved = {n: round(rehomed[n], 2) for n in on_first if n in rehomed}
         print(f"\nrequests ok={load.ok} failed={len(load.failed)}; nodes on the killed replica: {len(on_first)}, "
               f"re-homed after (s): {moved}; flow weights of the replicas before the kill: {weights}")
@@ -178,17 +182,11 @@ def test_killing_one_control_plane_replica_under_load_loses_nothing_and_rehomes_
 
 
 def test_killing_one_of_two_root_envoys_loses_only_its_in_flight_requests(tmp_path: Path) -> None:
-    with _dlb_up(tmp_path) as (_urls, root, console):
-        load = Load(*root)
-        load.start()
-        try:
-            time.sleep(3.0)
-            ok_before = load.ok
-            os.kill(_pid(console, "root us-east1 envoy 2"), signal.SIGKILL)
-            time.sleep(5.0)
-        finally:
-            load.stop.set()
-            load.join(30)
+    with _dlb_up(tmp_path) as (_urls, load, console):
+        ok_before = load.ok
+        os.kill(_pid(console, "root us-east1 envoy 2"), signal.SIGKILL)
+        time.sleep(5.0)
+        load.finish()
         print(f"\nrequests ok={load.ok} (before the kill {ok_before}) failed={len(load.failed)}: {load.failed[:5]}")
         assert load.ok > ok_before + 20  # the other root Envoy kept serving
         assert len(load.failed) <= Load.WORKERS, load.failed  # at most one in-flight request per client thread
