@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults*", "dlb bench faults --json FILE"),
+    ("bench/replicas/weights*.json", "python research/bench/replicas/weights.py --json FILE"),
     ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),

@@ -32,7 +32,9 @@ streams whose answer had started (the root retries the rest on a fallback cell);
 ``failed <= 1 %`` of sent and the leaf Envoy never counts fewer healthy servers than it has
 (``envoy_min_healthy``; ``cell_load`` is the mean share of the cell's batch slots busy meanwhile);
 every fault: ``recover_s`` not null and ``<= 10``. The root Envoy fault has no failure target (a killed
-root Envoy is the client's own connection). ``policy`` is the endpoint's DLB policy (``--policy``);
+root Envoy is the client's own connection); with two root Envoys sharing the address
+(``root_envoy_replica``, one killed) no request sent after the kill may fail. ``control_plane_replica``
+kills the first of two control-plane replicas, the one the services follow: ``failed == 0``. ``policy`` is the endpoint's DLB policy (``--policy``);
 with ``--runs N`` each row is run N times (seeds ``seed`` … ``seed + N - 1``) and reported as
 min/median/max of its counts, passing only if every run passes.
 """
@@ -57,9 +59,9 @@ from dlb.errors import UsageError
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
 FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "control_plane",
-          "root_envoy", "cell_overload")
+          "control_plane_replica", "root_envoy", "root_envoy_replica", "cell_overload")
 MODES = ("ext_proc", "least_request")
-NO_FAILURE_TARGET = {"root_service", "control_plane", "leaf_agent_kill", "leaf_agent_freeze"}
+NO_FAILURE_TARGET = {"root_service", "control_plane", "control_plane_replica", "leaf_agent_kill", "leaf_agent_freeze"}
 #: Outages longer than ``--outage-s`` where the issue asks for one: a leaf agent frozen for 20 s.
 OUTAGE_S = {"leaf_agent_freeze": 20.0}
 WINDOW_TARGET = {"server", "cell"}
@@ -269,7 +271,7 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
         return (lambda: plane.leaf_envoys["a"].proc.kill()), (lambda: plane.leaf_envoys["a"].start() and None)
     if fault == "root_service":
         return (lambda: plane.root.proc.kill()), (lambda: plane.restart_root() and None)
-    if fault == "control_plane":
+    if fault in ("control_plane", "control_plane_replica"):  # the replica the services follow (the first of two)
         return (lambda: plane.control_plane.proc.kill()), (lambda: plane.restart_control_plane() and None)
     if fault == "cell_overload":
         def slow() -> None:
@@ -282,6 +284,8 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
         return slow, fast
     if fault == "root_envoy":
         return (lambda: plane.root_envoy.proc.kill()), (lambda: plane.root_envoy.start() and None)
+    if fault == "root_envoy_replica":  # one of the two root Envoys sharing the root address
+        return (lambda: plane.more_root_envoys[0].proc.kill()), (lambda: plane.more_root_envoys[0].start() and None)
     raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
 
 
@@ -333,8 +337,9 @@ def _count(values: Any) -> dict[Any, int]:
 
 
 #: The verdict rule of every row, as the results file states it.
-VERDICT_RULE = ("0 failed requests (root service, control plane, leaf agent faults), 0 but streams already answering "
-                "(leaf Envoy), new requests failing for <= 1 s (cell and server faults), >= 99 % served and every server "
+VERDICT_RULE = ("0 failed requests (root service, control plane or one replica, leaf agent faults), 0 but streams "
+                "already answering (leaf Envoy), 0 sent after the kill (one of two root Envoys), new requests failing for "
+                "<= 1 s (cell and server faults), >= 99 % served and every server "
                 "kept by its leaf Envoy (cell overload), recovered within 10 s")
 #: Failures of a request whose answer had started (status 200, then cut): no proxy can retry those.
 ANSWERING = ("0 cut after 200", "0 no [DONE]")
@@ -352,6 +357,8 @@ def verdict(row: dict[str, Any]) -> str:
             why.append(f"{row['failed']} of {row['sent']} failed (target <= 1 %)")
         if row.get("envoy_min_healthy") is not None and row["envoy_min_healthy"] < row.get("servers_a", row["envoy_min_healthy"]):
             why.append(f"the leaf Envoy kept only {row['envoy_min_healthy']} servers")
+    if row["fault"] == "root_envoy_replica" and row["failed_new"] > 0:
+        why.append(f"{row['failed_new']} requests sent after the kill failed (target 0: only those in flight on it)")
     if row["fault"] in WINDOW_TARGET and row["new_fail_window_s"] > 1.0:
         why.append(f"new requests failed for {row['new_fail_window_s']} s (target <= 1)")
     if row["recover_s"] is None or row["recover_s"] > 10.0:
@@ -453,7 +460,9 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         try:
             plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
                                      probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
-                                     control_plane=(fault == "control_plane"))
+                                     control_plane=fault.startswith("control_plane"),
+                                     control_planes=2 if fault == "control_plane_replica" else 1,
+                                     root_envoys=2 if fault == "root_envoy_replica" else 1)
             break
         except (RuntimeError, TimeoutError, OSError):
             # A free port taken by another process between our pick and the child's bind (a shared box:

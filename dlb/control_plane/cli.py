@@ -24,6 +24,8 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--serve-cells", default=None, metavar="A,B",
                    help="build snapshots and flow loops for these cells only (one control plane per cluster); "
                         "every leaf is still probed (default: every cell)")
+    p.add_argument("--root-reuse-port", action="store_true",
+                   help="root listeners share their port (SO_REUSEPORT): several root Envoys per cell on one host")
     p.add_argument("--watch-config", action="store_true",
                    help="reload when the config file changes, as on SIGHUP (follows a Kubernetes ConfigMap's symlink swap)")
     p.add_argument("--watch-period-s", type=float, default=1.0, help="how often --watch-config checks the file")
@@ -63,7 +65,8 @@ async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.gc_heap import GcPauses, freeze_heap
     from dlb.service.metrics import CallbackCollector
 
-    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells)
+    cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells,
+                      root_reuse_port=args.root_reuse_port)
     xds_port, status_port = await cp.start(args.xds, args.status)
     loop = asyncio.get_running_loop()
 

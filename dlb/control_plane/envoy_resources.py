@@ -143,9 +143,11 @@ def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Ma
                         wc.clusters.add(name=cell.cluster_name).weight.value = ints[cell.index]
 
 
-def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None) -> ResourceSet:
-    """Everything a root Envoy in ``cell`` gets over ADS; flow endpoints run natively in Envoy."""
-    rs = from_bootstrap(envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True))
+def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None,
+                   reuse_port: bool = False) -> ResourceSet:
+    """Everything a root Envoy in ``cell`` gets over ADS; flow endpoints run natively in Envoy.
+    ``reuse_port``: several root Envoys of the cell share its address on one host (``dlb up --root-envoys``)."""
+    rs = from_bootstrap(envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True, reuse_port=reuse_port))
     if flow_weights:
         set_flow_weights(rs, config, cell, flow_weights)
     check_references(rs)

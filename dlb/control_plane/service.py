@@ -90,7 +90,8 @@ class ControlPlane:
 
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
                  probe: bool = True, flow_loop: bool = True,
-                 serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all) -> None:
+                 serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all,
+                 root_reuse_port: bool = False) -> None:
         self.cache = SnapshotCache(node_key=dlb_node_key)
         # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
         # names is the only snapshot its streams may read. Fixed at start: a reload cannot turn it off.
@@ -101,6 +102,9 @@ class ControlPlane:
         self.clock = clock
         self.emulate_wan = emulate_wan
         self.probe_enabled = probe
+        #: Root listeners with SO_REUSEPORT: several root Envoys of a cell on one host share its address, so
+        #: killing one loses only its in-flight requests (``dlb up --root-envoys``; pods have their own IPs).
+        self.root_reuse_port = root_reuse_port
         self.flow_loop_enabled = flow_loop  # off: snapshots change only on rebuild()/reload() calls
         #: ``--serve-cells``: snapshots and flow loops for these cells only (None = every cell). One
         #: control plane per Kubernetes cluster serves its own cells, so a WAN partition never cuts a
@@ -177,7 +181,7 @@ class ControlPlane:
             if not self.serves(cell.name):
                 continue
             if cell.root.address is not None:
-                rs = er.root_resources(config, cell.name)
+                rs = er.root_resources(config, cell.name, reuse_port=self.root_reuse_port)
                 root_sets[cell.name] = rs
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *rs.endpoints)]
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)

@@ -15,6 +15,7 @@ since Envoy 1.40 refuses a name in a ``STATIC`` cluster ("malformed IP address")
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from dlb.config.hostport import is_ip
@@ -27,7 +28,7 @@ XDS_CLUSTER = "dlb_xds"
 ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
 
 
-def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id: str | None = None,
+def ads_bootstrap(role: str, cell: str, xds: HostPort | Sequence[HostPort], admin_port: int, node_id: str | None = None,
                   delta: bool = False, ready_port: int | None = None, tls: TlsFiles | None = None,
                   token: dict[str, Any] | None = None) -> dict[str, Any]:
     """Bootstrap of an Envoy of ``role`` (root|leaf) in ``cell``, configured entirely over ADS.
@@ -42,8 +43,9 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
     if role == "root" and token is None:
         raise ValueError("a root Envoy's bootstrap needs the root token secret (token_secret(cfg) or token_file_secret(path))")
+    replicas = [xds] if isinstance(xds, HostPort) else list(xds)
     ads = {"ads": {}, "resource_api_version": "V3"}
-    dns = not is_ip(xds.host)
+    dns = not all(is_ip(r.host) for r in replicas)
     boot: dict[str, Any] = {
         "node": {
             "id": node_id or f"{role}-{cell}-{os.getpid()}",
@@ -72,7 +74,13 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort, admin_port: int, node_id:
                 **({"dns_lookup_family": "V4_PREFERRED"} if dns else {}),
                 "connect_timeout": "1s",
                 "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": xds.host, "port_value": xds.port}}}}]}]},
+                    {"endpoint": {"address": {"socket_address": {"address": r.host, "port_value": r.port}}}}
+                    for r in replicas]}]},
+                # Control-plane replicas (active-active): the gRPC health check (served next to xDS)
+                # takes a dead replica out within ~0.5 s, so a broken ADS stream reconnects to a live one.
+                "health_checks": [{"timeout": "1s", "interval": "0.5s", "no_traffic_interval": "0.5s",
+                                   "unhealthy_threshold": 1, "healthy_threshold": 1,
+                                   "grpc_health_check": {}}],
                 "typed_extension_protocol_options": {
                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",

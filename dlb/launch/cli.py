@@ -20,6 +20,10 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=positive_float, default=90.0, help="seconds each tier may take to become ready")
     p.add_argument("--insecure", action="store_true",
                    help="no private CA: gRPC between the control plane, roots and leaves stays plaintext unless the config has tls")
+    p.add_argument("--control-planes", type=int, default=2, choices=range(1, 6), metavar="N",
+                   help="control-plane replicas (active-active; every Envoy and service follows all of them)")
+    p.add_argument("--root-envoys", type=int, default=2, choices=range(1, 6), metavar="N",
+                   help="root Envoys per source cell, sharing its address (a kill loses only their in-flight requests)")
     p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     add_tracing_flags(p, "root decision and leaf pick")
     p.set_defaults(func=_run_up)
@@ -30,4 +34,5 @@ def _run_up(args: argparse.Namespace) -> int:
 
     tracing_options(args, "dlb")  # checks the ratio before anything starts
     tracing = ["--otlp-endpoint", args.otlp_endpoint, "--trace-sample-ratio", str(args.trace_sample_ratio)] if args.otlp_endpoint else []
-    return run_up(args.config, args.run_dir, args.emulate_wan, args.ready_timeout, args.duration, args.insecure, tracing)
+    return run_up(args.config, args.run_dir, args.emulate_wan, args.ready_timeout, args.duration, args.insecure, tracing,
+                  control_planes=args.control_planes, root_envoys=args.root_envoys)

@@ -174,11 +174,15 @@ class Deployment:
     roots: dict[str, RootInfo] = field(default_factory=dict)
     leaf_metrics: dict[str, str] = field(default_factory=dict)
     leaf_admin: dict[str, str] = field(default_factory=dict)
+    #: Every control-plane replica's (xDS, status) address, the config's first.
+    control_planes: list[tuple[HostPort, HostPort]] = field(default_factory=list)
 
     def ports_text(self) -> str:
         """Every address this run listens on, before anything starts: the config's by field, then the
         leaves' metrics and Envoy admin ports drawn free for this run (not in the config)."""
         lines = [f"  {hp}  {field}" for field, hp in listen_addresses(self.cfg)]
+        lines += [f"  {hp}  control plane {k + 2} {what} (drawn)" for k, pair in enumerate(self.control_planes[1:])
+                  for what, hp in zip(("xds", "status"), pair, strict=True)]
         lines += [f"  {leaf.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} metrics (drawn)" for cell, leaf in self.leaf_metrics.items()]
         lines += [f"  {url.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} Envoy admin (drawn)" for cell, url in self.leaf_admin.items()]
         return "\n".join(lines)
@@ -196,25 +200,26 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "dlb.cli"]
 
 
-def _envoy_child(sup: Supervisor, role: str, cell: str, xds: HostPort, listener: HostPort, run_dir: Path,
-                 cfg: Config, admin: int | None = None) -> tuple[Child, int]:
+def _envoy_child(sup: Supervisor, role: str, cell: str, xds: list[HostPort], listener: HostPort, run_dir: Path,
+                 cfg: Config, admin: int | None = None, replica: int = 1) -> tuple[Child, int]:
     """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier (admin on
-    ``admin``, default a free port)."""
+    ``admin``, default a free port); ``replica`` > 1 names a further Envoy sharing the same listener."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
     from dlb.envoy.root_token import token_secret
 
-    name, tier = f"{role} {cell} envoy", f"{role}s" if role == "root" else "leaves"
+    suffix = "" if replica == 1 else f" {replica}"
+    name, tier = f"{role} {cell} envoy{suffix}", f"{role}s" if role == "root" else "leaves"
     from dlb.envoy.binary import envoy_binary
 
     admin = admin or free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}", tls=cfg.tls,
-                                                 token=token_secret(cfg)), indent=1))
+    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}{suffix.replace(' ', '-')}",
+                                             tls=cfg.tls, token=token_secret(cfg)), indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
                   ready=lambda: _envoy_live(admin) and tcp_open(listener),
-                  waiting=functools.partial(_envoy_waiting, admin, listener, xds))
+                  waiting=functools.partial(_envoy_waiting, admin, listener, xds[0]))
     return sup.add(child), admin
 
 
@@ -229,13 +234,18 @@ def _root_ready(ready_file: Path, metrics_url: str, cfg: Config, cell: str) -> b
     return ready_file.exists() and probes_fresh(metrics_url, cfg, cell)
 
 
+def _control_plane_ready(status_url: str, xds: HostPort) -> bool:
+    return http_get(f"{status_url}/status")[0] == 200 and tcp_open(xds)
+
+
 def http_ok(url: str) -> bool:
     return http_get(url, 0.5)[0] == 200
 
 
 def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = False,
          leaf_args: list[str] | None = None, root_args: list[str] | None = None,
-         control_plane_args: list[str] | None = None, root_services: bool = True) -> Deployment:
+         control_plane_args: list[str] | None = None, root_services: bool = True, control_planes: int = 1,
+         root_envoys: int = 1) -> Deployment:
     """Add the control plane, every leaf and every root of ``cfg`` to ``sup`` (nothing is started yet).
 
     ``root_services=False`` starts the root Envoys without their ext_proc service: every request then
@@ -249,23 +259,34 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     cp = cfg.services.control_plane
     status_url = f"http://{cp.status.host}:{cp.status.port}"
     wan = ["--emulate-wan"] if emulate_wan else []
-    sup.add(Child("control-plane", "control-plane",
-                  [*_python(), "serve", "control-plane", "--config", config_path, *wan, *(control_plane_args or [])],
-                  run_dir / "control-plane.log",
-                  ready=lambda: http_get(f"{status_url}/status")[0] == 200 and tcp_open(cp.xds),
-                  waiting=lambda: f"{status_url}/status to answer 200 and xDS at {cp.xds} to accept"))
-    dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url)
+    shared_roots = ["--root-reuse-port"] if root_envoys > 1 else []
+    # Replica 1 listens where the config says; the others on free ports of the same host. Every Envoy
+    # and service is given all of them (active-active: each replica probes and builds the same snapshots).
+    replicas = [(cp.xds, cp.status)] + [(HostPort(cp.xds.host, free_port()), HostPort(cp.status.host, free_port()))
+                                        for _ in range(control_planes - 1)]
+    xds_all = [x for x, _ in replicas]
+    xds_arg = ",".join(str(x) for x in xds_all)
+    for k, (xds, status) in enumerate(replicas):
+        name = "control-plane" if k == 0 else f"control-plane {k + 1}"
+        url = f"http://{status.host}:{status.port}"
+        sup.add(Child(name, "control-plane",
+                      [*_python(), "serve", "control-plane", "--config", config_path, "--xds", str(xds), "--status", str(status),
+                       *wan, *shared_roots, *(control_plane_args or [])],
+                      run_dir / f"{name.replace(' ', '-')}.log",
+                      ready=functools.partial(_control_plane_ready, url, xds),
+                      waiting=functools.partial(str, f"{url}/status to answer 200 and xDS at {xds} to accept")))
+    dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url, control_planes=replicas)
     for cell in cfg.cells:
         ready_path = run_dir / f"leaf-{cell.name}.ready.json"
         metrics_port, admin = free_port(), free_port()
         sup.add(Child(f"leaf {cell.name} agent", "leaves",
-                      [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
+                      [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", xds_arg,
                        "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path),
                        "--envoy-admin", f"127.0.0.1:{admin}", *(leaf_args or [])],
                       run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
                       waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
                       before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _envoy_child(sup, "leaf", cell.name, cp.xds, cell.leaf.address, run_dir, cfg, admin)
+        _envoy_child(sup, "leaf", cell.name, xds_all, cell.leaf.address, run_dir, cfg, admin)
         dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
         dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
@@ -276,7 +297,7 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
         metrics_url = f"http://{metrics.host}:{metrics.port}/metrics"
         if root_services:
             sup.add(Child(f"root {cell.name} service", "roots",
-                          [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", str(cp.xds),
+                          [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", xds_arg,
                            "--metrics", str(metrics), "--ready-file", str(ready_path), *wan, *(root_args or [])],
                           run_dir / f"root-{cell.name}.log",
                           ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
@@ -284,7 +305,10 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
-        _, admin = _envoy_child(sup, "root", cell.name, cp.xds, cell.root.address, run_dir, cfg, admin_hp.port)
+        admin = admin_hp.port
+        for k in range(root_envoys):  # a second one shares the listener (SO_REUSEPORT): a kill loses only in-flight
+            _envoy_child(sup, "root", cell.name, xds_all, cell.root.address, run_dir, cfg,
+                         admin_hp.port if k == 0 else None, replica=k + 1)
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)
@@ -314,7 +338,8 @@ def default_run_dir(prefix: str) -> Path:
 
 
 def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
-           insecure: bool = False, service_args: list[str] | None = None) -> int:
+           insecure: bool = False, service_args: list[str] | None = None, control_planes: int = 2,
+           root_envoys: int = 2) -> int:
     """Start, wait until ready, serve until Ctrl-C or ``duration_s``. ``service_args`` go to every root and
     leaf service (the tracing flags)."""
     from dlb.config import ConfigError, load_config
@@ -345,7 +370,8 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     warning = forgeable_token_warning(cfg)
     if warning:
         print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
-    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args)
+    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
+               control_planes=control_planes, root_envoys=root_envoys)
     for child in sup.children:
         child.env.update(token_env)
     print("dlb up: listening on\n" + dep.ports_text(), flush=True)

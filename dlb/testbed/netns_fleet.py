@@ -1,6 +1,7 @@
 """A whole DLB deployment across network namespaces: what a multi-host (or multi-pod) fleet sees.
 
-Hosts of a :class:`~dlb.testbed.netns.Lab`: ``cp`` (control plane), ``root`` (root Envoy + root
+Hosts of a :class:`~dlb.testbed.netns.Lab`: ``cp`` and ``cp2`` (two active-active control-plane
+replicas; every Envoy and service is given both), ``root`` (root Envoy + root
 service: one source cell's "pod"), ``client``, and one host per cell with its emulated servers,
 leaf Envoy and leaf agent. Every service binds its host's bridge address; the only loopback
 addresses are Envoy's admin (as in a pod) and the root's ext_proc hop (``cells[].root.ext_proc``,
@@ -25,7 +26,7 @@ from typing import Any
 
 from dlb.config.model import HostPort
 from dlb.launch.supervisor import Child, Supervisor
-from dlb.launch.up import _envoy_live, http_get, probes_fresh, tcp_open
+from dlb.launch.up import _control_plane_ready, _envoy_live, http_get, probes_fresh, tcp_open
 from dlb.testbed.netns import Host, Lab, entered, listeners
 
 ADMIN_PORT = 9901  # Envoy admin, on 127.0.0.1 of its host (each host has its own loopback)
@@ -43,10 +44,15 @@ class NetnsPlan:
     servers_per_cell: int = 2
     profile: str = "fast-test"
     stale_after_ms: int = 1000
+    control_planes: int = 2
+
+    @property
+    def cp_hosts(self) -> list[str]:
+        return ["cp"] + [f"cp{k + 1}" for k in range(1, self.control_planes)]
 
     @property
     def host_names(self) -> list[str]:
-        return ["cp", "root", "client", *self.cells]
+        return [*self.cp_hosts, "root", "client", *self.cells]
 
 
 def netns_config(p: NetnsPlan, ip: dict[str, str]) -> dict[str, Any]:
@@ -105,6 +111,11 @@ class NetnsDeployment:
         return f"http://{self.host('cp').ip}:{STATUS_PORT}"
 
     @property
+    def status_urls(self) -> list[str]:
+        """Every control-plane replica's status URL (``cp`` first)."""
+        return [f"http://{self.host(h).ip}:{STATUS_PORT}" for h in self.plan.cp_hosts]
+
+    @property
     def root_metrics_url(self) -> str:
         return f"http://{self.host('root').ip}:{ROOT_METRICS_PORT}/metrics"
 
@@ -124,7 +135,7 @@ def _envoy(sup: Supervisor, dep: NetnsDeployment, host: Host, tier: str, role: s
     from dlb.envoy.binary import envoy_binary
     from dlb.envoy.root_token import token_secret
 
-    xds = HostPort(dep.host("cp").ip, XDS_PORT)
+    xds = [HostPort(dep.host(h).ip, XDS_PORT) for h in dep.plan.cp_hosts]
     boot = sup.run_dir / f"{role}-{cell}.bootstrap.json"
     token = token_secret(config_from_dict(dep.config, source=str(dep.config_path)))
     boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, ADMIN_PORT, node_id=f"{role}-{cell}", token=token), indent=1))
@@ -142,8 +153,7 @@ def plan(lab: Lab, p: NetnsPlan, sup: Supervisor) -> NetnsDeployment:
     path.write_text(json.dumps(cfg, indent=1))
     dep = NetnsDeployment(p, lab, sup, cfg, path)
     conf = str(path)
-    cp = lab.hosts["cp"]
-    xds = f"{cp.ip}:{XDS_PORT}"
+    xds = ",".join(f"{lab.hosts[h].ip}:{XDS_PORT}" for h in p.cp_hosts)
 
     def add(host: str, child: Child) -> None:
         dep.children.setdefault(host, []).append(sup.add(child))
@@ -156,10 +166,13 @@ def plan(lab: Lab, p: NetnsPlan, sup: Supervisor) -> NetnsDeployment:
                             _python(h, "serve", "emulator", "--host", h.ip, "--port", str(hp.port), "--profile", p.profile,
                                     "--server-id", f"{cell}/{s}"),
                             sup.run_dir / f"server-{cell}-{s}.log", ready=functools.partial(in_host, h, functools.partial(tcp_open, hp))))
-    add("cp", Child("control-plane", "control-plane", _python(cp, "serve", "control-plane", "--config", conf, "--emulate-wan"),
-                    sup.run_dir / "control-plane.log",
-                    ready=functools.partial(in_host, cp, lambda: http_get(f"{dep.status_url}/status")[0] == 200
-                                            and tcp_open(HostPort(cp.ip, XDS_PORT)))))
+    for name, status_url in zip(p.cp_hosts, dep.status_urls, strict=True):
+        cp = lab.hosts[name]
+        add(name, Child(f"control-plane {name}", "control-plane",
+                        _python(cp, "serve", "control-plane", "--config", conf, "--emulate-wan",
+                                "--xds", f"{cp.ip}:{XDS_PORT}", "--status", f"{cp.ip}:{STATUS_PORT}"),
+                        sup.run_dir / f"control-plane-{name}.log",
+                        ready=functools.partial(in_host, cp, functools.partial(_control_plane_ready, status_url, HostPort(cp.ip, XDS_PORT)))))
     for cell in p.cells:
         h = lab.hosts[cell]
         ready_path = sup.run_dir / f"leaf-{cell}.ready.json"

@@ -42,9 +42,13 @@ class DataPlane:
     leaf_envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
     root: ServiceProcess | None = None
     root_envoy: EnvoyProcess | None = None
+    #: Further root Envoys sharing the root's address (``root_envoys`` > 1, SO_REUSEPORT).
+    more_root_envoys: list[EnvoyProcess] = field(default_factory=list)
     #: ``dlb serve control-plane`` when started with ``control_plane=True`` (leaf agents and the root
     #: then run with ``--xds`` against it; the Envoys keep their static bootstraps).
     control_plane: ServiceProcess | None = None
+    #: Further active-active replicas (``control_planes`` > 1): the services follow all of them.
+    more_control_planes: list[ServiceProcess] = field(default_factory=list)
     root_cell: str = ""
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _tmp: Any = None
@@ -126,6 +130,8 @@ def start_data_plane(
     plugins: tuple[dict[str, Any], ...] = (),
     tls: dict[str, str] | None = None,
     control_plane: bool = False,
+    control_planes: int = 1,
+    root_envoys: int = 1,
 ) -> DataPlane:
     """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``;
     with ``control_plane`` first a control plane, whose xDS the leaf agents and the root then follow.
@@ -133,6 +139,8 @@ def start_data_plane(
     ``plugins`` go into the config's ``policy`` section (each replacing the default of its slot; the
     leaves refit every second unless a ``latency-fit`` plugin says otherwise).
     ``tls`` is the config's ``tls`` section (``{ca, cert, key}``): every gRPC hop then runs mutual TLS.
+    ``control_planes`` > 1 starts that many control-plane replicas (the first at the config's address);
+    ``root_envoys`` > 1 that many root Envoys sharing the root address.
     """
     from dlb.emulator.server import ThreadedEmulator
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
@@ -168,7 +176,15 @@ def start_data_plane(
             plane.control_plane = ServiceProcess("control-plane", "--config", config_path, *(["--emulate-wan"] if emulate_wan else []))
             stack.callback(lambda: plane.control_plane.stop() if plane.control_plane is not None else None)
             plane.control_plane.start()
-            xds = ("--xds", raw["services"]["control_plane"]["xds"])
+            cp_addrs = [raw["services"]["control_plane"]["xds"]]
+            for _ in range(control_planes - 1):
+                more = ServiceProcess("control-plane", "--config", config_path, "--xds", f"127.0.0.1:{free_port()}",
+                                      "--status", f"127.0.0.1:{free_port()}", *(["--emulate-wan"] if emulate_wan else []))
+                stack.callback(more.stop)
+                more.start()
+                plane.more_control_planes.append(more)
+                cp_addrs.append(more.args[more.args.index("--xds") + 1])
+            xds = ("--xds", ",".join(cp_addrs))
         leaf_admin = {c.name: free_port() for c in cells}  # each agent reads its Envoy's health verdicts there
         for c in cells:
             leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
@@ -190,9 +206,15 @@ def start_data_plane(
             boot = leaf_bootstrap(cfg, c.name, admin_port=admin, emulate_wan=emulate_wan, access_log=True)
             path = write_bootstrap(boot, Path(tmp.name) / f"leaf-{c.name}.yaml")
             plane.leaf_envoys[c.name] = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
-        admin = free_port()
-        path = write_bootstrap(root_bootstrap(cfg, root_cell, admin_port=admin), Path(tmp.name) / "root.yaml")
-        plane.root_envoy = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
+        for k in range(root_envoys):
+            admin = free_port()
+            boot = root_bootstrap(cfg, root_cell, admin_port=admin, reuse_port=root_envoys > 1)
+            path = write_bootstrap(boot, Path(tmp.name) / f"root-{k}.yaml")
+            envoy = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
+            if k == 0:
+                plane.root_envoy = envoy
+            else:
+                plane.more_root_envoys.append(envoy)
         return plane
     except BaseException:
         stack.close()

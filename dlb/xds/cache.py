@@ -7,14 +7,17 @@ stream that wakes later reads only the newest snapshot. Bursts of ``set_snapshot
 into one push, and setting content identical to the current snapshot changes nothing (no new version,
 no wake-up).
 
-Versions are ``<boot_id>-<counter>``: the boot id is random per process, so a restarted control
-plane never reuses a version a client already holds with different content.
+Versions are ``<stamp>-<boot_id>``: the stamp is 16 hex digits of microseconds since the epoch, never
+less than the previous stamp + 1, so versions compare as strings in the order they were made, also
+across control-plane replicas (active-active, each building its own snapshots); the boot id is random
+per process, so a restarted control plane never reuses a version a client already holds. A client
+that re-homes from another replica announces the version it holds (:meth:`SnapshotCache.resume`):
+if that is newer than this replica's, the snapshot is re-stamped first, so no version goes backwards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import threading
 import time
@@ -58,13 +61,24 @@ class Watch:
             self.notify()
 
 
+def version_stamp(version: str) -> int | None:
+    """The stamp of a version this cache (of any replica) made, or None for any other text."""
+    head, _, _ = version.partition("-")
+    if len(head) != 16:
+        return None
+    try:
+        return int(head, 16)
+    except ValueError:
+        return None
+
+
 @dataclass
 class SnapshotCache:
     node_key: NodeKeyFn = node_id_key
-    boot_id: str = field(default_factory=lambda: f"{int(time.time()):x}{os.urandom(3).hex()}")
+    boot_id: str = field(default_factory=lambda: os.urandom(3).hex())
     _snapshots: dict[str, Snapshot] = field(default_factory=dict)
     _watches: dict[str, set[Watch]] = field(default_factory=dict)
-    _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _stamp: int = 0
     _set_times: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -77,16 +91,34 @@ class SnapshotCache:
             current = self._snapshots.get(key)
             if current is not None and current.digest == snapshot.digest:
                 return current.version
-            version = f"{self.boot_id}-{next(self._counter)}"
-            self._snapshots[key] = replace(snapshot, version=version)
-            self._set_times[version] = time.monotonic()
-            if len(self._set_times) > 1024:
-                del self._set_times[next(iter(self._set_times))]
+            version = self._install(key, snapshot, 0)
             watches = list(self._watches.get(key, ()))
         log.debug("snapshot_set", key=key, version=version, watches=len(watches))
         for w in watches:
             w.wake()
         return version
+
+    def _install(self, key: str, snapshot: Snapshot, after: int) -> str:
+        """Store ``snapshot`` under a new version stamped later than ``after`` and every earlier one (lock held)."""
+        self._stamp = max(self._stamp + 1, time.time_ns() // 1000, after + 1)
+        version = f"{self._stamp:016x}-{self.boot_id}"
+        self._snapshots[key] = replace(snapshot, version=version)
+        self._set_times[version] = time.monotonic()
+        if len(self._set_times) > 1024:
+            del self._set_times[next(iter(self._set_times))]
+        return version
+
+    def resume(self, key: str, held: str) -> None:
+        """A client of ``key`` opened a stream holding version ``held`` (from this or another replica):
+        if it is newer than this replica's, re-stamp the snapshot (same content) past it, so the client's
+        version never goes backwards when it re-homes. Nobody is woken: the content did not change."""
+        stamp = version_stamp(held)
+        with self._lock:
+            current = self._snapshots.get(key)
+            if current is None or stamp is None or held <= current.version:
+                return
+            version = self._install(key, current, stamp)
+        log.info("snapshot_restamped", key=key, held=held, version=version)
 
     def get_snapshot(self, key: str) -> Snapshot | None:
         return self._snapshots.get(key)

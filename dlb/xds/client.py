@@ -113,12 +113,35 @@ class Backoff:
         self.attempt = 0
 
 
+def grpc_target(spec: str) -> str:
+    """``host:port`` as it is; several control-plane replicas, ``a:p,b:p``, as one gRPC target over all.
+
+    Why gRPC's ``ipv4:``/``ipv6:`` address lists: the channel's ``pick_first`` keeps one connection and,
+    when that replica dies, connects to the next address, so a stream re-homes after one reconnect
+    back-off. Several DNS names cannot be one target: give one name that resolves to every replica (a
+    headless Kubernetes Service).
+    """
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if len(parts) <= 1:
+        return parts[0] if parts else spec
+    if all(p.startswith("[") for p in parts):
+        return "ipv6:" + ",".join(parts)
+    if all(p.rpartition(":")[0].replace(".", "").isdigit() for p in parts):
+        return "ipv4:" + ",".join(parts)
+    raise ValueError(f"xDS replicas {spec!r}: give IP addresses (a:port,b:port) or one DNS name that resolves to every replica")
+
+
 class XdsClient:
     def __init__(self, target: str, node: base_pb2.Node, backoff: Backoff | None = None, delta: bool = False,
                  channel_options: list[tuple[str, int]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None) -> None:
-        self.target = target
+        self.target = grpc_target(target)
         self.credentials = credentials  # None: plaintext; else TLS (mutual when it holds a certificate)
+        if self.target != target.strip():
+            # An address list has no host of its own to check a certificate against: the first replica's
+            # (so with TLS, replicas given by IP share a certificate naming that address; dlb up's do).
+            first = target.split(",", maxsplit=1)[0].strip()
+            channel_options = [("grpc.default_authority", first), *(channel_options or [])]  # type: ignore[list-item]
         self.node = base_pb2.Node()
         self.node.CopyFrom(node)
         for feature in sorted(WRAPPER_FEATURES - set(node.client_features)):

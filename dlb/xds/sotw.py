@@ -100,6 +100,8 @@ class SotwStream(StreamBase):
             # No nonce, or a nonce from before this stream (a client that kept it across a
             # reconnect): either way nothing was sent on this stream yet, so answer it.
             st.initial_pending = True
+            if req.version_info and self.key is not None:
+                self.ctx.cache.resume(self.key, req.version_info)  # re-homed from another replica
         sub = st.sub
         self.check_names(req.resource_names, ())
         change = sub.replace(req.resource_names)

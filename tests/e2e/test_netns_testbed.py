@@ -1,7 +1,7 @@
 """Multi-host DLB on one box (issue 17, acceptance criterion 5): a namespace per cell, root, control plane, client.
 
 Three cells (two emulated servers, a leaf Envoy and a leaf agent each), a root (Envoy + root
-service) and a control plane, each in its own network namespace on a bridge (198.18.0.0/24), with
+service) and two control-plane replicas, each in its own network namespace on a bridge (198.18.0.0/24), with
 nothing added to the machine's namespace (:mod:`dlb.testbed.netns`). Checked, in order, on one
 deployment:
 
@@ -12,9 +12,11 @@ deployment:
    another cell's killed, the root marks each unusable (printed: seconds after the stop, against
    ``probe.stale_after_ms`` + 1 s; not asserted, the machine is shared), sends it nothing more and
    every request sent after that succeeds; the frozen cell is usable again once thawed;
-5. a ``preStop``-style drain of the root Envoy (``dlb envoy drain``, then SIGTERM) loses none of the
+5. with two control-plane replicas (hosts ``cp``, ``cp2``), killing one re-homes every node to the
+   other within 2 s, no version going backwards, no request failing;
+6. a ``preStop``-style drain of the root Envoy (``dlb envoy drain``, then SIGTERM) loses none of the
    requests in flight;
-6. after the run, none of the lab's namespaces is left (also when the body raised: separate test).
+7. after the run, none of the lab's namespaces is left (also when the body raised: separate test).
 
 Runs as root with ``ip netns``; otherwise skipped with the reason.
 """
@@ -95,10 +97,19 @@ def test_requests_reach_every_cell_with_no_errors(dep: NetnsDeployment) -> None:
     assert set(per_cell) == set(dep.plan.cells), per_cell
 
 
+def _nodes(dep: NetnsDeployment, urls: list[str]) -> dict[str, dict]:
+    """Nodes with an open stream on any of the replicas at ``urls`` (read from the client's namespace)."""
+    nodes: dict[str, dict] = {}
+    for url in urls:
+        with contextlib.suppress(OSError, ValueError):
+            status = json.loads(dep.get("client", f"{url}/status", timeout=0.5)[1])
+            nodes.update({n: ns for n, ns in status["nodes"].items() if ns["streams"] > 0})
+    return nodes
+
+
 def test_status_shows_every_envoy_acked(dep: NetnsDeployment) -> None:
-    status = json.loads(dep.get("client", f"{dep.status_url}/status")[1])
     envoys = {f"leaf-{c}" for c in dep.plan.cells} | {f"root-{dep.plan.cells[0]}"}
-    nodes = status["nodes"]
+    nodes = _nodes(dep, dep.status_urls)  # each Envoy follows one of the replicas
     assert envoys <= set(nodes), sorted(nodes)
     for node in envoys:
         types = nodes[node]["types"]
@@ -168,6 +179,41 @@ def test_stopped_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeplo
     took = _wait_usable(dep, gone, 0.0, t0)
     print(f"\ncell {gone} killed: unusable at the root after {took:.2f} s (refused probes fail at once)")
     _no_share_and_all_succeed(dep, gone)
+
+
+def test_killing_one_control_plane_replica_rehomes_every_node_and_loses_nothing(dep: NetnsDeployment) -> None:
+    """SIGKILL the replica on ``cp``: every Envoy and service it served re-homes to ``cp2`` across the
+    bridge within 2 s with an ACKed version no older than before, and requests keep succeeding."""
+    def acked(nodes: dict[str, dict]) -> dict[str, dict[str, str]]:
+        return {n: {t: st["acked_version"] for t, st in ns["types"].items() if st["acked_version"]} for n, ns in nodes.items()}
+
+    before = acked(_nodes(dep, dep.status_urls))
+    alive = [c for c in dep.plan.cells if all(ch.state != "stopped" for ch in dep.children[c])]  # a test above stops one
+    assert len(before) >= 2 * len(alive) + 2, sorted(before)  # leaf Envoys + agents, root Envoy + service
+    moved = set(acked(_nodes(dep, dep.status_urls[:1])))
+    child = next(c for c in dep.children["cp"] if c.name == "control-plane cp")
+    child.state = "stopped"  # the supervisor must not restart it: the survivor is what is measured
+    assert child.proc is not None
+    load: list[tuple[int, str, bytes]] = []
+    sender = threading.Thread(target=lambda: load.extend(_send(dep, 120, workers=4)))
+    sender.start()
+    t0 = time.monotonic()
+    child.proc.kill()
+    rehomed: dict[str, float] = {}
+    after: dict[str, dict[str, str]] = {}
+    while time.monotonic() - t0 < 10 and len(rehomed) < len(before):
+        for n, vs in acked(_nodes(dep, dep.status_urls[1:])).items():
+            if n in before and n not in rehomed and set(vs) >= set(before[n]):
+                rehomed[n], after[n] = time.monotonic() - t0, vs
+        time.sleep(0.05)
+    sender.join(120)
+    print(f"\ncontrol plane on cp killed: {len(moved)} nodes it served re-homed to cp2 after (s) "
+          f"{ {n: round(rehomed[n], 2) for n in sorted(moved) if n in rehomed} }; requests {len(load)}, "
+          f"failed {sum(1 for st, _, _ in load if st != 200)}")
+    assert set(before) <= set(rehomed), sorted(set(before) - set(rehomed))
+    assert max(rehomed.values()) <= 2.0, rehomed
+    assert not [(n, t) for n in before for t in before[n] if after[n][t] < before[n][t]]
+    assert all(st == 200 for st, _, _ in load), [(st, b[:200]) for st, _, b in load if st != 200][:5]
 
 
 def _active(dep: NetnsDeployment) -> float:
