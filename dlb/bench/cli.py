@@ -64,7 +64,8 @@ def _overhead(p: argparse.ArgumentParser) -> None:
                         f"2 workers; {o.BARE_CONFIG}/{o.BARE_H2_CONFIG}: constant-reply servicer on grpc.aio / on DLB's h2 "
                         f"transport (floors); {o.GRPC_CONFIG}: the root service on grpc.aio; {o.MTLS_CONFIG}: the root hop "
                         f"under mutual TLS; {o.NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
-                        "from a live control plane, no ext_proc on the request)")
+                        f"from a live control plane, no ext_proc on the request; {o.NATIVE_DISCRETE_CONFIG}: native-discrete, "
+                        "Envoy's least-request over cells weighted by the control plane)")
     p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                    help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")
     p.add_argument("--envoy-concurrency", type=int, default=1, help="worker threads of each Envoy under test (default 1)")

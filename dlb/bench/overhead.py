@@ -70,7 +70,10 @@ NATIVE_CONFIG = "root-native"
 #: on the flow route (the shape every native root had before the filter was left out).
 NATIVE_INPROC_CONFIG = "root-native-inproc"
 NATIVE_MIXED_CONFIG = "root-native-mixed"
-NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG)
+#: The discrete mechanism in Envoy (``native-discrete``): least-request over the cell's leaf, EDS
+#: weights refreshed by a live control plane from probes; no ext_proc on the request.
+NATIVE_DISCRETE_CONFIG = "root-native-discrete"
+NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG, NATIVE_DISCRETE_CONFIG)
 #: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
 #: The root hop under mutual TLS (the config's ``tls``, a throw-away CA): the root Envoy reaches the
@@ -228,16 +231,18 @@ def resolve_loadgen(choice: str) -> str:
     return choice
 
 
-def native_config(raw: dict[str, Any], upstream: int, listen: int, discrete_too: bool = False) -> dict[str, Any]:
+def native_config(raw: dict[str, Any], upstream: int, listen: int, discrete_too: bool = False,
+                  native_discrete: bool = False) -> dict[str, Any]:
     """``raw`` with its endpoint on flow routing, the cell's leaf address on the upstream (the control
     plane's EDS for ``cell-x``) and the root listener on ``listen``; the probe address is the leaf agent's.
     ``discrete_too`` adds a discrete endpoint the load never hits (its prefix), which keeps the root's
-    ext_proc filter in the chain."""
+    ext_proc filter in the chain; ``native_discrete`` makes the endpoint ``native-discrete`` instead of flow."""
     cell = dict(raw["cells"][0])
     cell["leaf"] = dict(cell["leaf"], address=f"127.0.0.1:{upstream}")
     cell["root"] = dict(cell["root"], address=f"127.0.0.1:{listen}")
     cell["servers"] = [f"127.0.0.1:{free_port()}"]  # the leaf's; unused here (the upstream stands in for the leaf)
-    ep = dict(raw["endpoints"][0], policy={"mechanism": "flow", "cost": "latency"})
+    ep = dict(raw["endpoints"][0], policy={"plugins": [{"type": "native-discrete", "parameters": {"cost": "latency"}}]}
+              if native_discrete else {"mechanism": "flow", "cost": "latency"})
     extra = [dict(raw["endpoints"][0], name="unused-discrete", match={"prefix": "/unused/"})] if discrete_too else []
     return dict(raw, cells=[cell], endpoints=[*extra, ep])
 
@@ -399,7 +404,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             from dlb.envoy.ads_bootstrap import ads_bootstrap
 
             p, a = free_port(), free_port()
-            native_raw = native_config(raw, up_port, p, discrete_too=native_name == NATIVE_MIXED_CONFIG)
+            native_raw = native_config(raw, up_port, p, discrete_too=native_name == NATIVE_MIXED_CONFIG,
+                                       native_discrete=native_name == NATIVE_DISCRETE_CONFIG)
             native_path = d / f"dlb-{native_name}.yaml"
             native_path.write_text(json.dumps(native_raw))
             if native_name == NATIVE_INPROC_CONFIG:

@@ -50,10 +50,11 @@ def test_overhead_bench_exits_1_naming_a_config_over_budget(tmp_path, capsys):
 
 
 def test_overhead_bench_root_native_smoke(tmp_path):
-    """``root-native``: a root Envoy configured only by a live control plane routes the flow endpoint
-    through its weighted_clusters (no ext_proc) and serves every request."""
+    """``root-native`` / ``root-native-discrete``: a root Envoy configured only by a live control plane
+    routes the endpoint by its weighted_clusters / by least-request over cells (no ext_proc) and serves
+    every request."""
     out = tmp_path / "native.json"
-    configs = ("plain", "root-native", "root-native-inproc", "root-native-mixed")  # + the two diagnostic variants
+    configs = ("plain", "root-native", "root-native-inproc", "root-native-mixed", "root-native-discrete")  # + two diagnostic variants
     assert main(["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", *configs, "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in configs for m in ("closed", "open")}

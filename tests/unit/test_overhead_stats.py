@@ -23,9 +23,12 @@ def test_ratio_refuses_unpaired_slices():
         s.ratio(_slices(1, 2), _slices(1), "cpu_ms_per_req")
 
 
-def test_noise_band_is_the_widest_aa_departure():
+def test_noise_band_is_how_far_the_aa_median_can_reach_and_narrows_with_slices():
     aa = s.ratio(_slices(0.98, 1.04, 1.0), _slices(1.0, 1.0, 1.0), "cpu_ms_per_req")
-    assert s.noise_band(aa) == pytest.approx(0.04)
+    assert s.noise_band(aa) == pytest.approx(0.04)  # three slices: the median can land on any of them
+    many = s.ratio(_slices(*([0.98, 1.04, 1.0, 0.99, 1.01] * 8)), _slices(*([1.0] * 40)), "cpu_ms_per_req")
+    assert s.noise_band(many) <= 0.011
+    assert s.noise_band(s.Ratio(float("nan"), ())) != s.noise_band(s.Ratio(float("nan"), ()))  # NaN: no slices, no band
 
 
 def test_budget_verdicts_fail_over_budget_and_skip_configs_not_run():
