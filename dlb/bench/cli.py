@@ -49,6 +49,9 @@ def _xds(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delta", action="store_true", help="clients use incremental (delta) ADS instead of SotW")
     p.add_argument("--resources", type=int, default=1,
                    help="1 (default): one RDS route whose weights change; K > 1: wildcard CDS of K clusters, one changes per update")
+    p.add_argument("--client-procs", type=int, default=2,
+                   help="processes the clients run in, streams split evenly (default 2; 0 = in the bench's own process)")
+    p.add_argument("--profile", default=None, metavar="FILE", help="write the server's cProfile statistics to FILE")
 
 
 def _overhead(p: argparse.ArgumentParser) -> None:
