@@ -18,9 +18,7 @@ def test_overhead_bench_smoke(tmp_path, loadgen):
     assert main(["bench", "overhead", "--smoke", "--loadgen", loadgen, "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     keys = {"config", "mode", "rate", "p50_ms", "p99_ms", "rps", "cpu_s_per_1k"}
-    # Budgeted configurations bring the floor, measured twice per slice (A/A).
-    configs = ("plain", "root", "root+leaf", "root-bare-h2", "root-bare-h2~aa")
-    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in configs for m in ("closed", "open")}
+    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in ("plain", "root", "root+leaf") for m in ("closed", "open")}
     for r in records:
         assert keys <= set(r)
         assert r["requests"] > 0 and r["errors"] == 0, r
@@ -29,8 +27,6 @@ def test_overhead_bench_smoke(tmp_path, loadgen):
         assert r["loadgen"] == loadgen
     open_rates = {r["rate"] for r in records if r["mode"] == "open"}
     assert len(open_rates) == 1  # all configurations compared at the same offered load
-    for r in records:  # every configuration carries its per-slice ratio to the floor of the same run
-        assert r["cpu_vs_floor"]["median"] > 0 and len(r["cpu_vs_floor"]["per_slice"]) == len(r["slices"]) == 1
 
 
 def test_overhead_bench_exits_1_naming_a_config_over_budget(tmp_path, capsys):
@@ -43,8 +39,12 @@ def test_overhead_bench_exits_1_naming_a_config_over_budget(tmp_path, capsys):
             "--machine-kind", "test-kind", "--json", str(out)]
     assert main(argv) == 1
     assert "missed target: root-bare-h2: CPU per request <= 0.9 x root-bare-h2's" in capsys.readouterr().err
-    verdicts = json.loads(out.read_text())[0]["target_verdicts"]
-    assert [v["pass"] for v in verdicts] == [True, False]  # plain within 50x, the floor over 0.9x
+    records = json.loads(out.read_text())
+    assert [v["pass"] for v in records[0]["target_verdicts"]] == [True, False]  # plain within 50x, the floor over 0.9x
+    # The budget brought the floor, measured twice per slice (A/A); every row has its ratio to it.
+    assert {r["config"] for r in records} == {"plain", "root-bare-h2", "root-bare-h2~aa"}
+    for r in records:
+        assert r["cpu_vs_floor"]["median"] > 0 and len(r["cpu_vs_floor"]["per_slice"]) == len(r["slices"]) == 1
     budgets.write_text(json.dumps({"test-kind": {"floor": "root-bare-h2", "budgets": {"root-bare-h2": 1.0}}}))
     assert main(argv) == 0
 
