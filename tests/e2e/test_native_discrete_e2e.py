@@ -9,7 +9,6 @@ the fast one's (the control plane's decision reached Envoy), and nothing fails.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -20,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_up import _read_until, _start_up
+from test_up import _read_until, _up_with
 
 from dlb.emulator.faults import Faults
 from dlb.emulator.server import ThreadedEmulator
@@ -57,10 +56,7 @@ def test_native_discrete_routes_away_from_a_slow_cell_without_an_ext_proc(tmp_pa
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
         cfg = demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})
         _native(cfg)
-        path = tmp_path / "dlb.yaml"
-        path.write_text(json.dumps(cfg))
-        run_dir = tmp_path / "run"
-        proc = _start_up(path, run_dir)
+        proc, run_dir = _up_with(cfg, tmp_path)
         seen: list[str] = []
         try:
             _read_until(proc, r"Ctrl-C stops everything", seen)
