@@ -49,6 +49,9 @@ def _xds(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delta", action="store_true", help="clients use incremental (delta) ADS instead of SotW")
     p.add_argument("--resources", type=int, default=1,
                    help="1 (default): one RDS route whose weights change; K > 1: wildcard CDS of K clusters, one changes per update")
+    p.add_argument("--client-procs", type=int, default=2,
+                   help="processes the clients run in, streams split evenly (default 2; 0 = in the bench's own process)")
+    p.add_argument("--profile", default=None, metavar="FILE", help="write the server's cProfile statistics to FILE")
 
 
 def _overhead(p: argparse.ArgumentParser) -> None:
@@ -64,11 +67,16 @@ def _overhead(p: argparse.ArgumentParser) -> None:
                         f"2 workers; {o.BARE_CONFIG}/{o.BARE_H2_CONFIG}: constant-reply servicer on grpc.aio / on DLB's h2 "
                         f"transport (floors); {o.GRPC_CONFIG}: the root service on grpc.aio; {o.MTLS_CONFIG}: the root hop "
                         f"under mutual TLS; {o.NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
-                        "from a live control plane, no ext_proc on the request)")
+                        f"from a live control plane, no ext_proc on the request; {o.NATIVE_DISCRETE_CONFIG}: native-discrete, "
+                        "Envoy's least-request over cells weighted by the control plane)")
     p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                    help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")
     p.add_argument("--envoy-concurrency", type=int, default=1, help="worker threads of each Envoy under test (default 1)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
+    p.add_argument("--budgets", default=None, metavar="FILE",
+                   help="CPU-per-request budgets per machine kind, as ratios to the floor measured in the same run (default: the "
+                        "committed file, not enforced with --smoke); a budgeted configuration adds the floor; exit 1 naming each over budget")
+    p.add_argument("--machine-kind", default=None, help="budget entry to use (default: this machine's, e.g. x86_64-2cpu)")
 
 
 def _faults(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 
 from dlb.bench import harness
+from dlb.bench import overhead_stats as stats
 from dlb.bench.loadgen import LoadResult, build_request, closed_loop, open_loop
+from dlb.bench.overhead_stats import AA_SUFFIX, FLOOR
 from dlb.bench.wrk import run_wrk, wrk_binary
 from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
@@ -68,7 +70,10 @@ NATIVE_CONFIG = "root-native"
 #: on the flow route (the shape every native root had before the filter was left out).
 NATIVE_INPROC_CONFIG = "root-native-inproc"
 NATIVE_MIXED_CONFIG = "root-native-mixed"
-NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG)
+#: The discrete mechanism in Envoy (``native-discrete``): least-request over the cell's leaf, EDS
+#: weights refreshed by a live control plane from probes; no ext_proc on the request.
+NATIVE_DISCRETE_CONFIG = "root-native-discrete"
+NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG, NATIVE_DISCRETE_CONFIG)
 #: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
 #: The root hop under mutual TLS (the config's ``tls``, a throw-away CA): the root Envoy reaches the
@@ -78,7 +83,16 @@ EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG,
 
 
 def _cpu_of(pid: int) -> float:
-    """user + system CPU seconds of one process (all its threads), from /proc/PID/stat."""
+    """CPU seconds of one process (all its threads): the scheduler's nanosecond run time from
+    /proc/PID/task/*/schedstat, else user + system from /proc/PID/stat (10 ms ticks: too coarse for
+    a one-second slice at a few hundred µs per request)."""
+    try:
+        total_ns = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total_ns += int((task / "schedstat").read_text().split()[0])
+        return total_ns / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -188,6 +202,12 @@ async def _measure(target: tuple[int, dict[str, int]], mode: str, *, connections
     return res, cpu
 
 
+def _slice_json(res: LoadResult, cpu: dict[str, float]) -> dict[str, Any]:
+    """One slice of one configuration: what the per-slice ratios to the floor are computed from."""
+    return {"cpu_s": round(sum(v for k, v in cpu.items() if k != "loadgen"), 6), "requests": len(res.latencies_s),
+            "p50_ms": round(res.pct_ms(50), 4) if len(res.latencies_s) else None}
+
+
 def _pool(parts: list[tuple[LoadResult, dict[str, float]]]) -> tuple[LoadResult, dict[str, float]]:
     """Merge slices of one configuration into one result (latencies pooled, counts and CPU summed)."""
     statuses: dict[int, int] = {}
@@ -211,16 +231,18 @@ def resolve_loadgen(choice: str) -> str:
     return choice
 
 
-def native_config(raw: dict[str, Any], upstream: int, listen: int, discrete_too: bool = False) -> dict[str, Any]:
+def native_config(raw: dict[str, Any], upstream: int, listen: int, discrete_too: bool = False,
+                  native_discrete: bool = False) -> dict[str, Any]:
     """``raw`` with its endpoint on flow routing, the cell's leaf address on the upstream (the control
     plane's EDS for ``cell-x``) and the root listener on ``listen``; the probe address is the leaf agent's.
     ``discrete_too`` adds a discrete endpoint the load never hits (its prefix), which keeps the root's
-    ext_proc filter in the chain."""
+    ext_proc filter in the chain; ``native_discrete`` makes the endpoint ``native-discrete`` instead of flow."""
     cell = dict(raw["cells"][0])
     cell["leaf"] = dict(cell["leaf"], address=f"127.0.0.1:{upstream}")
     cell["root"] = dict(cell["root"], address=f"127.0.0.1:{listen}")
     cell["servers"] = [f"127.0.0.1:{free_port()}"]  # the leaf's; unused here (the upstream stands in for the leaf)
-    ep = dict(raw["endpoints"][0], policy={"mechanism": "flow", "cost": "latency"})
+    ep = dict(raw["endpoints"][0], policy={"plugins": [{"type": "native-discrete", "parameters": {"cost": "latency"}}]}
+              if native_discrete else {"mechanism": "flow", "cost": "latency"})
     extra = [dict(raw["endpoints"][0], name="unused-discrete", match={"prefix": "/unused/"})] if discrete_too else []
     return dict(raw, cells=[cell], endpoints=[*extra, ep])
 
@@ -383,7 +405,8 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             from dlb.envoy.root_token import token_secret
 
             p, a = free_port(), free_port()
-            native_raw = native_config(raw, up_port, p, discrete_too=native_name == NATIVE_MIXED_CONFIG)
+            native_raw = native_config(raw, up_port, p, discrete_too=native_name == NATIVE_MIXED_CONFIG,
+                                       native_discrete=native_name == NATIVE_DISCRETE_CONFIG)
             native_path = d / f"dlb-{native_name}.yaml"
             native_path.write_text(json.dumps(native_raw))
             if native_name == NATIVE_INPROC_CONFIG:
@@ -446,19 +469,25 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             # machine drifts, and slicing spreads the drift evenly over the configurations compared.
             slice_s = duration_s / slices
             sat: dict[str, float] = {}
+            # The floor runs twice per slice (A, then A' last): the spread of A'/A is the run's noise band.
+            measured = [*configs, FLOOR + AA_SUFFIX] if FLOOR in configs else list(configs)
             for mode in ("closed", "open"):
                 rate = None if mode == "closed" else round(0.5 * (sat.get("root") or max(sat.values())), 1)
-                pooled: dict[str, list[tuple[LoadResult, dict[str, float]]]] = {n: [] for n in configs}
-                for _ in range(slices):
-                    for name in configs:
-                        pooled[name].append(await _measure(targets[name], mode, connections=connections, rate=rate, duration_s=slice_s,
-                                                           loadgen=loadgen))
-                for name in configs:
+                pooled: dict[str, list[tuple[LoadResult, dict[str, float]]]] = {n: [] for n in measured}
+                for k in range(slices):
+                    # Alternate the order so no configuration always follows the same one (warm caches, drift).
+                    order = list(configs) if k % 2 == 0 else list(reversed(configs))
+                    for name in order + measured[len(configs):]:
+                        pooled[name].append(await _measure(targets[name.removesuffix(AA_SUFFIX)], mode, connections=connections,
+                                                           rate=rate, duration_s=slice_s, loadgen=loadgen))
+                for name in measured:
                     res, cpu = _pool(pooled[name])
-                    records.append(_record(name, mode, rate, res, cpu, connections if mode == "closed" else None, loadgen))
+                    rec = _record(name, mode, rate, res, cpu, connections if mode == "closed" else None, loadgen)
+                    rec["slices"] = [_slice_json(r, c) for r, c in pooled[name]]
+                    records.append(rec)
                     if mode == "closed":
                         sat[name] = res.rps
-                    log.info("bench_point", **records[-1])
+                    log.info("bench_point", **{k: v for k, v in rec.items() if k != "slices"})
 
         from dlb.service.runner import run_event_loop
 
@@ -501,12 +530,97 @@ def summarize(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _samples(record: dict[str, Any]) -> list[stats.SliceSample]:
+    return [stats.SliceSample(sl["cpu_s"], sl["requests"], sl["p50_ms"] or float("nan")) for sl in record["slices"]]
+
+
+def floor_ratios(records: list[dict[str, Any]]) -> tuple[dict[str, stats.Ratio], float]:
+    """Attach each record's per-slice ratios to the floor in its mode (``cpu_vs_floor``, ``p50_vs_floor``);
+    return the open loop's CPU ratios by configuration and the A/A noise band of that ratio.
+
+    The open loop is the budget's mode: every configuration gets the same offered load there, so CPU per
+    request compares like with like (at saturation each configuration batches differently).
+    """
+    cpu: dict[str, stats.Ratio] = {}
+    band = float("nan")
+    for mode in ("closed", "open"):
+        floor = next((r for r in records if r["config"] == stats.FLOOR and r["mode"] == mode), None)
+        if floor is None or "slices" not in floor:
+            continue
+        for r in records:
+            if r["mode"] != mode or "slices" not in r:
+                continue
+            c = stats.ratio(_samples(r), _samples(floor), "cpu_ms_per_req")
+            r["cpu_vs_floor"] = c.as_json()
+            r["p50_vs_floor"] = stats.ratio(_samples(r), _samples(floor), "p50_ms").as_json()
+            if mode == "open":
+                if r["config"] == stats.FLOOR + stats.AA_SUFFIX:
+                    band = stats.noise_band(c)
+                else:
+                    cpu[r["config"]] = c
+    return cpu, band
+
+
+def budget_targets(budgets: dict[str, float] | None, cpu: dict[str, stats.Ratio], band: float, kind: str) -> list[harness.Target]:
+    """The verdicts: each budgeted configuration's open-loop CPU per request vs its committed ratio."""
+    if budgets is None:
+        return [harness.Target(f"CPU budgets for machine kind {kind}", None, "none for this kind, or a smoke run")]
+    return [harness.Target(v.rule(stats.FLOOR, kind), v.holds, v.figure()) for v in stats.budget_verdicts(budgets, cpu, band)]
+
+
+def ratio_lines(records: list[dict[str, Any]], band: float) -> str:
+    """The same-run ratios to the floor, median over slices, and the A/A band they must exceed to mean anything."""
+    rows = [r for r in records if "cpu_vs_floor" in r]
+    if not rows:
+        return ""
+    lines = [f"vs {stats.FLOOR} (median of per-slice ratios; A/A noise band +-{band:.3f} on open-loop CPU/request):",
+             f"{'config':<22} {'mode':<6} {'cpu/req':>8} {'p50':>7}"]
+    for r in rows:
+        lines.append(f"{r['config']:<22} {r['mode']:<6} {r['cpu_vs_floor']['median']:>8.3f} {r['p50_vs_floor']['median']:>7.3f}")
+    added = _added_vs_floor(records)
+    if added:
+        lines.append("open-loop p50 added over plain, as a multiple of what the floor adds (median of slices): "
+                     + ", ".join(f"{c} {x:.2f}" for c, x in added.items()))
+    return "\n".join(lines)
+
+
+def _added_vs_floor(records: list[dict[str, Any]]) -> dict[str, float]:
+    """(p50 − plain's) ÷ (floor's p50 − plain's), per open-loop slice, median: the root-hop target's figure."""
+    by = {r["config"]: r for r in records if r["mode"] == "open" and "slices" in r}
+    if "plain" not in by or stats.FLOOR not in by:
+        return {}
+    base = [sl["p50_ms"] for sl in by["plain"]["slices"]]
+    floor = [sl["p50_ms"] for sl in by[stats.FLOOR]["slices"]]
+    out = {}
+    for name, r in by.items():
+        if name in ("plain", stats.FLOOR):
+            continue
+        x = [(sl["p50_ms"] - b) / (f - b) for sl, b, f in zip(r["slices"], base, floor, strict=True) if f - b > 0]
+        if x:
+            out[name] = float(np.median(x))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
     loadgen = resolve_loadgen(args.loadgen)
+    kind = args.machine_kind or stats.machine_kind()
+    # A smoke run's half-second slice cannot hold a ratio to a budget: only a budgets file named on the
+    # command line is enforced there (the committed one is for real runs).
+    path = args.budgets if args.budgets is not None else None if args.smoke else stats.BUDGETS_FILE
+    try:
+        budgets = stats.load_budgets(path, kind) if path is not None else None
+    except ValueError as e:
+        raise DlbError(f"dlb bench overhead --budgets: {e}") from None
+    configs = tuple(args.configs)
+    if budgets and any(c in budgets for c in configs) and stats.FLOOR not in configs:
+        configs = (stats.FLOOR, *configs)  # a budget is a ratio to the floor in the same run
     record = harness.start()  # the code that runs, and the box's load, before the run
-    records = run_overhead(duration, connections, tuple(args.configs), slices=1 if args.smoke else args.slices, loadgen=loadgen,
+    records = run_overhead(duration, connections, configs, slices=1 if args.smoke else args.slices, loadgen=loadgen,
                            envoy_concurrency=args.envoy_concurrency)
+    cpu, band = floor_ratios(records)
     print(summarize(records))
-    return harness.finish(record, records, json_path=args.json)  # every row names the code that produced it
+    print(ratio_lines(records, band))
+    targets = budget_targets(budgets, cpu, band, kind)
+    return harness.finish(record, records, targets, json_path=args.json)  # every row names the code that produced it

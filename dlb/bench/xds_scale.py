@@ -1,12 +1,13 @@
 """``dlb bench xds``: push-to-ACK latency and memory of one xDS server process with N streams.
 
 The server runs in a child process (``python -m dlb.bench.xds_scale --serve``) so its RSS is measured
-alone; all simulated clients (``dlb.xds.client.XdsClient``, one grpc.aio channel and ADS stream each,
-subscribed to one RDS RouteConfiguration) run in this process. Each round changes the route's
-weighted-cluster weights (what the flow loop does), and the server records, per stream, the time
-from ``set_snapshot`` to the stream's ACK of that version. Latency therefore includes the clients'
-own work: with hundreds of clients on a 2-core machine the client process is part of what is
-measured, and the record says so (``clients_in_one_process``).
+alone; the simulated clients (``dlb.xds.client.XdsClient``, one grpc.aio channel and ADS stream each,
+subscribed to one RDS RouteConfiguration) run in ``--client-procs`` processes of their own (``--clients``
+mode of this module; 0 = in this process, as before). Each round changes the route's weighted-cluster
+weights (what the flow loop does), and the server records, per stream, the time from ``set_snapshot``
+to the stream's ACK of that version. Latency includes the clients' work: on a 2-core machine they
+share the CPU with the server wherever they run. ``--profile FILE`` writes the server's cProfile
+statistics (where push→ACK time goes) when it stops.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -118,14 +121,21 @@ async def _serve(resources: int) -> None:
 
     async def ack_latencies(req: web.Request) -> web.Response:
         v = req.query["version"]
+        if "count" in req.query:  # polling while ACKs come in: encoding 5,000 floats per poll cost the server seconds
+            return web.json_response({"acks": len(acks.get(v, []))})
         return web.json_response({"latencies_ms": acks.get(v, []), "sent_ms": sends.get(v, [])})
+
+    async def current(_req: web.Request) -> web.Response:
+        snap = cache.get_snapshot("bench")
+        return web.json_response({"version": snap.version if snap is not None else None})
 
     async def rss(_req: web.Request) -> web.Response:
         return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "watches": cache.watch_count,
                                   "body_cache_hits": server.ctx.body_cache.hits})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
-                                                       web.get("/bench/acks", ack_latencies), web.get("/bench/rss", rss)])
+                                                       web.get("/bench/acks", ack_latencies), web.get("/bench/rss", rss),
+                                                       web.get("/bench/version", current)])
     xds_port = await server.start()
     http_port = await status.start()
     print(json.dumps({"xds_port": xds_port, "http_port": http_port}), flush=True)
@@ -150,8 +160,9 @@ class _ServerProc:
             return json.loads(resp.read())
 
 
-def _start_server(uvloop: bool, resources: int) -> _ServerProc:
+def _start_server(uvloop: bool, resources: int, profile: str | None = None) -> _ServerProc:
     cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources)] + (["--uvloop"] if uvloop else [])
+    cmd += ["--profile", profile] if profile else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             env={**os.environ, "DLB_LOG_LEVEL": "WARNING"})
     assert proc.stdout is not None
@@ -171,36 +182,81 @@ async def _until(cond, what: str, timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool, resources: int) -> dict:
-    loop = asyncio.get_running_loop()
-    call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)
-    clients = [XdsClient(f"127.0.0.1:{srv.xds_port}", node(f"bench-{streams}-{i}", "bench"),
-                         backoff=Backoff(initial=0.2, maximum=2.0), delta=delta) for i in range(streams)]
+def _clients(address: str, first: int, count: int, delta: bool, resources: int) -> tuple[list[XdsClient], list[Any]]:
+    """``count`` clients, node ids ``bench-<first+i>``, each subscribed to the workload's resources."""
+    clients = [XdsClient(address, node(f"bench-{first + i}", "bench"), backoff=Backoff(initial=0.2, maximum=2.0), delta=delta)
+               for i in range(count)]
     if resources <= 1:
         subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
     else:
         subs = [c.subscribe(types.CLUSTER, cluster_pb2.Cluster, lambda _r: None) for c in clients]
+    return clients, subs
+
+
+def _start_client_procs(srv: _ServerProc, streams: int, procs: int, delta: bool, resources: int) -> list[subprocess.Popen]:
+    """The clients in ``procs`` processes of their own (``--clients`` mode), streams split evenly."""
+    out = []
+    for k in range(procs):
+        first, count = k * streams // procs, (k + 1) * streams // procs - k * streams // procs
+        if count:
+            out.append(subprocess.Popen([sys.executable, "-m", "dlb.bench.xds_scale", "--clients", f"127.0.0.1:{srv.xds_port}",
+                                         str(first), str(count), str(resources)] + (["--delta"] if delta else []),
+                                        env={**os.environ, "DLB_LOG_LEVEL": "WARNING"}))
+    return out
+
+
+async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool, resources: int,
+                   client_procs: int = 0) -> dict:
+    loop = asyncio.get_running_loop()
+    call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)
+    clients: list[XdsClient] = []
+    subs: list[Any] = []
+    procs: list[subprocess.Popen] = []
+
+    async def acked(version: str) -> int:
+        return int((await call(f"/bench/acks?version={version}&count=1"))["acks"])
+
     try:
-        for c in clients:
-            await c.start()
-        await _until(lambda: all(s.version for s in subs), f"{streams} initial ACKs", timeout)
+        if client_procs:
+            procs = _start_client_procs(srv, streams, client_procs, delta, resources)
+            v0 = (await call("/bench/version"))["version"]
+            deadline = time.monotonic() + timeout
+            while await acked(v0) < streams:  # ACKs of a version counted by the server, whoever sent them
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise TimeoutError(f"bench: {streams} initial ACKs not in after {timeout}s (or a client process exited)")
+                await asyncio.sleep(0.1)
+        else:
+            clients, subs = _clients(f"127.0.0.1:{srv.xds_port}", 0, streams, delta, resources)
+            for c in clients:
+                await c.start()
+            await _until(lambda: all(s.version for s in subs), f"{streams} initial ACKs", timeout)
         proc0 = await call("/bench/rss")
         rss_mb = proc0["rss_mb"]
         latencies: list[float] = []
         fanout: list[float] = []
         for _ in range(updates):
             version = (await call("/bench/update", "POST"))["version"]
-            await _until(lambda: all(s.version == version for s in subs), f"{streams} clients at {version}", timeout)  # noqa: B023 - called within this iteration
-            for _ in range(1000):  # the last ACKs may still be in flight to the server
-                got = await call(f"/bench/acks?version={version}")
-                if len(got["latencies_ms"]) >= streams:
-                    break
-                await asyncio.sleep(0.01)
+            if not procs:
+                await _until(lambda: all(s.version == version for s in subs), f"{streams} clients at {version}", timeout)  # noqa: B023 - called within this iteration
+            deadline = time.monotonic() + timeout
+            while (n := await acked(version)) < streams:  # the last ACKs may still be in flight to the server
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"bench: {n} of {streams} ACKs of {version} after {timeout}s")
+                await asyncio.sleep(0.01 if not procs else 0.05)
+            got = await call(f"/bench/acks?version={version}")
             latencies += got["latencies_ms"]
             fanout.append(max(got["sent_ms"]))
         cpu_s = (await call("/bench/rss"))["cpu_s"] - proc0["cpu_s"]
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
     lat = np.array(latencies)
     return {"streams": streams, "updates": updates, "p50_ms": round(float(np.percentile(lat, 50)), 3),
             "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
@@ -211,17 +267,19 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
-                    uvloop: bool = False, delta: bool = False, resources: int = 1) -> list[dict]:
-    srv = _start_server(uvloop, resources)
+                    uvloop: bool = False, delta: bool = False, resources: int = 1, client_procs: int = 0,
+                    profile: str | None = None) -> list[dict]:
+    srv = _start_server(uvloop, resources, profile)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
         records = []
         for n in stream_counts:
-            rec = await _measure(srv, n, updates, timeout, delta, resources)
+            rec = await _measure(srv, n, updates, timeout, delta, resources, client_procs)
             rec["rss_base_mb"] = round(base, 2)
             rec["rss_per_stream_kb"] = round((rec["rss_mb"] - base) * 1024 / n, 2)
-            rec["clients_in_one_process"] = True
+            rec["clients_in_one_process"] = client_procs == 0
+            rec["client_processes"] = client_procs
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
             rec["protocol"] = "delta" if delta else "sotw"
             rec["resources"] = resources
@@ -247,25 +305,62 @@ def run(args: argparse.Namespace) -> int:
         print("--streams needs positive counts, --updates and --resources >= 1", file=sys.stderr)
         return 2
     record = harness.start()
-    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources))
+    records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources,
+                                    args.client_procs, args.profile))
     print(json.dumps(records, indent=1))
     return harness.finish(record, records, json_path=args.json)
 
 
+async def _run_clients(address: str, first: int, count: int, resources: int, delta: bool) -> None:
+    """A client process: its streams stay up, ACKing every push, until SIGTERM."""
+    clients, _ = _clients(address, first, count, delta, resources)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    for c in clients:
+        await c.start()
+    try:
+        await stop.wait()
+    finally:
+        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+
+
+def _profiled(main: Coroutine[Any, Any, None], path: str | None) -> None:
+    """Run ``main``; with ``path``, under cProfile, the statistics written there when it ends (SIGTERM too)."""
+    if path is None:
+        asyncio.run(main)
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C: the stats get written
+    prof.enable()
+    try:
+        asyncio.run(main)
+    finally:
+        prof.disable()
+        prof.dump_stats(path)
+
+
 def serve_main(argv: list[str]) -> int:
-    """The benchmark's server process (``python -m dlb.bench.xds_scale --serve PORT [--uvloop]``)."""
-    if argv[:1] != ["--serve"]:
-        print("usage: dlb bench xds (this module's --serve is the benchmark's server process)", file=sys.stderr)
-        return 1
+    """The benchmark's processes: ``--serve RESOURCES [--uvloop] [--profile FILE]`` (the server) or
+    ``--clients ADDRESS FIRST COUNT RESOURCES [--delta]`` (a client process)."""
     from dlb import log as _log
 
+    if argv[:1] == ["--clients"]:
+        _log.configure()
+        asyncio.run(_run_clients(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), "--delta" in argv))
+        return 0
+    if argv[:1] != ["--serve"]:
+        print("usage: dlb bench xds (this module's --serve / --clients are the benchmark's own processes)", file=sys.stderr)
+        return 1
     _log.configure()
     if "--uvloop" in argv:
         import uvloop
 
         uvloop.install()
+    profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
     try:
-        asyncio.run(_serve(int(argv[1])))
+        _profiled(_serve(int(argv[1])), profile)
     except KeyboardInterrupt:
         pass
     return 0

@@ -234,6 +234,9 @@ class Policy:
     aversion: AversionParams = field(default_factory=AversionParams)
     affinity: AffinityParams = field(default_factory=AffinityParams)
     shed: ShedParams = field(default_factory=ShedParams)
+    #: ``native-discrete``: the discrete mechanism run by the root Envoy itself (least-request over the
+    #: cells, weights from the control plane's probes; :mod:`dlb.control_plane.native_discrete`).
+    native: bool = False
 
     def to_core(self, probe: ProbeParams) -> PolicyConfig:
         """The routing core's policy object (seconds, its own field names) for this endpoint."""

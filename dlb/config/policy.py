@@ -42,6 +42,7 @@ from dlb.config.yaml_nodes import join
 DEPLOYMENT, ENDPOINT = "deployment", "endpoint"
 HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")  # RFC 9110 token, lower case (HTTP/2 form)
 SUPPORTED_API_VERSIONS = (POLICY_API_VERSION,)
+NATIVE_DISCRETE = "native-discrete"
 
 
 @dataclass(frozen=True)
@@ -118,12 +119,14 @@ def flow_params(ck: Checker, raw: Any, path: str) -> FlowParams:
                       kappa=ck.number(m, "kappa", path, d.kappa, gt=0, lt=math.pi / 2))
 
 
-def _mechanism(flow: bool) -> Callable[[Checker, Any, str], MechanismParams]:
+def _mechanism(flow: bool, native: bool = False) -> Callable[[Checker, Any, str], MechanismParams]:
+    """``native``: discrete, with ``period_ms`` the control plane's weight refresh (the flow step's clock)."""
     def check(ck: Checker, raw: Any, path: str) -> MechanismParams:
-        keys = ("cost", "period_ms", "kappa") if flow else ("cost",)
+        keys = ("cost", "period_ms", "kappa") if flow else ("cost", "period_ms") if native else ("cost",)
         m = ck.mapping(raw, path, keys)
         cost = ck.choice(m, "cost", path, Cost, MechanismParams.cost)
-        fp = flow_params(ck, {k: m[k] for k in ("period_ms", "kappa") if k in m}, path) if flow else FlowParams()
+        timing = {k: m[k] for k in ("period_ms", "kappa") if k in m}
+        fp = flow_params(ck, timing, path) if flow or native else FlowParams()
         return MechanismParams(cost=cost, flow=fp)
     return check
 
@@ -189,6 +192,8 @@ REGISTRY: dict[str, PluginType] = {t.name: t for t in (
                "baseline: fail-open weights fixed at the replica split (Rand; for comparisons, not production)"),
     PluginType("discrete", "mechanism", ENDPOINT, MechanismParams, _mechanism(False), "the root picks a cell per request"),
     PluginType("flow", "mechanism", ENDPOINT, MechanismParams, _mechanism(True), "the root splits by projected-gradient weights"),
+    PluginType(NATIVE_DISCRETE, "mechanism", ENDPOINT, MechanismParams, _mechanism(False, native=True),
+               "the root Envoy picks a cell per request itself: least-request over cells, weighted from probes (no ext_proc call)"),
     PluginType("aversion", "aversion", ENDPOINT, AversionParams, aversion_params, "skip cells whose error rate is high"),
     PluginType("affinity", "affinity", ENDPOINT, AffinityParams, affinity_params, "conditional session affinity on a header"),
     PluginType("shed", "shed", ENDPOINT, ShedParams, shed_params, "answer 429 + retry-after when every usable cell is saturated"),
@@ -258,7 +263,8 @@ def endpoint_policy(ck: Checker, raw: Any, path: str) -> Policy:
         slots = resolve(ck, m.get("plugins"), join(path, "plugins"), ENDPOINT)
         d = Policy()
         mech_name, mech = slots.get("mechanism", (d.mechanism.value, MechanismParams()))
-        return Policy(mechanism=Mechanism(mech_name), cost=mech.cost, flow=mech.flow,
+        native = mech_name == NATIVE_DISCRETE
+        return Policy(mechanism=Mechanism.DISCRETE if native else Mechanism(mech_name), native=native, cost=mech.cost, flow=mech.flow,
                       aversion=slots.get("aversion", ("", d.aversion))[1], affinity=slots.get("affinity", ("", d.affinity))[1],
                       shed=slots.get("shed", ("", d.shed))[1])
     m = ck.mapping(raw, path, OLD_ENDPOINT_KEYS)
@@ -278,8 +284,10 @@ def policy_plugins(policy: Policy) -> list[dict[str, Any]]:
     mech: dict[str, Any] = {"cost": policy.cost.value}
     if policy.mechanism is Mechanism.FLOW:
         mech |= {"period_ms": policy.flow.period_ms, "kappa": policy.flow.kappa}
+    elif policy.native:
+        mech |= {"period_ms": policy.flow.period_ms}
     a, f, sh = policy.aversion, policy.affinity, policy.shed
-    return [{"type": policy.mechanism.value, "parameters": mech},
+    return [{"type": NATIVE_DISCRETE if policy.native else policy.mechanism.value, "parameters": mech},
             {"type": "aversion", "parameters": {"enabled": a.enabled, "margin": a.margin, "gain": a.gain, "decay": a.decay,
                                                 "max": a.max, "period_ms": a.period_ms}},
             {"type": "affinity", "parameters": {"enabled": f.enabled, "header": f.header, "ttl_s": f.ttl_s,

@@ -30,6 +30,7 @@ import numpy as np
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import config_source_pb2
+from envoy.config.core.v3 import health_check_pb2 as health_status_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
@@ -50,6 +51,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from dlb.config.model import Config
+from dlb.core.native_discrete import NativeWeights
 from dlb.core.router import Mechanism
 from dlb.envoy import bootstrap as envoy_bootstrap
 from dlb.envoy.weights import round_weights
@@ -141,6 +143,22 @@ def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Ma
                 for cell in config.cells:
                     if ints[cell.index] > 0:
                         wc.clusters.add(name=cell.cluster_name).weight.value = ints[cell.index]
+
+
+def native_assignment(cla: endpoint_pb2.ClusterLoadAssignment, config: Config, src: int,
+                      w: NativeWeights) -> endpoint_pb2.ClusterLoadAssignment:
+    """A native-discrete cluster's hosts (the allowed cells' leaves, in cell order) with weights ``w``;
+    a cell not usable now is UNHEALTHY, so Envoy's least-request skips it (panic mode is off)."""
+    out = endpoint_pb2.ClusterLoadAssignment()
+    out.CopyFrom(cla)
+    hosts = list(out.endpoints[0].lb_endpoints)
+    cells = [c for c in config.cells if config.network.allowed[src][c.index]]
+    if len(hosts) != len(cells):
+        raise ValueError(f"{cla.cluster_name}: {len(hosts)} hosts for {len(cells)} allowed cells")
+    for host, cell in zip(hosts, cells, strict=True):
+        host.load_balancing_weight.value = max(1, w.weights[cell.index])
+        host.health_status = health_status_pb2.HEALTHY if w.healthy[cell.index] else health_status_pb2.UNHEALTHY
+    return out
 
 
 def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None,

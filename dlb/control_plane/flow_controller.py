@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlb.core.aversion import AversionConfig, RecentErrors, update_aversion
+from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
+from dlb.core.native_discrete import NativeWeights, native_weights
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 
@@ -38,6 +40,8 @@ class FlowEndpoint:
     policy: PolicyConfig
     prior: LatencyParams
     cell_priors: Mapping[str, LatencyParams] = field(default_factory=dict)
+    #: ``native-discrete``: a discrete router whose costs become the root Envoy's least-request weights.
+    native: bool = False
 
 
 @dataclass
@@ -73,8 +77,8 @@ class FlowController:
 
     def __post_init__(self) -> None:
         for ep in self.endpoints:
-            if ep.policy.mechanism is not Mechanism.FLOW:
-                raise ValueError(f"endpoint {ep.name} is not a flow endpoint")
+            if ep.policy.mechanism is not Mechanism.FLOW and not ep.native:
+                raise ValueError(f"endpoint {ep.name} is neither a flow nor a native-discrete endpoint")
         rng = np.random.default_rng(self.seed)
         self.routers = {
             (ep.name, i): RootRouter(self.topology, i, ep.policy, ep.prior, np.random.default_rng(rng.integers(1 << 63)),
@@ -115,10 +119,11 @@ class FlowController:
         self._last_step = now
         rates = [c.completed for c in self.cells if c.available and not math.isnan(c.completed)]
         self.throughput = float(sum(rates)) if rates else 0.0
-        out: dict[str, dict[int, np.ndarray]] = {ep.name: {} for ep in self.endpoints}
+        out: dict[str, dict[int, np.ndarray]] = {ep.name: {} for ep in self.endpoints if not ep.native}
         for (name, src), r in self.routers.items():
             r.tick(now)
-            out[name][src] = r.x.copy()
+            if name in out:
+                out[name][src] = r.x.copy()
         if now - self._last_aversion >= self.aversion_config.period_s:
             active = np.array([c.available for c in self.cells])
             errors = np.array([c.error_rate for c in self.cells])
@@ -127,7 +132,22 @@ class FlowController:
         return out
 
     def weights(self) -> Mapping[str, Mapping[int, np.ndarray]]:
+        """The flow endpoints' splits ``{endpoint: {source: x}}`` (native-discrete ones have none)."""
+        native = {ep.name for ep in self.endpoints if ep.native}
         out: dict[str, dict[int, np.ndarray]] = {}
         for (name, src), r in self.routers.items():
-            out.setdefault(name, {})[src] = r.x.copy()
+            if name not in native:
+                out.setdefault(name, {})[src] = r.x.copy()
+        return out
+
+    def native_weights(self, now: float) -> dict[str, dict[int, NativeWeights]]:
+        """``{endpoint: {source: weights}}`` of the native-discrete endpoints, from each router's costs now."""
+        out: dict[str, dict[int, NativeWeights]] = {}
+        for ep in self.endpoints:
+            if not ep.native:
+                continue
+            offset = 1.0 if ep.policy.cost is Cost.RIF else 0.0
+            for src in self.sources:
+                r = self.routers[(ep.name, src)]
+                out.setdefault(ep.name, {})[src] = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, offset)
         return out

@@ -38,7 +38,9 @@ from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all,
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
+from dlb.core.native_discrete import NativeWeights
 from dlb.core.router import Mechanism
+from dlb.envoy.bootstrap import NATIVE_CLUSTER_PREFIX
 from dlb.log import get_logger
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
@@ -141,8 +143,9 @@ class ControlPlane:
         config = expand(config, self.resolved)
         self.config = config
         topo = config.topology()
-        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core(), ep.cell_priors())
-                    for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW]
+        # Flow endpoints, and native-discrete ones (their routers' costs become the root Envoys' EDS weights).
+        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core(), ep.cell_priors(), ep.policy.native)
+                    for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW or ep.policy.native]
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
         self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
@@ -152,8 +155,9 @@ class ControlPlane:
         self.mnlb_enabled = config.policy.weights in ("mnlb", "rand")
         self.weights_frozen = config.policy.weights == "rand"
         mp = config.policy.mnlb
-        self.mnlb = (MnlbLoop(topo, [ep.name for ep in flow_eps], self.sources, period_s=mp.period_s, rho=mp.rho)
-                     if self.mnlb_enabled and flow_eps else None)
+        mnlb_eps = [ep.name for ep in flow_eps if not ep.native]
+        self.mnlb = (MnlbLoop(topo, mnlb_eps, self.sources, period_s=mp.period_s, rho=mp.rho)
+                     if self.mnlb_enabled and mnlb_eps else None)
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
         #: Each cell's prior (the first endpoint's, as the leaves' cell-wide model uses): the leaves' fleet prior
         #: and the roots' curve for a cell with no model yet.
@@ -183,7 +187,9 @@ class ControlPlane:
             if cell.root.address is not None:
                 rs = er.root_resources(config, cell.name, reuse_port=self.root_reuse_port)
                 root_sets[cell.name] = rs
-                root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *rs.endpoints)]
+                # Native-discrete clusters' endpoints change with every weight refresh: rebuild() adds them.
+                static_eps = [m for m in rs.endpoints if not m.cluster_name.startswith(NATIVE_CLUSTER_PREFIX)]
+                root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *static_eps)]
             ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
             leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
@@ -239,6 +245,7 @@ class ControlPlane:
         """Install every cell's snapshots from the current state; returns key → version in effect."""
         cfg = self.config
         weights = self.mnlb.weights() if self.mnlb is not None else self.flow.weights() if self.flow is not None else {}
+        native = self.flow.native_weights(self.clock()) if self.flow is not None else {}
         state = self._state_resources()
         versions = {}
         for cell in cfg.cells:
@@ -257,11 +264,22 @@ class ControlPlane:
                 patched = rs
             items: list = list(self._static.root[cell.name])
             items += [Resource.from_message(r) for r in patched.routes]
+            items += [Resource.from_message(m) for m in self._native_endpoints(rs, cell.index, native)]
             items += [Resource.from_message(dr.flow_weights(ep, cell.name, cfg.cell_names, x), name=dr.flow_weights_name(ep, cell.name),
                                             type_url=dr.FLOW_WEIGHTS) for ep, x in per_ep.items()]
             items += state
             versions[root_key(cell.name)] = self._set(root_key(cell.name), items)
         return versions
+
+    def _native_endpoints(self, rs: er.ResourceSet, src: int, native: dict[str, dict[int, NativeWeights]]) -> list:
+        """The native-discrete clusters' ClusterLoadAssignments of one root, with this refresh's weights."""
+        out = []
+        for cla in rs.endpoints:
+            if not cla.cluster_name.startswith(NATIVE_CLUSTER_PREFIX):
+                continue
+            w = native.get(cla.cluster_name.removeprefix(NATIVE_CLUSTER_PREFIX), {}).get(src)
+            out.append(er.native_assignment(cla, self.config, src, w) if w is not None else cla)
+        return out
 
     def _set(self, key: str, items: Iterable) -> str:
         before = self.cache.get_snapshot(key)

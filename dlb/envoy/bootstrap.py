@@ -282,6 +282,39 @@ def fallback_cluster_name(cluster: str, fallback: str) -> str:
     return f"{cluster}.or.{fallback.removeprefix(CELL_CLUSTER_PREFIX)}"
 
 
+#: Prefix of a native-discrete endpoint's cluster: every allowed cell's leaf as one host of it.
+NATIVE_CLUSTER_PREFIX = "dlb-native."
+
+
+def native_cluster_name(endpoint: str) -> str:
+    """The cluster Envoy's least-request picks cells from for a ``native-discrete`` endpoint."""
+    return NATIVE_CLUSTER_PREFIX + endpoint
+
+
+def native_discrete_cluster(endpoint: str, dests: list[Any]) -> dict[str, Any]:
+    """Cells as hosts, LEAST_REQUEST: per request Envoy takes the cell with the most weight per active
+    request (``weight / (active + 1)``), weights refreshed by the control plane over EDS from probes
+    (replica counts until then). Panic mode off: a cell the control plane marks unusable is never
+    picked while another is usable (the control plane never marks them all)."""
+    cluster = _cluster(native_cluster_name(endpoint), [(d.leaf.address, d.replicas) for d in dests], lb_policy="LEAST_REQUEST")
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
+    cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
+    return cluster
+
+
+def _native_retries() -> dict[str, Any]:
+    """Once, on another cell (another host of the native cluster), for what the cross-cell retry covers."""
+    return {
+        "retry_on": CROSS_CELL_RETRY_ON,
+        "retriable_status_codes": [503],
+        "num_retries": 1,
+        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+        "host_selection_retry_max_attempts": 3,
+        "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.02s"},
+    }
+
+
 def _fallback_cluster(cluster: str, fallback: str) -> dict[str, Any]:
     """An aggregate cluster: priority 0 is ``cluster``'s leaf, priority 1 ``fallback``'s. Requests go to
     the first; the route's retry (previous_priorities) goes to the second."""
@@ -495,8 +528,9 @@ def fallback_weights(cfg: Config, cell: str) -> dict[str, int]:
 
 
 def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
-    """Flow without affinity, on a root told to run flow natively: Envoy samples the weights itself."""
-    return native_flow and ep.policy.mechanism is Mechanism.FLOW and not ep.policy.affinity.enabled
+    """Flow (Envoy samples the weights) or native-discrete (Envoy's least-request over cells) without
+    affinity, on a root configured by the control plane; anything else takes the ext_proc."""
+    return native_flow and (ep.policy.mechanism is Mechanism.FLOW or ep.policy.native) and not ep.policy.affinity.enabled
 
 
 def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str],
@@ -546,11 +580,13 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         }
         for name in allowed
     ]
+    native = _runs_natively(ep, native_flow) and ep.policy.native
     return pairs + picked + [
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
-            "route": dict(action, weighted_clusters={"clusters": clusters}),
+            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_native_retries()) if native
+                      else dict(action, weighted_clusters={"clusters": clusters})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
         },
@@ -622,6 +658,7 @@ def root_bootstrap(
         clusters.append(cluster)
     if has_ext_proc:
         clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
+    clusters += [native_discrete_cluster(ep.name, dests) for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
     boot["static_resources"]["secrets"] = [token_secret(cfg)]

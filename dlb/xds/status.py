@@ -8,6 +8,7 @@ label sets never linger). Other observers (the scale benchmark) are passed to th
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import time
@@ -71,6 +72,9 @@ class StatusRegistry:
     limit_hits: dict[str, int] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    #: Nodes without streams, oldest close first: forgetting pops from the front (a scan of every node on
+    #: every stream close cost 18 s of server time in a 5,000-stream run with reconnects).
+    _gone: collections.OrderedDict[str, None] = field(default_factory=collections.OrderedDict)
 
     def node(self, node_id: str, cluster: str = "") -> NodeStatus:
         ns = self.nodes.get(node_id)
@@ -84,24 +88,32 @@ class StatusRegistry:
         ns = self.node(node_id, cluster)
         ns.streams += 1
         ns.closed_monotonic = None
+        self._gone.pop(node_id, None)
 
     def stream_closed(self, node_id: str) -> None:
         ns = self.node(node_id)
         ns.streams -= 1
         if ns.streams <= 0:
             ns.closed_monotonic = self.clock()
+            self._gone[node_id] = None
+            self._gone.move_to_end(node_id)
         self.forget_gone()
 
     def forget_gone(self) -> None:
-        """Drop nodes disconnected for longer than ``grace_s``, and the oldest past ``max_disconnected``."""
+        """Drop nodes disconnected for longer than ``grace_s``, and the oldest past ``max_disconnected``
+        (node ids churn as pods come and go: the memory stays bounded). Amortised O(1) per close."""
         now = self.clock()
-        gone = [ns for ns in self.nodes.values() if ns.streams <= 0]
-        expired = [ns for ns in gone if ns.closed_monotonic is not None and now - ns.closed_monotonic > self.grace_s]
-        if len(gone) - len(expired) > self.max_disconnected:  # node ids churn (pods come and go): bound the memory
-            gone.sort(key=lambda ns: ns.seen_seq)
-            expired += gone[: len(gone) - self.max_disconnected]
-        for ns in expired:
-            self.nodes.pop(ns.node_id, None)
+        while self._gone:
+            oldest = next(iter(self._gone))
+            ns = self.nodes.get(oldest)
+            closed = ns.closed_monotonic if ns is not None else None
+            if ns is not None and ns.streams > 0:  # reconnected meanwhile: not gone
+                self._gone.popitem(last=False)
+                continue
+            if len(self._gone) <= self.max_disconnected and closed is not None and now - closed <= self.grace_s:
+                break
+            self._gone.popitem(last=False)
+            self.nodes.pop(oldest, None)
 
     def limit_hit(self, limit: str) -> None:
         self.limit_hits[limit] = self.limit_hits.get(limit, 0) + 1

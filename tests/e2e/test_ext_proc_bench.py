@@ -29,11 +29,32 @@ def test_overhead_bench_smoke(tmp_path, loadgen):
     assert len(open_rates) == 1  # all configurations compared at the same offered load
 
 
+def test_overhead_bench_exits_1_naming_a_config_over_budget(tmp_path, capsys):
+    """A budget the floor itself exceeds (its ratio to itself is 1) fails the run and names it; the
+    same run under a budget it meets passes."""
+    budgets = tmp_path / "budgets.json"
+    budgets.write_text(json.dumps({"test-kind": {"floor": "root-bare-h2", "budgets": {"root-bare-h2": 0.9, "plain": 50.0}}}))
+    out = tmp_path / "o.json"
+    argv = ["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", "plain", "--budgets", str(budgets),
+            "--machine-kind", "test-kind", "--json", str(out)]
+    assert main(argv) == 1
+    assert "missed target: root-bare-h2: CPU per request <= 0.9 x root-bare-h2's" in capsys.readouterr().err
+    records = json.loads(out.read_text())
+    assert [v["pass"] for v in records[0]["target_verdicts"]] == [True, False]  # plain within 50x, the floor over 0.9x
+    # The budget brought the floor, measured twice per slice (A/A); every row has its ratio to it.
+    assert {r["config"] for r in records} == {"plain", "root-bare-h2", "root-bare-h2~aa"}
+    for r in records:
+        assert r["cpu_vs_floor"]["median"] > 0 and len(r["cpu_vs_floor"]["per_slice"]) == len(r["slices"]) == 1
+    budgets.write_text(json.dumps({"test-kind": {"floor": "root-bare-h2", "budgets": {"root-bare-h2": 1.0}}}))
+    assert main(argv) == 0
+
+
 def test_overhead_bench_root_native_smoke(tmp_path):
-    """``root-native``: a root Envoy configured only by a live control plane routes the flow endpoint
-    through its weighted_clusters (no ext_proc) and serves every request."""
+    """``root-native`` / ``root-native-discrete``: a root Envoy configured only by a live control plane
+    routes the endpoint by its weighted_clusters / by least-request over cells (no ext_proc) and serves
+    every request."""
     out = tmp_path / "native.json"
-    configs = ("plain", "root-native", "root-native-inproc", "root-native-mixed")  # + the two diagnostic variants
+    configs = ("plain", "root-native", "root-native-inproc", "root-native-mixed", "root-native-discrete")  # + two diagnostic variants
     assert main(["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", *configs, "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in configs for m in ("closed", "open")}

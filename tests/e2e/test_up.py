@@ -34,6 +34,14 @@ def _start_up(config: Path, run_dir: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
 
 
+def _up_with(cfg: dict, tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """``cfg`` written to ``tmp_path/dlb.yaml`` and ``dlb up`` started on it; returns the process and its run dir."""
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(cfg))
+    run_dir = tmp_path / "run"
+    return _start_up(path, run_dir), run_dir
+
+
 def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], timeout: float = 120.0) -> re.Match[str]:
     assert proc.stdout is not None
     end = time.monotonic() + timeout
@@ -75,10 +83,7 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
     with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
         cfg = demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})
-        path = tmp_path / "dlb.yaml"
-        path.write_text(json.dumps(cfg))
-        run_dir = tmp_path / "run"
-        proc = _start_up(path, run_dir)
+        proc, run_dir = _up_with(cfg, tmp_path)
         seen: list[str] = []
         try:
             m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)

@@ -57,3 +57,19 @@ def test_status_forgets_the_oldest_disconnected_nodes():
     assert set(reg.nodes) == {"a", "b", "c"}
     reg.stream_closed("c")
     assert set(reg.nodes) == {"b", "c"}
+
+
+def test_status_forgets_nodes_past_the_grace_period_and_keeps_a_reconnected_one():
+    from dlb.xds.status import StatusRegistry
+
+    now = [0.0]
+    reg = StatusRegistry(grace_s=10.0, clock=lambda: now[0])
+    for n in ["a", "b"]:
+        reg.stream_opened(n, "x")
+    reg.stream_closed("a")
+    now[0] = 5.0
+    reg.stream_closed("b")
+    reg.stream_opened("a", "x")  # a came back within the grace period: not gone any more
+    now[0] = 16.0
+    reg.forget_gone()
+    assert set(reg.nodes) == {"a"}  # b closed 11 s ago: forgotten; a is connected

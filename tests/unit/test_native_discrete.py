@@ -1,0 +1,108 @@
+"""``native-discrete``: the discrete decision as least-request weights a root Envoy applies itself.
+
+What must hold: a costlier cell (slower, more loaded) gets a smaller weight; aversion scales a cell's
+share; residency keeps a forbidden cell out of the cluster; a stale cell is unhealthy unless every
+cell is (fail-open); and the control plane serves a root whose native endpoint has no ext_proc hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from google.protobuf import any_pb2
+
+from dlb.config import config_from_dict
+from dlb.core.native_discrete import WEIGHT_SCALE, native_weights
+from dlb.xds import types
+
+ALL = np.array([True, True, True])
+
+
+def test_weights_fall_with_cost_and_follow_replicas_at_equal_cost():
+    w = native_weights(np.array([1.0, 2.0, 1.0]), np.array([1.0, 1.0, 2.0]), np.zeros(3), ALL, ALL)
+    assert w.weights == (WEIGHT_SCALE // 2, WEIGHT_SCALE // 8, WEIGHT_SCALE)  # γ = 2: twice the cost, a quarter
+    assert w.healthy == (True, True, True)
+
+
+def test_aversion_scales_a_share_and_residency_removes_a_cell():
+    w = native_weights(np.ones(3), np.ones(3), np.array([0.0, 0.5, 0.0]), ALL, np.array([True, True, False]))
+    assert w.weights == (WEIGHT_SCALE, WEIGHT_SCALE // 2, 0)
+
+
+def test_a_stale_cell_is_unhealthy_unless_none_is_usable():
+    w = native_weights(np.array([1.0, 5.0, 1.0]), np.ones(3), np.zeros(3), np.array([True, True, False]), ALL)
+    assert w.healthy == (True, True, False) and w.weights[2] == 1
+    w = native_weights(np.ones(3), np.array([1.0, 2.0, 1.0]), np.zeros(3), np.zeros(3, bool), ALL)
+    assert w.healthy == (True, True, True) and w.weights == (500, 1000, 500)  # fail-open: replicas
+
+
+def test_rif_costs_of_zero_keep_finite_weights_with_the_offset():
+    w = native_weights(np.array([0.0, 1.0]), np.ones(2), np.zeros(2), np.ones(2, bool), np.ones(2, bool), offset=1.0)
+    assert w.weights == (1000, 250)
+
+
+def _doc(native: bool = True, affinity: bool = False) -> dict:
+    cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
+              "servers": [f"127.0.0.1:{3000 + i}"], "root": {"address": f"127.0.0.1:{4000 + i}"}} for i, n in enumerate(["a", "b"])]
+    mech = {"type": "native-discrete" if native else "discrete", "parameters": {"cost": "latency"}}
+    plugins = [mech, {"type": "affinity", "parameters": {"enabled": affinity, "header": "x-session"}}]
+    return {"version": 1, "cells": cells, "network": {"one_way_ms": {"a": {"b": 10}}},
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"plugins": plugins}}]}
+
+
+def _root_snapshot(doc: dict, probes: dict[str, float] | None = None):
+    from dlb.control_plane.service import ControlPlane, root_key
+    from dlb.probe.target import ProbeTarget
+    from dlb.proto import probe_pb2
+
+    async def scenario():
+        cp = ControlPlane(config_from_dict(doc), probe=False, flow_loop=False, clock=lambda: 100.0)
+        for j, (name, latency) in enumerate((probes or {}).items()):
+            resp = probe_pb2.ProbeResponse(cell=name, rif=0)
+            resp.model.a_s, resp.model.b_s, resp.model.c, resp.model.s = latency, 0.01, 8, 1
+            resp.model.confidence, resp.model.samples = 1.0, 100
+            cp._on_probe(ProbeTarget(j, name, ""), resp, 100.0)
+        if probes:
+            cp.flow.step(100.0)
+            cp.rebuild()
+        return cp.cache.get_snapshot(root_key("a"))
+
+    return asyncio.run(scenario())
+
+
+def _unpack(res, cls):
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    a = any_pb2.Any.FromString(res.any_bytes)
+    if a.type_url.endswith("discovery.v3.Resource"):
+        a = discovery_pb2.Resource.FromString(a.value).resource
+    return cls.FromString(a.value)
+
+
+def test_the_control_plane_serves_a_native_root_least_request_over_cells_with_no_ext_proc():
+    snap = _root_snapshot(_doc())
+    clusters = {n: _unpack(r, cluster_pb2.Cluster) for n, r in snap.get(types.CLUSTER).items()}
+    assert clusters["dlb-native.chat"].lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+    assert "dlb-ext-proc" not in " ".join(clusters)  # no ext_proc cluster: nothing on the request path but Envoy
+    listener = _unpack(next(iter(snap.get(types.LISTENER).values())), listener_pb2.Listener)
+    assert "ext_proc" not in str(listener)
+    cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
+    assert [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints] == [WEIGHT_SCALE] * 2  # by replicas until probed
+
+
+def test_probed_costs_reach_the_eds_weights_slow_cell_down():
+    snap = _root_snapshot(_doc(), probes={"a": 0.1, "b": 0.4})
+    cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
+    w = [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints]
+    assert w[0] == WEIGHT_SCALE and w[1] < WEIGHT_SCALE / 10, w  # b: 4x the latency (+20 ms RTT) -> under 1/16 of a's
+
+
+def test_affinity_keeps_a_native_discrete_endpoint_on_the_ext_proc():
+    snap = _root_snapshot(_doc(affinity=True))
+    assert "dlb-native.chat" not in snap.get(types.CLUSTER)
+    listener = _unpack(next(iter(snap.get(types.LISTENER).values())), listener_pb2.Listener)
+    assert "ext_proc" in str(listener)
