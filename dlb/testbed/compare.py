@@ -13,7 +13,8 @@ errors, shed, timeout_s, mean_s, p50_s, p90_s, ttft_p50_s, served_mean_s, affini
 loadavg}`` where every latency counts a failed or shed request (anything but a 2xx) as the request
 timeout (``timeout_s``, :data:`~dlb.testbed.scenarios.REQUEST_TIMEOUT_S`); ``served_mean_s`` is the
 mean of the served requests only; ``shed`` counts 429s, ``errors`` every other failure.
-Each run's requests (time, source, cell, status, latency) are in ``OUT/<scenario>-<policy>-t<trial>/requests.csv``.
+Each run's requests (time, source, cell, status, latency) are in ``OUT/<scenario>-<policy>-t<trial>/requests.csv``;
+per scenario, ``OUT/<scenario>-latency-cdf.png`` and ``OUT/<scenario>-cell-share.png`` (:mod:`dlb.testbed.compare_plots`).
 
 The summary (``compare.md``, ``--json``) per (scenario, policy): trials, mean ± the half-width of the
 95 % confidence interval of the mean over trials (Student t), p90 and TTFT p50 averaged over trials,
@@ -206,6 +207,10 @@ def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
                     f.write(json.dumps(_clean(rec)) + "\n")
                 print(f"{scenario:12s} {policy:17s} t{trial} ok {rec['ok']}/{rec['requests']} shed {rec['shed']} "
                       f"mean {rec['mean_s']:.2f}s p90 {rec['p90_s']:.2f}s (load {load:.1f})", flush=True)
+    from dlb.testbed.compare_plots import plot_scenario
+
+    for scenario in scenarios:
+        plot_scenario(out, scenario, policies, REQUEST_TIMEOUT_S)
     rows = summarize(records)
     text = table(rows)
     print(text)
