@@ -72,6 +72,8 @@ def _fleet_from_config(path: str) -> tuple[Fleet, dict[str, Any], dict[str, list
 
 def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Supervisor, str]:
     """Plan the run: servers, config, workload; the supervisor with every child added (none started)."""
+    if args.duration is None:  # the CLI's default, resolved by _run_demo; callers of prepare may leave it unset
+        args = argparse.Namespace(**{**vars(args), "duration": 60.0})
     if getattr(args, "dp", 0) < 0 or getattr(args, "dp", 0) == 1:
         raise ValueError(f"--dp: ranks per data-parallel server, >= 2 (0 = off), got {args.dp}")
     if args.config and getattr(args, "dp", 0):

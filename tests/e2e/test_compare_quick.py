@@ -13,7 +13,6 @@ import csv
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -34,10 +33,10 @@ def _cells(run_dir: Path) -> Counter[tuple[str, str]]:
         return Counter((r["source"], r["cell"]) for r in csv.DictReader(f))
 
 
-@pytest.mark.timeout(900)  # four clean deployments: ~2.5 min on a quiet 2-core box, 5+ min at load average 30
+@pytest.mark.timeout(1200)  # four clean deployments: ~4.5 min at load average 12, over 10 min at 45
 def test_quick_compare_runs_each_baseline_as_defined_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
-    proc = _compare(out, 600)
+    proc = _compare(out, 840)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["policy"] for r in records] == ["lr-global", "locality-failover", "hub-score", "Flow-Grad"]
@@ -53,9 +52,8 @@ def test_quick_compare_runs_each_baseline_as_defined_and_resumes(tmp_path: Path)
         assert all(cell in EUROPE for src, cell in cells if src == "europe-west4"), (r["policy"], cells)
     assert (out / "compare.md").read_text().count("| steady |") == 4
 
-    t0 = time.monotonic()
-    again = _compare(out, 120)
+    again = _compare(out, 300)
     assert again.returncode == 0, again.stdout[-2000:]
     assert "resuming: 4 runs" in again.stdout
+    assert "emulated servers" not in again.stdout  # no deployment was started again
     assert len((out / "records.jsonl").read_text().splitlines()) == 4
-    assert time.monotonic() - t0 < 30  # nothing was started again
