@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiohttp import ClientSession, ClientTimeout, web
 from bounded_wait import until_async as wait_for
-from service_fixtures import CellPorts, config_doc, write_config
+from service_fixtures import CellPorts, config_doc, split, start_leaf, write_config
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
@@ -37,22 +35,6 @@ ENDPOINT = [{"name": "gen", "match": {"prefix": "/"}, "policy": {"mechanism": "f
 NETWORK: dict = {"one_way_ms": {"a": {"b": 10, "c": 30}}}
 
 
-async def start_leaf(name: str, port: int, delay_s: float = 0.0) -> web.AppRunner:
-    """A stand-in leaf answering every request with its cell's name, after ``delay_s``."""
-
-    async def handle(_req: web.Request) -> web.Response:
-        if delay_s:
-            await asyncio.sleep(delay_s)
-        return web.Response(text=name)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
-
-
 def config(tmp_path: Path, baseline: str, servers: dict[str, int], root_port: int) -> tuple[Path, dict[str, CellPorts]]:
     ports = {c: CellPorts() for c in servers}
     network = {"one_way_ms": {"a": {k: v for k, v in NETWORK["one_way_ms"]["a"].items() if k in servers}}, "default_one_way_ms": 40}
@@ -61,18 +43,6 @@ def config(tmp_path: Path, baseline: str, servers: dict[str, int], root_port: in
     for cell in doc["cells"]:
         cell["servers"] = [f"127.0.0.1:{free_port()}" for _ in range(servers[cell["name"]])]
     return write_config(tmp_path / "dlb.yaml", doc), ports
-
-
-async def split(port: int, n: int, concurrency: int = 16) -> dict[str, float]:
-    counts: Counter[str] = Counter()
-    sem = asyncio.Semaphore(concurrency)
-    async with ClientSession(timeout=ClientTimeout(total=20)) as s:
-        async def one() -> None:
-            async with sem, s.get(f"http://127.0.0.1:{port}/v1/completions") as r:
-                counts[await r.text() if r.status == 200 else f"status-{r.status}"] += 1
-
-        await asyncio.gather(*(one() for _ in range(n)))
-    return {k: v / n for k, v in counts.items()}
 
 
 def no_ext_proc(envoy: EnvoyProcess) -> None:
