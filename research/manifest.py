@@ -31,6 +31,8 @@ ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
+                         "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults*", "dlb bench faults --json FILE"),
     ("bench/replicas/weights*.json", "python research/bench/replicas/weights.py --json FILE"),

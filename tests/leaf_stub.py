@@ -13,15 +13,16 @@ from dlb.proto import probe_pb2, probe_pb2_grpc
 
 
 class StaticProbe(probe_pb2_grpc.ProbeServicer):
-    def __init__(self, cell: str, rif: float, error_rate: float = 0.0) -> None:
+    def __init__(self, cell: str, rif: float, error_rate: float = 0.0, waiting: float = 0.0, kv_usage: float = 0.0) -> None:
         self.cell, self.rif, self.error_rate, self.completed = cell, rif, error_rate, 0
+        self.waiting, self.kv_usage = waiting, kv_usage  # hub-score's signals; change them to move its pick
         self.probes = 0
 
     async def Probe(self, request, context):
         self.probes += 1
         self.completed += 5
         return probe_pb2.ProbeResponse(cell=self.cell, rif=self.rif, replicas=1, healthy_replicas=1, completed=self.completed,
-                                       error_rate=self.error_rate,
+                                       error_rate=self.error_rate, waiting=self.waiting, kv_usage=self.kv_usage,
                                        model=probe_pb2.LatencyModel(a_s=0.5, b_s=0.05, c=4, s=1, confidence=0.9, samples=100))
 
 

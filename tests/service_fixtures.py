@@ -95,10 +95,13 @@ async def envoy(bootstrap: dict[str, Any], folder: str | Path, name: str = "envo
         await asyncio.to_thread(process.stop)
 
 
-async def start_leaf(name: str, port: int) -> web.AppRunner:
-    """An HTTP server on 127.0.0.1:``port`` standing in for cell ``name``'s leaf: every request is answered with the name."""
+async def start_leaf(name: str, port: int, delay_s: float = 0.0) -> web.AppRunner:
+    """An HTTP server on 127.0.0.1:``port`` standing in for cell ``name``'s leaf: every request is answered with the name
+    (after ``delay_s``: a cell that holds its requests)."""
 
     async def handle(_req: web.Request) -> web.Response:
+        if delay_s:
+            await asyncio.sleep(delay_s)
         return web.Response(text=name)
 
     app = web.Application()
@@ -107,6 +110,23 @@ async def start_leaf(name: str, port: int) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner
+
+
+async def split(port: int, n: int, concurrency: int = 16, timeout_s: float = 10.0) -> dict[str, float]:
+    """Send ``n`` GETs through the Envoy on ``port``; the fraction answered by each stand-in cell (or ``status-N``)."""
+    from collections import Counter
+
+    from aiohttp import ClientSession, ClientTimeout
+
+    counts: Counter[str] = Counter()
+    sem = asyncio.Semaphore(concurrency)
+    async with ClientSession(timeout=ClientTimeout(total=timeout_s)) as s:
+        async def one() -> None:
+            async with sem, s.get(f"http://127.0.0.1:{port}/v1/completions") as r:
+                counts[await r.text() if r.status == 200 else f"status-{r.status}"] += 1
+
+        await asyncio.gather(*(one() for _ in range(n)))
+    return {k: v / n for k, v in counts.items()}
 
 
 @asynccontextmanager

@@ -306,9 +306,13 @@ class ProbeParams:
 POLICY_API_VERSION = "dlb.v1"
 #: The leaf's server-pick rules (``policy.plugins[].type``): tokens waiting (Prequal) or power-of-d on RIF.
 PICK_RULES = ("prequal", "rif")
+#: What operators run instead of DLB (DESIGN §3), served as Envoy-native root configuration: no root
+#: ext_proc, the fail-open route goes to one pool cluster (``lr-global``, ``locality-failover``) or to
+#: the weights the control plane sets from its probes (``hub-score``).
+OPERATOR_BASELINES = ("lr-global", "locality-failover", "hub-score")
 #: The control plane's source of the fail-open weights: the flow routers, or a baseline: the central MNLB LP,
-#: or Rand (the replica split, never changed).
-WEIGHT_SOURCES = ("flow-routers", "mnlb", "rand")
+#: Rand (the replica split, never changed) or an operator baseline.
+WEIGHT_SOURCES = ("flow-routers", "mnlb", "rand", *OPERATOR_BASELINES)
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,10 @@ def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
     return ResourceSet(tuple(listeners), tuple(routes), tuple(clusters), tuple(endpoints))
 
 
-def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Mapping[str, np.ndarray]) -> None:
-    """Write each flow endpoint's weights (x_src over cells, index order) into its fallback route."""
+def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Mapping[str, np.ndarray],
+                     require_flow: bool = True) -> None:
+    """Write each flow endpoint's weights (x_src over cells, index order) into its fallback route
+    (``require_flow`` False: any endpoint's, for the hub-score baseline's weights)."""
     allowed = np.asarray(config.network.allowed[config.cell(src).index], dtype=bool)
     by_route = {f"{ep.name}-fallback": ep for ep in config.endpoints}
     for rc in rs.routes:
@@ -132,7 +134,7 @@ def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Ma
                 ep = by_route.get(r.name)
                 if ep is None or ep.name not in flow_weights:
                     continue
-                if ep.policy.mechanism is not Mechanism.FLOW:
+                if require_flow and ep.policy.mechanism is not Mechanism.FLOW:
                     raise ValueError(f"endpoint {ep.name} is not a flow endpoint; it has no flow weights")
                 x = np.asarray(flow_weights[ep.name], dtype=float)
                 if x.shape != allowed.shape or np.any(x[~allowed] > 0):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,11 +36,13 @@ from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node
 from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all, resolve_names
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
+from dlb.control_plane.hub_score import HubScoreLoop
 from dlb.control_plane.mnlb import MnlbLoop
 from dlb.core.latency_model import LatencyParams
 from dlb.core.native_discrete import NativeWeights
 from dlb.core.router import Mechanism
 from dlb.envoy.bootstrap import NATIVE_CLUSTER_PREFIX
+from dlb.envoy.operator_pool import POOL_KINDS
 from dlb.log import get_logger
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
@@ -158,6 +160,11 @@ class ControlPlane:
         mnlb_eps = [ep.name for ep in flow_eps if not ep.native]
         self.mnlb = (MnlbLoop(topo, mnlb_eps, self.sources, period_s=mp.period_s, rho=mp.rho)
                      if self.mnlb_enabled and mnlb_eps else None)
+        #: hub-score (an operator baseline): every endpoint's fail-open route all on the best-scored cell,
+        #: re-pushed when a probe changes it (:mod:`dlb.control_plane.hub_score`). lr-global and
+        #: locality-failover need no state here: their root resources route to a pool cluster.
+        self.hub = (HubScoreLoop(topo, [ep.name for ep in config.endpoints], self.sources)
+                    if config.policy.weights == "hub-score" else None)
         self.flow_period_s = min((ep.policy.flow.period_s for ep in flow_eps), default=0.2)
         #: Each cell's prior (the first endpoint's, as the leaves' cell-wide model uses): the leaves' fleet prior
         #: and the roots' curve for a cell with no model yet.
@@ -244,7 +251,13 @@ class ControlPlane:
     def rebuild(self) -> dict[str, str]:
         """Install every cell's snapshots from the current state; returns key → version in effect."""
         cfg = self.config
-        weights = self.mnlb.weights() if self.mnlb is not None else self.flow.weights() if self.flow is not None else {}
+        weights: Mapping[str, Mapping[int, np.ndarray]]
+        if self.hub is not None:
+            weights = self.hub.weights()
+        elif cfg.policy.weights in POOL_KINDS:
+            weights = {}  # the routes name the pool cluster; Envoy balances
+        else:
+            weights = self.mnlb.weights() if self.mnlb is not None else self.flow.weights() if self.flow is not None else {}
         native = self.flow.native_weights(self.clock()) if self.flow is not None else {}
         state = self._state_resources()
         versions = {}
@@ -259,7 +272,7 @@ class ControlPlane:
             if per_ep:
                 routes = tuple(type(r).FromString(r.SerializeToString()) for r in rs.routes)
                 patched = er.ResourceSet(rs.listeners, routes, rs.clusters, rs.endpoints)
-                er.set_flow_weights(patched, cfg, cell.name, per_ep)
+                er.set_flow_weights(patched, cfg, cell.name, per_ep, require_flow=self.hub is None)
             else:
                 patched = rs
             items: list = list(self._static.root[cell.name])
@@ -291,6 +304,12 @@ class ControlPlane:
 
     # -- probes -------------------------------------------------------------------------------------
     def _on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        if self.hub is not None:
+            healthy = float(resp.healthy_replicas) if resp is not None and resp.HasField("healthy_replicas") else None
+            changed = (self.hub.on_probe_failure(target.index) if resp is None
+                       else self.hub.on_probe(target.index, resp.rif, resp.waiting, resp.kv_usage, healthy))
+            if changed:
+                self.rebuild()  # as fresh as the probes: Envoy gets the new best cell now, not at the next flow step
         if self.mnlb is not None:
             if resp is None:
                 self.mnlb.on_probe_failure(target.index)
@@ -347,7 +366,9 @@ class ControlPlane:
         while True:
             await asyncio.sleep(self.flow_period_s)
             try:
-                if self.mnlb is not None:
+                if self.hub is not None:
+                    pass  # hub-score pushes from the probes (_on_probe); nothing to step
+                elif self.mnlb is not None:
                     if not self.weights_frozen:
                         self.mnlb.step(self.clock())
                 elif self.flow is not None:

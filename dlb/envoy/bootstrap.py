@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from dlb.config.hostport import is_ip
-from dlb.config.model import CELL_CLUSTER_PREFIX, AffinityParams, Config, Endpoint, HostPort, Mechanism
+from dlb.config.model import CELL_CLUSTER_PREFIX, OPERATOR_BASELINES, AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
 from dlb.envoy import contract as _h
@@ -49,6 +49,7 @@ from dlb.envoy.contract import (
     SERVER_CHECK_UNHEALTHY_THRESHOLD,
 )
 from dlb.envoy.health_check import service_health
+from dlb.envoy.operator_pool import POOL_CLUSTER, POOL_KINDS, pool_cluster
 from dlb.envoy.root_token import token_check, token_injector, token_secret
 from dlb.envoy.tls import upstream_tls
 
@@ -534,13 +535,14 @@ def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
 
 
 def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str],
-                     has_ext_proc: bool = True) -> list[dict[str, Any]]:
+                     has_ext_proc: bool = True, pool: str | None = None) -> list[dict[str, Any]]:
     """One route per allowed cell (x-dlb-cell == cell-<name>), then the fail-open weighted route.
 
     Exact per-cell matches rather than ``cluster_header``: a pick naming an unknown or forbidden cell,
     or a cluster that is not a cell at all (the ext_proc's own), falls through to the weights instead
     of a 503 or a request sent to the wrong place. Measured with cluster_header on Envoy 1.40: all
     three gave 503s (tests/e2e/test_envoy_configs.py::test_root_bad_pick_falls_back_to_weights).
+    ``pool``: the fail-open route goes to this cluster instead of the weights (operator baselines).
     """
     action = {"timeout": _duration(ep.timeout_s), "idle_timeout": _duration(ep.idle_timeout_s)}
     clusters = [{"name": cfg.cell(name).cluster_name, "weight": int(w)} for name, w in weights.items() if w > 0]
@@ -586,7 +588,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
             "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_native_retries()) if native
-                      else dict(action, weighted_clusters={"clusters": clusters})),
+                      else dict(action, cluster=pool) if pool else dict(action, weighted_clusters={"clusters": clusters})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
         },
@@ -628,8 +630,11 @@ def root_bootstrap(
         raise ValueError(f"fallback weights of {cell} are all zero: {weights}")
     # A root whose every endpoint runs natively has no ext_proc filter at all: a filter left in the
     # chain and disabled per route still costs every request its per-route lookup (docs/bench.md).
-    has_ext_proc = not all(_runs_natively(ep, native_flow) for ep in cfg.endpoints)
-    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed, has_ext_proc)]
+    # An operator baseline has none either: Envoy alone decides (dlb.envoy.operator_pool).
+    operator = cfg.policy.weights in OPERATOR_BASELINES
+    has_ext_proc = not operator and not all(_runs_natively(ep, native_flow) for ep in cfg.endpoints)
+    pool = POOL_CLUSTER if cfg.policy.weights in POOL_KINDS else None
+    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed, has_ext_proc, pool)]
     route_config = {
         "name": "dlb_root",
         # Stripped from client requests before any filter runs or any route is picked (docs/design.md §2).
@@ -659,6 +664,9 @@ def root_bootstrap(
     if has_ext_proc:
         clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
     clusters += [native_discrete_cluster(ep.name, dests) for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]
+    if pool:
+        base = _cluster(POOL_CLUSTER, [(d.leaf.address, 1) for d in dests], lb_policy="LEAST_REQUEST")
+        clusters.append(pool_cluster(base, cfg, me.name, cfg.policy.weights, leaf_prefixes(cfg)[0]))
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)
     boot["static_resources"]["secrets"] = [token_secret(cfg)]

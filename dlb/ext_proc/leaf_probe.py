@@ -42,5 +42,5 @@ class LeafProbe:
             model=model_message(est.params, est.confidence, len(est)),
             error_rate=st.errors.rate(now), timestamp_unix_ns=time.time_ns(), completed=st.completed,
             errors=st.failed, waiting=st.waiting(), completed_by_source=self.completed_by_source,
-            capacity=st.capacity(now),
+            capacity=st.capacity(now), kv_usage=st.kv_usage(),
         )

@@ -546,3 +546,8 @@ class LeafState:
     def waiting(self) -> float:
         vals = [s.waiting for s in self.servers if s.waiting >= 0]
         return float(sum(vals)) if vals else -1.0
+
+    def kv_usage(self) -> float:
+        """Mean scraped KV-cache usage over the servers that reported one, -1 if none did."""
+        vals = [s.kv_usage for s in self.servers if s.kv_usage >= 0]
+        return float(sum(vals) / len(vals)) if vals else -1.0

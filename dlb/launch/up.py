@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlb.config.model import Config, HostPort
+from dlb.config.model import OPERATOR_BASELINES, Config, HostPort
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
@@ -253,6 +253,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     runs Rand this way: flow endpoints, weights frozen at the replica split by ``--no-probe``).
     """
     run_dir = sup.run_dir
+    # An operator baseline runs without DLB on the request path: no root service to start.
+    root_services = root_services and cfg.policy.weights not in OPERATOR_BASELINES
     # The config's ports are not bound until their services start: an admin or metrics port drawn
     # below must not be one of them (the config may come from another process's free_port()).
     reserve_ports(hp.port for _, hp in listen_addresses(cfg, root_services))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,19 @@ def generate(spec: WorkloadSpec) -> list[WorkloadRequest]:
                 out.append(WorkloadRequest(tt, "chat", source, min(prompt, spec.max_prompt), answer, session, turn))
             prompt += answer + lognormal(spec.turn_median, spec.prompt_sigma, spec.max_prompt)
             tt += rng.exponential(spec.think_s)
+    out.sort(key=lambda r: r.t)
+    return out
+
+
+def with_phases(base: list[WorkloadRequest], phases: list[tuple[float, WorkloadSpec]]) -> list[WorkloadRequest]:
+    """``base`` plus each phase's own requests shifted to start at its offset (seconds), sorted by time.
+
+    How a scenario raises the arrival rate for a while (a burst, an overload phase) without changing
+    one request of the base workload: a phase is a workload of its own (its own seed and sessions).
+    """
+    out = list(base)
+    for start, spec in phases:
+        out += [replace(r, t=r.t + start, session=r.session and f"{r.session}@{start:g}") for r in generate(spec)]
     out.sort(key=lambda r: r.t)
     return out
 

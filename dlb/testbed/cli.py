@@ -22,6 +22,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     from dlb.testbed.report import git_commit
 
     git_commit()  # the tree as it is when the run starts
+    if args.duration is None:
+        args.duration = 10.0 if args.compare and args.quick else 60.0
     out = args.out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     stop = StopFlag().install()
     if args.compare:
@@ -38,14 +40,15 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     from pathlib import Path
 
     from dlb.load.argtypes import positive_float
-    from dlb.testbed.demo_run import DLB_POLICIES
+    from dlb.testbed.demo_run import ALL_POLICIES
 
     p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
                      "streaming OpenAI traffic at a fraction of capacity, degrade one cell mid-run, show it live "
                      "and write a report (report.md, PNGs, results.json).")
-    p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of load (default 60)")
-    p.add_argument("--policy", choices=DLB_POLICIES, default=None,
-                   help="one DLB policy for both endpoints (default: chat Disc-Lat + affinity, completions Flow-Grad)")
+    p.add_argument("--duration", type=positive_float, default=None, help="seconds of load (default 60; 10 with --compare --quick)")
+    p.add_argument("--policy", choices=ALL_POLICIES, default=None,
+                   help="one policy for both endpoints: a baseline (Envoy alone routes) or a DLB policy "
+                        "(default: chat Disc-Lat + affinity, completions Flow-Grad)")
     p.add_argument("--config", default=None, help="your own DLB config: an emulator is started on every server address")
     p.add_argument("--out", type=Path, default=None, help="report folder (default runs/demo-TIMESTAMP)")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
@@ -55,10 +58,13 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="workload seed")
     p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready")
     p.add_argument("--compare", action="store_true",
-                   help="run the same seeded workload against Rand, MNLB and the six DLB policies, with and without the "
-                        "degradation, each from a clean start; prints a table")
-    p.add_argument("--json", default=None, help="with --compare: write one record per (scenario, policy) here")
-    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default Rand, MNLB and all six)")
+                   help="every scenario's seeded workload against every policy, each run from a clean start; records in "
+                        "OUT/records.jsonl (the same --out resumes), table in OUT/compare.md")
+    p.add_argument("--scenarios", default=None, help="with --compare: comma-separated subset (default all six)")
+    p.add_argument("--trials", type=int, default=3, help="with --compare: runs per (scenario, policy) (default 3)")
+    p.add_argument("--quick", action="store_true", help="with --compare: steady, 1 trial, the operator baselines and Flow-Grad")
+    p.add_argument("--json", default=None, help="with --compare: write the summary and every record here")
+    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default every policy)")
     p.add_argument("--dp", type=int, default=0, metavar="G",
                    help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
                         "rank with BF-IO (docs/bfio.md); default off")

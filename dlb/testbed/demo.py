@@ -17,20 +17,22 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from dlb.config.policy import set_plugins
+from dlb.emulator.faults import Faults
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
 from dlb.load.generator import LoadRunner
-from dlb.load.workload import WorkloadSpec, generate
+from dlb.load.workload import WorkloadSpec, generate, with_phases
 from dlb.procutil import free_port_block
-from dlb.testbed.demo_run import DemoRun, Sample
+from dlb.testbed.demo_run import BASELINE_WEIGHTS, DemoRun, Sample
 from dlb.testbed.fleet import (
     DEFAULT_FLEET,
     CellPlan,
@@ -39,6 +41,7 @@ from dlb.testbed.fleet import (
     fleet_capacity_rps,
     server_addresses,
 )
+from dlb.testbed.scenarios import REQUEST_TIMEOUT_S, Scenario
 
 DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers
@@ -69,6 +72,8 @@ def _fleet_from_config(path: str) -> tuple[Fleet, dict[str, Any], dict[str, list
 
 def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Supervisor, str]:
     """Plan the run: servers, config, workload; the supervisor with every child added (none started)."""
+    if args.duration is None:  # the CLI's default, resolved by _run_demo; callers of prepare may leave it unset
+        args = argparse.Namespace(**{**vars(args), "duration": 60.0})
     if getattr(args, "dp", 0) < 0 or getattr(args, "dp", 0) == 1:
         raise ValueError(f"--dp: ranks per data-parallel server, >= 2 (0 = off), got {args.dp}")
     if args.config and getattr(args, "dp", 0):
@@ -85,15 +90,32 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
         raise ValueError(f"--degrade-cell: no cell {fleet.degrade_cell!r} (cells: {', '.join(servers)})")
     if args.policy:
         apply_policy(cfg_dict, args.policy)
+    sc: Scenario | None = getattr(args, "scenario", None)
     sources = {c.name: (4.0 if i == 0 else 1.0) for i, c in enumerate([c for c in fleet.cells if c.root])}
-    probe = WorkloadSpec(rate_rps=1.0, duration_s=args.duration, sources=sources or {"": 1.0}, seed=args.seed)
-    mean_prompt = probe.prompt_median * 1.5  # multi-turn prompts grow: ~1.5× the first turn's median on average
+    probe = WorkloadSpec(rate_rps=1.0, duration_s=args.duration, sources=sources or {"": 1.0}, seed=args.seed,
+                         **(sc.workload if sc else {}))
+    # Multi-turn prompts grow: ~1.5× the first turn's median on average with the default spread; a
+    # wider log-normal spread scales the mean by exp(Δσ²/2).
+    mean_prompt = probe.prompt_median * 1.5 * math.exp((probe.prompt_sigma ** 2 - WorkloadSpec.prompt_sigma ** 2) / 2)
     capacity = fleet_capacity_rps(fleet, mean_prompt, probe.mean_output())
-    spec = replace(probe, rate_rps=args.load * sum(capacity.values()))
+    load = sc.load if sc else args.load
+    spec = replace(probe, rate_rps=load * sum(capacity.values()))
+    if sc is not None:
+        sc.check(args.duration)
+        window = sc.fault_window(args.duration)
+    else:
+        window = None if args.no_degrade else (DEGRADE_AT * args.duration, RECOVER_AT * args.duration)
     run = DemoRun(fleet=fleet, cfg_dict=cfg_dict, servers=servers, spec=spec, capacity=capacity,
-                  degrade_cell=None if args.no_degrade else fleet.degrade_cell,
-                  degrade_window=None if args.no_degrade else (DEGRADE_AT * args.duration, RECOVER_AT * args.duration),
+                  degrade_cell=fleet.degrade_cell if window else None, degrade_window=window,
                   policy=args.policy or "chat Disc-Lat + affinity, completions Flow-Grad")
+    if sc is not None:
+        run.fault = {"down": True} if sc.fault == "down" else None
+        run.timeout_s = REQUEST_TIMEOUT_S
+        ph = sc.phase_window(args.duration)
+        if ph is not None:
+            start, length, extra = ph
+            run.phases = [(start, replace(spec, rate_rps=extra * sum(capacity.values()), duration_s=length,
+                                          seed=spec.seed + 500))]
     sup = Supervisor(run_dir / "logs")
     py = [sys.executable, "-m", "dlb.cli"]
     profiles = {c.name: c.profile for c in fleet.cells}
@@ -111,8 +133,9 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
                           sup.run_dir / f"server-{cell}-{k}.log",
                           ready=functools.partial(http_ok, f"http://{addr}/health")))
     # The leaves forget a past slowdown within the demo's time scale; MNLB comes from the control plane.
+    weights = getattr(args, "weights", None)
     set_plugins(cfg_dict, {"type": "latency-fit", "parameters": {"window_s": 10, "refit_period_s": 1}},
-                *([{"type": "mnlb"}] if getattr(args, "mnlb", False) else []))
+                *([{"type": weights}] if weights else []))
     config_path = run_dir / "dlb.yaml"
     config_path.write_text(json.dumps(cfg_dict, indent=1))
     return run, sup, str(config_path.resolve())
@@ -145,13 +168,16 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
 
     from dlb.testbed.view import PlainView, RichView
 
-    reqs = generate(run.spec)
+    reqs = with_phases(generate(run.spec), run.phases)
     targets = {cell: f"http://{info.base_url.split('//')[1].rsplit('/v1', 1)[0]}" for cell, info in dep.roots.items()}
-    runner = LoadRunner(reqs, targets, timeout_s=300.0)
+    runner = LoadRunner(reqs, targets, timeout_s=run.timeout_s)
     done_stop = asyncio.Event()
     view: PlainView | RichView = RichView(run, sup.events) if live else PlainView(run)
     t0 = time.monotonic()
     last: dict[str, dict[str, float]] = {}
+    fault_on = run.fault or {"slowdown": run.fleet.degrade_slowdown}
+    defaults = asdict(Faults())
+    fault_off = {k: defaults[k] for k in fault_on}
     degraded = False
     recovered = False
 
@@ -175,11 +201,11 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                     break
                 if run.degrade_window and not degraded and now >= run.degrade_window[0]:
                     degraded = True
-                    await set_faults({"slowdown": run.fleet.degrade_slowdown})
-                    sup.say(f"cell {run.degrade_cell}", f"degraded: servers {run.fleet.degrade_slowdown:g}x slower")
+                    await set_faults(fault_on)
+                    sup.say(f"cell {run.degrade_cell}", f"degraded: {fault_on}")
                 if run.degrade_window and degraded and not recovered and now >= run.degrade_window[1]:
                     recovered = True
-                    await set_faults({"slowdown": 1.0})
+                    await set_faults(fault_off)
                     sup.say(f"cell {run.degrade_cell}", "recovered")
                 if run.samples and now - run.samples[-1].t < 1.0:
                     continue
@@ -210,14 +236,16 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
     ``policy`` "Rand" runs Rand on the real data path: both endpoints flow, no root services (Envoy
     takes its fail-open route, the control plane's weighted_clusters) and the control plane's
     weights frozen at the replica split (``--no-probe``). "MNLB" runs the same way with the control
-    plane solving the central LP every 10 s from demand and capacity it measures (the ``mnlb`` policy plugin).
+    plane solving the central LP every 10 s from demand and capacity it measures (the ``mnlb`` policy plugin);
+    the operator baselines too, each its own ``weights`` plugin (:data:`BASELINE_WEIGHTS`).
     """
     from dlb.config import ConfigError, load_config
 
     out.mkdir(parents=True, exist_ok=True)
-    rand, mnlb = policy == "Rand", policy == "MNLB"
-    baseline = rand or mnlb  # Envoy-native weights from the control plane, no root service
-    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if baseline else policy, "no_degrade": not degrade, "mnlb": mnlb})
+    baseline = policy in BASELINE_WEIGHTS  # Envoy-native routing from the control plane, no root service
+    weights = BASELINE_WEIGHTS.get(policy) if policy else None
+    one = argparse.Namespace(**{**vars(args), "policy": "Flow-RIF" if baseline else policy, "no_degrade": not degrade,
+                                "weights": weights})
     try:
         run, sup, config_path = prepare(one, out)
         cfg = load_config(config_path)
@@ -231,7 +259,10 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
     print(f"dlb demo: {len(run.servers)} cells, {n_servers} emulated servers, capacity {sum(run.capacity.values()):.1f} req/s, "
           f"load {args.load:.0%} = {run.spec.rate_rps:.1f} req/s for {args.duration:.0f}s, policy {run.policy}, "
           f"degradation {'on' if degrade else 'off'}; logs in {sup.run_dir}", flush=True)
-    dep = plan(cfg, config_path, sup, emulate_wan=True, control_plane_args=["--no-probe"] if rand else None, root_services=not baseline)
+    # Rand and the pool baselines read no probe: the control plane need not send any.
+    no_probe = policy in ("Rand", "lr-global", "locality-failover")
+    dep = plan(cfg, config_path, sup, emulate_wan=True, control_plane_args=["--no-probe"] if no_probe else None,
+               root_services=not baseline)
     code = 0
     try:
         sup.start(args.ready_timeout, should_stop=stop)

@@ -15,6 +15,12 @@ from dlb.load.workload import WorkloadSpec
 from dlb.testbed.fleet import Fleet
 
 DLB_POLICIES = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
+#: Baselines run with no root service: Envoy alone routes, from what the control plane serves. Each
+#: maps to the config's ``weights`` plugin (None: Rand as the frozen flow split, ``--no-probe``).
+BASELINE_WEIGHTS: dict[str, str | None] = {"Rand": None, "MNLB": "mnlb", "lr-global": "lr-global",
+                                           "locality-failover": "locality-failover", "hub-score": "hub-score"}
+BASELINE_POLICIES = tuple(BASELINE_WEIGHTS)
+ALL_POLICIES = (*BASELINE_POLICIES, *DLB_POLICIES)
 
 
 @dataclass
@@ -38,6 +44,13 @@ class DemoRun:
     degrade_cell: str | None
     degrade_window: tuple[float, float] | None
     policy: str
+    #: Posted to the degraded cell's servers at the window's start (default: the fleet's slowdown); its
+    #: keys are reset to the emulator's defaults at the end.
+    fault: dict[str, Any] | None = None
+    #: The workload's extra phases (start offset, spec): bursts and overload phases of ``--compare``.
+    phases: list[tuple[float, WorkloadSpec]] = field(default_factory=list)
+    #: The client's request timeout: a request unanswered by then failed.
+    timeout_s: float = 300.0
     #: Each server's admin API (``--admin-port``, cell -> addresses in ``servers`` order): the degradation goes there.
     admin: dict[str, list[str]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)

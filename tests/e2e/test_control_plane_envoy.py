@@ -17,15 +17,14 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from aiohttp import ClientSession, ClientTimeout
 from bounded_wait import until_async as wait_for
 from service_fixtures import CellPorts
+from service_fixtures import split as traffic_split
 
 from dlb.config import load_config
 from dlb.config.model import HostPort
@@ -54,15 +53,7 @@ def write_config(make_config: Callable[..., Path], cells: dict[str, int], root_p
 
 
 async def split(port: int, n: int = N_REQUESTS) -> dict[str, float]:
-    counts: Counter[str] = Counter()
-    sem = asyncio.Semaphore(16)
-    async with ClientSession(timeout=ClientTimeout(total=10)) as s:
-        async def one() -> None:
-            async with sem, s.get(f"http://127.0.0.1:{port}/v1/completions") as r:
-                counts[await r.text() if r.status == 200 else f"status-{r.status}"] += 1
-
-        await asyncio.gather(*(one() for _ in range(n)))
-    return {k: v / n for k, v in counts.items()}
+    return await traffic_split(port, n)
 
 
 def dump_versions(envoy: EnvoyProcess) -> dict[str, str]:

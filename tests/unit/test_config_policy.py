@@ -212,8 +212,10 @@ def test_demo_writes_its_leaf_and_mnlb_knobs_into_the_config(tmp_path: Any) -> N
     _, _, path = prepare(args, tmp_path / "dlb")
     pol = load_config(path).policy
     assert (pol.leaf.fit.window_s, pol.leaf.fit.refit_period_s, pol.weights) == (10.0, 1.0, "flow-routers")
-    _, _, path = prepare(argparse.Namespace(**{**vars(args), "mnlb": True}), tmp_path / "mnlb")
+    _, _, path = prepare(argparse.Namespace(**{**vars(args), "weights": "mnlb"}), tmp_path / "mnlb")
     assert load_config(path).policy.weights == "mnlb"
+    _, _, path = prepare(argparse.Namespace(**{**vars(args), "weights": "hub-score"}), tmp_path / "hub")
+    assert load_config(path).policy.weights == "hub-score"
 
 
 def test_the_control_planes_weight_source_follows_the_config_and_a_reload() -> None:
