@@ -33,6 +33,7 @@ from envoy.config.core.v3 import config_source_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.config.trace.v3 import opentelemetry_pb2  # noqa: F401  (the Envoys' tracer, dlb.envoy.tracing)
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2  # noqa: F401  (registers the access-log config type for json_format)
 from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2  # noqa: F401  (the root's cell + fallback clusters)
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
@@ -49,6 +50,7 @@ from google.protobuf.message import Message
 from dlb.config.model import Config
 from dlb.core.router import Mechanism
 from dlb.envoy import bootstrap as envoy_bootstrap
+from dlb.envoy.tracing import EnvoyTracing, add_tracing
 from dlb.envoy.weights import round_weights
 from dlb.xds import types
 
@@ -140,20 +142,23 @@ def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Ma
                         wc.clusters.add(name=cell.cluster_name).weight.value = ints[cell.index]
 
 
-def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None) -> ResourceSet:
+def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None,
+                   tracing: EnvoyTracing | None = None) -> ResourceSet:
     """Everything a root Envoy in ``cell`` gets over ADS; flow endpoints run natively in Envoy."""
-    rs = from_bootstrap(envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True))
+    boot = envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True)
+    rs = from_bootstrap(add_tracing(boot, tracing, f"envoy-root-{cell}") if tracing is not None else boot)
     if flow_weights:
         set_flow_weights(rs, config, cell, flow_weights)
     check_references(rs)
     return rs
 
 
-def leaf_resources(config: Config, cell: str, emulate_wan: bool = False) -> ResourceSet:
+def leaf_resources(config: Config, cell: str, emulate_wan: bool = False, tracing: EnvoyTracing | None = None) -> ResourceSet:
     """Everything a leaf Envoy in ``cell`` gets over ADS."""
     # The access log is how the leaf agent learns completions (RIF release, latency samples, errors): a
     # leaf Envoy configured over xDS must feed its agent exactly as a statically configured one does.
-    rs = from_bootstrap(envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan, access_log=True))
+    boot = envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan, access_log=True)
+    rs = from_bootstrap(add_tracing(boot, tracing, f"envoy-leaf-{cell}") if tracing is not None else boot)
     check_references(rs)
     return rs
 
