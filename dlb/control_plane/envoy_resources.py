@@ -42,6 +42,7 @@ from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401  (the leaf's retry host predicate)
 from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2  # noqa: F401  (the root's cross-cell retry)
+from envoy.extensions.tracers.opentelemetry.samplers.v3 import parent_based_sampler_pb2, trace_id_ratio_based_sampler_pb2  # noqa: F401
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401  (mTLS to DLB services, docs/security.md)
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from google.protobuf import json_format

@@ -34,6 +34,16 @@ class EnvoyTracing:
             raise ValueError(f"sample_ratio must be in [0, 1], got {self.sample_ratio}")
 
 
+def _sampler(ratio: float) -> dict[str, Any]:
+    """OpenTelemetry's parent-based sampler around a trace-id ratio: the parent's flag, else ``ratio``."""
+    samplers = "type.googleapis.com/envoy.extensions.tracers.opentelemetry.samplers.v3."
+    ratio_sampler = {"name": "envoy.tracers.opentelemetry.samplers.trace_id_ratio_based", "typed_config": {
+        "@type": samplers + "TraceIdRatioBasedSamplerConfig",
+        "sampling_percentage": {"numerator": round(ratio * 1_000_000), "denominator": "MILLION"}}}
+    return {"name": "envoy.tracers.opentelemetry.samplers.parent_based", "typed_config": {
+        "@type": samplers + "ParentBasedSamplerConfig", "wrapped_sampler": ratio_sampler}}
+
+
 def add_tracing(boot: dict[str, Any], tracing: EnvoyTracing, service_name: str) -> dict[str, Any]:
     """``boot`` with the OpenTelemetry tracer on its root/leaf listener and a cluster to the collector."""
     static = boot["static_resources"]
@@ -45,12 +55,13 @@ def add_tracing(boot: dict[str, Any], tracing: EnvoyTracing, service_name: str) 
                 hcm = f.get("typed_config", {})
                 if hcm.get("@type") == HCM_TYPE:
                     hcm["tracing"] = {
-                        "random_sampling": {"value": 100.0 * tracing.sample_ratio},
+                        # The sampler decides (measured: with random_sampling 0 Envoy 1.40 drops a sampled parent).
+                        "random_sampling": {"value": 100.0},
                         "spawn_upstream_span": False,
                         "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
                             "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
                             "grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"},
-                            "service_name": service_name}},
+                            "service_name": service_name, "sampler": _sampler(tracing.sample_ratio)}},
                     }
     static["clusters"].append(_cluster(OTLP_CLUSTER, [(tracing.otlp, 1)], http2=True, connect_timeout_s=0.5))
     return boot

@@ -21,7 +21,8 @@ def test_the_root_listener_traces_to_the_collector_cluster() -> None:
     traced = {lis["name"]: "tracing" in lis["filter_chains"][0]["filters"][0]["typed_config"] for lis in boot["static_resources"]["listeners"]}
     assert traced["dlb_root"] and not any(v for k, v in traced.items() if k != "dlb_root")  # not the readiness listener
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    assert hcm["tracing"]["random_sampling"]["value"] == 25.0
+    sampler = hcm["tracing"]["provider"]["typed_config"]["sampler"]["typed_config"]["wrapped_sampler"]["typed_config"]
+    assert sampler["sampling_percentage"] == {"numerator": 250_000, "denominator": "MILLION"}
     assert hcm["tracing"]["provider"]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == OTLP_CLUSTER
     otlp = next(c for c in boot["static_resources"]["clusters"] if c["name"] == OTLP_CLUSTER)
     assert otlp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] == 4317
