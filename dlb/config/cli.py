@@ -6,8 +6,16 @@ import argparse
 import sys
 
 from dlb.config.loader import ConfigError, load_config
-from dlb.config.model import Config
+from dlb.config.model import Cell, Config
 from dlb.envoy.root_token import forgeable_token_warning
+
+
+def _leaf_text(c: Cell) -> str:
+    if c.leaf.source == "vllm":
+        return "no DLB leaf: its servers' /metrics probed, requests to the servers"
+    if c.leaf.source == "gie":
+        return f"no DLB leaf: endpoint picker {c.leaf.probe} probed, requests to gateway {c.leaf.address}"
+    return f"leaf {c.leaf.address}"
 
 
 def summary(cfg: Config) -> str:
@@ -19,7 +27,7 @@ def summary(cfg: Config) -> str:
     for c in cfg.cells:
         dests = [d.name for d in cfg.allowed_destinations(c.name)]
         lines.append(f"  cell {c.name}: {len(c.servers)} server{'s' * (len(c.servers) != 1)}, replicas {c.replicas}, "
-                     f"leaf {c.leaf.address}, may send to {'all' if len(dests) == n else ', '.join(dests)}")
+                     f"{_leaf_text(c)}, may send to {'all' if len(dests) == n else ', '.join(dests)}")
     lp = cfg.policy.leaf
     lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick} (choices {lp.pick_params.choices}), latency fit window "
                  f"{lp.fit.window_s:g} s / refit {lp.fit.refit_period_s:g} s, weights from {cfg.policy.weights}")

@@ -51,6 +51,8 @@ class HostPort:
 
 
 DP_POLICIES = ("bf-io", "jsq", "round-robin", "least-kv")
+#: What answers a cell's probes (``cells[].leaf.source``; dlb.probe.foreign reads the foreign ones).
+LEAF_SOURCES = ("dlb", "vllm", "gie")
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,19 @@ class Leaf:
     #: Where the agent takes the leaf Envoy's access log: ``unix:/path`` or a loopback ``host:port``; never the
     #: probe address, which roots reach across the network (docs/security.md). None = :meth:`access_log_address`'s default.
     access_log: str | None = None
+    #: What answers the roots' probes: ``dlb`` (this leaf's agent at ``probe``), or a cell DLB does not run —
+    #: ``vllm`` (the cell's servers' ``/metrics``, and the roots send to the servers directly) or ``gie`` (the
+    #: GIE/llm-d endpoint picker's ``/metrics`` at ``probe``; the roots send to its gateway at ``address``).
+    source: str = "dlb"
 
     @property
     def bind(self) -> HostPort:
         return bind_address(self.address, self.listen)
+
+    @property
+    def foreign(self) -> bool:
+        """No DLB leaf in this cell: ``dlb up`` starts nothing for it and the control plane pushes it nothing."""
+        return self.source != "dlb"
 
 
     def access_log_address(self) -> str:
@@ -160,6 +171,21 @@ class Cell:
     def cluster_name(self) -> str:
         """Envoy cluster of this cell on root Envoys; also the value the root ext_proc puts in x-dlb-cell."""
         return CELL_CLUSTER_PREFIX + self.name
+
+    def upstreams(self) -> tuple[tuple[HostPort, int], ...]:
+        """Where root Envoys send this cell's requests, with weights: its leaf Envoy (or foreign gateway), or
+        for a ``vllm`` cell its servers themselves."""
+        if self.leaf.source == "vllm":
+            return tuple((a, s.weight) for s in self.servers for a in s.rank_addresses())
+        return ((self.leaf.address, 1),)
+
+    def scrape_addresses(self) -> tuple[str, ...]:
+        """What a prober reads for a foreign cell: each server's ``/metrics`` (``vllm``), the EPP's (``gie``)."""
+        if self.leaf.source == "vllm":
+            return tuple(str(a) for s in self.servers for a in s.rank_addresses())
+        if self.leaf.source == "gie":
+            return (str(self.leaf.probe),)
+        return ()
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ def routing_policy(config: Config, ep: Endpoint) -> pb.RoutingPolicy:
 def topology(config: Config) -> pb.Topology:
     msg = pb.Topology()
     for c in config.cells:
-        msg.cells.add(name=c.name, replicas=c.replicas, probe_address=str(c.leaf.probe), leaf_address=str(c.leaf.address))
+        msg.cells.add(name=c.name, replicas=c.replicas, probe_address=str(c.leaf.probe), leaf_address=str(c.leaf.address),
+                      probe_source=c.leaf.source, scrape_addresses=list(c.scrape_addresses()))
     for i in range(len(config.cells)):
         msg.rows.add(one_way_ms=list(config.network.one_way_ms[i]), allowed=list(config.network.allowed[i]))
     return msg

@@ -19,6 +19,7 @@ from dlb.config.checker import MISSING, Checker, fmt, kind, show
 from dlb.config.hostport import is_ip, parse_hostport
 from dlb.config.model import (
     DP_POLICIES,
+    LEAF_SOURCES,
     Cell,
     Config,
     ControlPlaneAddrs,
@@ -64,22 +65,21 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
     seen: dict[str, str] = {}
     for i, item in enumerate(ck.sequence(raw, "cells", required=True, nonempty=True, max_len=MAX_CELLS)):
         p = f"cells[{i}]"
-        m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root"), required=("name", "leaf", "servers"))
+        gie = isinstance(item, dict) and isinstance(item.get("leaf"), dict) and item["leaf"].get("source") == "gie"
+        # A GIE cell's servers are its pool's, which its endpoint picker counts (ready pods): listing them is optional.
+        m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root"), required=("name", "leaf") if gie else ("name", "leaf", "servers"))
         name = ck.string(m, "name", p, None, pattern=CELL_NAME_RE, what="a cell name (^[a-z][a-z0-9-]{0,62}$)")
         if name:
             if name in seen:
                 ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
-        lm = ck.mapping(m.get("leaf"), lp, ("address", "probe", "ext_proc", "listen", "access_log"),
-                        required=("address", "probe") if "leaf" in m else ())
-        leaf = Leaf(
-            address=ck.hostport(lm, "address", lp, None) or HostPort("invalid", 1),
-            probe=ck.hostport(lm, "probe", lp, None) or HostPort("invalid", 1),
-            ext_proc=ck.hostport(lm, "ext_proc", lp, None),
-            listen=_listen(ck, lm, lp),
-            access_log=_access_log(ck, lm, lp),
-        )
+        source = _source(ck, m.get("leaf"), lp)
+        lm = ck.mapping(m.get("leaf"), lp, ("source", "address", "probe", "ext_proc", "listen", "access_log"),
+                        required=LEAF_REQUIRED[source] if "leaf" in m else ())
+        for key in ("ext_proc", "listen", "access_log") if source != "dlb" else ():
+            if key in lm:
+                ck.err(f"{lp}.{key}", f"a {source} cell has no DLB leaf: {key} applies only to source: dlb")
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
             sp = f"{p}.servers[{k}]"
@@ -88,6 +88,16 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
             addr = ck.hostport(sm, "address", sp, None)
             weight = ck.number(sm, "weight", sp, 1, ge=1, le=1_000_000, integer=True)
             servers.append(Server(addr or HostPort("invalid", 1), weight, _dp_group(ck, sm, sp, addr)))
+        # A vllm cell's requests go to its servers (Cell.upstreams); its leaf address only names the first.
+        first = servers[0].address if servers and source == "vllm" else HostPort("invalid", 1)
+        leaf = Leaf(
+            address=ck.hostport(lm, "address", lp, None) or first,
+            probe=ck.hostport(lm, "probe", lp, None) or first,
+            ext_proc=ck.hostport(lm, "ext_proc", lp, None),
+            listen=_listen(ck, lm, lp),
+            access_log=_access_log(ck, lm, lp),
+            source=source,
+        )
         replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
         rp = f"{p}.root"
         rm = ck.mapping(m.get("root"), rp, ("address", "ext_proc", "listen"))
@@ -100,6 +110,19 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
                           replicas_auto="replicas" not in m))
     _unique_addresses(ck, cells)
     return cells
+
+
+#: The leaf fields each probe source needs (dlb.probe.foreign): a vllm cell is reached and probed at its servers.
+LEAF_REQUIRED: dict[str, tuple[str, ...]] = {"dlb": ("address", "probe"), "vllm": (), "gie": ("address", "probe")}
+
+
+def _source(ck: Checker, raw: Any, path: str) -> str:
+    """``leaf.source``: what answers the roots' probes (``dlb`` unless set)."""
+    v = raw.get("source", "dlb") if isinstance(raw, dict) else "dlb"
+    if v not in LEAF_SOURCES:
+        ck.err(f"{path}.source", f"{show(v)} is not one of: {', '.join(LEAF_SOURCES)}")
+        return "dlb"
+    return str(v)
 
 
 def _access_log(ck: Checker, m: dict[str, Any], path: str) -> str | None:
@@ -165,6 +188,8 @@ def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
     for c in cells:
         p = f"cells[{c.index}]"
         uses = [(f"{p}.leaf.address", c.leaf.address), (f"{p}.leaf.probe", c.leaf.probe), (f"{p}.leaf.ext_proc", c.leaf.ext_proc)]
+        if c.leaf.source == "vllm":
+            uses = []  # its leaf names its first server (its own, not a listener of ours)
         # A DP server's ranks r > 0 sit on the following ports; a clash is reported on its dp_ranks.
         uses += [(f"{p}.servers[{k}]." + ("dp_ranks" if r else "address"), a)
                  for k, s in enumerate(c.servers) for r, a in enumerate(s.rank_addresses())]  # fmt: skip

@@ -6,10 +6,15 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from dlb.config import ConfigError, load_config
 from dlb.config.cli import add_moved_flags
+from dlb.errors import UsageError
 from dlb.log import get_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dlb.envoy.tracing import EnvoyTracing
 
 log = get_logger("dlb.control_plane")
 
@@ -30,11 +35,32 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
                    help="reload when the config file changes, as on SIGHUP (follows a Kubernetes ConfigMap's symlink swap)")
     p.add_argument("--watch-period-s", type=float, default=1.0, help="how often --watch-config checks the file")
     p.add_argument("--ready-file", default=None, help="write {xds, status, pid} JSON here once serving (testbeds, benches)")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="OTLP/gRPC collector host:port the root and leaf Envoys it configures send spans to (default: off)")
+    p.add_argument("--trace-sample-ratio", type=float, default=0.01,
+                   help="share of requests without a traceparent the Envoys trace (default %(default)s)")
     add_moved_flags(p, {"--mnlb": "policy.plugins: [{type: mnlb}]"})
     p.set_defaults(func=run_serve)
 
 
+def envoy_tracing(args: argparse.Namespace) -> EnvoyTracing | None:
+    """The Envoys' tracer from ``--otlp-endpoint`` / ``--trace-sample-ratio`` (None: off); UsageError naming the flag."""
+    from dlb.config import parse_hostport
+    from dlb.envoy.tracing import EnvoyTracing
+
+    if not args.otlp_endpoint:
+        return None
+    otlp = parse_hostport(args.otlp_endpoint)
+    if otlp is None:
+        raise UsageError(f"--otlp-endpoint: {args.otlp_endpoint!r} is not host:port")
+    try:
+        return EnvoyTracing(otlp, args.trace_sample_ratio)
+    except ValueError as e:
+        raise UsageError(f"--trace-sample-ratio: {e}") from None
+
+
 def run_serve(args: argparse.Namespace) -> int:
+    args.envoy_tracing = envoy_tracing(args)  # a bad flag is refused before anything starts
     try:
         config = load_config(args.config)
     except ConfigError as e:
@@ -66,7 +92,7 @@ async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.service.metrics import CallbackCollector
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells,
-                      root_reuse_port=args.root_reuse_port)
+                      root_reuse_port=args.root_reuse_port, tracing=args.envoy_tracing)
     xds_port, status_port = await cp.start(args.xds, args.status)
     loop = asyncio.get_running_loop()
 

@@ -34,6 +34,7 @@ from envoy.config.core.v3 import health_check_pb2 as health_status_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.config.trace.v3 import opentelemetry_pb2  # noqa: F401  (the Envoys' tracer, dlb.envoy.tracing)
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2  # noqa: F401  (registers the access-log config type for json_format)
 from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2  # noqa: F401  (the root's cell + fallback clusters)
 from envoy.extensions.filters.http.credential_injector.v3 import credential_injector_pb2  # noqa: F401  (the root's token)
@@ -45,6 +46,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.http.injected_credentials.generic.v3 import generic_pb2  # noqa: F401
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401  (the leaf's retry host predicate)
 from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2  # noqa: F401  (the root's cross-cell retry)
+from envoy.extensions.tracers.opentelemetry.samplers.v3 import parent_based_sampler_pb2, trace_id_ratio_based_sampler_pb2  # noqa: F401
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401  (mTLS to DLB services, docs/security.md)
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from google.protobuf import json_format
@@ -54,6 +56,7 @@ from dlb.config.model import Config
 from dlb.core.native_discrete import NativeWeights
 from dlb.core.router import Mechanism
 from dlb.envoy import bootstrap as envoy_bootstrap
+from dlb.envoy.tracing import EnvoyTracing, add_tracing
 from dlb.envoy.weights import round_weights
 from dlb.xds import types
 
@@ -164,21 +167,23 @@ def native_assignment(cla: endpoint_pb2.ClusterLoadAssignment, config: Config, s
 
 
 def root_resources(config: Config, cell: str, flow_weights: Mapping[str, np.ndarray] | None = None,
-                   reuse_port: bool = False) -> ResourceSet:
+                   reuse_port: bool = False, tracing: EnvoyTracing | None = None) -> ResourceSet:
     """Everything a root Envoy in ``cell`` gets over ADS; flow endpoints run natively in Envoy.
     ``reuse_port``: several root Envoys of the cell share its address on one host (``dlb up --root-envoys``)."""
-    rs = from_bootstrap(envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True, reuse_port=reuse_port))
+    boot = envoy_bootstrap.root_bootstrap(config, cell, admin_port=0, native_flow=True, reuse_port=reuse_port)
+    rs = from_bootstrap(add_tracing(boot, tracing, f"envoy-root-{cell}") if tracing is not None else boot)
     if flow_weights:
         set_flow_weights(rs, config, cell, flow_weights)
     check_references(rs)
     return rs
 
 
-def leaf_resources(config: Config, cell: str, emulate_wan: bool = False) -> ResourceSet:
+def leaf_resources(config: Config, cell: str, emulate_wan: bool = False, tracing: EnvoyTracing | None = None) -> ResourceSet:
     """Everything a leaf Envoy in ``cell`` gets over ADS."""
     # The access log is how the leaf agent learns completions (RIF release, latency samples, errors): a
     # leaf Envoy configured over xDS must feed its agent exactly as a statically configured one does.
-    rs = from_bootstrap(envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan, access_log=True))
+    boot = envoy_bootstrap.leaf_bootstrap(config, cell, admin_port=0, emulate_wan=emulate_wan, access_log=True)
+    rs = from_bootstrap(add_tracing(boot, tracing, f"envoy-leaf-{cell}") if tracing is not None else boot)
     check_references(rs)
     return rs
 

@@ -43,6 +43,7 @@ from dlb.core.native_discrete import NativeWeights
 from dlb.core.router import Mechanism
 from dlb.envoy.bootstrap import NATIVE_CLUSTER_PREFIX
 from dlb.envoy.operator_pool import POOL_KINDS
+from dlb.envoy.tracing import EnvoyTracing
 from dlb.log import get_logger
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
@@ -95,7 +96,8 @@ class ControlPlane:
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
                  probe: bool = True, flow_loop: bool = True,
                  serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all,
-                 root_reuse_port: bool = False) -> None:
+                 root_reuse_port: bool = False, tracing: EnvoyTracing | None = None) -> None:
+        self.tracing = tracing  # the Envoys' OpenTelemetry tracer (dlb.envoy.tracing); None: off
         self.cache = SnapshotCache(node_key=dlb_node_key)
         # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
         # names is the only snapshot its streams may read. Fixed at start: a reload cannot turn it off.
@@ -192,12 +194,14 @@ class ControlPlane:
             if not self.serves(cell.name):
                 continue
             if cell.root.address is not None:
-                rs = er.root_resources(config, cell.name, reuse_port=self.root_reuse_port)
+                rs = er.root_resources(config, cell.name, reuse_port=self.root_reuse_port, tracing=self.tracing)
                 root_sets[cell.name] = rs
                 # Native-discrete clusters' endpoints change with every weight refresh: rebuild() adds them.
                 static_eps = [m for m in rs.endpoints if not m.cluster_name.startswith(NATIVE_CLUSTER_PREFIX)]
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *static_eps)]
-            ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan)
+            if cell.leaf.foreign:
+                continue  # no leaf Envoy or agent of ours there
+            ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan, tracing=self.tracing)
             leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
             leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
             leaf[cell.name].append(Resource.from_message(dr.leaf_policy(config), name=cell.name, type_url=dr.LEAF_POLICY))
@@ -264,7 +268,8 @@ class ControlPlane:
         for cell in cfg.cells:
             if not self.serves(cell.name):
                 continue
-            versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
+            if cell.name in self._static.leaf:  # a foreign cell has no leaf to configure
+                versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
             if cell.name not in self._static.root_sets:
                 continue
             per_ep = {ep: x[cell.index] for ep, x in weights.items() if cell.index in x}
@@ -351,7 +356,7 @@ class ControlPlane:
     def _start_probes(self) -> None:
         p = self.config.probe
         self._probes = ProbeClient(
-            targets=[ProbeTarget(c.index, c.name, str(c.leaf.probe)) for c in self.config.cells],
+            targets=[ProbeTarget(c.index, c.name, str(c.leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses()) for c in self.config.cells],
             on_result=self._on_probe,
             timing=ProbeTiming(period_s=max(p.period_ms / 1000.0, 0.05), timeout_s=p.timeout_ms / 1000.0,
                                backoff_max_s=p.backoff_max_ms / 1000.0),

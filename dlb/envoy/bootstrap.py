@@ -656,7 +656,8 @@ def root_bootstrap(
                                        grpc_health=False))
     dests = [d for d in cfg.cells if d.name in allowed]
     for d in dests:
-        cluster = _cluster(d.cluster_name, [(d.leaf.address, 1)])
+        # A vllm cell (no DLB leaf) is its servers: Envoy's least-request picks among them.
+        cluster = _cluster(d.cluster_name, list(d.upstreams()), lb_policy="LEAST_REQUEST" if d.leaf.source == "vllm" else "ROUND_ROBIN")
         # Each request is retried across cells at most once, so retries are bounded by requests; a
         # dead leaf Envoy resets every request it held at once, and each must get its retry.
         cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]

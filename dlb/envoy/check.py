@@ -220,7 +220,8 @@ class _Check:
             if _get(self.boot, "dynamic_resources", "cds_config") is None and _get(self.boot, "dynamic_resources", "ads_config") is None:
                 self.bad("static_resources.clusters", f"no cluster {d.cluster_name!r}: requests for cell {d.name} cannot be sent")
             return
-        self.cluster_points_at(d.cluster_name, [d.leaf.address], "", f"cells[{d.index}].leaf.address")
+        what = f"cells[{d.index}].servers" if d.leaf.source == "vllm" else f"cells[{d.index}].leaf.address"
+        self.cluster_points_at(d.cluster_name, [hp for hp, _ in d.upstreams()], "", what)
 
     def root_headers(self, rpath: str, rc: dict[str, Any], cell: Cell) -> None:
         added = {_get(h, "header", "key"): _get(h, "header", "value") for h in _list(rc.get("request_headers_to_add"))}

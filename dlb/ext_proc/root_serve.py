@@ -16,7 +16,7 @@ from dlb.config import Config
 from dlb.config.tls import component_identity
 from dlb.ext_proc.protocol import ExtProcServer, MessageHandler
 from dlb.ext_proc.root import RootService, log
-from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
+from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, config_probes, probe_targets
 from dlb.ext_proc.transport.limits import H2Limits
 from dlb.gc_heap import GcPauses, freeze_heap
 from dlb.probe.client import ProbeTiming
@@ -88,7 +88,7 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     tls = component_identity(cfg.tls, "root", cell, cfg.source) if cfg is not None else None
     probes = ProbeManager(service, timing, cell, tls)
     if cfg is not None:
-        await probes.retarget(probe_targets(cfg.topology(), cell, [str(c.leaf.probe) for c in cfg.cells], opts.emulate_wan))
+        await probes.retarget(probe_targets(cfg.topology(), cell, config_probes(cfg), opts.emulate_wan))
     sync = RootXdsSync(service, opts.xds, cell, probes, emulate_wan=opts.emulate_wan, delta=opts.xds_delta) if opts.xds else None
     tracer = make_tracer(opts.tracing)
     handle: MessageHandler = service.handle

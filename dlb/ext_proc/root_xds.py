@@ -24,24 +24,31 @@ from envoy.config.core.v3 import base_pb2
 from google.protobuf.message import Message
 
 from dlb.config import resources as dr
+from dlb.config.model import LEAF_SOURCES, Config
 from dlb.config.tls import Identity
 from dlb.core.router import Mechanism
 from dlb.core.topology import Topology
 from dlb.ext_proc.root import EndpointSpec, RootService
 from dlb.log import get_logger
 from dlb.probe.client import ProbeClient, ProbeTiming
-from dlb.probe.target import ProbeTarget
+from dlb.probe.target import CellProbe, ProbeTarget
 from dlb.proto import resources_pb2 as pb
 from dlb.xds.client import ResourceValidationError, XdsClient
 
 log = get_logger("dlb.root.xds")
 
 
-def probe_targets(topology: Topology, cell: str, probe_addresses: Sequence[str], emulate_wan: bool) -> list[ProbeTarget]:
-    """The leaves a root in ``cell`` probes: its allowed destinations (with the testbed's WAN delay)."""
+def probe_targets(topology: Topology, cell: str, probes: Sequence[CellProbe], emulate_wan: bool) -> list[ProbeTarget]:
+    """The cells a root in ``cell`` probes: its allowed destinations (with the testbed's WAN delay)."""
     src = topology.index(cell)
-    return [ProbeTarget(j, topology.names[j], probe_addresses[j], float(topology.tau[src, j]) if emulate_wan else 0.0)
+    return [ProbeTarget(j, topology.names[j], probes[j].address, float(topology.tau[src, j]) if emulate_wan else 0.0,
+                        source=probes[j].source, scrape=probes[j].scrape)
             for j in topology.out_neighbors(src)]
+
+
+def config_probes(cfg: Config) -> list[CellProbe]:
+    """How each cell of ``cfg`` is probed, in cell order."""
+    return [CellProbe(str(c.leaf.probe), c.leaf.source, c.scrape_addresses()) for c in cfg.cells]
 
 
 class ProbeManager:
@@ -180,8 +187,8 @@ class RootXdsSync:
             raise ResourceValidationError(f"cannot apply configuration: {e}") from e
         self.topology, self.specs = topo_msg, specs
         self.reloads += 1
-        addrs = [c.probe_address for c in topo_msg.cells]
-        await self.probes.retarget(probe_targets(topology, self.cell, addrs, self.emulate_wan))
+        probes = [CellProbe(c.probe_address, c.probe_source or "dlb", tuple(c.scrape_addresses)) for c in topo_msg.cells]
+        await self.probes.retarget(probe_targets(topology, self.cell, probes, self.emulate_wan))
         log.info("root_reconfigured", cell=self.cell, reload=self.reloads, cells=list(topology.names),
                  endpoints=[s.name for s in specs])
 
@@ -195,5 +202,8 @@ class RootXdsSync:
         bad = [c.name for c in msg.cells if not c.probe_address]
         if bad:
             raise ResourceValidationError(f"cells without a probe address: {bad}")
+        bad = [c.name for c in msg.cells if c.probe_source not in ("", "dlb") and (c.probe_source not in LEAF_SOURCES or not c.scrape_addresses)]
+        if bad:
+            raise ResourceValidationError(f"cells with an unknown probe source or nothing to scrape: {bad}")
         return topology
 

@@ -3,7 +3,7 @@
 Tiers, started in this order and stopped in the reverse (:mod:`dlb.launch.supervisor`):
 
 1. ``control-plane`` — ``dlb serve control-plane`` (xDS, flow loop, ``/status``, ``/fleet``);
-2. ``leaves`` — per cell the leaf agent (``dlb serve leaf --xds``) and the leaf Envoy, whose
+2. ``leaves`` — per cell with a DLB leaf (not ``leaf.source: vllm`` or ``gie``) the leaf agent (``dlb serve leaf --xds``) and the leaf Envoy, whose
    bootstrap names only the control plane (:func:`dlb.envoy.ads_bootstrap.ads_bootstrap`): its
    listener, clusters, access log and WAN delay come over ADS;
 3. ``roots`` — per cell with a ``root:`` the root service (``dlb serve root --xds``) and the root
@@ -71,10 +71,11 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     out = [("services.control_plane.xds", cp.xds), ("services.control_plane.status", cp.status)]
     for i, cell in enumerate(cfg.cells):
         # The Envoys bind ``listen`` (default 0.0.0.0:<port>), and here roots reach them at ``address``: check both.
-        out.append((f"cells[{i}].leaf.address", cell.leaf.address))
-        if cell.leaf.bind != cell.leaf.address:
-            out.append((f"cells[{i}].leaf.listen", cell.leaf.bind))
-        out.append((f"cells[{i}].leaf.probe", cell.leaf.probe))
+        if not cell.leaf.foreign:  # a foreign cell's leaf addresses are its own gateway's or servers'
+            out.append((f"cells[{i}].leaf.address", cell.leaf.address))
+            if cell.leaf.bind != cell.leaf.address:
+                out.append((f"cells[{i}].leaf.listen", cell.leaf.bind))
+            out.append((f"cells[{i}].leaf.probe", cell.leaf.probe))
         if cell.leaf.ext_proc is not None:
             out.append((f"cells[{i}].leaf.ext_proc", cell.leaf.ext_proc))
         if cell.root.address is not None:
@@ -279,6 +280,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       waiting=functools.partial(str, f"{url}/status to answer 200 and xDS at {xds} to accept")))
     dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url, control_planes=replicas)
     for cell in cfg.cells:
+        if cell.leaf.foreign:
+            continue  # a cell DLB does not run: its roots probe its metrics (dlb.probe.foreign)
         ready_path = run_dir / f"leaf-{cell.name}.ready.json"
         metrics_port, admin = free_port(), free_port()
         sup.add(Child(f"leaf {cell.name} agent", "leaves",
@@ -343,7 +346,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
            insecure: bool = False, service_args: list[str] | None = None, control_planes: int = 2,
            root_envoys: int = 2) -> int:
     """Start, wait until ready, serve until Ctrl-C or ``duration_s``. ``service_args`` go to every root and
-    leaf service (the tracing flags)."""
+    leaf service and the control plane (the tracing flags: the control plane puts the tracer in the Envoys)."""
     from dlb.config import ConfigError, load_config
     from dlb.envoy.root_token import forgeable_token_warning
 
@@ -373,7 +376,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     if warning:
         print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
-               control_planes=control_planes, root_envoys=root_envoys)
+               control_planes=control_planes, root_envoys=root_envoys, control_plane_args=service_args)
     for child in sup.children:
         child.env.update(token_env)
     print("dlb up: listening on\n" + dep.ports_text(), flush=True)

@@ -32,6 +32,9 @@ def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | N
     errors = metric_value(root_metrics, "dlb_root_probe_errors_total", cell=dest) or 0.0
     age = metric_value(root_metrics, "dlb_root_probe_age_seconds", cell=dest)
     probe = cfg.cell(dest).leaf.probe
+    if cfg.cell(dest).leaf.foreign:
+        where = ", ".join(cfg.cell(dest).scrape_addresses()[:3])
+        return f"its metrics to answer ({cfg.cell(dest).leaf.source} cell: /metrics of {where}; {errors:.0f} scrapes failed)"
     if leaf_metrics is not None and metric_value(leaf_metrics, "dlb_leaf_envoy_reachable") == 0:
         return f"its leaf Envoy at {cfg.cell(dest).leaf.address} (its agent cannot reach it, so it refuses probes)"
     if oks == 0:

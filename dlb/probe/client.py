@@ -1,5 +1,8 @@
 """The root's probe client: polls every leaf's ``dlb.v1.Probe`` and caches the answers.
 
+A cell DLB does not run (``cells[].leaf.source`` ``vllm`` or ``gie``) is polled the same way, through
+its metrics (:mod:`dlb.probe.foreign`), at most every :data:`~dlb.probe.foreign.MIN_PERIOD_S`.
+
 One asyncio task per destination cell, so a slow or dead leaf delays nobody else. Requests never
 wait for a probe: the router reads whatever the cache holds, and :class:`RootRouter` itself treats
 state older than ``stale_after`` as unusable. On failure the task backs off exponentially (period ×
@@ -16,15 +19,17 @@ probe at "UNAVAILABLE" without trying to connect. The channel's is capped at
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from dlb.log import get_logger
 from dlb.probe.codec import check_answer
+from dlb.probe.foreign import MIN_PERIOD_S, ForeignProber
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2, probe_pb2_grpc
 
@@ -76,6 +81,10 @@ class ProbeClient:
     def start(self) -> None:
         for t in self.targets:
             self.stats[t.index] = ProbeStats()
+            if t.source != "dlb":  # a cell DLB does not run: its metrics are scraped over HTTP
+                prober = ForeignProber(t)
+                self._tasks.append(asyncio.create_task(self._loop(t, prober, max(self.timing.period_s, MIN_PERIOD_S)), name=f"probe-{t.name}"))
+                continue
             options = [("grpc.enable_retries", 0),
                        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
                        ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
@@ -84,7 +93,9 @@ class ProbeClient:
             else:
                 channel = grpc.aio.secure_channel(t.address, self.credentials, options=options)
             self._channels.append(channel)
-            self._tasks.append(asyncio.create_task(self._loop(t, probe_pb2_grpc.ProbeStub(channel)), name=f"probe-{t.name}"))
+            stub, request = probe_pb2_grpc.ProbeStub(channel), probe_pb2.ProbeRequest(source_cell=self.source_cell)
+            ask = functools.partial(_ask_leaf, stub, request)
+            self._tasks.append(asyncio.create_task(self._loop(t, ask, self.timing.period_s), name=f"probe-{t.name}"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -99,16 +110,15 @@ class ProbeClient:
         self._tasks.clear()
         self._channels.clear()
 
-    async def _loop(self, target: ProbeTarget, stub: probe_pb2_grpc.ProbeStub) -> None:
+    async def _loop(self, target: ProbeTarget, ask: Callable[[float], Awaitable[probe_pb2.ProbeResponse]], period_s: float) -> None:
         st = self.stats[target.index]
-        request = probe_pb2.ProbeRequest(source_cell=self.source_cell)
         timing = self.timing
         while True:
             started = self.clock()
             try:
                 if target.emulated_one_way_s > 0:
                     await asyncio.sleep(target.emulated_one_way_s)  # the request's trip to the leaf
-                resp = await stub.Probe(request, timeout=timing.timeout_s)
+                resp = await ask(timing.timeout_s)
                 if target.emulated_one_way_s > 0:
                     await asyncio.sleep(target.emulated_one_way_s)  # the answer's trip back
                 check_answer(target, resp)
@@ -127,7 +137,7 @@ class ProbeClient:
                 if st.consecutive_failures >= timing.fail_threshold and (st.available or never_answered):
                     st.available = False
                     self.on_result(target, None, now)
-                delay = min(timing.backoff_max_s, timing.period_s * (2.0 ** st.consecutive_failures))
+                delay = min(timing.backoff_max_s, period_s * (2.0 ** st.consecutive_failures))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let one bad answer kill the probe loop
@@ -145,8 +155,13 @@ class ProbeClient:
                 st.last = resp
                 st.available = True
                 self.on_result(target, resp, now)
-                delay = timing.period_s - (now - started)
+                delay = period_s - (now - started)
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
                 await asyncio.sleep(0)
+
+
+async def _ask_leaf(stub: probe_pb2_grpc.ProbeStub, request: probe_pb2.ProbeRequest, timeout_s: float) -> probe_pb2.ProbeResponse:
+    """One ``dlb.v1.Probe`` call to a DLB leaf agent."""
+    return await stub.Probe(request, timeout=timeout_s)

@@ -1,4 +1,4 @@
-"""A leaf a prober polls: which cell, where, and the WAN delay a one-machine testbed adds.
+"""A cell a prober polls: which cell, where, what answers there, and the WAN delay a one-machine testbed adds.
 
 Why a module of its own: the client polls targets and the codec checks answers against them; both
 import it, neither imports the other for it.
@@ -17,3 +17,17 @@ class ProbeTarget:
     #: Testbeds on one machine: one-way delay to add each way (the WAN the requests are delayed by),
     #: so the root's view of a remote cell is as old as it would be over the real network.
     emulated_one_way_s: float = 0.0
+    #: ``dlb``: a DLB leaf agent's ``dlb.v1.Probe`` at ``address``; ``vllm`` / ``gie``: a cell DLB does not run,
+    #: whose ``scrape`` addresses (its servers', or its endpoint picker's) are read (:mod:`dlb.probe.foreign`).
+    source: str = "dlb"
+    scrape: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CellProbe:
+    """How one cell is probed, before the prober knows which cells it polls: the parts of a target that
+    come from the config (or the control plane's ``Topology``) rather than from the topology's order."""
+
+    address: str
+    source: str = "dlb"
+    scrape: tuple[str, ...] = ()

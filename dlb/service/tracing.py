@@ -96,14 +96,16 @@ def otlp_unavailable() -> str | None:
     """Why the OTLP exporter cannot load in this environment (None: it can).
 
     xds-protos (Envoy's API) ships an older copy of opentelemetry-proto's modules at the same paths; when
-    pip installs it after opentelemetry-proto (as a fresh ``pip install -e .`` does), the exporter's
-    imports fail. Named here so a service asked to trace says so in one line instead of a traceback.
+    pip installs it after opentelemetry-proto (as one ``pip install -e .`` into a fresh venv does), the
+    exporter's imports fail. The install commands (README, ``.ci/run``, the Dockerfile) install
+    xds-protos first; this names the problem in one line for a venv built otherwise.
     """
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: F401
     except ImportError as e:
         return (f"the OTLP exporter cannot load ({e}): xds-protos installed an older copy of opentelemetry-proto's "
-                "modules over it; `pip install --force-reinstall --no-deps opentelemetry-proto` restores them")
+                "modules over it; `pip install --force-reinstall --no-deps opentelemetry-proto==<its version>` restores them "
+                "(install xds-protos first, then dlb, to avoid it)")
     return None
 
 

@@ -27,7 +27,7 @@ from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.root_token import token_secret
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.ext_proc.root import RootService
-from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, probe_targets
+from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, config_probes, probe_targets
 from dlb.probe.client import ProbeTiming
 from dlb.procutil import free_port
 from dlb.service.ports import add_port
@@ -83,7 +83,7 @@ async def _scenario(tmp: Path, make_config, control_plane, start_envoy, leaves) 
         stack.push_async_callback(server.stop, 0)
         probes = ProbeManager(service, ProbeTiming(period_s=0.02, timeout_s=1.0, backoff_max_s=0.1), "a", tls=root_id)
         stack.push_async_callback(probes.stop)
-        await probes.retarget(probe_targets(cfg.topology(), "a", [str(c.leaf.probe) for c in cfg.cells], False))
+        await probes.retarget(probe_targets(cfg.topology(), "a", config_probes(cfg), False))
         sync = RootXdsSync(service, f"127.0.0.1:{xds_port}", "a", probes)
         stack.push_async_callback(sync.stop)
         await sync.start()

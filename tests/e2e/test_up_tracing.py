@@ -1,6 +1,7 @@
 """``dlb up --otlp-endpoint``: one request with a sampled ``traceparent`` gives one trace at a real OTLP
-collector holding the root's decision and the leaf's pick, both children of the client's span; a request
-without one (ratio 0) gives none. The Envoys' own spans are not configured."""
+collector of ≥ 4 linked spans — the root Envoy's, the root's decision, the leaf Envoy's and the leaf's
+pick — every one a child of the client's span or of another span of the trace, the leaf Envoy's a child
+of the root Envoy's; a request without one (ratio 0) gives none."""
 
 from __future__ import annotations
 
@@ -52,24 +53,25 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
             served = {}
 
             def complete() -> str | None:
-                names: dict[str, set[str]] = {}
-                for _, sp in collector.spans:
-                    names.setdefault(sp.trace_id.hex(), set()).add(sp.name)
-                return next((t for t, n in names.items() if n == {"dlb.root.decide", "dlb.leaf.pick"}), None)
+                roles: dict[str, set[str]] = {}  # trace → the kinds of service that sent it a span
+                for svc, sp in list(collector.spans):
+                    roles.setdefault(sp.trace_id.hex(), set()).add(svc.rsplit("-", 2)[0] if svc.count("-") >= 2 else svc)
+                return next((t for t, r in roles.items() if {"envoy-root", "dlb-root", "envoy-leaf", "dlb-leaf"} <= r), None)
 
             trace = None
-            for k in range(TRACED):  # one more traced request every 5 s until a trace is complete
+            for k in range(TRACED):  # one more traced request every 12 s until a trace is complete
                 status, headers, _ = request(host, port, headers={"traceparent": f"00-{TRACE_ID[:-2]}{k:02x}-{CLIENT_SPAN}-01"})
                 assert status == 200
                 served[f"{TRACE_ID[:-2]}{k:02x}"] = headers["x-dlb-server"]
                 if k == 0:
                     assert request(host, port)[0] == 200  # unsampled: no span
                 try:
-                    trace = until(complete, "one trace with both spans", timeout=5)
+                    trace = until(complete, "one trace with all four spans", timeout=12)  # Envoy flushes spans every 5 s
                     break
                 except AssertionError:
                     continue
-            assert trace is not None, f"no complete trace after {TRACED} traced requests, 5 s apart"
+            got = sorted({(svc, sp.name, sp.trace_id.hex()[-2:]) for svc, sp in collector.spans})
+            assert trace is not None, f"no complete trace after {TRACED} traced requests, 12 s apart; spans: {got}"
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
         finally:
@@ -79,10 +81,17 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
                 os.kill(pid, signal.SIGKILL)
             collector.stop()
     assert {sp.trace_id.hex() for _, sp in collector.spans} <= set(served)  # only the sampled requests
-    spans = {sp.name: (svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace}
-    assert sorted(spans) == ["dlb.leaf.pick", "dlb.root.decide"]
-    for _svc, span in spans.values():
-        assert span.parent_span_id.hex() == CLIENT_SPAN
-    cell = next(a.value.string_value for a in spans["dlb.root.decide"][1].attributes if a.key == "dlb.cell")
-    assert spans["dlb.root.decide"][0] == "dlb-root-us-east1" and spans["dlb.leaf.pick"][0] == f"dlb-leaf-{cell}"
+    spans = [(svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace]
+    by_service = {svc: sp for svc, sp in spans}
+    dlb_spans = {sp.name: (svc, sp) for svc, sp in spans if sp.name.startswith("dlb.")}
+    cell = next(a.value.string_value for a in dlb_spans["dlb.root.decide"][1].attributes if a.key == "dlb.cell")
+    print(f"\none trace, {len(spans)} spans:", sorted((svc, sp.name) for svc, sp in spans))
+    assert {"envoy-root-us-east1", "dlb-root-us-east1", f"envoy-leaf-{cell}", f"dlb-leaf-{cell}"} <= set(by_service), sorted(by_service)
+    assert len(spans) >= 4
+    ids = {sp.span_id.hex() for _, sp in spans}
+    for svc, sp in spans:  # linked: no span hangs off something outside the trace
+        assert sp.parent_span_id.hex() in ids | {CLIENT_SPAN}, (svc, sp.name)
+    assert by_service["envoy-root-us-east1"].parent_span_id.hex() == CLIENT_SPAN
+    assert by_service[f"envoy-leaf-{cell}"].parent_span_id.hex() == by_service["envoy-root-us-east1"].span_id.hex()
+    assert dlb_spans["dlb.root.decide"][0] == "dlb-root-us-east1" and dlb_spans["dlb.leaf.pick"][0] == f"dlb-leaf-{cell}"
     assert served[trace] == ("a/0" if cell == "us-east1" else "b/0")

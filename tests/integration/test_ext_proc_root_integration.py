@@ -187,7 +187,7 @@ def test_a_started_root_refuses_nothing_while_its_leaves_are_slow_to_answer(mech
     request from the first one (by its static weights), and a cell whose leaf is dead is never chosen."""
     from dlb.config import config_from_dict
     from dlb.ext_proc.root import RootService
-    from dlb.ext_proc.root_xds import ProbeManager, probe_targets
+    from dlb.ext_proc.root_xds import ProbeManager, config_probes, probe_targets
     from dlb.testbed.process import free_port
 
     async def main():
@@ -208,7 +208,7 @@ def test_a_started_root_refuses_nothing_while_its_leaves_are_slow_to_answer(mech
                                                "policy": {"mechanism": mechanism, "cost": "latency"}}]})
         svc = RootService.from_config(cfg, "a", seed=1)
         probes = ProbeManager(svc, ProbeTiming(0.02, 3.0, 0.1), "a")
-        await probes.retarget(probe_targets(cfg.topology(), "a", addrs, False))
+        await probes.retarget(probe_targets(cfg.topology(), "a", config_probes(cfg), False))
         chosen, refused = [], 0
         t0 = time.monotonic()
         try:

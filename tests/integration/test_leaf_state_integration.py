@@ -13,7 +13,7 @@ def test_scrape_tells_a_slow_server_from_an_unreachable_one():
     unreachable (all None)."""
     import asyncio
 
-    from dlb.ext_proc.leaf_background import ScrapeSlow, scrape_vllm
+    from dlb.probe.scrape import ScrapeSlow, scrape_vllm
     from dlb.procutil import free_port
 
     async def scenario() -> None:

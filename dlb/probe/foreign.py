@@ -1,0 +1,157 @@
+"""A cell DLB does not run, probed through the metrics its own software exports, as a ``dlb.v1`` answer.
+
+Two sources (``cells[].leaf.source``):
+
+- ``vllm``: the cell's servers' ``/metrics`` scraped directly. RIF = Σ running + waiting over the
+  servers that answered; healthy replicas = the servers that answered; the error rate = the fraction
+  that did not (a request the root Envoy sends there may hit one).
+- ``gie``: a Gateway API Inference Extension (or llm-d) gateway's endpoint picker's ``/metrics``: the
+  pool averages llm-d's multi-cluster hub ranks clusters by. RIF = the EPP's running requests (summed
+  over models), or average queue × ready pods when it exports none; replicas = ready pods; the error
+  rate = an EMA of the request and error counters' growth between scrapes.
+
+Why answers in the leaf's message: the root's router, aversion and shedding then treat a foreign cell
+exactly as a DLB cell, with no second code path. What a foreign cell cannot tell: a latency model (the
+root keeps the endpoint's prior for it, ``latency_prior_by_cell``) and its capacity (never shed on).
+The metric names differ by release (``inference_pool_*`` and ``inference_model_*`` in GIE's EPP,
+``inference_objective_*`` later, ``llm_d_epp_*`` / ``llm_d_router_epp_*`` in llm-d's): every known
+prefix is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from dlb.probe.scrape import Scrape, ScrapeSlow, http_get, scrape_vllm
+from dlb.probe.target import ProbeTarget
+from dlb.proto import probe_pb2
+
+#: Prefixes the EPP metric names carry, by release (GIE, llm-d); a name is matched on what follows.
+EPP_PREFIXES = ("llm_d_router_epp_", "llm_d_epp_", "inference_objective_", "inference_model_", "inference_")
+#: Weight of one scrape's error fraction in a GIE cell's error-rate EMA.
+ERROR_EMA_ALPHA = 0.3
+#: A foreign cell is scraped at most this often: ``/metrics`` is rendered per request, unlike a probe answer.
+MIN_PERIOD_S = 0.1
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """What a GIE/llm-d endpoint picker's ``/metrics`` says of its pool (None: not exported)."""
+
+    queue_avg: float | None = None
+    kv_avg: float | None = None
+    ready_pods: float | None = None
+    running: float | None = None
+    requests: float | None = None
+    errors: float | None = None
+
+
+def _canonical(name: str) -> str:
+    for prefix in EPP_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+_POOL_FIELDS = {"pool_average_queue_size": "queue_avg", "pool_average_kv_cache_utilization": "kv_avg",
+                "pool_ready_pods": "ready_pods", "running_requests": "running", "request_total": "requests",
+                "request_error_total": "errors"}
+
+
+def parse_pool(text: str) -> PoolSample:
+    """The pool's figures from an EPP's Prometheus text: each summed over its label sets (one pool per EPP;
+    the per-model running requests and counters add up to the pool's). ValueError for text that is not
+    Prometheus exposition."""
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = _POOL_FIELDS.get(_canonical(sample.name))
+            if key is not None and math.isfinite(sample.value):
+                sums[key] = sums.get(key, 0.0) + float(sample.value)
+    return PoolSample(**sums)
+
+
+def vllm_answer(cell: str, scrapes: Sequence[Scrape | None], failed_scrapes: int) -> probe_pb2.ProbeResponse:
+    """The probe answer of a cell of vLLM servers from one scrape each (None: unreachable).
+
+    ValueError when no server answered: the prober counts it as a failed probe, so the root marks the
+    cell unavailable after ``fail_threshold`` of them, as it does for a dead leaf."""
+    up = [s for s in scrapes if s is not None and (s.running is not None or s.waiting is not None)]
+    if not up:
+        raise ValueError(f"none of the {len(scrapes)} vLLM servers of cell {cell} answered /metrics")
+    running = sum(s.running or 0.0 for s in up)
+    waiting = sum(s.waiting or 0.0 for s in up)
+    return probe_pb2.ProbeResponse(cell=cell, rif=running + waiting, replicas=len(scrapes), healthy_replicas=len(up),
+                                   waiting=waiting, error_rate=1.0 - len(up) / len(scrapes), errors=failed_scrapes,
+                                   timestamp_unix_ns=time.time_ns())
+
+
+def gie_answer(cell: str, pool: PoolSample, error_rate: float) -> probe_pb2.ProbeResponse:
+    """The probe answer of a GIE/llm-d cell from its EPP's pool figures (ValueError: no pool figures at all)."""
+    if pool.ready_pods is None and pool.queue_avg is None and pool.running is None:
+        raise ValueError(f"the endpoint picker of cell {cell} exports no pool metrics (…pool_ready_pods, …pool_average_queue_size)")
+    pods = max(0, round(pool.ready_pods)) if pool.ready_pods is not None else 0
+    waiting = (pool.queue_avg or 0.0) * pods
+    rif = pool.running if pool.running is not None else waiting
+    resp = probe_pb2.ProbeResponse(cell=cell, rif=max(0.0, rif), replicas=pods, waiting=waiting,
+                                   error_rate=min(1.0, max(0.0, error_rate)), errors=int(pool.errors or 0),
+                                   completed=int(pool.requests or 0), timestamp_unix_ns=time.time_ns())
+    if pool.ready_pods is not None:
+        resp.healthy_replicas = pods  # 0 ready pods: "do not send here", as a leaf with every server down
+    return resp
+
+
+@dataclass
+class ForeignProber:
+    """Scrapes one foreign cell per call and answers as its leaf would (keeps what the next answer needs:
+    each server's last good scrape, the EPP's last counters, the error EMA)."""
+
+    target: ProbeTarget
+    _last: list[Scrape | None] | None = None
+    _failed: int = 0
+    _counters: tuple[float, float] | None = None
+    _error_ema: float = 0.0
+
+    async def __call__(self, timeout_s: float) -> probe_pb2.ProbeResponse:
+        if self.target.source == "vllm":
+            return await self._vllm(timeout_s)
+        if self.target.source == "gie":
+            return await self._gie(timeout_s)
+        raise ValueError(f"cell {self.target.name}: unknown probe source {self.target.source!r} (vllm or gie)")
+
+    async def _vllm(self, timeout_s: float) -> probe_pb2.ProbeResponse:
+        addresses = self.target.scrape
+        if self._last is None:
+            self._last = [None] * len(addresses)
+        results = await asyncio.gather(*(scrape_vllm(a, timeout_s) for a in addresses), return_exceptions=True)
+        for i, r in enumerate(results):
+            if isinstance(r, ScrapeSlow):
+                continue  # busy, not dead: keep its last figures (dlb.probe.scrape.scrape_vllm)
+            if isinstance(r, BaseException):
+                raise r
+            if r.running is None and r.waiting is None:
+                self._failed += 1
+                self._last[i] = None
+            else:
+                self._last[i] = r
+        return vllm_answer(self.target.name, self._last, self._failed)
+
+    async def _gie(self, timeout_s: float) -> probe_pb2.ProbeResponse:
+        try:
+            body = await http_get(self.target.scrape[0], "/metrics", timeout_s)
+        except (TimeoutError, OSError) as e:
+            raise ValueError(f"endpoint picker metrics of cell {self.target.name} at {self.target.scrape[0]}: {e or type(e).__name__}") from None
+        pool = parse_pool(body.decode("utf-8", "replace"))
+        if pool.requests is not None and pool.errors is not None:
+            if self._counters is not None:
+                d_req, d_err = pool.requests - self._counters[0], pool.errors - self._counters[1]
+                if d_req > 0 and d_err >= 0:  # a counter going down is a restarted EPP: a new baseline
+                    self._error_ema += ERROR_EMA_ALPHA * (min(1.0, d_err / d_req) - self._error_ema)
+            self._counters = (pool.requests, pool.errors)
+        return gie_answer(self.target.name, pool, self._error_ema)

@@ -1,0 +1,172 @@
+"""``dlb up`` in front of a cell it does not run: envoy_configs/dlb.foreign.yaml (a DLB cell and a cell
+of vLLM-style servers probed only through their ``/metrics``), real Envoys, emulated servers in their
+own processes.
+
+Rule: the foreign cell is routed to by its metrics as a DLB cell is by its leaf. Slowed 20×, its share
+of the requests falls to half within 30 s and stays down; so does the DLB cell's when it is the slow
+one, in the same run.
+The share is the root's decisions (its ``dlb_root_decisions_total``): a router blind to the cells'
+state (Rand) keeps deciding half and half while the slow cell's queue grows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from test_up import REPO, _read_until
+
+from dlb.launch.supervisor import processes_of_run
+from dlb.procutil import free_port
+from dlb.testbed.emulator import EmulatorProcess
+from dlb.testbed.stack import request
+
+pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.timeout(360)]
+
+DEMO = REPO / "envoy_configs" / "dlb.foreign.yaml"
+CLIENTS = 8
+SLOWDOWN = 20.0
+#: Emulated time, not the box's CPU, must set a request's latency (the box is shared: 8 tokens of 0.1-s
+#: steps is ~1 s at full speed, ~20 s slowed, for a few ms of CPU; at load 40 the CPU alone took ~8 s).
+TIME_SCALE, TOKENS = 50.0, 8
+WINDOW_S = 8.0  # share measured over the root's decisions of the last WINDOW_S
+BASELINE_S = 15.0
+WITHIN_S = 30.0
+
+
+def _config(servers: dict[str, list[str]]) -> dict:
+    """The demo config with the emulators as servers and every other port drawn free."""
+    cfg = yaml.safe_load(DEMO.read_text())
+    for cell in cfg["cells"]:
+        cell["servers"] = servers[cell["name"]]
+    text = json.dumps(cfg)
+    for port in sorted(set(re.findall(r'"127\.0\.0\.1:(\d+)"', text))):
+        if not any(s.endswith(f":{port}") for ss in servers.values() for s in ss):
+            text = text.replace(f'"127.0.0.1:{port}"', f'"127.0.0.1:{free_port()}"')
+    return json.loads(text)
+
+
+def _set_faults(emus: list[EmulatorProcess], **faults: float) -> None:
+    for e in emus:
+        req = urllib.request.Request(f"{e.admin_url}/admin/faults", data=json.dumps(faults).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).read()
+
+
+class Load:
+    """``CLIENTS`` threads sending chats back to back, and the root's decisions per cell read every 0.5 s."""
+
+    def __init__(self, host: str, port: int, root_metrics: str) -> None:
+        self.host, self.port, self.root_metrics = host, port, root_metrics
+        self.decisions: list[tuple[float, dict[str, float]]] = []
+        self.errors: list[int] = []
+        self.served = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(CLIENTS)]
+        self._threads.append(threading.Thread(target=self._sample, daemon=True))
+
+    def _client(self) -> None:
+        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS}
+        while not self._stop.is_set():
+            status, _, _ = request(self.host, self.port, body=body, timeout=60)
+            if status == 200:
+                self.served += 1
+            else:
+                self.errors.append(status)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            text = urllib.request.urlopen(self.root_metrics, timeout=5).read().decode()
+            counts = {c: float(v) for c, v in re.findall(r'dlb_root_decisions_total\{cell="(\w+)",endpoint="chat"\} (\S+)', text)}
+            self.decisions.append((time.monotonic(), counts))
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(70)
+
+    def share(self, cell: str, since: float, until: float) -> tuple[float, int]:
+        """The fraction of the root's decisions in [since, until] that chose ``cell``, and how many there were."""
+        inside = [(t, c) for t, c in list(self.decisions) if since <= t <= until]
+        if len(inside) < 2:
+            return 0.0, 0
+        (_, a), (_, b) = inside[0], inside[-1]
+        total = sum(b.values()) - sum(a.values())
+        return ((b.get(cell, 0.0) - a.get(cell, 0.0)) / total if total else 0.0), int(total)
+
+    def time_to_lose(self, cell: str, at: float, below: float) -> float | None:
+        """Seconds after ``at`` until ``cell``'s share over the last ``WINDOW_S`` (≥ 8 decisions) first falls under ``below``."""
+        t = at + WINDOW_S
+        while t <= at + WITHIN_S + 1e-9:
+            share, n = self.share(cell, t - WINDOW_S, t)
+            if n >= 8 and share < below:
+                return t - WINDOW_S / 2 - at  # the window's middle: when the share had fallen
+            t += 0.5
+        return None
+
+
+def test_a_slowed_foreign_cell_loses_its_share_within_30_s_as_a_dlb_cell_does(tmp_path: Path) -> None:
+    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=8, time_scale=TIME_SCALE)
+                   for k in range(2)] for cell in ("home", "partner")}
+    run_dir = tmp_path / "run"
+    proc = None
+    try:
+        with ThreadPoolExecutor(4) as pool:  # four Python start-ups at once: a loaded box takes ~10 s for each
+            list(pool.map(EmulatorProcess.start, [e for es in emus.values() for e in es]))
+        cfg = _config({c: [e.address for e in es] for c, es in emus.items()})
+        (tmp_path / "dlb.yaml").write_text(json.dumps(cfg))
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(tmp_path / "dlb.yaml"), "--run-dir", str(run_dir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        seen: list[str] = []
+        m = _read_until(proc, r"root home: base_url http://([\d.]+):(\d+)/v1\s+metrics (\S+)", seen)
+        _read_until(proc, r"Ctrl-C stops everything", seen)
+        assert not any("leaf partner" in line for line in seen), "dlb up started a leaf for the foreign cell"
+        results = {}
+        with Load(m.group(1), int(m.group(2)), m.group(3)) as load:
+            time.sleep(BASELINE_S)
+            for slow in ("partner", "home"):
+                now = time.monotonic()
+                before, n_before = load.share(slow, now - 10.0, now)
+                _set_faults(emus[slow], slowdown=SLOWDOWN)
+                at = time.monotonic()
+                time.sleep(WITHIN_S)
+                after, n_after = load.share(slow, time.monotonic() - WINDOW_S, time.monotonic())
+                lost_in = load.time_to_lose(slow, at, before / 2)
+                results[slow] = {"share_before": round(before, 3), "share_last_window": round(after, 3), "seconds_to_half": lost_in,
+                                 "decisions": (n_before, n_after)}
+                _set_faults(emus[slow], slowdown=1.0)
+                time.sleep(BASELINE_S)  # both cells at full speed again before the other is slowed
+            errors, served = list(load.errors), load.served
+        print("\nforeign-cell share of the root's decisions:", json.dumps(results), f"served {served}, failed {len(errors)}")
+        for cell, r in results.items():
+            assert r["share_before"] > 0.2, (cell, r)  # both cells used while both are fast
+            assert r["seconds_to_half"] is not None, (cell, r)
+            assert r["share_last_window"] < 0.75 * r["share_before"], (cell, r)  # and stays down while slow (few decisions: noisy)
+        assert not errors, f"{len(errors)} requests failed: {sorted(set(errors))}"
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        for pid in processes_of_run(run_dir):
+            os.kill(pid, signal.SIGKILL)
+        for es in emus.values():
+            for e in es:
+                e.close()

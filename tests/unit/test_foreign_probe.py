@@ -1,0 +1,104 @@
+"""Cells DLB does not run: their metrics become the probe answer a DLB leaf would give, and the config
+says where they are.
+
+Rules: a GIE/llm-d endpoint picker's pool figures are read under every release's metric names; RIF is
+its running requests (else average queue × ready pods), replicas its ready pods, 0 ready pods means
+"do not send"; a vLLM cell's RIF is Σ running + waiting over the servers that answered; a cell whose
+metrics say nothing is a failed probe (ValueError), never an idle cell.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_config import minimal
+
+from dlb.config import ConfigError, config_from_dict
+from dlb.envoy.bootstrap import root_bootstrap
+from dlb.probe.foreign import gie_answer, parse_pool, vllm_answer
+from dlb.probe.scrape import Scrape
+
+#: Written from GIE's metrics guide (site-src/guides/metrics.md): one pool, two models.
+GIE_TEXT = """\
+# HELP inference_pool_average_kv_cache_utilization The average kv cache utilization for an inference server pool.
+# TYPE inference_pool_average_kv_cache_utilization gauge
+inference_pool_average_kv_cache_utilization{name="pool-a"} 0.42
+# TYPE inference_pool_average_queue_size gauge
+inference_pool_average_queue_size{name="pool-a"} 2.5
+# TYPE inference_pool_ready_pods gauge
+inference_pool_ready_pods{name="pool-a"} 4
+# TYPE inference_model_running_requests gauge
+inference_model_running_requests{model_name="llama"} 11
+inference_model_running_requests{model_name="qwen"} 3
+# TYPE inference_model_request_total counter
+inference_model_request_total{model_name="llama",target_model_name="llama"} 100
+inference_model_request_total{model_name="qwen",target_model_name="qwen"} 20
+# TYPE inference_model_request_error_total counter
+inference_model_request_error_total{model_name="llama",target_model_name="llama"} 6
+"""
+
+
+def test_gie_pool_metrics_become_rif_replicas_and_counters() -> None:
+    pool = parse_pool(GIE_TEXT)
+    assert (pool.queue_avg, pool.kv_avg, pool.ready_pods, pool.running) == (2.5, 0.42, 4.0, 14.0)
+    assert (pool.requests, pool.errors) == (120.0, 6.0)
+    resp = gie_answer("far", pool, 0.05)
+    assert (resp.cell, resp.rif, resp.replicas, resp.healthy_replicas, resp.waiting) == ("far", 14.0, 4, 4, 10.0)
+    assert (resp.completed, resp.errors, resp.error_rate) == (120, 6, pytest.approx(0.05))
+    assert not resp.HasField("model") and not resp.HasField("capacity")  # the root keeps its prior, never sheds on it
+
+
+@pytest.mark.parametrize("prefix", ["inference_objective_", "llm_d_epp_", "llm_d_router_epp_"])
+def test_later_releases_names_are_read_too(prefix: str) -> None:
+    text = (f"# TYPE {prefix}pool_ready_pods gauge\n{prefix}pool_ready_pods 2\n"
+            f"# TYPE {prefix}pool_average_queue_size gauge\n{prefix}pool_average_queue_size 3\n")
+    resp = gie_answer("far", parse_pool(text), 0.0)
+    assert (resp.rif, resp.replicas, resp.waiting) == (6.0, 2, 6.0)  # no running gauge: the queues are the load known
+
+
+def test_a_pool_with_no_ready_pod_is_reported_unusable_and_one_with_no_pool_metrics_is_a_failed_probe() -> None:
+    assert gie_answer("far", parse_pool("inference_pool_ready_pods 0\n"), 0.0).healthy_replicas == 0
+    with pytest.raises(ValueError, match="no pool metrics"):
+        gie_answer("far", parse_pool("# TYPE up gauge\nup 1\n"), 0.0)
+
+
+def test_vllm_cell_sums_the_servers_that_answered() -> None:
+    resp = vllm_answer("far", [Scrape(5.0, 2.0, 0.3), None, Scrape(1.0, 0.0, 0.1)], failed_scrapes=7)
+    assert (resp.rif, resp.waiting, resp.replicas, resp.healthy_replicas, resp.errors) == (8.0, 2.0, 3, 2, 7)
+    assert resp.error_rate == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="none of the 2 vLLM servers"):
+        vllm_answer("far", [None, Scrape(None, None, None)], 0)
+
+
+def _foreign(**leaf: object) -> dict:
+    data = minimal()
+    data["cells"][0]["root"] = {"address": "127.0.0.1:10000", "ext_proc": "127.0.0.1:18080"}
+    data["cells"][1]["leaf"] = leaf
+    return data
+
+
+def test_a_vllm_cell_is_its_servers_on_the_root_envoy() -> None:
+    cfg = config_from_dict(_foreign(source="vllm"))
+    b = cfg.cell("b")
+    assert b.leaf.foreign and b.scrape_addresses() == ("127.0.0.1:8020", "127.0.0.1:8021")
+    boot = root_bootstrap(cfg, "a", admin_port=0)
+    cluster = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "cell-b")
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"] for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert (ports, cluster["lb_policy"]) == ([8020, 8021], "LEAST_REQUEST")
+
+
+def test_a_gie_cell_is_probed_at_its_endpoint_picker_and_reached_at_its_gateway() -> None:
+    data = _foreign(source="gie", address="127.0.0.1:10020", probe="127.0.0.1:9090")
+    del data["cells"][1]["servers"]  # its pool's pods are the EPP's business
+    cfg = config_from_dict(data)
+    assert cfg.cell("b").scrape_addresses() == ("127.0.0.1:9090",) and cfg.cell("b").upstreams()[0][0].port == 10020
+
+
+@pytest.mark.parametrize(("leaf", "path", "says"), [
+    ({"source": "slurm"}, "cells[1].leaf.source", "is not one of: dlb, vllm, gie"),
+    ({"source": "gie", "address": "127.0.0.1:10020"}, "cells[1].leaf.probe", "required"),
+    ({"source": "vllm", "ext_proc": "127.0.0.1:9999"}, "cells[1].leaf.ext_proc", "has no DLB leaf"),
+])
+def test_foreign_cell_mistakes_name_the_field(leaf: dict, path: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(_foreign(**leaf))
+    assert any(p.path == path and says in p.reason for p in info.value.problems), info.value.problems
