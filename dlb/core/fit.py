@@ -26,15 +26,15 @@ from dlb.core.latency_model import LatencyParams, latency
 MIN_SAMPLES = 8
 #: Largest knee as a fraction of a/b (the stability boundary c < a/b).
 R_MAX = 0.99
-#: Share of the window's evidence that must lie near or below the prior's knee (RIF ≤ 2c + s; the
-#: prior's knee may be off ×2) for the intercept ``a`` and the knee ``c`` to be fitted. With less,
+#: Share of the window's evidence that must lie at or below the prior's knee (RIF ≤ c + s) for the
+#: intercept ``a`` and the knee ``c`` to be fitted. With less,
 #: every sample sits on the queueing slope, where any
 #: (a, b) pair through the window's mean fits as well as any other: a busy batched cell (RIF 1,000
 #: past a knee of 60) was fitted with a = 15 s and 1/b = 1,641 req/s against a true 1.1 s and
 #: 56 req/s, and its gradient cost swung 20× between refits. Then only ``b`` is fitted, with ``a``,
 #: ``c`` and ``s`` held at the (measured) prior — the slope through the window given the unloaded
 #: latency, i.e. Little's law at the operating point.
-MIN_FLAT_SHARE = 0.05
+MIN_FLAT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def fit_latency_model(
     sqrt_w = np.sqrt(w)
     n_eff = float(w.sum())
     p0 = prior.as_array()
-    if float(w[x <= 2.0 * p0[2] + p0[3]].sum()) < MIN_FLAT_SHARE * n_eff:
+    if float(w[x <= p0[2] + p0[3]].sum()) < MIN_FLAT_SHARE * n_eff:
         return _fit_slope_only(x, y, w, prior, prior_weight, loss)
 
     y_scale = float(np.median(y))
