@@ -46,7 +46,7 @@ def routes_and_clusters(boot: dict) -> tuple[list[dict], dict[str, dict], list[s
 def test_operator_roots_have_no_ext_proc_and_one_fallback_route_per_endpoint(tmp_path, kind) -> None:
     cfg = config_with(tmp_path, kind)
     routes, clusters, filters = routes_and_clusters(envoy_bootstrap.root_bootstrap(cfg, "us-east1", admin_port=0))
-    assert filters == ["envoy.filters.http.router"]
+    assert filters == ["envoy.filters.http.credential_injector", "envoy.filters.http.router"]  # the root token, no ext_proc
     assert [r["name"] for r in routes] == [n for ep in cfg.endpoints for n in
                                            [f"{ep.name}-to-{c}" for c in ("us-east1", "us-west1", "eu-west1")] + [f"{ep.name}-fallback"]]
     fallback = [r for r in routes if r["name"].endswith("-fallback")]
