@@ -43,7 +43,7 @@ from dlb.testbed.process import ServiceProcess, free_port
 
 
 def _metrics(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:  # a loaded box serves slowly
         return r.read().decode()
 
 
@@ -130,7 +130,7 @@ class DpCell:
     leaf_metrics_url: str
 
     def leaf_metrics(self) -> str:
-        with urllib.request.urlopen(self.leaf_metrics_url, timeout=5) as r:
+        with urllib.request.urlopen(self.leaf_metrics_url, timeout=30) as r:
             return r.read().decode()
 
 
@@ -216,8 +216,11 @@ class BacklogSampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            tot = rank_totals(self.cell.rank_ports)
-            held = _sum_metric(self.cell.leaf_metrics(), "dlb_leaf_dp_held")
+            try:
+                tot = rank_totals(self.cell.rank_ports)
+                held = _sum_metric(self.cell.leaf_metrics(), "dlb_leaf_dp_held")
+            except OSError:  # a scrape timed out on a loaded box: skip the sample, the next interval is longer
+                continue
             self.samples.append((held, tot["idle"], tot["busy"]))
             self._stop.wait(self.period_s)
 
