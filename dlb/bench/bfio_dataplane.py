@@ -42,9 +42,16 @@ from dlb.testbed.emulator import EmulatorProcess
 from dlb.testbed.process import ServiceProcess, free_port
 
 
-def _metrics(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:  # a loaded box serves slowly
-        return r.read().decode()
+def _metrics(url: str, attempts: int = 4) -> str:
+    """A /metrics page; a loaded box (load average 30+ on 2 cores) can take longer than one timeout."""
+    for k in range(attempts):
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+                return r.read().decode()
+        except OSError:
+            if k == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _sum_metric(text: str, name: str) -> float:
