@@ -136,6 +136,19 @@ class DpCell:
     rank_ports: list[int]
     leaf_metrics_url: str
 
+    def wait_scraped(self, ranks: int, timeout_s: float = 120.0) -> None:
+        """Until the leaf has scraped every rank once: before that it does not know the ranks' admission
+        bound, and a burst sent then is not held (on a box at load 30+ the first scrapes time out)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                loads = [float(line.rpartition(" ")[2]) for line in self.leaf_metrics().splitlines()
+                         if line.startswith("dlb_leaf_server_scraped_load{")]  # fmt: skip
+                if len(loads) >= ranks and min(loads) >= 0:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"the leaf did not scrape all {ranks} ranks within {timeout_s} s")
+
     def leaf_metrics(self) -> str:
         with urllib.request.urlopen(self.leaf_metrics_url, timeout=30) as r:
             return r.read().decode()
@@ -184,8 +197,11 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
                                    Path(tmp) / "leaf.yaml")  # fmt: skip
             with EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)):
                 leaf = cfg.cell("dp").leaf.address
-                yield DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
-                             f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+                cell = DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
+                              f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+                if hold_queue:
+                    cell.wait_scraped(dp_size)
+                yield cell
 
 
 @dataclass(frozen=True)
