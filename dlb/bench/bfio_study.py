@@ -448,7 +448,7 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
                               None, f"{r['pick_cpu_us']:.2f} µs") for r in rows]  # reported, not gated: the exit stays 0
     leaf = [leaf_pick(args.g, args.picks, policy) for policy in ("bf-io", "jsq")]
     for r in leaf:
-        print(f"leaf pick G={r['G']} {r['policy']:6} (parse, server pick, rank pick, records, reply): "
+        print(f"leaf pick G={r['G']} {r['policy']:6} (parse, rank pick, records, reply): "
               f"p50 {r['wall_us_p50']:.1f} µs, p90 {r['wall_us_p90']:.1f} µs wall; "
               f"{r['cpu_us_mean_with_completion']:.1f} µs CPU mean with one completion")
     rel = release_cost(args.g, min(args.picks, 2000))

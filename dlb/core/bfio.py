@@ -295,6 +295,9 @@ class DpBalancer:
         #: KV tokens each rank last reported (nan: never) and the leaf's own prediction at that moment.
         self.kv_reported = np.full(self.ranks, np.nan)
         self.kv_predicted_then = np.zeros(self.ranks)
+        #: report − prediction at the report, per rank (0 for a rank that never reported): :meth:`kv` adds it.
+        self._kv_offset = np.zeros(self.ranks)
+        self._unbounded = self.limit <= 0  # ranks with no admission bound, kept with ``limit``
 
     def observe_kv(self, rank: int, kv_tokens: float, now: float) -> None:
         """A rank's own count of its resident KV tokens (its metrics): from now on :meth:`kv` is this
@@ -302,32 +305,42 @@ class DpBalancer:
         the tokens decoded in between — instead of an estimate of every request's decoded tokens."""
         self.kv_reported[rank] = kv_tokens
         self.kv_predicted_then[rank] = self._predicted(now)[rank]
+        self._kv_offset[rank] = kv_tokens - self.kv_predicted_then[rank]
 
     def set_admission(self, rank: int, limit: float | None, kv_full: bool) -> None:
         """What a rank's own metrics say about its admission: slot bound (None: not reported) and KV full."""
         if limit is not None and limit > 0:
             self.limit[rank] = limit
+            self._unbounded[rank] = False
             if self.slots <= 0:  # the running/waiting model needs a bound too: the first one reported
                 self.slots = int(limit)
         self.kv_blocked[rank] = kv_full
 
     def admitting(self, allowed: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Ranks that can start one more request now: allowed, KV not full, residents under the bound."""
-        out: npt.NDArray[np.bool_] = allowed & ~self.kv_blocked & ((self.limit <= 0) | (self.n < self.limit))
-        return out
+        room: npt.NDArray[np.bool_] = self.n < self.limit
+        room |= self._unbounded
+        room &= allowed
+        room &= ~self.kv_blocked
+        return room
 
     def _predicted(self, now: float) -> FloatArray:
-        return self.prompt_sum + np.maximum(0.0, self.nrun * now - self.start_sum) / self.step_s
+        out: FloatArray = self.nrun * now
+        out -= self.start_sum
+        np.maximum(out, 0.0, out=out)
+        out /= self.step_s
+        out += self.prompt_sum
+        return out
 
     def kv(self, now: float) -> FloatArray:
         """Resident KV tokens per rank at ``now``: the rank's last report plus the predicted change since
         (:meth:`observe_kv`); for a rank that never reported, the prediction alone (running requests'
         prompts plus elapsed time over ``step_s``)."""
-        pred = self._predicted(now)
-        if np.isnan(self.kv_reported).all():
-            return pred
-        measured = np.maximum(0.0, self.kv_reported + pred - self.kv_predicted_then)
-        return np.where(np.isnan(self.kv_reported), pred, measured)
+        # A rank that never reported has offset 0, and its prediction is >= 0: max(0, pred) = pred.
+        out = self._predicted(now)
+        out += self._kv_offset
+        np.maximum(out, 0.0, out=out)
+        return out
 
     def choose(self, now: float, prompt_tokens: float, allowed: npt.NDArray[np.bool_] | None = None) -> int:
         """The rank this group's policy picks for a new request (no side effects except round robin's cursor)."""

@@ -239,6 +239,26 @@ def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:
     assert bal.step_s > 0.02  # 5 s over 100 tokens says 50 ms per step
 
 
+def test_leaf_with_only_a_dp_group_skips_the_server_pick_but_not_health() -> None:
+    """A cell whose servers are all ranks of one group goes straight to the group's policy; an ejected
+    rank is still never picked, and a server added later (not a rank) turns the shortcut off."""
+    from dlb.config import config_from_dict
+    from dlb.ext_proc.leaf_setup import state_from_config
+
+    raw = _dp_config(dp_ranks=4, policy="jsq", max_num_seqs=100)
+    raw["cells"][0]["servers"] = raw["cells"][0]["servers"][:1]  # type: ignore[index]
+    st = state_from_config(config_from_dict(raw), "a", choices=1, seed=0)
+    bal, members = st.dp_groups[0]
+    sole = st._sole_group()
+    assert sole is not None and sole[0] is bal
+    st.servers[st.by_address[members[2]]].ejected_until = 1e9
+    picked = [st.servers[st.pick(0.0, f"r{k}", 400)].address for k in range(9)]
+    assert members[2] not in picked and sorted(set(picked)) == sorted(set(members) - {members[2]})
+    assert bal.n.tolist() == [3.0, 3.0, 0.0, 3.0]  # JSQ among the healthy ranks, as with the server pick
+    st.set_servers([(a, 1.0) for a in members] + [("127.0.0.1:8200", 1.0)])
+    assert st._sole_group() is None
+
+
 def test_placement_simulation_finishes_every_request_under_both_placements() -> None:
     """``dlb bfio placement``: each placement and policy serves every request of a small overloaded run."""
     from dlb.bench.bfio_placement import PlacementRun, simulate
