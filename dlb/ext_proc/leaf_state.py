@@ -307,6 +307,7 @@ class LeafState:
                 self.start(now, request_id, i, tokens)
                 return i
         prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
+        assert dp is not None  # both branches above end here only with a group
         bal, members = dp
         idx, allowed = self._dp_allowed(members, now, among)
         if not allowed.any() and i == UNKNOWN:  # no usable rank: whatever the cell's fallback picks
