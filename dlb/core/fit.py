@@ -27,13 +27,12 @@ MIN_SAMPLES = 8
 #: Largest knee as a fraction of a/b (the stability boundary c < a/b).
 R_MAX = 0.99
 #: Share of the window's evidence that must lie at or below the prior's knee (RIF ≤ c + s) for the
-#: intercept ``a`` and the knee ``c`` to be fitted. With less,
-#: every sample sits on the queueing slope, where any
-#: (a, b) pair through the window's mean fits as well as any other: a busy batched cell (RIF 1,000
-#: past a knee of 60) was fitted with a = 15 s and 1/b = 1,641 req/s against a true 1.1 s and
-#: 56 req/s, and its gradient cost swung 20× between refits. Then only ``b`` is fitted, with ``a``,
-#: ``c`` and ``s`` held at the (measured) prior — the slope through the window given the unloaded
-#: latency, i.e. Little's law at the operating point.
+#: intercept ``a`` and the knee ``c`` to be fitted. With less, every sample sits on the queueing
+#: slope, where any (a, b) pair through the window's mean fits as well as any other: a busy batched
+#: cell (RIF 1,000 past a knee of 60) was fitted with a = 15 s and 1/b = 1,641 req/s against a true
+#: 1.1 s and 56 req/s, and its gradient cost swung 20× between refits. Then only ``b`` is fitted,
+#: with ``a``, ``c`` and ``s`` held at the (measured) prior: the slope through the window given the
+#: unloaded latency. (Wider rules let ramp-up windows start full fits; research/routing-stress.)
 MIN_FLAT_SHARE = 0.1
 
 
