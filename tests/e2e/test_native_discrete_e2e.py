@@ -62,7 +62,7 @@ def test_native_discrete_routes_away_from_a_slow_cell_without_an_ext_proc(tmp_pa
             _read_until(proc, r"Ctrl-C stops everything", seen)
             out = "".join(seen)
             m = re.search(r"root us-east1: base_url http://([\d.]+):(\d+)/v1", out)
-            admin_m = re.search(r"([\d.]+:\d+)  root us-east1 Envoy admin", out)
+            admin_m = re.search(r"root us-east1: base_url \S+  metrics \S+  admin http://([\d.]+:\d+)/", out)
             assert m and admin_m, out
             host, port, admin = m.group(1), int(m.group(2)), admin_m.group(1)
             text = urllib.request.urlopen(f"http://{admin}/clusters", timeout=5).read().decode()

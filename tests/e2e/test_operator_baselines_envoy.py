@@ -27,6 +27,7 @@ from dlb.config import load_config
 from dlb.config.model import HostPort
 from dlb.envoy.ads_bootstrap import ads_bootstrap
 from dlb.envoy.binary import EnvoyProcess
+from dlb.envoy.root_token import token_secret
 from dlb.procutil import free_port
 
 pytestmark = pytest.mark.envoy
@@ -53,7 +54,8 @@ def no_ext_proc(envoy: EnvoyProcess) -> None:
 async def _root(control_plane, start_envoy, cfg_path: Path, root_port: int, body) -> None:
     cfg = load_config(cfg_path)
     async with control_plane(cfg, probe=True) as running:
-        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", running.xds_port), free_port(), node_id="root-a-op")
+        boot = ads_bootstrap("root", "a", HostPort("127.0.0.1", running.xds_port), free_port(), node_id="root-a-op",
+                             token=token_secret(cfg))
         async with start_envoy(boot, name="root") as envoy:
             await wait_for(lambda: _serves(envoy), timeout=30, what="the root Envoy's listener from the control plane")
             no_ext_proc(envoy)

@@ -46,8 +46,11 @@ def _start_log(bootstrap: Path, admin_port: int, log: Path) -> str:
 @pytest.mark.parametrize("role", ["root", "leaf"])
 def test_xds_bootstrap_caps_connections_validates_and_starts_without_warning(tmp_path: Path, role: str) -> None:
     out, admin = tmp_path / "boot.yaml", free_port()
+    token = tmp_path / "root-token"  # a root's bootstrap names the token file (it never travels in xDS)
+    token.write_text("t" * 32)
+    extra = ["--root-token-file", str(token)] if role == "root" else []
     assert main(["config", "xds-bootstrap", "--role", role, "--cell", "a", "--xds", f"127.0.0.1:{free_port()}",
-                 "--admin-port", str(admin), "-o", str(out)]) == 0
+                 "--admin-port", str(admin), "-o", str(out), *extra]) == 0
     boot = yaml.safe_load(out.read_text())
     monitors = boot["overload_manager"]["resource_monitors"]
     assert [m["typed_config"]["max_active_downstream_connections"] for m in monitors] == [MAX_DOWNSTREAM_CONNECTIONS]
