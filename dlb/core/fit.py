@@ -115,16 +115,20 @@ def fit_latency_model(
     except (ValueError, np.linalg.LinAlgError):
         return FitResult(prior, 0.0, n, math.nan, False)
     a, b, c, s = (float(v) for v in p)
+    return _result(x, y, n_eff, a, b, c, s, converged)
+
+
+def _result(x: np.ndarray, y: np.ndarray, n_eff: float, a: float, b: float, c: float, s: float,
+            converged: bool) -> FitResult:
+    """A fit's parameters in the stability shape, with its error and confidence (both fits end here)."""
     # Enforce the stability shape c < a/b (μ increasing): pull the knee just inside the boundary.
     if c * b >= a:
         c = 0.99 * a / b
-    params = LatencyParams(a, b, c, s)
     rmse = float(np.sqrt(np.mean((latency(x, a, b, c, s) - y) ** 2)))
     # Confidence: grows with (weighted) evidence (half at 50 samples' worth) and with the RIF range
     # observed relative to the knee.
-    spread = float(np.ptp(x))
-    coverage = min(1.0, spread / max(c + 2 * s, 1.0))
-    return FitResult(params, evidence_confidence(n_eff, coverage), n, rmse, converged)
+    coverage = min(1.0, float(np.ptp(x)) / max(c + 2 * s, 1.0))
+    return FitResult(LatencyParams(a, b, c, s), evidence_confidence(n_eff, coverage), int(x.size), rmse, converged)
 
 
 def _fit_slope_only(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: LatencyParams, prior_weight: float,
@@ -148,13 +152,7 @@ def _fit_slope_only(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: LatencyP
         res = least_squares(residuals, np.zeros(1), bounds=(-20.0, 20.0), loss=loss, f_scale=0.25, max_nfev=100)
     except (ValueError, np.linalg.LinAlgError):
         return FitResult(prior, 0.0, int(x.size), math.nan, False)
-    b = b0 * math.exp(float(res.x[0]))
-    if c * b >= a:  # the stability shape, as in the full fit
-        c = 0.99 * a / b
-    params = LatencyParams(a, b, c, s)
-    rmse = float(np.sqrt(np.mean((latency(x, a, b, c, s) - y) ** 2)))
-    coverage = min(1.0, float(np.ptp(x)) / max(c + 2 * s, 1.0))
-    return FitResult(params, evidence_confidence(float(w.sum()), coverage), int(x.size), rmse, bool(res.success))
+    return _result(x, y, float(w.sum()), a, b0 * math.exp(float(res.x[0])), c, s, bool(res.success))
 
 
 def evidence_confidence(n_eff: float, coverage: float = 0.0) -> float:
