@@ -45,6 +45,7 @@ import numpy as np
 from dlb.core.change import ChangeDetector
 from dlb.core.fit import (
     MIN_PRIOR_SAMPLES,
+    Censored,
     FitResult,
     evidence_confidence,
     fit_latency_model,
@@ -166,15 +167,20 @@ class LatencyEstimator:
             self._rif.popleft()
             self._lat.popleft()
 
-    def maybe_refit(self, now: float) -> bool:
+    def maybe_refit(self, now: float, in_flight: Censored | None = None) -> bool:
         """Refit if ``refit_period`` has passed since the last fit; return whether it did."""
         if now - self._last_fit < self.config.refit_period_s:
             return False
-        self.refit(now)
+        self.refit(now, in_flight)
         return True
 
-    def refit(self, now: float) -> FitResult:
-        """Fit now on the samples inside the window and publish the shrunk parameters."""
+    def refit(self, now: float, in_flight: Censored | None = None) -> FitResult:
+        """Fit now on the samples inside the window and publish the shrunk parameters.
+
+        ``in_flight``: the cell's requests still running (RIF at arrival, age), lower bounds on
+        latency the fit must respect (:class:`~dlb.core.fit.Censored`); at most ``max_samples`` of
+        them are used, evenly spread, so a cell holding thousands does not slow the fit.
+        """
         self._last_fit = now
         self._expire(now)
         cfg = self.config
@@ -192,7 +198,10 @@ class LatencyEstimator:
                 # measurement beats the guess it replaced) and take the servers' knee.
                 self.effective_prior = measured_prior(rif[:0], lat[:0], self.effective_prior, self.knee)
         prior = self.effective_prior
-        res = fit_latency_model(rif, lat, prior, prior_weight=cfg.prior_weight, weights=weights)
+        if in_flight is not None and in_flight.rif.size > cfg.max_samples:
+            keep = np.linspace(0, in_flight.rif.size - 1, cfg.max_samples).astype(np.int64)
+            in_flight = Censored(np.asarray(in_flight.rif)[keep], np.asarray(in_flight.age)[keep])
+        res = fit_latency_model(rif, lat, prior, prior_weight=cfg.prior_weight, weights=weights, censored=in_flight)
         self.last_result = res
         # Thinning for the next period: kept samples per window ≈ max_samples.
         if self._t:

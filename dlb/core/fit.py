@@ -45,6 +45,33 @@ class FitResult:
     converged: bool
 
 
+@dataclass(frozen=True)
+class Censored:
+    """Requests still in flight: their RIF at arrival and how long they have run so far.
+
+    A window of completed requests misses the slow ones still running, and it misses more of them
+    the faster the cell's queue grows: a batched cell whose RIF climbed 400 → 1,800 was fitted with
+    2.2× its real capacity, so its costs read low and the roots kept feeding it. An in-flight
+    request's latency is at least its age, so the model must not predict less at its arrival RIF: each
+    adds a one-sided residual ``min(0, ℓ(N) − age)``, never larger than the residual its eventual
+    completion will add, so it moves the fit toward the uncensored one and never past it.
+    """
+
+    rif: np.ndarray
+    age: np.ndarray
+
+
+def _censored(censored: Censored | None) -> tuple[np.ndarray, np.ndarray]:
+    if censored is None:
+        return np.zeros(0), np.zeros(0)
+    x = np.asarray(censored.rif, dtype=float).reshape(-1)
+    t = np.asarray(censored.age, dtype=float).reshape(-1)
+    if x.shape != t.shape:
+        raise ValueError(f"censored rif and age must have one value per request: {x.shape} vs {t.shape}")
+    ok = np.isfinite(x) & np.isfinite(t) & (x >= 0) & (t > 0)
+    return x[ok], t[ok]
+
+
 def fit_latency_model(
     rif: np.ndarray,
     lat: np.ndarray,
@@ -52,12 +79,15 @@ def fit_latency_model(
     prior_weight: float = 1.0,
     loss: str = "soft_l1",
     weights: np.ndarray | None = None,
+    censored: Censored | None = None,
 ) -> FitResult:
     """Fit θ = (a, b, c, s) to samples; shrink toward ``prior`` when evidence is thin.
 
     ``weights`` (in (0, 1], one per sample; the estimator passes recency weights) scale each
     sample's residual by √w, and the evidence behind the confidence is Σw rather than the count:
-    a window of old samples is worth less than as many fresh ones.
+    a window of old samples is worth less than as many fresh ones. ``censored``: requests still in
+    flight, each a lower bound on the latency at its arrival RIF (:class:`Censored`); they add no
+    evidence to the confidence (they say "at least", not "this much").
     """
     x = np.asarray(rif, dtype=float).reshape(-1)
     y = np.asarray(lat, dtype=float).reshape(-1)
@@ -69,11 +99,12 @@ def fit_latency_model(
     n = int(x.size)
     if n < MIN_SAMPLES:
         return FitResult(prior, 0.0, n, math.nan, False)
+    cx, ct = _censored(censored)
     sqrt_w = np.sqrt(w)
     n_eff = float(w.sum())
     p0 = prior.as_array()
     if float(w[x <= p0[2] + p0[3]].sum()) < MIN_FLAT_SHARE * n_eff:
-        return _fit_slope_only(x, y, w, prior, prior_weight, loss)
+        return _fit_slope_only(x, y, w, prior, prior_weight, loss, cx, ct)
 
     y_scale = float(np.median(y))
     x_max = max(float(x.max()), 1.0)
@@ -105,7 +136,8 @@ def fit_latency_model(
         # Shrinkage on log-parameters (c may be 0, so it is shrunk additively relative to x_max).
         shrink_log = np.log(np.maximum(p[abs_idx], 1e-12)) - log_p0_abs
         shrink_c = (c - p0[2]) / x_max
-        return np.concatenate([r, w_prior * shrink_log, [w_prior * shrink_c]])
+        under = np.minimum(a + b * s * logaddexp(0.0, (cx - c) / s) - ct, 0.0) / y_scale
+        return np.concatenate([r, under, w_prior * shrink_log, [w_prior * shrink_c]])
 
     try:
         res = least_squares(residuals, z0, bounds=(lo, hi), loss=loss, f_scale=0.25, max_nfev=200)
@@ -132,21 +164,24 @@ def _result(x: np.ndarray, y: np.ndarray, n_eff: float, a: float, b: float, c: f
 
 
 def _fit_slope_only(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: LatencyParams, prior_weight: float,
-                    loss: str) -> FitResult:
+                    loss: str, cx: np.ndarray, ct: np.ndarray) -> FitResult:
     """Fit ``b`` alone, ``a``, ``c`` and ``s`` held at ``prior`` (see :data:`MIN_FLAT_SHARE`).
 
     The model is linear in ``b`` (ℓ = a + b·g(N)), so this is a one-parameter robust regression,
-    shrunk toward the prior's ``b`` on the log scale like the full fit.
+    shrunk toward the prior's ``b`` on the log scale like the full fit; ``cx``, ``ct``: the censored
+    requests' RIF and age, one-sided residuals as in the full fit.
     """
     a, b0, c, s = prior.a, prior.b, prior.c, prior.s
     g = s * np.logaddexp(0.0, (x - c) / s)
+    gc = s * np.logaddexp(0.0, (cx - c) / s)
     sqrt_w = np.sqrt(w)
     y_scale = float(np.median(y))
     log_b0 = math.log(b0)
 
     def residuals(z: np.ndarray) -> np.ndarray:
         b = b0 * math.exp(z[0])
-        return np.concatenate([sqrt_w * (a + b * g - y) / y_scale, [prior_weight * (math.log(b) - log_b0)]])
+        return np.concatenate([sqrt_w * (a + b * g - y) / y_scale, np.minimum(a + b * gc - ct, 0.0) / y_scale,
+                               [prior_weight * (math.log(b) - log_b0)]])
 
     try:
         res = least_squares(residuals, np.zeros(1), bounds=(-20.0, 20.0), loss=loss, f_scale=0.25, max_nfev=100)

@@ -83,7 +83,7 @@ class LeafBackground:
                 shadow = copy.copy(est)
                 shadow._t, shadow._rif, shadow._lat = copy.copy(est._t), copy.copy(est._rif), copy.copy(est._lat)
                 t0 = time.perf_counter()
-                await loop.run_in_executor(None, shadow.refit, now)
+                await loop.run_in_executor(None, shadow.refit, now, self.state.running(now))
                 self.fit_seconds += time.perf_counter() - t0
                 self.fits += 1
                 est.params, est.confidence, est.last_result, est._last_fit = shadow.params, shadow.confidence, shadow.last_result, now

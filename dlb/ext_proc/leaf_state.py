@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.core.fit import Censored
 from dlb.core.latency_model import LatencyParams
 from dlb.core.server_pick import PrequalConfig, ProbePool
 
@@ -552,6 +553,16 @@ class LeafState:
             if all(x.batch_limit > 0 for x in self.servers):
                 self.estimator.set_knee(sum(x.batch_limit for x in self.servers))
         s.kv_usage = kv_usage if kv_usage is not None else -1.0
+
+    def running(self, now: float) -> Censored:
+        """The requests still in flight (RIF at arrival, age) for the latency fit: each is a lower
+        bound the fitted curve must respect (:class:`~dlb.core.fit.Censored`). At most the
+        estimator's ``max_samples``, evenly spread, so a refit with a huge backlog stays cheap on the loop."""
+        recs = list(self.inflight.values())
+        step = max(1, math.ceil(len(recs) / self.estimator.config.max_samples))
+        recs = recs[::step]
+        return Censored(np.fromiter((r.cell_rif for r in recs), float, len(recs)),
+                        now - np.fromiter((r.started for r in recs), float, len(recs)))
 
     # -- what probes report -------------------------------------------------------------------------
     @property

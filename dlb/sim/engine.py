@@ -70,6 +70,7 @@ from dlb.core.background import (
 )
 from dlb.core.baselines import WeightedRouter
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.core.fit import Censored
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL, SHED
 from dlb.core.server_pick import PrequalConfig, ProbePool
@@ -334,6 +335,13 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         return LatencyEstimator(priors[j], cfg.estimator, random.Random(f"{sc.seed}-{trial}-{j}-{generation}"))
 
     est = [new_estimator(j) for j in range(n)]
+    # Requests at each cell's leaf and not finished (ids, in arrival order): the fit's censored samples.
+    running: list[dict[int, None]] = [{} for _ in range(n)]
+
+    def censored(j: int, now: float) -> Censored:
+        ids = running[j]
+        return Censored(np.fromiter((rif0[i] for i in ids), float, len(ids)),
+                        now - np.fromiter((t_leaf[i] for i in ids), float, len(ids)))
     bg_cfg = cfg.background if cfg.background is not None else BackgroundProbeConfig()  # used only when probing
     probers = [BackgroundProber(bg_cfg) for _ in range(n)] if probing else []
     done_at = [0] * n  # completions (requests and probes) per cell: what the prober watches
@@ -454,6 +462,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     crif[j] -= 1
                     done_at[j] += 1
                     serving = now - t_leaf[b]
+                    if fit_models:
+                        del running[j][b]
                     errs[j].record(now, False)
                     if fit_models:
                         e = est[j]
@@ -471,7 +481,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         if e.take_change() is not None:  # the traffic's samples say it changed
                             changed = True
                         if changed:  # the cell changed: forget what it was (done), refit now
-                            e.refit(now)
+                            e.refit(now, censored(j, now))
                             reported[j] = _perturb(e.params, noise[j]) if sc.noise_eps else e.params
                             confidence[j] = e.confidence
                     if b >= R:  # a background probe: a sample, not a client request
@@ -538,6 +548,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 crif[j] += 1
                 rif0[a] = crif[j]
                 t_leaf[a] = now
+                if fit_models:
+                    running[j][a] = None
                 if batched is None:  # the batched engine queued it already
                     if busy[s1]:
                         pq[s1].append(a)
@@ -578,7 +590,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _REFIT:
                 for j in range(n):
                     e = est[j]
-                    e.refit(now)
+                    e.refit(now, censored(j, now))
                     reported[j] = _perturb(e.params, noise[j]) if sc.noise_eps else e.params
                     confidence[j] = e.confidence
                 if now < T:

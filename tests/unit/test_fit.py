@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlb.core.fit import MIN_SAMPLES, fit_latency_model, shrink_toward_prior
+from dlb.core.fit import MIN_SAMPLES, Censored, fit_latency_model, shrink_toward_prior
 from dlb.core.latency_model import LatencyParams, latency
 
 TRUE = LatencyParams(a=0.8, b=0.06, c=10.0, s=1.5)
@@ -96,3 +96,34 @@ def test_window_only_past_the_knee_fits_the_slope_through_the_operating_point() 
         assert res.params.is_stable_shape()
     assert np.median(caps) == pytest.approx(true.capacity, rel=0.15)
     assert max(caps) / min(caps) < 1.5  # the estimate does not swing between windows
+
+
+@pytest.mark.parametrize("flat_share", [0.0, 0.3], ids=["slope-only", "full"])
+def test_requests_still_running_move_the_fit_toward_the_uncensored_one(flat_share: float) -> None:
+    """A queue that grew: every request that arrived is either done or still running, and at high RIF
+    only the fast ones are done (the window reads the cell faster than it is). The running ones,
+    each at least as slow as its age, move the slope toward the fit of every request's true latency,
+    and never past it. The slope-only fit (saturated window) and the full fit both take them."""
+    rng = np.random.default_rng(7)
+    prior = LatencyParams(a=TRUE.a, b=0.05, c=TRUE.c, s=TRUE.s)
+    k = int(flat_share * 600)
+    x = np.concatenate([rng.uniform(0, TRUE.c, k), rng.uniform(100, 400, 600 - k)])
+    y = latency(x, *TRUE.as_array()) * rng.lognormal(0, 0.4, x.size)
+    now = 30.0  # the requests arrived evenly over the last `now` seconds
+    age = np.where(x > TRUE.c, np.linspace(now, 0, x.size), now)
+    done = y <= age
+    plain = fit_latency_model(x[done], y[done], prior).params
+    seen = fit_latency_model(x[done], y[done], prior, censored=Censored(x[~done], age[~done])).params
+    truth = fit_latency_model(x, y, prior).params
+    assert (~done).sum() > 100 and plain.b < 0.9 * truth.b  # the censoring bias this is about
+    assert plain.b + (truth.b - plain.b) / 3 < seen.b <= 1.02 * truth.b
+
+
+def test_requests_younger_than_the_curve_change_nothing() -> None:
+    """An in-flight request says only "at least this long": one the fitted curve already outlasts is no evidence."""
+    x, y = samples(300, 40, 0.05)
+    running = np.linspace(5, 40, 50)
+    young = 0.2 * latency(running, *TRUE.as_array())
+    plain = fit_latency_model(x, y, PRIOR).params
+    seen = fit_latency_model(x, y, PRIOR, censored=Censored(running, young)).params
+    assert seen.as_array() == pytest.approx(plain.as_array(), rel=1e-6)

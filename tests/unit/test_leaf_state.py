@@ -280,3 +280,16 @@ def test_servers_the_leaf_envoy_took_out_are_neither_picked_nor_counted_healthy(
     assert st.healthy(0.0) == 0 and st.healthy_replicas(0.0) == 0
     st.set_envoy_view(set())  # back in its rotation: back in the agent's
     assert st.healthy(0.0) == 3
+
+
+def test_requests_in_flight_reach_the_fit_as_lower_bounds():
+    """What the leaf hands its refit: each running request's cell RIF at arrival and its age, thinned
+    evenly to the estimator's sample bound so a backlog of thousands stays one cheap pass."""
+    st = LeafState(cell="c", servers=[ServerState("10.0.0.1:80")], replicas=1, prior=PRIOR, choices=1,
+                   rng=np.random.default_rng(0), estimator_config=EstimatorConfig(max_samples=4))
+    for i in range(8):
+        st.pick(float(i), f"r{i}")
+    st.complete(8.0, Completion("r0", "10.0.0.1:80", 200, 8.0))
+    running = st.running(10.0)
+    assert running.rif.tolist() == [2.0, 4.0, 6.0, 8.0]  # r1, r3, r5, r7: every other of the seven left
+    assert running.age.tolist() == [9.0, 7.0, 5.0, 3.0]
