@@ -79,6 +79,20 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+def _tls_secret(tmp_path: Path) -> Path:
+    """A folder laid out as a mounted kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key): Envoy reads the files."""
+    import shutil
+
+    from dlb.testbed.pki import dlb_pki
+
+    tls, _ = dlb_pki(tmp_path / "pki", ("us-east1",))
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    for src, name in ((tls.ca, "ca.crt"), (tls.cert_for("leaf-us-east1"), "tls.crt"), (tls.key_for("leaf-us-east1"), "tls.key")):
+        shutil.copy(src, secret / name)
+    return secret
+
+
 @pytest.mark.envoy
 def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
     """Each Envoy container's own arguments (``--service-*`` from the downward API) on the bootstrap
@@ -86,6 +100,7 @@ def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
     from dlb.envoy.binary import envoy_binary
 
     seen = 0
+    secret = _tls_secret(tmp_path)
     for d in overlay_dirs():
         docs = render(d)
         boots = bootstraps(docs)
@@ -99,7 +114,7 @@ def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
                 cm = config_maps[mount["name"]]
                 assert cm in boots, f"{d.relative_to(REPO)} {_name(w)}: mounts {cm}, which the overlay does not generate"
                 path = tmp_path / f"{d.name}-{cm}.yaml"
-                path.write_text(boots[cm])
+                path.write_text(boots[cm].replace("/etc/dlb-tls", str(secret)))  # the cert-manager Secret a pod mounts
                 args = [_substitute(a, w["spec"]["template"]) for a in c["args"]]
                 args = [str(path) if a == "/etc/envoy/bootstrap.yaml" else a for a in args]
                 out = subprocess.run([envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=60)
