@@ -707,40 +707,6 @@ def _plant_no_hpa(docs: list[dict[str, Any]]) -> None:
     docs[:] = [d for d in docs if d["kind"] != "HorizontalPodAutoscaler"]
 
 
-PLANTED = [
-    ("cli", _plant_flag_typo, "--envoy-check-adress"),
-    ("cli", _plant_drain_typo, "preStop"),
-    ("containers", _plant_missing_probe, "no readinessProbe"),
-    ("containers", _plant_no_startup, "no startupProbe"),
-    ("networkpolicy", _plant_open_port, "port debug has no NetworkPolicy"),
-    ("secrets", _plant_secret_in_configmap, "secret in ConfigMap"),
-    ("roots", _plant_no_hpa, "no HorizontalPodAutoscaler"),
-    ("monitoring", _plant_unscraped_envoy, "metrics port envoy-ready is scraped by no PodMonitor"),
-    ("token", _plant_no_token_mount, "container envoy: no Secret mounted at /etc/dlb-root-token"),
-    ("containers", _plant_root_user, "may run as root"),
-    ("containers", _plant_no_listen, "no explicit --listen"),
-    ("pdb", _plant_uncovered, "no PodDisruptionBudget"),
-    ("services", _plant_port_typo, "targetPort 'htp'"),
-    ("sizing", _plant_undersized, "100000 req/s"),
-    ("exposure", _plant_no_source_ranges, "LoadBalancer without loadBalancerSourceRanges"),
-    ("exposure", _plant_world_source_range, "0.0.0.0/0 admits every address"),
-    ("exposure", _plant_public_lb, "without annotation service.beta.kubernetes.io/aws-load-balancer-scheme"),
-    ("config", _plant_short_grace, "terminationGracePeriodSeconds 30"),
-    ("config", _plant_unknown_cell, "us-east9"),
-    ("loopback", _plant_loopback, "args"),
-    ("loopback", _plant_loopback_xds, "bootstrap.static_resources"),
-]
-
-
-@pytest.mark.parametrize(("rule", "plant", "expect"), PLANTED, ids=[p.__name__.removeprefix("_plant_") for _, p, _ in PLANTED])
-def test_planted_defect_is_reported(rule: str, plant: Any, expect: str) -> None:
-    docs = copy.deepcopy(render(K8S / "overlays" / "cluster-us"))
-    assert not RULES[rule](docs)
-    plant(docs)
-    problems = RULES[rule](docs)
-    assert any(expect in p for p in problems), problems
-
-
 def _plant_no_client_auth(docs: list[dict[str, Any]]) -> None:
     _first(docs, "Certificate", "dlb-leaf-us-west1")["spec"]["usages"].remove("client auth")
 
@@ -772,23 +738,44 @@ def _plant_plain_bootstrap(docs: list[dict[str, Any]]) -> None:
     cm["data"]["bootstrap.yaml"] = (K8S / "base" / "cell" / "bootstrap-leaf.yaml").read_text()
 
 
-MTLS_PLANTED = [
-    (_plant_no_client_auth, "usages lack ['client auth']"),
-    (_plant_wrong_identity, "are not [spiffe://dlb/leaf/us-east1]"),
-    (_plant_unmounted, "container envoy: no Certificate's Secret mounted at /etc/dlb-tls"),
-    (_plant_schema_typo, "unknown field spec.renewbefore"),
-    (_plant_bad_usage, "Input should be"),
-    (_plant_undialable, "no DNS SAN for ['leaf.us-east1.dlb.example.com']"),
-    (_plant_plain_bootstrap, "has no mTLS to the control plane"),
+PLANTED = [
+    ("cli", _plant_flag_typo, "--envoy-check-adress"),
+    ("cli", _plant_drain_typo, "preStop"),
+    ("containers", _plant_missing_probe, "no readinessProbe"),
+    ("containers", _plant_no_startup, "no startupProbe"),
+    ("networkpolicy", _plant_open_port, "port debug has no NetworkPolicy"),
+    ("secrets", _plant_secret_in_configmap, "secret in ConfigMap"),
+    ("roots", _plant_no_hpa, "no HorizontalPodAutoscaler"),
+    ("monitoring", _plant_unscraped_envoy, "metrics port envoy-ready is scraped by no PodMonitor"),
+    ("token", _plant_no_token_mount, "container envoy: no Secret mounted at /etc/dlb-root-token"),
+    ("containers", _plant_root_user, "may run as root"),
+    ("containers", _plant_no_listen, "no explicit --listen"),
+    ("pdb", _plant_uncovered, "no PodDisruptionBudget"),
+    ("services", _plant_port_typo, "targetPort 'htp'"),
+    ("sizing", _plant_undersized, "100000 req/s"),
+    ("exposure", _plant_no_source_ranges, "LoadBalancer without loadBalancerSourceRanges"),
+    ("exposure", _plant_world_source_range, "0.0.0.0/0 admits every address"),
+    ("exposure", _plant_public_lb, "without annotation service.beta.kubernetes.io/aws-load-balancer-scheme"),
+    ("config", _plant_short_grace, "terminationGracePeriodSeconds 30"),
+    ("config", _plant_unknown_cell, "us-east9"),
+    ("loopback", _plant_loopback, "args"),
+    ("loopback", _plant_loopback_xds, "bootstrap.static_resources"),
+    ("certificates", _plant_no_client_auth, "usages lack ['client auth']"),
+    ("certificates", _plant_wrong_identity, "are not [spiffe://dlb/leaf/us-east1]"),
+    ("certificates", _plant_unmounted, "container envoy: no Certificate's Secret mounted at /etc/dlb-tls"),
+    ("certificates", _plant_schema_typo, "unknown field spec.renewbefore"),
+    ("certificates", _plant_bad_usage, "Input should be"),
+    ("certificates", _plant_undialable, "no DNS SAN for ['leaf.us-east1.dlb.example.com']"),
+    ("certificates", _plant_plain_bootstrap, "has no mTLS to the control plane"),
 ]
 
 
-@pytest.mark.parametrize(("plant", "expect"), MTLS_PLANTED, ids=[p.__name__.removeprefix("_plant_") for p, _ in MTLS_PLANTED])
-def test_planted_certificate_defect_is_reported(plant: Any, expect: str) -> None:
-    docs = copy.deepcopy(render(K8S / "overlays" / "cluster-us-mtls"))
-    assert not certificate_problems(docs)
+@pytest.mark.parametrize(("rule", "plant", "expect"), PLANTED, ids=[p.__name__.removeprefix("_plant_") for _, p, _ in PLANTED])
+def test_planted_defect_is_reported(rule: str, plant: Any, expect: str) -> None:
+    docs = copy.deepcopy(render(K8S / "overlays" / ("cluster-us-mtls" if rule == "certificates" else "cluster-us")))
+    assert not RULES[rule](docs)
     plant(docs)
-    problems = certificate_problems(docs)
+    problems = RULES[rule](docs)
     assert any(expect in p for p in problems), problems
 
 
