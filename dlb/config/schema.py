@@ -426,7 +426,20 @@ ROOT_TOKEN_ENV = "DLB_ROOT_TOKEN_FILE"
 TLS_DIR_ENV = "DLB_TLS_DIR"
 
 
+#: A mounted ``kubernetes.io/tls`` Secret (what cert-manager writes: ``ca.crt``, ``tls.crt``, ``tls.key``):
+#: the ``tls`` section when the config has none. One certificate per pod, so no ``{identity}`` in its paths.
+TLS_SECRET_DIR_ENV = "DLB_TLS_SECRET_DIR"
+
+
+def secret_dir_tls(folder: str) -> dict[str, str]:
+    """The ``tls`` section of a pod that mounts its own ``kubernetes.io/tls`` Secret at ``folder``."""
+    return {"ca": os.path.join(folder, "ca.crt"), "cert": os.path.join(folder, "tls.crt"), "key": os.path.join(folder, "tls.key")}
+
+
 def _tls_from_env() -> dict[str, str] | None:
+    secret = os.environ.get(TLS_SECRET_DIR_ENV)
+    if secret:
+        return secret_dir_tls(secret)
     folder = os.environ.get(TLS_DIR_ENV)
     if not folder:
         return None

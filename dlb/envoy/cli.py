@@ -28,6 +28,8 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, help="DLB config whose tls section gives mTLS to the control plane and whose "
                    "root_token_file a root reads (docs/security.md)")
     p.add_argument("--root-token-file", default=None, help="root: the token file (overrides --config's)")
+    p.add_argument("--tls-secret-dir", default=None, help="mTLS to the control plane with the kubernetes.io/tls Secret "
+                   "mounted here (ca.crt, tls.crt, tls.key; not read now); overrides --config's tls")
     p.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
     p.set_defaults(func=run_bootstrap)
 
@@ -49,6 +51,11 @@ def run_bootstrap(args: argparse.Namespace) -> int:
         tls, token = cfg.tls, token_secret(cfg)
     if args.root_token_file is not None:
         token = token_file_secret(args.root_token_file)
+    if args.tls_secret_dir is not None:
+        from dlb.config.model import TlsFiles
+        from dlb.config.schema import secret_dir_tls
+
+        tls = TlsFiles(**secret_dir_tls(args.tls_secret_dir))
     if args.role == "root" and token is None:
         raise UsageError("--role root: give --root-token-file or --config (the root token is never sent over xDS)")
     text = yaml.safe_dump(ads_bootstrap(args.role, args.cell, HostPort(host.strip("[]"), int(port)), args.admin_port,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -79,6 +80,20 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+def _tls_secret(tmp_path: Path) -> Path:
+    """A folder laid out as a mounted kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key): Envoy reads the files."""
+    import shutil
+
+    from dlb.testbed.pki import dlb_pki
+
+    tls, _ = dlb_pki(tmp_path / "pki", ("us-east1",))
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    for src, name in ((tls.ca, "ca.crt"), (tls.cert_for("leaf-us-east1"), "tls.crt"), (tls.key_for("leaf-us-east1"), "tls.key")):
+        shutil.copy(src, secret / name)
+    return secret
+
+
 @pytest.mark.envoy
 def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
     """Each Envoy container's own arguments (``--service-*`` from the downward API) on the bootstrap
@@ -86,6 +101,7 @@ def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
     from dlb.envoy.binary import envoy_binary
 
     seen = 0
+    secret = _tls_secret(tmp_path)
     for d in overlay_dirs():
         docs = render(d)
         boots = bootstraps(docs)
@@ -99,7 +115,7 @@ def test_envoy_containers_start_on_their_bootstrap(tmp_path: Path) -> None:
                 cm = config_maps[mount["name"]]
                 assert cm in boots, f"{d.relative_to(REPO)} {_name(w)}: mounts {cm}, which the overlay does not generate"
                 path = tmp_path / f"{d.name}-{cm}.yaml"
-                path.write_text(boots[cm])
+                path.write_text(boots[cm].replace("/etc/dlb-tls", str(secret)))  # the cert-manager Secret a pod mounts
                 args = [_substitute(a, w["spec"]["template"]) for a in c["args"]]
                 args = [str(path) if a == "/etc/envoy/bootstrap.yaml" else a for a in args]
                 out = subprocess.run([envoy_binary(), "--mode", "validate", *args], capture_output=True, text=True, timeout=60)
@@ -117,3 +133,68 @@ def test_envoy_validate_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(boot))
     out = _envoy_validate(path, "dlb-root")
     assert out.returncode != 0 and "malformed IP address" in out.stdout + out.stderr
+
+
+@pytest.mark.envoy
+def test_mtls_overlay_envoy_is_configured_over_mtls(tmp_path: Path) -> None:
+    """``overlays/cluster-us-mtls`` out of the box: a control plane whose only TLS setting is its mounted
+    cert-manager Secret (``DLB_TLS_SECRET_DIR``) configures a leaf Envoy started on the overlay's own
+    bootstrap and Secret; the same Envoy with a Secret from another CA gets nothing."""
+    import os
+    import shutil
+    import time
+
+    from bounded_wait import until
+
+    from dlb.envoy.binary import EnvoyProcess
+    from dlb.procutil import free_port
+    from dlb.testbed.pki import dlb_pki
+
+    ours, theirs = dlb_pki(tmp_path / "pki", ("us-east1",))
+
+    def secret(name: str, files: Any, identity: str) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        for src, dst in ((files.ca, "ca.crt"), (files.cert_for(identity), "tls.crt"), (files.key_for(identity), "tls.key")):
+            shutil.copy(src, folder / dst)
+        return folder
+
+    xds, status = free_port(), free_port()
+    cfg = tmp_path / "dlb.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "version": 1, "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}],
+        "cells": [{"name": "us-east1", "servers": [f"127.0.0.1:{free_port()}"],
+                   "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"}}]}))
+    env = dict(os.environ, DLB_TLS_SECRET_DIR=str(secret("cp", ours, "control-plane")))
+    cp = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cfg), "--xds",
+                           f"127.0.0.1:{xds}", "--status", f"127.0.0.1:{status}", "--no-probe"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    boot = next(text for name, text in bootstraps(render(K8S / "overlays" / "cluster-us-mtls")).items()
+                if name.startswith("dlb-bootstrap-leaf-us-east1"))
+    envoys = []
+    try:
+        for name, files in (("leaf", ours), ("foreign", theirs)):
+            admin = free_port()
+            text = (boot.replace("/etc/dlb-tls", str(secret(name, files, "leaf-us-east1")))
+                    .replace("dlb-control-plane.dlb-system.svc", "127.0.0.1").replace("port_value: 18000", f"port_value: {xds}")
+                    .replace("port_value: 9901", f"port_value: {admin}").replace("port_value: 9902", f"port_value: {free_port()}"))
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(text)
+            envoys.append(EnvoyProcess(str(path), admin, extra_args=["--service-node", f"{name}-0", "--service-cluster", "dlb-leaf",
+                                                                     "--service-zone", "us-east1"]))
+            envoys[-1].start(ready_timeout=60)
+        good, foreign = envoys
+
+        def lds_updates(e: EnvoyProcess) -> int:
+            return int(e.stats("listener_manager.lds.update_success").get("listener_manager.lds.update_success", "0"))
+
+        until(lambda: lds_updates(good) >= 1, "the leaf Envoy's listeners came over mTLS xDS", timeout=30)
+        assert good.stats("control_plane.connected_state")["control_plane.connected_state"] == "1"
+        time.sleep(2.0)  # as long again for the foreign one, which has tried since its start
+        assert foreign.stats("control_plane.connected_state")["control_plane.connected_state"] == "0"
+        assert lds_updates(foreign) == 0
+    finally:
+        for e in envoys:
+            e.stop()
+        cp.terminate()
+        cp.wait(10)

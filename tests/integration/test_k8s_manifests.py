@@ -10,13 +10,18 @@ must be reported, so a rule that silently stopped checking fails here:
   with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
 - every workload is covered by a PodDisruptionBudget;
 - every Service selects a workload and its ``targetPort`` names one of that workload's ports;
+- every LoadBalancer Service is internal (GKE, AWS and Azure annotations) and has source ranges, none ``/0``;
 - CPU requests cover the declared design rate at the per-request costs of research/bench/overhead.json;
 - grace periods cover the longest endpoint timeout, and Envoys drain in ``preStop``;
 - the packed ``dlb.yaml`` passes ``dlb config validate --envoy``, and names the cells the overlays deploy;
 - every bootstrap ConfigMap is what ``dlb config xds-bootstrap`` renders, and each Envoy container's
   own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
 - every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
-- no address on loopback except Envoy's admin and the in-pod ext_proc hop.
+- no address on loopback except Envoy's admin and the in-pod ext_proc hop;
+- with cert-manager (``overlays/cluster-us-mtls``): each Certificate matches cert-manager's CRD schema
+  (``cloudcoil-models-cert-manager``, generated from the CRDs; unknown fields refused) and every DLB
+  workload mounts, in every container, the Secret of a Certificate naming its identity (URI SAN), for
+  server and client auth, with a DNS SAN for each address its clients dial.
 
 Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
 credentials), kubeconform (not packaged on PyPI, npm or Debian).
@@ -283,6 +288,111 @@ def service_problems(docs: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+#: The annotations that make a LoadBalancer internal (in-VPC) on GKE, AWS and Azure.
+INTERNAL_LB = {"networking.gke.io/load-balancer-type": "Internal", "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+               "service.beta.kubernetes.io/azure-load-balancer-internal": "true"}
+
+
+def exposure_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """A LoadBalancer Service is internal and admits only the source ranges the operator set (never /0)."""
+    problems = []
+    for s in (d for d in docs if d["kind"] == "Service" and d["spec"].get("type") == "LoadBalancer"):
+        ranges = s["spec"].get("loadBalancerSourceRanges") or []
+        if not ranges:
+            problems.append(f"{_name(s)}: LoadBalancer without loadBalancerSourceRanges (open to every address)")
+        problems += [f"{_name(s)}: loadBalancerSourceRanges {r} admits every address" for r in ranges if str(r).endswith("/0")]
+        notes = s["metadata"].get("annotations", {})
+        problems += [f"{_name(s)}: LoadBalancer without annotation {k}: {v!r} (internal)" for k, v in INTERNAL_LB.items() if notes.get(k) != v]
+    return problems
+
+
+#: Where a pod's cert-manager Secret is mounted, and the variable that points DLB at it.
+TLS_MOUNT, TLS_ENV = "/etc/dlb-tls", "DLB_TLS_SECRET_DIR"
+
+
+def certificate_schema_problems(doc: dict[str, Any]) -> list[str]:
+    """cert-manager's own schema for a Certificate or Issuer: types and enums from the CRD models, and no
+    field the model does not know (it would silently drop a typo such as ``secretname``)."""
+    from cloudcoil.models.cert_manager import v1
+    from pydantic import ValidationError
+
+    model = {"Certificate": v1.Certificate, "Issuer": v1.Issuer, "ClusterIssuer": v1.ClusterIssuer}[doc["kind"]]
+    try:
+        known = model.model_validate(doc).model_dump(by_alias=True, exclude_none=True, mode="json")
+    except ValidationError as exc:
+        return [f"{_name(doc)}: {e['loc']}: {e['msg']}" for e in exc.errors()]
+    return [f"{_name(doc)}: unknown field {path}" for path in _unknown(doc, known, "")]
+
+
+def _unknown(given: Any, known: Any, path: str) -> Iterator[str]:
+    if isinstance(given, dict):
+        for k, v in given.items():
+            if not isinstance(known, dict) or k not in known:
+                yield f"{path}.{k}".lstrip(".")
+            else:
+                yield from _unknown(v, known[k], f"{path}.{k}")
+    elif isinstance(given, list) and isinstance(known, list):
+        for i, (g, k) in enumerate(zip(given, known, strict=False)):
+            yield from _unknown(g, k, f"{path}[{i}]")
+
+
+def _identity(w: dict[str, Any]) -> str | None:
+    """The DLB identity (docs/security.md) of a workload: its certificate's URI SAN."""
+    if w["metadata"]["name"] == "dlb-control-plane":
+        return "spiffe://dlb/control-plane"
+    cell = w["spec"]["template"]["metadata"].get("labels", {}).get("dlb.io/cell")
+    base = _base_name(w)
+    return f"spiffe://dlb/{base.removeprefix('dlb-')}/{cell}" if base in ("dlb-root", "dlb-leaf") and cell else None
+
+
+def certificate_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """With cert-manager Certificates in the overlay, mTLS works out of the box (see the module doc)."""
+    certs = [d for d in docs if d["kind"] == "Certificate"]
+    if not certs:
+        return []
+    problems = [p for d in docs if d["kind"] in ("Certificate", "Issuer", "ClusterIssuer") for p in certificate_schema_problems(d)]
+    issuers = {d["metadata"]["name"] for d in docs if d["kind"] == "Issuer"}
+    by_secret = {c["spec"]["secretName"]: c for c in certs}
+    for c in certs:
+        spec = c["spec"]
+        ref = spec["issuerRef"]
+        if ref.get("kind", "Issuer") == "Issuer" and ref["name"] not in issuers:
+            problems.append(f"{_name(c)}: issuerRef {ref['name']!r} is no Issuer of the overlay")
+        missing = {"server auth", "client auth"} - set(spec.get("usages", []))
+        if missing:
+            problems.append(f"{_name(c)}: usages lack {sorted(missing)} (every DLB component is server and client)")
+        if not spec.get("commonName") and not spec.get("dnsNames"):
+            problems.append(f"{_name(c)}: neither commonName nor dnsNames")
+    cfg = yaml.safe_load(packed_config(docs) or "{}")
+    dialed = {f"spiffe://dlb/leaf/{cell['name']}": {cell["leaf"][k].rpartition(":")[0] for k in ("address", "probe")}
+              for cell in cfg.get("cells", [])}
+    dialed["spiffe://dlb/control-plane"] = {cfg.get("services", {}).get("control_plane", {}).get("xds", "").rpartition(":")[0]} - {""}
+    for w in _workloads(docs):
+        ident = _identity(w)
+        if ident is None:
+            continue
+        pod = _pod(w)
+        secrets = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        for ctr in pod["containers"]:
+            mount = next((m for m in ctr.get("volumeMounts", []) if m["mountPath"] == TLS_MOUNT), None)
+            cert = by_secret.get(secrets.get(mount["name"], "")) if mount else None
+            if cert is None:
+                problems.append(f"{_name(w)} container {ctr['name']}: no Certificate's Secret mounted at {TLS_MOUNT}")
+                continue
+            if cert["spec"].get("uris") != [ident]:
+                problems.append(f"{_name(w)} container {ctr['name']}: mounts {_name(cert)}, whose uris {cert['spec'].get('uris')} are not [{ident}]")
+            env = {e["name"]: e.get("value") for e in ctr.get("env", [])}
+            if ctr["name"] != "envoy" and env.get(TLS_ENV) != TLS_MOUNT:
+                problems.append(f"{_name(w)} container {ctr['name']}: {TLS_ENV} is not {TLS_MOUNT}")
+            lacking = dialed.get(ident, set()) - set(cert["spec"].get("dnsNames", []))
+            if lacking:
+                problems.append(f"{_name(cert)}: no DNS SAN for {sorted(lacking)}, which clients dial")
+    for name, text in bootstraps(docs).items():
+        if f"{TLS_MOUNT}/tls.crt" not in text:
+            problems.append(f"ConfigMap/{name}: the Envoy bootstrap has no mTLS to the control plane ({TLS_MOUNT})")
+    return problems
+
+
 def _cpu(q: str) -> float:
     return float(q[:-1]) / 1000 if str(q).endswith("m") else float(q)
 
@@ -443,6 +553,8 @@ RULES = {
     "monitoring": monitoring_problems,
     "roots": root_problems,
     "services": service_problems,
+    "exposure": exposure_problems,
+    "certificates": certificate_problems,
     "sizing": lambda docs: sizing_problems(docs, cpu_costs()),
     "config": config_problems,
     "loopback": loopback_problems,
@@ -525,6 +637,18 @@ def _plant_port_typo(docs: list[dict[str, Any]]) -> None:
     _first(docs, "Service", "dlb-leaf")["spec"]["ports"][0]["targetPort"] = "htp"
 
 
+def _plant_no_source_ranges(docs: list[dict[str, Any]]) -> None:
+    del _first(docs, "Service", "dlb-root")["spec"]["loadBalancerSourceRanges"]
+
+
+def _plant_world_source_range(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Service", "dlb-leaf")["spec"]["loadBalancerSourceRanges"] = ["10.0.0.0/8", "0.0.0.0/0"]
+
+
+def _plant_public_lb(docs: list[dict[str, Any]]) -> None:
+    del _first(docs, "Service", "dlb-root")["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-scheme"]
+
+
 def _plant_undersized(docs: list[dict[str, Any]]) -> None:
     _first(docs, "Deployment", "dlb-leaf")["metadata"]["annotations"]["dlb.io/design-rps"] = "100000"
 
@@ -583,6 +707,37 @@ def _plant_no_hpa(docs: list[dict[str, Any]]) -> None:
     docs[:] = [d for d in docs if d["kind"] != "HorizontalPodAutoscaler"]
 
 
+def _plant_no_client_auth(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Certificate", "dlb-leaf-us-west1")["spec"]["usages"].remove("client auth")
+
+
+def _plant_wrong_identity(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Certificate", "dlb-leaf-us-east1")["spec"]["uris"] = ["spiffe://dlb/leaf/us-west1"]
+
+
+def _plant_unmounted(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-root", "envoy")
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != TLS_MOUNT]
+
+
+def _plant_schema_typo(docs: list[dict[str, Any]]) -> None:
+    spec = _first(docs, "Certificate", "dlb-control-plane")["spec"]
+    spec["renewbefore"] = spec.pop("renewBefore")
+
+
+def _plant_bad_usage(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Certificate", "dlb-root")["spec"]["usages"].append("serverauth")
+
+
+def _plant_undialable(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Certificate", "dlb-leaf-us-east1")["spec"]["dnsNames"] = ["leaf.example.com"]
+
+
+def _plant_plain_bootstrap(docs: list[dict[str, Any]]) -> None:
+    cm = _first(docs, "ConfigMap", "dlb-bootstrap-leaf-us-west1")
+    cm["data"]["bootstrap.yaml"] = (K8S / "base" / "cell" / "bootstrap-leaf.yaml").read_text()
+
+
 PLANTED = [
     ("cli", _plant_flag_typo, "--envoy-check-adress"),
     ("cli", _plant_drain_typo, "preStop"),
@@ -598,16 +753,26 @@ PLANTED = [
     ("pdb", _plant_uncovered, "no PodDisruptionBudget"),
     ("services", _plant_port_typo, "targetPort 'htp'"),
     ("sizing", _plant_undersized, "100000 req/s"),
+    ("exposure", _plant_no_source_ranges, "LoadBalancer without loadBalancerSourceRanges"),
+    ("exposure", _plant_world_source_range, "0.0.0.0/0 admits every address"),
+    ("exposure", _plant_public_lb, "without annotation service.beta.kubernetes.io/aws-load-balancer-scheme"),
     ("config", _plant_short_grace, "terminationGracePeriodSeconds 30"),
     ("config", _plant_unknown_cell, "us-east9"),
     ("loopback", _plant_loopback, "args"),
     ("loopback", _plant_loopback_xds, "bootstrap.static_resources"),
+    ("certificates", _plant_no_client_auth, "usages lack ['client auth']"),
+    ("certificates", _plant_wrong_identity, "are not [spiffe://dlb/leaf/us-east1]"),
+    ("certificates", _plant_unmounted, "container envoy: no Certificate's Secret mounted at /etc/dlb-tls"),
+    ("certificates", _plant_schema_typo, "unknown field spec.renewbefore"),
+    ("certificates", _plant_bad_usage, "Input should be"),
+    ("certificates", _plant_undialable, "no DNS SAN for ['leaf.us-east1.dlb.example.com']"),
+    ("certificates", _plant_plain_bootstrap, "has no mTLS to the control plane"),
 ]
 
 
 @pytest.mark.parametrize(("rule", "plant", "expect"), PLANTED, ids=[p.__name__.removeprefix("_plant_") for _, p, _ in PLANTED])
 def test_planted_defect_is_reported(rule: str, plant: Any, expect: str) -> None:
-    docs = copy.deepcopy(render(K8S / "overlays" / "cluster-us"))
+    docs = copy.deepcopy(render(K8S / "overlays" / ("cluster-us-mtls" if rule == "certificates" else "cluster-us")))
     assert not RULES[rule](docs)
     plant(docs)
     problems = RULES[rule](docs)
@@ -620,9 +785,9 @@ def test_bootstraps_are_what_the_renderer_writes(tmp_path: Path) -> None:
     out = subprocess.run([str(K8S / "render-bootstraps"), str(tmp_path)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     for role in ("root", "leaf"):
-        committed = (K8S / "base" / "cell" / f"bootstrap-{role}.yaml").read_text()
-        assert committed == (tmp_path / f"bootstrap-{role}.yaml").read_text(), \
-            f"deploy/k8s/base/cell/bootstrap-{role}.yaml is stale: run deploy/k8s/render-bootstraps"
+        for committed, fresh in ((K8S / "base" / "cell", tmp_path), (K8S / "overlays" / "cluster-us-mtls", tmp_path / "mtls")):
+            assert (committed / f"bootstrap-{role}.yaml").read_text() == (fresh / f"bootstrap-{role}.yaml").read_text(), \
+                f"{committed.relative_to(REPO)}/bootstrap-{role}.yaml is stale: run deploy/k8s/render-bootstraps"
 
 
 def _substitute(arg: str, pod: dict[str, Any]) -> str:

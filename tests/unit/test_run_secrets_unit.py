@@ -34,3 +34,30 @@ def test_insecure_makes_no_ca_and_a_config_with_its_own_makes_nothing(tmp_path: 
     token.write_text("m" * 32)
     env, said = run_env(config_from_dict(dict(RAW, root_token_file=str(token))), tmp_path / "b", insecure=True)
     assert env == {} and said == []
+
+
+def test_a_mounted_kubernetes_tls_secret_is_the_tls_section(tmp_path: Path, monkeypatch) -> None:
+    """``DLB_TLS_SECRET_DIR``: the pod's cert-manager Secret (ca.crt, tls.crt, tls.key), checked at load
+    like any plain ``tls`` path; a Secret whose certificate is not from its CA is refused, naming the file."""
+    import shutil
+
+    import pytest
+
+    from dlb.config import ConfigError
+    from dlb.testbed.pki import dlb_pki
+
+    ours, theirs = dlb_pki(tmp_path / "pki", ("a",))
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    shutil.copy(ours.ca, secret / "ca.crt")
+    shutil.copy(ours.cert_for("leaf-a"), secret / "tls.crt")
+    shutil.copy(ours.key_for("leaf-a"), secret / "tls.key")
+    monkeypatch.setenv("DLB_TLS_SECRET_DIR", str(secret))
+    monkeypatch.setenv("DLB_TLS_DIR", str(tmp_path / "ignored"))  # the Secret wins over dlb up's folder
+    cfg = config_from_dict(RAW)
+    assert cfg.tls is not None and (cfg.tls.ca, cfg.tls.cert, cfg.tls.key) == tuple(str(secret / f) for f in ("ca.crt", "tls.crt", "tls.key"))
+    assert load_identity(cfg.tls, "leaf-a").cert == (secret / "tls.crt").read_bytes()
+    shutil.copy(theirs.cert_for("leaf-a"), secret / "tls.crt")
+    shutil.copy(theirs.key_for("leaf-a"), secret / "tls.key")
+    with pytest.raises(ConfigError, match=r"tls\.crt"):
+        config_from_dict(RAW)

@@ -352,6 +352,11 @@ class Route:
     watch: bool = False
 
 
+def route_table(path: bytes, handler: Handler, routes: Mapping[bytes, Route] | None = None) -> dict[bytes, Route]:
+    """``path`` served by ``handler``, beside ``routes``: what :class:`H2Connection` looks a ``:path`` up in."""
+    return {path: Route(handler), **(routes or {})}
+
+
 # --- events: what receive_data tells the I/O layer --------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ConnectionTerminated:
@@ -390,13 +395,16 @@ class H2Connection:
     """
 
     def __init__(self, path: bytes, handler: Handler, stats: TransportStats, limits: H2Limits | None = None,
-                 routes: Mapping[bytes, Route] | None = None) -> None:
+                 routes: Mapping[bytes, Route] | None = None, table: Mapping[bytes, Route] | None = None) -> None:
         self.limits = limits = limits or _DEFAULTS
-        self.routes: dict[bytes, Route] = {path: Route(handler), **(routes or {})}
+        #: A server passes the same table to all its connections (one object, not two per connection).
+        self.routes: Mapping[bytes, Route] = table if table is not None else route_table(path, handler, routes)
         self.stats = stats
         self.buf = bytearray()
         self.preface_seen = False
-        self.decoder = CachingDecoder(limits.max_header_list, stats, limits)
+        # Made at the first header block, as ``skipped`` at the first gap: a connection that never opens
+        # a stream (a squatter's) holds ~16 objects the garbage collector walks, not ~22.
+        self._decoder: CachingDecoder | None = None
         self.streams: dict[int, _Stream] = {}
         self.last_sid = 0
         self.streams_opened = 0
@@ -417,7 +425,7 @@ class H2Connection:
         #: Streams closed at both ends or reset by the peer: frames on them are STREAM_CLOSED errors.
         #: Streams *we* reset are not here — frames the peer sent before it saw our RST are dropped.
         self.closed: dict[int, None] = {}
-        self.skipped: deque[tuple[int, int]] = deque(maxlen=16)  # stream id ranges the client never opened
+        self.skipped: deque[tuple[int, int]] | None = None  # stream id ranges the client never opened (16 kept)
         self.watchers: dict[int, _Stream] = {}
         self.buffered = 0  # bytes of partial messages on this connection
         self.control_budget = limits.control_frame_allowance
@@ -457,6 +465,13 @@ class H2Connection:
         for stream in list(self.watchers.values()):
             self._finish(stream, status, message)
 
+    @property
+    def decoder(self) -> CachingDecoder:
+        """The HPACK decoder and its cache, made on first use."""
+        if self._decoder is None:
+            self._decoder = CachingDecoder(self.limits.max_header_list, self.stats, self.limits)
+        return self._decoder
+
     def connection_lost(self) -> None:
         """Forget every stream and give back the server-wide budget this connection held."""
         for stream in self.streams.values():
@@ -465,7 +480,8 @@ class H2Connection:
         self.watchers.clear()
         self.conn_blocked.clear()
         self.window_blocked.clear()
-        self.decoder.release()
+        if self._decoder is not None:
+            self._decoder.release()
         self.stats.buffered_bytes -= self.buffered
         self.buffered = 0
 
@@ -564,7 +580,7 @@ class H2Connection:
         """A DATA or HEADERS frame for a stream that is not open (sid <= last_sid)."""
         if sid in self.closed:
             raise StreamStateError(f"{what} on closed stream {sid}")
-        for lo, hi in self.skipped:
+        for lo, hi in self.skipped or ():
             if lo <= sid <= hi:
                 raise ProtocolError(f"{what} on stream {sid}, lower than a stream already opened")
         # Otherwise a stream we reset (or forgot): the peer sent this before it saw our RST_STREAM.
@@ -618,7 +634,7 @@ class H2Connection:
 
     def _header_block(self, flags: int, sid: int, block: bytes) -> None:
         try:
-            head = self.decoder.decode_head(block)
+            head = (self._decoder or self.decoder).decode_head(block)
         except hpack.exceptions.HPACKError as exc:  # the shared table is now unknown: the connection is lost
             raise CompressionError(f"HPACK: {exc}") from None
         stream = self.streams.get(sid)
@@ -637,6 +653,8 @@ class H2Connection:
             self._closed_frame(sid, "HEADERS")
             return
         if sid > self.last_sid + 2:
+            if self.skipped is None:
+                self.skipped = deque(maxlen=16)
             self.skipped.append((self.last_sid + 2, sid - 2))
         self.last_sid = sid
         if self.goaway_sent or len(self.streams) >= self.limits.max_concurrent_streams:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from dlb.ext_proc.transport.admission import Admission
-from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route
+from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route, route_table
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
 from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
 from dlb.ext_proc.transport.tls import TlsServerSession
@@ -102,8 +102,14 @@ class H2GrpcProtocol(asyncio.Protocol):
 
     def _release(self) -> None:
         self.stats.open_connections -= 1
-        if self.conn is not None:
-            self.conn.connection_lost()
+        # Break the cycles (transport <-> protocol, connection -> our flush) so reference counting frees
+        # the ~19 objects of this connection now, within this paced close. Left to the garbage
+        # collector, the connections a squatter churns through (34,000 in 30 s) were freed by one full
+        # collection that held the loop 260 ms.
+        conn, self.conn, self.transport = self.conn, None, None
+        if conn is not None:
+            conn.connection_lost()
+            conn.on_output = None
         self.on_close(self)
         if self.on_drained is not None:
             self.on_drained()
@@ -328,7 +334,7 @@ class H2GrpcServer:
         connection counts against the cap from accept until its ``connection_lost`` (or until handing
         it to the loop failed), and one beyond the cap is closed before a transport exists."""
         path = self.path.encode()
-        routes = {p.encode(): r for p, r in self.routes.items()}
+        table = route_table(path, self.handler, {p.encode(): r for p, r in self.routes.items()})
         admission = self._admission = Admission[H2GrpcProtocol](self.limits.connection_cap(), self.limits.peer_cap(),
                                                                  closable=lambda p: p.transport is not None)
         loop = asyncio.get_running_loop()
@@ -337,7 +343,11 @@ class H2GrpcServer:
         limits = self.limits
 
         def make_conn() -> H2Connection:
-            return H2Connection(path, self.handler, stats, limits, routes)
+            return H2Connection(path, self.handler, stats, limits, table=table)
+
+        # One bound method each for every connection: per connection they were two more objects for
+        # the garbage collector to walk.
+        forget, proven = self._forget, admission.proven
 
         def on_accept(sock: socket.socket) -> None:
             try:
@@ -356,9 +366,9 @@ class H2GrpcServer:
                 stats.connections_evicted += 1
                 victim.evict()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            proto = (H2GrpcProtocol(make_conn, stats, limits, self._forget, closer) if ssl is None else
-                     TlsH2GrpcProtocol(make_conn, stats, limits, self._forget, ssl, closer, self.handshakes))
-            proto.on_proven = admission.proven
+            proto = (H2GrpcProtocol(make_conn, stats, limits, forget, closer) if ssl is None else
+                     TlsH2GrpcProtocol(make_conn, stats, limits, forget, ssl, closer, self.handshakes))
+            proto.on_proven = proven
             admission.add(proto, peer)
             self._conns.add(proto)
             task = loop.create_task(loop.connect_accepted_socket(lambda: proto, sock))
