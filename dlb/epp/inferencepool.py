@@ -10,6 +10,7 @@ Both API versions GIE has shipped are read: ``inference.networking.k8s.io/v1`` (
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -86,8 +87,11 @@ def endpoints(spec: PoolSpec, pods: Iterable[Mapping[str, Any]]) -> tuple[str, .
     out = set()
     for pod in pods:
         if matches(spec, pod) and is_ready(pod):
-            ip = pod["status"]["podIP"]
-            host = f"[{ip}]" if ":" in ip else ip
+            try:
+                ip = ipaddress.ip_address(pod["status"]["podIP"])
+            except ValueError:
+                continue
+            host = f"[{ip}]" if ip.version == 6 else str(ip)  # the form the leaf state and Envoy's ORIGINAL_DST use
             out.update(f"{host}:{p}" for p in spec.ports)
     return tuple(sorted(out))
 

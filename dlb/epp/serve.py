@@ -21,7 +21,7 @@ from dlb.config.tls import component_identity
 from dlb.epp.health import epp_health_handler
 from dlb.epp.k8s import PoolRef, PoolWatcher
 from dlb.epp.picker import EndpointPicker
-from dlb.epp.pool import follow_dns
+from dlb.epp.pool import follow_dns, with_pool
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.protocol import PROCESS_METHOD
@@ -89,19 +89,21 @@ def set_pool(epp: EndpointPicker, endpoints: tuple[str, ...]) -> None:
     log.info("epp_pool_changed", endpoints=list(endpoints))
 
 
-async def follow_pool(opts: EppOptions, epp: EndpointPicker) -> PoolWatcher:
-    """Read the InferencePool and list its pods once (a refusal ends the start), then hand the watch to a thread."""
+async def list_pool(opts: EppOptions) -> tuple[PoolWatcher, tuple[str, ...]]:
+    """Read the InferencePool and list its pods once: a refusal ends the start. The watch starts later."""
     from dlb.epp.k8s import kube_client
 
     assert opts.pool is not None
-    loop = asyncio.get_running_loop()
-    watcher = PoolWatcher(opts.pool, kube_client(opts.kubeconfig), lambda eps: loop.call_soon_threadsafe(set_pool, epp, eps))
-    await asyncio.to_thread(watcher.sync)
-    return watcher
+    watcher = PoolWatcher(opts.pool, kube_client(opts.kubeconfig), publish=lambda eps: None)
+    return watcher, await asyncio.to_thread(watcher.sync)
 
 
 async def run_epp(cfg: Config, opts: EppOptions) -> None:
     """Serve the EPP for the pool of ``cfg``'s cell ``opts.cell`` until SIGTERM, then drain."""
+    watcher = None
+    if opts.pool is not None:  # the pool's ready pods are the cell's servers
+        watcher, endpoints = await list_pool(opts)
+        cfg = with_pool(cfg, opts.cell, endpoints)
     lp = cfg.policy.leaf
     state = state_from_config(cfg, opts.cell, lp.pick_params.choices, opts.seed, lp.fit.refit_period_s, lp.fit.window_s,
                               pick_rule=lp.pick)
@@ -121,7 +123,10 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
         # The leaf's families (dlb_leaf_*, docs/metrics.md): the EPP is the leaf behind GIE's protocol. Its
         # 503/429 replies show in the gateway's access log and stats (response code details dlb_no_capacity).
         _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
-    watcher = await follow_pool(opts, epp) if opts.pool else None
+    if watcher is not None:
+        loop = asyncio.get_running_loop()
+        watcher.publish = lambda eps: loop.call_soon_threadsafe(set_pool, epp, eps)  # from the watch thread onto the loop
+        epp.empty = not watcher.last
     await server.start()
     readiness.ready = True
     bg = agent.background

@@ -43,8 +43,9 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
 class ApiServer:
     """Answers the pool's GET, the pods' list and watch; ``events`` feeds the open watch, one chunk per event."""
 
-    def __init__(self, pool: dict[str, Any] | None = None, pods_error: dict[str, Any] | None = None) -> None:
+    def __init__(self, pool: dict[str, Any] | None = None, pods_error: dict[str, Any] | None = None, pods: dict[str, Any] | None = None) -> None:
         self.pool = pool if pool is not None else json.loads((FIXTURES / "inferencepool.json").read_text())
+        self.pods = pods if pods is not None else json.loads((FIXTURES / "pod-list.json").read_text())
         self.pods_error = pods_error
         self.requests: list[tuple[str, dict[str, list[str]], str]] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -78,7 +79,7 @@ class ApiServer:
                 elif url.path == PODS_PATH and q.get("watch") == ["true"]:
                     self.watch()
                 elif url.path == PODS_PATH:
-                    self.send_json(200, json.loads((FIXTURES / "pod-list.json").read_text()))
+                    self.send_json(200, api.pods)
                 else:
                     self.send_json(404, status(404, "NotFound", "the server could not find the requested resource"))
 
@@ -122,7 +123,7 @@ class ApiServer:
 
 def epp_args(tmp_path: Path, api: ApiServer, port: int) -> list[str]:
     cfg = {"version": 1, "cells": [{"name": "pool", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"},
-                                    "servers": ["127.0.0.1:1"]}],
+                                    "servers": [f"{POOL}.{NS}.svc.cluster.local:8000"]}],  # not resolved: the pool replaces it
            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
     (tmp_path / "dlb.yaml").write_text(yaml.safe_dump(cfg))
     return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", "--pool-name", POOL,
@@ -174,6 +175,18 @@ def test_picks_follow_the_pools_ready_pods(tmp_path: Path) -> None:
         until(lambda: picked(port) == 503, "no ready pod: every request gets 503")
         api.events.put(watch[0])
         until(lambda: picked(port) == "10.8.2.7:8000", "the pod is back")
+
+
+def test_a_pool_with_no_ready_pod_answers_503_until_one_is(tmp_path: Path) -> None:
+    port = free_port()
+    pods = json.loads((FIXTURES / "pod-list.json").read_text())
+    pods["items"] = pods["items"][1:]  # Running but not Ready, and Pending
+    watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
+    with ApiServer(pods=pods) as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
+        assert picked(port) == 503
+        api.events.put(watch[0])  # the second pod turns Ready
+        until(lambda: picked(port) == "10.8.2.7:8000", "the first ready pod is picked")
+
 
 FORBIDDEN = status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:llm:dlb-epp" cannot list resource "pods" in API group "" '
                    'in the namespace "llm"')
