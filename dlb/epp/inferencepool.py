@@ -63,9 +63,10 @@ def pool_spec(obj: Mapping[str, Any], where: str) -> PoolSpec:
         raw, pfield = [p.get("number") if isinstance(p, Mapping) else p for p in spec["targetPorts"] or ()], "spec.targetPorts[].number"
     else:
         raw, pfield = [spec.get("targetPortNumber")], "spec.targetPortNumber"
-    if not raw or any(not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= 65535 for p in raw) or len(set(raw)) != len(raw):
+    ports = tuple(p for p in raw if isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535)
+    if not ports or len(ports) != len(raw) or len(set(ports)) != len(ports):
         raise PoolError(f"{where}: {pfield} must be distinct port numbers 1..65535, got {raw}")
-    return PoolSpec(tuple(sorted(sel.items())), tuple(raw))
+    return PoolSpec(tuple(sorted(sel.items())), ports)
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -84,7 +85,7 @@ def matches(spec: PoolSpec, pod: Mapping[str, Any]) -> bool:
 
 def endpoints(spec: PoolSpec, pods: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
     """Every ready member's ``ip:port`` (one per target port), sorted: the pool's endpoint set."""
-    out = set()
+    out: set[str] = set()
     for pod in pods:
         if matches(spec, pod) and is_ready(pod):
             try:
