@@ -97,6 +97,8 @@ class ApiServer:
                     line = json.dumps(event).encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()
+                    if event["type"] == "ERROR":  # the API server ends a watch after its error
+                        break
                 self.wfile.write(b"0\r\n\r\n")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -186,6 +188,21 @@ def test_a_pool_with_no_ready_pod_answers_503_until_one_is(tmp_path: Path) -> No
         assert picked(port) == 503
         api.events.put(watch[0])  # the second pod turns Ready
         until(lambda: picked(port) == "10.8.2.7:8000", "the first ready pod is picked")
+
+
+
+def test_an_expired_watch_lists_again(tmp_path: Path) -> None:
+    """410 Gone (the watch's resourceVersion is too old, as after an API server restart): list again, go on."""
+    port = free_port()
+    watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
+    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
+        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
+        api.pods = dict(api.pods, metadata={"resourceVersion": "50001"}, items=[watch[0]["object"]])  # only the second pod, Ready
+        api.events.put({"type": "ERROR", "object": status(410, "Expired", "too old resource version: 48305 (50000)")})
+        until(lambda: picked(port, "10.8.1.14:8000") == 503, "the fresh list replaces the pool")
+        assert picked(port) == "10.8.2.7:8000"
+        until(lambda: [q.get("resourceVersion") for _, q, _ in api.requests if q.get("watch")][-1] == ["50001"], "watching from the new list")
+        assert [p for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")] == [PODS_PATH] * 2
 
 
 FORBIDDEN = status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:llm:dlb-epp" cannot list resource "pods" in API group "" '
