@@ -57,9 +57,16 @@ def kube_client(kubeconfig: str | None) -> Any:
         from kubernetes import client, config
     except ImportError:
         raise PoolError("--pool-name needs the kubernetes client: pip install 'dlb[k8s]'") from None
-    try:
-        if kubeconfig:
+    if kubeconfig:
+        import yaml
+
+        if not Path(kubeconfig).is_file():
+            raise PoolError(f"--kubeconfig {kubeconfig}: no such file")
+        try:
             return config.new_client_from_config(config_file=kubeconfig)
+        except (config.ConfigException, yaml.YAMLError, ValueError, KeyError, TypeError) as exc:
+            raise PoolError(f"--kubeconfig {kubeconfig}: {' '.join(str(exc).split())}") from None
+    try:
         c = client.Configuration()
         config.load_incluster_config(client_configuration=c)
         return client.ApiClient(c)
