@@ -22,6 +22,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from dlb.epp import protocol
+from dlb.epp.inferencepool import PoolError
+from dlb.epp.k8s import kube_client
 from dlb.procutil import free_port
 from dlb.proto import probe_pb2, probe_pb2_grpc
 from dlb.testbed.process import ServiceProcess
@@ -222,3 +224,13 @@ def test_a_pool_it_cannot_follow_ends_the_start(tmp_path: Path, api_kwargs: dict
             epp.start()
     assert f"dlb: InferencePool {NS}/{POOL} (inference.networking.k8s.io/v1): " in str(err.value)
     assert message in str(err.value)
+
+
+def test_a_missing_or_broken_kubeconfig_is_named(tmp_path: Path) -> None:
+    """(Here, not in tests/unit: importing the kubernetes client opens a socket.)"""
+    with pytest.raises(PoolError, match=r"^--kubeconfig /no/such/kubeconfig: no such file$"):
+        kube_client("/no/such/kubeconfig")
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [\n")
+    with pytest.raises(PoolError, match=rf"^--kubeconfig {bad}: .*line 2"):
+        kube_client(str(bad))

@@ -92,15 +92,3 @@ def test_a_bad_pool_is_refused_naming_the_field(spec: Any, field: str) -> None:
     with pytest.raises(PoolError, match=r"^InferencePool llm/vllm: ") as err:
         pool_spec({"spec": spec} if spec is not None else {}, POOL)
     assert field in str(err.value)
-
-
-def test_a_missing_or_broken_kubeconfig_is_named(tmp_path: Path) -> None:
-    pytest.importorskip("kubernetes")
-    from dlb.epp.k8s import kube_client
-
-    with pytest.raises(PoolError, match=r"^--kubeconfig /no/such/kubeconfig: no such file$"):
-        kube_client("/no/such/kubeconfig")
-    bad = tmp_path / "kubeconfig"
-    bad.write_text("clusters: [\n")
-    with pytest.raises(PoolError, match=rf"^--kubeconfig {bad}: .*line 2"):
-        kube_client(str(bad))
