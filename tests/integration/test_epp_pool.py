@@ -42,6 +42,10 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}
 
 
+FORBIDDEN = status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:llm:dlb-epp" cannot list resource "pods" in API group "" '
+                   'in the namespace "llm"')
+
+
 class ApiServer:
     """Answers the pool's GET, the pods' list and watch; ``events`` feeds the open watch, one chunk per event."""
 
@@ -207,10 +211,6 @@ def test_an_expired_watch_lists_again(tmp_path: Path) -> None:
         assert [p for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")] == [PODS_PATH] * 2
 
 
-FORBIDDEN = status(403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:llm:dlb-epp" cannot list resource "pods" in API group "" '
-                   'in the namespace "llm"')
-
-
 @pytest.mark.parametrize(("api_kwargs", "message"), [
     ({"pods_error": FORBIDDEN}, "forbidden to list pods in namespace llm (pods is forbidden: User"),
     ({"pool": status(404, "NotFound", f'inferencepools.inference.networking.k8s.io "{POOL}" not found')}, "not found"),
@@ -224,6 +224,24 @@ def test_a_pool_it_cannot_follow_ends_the_start(tmp_path: Path, api_kwargs: dict
             epp.start()
     assert f"dlb: InferencePool {NS}/{POOL} (inference.networking.k8s.io/v1): " in str(err.value)
     assert message in str(err.value)
+
+
+def test_a_refusal_while_serving_keeps_the_last_endpoints(tmp_path: Path) -> None:
+    """RBAC revoked mid-run: the relist is refused (logged, retried), picks go on to the last pool, and resume following it."""
+    port = free_port()
+    watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
+    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)) as epp:
+        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
+        api.pods_error = FORBIDDEN
+        api.events.put({"type": "ERROR", "object": status(410, "Expired", "too old resource version")})
+        lists = lambda: [p for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")]
+        until(lambda: len(lists()) >= 3, "the refused list is retried")
+        assert {picked(port) for _ in range(5)} == {"10.8.1.14:8000"}
+        assert "forbidden to list pods" in epp.log_tail(80)
+        api.pods_error = None
+        until(lambda: [q.get("watch") for _, q, _ in api.requests][-1] == ["true"], "watching again")
+        api.events.put(watch[0])
+        until(lambda: picked(port, "10.8.2.7:8000") == "10.8.2.7:8000", "following the pool again")
 
 
 def test_a_missing_or_broken_kubeconfig_is_named(tmp_path: Path) -> None:
