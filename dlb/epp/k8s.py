@@ -91,7 +91,7 @@ def _refused(ref: PoolRef, what: str, exc: Any) -> PoolError:
 class PoolWatcher:
     """List + watch the pool's pods; ``publish`` gets each changed endpoint set (from this watcher's thread)."""
 
-    def __init__(self, ref: PoolRef, api: Any, publish: Callable[[tuple[str, ...]], object], watch_timeout_s: int = 300,
+    def __init__(self, ref: PoolRef, api: Any, publish: Callable[[tuple[str, ...]], object], watch_timeout_s: int = 60,
                  retry_s: float = 2.0) -> None:
         from kubernetes import client
 

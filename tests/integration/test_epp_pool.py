@@ -100,6 +100,8 @@ class ApiServer:
                         event = api.events.get(timeout=0.1)
                     except queue.Empty:
                         continue
+                    if event["type"] == "END":  # the watch's timeoutSeconds ran out
+                        break
                     line = json.dumps(event).encode() + b"\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()
@@ -224,6 +226,19 @@ def test_a_pool_it_cannot_follow_ends_the_start(tmp_path: Path, api_kwargs: dict
             epp.start()
     assert f"dlb: InferencePool {NS}/{POOL} (inference.networking.k8s.io/v1): " in str(err.value)
     assert message in str(err.value)
+
+
+def test_a_changed_pool_applies_at_the_watch_renewal(tmp_path: Path) -> None:
+    """Each renewal reads the InferencePool again: a new target port (or selector) lists the pods afresh."""
+    port = free_port()
+    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
+        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
+        assert picked(port) == "10.8.1.14:8000"
+        api.pool = copy.deepcopy(api.pool)
+        api.pool["spec"]["targetPorts"] = [{"number": 8001}, {"number": 8002}]
+        api.events.put({"type": "END"})
+        until(lambda: picked(port, "10.8.1.14:8002") == "10.8.1.14:8002", "the new ports are the endpoints")
+        assert picked(port, "10.8.1.14:8000") == 503
 
 
 def test_a_refusal_while_serving_keeps_the_last_endpoints(tmp_path: Path) -> None:
