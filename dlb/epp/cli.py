@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from dlb.epp.inferencepool import POOL_VERSIONS
 from dlb.errors import UsageError
 from dlb.ext_proc.cli import add_tracing_flags
 
@@ -20,10 +21,16 @@ def run_epp(args: argparse.Namespace) -> int:
     tracing = tracing_options(args, f"dlb-epp-{args.cell}")
     cfg, cell = load_cell(args.config, args.cell)
     listen = args.listen or str(cell.leaf.ext_proc or cell.leaf.probe)
+    pool = None
+    if args.pool_name:
+        from dlb.epp.k8s import PoolRef, default_namespace
+
+        pool = PoolRef(args.pool_name, args.pool_namespace or default_namespace(), args.pool_group)
     run_event_loop(run_epp(cfg, EppOptions(
         cell=args.cell, listen=listen, metrics=args.metrics or None, ready_file=args.ready_file,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, dns_period_s=args.dns_period_s,
-        shed_when_full=args.shed_when_full, drain_s=args.drain_s, tracing=tracing)))
+        shed_when_full=args.shed_when_full, drain_s=args.drain_s, tracing=tracing,
+        pool=pool, kubeconfig=args.kubeconfig)))
     return 0
 
 
@@ -39,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dns-period-s", type=float, default=5.0, help="re-resolve the pool's DNS names this often (0 = once)")
     p.add_argument("--shed-when-full", action="store_true",
                    help="answer 429 when every eligible endpoint's KV cache is full (default: queue there)")
+    p.add_argument("--pool-name", default=None,
+                   help="follow this InferencePool's ready pods (list + watch) instead of the cell's servers; needs dlb[k8s]")
+    p.add_argument("--pool-namespace", default=None, help="the pool's namespace (default: the pod's own, else default)")
+    p.add_argument("--pool-group", default="inference.networking.k8s.io", choices=sorted(POOL_VERSIONS),
+                   help="the InferencePool API group (v1, or the older v1alpha2)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the pod's service account)")
     add_tracing_flags(p, "pick")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")
     p.add_argument("--drain-s", type=float, default=1.0,

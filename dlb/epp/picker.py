@@ -41,6 +41,8 @@ class EndpointPicker:
     no_endpoint: int = 0
     shed: int = 0
     served_elsewhere: int = 0
+    #: The pool has no ready endpoint (an InferencePool scaled to zero): every request gets 503.
+    empty: bool = False
     _keys: itertools.count = field(default_factory=itertools.count)
 
     def reply_for(self, address: str) -> bytes:
@@ -53,6 +55,8 @@ class EndpointPicker:
 
     def eligible(self, hint: list[str] | None) -> list[int] | None:
         """Indices the pick may choose from: None for the whole pool, else the hint's members of the pool."""
+        if self.empty:
+            return []
         if hint is None:
             return None
         by = self.state.by_address

@@ -1,4 +1,5 @@
-"""The pool's endpoints: the config cell's servers, static or DNS names re-resolved while serving.
+"""The pool's endpoints: the config cell's servers, static or DNS names re-resolved while serving, or an
+InferencePool's ready pods (:mod:`dlb.epp.k8s`), which replace the cell's servers.
 
 Why re-resolve here: a GIE pool is a set of pods that comes and goes; a headless Service's name has one
 address per ready pod. The leaf agent follows such changes over xDS from the control plane; an EPP
@@ -9,11 +10,14 @@ A name that fails to resolve keeps its last addresses: a DNS hiccup must not emp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from dlb.config import Config
 from dlb.config.discovery import dns_names, expand
+from dlb.config.hostport import HostPort, parse_hostport
+from dlb.config.model import Server
 from dlb.ext_proc.leaf_setup import rank_addresses
 from dlb.ext_proc.leaf_state import LeafState
 from dlb.log import get_logger
@@ -64,3 +68,12 @@ async def follow_dns(cfg: Config, cell: str, state: LeafState, period_s: float, 
         if servers and [a for a, _ in servers] != [s.address for s in state.servers]:
             state.set_servers(servers)
             log.info("epp_pool_changed", endpoints=[a for a, _ in servers])
+
+
+def with_pool(cfg: Config, cell: str, endpoints: tuple[str, ...]) -> Config:
+    """``cfg`` whose ``cell`` has the InferencePool's endpoints as its servers (its own are not resolved)."""
+    servers = tuple(Server(hp) for hp in map(parse_hostport, endpoints) if hp is not None)
+    # No ready pod yet: a leaf state needs one server; this one is never picked (EndpointPicker.empty answers 503).
+    servers = servers or (Server(HostPort("0.0.0.0", 1)),)
+    cells = tuple(dataclasses.replace(c, servers=servers, replicas=len(servers)) if c.name == cell else c for c in cfg.cells)
+    return dataclasses.replace(cfg, cells=cells)

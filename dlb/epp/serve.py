@@ -19,8 +19,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from dlb.config import Config
 from dlb.config.tls import component_identity
 from dlb.epp.health import epp_health_handler
+from dlb.epp.k8s import PoolRef, PoolWatcher
 from dlb.epp.picker import EndpointPicker
-from dlb.epp.pool import follow_dns
+from dlb.epp.pool import follow_dns, with_pool
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.protocol import PROCESS_METHOD
@@ -52,6 +53,9 @@ class EppOptions:
     shed_when_full: bool = False
     drain_s: float = 0.0
     tracing: TracingOptions = field(default_factory=TracingOptions)
+    #: Take the pool's endpoints from this InferencePool's ready pods instead of the cell's servers.
+    pool: PoolRef | None = None
+    kubeconfig: str | None = None
 
 
 def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic) -> grpc.GenericRpcHandler:
@@ -77,8 +81,29 @@ def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic
     return grpc.method_handlers_generic_handler(service, {name: method})
 
 
+def set_pool(epp: EndpointPicker, endpoints: tuple[str, ...]) -> None:
+    """Swap in a new endpoint set (on the event loop, between two picks); none ready: answer 503 until some are."""
+    epp.empty = not endpoints
+    if endpoints and list(endpoints) != [s.address for s in epp.state.servers]:
+        epp.state.set_servers([(a, 1.0) for a in endpoints])
+    log.info("epp_pool_changed", endpoints=list(endpoints))
+
+
+async def list_pool(opts: EppOptions) -> tuple[PoolWatcher, tuple[str, ...]]:
+    """Read the InferencePool and list its pods once: a refusal ends the start. The watch starts later."""
+    from dlb.epp.k8s import kube_client
+
+    assert opts.pool is not None
+    watcher = PoolWatcher(opts.pool, kube_client(opts.kubeconfig), publish=lambda eps: None)
+    return watcher, await asyncio.to_thread(watcher.sync)
+
+
 async def run_epp(cfg: Config, opts: EppOptions) -> None:
     """Serve the EPP for the pool of ``cfg``'s cell ``opts.cell`` until SIGTERM, then drain."""
+    watcher = None
+    if opts.pool is not None:  # the pool's ready pods are the cell's servers
+        watcher, endpoints = await list_pool(opts)
+        cfg = with_pool(cfg, opts.cell, endpoints)
     lp = cfg.policy.leaf
     state = state_from_config(cfg, opts.cell, lp.pick_params.choices, opts.seed, lp.fit.refit_period_s, lp.fit.window_s,
                               pick_rule=lp.pick)
@@ -98,13 +123,19 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
         # The leaf's families (dlb_leaf_*, docs/metrics.md): the EPP is the leaf behind GIE's protocol. Its
         # 503/429 replies show in the gateway's access log and stats (response code details dlb_no_capacity).
         _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+    if watcher is not None:
+        loop = asyncio.get_running_loop()
+        watcher.publish = lambda eps: loop.call_soon_threadsafe(set_pool, epp, eps)  # from the watch thread onto the loop
+        epp.empty = not watcher.last
     await server.start()
     readiness.ready = True
     bg = agent.background
     tasks = [asyncio.create_task(bg.fit_loop())]
     if opts.scrape_period_s > 0:
         tasks.append(asyncio.create_task(bg.scrape_loop(opts.scrape_period_s, min(1.0, max(0.2, opts.scrape_period_s)))))
-    if opts.dns_period_s > 0:
+    if watcher is not None:
+        watcher.start()
+    elif opts.dns_period_s > 0:
         tasks.append(asyncio.create_task(follow_dns(cfg, opts.cell, state, opts.dns_period_s)))
     log.info("epp_started", pool=opts.cell, grpc_port=port, metrics_port=metrics_port, endpoints=[s.address for s in state.servers],
              pick=state.pick_rule)
@@ -115,6 +146,8 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
         readiness.ready = False
         for t in tasks:
             t.cancel()
+        if watcher is not None:
+            watcher.stop()
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # flush the spans still buffered
         log.info("epp_stopping", pool=opts.cell)

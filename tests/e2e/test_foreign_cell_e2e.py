@@ -11,6 +11,7 @@ state (Rand) keeps deciding half and half while the slow cell's queue grows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -121,52 +123,72 @@ class Load:
         return None
 
 
-def test_a_slowed_foreign_cell_loses_its_share_within_30_s_as_a_dlb_cell_does(tmp_path: Path) -> None:
-    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=8, time_scale=TIME_SCALE)
-                   for k in range(2)] for cell in ("home", "partner")}
+@contextlib.contextmanager
+def dlb_up(tmp_path: Path, cfg: dict) -> Iterator[tuple[Load, list[str]]]:
+    """``dlb up`` on ``cfg`` with :class:`Load` on its root; stopped (and every process of the run gone) on exit."""
     run_dir = tmp_path / "run"
-    proc = None
+    (tmp_path / "dlb.yaml").write_text(json.dumps(cfg))
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(tmp_path / "dlb.yaml"), "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        with ThreadPoolExecutor(4) as pool:  # four Python start-ups at once: a loaded box takes ~10 s for each
-            list(pool.map(EmulatorProcess.start, [e for es in emus.values() for e in es]))
-        cfg = _config({c: [e.address for e in es] for c, es in emus.items()})
-        (tmp_path / "dlb.yaml").write_text(json.dumps(cfg))
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(tmp_path / "dlb.yaml"), "--run-dir", str(run_dir)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         seen: list[str] = []
         m = _read_until(proc, r"root home: base_url http://([\d.]+):(\d+)/v1\s+metrics (\S+)", seen)
         _read_until(proc, r"Ctrl-C stops everything", seen)
-        assert not any("leaf partner" in line for line in seen), "dlb up started a leaf for the foreign cell"
-        results = {}
         with Load(m.group(1), int(m.group(2)), m.group(3)) as load:
-            time.sleep(BASELINE_S)
-            for slow in ("partner", "home"):
-                now = time.monotonic()
-                before, n_before = load.share(slow, now - 10.0, now)
-                _set_faults(emus[slow], slowdown=SLOWDOWN)
-                at = time.monotonic()
-                time.sleep(WITHIN_S)
-                after, n_after = load.share(slow, time.monotonic() - WINDOW_S, time.monotonic())
-                lost_in = load.time_to_lose(slow, at, before / 2)
-                results[slow] = {"share_before": round(before, 3), "share_last_window": round(after, 3), "seconds_to_half": lost_in,
-                                 "decisions": (n_before, n_after)}
-                _set_faults(emus[slow], slowdown=1.0)
-                time.sleep(BASELINE_S)  # both cells at full speed again before the other is slowed
-            errors, served = list(load.errors), load.served
-        print("\nforeign-cell share of the root's decisions:", json.dumps(results), f"served {served}, failed {len(errors)}")
-        for cell, r in results.items():
-            assert r["share_before"] > 0.2, (cell, r)  # both cells used while both are fast
-            assert r["seconds_to_half"] is not None, (cell, r)
-            assert r["share_last_window"] < 0.75 * r["share_before"], (cell, r)  # and stays down while slow (few decisions: noisy)
-        assert not errors, f"{len(errors)} requests failed: {sorted(set(errors))}"
+            yield load, seen
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     finally:
-        if proc is not None and proc.poll() is None:
+        if proc.poll() is None:
             proc.kill()
         for pid in processes_of_run(run_dir):
             os.kill(pid, signal.SIGKILL)
+
+
+def slow_cell(load: Load, emus: list[EmulatorProcess], cell: str) -> dict:
+    """Slow ``cell``'s servers ``SLOWDOWN``× for ``WITHIN_S``, measure its share, then restore them and wait ``BASELINE_S``."""
+    now = time.monotonic()
+    before, n_before = load.share(cell, now - 10.0, now)
+    _set_faults(emus, slowdown=SLOWDOWN)
+    at = time.monotonic()
+    time.sleep(WITHIN_S)
+    after, n_after = load.share(cell, time.monotonic() - WINDOW_S, time.monotonic())
+    result = {"share_before": round(before, 3), "share_last_window": round(after, 3), "seconds_to_half": load.time_to_lose(cell, at, before / 2),
+              "decisions": (n_before, n_after)}
+    _set_faults(emus, slowdown=1.0)
+    time.sleep(BASELINE_S)  # both cells at full speed again before another is slowed
+    return result
+
+
+def check_lost_share(results: dict[str, dict], load: Load) -> None:
+    for cell, r in results.items():
+        assert r["share_before"] > 0.2, (cell, r)  # both cells used while both are fast
+        assert r["seconds_to_half"] is not None, (cell, r)
+        assert r["share_last_window"] < 0.75 * r["share_before"], (cell, r)  # and stays down while slow (few decisions: noisy)
+    assert not load.errors, f"{len(load.errors)} requests failed: {sorted(set(load.errors))}"
+
+
+def start_emulators(cells: tuple[str, ...]) -> dict[str, list[EmulatorProcess]]:
+    """Two emulated servers per cell, started side by side (a loaded box takes ~10 s for each Python start-up)."""
+    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=8, time_scale=TIME_SCALE)
+                   for k in range(2)] for cell in cells}
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(EmulatorProcess.start, [e for es in emus.values() for e in es]))
+    return emus
+
+
+def test_a_slowed_foreign_cell_loses_its_share_within_30_s_as_a_dlb_cell_does(tmp_path: Path) -> None:
+    emus: dict[str, list[EmulatorProcess]] = {}
+    try:
+        emus = start_emulators(("home", "partner"))
+        with dlb_up(tmp_path, _config({c: [e.address for e in es] for c, es in emus.items()})) as (load, seen):
+            assert not any("leaf partner" in line for line in seen), "dlb up started a leaf for the foreign cell"
+            time.sleep(BASELINE_S)
+            results = {slow: slow_cell(load, emus[slow], slow) for slow in ("partner", "home")}
+            print("\nforeign-cell share of the root's decisions:", json.dumps(results), f"served {load.served}, failed {len(load.errors)}")
+            check_lost_share(results, load)
+    finally:
         for es in emus.values():
             for e in es:
                 e.close()

@@ -8,7 +8,7 @@ which is missing. What it does, as an operator with no registry would:
    imported into podman as ``localhost/dlb-test-base:bookworm`` and kept for later runs (remove it
    with ``podman rmi localhost/dlb-test-base:bookworm``): the real ``python:3.11-slim-bookworm``
    needs a registry;
-2. the wheelhouse: ``pip wheel . -w DIR`` (from pip's cache or the package index);
+2. the wheelhouse: ``pip wheel '.[k8s]' -w DIR`` (from pip's cache or the package index);
 3. ``podman build --isolation=chroot`` inside an empty network namespace (``unshare --net``): a
    build that reached for the network would fail here;
 4. ``dlb --help``, ``envoy --version`` and ``id -u`` in the image, with no network, as UID 65532;
@@ -118,7 +118,7 @@ def test_image_builds_offline_and_runs_as_nonroot(tmp_path: Path, record_propert
     _base_image(tmp_path)
     t["base"] = time.monotonic()
     wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", str(REPO), "-w", str(wheels)], timeout=600)
+    _run([sys.executable, "-m", "pip", "wheel", "-q", f"{REPO}[k8s]", "-w", str(wheels)], timeout=600)
     t["wheelhouse"] = time.monotonic()
     tag = f"localhost/dlb-test:{uuid.uuid4().hex[:12]}"
     dangling = _dangling()

@@ -1,0 +1,94 @@
+"""An InferencePool's members from the API server's JSON: ready pods only, each target port, bad pools named.
+
+The fixtures (tests/fixtures/k8s) are a PodList, pod watch events and a v1 InferencePool in the API server's
+wire format; the first test keeps every pod in them valid under Kubernetes 1.37's strict schema.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from dlb.epp.inferencepool import PoolError, PoolSpec, apply_event, endpoints, pool_spec
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
+POOL = "InferencePool llm/vllm"
+
+
+def load(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def events() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
+
+
+def test_fixture_pods_are_valid_kubernetes_objects() -> None:
+    pods = [dict(p, kind="Pod", apiVersion="v1") for p in load("pod-list.json")["items"]]  # a list's items carry no kind
+    pods += [e["object"] for e in events() if e["type"] != "BOOKMARK"]
+    for p in pods:
+        kubernetes_validate.validate(p, "1.37", strict=True)
+    assert len(pods) == 7
+
+
+def test_ready_pods_of_the_listed_pool_are_its_endpoints() -> None:
+    spec = pool_spec(load("inferencepool.json"), POOL)
+    assert spec == PoolSpec(selector=(("app", "vllm-llama3-8b-instruct"),), ports=(8000,))
+    assert spec.label_selector == "app=vllm-llama3-8b-instruct"
+    # one Running + Ready pod; one Running but not Ready; one Pending with no IP yet
+    assert endpoints(spec, load("pod-list.json")["items"]) == ("10.8.1.14:8000",)
+
+
+def test_watch_events_change_the_set_in_order() -> None:
+    spec = pool_spec(load("inferencepool.json"), POOL)
+    pods = {p["metadata"]["name"]: p for p in load("pod-list.json")["items"]}
+    seen = []
+    for e in events():
+        apply_event(pods, e)
+        seen.append(endpoints(spec, pods.values()))
+    assert seen == [
+        ("10.8.1.14:8000", "10.8.2.7:8000"),  # the second pod turned Ready
+        ("10.8.1.14:8000", "10.8.2.7:8000"),  # the third got an IP, not yet Ready
+        ("10.8.2.7:8000",),  # the first is terminating (deletionTimestamp): out before it is gone
+        ("10.8.2.7:8000",),  # then deleted
+        ("10.8.2.7:8000",),  # a bookmark changes nothing
+    ]
+
+
+def test_each_target_port_is_an_endpoint_and_ipv6_is_bracketed() -> None:
+    pod = load("pod-list.json")["items"][0]
+    pod["status"]["podIP"] = "fd00:10:8::14"
+    spec = pool_spec({"spec": {"selector": {"matchLabels": {"app": "vllm-llama3-8b-instruct"}}, "targetPorts": [{"number": 8000}, {"number": 8001}]}}, POOL)
+    assert endpoints(spec, [pod]) == ("[fd00:10:8::14]:8000", "[fd00:10:8::14]:8001")
+
+
+def test_v1alpha2_pool_shape() -> None:
+    spec = pool_spec({"spec": {"selector": {"app": "vllm", "tier": "gpu"}, "targetPortNumber": 8000}}, POOL)
+    assert spec.label_selector == "app=vllm,tier=gpu" and spec.ports == (8000,)
+
+
+def test_a_pod_without_the_selectors_labels_is_not_a_member() -> None:
+    spec = pool_spec(load("inferencepool.json"), POOL)
+    pod = load("pod-list.json")["items"][0]
+    pod["metadata"]["labels"] = {"app": "other"}
+    assert endpoints(spec, [pod]) == ()
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 8000}]}, "spec.selector.matchLabels must be a non-empty map"),
+    ({"selector": {"matchLabels": {"app": "x"}, "matchExpressions": [{"key": "app", "operator": "Exists"}]}, "targetPorts": [{"number": 8000}]},
+     "spec.selector.matchExpressions is not supported"),
+    ({"selector": {"matchLabels": {"app~": "x"}}, "targetPorts": [{"number": 8000}]}, "key 'app~' is not a valid label name"),
+    ({"selector": {"app": 3}, "targetPortNumber": 8000}, "spec.selector[app] value 3 is not a valid label value"),
+    ({"selector": {"app": "x"}, "targetPortNumber": 0}, "spec.targetPortNumber must be distinct port numbers"),
+    ({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 8000}, {"number": 8000}]}, "spec.targetPorts[].number must be distinct"),
+    (None, "spec is missing"),
+])
+def test_a_bad_pool_is_refused_naming_the_field(spec: Any, field: str) -> None:
+    with pytest.raises(PoolError, match=r"^InferencePool llm/vllm: ") as err:
+        pool_spec({"spec": spec} if spec is not None else {}, POOL)
+    assert field in str(err.value)
