@@ -58,6 +58,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
      "--policies Flow-Grad,Flow-Lat --replicas 1,4 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/dynamics*", "dlb theory --set dynamics --policies Flow-Grad,Flow-Lat --replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/shedding/*.json", "python research/sim/shedding/overload.py --minutes 5 --scenarios 4"),
+    ("routing-stress/*ideal*.json", "python research/routing-stress/oracle.py --seeds 9401,9402,9403,9404,9405,9406 "
+                                     "--util 0.8 --minutes 4 --json FILE (at the commit in FILE's name)"),
     ("routing-stress/*.json", "python research/routing-stress/probe.py --seeds 7001,7002,7003 --minutes 4 --util 0.95 "
                                "--model pipeline --workers 1 --json FILE (at the commit in FILE's name)"),
     ("sim/speed-s3-12/*.json", "python research/sim/speed-s3-12/ab.py TREE_A TREE_B MINUTES REPEAT FILE"),
