@@ -40,7 +40,8 @@ pytestmark = [pytest.mark.envoy, pytest.mark.timeout(300)]
 
 DEST = "x-gateway-destination-endpoint"
 #: One access-log line per request: the EPP's header, its metadata, the upstream Envoy used, the server's own name.
-LOG_FORMAT = (f'{{"dest":"%REQ({DEST})%","meta":"%DYNAMIC_METADATA(envoy.lb:{DEST})%","upstream":"%UPSTREAM_HOST%",'
+#: ``rid`` is a client's own request id (``x-dlb-run-id``), for research/epp/gie_run.py to join lines to requests.
+LOG_FORMAT = (f'{{"rid":"%REQ(x-dlb-run-id)%","dest":"%REQ({DEST})%","meta":"%DYNAMIC_METADATA(envoy.lb:{DEST})%","upstream":"%UPSTREAM_HOST%",'
               '"server":"%RESP(x-dlb-server)%","code":"%RESPONSE_CODE%","flags":"%RESPONSE_FLAGS%"}\n')
 REQUESTS = int(os.environ.get("DLB_EPP_E2E_REQUESTS", "300"))
 
