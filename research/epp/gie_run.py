@@ -188,6 +188,7 @@ async def kill_run(pool: Pool, rate: float, concurrency: int, kill_at: float, do
                                             for r, line in sel),
             "servers": dict(Counter(r["server"] or "-" for r, _ in sel)),
             "latency": pct([r["t1"] - r["t0"] for r, _ in sel]),
+            "failed_samples": [{**r, "log": line} for r, line in sel if not r["ok"] and r["status"] != 500][:3],
         }
     since_restart = [(r, line) for r, line in pairs if r["t0"] >= marks["restart"]]
     first_pick = min((r["t1"] for r, line in since_restart if went_where_picked(pool, r, line, key)), default=None)
