@@ -228,19 +228,30 @@ def main() -> int:
     ap.add_argument("--modes", default="fail_close,fail_open", help="comma-separated: fail_close, fail_open")
     ap.add_argument("--json", default=None, help="write the record here")
     args = ap.parse_args()
+    if bad_modes := set(args.modes.split(",")) - {"fail_close", "fail_open"}:
+        ap.error(f"--modes: unknown {sorted(bad_modes)} (fail_close, fail_open)")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True, text=True, cwd=REPO).stdout.strip()
     record: dict[str, Any] = {"commit": commit, "command": " ".join(sys.argv), "args": vars(args), "uptime_before": uptime(),
                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "modes": {}}
     for mode in args.modes.split(","):
         record["modes"][mode] = run_mode(mode == "fail_open", args)
+        record["modes"][mode]["verdict"] = verdict(record["modes"][mode], args.requests)
         print(json.dumps({mode: {k: v for k, v in record["modes"][mode]["main"].items() if k != "error_samples"}}))
     record["uptime_after"] = uptime()
     text = json.dumps(record, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")
     print(text)
-    bad = [m for m, r in record["modes"].items() if r["main"]["errors"] or r["main"]["went_where_picked"] != args.requests]
-    return 1 if bad else 0
+    return 0 if all(verdict(r, args.requests).values() for r in record["modes"].values()) else 1
+
+
+def verdict(r: dict[str, Any], n: int) -> dict[str, bool]:
+    """The target's checks on one mode's record: GIE's FailClose drops while the EPP is dead, FailOpen forwards."""
+    main, dead, rec = r["main"], r["kill"]["epp_dead"], r["kill"]["recovery_s"]
+    return {"no_errors": main["errors"] == 0, "all_where_picked": main["went_where_picked"] == n and main["served_equals_picks"],
+            "while_dead": dead["ok"] == dead["requests"] if r["failure_mode_allow"] else dead["reached_a_server"] == 0,
+            "recovered": rec["restart_to_first_epp_pick_answered"] is not None and rec["failures_started_after_first_epp_pick"] == 0
+            and rec["not_epp_picked_started_after_first_epp_pick"] == 0}
 
 
 if __name__ == "__main__":
