@@ -40,7 +40,8 @@ pytestmark = [pytest.mark.envoy, pytest.mark.timeout(300)]
 
 DEST = "x-gateway-destination-endpoint"
 #: One access-log line per request: the EPP's header, its metadata, the upstream Envoy used, the server's own name.
-LOG_FORMAT = (f'{{"dest":"%REQ({DEST})%","meta":"%DYNAMIC_METADATA(envoy.lb:{DEST})%","upstream":"%UPSTREAM_HOST%",'
+#: ``rid`` is a client's own request id (``x-dlb-run-id``), for research/epp/gie_run.py to join lines to requests.
+LOG_FORMAT = (f'{{"rid":"%REQ(x-dlb-run-id)%","dest":"%REQ({DEST})%","meta":"%DYNAMIC_METADATA(envoy.lb:{DEST})%","upstream":"%UPSTREAM_HOST%",'
               '"server":"%RESP(x-dlb-server)%","code":"%RESPONSE_CODE%","flags":"%RESPONSE_FLAGS%"}\n')
 REQUESTS = int(os.environ.get("DLB_EPP_E2E_REQUESTS", "300"))
 
@@ -188,19 +189,27 @@ class Pool:
         before = self.served()
         return before, asyncio.run(send(self.port, n, concurrency=4))
 
+    def restart_epp(self) -> None:
+        """Start the killed EPP again on its port, and wait for the gateway's health check to see it."""
+        assert self.epp is not None
+        self.epp.spawn()
+        self.epp.wait_ready()
+        until(lambda: "health_flags::healthy" in self.clusters(), "the gateway sees its restarted EPP healthy")
+
     def log_lines(self) -> list[dict[str, str]]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()] if self.log.exists() else []
 
 
-async def send(port: int, n: int, concurrency: int = 16) -> list[tuple[int, str, bytes]]:
-    """``n`` OpenAI chat requests, every other one streamed; (status, x-dlb-server, body) each."""
+async def send(port: int, n: int, concurrency: int = 16, tag: str = "") -> list[tuple[int, str, bytes]]:
+    """``n`` OpenAI chat requests, every other one streamed, ``tag-i`` in the log's ``rid``; (status, x-dlb-server, body) each."""
     sem = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
 
         async def one(i: int) -> tuple[int, str, bytes]:
             body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": f"hello {i}" * (1 + i % 7)}],
                     "max_tokens": 4 + i % 5, "stream": i % 2 == 0}
-            async with sem, http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+            async with sem, http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                                      headers={"x-dlb-run-id": f"{tag}-{i}"}) as r:
                 return r.status, r.headers.get("x-dlb-server", ""), await r.read()
 
         return await asyncio.gather(*(one(i) for i in range(n)))
@@ -221,16 +230,32 @@ def check_all_went_where_picked(pool: Pool, results: list[tuple[int, str, bytes]
     assert sum(served.values()) == len(results) and (min(served.values()) > 0 or not spread)
 
 
-def test_fail_close_gateway_routes_by_the_epp_header_and_drops_requests_when_the_epp_dies(tmp_path: Path) -> None:
+def check_the_restarted_epp_picks_again(pool: Pool, key: str, n: int = 20) -> None:
+    """After a restart, every request goes where the new EPP picks (its counts start from zero)."""
+    before = pool.served()
+    pool.restart_epp()
+    results = asyncio.run(send(pool.port, n, concurrency=4, tag="restarted"))
+    assert [r[0] for r in results] == [200] * n
+
+    def restarted() -> list[dict[str, str]]:
+        return [line for line in pool.log_lines() if line["rid"].startswith("restarted-")]
+
+    lines = until(lambda: len(restarted()) == n and restarted(), "a log line per request after the restart")
+    assert all(line[key] == line["upstream"] == pool.by_name[line["server"]] for line in lines), lines
+    assert {a: v - before[a] for a, v in pool.served().items()} == pool.picks()
+
+
+def test_fail_close_gateway_routes_by_the_epp_header_drops_requests_while_the_epp_is_dead_and_recovers(tmp_path: Path) -> None:
     with Pool(tmp_path, fail_open=False) as pool:
         results = asyncio.run(send(pool.port, REQUESTS))
         check_all_went_where_picked(pool, results, "dest")
         before, after = pool.kill_epp_and_send(20)
         assert all(status >= 500 for status, _, _ in after), [s for s, _, _ in after]  # FailClose: dropped
         assert pool.served() == before  # and none reached a server
+        check_the_restarted_epp_picks_again(pool, "dest")
 
 
-def test_fail_open_gateway_reads_the_epp_metadata_and_picks_itself_when_the_epp_dies(tmp_path: Path) -> None:
+def test_fail_open_gateway_reads_the_epp_metadata_picks_itself_while_the_epp_is_dead_and_recovers(tmp_path: Path) -> None:
     with Pool(tmp_path, fail_open=True) as pool:
         results = asyncio.run(send(pool.port, REQUESTS // 3))
         check_all_went_where_picked(pool, results, "meta")
@@ -238,6 +263,7 @@ def test_fail_open_gateway_reads_the_epp_metadata_and_picks_itself_when_the_epp_
         assert [s for s, _, _ in after] == [200] * 30  # FailOpen: forwarded to an endpoint of Envoy's picking
         gained = {a: pool.served()[a] - before[a] for a in before}
         assert sum(gained.values()) == 30 and sum(1 for v in gained.values() if v > 0) >= 2
+        check_the_restarted_epp_picks_again(pool, "meta")
 
 
 def test_the_gateways_subset_hint_confines_the_pick(tmp_path: Path) -> None:
