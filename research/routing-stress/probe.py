@@ -29,7 +29,19 @@ def run(args: tuple) -> dict:
     res = simulate(sc, policy, 0, SimConfig(root_replicas=replicas))
     s = res.summary()
     return {"seed": seed, "policy": policy, "model": model, "mf": s["mean_latency_with_failures"],
-            "err": s["error_rate"], "shed": s["shed_rate"], "mean": s["mean"], "wall": time.perf_counter() - t0}
+            "err": s["error_rate"], "shed": s["shed_rate"], "mean": s["mean"], "swing": share_swing(res.routed, res.arrival_t, sc.n),
+            "wall": time.perf_counter() - t0}
+
+
+def share_swing(routed: np.ndarray, t: np.ndarray, n: int, window_s: float = 20.0, warmup_s: float = 40.0) -> float:
+    """Largest change of any cell's share of the routed requests between consecutive ``window_s``
+    windows, after ``warmup_s`` and without the last (partial) window: the issue's steadiness figure."""
+    edges = np.arange(warmup_s, float(t.max()) - window_s + 1e-9, window_s) if t.size else np.zeros(0)
+    shares = []
+    for lo in edges:
+        m = (t >= lo) & (t < lo + window_s) & (routed >= 0)
+        shares.append(np.bincount(routed[m], minlength=n) / max(int(m.sum()), 1))
+    return float(np.abs(np.diff(np.array(shares), axis=0)).max()) if len(shares) > 1 else 0.0
 
 
 def main() -> None:
@@ -63,7 +75,8 @@ def main() -> None:
         rs = [r for r in recs if r["policy"] == p]
         ratio = np.mean([r["mf"] / rand[r["seed"]] for r in rs]) if rand else float("nan")
         per = " ".join(f"{r['mf'] / rand[r['seed']]:.3f}/{100 * r['err']:.1f}%" for r in rs)
-        print(f"{p:18s} {ratio:6.3f}  err {100 * np.mean([r['err'] for r in rs]):5.2f}%  "
+        swing = max((r.get("swing", float("nan")) for r in rs), default=float("nan"))
+        print(f"{p:18s} {ratio:6.3f}  err {100 * np.mean([r['err'] for r in rs]):5.2f}%  swing {swing:.3f}  "
               f"shed {100 * np.mean([r['shed'] for r in rs]):4.1f}%  [{per}]  wall {np.mean([r['wall'] for r in rs]):.0f}s")
 
 
