@@ -175,6 +175,8 @@ class Deployment:
     roots: dict[str, RootInfo] = field(default_factory=dict)
     leaf_metrics: dict[str, str] = field(default_factory=dict)
     leaf_admin: dict[str, str] = field(default_factory=dict)
+    #: Admin URLs of each cell's further root Envoys (``--root-envoys`` > 1), drawn free like the leaves'.
+    more_root_admin: dict[str, list[str]] = field(default_factory=dict)
     #: Every control-plane replica's (xDS, status) address, the config's first.
     control_planes: list[tuple[HostPort, HostPort]] = field(default_factory=list)
 
@@ -186,12 +188,15 @@ class Deployment:
                   for what, hp in zip(("xds", "status"), pair, strict=True)]
         lines += [f"  {leaf.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} metrics (drawn)" for cell, leaf in self.leaf_metrics.items()]
         lines += [f"  {url.rsplit('//', 1)[1].split('/')[0]}  leaf {cell} Envoy admin (drawn)" for cell, url in self.leaf_admin.items()]
+        lines += [f"  {url.rsplit('//', 1)[1].split('/')[0]}  root {cell} Envoy {k + 2} admin (drawn)"
+                  for cell, urls in self.more_root_admin.items() for k, url in enumerate(urls)]
         return "\n".join(lines)
 
     def urls_text(self) -> str:
         lines = [f"control plane: {self.status_url}/status  fleet: {self.status_url}/fleet  metrics: {self.status_url}/metrics"]
         for r in self.roots.values():
-            lines.append(f"root {r.cell}: base_url {r.base_url}  metrics {r.metrics_url}  admin {r.admin_url}")
+            more = "".join(f"  admin {k + 2} {url}" for k, url in enumerate(self.more_root_admin.get(r.cell, [])))
+            lines.append(f"root {r.cell}: base_url {r.base_url}  metrics {r.metrics_url}  admin {r.admin_url}{more}")
         for cell, url in self.leaf_metrics.items():
             lines.append(f"leaf {cell}: metrics {url}  admin {self.leaf_admin[cell]}")
         return "\n".join(lines)
@@ -312,8 +317,10 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
             metrics_url = ""
         admin = admin_hp.port
         for k in range(root_envoys):  # a second one shares the listener (SO_REUSEPORT): a kill loses only in-flight
-            _envoy_child(sup, "root", cell.name, xds_all, cell.root.address, run_dir, cfg,
-                         admin_hp.port if k == 0 else None, replica=k + 1)
+            _, port = _envoy_child(sup, "root", cell.name, xds_all, cell.root.address, run_dir, cfg,
+                                   admin_hp.port if k == 0 else None, replica=k + 1)
+            if k:
+                dep.more_root_admin.setdefault(cell.name, []).append(f"http://127.0.0.1:{port}/")
         addr = cell.root.address
         dep.roots[cell.name] = RootInfo(cell.name, f"http://{addr.host}:{addr.port}/v1", f"http://127.0.0.1:{admin}/",
                                         metrics_url, ready_path)

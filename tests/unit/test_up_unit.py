@@ -78,10 +78,14 @@ def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp
     draws = iter(named + list(range(procutil.LOWEST_PORT, procutil.LOWEST_PORT + 2000)))  # the config's ports first
     monkeypatch.setattr(procutil._random, "randrange", lambda a, b: next(draws))
     monkeypatch.setattr(procutil, "_pool_top", lambda ephemeral=None: procutil.LOWEST_PORT + 2000)
-    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
-    urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values()]
+    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"), root_envoys=2)
+    more = dep.more_root_admin["us-east1"]
+    urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values(), *more]
     drawn = {int(re.search(r":(\d+)/", u).group(1)) for u in urls}  # type: ignore[union-attr]
     assert len(drawn) == len(urls) and not drawn & set(named), (drawn, named)
+    # The second root Envoy's admin is listed with the rest, so an operator can find and scrape it.
+    second = more[0].rsplit("//", 1)[1].rstrip("/")
+    assert f"{second}  root us-east1 Envoy 2 admin (drawn)" in dep.ports_text() and second in dep.urls_text()
     # A root's metrics and admin are the config's (services.root.*), not drawn: a stable Prometheus target.
     root = dep.roots["us-east1"]
     assert (root.metrics_url, root.admin_url) == (f"http://{cfg.services.root.metrics}/metrics", f"http://{cfg.services.root.admin}/")
