@@ -31,7 +31,9 @@ uses :meth:`Engine.repeatable` and ``complete(plan, now, steps=k)``: a pure-deco
 admissible arrival repeats with the same batch until its shortest request finishes or the KV growth
 would force a preemption, and ``k`` steps are applied at once (bit-for-bit the same token counts as
 ``k`` single steps; their time is :meth:`StepPlan.run_time`, the sum of the single steps' times, which
-grow with the context).
+grow with the context). So that a run of steps costs the same whatever the batch size, a decoding
+request's token count is read off its engine's step counter rather than stored, and a heap of finishing
+steps names who finishes and how many steps the batch can repeat: no step touches every sequence.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from dlb.emulator.profile import Profile
 
@@ -62,6 +65,14 @@ class EngineRequest:
     #: Tokens to compute before decoding: the prompt, plus the generated tokens after a preemption.
     prefill_len: int = 0
     preempted: int = 0  # times this request was preempted
+    # While it decodes in an engine's running set, a request's token count is not stored but read off
+    # that engine's step counter (``generated`` = ``_clock._ticks - _base``): every decoding sequence
+    # gains one token per step, so the engine applies a run of steps without touching each sequence.
+    _gen: int = field(default=0, init=False, repr=False)
+    _clock: Engine | None = field(default=None, init=False, repr=False)
+    _base: int = field(default=0, init=False, repr=False)
+    #: Admission number in its engine: running order, and which of its finish-heap entries is current.
+    _seq: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -72,6 +83,15 @@ class EngineRequest:
         self.cached_tokens = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
         self.prefilled = max(self.prefilled, self.cached_tokens)
         self.prefill_len = max(self.prefill_len, self.prompt_tokens)
+
+    def _get_generated(self) -> int:
+        c = self._clock
+        return self._gen if c is None else c._ticks - self._base
+
+    def _set_generated(self, value: int) -> None:
+        if self._clock is not None:
+            raise AttributeError(f"request {self.rid}: generated is counted by its engine while it decodes")
+        self._gen = value
 
     @property
     def in_decode(self) -> bool:
@@ -88,9 +108,17 @@ class EngineRequest:
         return self.prompt_tokens + self.generated
 
 
-@dataclass(frozen=True)
+# ``generated`` is a dataclass field (an argument of ``__init__``, in ``repr``) read through the lazy
+# count above; the property replaces the field's class-level default once the dataclass is built.
+EngineRequest.generated = property(EngineRequest._get_generated, EngineRequest._set_generated)  # type: ignore[assignment]
+_by_seq = attrgetter("_seq")
+
+
+@dataclass(slots=True)
 class StepPlan:
-    """What one engine step computes; ``duration`` is in profile seconds (before any time scale)."""
+    """What one engine step computes; ``duration`` is in profile seconds (before any time scale).
+    Not frozen (never changed once made): the simulator makes one per engine wake-up, and a frozen
+    dataclass's ``__init__`` costs over twice as much."""
 
     decode: tuple[EngineRequest, ...]
     prefill: tuple[tuple[EngineRequest, int], ...]  # (request, prompt tokens computed this step)
@@ -159,12 +187,29 @@ class Engine:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_waiting_tokens is not None and self.max_waiting_tokens < 1:
             raise ValueError(f"max_waiting_tokens must be >= 1, got {self.max_waiting_tokens}")
+        if self.running:
+            raise ValueError("running must start empty: requests enter it only through submit and plan")
         self.waiting_tokens = sum(r.kv_tokens for r in self.waiting)
         # Kept up to date as requests are admitted, grow, finish, leave: the KV the running set holds
         # (= kv_used) and how many of them are still prefilling, so a batch that only decodes is
-        # planned without a pass over it.
-        self._kv = sum(r.kv_tokens for r in self.running)
-        self._prefilling = sum(1 for r in self.running if not r.in_decode)
+        # planned without a pass over it. The running list is always its decoding requests followed
+        # by its prefilling ones (admission appends, prompts complete in order, preemption takes the
+        # last), so the two are a split of it, not a filter.
+        self._kv = 0
+        self._prefilling = 0
+        #: Decode steps so far (the clock of every decoding request's token count), how many running
+        #: requests decode, admissions so far, and a heap of (step at which it finishes, admission, request)
+        #: of the decoding ones (entries of requests that left decoding are skipped when met).
+        self._ticks = 0
+        self._decoding = 0
+        self._admitted = 0
+        self._finish: list[tuple[int, int, EngineRequest]] = []
+
+    def _settle(self, req: EngineRequest) -> None:
+        """Store the token count of a decoding request that leaves decoding (preempted or aborted)."""
+        req._gen = self._ticks - req._base
+        req._clock = None
+        self._decoding -= 1
 
     # -- admission -------------------------------------------------------------------------------------
 
@@ -189,6 +234,8 @@ class Engine:
         """Drop a request (client went away); frees its slot at once, like vLLM's abort."""
         req.aborted = True
         if req in self.running:
+            if req._clock is self:
+                self._settle(req)
             self.running.remove(req)
             self._kv -= req.kv_tokens
             self._prefilling -= not req.in_decode
@@ -213,6 +260,8 @@ class Engine:
     def _preempt(self, req: EngineRequest) -> None:
         """Recompute-style preemption: free ``req``'s KV, send it to the front of the queue; readmitted,
         it prefills its prompt and what it generated again (vLLM's ``PreemptionMode.RECOMPUTE``)."""
+        if req._clock is self:
+            self._settle(req)
         self.running.remove(req)  # its KV blocks are freed
         self._kv -= req.kv_tokens
         self._prefilling -= not req.in_decode
@@ -223,39 +272,44 @@ class Engine:
         self.waiting.appendleft(req)
         self.waiting_tokens += req.kv_tokens
 
-    def _growth(self) -> tuple[int, int, list[EngineRequest], list[EngineRequest]]:
-        """(KV held by the running set, tokens it emits this step, decoding, still prefilling)."""
+    def _growth(self) -> tuple[int, int, list[EngineRequest], list[EngineRequest], int]:
+        """(KV held by the running set, tokens it emits this step, decoding, still prefilling, the KV
+        the prefilling ones hold)."""
+        running = self.running
         if not self._prefilling:  # every running sequence decodes: one token each
-            return self._kv, len(self.running), self.running[:], []
-        decode: list[EngineRequest] = []
-        pending: list[EngineRequest] = []
-        kv = 0
-        # One pass over the batch (the simulator plans ~25-sequence batches millions of times):
-        # ``prefilled >= prefill_len`` is :attr:`EngineRequest.in_decode`, inlined; kv sums ``kv_tokens``.
-        for r in self.running:
-            kv += r.prompt_tokens + r.generated
-            (decode if r.prefilled >= r.prefill_len else pending).append(r)
-        grow = len(decode)
+            return self._kv, len(running), running[:], [], 0
+        split = len(running) - self._prefilling
+        decode, pending = running[:split], running[split:]
+        grow = split
         budget = self.profile.max_batch_tokens - grow
+        held = 0
         for r in pending:  # a prompt that completes this step emits its first token
-            if budget <= 0:
-                break
-            need = r.prefill_len - r.prefilled
-            if need <= budget:
-                grow += 1
-            budget -= need
-        return kv, grow, decode, pending
+            held += r.prompt_tokens + r._gen  # not decoding: the count is stored
+            if budget > 0:
+                need = r.prefill_len - r.prefilled
+                if need <= budget:
+                    grow += 1
+                budget -= need
+        return self._kv, grow, decode, pending, held
 
     def plan(self, now: float) -> StepPlan | None:
         """Preempt what the KV cannot hold, admit what fits, and describe the next step (None: nothing to run)."""
         running, waiting = self.running, self.waiting
-        cap = self.profile.kv_cache_tokens
-        kv, grow, decode, pending = self._growth()
+        prof = self.profile
+        cap = prof.kv_cache_tokens
+        n = len(running)
+        if not self._prefilling and (not waiting or n >= self.max_batch) and (self._kv + n <= cap or n == 1):
+            # The common step of a busy server: every sequence decodes, nothing to preempt or admit.
+            if not n:
+                return None
+            kv = self._kv
+            return StepPlan(tuple(running), (), prof.step_time(n, 0, kv), kv, prof)
+        kv, grow, decode, pending, held = self._growth()
         preempted = False
         while kv + grow > cap and len(running) > 1:  # this step's tokens would overflow the KV cache
             self._preempt(running[-1])
             preempted = True
-            kv, grow, decode, pending = self._growth()
+            kv, grow, decode, pending, held = self._growth()
         # Admission, FCFS without overtaking: each prompt's KV is reserved up front, with room for the
         # token it may emit this step; a prompt that does not fit waits, which is how a full KV cache
         # turns into queueing on a real server. None in a step that had to preempt (as vLLM).
@@ -263,7 +317,7 @@ class Engine:
             projected = kv + grow
             while waiting and len(running) < self.max_batch:
                 head = waiting[0]
-                need = head.prompt_tokens + head.generated
+                need = head.prompt_tokens + head._gen  # waiting: the count is stored
                 if running and projected + need + 1 > cap:
                     break
                 waiting.popleft()
@@ -271,6 +325,8 @@ class Engine:
                 if head.admitted_at is None:
                     head.admitted_at = now
                 projected += need + 1
+                head._seq = self._admitted
+                self._admitted += 1
                 running.append(head)
                 pending.append(head)
                 self._kv += need
@@ -280,7 +336,7 @@ class Engine:
         budget = max(0, self.profile.max_batch_tokens - len(decode))
         prefill: list[tuple[EngineRequest, int]] = []
         prefill_tokens = 0
-        context = kv if not pending else sum(r.prompt_tokens + r.generated for r in decode)
+        context = kv - held  # what the decoding sequences hold
         for r in pending:
             if budget <= 0:
                 break
@@ -306,7 +362,12 @@ class Engine:
         """
         if plan.prefill or not plan.decode:
             return 1
-        k = min(r.output_tokens - r.generated for r in plan.decode)
+        # The decoding requests are exactly ``plan.decode`` (the plan just made): the earliest valid
+        # entry of the finish heap is the shortest one's finishing step.
+        heap = self._finish
+        while heap[0][2]._clock is not self or heap[0][2]._seq != heap[0][1]:
+            heapq.heappop(heap)
+        k = heap[0][0] - self._ticks
         d = len(plan.decode)
         if d > 1:  # a lone sequence is never preempted
             k = min(k, (self.profile.kv_cache_tokens - plan.context) // d)
@@ -322,37 +383,52 @@ class Engine:
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError(f"steps must be >= 1 and 1 for a plan with prefill, got {steps}")
         self.steps += steps
+        # Every decoding request gains ``steps`` tokens by the clock moving; the finish heap names the
+        # ones that reached their last token (a request past it stops there: its overshoot is not KV).
+        ticks = self._ticks = self._ticks + steps
+        grown = self._decoding * steps
+        heap = self._finish
+        finished: list[EngineRequest] = []
+        while heap and heap[0][0] <= ticks:
+            end, seq, r = heapq.heappop(heap)
+            if r._clock is not self or r._seq != seq:
+                continue  # preempted or aborted since: a stale entry
+            grown -= ticks - end
+            r._gen = r.output_tokens
+            r._clock = None
+            finished.append(r)
+        self._decoding -= len(finished)
+        if len(finished) > 1:
+            finished.sort(key=_by_seq)  # in running order, as the plan lists them
         events: list[TokenEvent] = []
-        done = False
-        grown = 0
-        for r in plan.decode:
-            if r.aborted:
-                continue
-            out = r.output_tokens
-            g0 = r.generated
-            g = g0 + steps
-            if g >= out:
-                g = out
-                done = True
-                events.append(TokenEvent(r, g - 1, True))
-            elif not finished_only:
-                events.append(TokenEvent(r, g - 1, False))
-            grown += g - g0
-            r.generated = g
+        if finished_only:
+            events = [TokenEvent(r, r.output_tokens - 1, True) for r in finished]
+        else:
+            for r in plan.decode:
+                if not r.aborted:
+                    g = r.generated
+                    events.append(TokenEvent(r, g - 1, g >= r.output_tokens))
+        done = bool(finished)
         for r, n in plan.prefill:
             if r.aborted:
                 continue
             r.prefilled += n
             if r.prefilled >= r.prefill_len:  # a (re)computed prompt emits the next token
-                r.generated += 1
+                g = r._gen + 1
                 grown += 1
                 self._prefilling -= 1
                 if r.first_token_at is None:
                     r.first_token_at = now
-                fin = r.finished
-                done = done or fin
+                fin = g >= r.output_tokens
+                if fin:
+                    r._gen = g
+                    done = True
+                else:  # it decodes from the next step: its count runs on the clock
+                    r._clock, r._base = self, ticks - g
+                    self._decoding += 1
+                    heapq.heappush(heap, (ticks - g + r.output_tokens, r._seq, r))
                 if fin or not finished_only:
-                    events.append(TokenEvent(r, r.generated - 1, fin))
+                    events.append(TokenEvent(r, g - 1, fin))
         self._kv += grown
         if done:
             for ev in events:

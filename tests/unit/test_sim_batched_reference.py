@@ -1,0 +1,80 @@
+"""The batched server model's results are pinned: small batched runs must reproduce, bit for bit, the
+per-request latencies, destinations and counts that the engine produced before its hot path was
+restructured (``sim_batched_reference.json``). Speed work on the engine may change how the numbers
+are computed, never the numbers.
+
+Regenerate (only for a deliberate change of the model, and say so in the commit):
+``python tests/unit/test_sim_batched_reference.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlb.sim.engine import RunResult, SimConfig, simulate
+from dlb.sim.scenario import Disruption, Scenario, Workload, generate
+
+REFERENCE = Path(__file__).with_name("sim_batched_reference.json")
+
+
+def _scenario(case: str) -> Scenario:
+    """Each case exercises a different part of the engine: a loaded fleet (arrivals cutting runs),
+    overload on a small KV cache (preemptions, KV-bounded admission, full queues), a cell slowing down mid-run (runs cut by
+    a speed change)."""
+    if case == "util95":
+        return generate(101, duration_s=20, utilization=0.95, server_model="batched")
+    if case == "small-kv":
+        return generate(7, duration_s=20, utilization=1.3, server_model="batched",
+                        workload=Workload(kv_cache_tokens=12_000, max_batch=24))
+    if case == "slow-cell":
+        sc = generate(3, duration_s=20, utilization=0.8, server_model="batched")
+        return replace(sc, disruption=Disruption("slow", 6.0, 14.0, cell=0, factor=2.5))
+    raise ValueError(f"unknown case {case!r}")
+
+
+CASES = [("util95", "Disc-Lat"), ("util95", "Flow-Grad"), ("small-kv", "Rand"), ("small-kv", "Disc-RIF"),
+         ("slow-cell", "Disc-Lat")]
+
+
+def _digest(res: RunResult) -> dict:
+    """What must not change: every served request's latency and every request's destination (hashed
+    over their exact bytes), the counts, and a few latencies in clear for a readable failure."""
+    lat = np.ascontiguousarray(res.latency, dtype=np.float64)
+    return {
+        "latency_sha256": hashlib.sha256(lat.tobytes()).hexdigest(),
+        "routed_sha256": hashlib.sha256(np.ascontiguousarray(res.routed, dtype=np.int64).tobytes()).hexdigest(),
+        "first_latencies": lat[:5].tolist(),
+        "latency_sum": float(lat.sum()),
+        "arrivals": res.arrivals, "completed": res.completed, "errors": res.errors, "overflow": res.overflow,
+        "shed": res.shed, "in_flight": res.in_flight, "events": res.events, "preemptions": res.preemptions,
+        "sim_time_s": res.sim_time_s,
+    }
+
+
+def _run(case: str, policy: str) -> dict:
+    # A short request timeout bounds the waiting queues tightly, so the overloaded case overflows.
+    cfg = SimConfig(request_timeout_s=0.3) if case == "small-kv" else None
+    return _digest(simulate(_scenario(case), policy, config=cfg))
+
+
+@pytest.mark.parametrize(("case", "policy"), CASES)
+def test_batched_runs_reproduce_the_reference_bit_for_bit(case: str, policy: str) -> None:
+    want = json.loads(REFERENCE.read_text())[f"{case}/{policy}"]
+    assert _run(case, policy) == want
+
+
+def test_the_reference_exercises_preemption_and_overflow() -> None:
+    """The pinned runs cover the engine's rare paths, so the comparison above can catch a change in them."""
+    ref = json.loads(REFERENCE.read_text())
+    assert ref["small-kv/Rand"]["preemptions"] > 0
+    assert any(v["overflow"] > 0 for v in ref.values())
+
+
+if __name__ == "__main__":
+    REFERENCE.write_text(json.dumps({f"{c}/{p}": _run(c, p) for c, p in CASES}, indent=1) + "\n")
