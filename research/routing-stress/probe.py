@@ -13,12 +13,28 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+import dlb.sim.engine as sim_engine
+import dlb.sim.policies as sim_policies
+from dlb.core.flow import FlowConfig
+from dlb.core.router import PolicyConfig
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.scenario import generate
 
 
+def register_variant(name: str) -> None:
+    """``Flow-Grad[adaptive_gain=False,lead_s=5]``: a flow policy with FlowConfig fields changed, for this run only."""
+    if "[" not in name or name in sim_policies.REGISTRY:
+        return
+    base, fields = name.rstrip("]").split("[", 1)
+    kw = {k: (v == "True" if v in ("True", "False") else float(v)) for k, v in (f.split("=") for f in fields.split(","))}
+    cfg = PolicyConfig.from_name(base)
+    sim_policies.REGISTRY[name] = sim_policies._dlb(PolicyConfig(mechanism=cfg.mechanism, cost=cfg.cost, flow=FlowConfig(**kw)))
+    sim_engine.POLICIES = tuple(sim_policies.REGISTRY)
+
+
 def run(args: tuple) -> dict:
     seed, util, policy, model, minutes, replicas, disruption, noise = args
+    register_variant(policy)
     kw = {"utilization": util, "server_model": model}
     if disruption:
         kw["disruption"] = disruption
@@ -54,11 +70,12 @@ def main() -> None:
     ap.add_argument("--disruption", default="")
     ap.add_argument("--noise", type=float, default=0.0)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--policies", default="Rand,Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad,lr-global,hub-score")
+    ap.add_argument("--policies", help="comma-separated, or ';'-separated when a variant like "
+                    "'Flow-Grad[adaptive_gain=False]' has commas", default="Rand,Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad,lr-global,hub-score")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    pols = a.policies.split(",")
+    pols = a.policies.split(";") if ";" in a.policies else a.policies.split(",")
     jobs = [(s, a.util, p, a.model, a.minutes, a.replicas, a.disruption, a.noise) for s in seeds for p in pols]
     recs = []
     with ProcessPoolExecutor(a.workers) as ex:
