@@ -75,9 +75,11 @@ class FlowConfig:
     #: (research/routing-stress/README.md), so it is off by default: τ̄ = network + probe delay.
     relaxation_delay: bool = False
     #: Halve a cell's step when its move reverses and grow it back (×``gain_up``, at most 1) while it
-    #: keeps its direction (:func:`adapt_gain`): the step size comes from the latency models, and a
-    #: model that is badly off makes the split bang between cells.
-    adaptive_gain: bool = True
+    #: keeps its direction (:func:`adapt_gain`). Added when fitted capacities were 2–15× off and the
+    #: split banged between cells; since the fit bounds itself by the requests still running, it
+    #: costs more than it saves (fresh seeds: Flow-Grad at 95 % on the batched server 0.640 → 0.582
+    #: × Rand off, share swing 0.24 → 0.07; research/routing-stress), so it is off by default.
+    adaptive_gain: bool = False
     #: Evaluate the costs at the workload ``lead_s`` seconds ahead on its smoothed trend (0: off).
     lead_s: float = 5.0
     lead_smoothing_s: float = 1.0
