@@ -462,10 +462,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     crif[j] -= 1
                     done_at[j] += 1
                     serving = now - t_leaf[b]
-                    if fit_models:
-                        del running[j][b]
                     errs[j].record(now, False)
                     if fit_models:
+                        del running[j][b]
                         e = est[j]
                         changed = False
                         if b >= R:  # a background probe: its surprise is judged against the model before it
