@@ -49,6 +49,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bfio/study.json*", "dlb bfio study --milp --json FILE --plots research/img"),
     ("img/bfio_*.png", "dlb bfio study --milp --json research/bfio/study.json --plots research/img"),
     ("sim/issue-11/theory-scale*", "dlb theory --json FILE (sizes and policies: research/sim/issue-11/README.md)"),
+    ("sim/theory-load/flow-grad-1800s-*", "dlb theory --sizes 10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
+                                          "--replicas 1 --noise 0 --jobs 1 --horizon 1800 --json FILE"),
+    ("sim/theory-load/flow-grad-rho995-*", "python research/tools/theory_grad_cap.py 0.995 --sizes 10,12 --graphs complete "
+                                           "--load 0.85,0.95 --policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
+    ("sim/theory-load/default-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
+                                       "--replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/flow-grad-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
                                     "--replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/targets-delay-only*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 "
@@ -61,6 +67,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("sim/shedding/*.json", "python research/sim/shedding/overload.py --minutes 5 --scenarios 4"),
     ("routing-stress/*ideal*.json", "python research/routing-stress/oracle.py --seeds 9401,9402,9403,9404,9405,9406 "
                                      "--util 0.8 --minutes 4 --json FILE (at the commit in FILE's name)"),
+    ("routing-stress/*rho*-tuning-*.json", "python research/routing-stress/probe.py --seeds 101,102,103 --util 0.8 --minutes 4 "
+                                           "--model batched --policies Rand,Disc-Grad,Flow-Grad --grad-max-rho R --json FILE "
+                                           "(R in FILE's name: rho95 = 0.95, rho99 = 0.99)"),
     ("routing-stress/*.json", "python research/routing-stress/probe.py --seeds 7001,7002,7003 --minutes 4 --util 0.95 "
                                "--model pipeline --workers 1 --json FILE (at the commit in FILE's name)"),
     ("sim/speed-s3-12/*.json", "python research/sim/speed-s3-12/ab.py TREE_A TREE_B MINUTES REPEAT FILE"),

@@ -15,6 +15,8 @@ import numpy as np
 
 import dlb.sim.engine as sim_engine
 import dlb.sim.policies as sim_policies
+from dlb.core import latency_model
+from dlb.core import router as core_router
 from dlb.core.flow import FlowConfig
 from dlb.core.router import PolicyConfig
 from dlb.sim.engine import SimConfig, simulate
@@ -30,6 +32,13 @@ def register_variant(name: str) -> None:
     cfg = PolicyConfig.from_name(base)
     sim_policies.REGISTRY[name] = sim_policies._dlb(PolicyConfig(mechanism=cfg.mechanism, cost=cfg.cost, flow=FlowConfig(**kw)))
     sim_engine.POLICIES = tuple(sim_policies.REGISTRY)
+
+
+def set_grad_max_rho(rho: float) -> None:
+    """Worker initialiser: the gradient cost's utilisation cap for this run only (0: the code's own)."""
+    if rho:
+        latency_model.GRAD_MAX_RHO = rho
+        core_router.GRAD_MAX_RHO = rho  # imported by name there (the per-request scalar cost)
 
 
 def run(args: tuple) -> dict:
@@ -72,13 +81,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--policies", help="comma-separated, or ';'-separated when a variant like "
                     "'Flow-Grad[adaptive_gain=False]' has commas", default="Rand,Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad,lr-global,hub-score")
+    ap.add_argument("--grad-max-rho", type=float, default=0.0, help="override GRAD_MAX_RHO (0: the code's)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
     pols = a.policies.split(";") if ";" in a.policies else a.policies.split(",")
     jobs = [(s, a.util, p, a.model, a.minutes, a.replicas, a.disruption, a.noise) for s in seeds for p in pols]
     recs = []
-    with ProcessPoolExecutor(a.workers) as ex:
+    with ProcessPoolExecutor(a.workers, initializer=set_grad_max_rho, initargs=(a.grad_max_rho,)) as ex:
         for rec in ex.map(run, jobs):
             recs.append(rec)
             print(f"  done {rec['seed']} {rec['policy']}: mf {rec['mf']:.2f} err {100 * rec['err']:.1f}% "
@@ -87,7 +97,8 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump(recs, f)
     rand = {r["seed"]: r["mf"] for r in recs if r["policy"] == "Rand"}
-    print(f"util={a.util} model={a.model} R={a.replicas} dis={a.disruption} eps={a.noise} seeds={seeds}")
+    print(f"grad_max_rho={a.grad_max_rho or latency_model.GRAD_MAX_RHO} util={a.util} model={a.model} R={a.replicas} "
+          f"dis={a.disruption} eps={a.noise} seeds={seeds}")
     for p in pols:
         rs = [r for r in recs if r["policy"] == p]
         ratio = np.mean([r["mf"] / rand[r["seed"]] for r in rs]) if rand else float("nan")
