@@ -15,7 +15,8 @@ def _leaf_text(c: Cell) -> str:
         return "no DLB leaf: its servers' /metrics probed, requests to the servers"
     if c.leaf.source == "gie":
         return f"no DLB leaf: endpoint picker {c.leaf.probe} probed, requests to gateway {c.leaf.address}"
-    return f"leaf {c.leaf.address}"
+    more = f" (+{len(c.leaf.replicas)} replica{'s' if len(c.leaf.replicas) > 1 else ''})" if c.leaf.replicas else ""
+    return f"leaf {c.leaf.address}{more}"
 
 
 def summary(cfg: Config) -> str:

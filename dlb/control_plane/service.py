@@ -62,16 +62,18 @@ LEAF_GROUP = NODE_CLUSTER["leaf"]  # "dlb-leaf"
 
 
 def dlb_node_key(node: base_pb2.Node) -> str:
-    """``<node.cluster>/<node.locality.zone>``: the tier and the cell of an Envoy or DLB service."""
-    return f"{node.cluster}/{node.locality.zone}"
+    """``<node.cluster>/<node.locality.zone>``: the tier and the cell of an Envoy or DLB service; a leaf
+    replica k > 0 of the cell (``locality.sub_zone`` k, ``cells[].leaf.replicas``) adds ``#k``."""
+    sub = node.locality.sub_zone
+    return f"{node.cluster}/{node.locality.zone}" + (f"#{sub}" if sub and sub != "0" else "")
 
 
 def root_key(cell: str) -> str:
     return f"{ROOT_GROUP}/{cell}"
 
 
-def leaf_key(cell: str) -> str:
-    return f"{LEAF_GROUP}/{cell}"
+def leaf_key(cell: str, replica: int = 0) -> str:
+    return f"{LEAF_GROUP}/{cell}" + (f"#{replica}" if replica else "")
 
 
 def _q(v: float, digits: int = 3) -> float:
@@ -201,10 +203,12 @@ class ControlPlane:
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *static_eps)]
             if cell.leaf.foreign:
                 continue  # no leaf Envoy or agent of ours there
-            ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan, tracing=self.tracing)
-            leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
-            leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
-            leaf[cell.name].append(Resource.from_message(dr.leaf_policy(config), name=cell.name, type_url=dr.LEAF_POLICY))
+            for k in range(len(cell.leaf.all_replicas())):  # each replica's Envoy: its own listener, agent and access log
+                ls = er.leaf_resources(config.leaf_replica(cell.name, k), cell.name, emulate_wan=self.emulate_wan, tracing=self.tracing)
+                rs_k = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
+                rs_k.append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
+                rs_k.append(Resource.from_message(dr.leaf_policy(config), name=cell.name, type_url=dr.LEAF_POLICY))
+                leaf[leaf_key(cell.name, k)] = rs_k
         return _Static(root, leaf, root_sets)
 
     async def refresh_dns(self) -> bool:
@@ -268,8 +272,9 @@ class ControlPlane:
         for cell in cfg.cells:
             if not self.serves(cell.name):
                 continue
-            if cell.name in self._static.leaf:  # a foreign cell has no leaf to configure
-                versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
+            for k in range(len(cell.leaf.all_replicas()) if not cell.leaf.foreign else 0):  # a foreign cell has no leaf to configure
+                key = leaf_key(cell.name, k)
+                versions[key] = self._set(key, list(self._static.leaf[key]) + state)
             if cell.name not in self._static.root_sets:
                 continue
             per_ep = {ep: x[cell.index] for ep, x in weights.items() if cell.index in x}
@@ -356,7 +361,8 @@ class ControlPlane:
     def _start_probes(self) -> None:
         p = self.config.probe
         self._probes = ProbeClient(
-            targets=[ProbeTarget(c.index, c.name, str(c.leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses()) for c in self.config.cells],
+            targets=[ProbeTarget(c.index, c.name, str(leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses(), replica=k)
+                     for c in self.config.cells for k, leaf in enumerate(c.leaf.all_replicas())],
             on_result=self._on_probe,
             timing=ProbeTiming(period_s=max(p.period_ms / 1000.0, 0.05), timeout_s=p.timeout_ms / 1000.0,
                                backoff_max_s=p.backoff_max_ms / 1000.0),

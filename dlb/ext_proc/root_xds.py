@@ -41,14 +41,15 @@ log = get_logger("dlb.root.xds")
 def probe_targets(topology: Topology, cell: str, probes: Sequence[CellProbe], emulate_wan: bool) -> list[ProbeTarget]:
     """The cells a root in ``cell`` probes: its allowed destinations (with the testbed's WAN delay)."""
     src = topology.index(cell)
-    return [ProbeTarget(j, topology.names[j], probes[j].address, float(topology.tau[src, j]) if emulate_wan else 0.0,
-                        source=probes[j].source, scrape=probes[j].scrape)
-            for j in topology.out_neighbors(src)]
+    return [ProbeTarget(j, topology.names[j], address, float(topology.tau[src, j]) if emulate_wan else 0.0,
+                        source=probes[j].source, scrape=probes[j].scrape, replica=k)
+            for j in topology.out_neighbors(src) for k, address in enumerate((probes[j].address, *probes[j].replicas))]
 
 
 def config_probes(cfg: Config) -> list[CellProbe]:
     """How each cell of ``cfg`` is probed, in cell order."""
-    return [CellProbe(str(c.leaf.probe), c.leaf.source, c.scrape_addresses()) for c in cfg.cells]
+    return [CellProbe(str(c.leaf.probe), c.leaf.source, c.scrape_addresses(), tuple(str(r.probe) for r in c.leaf.replicas))
+            for c in cfg.cells]
 
 
 class ProbeManager:
@@ -187,7 +188,8 @@ class RootXdsSync:
             raise ResourceValidationError(f"cannot apply configuration: {e}") from e
         self.topology, self.specs = topo_msg, specs
         self.reloads += 1
-        probes = [CellProbe(c.probe_address, c.probe_source or "dlb", tuple(c.scrape_addresses)) for c in topo_msg.cells]
+        probes = [CellProbe(c.probe_address, c.probe_source or "dlb", tuple(c.scrape_addresses), tuple(c.replica_probe_addresses))
+                  for c in topo_msg.cells]
         await self.probes.retarget(probe_targets(topology, self.cell, probes, self.emulate_wan))
         log.info("root_reconfigured", cell=self.cell, reload=self.reloads, cells=list(topology.names),
                  endpoints=[s.name for s in specs])

@@ -21,6 +21,12 @@ class ProbeTarget:
     #: whose ``scrape`` addresses (its servers', or its endpoint picker's) are read (:mod:`dlb.probe.foreign`).
     source: str = "dlb"
     scrape: tuple[str, ...] = ()
+    #: Which leaf replica of the cell answers at ``address`` (0: the cell's ``leaf.probe``; k: ``leaf.replicas[k-1]``).
+    replica: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.index, self.replica
 
 
 @dataclass(frozen=True)
@@ -31,3 +37,5 @@ class CellProbe:
     address: str
     source: str = "dlb"
     scrape: tuple[str, ...] = ()
+    #: The further leaf replicas' probe addresses (each probed; the answers merged into one cell).
+    replicas: tuple[str, ...] = ()
