@@ -123,10 +123,17 @@ class Leaf:
     #: Further leaf replicas over the same servers (``leaf.replicas``): each a leaf Envoy + agent with
     #: addresses of its own; roots send to every replica's Envoy and probe every agent (dlb.core.leaf_replicas).
     replicas: tuple[Leaf, ...] = ()
+    #: ``leaf.replicas: dns``: every address ``probe`` (and ``address``) resolves to is a replica (a headless Service).
+    replicas_dns: bool = False
 
     @property
     def bind(self) -> HostPort:
         return bind_address(self.address, self.listen)
+
+    @property
+    def replicated(self) -> bool:
+        """More than one leaf replica may answer for this cell (listed, or found in DNS)."""
+        return bool(self.replicas) or self.replicas_dns
 
     def all_replicas(self) -> tuple[Leaf, ...]:
         """Replica 0 (this leaf's own addresses) then the further ones, each without ``replicas``."""

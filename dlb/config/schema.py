@@ -97,7 +97,8 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
             listen=_listen(ck, lm, lp),
             access_log=_access_log(ck, lm, lp),
             source=source,
-            replicas=_leaf_replicas(ck, lm, lp) if source == "dlb" else (),
+            replicas=_leaf_replicas(ck, lm, lp) if source == "dlb" and lm.get("replicas") != "dns" else (),
+            replicas_dns=source == "dlb" and _replicas_dns(ck, lm, lp),
         )
         replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
         rp = f"{p}.root"
@@ -117,10 +118,23 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
 MAX_LEAF_REPLICAS = 16
 
 
+def _replicas_dns(ck: Checker, lm: dict[str, Any], lp: str) -> bool:
+    """``leaf.replicas: dns``: the replicas are the addresses of ``leaf.probe``'s name, which must be a name."""
+    if lm.get("replicas") != "dns":
+        return False
+    probe = parse_hostport(lm.get("probe")) if isinstance(lm.get("probe"), str) else None
+    if probe is not None and is_ip(probe.host):
+        ck.err(f"{lp}.replicas", f"dns: leaf.probe {probe} is an IP address, not a name whose addresses are the replicas")
+    return True
+
+
 def _leaf_replicas(ck: Checker, lm: dict[str, Any], lp: str) -> tuple[Leaf, ...]:
     """``leaf.replicas``: the further leaf replicas of a cell, each with its own Envoy listener and agent
     addresses (``ext_proc`` exactly when the leaf has one: each replica's Envoy asks its own agent)."""
     out = []
+    if isinstance(lm.get("replicas"), str):
+        ck.err(f"{lp}.replicas", f"{show(lm['replicas'])}: must be a list of {{address, probe}} or dns")
+        return ()
     for k, item in enumerate(ck.sequence(lm.get("replicas"), f"{lp}.replicas", max_len=MAX_LEAF_REPLICAS - 1)):
         rp = f"{lp}.replicas[{k}]"
         rm = ck.mapping(item, rp, ("address", "probe", "ext_proc", "listen", "access_log"),

@@ -612,7 +612,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
             "name": f"{ep.name}-to-{name}",
             "match": {"prefix": ep.match.prefix, "headers": [{"name": HEADER_CELL, "string_match": {"exact": cfg.cell(name).cluster_name}}]},
             "route": dict(action, cluster=cfg.cell(name).cluster_name,
-                          **({"retry_policy": _replica_retries()} if cfg.cell(name).leaf.replicas else {})),
+                          **({"retry_policy": _replica_retries()} if cfg.cell(name).leaf.replicated else {})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
         }
@@ -697,7 +697,7 @@ def root_bootstrap(
         # Each request is retried across cells at most once, so retries are bounded by requests; a
         # dead leaf Envoy resets every request it held at once, and each must get its retry.
         cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
-        clusters.append(_leaf_replica_health(cluster) if d.leaf.replicas else cluster)
+        clusters.append(_leaf_replica_health(cluster) if d.leaf.replicated else cluster)
     if has_ext_proc:
         clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
     clusters += [native_discrete_cluster(ep.name, dests) for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]

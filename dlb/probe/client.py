@@ -94,9 +94,11 @@ class ProbeClient:
                 prober = ForeignProber(t)
                 self._tasks.append(asyncio.create_task(self._loop(t, prober, max(self.timing.period_s, MIN_PERIOD_S)), name=f"probe-{t.name}"))
                 continue
-            options = [("grpc.enable_retries", 0),
+            options: list[tuple[str, int | str]] = [("grpc.enable_retries", 0),
                        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
                        ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
+            if t.tls_name:
+                options.append(("grpc.ssl_target_name_override", t.tls_name))
             if self.credentials is None:
                 channel = grpc.aio.insecure_channel(t.address, options=options)
             else:

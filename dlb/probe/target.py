@@ -23,6 +23,10 @@ class ProbeTarget:
     scrape: tuple[str, ...] = ()
     #: Which leaf replica of the cell answers at ``address`` (0: the cell's ``leaf.probe``; k: ``leaf.replicas[k-1]``).
     replica: int = 0
+    #: ``leaf.replicas: dns``: every address ``address``'s name resolves to is a replica (:mod:`dlb.probe.replica_dns`).
+    resolve: bool = False
+    #: The name a replica found in DNS was resolved from: its server certificate names that, not the IP.
+    tls_name: str = ""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -39,3 +43,5 @@ class CellProbe:
     scrape: tuple[str, ...] = ()
     #: The further leaf replicas' probe addresses (each probed; the answers merged into one cell).
     replicas: tuple[str, ...] = ()
+    #: Every address ``address`` resolves to is a replica (``leaf.replicas: dns``).
+    resolve: bool = False

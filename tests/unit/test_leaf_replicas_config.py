@@ -146,3 +146,32 @@ def test_the_probe_client_hands_on_one_merged_answer_per_cell() -> None:
     assert got[-1] == ("a", 0, None)  # both failed: now the cell is unusable
     stats = client.cell_stats(0)
     assert stats is not None and stats.ok == 0 and not stats.available
+
+
+def test_replicas_from_dns_need_a_name_and_are_expanded_per_address() -> None:
+    import asyncio
+
+    from dlb.probe import replica_dns
+
+    raw = config({"replicas": "dns"})
+    raw["cells"][0]["leaf"].update(address="leaf-a.example:10010", probe="leaf-a.example:9010")
+    cfg = config_from_dict(raw)
+    assert cfg.cell("a").leaf.replicas_dns and cfg.cell("a").leaf.replicated and topology(cfg).cells[0].replicas_dns
+    assert any(p == "cells[0].leaf.replicas" and "IP address" in r for p, r in problems(config({"replicas": "dns"})))
+    assert any(p == "cells[0].leaf.replicas" and "or dns" in r for p, r in problems(config({"replicas": "dsn"})))
+
+    targets = probe_targets(cfg.topology(), "a", config_probes(cfg), emulate_wan=False)
+    answers = {"leaf-a.example": ["10.0.0.9", "10.0.0.7"]}
+
+    async def resolver(host: str, port: int) -> list[str]:
+        if host not in answers:
+            raise OSError("no such name")
+        return answers[host]
+
+    resolved = asyncio.run(replica_dns.resolve_targets(targets, resolver, {}))
+    out = replica_dns.expand(targets, resolved)
+    assert [(t.name, t.address, t.replica, t.tls_name) for t in out] == [
+        ("a", "10.0.0.7:9010", 0, "leaf-a.example"), ("a", "10.0.0.9:9010", 1, "leaf-a.example"), ("b", "127.0.0.1:9020", 0, "")]
+    del answers["leaf-a.example"]  # a DNS hiccup keeps the last addresses
+    assert asyncio.run(replica_dns.resolve_targets(targets, resolver, resolved)) == resolved
+    assert replica_dns.expand(targets, {}) == targets  # not resolved yet: probed by name, as one replica
