@@ -45,6 +45,7 @@ from dlb.envoy.bootstrap import NATIVE_CLUSTER_PREFIX
 from dlb.envoy.operator_pool import POOL_KINDS
 from dlb.envoy.tracing import EnvoyTracing
 from dlb.log import get_logger
+from dlb.probe import replica_dns
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
@@ -125,6 +126,8 @@ class ControlPlane:
         #: Server discovery: DNS name → its addresses at the last resolution (``discovery.dns_period_s``).
         self.resolver = resolver
         self.resolved: dict[str, tuple[str, ...]] = {}
+        #: ``leaf.replicas: dns``: probe name → the leaf pods' addresses at the last resolution, each probed.
+        self.probe_resolved: dict[str, tuple[str, ...]] = {}
         self.dns_stats = DnsStats()
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
@@ -237,6 +240,7 @@ class ControlPlane:
         while True:
             try:
                 await self.refresh_dns()
+                await self._refresh_replica_dns()
             except Exception:  # a bad resolution must not stop the control plane; the last endpoints stay
                 log.exception("dns_refresh_failed")
             await asyncio.sleep(self.config.discovery.dns_period_s)
@@ -353,6 +357,23 @@ class ControlPlane:
         self.models[cell] = (p, resp.model.confidence, resp.model.samples)
         return p
 
+    async def _refresh_replica_dns(self) -> None:
+        """Re-resolve the probe names of ``leaf.replicas: dns`` cells; probe the new set of pods if it changed."""
+        targets = self._probe_targets()
+        if not any(t.resolve for t in targets):
+            return
+        resolved = await replica_dns.resolve_targets(targets, self.resolver, self.probe_resolved)
+        if resolved != self.probe_resolved:
+            self.probe_resolved = resolved
+            if self._probes is not None:
+                await self._restart_probes()
+
+    def _probe_targets(self) -> list[ProbeTarget]:
+        """Every leaf replica of every cell (a ``dns`` one by name until resolved)."""
+        return [ProbeTarget(c.index, c.name, str(leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses(), replica=k,
+                            resolve=c.leaf.replicas_dns)
+                for c in self.config.cells for k, leaf in enumerate(c.leaf.all_replicas())]
+
     async def _restart_probes(self) -> None:
         if self._probes is not None:
             await self._probes.stop()
@@ -361,8 +382,7 @@ class ControlPlane:
     def _start_probes(self) -> None:
         p = self.config.probe
         self._probes = ProbeClient(
-            targets=[ProbeTarget(c.index, c.name, str(leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses(), replica=k)
-                     for c in self.config.cells for k, leaf in enumerate(c.leaf.all_replicas())],
+            targets=replica_dns.expand(self._probe_targets(), self.probe_resolved),
             on_result=self._on_probe,
             timing=ProbeTiming(period_s=max(p.period_ms / 1000.0, 0.05), timeout_s=p.timeout_ms / 1000.0,
                                backoff_max_s=p.backoff_max_ms / 1000.0),
