@@ -212,7 +212,7 @@ def _leaf_replica_health(cluster: dict[str, Any]) -> dict[str, Any]:
     outlier detection on 2 consecutive refused or reset connections; at most half the replicas ejected
     and no panic threshold of our own — whether the cell is usable at all is the roots' call, from
     probes of every replica (:mod:`dlb.core.leaf_replicas`). Requests a dead replica held are retried
-    on the fallback cell, or with none on another replica (:func:`_replica_retries`)."""
+    on the fallback cell, or with none on another replica (:func:`_other_host_retries`)."""
     cluster["health_checks"] = [{
         "timeout": "0.5s", "interval": "0.5s", "no_traffic_interval": "0.5s", "unhealthy_threshold": 1,
         "healthy_threshold": 1, "tcp_health_check": {},
@@ -225,20 +225,6 @@ def _leaf_replica_health(cluster: dict[str, Any]) -> dict[str, Any]:
         "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 50,
     }
     return cluster
-
-
-def _replica_retries() -> dict[str, Any]:
-    """A request to a cell with no fallback cell, whose leaf replica failed before answering: once more,
-    on another replica of the same cell (never the host that failed)."""
-    return {
-        "retry_on": CROSS_CELL_RETRY_ON,
-        "retriable_status_codes": [503],
-        "num_retries": 1,
-        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-        "host_selection_retry_max_attempts": 3,
-        "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.02s"},
-    }
 
 
 def local_replies() -> dict[str, Any]:
@@ -338,8 +324,9 @@ def native_discrete_cluster(endpoint: str, dests: list[Any]) -> dict[str, Any]:
     return cluster
 
 
-def _native_retries() -> dict[str, Any]:
-    """Once, on another cell (another host of the native cluster), for what the cross-cell retry covers."""
+def _other_host_retries() -> dict[str, Any]:
+    """Once, on another host of the cluster (never the one that failed), for what the cross-cell retry covers:
+    another cell of a native cluster, or another leaf replica of a cell the root picked with no fallback."""
     return {
         "retry_on": CROSS_CELL_RETRY_ON,
         "retriable_status_codes": [503],
@@ -612,7 +599,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
             "name": f"{ep.name}-to-{name}",
             "match": {"prefix": ep.match.prefix, "headers": [{"name": HEADER_CELL, "string_match": {"exact": cfg.cell(name).cluster_name}}]},
             "route": dict(action, cluster=cfg.cell(name).cluster_name,
-                          **({"retry_policy": _replica_retries()} if cfg.cell(name).leaf.replicated else {})),
+                          **({"retry_policy": _other_host_retries()} if cfg.cell(name).leaf.replicated else {})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
         }
@@ -623,7 +610,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
-            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_native_retries()) if native
+            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_other_host_retries()) if native
                       else dict(action, cluster=pool) if pool else dict(action, weighted_clusters={"clusters": clusters})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
