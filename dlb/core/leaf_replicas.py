@@ -16,8 +16,8 @@ Every replica routes only the requests its own Envoy received, so each answer is
   ``ℓ_r(n) = ℓ(n / f)``, so on the cell's RIF axis ``ℓ(N) = ℓ_r(f·N)``, which for the softplus model
   is exact: ``a' = a, b' = b·f, c' = c/f, s' = s/f`` (``c < a/b`` is preserved). The rescaled curves
   estimate the same cell curve from disjoint samples and are averaged with weights = samples.
-- **Traffic share** ``f``: each replica's completion rate (EMA of its ``completed`` counter over
-  ``tau_s``) over the live replicas' total; equal shares until rates are known. With one live
+- **Traffic share** ``f``: each replica's completion rate (its ``completed`` counter's growth, forgotten
+  over ``tau_s``) over the live replicas' total; equal shares until rates are known. With one live
   replica ``f = 1`` and the answer passes through unchanged.
 
 Why the replicas do not exchange in-flight counts: the root's cost needs only the cell's total,
@@ -85,8 +85,16 @@ def rescale(params: tuple[float, float, float, float], share: float) -> tuple[fl
 class _Replica:
     answer: ReplicaAnswer
     at: float
-    rate: float = math.nan  # completions per second (EMA), NaN until two answers
+    #: Completions and seconds, each an exponentially forgotten sum (time constant ``tau_s``): their ratio
+    #: is the completion rate, which two answers a millisecond apart cannot throw off as an EMA of rates would.
+    done: float = 0.0
+    span: float = 0.0
     base: dict[str, int] = field(default_factory=dict)  # counter offsets from earlier lives of this replica
+
+    @property
+    def rate(self) -> float:
+        """Completions per second; NaN until the replica has answered twice."""
+        return self.done / self.span if self.span > 0 else math.nan
 
     def totals(self) -> dict[str, int]:
         c = self.answer.counters
@@ -115,18 +123,17 @@ class ReplicaMerge:
     def _record(self, replica: int, answer: ReplicaAnswer, now: float) -> None:
         prev = self._seen.get(replica)
         base: dict[str, int] = {}
-        rate = math.nan
+        done = span = 0.0
         if prev is not None:
             base = dict(prev.base)
             for k, v in prev.answer.counters.items():
                 if answer.counters.get(k, 0) < v:  # a restarted replica: its counters start again from 0
                     base[k] = base.get(k, 0) + v
             if now > prev.at and replica in self._live:
-                done = answer.counters.get("completed", 0) - prev.answer.counters.get("completed", 0)
-                inst = max(done, 0) / (now - prev.at)
-                alpha = 1.0 - math.exp(-(now - prev.at) / self.tau_s)
-                rate = inst if math.isnan(prev.rate) else prev.rate + alpha * (inst - prev.rate)
-        self._seen[replica] = _Replica(answer, now, rate, base)
+                keep = math.exp(-(now - prev.at) / self.tau_s)
+                new = answer.counters.get("completed", 0) - prev.answer.counters.get("completed", 0)
+                done, span = prev.done * keep + max(new, 0), prev.span * keep + (now - prev.at)
+        self._seen[replica] = _Replica(answer, now, done, span, base)
 
     def shares(self) -> dict[int, float]:
         """Each live replica's traffic share: its completion rate over the live total, else equal."""

@@ -94,9 +94,9 @@ class ProbeClient:
                 prober = ForeignProber(t)
                 self._tasks.append(asyncio.create_task(self._loop(t, prober, max(self.timing.period_s, MIN_PERIOD_S)), name=f"probe-{t.name}"))
                 continue
-            options: list[tuple[str, int | str]] = [("grpc.enable_retries", 0),
-                       ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
-                       ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
+            options: list[tuple[str, int | str]] = [
+                ("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+                ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
             if t.tls_name:
                 options.append(("grpc.ssl_target_name_override", t.tls_name))
             if self.credentials is None:
@@ -172,7 +172,6 @@ class ProbeClient:
             else:
                 await asyncio.sleep(0)
 
-
     def _deliver(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
         """Hand one probe result on: as it is for a one-replica cell; for a cell with leaf replicas, the
         merged answer of its live replicas (None only when none is live), under its replica-0 target."""
@@ -184,7 +183,7 @@ class ProbeClient:
                 resp = None
             else:
                 parts = [st.last for (j, _), st in self.stats.items() if j == target.index and st.available and st.last is not None]
-                resp = cell_response(cell, parts)
+                resp = cell_response(cell, parts or [probe_pb2.ProbeResponse(cell=target.name)])
         if resp is not None:
             self.cell_last[target.index] = resp
         self.on_result(target, resp, now)
