@@ -3,7 +3,8 @@
 Tiers, started in this order and stopped in the reverse (:mod:`dlb.launch.supervisor`):
 
 1. ``control-plane`` — ``dlb serve control-plane`` (xDS, flow loop, ``/status``, ``/fleet``);
-2. ``leaves`` — per cell with a DLB leaf (not ``leaf.source: vllm`` or ``gie``) the leaf agent (``dlb serve leaf --xds``) and the leaf Envoy, whose
+2. ``leaves`` — per cell with a DLB leaf (not ``leaf.source: vllm`` or ``gie``), and per leaf replica of it
+   (``leaf.replicas``), the leaf agent (``dlb serve leaf --xds --replica k``) and the leaf Envoy, whose
    bootstrap names only the control plane (:func:`dlb.envoy.ads_bootstrap.ads_bootstrap`): its
    listener, clusters, access log and WAN delay come over ADS;
 3. ``roots`` — per cell with a ``root:`` the root service (``dlb serve root --xds``) and the root
