@@ -34,7 +34,9 @@ streams whose answer had started (the root retries the rest on a fallback cell);
 every fault: ``recover_s`` not null and ``<= 10``. The root Envoy fault has no failure target (a killed
 root Envoy is the client's own connection); with two root Envoys sharing the address
 (``root_envoy_replica``, one killed) no request sent after the kill may fail. ``control_plane_replica``
-kills the first of two control-plane replicas, the one the services follow: ``failed == 0``. ``policy`` is the endpoint's DLB policy (``--policy``);
+kills the first of two control-plane replicas, the one the services follow: ``failed == 0``.
+``leaf_replica_kill`` gives every cell two leaf replicas and kills one of cell ``a``'s (its Envoy and its
+agent): no failure but streams whose answer had started on it, as for the leaf Envoy. ``policy`` is the endpoint's DLB policy (``--policy``);
 with ``--runs N`` each row is run N times (seeds ``seed`` … ``seed + N - 1``) and reported as
 min/median/max of its counts, passing only if every run passes.
 """
@@ -59,7 +61,7 @@ from dlb.errors import UsageError
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
 FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "control_plane",
-          "control_plane_replica", "root_envoy", "root_envoy_replica", "cell_overload")
+          "control_plane_replica", "root_envoy", "root_envoy_replica", "cell_overload", "leaf_replica_kill")
 MODES = ("ext_proc", "least_request")
 NO_FAILURE_TARGET = {"root_service", "control_plane", "control_plane_replica", "leaf_agent_kill", "leaf_agent_freeze"}
 #: Outages longer than ``--outage-s`` where the issue asks for one: a leaf agent frozen for 20 s.
@@ -284,6 +286,15 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
         return slow, fast
     if fault == "root_envoy":
         return (lambda: plane.root_envoy.proc.kill()), (lambda: plane.root_envoy.start() and None)
+    if fault == "leaf_replica_kill":  # one of cell a's two leaf replicas, its Envoy and its agent at once
+        def kill_replica() -> None:
+            plane.more_leaf_envoys["a"][0].proc.kill()
+            plane.more_leaves["a"][0].proc.kill()
+
+        def restart_replica() -> None:
+            plane.more_leaves["a"][0] = plane._restart(plane.more_leaves["a"][0])
+            plane.more_leaf_envoys["a"][0].start()
+        return kill_replica, restart_replica
     if fault == "root_envoy_replica":  # one of the two root Envoys sharing the root address
         return (lambda: plane.more_root_envoys[0].proc.kill()), (lambda: plane.more_root_envoys[0].start() and None)
     raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
@@ -338,7 +349,7 @@ def _count(values: Any) -> dict[Any, int]:
 
 #: The verdict rule of every row, as the results file states it.
 VERDICT_RULE = ("0 failed requests (root service, control plane or one replica, leaf agent faults), 0 but streams "
-                "already answering (leaf Envoy), 0 sent after the kill (one of two root Envoys), new requests failing for "
+                "already answering (leaf Envoy, one of two leaf replicas), 0 sent after the kill (one of two root Envoys), new requests failing for "
                 "<= 1 s (cell and server faults), >= 99 % served and every server "
                 "kept by its leaf Envoy (cell overload), recovered within 10 s")
 #: Failures of a request whose answer had started (status 200, then cut): no proxy can retry those.
@@ -350,7 +361,7 @@ def verdict(row: dict[str, Any]) -> str:
     why = []
     if row["fault"] in NO_FAILURE_TARGET and row["failed"] > 0:
         why.append(f"{row['failed']} failed (target 0)")
-    if row["fault"] == "leaf_envoy" and (lost := sum(n for c, n in row["failure_codes"].items() if c not in ANSWERING)):
+    if row["fault"] in ("leaf_envoy", "leaf_replica_kill") and (lost := sum(n for c, n in row["failure_codes"].items() if c not in ANSWERING)):
         why.append(f"{lost} failed before their answer started (target 0)")
     if row["fault"] == "cell_overload":
         if row["failed"] > 0.01 * row["sent"]:
@@ -462,7 +473,8 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
                                      probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
                                      control_plane=fault.startswith("control_plane"),
                                      control_planes=2 if fault == "control_plane_replica" else 1,
-                                     root_envoys=2 if fault == "root_envoy_replica" else 1)
+                                     root_envoys=2 if fault == "root_envoy_replica" else 1,
+                                     leaf_replicas=2 if fault == "leaf_replica_kill" else 1)
             break
         except (RuntimeError, TimeoutError, OSError):
             # A free port taken by another process between our pick and the child's bind (a shared box:

@@ -15,7 +15,8 @@ def _leaf_text(c: Cell) -> str:
         return "no DLB leaf: its servers' /metrics probed, requests to the servers"
     if c.leaf.source == "gie":
         return f"no DLB leaf: endpoint picker {c.leaf.probe} probed, requests to gateway {c.leaf.address}"
-    return f"leaf {c.leaf.address}"
+    more = f" (+{len(c.leaf.replicas)} replica{'s' if len(c.leaf.replicas) > 1 else ''})" if c.leaf.replicas else ""
+    return f"leaf {c.leaf.address}{more}"
 
 
 def summary(cfg: Config) -> str:
@@ -114,10 +115,13 @@ def run_render(args: argparse.Namespace) -> int:
             boot = root_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, native_flow=args.native_flow,
                                   ready_port=args.ready_port or None)
         else:
-            boot = leaf_bootstrap(cfg, args.cell, admin_port=args.admin_port, listen=listen, emulate_wan=args.emulate_wan,
-                                  access_log=args.access_log, ready_port=args.ready_port or None)
+            boot = leaf_bootstrap(cfg.leaf_replica(args.cell, args.replica), args.cell, admin_port=args.admin_port, listen=listen,
+                                  emulate_wan=args.emulate_wan, access_log=args.access_log, ready_port=args.ready_port or None)
     except ValueError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    except KeyError as exc:  # no such leaf replica: the message names the file and field
+        print(exc.args[0], file=sys.stderr)
         return 1
     if args.output == "-":
         from dlb.envoy.bootstrap import dump_bootstrap
@@ -182,6 +186,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("file", metavar="FILE", help="DLB config YAML")
     r.add_argument("role", choices=["root", "leaf"], help="which Envoy of the cell")
     r.add_argument("cell", help="cell name")
+    r.add_argument("--replica", type=int, default=0, help="leaf: which leaf replica (k: cells[].leaf.replicas[k-1]; default 0)")
     r.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (bound to 127.0.0.1)")
     r.add_argument("--listen", help="listener host:port (default: cells[].root.listen / cells[].leaf.listen, "
                                     "else 0.0.0.0:<port of the address>)")

@@ -8,6 +8,7 @@ order; matrices are stored as tuples (hashable, immutable) and exposed as numpy 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 from dataclasses import dataclass, field
@@ -119,10 +120,24 @@ class Leaf:
     #: ``vllm`` (the cell's servers' ``/metrics``, and the roots send to the servers directly) or ``gie`` (the
     #: GIE/llm-d endpoint picker's ``/metrics`` at ``probe``; the roots send to its gateway at ``address``).
     source: str = "dlb"
+    #: Further leaf replicas over the same servers (``leaf.replicas``): each a leaf Envoy + agent with
+    #: addresses of its own; roots send to every replica's Envoy and probe every agent (dlb.core.leaf_replicas).
+    replicas: tuple[Leaf, ...] = ()
+    #: ``leaf.replicas: dns``: every address ``probe`` (and ``address``) resolves to is a replica (a headless Service).
+    replicas_dns: bool = False
 
     @property
     def bind(self) -> HostPort:
         return bind_address(self.address, self.listen)
+
+    @property
+    def replicated(self) -> bool:
+        """More than one leaf replica may answer for this cell (listed, or found in DNS)."""
+        return bool(self.replicas) or self.replicas_dns
+
+    def all_replicas(self) -> tuple[Leaf, ...]:
+        """Replica 0 (this leaf's own addresses) then the further ones, each without ``replicas``."""
+        return (dataclasses.replace(self, replicas=()), *self.replicas)
 
     @property
     def foreign(self) -> bool:
@@ -177,7 +192,7 @@ class Cell:
         for a ``vllm`` cell its servers themselves."""
         if self.leaf.source == "vllm":
             return tuple((a, s.weight) for s in self.servers for a in s.rank_addresses())
-        return ((self.leaf.address, 1),)
+        return tuple((r.address, 1) for r in self.leaf.all_replicas())
 
     def scrape_addresses(self) -> tuple[str, ...]:
         """What a prober reads for a foreign cell: each server's ``/metrics`` (``vllm``), the EPP's (``gie``)."""
@@ -468,6 +483,28 @@ class Config:
     @property
     def cell_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.cells)
+
+    def leaf_replica(self, name: str, replica: int) -> Config:
+        """This config as leaf replica ``replica`` of cell ``name`` sees it: that cell's ``leaf`` is the
+        replica's (its Envoy listener, probe, ext_proc and access log), so an agent or a leaf Envoy
+        bootstrap built from it is that replica's. Replica 0 is the config itself."""
+        cell = self.cell(name)
+        reps = cell.leaf.all_replicas()
+        if not 0 <= replica < len(reps):
+            raise KeyError(f"{self.source}: cell {name!r} has {len(reps)} leaf replica(s) (cells[{cell.index}].leaf.replicas): "
+                           f"no replica {replica}")
+        if replica == 0:
+            return self
+        cells = tuple(dataclasses.replace(c, leaf=reps[replica]) if c.name == name else c for c in self.cells)
+        # The token is the fleet's, not the view's: a derived one must not change with the replica's addresses.
+        return dataclasses.replace(self, cells=cells, root_token=self.root_token or self.derived_root_token())
+
+    def derived_root_token(self) -> str:
+        """The root token when ``root_token_file`` is not set: a hash of the cells' addresses (dlb.envoy.root_token)."""
+        h = hashlib.sha256(b"dlb-root-token/v1\n")
+        for c in self.cells:
+            h.update(f"{c.name}\t{c.root.address}\t{c.leaf.address}\t{c.leaf.probe}\n".encode())
+        return "derived-" + h.hexdigest()
 
     def cell(self, name: str) -> Cell:
         for c in self.cells:

@@ -104,7 +104,8 @@ def topology(config: Config) -> pb.Topology:
     msg = pb.Topology()
     for c in config.cells:
         msg.cells.add(name=c.name, replicas=c.replicas, probe_address=str(c.leaf.probe), leaf_address=str(c.leaf.address),
-                      probe_source=c.leaf.source, scrape_addresses=list(c.scrape_addresses()))
+                      probe_source=c.leaf.source, scrape_addresses=list(c.scrape_addresses()),
+                      replica_probe_addresses=[str(r.probe) for r in c.leaf.replicas], replicas_dns=c.leaf.replicas_dns)
     for i in range(len(config.cells)):
         msg.rows.add(one_way_ms=list(config.network.one_way_ms[i]), allowed=list(config.network.allowed[i]))
     return msg

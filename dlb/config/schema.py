@@ -75,9 +75,9 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
         source = _source(ck, m.get("leaf"), lp)
-        lm = ck.mapping(m.get("leaf"), lp, ("source", "address", "probe", "ext_proc", "listen", "access_log"),
+        lm = ck.mapping(m.get("leaf"), lp, ("source", "address", "probe", "ext_proc", "listen", "access_log", "replicas"),
                         required=LEAF_REQUIRED[source] if "leaf" in m else ())
-        for key in ("ext_proc", "listen", "access_log") if source != "dlb" else ():
+        for key in ("ext_proc", "listen", "access_log", "replicas") if source != "dlb" else ():
             if key in lm:
                 ck.err(f"{lp}.{key}", f"a {source} cell has no DLB leaf: {key} applies only to source: dlb")
         servers: list[Server] = []
@@ -97,6 +97,8 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
             listen=_listen(ck, lm, lp),
             access_log=_access_log(ck, lm, lp),
             source=source,
+            replicas=_leaf_replicas(ck, lm, lp) if source == "dlb" and lm.get("replicas") != "dns" else (),
+            replicas_dns=source == "dlb" and _replicas_dns(ck, lm, lp),
         )
         replicas = ck.number(m, "replicas", p, max(len(servers), 1), ge=1, integer=True)
         rp = f"{p}.root"
@@ -110,6 +112,40 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
                           replicas_auto="replicas" not in m))
     _unique_addresses(ck, cells)
     return cells
+
+
+#: Leaf replicas per cell at most (each is probed by every root every probe period).
+MAX_LEAF_REPLICAS = 16
+
+
+def _replicas_dns(ck: Checker, lm: dict[str, Any], lp: str) -> bool:
+    """``leaf.replicas: dns``: the replicas are the addresses of ``leaf.probe``'s name, which must be a name."""
+    if lm.get("replicas") != "dns":
+        return False
+    probe = parse_hostport(lm.get("probe")) if isinstance(lm.get("probe"), str) else None
+    if probe is not None and is_ip(probe.host):
+        ck.err(f"{lp}.replicas", f"dns: leaf.probe {probe} is an IP address, not a name whose addresses are the replicas")
+    return True
+
+
+def _leaf_replicas(ck: Checker, lm: dict[str, Any], lp: str) -> tuple[Leaf, ...]:
+    """``leaf.replicas``: the further leaf replicas of a cell, each with its own Envoy listener and agent
+    addresses (``ext_proc`` exactly when the leaf has one: each replica's Envoy asks its own agent)."""
+    out = []
+    if isinstance(lm.get("replicas"), str):
+        ck.err(f"{lp}.replicas", f"{show(lm['replicas'])}: must be a list of {{address, probe}} or dns")
+        return ()
+    for k, item in enumerate(ck.sequence(lm.get("replicas"), f"{lp}.replicas", max_len=MAX_LEAF_REPLICAS - 1)):
+        rp = f"{lp}.replicas[{k}]"
+        rm = ck.mapping(item, rp, ("address", "probe", "ext_proc", "listen", "access_log"),
+                        required=("address", "probe", "ext_proc") if "ext_proc" in lm else ("address", "probe"))
+        if "ext_proc" in rm and "ext_proc" not in lm:
+            ck.err(f"{rp}.ext_proc", "set only when leaf.ext_proc is: every replica picks servers the same way")
+        out.append(Leaf(address=ck.hostport(rm, "address", rp, None) or HostPort("invalid", 1),
+                        probe=ck.hostport(rm, "probe", rp, None) or HostPort("invalid", 1),
+                        ext_proc=ck.hostport(rm, "ext_proc", rp, None) if "ext_proc" in lm else None,
+                        listen=_listen(ck, rm, rp), access_log=_access_log(ck, rm, rp)))
+    return tuple(out)
 
 
 #: The leaf fields each probe source needs (dlb.probe.foreign): a vllm cell is reached and probed at its servers.
@@ -188,6 +224,8 @@ def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
     for c in cells:
         p = f"cells[{c.index}]"
         uses = [(f"{p}.leaf.address", c.leaf.address), (f"{p}.leaf.probe", c.leaf.probe), (f"{p}.leaf.ext_proc", c.leaf.ext_proc)]
+        uses += [(f"{p}.leaf.replicas[{k}].{key}", getattr(r, key)) for k, r in enumerate(c.leaf.replicas)
+                 for key in ("address", "probe", "ext_proc")]
         if c.leaf.source == "vllm":
             uses = []  # its leaf names its first server (its own, not a listener of ours)
         # A DP server's ranks r > 0 sit on the following ports; a clash is reported on its dp_ranks.

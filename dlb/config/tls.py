@@ -144,7 +144,7 @@ def node_admission(node_key: Callable[[base_pb2.Node], str]) -> Callable[[base_p
         ids = peer_ids(auth)
         allowed = {k for k in map(node_key_of, ids) if k is not None}
         key = node_key(node)
-        if key in allowed:
+        if key.partition("#")[0] in allowed:  # a leaf replica (``dlb-leaf/<cell>#k``) is its cell's leaf
             return None
         shown = ", ".join(ids[:4]) or "no DLB identity (spiffe://dlb/... URI SAN)"
         return f"node claims {key[:120]!r} but its certificate names {shown[:400]}"

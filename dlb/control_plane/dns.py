@@ -8,9 +8,6 @@ addresses: a DNS hiccup must not empty a cell.
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -18,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from dlb.config.discovery import ip_order
 from dlb.log import get_logger
+from dlb.probe.replica_dns import resolve_all  # noqa: F401 - the one resolver; re-exported for the control plane
 
 log = get_logger("dlb.control_plane.dns")
 
@@ -36,12 +34,6 @@ class DnsStats:
     resolutions: int = 0
     failures: int = 0
     truncated: int = 0
-
-
-async def resolve_all(host: str, port: int) -> list[str]:
-    """Every distinct IP of ``host`` (A and AAAA), as ``getaddrinfo`` returns them."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({str(ipaddress.ip_address(info[4][0])) for info in infos})
 
 
 async def resolve_names(names: Mapping[str, int], resolver: Resolver, last: Mapping[str, tuple[str, ...]],

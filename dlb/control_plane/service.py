@@ -45,6 +45,7 @@ from dlb.envoy.bootstrap import NATIVE_CLUSTER_PREFIX
 from dlb.envoy.operator_pool import POOL_KINDS
 from dlb.envoy.tracing import EnvoyTracing
 from dlb.log import get_logger
+from dlb.probe import replica_dns
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
@@ -62,16 +63,18 @@ LEAF_GROUP = NODE_CLUSTER["leaf"]  # "dlb-leaf"
 
 
 def dlb_node_key(node: base_pb2.Node) -> str:
-    """``<node.cluster>/<node.locality.zone>``: the tier and the cell of an Envoy or DLB service."""
-    return f"{node.cluster}/{node.locality.zone}"
+    """``<node.cluster>/<node.locality.zone>``: the tier and the cell of an Envoy or DLB service; a leaf
+    replica k > 0 of the cell (``locality.sub_zone`` k, ``cells[].leaf.replicas``) adds ``#k``."""
+    sub = node.locality.sub_zone
+    return f"{node.cluster}/{node.locality.zone}" + (f"#{sub}" if sub and sub != "0" else "")
 
 
 def root_key(cell: str) -> str:
     return f"{ROOT_GROUP}/{cell}"
 
 
-def leaf_key(cell: str) -> str:
-    return f"{LEAF_GROUP}/{cell}"
+def leaf_key(cell: str, replica: int = 0) -> str:
+    return f"{LEAF_GROUP}/{cell}" + (f"#{replica}" if replica else "")
 
 
 def _q(v: float, digits: int = 3) -> float:
@@ -123,6 +126,8 @@ class ControlPlane:
         #: Server discovery: DNS name → its addresses at the last resolution (``discovery.dns_period_s``).
         self.resolver = resolver
         self.resolved: dict[str, tuple[str, ...]] = {}
+        #: ``leaf.replicas: dns``: probe name → the leaf pods' addresses at the last resolution, each probed.
+        self.probe_resolved: dict[str, tuple[str, ...]] = {}
         self.dns_stats = DnsStats()
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
@@ -201,10 +206,12 @@ class ControlPlane:
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *static_eps)]
             if cell.leaf.foreign:
                 continue  # no leaf Envoy or agent of ours there
-            ls = er.leaf_resources(config, cell.name, emulate_wan=self.emulate_wan, tracing=self.tracing)
-            leaf[cell.name] = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
-            leaf[cell.name].append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
-            leaf[cell.name].append(Resource.from_message(dr.leaf_policy(config), name=cell.name, type_url=dr.LEAF_POLICY))
+            for k in range(len(cell.leaf.all_replicas())):  # each replica's Envoy: its own listener, agent and access log
+                ls = er.leaf_resources(config.leaf_replica(cell.name, k), cell.name, emulate_wan=self.emulate_wan, tracing=self.tracing)
+                rs_k = common + [Resource.from_message(m) for m in (*ls.listeners, *ls.clusters, *ls.endpoints, *ls.routes)]
+                rs_k.append(Resource.from_message(dr.dp_groups(config, cell.name), name=cell.name, type_url=dr.DP_GROUPS))
+                rs_k.append(Resource.from_message(dr.leaf_policy(config), name=cell.name, type_url=dr.LEAF_POLICY))
+                leaf[leaf_key(cell.name, k)] = rs_k
         return _Static(root, leaf, root_sets)
 
     async def refresh_dns(self) -> bool:
@@ -233,6 +240,7 @@ class ControlPlane:
         while True:
             try:
                 await self.refresh_dns()
+                await self._refresh_replica_dns()
             except Exception:  # a bad resolution must not stop the control plane; the last endpoints stay
                 log.exception("dns_refresh_failed")
             await asyncio.sleep(self.config.discovery.dns_period_s)
@@ -268,8 +276,9 @@ class ControlPlane:
         for cell in cfg.cells:
             if not self.serves(cell.name):
                 continue
-            if cell.name in self._static.leaf:  # a foreign cell has no leaf to configure
-                versions[leaf_key(cell.name)] = self._set(leaf_key(cell.name), list(self._static.leaf[cell.name]) + state)
+            for k in range(len(cell.leaf.all_replicas()) if not cell.leaf.foreign else 0):  # a foreign cell has no leaf to configure
+                key = leaf_key(cell.name, k)
+                versions[key] = self._set(key, list(self._static.leaf[key]) + state)
             if cell.name not in self._static.root_sets:
                 continue
             per_ep = {ep: x[cell.index] for ep, x in weights.items() if cell.index in x}
@@ -348,6 +357,23 @@ class ControlPlane:
         self.models[cell] = (p, resp.model.confidence, resp.model.samples)
         return p
 
+    async def _refresh_replica_dns(self) -> None:
+        """Re-resolve the probe names of ``leaf.replicas: dns`` cells; probe the new set of pods if it changed."""
+        targets = self._probe_targets()
+        if not any(t.resolve for t in targets):
+            return
+        resolved = await replica_dns.resolve_targets(targets, self.resolver, self.probe_resolved)
+        if resolved != self.probe_resolved:
+            self.probe_resolved = resolved
+            if self._probes is not None:
+                await self._restart_probes()
+
+    def _probe_targets(self) -> list[ProbeTarget]:
+        """Every leaf replica of every cell (a ``dns`` one by name until resolved)."""
+        return [ProbeTarget(c.index, c.name, str(leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses(), replica=k,
+                            resolve=c.leaf.replicas_dns)
+                for c in self.config.cells for k, leaf in enumerate(c.leaf.all_replicas())]
+
     async def _restart_probes(self) -> None:
         if self._probes is not None:
             await self._probes.stop()
@@ -356,7 +382,7 @@ class ControlPlane:
     def _start_probes(self) -> None:
         p = self.config.probe
         self._probes = ProbeClient(
-            targets=[ProbeTarget(c.index, c.name, str(c.leaf.probe), source=c.leaf.source, scrape=c.scrape_addresses()) for c in self.config.cells],
+            targets=replica_dns.expand(self._probe_targets(), self.probe_resolved),
             on_result=self._on_probe,
             timing=ProbeTiming(period_s=max(p.period_ms / 1000.0, 0.05), timeout_s=p.timeout_ms / 1000.0,
                                backoff_max_s=p.backoff_max_ms / 1000.0),

@@ -30,7 +30,7 @@ ROLES = {"root": "dlb-root", "leaf": "dlb-leaf"}
 
 def ads_bootstrap(role: str, cell: str, xds: HostPort | Sequence[HostPort], admin_port: int, node_id: str | None = None,
                   delta: bool = False, ready_port: int | None = None, tls: TlsFiles | None = None,
-                  token: dict[str, Any] | None = None) -> dict[str, Any]:
+                  token: dict[str, Any] | None = None, leaf_replica: int = 0) -> dict[str, Any]:
     """Bootstrap of an Envoy of ``role`` (root|leaf) in ``cell``, configured entirely over ADS.
 
     ``delta`` selects the incremental protocol (``DELTA_GRPC``) instead of state of the world;
@@ -38,6 +38,8 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort | Sequence[HostPort], admi
     ``tls`` (a config's ``tls`` section): mutual TLS to the control plane with this (role, cell)'s
     certificate — the identity the control plane authorises this node by. ``token``: the root token's
     static secret (:func:`dlb.envoy.root_token.token_secret`), which a root's listener from xDS names.
+    ``leaf_replica`` k > 0: the cell's leaf replica k (``cells[].leaf.replicas[k-1]``), told apart by
+    ``locality.sub_zone``, whose snapshot carries that replica's listener and agent addresses.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
@@ -50,7 +52,7 @@ def ads_bootstrap(role: str, cell: str, xds: HostPort | Sequence[HostPort], admi
         "node": {
             "id": node_id or f"{role}-{cell}-{os.getpid()}",
             "cluster": ROLES[role],
-            "locality": {"zone": cell},
+            "locality": {"zone": cell, **({"sub_zone": str(leaf_replica)} if leaf_replica else {})},
         },
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "dynamic_resources": {

@@ -206,6 +206,27 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
+def _leaf_replica_health(cluster: dict[str, Any]) -> dict[str, Any]:
+    """A cell with leaf replicas (one endpoint each): a dead replica out of rotation within a second,
+    the cell never emptied by Envoy. A TCP check every 0.5 s (a killed Envoy refuses at once) and
+    outlier detection on 2 consecutive refused or reset connections; at most half the replicas ejected
+    and no panic threshold of our own — whether the cell is usable at all is the roots' call, from
+    probes of every replica (:mod:`dlb.core.leaf_replicas`). Requests a dead replica held are retried
+    on the fallback cell, or with none on another replica (:func:`_other_host_retries`)."""
+    cluster["health_checks"] = [{
+        "timeout": "0.5s", "interval": "0.5s", "no_traffic_interval": "0.5s", "unhealthy_threshold": 1,
+        "healthy_threshold": 1, "tcp_health_check": {},
+    }]
+    cluster["outlier_detection"] = {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": 2, "enforcing_consecutive_local_origin_failure": 100,
+        "enforcing_consecutive_5xx": 0, "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0, "enforcing_local_origin_success_rate": 0,
+        "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 50,
+    }
+    return cluster
+
+
 def local_replies() -> dict[str, Any]:
     """Envoy's own failure replies as OpenAI-shaped JSON errors with DLB's codes (:mod:`dlb.envoy.replies`).
 
@@ -303,8 +324,9 @@ def native_discrete_cluster(endpoint: str, dests: list[Any]) -> dict[str, Any]:
     return cluster
 
 
-def _native_retries() -> dict[str, Any]:
-    """Once, on another cell (another host of the native cluster), for what the cross-cell retry covers."""
+def _other_host_retries() -> dict[str, Any]:
+    """Once, on another host of the cluster (never the one that failed), for what the cross-cell retry covers:
+    another cell of a native cluster, or another leaf replica of a cell the root picked with no fallback."""
     return {
         "retry_on": CROSS_CELL_RETRY_ON,
         "retriable_status_codes": [503],
@@ -576,7 +598,8 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         {
             "name": f"{ep.name}-to-{name}",
             "match": {"prefix": ep.match.prefix, "headers": [{"name": HEADER_CELL, "string_match": {"exact": cfg.cell(name).cluster_name}}]},
-            "route": dict(action, cluster=cfg.cell(name).cluster_name),
+            "route": dict(action, cluster=cfg.cell(name).cluster_name,
+                          **({"retry_policy": _other_host_retries()} if cfg.cell(name).leaf.replicated else {})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
         }
@@ -587,7 +610,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
-            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_native_retries()) if native
+            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_other_host_retries()) if native
                       else dict(action, cluster=pool) if pool else dict(action, weighted_clusters={"clusters": clusters})),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
@@ -661,12 +684,12 @@ def root_bootstrap(
         # Each request is retried across cells at most once, so retries are bounded by requests; a
         # dead leaf Envoy resets every request it held at once, and each must get its retry.
         cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
-        clusters.append(cluster)
+        clusters.append(_leaf_replica_health(cluster) if d.leaf.replicated else cluster)
     if has_ext_proc:
         clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
     clusters += [native_discrete_cluster(ep.name, dests) for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]
     if pool:
-        base = _cluster(POOL_CLUSTER, [(d.leaf.address, 1) for d in dests], lb_policy="LEAST_REQUEST")
+        base = _cluster(POOL_CLUSTER, [(r.address, 1) for d in dests for r in d.leaf.all_replicas()], lb_policy="LEAST_REQUEST")
         clusters.append(pool_cluster(base, cfg, me.name, cfg.policy.weights, leaf_prefixes(cfg)[0]))
     listener = _listener("dlb_root", _bind(listen), _hcm("dlb_root", route_config, filters, edge=True), reuse_port)
     boot = _bootstrap("root", me.name, admin_port, listener, clusters, ready_port)

@@ -22,6 +22,7 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--xds", required=True, help="control plane xDS address host:port")
     p.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (127.0.0.1)")
     p.add_argument("--node-id", default=None, help="xDS node id (default ROLE-CELL-PID)")
+    p.add_argument("--replica", type=int, default=0, help="leaf: which leaf replica (k: cells[].leaf.replicas[k-1]; default 0)")
     p.add_argument("--delta", action="store_true", help="use incremental xDS (DELTA_GRPC)")
     p.add_argument("--ready-port", type=int, default=DEFAULT_READY_PORT,
                    help=f"port of the dlb_ready listener on 0.0.0.0 answering GET /ready (default {DEFAULT_READY_PORT}; 0 = none)")
@@ -59,7 +60,8 @@ def run_bootstrap(args: argparse.Namespace) -> int:
     if args.role == "root" and token is None:
         raise UsageError("--role root: give --root-token-file or --config (the root token is never sent over xDS)")
     text = yaml.safe_dump(ads_bootstrap(args.role, args.cell, HostPort(host.strip("[]"), int(port)), args.admin_port,
-                                        args.node_id, args.delta, args.ready_port or None, tls=tls, token=token), sort_keys=False)
+                                        args.node_id, args.delta, args.ready_port or None, tls=tls, token=token,
+                                        leaf_replica=args.replica if args.role == "leaf" else 0), sort_keys=False)
     if args.output == "-":
         sys.stdout.write(text)
     else:

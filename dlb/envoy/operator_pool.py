@@ -48,11 +48,13 @@ def pool_cluster(base: dict[str, Any], cfg: Config, src: str, kind: str, check_p
     groups = []
     for p, name in enumerate(order):
         cell = cfg.cell(name)
+        leaves = [r.address for r in cell.leaf.all_replicas()]
         group: dict[str, Any] = {
             "locality": {"zone": name},
-            "lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": cell.leaf.address.host,
-                                                                           "port_value": cell.leaf.address.port}}},
-                              "load_balancing_weight": max(1, int(round(cell.replicas)))}],
+            # Every leaf replica of the cell, the cell's weight split over them.
+            "lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": hp.host, "port_value": hp.port}}},
+                              "load_balancing_weight": max(1, int(round(cell.replicas / len(leaves))))}
+                             for hp in leaves],
         }
         if kind == "locality-failover":
             group["priority"] = p

@@ -18,13 +18,11 @@ a config dump of any node) learns the file's path, never the token.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from dlb.config.model import Config
 from dlb.envoy.contract import ROOT_TOKEN, SRC_CELL
 
-_DERIVED_PREFIX = b"dlb-root-token/v1\n"
 #: The name of the Envoy generic secret that holds the token (a root's bootstrap defines it).
 SECRET = "dlb-root-token"
 TOKEN_FILTER = "envoy.filters.http.credential_injector"
@@ -33,12 +31,7 @@ TOKEN_CHECK = "dlb.root_token_check"
 
 def root_token(cfg: Config) -> str:
     """The token roots of ``cfg`` send and its leaves require (``cfg.root_token`` or the derived one)."""
-    if cfg.root_token:
-        return cfg.root_token
-    h = hashlib.sha256(_DERIVED_PREFIX)
-    for c in cfg.cells:
-        h.update(f"{c.name}\t{c.root.address}\t{c.leaf.address}\t{c.leaf.probe}\n".encode())
-    return "derived-" + h.hexdigest()
+    return cfg.root_token or cfg.derived_root_token()
 
 
 def forgeable_token_warning(cfg: Config) -> str | None:

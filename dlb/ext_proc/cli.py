@@ -149,6 +149,13 @@ def run_leaf(args: argparse.Namespace) -> int:
     if not 0 <= args.drain_s < math.inf:  # as dlb serve root: nan would skip the drain, inf never end it
         raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     cfg, cell = load_cell(args.config, args.cell)
+    if args.replica:
+        n = len(cell.leaf.all_replicas())
+        if not 0 <= args.replica < n:
+            raise UsageError(f"dlb serve leaf: --replica {args.replica}: {args.config}: cells[{cell.index}].leaf.replicas "
+                             f"gives cell {args.cell!r} {n} leaf replica(s), numbered 0..{n - 1}")
+        cfg = cfg.leaf_replica(args.cell, args.replica)  # this replica's addresses, the cell's everything else
+        cell = cfg.cell(args.cell)
     for flag, value in (("--envoy-check-address", args.envoy_check_address), ("--envoy-admin", args.envoy_admin)):
         from dlb.config.loader import parse_hostport
 
@@ -182,6 +189,7 @@ def register_leaf(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--xds", default=None, help="control plane host:port: follow its server set (EDS) and fleet prior")
     p.add_argument("--xds-delta", action="store_true", help="use incremental xDS with the control plane")
     p.add_argument("--cell", required=True, help="the cell this leaf serves")
+    p.add_argument("--replica", type=int, default=0, help="which leaf replica of the cell: 0 (leaf's addresses) or k (leaf.replicas[k-1])")
     p.add_argument("--listen", default=None, help="gRPC host:port for probe + ext_proc + access log (default: cells[].leaf.probe)")
     p.add_argument("--metrics", default=None, help="Prometheus host:port ('' = off; default: probe host, probe port + 10000)")
     p.add_argument("--scrape-period-ms", type=float, default=200.0, help="server /metrics scrape period (0 = off)")

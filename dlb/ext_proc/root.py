@@ -366,7 +366,7 @@ class RootService:
         err = GaugeMetricFamily("dlb_root_cell_error_rate", "Cell error rate reported by the last probe", labels=["cell"])
         model = GaugeMetricFamily("dlb_root_cell_model", "Cell latency-model parameter from the last probe", labels=["cell", "param"])
         for t in pc.targets:
-            st = pc.stats.get(t.index)
+            st = pc.cell_stats(t.index) if t.replica == 0 else None
             if st is None:
                 continue
             age.add_metric([t.name], now - st.last_ok if math.isfinite(st.last_ok) else math.inf)

@@ -16,6 +16,8 @@ configuration arrives, the service answers "continue" and Envoy routes by its fa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 
@@ -30,7 +32,9 @@ from dlb.core.router import Mechanism
 from dlb.core.topology import Topology
 from dlb.ext_proc.root import EndpointSpec, RootService
 from dlb.log import get_logger
+from dlb.probe import replica_dns
 from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.replica_dns import Resolver, resolve_all
 from dlb.probe.target import CellProbe, ProbeTarget
 from dlb.proto import resources_pb2 as pb
 from dlb.xds.client import ResourceValidationError, XdsClient
@@ -41,27 +45,54 @@ log = get_logger("dlb.root.xds")
 def probe_targets(topology: Topology, cell: str, probes: Sequence[CellProbe], emulate_wan: bool) -> list[ProbeTarget]:
     """The cells a root in ``cell`` probes: its allowed destinations (with the testbed's WAN delay)."""
     src = topology.index(cell)
-    return [ProbeTarget(j, topology.names[j], probes[j].address, float(topology.tau[src, j]) if emulate_wan else 0.0,
-                        source=probes[j].source, scrape=probes[j].scrape)
-            for j in topology.out_neighbors(src)]
+    return [ProbeTarget(j, topology.names[j], address, float(topology.tau[src, j]) if emulate_wan else 0.0,
+                        source=probes[j].source, scrape=probes[j].scrape, replica=k, resolve=probes[j].resolve)
+            for j in topology.out_neighbors(src) for k, address in enumerate((probes[j].address, *probes[j].replicas))]
 
 
 def config_probes(cfg: Config) -> list[CellProbe]:
     """How each cell of ``cfg`` is probed, in cell order."""
-    return [CellProbe(str(c.leaf.probe), c.leaf.source, c.scrape_addresses()) for c in cfg.cells]
+    return [CellProbe(str(c.leaf.probe), c.leaf.source, c.scrape_addresses(), tuple(str(r.probe) for r in c.leaf.replicas),
+                      c.leaf.replicas_dns) for c in cfg.cells]
 
 
 class ProbeManager:
-    """Owns the service's probe client and replaces it when the set of targets changes."""
+    """Owns the service's probe client and replaces it when the set of targets changes (a config, or the
+    addresses of a ``leaf.replicas: dns`` name, re-resolved every :data:`~dlb.probe.replica_dns.PERIOD_S`)."""
 
-    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: Identity | None = None) -> None:
+    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: Identity | None = None,
+                 resolver: Resolver = resolve_all, dns_period_s: float = replica_dns.PERIOD_S) -> None:
         self.service = service
         self.tls = tls
         self.timing = timing
         self.source_cell = source_cell
-        self.targets: list[ProbeTarget] = []
+        self.targets: list[ProbeTarget] = []  # as probed (replica names expanded)
+        self.wanted: list[ProbeTarget] = []  # as configured
+        self.resolver = resolver
+        self.dns_period_s = dns_period_s
+        self.resolved: dict[str, tuple[str, ...]] = {}
+        self._dns_task: asyncio.Task | None = None
 
     async def retarget(self, targets: list[ProbeTarget]) -> None:
+        self.wanted = targets
+        if any(t.resolve for t in targets):
+            self.resolved = await replica_dns.resolve_targets(targets, self.resolver, self.resolved)
+            if self._dns_task is None:
+                self._dns_task = asyncio.create_task(self._dns_loop(), name="replica-dns")
+        await self._use(replica_dns.expand(targets, self.resolved))
+
+    async def _dns_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.dns_period_s)
+            try:
+                self.resolved = await replica_dns.resolve_targets(self.wanted, self.resolver, self.resolved)
+                await self._use(replica_dns.expand(self.wanted, self.resolved))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one bad resolution stop the loop
+                log.exception("replica_dns_loop_error")
+
+    async def _use(self, targets: list[ProbeTarget]) -> None:
         if targets == self.targets and self.service.probe_client is not None:
             return
         old = self.service.probe_client
@@ -75,6 +106,11 @@ class ProbeManager:
         log.info("probe_targets", cell=self.source_cell, targets=[f"{t.name}@{t.address}" for t in targets])
 
     async def stop(self) -> None:
+        if self._dns_task is not None:
+            self._dns_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dns_task
+            self._dns_task = None
         if self.service.probe_client is not None:
             await self.service.probe_client.stop()
 
@@ -187,7 +223,8 @@ class RootXdsSync:
             raise ResourceValidationError(f"cannot apply configuration: {e}") from e
         self.topology, self.specs = topo_msg, specs
         self.reloads += 1
-        probes = [CellProbe(c.probe_address, c.probe_source or "dlb", tuple(c.scrape_addresses)) for c in topo_msg.cells]
+        probes = [CellProbe(c.probe_address, c.probe_source or "dlb", tuple(c.scrape_addresses), tuple(c.replica_probe_addresses),
+                            c.replicas_dns) for c in topo_msg.cells]
         await self.probes.retarget(probe_targets(topology, self.cell, probes, self.emulate_wan))
         log.info("root_reconfigured", cell=self.cell, reload=self.reloads, cells=list(topology.names),
                  endpoints=[s.name for s in specs])

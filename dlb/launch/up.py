@@ -3,7 +3,8 @@
 Tiers, started in this order and stopped in the reverse (:mod:`dlb.launch.supervisor`):
 
 1. ``control-plane`` — ``dlb serve control-plane`` (xDS, flow loop, ``/status``, ``/fleet``);
-2. ``leaves`` — per cell with a DLB leaf (not ``leaf.source: vllm`` or ``gie``) the leaf agent (``dlb serve leaf --xds``) and the leaf Envoy, whose
+2. ``leaves`` — per cell with a DLB leaf (not ``leaf.source: vllm`` or ``gie``), and per leaf replica of it
+   (``leaf.replicas``), the leaf agent (``dlb serve leaf --xds --replica k``) and the leaf Envoy, whose
    bootstrap names only the control plane (:func:`dlb.envoy.ads_bootstrap.ads_bootstrap`): its
    listener, clusters, access log and WAN delay come over ADS;
 3. ``roots`` — per cell with a ``root:`` the root service (``dlb serve root --xds``) and the root
@@ -71,13 +72,15 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     out = [("services.control_plane.xds", cp.xds), ("services.control_plane.status", cp.status)]
     for i, cell in enumerate(cfg.cells):
         # The Envoys bind ``listen`` (default 0.0.0.0:<port>), and here roots reach them at ``address``: check both.
-        if not cell.leaf.foreign:  # a foreign cell's leaf addresses are its own gateway's or servers'
-            out.append((f"cells[{i}].leaf.address", cell.leaf.address))
-            if cell.leaf.bind != cell.leaf.address:
-                out.append((f"cells[{i}].leaf.listen", cell.leaf.bind))
-            out.append((f"cells[{i}].leaf.probe", cell.leaf.probe))
-        if cell.leaf.ext_proc is not None:
-            out.append((f"cells[{i}].leaf.ext_proc", cell.leaf.ext_proc))
+        for k, leaf in enumerate(cell.leaf.all_replicas()):
+            lp = f"cells[{i}].leaf" + (f".replicas[{k - 1}]" if k else "")
+            if not cell.leaf.foreign:  # a foreign cell's leaf addresses are its own gateway's or servers'
+                out.append((f"{lp}.address", leaf.address))
+                if leaf.bind != leaf.address:
+                    out.append((f"{lp}.listen", leaf.bind))
+                out.append((f"{lp}.probe", leaf.probe))
+            if leaf.ext_proc is not None:
+                out.append((f"{lp}.ext_proc", leaf.ext_proc))
         if cell.root.address is not None:
             out.append((f"cells[{i}].root.address", cell.root.address))
             if cell.root.bind not in (None, cell.root.address):
@@ -209,7 +212,8 @@ def _python() -> list[str]:
 def _envoy_child(sup: Supervisor, role: str, cell: str, xds: list[HostPort], listener: HostPort, run_dir: Path,
                  cfg: Config, admin: int | None = None, replica: int = 1) -> tuple[Child, int]:
     """One cell's root or leaf Envoy, bootstrapped over ADS, in the roots' or leaves' stop tier (admin on
-    ``admin``, default a free port); ``replica`` > 1 names a further Envoy sharing the same listener."""
+    ``admin``, default a free port); ``replica`` > 1 names a further root Envoy sharing the same listener,
+    or the leaf replica ``replica - 1`` of the cell (``cells[].leaf.replicas``) with its own."""
     from dlb.envoy.ads_bootstrap import ads_bootstrap
     from dlb.envoy.root_token import token_secret
 
@@ -220,7 +224,8 @@ def _envoy_child(sup: Supervisor, role: str, cell: str, xds: list[HostPort], lis
     admin = admin or free_port()
     boot = run_dir / f"{name.replace(' ', '-')}.bootstrap.json"
     boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, admin, node_id=f"{role}-{cell}{suffix.replace(' ', '-')}",
-                                             tls=cfg.tls, token=token_secret(cfg)), indent=1))
+                                             tls=cfg.tls, token=token_secret(cfg), leaf_replica=replica - 1 if role == "leaf" else 0),
+                               indent=1))
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
@@ -287,18 +292,21 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     for cell in cfg.cells:
         if cell.leaf.foreign:
             continue  # a cell DLB does not run: its roots probe its metrics (dlb.probe.foreign)
-        ready_path = run_dir / f"leaf-{cell.name}.ready.json"
-        metrics_port, admin = free_port(), free_port()
-        sup.add(Child(f"leaf {cell.name} agent", "leaves",
-                      [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--xds", xds_arg,
-                       "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path),
-                       "--envoy-admin", f"127.0.0.1:{admin}", *(leaf_args or [])],
-                      run_dir / f"leaf-{cell.name}.log", ready=functools.partial(ready_path.exists),
-                      waiting=functools.partial(str, f"its probe service {cell.leaf.probe} (ready file not written yet)"),
-                      before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        _envoy_child(sup, "leaf", cell.name, xds_all, cell.leaf.address, run_dir, cfg, admin)
-        dep.leaf_metrics[cell.name] = f"http://127.0.0.1:{metrics_port}/metrics"
-        dep.leaf_admin[cell.name] = f"http://127.0.0.1:{admin}/"
+        for k, leaf in enumerate(cell.leaf.all_replicas()):  # each replica: an agent and an Envoy over the same servers
+            who = cell.name + (f" replica {k}" if k else "")
+            file = f"leaf-{cell.name}" + (f"-{k}" if k else "")
+            ready_path = run_dir / f"{file}.ready.json"
+            metrics_port, admin = free_port(), free_port()
+            sup.add(Child(f"leaf {who} agent", "leaves",
+                          [*_python(), "serve", "leaf", "--config", config_path, "--cell", cell.name, "--replica", str(k),
+                           "--xds", xds_arg, "--metrics", f"127.0.0.1:{metrics_port}", "--ready-file", str(ready_path),
+                           "--envoy-admin", f"127.0.0.1:{admin}", *(leaf_args or [])],
+                          run_dir / f"{file}.log", ready=functools.partial(ready_path.exists),
+                          waiting=functools.partial(str, f"its probe service {leaf.probe} (ready file not written yet)"),
+                          before_start=functools.partial(ready_path.unlink, missing_ok=True)))
+            _envoy_child(sup, "leaf", cell.name, xds_all, leaf.address, run_dir, cfg, admin, replica=k + 1)
+            dep.leaf_metrics[who] = f"http://127.0.0.1:{metrics_port}/metrics"
+            dep.leaf_admin[who] = f"http://127.0.0.1:{admin}/"
     for cell in cfg.cells:
         if cell.root.address is None:
             continue  # not a source cell: no clients enter here

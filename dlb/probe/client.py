@@ -19,6 +19,7 @@ probe at "UNAVAILABLE" without trying to connect. The channel's is capped at
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import math
 import time
@@ -27,8 +28,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from dlb.core.leaf_replicas import ReplicaMerge
 from dlb.log import get_logger
-from dlb.probe.codec import check_answer
+from dlb.probe.codec import cell_response, check_answer, replica_answer
 from dlb.probe.foreign import MIN_PERIOD_S, ForeignProber
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2, probe_pb2_grpc
@@ -74,20 +76,29 @@ class ProbeClient:
     source_cell: str = ""
     clock: Callable[[], float] = time.monotonic
     credentials: grpc.ChannelCredentials | None = None  # mTLS to the leaves' probe servers (None: plaintext)
-    stats: dict[int, ProbeStats] = field(default_factory=dict)
+    #: Per (cell index, leaf replica).
+    stats: dict[tuple[int, int], ProbeStats] = field(default_factory=dict)
+    #: The cells with more than one leaf replica: their replicas' answers merged (dlb.core.leaf_replicas).
+    merges: dict[int, ReplicaMerge] = field(default_factory=dict)
+    #: Each cell's last answer as ``on_result`` got it (a multi-replica cell's merged one).
+    cell_last: dict[int, probe_pb2.ProbeResponse] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
 
     def start(self) -> None:
+        replicas = collections.Counter(t.index for t in self.targets)
+        self.merges = {j: ReplicaMerge() for j, n in replicas.items() if n > 1}
         for t in self.targets:
-            self.stats[t.index] = ProbeStats()
+            self.stats[t.key] = ProbeStats()
             if t.source != "dlb":  # a cell DLB does not run: its metrics are scraped over HTTP
                 prober = ForeignProber(t)
                 self._tasks.append(asyncio.create_task(self._loop(t, prober, max(self.timing.period_s, MIN_PERIOD_S)), name=f"probe-{t.name}"))
                 continue
-            options = [("grpc.enable_retries", 0),
-                       ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
-                       ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
+            options: list[tuple[str, int | str]] = [
+                ("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+                ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
+            if t.tls_name:
+                options.append(("grpc.ssl_target_name_override", t.tls_name))
             if self.credentials is None:
                 channel = grpc.aio.insecure_channel(t.address, options=options)
             else:
@@ -111,7 +122,7 @@ class ProbeClient:
         self._channels.clear()
 
     async def _loop(self, target: ProbeTarget, ask: Callable[[float], Awaitable[probe_pb2.ProbeResponse]], period_s: float) -> None:
-        st = self.stats[target.index]
+        st = self.stats[target.key]
         timing = self.timing
         while True:
             started = self.clock()
@@ -136,7 +147,7 @@ class ProbeClient:
                 never_answered = st.ok == 0 and st.consecutive_failures == timing.fail_threshold
                 if st.consecutive_failures >= timing.fail_threshold and (st.available or never_answered):
                     st.available = False
-                    self.on_result(target, None, now)
+                    self._deliver(target, None, now)
                 delay = min(timing.backoff_max_s, period_s * (2.0 ** st.consecutive_failures))
             except asyncio.CancelledError:
                 raise
@@ -154,12 +165,39 @@ class ProbeClient:
                 st.last_rtt_s = now - started
                 st.last = resp
                 st.available = True
-                self.on_result(target, resp, now)
+                self._deliver(target, resp, now)
                 delay = period_s - (now - started)
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
                 await asyncio.sleep(0)
+
+    def _deliver(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        """Hand one probe result on: as it is for a one-replica cell; for a cell with leaf replicas, the
+        merged answer of its live replicas (None only when none is live), under its replica-0 target."""
+        merge = self.merges.get(target.index)
+        if merge is not None:
+            cell = merge.update(target.replica, None if resp is None else replica_answer(resp), now)
+            target = next(t for t in self.targets if t.index == target.index and t.replica == 0)
+            if cell is None:
+                resp = None
+            else:
+                parts = [st.last for (j, _), st in self.stats.items() if j == target.index and st.available and st.last is not None]
+                resp = cell_response(cell, parts or [probe_pb2.ProbeResponse(cell=target.name)])
+        if resp is not None:
+            self.cell_last[target.index] = resp
+        self.on_result(target, resp, now)
+
+    def cell_stats(self, index: int) -> ProbeStats | None:
+        """One cell's probe bookkeeping over its replicas: counts summed, the freshest answer's age and RTT."""
+        parts = [st for (j, _), st in self.stats.items() if j == index]
+        if not parts:
+            return None
+        fresh = max(parts, key=lambda st: st.last_ok)
+        return ProbeStats(ok=sum(st.ok for st in parts), errors=sum(st.errors for st in parts),
+                          consecutive_failures=min(st.consecutive_failures for st in parts), last_ok=fresh.last_ok,
+                          last_error=fresh.last_error, last_rtt_s=fresh.last_rtt_s, last=self.cell_last.get(index),
+                          available=any(st.available for st in parts))
 
 
 async def _ask_leaf(stub: probe_pb2_grpc.ProbeStub, request: probe_pb2.ProbeRequest, timeout_s: float) -> probe_pb2.ProbeResponse:

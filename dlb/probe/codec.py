@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from dlb.core.latency_model import LatencyParams
+from dlb.core.leaf_replicas import CellAnswer, ReplicaAnswer
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
 
@@ -41,3 +42,36 @@ def model_of(resp: probe_pb2.ProbeResponse) -> LatencyParams | None:
         return LatencyParams(m.a_s, m.b_s, m.c, m.s)
     except ValueError:
         return None
+
+
+def replica_answer(resp: probe_pb2.ProbeResponse) -> ReplicaAnswer:
+    """One leaf replica's answer as :mod:`dlb.core.leaf_replicas` reads it."""
+    counters = {"completed": resp.completed, "errors": resp.errors}
+    counters.update({f"src:{k}": v for k, v in resp.completed_by_source.items()})
+    m = resp.model
+    return ReplicaAnswer(rif=resp.rif, error_rate=resp.error_rate, counters=counters,
+                         healthy=resp.healthy_replicas if resp.HasField("healthy_replicas") else None,
+                         params=(m.a_s, m.b_s, m.c, m.s) if model_of(resp) is not None else None,
+                         confidence=m.confidence, samples=m.samples,
+                         capacity=resp.capacity if resp.HasField("capacity") else None,
+                         waiting=resp.waiting, kv_usage=resp.kv_usage)
+
+
+def cell_response(cell: CellAnswer, parts: list[probe_pb2.ProbeResponse]) -> probe_pb2.ProbeResponse:
+    """The merged answer of a cell's live replicas (``parts``, their last answers) as one leaf's answer."""
+    out = probe_pb2.ProbeResponse(cell=parts[0].cell, rif=cell.rif, replicas=max(p.replicas for p in parts),
+                                  error_rate=min(max(cell.error_rate, 0.0), 1.0),
+                                  timestamp_unix_ns=max(p.timestamp_unix_ns for p in parts),
+                                  completed=cell.counters.get("completed", 0), errors=cell.counters.get("errors", 0),
+                                  waiting=cell.waiting, kv_usage=cell.kv_usage)
+    for k, v in cell.counters.items():
+        if k.startswith("src:"):
+            out.completed_by_source[k[4:]] = v
+    if cell.healthy is not None:
+        out.healthy_replicas = cell.healthy
+    if cell.capacity is not None:
+        out.capacity = cell.capacity
+    if cell.params is not None:
+        a, b, c, s = cell.params
+        out.model.CopyFrom(probe_pb2.LatencyModel(a_s=a, b_s=b, c=c, s=s, confidence=cell.confidence, samples=cell.samples))
+    return out

@@ -21,6 +21,16 @@ class ProbeTarget:
     #: whose ``scrape`` addresses (its servers', or its endpoint picker's) are read (:mod:`dlb.probe.foreign`).
     source: str = "dlb"
     scrape: tuple[str, ...] = ()
+    #: Which leaf replica of the cell answers at ``address`` (0: the cell's ``leaf.probe``; k: ``leaf.replicas[k-1]``).
+    replica: int = 0
+    #: ``leaf.replicas: dns``: every address ``address``'s name resolves to is a replica (:mod:`dlb.probe.replica_dns`).
+    resolve: bool = False
+    #: The name a replica found in DNS was resolved from: its server certificate names that, not the IP.
+    tls_name: str = ""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.index, self.replica
 
 
 @dataclass(frozen=True)
@@ -31,3 +41,7 @@ class CellProbe:
     address: str
     source: str = "dlb"
     scrape: tuple[str, ...] = ()
+    #: The further leaf replicas' probe addresses (each probed; the answers merged into one cell).
+    replicas: tuple[str, ...] = ()
+    #: Every address ``address`` resolves to is a replica (``leaf.replicas: dns``).
+    resolve: bool = False

@@ -40,6 +40,9 @@ class DataPlane:
     emulators: dict[str, list[Any]] = field(default_factory=dict)
     leaves: dict[str, ServiceProcess] = field(default_factory=dict)
     leaf_envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
+    #: Each cell's further leaf replicas (``leaf_replicas`` > 1): agents and Envoys, replica 1 first.
+    more_leaves: dict[str, list[ServiceProcess]] = field(default_factory=dict)
+    more_leaf_envoys: dict[str, list[EnvoyProcess]] = field(default_factory=dict)
     root: ServiceProcess | None = None
     root_envoy: EnvoyProcess | None = None
     #: Further root Envoys sharing the root's address (``root_envoys`` > 1, SO_REUSEPORT).
@@ -95,13 +98,20 @@ class DataPlane:
             self._tmp.cleanup()
 
 
+def _leaf_addresses(leaf_ext_proc: bool) -> dict[str, Any]:
+    leaf: dict[str, Any] = {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"}
+    if leaf_ext_proc:
+        leaf["ext_proc"] = f"127.0.0.1:{free_port()}"
+    return leaf
+
+
 def build_config(cells: list[CellSpec], server_addrs: dict[str, list[str]], root_cell: str, endpoint: dict[str, Any] | list[dict[str, Any]],
-                 one_way_ms: dict[str, dict[str, float]], leaf_ext_proc: bool, probe: dict[str, Any]) -> dict[str, Any]:
+                 one_way_ms: dict[str, dict[str, float]], leaf_ext_proc: bool, probe: dict[str, Any], leaf_replicas: int = 1) -> dict[str, Any]:
     raw_cells = []
     for c in cells:
-        leaf = {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"}
-        if leaf_ext_proc:
-            leaf["ext_proc"] = f"127.0.0.1:{free_port()}"
+        leaf = _leaf_addresses(leaf_ext_proc)
+        if leaf_replicas > 1:
+            leaf["replicas"] = [_leaf_addresses(leaf_ext_proc) for _ in range(leaf_replicas - 1)]
         item: dict[str, Any] = {"name": c.name, "leaf": leaf, "servers": server_addrs[c.name]}
         if c.name == root_cell:
             item["root"] = {"address": f"127.0.0.1:{free_port()}", "ext_proc": f"127.0.0.1:{free_port()}"}
@@ -132,6 +142,7 @@ def start_data_plane(
     control_plane: bool = False,
     control_planes: int = 1,
     root_envoys: int = 1,
+    leaf_replicas: int = 1,
 ) -> DataPlane:
     """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``;
     with ``control_plane`` first a control plane, whose xDS the leaf agents and the root then follow.
@@ -140,7 +151,8 @@ def start_data_plane(
     leaves refit every second unless a ``latency-fit`` plugin says otherwise).
     ``tls`` is the config's ``tls`` section (``{ca, cert, key}``): every gRPC hop then runs mutual TLS.
     ``control_planes`` > 1 starts that many control-plane replicas (the first at the config's address);
-    ``root_envoys`` > 1 that many root Envoys sharing the root address.
+    ``root_envoys`` > 1 that many root Envoys sharing the root address; ``leaf_replicas`` > 1 that many
+    leaf replicas per cell (``cells[].leaf.replicas``: an agent and an Envoy each, over the same servers).
     """
     from dlb.emulator.server import ThreadedEmulator
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
@@ -158,12 +170,15 @@ def start_data_plane(
                 emulators[c.name].append(emu)
             addrs[c.name] = [e.address for e in emulators[c.name]]
         raw = build_config(cells, addrs, root_cell, endpoint, one_way_ms or {}, leaf_ext_proc,
-                           probe or {"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 600, "backoff_max_ms": 500})
+                           probe or {"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 600, "backoff_max_ms": 500},
+                           leaf_replicas)
         set_plugins(raw, {"type": "latency-fit", "parameters": {"refit_period_s": 1}}, *plugins)
         if tls is not None:
             raw["tls"] = dict(tls)
         for c in raw["cells"]:  # this plane's private directory: two testbeds on one box never share a socket
             c["leaf"].setdefault("access_log", f"unix:{tmp.name}/als-{c['name']}.sock")
+            for k, r in enumerate(c["leaf"].get("replicas", []), 1):
+                r.setdefault("access_log", f"unix:{tmp.name}/als-{c['name']}-{k}.sock")
         if control_plane:
             raw["services"]["control_plane"] = {"xds": f"127.0.0.1:{free_port()}", "status": f"127.0.0.1:{free_port()}"}
         config_path = str(Path(tmp.name) / "dlb.yaml")
@@ -185,13 +200,18 @@ def start_data_plane(
                 plane.more_control_planes.append(more)
                 cp_addrs.append(more.args[more.args.index("--xds") + 1])
             xds = ("--xds", ",".join(cp_addrs))
-        leaf_admin = {c.name: free_port() for c in cells}  # each agent reads its Envoy's health verdicts there
+        # Each agent reads its own Envoy's health verdicts at that Envoy's admin.
+        leaf_admin = {(c.name, k): free_port() for c in cells for k in range(leaf_replicas)}
         for c in cells:
-            leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--metrics", f"127.0.0.1:{free_port()}",
-                                  "--scrape-period-ms", "100", "--seed", "7", "--envoy-admin", f"127.0.0.1:{leaf_admin[c.name]}",
-                                  *xds, *leaf_args)
-            plane.leaves[c.name] = leaf
-            procs.append(leaf)
+            for k in range(leaf_replicas):
+                leaf = ServiceProcess("leaf", "--config", config_path, "--cell", c.name, "--replica", str(k),
+                                      "--metrics", f"127.0.0.1:{free_port()}", "--scrape-period-ms", "100", "--seed", str(7 + k),
+                                      "--envoy-admin", f"127.0.0.1:{leaf_admin[c.name, k]}", *xds, *leaf_args)
+                if k == 0:
+                    plane.leaves[c.name] = leaf
+                else:
+                    plane.more_leaves.setdefault(c.name, []).append(leaf)
+                procs.append(leaf)
         plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
                                     "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []), *xds, *root_args)
         procs.append(plane.root)
@@ -202,10 +222,15 @@ def start_data_plane(
         for p in procs:
             p.wait_ready()
         for c in cells:
-            admin = leaf_admin[c.name]
-            boot = leaf_bootstrap(cfg, c.name, admin_port=admin, emulate_wan=emulate_wan, access_log=True)
-            path = write_bootstrap(boot, Path(tmp.name) / f"leaf-{c.name}.yaml")
-            plane.leaf_envoys[c.name] = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
+            for k in range(leaf_replicas):
+                admin = leaf_admin[c.name, k]
+                boot = leaf_bootstrap(cfg.leaf_replica(c.name, k), c.name, admin_port=admin, emulate_wan=emulate_wan, access_log=True)
+                path = write_bootstrap(boot, Path(tmp.name) / f"leaf-{c.name}-{k}.yaml")
+                envoy = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
+                if k == 0:
+                    plane.leaf_envoys[c.name] = envoy
+                else:
+                    plane.more_leaf_envoys.setdefault(c.name, []).append(envoy)
         for k in range(root_envoys):
             admin = free_port()
             boot = root_bootstrap(cfg, root_cell, admin_port=admin, reuse_port=root_envoys > 1)

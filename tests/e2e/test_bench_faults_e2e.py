@@ -58,6 +58,18 @@ def test_killed_leaf_envoy_loses_only_streams_already_answering() -> None:
     assert not lost, row
 
 
+def test_killed_leaf_replica_loses_only_streams_already_answering() -> None:
+    """Every cell has two leaf replicas; one of cell a's dies whole (Envoy and agent). Requests reset on it
+    before any header are retried (fallback cell, or another replica); the root keeps cell a usable from
+    the other replica's probes. Only streams whose answer had started are lost."""
+    row = run_one("leaf_replica_kill", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2)))
+    print(row)
+    assert row["sent"] > 150, row
+    assert not {c: n for c, n in row["failure_codes_new"].items() if "dlb_no_capacity" not in c}, row  # none sent after the kill
+    lost = {c: n for c, n in row["failure_codes"].items() if c not in ANSWERING}
+    assert not lost, row
+
+
 def test_faults_smoke_under_flow_grad_through_the_cli(tmp_path) -> None:
     """The CI form of ``dlb bench faults``: a flow policy, the leaf Envoy kill and the overloaded cell, one
     short run each, the mix with streamed chats and ``/v1/completions``."""

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,30 @@ def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], time
     raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen[-30:])}")
 
 
+def _two_cells(a: str, b: str) -> dict:
+    """us-east1 (with a root) and us-west1, one server each."""
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    return demo_config(fleet, {"us-east1": [a], "us-west1": [b]})
+
+
+def _ready_root(proc: subprocess.Popen[str], seen: list[str]) -> tuple[str, int]:
+    """Read ``dlb up``'s output until it is ready; the root's host and port from its printed base_url."""
+    m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
+    _read_until(proc, r"Ctrl-C stops everything", seen)
+    return m.group(1), int(m.group(2))
+
+
+def _stop_run(proc: subprocess.Popen[str], run_dir: Path) -> None:
+    """Stop ``dlb up`` as Ctrl-C would, then kill whatever of its run is left."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for pid in processes_of_run(run_dir):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _openai_sdk_through(base_url: str) -> None:
     """The printed ``base_url`` works as a user's OpenAI client uses it: chat, streamed chat with usage,
     completions, and DLB's errors arriving as the SDK's typed exceptions."""
@@ -81,14 +106,11 @@ def _openai_sdk_through(base_url: str) -> None:
 
 def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_path: Path) -> None:
     with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
-        fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
-        cfg = demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})
+        cfg = _two_cells(ea.address, eb.address)
         proc, run_dir = _up_with(cfg, tmp_path)
         seen: list[str] = []
         try:
-            m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
-            host, port = m.group(1), int(m.group(2))
-            _read_until(proc, r"Ctrl-C stops everything", seen)
+            host, port = _ready_root(proc, seen)
             # Ready means routable: the very first request is served by a server, not refused by the root.
             status, headers, _ = request(host, port)
             assert status == 200 and headers.get("x-dlb-server") in ("a/0", "b/0"), (status, headers)
@@ -236,3 +258,30 @@ def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: 
                 proc.kill()
             for pid in processes_of_run(run_dir):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_up_runs_every_leaf_replica_of_a_cell_from_the_control_plane(tmp_path: Path) -> None:
+    """``cells[].leaf.replicas``: each replica's Envoy gets its own listener from its own snapshot (ready
+    means each listener accepts), and the root routes through both replicas to the cell's servers."""
+    from dlb.procutil import free_port
+
+    with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
+        cfg = _two_cells(ea.address, eb.address)
+        cfg["cells"][0]["leaf"]["replicas"] = [{"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"}]
+        cfg["network"] = {"allowed": {"us-east1": ["us-east1"]}, "one_way_ms": {"us-east1": {"us-west1": 10}}}
+        proc, run_dir = _up_with(cfg, tmp_path)
+        seen: list[str] = []
+        try:
+            host, port = _ready_root(proc, seen)
+            assert "leaf us-east1 replica 1 agent: ready" in "".join(seen) and "leaf us-east1 envoy 2: ready" in "".join(seen)
+            replies = [request(host, port) for _ in range(20)]
+            assert [s for s, _, _ in replies] == [200] * 20 and {h.get("x-dlb-server") for _, h, _ in replies} == {"a/0"}
+            from dlb.testbed.stack import metric_value
+
+            text = "".join(seen)
+            for who in ("leaf us-east1", "leaf us-east1 replica 1"):  # each replica's agent saw its Envoy's share
+                url = re.search(rf"^{who}: metrics (\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    assert (metric_value(r.read().decode(), "dlb_leaf_completed_total") or 0) >= 1, who
+        finally:
+            _stop_run(proc, run_dir)

@@ -95,7 +95,7 @@ def test_probe_client_caches_good_answers_and_marks_dead_or_wrong_leaves():
                              ProbeTiming(period_s=0.01, timeout_s=0.2, backoff_max_s=0.1, fail_threshold=2))
         client.start()
         await asyncio.sleep(1.0)
-        stats = {t.name: client.stats[t.index] for t in targets}
+        stats = {t.name: client.stats[t.key] for t in targets}
         await client.stop()
         for s in servers:
             await s.stop(0)
@@ -123,7 +123,7 @@ def test_emulated_wan_ages_probe_answers_by_the_round_trip():
                              lambda t, r, now: got.append(r), ProbeTiming(period_s=0.01, timeout_s=1.0))
         client.start()
         await until_in_loop(lambda: got, "a probe answered", period=0.01)
-        st = client.stats[0]
+        st = client.stats[(0, 0)]
         await client.stop()
         await server.stop(0)
         return st
@@ -153,7 +153,7 @@ def test_a_restarted_leaf_is_back_in_the_roots_view_soon_after_its_agent_is_read
         await until_in_loop(lambda: seen, "the first probe answered", period=0.01)
         await server.stop(0)
         await asyncio.sleep(6.0)
-        failures = client.stats[0].errors
+        failures = client.stats[(0, 0)].errors
         server = await serve_probe(StaticProbe("a", 0.0), address)  # the agent is ready from here
         ready = time.monotonic()
         n = len(seen)

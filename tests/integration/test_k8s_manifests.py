@@ -9,6 +9,8 @@ must be reported, so a rule that silently stopped checking fails here:
 - every container has CPU and memory requests, readiness and liveness probes, and runs non-root
   with a read-only root filesystem and no capabilities; DLB services get explicit listen flags;
 - every workload is covered by a PodDisruptionBudget;
+- every cell has >= 2 leaf pods, replaced by rolling update (a new one ready before an old one stops)
+  and kept >= 1 by its PodDisruptionBudget, and a headless Service names each pod's probe port;
 - every Service selects a workload and its ``targetPort`` names one of that workload's ports;
 - every LoadBalancer Service is internal (GKE, AWS and Azure annotations) and has source ranges, none ``/0``;
 - CPU requests cover the declared design rate at the per-request costs of research/bench/overhead.json;
@@ -267,6 +269,31 @@ def pdb_problems(docs: list[dict[str, Any]]) -> list[str]:
         if not any(p["metadata"].get("namespace") == ns and _selects(p["spec"]["selector"].get("matchLabels", {}), labels)
                    for p in pdbs):
             problems.append(f"{_name(w)}: no PodDisruptionBudget selects its pods")
+    return problems
+
+
+def leaf_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """A cell loses no leaf to its own update or a node drain: >= 2 pods, maxSurge >= 1 with maxUnavailable 0,
+    a PDB keeping one, and a headless Service (each pod's address) on the probe port for the roots."""
+    problems = []
+    for w in (w for w in _workloads(docs) if _base_name(w) == "dlb-leaf"):
+        spec, labels = w["spec"], w["spec"]["template"]["metadata"].get("labels", {})
+        if int(spec.get("replicas", 1)) < 2:
+            problems.append(f"{_name(w)}: {spec.get('replicas', 1)} replica(s), not >= 2")
+        rolling = spec.get("strategy", {})
+        ru = rolling.get("rollingUpdate", {})
+        if rolling.get("type", "RollingUpdate") != "RollingUpdate" or str(ru.get("maxUnavailable", "25%")) != "0" \
+                or str(ru.get("maxSurge", "25%")) in ("0", "0%"):
+            problems.append(f"{_name(w)}: strategy {rolling} is not a rolling update with maxSurge >= 1 and maxUnavailable 0")
+        ns = w["metadata"].get("namespace")
+        pdbs = [p for p in docs if p["kind"] == "PodDisruptionBudget" and p["metadata"].get("namespace") == ns
+                and _selects(p["spec"]["selector"].get("matchLabels", {}), labels)]
+        if not any(int(p["spec"].get("minAvailable", 0)) >= 1 for p in pdbs):
+            problems.append(f"{_name(w)}: no PodDisruptionBudget with minAvailable >= 1")
+        if not any(s["kind"] == "Service" and s["spec"].get("clusterIP") == "None" and s["metadata"].get("namespace") == ns
+                   and _selects(s["spec"].get("selector", {}), labels)
+                   and any(p.get("targetPort") == "grpc-probe" for p in s["spec"]["ports"]) for s in docs):
+            problems.append(f"{_name(w)}: no headless Service on grpc-probe (the roots probe every leaf pod)")
     return problems
 
 
@@ -553,6 +580,7 @@ RULES = {
     "monitoring": monitoring_problems,
     "roots": root_problems,
     "services": service_problems,
+    "leaves": leaf_problems,
     "exposure": exposure_problems,
     "certificates": certificate_problems,
     "sizing": lambda docs: sizing_problems(docs, cpu_costs()),
@@ -633,6 +661,18 @@ def _plant_uncovered(docs: list[dict[str, Any]]) -> None:
     docs.remove(_first(docs, "PodDisruptionBudget", "dlb-root"))
 
 
+def _plant_recreate(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Deployment", "dlb-leaf")["spec"]["strategy"] = {"type": "Recreate"}
+
+
+def _plant_one_leaf(docs: list[dict[str, Any]]) -> None:
+    _first(docs, "Deployment", "dlb-leaf")["spec"]["replicas"] = 1
+
+
+def _plant_no_pod_names(docs: list[dict[str, Any]]) -> None:
+    docs.remove(_first(docs, "Service", "dlb-leaf-pods"))
+
+
 def _plant_port_typo(docs: list[dict[str, Any]]) -> None:
     _first(docs, "Service", "dlb-leaf")["spec"]["ports"][0]["targetPort"] = "htp"
 
@@ -642,7 +682,7 @@ def _plant_no_source_ranges(docs: list[dict[str, Any]]) -> None:
 
 
 def _plant_world_source_range(docs: list[dict[str, Any]]) -> None:
-    _first(docs, "Service", "dlb-leaf")["spec"]["loadBalancerSourceRanges"] = ["10.0.0.0/8", "0.0.0.0/0"]
+    _first(docs, "Service", "dlb-leaf-us-")["spec"]["loadBalancerSourceRanges"] = ["10.0.0.0/8", "0.0.0.0/0"]
 
 
 def _plant_public_lb(docs: list[dict[str, Any]]) -> None:
@@ -752,6 +792,9 @@ PLANTED = [
     ("containers", _plant_no_listen, "no explicit --listen"),
     ("pdb", _plant_uncovered, "no PodDisruptionBudget"),
     ("services", _plant_port_typo, "targetPort 'htp'"),
+    ("leaves", _plant_recreate, "is not a rolling update"),
+    ("leaves", _plant_one_leaf, "1 replica(s)"),
+    ("leaves", _plant_no_pod_names, "no headless Service"),
     ("sizing", _plant_undersized, "100000 req/s"),
     ("exposure", _plant_no_source_ranges, "LoadBalancer without loadBalancerSourceRanges"),
     ("exposure", _plant_world_source_range, "0.0.0.0/0 admits every address"),
@@ -765,7 +808,7 @@ PLANTED = [
     ("certificates", _plant_unmounted, "container envoy: no Certificate's Secret mounted at /etc/dlb-tls"),
     ("certificates", _plant_schema_typo, "unknown field spec.renewbefore"),
     ("certificates", _plant_bad_usage, "Input should be"),
-    ("certificates", _plant_undialable, "no DNS SAN for ['leaf.us-east1.dlb.example.com']"),
+    ("certificates", _plant_undialable, "'leaf.us-east1.dlb.example.com']"),
     ("certificates", _plant_plain_bootstrap, "has no mTLS to the control plane"),
 ]
 

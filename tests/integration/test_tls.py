@@ -174,10 +174,10 @@ def test_probe_client_speaks_mtls_to_a_leaf(pki) -> None:
         for c in (mtls, plain):
             c.start()
         try:
-            await until_in_loop(lambda: len(answers) >= 3 and plain.stats[0].errors >= 3, "3 answers over mTLS, 3 plaintext failures",
+            await until_in_loop(lambda: len(answers) >= 3 and plain.stats[(0, 0)].errors >= 3, "3 answers over mTLS, 3 plaintext failures",
                                 period=0.02)
             assert len(answers) >= 3 and all(r is not None and r.cell == "a" for r in answers)
-            assert plain.stats[0].errors >= 3 and plain.stats[0].ok == 0  # every plaintext probe failed
+            assert plain.stats[(0, 0)].errors >= 3 and plain.stats[(0, 0)].ok == 0  # every plaintext probe failed
         finally:
             for c in (mtls, plain):
                 await c.stop()

@@ -106,3 +106,26 @@ def test_each_root_gets_its_own_metrics_and_admin_port_from_the_config() -> None
         "a": ("127.0.0.1:29080", "127.0.0.1:19901"), "c": ("127.0.0.1:29081", "127.0.0.1:19902")}
     fields = dict(listen_addresses(cfg))
     assert str(fields["services.root.metrics + 1 (root c)"]) == "127.0.0.1:29081" and "services.root.admin (root a Envoy)" in fields
+
+
+def test_up_starts_every_leaf_replica_with_its_own_agent_envoy_and_snapshot(tmp_path: Path) -> None:
+    """A cell with ``leaf.replicas``: one agent (``--replica k``) and one leaf Envoy per replica; replica k's
+    Envoy asks the control plane for its own snapshot (``locality.sub_zone`` k), listed with its ports."""
+    import json
+
+    from dlb.config import config_from_dict
+    from dlb.launch.supervisor import Supervisor
+    from dlb.launch.up import listen_addresses, plan
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    raw = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    raw["cells"][1]["leaf"]["replicas"] = [{"address": "127.0.0.1:47001", "probe": "127.0.0.1:47002"}]
+    cfg = config_from_dict(raw)
+    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
+    agents = {c.name: c.argv for c in dep.supervisor.children if c.name.startswith("leaf us-west1") and c.name.endswith("agent")}
+    assert sorted(agents) == ["leaf us-west1 agent", "leaf us-west1 replica 1 agent"]
+    assert agents["leaf us-west1 replica 1 agent"][agents["leaf us-west1 replica 1 agent"].index("--replica") + 1] == "1"
+    boot = json.loads((tmp_path / "run" / "leaf-us-west1-envoy-2.bootstrap.json").read_text())
+    assert boot["node"]["locality"] == {"zone": "us-west1", "sub_zone": "1"}
+    assert ("cells[1].leaf.replicas[0].probe", cfg.cell("us-west1").leaf.replicas[0].probe) in listen_addresses(cfg)
+    assert "leaf us-west1 replica 1: metrics" in dep.urls_text()

@@ -1,0 +1,141 @@
+"""A cell with two leaf replicas (``cells[].leaf.replicas``): two leaf Envoys + agents over the same servers,
+real Envoys and services on 127.0.0.1 (:func:`dlb.testbed.stack.start_data_plane`).
+
+- The root Envoy sends to both replicas' Envoys; the root probes both agents and sees one cell whose
+  RIF is the sum of theirs.
+- Killing one replica (its Envoy and its agent at once) under load loses no request that had not
+  started answering: requests reset on the dead Envoy are retried on the other replica, the root's
+  cell stays usable (the dead replica leaves the aggregate, not the cell), and the root's RIF is the
+  survivor's.
+
+Properties are counted outcomes; waits are bounded polls.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from bounded_wait import until
+
+from dlb.testbed.stack import DataPlane, metric_value, request, start_data_plane
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180)]
+
+ENDPOINT = {"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"},
+            "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 4, "s": 1}}
+
+
+@pytest.fixture
+def plane() -> Iterator[DataPlane]:
+    from dlb.testbed.stack import CellSpec
+
+    # fast-test at 1/5 speed: ~10 ms a token, so a 300-token answer stays in flight ~3 s.
+    p = start_data_plane([CellSpec("a", servers=2, emulator={"time_scale": 5.0, "max_batch": 64})], "a", ENDPOINT,
+                         leaf_ext_proc=True, leaf_replicas=2)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _metrics(url_port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{url_port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _leaf_rif(plane: DataPlane, live: int = 2) -> list[float]:
+    agents = [plane.leaves["a"], *plane.more_leaves["a"]][:live]
+    return [metric_value(_metrics(a.ready["metrics"]), "dlb_leaf_rif") or 0.0 for a in agents]
+
+
+def _counter(text: str, name: str, **labels: str) -> float:
+    """A counter's value (exported as ``<name>_total``)."""
+    return metric_value(text, f"{name}_total", **labels) or metric_value(text, name, **labels) or 0.0
+
+
+def _root(plane: DataPlane, name: str, **labels: str) -> float | None:
+    return metric_value(plane.root_metrics(), name, **labels)
+
+
+def _ask(plane: DataPlane, tokens: int, out: list[tuple[int, str]]) -> None:
+    host, port = plane.root_url
+    try:
+        status, _, body = request(host, port, body={"model": "dlb-emulated", "max_tokens": tokens,
+                                                    "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+        out.append((status, "" if status == 200 else body.decode(errors="replace")[:200]))
+    except (OSError, http.client.HTTPException) as e:
+        out.append((0, repr(e)))
+
+
+def test_both_replicas_serve_and_the_root_sums_their_rif(plane: DataPlane) -> None:
+    results: list[tuple[int, str]] = []
+    threads = [threading.Thread(target=_ask, args=(plane, 300, results)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    # Round robin over the two leaf Envoys: both hold some of the 8 long requests.
+    until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both leaf replicas have requests in flight", timeout=30)
+
+    def summed() -> bool:
+        before = _leaf_rif(plane)
+        root = _root(plane, "dlb_root_cell_rif", cell="a")
+        return before == _leaf_rif(plane) and root == sum(before)  # read between two equal leaf readings
+
+    until(summed, "the root's RIF of cell a equals the sum of its two replicas'", timeout=20, period=0.02)
+    for t in threads:
+        t.join(60)
+    assert [s for s, _ in results] == [200] * 8, results
+    leaves = [plane.leaves["a"], *plane.more_leaves["a"]]
+    completed = [_counter(_metrics(a.ready["metrics"]), "dlb_leaf_completed") for a in leaves]
+    assert all(c >= 1 for c in completed), completed  # each replica's agent measured what its Envoy served
+
+
+def test_killing_one_replica_under_load_loses_nothing_not_yet_answering(plane: DataPlane) -> None:
+    """Non-streamed requests answer only at the end, so every one the dead replica held was still
+    retriable: the target is 0 failed, and the cell never unusable."""
+    results: list[tuple[int, str]] = []
+    stop = threading.Event()
+    usable: list[float | None] = []
+
+    def load() -> None:
+        threads = []
+        while not stop.is_set():
+            t = threading.Thread(target=_ask, args=(plane, 40, results))
+            t.start()
+            threads.append(t)
+            time.sleep(0.04)  # ~25 req/s, each ~0.4 s
+        for t in threads:
+            t.join(60)
+
+    def watch() -> None:
+        while not stop.is_set():
+            usable.append(_root(plane, "dlb_root_cell_usable", endpoint="chat", cell="a"))
+            time.sleep(0.1)
+
+    loaders = [threading.Thread(target=load), threading.Thread(target=watch)]
+    for t in loaders:
+        t.start()
+    try:
+        until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both replicas serving under load", timeout=30)
+        time.sleep(1.0)
+        plane.more_leaf_envoys["a"][0].proc.kill()  # one replica dies whole: its Envoy and its agent
+        plane.more_leaves["a"][0].proc.kill()
+        killed_at = len(results)
+        time.sleep(4.0)
+    finally:
+        stop.set()
+        for t in loaders:
+            t.join(90)
+    failed = [r for r in results if r[0] != 200]
+    assert len(results) - killed_at >= 50, "too little traffic after the kill to mean anything"
+    assert failed == [], f"{len(failed)} of {len(results)} failed: {failed[:5]}"
+    assert usable and all(u == 1.0 for u in usable), f"cell a not usable at some point: {usable}"
+    # The dead replica left the aggregate: the root's RIF of the cell is the survivor's again.
+    until(lambda: _root(plane, "dlb_root_cell_rif", cell="a") == _leaf_rif(plane, live=1)[0], "root RIF = the survivor's", timeout=10)
+    # The root kept probing the dead replica and counts its failures (not the cell's).
+    assert _counter(plane.root_metrics(), "dlb_root_probe_errors", cell="a") >= 1
