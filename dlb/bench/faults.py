@@ -598,7 +598,7 @@ def run(args: argparse.Namespace) -> int:
     for pol in policies:
         if pol not in POLICY_NAMES.values():
             raise UsageError(f"--policy: unknown policy {pol!r}; one of {', '.join(POLICY_NAMES.values())} "
-                             "(the operator baselines exist in the simulator only, not as a real data plane)")
+                             "(the operator baselines run through `dlb up` and `dlb demo --compare`, not in this bench)")
     if args.runs < 1:
         raise UsageError(f"--runs: at least 1, got {args.runs}")
     cells = _cells(args.cells)
