@@ -80,6 +80,9 @@ class FlowConfig:
     #: costs more than it saves (fresh seeds: Flow-Grad at 95 % on the batched server 0.640 → 0.582
     #: × Rand off, share swing 0.24 → 0.07; research/routing-stress), so it is off by default.
     adaptive_gain: bool = False
+    #: Split requests by smooth weighted round robin over ``x`` instead of sampling each one: a cell then
+    #: gets its share over any few requests, not a Poisson-thinned stream whose bursts queue.
+    smooth_split: bool = False
     #: Evaluate the costs at the workload ``lead_s`` seconds ahead on its smoothed trend (0: off).
     lead_s: float = 5.0
     lead_smoothing_s: float = 1.0

@@ -182,6 +182,7 @@ class RootRouter:
         self._usable_until = -math.inf
         self._cum: list[float] | None = None  # flow: cumulative x over the usable cells
         self._cum_idx: list[int] = []
+        self._credit = [0.0] * self.topology.n  # flow with smooth_split: each cell's round-robin credit
         self._aversion_on = False
         # Per-request draws use Python's generator (numpy's scalar draws cost µs each), seeded from
         # ``rng`` so a seeded router stays deterministic.
@@ -549,6 +550,8 @@ class RootRouter:
         return ties[0] if len(ties) == 1 else ties[self._rand.randrange(len(ties))]
 
     def _sample(self, cand: list[int], usable: list[int]) -> int:
+        if self.policy.flow.smooth_split:
+            return self._round_robin(cand)
         if cand is usable:
             if self._cum is None:
                 self._cum_idx, self._cum = self._cdf(usable)
@@ -558,6 +561,28 @@ class RootRouter:
         u = self._rand.random() * cum[-1]
         k = bisect.bisect_right(cum, u)
         return idx[min(k, len(idx) - 1)]
+
+    def _round_robin(self, cand: list[int]) -> int:
+        """Smooth weighted round robin (nginx's) over ``cand`` with weights ``x``: every cell gains its
+        weight, the richest is picked and pays the total, so each cell's count stays within one request
+        of its share at every point of the stream."""
+        x = self._x
+        w = [float(x[j]) for j in cand]
+        total = sum(w)
+        if total <= 0:
+            w = [float(self.replicas[j]) for j in cand]
+            total = sum(w)
+        credit = self._credit
+        best, best_k = -math.inf, 0
+        for k, j in enumerate(cand):
+            if w[k] <= 0:  # no share: its credit, whatever is left of it, must not win
+                continue
+            credit[j] += w[k]
+            if credit[j] > best:
+                best, best_k = credit[j], k
+        cell = cand[best_k]
+        credit[cell] -= total
+        return cell
 
     def _cdf(self, cells: list[int]) -> tuple[list[int], list[float]]:
         """Cumulative flow weights over ``cells`` (replica weights if x gives them no mass)."""

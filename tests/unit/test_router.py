@@ -353,6 +353,28 @@ def test_flow_pick_follows_x_after_external_update() -> None:
     assert {r.pick(0.1) for _ in range(200)} == {2}
 
 
+def test_smooth_split_keeps_every_prefix_of_the_stream_within_one_request_of_x() -> None:
+    """FlowConfig.smooth_split: counts follow x exactly over every prefix (random sampling drifts by
+    √n), cells with no weight are never picked, and a new x is followed from the next request."""
+    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(smooth_split=True))
+    r = probed(RootRouter(topo3(), 0, pol, P, np.random.default_rng(0)), [0, 0, 0])
+    r.x = np.array([0.5, 0.3, 0.2])
+    counts = np.zeros(3)
+    for k in range(1, 101):
+        counts[r.pick(0.1)] += 1
+        assert np.all(np.abs(counts - k * r.x) <= 1.0 + 1e-9), (k, counts)
+    r.x = np.array([0.0, 1.0, 0.0])
+    assert {r.pick(0.1) for _ in range(20)} == {1}
+    sampled = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY), P, np.random.default_rng(0)), [0, 0, 0])
+    sampled.x = np.array([0.5, 0.3, 0.2])
+    drift = np.zeros(3)
+    worst = 0.0
+    for k in range(1, 401):
+        drift[sampled.pick(0.1)] += 1
+        worst = max(worst, float(np.abs(drift - k * sampled.x).max()))
+    assert worst > 2.0  # the default (sampling) does drift: the test above can tell them apart
+
+
 def test_bench_pick_smoke() -> None:
     from dlb.bench.pick import measure
 
