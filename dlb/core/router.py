@@ -183,6 +183,7 @@ class RootRouter:
         self._cum: list[float] | None = None  # flow: cumulative x over the usable cells
         self._cum_idx: list[int] = []
         self._credit = [0.0] * self.topology.n  # flow with smooth_split: each cell's round-robin credit
+        self._xl: list[float] | None = None  # flow with smooth_split: x as a list
         self._aversion_on = False
         # Per-request draws use Python's generator (numpy's scalar draws cost µs each), seeded from
         # ``rng`` so a seeded router stays deterministic.
@@ -297,6 +298,7 @@ class RootRouter:
         self._costs = None
         self._usable = None
         self._cum = None
+        self._xl = None
 
     @property
     def x(self) -> np.ndarray:
@@ -307,6 +309,7 @@ class RootRouter:
     def x(self, value: np.ndarray) -> None:
         self._x = np.asarray(value, dtype=float)
         self._cum = None
+        self._xl = None
 
     @property
     def probed(self) -> bool:
@@ -566,8 +569,10 @@ class RootRouter:
         """Smooth weighted round robin (nginx's) over ``cand`` with weights ``x``: every cell gains its
         weight, the richest is picked and pays the total, so each cell's count stays within one request
         of its share at every point of the stream."""
-        x = self._x
-        w = [float(x[j]) for j in cand]
+        xl = self._xl
+        if xl is None:
+            xl = self._xl = [float(v) for v in self._x]
+        w = [xl[j] for j in cand]
         total = sum(w)
         if total <= 0:
             w = [float(self.replicas[j]) for j in cand]
