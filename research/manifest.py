@@ -53,6 +53,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                           "--replicas 1 --noise 0 --jobs 1 --horizon 1800 --json FILE"),
     ("sim/theory-load/flow-grad-rho995-*", "python research/tools/theory_grad_cap.py 0.995 --sizes 10,12 --graphs complete "
                                            "--load 0.85,0.95 --policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
+    ("sim/theory-load/relaxation-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
+                                          "--replicas 1 --noise 0 --jobs 1 --rule relaxation --json FILE"),
+    ("routing-stress/*smooth*.json", "python research/routing-stress/probe.py --seeds S --util U --minutes 4 --model batched "
+                                     "--policies P --json FILE (S, U, P: README, 'Smooth weighted round robin')"),
     ("sim/theory-load/default-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
                                        "--replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/flow-grad-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
