@@ -81,6 +81,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("sim/speed-batched-engine/ab-*.json", "python research/sim/speed-batched-engine/ab.py TREE_A TREE_B 3 FILE"),
     ("sim/speed-batched-engine/*/cost-estimate.json", "PYTHONPATH=TREE python -m dlb sim --experiment all --estimate 2 "
                                                       "--out DIR (research/sim/speed-batched-engine/README.md)"),
+    ("sim/speed-s4/*/cost-estimate.json", "PYTHONPATH=TREE python -m dlb sim --experiment baseline --experiment utilization "
+                                         "--experiment length --experiment noise --estimate 0.5 --out DIR "
+                                         "(research/sim/speed-s4/README.md)"),
     ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),
     ("sim/priors*/*", "dlb sim --experiment priors --scenarios 5 --trials 2 --minutes 3 --out DIR"),
     ("sim/plots/*.png", "dlb sim report --results research/sim/protocol/results.json.gz --plots-dir research/sim/plots"),

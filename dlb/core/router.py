@@ -339,12 +339,17 @@ class RootRouter:
             self.rate += alpha * (self._arrivals / dt - self.rate)
             self._arrivals = 0
             self._last_tick = now
+        # Ticks come with every probe round; the loops below are due far less often, and only they read
+        # the usable mask (three array operations), so it is computed only for them.
+        flow_due = self.policy.mechanism is Mechanism.FLOW and now - self._last_flow >= self.policy.flow.period_s
+        aversion_due = now - self._last_aversion >= self.policy.aversion.period_s
+        if not (flow_due or aversion_due):
+            return
         usable = self.usable(now)
-        av = self.policy.aversion
-        if now - self._last_aversion >= av.period_s:
+        if aversion_due:
             self._update_aversion(usable)
             self._last_aversion = now
-        if self.policy.mechanism is Mechanism.FLOW and now - self._last_flow >= self.policy.flow.period_s:
+        if flow_due:
             step_dt = self.policy.flow.period_s if math.isinf(self._last_flow) else now - self._last_flow
             self._last_flow = now
             if usable.any():

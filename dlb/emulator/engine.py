@@ -378,8 +378,26 @@ class Engine:
 
         ``steps > 1`` is for pure-decode plans (see :meth:`repeatable`); each decoding request gains
         ``steps`` tokens and one event (its last token) is reported. ``finished_only``: report only
-        the requests that finished (what the simulator reads; it saves an event per sequence per run).
+        the requests that finished (what :meth:`retire` returns, as events).
         """
+        finished = self.retire(plan, now, steps)
+        if finished_only:
+            return [TokenEvent(r, r.output_tokens - 1, True) for r in finished]
+        events: list[TokenEvent] = []
+        for r in plan.decode:
+            if not r.aborted:
+                g = r.generated
+                events.append(TokenEvent(r, g - 1, g >= r.output_tokens))
+        for r, _ in plan.prefill:  # every one was still prefilling when planned: those done now emitted a token
+            if not r.aborted and r.prefilled >= r.prefill_len:
+                g = r.generated
+                events.append(TokenEvent(r, g - 1, g >= r.output_tokens))
+        return events
+
+    def retire(self, plan: StepPlan, now: float, steps: int = 1) -> list[EngineRequest]:
+        """:meth:`complete` without its token events: the requests that finished (decoding ones in running
+        order, then completed prompts in plan order). The simulator calls it once per run of steps and
+        reads only who finished, so no event is built per sequence."""
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError(f"steps must be >= 1 and 1 for a plan with prefill, got {steps}")
         self.steps += steps
@@ -400,15 +418,6 @@ class Engine:
         self._decoding -= len(finished)
         if len(finished) > 1:
             finished.sort(key=_by_seq)  # in running order, as the plan lists them
-        events: list[TokenEvent] = []
-        if finished_only:
-            events = [TokenEvent(r, r.output_tokens - 1, True) for r in finished]
-        else:
-            for r in plan.decode:
-                if not r.aborted:
-                    g = r.generated
-                    events.append(TokenEvent(r, g - 1, g >= r.output_tokens))
-        done = bool(finished)
         for r, n in plan.prefill:
             if r.aborted:
                 continue
@@ -419,25 +428,21 @@ class Engine:
                 self._prefilling -= 1
                 if r.first_token_at is None:
                     r.first_token_at = now
-                fin = g >= r.output_tokens
-                if fin:
+                if g >= r.output_tokens:
                     r._gen = g
-                    done = True
+                    finished.append(r)
                 else:  # it decodes from the next step: its count runs on the clock
                     r._clock, r._base = self, ticks - g
                     self._decoding += 1
                     heapq.heappush(heap, (ticks - g + r.output_tokens, r._seq, r))
-                if fin or not finished_only:
-                    events.append(TokenEvent(r, g - 1, fin))
         self._kv += grown
-        if done:
-            for ev in events:
-                if ev.finished:
-                    r = ev.request
-                    r.finished_at = now
-                    self.running.remove(r)
-                    self._kv -= r.kv_tokens
-        return events
+        if finished:
+            running = self.running
+            for r in finished:
+                r.finished_at = now
+                running.remove(r)
+                self._kv -= r.kv_tokens
+        return finished
 
 
 @dataclass(frozen=True)

@@ -74,9 +74,9 @@ class BatchedServers:
             return None
         plan = self.plan[srv]
         assert plan is not None
-        events = self.engines[srv].complete(plan, now, steps=self.k[srv], finished_only=True)
+        done = self.engines[srv].retire(plan, now, self.k[srv])
         self._start(srv, now)
-        return [ev.request.rid for ev in events]
+        return [r.rid for r in done]
 
     def _start(self, srv: int, now: float) -> None:
         eng = self.engines[srv]

@@ -49,3 +49,19 @@ def test_weighted_router_samples_weights() -> None:
     np.testing.assert_allclose(counts, [0.2, 0.0, 0.8], atol=0.02)
     with pytest.raises(ValueError):
         r.set_weights(np.zeros(3))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_weighted_router_picks_the_cell_numpy_searchsorted_picks(seed: int) -> None:
+    """The per-request pick bisects a Python list; it must name the cell the cumulative-weight rule
+    (numpy searchsorted, side right) names for the same draw, zero weights and the last cell included,
+    or every Rand and MNLB result would change."""
+    gen = np.random.default_rng(seed)
+    w = gen.random(7) * (gen.random(7) > 0.3)
+    w[gen.integers(7)] += 0.1  # at least one positive weight
+    router = WeightedRouter(w, np.random.default_rng(seed))
+    twin = np.random.default_rng(seed)
+    cum = np.cumsum(router.weights)
+    for _ in range(2000):
+        j = int(np.searchsorted(cum, twin.random() * cum[-1], side="right"))
+        assert router.pick(0.0) == min(j, cum.shape[0] - 1)
