@@ -14,6 +14,14 @@ from dlb.core.leaf_replicas import CellAnswer, ReplicaAnswer
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
 
+#: More requests in flight than any cell holds: an answer above it is corrupt or hostile, and its
+#: product with the overflow inflation would reach inf in the cost arithmetic.
+MAX_RIF = 1e9
+#: A model parameter beyond these is no fit of a real cell (a knee smoother than 1e-6 requests, a
+#: latency of 30 years): refused so the cost arithmetic never overflows on it.
+MIN_SMOOTHNESS = 1e-6
+MAX_PARAM = 1e9
+
 
 def check_answer(target: ProbeTarget, resp: probe_pb2.ProbeResponse) -> None:
     """Refuse (ValueError) a probe answer no leaf can mean: another cell's, or a state out of range.
@@ -23,7 +31,7 @@ def check_answer(target: ProbeTarget, resp: probe_pb2.ProbeResponse) -> None:
     """
     if resp.cell != target.name:
         raise ValueError(f"leaf at {target.address} answered for cell {resp.cell[:100]!r}, expected {target.name!r}")
-    if not (math.isfinite(resp.rif) and resp.rif >= 0 and 0.0 <= resp.error_rate <= 1.0):
+    if not (math.isfinite(resp.rif) and 0 <= resp.rif <= MAX_RIF and 0.0 <= resp.error_rate <= 1.0):
         raise ValueError(f"leaf at {target.address} sent an impossible state: rif={resp.rif}, error_rate={resp.error_rate}")
 
 
@@ -38,6 +46,8 @@ def model_of(resp: probe_pb2.ProbeResponse) -> LatencyParams | None:
     if not resp.HasField("model"):
         return None
     m = resp.model
+    if not (m.s >= MIN_SMOOTHNESS and max(m.a_s, m.b_s, m.c, m.s) <= MAX_PARAM):
+        return None
     try:
         return LatencyParams(m.a_s, m.b_s, m.c, m.s)
     except ValueError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -37,6 +38,9 @@ def _probe_answers() -> st.SearchStrategy[bytes]:
     return answer.map(lambda m: m.SerializeToString()) | st.binary(max_size=200)
 
 
+# An answer's numbers must never overflow the root's cost arithmetic (numpy would warn on every such
+# probe, on a hostile peer's schedule): RIF and the model's parameters are bounded at decoding.
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 @FUZZ
 @given(answers=st.lists(st.tuples(st.integers(0, 1), _probe_answers()), min_size=1, max_size=6))
 # Found by this test: a model with s = 5e-324 (in the domain, finite) gave a NaN gradient cost, and the
@@ -118,3 +122,18 @@ def test_any_access_log_stream_keeps_the_leaf_state_in_range(raw: list[bytes]) -
     assert set(agent.access_log.completed_by_source) <= {"a", "b"}
     st_.drop_owner(1, now)
     assert st_.rif == 0 and all(s.rif == 0 and math.isclose(s.tokens, 0.0, abs_tol=1e-9) for s in st_.servers)
+
+
+def test_answers_beyond_any_real_cell_are_refused() -> None:
+    """A RIF of 1e300 or a knee as sharp as 1e-300 requests is no leaf's state: refused at decoding."""
+    from dlb.probe.codec import MAX_RIF, model_of
+
+    target = ProbeTarget(0, "cell-a", "")
+    with pytest.raises(ValueError, match="impossible state"):
+        check_answer(target, probe_pb2.ProbeResponse(cell="cell-a", rif=MAX_RIF * 10))
+    check_answer(target, probe_pb2.ProbeResponse(cell="cell-a", rif=MAX_RIF))
+    sane = probe_pb2.LatencyModel(a_s=0.5, b_s=0.02, c=8.0, s=2.0)
+    assert model_of(probe_pb2.ProbeResponse(model=sane)) is not None
+    for bad in ({"s": 1e-300}, {"a_s": 1e300}, {"c": 1e300}):
+        m = probe_pb2.LatencyModel(**{"a_s": 0.5, "b_s": 0.02, "c": 8.0, "s": 2.0, **bad})
+        assert model_of(probe_pb2.ProbeResponse(model=m)) is None, bad
