@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -26,27 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_up import _read_until as read_until
+from test_up import _stop_run as stop_run
+from test_up import _up_with as up_with
 
 from dlb.emulator.server import ThreadedEmulator
-from dlb.launch.supervisor import processes_of_run
 from dlb.testbed.fleet import CellPlan, Fleet, demo_config
 from dlb.testbed.stack import request
 
 pytestmark = pytest.mark.envoy
-REPO = Path(__file__).resolve().parents[2]
 REHOME_S = 2.0  # the target: every node of a killed replica re-homed within 2 s
 
 
 def _read_until(proc: subprocess.Popen[str], pattern: str, seen: list[str], timeout: float = 150.0) -> re.Match[str]:
-    assert proc.stdout is not None
-    end = time.monotonic() + timeout
-    for line in proc.stdout:
-        seen.append(line)
-        if m := re.search(pattern, line):
-            return m
-        if time.monotonic() > end:
-            break
-    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen[-40:])}")
+    return read_until(proc, pattern, seen, timeout)
 
 
 def _status(url: str) -> dict[str, Any] | None:
@@ -113,12 +105,7 @@ def _dlb_up(tmp_path: Path) -> Iterator[tuple[list[str], Load, str]]:
     Stops everything on exit."""
     with ThreadedEmulator(server_id="a/0", profile="fast-test") as ea, ThreadedEmulator(server_id="b/0", profile="fast-test") as eb:
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
-        path = tmp_path / "dlb.yaml"
-        path.write_text(json.dumps(demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})))
-        run_dir = tmp_path / "run"
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(path), "--run-dir", str(run_dir)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        proc, run_dir = up_with(demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]}), tmp_path)
         seen: list[str] = []
         load = None
         try:
@@ -133,14 +120,7 @@ def _dlb_up(tmp_path: Path) -> Iterator[tuple[list[str], Load, str]]:
         finally:
             if load is not None:
                 load.finish()
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.communicate(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            for p in processes_of_run(run_dir):
-                os.kill(p, signal.SIGKILL)
+            stop_run(proc, run_dir)
 
 
 def _pid(console: str, child: str) -> int:
