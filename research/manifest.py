@@ -42,6 +42,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c7/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c7/log.txt", "written by the C7 run script (research/bfio.md, C7): time and load per seed"),
+    ("bfio/dataplane-c8/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c8/log.txt", "written by the C8 run script (research/bfio.md, C8): time, load and commit per run"),
     ("bfio/dataplane-c8/*.txt", "the lines dlb bfio dataplane ARGS prints (ARGS: research/bfio.md, C8 rule)"),
     ("bfio/heldrun-*.json", "dlb bfio heldrun ARGS --json FILE (ARGS: the file's args field)"),
