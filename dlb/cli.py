@@ -62,6 +62,8 @@ _COMMANDS: list[tuple[str | None, str, str, str]] = [
      "dlb.bench.cli:register_bfio_dataplane"),
     ("bfio", "placement", "BF-IO vs JSQ when ranks are chosen at arrival (the leaf) or at slot-free time",
      "dlb.bench.cli:register_bfio_placement"),
+    ("bfio", "heldrun", "a data-path run with the leaf's hold queue, replayed in the study's step model",
+     "dlb.bench.cli:register_bfio_heldrun"),
 ]
 
 _GROUP_HELP = {

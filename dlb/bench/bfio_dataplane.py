@@ -27,6 +27,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,11 +65,12 @@ def _sum_metric(text: str, name: str) -> float:
     return total
 
 
-def rank_totals(ports: list[int]) -> dict[str, float]:
-    """Σ over ranks of idle / busy seconds and generated tokens, read from every rank's /metrics."""
+def rank_totals(ports: list[int], pool: ThreadPoolExecutor | None = None) -> dict[str, float]:
+    """Σ over ranks of idle / busy seconds and generated tokens, read from every rank's /metrics
+    (all at once with ``pool``: one sample then spans one scrape, not G of them)."""
     out = {"idle": 0.0, "busy": 0.0, "tokens": 0.0}
-    for p in ports:
-        text = _metrics(f"http://127.0.0.1:{p}")
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    for text in (pool.map(_metrics, urls) if pool is not None else map(_metrics, urls)):
         out["idle"] += _sum_metric(text, "dlb_dp_idle_seconds_total")
         out["busy"] += _sum_metric(text, "dlb_dp_busy_seconds_total")
         out["tokens"] += _sum_metric(text, "vllm:generation_tokens_total")
@@ -87,8 +89,6 @@ def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: 
     """Open-loop Poisson arrivals at ``rate``/s (seeded), one connection per request; returns latencies,
     statuses and which rank served each request. Open loop, not closed: a closed loop refills exactly
     the slot that just freed, which leaves a rank picker no choice to make."""
-    from concurrent.futures import ThreadPoolExecutor
-
     lock = threading.Lock()
     lat: list[float] = []
     statuses: dict[int, int] = {}
@@ -234,18 +234,23 @@ class BacklogSampler:
     def __init__(self, cell: DpCell, period_s: float = 0.5) -> None:
         self.cell, self.period_s = cell, period_s
         self.samples: list[tuple[float, float, float]] = []  # (held, idle, busy)
+        self.times: list[float] = []  # seconds since the sampler started, per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="backlog-sampler", daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                tot = rank_totals(self.cell.rank_ports)
-                held = _sum_metric(self.cell.leaf_metrics(), "dlb_leaf_dp_held")
-            except OSError:  # a scrape timed out on a loaded box: skip the sample, the next interval is longer
-                continue
-            self.samples.append((held, tot["idle"], tot["busy"]))
-            self._stop.wait(self.period_s)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=len(self.cell.rank_ports) + 1) as pool:
+            while not self._stop.is_set():
+                try:
+                    leaf = pool.submit(self.cell.leaf_metrics)
+                    tot = rank_totals(self.cell.rank_ports, pool)
+                    held = _sum_metric(leaf.result(), "dlb_leaf_dp_held")
+                except OSError:  # a scrape timed out on a loaded box: skip the sample, the next interval is longer
+                    continue
+                self.samples.append((held, tot["idle"], tot["busy"]))
+                self.times.append(time.monotonic() - t0)
+                self._stop.wait(self.period_s)
 
     def __enter__(self) -> BacklogSampler:
         self._thread.start()
@@ -294,6 +299,7 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
         # The paper's energy measure up to the power draw: G × Σ step time (GPU-seconds of the profile).
         "energy_proxy_gpu_s": idle + busy,
         **sampler.summary(),
+        "samples": [[round(t, 3), *x] for t, x in zip(sampler.times, sampler.samples, strict=True)],
         "mean_s": float(np.mean(lat)) if lat else math.nan,
         "p90_s": float(np.percentile(lat, 90)) if lat else math.nan,
         "wall_s": out["wall_s"], "served_by": dict(sorted(out["served"].items())),

@@ -203,6 +203,21 @@ def _bfio_placement(p: argparse.ArgumentParser) -> None:
     add_json_option(p, "the records")
 
 
+def _bfio_heldrun(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--G", dest="gs", type=_ints, default=(8, 16), help="ranks per group, comma-separated (default 8,16)")
+    p.add_argument("--B", dest="bs", type=_ints, default=(32, 16), help="slots per rank, one per --G (default 32,16)")
+    p.add_argument("--requests", type=int, default=400, help="requests per run (default 400)")
+    p.add_argument("--rate", type=float, default=70.0, help="Poisson arrivals per wall second (default 70)")
+    p.add_argument("--time-scale", type=float, default=8.0, help="wall seconds per profile second (default 8)")
+    p.add_argument("--window", dest="windows", type=_ints, default=(16,), help="held requests BF-IO chooses among (default 16)")
+    p.add_argument("--policies", default="jsq,bf-io,round-robin,least-kv", help="comma-separated (default all four)")
+    p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
+    p.add_argument("--mean-decode", type=float, default=32.0, help="mean decode length in tokens")
+    p.add_argument("--seeds", type=_ints, default=(1, 2, 3, 4, 5, 6), help="workload seeds (default 1-6)")
+    p.add_argument("--no-prefill", action="store_true", help="prefill done elsewhere (the study's assumption)")
+    add_json_option(p, "the records")
+
+
 @dataclass(frozen=True)
 class Bench:
     """One benchmark command: its help line, its own options and the ``module:function`` that runs it."""
@@ -240,6 +255,8 @@ BENCHES: dict[tuple[str, str], Bench] = {
                                  "dlb.bench.bfio_dataplane:run"),
     ("bfio", "placement"): Bench("BF-IO vs JSQ when ranks are chosen at arrival (the leaf) or at slot-free time",
                                  _bfio_placement, "dlb.bench.bfio_placement:run"),
+    ("bfio", "heldrun"): Bench("a data-path run with the leaf's hold queue, replayed in the study's step model",
+                               _bfio_heldrun, "dlb.bench.bfio_heldrun:run"),
 }
 
 
@@ -325,3 +342,4 @@ register_bfio_study = _register("bfio", "study")
 register_bfio_bench = _register("bfio", "bench")
 register_bfio_dataplane = _register("bfio", "dataplane")
 register_bfio_placement = _register("bfio", "placement")
+register_bfio_heldrun = _register("bfio", "heldrun")

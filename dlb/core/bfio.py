@@ -43,7 +43,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from dlb.core.hold_queue import HoldQueue
+from dlb.core.hold_queue import Held, HoldQueue
 
 FloatArray = npt.NDArray[np.float64]
 Policy = Literal["bf-io", "jsq", "round-robin", "least-kv"]
@@ -269,6 +269,9 @@ class DpBalancer:
     step_ema: float = 0.1  # weight of one completion in the step-time estimate
     slots: int = 0  # running sequences per rank (vLLM --max-num-seqs); 0 = unknown
     count_slack: int = -1  # residents above the fewest a full rank may hold; -1 = max(1, slots // 4)
+    #: A rank's KV report leaves out requests the leaf placed in about the last this many steps: one
+    #: reaches the rank during a step, is admitted at the next, and the report is taken at a step's end.
+    report_lag_steps: float = 2.0
     #: Requests the leaf holds while no rank can admit (None: send at once, as without a queue).
     hold: HoldQueue | None = None
     residents: dict[str, _Resident] = field(default_factory=dict)
@@ -298,13 +301,28 @@ class DpBalancer:
         #: report − prediction at the report, per rank (0 for a rank that never reported): :meth:`kv` adds it.
         self._kv_offset = np.zeros(self.ranks)
         self._unbounded = self.limit <= 0  # ranks with no admission bound, kept with ``limit``
+        #: (start, key) of each rank's recently started requests, oldest first: what a report may lack.
+        self._recent: list[deque[tuple[float, str]]] = [deque(maxlen=256) for _ in range(self.ranks)]
 
     def observe_kv(self, rank: int, kv_tokens: float, now: float) -> None:
         """A rank's own count of its resident KV tokens (its metrics): from now on :meth:`kv` is this
         measurement plus only the change the leaf predicts since — what it placed, what finished and
-        the tokens decoded in between — instead of an estimate of every request's decoded tokens."""
+        the tokens decoded in between — instead of an estimate of every request's decoded tokens.
+
+        Requests started on the rank within :attr:`report_lag_steps` steps are taken as not yet in the
+        report: without that, each report erased the prompts just placed on the rank for about a step,
+        and BF-IO kept feeding large prompts to the rank that had just taken one."""
+        recent = self._recent[rank]
+        cut = now - self.report_lag_steps * self.step_s
+        while recent and recent[0][0] < cut:
+            recent.popleft()
+        young = 0.0
+        for started, key in recent:
+            res = self.residents.get(key)
+            if res is not None and res.running and res.rank == rank and res.started == started:
+                young += res.prompt + max(0.0, now - started) / self.step_s
         self.kv_reported[rank] = kv_tokens
-        self.kv_predicted_then[rank] = self._predicted(now)[rank]
+        self.kv_predicted_then[rank] = self._predicted(now)[rank] - young
         self._kv_offset[rank] = kv_tokens - self.kv_predicted_then[rank]
 
     def set_admission(self, rank: int, limit: float | None, kv_full: bool) -> None:
@@ -376,13 +394,31 @@ class DpBalancer:
         hs, qh = self.picker.hs, self.picker.qh
         p = np.asarray(prompts, dtype=np.float64)
         base = kv[:, None] + self.nrun[:, None] * hs  # (G, H')
-        cand = base[None, :, :] + (p[:, None, None] + hs[None, None, :])  # (W, G, H'): p on each rank
-        prim = np.maximum(cand, base.max(axis=0)) @ qh  # (W, G), as GreedyPicker.costs for every p at once
-        prim[:, ~open_] = np.inf
+        # Only open ranks are candidates (one, when a single completion freed a slot): (W, open, H').
+        cand = base[open_][None, :, :] + (p[:, None, None] + hs[None, None, :])
+        prim = np.maximum(cand, base.max(axis=0)) @ qh  # (W, open), as GreedyPicker.costs for every p at once
         # Lower is better; the mean's rise Σ_h q^h (p + h) / G is subtracted (ties: the older request).
         cost = prim.min(axis=1) - (p * float(qh.sum()) + float((qh * hs).sum())) / self.ranks
         pick = int(np.argmin(cost))
         return pick, self.choose(now, prompts[pick], admit)  # the rank with BF-IO's own tie-break
+
+    def next_held(self, now: float, allowed: npt.NDArray[np.bool_], window: int) -> tuple[Held, int] | None:
+        """Take the held request to place next and its rank (None: nothing held, or no rank can admit).
+
+        The policy chooses among the ``window`` oldest (:meth:`choose_backlog`); the caller opens it
+        (:meth:`open`) under the key it records. The leaf and ``dlb bfio heldrun`` both release this way.
+        """
+        q = self.hold
+        if q is None:
+            return None
+        cands = q.window(window)
+        if not cands:
+            return None
+        admit = self.admitting(allowed)
+        if not admit.any():
+            return None
+        i, r = self.choose_backlog(now, [c.prompt_tokens for c in cands], admit)
+        return q.take(cands[i].key, now), r
 
     def open_ranks(self, allowed: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
         """Ranks a workload-aware policy may choose from.
@@ -425,11 +461,12 @@ class DpBalancer:
             res.running = False
             self.queues[rank].append(request_id)
         else:
-            self._run(res, now)
+            self._run(request_id, res, now)
 
-    def _run(self, res: _Resident, now: float) -> None:
+    def _run(self, key: str, res: _Resident, now: float) -> None:
         res.running, res.started = True, now
         r = res.rank
+        self._recent[r].append((now, key))
         self.nrun[r] += 1
         self.prompt_sum[r] += res.prompt
         self.start_sum[r] += now
@@ -459,5 +496,6 @@ class DpBalancer:
             self.step_s += self.step_ema * (sample - self.step_s)
         q = self.queues[r]
         while q and self.nrun[r] < self.slots:
-            self._run(self.residents[q.popleft()], now)
+            key = q.popleft()
+            self._run(key, self.residents[key], now)
         return r

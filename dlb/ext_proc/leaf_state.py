@@ -357,12 +357,8 @@ class LeafState:
             if q is None or q.head() is None:
                 continue
             idx, allowed = self._dp_allowed(members, now)
-            while (cands := q.window(self.hold_window)):
-                admit = bal.admitting(allowed)
-                if not admit.any():
-                    break
-                i, r = bal.choose_backlog(now, [c.prompt_tokens for c in cands], admit)
-                h = q.take(cands[i].key, now)
+            while (nxt := bal.next_held(now, allowed, self.hold_window)) is not None:
+                h, r = nxt
                 key = self.start(now, h.key, idx[r], h.tokens)
                 bal.open(now, key, r, h.prompt_tokens)
                 out.append((key, idx[r]))

@@ -270,3 +270,17 @@ def test_placement_simulation_finishes_every_request_under_both_placements() -> 
             assert r.requests == 64 and 0.0 <= r.idle_frac < 1.0 and r.mean_steps >= 1.0
     with pytest.raises(ValueError, match="placement"):
         simulate("later", "jsq", PlacementRun(4, 4, 1.5, 8, 1, BUILTIN_PROFILES["llama-8b-h100"]))
+
+
+def test_held_run_model_serves_every_request_and_bfio_uses_the_backlog() -> None:
+    """``dlb bfio heldrun``: every request of a small held run finishes under each policy, and with a long
+    backlog and prefill elsewhere BF-IO's release (the leaf's own code) idles well below JSQ's FIFO."""
+    from dlb.bench.bfio_heldrun import HeldRun, simulate
+
+    runs = {pol: simulate(pol, HeldRun(4, 8, requests=240, rate=17.5, time_scale=4, seed=1, prefill=False))
+            for pol in ("jsq", "bf-io", "round-robin", "least-kv")}  # fmt: skip
+    for r in runs.values():
+        assert r.requests == 240 and r.backlog_steps > 50 and 0.0 < r.idle_frac < 1.0
+    assert runs["bf-io"].idle_frac_backlog < 0.6 * runs["jsq"].idle_frac_backlog
+    fifo = simulate("bf-io", HeldRun(4, 8, requests=240, rate=17.5, time_scale=4, seed=1, prefill=False, window=1))
+    assert fifo.idle_frac_backlog > runs["bf-io"].idle_frac_backlog  # the choice among held requests is the gain

@@ -212,6 +212,41 @@ def test_reported_kv_replaces_the_elapsed_time_estimate() -> None:
     assert bal.kv(1.5)[1] == 0.0  # rank 1 never reported: the estimate (empty)
 
 
+def test_a_report_does_not_erase_a_request_the_rank_has_not_admitted_yet() -> None:
+    """A KV report taken before the rank admitted a just-placed request lacks it; the leaf keeps counting it
+    until the report can include it (``report_lag_steps``), then the report governs again."""
+    bal = DpBalancer(ranks=2, slots=4, step_s=0.01)
+    bal.open(0.0, "a", 0, 100.0)
+    bal.observe_kv(0, 150.0, 1.0)
+    bal.open(1.0, "b", 0, 4000.0)
+    bal.observe_kv(0, 151.0, 1.005)  # a's growth only: b is still on its way to the rank
+    assert bal.kv(1.005)[0] == pytest.approx(151.0 + 4000.0 + 0.5)
+    bal.observe_kv(0, 4160.0, 1.05)  # two steps on: the report holds b
+    assert bal.kv(1.05)[0] == pytest.approx(4160.0)
+    bal.report_lag_steps = 0.0  # without the lag the early report would have erased b
+    bal.open(2.0, "c", 0, 4000.0)
+    bal.observe_kv(0, 4260.0, 2.005)
+    assert bal.kv(2.005)[0] == pytest.approx(4260.0)
+
+
+def test_backlog_choice_matches_the_full_cost_over_every_rank() -> None:
+    """``choose_backlog`` prices only the open ranks; the pick equals the cost taken over all ranks."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        bal = DpBalancer(ranks=8, slots=4, step_s=1.0, mean_decode_tokens=32.0)
+        for k in range(int(rng.integers(8, 32))):
+            bal.open(0.0, f"r{k}", int(rng.integers(0, 8)), float(rng.lognormal(7.0, 0.8)))
+        admit = bal.admitting(np.ones(8, dtype=bool))
+        if not admit.any():
+            continue
+        prompts = [float(x) for x in rng.lognormal(7.0, 0.8, 16)]
+        i, r = bal.choose_backlog(1.0, prompts, admit)
+        open_ = bal.open_ranks(admit)
+        costs = [min(float(bal.picker.costs(bal.kv(1.0), bal.nrun, p)[0][k]) for k in np.flatnonzero(open_))
+                 - (p * float(bal.picker.qh.sum()) + float((bal.picker.qh * bal.picker.hs).sum())) / 8 for p in prompts]
+        assert i == int(np.argmin(costs)) and admit[r]
+
+
 def test_hold_settings_travel_over_xds() -> None:
     """``DpGroups`` carries the hold queue (0 deadline = the default); a deadline past the cap is refused by name."""
     from dlb.config import resources as dr
