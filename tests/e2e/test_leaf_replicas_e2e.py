@@ -37,6 +37,10 @@ def plane() -> Iterator[DataPlane]:
     p = start_data_plane([CellSpec("a", servers=2, emulator={"time_scale": 5.0, "max_batch": 64})], "a", ENDPOINT,
                          leaf_ext_proc=True, leaf_replicas=2)
     try:
+        # The Envoys start last: until the leaf Envoys' first health checks pass, the agents report 0
+        # healthy servers and the root rightly answers "no usable cell" (what `dlb up` waits out before
+        # it says ready). Traffic before that would count start-up, not replicas.
+        until(lambda: _root(p, "dlb_root_cell_usable", endpoint="chat", cell="a") == 1.0, "cell a usable at the root", timeout=30)
         yield p
     finally:
         p.close()
