@@ -183,7 +183,7 @@ class RootRouter:
         self._cum: list[float] | None = None  # flow: cumulative x over the usable cells
         self._cum_idx: list[int] = []
         self._credit = [0.0] * self.topology.n  # flow with smooth_split: each cell's round-robin credit
-        self._xl: list[float] | None = None  # flow with smooth_split: x as a list
+        self._xl: list[float] | None = None  # flow: x as a list, for the per-request picks
         self._aversion_on = False
         # Per-request draws use Python's generator (numpy's scalar draws cost µs each), seeded from
         # ``rng`` so a seeded router stays deterministic.
@@ -574,14 +574,8 @@ class RootRouter:
         """Smooth weighted round robin (nginx's) over ``cand`` with weights ``x``: every cell gains its
         weight, the richest is picked and pays the total, so each cell's count stays within one request
         of its share at every point of the stream."""
-        xl = self._xl
-        if xl is None:
-            xl = self._xl = [float(v) for v in self._x]
-        w = [xl[j] for j in cand]
+        w = self._split_weights(cand)
         total = sum(w)
-        if total <= 0:
-            w = [float(self.replicas[j]) for j in cand]
-            total = sum(w)
         credit = self._credit
         best, best_k = -math.inf, 0
         for k, j in enumerate(cand):
@@ -596,11 +590,17 @@ class RootRouter:
 
     def _cdf(self, cells: list[int]) -> tuple[list[int], list[float]]:
         """Cumulative flow weights over ``cells`` (replica weights if x gives them no mass)."""
-        x = self._x
-        w = [float(x[j]) for j in cells]
+        return list(cells), list(itertools.accumulate(self._split_weights(cells)))
+
+    def _split_weights(self, cells: list[int]) -> list[float]:
+        """``x`` over ``cells``, or the replica weights when ``x`` gives them no mass (both picks' rule)."""
+        xl = self._xl
+        if xl is None:
+            xl = self._xl = [float(v) for v in self._x]
+        w = [xl[j] for j in cells]
         if sum(w) <= 0:
             w = [float(self.replicas[j]) for j in cells]
-        return list(cells), list(itertools.accumulate(w))
+        return w
 
     def _affine(self, session: str, cell: int, cand: list[int], now: float) -> int:
         """Conditional affinity (paper 3.5): stay on the session's cell while its expected latency
