@@ -68,10 +68,14 @@ def _overhead(p: argparse.ArgumentParser) -> None:
                         f"transport (floors); {o.GRPC_CONFIG}: the root service on grpc.aio; {o.MTLS_CONFIG}: the root hop "
                         f"under mutual TLS; {o.NATIVE_CONFIG}: flow routing in Envoy's weighted_clusters "
                         f"from a live control plane, no ext_proc on the request; {o.NATIVE_DISCRETE_CONFIG}: native-discrete, "
-                        "Envoy's least-request over cells weighted by the control plane)")
+                        f"Envoy's least-request over cells weighted by the control plane; {o.TRACED_CONFIG}: the root hop with "
+                        f"Envoy's and the root's spans at {o.TRACE_RATIO:g} sampling to an in-process OTLP collector, judged "
+                        "against root)")
     p.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto",
                    help="load generator: wrk (C; apt-get install wrk), python (asyncio, in this process), auto = wrk if installed")
     p.add_argument("--envoy-concurrency", type=int, default=1, help="worker threads of each Envoy under test (default 1)")
+    p.add_argument("--trace-ratio", type=float, default=o.TRACE_RATIO,
+                   help=f"sampling ratio of {o.TRACED_CONFIG} (default {o.TRACE_RATIO:g}: the ratio its CPU target is for)")
     p.add_argument("--smoke", action="store_true", help="tiny CI version: 0.5 s points, 4 connections")
     p.add_argument("--budgets", default=None, metavar="FILE",
                    help="CPU-per-request budgets per machine kind, as ratios to the floor measured in the same run (default: the "

@@ -45,6 +45,7 @@ from dlb.config import config_from_dict
 from dlb.envoy.binary import EnvoyProcess
 from dlb.errors import DlbError
 from dlb.log import get_logger
+from dlb.service.tracing import otlp_unavailable
 from dlb.testbed.process import ServiceProcess, free_port
 
 log = get_logger("dlb.bench.overhead")
@@ -79,7 +80,15 @@ BARE_H2_CONFIG = "root-bare-h2"
 #: The root hop under mutual TLS (the config's ``tls``, a throw-away CA): the root Envoy reaches the
 #: root service over mTLS (TLS inside DLB's HTTP/2 transport), the root probes an mTLS leaf agent.
 MTLS_CONFIG = "root-mtls"
-EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, MTLS_CONFIG, *NATIVE_CONFIGS)
+#: The root hop with tracing on as an operator runs it: the root Envoy's OpenTelemetry tracer and the root
+#: service's decision spans, both sampling ``TRACE_RATIO`` and exporting to a real OTLP collector. Judged
+#: against ``root`` in the same slices (``TRACED_CPU_TARGET``), not against the floor.
+TRACED_CONFIG = "root-traced"
+TRACE_RATIO = 0.01
+#: Tracing at 1 % sampling may add at most 5 % CPU per request to the root hop (Envoy + root service).
+TRACED_CPU_TARGET = 1.05
+EXTRA_CONFIGS = (RESP_CONFIG, LR_CONFIG, W2_CONFIG, BARE_CONFIG, BARE_H2_CONFIG, GRPC_CONFIG, MTLS_CONFIG, TRACED_CONFIG,
+                 *NATIVE_CONFIGS)
 
 
 def _cpu_of(pid: int) -> float:
@@ -303,7 +312,7 @@ def _wait_http(port: int, timeout_s: float = 30.0) -> None:
 
 
 def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] = CONFIGS, slices: int = 1,
-                 loadgen: str = "python", envoy_concurrency: int = 1) -> list[dict[str, Any]]:
+                 loadgen: str = "python", envoy_concurrency: int = 1, trace_ratio: float = TRACE_RATIO) -> list[dict[str, Any]]:
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
 
     tmp = tempfile.TemporaryDirectory(prefix="dlb-bench-overhead-")
@@ -313,6 +322,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
     services: list[ServiceProcess] = []
     bare_procs: list[subprocess.Popen] = []
     control_planes: list[_ThreadedControlPlane] = []
+    collector: Any = None
 
     def envoy(boot: dict[str, Any], name: str, admin: int) -> EnvoyProcess:
         # The upstream stands in for the servers and stays at one worker; the Envoys under test get
@@ -343,6 +353,19 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             root_w2 = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--listen", f"127.0.0.1:{w2_port}",
                                      "--metrics", "", "--workers", "2")
             services.append(root_w2)
+        traced_port = free_port()
+        if TRACED_CONFIG in configs:
+            reason = otlp_unavailable()
+            if reason is not None:
+                raise DlbError(f"dlb bench overhead --configs {TRACED_CONFIG}: {reason}")
+            from dlb.testbed.otlp_collector import Collector
+
+            collector = Collector(keep=False)
+            otlp_port = collector.start()
+            root_traced = ServiceProcess("root", "--config", str(cfg_path), "--cell", "x", "--listen", f"127.0.0.1:{traced_port}",
+                                         "--metrics", "", "--otlp-endpoint", f"127.0.0.1:{otlp_port}",
+                                         "--trace-sample-ratio", str(trace_ratio))
+            services.append(root_traced)
         if MTLS_CONFIG in configs:
             from dlb.testbed.pki import dlb_pki
 
@@ -423,6 +446,14 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             _wait_http(p)
             assert e.proc is not None  # started by envoy()
             targets[native_name] = (p, {"root_envoy": e.proc.pid})
+        if TRACED_CONFIG in configs:
+            from dlb.envoy.tracing import EnvoyTracing, add_tracing
+
+            p, a = free_port(), free_port()
+            b = root_bootstrap(cfg, "x", admin_port=a, listen=_hp(p), ext_proc=_hp(traced_port))
+            _point_cluster(b, "cell-x", up_port)
+            add_tracing(b, EnvoyTracing(_hp(otlp_port), trace_ratio), "dlb-root-envoy")
+            targets[TRACED_CONFIG] = (p, {"root_envoy": envoy(b, TRACED_CONFIG, a).pid, "root_ext_proc": root_traced.pid})
         if GRPC_CONFIG in configs:
             p, pid = root_to_upstream(GRPC_CONFIG, grpc_port)
             targets[GRPC_CONFIG] = (p, {"root_envoy": pid, "root_ext_proc": root_grpc.pid})
@@ -460,11 +491,19 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             targets[RESP_CONFIG] = (p, {"root_envoy": envoy(b, "root-leaf-resp", a).pid, "root_ext_proc": root_svc.pid,
                                          "leaf_envoy": leaf_env.pid, "leaf_agent": leaf_svc.pid})
 
+        traced_requests = 0  # every request sent through root-traced, warm-up included: what the spans come from
+
+        async def measure(name: str, mode: str, rate: float | None, slice_s: float) -> tuple[LoadResult, dict[str, float]]:
+            nonlocal traced_requests
+            out = await _measure(targets[name], mode, connections=connections, rate=rate, duration_s=slice_s, loadgen=loadgen)
+            if name == TRACED_CONFIG:
+                traced_requests += len(out[0].latencies_s)
+            return out
+
         async def main() -> None:
             await asyncio.sleep(1.0)  # probes warm up: the root needs fresh state for its cell
             for name in configs:  # warm-up pass: connections, caches, JIT-less Python paths
-                await _measure(targets[name], "closed", connections=connections, rate=None, duration_s=min(1.0, duration_s),
-                               loadgen=loadgen)
+                await measure(name, "closed", None, min(1.0, duration_s))
             # Interleave the configurations in short slices and pool them: background load on a shared
             # machine drifts, and slicing spreads the drift evenly over the configurations compared.
             slice_s = duration_s / slices
@@ -478,8 +517,7 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
                     # Alternate the order so no configuration always follows the same one (warm caches, drift).
                     order = list(configs) if k % 2 == 0 else list(reversed(configs))
                     for name in order + measured[len(configs):]:
-                        pooled[name].append(await _measure(targets[name.removesuffix(AA_SUFFIX)], mode, connections=connections,
-                                                           rate=rate, duration_s=slice_s, loadgen=loadgen))
+                        pooled[name].append(await measure(name.removesuffix(AA_SUFFIX), mode, rate, slice_s))
                 for name in measured:
                     res, cpu = _pool(pooled[name])
                     rec = _record(name, mode, rate, res, cpu, connections if mode == "closed" else None, loadgen)
@@ -492,6 +530,12 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
         from dlb.service.runner import run_event_loop
 
         run_event_loop(main())
+        if TRACED_CONFIG in configs:
+            root_traced.stop()  # its exporter flushes on exit; Envoy's flushes on its own period (5 s)
+            spans = _settled_count(collector)
+            for rec in records:
+                if rec["config"] == TRACED_CONFIG:
+                    rec["trace"] = {"sample_ratio": trace_ratio, "spans_exported": spans, "requests_sent": traced_requests}
     finally:
         for e in envoys:
             e.stop()
@@ -502,8 +546,21 @@ def run_overhead(duration_s: float, connections: int, configs: tuple[str, ...] =
             bp.wait(10)
         for cp in control_planes:
             cp.stop()
+        if collector is not None:
+            collector.stop()
         tmp.cleanup()
     return records
+
+
+def _settled_count(collector: Any, quiet_s: float = 6.0, limit_s: float = 20.0) -> int:
+    """The collector's span count once no export has arrived for ``quiet_s`` (longer than Envoy's 5-s flush)."""
+    deadline = time.monotonic() + limit_s
+    last, since = collector.count, time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(0.25)
+        if collector.count != last:
+            last, since = collector.count, time.monotonic()
+    return int(last)
 
 
 def _hp(port: int):
@@ -601,6 +658,29 @@ def _added_vs_floor(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def traced_targets(records: list[dict[str, Any]]) -> list[harness.Target]:
+    """Tracing's verdicts: its open-loop CPU per request against ``root`` slice by slice, and that spans arrived
+    (a traced run that exported nothing measured an untraced root)."""
+    by = {r["config"]: r for r in records if r["mode"] == "open" and "slices" in r}
+    traced = by.get(TRACED_CONFIG)
+    if traced is None:
+        return []
+    trace = traced.get("trace", {})
+    spans, sent = trace.get("spans_exported", 0), trace.get("requests_sent", 0)
+    ratio = trace.get("sample_ratio", TRACE_RATIO)
+    out = [harness.Target(f"{TRACED_CONFIG}: spans reach the OTLP collector at {ratio:g} sampling", spans > 0,
+                          f"{spans} spans from {sent} requests ({100 * spans / sent if sent else 0:.2f} per 100)")]
+    if "root" in by:
+        r = stats.ratio(_samples(traced), _samples(by["root"]), "cpu_ms_per_req")
+        traced["cpu_vs_root"] = r.as_json()
+        lo, hi = stats.median_ci(r.per_slice)
+        out.append(harness.Target(f"{TRACED_CONFIG}: CPU per request <= {TRACED_CPU_TARGET:g} x root's in the same slices "
+                                  f"at {ratio:g} sampling",
+                                  r.median <= TRACED_CPU_TARGET if np.isfinite(r.median) else None,
+                                  f"{r.median:.3f} x (95 % CI of the median {lo:.3f}-{hi:.3f}, {len(r.per_slice)} slices)"))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     duration = 0.5 if args.smoke else args.duration
     connections = 4 if args.smoke else args.connections
@@ -616,11 +696,13 @@ def run(args: argparse.Namespace) -> int:
     configs = tuple(args.configs)
     if budgets and any(c in budgets for c in configs) and stats.FLOOR not in configs:
         configs = (stats.FLOOR, *configs)  # a budget is a ratio to the floor in the same run
+    if TRACED_CONFIG in configs and "root" not in configs:
+        configs = ("root", *configs)  # tracing's cost is a ratio to the same root untraced
     record = harness.start()  # the code that runs, and the box's load, before the run
     records = run_overhead(duration, connections, configs, slices=1 if args.smoke else args.slices, loadgen=loadgen,
-                           envoy_concurrency=args.envoy_concurrency)
+                           envoy_concurrency=args.envoy_concurrency, trace_ratio=args.trace_ratio)
     cpu, band = floor_ratios(records)
     print(summarize(records))
     print(ratio_lines(records, band))
-    targets = budget_targets(budgets, cpu, band, kind)
+    targets = budget_targets(budgets, cpu, band, kind) + traced_targets(records)
     return harness.finish(record, records, targets, json_path=args.json)  # every row names the code that produced it

@@ -18,8 +18,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
+from dlb.ext_proc.transport.h2 import CALL, Later, Route
 from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
-from dlb.ext_proc.transport.h2 import Later, Route
 from dlb.ext_proc.transport.limits import H2Limits
 from dlb.ext_proc.transport.server import H2GrpcServer
 from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handler
@@ -96,7 +96,10 @@ def ext_proc_handler(handle: MessageHandler) -> grpc.GenericRpcHandler:
     """
 
     async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        tp = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
+        traceparent = tp.encode() if isinstance(tp, str) else tp
         async for raw in requests:
+            CALL.traceparent = traceparent  # other calls ran while this one awaited its message
             reply, end = handle(raw)
             if isinstance(reply, Later):  # a held request: its answer comes when the future resolves
                 if reply.now is not None:

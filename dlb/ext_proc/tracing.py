@@ -1,8 +1,9 @@
 """A span per root decision and per leaf pick, around the services' ``handle`` (tracing on only).
 
 Why a wrapper and not code inside ``decide``/``pick``: with tracing off the request path is exactly as
-before (the wrapper is not installed); with it on, the message is parsed a second time for its
-``traceparent`` only when it carries one (Envoy forwards it to both services), and the span and its
+before (the wrapper is not installed). The parent is Envoy's span of the ext_proc call (the gRPC call's
+``traceparent``) when Envoy traces, so a trace Envoy starts holds the decision; else the client's
+``traceparent`` forwarded in the request, for which the message is parsed a second time. The span and its
 attributes — the decision, every candidate cell's cost and aversion, the server's load — are built only
 for sampled requests.
 """
@@ -18,7 +19,7 @@ from dlb.envoy.contract import TRACEPARENT
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.protocol import MessageHandler, header_value
 from dlb.ext_proc.root import RootService
-from dlb.ext_proc.transport.h2 import Later
+from dlb.ext_proc.transport.h2 import CALL, Later
 from dlb.service.tracing import AttributeValue, Tracer
 
 TRACE_BYTES = TRACEPARENT.encode()
@@ -34,7 +35,9 @@ def traced(handle: MessageHandler, tracer: Tracer, name: str, describe: Describe
         if reply is None or isinstance(reply, Later):  # a held request's pick comes later: no span for it
             return reply, end
         req = parent = None
-        if TRACE_BYTES in message:  # the parent's flag decides: parse to read it
+        if CALL.traceparent is not None:  # Envoy traces: its span of this ext_proc call is the parent
+            parent = CALL.traceparent.decode("latin-1")
+        elif TRACE_BYTES in message:  # else the client's, forwarded in the request: parse to read it
             req = ep.ProcessingRequest.FromString(message)
             parent = next((header_value(h) for h in req.request_headers.headers.headers if h.key == TRACEPARENT), None)
         if not tracer.sampled(parent):

@@ -7,6 +7,7 @@ import pytest
 
 from dlb.bench.wrk import wrk_binary
 from dlb.cli import main
+from dlb.service.tracing import otlp_unavailable
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 
@@ -74,3 +75,25 @@ def test_overhead_bench_root_mtls_smoke(tmp_path):
     for r in records:
         assert r["requests"] > 0 and r["errors"] == 0, r
         assert set(r["cpu_ms_per_req"]) >= {"root_envoy", "root_ext_proc"}
+
+
+@pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")
+def test_overhead_bench_root_traced_smoke(tmp_path):
+    """``root-traced``: the root hop with Envoy's tracer and the root's decision spans on serves every request
+    next to the untraced root, its spans reach the in-process OTLP collector, and its CPU is judged against
+    root's in the same slices (the verdict's value is the bench's business, not asserted here)."""
+    out = tmp_path / "traced.json"
+    argv = ["bench", "overhead", "--smoke", "--loadgen", "python", "--configs", "root-traced", "--trace-ratio", "0.5",
+            "--json", str(out)]
+    main(argv)  # its exit says whether the CPU target held on this box: reported, not asserted
+    records = json.loads(out.read_text())
+    assert {(r["config"], r["mode"]) for r in records} == {(c, m) for c in ("root", "root-traced") for m in ("closed", "open")}
+    for r in records:
+        assert r["requests"] > 0 and r["errors"] == 0, r
+    traced = [r for r in records if r["config"] == "root-traced"]
+    trace = traced[0]["trace"]
+    assert trace["sample_ratio"] == 0.5 and trace["requests_sent"] > 0
+    # Envoy's ingress span and the root's decision span for about half the requests (the ratio decides per trace id).
+    assert 0.3 * trace["requests_sent"] < trace["spans_exported"] < 4 * trace["requests_sent"], trace
+    rules = [v["rule"] for v in records[0]["target_verdicts"]]
+    assert any("spans reach the OTLP collector" in r for r in rules) and any("x root's in the same slices" in r for r in rules)

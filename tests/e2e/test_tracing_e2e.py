@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from bounded_wait import until
-from test_epp_tracing import Collector
 
 from dlb.service.tracing import otlp_unavailable
+from dlb.testbed.otlp_collector import Collector
 from dlb.testbed.stack import CellSpec, metric_value, request, start_data_plane
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(180), pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")]

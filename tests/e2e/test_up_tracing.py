@@ -10,11 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from bounded_wait import until
-from test_epp_tracing import Collector
 from test_up import REPO, _read_until
 
 from dlb.emulator.server import ThreadedEmulator
@@ -22,6 +23,7 @@ from dlb.launch.supervisor import processes_of_run
 from dlb.procutil import free_port
 from dlb.service.tracing import otlp_unavailable
 from dlb.testbed.fleet import CellPlan, Fleet, demo_config
+from dlb.testbed.otlp_collector import Collector
 from dlb.testbed.stack import request
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240), pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")]
@@ -29,7 +31,9 @@ TRACE_ID, CLIENT_SPAN = "5af7651916cd43dd8448eb211c80319d", "c7ad6b7169203331"
 TRACED = 12
 
 
-def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(tmp_path: Path) -> None:
+@contextmanager
+def traced_up(tmp_path: Path, ratio: str) -> Iterator[tuple[str, int, Collector]]:
+    """``dlb up --otlp-endpoint`` (leaf agents picking) over two emulated cells; yields its root's address and the collector."""
     collector = Collector()
     otlp = collector.start()
     run_dir = tmp_path / "run"
@@ -41,37 +45,13 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
         (tmp_path / "dlb.yaml").write_text(json.dumps(cfg))
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(tmp_path / "dlb.yaml"), "--run-dir", str(run_dir),
-                                 "--otlp-endpoint", f"127.0.0.1:{otlp}", "--trace-sample-ratio", "0"],
+                                 "--otlp-endpoint", f"127.0.0.1:{otlp}", "--trace-sample-ratio", ratio],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         seen: list[str] = []
         try:
             m = _read_until(proc, r"root us-east1: base_url http://([\d.]+):(\d+)/v1", seen)
-            host, port = m.group(1), int(m.group(2))
             _read_until(proc, r"Ctrl-C stops everything", seen)
-            # Just after start a leaf Envoy may not reach its ext_proc yet and picks by itself (fail open), with no
-            # pick span (the first few requests in most runs here); one complete trace is the claim.
-            served = {}
-
-            def complete() -> str | None:
-                roles: dict[str, set[str]] = {}  # trace → the kinds of service that sent it a span
-                for svc, sp in list(collector.spans):
-                    roles.setdefault(sp.trace_id.hex(), set()).add(svc.rsplit("-", 2)[0] if svc.count("-") >= 2 else svc)
-                return next((t for t, r in roles.items() if {"envoy-root", "dlb-root", "envoy-leaf", "dlb-leaf"} <= r), None)
-
-            trace = None
-            for k in range(TRACED):  # one more traced request every 12 s until a trace is complete
-                status, headers, _ = request(host, port, headers={"traceparent": f"00-{TRACE_ID[:-2]}{k:02x}-{CLIENT_SPAN}-01"})
-                assert status == 200
-                served[f"{TRACE_ID[:-2]}{k:02x}"] = headers["x-dlb-server"]
-                if k == 0:
-                    assert request(host, port)[0] == 200  # unsampled: no span
-                try:
-                    trace = until(complete, "one trace with all four spans", timeout=12)  # Envoy flushes spans every 5 s
-                    break
-                except AssertionError:
-                    continue
-            got = sorted({(svc, sp.name, sp.trace_id.hex()[-2:]) for svc, sp in collector.spans})
-            assert trace is not None, f"no complete trace after {TRACED} traced requests, 12 s apart; spans: {got}"
+            yield m.group(1), int(m.group(2)), collector
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
         finally:
@@ -80,18 +60,72 @@ def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(
             for pid in processes_of_run(run_dir):
                 os.kill(pid, signal.SIGKILL)
             collector.stop()
+
+
+def complete_trace(collector: Collector) -> str | None:
+    """A trace to which all four kinds of service (both Envoys, the root, a leaf) sent a span."""
+    roles: dict[str, set[str]] = {}  # trace → the kinds of service that sent it a span
+    for svc, sp in list(collector.spans):
+        roles.setdefault(sp.trace_id.hex(), set()).add(svc.rsplit("-", 2)[0] if svc.count("-") >= 2 else svc)
+    return next((t for t, r in roles.items() if {"envoy-root", "dlb-root", "envoy-leaf", "dlb-leaf"} <= r), None)
+
+
+def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(tmp_path: Path) -> None:
+    with traced_up(tmp_path, "0") as (host, port, collector):
+        # Just after start a leaf Envoy may not reach its ext_proc yet and picks by itself (fail open), with no
+        # pick span (the first few requests in most runs here); one complete trace is the claim.
+        served = {}
+        trace = None
+        for k in range(TRACED):  # one more traced request every 12 s until a trace is complete
+            status, headers, _ = request(host, port, headers={"traceparent": f"00-{TRACE_ID[:-2]}{k:02x}-{CLIENT_SPAN}-01"})
+            assert status == 200
+            served[f"{TRACE_ID[:-2]}{k:02x}"] = headers["x-dlb-server"]
+            if k == 0:
+                assert request(host, port)[0] == 200  # unsampled: no span
+            try:
+                trace = until(lambda: complete_trace(collector), "one trace with all four spans", timeout=12)  # Envoy flushes every 5 s
+                break
+            except AssertionError:
+                continue
+        got = sorted({(svc, sp.name, sp.trace_id.hex()[-2:]) for svc, sp in collector.spans})
+        assert trace is not None, f"no complete trace after {TRACED} traced requests, 12 s apart; spans: {got}"
     assert {sp.trace_id.hex() for _, sp in collector.spans} <= set(served)  # only the sampled requests
     spans = [(svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace]
-    by_service = {svc: sp for svc, sp in spans}
+    ingress = {svc: sp for svc, sp in spans if sp.name == "ingress"}  # each Envoy's span of the request itself
     dlb_spans = {sp.name: (svc, sp) for svc, sp in spans if sp.name.startswith("dlb.")}
     cell = next(a.value.string_value for a in dlb_spans["dlb.root.decide"][1].attributes if a.key == "dlb.cell")
     print(f"\none trace, {len(spans)} spans:", sorted((svc, sp.name) for svc, sp in spans))
-    assert {"envoy-root-us-east1", "dlb-root-us-east1", f"envoy-leaf-{cell}", f"dlb-leaf-{cell}"} <= set(by_service), sorted(by_service)
+    assert {"envoy-root-us-east1", "dlb-root-us-east1", f"envoy-leaf-{cell}", f"dlb-leaf-{cell}"} <= {svc for svc, _ in spans}
     assert len(spans) >= 4
     ids = {sp.span_id.hex() for _, sp in spans}
     for svc, sp in spans:  # linked: no span hangs off something outside the trace
         assert sp.parent_span_id.hex() in ids | {CLIENT_SPAN}, (svc, sp.name)
-    assert by_service["envoy-root-us-east1"].parent_span_id.hex() == CLIENT_SPAN
-    assert by_service[f"envoy-leaf-{cell}"].parent_span_id.hex() == by_service["envoy-root-us-east1"].span_id.hex()
+    assert ingress["envoy-root-us-east1"].parent_span_id.hex() == CLIENT_SPAN
+    assert ingress[f"envoy-leaf-{cell}"].parent_span_id.hex() == ingress["envoy-root-us-east1"].span_id.hex()
     assert dlb_spans["dlb.root.decide"][0] == "dlb-root-us-east1" and dlb_spans["dlb.leaf.pick"][0] == f"dlb-leaf-{cell}"
     assert served[trace] == ("a/0" if cell == "us-east1" else "b/0")
+
+
+def test_a_trace_envoy_starts_holds_the_decision_and_the_pick(tmp_path: Path) -> None:
+    """No client ``traceparent``, every request sampled by the root Envoy: the services' spans join Envoy's
+    trace as children of Envoy's span of their ext_proc call (the gRPC call's ``traceparent``), not a trace
+    of their own."""
+    with traced_up(tmp_path, "1") as (host, port, collector):
+        trace = None
+        for _ in range(TRACED):
+            assert request(host, port)[0] == 200
+            try:
+                trace = until(lambda: complete_trace(collector), "one trace with all four spans", timeout=12)
+                break
+            except AssertionError:
+                continue
+        assert trace is not None, sorted({(svc, sp.name) for svc, sp in collector.spans})
+        spans = [(svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace]
+    by_id = {sp.span_id.hex(): (svc, sp) for svc, sp in spans}
+    for name, envoy in (("dlb.root.decide", "envoy-root"), ("dlb.leaf.pick", "envoy-leaf")):
+        sp = next(sp for _, sp in spans if sp.name == name)
+        parent_svc, parent = by_id[sp.parent_span_id.hex()]
+        assert parent_svc.startswith(envoy) and "ExternalProcessor" in parent.name, (name, parent_svc, parent.name)
+    # Decisions in traces of their own (the services sampling alone) would show as dlb spans outside Envoy's traces.
+    envoy_traces = {sp.trace_id.hex() for svc, sp in collector.spans if svc.startswith("envoy-")}
+    assert all(sp.trace_id.hex() in envoy_traces for svc, sp in collector.spans if svc.startswith("dlb-"))

@@ -3,8 +3,6 @@ joined to the request's trace through its W3C ``traceparent``; nothing exported 
 
 from __future__ import annotations
 
-import threading
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -13,43 +11,16 @@ import yaml
 from bounded_wait import until
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from dlb.procutil import free_port
 from dlb.service.tracing import otlp_unavailable
+from dlb.testbed.otlp_collector import Collector
 from dlb.testbed.process import ServiceProcess
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(otlp_unavailable() is not None, reason=f"{otlp_unavailable()}")]
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver keeping every span it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list = []
-        self.lock = threading.Lock()
-        self.server = grpc.server(futures.ThreadPoolExecutor(2))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-
-    def start(self) -> int:
-        """Serve on 127.0.0.1; returns the port."""
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        return port
-
-    def stop(self) -> None:
-        self.server.stop(None)
-
-    def Export(self, request, context):
-        with self.lock:
-            for rs in request.resource_spans:
-                service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
-                for ss in rs.scope_spans:
-                    self.spans += [(service, s) for s in ss.spans]
-        return trace_service_pb2.ExportTraceServiceResponse()
 
 
 def pick(port: int, traceparent: str) -> ep.ProcessingResponse:

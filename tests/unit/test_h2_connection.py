@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from dlb.errors import DlbError
 from dlb.ext_proc.protocol import PROCESS_METHOD
 from dlb.ext_proc.transport.h2 import (
+    CALL,
     PREFACE,
     TRANSITIONS,
     CompressionError,
@@ -93,9 +94,10 @@ class Pair:
         self.server_events += self.server.receive_data(data)
         return self.server.data_to_send()
 
-    def request(self, sid: int, body: bytes | None, end_stream: bool = False, path: str = METHOD) -> None:
+    def request(self, sid: int, body: bytes | None, end_stream: bool = False, path: str = METHOD,
+                extra: tuple[tuple[str, str], ...] = ()) -> None:
         headers = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "dlb"),
-                   ("content-type", "application/grpc"), ("te", "trailers")]
+                   ("content-type", "application/grpc"), ("te", "trailers"), *extra]
         self.client.send_headers(sid, headers)
         if body is not None:
             self.client.send_data(sid, grpc_message(body), end_stream=end_stream)
@@ -118,6 +120,24 @@ def test_a_call_is_answered_with_the_reply_and_grpc_status_ok() -> None:
     (data,) = p.of(h2.events.DataReceived, 1)
     assert data.data == grpc_message(b"HELLO")
     assert p.status(1) == str(int(GrpcStatus.OK))
+
+
+def test_each_calls_traceparent_is_what_the_handler_sees_for_its_messages() -> None:
+    """The gRPC call's ``traceparent`` (Envoy's span of the ext_proc call) is in ``CALL`` while the handler
+    runs on that call's message, and None for a call without one, so a span's parent never leaks across calls."""
+    seen: list[bytes | None] = []
+
+    def record(message: bytes) -> tuple[bytes | None, bool]:
+        seen.append(CALL.traceparent)
+        return message, False
+
+    p = Pair(record)
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    p.request(1, b"a", extra=(("traceparent", tp),))
+    p.request(3, b"b")
+    p.client.send_data(1, grpc_message(b"c"))
+    p.pump()
+    assert seen == [tp.encode(), None, tp.encode()]
 
 
 def test_answer_before_the_client_ends_resets_with_no_error() -> None:

@@ -80,6 +80,21 @@ class Later:
 #: The request path of a service: one serialised message in, ``(reply or None, end_of_call)`` out.
 Handler = Callable[[bytes], "tuple[bytes | Later | None, bool]"]
 
+
+@dataclass(slots=True)
+class CallContext:
+    """What the transport knows of the call whose message a handler is running on (set before each call).
+
+    Why not an argument: the handler's one-argument contract is the hot path of every service; only the
+    tracing wrapper reads this. One process serves on one thread, so one instance is enough.
+    """
+
+    #: The gRPC call's ``traceparent`` metadata: Envoy's span of the ext_proc call, when Envoy traces.
+    traceparent: bytes | None = None
+
+
+CALL = CallContext()
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 class FrameType(enum.IntEnum):
@@ -330,6 +345,7 @@ class _Stream:
     received: int = 0
     client_ending: bool = False  # the frame being processed carries END_STREAM
     held: int = 0  # bytes of ``buf`` counted in H2Connection.buffered and the server's total
+    traceparent: bytes | None = None  # the call's trace context (HeaderBlock.traceparent)
 
     def apply(self, event: StreamInput) -> StreamState:
         """Move to the state :data:`TRANSITIONS` gives; raises :class:`StreamStateError` if none."""
@@ -673,6 +689,7 @@ class H2Connection:
             self._reset(stream, PROTOCOL_ERROR)  # a malformed request is a stream error (RFC 9113 §8.1.1)
             return
         stream.content_length = head.content_length
+        stream.traceparent = head.traceparent
         stream.counted = head.content_length is not None
         ctype = head.content_type
         if ctype is None or not ctype.startswith(b"application/grpc"):
@@ -768,6 +785,7 @@ class H2Connection:
         self.stats.messages += 1
         route = stream.route
         assert route is not None  # a stream without a route was answered when it opened
+        CALL.traceparent = stream.traceparent
         try:
             reply, end = route.handler(message)
         except DecodeError as exc:  # what the peer sent: a line without a traceback (rate-limited, dlb.log)

@@ -44,6 +44,8 @@ class HeaderBlock:
     content_length: int | None
     malformed: str  # why the block is not a valid *request* head ("" = valid)
     has_pseudo: bool  # a trailer block with pseudo-headers is malformed
+    #: The call's W3C trace context: Envoy sends its ext_proc call's span here when it traces.
+    traceparent: bytes | None = None
 
     @property
     def cost(self) -> int:
@@ -55,7 +57,7 @@ def parse_head(fields: list[tuple[bytes, bytes]]) -> HeaderBlock:
     pseudo: dict[bytes, bytes] = {}
     malformed = ""
     regular_seen = False
-    ctype = None
+    ctype = traceparent = None
     clen: int | None = None
     for k, v in fields:
         if k[:1] == b":":
@@ -76,6 +78,8 @@ def parse_head(fields: list[tuple[bytes, bytes]]) -> HeaderBlock:
             malformed = malformed or "te other than trailers"
         elif k == b"content-type":
             ctype = v
+        elif k == b"traceparent":
+            traceparent = v
         elif k == b"content-length":
             if not v.isdigit() or (clen is not None and clen != int(v)):
                 malformed = malformed or "bad content-length"
@@ -90,7 +94,7 @@ def parse_head(fields: list[tuple[bytes, bytes]]) -> HeaderBlock:
             malformed = malformed or "no :scheme"
         if not path:
             malformed = malformed or "no :path or an empty one"
-    return HeaderBlock(fields, method, path, ctype, clen, malformed, bool(pseudo))
+    return HeaderBlock(fields, method, path, ctype, clen, malformed, bool(pseudo), traceparent)
 
 
 class CachingDecoder:
