@@ -94,6 +94,7 @@ def routing_policy(config: Config, ep: Endpoint) -> pb.RoutingPolicy:
         affinity=pb.RoutingPolicy.Affinity(enabled=pol.affinity.enabled, header=pol.affinity.header, ttl_s=pol.affinity.ttl_s,
                                            max_sessions=pol.affinity.max_sessions, prefix_savings_ms=pol.affinity.prefix_savings_ms),
         latency_prior=model_to_pb(ep.latency_prior.to_core()),
+        latency_prior_by_cell={c: model_to_pb(p) for c, p in ep.cell_priors().items()},
         stale_after_ms=config.probe.stale_after_ms,
         shed=pb.RoutingPolicy.Shed(disabled=not pol.shed.enabled, fill=pol.shed.fill, near_fill=pol.shed.near_fill,
                                    min_error_rate=pol.shed.min_error_rate, max_age_ms=pol.shed.max_age_ms),
@@ -211,8 +212,8 @@ def config_resources(config: Config) -> dict[str, list[tuple[str, Message]]]:
 
 
 # -- decode (services) ------------------------------------------------------------------------------
-def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams]:
-    """The routing core's policy and the fleet prior carried by a RoutingPolicy resource."""
+def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams, dict[str, LatencyParams]]:
+    """The routing core's policy, the endpoint's prior and the cells' own priors carried by a RoutingPolicy resource."""
     what = f"RoutingPolicy {msg.endpoint!r}"
     if not msg.endpoint:
         raise ResourceError("RoutingPolicy without an endpoint name")
@@ -236,7 +237,8 @@ def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams]:
         ).to_core(ProbeParams(stale_after_ms=msg.stale_after_ms or ProbeParams.stale_after_ms))
     except ValueError as e:
         raise ResourceError(f"{what}: {e}") from e
-    return policy, model_from_pb(msg.latency_prior, f"{what}.latency_prior")
+    by_cell = {c: model_from_pb(m, f"{what}.latency_prior_by_cell[{c!r}]") for c, m in sorted(msg.latency_prior_by_cell.items())}
+    return policy, model_from_pb(msg.latency_prior, f"{what}.latency_prior"), by_cell
 
 
 def topology_from_pb(msg: pb.Topology) -> Topology:

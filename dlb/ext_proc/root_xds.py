@@ -119,10 +119,10 @@ def specs_from_policies(resources: Mapping[str, Message]) -> list[EndpointSpec]:
     """Endpoint specs in a stable order: longest prefix first, so the most specific endpoint matches."""
     specs = []
     for name, msg in resources.items():
-        policy, prior = dr.policy_from_pb(msg)
+        policy, prior, cell_priors = dr.policy_from_pb(msg)
         if name != msg.endpoint:
             raise dr.ResourceError(f"RoutingPolicy resource {name!r} carries endpoint {msg.endpoint!r}")
-        specs.append(EndpointSpec(msg.endpoint, msg.path_prefix, policy, prior))
+        specs.append(EndpointSpec(msg.endpoint, msg.path_prefix, policy, prior, cell_priors))
     return sorted(specs, key=lambda s: (-len(s.prefix), s.name))
 
 

@@ -25,47 +25,51 @@ _sym_db = _symbol_database.Default()
 from dlb.proto import probe_pb2 as dlb_dot_proto_dot_probe__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64lb/proto/resources.proto\x12\x06\x64lb.v1\x1a\x15\x64lb/proto/probe.proto\"\xfb\x06\n\rRoutingPolicy\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x13\n\x0bpath_prefix\x18\x02 \x01(\t\x12\x32\n\tmechanism\x18\x03 \x01(\x0e\x32\x1f.dlb.v1.RoutingPolicy.Mechanism\x12(\n\x04\x63ost\x18\x04 \x01(\x0e\x32\x1a.dlb.v1.RoutingPolicy.Cost\x12(\n\x04\x66low\x18\x05 \x01(\x0b\x32\x1a.dlb.v1.RoutingPolicy.Flow\x12\x30\n\x08\x61version\x18\x06 \x01(\x0b\x32\x1e.dlb.v1.RoutingPolicy.Aversion\x12\x30\n\x08\x61\x66\x66inity\x18\x07 \x01(\x0b\x32\x1e.dlb.v1.RoutingPolicy.Affinity\x12+\n\rlatency_prior\x18\x08 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12\x16\n\x0estale_after_ms\x18\t \x01(\x01\x12(\n\x04shed\x18\n \x01(\x0b\x32\x1a.dlb.v1.RoutingPolicy.Shed\x1a(\n\x04\x46low\x12\x11\n\tperiod_ms\x18\x01 \x01(\x01\x12\r\n\x05kappa\x18\x02 \x01(\x01\x1ah\n\x08\x41version\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06margin\x18\x02 \x01(\x01\x12\x0c\n\x04gain\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65\x63\x61y\x18\x04 \x01(\x01\x12\x0b\n\x03max\x18\x05 \x01(\x01\x12\x11\n\tperiod_ms\x18\x06 \x01(\x01\x1ak\n\x08\x41\x66\x66inity\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06header\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x14\n\x0cmax_sessions\x18\x04 \x01(\r\x12\x19\n\x11prefix_savings_ms\x18\x05 \x01(\x01\x1a\x65\n\x04Shed\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12\x0c\n\x04\x66ill\x18\x02 \x01(\x01\x12\x11\n\tnear_fill\x18\x03 \x01(\x01\x12\x16\n\x0emin_error_rate\x18\x04 \x01(\x01\x12\x12\n\nmax_age_ms\x18\x05 \x01(\x01\">\n\tMechanism\x12\x19\n\x15MECHANISM_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x44ISCRETE\x10\x01\x12\x08\n\x04\x46LOW\x10\x02\"@\n\x04\x43ost\x12\x14\n\x10\x43OST_UNSPECIFIED\x10\x00\x12\x07\n\x03RIF\x10\x01\x12\x0b\n\x07LATENCY\x10\x02\x12\x0c\n\x08GRADIENT\x10\x03\"\xbd\x02\n\x08Topology\x12$\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x15.dlb.v1.Topology.Cell\x12\"\n\x04rows\x18\x02 \x03(\x0b\x32\x14.dlb.v1.Topology.Row\x1a\xba\x01\n\x04\x43\x65ll\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\r\x12\x15\n\rprobe_address\x18\x03 \x01(\t\x12\x14\n\x0cleaf_address\x18\x04 \x01(\t\x12\x14\n\x0cprobe_source\x18\x05 \x01(\t\x12\x18\n\x10scrape_addresses\x18\x06 \x03(\t\x12\x1f\n\x17replica_probe_addresses\x18\x07 \x03(\t\x12\x14\n\x0creplicas_dns\x18\x08 \x01(\x08\x1a*\n\x03Row\x12\x12\n\none_way_ms\x18\x01 \x03(\x01\x12\x0f\n\x07\x61llowed\x18\x02 \x03(\x08\"\x8a\x01\n\x10\x43\x65llLatencyModel\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12#\n\x05model\x18\x02 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12)\n\x0b\x66leet_prior\x18\x03 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12\x18\n\x10observed_unix_ns\x18\x04 \x01(\x03\"G\n\x0c\x43\x65llAversion\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12\x12\n\nerror_rate\x18\x02 \x01(\x01\x12\x15\n\raversion_rate\x18\x03 \x01(\x01\"\x97\x01\n\x0b\x46lowWeights\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x13\n\x0bsource_cell\x18\x02 \x01(\t\x12\x31\n\x07weights\x18\x03 \x03(\x0b\x32 .dlb.v1.FlowWeights.WeightsEntry\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x86\x02\n\nLeafPolicy\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\t\x12\x0c\n\x04pick\x18\x02 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x03 \x01(\r\x12\x10\n\x08window_s\x18\x04 \x01(\x01\x12\x16\n\x0erefit_period_s\x18\x05 \x01(\x01\x12\"\n\x1a\x62\x61\x63kground_min_interval_ms\x18\x06 \x01(\x01\x12\"\n\x1a\x62\x61\x63kground_max_interval_ms\x18\x07 \x01(\x01\x12\x19\n\x11\x62\x61\x63kground_budget\x18\x08 \x01(\x01\x12\x1d\n\x15\x62\x61\x63kground_max_tokens\x18\t \x01(\r\x12\x18\n\x10\x62\x61\x63kground_model\x18\n \x01(\t\"\xea\x01\n\x08\x44pGroups\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12&\n\x06groups\x18\x02 \x03(\x0b\x32\x16.dlb.v1.DpGroups.Group\x1a\xa7\x01\n\x05Group\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x0f\n\x07horizon\x18\x04 \x01(\r\x12\x1a\n\x12mean_decode_tokens\x18\x05 \x01(\x01\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x12\n\nhold_queue\x18\x07 \x01(\r\x12\x18\n\x10hold_deadline_ms\x18\x08 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64lb/proto/resources.proto\x12\x06\x64lb.v1\x1a\x15\x64lb/proto/probe.proto\"\x9a\x08\n\rRoutingPolicy\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x13\n\x0bpath_prefix\x18\x02 \x01(\t\x12\x32\n\tmechanism\x18\x03 \x01(\x0e\x32\x1f.dlb.v1.RoutingPolicy.Mechanism\x12(\n\x04\x63ost\x18\x04 \x01(\x0e\x32\x1a.dlb.v1.RoutingPolicy.Cost\x12(\n\x04\x66low\x18\x05 \x01(\x0b\x32\x1a.dlb.v1.RoutingPolicy.Flow\x12\x30\n\x08\x61version\x18\x06 \x01(\x0b\x32\x1e.dlb.v1.RoutingPolicy.Aversion\x12\x30\n\x08\x61\x66\x66inity\x18\x07 \x01(\x0b\x32\x1e.dlb.v1.RoutingPolicy.Affinity\x12+\n\rlatency_prior\x18\x08 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12\x16\n\x0estale_after_ms\x18\t \x01(\x01\x12(\n\x04shed\x18\n \x01(\x0b\x32\x1a.dlb.v1.RoutingPolicy.Shed\x12L\n\x15latency_prior_by_cell\x18\x0b \x03(\x0b\x32-.dlb.v1.RoutingPolicy.LatencyPriorByCellEntry\x1a(\n\x04\x46low\x12\x11\n\tperiod_ms\x18\x01 \x01(\x01\x12\r\n\x05kappa\x18\x02 \x01(\x01\x1ah\n\x08\x41version\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06margin\x18\x02 \x01(\x01\x12\x0c\n\x04gain\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65\x63\x61y\x18\x04 \x01(\x01\x12\x0b\n\x03max\x18\x05 \x01(\x01\x12\x11\n\tperiod_ms\x18\x06 \x01(\x01\x1ak\n\x08\x41\x66\x66inity\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06header\x18\x02 \x01(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\x12\x14\n\x0cmax_sessions\x18\x04 \x01(\r\x12\x19\n\x11prefix_savings_ms\x18\x05 \x01(\x01\x1a\x65\n\x04Shed\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12\x0c\n\x04\x66ill\x18\x02 \x01(\x01\x12\x11\n\tnear_fill\x18\x03 \x01(\x01\x12\x16\n\x0emin_error_rate\x18\x04 \x01(\x01\x12\x12\n\nmax_age_ms\x18\x05 \x01(\x01\x1aO\n\x17LatencyPriorByCellEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.dlb.v1.LatencyModel:\x02\x38\x01\">\n\tMechanism\x12\x19\n\x15MECHANISM_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x44ISCRETE\x10\x01\x12\x08\n\x04\x46LOW\x10\x02\"@\n\x04\x43ost\x12\x14\n\x10\x43OST_UNSPECIFIED\x10\x00\x12\x07\n\x03RIF\x10\x01\x12\x0b\n\x07LATENCY\x10\x02\x12\x0c\n\x08GRADIENT\x10\x03\"\xbd\x02\n\x08Topology\x12$\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x15.dlb.v1.Topology.Cell\x12\"\n\x04rows\x18\x02 \x03(\x0b\x32\x14.dlb.v1.Topology.Row\x1a\xba\x01\n\x04\x43\x65ll\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\r\x12\x15\n\rprobe_address\x18\x03 \x01(\t\x12\x14\n\x0cleaf_address\x18\x04 \x01(\t\x12\x14\n\x0cprobe_source\x18\x05 \x01(\t\x12\x18\n\x10scrape_addresses\x18\x06 \x03(\t\x12\x1f\n\x17replica_probe_addresses\x18\x07 \x03(\t\x12\x14\n\x0creplicas_dns\x18\x08 \x01(\x08\x1a*\n\x03Row\x12\x12\n\none_way_ms\x18\x01 \x03(\x01\x12\x0f\n\x07\x61llowed\x18\x02 \x03(\x08\"\x8a\x01\n\x10\x43\x65llLatencyModel\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12#\n\x05model\x18\x02 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12)\n\x0b\x66leet_prior\x18\x03 \x01(\x0b\x32\x14.dlb.v1.LatencyModel\x12\x18\n\x10observed_unix_ns\x18\x04 \x01(\x03\"G\n\x0c\x43\x65llAversion\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12\x12\n\nerror_rate\x18\x02 \x01(\x01\x12\x15\n\raversion_rate\x18\x03 \x01(\x01\"\x97\x01\n\x0b\x46lowWeights\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x13\n\x0bsource_cell\x18\x02 \x01(\t\x12\x31\n\x07weights\x18\x03 \x03(\x0b\x32 .dlb.v1.FlowWeights.WeightsEntry\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x86\x02\n\nLeafPolicy\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\t\x12\x0c\n\x04pick\x18\x02 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x03 \x01(\r\x12\x10\n\x08window_s\x18\x04 \x01(\x01\x12\x16\n\x0erefit_period_s\x18\x05 \x01(\x01\x12\"\n\x1a\x62\x61\x63kground_min_interval_ms\x18\x06 \x01(\x01\x12\"\n\x1a\x62\x61\x63kground_max_interval_ms\x18\x07 \x01(\x01\x12\x19\n\x11\x62\x61\x63kground_budget\x18\x08 \x01(\x01\x12\x1d\n\x15\x62\x61\x63kground_max_tokens\x18\t \x01(\r\x12\x18\n\x10\x62\x61\x63kground_model\x18\n \x01(\t\"\xea\x01\n\x08\x44pGroups\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12&\n\x06groups\x18\x02 \x03(\x0b\x32\x16.dlb.v1.DpGroups.Group\x1a\xa7\x01\n\x05Group\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x0f\n\x07horizon\x18\x04 \x01(\r\x12\x1a\n\x12mean_decode_tokens\x18\x05 \x01(\x01\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x12\n\nhold_queue\x18\x07 \x01(\r\x12\x18\n\x10hold_deadline_ms\x18\x08 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dlb.proto.resources_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ROUTINGPOLICY_LATENCYPRIORBYCELLENTRY']._loaded_options = None
+  _globals['_ROUTINGPOLICY_LATENCYPRIORBYCELLENTRY']._serialized_options = b'8\001'
   _globals['_FLOWWEIGHTS_WEIGHTSENTRY']._loaded_options = None
   _globals['_FLOWWEIGHTS_WEIGHTSENTRY']._serialized_options = b'8\001'
   _globals['_ROUTINGPOLICY']._serialized_start=61
-  _globals['_ROUTINGPOLICY']._serialized_end=952
-  _globals['_ROUTINGPOLICY_FLOW']._serialized_start=464
-  _globals['_ROUTINGPOLICY_FLOW']._serialized_end=504
-  _globals['_ROUTINGPOLICY_AVERSION']._serialized_start=506
-  _globals['_ROUTINGPOLICY_AVERSION']._serialized_end=610
-  _globals['_ROUTINGPOLICY_AFFINITY']._serialized_start=612
-  _globals['_ROUTINGPOLICY_AFFINITY']._serialized_end=719
-  _globals['_ROUTINGPOLICY_SHED']._serialized_start=721
-  _globals['_ROUTINGPOLICY_SHED']._serialized_end=822
-  _globals['_ROUTINGPOLICY_MECHANISM']._serialized_start=824
-  _globals['_ROUTINGPOLICY_MECHANISM']._serialized_end=886
-  _globals['_ROUTINGPOLICY_COST']._serialized_start=888
-  _globals['_ROUTINGPOLICY_COST']._serialized_end=952
-  _globals['_TOPOLOGY']._serialized_start=955
-  _globals['_TOPOLOGY']._serialized_end=1272
-  _globals['_TOPOLOGY_CELL']._serialized_start=1042
-  _globals['_TOPOLOGY_CELL']._serialized_end=1228
-  _globals['_TOPOLOGY_ROW']._serialized_start=1230
-  _globals['_TOPOLOGY_ROW']._serialized_end=1272
-  _globals['_CELLLATENCYMODEL']._serialized_start=1275
-  _globals['_CELLLATENCYMODEL']._serialized_end=1413
-  _globals['_CELLAVERSION']._serialized_start=1415
-  _globals['_CELLAVERSION']._serialized_end=1486
-  _globals['_FLOWWEIGHTS']._serialized_start=1489
-  _globals['_FLOWWEIGHTS']._serialized_end=1640
-  _globals['_FLOWWEIGHTS_WEIGHTSENTRY']._serialized_start=1594
-  _globals['_FLOWWEIGHTS_WEIGHTSENTRY']._serialized_end=1640
-  _globals['_LEAFPOLICY']._serialized_start=1643
-  _globals['_LEAFPOLICY']._serialized_end=1905
-  _globals['_DPGROUPS']._serialized_start=1908
-  _globals['_DPGROUPS']._serialized_end=2142
-  _globals['_DPGROUPS_GROUP']._serialized_start=1975
-  _globals['_DPGROUPS_GROUP']._serialized_end=2142
+  _globals['_ROUTINGPOLICY']._serialized_end=1111
+  _globals['_ROUTINGPOLICY_FLOW']._serialized_start=542
+  _globals['_ROUTINGPOLICY_FLOW']._serialized_end=582
+  _globals['_ROUTINGPOLICY_AVERSION']._serialized_start=584
+  _globals['_ROUTINGPOLICY_AVERSION']._serialized_end=688
+  _globals['_ROUTINGPOLICY_AFFINITY']._serialized_start=690
+  _globals['_ROUTINGPOLICY_AFFINITY']._serialized_end=797
+  _globals['_ROUTINGPOLICY_SHED']._serialized_start=799
+  _globals['_ROUTINGPOLICY_SHED']._serialized_end=900
+  _globals['_ROUTINGPOLICY_LATENCYPRIORBYCELLENTRY']._serialized_start=902
+  _globals['_ROUTINGPOLICY_LATENCYPRIORBYCELLENTRY']._serialized_end=981
+  _globals['_ROUTINGPOLICY_MECHANISM']._serialized_start=983
+  _globals['_ROUTINGPOLICY_MECHANISM']._serialized_end=1045
+  _globals['_ROUTINGPOLICY_COST']._serialized_start=1047
+  _globals['_ROUTINGPOLICY_COST']._serialized_end=1111
+  _globals['_TOPOLOGY']._serialized_start=1114
+  _globals['_TOPOLOGY']._serialized_end=1431
+  _globals['_TOPOLOGY_CELL']._serialized_start=1201
+  _globals['_TOPOLOGY_CELL']._serialized_end=1387
+  _globals['_TOPOLOGY_ROW']._serialized_start=1389
+  _globals['_TOPOLOGY_ROW']._serialized_end=1431
+  _globals['_CELLLATENCYMODEL']._serialized_start=1434
+  _globals['_CELLLATENCYMODEL']._serialized_end=1572
+  _globals['_CELLAVERSION']._serialized_start=1574
+  _globals['_CELLAVERSION']._serialized_end=1645
+  _globals['_FLOWWEIGHTS']._serialized_start=1648
+  _globals['_FLOWWEIGHTS']._serialized_end=1799
+  _globals['_FLOWWEIGHTS_WEIGHTSENTRY']._serialized_start=1753
+  _globals['_FLOWWEIGHTS_WEIGHTSENTRY']._serialized_end=1799
+  _globals['_LEAFPOLICY']._serialized_start=1802
+  _globals['_LEAFPOLICY']._serialized_end=2064
+  _globals['_DPGROUPS']._serialized_start=2067
+  _globals['_DPGROUPS']._serialized_end=2301
+  _globals['_DPGROUPS_GROUP']._serialized_start=2134
+  _globals['_DPGROUPS_GROUP']._serialized_end=2301
 # @@protoc_insertion_point(module_scope)

@@ -90,3 +90,20 @@ def test_the_control_plane_serves_each_cell_its_own_prior():
         return out
 
     assert asyncio.run(scenario()) == {"near": (0.1, 0.1), "far": (2.0, 2.0)}
+
+
+def test_a_root_that_follows_xds_gets_each_cells_prior_from_the_routing_policy():
+    """``RoutingPolicy.latency_prior_by_cell``: a root configured by the control plane starts each cell from the
+    same prior as one reading the file; a per-cell prior outside the model's domain is refused naming it."""
+    from dlb.config import resources as dr
+    from dlb.ext_proc.root_xds import specs_from_policies
+
+    cfg = config_from_dict(doc({"near": {"a_s": 1.2}}))
+    ep = cfg.endpoints[0]
+    (spec,) = specs_from_policies({"chat": dr.routing_policy(cfg, ep)})
+    assert dict(spec.cell_priors) == ep.cell_priors() and spec.priors(["near", "far"]) == [ep.prior_for(c).to_core() for c in ("near", "far")]
+    assert spec.priors(["near", "far"])[0].a == 1.2
+    bad = dr.routing_policy(cfg, ep)
+    bad.latency_prior_by_cell["near"].s = -1
+    with pytest.raises(dr.ResourceError, match=r"latency_prior_by_cell\['near'\]"):
+        specs_from_policies({"chat": bad})

@@ -256,7 +256,7 @@ def test_shedding_is_on_by_default_a_plugin_switches_it_and_xds_carries_it() -> 
     cfg = config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
         {"type": "shed", "parameters": {"enabled": False, "max_age_ms": 200}}]}}]))
     msg = dr.routing_policy(cfg, cfg.endpoints[0])
-    got, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(msg.SerializeToString()))
+    got, _, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(msg.SerializeToString()))
     assert not got.shed.enabled and got.shed.max_age_s == 0.2
     msg.ClearField("shed")  # a control plane from before the plugin
     assert dr.policy_from_pb(msg)[0].shed == ShedConfig()
