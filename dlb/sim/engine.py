@@ -512,6 +512,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 cand = online[j]
                 if names_server and a < R:  # the root named the server: no leaf pick
                     s1 = fixed[a]
+                elif not cand:  # every server of the cell is down: its leaf Envoy answers 503
+                    s1 = -1
                 elif pools is not None:
                     s1 = pools[j].pick(now, cand, probe, tok_est[a])
                 else:
@@ -521,7 +523,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         s2 = cand[int(rnd() * m)]
                         if srif[s2] < srif[s1]:
                             s1 = s2
-                if not is_up[s1]:  # only a root-named server can be down: the connection fails
+                if s1 < 0 or not is_up[s1]:  # a root-named server down, or none up: the request fails
                     rejected = True
                 elif batched is not None:
                     rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
@@ -634,7 +636,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         for m, sv in enumerate(cell_servers[j]):
                             is_up[sv] = m < counts[j]
             elif kind == _REPLY:
-                sender[a].on_reply(now, srv_of[a], b == 1)
+                if srv_of[a] >= 0:  # a cell with no server up answered itself: no server's outlier record
+                    sender[a].on_reply(now, srv_of[a], b == 1)
             elif kind == _BG:
                 for j in range(n):
                     pj = est[j].params

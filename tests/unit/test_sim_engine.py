@@ -10,7 +10,7 @@ import pytest
 
 from dlb.sim.engine import SimConfig, generate_arrivals, simulate
 from dlb.sim.policies import POLICIES
-from dlb.sim.scenario import Scenario, Workload, generate
+from dlb.sim.scenario import Disruption, Scenario, Workload, generate
 
 
 def erlang_c_wait(c: int, lam: float, mu: float) -> float:
@@ -115,6 +115,22 @@ def test_outage_reduces_traffic_to_the_hit_cells() -> None:
     a = simulate(base, "Disc-RIF")
     b = simulate(out, "Disc-RIF")
     assert b.per_cell_served[hit].sum() < a.per_cell_served[hit].sum()
+
+
+@pytest.mark.parametrize("policy", ["Rand", "Disc-RIF", "locality-failover"])
+def test_a_cell_with_every_server_down_fails_what_reaches_it_and_recovers(policy: str) -> None:
+    """An outage down to 0 servers (``dlb demo --compare``'s cell-outage): requests that reach the cell fail
+    (its leaf Envoy has no host), a probing policy stops sending there, and the cell serves again after."""
+    base = generate(2, duration_s=60.0)
+    k = list(base.servers)
+    k[0] = 0
+    sc = replace(base, disruption=Disruption("outage", 20.0, 35.0, outage_servers=tuple(k)))
+    r = simulate(sc, policy)
+    assert ((r.routed == 0) & (r.arrival_t > 40.0)).sum() > 0  # back in use once its servers are
+    if policy == "Rand":
+        assert r.summary()["error_rate"] > 0.01
+    elif policy == "Disc-RIF":
+        assert r.summary()["error_rate"] < 0.01
 
 
 def test_burst_adds_demand_in_its_window() -> None:
