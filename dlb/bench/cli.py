@@ -142,9 +142,18 @@ def _emulator_fidelity(p: argparse.ArgumentParser) -> None:
 
 
 def _sim_twin(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--real", default="research/bench/compare.json", help="the real comparison (dlb demo --compare --json)")
-    p.add_argument("--duration", type=float, default=40.0, help="simulated seconds (default 40, as the demo's comparison)")
-    p.add_argument("--trials", type=int, default=3, help="simulated trials to average (default 3)")
+    from dlb.sim.policies import POLICIES
+    from dlb.testbed.scenarios import SCENARIOS
+
+    p.add_argument("--real", default=None, help="a real comparison to twin run by run: dlb demo --compare's records.jsonl "
+                                                "(or an older --json file); without it, simulate --scenarios x --policies")
+    p.add_argument("--scenarios", type=lambda v: v.split(","), default=list(SCENARIOS),
+                   help=f"without --real: scenarios to simulate (default all: {','.join(SCENARIOS)})")
+    p.add_argument("--policies", type=lambda v: v.split(","), default=["Rand", "lr-global", "locality-failover", "hub-score",
+                                                                     "Disc-Lat", "Flow-Grad"],
+                   help=f"without --real: policies (default Rand, the operator baselines, Disc-Lat, Flow-Grad; any of {', '.join(POLICIES)})")
+    p.add_argument("--duration", type=float, default=45.0, help="without --real: simulated seconds per run (default 45)")
+    p.add_argument("--trials", type=int, default=3, help="without --real: trials per (scenario, policy), the real runs' seeds (default 3)")
     add_json_option(p, "the records")
 
 

@@ -1,36 +1,46 @@
-"""The simulator's twin of ``dlb demo``'s steady scenario, for docs/real-vs-sim.md.
+"""The simulator's twin of ``dlb demo --compare``'s scenarios, for docs/real-vs-sim.md.
 
-Maps the demo fleet (:data:`dlb.testbed.fleet.DEFAULT_FLEET`) and workload onto a simulator
-:class:`dlb.sim.scenario.Scenario` as closely as the simulator's model allows, runs every policy
-the real comparison ran, and prints the simulator's numbers next to ``research/bench/compare.json``.
+Maps the demo fleet (:data:`dlb.testbed.fleet.DEFAULT_FLEET`) and each scenario onto a simulator
+:class:`dlb.sim.scenario.Scenario` as closely as the simulator's model allows, runs every policy of
+a real comparison on the same seeds, and sets each policy's mean ÷ the best operator baseline's next
+to the real run's.
 
 Mapping (each line is a difference docs/real-vs-sim.md explains):
+- requests: exactly the real run's (:func:`dlb.testbed.scenarios.plan_workload` with the run's seed:
+  arrival times, source cells, prompt and output tokens, the overload and burst phases), fed to the
+  simulator as its arrivals; sessions are ignored (no affinity in the simulator);
+- faults: ``slow`` = the degraded cell's servers ``degrade_slowdown`` × slower in the same window,
+  ``down`` = the cell has no server up for the same 25 s (its requests fail until the roots stop
+  sending there);
 - cells, servers, one-way latencies: the same (regions table);
-- a server: the simulator's two-stage pipeline (prefill, then ``slots`` decode slots) with
-  ``slots`` = the emulator's max batch (8), seconds per decode token = the profile's step time at a
-  full batch × the demo's time scale, seconds per prompt token = the profile's prefill cost × the
-  time scale; the emulator instead runs one continuous-batching engine per server;
-- lengths: Gamma (shift + shape·scale) with the demo's means (prompt ≈ 450 tokens with the
-  multi-turn growth, output ≈ 96), not log-normal, and no sessions;
-- demand: the demo's rate at the two source cells (4:1), Poisson, no modulation;
-- residency: the simulator's topology is complete — traffic entering in europe-west4 may leave Europe.
+- a server: the simulator's batched model (the emulator's engine: ``max_batch`` = 8 sequences on the
+  measured step-time curve, its floor and prompt cost × the demo's time scale); one curve's shape
+  (the first cell's profile) scaled to each cell's floor, where the emulator runs each cell's own;
+- residency: the demo's (europe-west4 keeps its traffic in Europe);
+- a failed request counts as the 60-s timeout in both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import t as t_dist
 
 from dlb.bench import harness
 from dlb.emulator.profile import load_profile
-from dlb.sim.engine import simulate
-from dlb.sim.scenario import Scenario, Workload
+from dlb.errors import DlbError
+from dlb.load.workload import generate, with_phases
+from dlb.sim.engine import SimConfig, simulate
+from dlb.sim.policies import OPERATOR_BASELINES
+from dlb.sim.scenario import Disruption, Scenario, Workload
 from dlb.testbed.fleet import DEFAULT_FLEET, Fleet, fleet_capacity_rps, one_way_ms
+from dlb.testbed.scenarios import REQUEST_TIMEOUT_S, SCENARIOS, plan_workload, trial_seed
 
 MEAN_PROMPT = 450.0
 MEAN_OUTPUT = 96.0
@@ -66,33 +76,160 @@ def twin(fleet: Fleet = DEFAULT_FLEET, load: float = 0.75, duration_s: float = 4
     return replace(sc)
 
 
+Arrivals = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def scenario_twin(name: str, seed: int, duration_s: float, fleet: Fleet = DEFAULT_FLEET) -> tuple[Scenario, Arrivals]:
+    """The simulator's scenario and arrivals for one real run of ``name`` with workload ``seed``."""
+    real = SCENARIOS[name]
+    real.check(duration_s)
+    spec, phases, _ = plan_workload(fleet, real, duration_s, seed, real.load)
+    reqs = with_phases(generate(spec), phases)
+    base = twin(fleet, real.load, duration_s, seed)
+    names = list(base.names)
+    t = np.array([r.t for r in reqs], float)
+    src = np.array([names.index(r.source) for r in reqs], np.int64)
+    ptok = np.array([r.prompt_tokens for r in reqs], float)
+    dtok = np.array([r.max_tokens for r in reqs], float)  # the emulator generates exactly max_tokens
+    demand = np.bincount(src, minlength=len(names)) / duration_s
+    # The lengths' mean and spread as the workload's Gamma: what the priors and capacity are computed from.
+    w = replace(base.workload, prefill_shift=0.0, prefill_shape=ptok.mean() ** 2 / ptok.var(), prefill_scale=ptok.var() / ptok.mean(),
+                decode_shift=0.0, decode_shape=dtok.mean() ** 2 / dtok.var(), decode_scale=dtok.var() / dtok.mean())
+    disruption = None
+    window = real.fault_window(duration_s)
+    if window is not None:
+        j = names.index(fleet.degrade_cell)
+        if real.fault == "slow":
+            disruption = Disruption("slow", window[0], window[1], cell=j, factor=fleet.degrade_slowdown)
+        else:
+            servers = list(base.servers)
+            servers[j] = 0
+            disruption = Disruption("outage", window[0], window[1], outage_servers=tuple(servers))
+    # The emulator's engine: continuous batching of ``max_batch`` sequences on the profile's step-time
+    # curve (the floor and prompt cost × the time scale), not twin()'s two-stage pipeline.
+    profiles = [load_profile(c.profile) for c in fleet.cells]
+    w = replace(w, server_model="batched", max_batch=fleet.max_batch, step_profile=fleet.cells[0].profile)
+    td = np.array([p.base_ms * 1e-3 * fleet.time_scale for p in profiles])
+    tp = np.array([p.prefill_us_per_token * 1e-6 * fleet.time_scale for p in profiles])
+    allowed = np.array([[b in fleet.allowed.get(a, names) for b in names] for a in names])
+    sc = replace(base, demand=demand, workload=w, disruption=disruption, utilization=real.load, decode_token_s=td,
+                 prefill_token_s=tp, allowed=allowed)
+    return sc, (t, src, ptok, dtok)
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """One real run to twin (or, with no real data, one simulated run): its scenario, policy, trial and seed."""
+
+    scenario: str
+    policy: str
+    trial: int
+    seed: int
+    duration_s: float
+    mean_s: float = math.nan
+    error_rate: float = math.nan
+
+
+def read_real(path: str | Path) -> list[RealRun]:
+    """``dlb demo --compare``'s records: a ``records.jsonl`` (one run per line) or a JSON with ``records``
+    (an older single-run file: seed and duration at the top). Runs of an unknown scenario are refused."""
+    text = Path(path).read_text()
+    if str(path).endswith(".jsonl"):
+        rows, top = [json.loads(line) for line in text.splitlines() if line.strip()], {}
+    else:
+        top = json.loads(text)
+        rows = top["records"]
+    out = []
+    for r in rows:
+        if r["scenario"] not in SCENARIOS:
+            raise ValueError(f"{path}: scenario {r['scenario']!r} has no twin (known: {', '.join(SCENARIOS)})")
+        req = max(int(r.get("requests", 0)), 1)
+        out.append(RealRun(r["scenario"], r["policy"], int(r.get("trial", 0)), int(r.get("seed", top.get("seed", 1))),
+                           float(r.get("duration_s", top.get("duration_s", 40.0))), float(r["mean_s"]),
+                           (int(r.get("errors", 0)) + int(r.get("shed", 0))) / req))
+    return out
+
+
+def planned_runs(scenarios: list[str], policies: list[str], trials: int, duration_s: float) -> list[RealRun]:
+    """Simulated runs only: every (scenario, policy, trial) on the real comparison's seeds."""
+    return [RealRun(s, p, t, trial_seed(SCENARIOS[s], t), duration_s) for s in scenarios for p in policies for t in range(trials)]
+
+
+def twin_rows(runs: list[RealRun]) -> list[dict[str, Any]]:
+    """Per (scenario, policy): real and simulated mean (60-s timeout for a failure), errors, and each
+    mean ÷ the best operator baseline's in its own world (NaN: no operator baseline among the runs)."""
+    sims: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    cache: dict[tuple[str, int, float], tuple[Scenario, Arrivals]] = {}
+    cfg = SimConfig(request_timeout_s=REQUEST_TIMEOUT_S)
+    for r in runs:
+        key = (r.scenario, r.seed, r.duration_s)
+        if key not in cache:
+            cache[key] = scenario_twin(r.scenario, r.seed, r.duration_s)
+        sc, arrivals = cache[key]
+        res = simulate(sc, r.policy, trial=r.trial, config=cfg, arrivals=arrivals)
+        summ = res.summary()
+        sims.setdefault((r.scenario, r.policy), []).append((summ["mean_latency_with_failures"], summ["error_rate"] + summ["shed_rate"]))
+    rows: list[dict[str, Any]] = []
+    for (scenario, policy), sim in sims.items():
+        real = [r for r in runs if (r.scenario, r.policy) == (scenario, policy)]
+        means = [r.mean_s for r in real]
+        half = float(t_dist.ppf(0.975, len(means) - 1) * np.std(means, ddof=1) / math.sqrt(len(means))) if len(means) > 1 else math.nan
+        rows.append({"scenario": scenario, "policy": policy, "trials": len(real),
+                     "real_mean_s": float(np.mean(means)), "real_ci95_s": half, "real_failed": float(np.mean([r.error_rate for r in real])),
+                     "sim_mean_s": float(np.mean([m for m, _ in sim])), "sim_failed": float(np.mean([e for _, e in sim]))})
+    for scenario in {row["scenario"] for row in rows}:
+        mine = [row for row in rows if row["scenario"] == scenario]
+        ops = [row for row in mine if row["policy"] in OPERATOR_BASELINES]
+        for world in ("real", "sim"):
+            best = min((row[f"{world}_mean_s"] for row in ops), default=math.nan)
+            for row in mine:
+                row[f"{world}_vs_best_operator"] = row[f"{world}_mean_s"] / best if ops else math.nan
+        best_real = min((row["real_mean_s"] for row in ops), default=math.nan)
+        for row in mine:
+            row["agree_0_10"] = bool(abs(row["real_vs_best_operator"] - row["sim_vs_best_operator"]) <= 0.10)
+            # The real ratio's own uncertainty (its mean's 95 % CI over the best operator's mean): a twin
+            # outside it differs by more than the real runs can tell.
+            row["real_ratio_ci95"] = row["real_ci95_s"] / best_real if ops else math.nan
+            row["sim_within_real_ci"] = bool(abs(row["real_vs_best_operator"] - row["sim_vs_best_operator"]) <= row["real_ratio_ci95"])
+    return sorted(rows, key=lambda r: (list(SCENARIOS).index(r["scenario"]), r["sim_mean_s"]))
+
+
+def table(rows: list[dict[str, Any]], with_real: bool) -> str:
+    """The rows as text: real and simulated side by side, or the simulator's alone."""
+    if not with_real:
+        lines = [f"{'scenario':<13} {'policy':<18} {'trials':>6} {'sim s':>7} {'sim fail':>8} {'sim/best op':>11}"]
+        lines += [f"{r['scenario']:<13} {r['policy']:<18} {r['trials']:>6} {r['sim_mean_s']:>7.2f} {r['sim_failed']:>8.1%} "
+                  f"{r['sim_vs_best_operator']:>11.2f}" for r in rows]
+        return "\n".join(lines)
+    lines = [f"{'scenario':<13} {'policy':<18} {'trials':>6} {'real s':>7} {'sim s':>7} {'real fail':>9} {'sim fail':>8} "
+             f"{'real/best op (CI)':>17} {'sim/best op':>11}"]
+    lines += [f"{r['scenario']:<13} {r['policy']:<18} {r['trials']:>6} {r['real_mean_s']:>7.2f} {r['sim_mean_s']:>7.2f} "
+              f"{r['real_failed']:>9.1%} {r['sim_failed']:>8.1%} {r['real_vs_best_operator']:>8.2f} ±{r['real_ratio_ci95']:<7.2f} "
+              f"{r['sim_vs_best_operator']:>11.2f}" for r in rows]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
-    """``dlb bench sim-twin``: the simulator on the twin of the demo fleet next to a real comparison run."""
+    """``dlb bench sim-twin``: the simulator on the twin of each scenario next to a real comparison run."""
     from dlb.testbed.report import git_commit
 
     record = harness.start()
-    commit = git_commit()
-    real = {r["policy"]: r for r in json.loads(Path(args.real).read_text())["records"] if r["scenario"] == "steady"}
-    sc = twin(duration_s=args.duration)
-    print(f"sim capacity {sc.capacity().sum():.1f} req/s (demo: {sum(fleet_capacity_rps(DEFAULT_FLEET, MEAN_PROMPT, MEAN_OUTPUT).values()):.1f}); "
-          f"demand {sc.demand.sum():.1f} req/s")
-    out: list[dict[str, Any]] = []
-    for policy in real:
-        means, p90s, errs = [], [], []
-        for t in range(args.trials):
-            s = simulate(sc, policy, trial=t).summary()
-            means.append(s["mean"])
-            p90s.append(s["p90"])
-            errs.append(s["error_rate"])
-        rec = {"policy": policy, "sim_mean_s": float(np.mean(means)), "sim_p90_s": float(np.mean(p90s)),
-               "sim_error_rate": float(np.mean(errs)), "real_mean_s": real[policy]["mean_s"], "real_p90_s": real[policy]["p90_s"]}
-        out.append(rec)
-    base_s = next(r for r in out if r["policy"] == "Rand")
-    for r in out:
-        r["sim_norm_mean"] = r["sim_mean_s"] / base_s["sim_mean_s"]
-        r["real_norm_mean"] = r["real_mean_s"] / base_s["real_mean_s"]
-        print(f"{r['policy']:9s} sim mean {r['sim_mean_s']:.2f}s p90 {r['sim_p90_s']:.2f}s (÷Rand {r['sim_norm_mean']:.2f}, "
-              f"errors {100 * r['sim_error_rate']:.1f}%) | real mean {r['real_mean_s']:.2f}s p90 {r['real_p90_s']:.2f}s "
-              f"(÷Rand {r['real_norm_mean']:.2f})")
-    return harness.finish(record, {**commit, "trials": args.trials, "duration_s": args.duration, "records": out},
-                          json_path=args.json)
+    if args.real:
+        try:
+            runs = read_real(args.real)
+        except (OSError, ValueError, KeyError) as e:
+            raise DlbError(f"dlb bench sim-twin --real: {e}") from None
+    else:
+        unknown = [s for s in args.scenarios if s not in SCENARIOS]
+        if unknown:
+            raise DlbError(f"dlb bench sim-twin --scenarios: unknown {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+        runs = planned_runs(args.scenarios, args.policies, args.trials, args.duration)
+    rows = twin_rows(runs)
+    print(table(rows, with_real=bool(args.real)))
+    targets = []
+    if args.real:
+        far = [f"{r['scenario']}/{r['policy']}" for r in rows if not r["agree_0_10"]]
+        targets.append(harness.Target("real and simulated ratios to the best operator agree within 0.10 for every (scenario, policy)",
+                                      not far if any(math.isfinite(r["real_vs_best_operator"]) for r in rows) else None,
+                                      "all agree" if not far else "differ: " + ", ".join(far)))
+    return harness.finish(record, {**git_commit(), "real": args.real, "records": rows}, targets, json_path=args.json)

@@ -252,7 +252,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     pidx = POLICIES.index(policy)
     n = sc.n
     w = sc.workload
-    topo = Topology.build(sc.names, sc.servers, sc.tau)
+    topo = Topology.build(sc.names, sc.servers, sc.tau, sc.allowed)
     prior_root = sc.prior(float(np.mean(sc.servers)))
     R_roots = cfg.root_replicas
     # replicas[r][i]: replica r of cell i's root (replica 0 keeps the seeding of the one-root runs).

@@ -207,6 +207,8 @@ class Scenario:
     meta: dict = field(default_factory=dict)
     #: Per-cell multiplier of the leaves' configured prior time scale (a wrong prior); () = all 1.
     prior_factor: tuple[float, ...] = ()
+    #: ``allowed[i, j]``: may source i send to cell j (residency); None = every pair (the paper's scenarios).
+    allowed: np.ndarray | None = None
 
     @property
     def n(self) -> int:

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import functools
 import json
-import math
 import signal
 import sys
 import time
@@ -30,7 +29,7 @@ from dlb.emulator.faults import Faults
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
 from dlb.load.generator import LoadRunner
-from dlb.load.workload import WorkloadSpec, generate, with_phases
+from dlb.load.workload import generate, with_phases
 from dlb.procutil import free_port_block
 from dlb.testbed.demo_run import BASELINE_WEIGHTS, DemoRun, Sample
 from dlb.testbed.fleet import (
@@ -38,10 +37,9 @@ from dlb.testbed.fleet import (
     CellPlan,
     Fleet,
     demo_config,
-    fleet_capacity_rps,
     server_addresses,
 )
-from dlb.testbed.scenarios import REQUEST_TIMEOUT_S, Scenario
+from dlb.testbed.scenarios import REQUEST_TIMEOUT_S, Scenario, plan_workload
 
 DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers
@@ -91,15 +89,7 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
     if args.policy:
         apply_policy(cfg_dict, args.policy)
     sc: Scenario | None = getattr(args, "scenario", None)
-    sources = {c.name: (4.0 if i == 0 else 1.0) for i, c in enumerate([c for c in fleet.cells if c.root])}
-    probe = WorkloadSpec(rate_rps=1.0, duration_s=args.duration, sources=sources or {"": 1.0}, seed=args.seed,
-                         **(sc.workload if sc else {}))
-    # Multi-turn prompts grow: ~1.5× the first turn's median on average with the default spread; a
-    # wider log-normal spread scales the mean by exp(Δσ²/2).
-    mean_prompt = probe.prompt_median * 1.5 * math.exp((probe.prompt_sigma ** 2 - WorkloadSpec.prompt_sigma ** 2) / 2)
-    capacity = fleet_capacity_rps(fleet, mean_prompt, probe.mean_output())
-    load = sc.load if sc else args.load
-    spec = replace(probe, rate_rps=load * sum(capacity.values()))
+    spec, phases, capacity = plan_workload(fleet, sc, args.duration, args.seed, args.load)
     if sc is not None:
         sc.check(args.duration)
         window = sc.fault_window(args.duration)
@@ -108,14 +98,10 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
     run = DemoRun(fleet=fleet, cfg_dict=cfg_dict, servers=servers, spec=spec, capacity=capacity,
                   degrade_cell=fleet.degrade_cell if window else None, degrade_window=window,
                   policy=args.policy or "chat Disc-Lat + affinity, completions Flow-Grad")
+    run.phases = phases
     if sc is not None:
         run.fault = {"down": True} if sc.fault == "down" else None
         run.timeout_s = REQUEST_TIMEOUT_S
-        ph = sc.phase_window(args.duration)
-        if ph is not None:
-            start, length, extra = ph
-            run.phases = [(start, replace(spec, rate_rps=extra * sum(capacity.values()), duration_s=length,
-                                          seed=spec.seed + 500))]
     sup = Supervisor(run_dir / "logs")
     py = [sys.executable, "-m", "dlb.cli"]
     profiles = {c.name: c.profile for c in fleet.cells}

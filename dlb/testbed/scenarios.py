@@ -18,8 +18,12 @@ the seed is ``seed + 1000 × trial``, so trials differ from each other but not b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from dlb.load.workload import WorkloadSpec
+from dlb.testbed.fleet import Fleet, fleet_capacity_rps
 
 #: Seconds the client waits for a request before it counts as failed; a failed or shed request enters
 #: every latency figure of the comparison as this value (the design's evaluation rule).
@@ -81,3 +85,30 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 def trial_seed(scenario: Scenario, trial: int) -> int:
     return scenario.seed + 1000 * trial
+
+
+#: Extra-arrival phases: (start s, the phase's own workload).
+Phases = list[tuple[float, WorkloadSpec]]
+
+
+def plan_workload(fleet: Fleet, scenario: Scenario | None, duration_s: float, seed: int,
+                  load: float) -> tuple[WorkloadSpec, Phases, dict[str, float]]:
+    """The requests a demo run sends: its workload, extra-arrival phases and the fleet capacity they are
+    sized from. One function for ``dlb demo`` and its simulator twin, so both see the same requests.
+
+    The first root cell sends 4 parts of the load, every other root cell 1 (the demo's 4:1 split).
+    """
+    sources = {c.name: (4.0 if i == 0 else 1.0) for i, c in enumerate([c for c in fleet.cells if c.root])}
+    probe = WorkloadSpec(rate_rps=1.0, duration_s=duration_s, sources=sources or {"": 1.0}, seed=seed,
+                         **(scenario.workload if scenario else {}))
+    # Multi-turn prompts grow: ~1.5× the first turn's median on average with the default spread; a
+    # wider log-normal spread scales the mean by exp(Δσ²/2).
+    mean_prompt = probe.prompt_median * 1.5 * math.exp((probe.prompt_sigma ** 2 - WorkloadSpec.prompt_sigma ** 2) / 2)
+    capacity = fleet_capacity_rps(fleet, mean_prompt, probe.mean_output())
+    spec = replace(probe, rate_rps=(scenario.load if scenario else load) * sum(capacity.values()))
+    phases: Phases = []
+    ph = scenario.phase_window(duration_s) if scenario is not None else None
+    if ph is not None:
+        start, length, extra = ph
+        phases = [(start, replace(spec, rate_rps=extra * sum(capacity.values()), duration_s=length, seed=spec.seed + 500))]
+    return spec, phases, capacity

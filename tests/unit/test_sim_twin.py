@@ -1,0 +1,60 @@
+"""``dlb bench sim-twin``: the simulator's twin of each ``dlb demo --compare`` scenario sends the real run's
+requests, applies its fault in the same window and keeps the demo's residency; the comparison puts each
+world's mean over its own best operator baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlb.bench.sim_twin import RealRun, read_real, scenario_twin, twin_rows
+from dlb.load.workload import generate, with_phases
+from dlb.testbed.fleet import DEFAULT_FLEET
+from dlb.testbed.scenarios import SCENARIOS, plan_workload
+
+
+def test_the_twin_sends_the_real_runs_requests() -> None:
+    sc, (t, src, ptok, dtok) = scenario_twin("burst", 15, 45.0)
+    spec, phases, _ = plan_workload(DEFAULT_FLEET, SCENARIOS["burst"], 45.0, 15, 0.75)
+    reqs = with_phases(generate(spec), phases)
+    assert len(t) == len(reqs) and np.all(np.diff(t) >= 0)
+    assert [int(p) for p in ptok[:20]] == [r.prompt_tokens for r in reqs[:20]]
+    assert [int(d) for d in dtok[:20]] == [r.max_tokens for r in reqs[:20]]
+    assert [sc.names[i] for i in src[:20]] == [r.source for r in reqs[:20]]
+    start, length, _ = SCENARIOS["burst"].phase_window(45.0)
+    inside = ((t >= start) & (t < start + length)).sum() / length
+    before = (t < start).sum() / start
+    assert inside > 1.6 * before  # twice the rate during the burst (Poisson noise aside)
+    assert sc.workload.server_model == "batched" and sc.workload.max_batch == DEFAULT_FLEET.max_batch
+
+
+def test_the_twin_takes_every_server_of_the_degraded_cell_down_in_the_real_window() -> None:
+    sc, _ = scenario_twin("cell-outage", 14, 45.0)
+    d = sc.disruption
+    j = sc.names.index(DEFAULT_FLEET.degrade_cell)
+    assert d is not None and d.kind == "outage" and (d.start_s, d.end_s) == SCENARIOS["cell-outage"].fault_window(45.0)
+    assert d.outage_servers[j] == 0 and all(k == s for i, (k, s) in enumerate(zip(d.outage_servers, sc.servers, strict=True)) if i != j)
+    slow, _ = scenario_twin("slow-cell", 13, 45.0)
+    assert slow.disruption is not None and (slow.disruption.kind, slow.disruption.factor) == ("slow", DEFAULT_FLEET.degrade_slowdown)
+    eu = sc.names.index("europe-west4")
+    assert [sc.names[k] for k in np.flatnonzero(sc.allowed[eu])] == ["europe-west4", "europe-west1"]
+    assert sc.allowed[sc.names.index("us-east1")].all()
+
+
+def test_each_world_is_divided_by_its_own_best_operator() -> None:
+    runs = [RealRun("steady", p, 0, 11, 20.0, mean_s=m) for p, m in (("hub-score", 4.0), ("lr-global", 8.0), ("Disc-Lat", 5.0))]
+    rows = {r["policy"]: r for r in twin_rows(runs)}
+    assert rows["hub-score"]["real_vs_best_operator"] == 1.0 and rows["Disc-Lat"]["real_vs_best_operator"] == 1.25
+    sim_best = min(rows[p]["sim_mean_s"] for p in ("hub-score", "lr-global"))
+    assert rows["Disc-Lat"]["sim_vs_best_operator"] == pytest.approx(rows["Disc-Lat"]["sim_mean_s"] / sim_best)
+    assert all(r["sim_failed"] < 0.05 for r in rows.values())
+
+
+def test_a_real_file_with_a_scenario_without_twin_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "records.jsonl"
+    f.write_text(json.dumps({"scenario": "tsunami", "policy": "Rand", "trial": 0, "seed": 1, "duration_s": 30, "mean_s": 1.0}) + "\n")
+    with pytest.raises(ValueError, match="tsunami"):
+        read_real(f)
