@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
 
-from dlb.epp.inferencepool import POOL_VERSIONS
 from dlb.errors import UsageError
 from dlb.ext_proc.cli import add_tracing_flags
+
+if TYPE_CHECKING:
+    from dlb.config.model import Cell
+    from dlb.epp.k8s import PoolRef
+
+
+def pool_ref(args: argparse.Namespace, cell: Cell, where: str) -> PoolRef | None:
+    """The InferencePool to follow: ``--pool-*`` flags over the cell's ``inference_pool``; None: the cell's servers."""
+    from dlb.config.model import INFERENCE_POOL_GROUPS
+    from dlb.epp.k8s import PoolRef, default_namespace
+
+    conf = cell.inference_pool
+    name = args.pool_name or (conf.name if conf else None)
+    if name is None:
+        if args.pool_namespace or args.pool_group:
+            raise UsageError(f"--pool-namespace and --pool-group need --pool-name (or {where}: cells[{cell.index}].inference_pool)")
+        return None
+    group = args.pool_group or (conf.group if conf else "inference.networking.k8s.io")
+    if group not in INFERENCE_POOL_GROUPS:
+        raise UsageError(f"--pool-group must be one of: {', '.join(INFERENCE_POOL_GROUPS)}, got {group!r}")
+    return PoolRef(name, args.pool_namespace or (conf.namespace if conf else None) or default_namespace(), group)
 
 
 def run_epp(args: argparse.Namespace) -> int:
@@ -21,11 +42,7 @@ def run_epp(args: argparse.Namespace) -> int:
     tracing = tracing_options(args, f"dlb-epp-{args.cell}")
     cfg, cell = load_cell(args.config, args.cell)
     listen = args.listen or str(cell.leaf.ext_proc or cell.leaf.probe)
-    pool = None
-    if args.pool_name:
-        from dlb.epp.k8s import PoolRef, default_namespace
-
-        pool = PoolRef(args.pool_name, args.pool_namespace or default_namespace(), args.pool_group)
+    pool = pool_ref(args, cell, args.config)
     run_event_loop(run_epp(cfg, EppOptions(
         cell=args.cell, listen=listen, metrics=args.metrics or None, ready_file=args.ready_file,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, dns_period_s=args.dns_period_s,
@@ -36,7 +53,7 @@ def run_epp(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("epp", help="Gateway API Inference Extension endpoint picker for one pool (a cell's servers)")
-    p.add_argument("--config", required=True, help="DLB config YAML; the pool is one cell's servers (IPs or DNS names)")
+    p.add_argument("--config", required=True, help="DLB config YAML; the pool: one cell's servers or inference_pool")
     p.add_argument("--cell", required=True, help="the cell whose servers form the InferencePool")
     p.add_argument("--listen", default=None,
                    help="gRPC host:port for ext_proc, health and probes (default: cells[].leaf.ext_proc, else cells[].leaf.probe)")
@@ -47,10 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--shed-when-full", action="store_true",
                    help="answer 429 when every eligible endpoint's KV cache is full (default: queue there)")
     p.add_argument("--pool-name", default=None,
-                   help="follow this InferencePool's ready pods (list + watch) instead of the cell's servers; needs dlb[k8s]")
-    p.add_argument("--pool-namespace", default=None, help="the pool's namespace (default: the pod's own, else default)")
-    p.add_argument("--pool-group", default="inference.networking.k8s.io", choices=sorted(POOL_VERSIONS),
-                   help="the InferencePool API group (v1, or the older v1alpha2)")
+                   help="follow this InferencePool's ready pods (list + watch) instead of the cell's; needs dlb[k8s]")
+    p.add_argument("--pool-namespace", default=None, help="the pool's namespace (default: the cell's, the pod's own, else default)")
+    p.add_argument("--pool-group", default=None,
+                   help="the InferencePool API group: inference.networking.k8s.io (v1, default) or inference.networking.x-k8s.io")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the pod's service account)")
     add_tracing_flags(p, "pick")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")

@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlb.config.model import INFERENCE_POOL_GROUPS
 from dlb.errors import DlbError
 
 #: API group → the version of it read (GIE's released InferencePool versions).
-POOL_VERSIONS: dict[str, str] = {"inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2"}
+POOL_VERSIONS = INFERENCE_POOL_GROUPS
 _KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 

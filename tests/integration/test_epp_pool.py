@@ -147,13 +147,19 @@ class ApiServer:
         return str(path)
 
 
-def epp_args(tmp_path: Path, api: ApiServer, port: int) -> list[str]:
-    cfg = {"version": 1, "cells": [{"name": "pool", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"},
-                                    "servers": [f"{POOL}.{NS}.svc.cluster.local:8000"]}],  # not resolved: the pool replaces it
-           "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
+def epp_args(tmp_path: Path, api: ApiServer, port: int, flags: bool = False) -> list[str]:
+    """The EPP's command line: the pool from the cell's ``inference_pool`` (no servers listed), or with ``flags``
+    from ``--pool-name``/``--pool-namespace`` over a cell whose servers the pool replaces."""
+    cell: dict[str, Any] = {"name": "pool", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"}}
+    if flags:
+        cell["servers"] = [f"{POOL}.{NS}.svc.cluster.local:8000"]  # not resolved: the pool replaces it
+    else:
+        cell["inference_pool"] = {"name": POOL, "namespace": NS}
+    cfg = {"version": 1, "cells": [cell], "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
     (tmp_path / "dlb.yaml").write_text(yaml.safe_dump(cfg))
-    return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", "--pool-name", POOL,
-            "--pool-namespace", NS, "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig")]
+    pool = ["--pool-name", POOL, "--pool-namespace", NS] if flags else []
+    return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", *pool,
+            "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig")]
 
 
 def watching(api: ApiServer) -> bool:
@@ -222,10 +228,11 @@ def test_a_pool_with_no_ready_pod_answers_503_until_one_is(tmp_path: Path) -> No
 
 
 def test_an_expired_watch_lists_again(tmp_path: Path) -> None:
-    """410 Gone (the watch's resourceVersion is too old, as after an API server restart): list again, go on."""
+    """410 Gone (the watch's resourceVersion is too old, as after an API server restart): list again, go on.
+    (The pool named by flags here, over a cell's servers.)"""
     port = free_port()
     watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
-    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
+    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port, flags=True)):
         until(lambda: watching(api), "the EPP watches the pods and the pool")
         api.pods = dict(api.pods, metadata={"resourceVersion": "50001"}, items=[watch[0]["object"]])  # only the second pod, Ready
         api.events.put({"type": "ERROR", "object": status(410, "Expired", "too old resource version: 48305 (50000)")})
