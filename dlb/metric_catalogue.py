@@ -23,7 +23,7 @@ MetricType = Literal["counter", "gauge", "histogram"]
 
 @dataclass(frozen=True)
 class MetricDef:
-    service: str  # root, leaf, xds (the control plane's status server), emulator
+    service: str  # root, leaf, epp, xds (the control plane's status server), emulator
     name: str
     type: MetricType
     labels: tuple[str, ...]
@@ -88,6 +88,7 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
 _EC = ("endpoint", "cell")
 _PROBES = "the root probes leaves (always in a deployment; absent in a root built without a probe client)"
 _FLOW = "an endpoint with mechanism flow"
+_K8S = "an InferencePool pool"
 
 CATALOGUE: tuple[MetricDef, ...] = (
     # --- root ext_proc service (dlb/ext_proc/root.py) ---
@@ -147,6 +148,16 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_pick_choices", "gauge", (), "Servers probed per pick in use"),
     MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
     *_h2("leaf"),
+    # --- GIE endpoint picker (dlb/epp/metrics.py), beside the dlb_leaf_* families ---
+    MetricDef("epp", "dlb_epp_picks", "counter", ("outcome",),
+              "Picks by outcome: picked, no_capacity (503), shed (429), hint_empty, hint_foreign (503)"),
+    MetricDef("epp", "dlb_epp_served_moves", "counter", (), "Responses served elsewhere than picked (the gateway's report)"),
+    MetricDef("epp", "dlb_epp_pool_endpoints", "gauge", (), "Endpoints in the pool"),
+    MetricDef("epp", "dlb_epp_pool_source", "gauge", ("state",), "1 for the pool's source state"),
+    MetricDef("epp", "dlb_epp_pool_updates", "counter", ("what",), "Endpoint-set and InferencePool spec changes"),
+    MetricDef("epp", "dlb_epp_grpc_limit", "gauge", ("limit",), "gRPC listener bounds"),
+    MetricDef("epp", "dlb_epp_grpc_streams_refused", "counter", (), "ext_proc streams refused: max_streams open"),
+    MetricDef("epp", "dlb_epp_pool_watch_errors", "counter", ("watch",), "Failed lists and watches, unusable pool edits", _K8S),
     # --- control plane's xDS status server (dlb/xds/status.py) ---
     MetricDef("xds", "dlb_xds_streams", "gauge", ("node",), "open xDS streams per node"),
     MetricDef("xds", "dlb_xds_acked_version_info", "gauge", ("node", "type", "version"), "last version each node ACKed, per type (value 1)"),

@@ -32,6 +32,7 @@ def pool_ref(args: argparse.Namespace, cell: Cell, where: str) -> PoolRef | None
 
 
 def run_epp(args: argparse.Namespace) -> int:
+    from dlb.epp.limits import GrpcLimits
     from dlb.epp.serve import EppOptions, run_epp
     from dlb.ext_proc.cli import load_cell, tracing_options
     from dlb.service.runner import run_event_loop
@@ -39,6 +40,10 @@ def run_epp(args: argparse.Namespace) -> int:
     for flag, value in (("--drain-s", args.drain_s), ("--dns-period-s", args.dns_period_s), ("--scrape-period-ms", args.scrape_period_ms)):
         if not 0 <= value < math.inf:
             raise UsageError(f"{flag} must be >= 0 and finite, got {value}")
+    try:
+        limits = GrpcLimits(max_streams=args.max_streams, max_message_bytes=args.max_message_bytes)
+    except ValueError as exc:
+        raise UsageError(f"--{str(exc).replace('_', '-', 2)}") from None
     tracing = tracing_options(args, f"dlb-epp-{args.cell}")
     cfg, cell = load_cell(args.config, args.cell)
     listen = args.listen or str(cell.leaf.ext_proc or cell.leaf.probe)
@@ -47,7 +52,7 @@ def run_epp(args: argparse.Namespace) -> int:
         cell=args.cell, listen=listen, metrics=args.metrics or None, ready_file=args.ready_file,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, dns_period_s=args.dns_period_s,
         shed_when_full=args.shed_when_full, drain_s=args.drain_s, tracing=tracing,
-        pool=pool, kubeconfig=args.kubeconfig)))
+        pool=pool, kubeconfig=args.kubeconfig, limits=limits)))
     return 0
 
 
@@ -69,6 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pool-group", default=None,
                    help="the InferencePool API group: inference.networking.k8s.io (v1, default) or inference.networking.x-k8s.io")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: the pod's service account)")
+    p.add_argument("--max-streams", type=int, default=10_000,
+                   help="ext_proc streams open at once (one per request in flight); past it RESOURCE_EXHAUSTED, the gateway's failureMode")
+    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024, help="largest gRPC message taken or sent (a body chunk)")
     add_tracing_flags(p, "pick")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")
     p.add_argument("--drain-s", type=float, default=1.0,

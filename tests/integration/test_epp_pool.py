@@ -21,6 +21,7 @@ import yaml
 from bounded_wait import until
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from scrape import metric_samples
 
 from dlb.epp import protocol
 from dlb.epp.inferencepool import PoolError
@@ -158,7 +159,7 @@ def epp_args(tmp_path: Path, api: ApiServer, port: int, flags: bool = False) -> 
     cfg = {"version": 1, "cells": [cell], "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
     (tmp_path / "dlb.yaml").write_text(yaml.safe_dump(cfg))
     pool = ["--pool-name", POOL, "--pool-namespace", NS] if flags else []
-    return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", *pool,
+    return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", "--metrics", "127.0.0.1:0", *pool,
             "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig")]
 
 
@@ -301,12 +302,19 @@ def test_a_deleted_pool_keeps_the_last_endpoints(tmp_path: Path) -> None:
         api.pool_events.put(pool_event(api, "DELETED", "8"))
         until(lambda: "epp_pool_deleted" in epp.log_tail(80), "the delete is logged")
         assert {picked(port) for _ in range(5)} == {"10.8.1.14:8000"}
+        m = metric_samples(f"127.0.0.1:{epp.ready['metrics']}")
+        assert m["dlb_epp_pool_source{state=deleted}"] == 1 and m["dlb_epp_pool_endpoints"] == 1
         api.pool_events.put(pool_event(api, "ADDED", "9", selector={"matchExpressions": [{"key": "app", "operator": "Exists"}]}))
         until(lambda: "epp_pool_unusable" in epp.log_tail(80), "the unusable pool is logged")
         assert picked(port) == "10.8.1.14:8000"
         api.pool_events.put(pool_event(api, "MODIFIED", "10", targetPorts=[{"number": 8001}]))
         until(lambda: picked(port) == "10.8.1.14:8001", "the pool is back, with its new port", timeout=10)
         assert "epp_pool_restored" in epp.log_tail(80)
+        m = metric_samples(f"127.0.0.1:{epp.ready['metrics']}")
+        assert m["dlb_epp_pool_source{state=watching}"] == 1 and m["dlb_epp_pool_source{state=deleted}"] == 0
+        assert m["dlb_epp_pool_updates_total{what=spec}"] == 1 and m["dlb_epp_pool_updates_total{what=endpoints}"] == 1
+        assert m["dlb_epp_pool_watch_errors_total{watch=inferencepool}"] == 1  # the unusable edit
+        assert m["dlb_epp_pool_watch_errors_total{watch=pods}"] == 0
 
 
 def test_a_refusal_while_serving_keeps_the_last_endpoints(tmp_path: Path) -> None:
@@ -320,6 +328,8 @@ def test_a_refusal_while_serving_keeps_the_last_endpoints(tmp_path: Path) -> Non
         lists = lambda: [p for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")]
         until(lambda: len(lists()) >= 3, "the refused list is retried")
         assert {picked(port) for _ in range(5)} == {"10.8.1.14:8000"}
+        m = metric_samples(f"127.0.0.1:{epp.ready['metrics']}")
+        assert m["dlb_epp_pool_watch_errors_total{watch=pods}"] >= 2 and m["dlb_epp_pool_source{state=watch_down}"] == 1
         assert "forbidden to list pods" in epp.log_tail(80)
         api.pods_error = None
         until(lambda: [q.get("watch") for p, q, _ in api.requests if p == PODS_PATH][-1] == ["true"], "watching again")

@@ -96,7 +96,11 @@ def test_an_empty_or_foreign_subset_gets_503_with_an_openai_body():
         assert imm.status.code == 503
         assert json.loads(imm.body)["error"]["code"] == "dlb_no_capacity"
         s.finish(1.0, aborted=True)
-    assert epp.state.rif == 0 and epp.no_endpoint == 2
+    assert epp.state.rif == 0 and epp.outcomes == {"picked": 0, "no_capacity": 0, "shed": 0, "hint_empty": 1, "hint_foreign": 1}
+    epp.empty = True  # no ready pod: the pool's cause, whatever the hint says
+    for subset in (None, ["10.9.9.9:1"]):
+        epp.stream().on_message(headers(subset=subset), 2.0)
+    assert epp.outcomes["no_capacity"] == 2 and epp.outcomes["hint_foreign"] == 1
 
 
 def test_full_kv_caches_shed_with_429_only_when_asked():
