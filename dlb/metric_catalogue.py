@@ -187,12 +187,18 @@ def for_service(service: str) -> dict[str, MetricDef]:
 
 
 def markdown_table() -> str:
-    """The catalogue as the table in docs/metrics.md; each condition once, as a numbered note below it."""
+    """The catalogue as the table in docs/metrics.md; each condition once, as a numbered note below it. Families
+    that differ only in their service (the HTTP/2 transport's, in root and leaf) share a row naming each."""
     rows = ["| service | family | type | labels | meaning | only with |", "| --- | --- | --- | --- | --- | --- |"]
     notes: dict[str, int] = {}
+    same: dict[tuple[str, str, tuple[str, ...], str, str], list[MetricDef]] = {}
     for m in CATALOGUE:
+        same.setdefault((m.name.removeprefix(f"dlb_{m.service}_"), m.type, m.labels, m.help, m.when), []).append(m)
+    for group in same.values():
+        m = group[0]
         labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
         when = f"[{notes.setdefault(m.when, len(notes) + 1)}]" if m.when else ""
-        rows.append(f"| {m.service} | `{m.name}` | {m.type} | {labels} | {m.help}. | {when} |")
+        services, names = ", ".join(g.service for g in group), ", ".join(f"`{g.name}`" for g in group)
+        rows.append(f"| {services} | {names} | {m.type} | {labels} | {m.help}. | {when} |")
     rows += ["", "Exported only with:", ""] + [f"- [{n}] {when}." for when, n in notes.items()]
     return "\n".join(rows)
