@@ -82,7 +82,7 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
             if key in lm:
                 ck.err(f"{lp}.{key}", f"a {source} cell has no DLB leaf: {key} applies only to source: dlb")
         pool = _inference_pool(ck, m, p, source)
-        if "servers" not in m and pool is None and source != "gie":
+        if isinstance(item, dict) and "servers" not in m and pool is None and source != "gie":  # not a mapping: said once
             ck.err(f"{p}.servers", "required (or inference_pool: the Kubernetes InferencePool whose ready pods are the servers)")
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
