@@ -23,7 +23,7 @@ MetricType = Literal["counter", "gauge", "histogram"]
 
 @dataclass(frozen=True)
 class MetricDef:
-    service: str  # root, leaf, xds (the control plane's status server), emulator
+    service: str  # root, leaf, epp, xds (the control plane's status server), emulator
     name: str
     type: MetricType
     labels: tuple[str, ...]
@@ -88,6 +88,7 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
 _EC = ("endpoint", "cell")
 _PROBES = "the root probes leaves (always in a deployment; absent in a root built without a probe client)"
 _FLOW = "an endpoint with mechanism flow"
+_K8S = "an InferencePool pool"
 
 CATALOGUE: tuple[MetricDef, ...] = (
     # --- root ext_proc service (dlb/ext_proc/root.py) ---
@@ -147,6 +148,16 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_pick_choices", "gauge", (), "Servers probed per pick in use"),
     MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
     *_h2("leaf"),
+    # --- GIE endpoint picker (dlb/epp/metrics.py), beside the dlb_leaf_* families ---
+    MetricDef("epp", "dlb_epp_picks", "counter", ("outcome",),
+              "Picks by outcome: picked, no_capacity (503), shed (429), hint_empty, hint_foreign (503)"),
+    MetricDef("epp", "dlb_epp_served_moves", "counter", (), "Responses served elsewhere than picked (the gateway's report)"),
+    MetricDef("epp", "dlb_epp_pool_endpoints", "gauge", (), "Endpoints in the pool"),
+    MetricDef("epp", "dlb_epp_pool_source", "gauge", ("state",), "1 for the pool's source state"),
+    MetricDef("epp", "dlb_epp_pool_updates", "counter", ("what",), "Endpoint-set and InferencePool spec changes"),
+    MetricDef("epp", "dlb_epp_grpc_limit", "gauge", ("limit",), "gRPC listener bounds"),
+    MetricDef("epp", "dlb_epp_grpc_streams_refused", "counter", (), "ext_proc streams refused: max_streams open"),
+    MetricDef("epp", "dlb_epp_pool_watch_errors", "counter", ("watch",), "Failed lists and watches, unusable pool edits", _K8S),
     # --- control plane's xDS status server (dlb/xds/status.py) ---
     MetricDef("xds", "dlb_xds_streams", "gauge", ("node",), "open xDS streams per node"),
     MetricDef("xds", "dlb_xds_acked_version_info", "gauge", ("node", "type", "version"), "last version each node ACKed, per type (value 1)"),
@@ -176,12 +187,18 @@ def for_service(service: str) -> dict[str, MetricDef]:
 
 
 def markdown_table() -> str:
-    """The catalogue as the table in docs/metrics.md; each condition once, as a numbered note below it."""
+    """The catalogue as the table in docs/metrics.md; each condition once, as a numbered note below it. Families
+    that differ only in their service (the HTTP/2 transport's, in root and leaf) share a row naming each."""
     rows = ["| service | family | type | labels | meaning | only with |", "| --- | --- | --- | --- | --- | --- |"]
     notes: dict[str, int] = {}
+    same: dict[tuple[str, str, tuple[str, ...], str, str], list[MetricDef]] = {}
     for m in CATALOGUE:
+        same.setdefault((m.name.removeprefix(f"dlb_{m.service}_"), m.type, m.labels, m.help, m.when), []).append(m)
+    for group in same.values():
+        m = group[0]
         labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
         when = f"[{notes.setdefault(m.when, len(notes) + 1)}]" if m.when else ""
-        rows.append(f"| {m.service} | `{m.name}` | {m.type} | {labels} | {m.help}. | {when} |")
+        services, names = ", ".join(g.service for g in group), ", ".join(f"`{g.name}`" for g in group)
+        rows.append(f"| {services} | {names} | {m.type} | {labels} | {m.help}. | {when} |")
     rows += ["", "Exported only with:", ""] + [f"- [{n}] {when}." for when, n in notes.items()]
     return "\n".join(rows)

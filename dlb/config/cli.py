@@ -27,7 +27,9 @@ def summary(cfg: Config) -> str:
              f"{len(cfg.endpoints)} endpoint{'s' * (len(cfg.endpoints) != 1)}"]
     for c in cfg.cells:
         dests = [d.name for d in cfg.allowed_destinations(c.name)]
-        lines.append(f"  cell {c.name}: {len(c.servers)} server{'s' * (len(c.servers) != 1)}, replicas {c.replicas}, "
+        servers = f"InferencePool {c.inference_pool.name}'s ready pods" if c.inference_pool else \
+            f"{len(c.servers)} server{'s' * (len(c.servers) != 1)}"
+        lines.append(f"  cell {c.name}: {servers}, replicas {c.replicas}, "
                      f"{_leaf_text(c)}, may send to {'all' if len(dests) == n else ', '.join(dests)}")
     lp = cfg.policy.leaf
     lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick} (choices {lp.pick_params.choices}), latency fit window "

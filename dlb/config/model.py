@@ -171,6 +171,20 @@ class Root:
         return None if self.address is None else bind_address(self.address, self.listen)
 
 
+#: GIE's InferencePool API groups, each with the version DLB reads (``cells[].inference_pool.group``).
+INFERENCE_POOL_GROUPS: dict[str, str] = {"inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2"}
+
+
+@dataclass(frozen=True)
+class InferencePoolRef:
+    """A cell whose servers are a Kubernetes InferencePool's ready pods, which ``dlb serve epp`` follows:
+    the file lists no servers, so every reader of it agrees there are none to render or resolve."""
+
+    name: str
+    namespace: str | None = None  # None: the EPP pod's own namespace
+    group: str = "inference.networking.k8s.io"
+
+
 @dataclass(frozen=True)
 class Cell:
     name: str
@@ -181,6 +195,8 @@ class Cell:
     root: Root = field(default_factory=Root)
     #: ``replicas`` was not set in the file: it follows the server count, discovered ones included.
     replicas_auto: bool = False
+    #: The servers are this InferencePool's ready pods (``servers`` is then empty).
+    inference_pool: InferencePoolRef | None = None
 
     @property
     def cluster_name(self) -> str:

@@ -19,6 +19,7 @@ from dlb.config.checker import MISSING, Checker, fmt, kind, show
 from dlb.config.hostport import is_ip, parse_hostport
 from dlb.config.model import (
     DP_POLICIES,
+    INFERENCE_POOL_GROUPS,
     LEAF_SOURCES,
     Cell,
     Config,
@@ -28,6 +29,7 @@ from dlb.config.model import (
     DpGroup,
     Endpoint,
     HostPort,
+    InferencePoolRef,
     LatencyPrior,
     Leaf,
     Match,
@@ -65,9 +67,8 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
     seen: dict[str, str] = {}
     for i, item in enumerate(ck.sequence(raw, "cells", required=True, nonempty=True, max_len=MAX_CELLS)):
         p = f"cells[{i}]"
-        gie = isinstance(item, dict) and isinstance(item.get("leaf"), dict) and item["leaf"].get("source") == "gie"
         # A GIE cell's servers are its pool's, which its endpoint picker counts (ready pods): listing them is optional.
-        m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root"), required=("name", "leaf") if gie else ("name", "leaf", "servers"))
+        m = ck.mapping(item, p, ("name", "replicas", "leaf", "servers", "root", "inference_pool"), required=("name", "leaf"))
         name = ck.string(m, "name", p, None, pattern=CELL_NAME_RE, what="a cell name (^[a-z][a-z0-9-]{0,62}$)")
         if name:
             if name in seen:
@@ -80,6 +81,9 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
         for key in ("ext_proc", "listen", "access_log", "replicas") if source != "dlb" else ():
             if key in lm:
                 ck.err(f"{lp}.{key}", f"a {source} cell has no DLB leaf: {key} applies only to source: dlb")
+        pool = _inference_pool(ck, m, p, source)
+        if isinstance(item, dict) and "servers" not in m and pool is None and source != "gie":  # not a mapping: said once
+            ck.err(f"{p}.servers", "required (or inference_pool: the Kubernetes InferencePool whose ready pods are the servers)")
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
             sp = f"{p}.servers[{k}]"
@@ -109,9 +113,32 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
             ck.err(f"{rp}.listen", "needs root.address (the address this cell's clients reach the root at)")
         # An invalid name becomes "" so the network checks below skip it instead of adding noise.
         cells.append(Cell(name=name or "", index=i, replicas=replicas, leaf=leaf, servers=tuple(servers), root=root,
-                          replicas_auto="replicas" not in m))
+                          replicas_auto="replicas" not in m, inference_pool=pool))
     _unique_addresses(ck, cells)
     return cells
+
+
+#: Kubernetes object names: a DNS subdomain (253 at most), and a namespace: a DNS label (63 at most).
+K8S_NAME_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+K8S_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _inference_pool(ck: Checker, m: dict[str, Any], p: str, source: str) -> InferencePoolRef | None:
+    """``cells[].inference_pool``: the servers are this InferencePool's ready pods (``dlb serve epp`` follows it)."""
+    if "inference_pool" not in m:
+        return None
+    ip = f"{p}.inference_pool"
+    if source != "dlb":
+        ck.err(ip, f"a {source} cell's servers are not DLB's to pick: inference_pool applies only to source: dlb")
+    if "servers" in m:
+        ck.err(ip, "set servers or inference_pool, not both: the pool's ready pods are the servers")
+    im = ck.mapping(m["inference_pool"], ip, ("name", "namespace", "group"), required=("name",))
+    name = ck.string(im, "name", ip, None, pattern=K8S_NAME_RE, what="a Kubernetes object name (lower-case DNS subdomain)")
+    namespace = ck.string(im, "namespace", ip, None, pattern=K8S_NAMESPACE_RE, what="a Kubernetes namespace (lower-case DNS label)")
+    group = ck.string(im, "group", ip, "inference.networking.k8s.io")
+    if group not in INFERENCE_POOL_GROUPS:
+        ck.err(f"{ip}.group", f"{show(group)} is not one of: {', '.join(INFERENCE_POOL_GROUPS)}")
+    return InferencePoolRef(name, namespace, group) if name else None
 
 
 #: Leaf replicas per cell at most (each is probed by every root every probe period).

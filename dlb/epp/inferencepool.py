@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlb.config.model import INFERENCE_POOL_GROUPS
 from dlb.errors import DlbError
 
 #: API group → the version of it read (GIE's released InferencePool versions).
-POOL_VERSIONS: dict[str, str] = {"inference.networking.k8s.io": "v1", "inference.networking.x-k8s.io": "v1alpha2"}
+POOL_VERSIONS = INFERENCE_POOL_GROUPS
 _KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 
@@ -107,3 +108,44 @@ def apply_event(pods: dict[str, Mapping[str, Any]], event: Mapping[str, Any]) ->
         pods.pop(name, None)
     elif event.get("type") in ("ADDED", "MODIFIED"):
         pods[name] = obj
+
+
+def resource_version(event: Mapping[str, Any]) -> str | None:
+    """The version a watch event brings the collection to (a ``BOOKMARK`` too): where a renewed watch resumes."""
+    return ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+
+
+@dataclass
+class PoolState:
+    """The InferencePool as its own watch last saw it: the spec in force and whether the object is gone.
+
+    Why keep the last spec when the pool is deleted or becomes unusable: the gateway may still route to
+    this EPP (a delete + re-apply, a bad edit), and the last good members are a better answer than 503.
+    """
+
+    name: str
+    spec: PoolSpec
+    deleted: bool = False
+
+    def apply(self, event: Mapping[str, Any], where: str) -> bool:
+        """One pool watch event; True when the spec changed (list the pods again). A bad spec raises PoolError, keeping the last."""
+        obj = event.get("object") or {}
+        if (obj.get("metadata") or {}).get("name") != self.name:
+            return False
+        if event.get("type") == "DELETED":
+            self.deleted = True
+            return False
+        if event.get("type") not in ("ADDED", "MODIFIED"):
+            return False
+        self.deleted = False
+        spec = pool_spec(obj, where)
+        changed, self.spec = spec != self.spec, spec
+        return changed
+
+    def listed(self, items: Iterable[Mapping[str, Any]], where: str) -> bool:
+        """A list of pools (filtered to this name) as the watch's starting point; no such item: the pool is gone."""
+        for obj in items:
+            if (obj.get("metadata") or {}).get("name") == self.name:
+                return self.apply({"type": "ADDED", "object": obj}, where)
+        self.deleted = True
+        return False

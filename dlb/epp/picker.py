@@ -26,6 +26,9 @@ from dlb.ext_proc.protocol import CONTINUE, header_value
 from dlb.service.tracing import Tracer
 
 FULL_DUPLEX = ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
+#: How a pick ended (``dlb_epp_picks{outcome}``). The 503s by cause: an empty pool (``no_capacity``) is the
+#: pool's to fix, an empty hint or one naming no pool member (``hint_empty``, ``hint_foreign``) the gateway's.
+OUTCOMES = ("picked", "no_capacity", "shed", "hint_empty", "hint_foreign")
 
 
 @dataclass
@@ -38,9 +41,11 @@ class EndpointPicker:
     #: Records a span per pick (``--otlp-endpoint``); None: tracing off.
     tracer: Tracer | None = None
     replies: dict[str, bytes] = field(default_factory=dict)
-    no_endpoint: int = 0
-    shed: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    #: Responses the gateway reports served by another endpoint than the pick (``x-gateway-destination-endpoint-served``).
     served_elsewhere: int = 0
+    #: Endpoint-set changes applied (an InferencePool's pods, or DNS).
+    pool_updates: int = 0
     #: The pool has no ready endpoint (an InferencePool scaled to zero): every request gets 503.
     empty: bool = False
     _keys: itertools.count = field(default_factory=itertools.count)
@@ -127,16 +132,18 @@ class EppStream:
                     length = None
             elif h.key == "traceparent" and self.traceparent is None:
                 self.traceparent = header_value(h)
-        among = epp.eligible(protocol.subset_hint(req))
+        hint = protocol.subset_hint(req)
+        among = epp.eligible(hint)
         if among is not None and not among:
-            epp.no_endpoint += 1
+            epp.outcomes["no_capacity" if epp.empty or hint is None else "hint_foreign" if hint else "hint_empty"] += 1
             self.done = True
             reply, refused = protocol.NO_ENDPOINT, 503
         elif epp.shed_when_full and epp.full(now, among):
-            epp.shed += 1
+            epp.outcomes["shed"] += 1
             self.done = True
             reply, refused = protocol.SHED, 429
         else:
+            epp.outcomes["picked"] += 1
             self.started = now
             self.picked = epp.state.pick(now, self.key, length, among)
             self.address = epp.state.servers[self.picked].address

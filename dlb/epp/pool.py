@@ -51,8 +51,9 @@ def pool_servers(cfg: Config, cell: str, resolved: Mapping[str, Sequence[str]]) 
     return out
 
 
-async def follow_dns(cfg: Config, cell: str, state: LeafState, period_s: float, resolve: Resolver = resolve_async) -> None:
-    """Every ``period_s``, re-resolve the pool's names and apply a changed endpoint set to ``state``."""
+async def follow_dns(cfg: Config, cell: str, state: LeafState, period_s: float, resolve: Resolver = resolve_async,
+                     on_change: Callable[[], object] = lambda: None) -> None:
+    """Every ``period_s``, re-resolve the pool's names and apply a changed endpoint set to ``state`` (then ``on_change``)."""
     names = pool_names(cfg, cell)
     if not names:
         return
@@ -67,6 +68,7 @@ async def follow_dns(cfg: Config, cell: str, state: LeafState, period_s: float, 
         servers = pool_servers(cfg, cell, last)
         if servers and [a for a, _ in servers] != [s.address for s in state.servers]:
             state.set_servers(servers)
+            on_change()
             log.info("epp_pool_changed", endpoints=[a for a, _ in servers])
 
 

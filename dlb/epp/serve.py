@@ -10,18 +10,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from prometheus_client.metrics_core import Metric
 
 from dlb.config import Config
 from dlb.config.tls import component_identity
 from dlb.epp.health import epp_health_handler
 from dlb.epp.k8s import PoolRef, PoolWatcher
+from dlb.epp.limits import GrpcLimits, StreamGate
+from dlb.epp.metrics import epp_families
 from dlb.epp.picker import EndpointPicker
-from dlb.epp.pool import follow_dns, with_pool
+from dlb.epp.pool import follow_dns, pool_names, with_pool
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_setup import state_from_config
 from dlb.ext_proc.protocol import PROCESS_METHOD
@@ -56,12 +59,16 @@ class EppOptions:
     #: Take the pool's endpoints from this InferencePool's ready pods instead of the cell's servers.
     pool: PoolRef | None = None
     kubeconfig: str | None = None
+    limits: GrpcLimits = field(default_factory=GrpcLimits)
 
 
-def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic) -> grpc.GenericRpcHandler:
-    """ExternalProcessor.Process with one :class:`~dlb.epp.picker.EppStream` per call; its end releases the pick."""
+def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, gate: StreamGate, clock=time.monotonic) -> grpc.GenericRpcHandler:
+    """ExternalProcessor.Process with one :class:`~dlb.epp.picker.EppStream` per call; its end releases the pick.
+    Past ``gate.limit`` open streams a new one is refused (RESOURCE_EXHAUSTED: the gateway's ``failureMode`` applies)."""
 
     async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if not gate.enter():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"dlb epp: {gate.limit} ext_proc streams open (--max-streams)")
         traceparent = None
         if epp.tracer is not None:  # Envoy's trace context of this ext_proc call, when its tracer is on
             traceparent = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
@@ -74,6 +81,7 @@ def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic
                 for reply in replies:
                     yield reply
         finally:
+            gate.leave()
             stream.finish(clock(), aborted=True)  # nothing if the response already ended
 
     method = grpc.stream_stream_rpc_method_handler(process, request_deserializer=None, response_serializer=None)
@@ -83,8 +91,11 @@ def ext_proc_handler(epp: EndpointPicker, agent: LeafAgent, clock=time.monotonic
 
 def set_pool(epp: EndpointPicker, endpoints: tuple[str, ...]) -> None:
     """Swap in a new endpoint set (on the event loop, between two picks); none ready: answer 503 until some are."""
+    moved = bool(endpoints) and list(endpoints) != [s.address for s in epp.state.servers]
+    if moved or epp.empty != (not endpoints):
+        epp.pool_updates += 1
     epp.empty = not endpoints
-    if endpoints and list(endpoints) != [s.address for s in epp.state.servers]:
+    if moved:
         epp.state.set_servers([(a, 1.0) for a in endpoints])
     log.info("epp_pool_changed", endpoints=list(endpoints))
 
@@ -112,17 +123,22 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
     epp = EndpointPicker(state, shed_when_full=opts.shed_when_full, tracer=tracer)
     health = HealthState()
     readiness = Readiness()
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
-    server.add_generic_rpc_handlers((ext_proc_handler(epp, agent), epp_health_handler(health, lambda: readiness.ready)))
+    server = opts.limits.server()
+    gate = StreamGate(opts.limits.max_streams)
+    server.add_generic_rpc_handlers((ext_proc_handler(epp, agent, gate), epp_health_handler(health, lambda: readiness.ready)))
     probe_pb2_grpc.add_ProbeServicer_to_server(agent.probe, server)
     port = add_port(server, opts.listen, component_identity(cfg.tls, "leaf", opts.cell, cfg.source))
     metrics_port = None
+    dns = watcher is None and opts.dns_period_s > 0 and bool(pool_names(cfg, opts.cell))
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
 
-        # The leaf's families (dlb_leaf_*, docs/metrics.md): the EPP is the leaf behind GIE's protocol. Its
-        # 503/429 replies show in the gateway's access log and stats (response code details dlb_no_capacity).
-        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+        # The leaf's families (dlb_leaf_*: the EPP is the leaf behind GIE's protocol) and the EPP's own (dlb_epp_*).
+        def collect() -> Iterator[Metric]:
+            yield from agent.collect()
+            yield from epp_families(epp, opts.limits, gate, watcher, dns=dns)
+
+        _, metrics_port = serve_metrics(collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     if watcher is not None:
         loop = asyncio.get_running_loop()
         watcher.publish = lambda eps: loop.call_soon_threadsafe(set_pool, epp, eps)  # from the watch thread onto the loop
@@ -136,7 +152,10 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
     if watcher is not None:
         watcher.start()
     elif opts.dns_period_s > 0:
-        tasks.append(asyncio.create_task(follow_dns(cfg, opts.cell, state, opts.dns_period_s)))
+        def dns_changed() -> None:
+            epp.pool_updates += 1
+
+        tasks.append(asyncio.create_task(follow_dns(cfg, opts.cell, state, opts.dns_period_s, on_change=dns_changed)))
     log.info("epp_started", pool=opts.cell, grpc_port=port, metrics_port=metrics_port, endpoints=[s.address for s in state.servers],
              pick=state.pick_rule)
     if opts.ready_file:

@@ -149,6 +149,9 @@ def run_leaf(args: argparse.Namespace) -> int:
     if not 0 <= args.drain_s < math.inf:  # as dlb serve root: nan would skip the drain, inf never end it
         raise UsageError(f"--drain-s must be >= 0 and finite, got {args.drain_s}")
     cfg, cell = load_cell(args.config, args.cell)
+    if cell.inference_pool is not None:  # no servers in the file: only the EPP follows the pool's pods
+        raise UsageError(f"dlb serve leaf: {args.config}: cells[{cell.index}].inference_pool: the servers are an InferencePool's "
+                         f"pods, which dlb serve epp follows; run that for cell {cell.name!r}")
     if args.replica:
         n = len(cell.leaf.all_replicas())
         if not 0 <= args.replica < n:

@@ -9,6 +9,7 @@ import copy
 import json
 import queue
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import yaml
 from bounded_wait import until
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from scrape import metric_samples
 
 from dlb.epp import protocol
 from dlb.epp.inferencepool import PoolError
@@ -33,7 +35,8 @@ pytestmark = pytest.mark.timeout(120)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
 NS, POOL = "llm", "vllm-llama3-8b-instruct"
-POOL_PATH = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools/{POOL}"
+POOLS_PATH = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools"
+POOL_PATH = f"{POOLS_PATH}/{POOL}"
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
 
 
@@ -46,8 +49,15 @@ FORBIDDEN = status(403, "Forbidden", 'pods is forbidden: User "system:serviceacc
                    'in the namespace "llm"')
 
 
+def selected(pod: dict[str, Any], query: dict[str, list[str]]) -> bool:
+    """The pod carries every ``k=v`` of the request's labelSelector (the API server filters the list so)."""
+    labels = pod["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, _, v in (t.partition("=") for t in ",".join(query.get("labelSelector", [])).split(",") if t))
+
+
 class ApiServer:
-    """Answers the pool's GET, the pods' list and watch; ``events`` feeds the open watch, one chunk per event."""
+    """Answers the pool's GET, list and watch, the pods' list and watch; ``events`` feeds the open pod watch and
+    ``pool_events`` the pool's, one chunk per event."""
 
     def __init__(self, pool: dict[str, Any] | None = None, pods_error: dict[str, Any] | None = None, pods: dict[str, Any] | None = None) -> None:
         self.pool = pool if pool is not None else json.loads((FIXTURES / "inferencepool.json").read_text())
@@ -55,6 +65,7 @@ class ApiServer:
         self.pods_error = pods_error
         self.requests: list[tuple[str, dict[str, list[str]], str]] = []
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.pool_events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stopping = threading.Event()
         api = self
 
@@ -80,16 +91,22 @@ class ApiServer:
                     self.send_json(200, api.pool)
                 elif url.path == POOL_PATH:
                     self.send_json(api.pool["code"], api.pool)
+                elif url.path == POOLS_PATH and q.get("watch") == ["true"]:
+                    self.watch(api.pool_events)
+                elif url.path == POOLS_PATH:  # the list the pool watch starts from (fieldSelector: this pool's name)
+                    items = [api.pool] if "code" not in api.pool and q.get("fieldSelector") == [f"metadata.name={POOL}"] else []
+                    self.send_json(200, {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePoolList",
+                                         "metadata": {"resourceVersion": "7"}, "items": items})
                 elif url.path == PODS_PATH and api.pods_error:
                     self.send_json(api.pods_error["code"], api.pods_error)
                 elif url.path == PODS_PATH and q.get("watch") == ["true"]:
-                    self.watch()
+                    self.watch(api.events)
                 elif url.path == PODS_PATH:
-                    self.send_json(200, api.pods)
+                    self.send_json(200, dict(api.pods, items=[p for p in api.pods["items"] if selected(p, q)]))
                 else:
                     self.send_json(404, status(404, "NotFound", "the server could not find the requested resource"))
 
-            def watch(self) -> None:
+            def watch(self, events: queue.Queue[dict[str, Any]]) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -97,7 +114,7 @@ class ApiServer:
                 self.wfile.flush()
                 while not api.stopping.is_set():
                     try:
-                        event = api.events.get(timeout=0.1)
+                        event = events.get(timeout=0.1)
                     except queue.Empty:
                         continue
                     if event["type"] == "END":  # the watch's timeoutSeconds ran out
@@ -131,13 +148,24 @@ class ApiServer:
         return str(path)
 
 
-def epp_args(tmp_path: Path, api: ApiServer, port: int) -> list[str]:
-    cfg = {"version": 1, "cells": [{"name": "pool", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"},
-                                    "servers": [f"{POOL}.{NS}.svc.cluster.local:8000"]}],  # not resolved: the pool replaces it
-           "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
+def epp_args(tmp_path: Path, api: ApiServer, port: int, flags: bool = False) -> list[str]:
+    """The EPP's command line: the pool from the cell's ``inference_pool`` (no servers listed), or with ``flags``
+    from ``--pool-name``/``--pool-namespace`` over a cell whose servers the pool replaces."""
+    cell: dict[str, Any] = {"name": "pool", "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{port}"}}
+    if flags:
+        cell["servers"] = [f"{POOL}.{NS}.svc.cluster.local:8000"]  # not resolved: the pool replaces it
+    else:
+        cell["inference_pool"] = {"name": POOL, "namespace": NS}
+    cfg = {"version": 1, "cells": [cell], "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}}]}
     (tmp_path / "dlb.yaml").write_text(yaml.safe_dump(cfg))
-    return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", "--pool-name", POOL,
-            "--pool-namespace", NS, "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig")]
+    pool = ["--pool-name", POOL, "--pool-namespace", NS] if flags else []
+    return ["--config", str(tmp_path / "dlb.yaml"), "--cell", "pool", "--scrape-period-ms", "0", "--metrics", "127.0.0.1:0", *pool,
+            "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig")]
+
+
+def watching(api: ApiServer) -> bool:
+    """Both watches are open: the pods' and the InferencePool's."""
+    return all(any(p == path and q.get("watch") == ["true"] for p, q, _ in api.requests) for path in (PODS_PATH, POOLS_PATH))
 
 
 def picked(port: int, only: str | None = None) -> str | int:
@@ -166,8 +194,9 @@ def test_picks_follow_the_pools_ready_pods(tmp_path: Path) -> None:
     watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
     with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
         assert picked(port) == "10.8.1.14:8000" and picked(port, "10.8.2.7:8000") == 503  # the list's one Running + Ready pod
-        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
-        (pool_path, _, auth), (_, list_q, _), (_, watch_q, _) = api.requests[:3]
+        until(lambda: watching(api), "the EPP watches the pods and the pool")
+        (pool_path, _, auth), (_, list_q, _) = api.requests[:2]
+        watch_q = next(q for p, q, _ in api.requests if p == PODS_PATH and q.get("watch"))
         assert pool_path == POOL_PATH and auth == "Bearer epp-token" and list_q["labelSelector"] == ["app=vllm-llama3-8b-instruct"]
         assert watch_q["labelSelector"] == list_q["labelSelector"] and watch_q["resourceVersion"] == ["48305"]  # from the list
         api.events.put(watch[0])  # the second pod turns Ready
@@ -200,16 +229,18 @@ def test_a_pool_with_no_ready_pod_answers_503_until_one_is(tmp_path: Path) -> No
 
 
 def test_an_expired_watch_lists_again(tmp_path: Path) -> None:
-    """410 Gone (the watch's resourceVersion is too old, as after an API server restart): list again, go on."""
+    """410 Gone (the watch's resourceVersion is too old, as after an API server restart): list again, go on.
+    (The pool named by flags here, over a cell's servers.)"""
     port = free_port()
     watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
-    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
-        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
+    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port, flags=True)):
+        until(lambda: watching(api), "the EPP watches the pods and the pool")
         api.pods = dict(api.pods, metadata={"resourceVersion": "50001"}, items=[watch[0]["object"]])  # only the second pod, Ready
         api.events.put({"type": "ERROR", "object": status(410, "Expired", "too old resource version: 48305 (50000)")})
         until(lambda: picked(port, "10.8.1.14:8000") == 503, "the fresh list replaces the pool")
         assert picked(port) == "10.8.2.7:8000"
-        until(lambda: [q.get("resourceVersion") for _, q, _ in api.requests if q.get("watch")][-1] == ["50001"], "watching from the new list")
+        until(lambda: [q.get("resourceVersion") for p, q, _ in api.requests if p == PODS_PATH and q.get("watch")][-1] == ["50001"],
+              "watching from the new list")
         assert [p for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")] == [PODS_PATH] * 2
 
 
@@ -228,17 +259,63 @@ def test_a_pool_it_cannot_follow_ends_the_start(tmp_path: Path, api_kwargs: dict
     assert message in str(err.value)
 
 
-def test_a_changed_pool_applies_at_the_watch_renewal(tmp_path: Path) -> None:
-    """Each renewal reads the InferencePool again: a new target port (or selector) lists the pods afresh."""
+def pool_event(api: ApiServer, kind: str, version: str, **spec: Any) -> dict[str, Any]:
+    """A watch event of the InferencePool: the stand-in's pool with ``spec`` fields replaced, at ``version``."""
+    obj = copy.deepcopy(api.pool)
+    obj["metadata"]["resourceVersion"] = version
+    obj["spec"].update(spec)
+    return {"type": kind, "object": obj}
+
+
+def test_a_changed_selector_relists_the_pods_within_seconds(tmp_path: Path) -> None:
+    """The pool's own watch sees a new selector and cuts the pod watch short: the new members serve within seconds,
+    not at the pod watch's renewal (60 s)."""
     port = free_port()
     with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)):
-        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
+        until(lambda: watching(api), "the EPP watches the pods and the pool")
+        pool_q = next(q for p, q, _ in api.requests if p == POOLS_PATH and q.get("watch"))
+        assert pool_q["fieldSelector"] == [f"metadata.name={POOL}"] and pool_q["resourceVersion"] == ["7"]
         assert picked(port) == "10.8.1.14:8000"
-        api.pool = copy.deepcopy(api.pool)
-        api.pool["spec"]["targetPorts"] = [{"number": 8001}, {"number": 8002}]
-        api.events.put({"type": "END"})
-        until(lambda: picked(port, "10.8.1.14:8002") == "10.8.1.14:8002", "the new ports are the endpoints")
-        assert picked(port, "10.8.1.14:8000") == 503
+        v2 = copy.deepcopy(api.pods["items"][0])
+        v2["metadata"].update(name="llama-v2-0", labels={"app": "llama-v2"})
+        v2["status"]["podIP"] = "10.8.4.5"
+        api.pods = dict(api.pods, items=[*api.pods["items"], v2])  # the stand-in filters by labelSelector, as the API does
+        t0 = time.monotonic()
+        api.pool_events.put(pool_event(api, "MODIFIED", "8", selector={"matchLabels": {"app": "llama-v2"}}))
+        until(lambda: picked(port) == "10.8.4.5:8000", "the new selector's pod is the pool", timeout=10)
+        took = time.monotonic() - t0
+        print(f"selector change to first pick on the new pod: {took:.2f} s")
+        assert took < 5, f"the selector change took {took:.1f} s"
+        assert picked(port, "10.8.1.14:8000") == 503  # the old selector's pod is out
+        lists = [q["labelSelector"] for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")]
+        assert lists == [["app=vllm-llama3-8b-instruct"], ["app=llama-v2"]]
+        api.pool_events.put(pool_event(api, "MODIFIED", "9", selector={"matchLabels": {"app": "llama-v2"}},
+                                       targetPorts=[{"number": 8001}, {"number": 8002}]))
+        until(lambda: picked(port, "10.8.4.5:8002") == "10.8.4.5:8002", "the new ports are the endpoints", timeout=10)
+        assert picked(port, "10.8.4.5:8000") == 503
+
+
+def test_a_deleted_pool_keeps_the_last_endpoints(tmp_path: Path) -> None:
+    """DELETED: keep picking the last members (logged); an unusable edit is kept out too; back: follow it again."""
+    port = free_port()
+    with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)) as epp:
+        until(lambda: watching(api), "the EPP watches the pods and the pool")
+        api.pool_events.put(pool_event(api, "DELETED", "8"))
+        until(lambda: "epp_pool_deleted" in epp.log_tail(80), "the delete is logged")
+        assert {picked(port) for _ in range(5)} == {"10.8.1.14:8000"}
+        m = metric_samples(f"127.0.0.1:{epp.ready['metrics']}")
+        assert m["dlb_epp_pool_source{state=deleted}"] == 1 and m["dlb_epp_pool_endpoints"] == 1
+        api.pool_events.put(pool_event(api, "ADDED", "9", selector={"matchExpressions": [{"key": "app", "operator": "Exists"}]}))
+        until(lambda: "epp_pool_unusable" in epp.log_tail(80), "the unusable pool is logged")
+        assert picked(port) == "10.8.1.14:8000"
+        api.pool_events.put(pool_event(api, "MODIFIED", "10", targetPorts=[{"number": 8001}]))
+        until(lambda: picked(port) == "10.8.1.14:8001", "the pool is back, with its new port", timeout=10)
+        assert "epp_pool_restored" in epp.log_tail(80)
+        m = metric_samples(f"127.0.0.1:{epp.ready['metrics']}")
+        assert m["dlb_epp_pool_source{state=watching}"] == 1 and m["dlb_epp_pool_source{state=deleted}"] == 0
+        assert m["dlb_epp_pool_updates_total{what=spec}"] == 1 and m["dlb_epp_pool_updates_total{what=endpoints}"] == 1
+        assert m["dlb_epp_pool_watch_errors_total{watch=inferencepool}"] == 1  # the unusable edit
+        assert m["dlb_epp_pool_watch_errors_total{watch=pods}"] == 0
 
 
 def test_a_refusal_while_serving_keeps_the_last_endpoints(tmp_path: Path) -> None:
@@ -246,15 +323,17 @@ def test_a_refusal_while_serving_keeps_the_last_endpoints(tmp_path: Path) -> Non
     port = free_port()
     watch = [json.loads(line) for line in (FIXTURES / "pod-watch.jsonl").read_text().splitlines()]
     with ApiServer() as api, ServiceProcess("epp", *epp_args(tmp_path, api, port)) as epp:
-        until(lambda: any(q.get("watch") == ["true"] for _, q, _ in api.requests), "the EPP watches the pods")
+        until(lambda: watching(api), "the EPP watches the pods and the pool")
         api.pods_error = FORBIDDEN
         api.events.put({"type": "ERROR", "object": status(410, "Expired", "too old resource version")})
         lists = lambda: [p for p, q, _ in api.requests if p == PODS_PATH and not q.get("watch")]
         until(lambda: len(lists()) >= 3, "the refused list is retried")
         assert {picked(port) for _ in range(5)} == {"10.8.1.14:8000"}
+        m = metric_samples(f"127.0.0.1:{epp.ready['metrics']}")
+        assert m["dlb_epp_pool_watch_errors_total{watch=pods}"] >= 2 and m["dlb_epp_pool_source{state=watch_down}"] == 1
         assert "forbidden to list pods" in epp.log_tail(80)
         api.pods_error = None
-        until(lambda: [q.get("watch") for _, q, _ in api.requests][-1] == ["true"], "watching again")
+        until(lambda: [q.get("watch") for p, q, _ in api.requests if p == PODS_PATH][-1] == ["true"], "watching again")
         api.events.put(watch[0])
         until(lambda: picked(port, "10.8.2.7:8000") == "10.8.2.7:8000", "following the pool again")
 

@@ -52,6 +52,24 @@ def test_leaf_metrics_match_the_catalogue() -> None:
     compare("leaf", scrape(agent.collect))
 
 
+def test_epp_metrics_match_the_catalogue() -> None:
+    """The EPP exports exactly the catalogued dlb_epp_* families, the InferencePool watch's included."""
+    from kubernetes import client
+
+    from dlb.epp.inferencepool import PoolSpec, PoolState
+    from dlb.epp.k8s import PoolRef, PoolWatcher
+    from dlb.epp.limits import GrpcLimits, StreamGate
+    from dlb.epp.metrics import epp_families
+    from dlb.epp.picker import EndpointPicker
+
+    st = LeafState(cell="a", servers=[ServerState("127.0.0.1:9")], replicas=1, prior=LatencyParams(0.1, 0.01, 4, 1),
+                   rng=np.random.default_rng(0))
+    watcher = PoolWatcher(PoolRef("p", "ns"), client.ApiClient(), publish=lambda eps: None)
+    watcher.pool = PoolState("p", PoolSpec((("app", "x"),), (8000,)))
+    epp = EndpointPicker(st)
+    compare("epp", scrape(lambda: epp_families(epp, GrpcLimits(), StreamGate(1), watcher)))
+
+
 def test_xds_status_metrics_match_the_catalogue() -> None:
     """The control plane's status server exports exactly the catalogued dlb_xds_* families."""
     status = StatusRegistry()

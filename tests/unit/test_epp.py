@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -96,7 +97,11 @@ def test_an_empty_or_foreign_subset_gets_503_with_an_openai_body():
         assert imm.status.code == 503
         assert json.loads(imm.body)["error"]["code"] == "dlb_no_capacity"
         s.finish(1.0, aborted=True)
-    assert epp.state.rif == 0 and epp.no_endpoint == 2
+    assert epp.state.rif == 0 and epp.outcomes == {"picked": 0, "no_capacity": 0, "shed": 0, "hint_empty": 1, "hint_foreign": 1}
+    epp.empty = True  # no ready pod: the pool's cause, whatever the hint says
+    for subset in (None, ["10.9.9.9:1"]):
+        epp.stream().on_message(headers(subset=subset), 2.0)
+    assert epp.outcomes["no_capacity"] == 2 and epp.outcomes["hint_foreign"] == 1
 
 
 def test_full_kv_caches_shed_with_429_only_when_asked():
@@ -211,3 +216,34 @@ def test_the_pool_follows_dns_and_keeps_the_last_addresses_when_a_lookup_fails()
     # grown to two pods; a failed lookup changes nothing; then one pod left
     assert seen == [["10.0.0.1:8000"], ["10.0.0.1:8000", "10.0.0.2:8000"], ["10.0.0.1:8000", "10.0.0.2:8000"]]
     assert [s.address for s in state.servers] == ["10.0.0.2:8000"]
+
+
+def test_listener_bounds_are_checked_and_become_grpc_core_arguments():
+    """Every bound is > 0 and finite; the RPC cap leaves health and probes room above the stream cap."""
+    from dlb.epp.limits import RPC_HEADROOM, GrpcLimits, StreamGate
+
+    with pytest.raises(ValueError, match="max_streams must be > 0 and finite, got 0"):
+        GrpcLimits(max_streams=0)
+    with pytest.raises(ValueError, match="keepalive_time_s"):
+        GrpcLimits(keepalive_time_s=float("inf"))
+    opts = dict(GrpcLimits(max_streams=5, max_message_bytes=1024).server_options())
+    assert opts["grpc.max_concurrent_streams"] == 5 + RPC_HEADROOM and opts["grpc.max_receive_message_length"] == 1024
+    assert opts["grpc.keepalive_time_ms"] == 60_000 and opts["grpc.max_connection_idle_ms"] == 600_000
+    gate = StreamGate(1)
+    assert gate.enter() and not gate.enter() and gate.refused == 1
+    gate.leave()
+    assert gate.enter() and gate.open == 1
+
+
+def test_the_pool_source_state_says_what_serves_the_endpoints():
+    from types import SimpleNamespace
+
+    from dlb.epp.metrics import pool_source
+
+    assert pool_source(None, dns=False) == "static" and pool_source(None, dns=True) == "dns"
+    w = SimpleNamespace(pool=SimpleNamespace(deleted=False), stats=SimpleNamespace(up={"pods": True, "inferencepool": True}))
+    assert pool_source(w, dns=False) == "watching"
+    w.stats.up["inferencepool"] = False
+    assert pool_source(w, dns=False) == "watch_down"
+    w.pool.deleted = True
+    assert pool_source(w, dns=False) == "deleted"

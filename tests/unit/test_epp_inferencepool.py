@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dlb.epp.inferencepool import PoolError, PoolSpec, apply_event, endpoints, pool_spec
+from dlb.epp.inferencepool import PoolError, PoolSpec, PoolState, apply_event, endpoints, pool_spec, resource_version
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
 POOL = "InferencePool llm/vllm"
@@ -92,3 +92,38 @@ def test_a_bad_pool_is_refused_naming_the_field(spec: Any, field: str) -> None:
     with pytest.raises(PoolError, match=r"^InferencePool llm/vllm: ") as err:
         pool_spec({"spec": spec} if spec is not None else {}, POOL)
     assert field in str(err.value)
+
+
+def pool_event(kind: str, version: str = "2", name: str = "vllm", **spec: Any) -> dict[str, Any]:
+    obj = load("inferencepool.json")
+    obj["metadata"].update(name=name, resourceVersion=version)
+    obj["spec"].update(spec)
+    return {"type": kind, "object": obj}
+
+
+def test_the_pools_own_watch_says_when_to_list_the_pods_again() -> None:
+    state = PoolState("vllm", pool_spec(load("inferencepool.json"), POOL))
+    assert not state.apply(pool_event("MODIFIED"), POOL)  # a status or annotation edit: same selector and ports
+    assert state.apply(pool_event("MODIFIED", selector={"matchLabels": {"app": "v2"}}), POOL)
+    assert state.spec.selector == (("app", "v2"),)
+    assert state.apply(pool_event("MODIFIED", selector={"matchLabels": {"app": "v2"}}, targetPorts=[{"number": 8001}]), POOL)
+    assert not state.apply(pool_event("MODIFIED", name="other", selector={"matchLabels": {"app": "x"}}), POOL)  # not this pool
+    assert not state.apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}, POOL)
+    assert state.spec == PoolSpec((("app", "v2"),), (8001,))
+
+
+def test_a_deleted_or_unusable_pool_keeps_the_last_spec() -> None:
+    state = PoolState("vllm", pool_spec(load("inferencepool.json"), POOL))
+    last = state.spec
+    assert not state.apply(pool_event("DELETED"), POOL) and state.deleted and state.spec == last
+    with pytest.raises(PoolError, match="matchExpressions is not supported"):
+        state.apply(pool_event("ADDED", selector={"matchExpressions": [{"key": "app", "operator": "Exists"}]}), POOL)
+    assert not state.deleted and state.spec == last  # it exists again, but its spec cannot be followed
+    assert not state.listed([], POOL) and state.deleted  # a list without it: gone
+    assert state.listed([pool_event("ADDED", targetPorts=[{"number": 9000}])["object"]], POOL) and not state.deleted
+
+
+def test_watch_events_carry_the_version_to_resume_from() -> None:
+    assert [resource_version(e) for e in events()] == [e["object"]["metadata"].get("resourceVersion") for e in events()]
+    assert resource_version({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}) == "9"
+    assert resource_version({"type": "ADDED"}) is None
