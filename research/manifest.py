@@ -31,6 +31,9 @@ ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("compare-stress/twin/real-twin-*", "dlb bench sim-twin --real research/compare-stress/records.jsonl --json FILE"),
+    ("compare-stress/twin/all-scenarios-*", "dlb bench sim-twin --policies Rand,MNLB,lr-global,locality-failover,hub-score,"
+                                            "Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad --json FILE"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
