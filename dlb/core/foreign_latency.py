@@ -73,7 +73,7 @@ class IntervalSample:
 
 @dataclass
 class IntervalLatency:
-    """Successive readings of a foreign cell (its RIF and its sources' histograms) → :class:`IntervalSample`\\ s."""
+    """Successive readings of a foreign cell (its RIF and its sources' histograms) → one sample per interval."""
 
     #: RIF history kept, seconds: the arrival window of a request slower than this starts at its oldest point.
     history_s: float = 120.0

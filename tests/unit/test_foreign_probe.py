@@ -4,18 +4,25 @@ says where they are.
 Rules: a GIE/llm-d endpoint picker's pool figures are read under every release's metric names; RIF is
 its running requests (else average queue × ready pods), replicas its ready pods, 0 ready pods means
 "do not send"; a vLLM cell's RIF is Σ running + waiting over the servers that answered; a cell whose
-metrics say nothing is a failed probe (ValueError), never an idle cell.
+metrics say nothing is a failed probe (ValueError), never an idle cell; the whole-request latency
+histograms are read per series and fitted into a model that stays at confidence 0 until it has samples.
 """
 
 from __future__ import annotations
+
+import asyncio
+import random
 
 import pytest
 from test_config import minimal
 
 from dlb.config import ConfigError, config_from_dict
+from dlb.core.estimator import LatencyEstimator
+from dlb.core.fit import MIN_PRIOR_SAMPLES, MIN_SAMPLES
+from dlb.core.latency_model import LatencyParams, latency
 from dlb.envoy.bootstrap import root_bootstrap
-from dlb.probe.foreign import gie_answer, parse_pool, vllm_answer
-from dlb.probe.scrape import Scrape
+from dlb.probe.foreign import ForeignModel, gie_answer, parse_pool, vllm_answer
+from dlb.probe.scrape import Scrape, parse_vllm
 
 #: Written from GIE's metrics guide (site-src/guides/metrics.md): one pool, two models.
 GIE_TEXT = """\
@@ -67,6 +74,44 @@ def test_vllm_cell_sums_the_servers_that_answered() -> None:
     assert resp.error_rate == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="none of the 2 vLLM servers"):
         vllm_answer("far", [None, Scrape(None, None, None)], 0)
+
+
+def test_the_whole_request_latency_histograms_are_read_per_series() -> None:
+    """vLLM's ``vllm:e2e_request_latency_seconds`` per model; the EPP's ``…request_duration_seconds`` under
+    GIE's model and objective names (written from GIE's metrics testdata and vLLM's metrics design doc)."""
+    vllm = ('vllm:num_requests_running{model_name="m"} 2\n'
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 4.0\n'
+            'vllm:e2e_request_latency_seconds_count{model_name="m"} 4.0\n'
+            'vllm:e2e_request_latency_seconds_sum{model_name="m"} 10.5\n'
+            'vllm:e2e_request_latency_seconds_created{model_name="m"} 1.7e9\n')
+    assert parse_vllm(vllm).latency == {'{model_name="m"}': (10.5, 4.0)}
+    assert parse_vllm("vllm:num_requests_running 1\n").latency is None
+    for prefix in ("inference_model_", "inference_objective_"):
+        text = GIE_TEXT + "".join(
+            f"# TYPE {prefix}request_duration_seconds histogram\n"
+            f'{prefix}request_duration_seconds_bucket{{model_name="{m}",target_model_name="{m}",le="+Inf"}} {n}\n'
+            f'{prefix}request_duration_seconds_sum{{model_name="{m}",target_model_name="{m}"}} {total}\n'
+            f'{prefix}request_duration_seconds_count{{model_name="{m}",target_model_name="{m}"}} {n}\n'
+            for m, total, n in (("llama", 1.61, 2), ("qwen", 0.12, 1)))
+        pool = parse_pool(text)
+        assert sorted(pool.latency.values()) == [(0.12, 1.0), (1.61, 2.0)] and pool.running == 14.0
+
+
+def test_a_foreign_model_reports_the_prior_at_confidence_0_until_intervals_with_completions_arrive() -> None:
+    """Confidence 0 makes the root keep its own curve for the cell (RootRouter.on_probe); from
+    MIN_PRIOR_SAMPLES intervals on, the model is measured from them, as a leaf's is: a 3-s cell, 1-s prior."""
+    prior = LatencyParams(1.0, 0.05, 8.0, 1.0)
+    model = ForeignModel(LatencyEstimator(prior, rng=random.Random(0)))
+
+    async def feed(t0: int, n: int) -> None:
+        for t in range(t0, t0 + n):
+            await model.update(float(t), 4.0, {"srv": {"": (3.0 * t, float(t))}})
+
+    asyncio.run(feed(0, MIN_PRIOR_SAMPLES))  # the first reading is a baseline: one interval short
+    assert model.message().confidence == 0.0 and model.message().a_s == pytest.approx(1.0, rel=0.06)
+    asyncio.run(feed(MIN_PRIOR_SAMPLES, 20))
+    m = model.message()
+    assert m.confidence > 0 and m.samples >= MIN_SAMPLES and 2.6 < float(latency(4.0, m.a_s, m.b_s, m.c, m.s)) < 3.4
 
 
 def _foreign(**leaf: object) -> dict:
