@@ -11,8 +11,11 @@ mean latency: the leaf's "RIF at arrival", for the mean request), for the same e
 
 What the resulting model means for a foreign cell: the latency of whole requests as the cell's own
 software timed them (vLLM: arrival at the server to the last token; GIE: the gateway's request duration),
-one point per interval instead of one per request, so it is smoother than a leaf's and sees no request
-still running. An interval in which nothing completed gives no sample.
+one point per interval instead of one per request, so it is smoother than a leaf's. An interval in which
+nothing completed gives no sample, but it is evidence too: while nothing completes, every request the cell
+held at its last completion is still running, so each is a lower bound on latency at that RIF
+(:meth:`IntervalLatency.in_flight`, the leaf's :class:`~dlb.core.fit.Censored`, but without each
+request's own age). It assumes the histograms cover every request the RIF counts.
 
 Counter rules (Prometheus' ``rate``): a series whose sum or count went down was restarted, and its new
 value is all it counted since, after the previous scrape; a series that appears on a source read last
@@ -28,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from dlb.core.fit import Censored
 
 #: One source's histogram: series (its labels, as text) → (sum of seconds, count).
 Series = Mapping[str, tuple[float, float]]
@@ -81,6 +86,8 @@ class IntervalLatency:
     _t_prev: float = -math.inf
     _rif_t: deque[float] = field(default_factory=deque)
     _rif_v: deque[float] = field(default_factory=deque)
+    #: Since when nothing completed, and the RIF then (None: not known, e.g. a source came or went).
+    _idle_since: tuple[float, float] | None = None
 
     def observe(self, now: float, rif: float, readings: Mapping[str, Series]) -> IntervalSample | None:
         """One probe's figures at ``now``: the cell's RIF and each source's histogram (a source that did
@@ -97,12 +104,26 @@ class IntervalLatency:
         self._prev = {src: dict(series) for src, series in readings.items()}
         self._t_prev = now
         if prev is None or not now > t0:
+            self._idle_since = (now, rif) if readings else None
             return None
         d_sum, d_count = interval_totals(prev, readings)
+        if d_count > 0 or not readings or prev.keys() != readings.keys() or not (math.isfinite(rif) and rif >= 0):
+            self._idle_since = (now, rif) if readings and math.isfinite(rif) and rif >= 0 else None
         if not (d_count > 0 and d_sum > 0) or not self._rif_t:
             return None
         latency = d_sum / d_count
         return IntervalSample(now, self.mean_rif(t0 - latency, now - latency), latency, d_count)
+
+    def in_flight(self, now: float, rif: float) -> Censored | None:
+        """The requests known to be running since the last completion (all the cell held then, at most
+        ``rif`` now), each with that RIF and that age: lower bounds for the fit. None when unknown or none."""
+        if self._idle_since is None:
+            return None
+        since, held = self._idle_since
+        k = int(min(held, rif)) if math.isfinite(rif) else 0
+        if k < 1 or not now > since:
+            return None
+        return Censored(np.full(k, held), np.full(k, now - since))
 
     def mean_rif(self, start: float, end: float) -> float:
         """The cell's mean RIF over ``[start, end]``, linear between readings, the nearest one outside them."""

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dlb.core.estimator import LatencyEstimator
+from dlb.core.estimator import EstimatorConfig, LatencyEstimator
 from dlb.core.foreign_latency import IntervalLatency
 from dlb.core.latency_model import LatencyParams
 from dlb.probe.codec import model_message
@@ -134,10 +134,19 @@ def gie_answer(cell: str, pool: PoolSample, error_rate: float) -> probe_pb2.Prob
     return resp
 
 
+#: A foreign cell's estimator: the leaf's, with a shorter memory. A slowed cell completes fewer requests,
+#: so its new samples are outnumbered by the old ones, and a leaf's remedy (every running request's own
+#: age as a lower bound, background probes) is not available here. Simulated (20× slower, 0.2 completions
+#: a second after 4 a second): with the leaf's 15-s half-life ℓ(1) was still 1.0 s 30 s later; with 5 s
+#: and a 30-s window, 6.5 s after 22 s and 20 s after 30 s. Each sample averages an interval's
+#: completions, so fewer suffice.
+FOREIGN_ESTIMATOR = EstimatorConfig(window_s=30.0, half_life_s=5.0)
+
+
 @dataclass
 class ForeignModel:
     """A foreign cell's latency model: interval samples (:mod:`dlb.core.foreign_latency`) fitted by the
-    leaf's :class:`~dlb.core.estimator.LatencyEstimator`, refitted when a leaf's would be."""
+    leaf's :class:`~dlb.core.estimator.LatencyEstimator` (:data:`FOREIGN_ESTIMATOR`), refitted when a leaf's would be."""
 
     estimator: LatencyEstimator
     intervals: IntervalLatency = field(default_factory=IntervalLatency)
@@ -150,7 +159,7 @@ class ForeignModel:
         if sample is not None:
             est.record(sample.t, sample.rif, sample.latency_s)
         if est.refit_due(now):
-            await asyncio.get_running_loop().run_in_executor(None, est.refit, now)
+            await asyncio.get_running_loop().run_in_executor(None, est.refit, now, self.intervals.in_flight(now, rif))
 
     def message(self) -> probe_pb2.LatencyModel:
         est = self.estimator
@@ -175,7 +184,7 @@ class ForeignProber:
 
     def __post_init__(self) -> None:
         if self.prior is not None:
-            self._model = ForeignModel(LatencyEstimator(self.prior, rng=random.Random(self.target.name)))
+            self._model = ForeignModel(LatencyEstimator(self.prior, FOREIGN_ESTIMATOR, random.Random(self.target.name)))
 
     async def __call__(self, timeout_s: float) -> probe_pb2.ProbeResponse:
         if self.target.source == "vllm":

@@ -169,9 +169,9 @@ def check_lost_share(results: dict[str, dict], load: Load) -> None:
     assert not load.errors, f"{len(load.errors)} requests failed: {sorted(set(load.errors))}"
 
 
-def start_emulators(cells: tuple[str, ...]) -> dict[str, list[EmulatorProcess]]:
+def start_emulators(cells: tuple[str, ...], max_batch: int = 8) -> dict[str, list[EmulatorProcess]]:
     """Two emulated servers per cell, started side by side (a loaded box takes ~10 s for each Python start-up)."""
-    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=8, time_scale=TIME_SCALE)
+    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=max_batch, time_scale=TIME_SCALE)
                    for k in range(2)] for cell in cells}
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(EmulatorProcess.start, [e for es in emus.values() for e in es]))

@@ -98,3 +98,28 @@ def test_the_leaf_estimator_fits_interval_samples_and_tracks_a_slowdown() -> Non
     slow = run(30.0, 60.0, 5.0)
     assert 0.6 < fast / float(latency(8.0, truth.a, truth.b, truth.c, truth.s)) < 1.6, fast
     assert slow > 3.0 * fast, (fast, slow)
+
+
+def test_requests_held_since_the_last_completion_are_lower_bounds() -> None:
+    """Nothing completed since t=2, when the cell held 3: those 3 are still running, each at least now − 2 old."""
+    il = IntervalLatency()
+    il.observe(0.0, 3.0, {"s": {"": (0.0, 0.0)}})
+    il.observe(2.0, 3.0, {"s": {"": (2.0, 2.0)}})
+    for t in (3.0, 4.0, 5.0):
+        assert il.observe(t, 5.0, {"s": {"": (2.0, 2.0)}}) is None
+    c = il.in_flight(5.0, 5.0)
+    assert c is not None and list(c.rif) == [3.0] * 3 and list(c.age) == [3.0] * 3
+    assert list(il.in_flight(5.0, 1.0).age) == [3.0]  # type: ignore[union-attr]  # at most what it holds now
+    il.observe(6.0, 5.0, {"s": {"": (9.0, 3.0)}})  # a completion: the bound starts again
+    assert il.in_flight(6.0, 5.0) is None
+
+
+def test_no_bound_when_a_source_came_or_went_or_the_cell_is_empty() -> None:
+    il = IntervalLatency()
+    il.observe(0.0, 3.0, {"s": {"": (0.0, 0.0)}})
+    il.observe(1.0, 3.0, {"s": {"": (0.0, 0.0)}, "t": {"": (0.0, 0.0)}})  # t is new: its past is unknown, so from now
+    assert list(il.in_flight(4.0, 3.0).age) == [3.0] * 3  # type: ignore[union-attr]
+    il.observe(5.0, 3.0, {})
+    assert il.in_flight(6.0, 3.0) is None
+    il.observe(7.0, 0.0, {"s": {"": (0.0, 0.0)}})
+    assert il.in_flight(9.0, 0.0) is None

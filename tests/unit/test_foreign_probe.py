@@ -17,11 +17,12 @@ import pytest
 from test_config import minimal
 
 from dlb.config import ConfigError, config_from_dict
-from dlb.core.estimator import LatencyEstimator
+from dlb.core.estimator import EstimatorConfig, LatencyEstimator
 from dlb.core.fit import MIN_PRIOR_SAMPLES, MIN_SAMPLES
+from dlb.core.foreign_latency import IntervalLatency
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.envoy.bootstrap import root_bootstrap
-from dlb.probe.foreign import ForeignModel, gie_answer, parse_pool, vllm_answer
+from dlb.probe.foreign import FOREIGN_ESTIMATOR, ForeignModel, gie_answer, parse_pool, vllm_answer
 from dlb.probe.scrape import Scrape, parse_vllm
 
 #: Written from GIE's metrics guide (site-src/guides/metrics.md): one pool, two models.
@@ -147,3 +148,26 @@ def test_foreign_cell_mistakes_name_the_field(leaf: dict, path: str, says: str) 
     with pytest.raises(ConfigError) as info:
         config_from_dict(_foreign(**leaf))
     assert any(p.path == path and says in p.reason for p in info.value.problems), info.value.problems
+
+
+def _slowed_unloaded_latency(config: EstimatorConfig) -> float:
+    """ℓ(1) fitted 30 s after a cell read every 0.1 s went from 4 completions a second at 1 s to 0.2 a
+    second at up to 20 s (the root moved away; its own users' requests finish slowly)."""
+    rng = random.Random(0)
+    est, il = LatencyEstimator(LatencyParams(1.0, 0.05, 8.0, 1.0), config, random.Random(0)), IntervalLatency()
+    total = count = 0.0
+    for k in range(900):
+        t = k / 10
+        done = (rng.random() < 0.4) if t < 60 else (rng.random() < 0.02)
+        total, count = total + done * (rng.uniform(0.9, 1.1) if t < 60 else min(20.0, t - 59)), count + done
+        if (s := il.observe(t, 4.0, {"srv": {"": (total, count)}})) is not None:
+            est.record(s.t, s.rif, s.latency_s)
+        if est.refit_due(t):
+            est.refit(t, il.in_flight(t, 4.0))
+    return float(latency(1.0, est.params.a, est.params.b, est.params.c, est.params.s))
+
+
+def test_a_foreign_cells_model_follows_a_slowdown_its_completions_dwindled_in() -> None:
+    """Why FOREIGN_ESTIMATOR's shorter memory: the leaf's keeps the fast curve 30 s into a 20× slowdown."""
+    assert _slowed_unloaded_latency(FOREIGN_ESTIMATOR) > 10.0
+    assert _slowed_unloaded_latency(EstimatorConfig()) < 2.0
