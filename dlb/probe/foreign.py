@@ -181,6 +181,8 @@ class ForeignProber:
     _counters: tuple[float, float] | None = None
     _error_ema: float = 0.0
     _model: ForeignModel | None = None
+    #: Each vLLM server's batch limit, measured as the leaf measures it: the most it ran while requests waited.
+    _batch: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.prior is not None:
@@ -202,6 +204,7 @@ class ForeignProber:
         addresses = self.target.scrape
         if self._last is None:
             self._last = [None] * len(addresses)
+            self._batch = [0.0] * len(addresses)
         results = await asyncio.gather(*(scrape_vllm(a, timeout_s) for a in addresses), return_exceptions=True)
         readings = {}
         for i, r in enumerate(results):
@@ -216,6 +219,10 @@ class ForeignProber:
                 self._last[i] = r
                 if r.latency is not None:
                     readings[addresses[i]] = r.latency
+                if r.running is not None and (r.waiting or 0.0) > 0 and r.running > self._batch[i]:
+                    self._batch[i] = r.running
+        if self._model is not None and min(self._batch) > 0:
+            self._model.estimator.set_knee(sum(self._batch))  # the knee the fit shrinks toward, as a leaf's
         return vllm_answer(self.target.name, self._last, self._failed), readings
 
     async def _gie(self, timeout_s: float) -> tuple[probe_pb2.ProbeResponse, dict[str, Mapping[str, tuple[float, float]]]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from gie_gateway import GieGateway
-from test_foreign_cell_e2e import BASELINE_S, TOKENS, WITHIN_S, Load, _config, check_lost_share, dlb_up, slow_cell, start_emulators
+from test_foreign_cell_e2e import BASELINE_S, TOKENS, WITHIN_S, Load, Threads, _config, check_lost_share, dlb_up, slow_cell, start_emulators
 from test_foreign_gie_e2e import gie_config
 
 from dlb.core.latency_model import latency
@@ -37,14 +37,14 @@ PARAM = re.compile(r'dlb_root_cell_model\{cell="partner",param="(\w+)"\} (\S+)')
 RIF = re.compile(r'dlb_root_cell_rif\{cell="partner"\} (\S+)')
 
 
-class OwnUsers:
+class OwnUsers(Threads):
     """The foreign cell's own users, who do not come through DLB: ``n`` clients sending to its entry
     (each server in turn, or its gateway) back to back. Their requests feed its histogram, as a real
     cluster's users do, whether or not the root sends it anything."""
 
     def __init__(self, entries: list[str], n: int = 2) -> None:
+        super().__init__()
         self.entries, self.served = entries, 0
-        self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(n)]
 
     def _client(self, k: int) -> None:
@@ -55,16 +55,6 @@ class OwnUsers:
             with contextlib.suppress(OSError):
                 if request(host, int(port), body=body, timeout=60)[0] == 200:
                     self.served += 1
-
-    def __enter__(self) -> OwnUsers:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(70)
 
 
 class ModelWatch:

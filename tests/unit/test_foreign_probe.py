@@ -22,8 +22,10 @@ from dlb.core.fit import MIN_PRIOR_SAMPLES, MIN_SAMPLES
 from dlb.core.foreign_latency import IntervalLatency
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.envoy.bootstrap import root_bootstrap
+from dlb.probe import foreign
 from dlb.probe.foreign import FOREIGN_ESTIMATOR, ForeignModel, gie_answer, parse_pool, vllm_answer
 from dlb.probe.scrape import Scrape, parse_vllm
+from dlb.probe.target import ProbeTarget
 
 #: Written from GIE's metrics guide (site-src/guides/metrics.md): one pool, two models.
 GIE_TEXT = """\
@@ -171,3 +173,18 @@ def test_a_foreign_cells_model_follows_a_slowdown_its_completions_dwindled_in() 
     """Why FOREIGN_ESTIMATOR's shorter memory: the leaf's keeps the fast curve 30 s into a 20× slowdown."""
     assert _slowed_unloaded_latency(FOREIGN_ESTIMATOR) > 10.0
     assert _slowed_unloaded_latency(EstimatorConfig()) < 2.0
+
+
+def test_a_vllm_cells_knee_is_measured_as_a_leaf_measures_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Σ over servers of the most each ran while requests waited, once every server has shown one."""
+    answers = {"s1": [Scrape(2.0, 1.0, 0.1), Scrape(2.0, 1.0, 0.1)], "s2": [Scrape(3.0, 0.0, 0.1), Scrape(3.0, 2.0, 0.1)]}
+
+    async def scrape(address: str, timeout_s: float) -> Scrape:
+        return answers[address].pop(0)
+
+    monkeypatch.setattr(foreign, "scrape_vllm", scrape)
+    prober = foreign.ForeignProber(ProbeTarget(1, "far", "s1", source="vllm", scrape=("s1", "s2")), LatencyParams(1.0, 0.05, 8.0, 1.0))
+    asyncio.run(prober(1.0))
+    assert prober._model is not None and prober._model.estimator.knee is None
+    resp = asyncio.run(prober(1.0))
+    assert prober._model.estimator.knee == 5.0 and resp.rif == 8.0 and resp.HasField("model")
