@@ -90,3 +90,9 @@ def test_the_control_plane_serves_each_cell_its_own_prior():
         return out
 
     assert asyncio.run(scenario()) == {"near": (0.1, 0.1), "far": (2.0, 2.0)}
+
+
+def test_a_foreign_cells_model_shrinks_toward_the_roots_prior_for_that_cell():
+    """The root hands its probe client the first endpoint's prior per cell, the one a leaf there would use."""
+    svc = RootService.from_config(config_from_dict(doc({"far": {"a_s": 2.0}})), "near")
+    assert svc.cell_prior("far").a == 2.0 and svc.cell_prior("near").a == 0.1
