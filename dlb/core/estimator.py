@@ -35,6 +35,7 @@ Pure and clock-free (callers pass ``now``), so the leaf agent (real time) and th
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections import deque
@@ -223,6 +224,28 @@ class LatencyEstimator:
         self.params = params
         self.confidence = confidence
         return res
+
+    def refit_due(self, now: float) -> bool:
+        """Refit now: on schedule, at once when the samples declared a change (consumed here, see
+        :meth:`take_change`), or when the first samples can replace the configured prior."""
+        changed = self.take_change() is not None
+        return changed or self.prior_measurable() or now - self._last_fit >= self.config.refit_period_s
+
+    def prior_measurable(self) -> bool:
+        """The first samples can replace the configured prior: refit at once rather than on schedule."""
+        return self.config.measure_prior and self.effective_prior is self.prior and len(self._t) >= MIN_PRIOR_SAMPLES
+
+    def detached(self) -> LatencyEstimator:
+        """A copy with its own sample windows, to refit off the event loop while this one keeps recording
+        (the fit takes milliseconds; a worker must never iterate a deque that is being appended to)."""
+        shadow = copy.copy(self)
+        shadow._t, shadow._rif, shadow._lat = copy.copy(self._t), copy.copy(self._rif), copy.copy(self._lat)
+        return shadow
+
+    def adopt(self, fitted: LatencyEstimator, now: float) -> None:
+        """Publish what a :meth:`detached` copy's refit found."""
+        self.params, self.confidence, self.last_result, self._last_fit = fitted.params, fitted.confidence, fitted.last_result, now
+        self.effective_prior, self._stride = fitted.effective_prior, fitted._stride
 
     def forget_before(self, t: float) -> int:
         """Drop the samples recorded before ``t`` (the cell changed then); returns how many."""

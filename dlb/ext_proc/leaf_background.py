@@ -11,7 +11,6 @@ log), tagged by their ``x-request-id`` so a refusal (4xx) is not taken for a lat
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import time
@@ -19,7 +18,6 @@ from collections.abc import Callable
 
 from dlb.config.model import BackgroundProbeParams
 from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
-from dlb.core.fit import MIN_PRIOR_SAMPLES
 from dlb.core.latency_model import latency
 from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
 from dlb.envoy.host_health import hosts_out
@@ -58,8 +56,7 @@ class LeafBackground:
         """Refit the latency model every ``refit_period_s`` in a worker thread.
 
         The fit (scipy least squares) takes milliseconds; running it on the event loop would stall
-        every request the leaf is picking for. We refit a shallow copy whose sample deques are copied
-        on the loop thread (so the worker never iterates a deque that is being appended to), then
+        every request the leaf is picking for. We refit a :meth:`~LatencyEstimator.detached` copy, then
         publish the result.
         """
         est = self.state.estimator
@@ -70,7 +67,7 @@ class LeafBackground:
             now = self.clock()
             # Refit on schedule, or at once when the first samples can replace the configured prior
             # (a fresh or restarted leaf: its warm-up probes just completed).
-            first = est.config.measure_prior and est.effective_prior is est.prior and len(est) >= MIN_PRIOR_SAMPLES
+            first = est.prior_measurable()
             t_change = est.take_change()  # the traffic's own samples say the cell changed (dlb.core.change)
             if t_change is not None:
                 self.refit_now = True
@@ -80,14 +77,12 @@ class LeafBackground:
             last, self.refit_now = now, False
             try:
                 self.state.expire(now)
-                shadow = copy.copy(est)
-                shadow._t, shadow._rif, shadow._lat = copy.copy(est._t), copy.copy(est._rif), copy.copy(est._lat)
+                shadow = est.detached()
                 t0 = time.perf_counter()
                 await loop.run_in_executor(None, shadow.refit, now, self.state.running(now))
                 self.fit_seconds += time.perf_counter() - t0
                 self.fits += 1
-                est.params, est.confidence, est.last_result, est._last_fit = shadow.params, shadow.confidence, shadow.last_result, now
-                est.effective_prior, est._stride = shadow.effective_prior, shadow._stride
+                est.adopt(shadow, now)
             except Exception:
                 log.exception("fit_failed", cell=self.state.cell)
 

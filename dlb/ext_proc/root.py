@@ -170,6 +170,7 @@ class RootService:
     transport_stats: TransportStats | None = None
     clock: Callable[[], float] = time.monotonic
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    specs: tuple[EndpointSpec, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> RootService:
@@ -215,6 +216,7 @@ class RootService:
         responses = [response(n) for n in topology.names]
         self.fallback_responses = [[response(n, f) for f in topology.names] for n in topology.names]
         self.cell_names, self.endpoints, self.responses = topology.names, endpoints, responses
+        self.specs = tuple(specs)
         # Aversion sees a cell's error EMA only while its error counter keeps rising (RecentErrors).
         hold = 2.0 * max((s.policy.aversion.period_s for s in specs), default=1.0)
         self.recent_errors = RecentErrors(topology.n, hold)
@@ -297,6 +299,13 @@ class RootService:
             return out, True
         self.processing.observe(time.perf_counter() - t0)
         return CONTINUE.get(which, CONTINUE["request_headers"]), False
+
+    def cell_prior(self, cell: str) -> LatencyParams:
+        """What a foreign cell's fitted model shrinks toward: the first endpoint's prior for it, as a leaf's
+        does (``dlb.ext_proc.leaf_setup``)."""
+        if not self.specs:
+            raise ValueError(f"root {self.cell}: no endpoint configured, so no latency prior for cell {cell}")
+        return self.specs[0].cell_priors.get(cell, self.specs[0].prior)
 
     # -- probe state in -------------------------------------------------------------------------
     def on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:

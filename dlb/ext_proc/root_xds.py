@@ -99,7 +99,8 @@ class ProbeManager:
         if old is not None:
             await old.stop()
         client = ProbeClient(targets, self.service.on_probe, self.timing, source_cell=self.source_cell,
-                             credentials=self.tls.channel_credentials() if self.tls is not None else None)
+                             credentials=self.tls.channel_credentials() if self.tls is not None else None,
+                             prior_of=self.service.cell_prior)
         self.service.probe_client = client
         self.targets = targets
         client.start()

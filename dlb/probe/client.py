@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from dlb.core.latency_model import LatencyParams
 from dlb.core.leaf_replicas import ReplicaMerge
 from dlb.log import get_logger
 from dlb.probe.codec import cell_response, check_answer, replica_answer
@@ -76,6 +77,8 @@ class ProbeClient:
     source_cell: str = ""
     clock: Callable[[], float] = time.monotonic
     credentials: grpc.ChannelCredentials | None = None  # mTLS to the leaves' probe servers (None: plaintext)
+    #: A foreign cell's latency prior by name, what its fitted model shrinks toward (None: no model for it).
+    prior_of: Callable[[str], LatencyParams] | None = None
     #: Per (cell index, leaf replica).
     stats: dict[tuple[int, int], ProbeStats] = field(default_factory=dict)
     #: The cells with more than one leaf replica: their replicas' answers merged (dlb.core.leaf_replicas).
@@ -91,7 +94,7 @@ class ProbeClient:
         for t in self.targets:
             self.stats[t.key] = ProbeStats()
             if t.source != "dlb":  # a cell DLB does not run: its metrics are scraped over HTTP
-                prober = ForeignProber(t)
+                prober = ForeignProber(t, self.prior_of(t.name) if self.prior_of is not None else None, self.clock)
                 self._tasks.append(asyncio.create_task(self._loop(t, prober, max(self.timing.period_s, MIN_PERIOD_S)), name=f"probe-{t.name}"))
                 continue
             options: list[tuple[str, int | str]] = [

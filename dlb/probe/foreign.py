@@ -11,8 +11,21 @@ Two sources (``cells[].leaf.source``):
   rate = an EMA of the request and error counters' growth between scrapes.
 
 Why answers in the leaf's message: the root's router, aversion and shedding then treat a foreign cell
-exactly as a DLB cell, with no second code path. What a foreign cell cannot tell: a latency model (the
-root keeps the endpoint's prior for it, ``latency_prior_by_cell``) and its capacity (never shed on).
+exactly as a DLB cell, with no second code path.
+
+The latency model: the same estimator a leaf runs, fed one sample per scrape interval from the cell's
+own whole-request latency histogram (vLLM's ``vllm:e2e_request_latency_seconds``, the EPP's
+``…request_duration_seconds``; :mod:`dlb.core.foreign_latency` says what such a model means). Until
+:data:`~dlb.core.fit.MIN_PRIOR_SAMPLES` intervals had completions it answers with confidence 0, and the
+root keeps its own curve for the cell (the endpoint's prior, ``latency_prior_by_cell``), as for a fresh
+leaf; a source that exports no such histogram keeps it so.
+
+Capacity: none is reported, so a root never sheds on a foreign cell's account. Neither source exports a
+bound on what it admits: vLLM queues without limit (``max_num_seqs`` bounds the running batch and is not
+exported; ``cache_config_info`` bounds KV blocks, not requests), and GIE's EPP refuses
+(``InferencePoolResourceExhausted``, 429) only sheddable requests when its saturation detector trips,
+still admitting critical ones. Its 429s count in the cell's error rate, which aversion acts on.
+
 The metric names differ by release (``inference_pool_*`` and ``inference_model_*`` in GIE's EPP,
 ``inference_objective_*`` later, ``llm_d_epp_*`` / ``llm_d_router_epp_*`` in llm-d's): every known
 prefix is accepted.
@@ -22,12 +35,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dlb.core.estimator import EstimatorConfig, LatencyEstimator
+from dlb.core.foreign_latency import IntervalLatency
+from dlb.core.latency_model import LatencyParams
+from dlb.probe.codec import model_message
 from dlb.probe.scrape import Scrape, ScrapeSlow, http_get, scrape_vllm
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
@@ -50,6 +68,8 @@ class PoolSample:
     running: float | None = None
     requests: float | None = None
     errors: float | None = None
+    #: The request-duration histogram: series labels → (sum, count), every model's.
+    latency: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _canonical(name: str) -> str:
@@ -62,6 +82,8 @@ def _canonical(name: str) -> str:
 _POOL_FIELDS = {"pool_average_queue_size": "queue_avg", "pool_average_kv_cache_utilization": "kv_avg",
                 "pool_ready_pods": "ready_pods", "running_requests": "running", "request_total": "requests",
                 "request_error_total": "errors"}
+#: The EPP's whole-request latency histogram's sum and count (index into a (sum, count) pair).
+_DURATION = {"request_duration_seconds_sum": 0, "request_duration_seconds_count": 1}
 
 
 def parse_pool(text: str) -> PoolSample:
@@ -69,12 +91,17 @@ def parse_pool(text: str) -> PoolSample:
     the per-model running requests and counters add up to the pool's). ValueError for text that is not
     Prometheus exposition."""
     sums: dict[str, float] = {}
+    hist: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = _POOL_FIELDS.get(_canonical(sample.name))
+            name = _canonical(sample.name)
+            key = _POOL_FIELDS.get(name)
             if key is not None and math.isfinite(sample.value):
                 sums[key] = sums.get(key, 0.0) + float(sample.value)
-    return PoolSample(**sums)
+            elif name in _DURATION:
+                series = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                hist.setdefault(series, [math.nan, math.nan])[_DURATION[name]] = float(sample.value)
+    return PoolSample(**sums, latency={k: (v[0], v[1]) for k, v in hist.items() if not math.isnan(v[0] + v[1])})
 
 
 def vllm_answer(cell: str, scrapes: Sequence[Scrape | None], failed_scrapes: int) -> probe_pb2.ProbeResponse:
@@ -107,29 +134,79 @@ def gie_answer(cell: str, pool: PoolSample, error_rate: float) -> probe_pb2.Prob
     return resp
 
 
+#: A foreign cell's estimator: the leaf's, with a shorter memory. A slowed cell completes fewer requests,
+#: so its new samples are outnumbered by the old ones, and a leaf's remedy (every running request's own
+#: age as a lower bound, background probes) is not available here. Simulated (20× slower, 0.2 completions
+#: a second after 4 a second): with the leaf's 15-s half-life ℓ(1) was still 1.0 s 30 s later; with 5 s
+#: and a 30-s window, 6.5 s after 22 s and 20 s after 30 s. Each sample averages an interval's
+#: completions, so fewer suffice.
+FOREIGN_ESTIMATOR = EstimatorConfig(window_s=30.0, half_life_s=5.0)
+
+
+@dataclass
+class ForeignModel:
+    """A foreign cell's latency model: interval samples (:mod:`dlb.core.foreign_latency`) fitted by the
+    leaf's :class:`~dlb.core.estimator.LatencyEstimator` (:data:`FOREIGN_ESTIMATOR`), refitted when a leaf's would be."""
+
+    estimator: LatencyEstimator
+    intervals: IntervalLatency = field(default_factory=IntervalLatency)
+
+    async def update(self, now: float, rif: float, readings: Mapping[str, Mapping[str, tuple[float, float]]]) -> None:
+        """One scrape's figures in; the refit (milliseconds of scipy) in a worker thread, off the root's loop.
+        Nothing records meanwhile: the prober awaits this before its next scrape."""
+        sample = self.intervals.observe(now, rif, readings)
+        est = self.estimator
+        if sample is not None:
+            est.record(sample.t, sample.rif, sample.latency_s)
+        if est.refit_due(now):
+            await asyncio.get_running_loop().run_in_executor(None, est.refit, now, self.intervals.in_flight(now, rif))
+
+    def message(self) -> probe_pb2.LatencyModel:
+        est = self.estimator
+        return model_message(est.params, est.confidence, len(est))
+
+
 @dataclass
 class ForeignProber:
     """Scrapes one foreign cell per call and answers as its leaf would (keeps what the next answer needs:
-    each server's last good scrape, the EPP's last counters, the error EMA)."""
+    each server's last good scrape, the EPP's last counters, the error EMA, the latency model).
+
+    ``prior``: what the cell's model is shrunk toward (the endpoint's prior for it); None: no model."""
 
     target: ProbeTarget
+    prior: LatencyParams | None = None
+    clock: Callable[[], float] = time.monotonic
     _last: list[Scrape | None] | None = None
     _failed: int = 0
     _counters: tuple[float, float] | None = None
     _error_ema: float = 0.0
+    _model: ForeignModel | None = None
+    #: Each vLLM server's batch limit, measured as the leaf measures it: the most it ran while requests waited.
+    _batch: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.prior is not None:
+            self._model = ForeignModel(LatencyEstimator(self.prior, FOREIGN_ESTIMATOR, random.Random(self.target.name)))
 
     async def __call__(self, timeout_s: float) -> probe_pb2.ProbeResponse:
         if self.target.source == "vllm":
-            return await self._vllm(timeout_s)
-        if self.target.source == "gie":
-            return await self._gie(timeout_s)
-        raise ValueError(f"cell {self.target.name}: unknown probe source {self.target.source!r} (vllm or gie)")
+            resp, readings = await self._vllm(timeout_s)
+        elif self.target.source == "gie":
+            resp, readings = await self._gie(timeout_s)
+        else:
+            raise ValueError(f"cell {self.target.name}: unknown probe source {self.target.source!r} (vllm or gie)")
+        if self._model is not None:
+            await self._model.update(self.clock(), resp.rif, readings)
+            resp.model.CopyFrom(self._model.message())
+        return resp
 
-    async def _vllm(self, timeout_s: float) -> probe_pb2.ProbeResponse:
+    async def _vllm(self, timeout_s: float) -> tuple[probe_pb2.ProbeResponse, dict[str, Mapping[str, tuple[float, float]]]]:
         addresses = self.target.scrape
         if self._last is None:
             self._last = [None] * len(addresses)
+            self._batch = [0.0] * len(addresses)
         results = await asyncio.gather(*(scrape_vllm(a, timeout_s) for a in addresses), return_exceptions=True)
+        readings = {}
         for i, r in enumerate(results):
             if isinstance(r, ScrapeSlow):
                 continue  # busy, not dead: keep its last figures (dlb.probe.scrape.scrape_vllm)
@@ -140,9 +217,15 @@ class ForeignProber:
                 self._last[i] = None
             else:
                 self._last[i] = r
-        return vllm_answer(self.target.name, self._last, self._failed)
+                if r.latency is not None:
+                    readings[addresses[i]] = r.latency
+                if r.running is not None and (r.waiting or 0.0) > 0 and r.running > self._batch[i]:
+                    self._batch[i] = r.running
+        if self._model is not None and min(self._batch) > 0:
+            self._model.estimator.set_knee(sum(self._batch))  # the knee the fit shrinks toward, as a leaf's
+        return vllm_answer(self.target.name, self._last, self._failed), readings
 
-    async def _gie(self, timeout_s: float) -> probe_pb2.ProbeResponse:
+    async def _gie(self, timeout_s: float) -> tuple[probe_pb2.ProbeResponse, dict[str, Mapping[str, tuple[float, float]]]]:
         try:
             body = await http_get(self.target.scrape[0], "/metrics", timeout_s)
         except (TimeoutError, OSError) as e:
@@ -154,4 +237,4 @@ class ForeignProber:
                 if d_req > 0 and d_err >= 0:  # a counter going down is a restarted EPP: a new baseline
                     self._error_ema += ERROR_EMA_ALPHA * (min(1.0, d_err / d_req) - self._error_ema)
             self._counters = (pool.requests, pool.errors)
-        return gie_answer(self.target.name, pool, self._error_ema)
+        return gie_answer(self.target.name, pool, self._error_ema), {self.target.scrape[0]: pool.latency}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Mapping
 from typing import NamedTuple
 
 
@@ -55,10 +56,14 @@ class Scrape(NamedTuple):
     kv_usage: float | None
     admit_limit: float | None = None  # a DP rank's running-slot bound (dlb_dp_max_num_seqs)
     kv_tokens: float | None = None  # resident KV tokens (dlb_dp_kv_tokens, or vLLM usage × cache size)
+    #: ``vllm:e2e_request_latency_seconds``: series labels → (sum, count) since the server started.
+    latency: Mapping[str, tuple[float, float]] | None = None
 
 
 FAILED = Scrape(None, None, None)
 _CACHE_LABEL = re.compile(r'(num_gpu_blocks|block_size)="(\d+)"')
+#: A line of vLLM's whole-request latency histogram's sum or count: (which, labels, value).
+_E2E = re.compile(r"vllm:e2e_request_latency_seconds_(sum|count)(\{[^}]*\})?\s+(\S+)")
 
 
 class ScrapeSlow(Exception):
@@ -66,13 +71,11 @@ class ScrapeSlow(Exception):
 
 
 async def scrape_vllm(address: str, timeout_s: float) -> Scrape:
-    """A :class:`Scrape` of ``http://address/metrics``: the counts summed over label sets, the usage the
-    largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``), a DP rank's admission
-    bound and resident KV tokens if it exports them (vLLM: usage × ``cache_config_info``'s blocks × block
-    size); all None when the server is unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow`
-    when it connected but answered too late: a loaded server (or a loaded box) is slow to render
-    ``/metrics``, and reading that as "down" took whole healthy cells offline (two slow scrapes per
-    server made the leaf report 0 healthy replicas, and the roots drop such a cell).
+    """A :class:`Scrape` of ``http://address/metrics`` (:func:`parse_vllm`); all None when the server is
+    unreachable (refused, reset, not HTTP 200). Raises :class:`ScrapeSlow` when it connected but answered
+    too late: a loaded server (or a loaded box) is slow to render ``/metrics``, and reading that as "down"
+    took whole healthy cells offline (two slow scrapes per server made the leaf report 0 healthy replicas,
+    and the roots drop such a cell).
 
     A tiny HTTP/1.0 GET on asyncio streams (:func:`http_get`): no client library on the leaf, and nothing blocks.
     """
@@ -82,9 +85,22 @@ async def scrape_vllm(address: str, timeout_s: float) -> Scrape:
         raise ScrapeSlow(address) from None
     except (OSError, ValueError):
         return FAILED
+    return parse_vllm(text.decode("utf-8", "replace"))
+
+
+def parse_vllm(text: str) -> Scrape:
+    """A server's figures from its Prometheus text: the counts summed over label sets, the usage the
+    largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``), a DP rank's admission
+    bound and resident KV tokens if it exports them (vLLM: usage × ``cache_config_info``'s blocks × block
+    size), and its whole-request latency histogram's (sum, count) per series."""
     running = waiting = kv = limit = kv_tokens = cache = None
-    for line in text.decode("utf-8", "replace").splitlines():
-        if line.startswith("vllm:num_requests_running"):
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:e2e_request_latency_seconds_"):
+            if m := _E2E.match(line):
+                (sums if m[1] == "sum" else counts)[m[2] or ""] = float(m[3])
+        elif line.startswith("vllm:num_requests_running"):
             running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
         elif line.startswith("vllm:num_requests_waiting"):
             waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
@@ -100,6 +116,7 @@ async def scrape_vllm(address: str, timeout_s: float) -> Scrape:
                 cache = float(fields["num_gpu_blocks"]) * float(fields["block_size"])
     if kv_tokens is None and cache is not None and kv is not None:
         kv_tokens = kv * cache
+    latency = {k: (sums[k], counts[k]) for k in sums.keys() & counts.keys()} or None
     if running is None and waiting is None:
-        return Scrape(0.0, 0.0, None, limit, kv_tokens)  # reachable, but no vLLM gauges: "no extra load known"
-    return Scrape(running, waiting, kv, limit, kv_tokens)
+        return Scrape(0.0, 0.0, None, limit, kv_tokens, latency)  # reachable, but no vLLM gauges: "no extra load known"
+    return Scrape(running, waiting, kv, limit, kv_tokens, latency)

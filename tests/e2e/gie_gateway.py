@@ -4,14 +4,16 @@ pool's server with the fewest in flight, and its endpoint picker's ``/metrics`` 
 The pool figures are measured, not set: every 0.1 s the servers' own vLLM ``/metrics`` are read and
 averaged (``inference_pool_average_queue_size``, ``…_kv_cache_utilization``, ``inference_pool_ready_pods``:
 the pool averages llm-d's multi-cluster hub ranks clusters by), and ``/metrics`` answers from that, as GIE's
-EPP does, with the requests this gateway has in flight and its counters (``inference_objective_*``). A
-slowed server so shows up as the EPP would show it.
+EPP does, with the requests this gateway has in flight, its counters and its request-duration histogram
+(``inference_objective_*``, each request timed here as the EPP times it). A slowed server so shows up as
+the EPP would show it.
 """
 
 from __future__ import annotations
 
 import http.client
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +29,7 @@ class GieGateway:
         self.servers, self.model = servers, model
         self.inflight = dict.fromkeys(servers, 0)
         self.requests = self.errors = 0
+        self.duration_sum, self.duration_count = 0.0, 0
         self.lock = threading.Lock()
         self.data = ThreadingHTTPServer(("127.0.0.1", 0), self._data_handler())
         self.metrics = ThreadingHTTPServer(("127.0.0.1", 0), self._metrics_handler())
@@ -61,6 +64,7 @@ class GieGateway:
             self.inflight[server] += 1
             self.requests += 1
         status = 502
+        started = time.monotonic()
         try:
             host, port = server.rsplit(":", 1)
             conn = http.client.HTTPConnection(host, int(port), timeout=120)
@@ -74,6 +78,9 @@ class GieGateway:
             with self.lock:
                 self.inflight[server] -= 1
                 self.errors += status >= 500
+                if status < 500:
+                    self.duration_sum += time.monotonic() - started
+                    self.duration_count += 1
 
     def _refresh(self) -> None:
         while not self.stopping.wait(0.1):
@@ -97,6 +104,7 @@ class GieGateway:
         n = len(waiting)
         with self.lock:
             running, requests, errors = sum(self.inflight.values()), self.requests, self.errors
+            d_sum, d_count = self.duration_sum, self.duration_count
         pool, obj = 'name="pool"', f'model_name="{self.model}",target_model_name="{self.model}"'
         return "".join([
             "# TYPE inference_pool_average_queue_size gauge\n", f"inference_pool_average_queue_size{{{pool}}} {sum(waiting) / n if n else 0.0}\n",
@@ -105,7 +113,11 @@ class GieGateway:
             "# TYPE inference_pool_ready_pods gauge\n", f"inference_pool_ready_pods{{{pool}}} {n}\n",
             "# TYPE inference_objective_running_requests gauge\n", f"inference_objective_running_requests{{{obj}}} {running}\n",
             "# TYPE inference_objective_request_total counter\n", f"inference_objective_request_total{{{obj}}} {requests}\n",
-            "# TYPE inference_objective_request_error_total counter\n", f"inference_objective_request_error_total{{{obj}}} {errors}\n"])
+            "# TYPE inference_objective_request_error_total counter\n", f"inference_objective_request_error_total{{{obj}}} {errors}\n",
+            "# TYPE inference_objective_request_duration_seconds histogram\n",
+            f'inference_objective_request_duration_seconds_bucket{{{obj},le="+Inf"}} {d_count}\n',
+            f"inference_objective_request_duration_seconds_sum{{{obj}}} {d_sum}\n",
+            f"inference_objective_request_duration_seconds_count{{{obj}}} {d_count}\n"])
 
     def _data_handler(self) -> type[BaseHTTPRequestHandler]:
         gw = self

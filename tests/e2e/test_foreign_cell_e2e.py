@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Self
 
 import pytest
 import yaml
@@ -66,15 +67,33 @@ def _set_faults(emus: list[EmulatorProcess], **faults: float) -> None:
         urllib.request.urlopen(req, timeout=5).read()
 
 
-class Load:
+class Threads:
+    """Daemon threads started on ``with`` and stopped (``_stop`` set, joined) on leaving it."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> Self:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(70)
+
+
+class Load(Threads):
     """``CLIENTS`` threads sending chats back to back, and the root's decisions per cell read every 0.5 s."""
 
     def __init__(self, host: str, port: int, root_metrics: str) -> None:
+        super().__init__()
         self.host, self.port, self.root_metrics = host, port, root_metrics
         self.decisions: list[tuple[float, dict[str, float]]] = []
         self.errors: list[int] = []
         self.served = 0
-        self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(CLIENTS)]
         self._threads.append(threading.Thread(target=self._sample, daemon=True))
 
@@ -92,16 +111,6 @@ class Load:
             text = urllib.request.urlopen(self.root_metrics, timeout=5).read().decode()
             counts = {c: float(v) for c, v in re.findall(r'dlb_root_decisions_total\{cell="(\w+)",endpoint="chat"\} (\S+)', text)}
             self.decisions.append((time.monotonic(), counts))
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(70)
 
     def share(self, cell: str, since: float, until: float) -> tuple[float, int]:
         """The fraction of the root's decisions in [since, until] that chose ``cell``, and how many there were."""
@@ -169,9 +178,9 @@ def check_lost_share(results: dict[str, dict], load: Load) -> None:
     assert not load.errors, f"{len(load.errors)} requests failed: {sorted(set(load.errors))}"
 
 
-def start_emulators(cells: tuple[str, ...]) -> dict[str, list[EmulatorProcess]]:
+def start_emulators(cells: tuple[str, ...], max_batch: int = 8) -> dict[str, list[EmulatorProcess]]:
     """Two emulated servers per cell, started side by side (a loaded box takes ~10 s for each Python start-up)."""
-    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=8, time_scale=TIME_SCALE)
+    emus = {cell: [EmulatorProcess(startup_timeout=120, server_id=f"{cell}/{k}", profile="fast-test", max_batch=max_batch, time_scale=TIME_SCALE)
                    for k in range(2)] for cell in cells}
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(EmulatorProcess.start, [e for es in emus.values() for e in es]))

@@ -13,7 +13,7 @@ def test_scrape_tells_a_slow_server_from_an_unreachable_one():
     unreachable (all None)."""
     import asyncio
 
-    from dlb.probe.scrape import ScrapeSlow, scrape_vllm
+    from dlb.probe.scrape import Scrape, ScrapeSlow, scrape_vllm
     from dlb.procutil import free_port
 
     async def scenario() -> None:
@@ -28,6 +28,6 @@ def test_scrape_tells_a_slow_server_from_an_unreachable_one():
                 await scrape_vllm(f"127.0.0.1:{port}", 0.1)
         finally:
             server.close()
-        assert await scrape_vllm(f"127.0.0.1:{free_port()}", 0.5) == (None,) * 5
+        assert await scrape_vllm(f"127.0.0.1:{free_port()}", 0.5) == (None,) * len(Scrape._fields)
 
     asyncio.run(scenario())

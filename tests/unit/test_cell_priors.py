@@ -107,3 +107,9 @@ def test_a_root_that_follows_xds_gets_each_cells_prior_from_the_routing_policy()
     bad.latency_prior_by_cell["near"].s = -1
     with pytest.raises(dr.ResourceError, match=r"latency_prior_by_cell\['near'\]"):
         specs_from_policies({"chat": bad})
+
+
+def test_a_foreign_cells_model_shrinks_toward_the_roots_prior_for_that_cell():
+    """The root hands its probe client the first endpoint's prior per cell, the one a leaf there would use."""
+    svc = RootService.from_config(config_from_dict(doc({"far": {"a_s": 2.0}})), "near")
+    assert svc.cell_prior("far").a == 2.0 and svc.cell_prior("near").a == 0.1

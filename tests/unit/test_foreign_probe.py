@@ -4,18 +4,28 @@ says where they are.
 Rules: a GIE/llm-d endpoint picker's pool figures are read under every release's metric names; RIF is
 its running requests (else average queue × ready pods), replicas its ready pods, 0 ready pods means
 "do not send"; a vLLM cell's RIF is Σ running + waiting over the servers that answered; a cell whose
-metrics say nothing is a failed probe (ValueError), never an idle cell.
+metrics say nothing is a failed probe (ValueError), never an idle cell; the whole-request latency
+histograms are read per series and fitted into a model that stays at confidence 0 until it has samples.
 """
 
 from __future__ import annotations
+
+import asyncio
+import random
 
 import pytest
 from test_config import minimal
 
 from dlb.config import ConfigError, config_from_dict
+from dlb.core.estimator import EstimatorConfig, LatencyEstimator
+from dlb.core.fit import MIN_PRIOR_SAMPLES, MIN_SAMPLES
+from dlb.core.foreign_latency import IntervalLatency
+from dlb.core.latency_model import LatencyParams, latency
 from dlb.envoy.bootstrap import root_bootstrap
-from dlb.probe.foreign import gie_answer, parse_pool, vllm_answer
-from dlb.probe.scrape import Scrape
+from dlb.probe import foreign
+from dlb.probe.foreign import FOREIGN_ESTIMATOR, ForeignModel, gie_answer, parse_pool, vllm_answer
+from dlb.probe.scrape import Scrape, parse_vllm
+from dlb.probe.target import ProbeTarget
 
 #: Written from GIE's metrics guide (site-src/guides/metrics.md): one pool, two models.
 GIE_TEXT = """\
@@ -69,6 +79,44 @@ def test_vllm_cell_sums_the_servers_that_answered() -> None:
         vllm_answer("far", [None, Scrape(None, None, None)], 0)
 
 
+def test_the_whole_request_latency_histograms_are_read_per_series() -> None:
+    """vLLM's ``vllm:e2e_request_latency_seconds`` per model; the EPP's ``…request_duration_seconds`` under
+    GIE's model and objective names (written from GIE's metrics testdata and vLLM's metrics design doc)."""
+    vllm = ('vllm:num_requests_running{model_name="m"} 2\n'
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 4.0\n'
+            'vllm:e2e_request_latency_seconds_count{model_name="m"} 4.0\n'
+            'vllm:e2e_request_latency_seconds_sum{model_name="m"} 10.5\n'
+            'vllm:e2e_request_latency_seconds_created{model_name="m"} 1.7e9\n')
+    assert parse_vllm(vllm).latency == {'{model_name="m"}': (10.5, 4.0)}
+    assert parse_vllm("vllm:num_requests_running 1\n").latency is None
+    for prefix in ("inference_model_", "inference_objective_"):
+        text = GIE_TEXT + "".join(
+            f"# TYPE {prefix}request_duration_seconds histogram\n"
+            f'{prefix}request_duration_seconds_bucket{{model_name="{m}",target_model_name="{m}",le="+Inf"}} {n}\n'
+            f'{prefix}request_duration_seconds_sum{{model_name="{m}",target_model_name="{m}"}} {total}\n'
+            f'{prefix}request_duration_seconds_count{{model_name="{m}",target_model_name="{m}"}} {n}\n'
+            for m, total, n in (("llama", 1.61, 2), ("qwen", 0.12, 1)))
+        pool = parse_pool(text)
+        assert sorted(pool.latency.values()) == [(0.12, 1.0), (1.61, 2.0)] and pool.running == 14.0
+
+
+def test_a_foreign_model_reports_the_prior_at_confidence_0_until_intervals_with_completions_arrive() -> None:
+    """Confidence 0 makes the root keep its own curve for the cell (RootRouter.on_probe); from
+    MIN_PRIOR_SAMPLES intervals on, the model is measured from them, as a leaf's is: a 3-s cell, 1-s prior."""
+    prior = LatencyParams(1.0, 0.05, 8.0, 1.0)
+    model = ForeignModel(LatencyEstimator(prior, rng=random.Random(0)))
+
+    async def feed(t0: int, n: int) -> None:
+        for t in range(t0, t0 + n):
+            await model.update(float(t), 4.0, {"srv": {"": (3.0 * t, float(t))}})
+
+    asyncio.run(feed(0, MIN_PRIOR_SAMPLES))  # the first reading is a baseline: one interval short
+    assert model.message().confidence == 0.0 and model.message().a_s == pytest.approx(1.0, rel=0.06)
+    asyncio.run(feed(MIN_PRIOR_SAMPLES, 20))
+    m = model.message()
+    assert m.confidence > 0 and m.samples >= MIN_SAMPLES and 2.6 < float(latency(4.0, m.a_s, m.b_s, m.c, m.s)) < 3.4
+
+
 def _foreign(**leaf: object) -> dict:
     data = minimal()
     data["cells"][0]["root"] = {"address": "127.0.0.1:10000", "ext_proc": "127.0.0.1:18080"}
@@ -102,3 +150,41 @@ def test_foreign_cell_mistakes_name_the_field(leaf: dict, path: str, says: str) 
     with pytest.raises(ConfigError) as info:
         config_from_dict(_foreign(**leaf))
     assert any(p.path == path and says in p.reason for p in info.value.problems), info.value.problems
+
+
+def _slowed_unloaded_latency(config: EstimatorConfig) -> float:
+    """ℓ(1) fitted 30 s after a cell read every 0.1 s went from 4 completions a second at 1 s to 0.2 a
+    second at up to 20 s (the root moved away; its own users' requests finish slowly)."""
+    rng = random.Random(0)
+    est, il = LatencyEstimator(LatencyParams(1.0, 0.05, 8.0, 1.0), config, random.Random(0)), IntervalLatency()
+    total = count = 0.0
+    for k in range(900):
+        t = k / 10
+        done = (rng.random() < 0.4) if t < 60 else (rng.random() < 0.02)
+        total, count = total + done * (rng.uniform(0.9, 1.1) if t < 60 else min(20.0, t - 59)), count + done
+        if (s := il.observe(t, 4.0, {"srv": {"": (total, count)}})) is not None:
+            est.record(s.t, s.rif, s.latency_s)
+        if est.refit_due(t):
+            est.refit(t, il.in_flight(t, 4.0))
+    return float(latency(1.0, est.params.a, est.params.b, est.params.c, est.params.s))
+
+
+def test_a_foreign_cells_model_follows_a_slowdown_its_completions_dwindled_in() -> None:
+    """Why FOREIGN_ESTIMATOR's shorter memory: the leaf's keeps the fast curve 30 s into a 20× slowdown."""
+    assert _slowed_unloaded_latency(FOREIGN_ESTIMATOR) > 10.0
+    assert _slowed_unloaded_latency(EstimatorConfig()) < 2.0
+
+
+def test_a_vllm_cells_knee_is_measured_as_a_leaf_measures_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Σ over servers of the most each ran while requests waited, once every server has shown one."""
+    answers = {"s1": [Scrape(2.0, 1.0, 0.1), Scrape(2.0, 1.0, 0.1)], "s2": [Scrape(3.0, 0.0, 0.1), Scrape(3.0, 2.0, 0.1)]}
+
+    async def scrape(address: str, timeout_s: float) -> Scrape:
+        return answers[address].pop(0)
+
+    monkeypatch.setattr(foreign, "scrape_vllm", scrape)
+    prober = foreign.ForeignProber(ProbeTarget(1, "far", "s1", source="vllm", scrape=("s1", "s2")), LatencyParams(1.0, 0.05, 8.0, 1.0))
+    asyncio.run(prober(1.0))
+    assert prober._model is not None and prober._model.estimator.knee is None
+    resp = asyncio.run(prober(1.0))
+    assert prober._model.estimator.knee == 5.0 and resp.rif == 8.0 and resp.HasField("model")
