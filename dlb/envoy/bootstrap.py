@@ -210,9 +210,9 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
 #: The root's check of each leaf replica (:func:`_leaf_replica_health`): how long it waits for the leaf
 #: Envoy's own answer, and how many late answers in a row take the replica out. The answer comes from
 #: the leaf Envoy's event loop, not from a server, so a cell's load does not delay it; only a starved
-#: or stopped Envoy does. 1 s is over 5 times the slowest answer measured from a live leaf Envoy under
-#: load on a busy 2-core box (tests/e2e/test_leaf_replicas_e2e.py), and two in a row keep one stall from
-#: ejecting a replica: a frozen one is out within interval + 2 x timeout + interval, about 3 s.
+#: or stopped Envoy does. The slowest answer measured from a live leaf Envoy under load on a busy 2-core
+#: box (load 3-4, tests/e2e/test_leaf_replicas_e2e.py) was 25 ms, so 1 s is 40 times that; two in a row
+#: keep one stall of the box from ejecting a live replica. A frozen one is out in about 3 s (measured).
 LEAF_CHECK_TIMEOUT_S = 1.0
 LEAF_CHECK_UNHEALTHY_THRESHOLD = 2
 

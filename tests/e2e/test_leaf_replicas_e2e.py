@@ -13,11 +13,12 @@ Properties are counted outcomes; waits are bounded polls.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from bounded_wait import until
@@ -78,6 +79,35 @@ def _ask(plane: DataPlane, tokens: int, out: list[tuple[int, str]]) -> None:
         out.append((0, repr(e)))
 
 
+def _open_loop(stop: threading.Event, send: Callable[[], None], period_s: float) -> None:
+    """``send`` in a thread of its own every ``period_s`` until ``stop``; then wait for all of them."""
+    threads = []
+    while not stop.is_set():
+        t = threading.Thread(target=send)
+        t.start()
+        threads.append(t)
+        time.sleep(period_s)
+    for t in threads:
+        t.join(60)
+
+
+@contextlib.contextmanager
+def _both_serving(plane: DataPlane, stop: threading.Event, *loops: Callable[[], None]) -> Iterator[None]:
+    """Run ``loops`` (each until ``stop``) in threads; the body runs once both replicas have served a
+    second under them; then stop and wait for the loops."""
+    threads = [threading.Thread(target=f) for f in loops]
+    for t in threads:
+        t.start()
+    try:
+        until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both replicas serving under load", timeout=30)
+        time.sleep(1.0)
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(90)
+
+
 def test_both_replicas_serve_and_the_root_sums_their_rif(plane: DataPlane) -> None:
     results: list[tuple[int, str]] = []
     threads = [threading.Thread(target=_ask, args=(plane, 300, results)) for _ in range(8)]
@@ -108,34 +138,18 @@ def test_killing_one_replica_under_load_loses_nothing_not_yet_answering(plane: D
     usable: list[float | None] = []
 
     def load() -> None:
-        threads = []
-        while not stop.is_set():
-            t = threading.Thread(target=_ask, args=(plane, 40, results))
-            t.start()
-            threads.append(t)
-            time.sleep(0.04)  # ~25 req/s, each ~0.4 s
-        for t in threads:
-            t.join(60)
+        _open_loop(stop, lambda: _ask(plane, 40, results), 0.04)  # ~25 req/s, each ~0.4 s
 
     def watch() -> None:
         while not stop.is_set():
             usable.append(_root(plane, "dlb_root_cell_usable", endpoint="chat", cell="a"))
             time.sleep(0.1)
 
-    loaders = [threading.Thread(target=load), threading.Thread(target=watch)]
-    for t in loaders:
-        t.start()
-    try:
-        until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both replicas serving under load", timeout=30)
-        time.sleep(1.0)
+    with _both_serving(plane, stop, load, watch):
         plane.more_leaf_envoys["a"][0].proc.kill()  # one replica dies whole: its Envoy and its agent
         plane.more_leaves["a"][0].proc.kill()
         killed_at = len(results)
         time.sleep(4.0)
-    finally:
-        stop.set()
-        for t in loaders:
-            t.join(90)
     failed = [r for r in results if r[0] != 200]
     assert len(results) - killed_at >= 50, "too little traffic after the kill to mean anything"
     assert failed == [], f"{len(failed)} of {len(results)} failed: {failed[:5]}"
@@ -214,14 +228,7 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
         sent.append((t0, time.monotonic() - t0, *out[0]))
 
     def load() -> None:
-        threads = []
-        while not stop.is_set():
-            t = threading.Thread(target=ask)
-            t.start()
-            threads.append(t)
-            time.sleep(0.067)  # ~15 req/s, each ~0.2 s: the two servers' steady state, not a growing queue
-        for t in threads:
-            t.join(60)
+        _open_loop(stop, ask, 0.067)  # ~15 req/s, each ~0.2 s: the two servers' steady state, not a growing queue
 
     def checks() -> None:
         while not stop.is_set():
@@ -232,12 +239,7 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
         _, out = hosts_out(plane.root_envoy.admin_get("/clusters?format=json"), cell.cluster_name)
         return f"{stopped.host}:{stopped.port}" in out
 
-    loaders = [threading.Thread(target=load), threading.Thread(target=checks)]
-    for t in loaders:
-        t.start()
-    try:
-        until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both replicas serving under load", timeout=30)
-        time.sleep(1.0)
+    with _both_serving(plane, stop, load, checks):
         for p in procs:
             os.kill(p.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
@@ -251,10 +253,6 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
         thawed_at = time.monotonic()
         until(lambda: not out_of_rotation(), "the thawed replica back in rotation", timeout=10, period=0.05)
         time.sleep(2.0)
-    finally:
-        stop.set()
-        for t in loaders:
-            t.join(90)
     failed = [s for s in sent if s[2] != 200]
     during = [s for s in sent if frozen_at <= s[0] < thawed_at]
     hung = [s for s in during if s[1] > 2.0]  # a 20-token answer takes ~0.2 s
