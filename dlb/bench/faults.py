@@ -642,7 +642,8 @@ def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("policy", "fault", "mode", "outage_s", "runs", *SPREAD, "verdict")
+    cols = ("policy", "fault", "mode", "outage_s", "runs", *SPREAD, *(["stall_window_s"] if any("stall_window_s" in r for r in rows) else []),
+            "verdict")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("/".join(map(str, r[c])) if isinstance(r.get(c), list) else str(r.get(c)) for c in cols) + " |"
               for r in rows]
