@@ -230,9 +230,12 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
     def load() -> None:
         _open_loop(stop, ask, 0.067)  # ~15 req/s, each ~0.2 s: the two servers' steady state, not a growing queue
 
+    usable: list[float | None] = []
+
     def checks() -> None:
         while not stop.is_set():
             check_s.append(_check_latency((live.host, live.port)))
+            usable.append(_root(plane, "dlb_root_cell_usable", endpoint="chat", cell="a"))
             time.sleep(0.05)
 
     def out_of_rotation() -> bool:
@@ -265,3 +268,7 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
     assert late == [], f"{len(late)} requests sent after the detection still waited on the frozen replica: {late[:5]}"
     assert failed == [], f"{len(failed)} of {len(sent)} failed: {failed[:5]}"
     assert max(check_s) < 0.2, f"a live leaf Envoy answered the check in {max(check_s):.3f} s (timeout 1 s)"
+    # A frozen agent's probes time out: it leaves the aggregate, not the cell, which the root never lost.
+    assert usable and all(u == 1.0 for u in usable), f"cell a not usable at some point: {usable}"
+    if "agent" in frozen:
+        assert _counter(plane.root_metrics(), "dlb_root_probe_errors", cell="a") >= 1
