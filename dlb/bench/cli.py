@@ -96,7 +96,7 @@ def _faults(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outage-s", type=float, default=10.0, help="how long the fault lasts, in seconds (default 10)")
     p.add_argument("--after-s", type=float, default=15.0, help="traffic after the restore (recovery is measured here)")
     p.add_argument("--duration", type=float, default=None, help="seconds of traffic per run (sets --after-s to what is left)")
-    p.add_argument("--policy", default="Disc-RIF", help="comma-separated DLB policies, one set of rows each (default Disc-RIF)")
+    p.add_argument("--policy", default="Disc-RIF", help="comma-separated DLB policies or operator baselines, rows for each (default Disc-RIF)")
     p.add_argument("--runs", type=int, default=3, help="runs per row, reported as min/median/max (default 3)")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per chat and short stream (long streams: ~3.5 s)")
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")

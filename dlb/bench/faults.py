@@ -36,7 +36,13 @@ root Envoy is the client's own connection); with two root Envoys sharing the add
 (``root_envoy_replica``, one killed) no request sent after the kill may fail. ``control_plane_replica``
 kills the first of two control-plane replicas, the one the services follow: ``failed == 0``.
 ``leaf_replica_kill`` gives every cell two leaf replicas and kills one of cell ``a``'s (its Envoy and its
-agent): no failure but streams whose answer had started on it, as for the leaf Envoy. ``policy`` is the endpoint's DLB policy (``--policy``);
+agent): no failure but streams whose answer had started on it, as for the leaf Envoy. ``leaf_replica_freeze``
+SIGSTOPs that replica instead (it still accepts connections): ``failed == 0`` (what it held waits for it,
+``stalled``) and no request sent more than :data:`FREEZE_DETECT_S` after the freeze waits for it
+(``stall_window_s``: the root's detection). ``policy`` is the endpoint's DLB policy (``--policy``) or an
+operator baseline (``lr-global``, ``locality-failover``, ``hub-score``: flow endpoints with that ``weights``
+plugin, run as ``dlb up`` runs it — no root service, the root Envoy configured by the control plane; a row
+that kills the root service is skipped, saying so);
 with ``--runs N`` each row is run N times (seeds ``seed`` … ``seed + N - 1``) and reported as
 min/median/max of its counts, passing only if every run passes.
 """
@@ -58,12 +64,18 @@ from typing import Any
 from dlb.bench import harness
 from dlb.errors import UsageError
 
+#: Faults an operator baseline has no part for, and why its rows are skipped (stated in the output).
+BASELINE_SKIP = {"root_service": "no root service runs under an operator baseline (Envoy alone routes)"}
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
 FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "control_plane",
-          "control_plane_replica", "root_envoy", "root_envoy_replica", "cell_overload", "leaf_replica_kill")
+          "control_plane_replica", "root_envoy", "root_envoy_replica", "cell_overload", "leaf_replica_kill", "leaf_replica_freeze")
 MODES = ("ext_proc", "least_request")
-NO_FAILURE_TARGET = {"root_service", "control_plane", "control_plane_replica", "leaf_agent_kill", "leaf_agent_freeze"}
+NO_FAILURE_TARGET = {"root_service", "control_plane", "control_plane_replica", "leaf_agent_kill", "leaf_agent_freeze", "leaf_replica_freeze"}
+#: The faults that give every cell two leaf replicas (one of cell ``a``'s fails).
+REPLICA_FAULTS = ("leaf_replica_kill", "leaf_replica_freeze")
+#: A frozen leaf replica must be out of the root's rotation within this long (its health check's budget).
+FREEZE_DETECT_S = 4.0
 #: Outages longer than ``--outage-s`` where the issue asks for one: a leaf agent frozen for 20 s.
 OUTAGE_S = {"leaf_agent_freeze": 20.0}
 WINDOW_TARGET = {"server", "cell"}
@@ -295,6 +307,13 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
             plane.more_leaves["a"][0] = plane._restart(plane.more_leaves["a"][0])
             plane.more_leaf_envoys["a"][0].start()
         return kill_replica, restart_replica
+    if fault == "leaf_replica_freeze":  # SIGSTOP: it still accepts connections, answers nothing
+        def signal_replica(sig: signal.Signals) -> Callable[[], None]:
+            def send() -> None:
+                for p in (plane.more_leaf_envoys["a"][0], plane.more_leaves["a"][0]):
+                    os.kill(p.pid, sig)
+            return send
+        return signal_replica(signal.SIGSTOP), signal_replica(signal.SIGCONT)
     if fault == "root_envoy_replica":  # one of the two root Envoys sharing the root address
         return (lambda: plane.more_root_envoys[0].proc.kill()), (lambda: plane.more_root_envoys[0].start() and None)
     raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
@@ -340,6 +359,15 @@ def summarise(samples: list[Sample], fault: str, mode: str, rate: float, fault_a
     return row
 
 
+def stalls(samples: list[Sample], fault_at: float, restore_at: float) -> dict[str, Any]:
+    """For a freeze: ``stalled``, requests sent during it that waited for it to end (sent early enough
+    that even a long stream would have ended before the restore, and ended after it); ``stall_window_s``,
+    how long after the fault the last of them was sent — until then the root still sent new requests to
+    the frozen part, i.e. its detection time (0 if none waited)."""
+    early = [s for s in samples if fault_at <= s.sent < restore_at - LONG_STREAM_S - 1.0 and s.done > restore_at]
+    return {"stalled": len(early), "stall_window_s": round(max(s.sent for s in early) - fault_at, 3) if early else 0.0}
+
+
 def _count(values: Any) -> dict[Any, int]:
     out: dict[Any, int] = {}
     for v in values:
@@ -348,7 +376,8 @@ def _count(values: Any) -> dict[Any, int]:
 
 
 #: The verdict rule of every row, as the results file states it.
-VERDICT_RULE = ("0 failed requests (root service, control plane or one replica, leaf agent faults), 0 but streams "
+VERDICT_RULE = ("0 failed requests (root service, control plane or one replica, leaf agent faults, a frozen leaf replica, whose "
+               f"new requests stop going to it within {FREEZE_DETECT_S:g} s), 0 but streams "
                 "already answering (leaf Envoy, one of two leaf replicas), 0 sent after the kill (one of two root Envoys), new requests failing for "
                 "<= 1 s (cell and server faults), >= 99 % served and every server "
                 "kept by its leaf Envoy (cell overload), recovered within 10 s")
@@ -368,6 +397,8 @@ def verdict(row: dict[str, Any]) -> str:
             why.append(f"{row['failed']} of {row['sent']} failed (target <= 1 %)")
         if row.get("envoy_min_healthy") is not None and row["envoy_min_healthy"] < row.get("servers_a", row["envoy_min_healthy"]):
             why.append(f"the leaf Envoy kept only {row['envoy_min_healthy']} servers")
+    if row.get("stall_window_s") is not None and row["stall_window_s"] > FREEZE_DETECT_S:
+        why.append(f"new requests waited on the frozen replica for {row['stall_window_s']} s after the freeze (target <= {FREEZE_DETECT_S:g})")
     if row["fault"] == "root_envoy_replica" and row["failed_new"] > 0:
         why.append(f"{row['failed_new']} requests sent after the kill failed (target 0: only those in flight on it)")
     if row["fault"] in WINDOW_TARGET and row["new_fail_window_s"] > 1.0:
@@ -443,9 +474,10 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     ``cells``: servers per cell (``a``, ``b``, ``c``, … at :data:`ONE_WAY_MS` from ``a``). The emulated
     servers run ``time_scale`` times slower than :data:`PROFILE`, so a 3.5-s stream is ~150 tokens
     rather than ~600 (this shared box's CPU, not the servers, would otherwise be what is measured).
-    The control-plane fault runs on a stack with a control plane (leaf agents and root under ``--xds``).
+    The control-plane faults and the operator baselines run on a stack with a control plane (leaf agents and
+    root under ``--xds``; a baseline's root Envoy over ADS).
     """
-    from dlb.testbed.stack import CellSpec, metric_value, start_data_plane
+    from dlb.testbed.stack import CellSpec, start_data_plane
 
     rate, fault_at_s, outage_s, after_s = load.rate, load.fault_at_s, load.outage_s, load.after_s
     max_tokens, seed, cells, time_scale = load.max_tokens, load.seed, load.cells, load.time_scale
@@ -454,9 +486,15 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     # Disc-RIF by default: with 3.5-s streams in the mix a latency-cost root herds (a cell that served
     # long streams looks slow, all traffic goes elsewhere, and back), so recover_s of latency policies
     # measures that herding as much as the fault.
+    from dlb.config.model import OPERATOR_BASELINES
     from dlb.core.router import PolicyConfig
 
-    pc = PolicyConfig.from_name(load.policy)
+    # An operator baseline is a `weights` plugin over flow endpoints, run as `dlb up` runs it: no root
+    # service, the root Envoy configured by the control plane (hub-score's weights come from there).
+    baseline = load.policy in OPERATOR_BASELINES
+    if baseline and fault in BASELINE_SKIP:
+        raise ValueError(f"{fault} under {load.policy}: {BASELINE_SKIP[fault]}")
+    pc = PolicyConfig.from_name("Flow-RIF" if baseline else load.policy)
     endpoint = {"name": "chat", "match": {"prefix": "/v1/"},
                 # Error aversion at DLB's defaults, as a user gets it.
                 "policy": {"mechanism": pc.mechanism.value, "cost": pc.cost.value},
@@ -471,10 +509,12 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         try:
             plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
                                      probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
-                                     control_plane=fault.startswith("control_plane"),
+                                     control_plane=baseline or fault.startswith("control_plane"),
                                      control_planes=2 if fault == "control_plane_replica" else 1,
                                      root_envoys=2 if fault == "root_envoy_replica" else 1,
-                                     leaf_replicas=2 if fault == "leaf_replica_kill" else 1)
+                                     leaf_replicas=2 if fault in REPLICA_FAULTS else 1,
+                                     plugins=({"type": load.policy},) if baseline else (),
+                                     root_service=not baseline, root_envoy_xds=baseline)
             break
         except (RuntimeError, TimeoutError, OSError):
             # A free port taken by another process between our pick and the child's bind (a shared box:
@@ -482,12 +522,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
             if attempt == 2:
                 raise
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            m = plane.root_metrics()
-            if all(metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c) == 1.0 for c in names):
-                break
-            time.sleep(0.1)
+        _wait_ready(plane, names, baseline)
         host, port = plane.root_url
         mix = request_mix(host, port, max_tokens, long_stream_tokens(time_scale))
         inject, restore = _fault_actions(plane, fault)
@@ -500,18 +535,49 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
             watch.stop()
         row = summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s)
         row["policy"] = load.policy
+        if fault == "leaf_replica_freeze":
+            row.update(stalls(samples, fault_at_s, fault_at_s + outage_s))
+            row["verdict"] = verdict(row)
         if watch.on:
             row["envoy_min_healthy"], row["cell_load"] = watch.min_healthy, watch.mean_load()
             row["servers_a"] = len(plane.emulators["a"])
             row["verdict"] = verdict(row)
         return row
     finally:
+        frozen: list[Any] = []
         if fault == "leaf_agent_freeze":
+            frozen = [plane.leaves["a"]]
+        elif fault == "leaf_replica_freeze":
+            frozen = [*plane.more_leaf_envoys.get("a", [])[:1], *plane.more_leaves.get("a", [])[:1]]
+        for p in frozen:
             try:
-                os.kill(plane.leaves["a"].pid, signal.SIGCONT)  # never leave a stopped child behind
+                os.kill(p.pid, signal.SIGCONT)  # never leave a stopped child behind
             except (OSError, AssertionError):
                 pass
         plane.close()
+
+
+def _wait_ready(plane: Any, names: list[str], baseline: bool, timeout_s: float = 30.0) -> None:
+    """Until the root can use every cell (at most ``timeout_s``): the root service says so, or, with no
+    root service (a baseline), the root Envoy's clusters count every host healthy and a request answers 200."""
+    from dlb.testbed.stack import metric_value, request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not baseline:
+            m = plane.root_metrics()
+            if all(metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c) == 1.0 for c in names):
+                return
+        else:
+            try:
+                stats = plane.root_envoy.stats(r"\.membership_(healthy|total)$")
+                host, port = plane.root_url
+                if all(stats[k] == stats[k.replace("_healthy", "_total")] for k in stats if k.endswith("_healthy")) \
+                        and request(host, port, timeout=5)[0] == 200:
+                    return
+            except OSError:
+                pass
+        time.sleep(0.1)
 
 
 class _CellWatch:
@@ -565,7 +631,7 @@ def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in SPREAD:
         vals = [r[k] for r in runs]
         row[k] = None if any(v is None for v in vals) else [min(vals), statistics.median(vals), max(vals)]
-    for k in ("envoy_min_healthy", "cell_load"):
+    for k in ("envoy_min_healthy", "cell_load", "stalled", "stall_window_s"):
         vals = [r[k] for r in runs if r.get(k) is not None]
         if vals:
             row[k] = [min(vals), statistics.median(vals), max(vals)]
@@ -576,7 +642,8 @@ def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("policy", "fault", "mode", "outage_s", "runs", *SPREAD, "verdict")
+    cols = ("policy", "fault", "mode", "outage_s", "runs", *SPREAD, *(["stall_window_s"] if any("stall_window_s" in r for r in rows) else []),
+            "verdict")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("/".join(map(str, r[c])) if isinstance(r.get(c), list) else str(r.get(c)) for c in cols) + " |"
               for r in rows]
@@ -584,6 +651,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dlb.config.model import OPERATOR_BASELINES
     from dlb.core.router import POLICY_NAMES
 
     faults = args.faults.split(",") if args.faults else list(FAULTS)
@@ -596,9 +664,8 @@ def run(args: argparse.Namespace) -> int:
         if m not in MODES:
             raise UsageError(f"--modes: unknown mode {m!r}; one of {', '.join(MODES)}")
     for pol in policies:
-        if pol not in POLICY_NAMES.values():
-            raise UsageError(f"--policy: unknown policy {pol!r}; one of {', '.join(POLICY_NAMES.values())} "
-                             "(the operator baselines run through `dlb up` and `dlb demo --compare`, not in this bench)")
+        if pol not in (*POLICY_NAMES.values(), *OPERATOR_BASELINES):
+            raise UsageError(f"--policy: unknown policy {pol!r}; one of {', '.join((*POLICY_NAMES.values(), *OPERATOR_BASELINES))}")
     if args.runs < 1:
         raise UsageError(f"--runs: at least 1, got {args.runs}")
     cells = _cells(args.cells)
@@ -612,6 +679,11 @@ def run(args: argparse.Namespace) -> int:
                 if after < 3.0:
                     raise UsageError(f"--duration: {args.duration} s leaves {after:g} s after the {outage:g}-s outage of {f} "
                                      f"(starting at --fault-at-s {args.fault_at_s:g}); at least 3 s are needed to see recovery")
+                if pol in OPERATOR_BASELINES and f in BASELINE_SKIP:
+                    print(f"dlb bench faults: {f} skipped under {pol}: {BASELINE_SKIP[f]}", flush=True)
+                    rows.append({"fault": f, "mode": m, "policy": pol, "outage_s": outage, "runs": 0,
+                                 "verdict": f"skipped: {BASELINE_SKIP[f]}"})
+                    continue
                 runs = []
                 for k in range(args.runs):
                     r = run_one(f, m, FaultLoad(args.rate, args.fault_at_s, outage, after, max_tokens=args.max_tokens, seed=args.seed + k,
@@ -627,7 +699,7 @@ def run(args: argparse.Namespace) -> int:
            "long_stream_tokens": long_stream_tokens(args.time_scale), "mix": {k: w for w, k in MIX},
            "cells": {chr(ord("a") + i): k for i, k in enumerate(cells)}, "rows": rows}
     targets = [harness.Target(f"{r['fault']} ({r['policy']}, {r['mode']}): {VERDICT_RULE}", r["verdict"] == "pass", r["verdict"])
-               for r in rows]
+               for r in rows if r["runs"]]
     return harness.finish(record, out, targets, json_path=args.json)
 
 

@@ -40,6 +40,7 @@ from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2 
 from envoy.extensions.filters.http.credential_injector.v3 import credential_injector_pb2  # noqa: F401  (the root's token)
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
 from envoy.extensions.filters.http.fault.v3 import fault_pb2  # noqa: F401
+from envoy.extensions.filters.http.health_check.v3 import health_check_pb2  # noqa: F401  (the leaf's answer to the roots' check)
 from envoy.extensions.filters.http.lua.v3 import lua_pb2  # noqa: F401  (the leaf's token check)
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2

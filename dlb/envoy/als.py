@@ -20,13 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 from dlb.config.model import Config
-from dlb.envoy.contract import ACCESS_LOG_NAME, LEAF_AGENT_CLUSTER, READY_LISTENER, SRC_CELL
+from dlb.envoy.contract import ACCESS_LOG_NAME, LEAF_AGENT_CLUSTER, LEAF_HEALTH_PATH, READY_LISTENER, SRC_CELL
 from dlb.envoy.health_check import service_health
 
 
 def leaf_access_log(cluster: str = LEAF_AGENT_CLUSTER, flush_ms: float = 5.0) -> dict[str, Any]:
+    """The leaf's gRPC access log, without the roots' health checks of this Envoy: matched on the path,
+    not on Envoy's health-check mark, because the start entry is written before any filter runs."""
     return {
         "name": "envoy.access_loggers.http_grpc",
+        "filter": {"header_filter": {"header": {"name": ":path", "string_match": {"exact": LEAF_HEALTH_PATH}, "invert_match": True}}},
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
             "common_config": {

@@ -38,6 +38,7 @@ from dlb.envoy.als import add_leaf_access_log
 from dlb.envoy.contract import (
     HEALTH_PATH,
     LEAF_EXT_PROC_CLUSTER,
+    LEAF_HEALTH_PATH,
     LEAF_PICKED_CLUSTER,
     LEAF_SERVERS_CLUSTER,
     READY_LISTENER,
@@ -206,16 +207,35 @@ def _server_health(cluster: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
+#: The root's check of each leaf replica (:func:`_leaf_replica_health`): how long it waits for the leaf
+#: Envoy's own answer, and how many late answers in a row take the replica out. The answer comes from
+#: the leaf Envoy's event loop, not from a server, so a cell's load does not delay it; only a starved
+#: or stopped Envoy does. The slowest answer measured from a live leaf Envoy under load on a busy 2-core
+#: box (load 3-4, tests/e2e/test_leaf_replicas_e2e.py) was 25 ms, so 1 s is 40 times that; two in a row
+#: keep one stall of the box from ejecting a live replica. A frozen one is out in about 3 s (measured).
+LEAF_CHECK_TIMEOUT_S = 1.0
+LEAF_CHECK_UNHEALTHY_THRESHOLD = 2
+
+
 def _leaf_replica_health(cluster: dict[str, Any]) -> dict[str, Any]:
-    """A cell with leaf replicas (one endpoint each): a dead replica out of rotation within a second,
-    the cell never emptied by Envoy. A TCP check every 0.5 s (a killed Envoy refuses at once) and
-    outlier detection on 2 consecutive refused or reset connections; at most half the replicas ejected
-    and no panic threshold of our own — whether the cell is usable at all is the roots' call, from
-    probes of every replica (:mod:`dlb.core.leaf_replicas`). Requests a dead replica held are retried
-    on the fallback cell, or with none on another replica (:func:`_other_host_retries`)."""
+    """A cell with leaf replicas (one endpoint each): a dead or frozen replica out of rotation within
+    seconds, the cell never emptied by Envoy.
+
+    An HTTP check of :data:`~dlb.envoy.contract.LEAF_HEALTH_PATH` every 0.5 s, which the leaf Envoy
+    answers itself (:func:`leaf_health_filter`): a TCP check passed for a frozen (SIGSTOPped) Envoy,
+    since the kernel completes the handshake, and the root kept sending it requests that hung. A killed
+    Envoy refuses at once; a frozen one answers nothing (:data:`LEAF_CHECK_TIMEOUT_S`); a draining one
+    answers 503. Requests sent to a frozen replica before the check fails wait for it to wake (Envoy
+    closes only idle connections to a failed host, ``close_connections_on_host_health_failure``
+    included, measured): they are its in-flight requests, not retried. Outlier detection on 2 consecutive refused
+    or reset connections; at most half the replicas ejected and no panic threshold of our own — whether
+    the cell is usable at all is the roots' call, from probes of every replica
+    (:mod:`dlb.core.leaf_replicas`). Requests a dead replica held are retried on the fallback cell, or
+    with none on another replica (:func:`_other_host_retries`)."""
     cluster["health_checks"] = [{
-        "timeout": "0.5s", "interval": "0.5s", "no_traffic_interval": "0.5s", "unhealthy_threshold": 1,
-        "healthy_threshold": 1, "tcp_health_check": {},
+        "timeout": _duration(LEAF_CHECK_TIMEOUT_S), "interval": "0.5s", "no_traffic_interval": "0.5s",
+        "unhealthy_threshold": LEAF_CHECK_UNHEALTHY_THRESHOLD, "healthy_threshold": 1,
+        "http_health_check": {"path": LEAF_HEALTH_PATH},
     }]
     cluster["outlier_detection"] = {
         "split_external_local_origin_errors": True,
@@ -225,6 +245,21 @@ def _leaf_replica_health(cluster: dict[str, Any]) -> dict[str, Any]:
         "interval": "1s", "base_ejection_time": "2s", "max_ejection_time": "30s", "max_ejection_percent": 50,
     }
     return cluster
+
+
+def leaf_health_filter() -> dict[str, Any]:
+    """The leaf Envoy's answer to the roots' check (:func:`_leaf_replica_health`), first in its chain.
+
+    Answered by Envoy (``pass_through_mode`` off): 200 while it serves, 503 after ``POST /healthcheck/fail``
+    (``dlb envoy drain``), so a draining replica leaves the roots' rotation. No filter after it runs (the
+    ext_proc never sees a check) and the access log skips the path (:func:`dlb.envoy.als.leaf_access_log`):
+    a check is not a request the agent counts.
+    """
+    return {"name": "envoy.filters.http.health_check", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck",
+        "pass_through_mode": False,
+        "headers": [{"name": ":path", "string_match": {"exact": LEAF_HEALTH_PATH}}],
+    }}
 
 
 def local_replies() -> dict[str, Any]:
@@ -757,8 +792,9 @@ def leaf_bootstrap(
     """
     me = cfg.cell(cell)
     listen = listen or me.leaf.bind
-    # First: a request without the roots' token loses x-dlb-src-cell before any filter or the access log sees it.
-    filters: list[dict[str, Any]] = [token_check(cfg)]
+    # First the roots' health check, answered before anything else runs; then a request without the roots'
+    # token loses x-dlb-src-cell before any filter or the access log sees it.
+    filters: list[dict[str, Any]] = [leaf_health_filter(), token_check(cfg)]
     if emulate_wan:
         filters += [_fault_filter(src, ms) for src, ms in sorted(wan_delays_ms(cfg, cell).items())]
     servers = [(a, s.weight) for s in me.servers for a in s.rank_addresses()]  # a DP server: one endpoint per rank

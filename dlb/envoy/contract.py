@@ -58,6 +58,9 @@ READY_LISTENER = "dlb_ready"
 READY_PATH = "/ready"
 #: Active health check of every server: vLLM's and the emulator's ``GET /health`` (200 when serving).
 HEALTH_PATH = "/health"
+#: A leaf Envoy answers this path itself (its ``health_check`` filter, first in the chain): the root Envoys'
+#: health check of each leaf replica. Never routed, never in the access log, never through the ext_proc.
+LEAF_HEALTH_PATH = "/dlb/leaf-health"
 
 # -- timings ------------------------------------------------------------------------------------------
 #: The leaf Envoy checks each server's ``/health`` this often (plus up to the jitter). A recovered server

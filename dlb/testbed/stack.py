@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config import Config, config_from_dict
+from dlb.config.model import HostPort
 from dlb.config.policy import set_plugins
 from dlb.envoy.binary import EnvoyProcess
 from dlb.launch.metrics_text import metric_value  # noqa: F401 - re-exported: tests and benches read metrics from here
@@ -143,6 +144,8 @@ def start_data_plane(
     control_planes: int = 1,
     root_envoys: int = 1,
     leaf_replicas: int = 1,
+    root_service: bool = True,
+    root_envoy_xds: bool = False,
 ) -> DataPlane:
     """Start emulators, leaf agents + leaf Envoys for every cell, and the root + root Envoy of ``root_cell``;
     with ``control_plane`` first a control plane, whose xDS the leaf agents and the root then follow.
@@ -153,9 +156,16 @@ def start_data_plane(
     ``control_planes`` > 1 starts that many control-plane replicas (the first at the config's address);
     ``root_envoys`` > 1 that many root Envoys sharing the root address; ``leaf_replicas`` > 1 that many
     leaf replicas per cell (``cells[].leaf.replicas``: an agent and an Envoy each, over the same servers).
+    ``root_service=False`` starts no root service (an operator baseline: Envoy alone routes);
+    ``root_envoy_xds`` bootstraps the root Envoys over ADS from the control plane (``control_plane``
+    needed), as ``dlb up`` does, instead of from a static bootstrap.
     """
+    if root_envoy_xds and not control_plane:
+        raise ValueError("root_envoy_xds needs control_plane=True (the root Envoy's config comes from it)")
     from dlb.emulator.server import ThreadedEmulator
+    from dlb.envoy.ads_bootstrap import ads_bootstrap
     from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+    from dlb.envoy.root_token import token_secret
 
     tmp = tempfile.TemporaryDirectory(prefix="dlb-dataplane-")
     stack = contextlib.ExitStack()
@@ -188,13 +198,14 @@ def start_data_plane(
         procs = []
         xds: tuple[str, ...] = ()
         if control_plane:
-            plane.control_plane = ServiceProcess("control-plane", "--config", config_path, *(["--emulate-wan"] if emulate_wan else []))
+            cp_args = [*(["--emulate-wan"] if emulate_wan else []), *(["--root-reuse-port"] if root_envoy_xds and root_envoys > 1 else [])]
+            plane.control_plane = ServiceProcess("control-plane", "--config", config_path, *cp_args)
             stack.callback(lambda: plane.control_plane.stop() if plane.control_plane is not None else None)
             plane.control_plane.start()
             cp_addrs = [raw["services"]["control_plane"]["xds"]]
             for _ in range(control_planes - 1):
                 more = ServiceProcess("control-plane", "--config", config_path, "--xds", f"127.0.0.1:{free_port()}",
-                                      "--status", f"127.0.0.1:{free_port()}", *(["--emulate-wan"] if emulate_wan else []))
+                                      "--status", f"127.0.0.1:{free_port()}", *cp_args)
                 stack.callback(more.stop)
                 more.start()
                 plane.more_control_planes.append(more)
@@ -212,9 +223,10 @@ def start_data_plane(
                 else:
                     plane.more_leaves.setdefault(c.name, []).append(leaf)
                 procs.append(leaf)
-        plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
-                                    "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []), *xds, *root_args)
-        procs.append(plane.root)
+        if root_service:
+            plane.root = ServiceProcess("root", "--config", config_path, "--cell", root_cell, "--metrics", f"127.0.0.1:{free_port()}",
+                                        "--seed", str(root_seed), *(["--emulate-wan"] if emulate_wan else []), *xds, *root_args)
+            procs.append(plane.root)
         # Start the Python services concurrently (each takes ~1 s to import), then wait for all.
         for p in procs:
             stack.callback(p.stop)
@@ -233,7 +245,11 @@ def start_data_plane(
                     plane.more_leaf_envoys.setdefault(c.name, []).append(envoy)
         for k in range(root_envoys):
             admin = free_port()
-            boot = root_bootstrap(cfg, root_cell, admin_port=admin, reuse_port=root_envoys > 1)
+            if root_envoy_xds:
+                boot = ads_bootstrap("root", root_cell, [HostPort("127.0.0.1", int(a.rpartition(":")[2])) for a in xds[1].split(",")], admin,
+                                     node_id=f"root-{root_cell}-{k}", tls=cfg.tls, token=token_secret(cfg))
+            else:
+                boot = root_bootstrap(cfg, root_cell, admin_port=admin, reuse_port=root_envoys > 1)
             path = write_bootstrap(boot, Path(tmp.name) / f"root-{k}.yaml")
             envoy = stack.enter_context(EnvoyProcess(path, admin, base_id=random.randrange(1, 60000)))
             if k == 0:

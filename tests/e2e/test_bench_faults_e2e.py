@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlb.bench.faults import ANSWERING, FaultLoad, run_one
+from dlb.bench.faults import ANSWERING, FREEZE_DETECT_S, FaultLoad, run_one
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 
@@ -70,6 +70,17 @@ def test_killed_leaf_replica_loses_only_streams_already_answering() -> None:
     assert not lost, row
 
 
+def test_frozen_leaf_replica_loses_nothing_and_is_out_within_the_detection_budget() -> None:
+    """One of cell a's two leaf replicas SIGSTOPped (Envoy and agent) for 8 s: it still accepts
+    connections, so only the root's HTTP check of the Envoy finds it. What it held waits for it (``stalled``);
+    nothing fails, and no request sent after the detection budget waits on it."""
+    row = run_one("leaf_replica_freeze", "ext_proc", FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=8.0, after_s=5.0, cells=(2, 2)))
+    print({k: row[k] for k in ("sent", "failed", "stalled", "stall_window_s", "failure_codes", "recover_s")})
+    assert row["sent"] > 250 and _fault_failures(row) == 0, row
+    assert row["stalled"] >= 1, row  # the freeze was real: requests sent to it before the check failed waited
+    assert row["stall_window_s"] <= FREEZE_DETECT_S, row
+
+
 def test_faults_smoke_under_flow_grad_through_the_cli(tmp_path) -> None:
     """The CI form of ``dlb bench faults``: a flow policy, the leaf Envoy kill and the overloaded cell, one
     short run each, the mix with streamed chats and ``/v1/completions``."""
@@ -101,3 +112,26 @@ def test_killed_cell_loses_only_streams_already_answering() -> None:
     assert row["sent"] > 150, row
     lost = {c: n for c, n in row["failure_codes"].items() if c not in ANSWERING}
     assert not lost, row
+
+
+def test_an_operator_baseline_runs_the_rows_it_has_a_part_for(tmp_path, capsys) -> None:
+    """``--policy lr-global``: no root service runs, so its row is skipped with the reason in the output
+    and the results; the leaf Envoy row runs with the root Envoy configured by the control plane."""
+    import json
+
+    from dlb.cli import main
+
+    out = tmp_path / "faults.json"
+    code = main(["bench", "faults", "--policy", "lr-global", "--faults", "root_service,leaf_envoy", "--modes", "ext_proc",
+                 "--runs", "1", "--rate", "20", "--cells", "2,2", "--fault-at-s", "3", "--outage-s", "3", "--duration", "10",
+                 "--json", str(out)])
+    doc = json.loads(out.read_text())
+    rows = {r["fault"]: r for r in (doc["figures"]["rows"] if "figures" in doc else doc["rows"])}
+    print(json.dumps([{k: r.get(k) for k in ("fault", "policy", "sent", "failed", "verdict")} for r in rows.values()]))
+    assert "root_service skipped under lr-global: no root service runs" in capsys.readouterr().out
+    assert rows["root_service"]["runs"] == 0 and rows["root_service"]["verdict"].startswith("skipped: no root service")
+    ran = rows["leaf_envoy"]
+    assert ran["policy"] == "lr-global" and ran["runs"] == 1 and ran["sent"][0] > 100, ran
+    # What a baseline loses is what this bench measures, not a target it must meet: served most of it.
+    assert ran["run_rows"][0]["ok"] > 0.5 * ran["sent"][0], ran
+    assert code in (0, 1)

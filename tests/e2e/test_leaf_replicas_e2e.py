@@ -13,10 +13,12 @@ Properties are counted outcomes; waits are bounded polls.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from bounded_wait import until
@@ -77,6 +79,35 @@ def _ask(plane: DataPlane, tokens: int, out: list[tuple[int, str]]) -> None:
         out.append((0, repr(e)))
 
 
+def _open_loop(stop: threading.Event, send: Callable[[], None], period_s: float) -> None:
+    """``send`` in a thread of its own every ``period_s`` until ``stop``; then wait for all of them."""
+    threads = []
+    while not stop.is_set():
+        t = threading.Thread(target=send)
+        t.start()
+        threads.append(t)
+        time.sleep(period_s)
+    for t in threads:
+        t.join(60)
+
+
+@contextlib.contextmanager
+def _both_serving(plane: DataPlane, stop: threading.Event, *loops: Callable[[], None]) -> Iterator[None]:
+    """Run ``loops`` (each until ``stop``) in threads; the body runs once both replicas have served a
+    second under them; then stop and wait for the loops."""
+    threads = [threading.Thread(target=f) for f in loops]
+    for t in threads:
+        t.start()
+    try:
+        until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both replicas serving under load", timeout=30)
+        time.sleep(1.0)
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(90)
+
+
 def test_both_replicas_serve_and_the_root_sums_their_rif(plane: DataPlane) -> None:
     results: list[tuple[int, str]] = []
     threads = [threading.Thread(target=_ask, args=(plane, 300, results)) for _ in range(8)]
@@ -107,34 +138,18 @@ def test_killing_one_replica_under_load_loses_nothing_not_yet_answering(plane: D
     usable: list[float | None] = []
 
     def load() -> None:
-        threads = []
-        while not stop.is_set():
-            t = threading.Thread(target=_ask, args=(plane, 40, results))
-            t.start()
-            threads.append(t)
-            time.sleep(0.04)  # ~25 req/s, each ~0.4 s
-        for t in threads:
-            t.join(60)
+        _open_loop(stop, lambda: _ask(plane, 40, results), 0.04)  # ~25 req/s, each ~0.4 s
 
     def watch() -> None:
         while not stop.is_set():
             usable.append(_root(plane, "dlb_root_cell_usable", endpoint="chat", cell="a"))
             time.sleep(0.1)
 
-    loaders = [threading.Thread(target=load), threading.Thread(target=watch)]
-    for t in loaders:
-        t.start()
-    try:
-        until(lambda: all(r >= 1 for r in _leaf_rif(plane)), "both replicas serving under load", timeout=30)
-        time.sleep(1.0)
+    with _both_serving(plane, stop, load, watch):
         plane.more_leaf_envoys["a"][0].proc.kill()  # one replica dies whole: its Envoy and its agent
         plane.more_leaves["a"][0].proc.kill()
         killed_at = len(results)
         time.sleep(4.0)
-    finally:
-        stop.set()
-        for t in loaders:
-            t.join(90)
     failed = [r for r in results if r[0] != 200]
     assert len(results) - killed_at >= 50, "too little traffic after the kill to mean anything"
     assert failed == [], f"{len(failed)} of {len(results)} failed: {failed[:5]}"
@@ -143,3 +158,117 @@ def test_killing_one_replica_under_load_loses_nothing_not_yet_answering(plane: D
     until(lambda: _root(plane, "dlb_root_cell_rif", cell="a") == _leaf_rif(plane, live=1)[0], "root RIF = the survivor's", timeout=10)
     # The root kept probing the dead replica and counts its failures (not the cell's).
     assert _counter(plane.root_metrics(), "dlb_root_probe_errors", cell="a") >= 1
+
+
+def _check_latency(hp: tuple[str, int]) -> float:
+    """One GET of the path the roots health-check a leaf Envoy on, seconds (a non-200 is a failure)."""
+    from dlb.envoy.contract import LEAF_HEALTH_PATH
+
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection(*hp, timeout=5)
+    try:
+        conn.request("GET", LEAF_HEALTH_PATH)
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    return time.monotonic() - t0
+
+
+def test_the_roots_health_checks_are_not_requests_to_the_leaf(plane: DataPlane) -> None:
+    """The leaf Envoy answers the roots' checks itself: none reaches the leaf ext_proc or the agent's
+    count (the access log skips the path), however many arrive."""
+    leaf, envoy = plane.leaves["a"], plane.leaf_envoys["a"]
+    hp = plane.cfg.cell("a").leaf.address
+
+    def counts() -> tuple[float, float]:  # (completions the agent counted, its picks: its own background probes)
+        text = _metrics(leaf.ready["metrics"])
+        return _counter(text, "dlb_leaf_completed"), sum(_counter(text, "dlb_leaf_server_picks", server=s.address)
+                                                         for s in plane.emulators["a"])
+
+    def ext_proc_streams() -> int:
+        name = "cluster.dlb_leaf_ext_proc.upstream_rq_total"
+        return int(envoy.stats(f"^{re.escape(name)}$")[name])
+
+    ext0 = ext_proc_streams()
+    for _ in range(20):
+        _check_latency((hp.host, hp.port))
+    time.sleep(1.0)  # two more rounds of the root's own checks, and the access log's flush
+    done, picks = counts()
+    assert done <= picks, f"the agent counted {done} completions for {picks} requests it picked a server for"
+    # The agent's own background probes pass the ext_proc too (a few a second); the 20 checks would add 20.
+    assert ext_proc_streams() - ext0 < 20
+
+
+@pytest.mark.parametrize("frozen", ["envoy", "envoy+agent"])
+def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, frozen: str) -> None:
+    """SIGSTOP one replica's leaf Envoy (and its agent) under load for 6 s, then SIGCONT.
+
+    A frozen Envoy still completes TCP handshakes (the kernel does), so only a check the Envoy must
+    answer itself finds it: the root's HTTP check does within ~3 s. Requests sent to it before then wait
+    for it to wake (reported, not retried: Envoy never resets them). Targets: 0 failed, the replica out
+    of the root's rotation within 4 s, and no request sent after that waits on it. The leaf Envoy's own answer to
+    the check, timed on the live replica under the same load, is what the check's 1-s timeout is sized by.
+    """
+    import os
+    import signal
+
+    from dlb.envoy.host_health import hosts_out
+
+    cell = plane.cfg.cell("a")
+    live, stopped = (r.address for r in cell.leaf.all_replicas())
+    procs = [plane.more_leaf_envoys["a"][0].proc] + ([plane.more_leaves["a"][0].proc] if "agent" in frozen else [])
+    sent: list[tuple[float, float, int, str]] = []  # (sent, took, status, error)
+    stop = threading.Event()
+    check_s: list[float] = []
+
+    def ask() -> None:
+        t0 = time.monotonic()
+        out: list[tuple[int, str]] = []
+        _ask(plane, 20, out)
+        sent.append((t0, time.monotonic() - t0, *out[0]))
+
+    def load() -> None:
+        _open_loop(stop, ask, 0.067)  # ~15 req/s, each ~0.2 s: the two servers' steady state, not a growing queue
+
+    usable: list[float | None] = []
+
+    def checks() -> None:
+        while not stop.is_set():
+            check_s.append(_check_latency((live.host, live.port)))
+            usable.append(_root(plane, "dlb_root_cell_usable", endpoint="chat", cell="a"))
+            time.sleep(0.05)
+
+    def out_of_rotation() -> bool:
+        _, out = hosts_out(plane.root_envoy.admin_get("/clusters?format=json"), cell.cluster_name)
+        return f"{stopped.host}:{stopped.port}" in out
+
+    with _both_serving(plane, stop, load, checks):
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            until(out_of_rotation, "the frozen replica out of the root's rotation", timeout=10, period=0.05)
+            detect_s = time.monotonic() - frozen_at
+            time.sleep(max(0.0, 6.0 - detect_s))
+        finally:
+            for p in procs:
+                os.kill(p.pid, signal.SIGCONT)
+        thawed_at = time.monotonic()
+        until(lambda: not out_of_rotation(), "the thawed replica back in rotation", timeout=10, period=0.05)
+        time.sleep(2.0)
+    failed = [s for s in sent if s[2] != 200]
+    during = [s for s in sent if frozen_at <= s[0] < thawed_at]
+    hung = [s for s in during if s[1] > 2.0]  # a 20-token answer takes ~0.2 s
+    late = [s for s in hung if s[0] > frozen_at + detect_s + 0.5]
+    print(f"frozen {frozen}: detect {detect_s:.2f} s; {len(sent)} sent, {len(failed)} failed, {len(during)} during the freeze, "
+          f"{len(hung)} of them over 2 s (longest {max((s[1] for s in during), default=0):.2f} s), {len(late)} sent after detection; "
+          f"the live leaf Envoy's check answer: max {max(check_s) * 1e3:.1f} ms over {len(check_s)}")
+    assert len(during) >= 50, "too little traffic during the freeze to mean anything"
+    assert detect_s <= 4.0, f"the frozen replica left the rotation only after {detect_s:.2f} s"
+    assert late == [], f"{len(late)} requests sent after the detection still waited on the frozen replica: {late[:5]}"
+    assert failed == [], f"{len(failed)} of {len(sent)} failed: {failed[:5]}"
+    assert max(check_s) < 0.2, f"a live leaf Envoy answered the check in {max(check_s):.3f} s (timeout 1 s)"
+    # A frozen agent's probes time out: it leaves the aggregate, not the cell, which the root never lost.
+    assert usable and all(u == 1.0 for u in usable), f"cell a not usable at some point: {usable}"
+    if "agent" in frozen:
+        assert _counter(plane.root_metrics(), "dlb_root_probe_errors", cell="a") >= 1

@@ -82,3 +82,30 @@ def test_leaf_envoy_and_overload_verdicts_and_the_spread_of_three_runs() -> None
     r = spread([dict(row, policy="Flow-Grad", recover_s=x) for x in (0.0, 2.0, 1.0)])
     assert r["recover_s"] == [0.0, 1.0, 2.0] and r["sent"] == [5, 5, 5] and r["verdict"] == "pass" and r["runs"] == 3
     assert spread([row, dict(lost, policy="Disc-RIF"), dict(row, recover_s=None)])["recover_s"] is None
+
+
+def test_a_freeze_counts_what_waited_for_it_and_how_long_new_requests_still_went_there() -> None:
+    """Frozen from t = 3 to 13: requests sent early in the freeze that ended after the thaw waited on it;
+    the last of them sent at 5.5 is the root's detection (2.5 s after the freeze). A request sent too
+    near the thaw to tell (a long stream may last that long) is not counted."""
+    from dlb.bench.faults import FREEZE_DETECT_S, stalls
+
+    s = [Sample(3.2, 13.4, 200, "a-0"), Sample(5.5, 13.6, 200, "a-1"), Sample(6.0, 6.1, 200, "a-0"),
+         Sample(9.0, 13.2, 200, "a-0"), Sample(2.9, 3.1, 200, "b-0"), Sample(13.5, 13.6, 200, "a-1"), Sample(14.6, 14.7, 200, "b-0")]
+    got = stalls(s, fault_at=3.0, restore_at=13.0)
+    assert got == {"stalled": 2, "stall_window_s": 2.5}
+    row = summarise(s, "leaf_replica_freeze", "ext_proc", 1.0, fault_at=3.0, restore_at=13.0, warmup_s=0.0)
+    assert verdict(dict(row, **got)) == "pass"
+    late = dict(row, stall_window_s=FREEZE_DETECT_S + 0.5)
+    assert "waited on the frozen replica for 4.5 s" in verdict(late)
+
+
+def test_policy_names_an_operator_baseline_or_a_dlb_policy() -> None:
+    import argparse
+
+    from dlb.bench.faults import run
+    from dlb.errors import UsageError
+
+    args = argparse.Namespace(faults="root_service", modes="ext_proc", policy="lr-global,hub-scor", runs=1, cells="2,2")
+    with pytest.raises(UsageError, match=r"unknown policy 'hub-scor'; one of .*lr-global, locality-failover, hub-score"):
+        run(args)

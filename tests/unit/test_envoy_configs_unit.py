@@ -91,7 +91,7 @@ def test_leaf_without_emulation_adds_no_fault_filter() -> None:
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=150.0)
     boot = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=False)
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    assert [f["name"] for f in hcm["http_filters"]] == [TOKEN_CHECK, "envoy.filters.http.router"]
+    assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.health_check", TOKEN_CHECK, "envoy.filters.http.router"]
     boot2 = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=True)
     hcm2 = boot2["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     delays = {f["name"]: f["typed_config"]["delay"]["fixed_delay"] for f in hcm2["http_filters"] if "fault" in f["typed_config"]["@type"]}

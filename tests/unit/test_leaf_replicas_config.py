@@ -13,6 +13,7 @@ from dlb.config import ConfigError, config_from_dict, parse_config
 from dlb.config.resources import topology
 from dlb.control_plane.service import dlb_node_key, leaf_key
 from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap
+from dlb.envoy.contract import LEAF_HEALTH_PATH
 from dlb.envoy.root_token import root_token
 from dlb.ext_proc.root_xds import config_probes, probe_targets
 
@@ -79,7 +80,8 @@ def test_the_roots_cell_cluster_has_every_replica_and_retries_on_another() -> No
     a, b = clusters["cell-a"], clusters["cell-b"]
     ports = [e["endpoint"]["address"]["socket_address"]["port_value"] for e in a["load_assignment"]["endpoints"][0]["lb_endpoints"]]
     assert ports == [10010, 10011]
-    assert a["health_checks"][0]["tcp_health_check"] == {} and a["outlier_detection"]["max_ejection_percent"] == 50
+    # An HTTP check the leaf Envoy answers itself (a frozen Envoy still completes TCP handshakes).
+    assert a["health_checks"][0]["http_health_check"] == {"path": LEAF_HEALTH_PATH} and a["outlier_detection"]["max_ejection_percent"] == 50
     assert "health_checks" not in b  # one leaf: as before
     routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
     by_name = {r["name"]: r for r in routes["virtual_hosts"][0]["routes"]}
@@ -93,6 +95,10 @@ def test_each_replicas_leaf_envoy_listens_on_its_address_and_feeds_its_agent() -
     ports = [b["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] for b in boots]
     assert ports == [10010, 10011]
     assert str(boots[0]).count("9010") and not str(boots[1]).count("9010")  # replica 1's access log is its own
+    hcm = boots[0]["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    # The roots' check is answered first (no ext_proc, no token check) and is not in the access log.
+    assert hcm["http_filters"][0]["typed_config"]["headers"][0]["string_match"] == {"exact": LEAF_HEALTH_PATH}
+    assert hcm["access_log"][0]["filter"]["header_filter"]["header"]["invert_match"] is True
 
 
 def test_roots_probe_every_replica_from_the_file_and_from_xds() -> None:
