@@ -57,7 +57,7 @@ def envoy_problems(cfg: Config) -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory(prefix="dlb-validate-") as tmp:
         for c in cfg.cells:
-            boots = [("leaf", leaf_bootstrap(cfg, c.name, admin_port=9901, emulate_wan=True, access_log=True))]
+            boots = [("leaf", leaf_bootstrap(cfg, c.name, admin_port=9901, emulate_wan=True, access_log=True))] if c.runs_dlb_leaf else []
             if c.root.address is not None:
                 boots.append(("root", root_bootstrap(cfg, c.name, admin_port=9901)))
             for role, boot in boots:

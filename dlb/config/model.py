@@ -199,6 +199,12 @@ class Cell:
     inference_pool: InferencePoolRef | None = None
 
     @property
+    def runs_dlb_leaf(self) -> bool:
+        """A DLB leaf (Envoy + agent) serves this cell. Not a foreign cell, nor an InferencePool's: there
+        ``dlb serve epp`` picks behind the pool's own GIE gateway, which the roots send to."""
+        return not self.leaf.foreign and self.inference_pool is None
+
+    @property
     def cluster_name(self) -> str:
         """Envoy cluster of this cell on root Envoys; also the value the root ext_proc puts in x-dlb-cell."""
         return CELL_CLUSTER_PREFIX + self.name

@@ -204,7 +204,7 @@ class ControlPlane:
                 # Native-discrete clusters' endpoints change with every weight refresh: rebuild() adds them.
                 static_eps = [m for m in rs.endpoints if not m.cluster_name.startswith(NATIVE_CLUSTER_PREFIX)]
                 root[cell.name] = common + [Resource.from_message(m) for m in (*rs.listeners, *rs.clusters, *static_eps)]
-            if cell.leaf.foreign:
+            if not cell.runs_dlb_leaf:
                 continue  # no leaf Envoy or agent of ours there
             for k in range(len(cell.leaf.all_replicas())):  # each replica's Envoy: its own listener, agent and access log
                 ls = er.leaf_resources(config.leaf_replica(cell.name, k), cell.name, emulate_wan=self.emulate_wan, tracing=self.tracing)
@@ -276,7 +276,7 @@ class ControlPlane:
         for cell in cfg.cells:
             if not self.serves(cell.name):
                 continue
-            for k in range(len(cell.leaf.all_replicas()) if not cell.leaf.foreign else 0):  # a foreign cell has no leaf to configure
+            for k in range(len(cell.leaf.all_replicas()) if cell.runs_dlb_leaf else 0):  # a cell without a DLB leaf has none to configure
                 key = leaf_key(cell.name, k)
                 versions[key] = self._set(key, list(self._static.leaf[key]) + state)
             if cell.name not in self._static.root_sets:

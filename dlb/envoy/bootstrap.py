@@ -791,6 +791,10 @@ def leaf_bootstrap(
     (:mod:`dlb.envoy.als` owns that wiring). ``ready_port`` adds the :func:`ready_listener`.
     """
     me = cfg.cell(cell)
+    if not me.runs_dlb_leaf:
+        what = f"leaf.source {me.leaf.source}: a cell DLB does not run" if me.leaf.foreign else \
+            "inference_pool: its GIE gateway and dlb serve epp serve it"
+        raise ValueError(f"cells[{me.index}] ({cell}) has no DLB leaf Envoy ({what})")
     listen = listen or me.leaf.bind
     # First the roots' health check, answered before anything else runs; then a request without the roots'
     # token loses x-dlb-src-cell before any filter or the access log sees it.

@@ -74,7 +74,7 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
         # The Envoys bind ``listen`` (default 0.0.0.0:<port>), and here roots reach them at ``address``: check both.
         for k, leaf in enumerate(cell.leaf.all_replicas()):
             lp = f"cells[{i}].leaf" + (f".replicas[{k - 1}]" if k else "")
-            if not cell.leaf.foreign:  # a foreign cell's leaf addresses are its own gateway's or servers'
+            if cell.runs_dlb_leaf:  # a foreign or InferencePool cell's leaf addresses are its own gateway's or servers'
                 out.append((f"{lp}.address", leaf.address))
                 if leaf.bind != leaf.address:
                     out.append((f"{lp}.listen", leaf.bind))
@@ -290,8 +290,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                       waiting=functools.partial(str, f"{url}/status to answer 200 and xDS at {xds} to accept")))
     dep = Deployment(cfg=cfg, config_path=config_path, supervisor=sup, status_url=status_url, control_planes=replicas)
     for cell in cfg.cells:
-        if cell.leaf.foreign:
-            continue  # a cell DLB does not run: its roots probe its metrics (dlb.probe.foreign)
+        if not cell.runs_dlb_leaf:
+            continue  # a cell DLB does not run (its roots probe its metrics), or an InferencePool's (its EPP answers)
         for k, leaf in enumerate(cell.leaf.all_replicas()):  # each replica: an agent and an Envoy over the same servers
             who = cell.name + (f" replica {k}" if k else "")
             file = f"leaf-{cell.name}" + (f"-{k}" if k else "")

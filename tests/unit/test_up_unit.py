@@ -7,6 +7,7 @@ The rules and what the tests stand for: that file's docstring.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -129,3 +130,29 @@ def test_up_starts_every_leaf_replica_with_its_own_agent_envoy_and_snapshot(tmp_
     assert boot["node"]["locality"] == {"zone": "us-west1", "sub_zone": "1"}
     assert ("cells[1].leaf.replicas[0].probe", cfg.cell("us-west1").leaf.replicas[0].probe) in listen_addresses(cfg)
     assert "leaf us-west1 replica 1: metrics" in dep.urls_text()
+
+
+def test_a_cell_served_by_an_inference_pool_gets_no_dlb_leaf(tmp_path: Path) -> None:
+    """``cells[].inference_pool``: its GIE gateway and ``dlb serve epp`` serve it, so ``dlb up`` starts no leaf
+    agent or Envoy there and checks none of its addresses, the control plane keeps no leaf snapshot for it,
+    and rendering its leaf Envoy is refused naming the field; the roots still route to it."""
+    from dlb.config import config_from_dict
+    from dlb.control_plane.service import ControlPlane, leaf_key
+    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap
+    from dlb.launch.supervisor import Supervisor
+    from dlb.launch.up import listen_addresses, plan
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    raw = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    pool = raw["cells"][1]
+    del pool["servers"]
+    pool["inference_pool"] = {"name": "vllm-llama3-8b-instruct"}
+    cfg = config_from_dict(raw)
+    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
+    assert not [c.name for c in dep.supervisor.children if c.name.startswith("leaf us-west1")]
+    assert [c.name for c in dep.supervisor.children if c.name.startswith("leaf us-east1")]
+    assert not [f for f, _ in listen_addresses(cfg) if f.startswith("cells[1].leaf")]
+    with pytest.raises(ValueError, match=r"cells\[1\] \(us-west1\) has no DLB leaf Envoy \(inference_pool"):
+        leaf_bootstrap(cfg, "us-west1", admin_port=9901, emulate_wan=False)
+    assert "cell-us-west1" in json.dumps(root_bootstrap(cfg, "us-east1", admin_port=9901))
+    assert set(ControlPlane(cfg)._static.leaf) == {leaf_key("us-east1")}
