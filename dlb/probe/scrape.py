@@ -7,9 +7,10 @@ root scrapes a cell DLB does not run (:mod:`dlb.probe.foreign`) the same way; ne
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 async def http_get(address: str, path: str, timeout_s: float) -> bytes:
@@ -61,9 +62,6 @@ class Scrape(NamedTuple):
 
 
 FAILED = Scrape(None, None, None)
-_CACHE_LABEL = re.compile(r'(num_gpu_blocks|block_size)="(\d+)"')
-#: A line of vLLM's whole-request latency histogram's sum or count: (which, labels, value).
-_E2E = re.compile(r"vllm:e2e_request_latency_seconds_(sum|count)(\{[^}]*\})?\s+(\S+)")
 
 
 class ScrapeSlow(Exception):
@@ -88,6 +86,27 @@ async def scrape_vllm(address: str, timeout_s: float) -> Scrape:
     return parse_vllm(text.decode("utf-8", "replace"))
 
 
+#: The lines :func:`parse_vllm` reads; every other line of a (large) ``/metrics`` page is skipped unparsed.
+_WANTED = ("vllm:e2e_request_latency_seconds_sum", "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running",
+           "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc", "dlb_dp_max_num_seqs",
+           "dlb_dp_kv_tokens", "vllm:cache_config_info{")
+
+
+def _samples(text: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
+    """(name, labels, value) of each wanted line, parsed by prometheus_client: a timestamp after the value,
+    escaped label values and NaN are the exposition format's, not guessed. A malformed line is skipped, not
+    the scrape (a page of thousands of lines costs only its few wanted ones)."""
+    for line in text.splitlines():
+        if not line.startswith(_WANTED):
+            continue
+        try:
+            for family in text_string_to_metric_families(line + "\n"):
+                for sample in family.samples:
+                    yield sample.name, sample.labels, float(sample.value)
+        except ValueError:
+            continue
+
+
 def parse_vllm(text: str) -> Scrape:
     """A server's figures from its Prometheus text: the counts summed over label sets, the usage the
     largest (vLLM v0 ``gpu_cache_usage_perc`` or v1 ``kv_cache_usage_perc``), a DP rank's admission
@@ -96,24 +115,25 @@ def parse_vllm(text: str) -> Scrape:
     running = waiting = kv = limit = kv_tokens = cache = None
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:e2e_request_latency_seconds_"):
-            if m := _E2E.match(line):
-                (sums if m[1] == "sum" else counts)[m[2] or ""] = float(m[3])
-        elif line.startswith("vllm:num_requests_running"):
-            running = (running or 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:num_requests_waiting"):
-            waiting = (waiting or 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith(("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")):
-            kv = max(kv or 0.0, float(line.rsplit(" ", 1)[1]))
-        elif line.startswith("dlb_dp_max_num_seqs"):
-            limit = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dlb_dp_kv_tokens"):
-            kv_tokens = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:cache_config_info{"):
-            fields = dict(_CACHE_LABEL.findall(line))
-            if len(fields) == 2:
-                cache = float(fields["num_gpu_blocks"]) * float(fields["block_size"])
+    for name, labels, value in _samples(text):
+        if name.startswith("vllm:e2e_request_latency_seconds_"):
+            series = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            (sums if name.endswith("_sum") else counts)[series] = value
+        elif name == "vllm:num_requests_running":
+            running = (running or 0.0) + value
+        elif name == "vllm:num_requests_waiting":
+            waiting = (waiting or 0.0) + value
+        elif name in ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"):
+            kv = max(kv or 0.0, value)
+        elif name == "dlb_dp_max_num_seqs":
+            limit = value
+        elif name == "dlb_dp_kv_tokens":
+            kv_tokens = value
+        elif name == "vllm:cache_config_info":
+            try:
+                cache = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+            except (KeyError, ValueError):
+                pass
     if kv_tokens is None and cache is not None and kv is not None:
         kv_tokens = kv * cache
     latency = {k: (sums[k], counts[k]) for k in sums.keys() & counts.keys()} or None

@@ -87,7 +87,7 @@ def test_the_whole_request_latency_histograms_are_read_per_series() -> None:
             'vllm:e2e_request_latency_seconds_count{model_name="m"} 4.0\n'
             'vllm:e2e_request_latency_seconds_sum{model_name="m"} 10.5\n'
             'vllm:e2e_request_latency_seconds_created{model_name="m"} 1.7e9\n')
-    assert parse_vllm(vllm).latency == {'{model_name="m"}': (10.5, 4.0)}
+    assert parse_vllm(vllm).latency == {"model_name=m": (10.5, 4.0)}
     assert parse_vllm("vllm:num_requests_running 1\n").latency is None
     for prefix in ("inference_model_", "inference_objective_"):
         text = GIE_TEXT + "".join(
@@ -188,3 +188,20 @@ def test_a_vllm_cells_knee_is_measured_as_a_leaf_measures_it(monkeypatch: pytest
     assert prober._model is not None and prober._model.estimator.knee is None
     resp = asyncio.run(prober(1.0))
     assert prober._model.estimator.knee == 5.0 and resp.rif == 8.0 and resp.HasField("model")
+
+
+def test_a_sample_with_a_timestamp_or_a_malformed_line_is_read_as_the_exposition_format_says() -> None:
+    """A timestamp after the value is not the value (a hand split read RIF 1.7e12 from one), escaped label
+    values stay one series, and a malformed line is skipped without losing the scrape's other figures."""
+    lines = (
+        'vllm:num_requests_running{model_name="m"} 3 1700000000000',
+        "vllm:num_requests_waiting not-a-number",
+        "vllm:num_requests_waiting 2",
+        'vllm:e2e_request_latency_seconds_sum{model_name="a \\"b\\" }"} 12.5 1700000000000',
+        'vllm:e2e_request_latency_seconds_count{model_name="a \\"b\\" }"} 5',
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1',
+        "vllm:kv_cache_usage_perc 0.5",
+    )
+    s = parse_vllm("\n".join(lines))
+    assert (s.running, s.waiting, s.kv_usage, s.kv_tokens) == (3.0, 2.0, 0.5, 8000.0)
+    assert list(s.latency.values()) == [(12.5, 5.0)]
