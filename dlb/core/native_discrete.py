@@ -20,9 +20,14 @@ failed probes) are marked unhealthy, unless none is usable (then all allowed cel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from dlb.core.costs import Cost
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import NO_CELL, RootRouter
 
 #: The largest EDS weight written (the smallest is 1: Envoy refuses 0).
 WEIGHT_SCALE = 1000
@@ -56,3 +61,56 @@ def native_weights(costs: np.ndarray, replicas: np.ndarray, aversion: np.ndarray
     top = float(w.max()) if w.size else 0.0
     ints = np.where(allowed, np.maximum(1, np.round(w / top * scale) if top > 0 else 1), 0).astype(int)
     return NativeWeights(tuple(int(x) for x in ints), tuple(bool(x) for x in ok))
+
+
+class NativeDiscreteRoot:
+    """A root Envoy under ``native-discrete`` as the simulator runs it (time passed in, no I/O).
+
+    Two parts, as deployed: the control plane's discrete ``router`` (probes in, no requests booked: it
+    sees none) turned into :func:`native_weights` every ``period_s`` (the flow loop's cadence); and the
+    root Envoy's ``LEAST_REQUEST`` over the cells with those weights, whose effective weight is
+    ``w_j / (active_j + 1)`` with ``active_j`` this root's own requests at cell j not answered yet.
+    Envoy serves effective weights by earliest-deadline scheduling; a draw in proportion to them is
+    the same share per request without its state.
+    """
+
+    def __init__(self, router: RootRouter, rng: np.random.Generator, period_s: float = 0.2) -> None:
+        self.router = router
+        self.rng = rng
+        self.period_s = period_s
+        self.offset = 1.0 if router.policy.cost is Cost.RIF else 0.0
+        self.active = np.zeros(len(router.allowed))
+        self._w = np.where(router.allowed, router.replicas, 0.0)
+        self._due = -math.inf
+
+    def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None, error_rate: float = 0.0,
+                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None,
+                 capacity: float | None = None) -> None:
+        self.router.on_probe(cell, now, rif, params, error_rate, confidence, replicas, seen_until, capacity)
+
+    def tick(self, now: float) -> None:
+        self.router.tick(now)
+        if now >= self._due:
+            self._refresh(now)
+
+    def _refresh(self, now: float) -> None:
+        r = self.router
+        nw = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, self.offset)
+        self._w = np.where(nw.healthy, np.asarray(nw.weights, dtype=float), 0.0)
+        self._due = now + self.period_s
+
+    def pick(self, now: float, session: str | None = None) -> int:
+        if now >= self._due:
+            self._refresh(now)
+        eff = self._w / (self.active + 1.0)
+        total = float(eff.sum())
+        if total <= 0.0:
+            return NO_CELL
+        j = int(np.searchsorted(np.cumsum(eff), self.rng.random() * total, side="right"))
+        j = min(j, len(eff) - 1)
+        self.active[j] += 1
+        return j
+
+    def on_cell_reply(self, now: float, cell: int, ok: bool) -> None:
+        """The answer to a request this root sent to ``cell`` arrived (or its failure did)."""
+        self.active[cell] -= 1

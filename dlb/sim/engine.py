@@ -266,6 +266,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     server_fns = ([[rep[i].pick_server for rep in replicas] for i in range(n)]  # type: ignore[attr-defined]  # lr-global's hook
                   if names_server else [])
     replies = hasattr(replicas[0][0], "on_reply")
+    cell_replies = hasattr(replicas[0][0], "on_cell_reply")  # native-discrete: Envoy's active count per cell
+    answered = replies or cell_replies
     signals = hasattr(replicas[0][0], "on_signals")
     next_replica = [0] * n
     # MNLB estimates capacities from the published latency models, so it needs them fitted too.
@@ -358,7 +360,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     dst = [-1] * R
     fixed = [-1] * R if names_server else []  # the server a root named (lr-global)
     srv_of = [-1] * R if replies else []  # the server that answered (or refused)
-    sender: list = [None] * R if replies else []  # the root object that sent the request
+    sender: list = [None] * R if answered else []  # the root object that sent the request
     t_leaf = [0.0] * R
     rif0 = [0] * R
     lat = np.full(R, math.nan)
@@ -490,7 +492,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     served[j] += 1
                     i = src_list[b]
                     back = tau[j][i]
-                    if replies:
+                    if answered:
                         schedule(now + back, _REPLY, b, 1)
                     lat[b] = now + back - t_list[b]
                     net_sum += back + tau[i][j]
@@ -540,7 +542,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     errors += 1
                     overflow += 1
                     in_flight -= 1
-                    if replies:
+                    if answered:
                         schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
                     continue
                 srif[s1] += 1
@@ -636,7 +638,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         for m, sv in enumerate(cell_servers[j]):
                             is_up[sv] = m < counts[j]
             elif kind == _REPLY:
-                if srv_of[a] >= 0:  # a cell with no server up answered itself: no server's outlier record
+                if cell_replies:
+                    sender[a].on_cell_reply(now, dst[a], b == 1)  # native-discrete: Envoy's active count
+                if replies and srv_of[a] >= 0:  # a cell with no server up answered itself: no server's outlier record
                     sender[a].on_reply(now, srv_of[a], b == 1)
             elif kind == _BG:
                 for j in range(n):
@@ -667,7 +671,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 fixed[r] = s_named
             else:
                 j = pick_fns[i][k](now)
-            if replies:
+            if answered:
                 sender[r] = replicas[k][i]
             arrivals_since[i] += 1
             in_flight += 1

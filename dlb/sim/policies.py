@@ -19,6 +19,8 @@ service runs. The baselines use the core's :func:`rand_weights`, :func:`mnlb_sol
 - **lr-global**, **locality-failover**, **hub-score**: what operators run (DESIGN §3), the core's
   :mod:`dlb.core.operator_baselines` roots; the engine wires their server-naming, reply and signal
   hooks. They run by default: DLB has to beat what operators run, not only Rand.
+- **Disc-RIF-native**, **Disc-Lat-native**, **Disc-Grad-native**: the discrete policies in the
+  ``native-discrete`` mechanism (:class:`dlb.core.native_discrete.NativeDiscreteRoot`); on request only.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from dlb.core.aversion import AversionConfig, update_aversion
 from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
+from dlb.core.native_discrete import NativeDiscreteRoot
 from dlb.core.operator_baselines import HubScoreRoot, LocalityFailoverRoot, LrGlobalRoot
-from dlb.core.router import POLICY_NAMES, PolicyConfig, RootRouter, Router
+from dlb.core.router import POLICY_NAMES, Mechanism, PolicyConfig, RootRouter, Router
 from dlb.core.topology import Topology
 
 #: One root object for (topology, source cell, prior model, its random generator).
@@ -56,6 +59,13 @@ def _dlb(cfg: PolicyConfig) -> PolicySpec:
     return PolicySpec(build, needs_model=cfg.cost is not Cost.RIF)
 
 
+def _native(cfg: PolicyConfig) -> PolicySpec:
+    def build(topology: Topology, source: int, prior: LatencyParams, rng: np.random.Generator) -> Router:
+        return NativeDiscreteRoot(RootRouter(topology, source, cfg, prior, rng), rng)
+
+    return PolicySpec(build, needs_model=cfg.cost is not Cost.RIF)
+
+
 def _mnlb(topology: Topology, source: int, prior: LatencyParams, rng: np.random.Generator) -> Router:
     return WeightedRouter(rand_weights(topology)[source], rng)
 
@@ -71,12 +81,17 @@ REGISTRY: dict[str, PolicySpec] = {
     "locality-failover": PolicySpec(lambda topology, source, prior, rng: LocalityFailoverRoot(topology, source, rng),
                                     needs_model=False),
     "hub-score": PolicySpec(lambda topology, source, prior, rng: HubScoreRoot(topology, source), needs_model=False),
+    # native-discrete (the mechanism, not a new policy): the discrete policy's costs as the root Envoy's
+    # least-request weights, refreshed by the control plane (dlb.core.native_discrete). Appended last:
+    # every other policy keeps its index, hence its random streams.
+    **{f"{name}-native": _native(PolicyConfig(mechanism=m, cost=c))
+       for (m, c), name in POLICY_NAMES.items() if m is Mechanism.DISCRETE},
 }
 POLICIES: tuple[str, ...] = tuple(REGISTRY)
 #: What operators run instead of DLB (DESIGN §3); the report compares DLB with the best of them.
 OPERATOR_BASELINES: tuple[str, ...] = ("lr-global", "locality-failover", "hub-score")
 #: The policies ``dlb sim`` runs when ``--policies`` is not given: all of them, operator baselines included.
-DEFAULT_POLICIES: tuple[str, ...] = POLICIES
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if not p.endswith("-native"))
 #: The baselines (not DLB policies).
 BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle", *OPERATOR_BASELINES)
 

@@ -106,3 +106,53 @@ def test_affinity_keeps_a_native_discrete_endpoint_on_the_ext_proc():
     assert "dlb-native.chat" not in snap.get(types.CLUSTER)
     listener = _unpack(next(iter(snap.get(types.LISTENER).values())), listener_pb2.Listener)
     assert "ext_proc" in str(listener)
+
+
+# -- the mechanism in the simulator ----------------------------------------------------------------
+
+
+def test_a_simulated_native_root_spreads_by_weight_over_its_own_active_requests():
+    """``NativeDiscreteRoot``: Envoy's effective weight ``w / (active + 1)``: at equal weights each pick goes
+    where this root has fewer requests out; an answer frees its slot; weights follow the router's costs only
+    at each refresh (the control plane's cadence), not between."""
+    from dlb.core.latency_model import LatencyParams
+    from dlb.core.native_discrete import NativeDiscreteRoot
+    from dlb.core.router import PolicyConfig, RootRouter
+    from dlb.core.topology import Topology
+
+    topo = Topology.build(["a", "b"], [1, 1], [[0.0, 0.001], [0.001, 0.0]])
+    prior = LatencyParams(1.0, 0.1, 4.0, 1.0)
+    root = NativeDiscreteRoot(RootRouter(topo, 0, PolicyConfig.from_name("Disc-RIF"), prior, np.random.default_rng(1)),
+                              np.random.default_rng(2), period_s=1.0)
+    for j in range(2):
+        root.on_probe(j, 0.0, 0.0, replicas=1.0)
+    picks = [root.pick(0.0) for _ in range(40)]
+    assert abs(picks.count(0) - picks.count(1)) <= 6 and list(root.active) == [picks.count(0), picks.count(1)]
+    root.on_cell_reply(0.1, 0, True)
+    assert root.active[0] == picks.count(0) - 1
+    root.on_probe(1, 0.5, 30.0, replicas=1.0)  # b looks loaded, but the weights wait for the refresh
+    assert list(root._w) == [1000.0, 1000.0]
+    root.tick(1.0)
+    assert root._w[1] < root._w[0] / 100
+
+
+def test_the_simulator_runs_native_discrete_without_leaking_active_requests(monkeypatch) -> None:
+    """Every request of a native-discrete run is answered back to its root (the active counts return to 0),
+    outages to zero servers included, and the policies stay out of ``dlb sim``'s default set."""
+    from dataclasses import replace
+
+    from dlb.sim import engine
+    from dlb.sim.policies import DEFAULT_POLICIES, POLICIES
+    from dlb.sim.scenario import Disruption, generate
+
+    assert {"Disc-Lat-native", "Disc-RIF-native", "Disc-Grad-native"} <= set(POLICIES) - set(DEFAULT_POLICIES)
+    sc = generate(2, duration_s=30.0)
+    k = list(sc.servers)
+    k[0] = 0
+    sc = replace(sc, disruption=Disruption("outage", 10.0, 18.0, outage_servers=tuple(k)))
+    built = []
+    real = engine.build_roots
+    monkeypatch.setattr(engine, "build_roots", lambda *a: built.append(real(*a)) or built[-1])
+    r = engine.simulate(sc, "Disc-Lat-native")
+    assert r.completed > 0.9 * r.arrivals
+    assert built and all(float(np.abs(root.active).sum()) == 0.0 for roots in built for root in roots)
