@@ -34,6 +34,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("compare-stress/twin/real-twin-*", "dlb bench sim-twin --real research/compare-stress/records.jsonl --json FILE"),
     ("compare-stress/twin/all-scenarios-*", "dlb bench sim-twin --policies Rand,MNLB,lr-global,locality-failover,hub-score,"
                                             "Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad --json FILE"),
+    ("compare-stress/twin/native-discrete-*", "dlb bench sim-twin --policies hub-score,lr-global,locality-failover,Disc-RIF,Disc-Lat,"
+                                              "Disc-Grad,Disc-RIF-native,Disc-Lat-native,Disc-Grad-native --json FILE"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
