@@ -42,6 +42,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults*", "dlb bench faults --json FILE"),
     ("bench/replicas/weights*.json", "python research/bench/replicas/weights.py --json FILE"),
+    ("bench/hostile-squat-watch-*", "PYTHONPATH=research/tools/root_loop_watch dlb bench hostile --scale full --attacks slot-squat "
+                                    "--json FILE (*-root.txt: the root's /tmp/root-loop-watch-PID.txt of that run)"),
     ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),

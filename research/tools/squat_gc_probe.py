@@ -88,6 +88,7 @@ async def main(seconds: float) -> None:
           [round(x, 1) for x in sorted(lags, reverse=True)[:5]])
     print("collections per generation:", [sum(1 for g, _, _ in collections.seen if g == k) for k in range(3)])
     print("worst collections (generation, wall ms, CPU ms):", [(g, round(w, 1), round(c, 1)) for g, w, c in worst])
+    print("all collections: wall ms, CPU ms:", round(sum(w for _, w, _ in collections.seen), 1), round(sum(c for _, _, c in collections.seen), 1))
 
 
 if __name__ == "__main__":

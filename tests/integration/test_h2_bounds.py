@@ -357,3 +357,31 @@ def test_a_closed_connection_is_freed_without_the_garbage_collector(serving: Ser
         assert alive == [], alive
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("serving", [H2Limits()], indirect=True)
+def test_a_new_connection_costs_one_write(serving: Serving, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row 8: a squatter churns 1,000+ connections a second through the server. Our SETTINGS (with the
+    connection window increase) and the ACK of the client's SETTINGS leave in one write, not two."""
+    from dlb.ext_proc.transport.server import H2GrpcProtocol
+
+    writes: list[bytes] = []
+    real_write = H2GrpcProtocol._write
+
+    def counted(self: H2GrpcProtocol, out: bytes) -> None:
+        if out:
+            writes.append(out)
+        real_write(self, out)
+
+    monkeypatch.setattr(H2GrpcProtocol, "_write", counted)
+    sock = socket.create_connection(("127.0.0.1", serving.port))
+    sock.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0))  # one segment: one data_received
+    until(lambda: serving.on_loop(lambda: sum(p.conn is not None for p in serving.server._conns)) == 1, "the connection's HTTP/2 state")
+    assert serving.on_loop(lambda: len(writes)) == 1, writes
+    types, data = [], writes[0]
+    while data:
+        length = int.from_bytes(data[:3], "big")
+        types.append((FrameType(data[3]), data[4]))
+        data = data[9 + length:]
+    assert types == [(FrameType.SETTINGS, 0), (FrameType.WINDOW_UPDATE, 0), (FrameType.SETTINGS, 1)], types
+    sock.close()

@@ -79,12 +79,14 @@ class H2GrpcProtocol(asyncio.Protocol):
         self._first_stream_deadline = loop.time() + self.limits.first_stream_timeout_s
         self._timer = loop.call_later(self.limits.handshake_timeout_s, self._handshake_check)
 
-    def _open(self) -> H2Connection:
-        """The HTTP/2 connection, made now, and our SETTINGS, the first thing the server sends."""
+    def _open(self, send: bool = True) -> H2Connection:
+        """The HTTP/2 connection, made now, and our SETTINGS, the first thing the server sends (queued
+        only with ``send=False``: the caller writes them with its answer to the client's first bytes)."""
         conn = self.conn = self.make_conn()
         conn.on_output = self.flush
         conn.initiate()
-        self._write(conn.data_to_send())
+        if send:
+            self._write(conn.data_to_send())
         return conn
 
     def _write(self, out: bytes) -> None:
@@ -168,7 +170,9 @@ class H2GrpcProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         if conn is None:
-            conn = self._open()
+            # Our SETTINGS leave in one write with the answer to the client's preface (its SETTINGS
+            # ACK): one write per new connection, not two — a squat churns 1,000+ connections a second.
+            conn = self._open(send=False)
         events = conn.receive_data(data)
         if self.on_proven is not None and conn.streams_opened:
             proven, self.on_proven = self.on_proven, None
