@@ -142,7 +142,7 @@ def _emulator_fidelity(p: argparse.ArgumentParser) -> None:
 
 
 def _sim_twin(p: argparse.ArgumentParser) -> None:
-    from dlb.sim.policies import POLICIES
+    from dlb.sim.policies import ALL_POLICIES
     from dlb.testbed.scenarios import SCENARIOS
 
     p.add_argument("--real", default=None, help="a real comparison to twin run by run: dlb demo --compare's records.jsonl "
@@ -151,7 +151,7 @@ def _sim_twin(p: argparse.ArgumentParser) -> None:
                    help=f"without --real: scenarios to simulate (default all: {','.join(SCENARIOS)})")
     p.add_argument("--policies", type=lambda v: v.split(","), default=["Rand", "lr-global", "locality-failover", "hub-score",
                                                                      "Disc-Lat", "Flow-Grad"],
-                   help=f"without --real: policies (default Rand, the operator baselines, Disc-Lat, Flow-Grad; any of {', '.join(POLICIES)})")
+                   help=f"without --real: policies (default Rand, the operator baselines, Disc-Lat, Flow-Grad; any of {', '.join(ALL_POLICIES)})")
     p.add_argument("--duration", type=float, default=45.0, help="without --real: simulated seconds per run (default 45)")
     p.add_argument("--trials", type=int, default=3, help="without --real: trials per (scenario, policy), the real runs' seeds (default 3)")
     add_json_option(p, "the records")

@@ -77,7 +77,7 @@ from dlb.core.server_pick import PrequalConfig, ProbePool
 from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, with_failures
-from dlb.sim.policies import POLICIES, MnlbController, build_roots, uses_latency_model
+from dlb.sim.policies import ALL_POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario, Workload
 
 _LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP, _REPLY = range(10)
@@ -247,9 +247,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
              arrivals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None) -> RunResult:
     """Run ``policy`` on scenario ``sc`` for one trial and return its outcome."""
     cfg = config or SimConfig()
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    pidx = POLICIES.index(policy)
+    if policy not in ALL_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
+    pidx = ALL_POLICIES.index(policy)
     n = sc.n
     w = sc.workload
     topo = Topology.build(sc.names, sc.servers, sc.tau, sc.allowed)

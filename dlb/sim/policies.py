@@ -87,11 +87,15 @@ REGISTRY: dict[str, PolicySpec] = {
     **{f"{name}-native": _native(PolicyConfig(mechanism=m, cost=c))
        for (m, c), name in POLICY_NAMES.items() if m is Mechanism.DISCRETE},
 }
-POLICIES: tuple[str, ...] = tuple(REGISTRY)
+#: Every policy the engine runs; ``POLICIES`` (the paper's, the baselines) is what ``dlb sim`` and its report
+#: enumerate, the native-discrete ones run on request (``dlb bench sim-twin --policies``).
+ALL_POLICIES: tuple[str, ...] = tuple(REGISTRY)
+NATIVE_POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p.endswith("-native"))
+POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p not in NATIVE_POLICIES)
 #: What operators run instead of DLB (DESIGN §3); the report compares DLB with the best of them.
 OPERATOR_BASELINES: tuple[str, ...] = ("lr-global", "locality-failover", "hub-score")
 #: The policies ``dlb sim`` runs when ``--policies`` is not given: all of them, operator baselines included.
-DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if not p.endswith("-native"))
+DEFAULT_POLICIES: tuple[str, ...] = POLICIES
 #: The baselines (not DLB policies).
 BASELINES: tuple[str, ...] = ("Rand", "MNLB", "MNLB-oracle", *OPERATOR_BASELINES)
 
@@ -156,5 +160,5 @@ def build_roots(
     try:
         spec = REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES)}") from None
     return [spec.factory(topology, i, prior, rng_for(i)) for i in range(topology.n)]

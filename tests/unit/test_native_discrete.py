@@ -142,10 +142,10 @@ def test_the_simulator_runs_native_discrete_without_leaking_active_requests(monk
     from dataclasses import replace
 
     from dlb.sim import engine
-    from dlb.sim.policies import DEFAULT_POLICIES, POLICIES
+    from dlb.sim.policies import ALL_POLICIES, POLICIES
     from dlb.sim.scenario import Disruption, generate
 
-    assert {"Disc-Lat-native", "Disc-RIF-native", "Disc-Grad-native"} <= set(POLICIES) - set(DEFAULT_POLICIES)
+    assert {"Disc-Lat-native", "Disc-RIF-native", "Disc-Grad-native"} <= set(ALL_POLICIES) - set(POLICIES)
     sc = generate(2, duration_s=30.0)
     k = list(sc.servers)
     k[0] = 0

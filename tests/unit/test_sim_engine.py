@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dlb.sim.engine import SimConfig, generate_arrivals, simulate
-from dlb.sim.policies import POLICIES
+from dlb.sim.policies import ALL_POLICIES
 from dlb.sim.scenario import Disruption, Scenario, Workload, generate
 
 
@@ -78,7 +78,7 @@ def test_common_random_numbers_across_policies() -> None:
     assert simulate(sc, "Rand").arrivals == simulate(sc, "Flow-Grad").arrivals == t1.size
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", ALL_POLICIES)
 def test_each_policy_on_a_tiny_scenario(policy: str) -> None:
     sc = generate(3, duration_s=20.0)
     res = simulate(sc, policy, 0)
