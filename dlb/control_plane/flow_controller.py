@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlb.core.aversion import AversionConfig, RecentErrors, update_aversion
-from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
-from dlb.core.native_discrete import NativeWeights, native_weights
+from dlb.core.native_discrete import NativeWeights, cost_offset, native_weights
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 
@@ -146,7 +145,7 @@ class FlowController:
         for ep in self.endpoints:
             if not ep.native:
                 continue
-            offset = 1.0 if ep.policy.cost is Cost.RIF else 0.0
+            offset = cost_offset(ep.policy.cost)
             for src in self.sources:
                 r = self.routers[(ep.name, src)]
                 out.setdefault(ep.name, {})[src] = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, offset)

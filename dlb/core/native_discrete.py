@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlb.core.costs import Cost
-from dlb.core.latency_model import LatencyParams
 from dlb.core.router import NO_CELL, RootRouter
 
 #: The largest EDS weight written (the smallest is 1: Envoy refuses 0).
@@ -41,6 +40,11 @@ class NativeWeights:
 
     weights: tuple[int, ...]
     healthy: tuple[bool, ...]
+
+
+def cost_offset(cost: Cost) -> float:
+    """The ``o`` above for an endpoint's cost: 1 for RIF (an idle cell costs 0), else 0."""
+    return 1.0 if cost is Cost.RIF else 0.0
 
 
 def native_weights(costs: np.ndarray, replicas: np.ndarray, aversion: np.ndarray, usable: np.ndarray, allowed: np.ndarray,
@@ -78,15 +82,11 @@ class NativeDiscreteRoot:
         self.router = router
         self.rng = rng
         self.period_s = period_s
-        self.offset = 1.0 if router.policy.cost is Cost.RIF else 0.0
+        self.offset = cost_offset(router.policy.cost)
+        self.on_probe = router.on_probe  # probes go to the control plane's router as they are
         self.active = np.zeros(len(router.allowed))
         self._w = np.where(router.allowed, router.replicas, 0.0)
         self._due = -math.inf
-
-    def on_probe(self, cell: int, now: float, rif: float, params: LatencyParams | None = None, error_rate: float = 0.0,
-                 confidence: float = 1.0, replicas: float | None = None, seen_until: float | None = None,
-                 capacity: float | None = None) -> None:
-        self.router.on_probe(cell, now, rif, params, error_rate, confidence, replicas, seen_until, capacity)
 
     def tick(self, now: float) -> None:
         self.router.tick(now)
