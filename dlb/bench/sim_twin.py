@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,42 +39,8 @@ from dlb.load.workload import generate, with_phases
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.policies import OPERATOR_BASELINES
 from dlb.sim.scenario import Disruption, Scenario, Workload
-from dlb.testbed.fleet import DEFAULT_FLEET, Fleet, fleet_capacity_rps, one_way_ms
+from dlb.testbed.fleet import DEFAULT_FLEET, Fleet, one_way_ms
 from dlb.testbed.scenarios import REQUEST_TIMEOUT_S, SCENARIOS, plan_workload, trial_seed
-
-MEAN_PROMPT = 450.0
-MEAN_OUTPUT = 96.0
-
-
-def twin(fleet: Fleet = DEFAULT_FLEET, load: float = 0.75, duration_s: float = 40.0, seed: int = 1) -> Scenario:
-    names = [c.name for c in fleet.cells]
-    ow = one_way_ms(names)
-    n = len(names)
-    tau = np.zeros((n, n))
-    for i, a in enumerate(names):
-        for j, b in enumerate(names):
-            if i != j:
-                tau[i, j] = (ow.get(a, {}).get(b) or ow.get(b, {}).get(a) or 0.0) / 1000.0
-    tp, td = [], []
-    for c in fleet.cells:
-        prof = load_profile(c.profile)
-        prefill_per_step = fleet.max_batch * MEAN_PROMPT / MEAN_OUTPUT
-        td.append(prof.step_time(fleet.max_batch, int(prefill_per_step)) * fleet.time_scale)
-        tp.append(prof.prefill_us_per_token * 1e-6 * fleet.time_scale)
-    w = Workload(prefill_shift=32.0, prefill_shape=2.0, prefill_scale=(MEAN_PROMPT - 32.0) / 2.0,
-                 decode_shift=8.0, decode_shape=1.5, decode_scale=(MEAN_OUTPUT - 8.0) / 1.5,
-                 decode_engines=1, slots_per_engine=fleet.max_batch, queue_limit=64 + fleet.max_batch)
-    rate = load * sum(fleet_capacity_rps(fleet, MEAN_PROMPT, MEAN_OUTPUT).values())
-    sources = [c.name for c in fleet.cells if c.root]
-    demand = np.zeros(n)
-    for k, s in enumerate(sources):
-        demand[names.index(s)] = rate * (4.0 if k == 0 else 1.0) / (4.0 + (len(sources) - 1))
-    sc = Scenario(seed=seed, names=tuple(names), tau=tau, servers=tuple(c.servers for c in fleet.cells),
-                  prefill_token_s=np.array(tp), decode_token_s=np.array(td), demand=demand, workload=w,
-                  utilization=load, duration_s=duration_s, mod_amp=0.0, mod_period_s=np.full(n, 100.0),
-                  mod_phase=np.zeros(n))
-    return replace(sc)
-
 
 Arrivals = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -85,16 +51,25 @@ def scenario_twin(name: str, seed: int, duration_s: float, fleet: Fleet = DEFAUL
     real.check(duration_s)
     spec, phases, _ = plan_workload(fleet, real, duration_s, seed, real.load)
     reqs = with_phases(generate(spec), phases)
-    base = twin(fleet, real.load, duration_s, seed)
-    names = list(base.names)
+    names = [c.name for c in fleet.cells]
+    n = len(names)
+    ow = one_way_ms(names)
+    tau = np.array([[(ow.get(a, {}).get(b) or ow.get(b, {}).get(a) or 0.0) / 1000.0 if a != b else 0.0 for b in names] for a in names])
+    servers = tuple(c.servers for c in fleet.cells)
     t = np.array([r.t for r in reqs], float)
     src = np.array([names.index(r.source) for r in reqs], np.int64)
     ptok = np.array([r.prompt_tokens for r in reqs], float)
     dtok = np.array([r.max_tokens for r in reqs], float)  # the emulator generates exactly max_tokens
-    demand = np.bincount(src, minlength=len(names)) / duration_s
-    # The lengths' mean and spread as the workload's Gamma: what the priors and capacity are computed from.
-    w = replace(base.workload, prefill_shift=0.0, prefill_shape=ptok.mean() ** 2 / ptok.var(), prefill_scale=ptok.var() / ptok.mean(),
-                decode_shift=0.0, decode_shape=dtok.mean() ** 2 / dtok.var(), decode_scale=dtok.var() / dtok.mean())
+    # The emulator's engine: continuous batching of ``max_batch`` sequences on the profile's step-time
+    # curve (the floor and prompt cost × the time scale). The lengths' mean and spread as the workload's
+    # Gamma: what the priors and capacity are computed from.
+    w = Workload(prefill_shift=0.0, prefill_shape=ptok.mean() ** 2 / ptok.var(), prefill_scale=ptok.var() / ptok.mean(),
+                 decode_shift=0.0, decode_shape=dtok.mean() ** 2 / dtok.var(), decode_scale=dtok.var() / dtok.mean(),
+                 decode_engines=1, slots_per_engine=fleet.max_batch, queue_limit=64 + fleet.max_batch,
+                 server_model="batched", max_batch=fleet.max_batch, step_profile=fleet.cells[0].profile)
+    profiles = [load_profile(c.profile) for c in fleet.cells]
+    td = np.array([p.base_ms * 1e-3 * fleet.time_scale for p in profiles])
+    tp = np.array([p.prefill_us_per_token * 1e-6 * fleet.time_scale for p in profiles])
     disruption = None
     window = real.fault_window(duration_s)
     if window is not None:
@@ -102,18 +77,11 @@ def scenario_twin(name: str, seed: int, duration_s: float, fleet: Fleet = DEFAUL
         if real.fault == "slow":
             disruption = Disruption("slow", window[0], window[1], cell=j, factor=fleet.degrade_slowdown)
         else:
-            servers = list(base.servers)
-            servers[j] = 0
-            disruption = Disruption("outage", window[0], window[1], outage_servers=tuple(servers))
-    # The emulator's engine: continuous batching of ``max_batch`` sequences on the profile's step-time
-    # curve (the floor and prompt cost × the time scale), not twin()'s two-stage pipeline.
-    profiles = [load_profile(c.profile) for c in fleet.cells]
-    w = replace(w, server_model="batched", max_batch=fleet.max_batch, step_profile=fleet.cells[0].profile)
-    td = np.array([p.base_ms * 1e-3 * fleet.time_scale for p in profiles])
-    tp = np.array([p.prefill_us_per_token * 1e-6 * fleet.time_scale for p in profiles])
+            disruption = Disruption("outage", window[0], window[1], outage_servers=tuple(0 if k == j else s for k, s in enumerate(servers)))
     allowed = np.array([[b in fleet.allowed.get(a, names) for b in names] for a in names])
-    sc = replace(base, demand=demand, workload=w, disruption=disruption, utilization=real.load, decode_token_s=td,
-                 prefill_token_s=tp, allowed=allowed)
+    sc = Scenario(seed=seed, names=tuple(names), tau=tau, servers=servers, prefill_token_s=tp, decode_token_s=td,
+                  demand=np.bincount(src, minlength=n) / duration_s, workload=w, utilization=real.load, duration_s=duration_s,
+                  mod_amp=0.0, mod_period_s=np.full(n, 100.0), mod_phase=np.zeros(n), disruption=disruption, allowed=allowed)
     return sc, (t, src, ptok, dtok)
 
 
