@@ -83,6 +83,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("sim/shedding/*.json", "python research/sim/shedding/overload.py --minutes 5 --scenarios 4"),
     ("routing-stress/*ideal*.json", "python research/routing-stress/oracle.py --seeds 9401,9402,9403,9404,9405,9406 "
                                      "--util 0.8 --minutes 4 --json FILE (at the commit in FILE's name)"),
+    ("routing-stress/*gradfloor-tuning*.json", "python research/routing-stress/probe.py --seeds 101,102,103 --util 0.8 "
+                                               "--minutes 4 --model batched --policies P --json FILE (P: README, 'A floor from "
+                                               "the models' spread')"),
     ("routing-stress/*rho*-tuning-*.json", "python research/routing-stress/probe.py --seeds 101,102,103 --util 0.8 --minutes 4 "
                                            "--model batched --policies Rand,Disc-Grad,Flow-Grad --grad-max-rho R --json FILE "
                                            "(R in FILE's name: rho95 = 0.95, rho99 = 0.99)"),

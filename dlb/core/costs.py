@@ -24,12 +24,17 @@ class Cost(str, enum.Enum):
 
 @dataclass(frozen=True, eq=False)
 class ModelTable:
-    """Latency-model parameters of every cell as arrays (a, b, c, s), each of shape (n,)."""
+    """Latency-model parameters of every cell as arrays (a, b, c, s), each of shape (n,).
+
+    ``floor``: the least ``1 − ρ`` the gradient cost uses per cell (:mod:`dlb.core.grad_floor`);
+    None: ``1 − GRAD_MAX_RHO`` for all.
+    """
 
     a: np.ndarray
     b: np.ndarray
     c: np.ndarray
     s: np.ndarray
+    floor: np.ndarray | None = None
 
     @classmethod
     def from_params(cls, params: Sequence[LatencyParams]) -> ModelTable:
@@ -78,5 +83,5 @@ def cost_vector(
     if cost is Cost.LATENCY:
         return latency(workload, models.a, models.b, models.c, models.s) + rtt
     if cost is Cost.GRADIENT:
-        return inv_marginal_rate(workload, models.a, models.b, models.c, models.s) + rtt
+        return inv_marginal_rate(workload, models.a, models.b, models.c, models.s, floor=models.floor) + rtt
     raise ValueError(f"unknown cost {cost!r}")

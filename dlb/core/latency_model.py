@@ -93,11 +93,16 @@ def d_service_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.
     return (ell - n * d_latency(n, a, b, c, s)) / (ell * ell)
 
 
-def inv_marginal_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num, eps: float = GRAD_EPS) -> np.ndarray:
-    """1/μ'(N) = ℓ² / (ℓ − Nℓ'), with the denominator floored at ``(1 − GRAD_MAX_RHO)·ℓ`` (and ``eps``)."""
+def inv_marginal_rate(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num, eps: float = GRAD_EPS,
+                      floor: Num | None = None) -> np.ndarray:
+    """1/μ'(N) = ℓ² / (ℓ − Nℓ'), with the denominator floored at ``floor·ℓ`` (and ``eps``).
+
+    ``floor``: the least ``1 − ρ`` per cell (:mod:`dlb.core.grad_floor`); default ``1 − GRAD_MAX_RHO``.
+    """
     n = np.asarray(n, float)
     ell = latency(n, a, b, c, s)
-    denom = np.maximum(ell - n * d_latency(n, a, b, c, s), np.maximum((1.0 - GRAD_MAX_RHO) * ell, eps))
+    f = (1.0 - GRAD_MAX_RHO) if floor is None else floor
+    denom = np.maximum(ell - n * d_latency(n, a, b, c, s), np.maximum(f * ell, eps))
     return ell * ell / denom
 
 

@@ -43,6 +43,7 @@ from dlb.core.flow import (
     saturation_workload,
     workload_at_rate,
 )
+from dlb.core.grad_floor import GradFloorConfig, ModelSpread
 from dlb.core.latency_model import (
     GRAD_EPS,
     GRAD_MAX_RHO,
@@ -101,6 +102,8 @@ class PolicyConfig:
     aversion: AversionConfig = field(default_factory=AversionConfig)
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     shed: ShedConfig = field(default_factory=ShedConfig)
+    #: The gradient cost's floor on ``1 − ρ`` from the spread of each cell's recent models.
+    grad_floor: GradFloorConfig = field(default_factory=GradFloorConfig)
     #: Probe state older than this makes a cell unusable (the leaf may be gone).
     stale_after_s: float = 1.0
     #: Time constant of the EMA of this root's own arrival rate (reported; the flow step does not use it).
@@ -164,6 +167,12 @@ class RootRouter:
         self.replicas = topology.replicas.copy()
         # One prior per cell when the config gives cells their own (a known-slower region), else the endpoint's.
         self.models = ModelTable.from_params(list(cell_priors) if cell_priors is not None else [prior] * n)
+        # The gradient cost's per-cell floor on 1 − ρ, from the spread of the models each cell published.
+        self._spread: ModelSpread | None = None
+        if policy.grad_floor.enabled and (policy.cost is Cost.GRADIENT or policy.flow.relaxation_delay):
+            self._spread = ModelSpread(n, policy.grad_floor)
+            m = self.models
+            self.models = ModelTable(m.a, m.b, m.c, m.s, np.full(n, policy.grad_floor.max_floor))
         self.view = CellView.empty(n)
         # Per cell: (send time, amount) of this root's sends no probe has seen yet; view.sent is their sum.
         self._unseen: list[deque[tuple[float, float]]] = [deque() for _ in range(n)]
@@ -253,6 +262,8 @@ class RootRouter:
         if params is not None:
             m = self.models
             m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
+        if self._spread is not None:
+            self._update_floor(cell, now)
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
         if serving and cell not in self._usable_set:
@@ -287,11 +298,26 @@ class RootRouter:
         self._usable = None
 
     def set_model(self, cell: int, params: LatencyParams) -> None:
-        """Replace one cell's latency model (e.g. the control plane's, for a cell without a local fit)."""
+        """Replace one cell's latency model (e.g. the control plane's, for a cell without a local fit;
+        the cell's next probe records it for the gradient floor)."""
         m = self.models
         m.a[cell], m.b[cell], m.c[cell], m.s[cell] = params.a, params.b, params.c, params.s
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
+
+    def _update_floor(self, cell: int, now: float) -> None:
+        """Record the model ``cell`` uses at ``now`` and re-derive its floor on ``1 − ρ`` at its workload.
+
+        Called on every probe, with or without a new model, so a model that stops changing (an exact
+        one, a settled fit) is seen to stay in use and reaches the low floor.
+        """
+        m = self.models
+        if self._spread is None or m.floor is None:
+            return
+        a, b, c, s = float(m.a[cell]), float(m.b[cell]), float(m.c[cell]), float(m.s[cell])
+        self._spread.observe(cell, now, a, b, c, s)
+        n = float(self.view.rif[cell] + self.view.sent[cell]) * float(self._inflate[cell])
+        m.floor[cell] = self._spread.floor(cell, n)
 
     def invalidate(self) -> None:
         """Drop the per-request caches after writing the state arrays directly (bulk updates)."""
@@ -443,7 +469,7 @@ class RootRouter:
         else:
             eps = np.maximum(1e-3, 1e-3 * nn)
             zero = np.zeros_like(nn)
-            sub = ModelTable(a, b, c, s)
+            sub = ModelTable(a, b, c, s, None if m.floor is None else m.floor[usable])
             up = cost_vector(cost, nn + eps, self.replicas[usable], sub, zero)
             down = cost_vector(cost, np.maximum(nn - eps, 0), self.replicas[usable], sub, zero)
             dc = (up - down) / (nn + eps - np.maximum(nn - eps, 0))
@@ -458,7 +484,8 @@ class RootRouter:
         slowest = 0.0
         if cfg.relaxation_delay:  # off by default: no work on every step for a term nobody adds
             relax = np.zeros(len(usable))
-            relax[usable] = np.minimum(1.0 / dmu, latency(nn, a, b, c, s) / (1.0 - GRAD_MAX_RHO))
+            floor = (1.0 - GRAD_MAX_RHO) if m.floor is None else m.floor[usable]
+            relax[usable] = np.minimum(1.0 / dmu, latency(nn, a, b, c, s) / floor)
             slowest = float(relax[ref].max())
         if not cfg.per_cell_scale:
             return mean_g, slowest
@@ -488,7 +515,8 @@ class RootRouter:
         if cost is Cost.LATENCY:
             return ell + float(self.rtt[j])
         sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        return ell * ell / max(ell - n * b * sig, (1.0 - GRAD_MAX_RHO) * ell, GRAD_EPS) + float(self.rtt[j])
+        floor = (1.0 - GRAD_MAX_RHO) if m.floor is None else float(m.floor[j])
+        return ell * ell / max(ell - n * b * sig, floor * ell, GRAD_EPS) + float(self.rtt[j])
 
     def _usable_now(self, now: float) -> list[int]:
         if self._usable is None or now > self._usable_until:

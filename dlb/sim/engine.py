@@ -249,7 +249,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     cfg = config or SimConfig()
     if policy not in ALL_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
-    pidx = ALL_POLICIES.index(policy)
+    # A variant (``Flow-Grad[...]``, research/routing-stress/probe.py) draws its base policy's numbers.
+    pidx = ALL_POLICIES.index(policy.split("[", 1)[0]) if policy.split("[", 1)[0] in ALL_POLICIES else ALL_POLICIES.index(policy)
     n = sc.n
     w = sc.workload
     topo = Topology.build(sc.names, sc.servers, sc.tau, sc.allowed)

@@ -18,20 +18,25 @@ import dlb.sim.policies as sim_policies
 from dlb.core import latency_model
 from dlb.core import router as core_router
 from dlb.core.flow import FlowConfig
+from dlb.core.grad_floor import GradFloorConfig
 from dlb.core.router import PolicyConfig
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.scenario import generate
 
 
 def register_variant(name: str) -> None:
-    """``Flow-Grad[adaptive_gain=False,lead_s=5]``: a flow policy with FlowConfig fields changed, for this run only."""
+    """``Flow-Grad[adaptive_gain=False,lead_s=5]``: a policy with FlowConfig fields changed, for this run only
+    (``floor.z=3``, ``floor.enabled=False``: GradFloorConfig fields)."""
     if "[" not in name or name in sim_policies.REGISTRY:
         return
     base, fields = name.rstrip("]").split("[", 1)
     kw = {k: (v == "True" if v in ("True", "False") else float(v)) for k, v in (f.split("=") for f in fields.split(","))}
+    floor = {k.removeprefix("floor."): (int(v) if k == "floor.models" else v) for k, v in kw.items() if k.startswith("floor.")}
+    flow = {k: v for k, v in kw.items() if not k.startswith("floor.")}
     cfg = PolicyConfig.from_name(base)
-    sim_policies.REGISTRY[name] = sim_policies._dlb(PolicyConfig(mechanism=cfg.mechanism, cost=cfg.cost, flow=FlowConfig(**kw)))
-    sim_engine.POLICIES = tuple(sim_policies.REGISTRY)
+    sim_policies.REGISTRY[name] = sim_policies._dlb(PolicyConfig(mechanism=cfg.mechanism, cost=cfg.cost, flow=FlowConfig(**flow),
+                                                                 grad_floor=GradFloorConfig(**floor)))
+    sim_engine.ALL_POLICIES = tuple(sim_policies.REGISTRY)
 
 
 def set_grad_max_rho(rho: float) -> None:
