@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.core.baselines import mnlb_solve, rand_weights
+from dlb.core.baselines import mnlb_solve, rand_weights, without_dead_cells
 from dlb.core.latency_model import LatencyParams
 from dlb.core.topology import Topology
 
@@ -85,18 +85,7 @@ class MnlbLoop:
         if self.demand.sum() <= 0 or self.capacity.sum() <= 0:
             return False
         y = mnlb_solve(self.topology, self.demand, self.capacity, rho=self.rho)
-        # A source with no measured demand gets an arbitrary feasible row from the LP; whatever the row,
-        # a cell with no capacity (leaf silent, no healthy server) must get none of it.
-        usable = self.capacity > 0
-        if usable.any():
-            y = np.where(usable[None, :], y, 0.0)
-            for i in range(self.topology.n):
-                s = y[i].sum()
-                if s > 0:
-                    y[i] /= s
-                else:  # the LP put the whole row on cells without capacity: fall back to the usable ones
-                    w = np.where(self.topology.allowed[i] & usable, self.topology.replicas, 0.0)
-                    y[i] = w / w.sum() if w.sum() > 0 else self.y[i]
+        y = without_dead_cells(self.topology, y, self.capacity, self.y)
         changed = not np.allclose(y, self.y)
         self.y = y
         self.solves += 1

@@ -65,6 +65,27 @@ def mnlb_solve(
     return y
 
 
+def without_dead_cells(topology: Topology, y: np.ndarray, capacity: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """``y`` with no share on a cell without capacity (leaf silent, no healthy server), rows renormalised.
+
+    A source with no measured demand gets an arbitrary feasible row from the LP, which may sit on
+    such a cell; a row left empty falls back to the usable allowed cells by replicas, else to
+    ``previous``'s row. Shared by the control plane's loop and the simulator's.
+    """
+    usable = np.asarray(capacity, float) > 0
+    if not usable.any():
+        return y
+    y = np.where(usable[None, :], y, 0.0)
+    for i in range(topology.n):
+        s = y[i].sum()
+        if s > 0:
+            y[i] /= s
+        else:
+            w = np.where(topology.allowed[i] & usable, topology.replicas, 0.0)
+            y[i] = w / w.sum() if w.sum() > 0 else previous[i]
+    return y
+
+
 class WeightedRouter:
     """A root that samples from fixed weights (Rand, or MNLB between two solves).
 

@@ -605,8 +605,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 assert mnlb is not None  # _MNLB events are scheduled only for the MNLB policies
                 if oracle:
                     cap = np.asarray(k_live, float) * server_rate
-                else:
-                    cap = np.array([reported[j].capacity for j in range(n)])
+                else:  # as the control plane: the model's capacity × the leaf's healthy fraction
+                    cap = np.array([reported[j].capacity * k_live[j] / sc.servers[j] for j in range(n)])
                 mnlb.solve(lam_hat, cap)
                 if now < T:
                     schedule(now + cfg.mnlb_period_s, _MNLB)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlb.core.aversion import AversionConfig, update_aversion
-from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights
+from dlb.core.baselines import WeightedRouter, mnlb_solve, rand_weights, without_dead_cells
 from dlb.core.costs import Cost
 from dlb.core.latency_model import LatencyParams
 from dlb.core.native_discrete import NativeDiscreteRoot
@@ -145,9 +145,14 @@ class MnlbController:
     rho: float = 0.85
 
     def solve(self, demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-        """Solve for ``demand`` (req/s per source cell) and ``capacity`` (req/s per cell); push to roots."""
+        """Solve for ``demand`` (req/s per source cell) and ``capacity`` (req/s per cell); push to roots.
+
+        As the control plane's loop (:class:`dlb.control_plane.mnlb.MnlbLoop`): a cell without
+        capacity gets no share.
+        """
         y = mnlb_solve(self.topology, demand, capacity, rho=self.rho)
         n = self.topology.n
+        y = without_dead_cells(self.topology, y, capacity, np.stack([self.roots[i].weights for i in range(n)]))
         for k, root in enumerate(self.roots):  # replica-major: root k serves source cell k mod n
             root.set_weights(y[k % n])
         return y
