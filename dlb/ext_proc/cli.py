@@ -152,6 +152,10 @@ def run_leaf(args: argparse.Namespace) -> int:
     if cell.inference_pool is not None:  # no servers in the file: only the EPP follows the pool's pods
         raise UsageError(f"dlb serve leaf: {args.config}: cells[{cell.index}].inference_pool: the servers are an InferencePool's "
                          f"pods, which dlb serve epp follows; run that for cell {cell.name!r}")
+    if cell.leaf.foreign:  # its probes are answered by what runs there (leaf.source); a DLB leaf would count nothing
+        raise UsageError(f"dlb serve leaf: {args.config}: cells[{cell.index}].leaf.source is {cell.leaf.source!r}: cell "
+                         f"{cell.name!r} runs no DLB leaf (the roots read its {cell.leaf.source} metrics); run this only "
+                         f"for cells with source 'dlb'")
     if args.replica:
         n = len(cell.leaf.all_replicas())
         if not 0 <= args.replica < n:

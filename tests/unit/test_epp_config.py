@@ -81,3 +81,13 @@ def test_a_leaf_refuses_a_cell_whose_servers_are_an_inference_pool(tmp_path: Pat
     args = build_parser(None).parse_args(["serve", "leaf", "--config", str(tmp_path / "dlb.yaml"), "--cell", "pool"])
     with pytest.raises(UsageError, match=r"cells\[0\]\.inference_pool: the servers are an InferencePool's pods, which dlb serve epp"):
         args.func(args)
+
+
+@pytest.mark.parametrize("source", ["vllm", "gie"])
+def test_a_leaf_refuses_a_foreign_cell(tmp_path: Path, source: str) -> None:
+    from dlb.cli import build_parser
+
+    (tmp_path / "dlb.yaml").write_text(config("servers: ['10.0.0.1:8000']").replace("leaf: {", f"leaf: {{source: {source}, "))
+    args = build_parser(None).parse_args(["serve", "leaf", "--config", str(tmp_path / "dlb.yaml"), "--cell", "pool"])
+    with pytest.raises(UsageError, match=rf"cells\[0\]\.leaf\.source is '{source}': cell 'pool' runs no DLB leaf"):
+        args.func(args)
