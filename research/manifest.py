@@ -34,6 +34,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("compare-stress/twin/real-twin-*", "dlb bench sim-twin --real research/compare-stress/records.jsonl --json FILE"),
     ("compare-stress/twin/all-scenarios-*", "dlb bench sim-twin --policies Rand,MNLB,lr-global,locality-failover,hub-score,"
                                             "Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad --json FILE"),
+    ("compare-stress/twin/steady-*s-*", "dlb bench sim-twin --scenarios steady --policies hub-score,Disc-Lat,Flow-Lat,Flow-Grad "
+                                        "--duration D --json FILE (D in FILE's name)"),
     ("compare-stress/twin/native-discrete-*", "dlb bench sim-twin --policies hub-score,lr-global,locality-failover,Disc-RIF,Disc-Lat,"
                                               "Disc-Grad,Disc-RIF-native,Disc-Lat-native,Disc-Grad-native --json FILE"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
