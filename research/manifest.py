@@ -47,6 +47,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/hostile-squat-watch-*", "PYTHONPATH=research/tools/root_loop_watch dlb bench hostile --scale full --attacks slot-squat "
                                     "--json FILE (*-root.txt: the root's /tmp/root-loop-watch-PID.txt of that run)"),
     ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
+    ("bench/hpack-traceparent-*.txt", ".venv/bin/python research/tools/hpack_traceparent.py 21 > FILE (research/epp.md)"),
+    ("bench/h2-traced-calls-*.txt", ".venv/bin/python research/tools/h2_traced_calls.py 5, old and new alternated "
+                                    "(old through PYTHONPATH; the file's first line) > FILE"),
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c7/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),

@@ -15,7 +15,7 @@ HTTP/2 + gRPC framing, and the subset it needs from a server is small:
 - replies that are pre-serialised bytes, sent as HEADERS / DATA / trailers with a constant HPACK
   encoding (static-table references and literals *without* indexing, so our encoder never has
   state; the first header block on a connection sets our dynamic table size to 0);
-- request header blocks decoded by the ``hpack`` library (it keeps the peer's dynamic table);
+- request header blocks decoded by ``hpack_decoder`` (it keeps the peer's dynamic table; ``hpack``'s bounds and errors);
 - flow control both ways (RFC 9113 §5.2), SETTINGS, PING, RST_STREAM, GOAWAY, CONTINUATION,
   padding and priority flags; protocol violations end the connection with GOAWAY and the right
   error code, a broken stream gets RST_STREAM, a bad message gets a gRPC status — never a crash.

@@ -1,8 +1,9 @@
 """Request header blocks: HPACK decoding with a bounded exact cache, and RFC 9113 §8 validation.
 
 Why a cache: Envoy's encoder sends the same bytes for every ext_proc stream once its dynamic table is
-warm (``:path`` as a literal *without* indexing, the rest as indexed fields), and ``hpack`` spends
-~0.1 ms of pure Python on each such block. A block that neither adds an entry nor resizes the table
+warm (``:path`` as a literal *without* indexing, the rest as indexed fields), and decoding one costs
+~10 µs of pure Python (``hpack_decoder``) against a dictionary look-up. When Envoy traces, no block
+repeats (each carries a new indexed ``traceparent``) and every one is decoded. A block that neither adds an entry nor resizes the table
 decodes to the same fields for as long as the table is unchanged, and decoding it again would leave
 the table as it is — so the cache is exact. Any block that does change the table clears the cache
 (its entries may refer to indices that now mean something else).
@@ -19,11 +20,9 @@ cached with it, so the request path pays for it only on a miss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple
 
-import hpack
-
+from dlb.ext_proc.transport.hpack_decoder import Decoder
 from dlb.ext_proc.transport.limits import H2Limits, TransportStats
 
 #: Header fields that are HTTP/1 connection-specific: a request carrying one is malformed (§8.2.2).
@@ -33,9 +32,9 @@ REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 FIELD_OVERHEAD = 96
 
 
-@dataclass(frozen=True, slots=True)
-class HeaderBlock:
-    """A decoded header block and what a server needs from it."""
+class HeaderBlock(NamedTuple):
+    """A decoded header block and what a server needs from it (immutable: cached blocks are shared; a
+    NamedTuple because one is built per block a traced Envoy sends, 3x cheaper than a frozen dataclass)."""
 
     fields: list[tuple[bytes, bytes]]
     method: bytes | None
@@ -98,11 +97,10 @@ def parse_head(fields: list[tuple[bytes, bytes]]) -> HeaderBlock:
 
 
 class CachingDecoder:
-    """``hpack.Decoder`` plus a bounded exact cache of header blocks that leave the dynamic table unchanged."""
+    """:class:`Decoder` plus a bounded exact cache of header blocks that leave the dynamic table unchanged."""
 
     def __init__(self, max_header_list_size: int, stats: TransportStats | None = None, limits: H2Limits | None = None) -> None:
-        self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = max_header_list_size
+        self.decoder = Decoder(max_header_list_size)
         self.limits = limits or H2Limits()
         self.stats = stats if stats is not None else TransportStats()
         self.cache: dict[bytes, HeaderBlock] = {}
@@ -117,13 +115,9 @@ class CachingDecoder:
         if hit is not None:
             self.hits += 1
             return hit
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        first = entries[0] if entries else None
-        size, maxsize = len(entries), table.maxsize
-        # raw=True: every name and value stays bytes (hpack's annotation is the wider HeaderTuple)
-        head = parse_head(cast("list[tuple[bytes, bytes]]", self.decoder.decode(block, raw=True)))
-        if len(entries) == size and (entries[0] if entries else None) is first and table.maxsize == maxsize:
+        changes = self.decoder.changes
+        head = parse_head(self.decoder.decode(block))
+        if self.decoder.changes == changes:
             self._store(block, head)
         else:
             self.release()
