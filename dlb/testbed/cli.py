@@ -81,3 +81,13 @@ def netns_client_main() -> None:
 
     for s in run(ClientLoad(**json.loads(sys.argv[1]))):
         print(json.dumps(dataclasses.asdict(s)))
+
+
+def stub_dns_main() -> None:
+    """The netns testbed's DNS server (:func:`dlb.testbed.stub_dns.argv`): its address and zone (JSON) in ``argv``."""
+    import json
+    import sys
+
+    from dlb.testbed.stub_dns import serve
+
+    serve(sys.argv[1], json.loads(sys.argv[2]))

@@ -34,9 +34,9 @@ from typing import Any
 from dlb.config.model import HostPort
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.launch.up import http_get, probes_fresh, tcp_open
+from dlb.testbed import stub_dns
 from dlb.testbed.k8s_pods import Container, Readiness, bootstraps, containers, pod_templates, render
 from dlb.testbed.netns import Host, Lab, entered, listeners
-from dlb.testbed.stub_dns import StubDns
 
 #: Ports and names the rendered manifests use (a container's ports, the control-plane Service's name).
 ADMIN_PORT = 9901  # Envoy admin, on 127.0.0.1 of its pod
@@ -116,7 +116,9 @@ def netns_config(p: NetnsPlan, ip: dict[str, str], token_file: str) -> dict[str,
         # RIF cost: the cells are alike, so requests spread over all of them (what the tests need to see).
         "endpoints": [{"name": "completions", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"},
                        "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 8, "s": 1}, "timeout_s": 60}],
-        "probe": {"period_ms": 50, "timeout_ms": 300, "stale_after_ms": p.stale_after_ms, "backoff_max_ms": 1000},
+        # Every root and control-plane pod probes every leaf pod (4 x 6 here): at 50 ms that was 480 probes/s
+        # of Python on a 2-core box, which starved the fleet it measured.
+        "probe": {"period_ms": 100, "timeout_ms": 300, "stale_after_ms": p.stale_after_ms, "backoff_max_ms": 1000},
         "root_token_file": token_file,
         "services": {
             "control_plane": {"xds": f"{CONTROL_PLANE_NAME}:{XDS_PORT}", "status": f"{CONTROL_PLANE_NAME}:{STATUS_PORT}"},
@@ -156,7 +158,6 @@ class NetnsDeployment:
     supervisor: Supervisor
     config: dict[str, Any]
     config_path: Path
-    dns: StubDns
     #: Supervised children per host name (a pod's containers; a cell host's servers).
     children: dict[str, list[Child]] = field(default_factory=dict)
 
@@ -210,9 +211,6 @@ class NetnsDeployment:
         except OSError:
             return False
 
-    def close(self) -> None:
-        self.dns.stop()
-
 
 def _programs() -> dict[str, list[str]]:
     from dlb.envoy.binary import envoy_binary
@@ -221,12 +219,11 @@ def _programs() -> dict[str, list[str]]:
 
 
 def plan(lab: Lab, p: NetnsPlan, sup: Supervisor, overlay: Path | None = None) -> NetnsDeployment:
-    """Start the stub DNS, write the config and add every process to ``sup`` in tiers (servers, control
-    plane, leaves, roots); the pods' containers come from ``overlay`` (default :data:`k8s_pods.OVERLAY`)."""
+    """Write the config and add every process to ``sup`` in tiers (the stub DNS, servers, control plane,
+    leaves, roots); the pods' containers come from ``overlay`` (default :data:`k8s_pods.OVERLAY`)."""
     docs = render(overlay) if overlay is not None else render()
     templates, boots = pod_templates(docs), bootstraps(docs)
     ip = {name: h.ip for name, h in lab.hosts.items()}
-    dns = StubDns(lab.hosts["dns"], zone(p, ip)).start()
     lab.use_nameserver(lab.hosts["dns"].ip)
     # The pods' volumes, as folders outside /tmp (each pod's /tmp is its own scratch mount).
     vol = {name: lab.scratch / name for name in ("config", "root-token", "bootstrap-root", "bootstrap-leaf")}
@@ -236,11 +233,15 @@ def plan(lab: Lab, p: NetnsPlan, sup: Supervisor, overlay: Path | None = None) -
     cfg = netns_config(p, ip, str(vol["root-token"] / "token"))
     path = vol["config"] / "dlb.yaml"
     path.write_text(json.dumps(cfg, indent=1))
-    dep = NetnsDeployment(p, lab, sup, cfg, path, dns)
+    dep = NetnsDeployment(p, lab, sup, cfg, path)
     programs = _programs()
 
     def add(host: str, child: Child) -> None:
         dep.children.setdefault(host, []).append(sup.add(child))
+
+    dns, records = lab.hosts["dns"], zone(p, ip)
+    add("dns", Child("stub-dns", "dns", stub_dns.argv(dns, records), sup.run_dir / "stub-dns.log",
+                     ready=functools.partial(in_host, dns, lambda: bool(stub_dns.answers(dns.ip, CONTROL_PLANE_NAME)))))
 
     def pod(host_name: str, base: str, pod_name: str, cell: str, tier: str) -> None:
         host = lab.hosts[host_name]

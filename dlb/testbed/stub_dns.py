@@ -9,22 +9,22 @@ without TTLs). Each namespace's ``/etc/resolv.conf`` names this server (``ip net
 ``/etc/netns/<ns>/resolv.conf``, :meth:`dlb.testbed.netns.Lab.use_nameserver`).
 
 Answers A records for the names of :attr:`StubDns.zone` (AAAA and other types: no data; other names:
-NXDOMAIN), rotated one place per query as CoreDNS's ``loadbalance`` plugin does, so clients that
-take the first address spread over the records. :func:`answer` is pure; :class:`StubDns` serves it
-from a thread on a UDP socket made inside the DNS host's namespace.
+NXDOMAIN), rotated one place per query as CoreDNS's ``loadbalance`` plugin does. :func:`answer` is
+pure; :func:`serve` answers on UDP in a process of the lab's ``dns`` host (not a thread of the test's
+process, whose own work would hold the GIL while resolvers time out and retry).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import socket
 import struct
-import threading
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
-from dlb.testbed.netns import Host, entered
+from dlb.testbed.netns import Host
 
 TYPE_A, CLASS_IN = 1, 1
 RCODE_OK, RCODE_FORMERR, RCODE_NXDOMAIN = 0, 1, 3
@@ -77,62 +77,38 @@ def answer(query: bytes, zone: Mapping[str, Sequence[str]], rotate: int = 0, ttl
     return qid + struct.pack("!HHHHH", flags, 1, count, 0, 0) + query[12:end] + records
 
 
-@dataclass
-class StubDns:
-    """Serve :func:`answer` for ``zone`` on ``host``'s address, port 53, from a daemon thread.
+def serve(address: str, zone: Mapping[str, Sequence[str]], ttl_s: int = TTL_S) -> None:
+    """Answer queries on ``address``:53 (UDP) forever, rotating each name's records per A query."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((address, 53))
+    turns: dict[str, int] = {}
+    while True:
+        query, peer = sock.recvfrom(512)
+        try:
+            name, qtype = _question(query)[:2]
+        except ValueError:
+            name, qtype = "", 0
+        # Turn on A queries only: glibc asks A and AAAA for each lookup, which would turn twice.
+        turn = turns.get(name.rstrip("."), 0)
+        if qtype == TYPE_A:
+            turns[name.rstrip(".")] = turn + 1
+        with contextlib.suppress(OSError):
+            sock.sendto(answer(query, zone, turn, ttl_s), peer)
 
-    ``zone`` may be changed while it runs (a Service's endpoints changing); :meth:`set` does it atomically.
-    """
 
-    host: Host
-    zone: dict[str, list[str]] = field(default_factory=dict)
-    ttl_s: int = TTL_S
-    queries: int = 0
-    _sock: socket.socket | None = None
-    _thread: threading.Thread | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _turns: dict[str, int] = field(default_factory=dict)
+def argv(host: Host, zone: Mapping[str, Sequence[str]]) -> list[str]:
+    """The stub DNS server as a process of ``host`` (a pod of its own, like the cluster's DNS)."""
+    code = "from dlb.testbed.cli import stub_dns_main; stub_dns_main()"
+    return host.argv([sys.executable, "-c", code, host.ip, json.dumps({k: list(v) for k, v in zone.items()})])
 
-    def set(self, name: str, ips: Sequence[str]) -> None:
-        with self._lock:
-            self.zone[name.lower().rstrip(".")] = list(ips)
 
-    def start(self) -> StubDns:
-        with entered(self.host):  # the socket is made in the DNS host's namespace and stays there
-            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind((self.host.ip, 53))
-        self._thread = threading.Thread(target=self._serve, name=f"stub-dns-{self.host.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _serve(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        while True:
-            try:
-                query, peer = sock.recvfrom(512)
-            except OSError:  # closed by stop()
-                return
-            if not peer:  # shut down by stop()
-                return
-            with self._lock:
-                try:
-                    name, qtype = _question(query)[:2]
-                except ValueError:
-                    name, qtype = "", 0
-                # Turn on A queries only: glibc asks A and AAAA for each lookup, which would turn twice.
-                turn = self._turns.get(name, 0)
-                if qtype == TYPE_A:
-                    self._turns[name] = turn + 1
-                self.queries += 1
-                reply = answer(query, self.zone, turn, self.ttl_s)
-            with contextlib.suppress(OSError):
-                sock.sendto(reply, peer)
-
-    def stop(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-            self._sock.close()
-        if self._thread is not None:
-            self._thread.join(5)
+def answers(address: str, name: str, timeout_s: float = 0.5) -> list[str]:
+    """The A records the server at ``address`` gives ``name`` (its readiness check); OSError if it does not answer."""
+    qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    query = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 0) + qname + struct.pack("!HH", TYPE_A, CLASS_IN)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.sendto(query, (address, 53))
+        reply = sock.recv(512)
+    count, at = struct.unpack("!H", reply[6:8])[0], len(query)
+    return [str(ipaddress.IPv4Address(reply[at + 12 + 16 * k:at + 16 + 16 * k])) for k in range(count)]
