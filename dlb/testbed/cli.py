@@ -70,19 +70,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                         "rank with BF-IO (docs/bfio.md); default off")
 
 
-def netns_client_main() -> None:
-    """The netns testbed's client process (:func:`dlb.testbed.netns_client.start`): a ``ClientLoad`` as JSON
-    in ``argv[1]``, one sample per line of JSON out."""
-    import dataclasses
-    import json
-    import sys
-
-    from dlb.testbed.netns_client import ClientLoad, run
-
-    for s in run(ClientLoad(**json.loads(sys.argv[1]))):
-        print(json.dumps(dataclasses.asdict(s)))
-
-
 def stub_dns_main() -> None:
     """The netns testbed's DNS server (:func:`dlb.testbed.stub_dns.argv`): its address and zone (JSON) in ``argv``."""
     import json

@@ -50,11 +50,11 @@ from pathlib import Path
 import pytest
 from bounded_wait import until
 
+from dlb.bench import netns_client
 from dlb.bench.faults import Sample, long_stream_tokens
+from dlb.bench.netns_client import ClientLoad
 from dlb.launch.supervisor import Child, Supervisor
-from dlb.testbed import netns_client
 from dlb.testbed.netns import Lab, entered, lab_namespaces, unavailable
-from dlb.testbed.netns_client import ClientLoad
 from dlb.testbed.netns_fleet import ADMIN_PORT, NetnsDeployment, NetnsPlan, plan, unexpected_loopback
 from dlb.testbed.stack import metric_value
 

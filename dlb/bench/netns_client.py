@@ -47,7 +47,7 @@ def run(load: ClientLoad) -> list[Sample]:
 
 def start(host: Host, load: ClientLoad) -> subprocess.Popen[str]:
     """:func:`run` in ``host``; :func:`collect` reads its samples."""
-    code = "from dlb.testbed.cli import netns_client_main; netns_client_main()"
+    code = "from dlb.bench.cli import netns_client_main; netns_client_main()"
     return subprocess.Popen(host.argv([sys.executable, "-c", code, json.dumps(dataclasses.asdict(load))]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
