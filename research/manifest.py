@@ -43,6 +43,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults*", "dlb bench faults --json FILE"),
+    ("bench/netns-k8s/*.txt", "pytest tests/e2e/test_netns_testbed.py -s -q (the lines it prints; header: commit, load, args)"),
     ("bench/replicas/weights*.json", "python research/bench/replicas/weights.py --json FILE"),
     ("bench/hostile-squat-watch-*", "PYTHONPATH=research/tools/root_loop_watch dlb bench hostile --scale full --attacks slot-squat "
                                     "--json FILE (*-root.txt: the root's /tmp/root-loop-watch-PID.txt of that run)"),

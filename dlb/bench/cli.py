@@ -356,3 +356,17 @@ register_bfio_bench = _register("bfio", "bench")
 register_bfio_dataplane = _register("bfio", "dataplane")
 register_bfio_placement = _register("bfio", "placement")
 register_bfio_heldrun = _register("bfio", "heldrun")
+
+
+def netns_client_main() -> None:
+    """The netns testbed's client process (:func:`dlb.bench.netns_client.start`): a ``ClientLoad`` as JSON
+    in ``argv[1]``, one sample per line of JSON out."""
+    import dataclasses
+    import json
+    import sys
+
+    from dlb.bench.netns_client import ClientLoad, run
+
+    for s in run(ClientLoad(**json.loads(sys.argv[1]))):
+        print(json.dumps(dataclasses.asdict(s)))
+

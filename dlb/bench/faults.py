@@ -56,6 +56,7 @@ import math
 import os
 import random
 import signal
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -92,6 +93,7 @@ class Sample:
     status: int  # 0: connection closed before a full response, or a stream without [DONE]; REFUSED: could not connect
     server: str  # x-dlb-server of a 200; the error code of a JSON error reply; for status 0 why; else ""
     kind: str = "chat"  # which request of the mix (:func:`request_mix`)
+    peer: str = ""  # the address the request's connection went to (of several a name resolves to); "" if none
 
 
 class _TraceConn(asyncio.Protocol):
@@ -186,11 +188,30 @@ class _TraceConn(asyncio.Protocol):
         return fut
 
 
+async def _connect(host: str, port: int, rng: random.Random | None) -> _TraceConn:
+    """A connection to ``host``; with ``rng``, to one of its addresses at random, the others tried in turn if
+    it refuses (a Service's virtual IP spreads connections so; ``getaddrinfo`` alone sorts them, RFC 6724)."""
+    loop = asyncio.get_running_loop()
+    if rng is None:
+        return (await loop.create_connection(_TraceConn, host, port))[1]
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    ips = sorted({str(i[4][0]) for i in infos})
+    rng.shuffle(ips)
+    for k, ip in enumerate(ips):
+        try:
+            return (await loop.create_connection(_TraceConn, ip, port))[1]
+        except OSError:
+            if k == len(ips) - 1:
+                raise
+    raise OSError(f"{host} has no address")
+
+
 async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float, str, bytes]], rate: float,
                            duration_s: float, seed: int, events: list[tuple[float, Callable[[], Any]]],
-                           origin: float) -> list[Sample]:
+                           origin: float, spread: bool = False) -> list[Sample]:
     """Poisson arrivals for ``duration_s``, each a request of the mix ``(weight, kind, bytes)`` drawn at
-    random; ``events`` (time after ``origin``, blocking action) run in a thread."""
+    random; ``events`` (time after ``origin``, blocking action) run in a thread; ``spread``: new
+    connections go to a random address of ``host`` (:func:`_connect`)."""
     rng = random.Random(seed)
     weights = [w for w, _, _ in requests]
     loop = asyncio.get_running_loop()
@@ -199,7 +220,7 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(scheduled: float, kind: str, request: bytes) -> None:
-        conn = None
+        conn, peer = None, ""
         while idle:
             c = idle.pop()
             if not c.closed:
@@ -208,17 +229,18 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
         try:
             if conn is None:
                 try:
-                    _, conn = await loop.create_connection(_TraceConn, host, port)
+                    conn = await _connect(host, port, rng if spread else None)
                 except OSError:  # nobody listening (the root Envoy is down): refused, not cut
                     samples.append(Sample(scheduled - origin, time.monotonic() - origin, REFUSED, "", kind))
                     return
+            peer = str((conn.transport.get_extra_info("peername") or ("",))[0]) if conn.transport is not None else ""
             status, server = await asyncio.wait_for(conn.send(request), 60)
         except (TimeoutError, OSError):
             status, server = 0, ""
             if conn is not None and conn.transport is not None:
                 conn.transport.close()
             conn = None
-        samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server, kind))
+        samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server, kind, peer))
         if conn is not None and not conn.closed:
             idle.append(conn)
 
@@ -427,11 +449,11 @@ LONG_STREAM_S = 3.5
 PROFILE = "llama-8b-h100"
 
 
-def long_stream_tokens(time_scale: float, batch: int = 5) -> int:
-    """Tokens that make a ~3.5-s stream on the emulated servers (:data:`PROFILE` at ``time_scale``)."""
+def long_stream_tokens(time_scale: float, batch: int = 5, profile: str = PROFILE, seconds: float = LONG_STREAM_S) -> int:
+    """Tokens that make a ``seconds`` stream (~3.5 s) on the emulated servers (``profile`` at ``time_scale``)."""
     from dlb.emulator.profile import BUILTIN_PROFILES
 
-    return max(1, round(LONG_STREAM_S / (time_scale * BUILTIN_PROFILES[PROFILE].step_time(batch))))
+    return max(1, round(seconds / (time_scale * BUILTIN_PROFILES[profile].step_time(batch))))
 
 
 def request_mix(host: str, port: int, max_tokens: int, long_tokens: int) -> list[tuple[float, str, bytes]]:

@@ -68,3 +68,13 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=0, metavar="G",
                    help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
                         "rank with BF-IO (docs/bfio.md); default off")
+
+
+def stub_dns_main() -> None:
+    """The netns testbed's DNS server (:func:`dlb.testbed.stub_dns.argv`): its address and zone (JSON) in ``argv``."""
+    import json
+    import sys
+
+    from dlb.testbed.stub_dns import serve
+
+    serve(sys.argv[1], json.loads(sys.argv[2]))

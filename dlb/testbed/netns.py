@@ -39,6 +39,7 @@ from pathlib import Path
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
 _CLONE_NEWNET = 0x40000000
 _NETNS_DIR = "/run/netns"
+_ETC_NETNS = "/etc/netns"
 
 
 def unavailable() -> str | None:
@@ -72,6 +73,12 @@ class Host:
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` run inside this host (``ip netns exec`` execs it: same pid, signals reach it)."""
         return ["ip", "netns", "exec", self.ns, *argv]
+
+    def pod_argv(self, argv: list[str], tmp: Path) -> list[str]:
+        """``argv`` in this host with ``tmp`` mounted on ``/tmp``: a pod's ``emptyDir`` scratch, which its
+        containers share and no other pod sees (a leaf's access-log socket is under ``/tmp``). ``ip netns
+        exec`` runs it in a mount namespace of its own, so the mount stays there; ``sh`` execs, same pid."""
+        return self.argv(["sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(tmp), *argv])
 
 
 @dataclass
@@ -135,7 +142,22 @@ class Lab:
                 time.sleep(0.05)
         for ns in reversed(live):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=30)
+            shutil.rmtree(f"{_ETC_NETNS}/{ns}", ignore_errors=True)
         self.created = [ns for ns in self.created if os.path.exists(f"{_NETNS_DIR}/{ns}")]
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def use_nameserver(self, ip: str) -> None:
+        """Make ``ip`` every host's DNS server: ``ip netns exec`` mounts ``/etc/netns/<ns>/resolv.conf``
+        over ``/etc/resolv.conf`` for what it runs (removed again by :meth:`close`)."""
+        for host in self.hosts.values():
+            folder = Path(_ETC_NETNS) / host.ns
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "resolv.conf").write_text(f"nameserver {ip}\noptions timeout:1 attempts:3\n")
+
+    @property
+    def scratch(self) -> Path:
+        """A folder of the lab's outside ``/tmp`` (a pod's ``/tmp`` is mounted over it, :func:`pod_argv`)."""
+        return Path("/run") / f"{self.prefix}-lab"
 
     def __enter__(self) -> Lab:
         return self.build() if not self.created else self

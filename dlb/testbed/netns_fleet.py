@@ -1,23 +1,30 @@
-"""A whole DLB deployment across network namespaces: what a multi-host (or multi-pod) fleet sees.
+"""A whole DLB deployment across network namespaces, in the shape ``deploy/k8s`` gives it: pods on hosts.
 
-Hosts of a :class:`~dlb.testbed.netns.Lab`: ``cp`` and ``cp2`` (two active-active control-plane
-replicas; every Envoy and service is given both), ``root`` (root Envoy + root
-service: one source cell's "pod"), ``client``, and one host per cell with its emulated servers,
-leaf Envoy and leaf agent. Every service binds its host's bridge address; the only loopback
-addresses are Envoy's admin (as in a pod) and the root's ext_proc hop (``cells[].root.ext_proc``,
-the in-pod hop from the root Envoy to its service). So a request, a probe or an xDS stream that
-works here crossed the bridge the way it would cross a network between pods or machines.
+Hosts of a :class:`~dlb.testbed.netns.Lab`, each one pod (a namespace with its own address and
+loopback): ``cp``, ``cp2`` (two active-active control-plane replicas), ``root``, ``root2`` (the source
+cell's two root pods: root Envoy + root service each), per cell ``<cell>-leaf`` and ``<cell>-leaf2``
+(two leaf pods: leaf Envoy + leaf agent each, over the same servers), ``<cell>`` (the cell's emulated
+servers), ``client`` and ``dns``. Every process is a container of a pod template that
+:mod:`dlb.testbed.k8s_pods` renders from ``deploy/k8s`` (``kubectl kustomize``): the same command
+line, environment and readiness probe, the pod's volumes as folders and its ``/tmp`` scratch as a
+mount of its own. Nothing is restated here but the config (``dlb.yaml``) and the servers.
 
-:func:`netns_config` is pure (addresses in, config dict out); :func:`plan` adds the processes to a
-:class:`~dlb.launch.supervisor.Supervisor`, each run with ``ip netns exec`` and each readiness
-check made from inside its host (:func:`dlb.testbed.netns.entered`).
+Names are resolved by DNS as in a cluster: a stub DNS server on the bridge (:mod:`dlb.testbed.stub_dns`;
+why a server and not ``/etc/hosts``: there) answers the control-plane Service's name with both
+replicas, ``leaf-pods.<cell>`` (the headless Service behind ``leaf.replicas: dns``) and ``leaf.<cell>``
+(the cell's leaf address) with the cell's leaf pods, and ``root.<cell>`` (the root Service clients
+dial) with the root pods, rotating the records per query. A Service's virtual IP (kube-proxy) has no
+stand-in: where a client in a cluster dials one address, here it resolves the name to every pod.
+
+:func:`netns_config` and :func:`zone` are pure (addresses in); :func:`plan` adds the processes to a
+:class:`~dlb.launch.supervisor.Supervisor`, each run with ``ip netns exec`` and each readiness check
+made from inside its host (:func:`dlb.testbed.netns.entered`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,67 +33,122 @@ from typing import Any
 
 from dlb.config.model import HostPort
 from dlb.launch.supervisor import Child, Supervisor
-from dlb.launch.up import _control_plane_ready, _envoy_live, http_get, probes_fresh, tcp_open
+from dlb.launch.up import http_get, probes_fresh, tcp_open
+from dlb.testbed import stub_dns
+from dlb.testbed.k8s_pods import Container, Readiness, bootstraps, containers, pod_templates, render
 from dlb.testbed.netns import Host, Lab, entered, listeners
 
-ADMIN_PORT = 9901  # Envoy admin, on 127.0.0.1 of its host (each host has its own loopback)
+#: Ports and names the rendered manifests use (a container's ports, the control-plane Service's name).
+ADMIN_PORT = 9901  # Envoy admin, on 127.0.0.1 of its pod
 XDS_PORT, STATUS_PORT = 18000, 18001
 ROOT_PORT, ROOT_EXT_PROC_PORT, ROOT_METRICS_PORT = 10000, 18080, 19080
-LEAF_PORT, PROBE_PORT, LEAF_EXT_PROC_PORT, LEAF_METRICS_PORT = 10010, 9010, 9011, 19010
+LEAF_PORT, PROBE_PORT, LEAF_METRICS_PORT = 10010, 9010, 19010
 SERVER_PORT = 8000
+CONTROL_PLANE_NAME = "dlb-control-plane.dlb-system.svc"
+DOMAIN = "dlb.example.com"
+
+
+def leaf_name(cell: str) -> str:
+    return f"leaf.{cell}.{DOMAIN}"
+
+
+def leaf_pods_name(cell: str) -> str:
+    return f"leaf-pods.{cell}.{DOMAIN}"
+
+
+def root_name(cell: str) -> str:
+    return f"root.{cell}.{DOMAIN}"
 
 
 @dataclass(frozen=True)
 class NetnsPlan:
-    """What to deploy: cells (the first is the source cell whose root clients use), servers per cell."""
+    """What to deploy: cells (the first is the source cell whose roots clients use), servers per cell, replicas."""
 
     cells: tuple[str, ...] = ("east", "central", "west")
     servers_per_cell: int = 2
     profile: str = "fast-test"
     stale_after_ms: int = 1000
     control_planes: int = 2
+    leaf_replicas: int = 2
+    root_replicas: int = 2
+
+    @staticmethod
+    def _numbered(base: str, n: int) -> list[str]:
+        return [base] + [f"{base}{k + 1}" for k in range(1, n)]
 
     @property
     def cp_hosts(self) -> list[str]:
-        return ["cp"] + [f"cp{k + 1}" for k in range(1, self.control_planes)]
+        return self._numbered("cp", self.control_planes)
+
+    @property
+    def root_hosts(self) -> list[str]:
+        return self._numbered("root", self.root_replicas)
+
+    def leaf_hosts(self, cell: str) -> list[str]:
+        return self._numbered(f"{cell}-leaf", self.leaf_replicas)
+
+    def cell_hosts(self, cell: str) -> list[str]:
+        """The cell's servers host and its leaf pods."""
+        return [cell, *self.leaf_hosts(cell)]
 
     @property
     def host_names(self) -> list[str]:
-        return [*self.cp_hosts, "root", "client", *self.cells]
+        return ["dns", *self.cp_hosts, *self.root_hosts, "client", *(h for c in self.cells for h in self.cell_hosts(c))]
 
 
-def netns_config(p: NetnsPlan, ip: dict[str, str]) -> dict[str, Any]:
-    """The DLB config of ``p`` with each host at ``ip[name]`` (pure)."""
+def netns_config(p: NetnsPlan, ip: dict[str, str], token_file: str) -> dict[str, Any]:
+    """The DLB config of ``p``: the servers at ``ip[cell]``, every other address a DNS name (pure)."""
     cells = []
     for k, name in enumerate(p.cells):
-        a = ip[name]
         item: dict[str, Any] = {
             "name": name,
-            "leaf": {"address": f"{a}:{LEAF_PORT}", "probe": f"{a}:{PROBE_PORT}", "ext_proc": f"{a}:{LEAF_EXT_PROC_PORT}"},
-            "servers": [f"{a}:{SERVER_PORT + s}" for s in range(p.servers_per_cell)],
+            "leaf": {"address": f"{leaf_name(name)}:{LEAF_PORT}", "probe": f"{leaf_pods_name(name)}:{PROBE_PORT}", "replicas": "dns"},
+            "servers": [f"{ip[name]}:{SERVER_PORT + s}" for s in range(p.servers_per_cell)],
         }
         if k == 0:
-            item["root"] = {"address": f"{ip['root']}:{ROOT_PORT}", "ext_proc": f"127.0.0.1:{ROOT_EXT_PROC_PORT}"}
+            item["root"] = {"address": f"{root_name(name)}:{ROOT_PORT}", "ext_proc": f"127.0.0.1:{ROOT_EXT_PROC_PORT}"}
         cells.append(item)
     names = list(p.cells)
     return {
         "version": 1,
         "cells": cells,
         "network": {"one_way_ms": {a: {b: 2.0 * (j - i) for j, b in enumerate(names) if j > i} for i, a in enumerate(names[:-1])}},
-        # RIF cost: the cells are alike, so requests spread over all of them (what the test needs to see).
+        # RIF cost: the cells are alike, so requests spread over all of them (what the tests need to see).
         "endpoints": [{"name": "completions", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"},
                        "latency_prior": {"a_s": 0.05, "b_s": 0.005, "c": 8, "s": 1}, "timeout_s": 60}],
-        "probe": {"period_ms": 50, "timeout_ms": 300, "stale_after_ms": p.stale_after_ms, "backoff_max_ms": 1000},
+        # Every root and control-plane pod probes every leaf pod (4 x 6 here): at 50 ms that was 480 probes/s
+        # of Python on a 2-core box, which starved the fleet it measured.
+        "probe": {"period_ms": 100, "timeout_ms": 300, "stale_after_ms": p.stale_after_ms, "backoff_max_ms": 1000},
+        "root_token_file": token_file,
         "services": {
-            "control_plane": {"xds": f"{ip['cp']}:{XDS_PORT}", "status": f"{ip['cp']}:{STATUS_PORT}"},
-            "root": {"ext_proc": f"127.0.0.1:{ROOT_EXT_PROC_PORT}", "metrics": f"{ip['root']}:{ROOT_METRICS_PORT}"},
+            "control_plane": {"xds": f"{CONTROL_PLANE_NAME}:{XDS_PORT}", "status": f"{CONTROL_PLANE_NAME}:{STATUS_PORT}"},
+            "root": {"ext_proc": f"127.0.0.1:{ROOT_EXT_PROC_PORT}", "metrics": f"0.0.0.0:{ROOT_METRICS_PORT}"},
         },
     }
+
+
+def zone(p: NetnsPlan, ip: dict[str, str]) -> dict[str, list[str]]:
+    """The stub DNS server's records: each Service name -> its pods' addresses (pure)."""
+    out = {CONTROL_PLANE_NAME: [ip[h] for h in p.cp_hosts], root_name(p.cells[0]): [ip[h] for h in p.root_hosts]}
+    for c in p.cells:
+        out[leaf_name(c)] = out[leaf_pods_name(c)] = [ip[h] for h in p.leaf_hosts(c)]
+    return out
 
 
 def in_host(host: Host, check: Callable[[], bool]) -> bool:
     with entered(host):
         return check()
+
+
+def _ready(host: Host, r: Readiness) -> bool:
+    """A kubelet's readiness probe: to the pod's address, from inside its host."""
+    hp = HostPort(host.ip, r.port)
+    if r.path is None:
+        return tcp_open(hp)
+    try:
+        return http_get(f"http://{hp}{r.path}", 1.0)[0] == 200
+    except OSError:
+        return False
 
 
 @dataclass
@@ -96,15 +158,25 @@ class NetnsDeployment:
     supervisor: Supervisor
     config: dict[str, Any]
     config_path: Path
-    #: Supervised children per host name (to stop one cell's processes).
+    #: Supervised children per host name (a pod's containers; a cell host's servers).
     children: dict[str, list[Child]] = field(default_factory=dict)
 
     def host(self, name: str) -> Host:
         return self.lab.hosts[name]
 
+    def cell_children(self, cell: str) -> list[Child]:
+        """Every process of a cell: its servers, leaf Envoys and leaf agents."""
+        return [c for h in self.plan.cell_hosts(cell) for c in self.children.get(h, [])]
+
     @property
     def root_url(self) -> tuple[str, int]:
-        return self.host("root").ip, ROOT_PORT
+        """The first root pod's address (the tests that connect by address)."""
+        return self.host(self.plan.root_hosts[0]).ip, ROOT_PORT
+
+    @property
+    def root_service_name(self) -> tuple[str, int]:
+        """What clients dial: the root Service's name, which the stub DNS resolves to every root pod."""
+        return root_name(self.plan.cells[0]), ROOT_PORT
 
     @property
     def status_url(self) -> str:
@@ -117,85 +189,95 @@ class NetnsDeployment:
 
     @property
     def root_metrics_url(self) -> str:
-        return f"http://{self.host('root').ip}:{ROOT_METRICS_PORT}/metrics"
+        return self.root_metrics_urls[0]
+
+    @property
+    def root_metrics_urls(self) -> list[str]:
+        return [f"http://{self.host(h).ip}:{ROOT_METRICS_PORT}/metrics" for h in self.plan.root_hosts]
 
     def get(self, host: str, url: str, timeout: float = 2.0) -> tuple[int, str]:
         """GET ``url`` from inside ``host`` (the only way in: the machine's namespace has no route)."""
         with entered(self.host(host)):
             return http_get(url, timeout)
 
+    def serving(self) -> bool:
+        """Every root pod's service has fresh probes of every cell (readiness says only that it listens)."""
+        from dlb.config import config_from_dict
 
-def _python(host: Host, *args: str) -> list[str]:
-    return host.argv([sys.executable, "-m", "dlb.cli", *args])
+        typed = config_from_dict(self.config, source=str(self.config_path))
+        try:
+            return all(in_host(self.host("client"), functools.partial(probes_fresh, url, typed, self.plan.cells[0]))
+                       for url in self.root_metrics_urls)
+        except OSError:
+            return False
 
 
-def _envoy(sup: Supervisor, dep: NetnsDeployment, host: Host, tier: str, role: str, cell: str, listener: HostPort) -> Child:
-    from dlb.config import config_from_dict
-    from dlb.envoy.ads_bootstrap import ads_bootstrap
+def _programs() -> dict[str, list[str]]:
     from dlb.envoy.binary import envoy_binary
-    from dlb.envoy.root_token import token_secret
 
-    xds = [HostPort(dep.host(h).ip, XDS_PORT) for h in dep.plan.cp_hosts]
-    boot = sup.run_dir / f"{role}-{cell}.bootstrap.json"
-    token = token_secret(config_from_dict(dep.config, source=str(dep.config_path)))
-    boot.write_text(json.dumps(ads_bootstrap(role, cell, xds, ADMIN_PORT, node_id=f"{role}-{cell}", token=token), indent=1))
-    argv = host.argv([envoy_binary(), "-c", str(boot), "--log-level", "warning", "--disable-hot-restart",
-                      "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))])
-    ready = functools.partial(in_host, host, lambda: _envoy_live(ADMIN_PORT) and tcp_open(listener))
-    return sup.add(Child(f"{role} {cell} envoy", tier, argv, sup.run_dir / f"{role}-{cell}-envoy.log", ready=ready))
+    return {"dlb": [sys.executable, "-m", "dlb.cli"], "envoy": [envoy_binary()]}
 
 
-def plan(lab: Lab, p: NetnsPlan, sup: Supervisor) -> NetnsDeployment:
-    """Write the config and add every process to ``sup`` in tiers (servers, control plane, leaves, root)."""
+def plan(lab: Lab, p: NetnsPlan, sup: Supervisor, overlay: Path | None = None) -> NetnsDeployment:
+    """Write the config and add every process to ``sup`` in tiers (the stub DNS, servers, control plane,
+    leaves, roots); the pods' containers come from ``overlay`` (default :data:`k8s_pods.OVERLAY`)."""
+    docs = render(overlay) if overlay is not None else render()
+    templates, boots = pod_templates(docs), bootstraps(docs)
     ip = {name: h.ip for name, h in lab.hosts.items()}
-    cfg = netns_config(p, ip)
-    path = sup.run_dir / "dlb.yaml"
+    lab.use_nameserver(lab.hosts["dns"].ip)
+    # The pods' volumes, as folders outside /tmp (each pod's /tmp is its own scratch mount).
+    vol = {name: lab.scratch / name for name in ("config", "root-token", "bootstrap-root", "bootstrap-leaf")}
+    for folder in vol.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    (vol["root-token"] / "token").write_text("netns-testbed-root-token-0123456789\n")
+    cfg = netns_config(p, ip, str(vol["root-token"] / "token"))
+    path = vol["config"] / "dlb.yaml"
     path.write_text(json.dumps(cfg, indent=1))
     dep = NetnsDeployment(p, lab, sup, cfg, path)
-    conf = str(path)
-    xds = ",".join(f"{lab.hosts[h].ip}:{XDS_PORT}" for h in p.cp_hosts)
+    programs = _programs()
 
     def add(host: str, child: Child) -> None:
         dep.children.setdefault(host, []).append(sup.add(child))
+
+    dns, records = lab.hosts["dns"], zone(p, ip)
+    add("dns", Child("stub-dns", "dns", stub_dns.argv(dns, records), sup.run_dir / "stub-dns.log",
+                     ready=functools.partial(in_host, dns, lambda: bool(stub_dns.answers(dns.ip, CONTROL_PLANE_NAME)))))
+
+    def pod(host_name: str, base: str, pod_name: str, cell: str, tier: str) -> None:
+        host = lab.hosts[host_name]
+        tmp = lab.scratch / "pods" / pod_name
+        tmp.mkdir(parents=True, exist_ok=True)
+        role = base.removeprefix("dlb-")
+        if role in boots:  # the tier's bootstrap ConfigMap, its paths those of this pod's volumes
+            (vol[f"bootstrap-{role}"] / "bootstrap.yaml").write_text(boots[role].replace("/etc/dlb-root-token/", f"{vol['root-token']}/"))
+        volumes = {"config": vol["config"], "root-token": vol["root-token"]}
+        if role in boots:
+            volumes["bootstrap"] = vol[f"bootstrap-{role}"]
+        values = {"POD_NAME": pod_name, "POD_IP": host.ip, "DLB_CELL": cell, "DLB_SERVE_CELLS": ",".join(p.cells)}
+        for c in containers(templates[base], values, volumes, programs):
+            add(host_name, _child(sup, host, pod_name, c, tier, tmp))
 
     for cell in p.cells:
         h = lab.hosts[cell]
         for s in range(p.servers_per_cell):
             hp = HostPort(h.ip, SERVER_PORT + s)
             add(cell, Child(f"server {cell}/{s}", "servers",
-                            _python(h, "serve", "emulator", "--host", h.ip, "--port", str(hp.port), "--profile", p.profile,
-                                    "--server-id", f"{cell}/{s}"),
+                            h.argv([sys.executable, "-m", "dlb.cli", "serve", "emulator", "--host", h.ip, "--port", str(hp.port),
+                                    "--profile", p.profile, "--server-id", f"{cell}/{s}"]),
                             sup.run_dir / f"server-{cell}-{s}.log", ready=functools.partial(in_host, h, functools.partial(tcp_open, hp))))
-    for name, status_url in zip(p.cp_hosts, dep.status_urls, strict=True):
-        cp = lab.hosts[name]
-        add(name, Child(f"control-plane {name}", "control-plane",
-                        _python(cp, "serve", "control-plane", "--config", conf, "--emulate-wan",
-                                "--xds", f"{cp.ip}:{XDS_PORT}", "--status", f"{cp.ip}:{STATUS_PORT}"),
-                        sup.run_dir / f"control-plane-{name}.log",
-                        ready=functools.partial(in_host, cp, functools.partial(_control_plane_ready, status_url, HostPort(cp.ip, XDS_PORT)))))
+    for k, name in enumerate(p.cp_hosts):
+        pod(name, "dlb-control-plane", f"dlb-control-plane-{k}", "", "control-plane")
     for cell in p.cells:
-        h = lab.hosts[cell]
-        ready_path = sup.run_dir / f"leaf-{cell}.ready.json"
-        add(cell, Child(f"leaf {cell} agent", "leaves",
-                        _python(h, "serve", "leaf", "--config", conf, "--cell", cell, "--xds", xds,
-                                "--metrics", f"{h.ip}:{LEAF_METRICS_PORT}", "--ready-file", str(ready_path),
-                                "--envoy-admin", f"127.0.0.1:{ADMIN_PORT}"),
-                        sup.run_dir / f"leaf-{cell}.log", ready=functools.partial(ready_path.exists),
-                        before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-        dep.children[cell].append(_envoy(sup, dep, h, "leaves", "leaf", cell, HostPort(h.ip, LEAF_PORT)))
-    root, src = lab.hosts["root"], p.cells[0]
-    ready_path = sup.run_dir / "root.ready.json"
-    from dlb.config import config_from_dict
-
-    typed = config_from_dict(cfg)
-    add("root", Child(f"root {src} service", "roots",
-                      _python(root, "serve", "root", "--config", conf, "--cell", src, "--xds", xds,
-                              "--metrics", f"{root.ip}:{ROOT_METRICS_PORT}", "--ready-file", str(ready_path), "--emulate-wan"),
-                      sup.run_dir / "root.log",
-                      ready=functools.partial(in_host, root, lambda: ready_path.exists() and probes_fresh(dep.root_metrics_url, typed, src)),
-                      before_start=functools.partial(ready_path.unlink, missing_ok=True)))
-    dep.children["root"].append(_envoy(sup, dep, root, "roots", "root", src, HostPort(root.ip, ROOT_PORT)))
+        for k, name in enumerate(p.leaf_hosts(cell)):
+            pod(name, "dlb-leaf", f"dlb-leaf-{cell}-{k}", cell, "leaves")
+    for k, name in enumerate(p.root_hosts):
+        pod(name, "dlb-root", f"dlb-root-{p.cells[0]}-{k}", p.cells[0], "roots")
     return dep
+
+
+def _child(sup: Supervisor, host: Host, pod_name: str, c: Container, tier: str, tmp: Path) -> Child:
+    ready = functools.partial(in_host, host, functools.partial(_ready, host, c.ready)) if c.ready is not None else None
+    return Child(f"{pod_name} {c.name}", tier, host.pod_argv(c.argv, tmp), sup.run_dir / f"{pod_name}-{c.name}.log", ready=ready)
 
 
 def unexpected_loopback(dep: NetnsDeployment) -> list[str]:
@@ -210,7 +292,7 @@ def unexpected_loopback(dep: NetnsDeployment) -> list[str]:
             if not ln.address.startswith("127.") and ln.address != "::1":
                 continue
             envoy_admin = ln.port == ADMIN_PORT and "envoy" in ln.cmdline
-            ext_proc_hop = name == "root" and ln.port == ROOT_EXT_PROC_PORT and "serve root" in ln.cmdline
+            ext_proc_hop = name.startswith("root") and ln.port == ROOT_EXT_PROC_PORT and "serve root" in ln.cmdline
             if not (envoy_admin or ext_proc_hop):
                 bad.append(f"{name}: {ln.address}:{ln.port} ({ln.cmdline[:120]})")
     return bad

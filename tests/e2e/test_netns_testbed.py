@@ -1,20 +1,28 @@
-"""Multi-host DLB on one box (issue 17, acceptance criterion 5): a namespace per cell, root, control plane, client.
+"""Multi-host DLB on one box, in the Kubernetes shape: a network namespace per pod (issues 17 and 26).
 
-Three cells (two emulated servers, a leaf Envoy and a leaf agent each), a root (Envoy + root
-service) and two control-plane replicas, each in its own network namespace on a bridge (198.18.0.0/24), with
-nothing added to the machine's namespace (:mod:`dlb.testbed.netns`). Checked, in order, on one
-deployment:
+Three cells (two emulated servers on a host of their own, two leaf pods of leaf Envoy + agent
+each), two root pods (root Envoy + root service) for the source cell, two control-plane pods, a client
+and a stub DNS server, each in its own network namespace on a bridge (198.18.0.0/24), nothing added to
+the machine's namespace (:mod:`dlb.testbed.netns`). Every DLB process runs the command line,
+environment and readiness probe that ``deploy/k8s`` renders (:mod:`dlb.testbed.netns_fleet`), and
+finds the others by the names the manifests use, through DNS. Checked, in order, on one deployment:
 
-1. 300 requests from the client's namespace through the root reach servers in every cell, 0 errors;
-2. the control plane's ``/status`` shows every Envoy ACKing the version it was sent, for every type;
+1. 300 requests from the client's namespace through a root reach servers in every cell, 0 errors;
+2. the control planes' ``/status`` shows every Envoy ACKing the version it was sent, for every type;
 3. nothing listens on 127.0.0.1 but Envoy admin and the root's in-pod ext_proc hop;
-4. with one cell's processes frozen (SIGSTOP: probes time out, only staleness removes it) and then
+4. the faults of issue 26, each under Poisson load (:data:`LOAD_RPS`) from a process on the client
+   host to the root Service's *name*, the killed part restarted as the kubelet would (the supervisor,
+   0.5 s later), with the targets asserted: killing one control-plane pod (the one most nodes follow)
+   fails nothing and re-homes every node it served within 2 s, no version going backwards; killing one
+   leaf pod of the source cell (Envoy and agent) fails nothing but streams already answering on it,
+   and the cell stays usable at both roots while the load runs; killing one root pod's Envoy fails only
+   requests in flight on it. Printed per fault: sent, failed, already answering, in flight on the
+   killed Envoy, and when the killed part served again (restart time: the box's, not asserted);
+5. with one cell's processes frozen (SIGSTOP: probes time out, only staleness removes it) and then
    another cell's killed, the root marks each unusable (printed: seconds after the stop, against
    ``probe.stale_after_ms`` + 1 s; not asserted, the machine is shared), sends it nothing more and
    every request sent after that succeeds; the frozen cell is usable again once thawed;
-5. with two control-plane replicas (hosts ``cp``, ``cp2``), killing one re-homes every node to the
-   other within 2 s, no version going backwards, no request failing;
-6. a ``preStop``-style drain of the root Envoy (``dlb envoy drain``, then SIGTERM) loses none of the
+6. a ``preStop``-style drain of a root Envoy (``dlb envoy drain``, then SIGTERM) loses none of the
    requests in flight;
 7. after the run, none of the lab's namespaces is left (also when the body raised: separate test).
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import re
 import signal
 import subprocess
@@ -33,14 +42,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from bounded_wait import until
 
-from dlb.launch.supervisor import Supervisor
+from dlb.bench import netns_client
+from dlb.bench.faults import Sample, long_stream_tokens
+from dlb.bench.netns_client import ClientLoad
+from dlb.launch.supervisor import Child, Supervisor
 from dlb.testbed.netns import Lab, entered, lab_namespaces, unavailable
 from dlb.testbed.netns_fleet import ADMIN_PORT, NetnsDeployment, NetnsPlan, plan, unexpected_loopback
 from dlb.testbed.stack import metric_value
@@ -82,6 +95,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsDeployment]:
         d = plan(lab, p, sup)
         try:
             sup.start(timeout_s=120)
+            until(d.serving, "both roots probe every cell", timeout=60)
             yield d
         finally:
             sup.stop()
@@ -108,7 +122,8 @@ def _nodes(dep: NetnsDeployment, urls: list[str]) -> dict[str, dict]:
 
 
 def test_status_shows_every_envoy_acked(dep: NetnsDeployment) -> None:
-    envoys = {f"leaf-{c}" for c in dep.plan.cells} | {f"root-{dep.plan.cells[0]}"}
+    p = dep.plan
+    envoys = {f"dlb-leaf-{c}-{k}" for c in p.cells for k in range(p.leaf_replicas)} | {f"dlb-root-{p.cells[0]}-{k}" for k in range(p.root_replicas)}
     nodes = _nodes(dep, dep.status_urls)  # each Envoy follows one of the replicas
     assert envoys <= set(nodes), sorted(nodes)
     for node in envoys:
@@ -129,6 +144,203 @@ def test_nothing_on_loopback_but_admin_and_the_ext_proc_hop(dep: NetnsDeployment
             assert any("cp: 127.0.0.1:18999" in p for p in unexpected_loopback(dep))
         finally:
             planted.kill()
+
+
+def _acked(nodes: dict[str, dict]) -> dict[str, dict[str, str]]:
+    return {n: {t: st["acked_version"] for t, st in ns["types"].items() if st["acked_version"]} for n, ns in nodes.items()}
+
+
+# -- the faults of issue 26 under load from the client host -------------------------------------------
+
+#: Poisson load of the faults bench's mix (chats, short streams, ~1-s streams, completions) from the
+#: client host; the fault at FAULT_AT_S, traffic until LOAD_S (seconds after the load's start).
+LOAD_RPS, FAULT_AT_S, LOAD_S = 10.0, 4.0, 14.0
+#: How long after a kill the killed part is watched for coming back (restarted and serving).
+BACK_WAIT_S = 60.0
+#: Failures of a request whose answer had started (status 200, then cut): no proxy can retry those.
+ANSWERING = {"cut after 200", "no [DONE]"}
+
+
+@dataclass
+class FaultRun:
+    """One fault under load: the client's samples (times after the load's origin) and what was watched."""
+
+    name: str
+    samples: list[Sample]
+    #: Seconds after the kill until the killed part served again (restarted and back in traffic), or None.
+    back_s: float | None = None
+    notes: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[Sample]:
+        return [s for s in self.samples if s.status != 200]
+
+    @property
+    def answering(self) -> list[Sample]:
+        """Failed after their answer had started: cut streams."""
+        return [s for s in self.failed if s.status == 0 and s.server in ANSWERING]
+
+    def report(self) -> str:
+        def p50(before: bool) -> float:
+            lat = sorted(s.done - s.sent for s in self.samples if s.status == 200 and (s.sent < FAULT_AT_S) == before)
+            return lat[len(lat) // 2] if lat else math.nan
+        return (f"{self.name}: served p50 {p50(True):.3f} s sent before the kill, {p50(False):.3f} s after; sent {len(self.samples)}, "
+                f"failed {len(self.failed)} "
+                f"(already answering {len(self.answering)}, "
+                f"sent after the kill {sum(1 for s in self.failed if s.sent >= FAULT_AT_S)}), back in service after "
+                f"{self.back_s if self.back_s is None else round(self.back_s, 2)} s; {self.notes}")
+
+
+def _whole(dep: NetnsDeployment) -> None:
+    """Wait until every supervised process is up again and both roots probe every cell (the kubelet's restarts)."""
+    def whole() -> bool:
+        dep.supervisor.poll()
+        live = [c for c in dep.supervisor.children if c.state != "stopped"]
+        return all(c.state == "ready" for c in live) and dep.serving()
+    until(whole, "every pod ready and both roots probing every cell", timeout=90, period=0.2)
+
+
+def _under_load(dep: NetnsDeployment, name: str, kill: list[Child], watch: Callable[[float], None],
+                back: Callable[[], bool]) -> FaultRun:
+    """Run the client's load, SIGKILL ``kill`` at FAULT_AT_S, keep the supervisor restarting them and call
+    ``watch(seconds since the kill)`` until the load has ended and ``back()`` says the part serves again."""
+    _whole(dep)
+    host, port = dep.root_service_name
+    origin = time.monotonic() + 1.5  # the client process's start-up
+    load = ClientLoad(host, port, origin, rate=LOAD_RPS, duration_s=LOAD_S, seed=len(name),
+                      long_tokens=long_stream_tokens(1.0, profile=dep.plan.profile, seconds=1.0))
+    proc = netns_client.start(dep.host("client"), load)
+    try:
+        time.sleep(max(0.0, origin + FAULT_AT_S - time.monotonic() - 0.05))
+        host = next(h for h, cs in dep.children.items() if kill[0] in cs)
+        in_flight = _active(dep, host) if any(c.name.endswith(" envoy") for c in kill) else None
+        killed_at = time.monotonic()
+        for child in kill:
+            assert child.proc is not None
+            child.proc.kill()
+        # Past the load's end too, until the killed part is back (or BACK_WAIT_S after the kill).
+        while proc.poll() is None or (not back() and time.monotonic() - killed_at < BACK_WAIT_S):
+            dep.supervisor.poll()
+            watch(time.monotonic() - killed_at)
+            time.sleep(0.05)
+        samples = netns_client.collect(proc, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return FaultRun(name, samples, notes={"in flight on its Envoy at the kill": in_flight})
+
+
+def _pod(dep: NetnsDeployment, host: str, container: str = "") -> list[Child]:
+    return [c for c in dep.children[host] if c.name.endswith(f" {container}") or not container]
+
+
+def _restarted(dep: NetnsDeployment, host: str, restarts: dict[str, int], container: str = "") -> bool:
+    """Every (``container`` of the) pod on ``host`` restarted since ``restarts`` was taken, and ready."""
+    return all(c.restarts > restarts[c.name] and c.state == "ready" for c in _pod(dep, host, container))
+
+
+def _serves_more(dep: NetnsDeployment) -> str:
+    """The control-plane host whose replica holds the most xDS streams (the one to kill)."""
+    counts = {h: len(_nodes(dep, [url])) for h, url in zip(dep.plan.cp_hosts, dep.status_urls, strict=True)}
+    return max(counts, key=lambda h: counts[h])
+
+
+def test_fault_control_plane_pod_kill_loses_nothing_and_rehomes_within_2s(dep: NetnsDeployment) -> None:
+    _whole(dep)
+    victim = _serves_more(dep)
+    victim_url = dep.status_urls[dep.plan.cp_hosts.index(victim)]
+    others = [u for u in dep.status_urls if u != victim_url]
+    before = _acked(_nodes(dep, dep.status_urls))
+    moved = set(_acked(_nodes(dep, [victim_url])))
+    restarts = {c.name: c.restarts for c in _pod(dep, victim)}
+    rehomed: dict[str, float] = {}
+    back: list[float] = []
+
+    def watch(since: float) -> None:
+        if len(rehomed) < len(moved):
+            for n, vs in _acked(_nodes(dep, others)).items():
+                if n in moved and n not in rehomed and all(vs.get(t, "") >= v for t, v in before[n].items()):
+                    rehomed[n] = since
+        if not back and _restarted(dep, victim, restarts):
+            back.append(since)
+
+    run = _under_load(dep, f"control-plane pod on {victim} killed", _pod(dep, victim), watch, lambda: bool(back))
+    run.back_s = back[0] if back else None
+    run.notes |= {"nodes it served": len(moved), "re-homed within (s)": round(max(rehomed.values()), 2) if rehomed else None}
+    print("\n" + run.report())
+    assert len(before) >= 2 * dep.plan.leaf_replicas * len(dep.plan.cells) + 2 * dep.plan.root_replicas, sorted(before)
+    assert moved, "the killed replica served no node"
+    assert not run.failed, [(s.status, s.server, s.peer) for s in run.failed][:5]
+    assert set(moved) <= set(rehomed), sorted(set(moved) - set(rehomed))
+    assert max(rehomed.values()) <= 2.0, rehomed
+
+
+def _host_flags(dep: NetnsDeployment, root: str, cluster: str, ip: str) -> str:
+    """The health flags of host ``ip`` in ``cluster`` as the root Envoy on ``root`` sees it ("absent" if not there)."""
+    text = dep.get(root, f"http://127.0.0.1:{ADMIN_PORT}/clusters", timeout=0.5)[1]
+    flags = re.search(rf"^{re.escape(cluster)}::{re.escape(ip)}:\d+::health_flags::(\S+)$", text, re.M)
+    return flags.group(1) if flags else "absent"
+
+
+def test_fault_leaf_pod_kill_fails_only_answering_streams_and_the_cell_stays(dep: NetnsDeployment) -> None:
+    cell = dep.plan.cells[0]
+    victim = dep.plan.leaf_hosts(cell)[0]
+    ip = dep.host(victim).ip
+    cluster = f"cell-{cell}"
+    unusable: list[tuple[float, str]] = []
+    out_at: dict[str, float] = {}
+    seen: dict[str, str] = {}
+    back: list[float] = []
+    restarts = {c.name: c.restarts for c in _pod(dep, victim)}
+    assert all(_host_flags(dep, r, cluster, ip) == "healthy" for r in dep.plan.root_hosts)
+
+    def watch(since: float) -> None:
+        for url in dep.root_metrics_urls:
+            with contextlib.suppress(OSError):
+                text = dep.get("client", url, timeout=0.5)[1]
+                if since <= LOAD_S - FAULT_AT_S and metric_value(text, "dlb_root_cell_usable", endpoint="completions", cell=cell) == 0.0:
+                    unusable.append((round(since, 2), url))
+        flags = {}
+        for r in dep.plan.root_hosts:
+            with contextlib.suppress(OSError):
+                flags[r] = _host_flags(dep, r, cluster, ip)
+                if r not in out_at and flags[r] != "healthy":
+                    out_at[r] = since
+                    seen[r] = flags[r]
+        # Back: restarted, and every root Envoy's health check passes it again.
+        if not back and _restarted(dep, victim, restarts) and len(flags) == len(dep.plan.root_hosts) \
+                and all(f == "healthy" for f in flags.values()):
+            back.append(since)
+
+    run = _under_load(dep, f"leaf pod {victim} of cell {cell} killed (Envoy and agent)", _pod(dep, victim), watch, lambda: bool(back))
+    run.back_s = back[0] if back else None
+    run.notes |= {"out of the root Envoys' rotation after (s)": {r: round(t, 2) for r, t in out_at.items()},
+                 "cell unusable at a root": unusable[:3], "flags": seen}
+    print("\n" + run.report())
+    lost = [s for s in run.failed if s not in run.answering]
+    assert not lost, [(s.status, s.server, round(s.sent, 2)) for s in lost][:5]
+    assert not unusable, unusable[:5]
+
+
+def test_fault_root_envoy_kill_fails_only_requests_in_flight_on_it(dep: NetnsDeployment) -> None:
+    victim = dep.plan.root_hosts[0]
+    ip = dep.host(victim).ip
+    restarted: list[float] = []
+    envoy = _pod(dep, victim, "envoy")
+    restarts = {c.name: c.restarts for c in envoy}
+
+    def watch(since: float) -> None:
+        if not restarted and _restarted(dep, victim, restarts, "envoy"):
+            restarted.append(since)
+
+    run = _under_load(dep, f"root Envoy of pod {victim} killed", envoy, watch, lambda: bool(restarted))
+    run.back_s = restarted[0] if restarted else None  # new connections then reach it (in-flight ones stay where they are)
+    per_peer = Counter(s.peer for s in run.samples)
+    run.notes |= {"requests per root pod": dict(per_peer)}
+    print("\n" + run.report())
+    assert len([p for p in per_peer if p]) == dep.plan.root_replicas, per_peer  # the client spread over both
+    stray = [s for s in run.failed if not (s.peer == ip and s.sent < FAULT_AT_S)]
+    assert not stray, [(s.status, s.server, s.peer, round(s.sent, 2)) for s in stray][:5]
 
 
 def _usable(dep: NetnsDeployment, cell: str) -> float | None:
@@ -152,7 +364,7 @@ def test_frozen_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeploy
     """SIGSTOP a cell's processes: its probes time out (nothing refuses them), so only staleness removes it."""
     frozen = dep.plan.cells[1]
     assert _usable(dep, frozen) == 1.0
-    procs = [c.proc for c in dep.children[frozen] if c.proc is not None]
+    procs = [c.proc for c in dep.cell_children(frozen) if c.proc is not None]
     t0 = time.monotonic()
     for proc in procs:
         proc.send_signal(signal.SIGSTOP)
@@ -171,7 +383,7 @@ def test_stopped_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeplo
     gone = dep.plan.cells[-1]
     assert _usable(dep, gone) == 1.0
     t0 = time.monotonic()
-    for child in dep.children[gone]:  # leaf Envoy, leaf agent and servers: the cell's host goes dark
+    for child in dep.cell_children(gone):  # leaf Envoys, leaf agents and servers: the cell's hosts go dark
         child.state = "stopped"
         assert child.proc is not None
         child.proc.kill()
@@ -181,43 +393,9 @@ def test_stopped_cell_gets_no_share_and_requests_keep_succeeding(dep: NetnsDeplo
     _no_share_and_all_succeed(dep, gone)
 
 
-def test_killing_one_control_plane_replica_rehomes_every_node_and_loses_nothing(dep: NetnsDeployment) -> None:
-    """SIGKILL the replica on ``cp``: every Envoy and service it served re-homes to ``cp2`` across the
-    bridge within 2 s with an ACKed version no older than before, and requests keep succeeding."""
-    def acked(nodes: dict[str, dict]) -> dict[str, dict[str, str]]:
-        return {n: {t: st["acked_version"] for t, st in ns["types"].items() if st["acked_version"]} for n, ns in nodes.items()}
-
-    before = acked(_nodes(dep, dep.status_urls))
-    alive = [c for c in dep.plan.cells if all(ch.state != "stopped" for ch in dep.children[c])]  # a test above stops one
-    assert len(before) >= 2 * len(alive) + 2, sorted(before)  # leaf Envoys + agents, root Envoy + service
-    moved = set(acked(_nodes(dep, dep.status_urls[:1])))
-    child = next(c for c in dep.children["cp"] if c.name == "control-plane cp")
-    child.state = "stopped"  # the supervisor must not restart it: the survivor is what is measured
-    assert child.proc is not None
-    load: list[tuple[int, str, bytes]] = []
-    sender = threading.Thread(target=lambda: load.extend(_send(dep, 120, workers=4)))
-    sender.start()
-    t0 = time.monotonic()
-    child.proc.kill()
-    rehomed: dict[str, float] = {}
-    after: dict[str, dict[str, str]] = {}
-    while time.monotonic() - t0 < 10 and len(rehomed) < len(before):
-        for n, vs in acked(_nodes(dep, dep.status_urls[1:])).items():
-            if n in before and n not in rehomed and set(vs) >= set(before[n]):
-                rehomed[n], after[n] = time.monotonic() - t0, vs
-        time.sleep(0.05)
-    sender.join(120)
-    print(f"\ncontrol plane on cp killed: {len(moved)} nodes it served re-homed to cp2 after (s) "
-          f"{ {n: round(rehomed[n], 2) for n in sorted(moved) if n in rehomed} }; requests {len(load)}, "
-          f"failed {sum(1 for st, _, _ in load if st != 200)}")
-    assert set(before) <= set(rehomed), sorted(set(before) - set(rehomed))
-    assert max(rehomed.values()) <= 2.0, rehomed
-    assert not [(n, t) for n in before for t in before[n] if after[n][t] < before[n][t]]
-    assert all(st == 200 for st, _, _ in load), [(st, b[:200]) for st, _, b in load if st != 200][:5]
-
-
-def _active(dep: NetnsDeployment) -> float:
-    text = dep.get("root", f"http://127.0.0.1:{ADMIN_PORT}/stats?filter=downstream_rq_active")[1]
+def _active(dep: NetnsDeployment, host: str = "root") -> float:
+    """Requests in flight on the Envoy of the pod on ``host`` (its listeners' ``downstream_rq_active``)."""
+    text = dep.get(host, f"http://127.0.0.1:{ADMIN_PORT}/stats?filter=downstream_rq_active", timeout=0.5)[1]
     return sum(float(v) for v in re.findall(r"^http\.(?!admin\.)[^:]+\.downstream_rq_active: (\d+)$", text, re.M))
 
 

@@ -45,6 +45,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dlb.testbed.k8s_pods import base_name, expand
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 BIN = Path(sys.executable).parent
@@ -97,11 +99,7 @@ def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _base_name(doc: dict[str, Any]) -> str:
     """``dlb-root-us-east1`` -> ``dlb-root``: the base workload a cell overlay suffixed."""
-    name = str(doc["metadata"]["name"])
-    for base in ("dlb-root", "dlb-leaf"):
-        if name == base or name.startswith(base + "-"):
-            return base
-    return name
+    return base_name(str(doc["metadata"]["name"]))
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -836,4 +834,4 @@ def test_bootstraps_are_what_the_renderer_writes(tmp_path: Path) -> None:
 def _substitute(arg: str, pod: dict[str, Any]) -> str:
     """``$(VAR)`` as the kubelet expands it from the downward API, with stand-in values."""
     values = {"POD_NAME": "dlb-x-0", "POD_IP": "10.0.0.7", "DLB_CELL": pod["metadata"].get("labels", {}).get("dlb.io/cell", "")}
-    return re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), arg)
+    return expand(arg, values)
