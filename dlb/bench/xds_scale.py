@@ -31,6 +31,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from dlb.bench import harness
+from dlb.gc_heap import GcPauses
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
@@ -104,6 +105,7 @@ async def _serve(resources: int) -> None:
     type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
     latency = _PushLatency(cache, type_url)
+    pauses = GcPauses("bench").install()  # garbage collection's share of the server's CPU
     server = XdsServer(cache, callbacks=[latency])
     acks, sends = latency.acks, latency.sends
     round_no = 0
@@ -130,7 +132,8 @@ async def _serve(resources: int) -> None:
         return web.json_response({"version": snap.version if snap is not None else None})
 
     async def rss(_req: web.Request) -> web.Response:
-        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "watches": cache.watch_count,
+        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "gc_s": sum(pauses.seconds),
+                                  "gc_full": pauses.count[2], "watches": cache.watch_count,
                                   "body_cache_hits": server.ctx.body_cache.hits})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
@@ -246,7 +249,8 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             got = await call(f"/bench/acks?version={version}")
             latencies += got["latencies_ms"]
             fanout.append(max(got["sent_ms"]))
-        cpu_s = (await call("/bench/rss"))["cpu_s"] - proc0["cpu_s"]
+        proc1 = await call("/bench/rss")
+        cpu_s = proc1["cpu_s"] - proc0["cpu_s"]
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         for p in procs:
@@ -263,7 +267,10 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             # server alone: time from set_snapshot until the response was handed to the last stream
             "fanout_ms": round(float(np.median(fanout)), 3),
             # server CPU per delivered update (push + ACK), robust to a busy machine unlike wall time
-            "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1), "rss_mb": round(rss_mb, 2)}
+            "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1),
+            # of which garbage collection (all generations), and the full collections it took
+            "server_gc_us_per_update": round((proc1["gc_s"] - proc0["gc_s"]) * 1e6 / (streams * updates), 1),
+            "server_gc_full": proc1["gc_full"] - proc0["gc_full"], "rss_mb": round(rss_mb, 2)}
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,

@@ -160,7 +160,8 @@ class Gate:
 
 OPEN_GATE = Gate()
 ROUTE_TYPES = (types.LISTENER, types.ROUTE)  # what waits for warming clusters
-# Types whose answer (ACK or NACK) can release something held by the gate, so it makes a push due.
+# Types whose answer (ACK or NACK) can release something held by the gate, so it makes a push due
+# (if the stream's last push held something: ``StreamBase.gate_held``).
 GATE_TYPES = frozenset({types.CLUSTER, *ROUTE_TYPES})
 
 
@@ -261,6 +262,11 @@ class StreamBase:
         self._eof = False
         self._error: StreamError | None = None
         self._nonce = 0
+        #: The last push held something back for make-before-break (routes waiting for warming clusters,
+        #: cluster removals waiting for the route answer). Only then can an answer to CDS/LDS/RDS make a
+        #: push due: without this every route ACK woke the writer for an empty push, the second wake-up per
+        #: update and stream (a fifth of the server's CPU at 5,000 streams).
+        self.gate_held = False
         self._denied: set[tuple[str, str]] = set()
         self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
 

@@ -356,14 +356,14 @@ def test_unchanged_snapshot_is_not_pushed(type_url: str, delta: bool) -> None:
 
 @TYPES
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
-def test_plain_ack_of_an_ungated_type_makes_no_push_due(type_url: str, delta: bool) -> None:
-    """An ACK of the current response makes no push due unless it answers CDS/LDS/RDS (which can
-    release what make-before-break holds)."""
+def test_plain_ack_makes_no_push_due_when_nothing_is_held(type_url: str, delta: bool) -> None:
+    """An ACK of the current response makes no push due unless make-before-break holds something its
+    answer may release (a CDS or route ACK with nothing held woke the writer for an empty push)."""
     h = Harness(delta=delta)
     h.set(snapshot(type_url, ["a"]))
     assert h.request(type_url)
     (first,) = h.push()
-    assert h.ack(first) == (type_url in (CDS, LDS))
+    assert not h.ack(first)
 
 
 # --- make-before-break (ADS) ----------------------------------------------------------------------
@@ -397,13 +397,14 @@ def test_cluster_removal_waits_for_the_route_answer(delta: bool) -> None:
     h.set(_mbb_snapshot("new"))
     (cds,) = h.push()
     assert (cds.version.endswith("~partial") and cds.names == ["new", "old"]) if not delta else cds.removed == []
-    h.ack(cds)
+    assert h.ack(cds), "the CDS answer releases the waiting route: a push is due"
     (rds,) = h.push()
     assert rds.type_url == RDS
-    h.ack(rds, ["r"])
+    assert h.ack(rds, ["r"]), "the route answer releases the held removal: a push is due"
     (final,) = h.push()
     assert final.type_url == CDS
     assert final.names == ["new"] if not delta else final.removed == ["old"]
+    assert not h.ack(final), "nothing is held any more"
 
 
 def test_per_type_service_has_no_gate() -> None:
