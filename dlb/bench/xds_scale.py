@@ -7,7 +7,8 @@ mode of this module; 0 = in this process, as before). Each round changes the rou
 weights (what the flow loop does), and the server records, per stream, the time from ``set_snapshot``
 to the stream's ACK of that version. Latency includes the clients' work: on a 2-core machine they
 share the CPU with the server wherever they run. ``--profile FILE`` writes the server's cProfile
-statistics (where push→ACK time goes) when it stops.
+statistics (where push→ACK time goes) when it stops. ``--server-gc control-plane`` (default) sets the
+server's garbage collector as ``dlb control-plane`` does; ``python`` keeps the interpreter's defaults.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from dlb.bench import harness
-from dlb.gc_heap import GcPauses
+from dlb.gc_heap import GcPauses, freeze_heap, raise_young_threshold
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
@@ -101,7 +102,7 @@ class _PushLatency(NoCallbacks):
         self._record(self.acks, type_url, version)
 
 
-async def _serve(resources: int) -> None:
+async def _serve(resources: int, gc_setup: str = "python") -> None:
     type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
     latency = _PushLatency(cache, type_url)
@@ -141,6 +142,9 @@ async def _serve(resources: int) -> None:
                                                        web.get("/bench/version", current)])
     xds_port = await server.start()
     http_port = await status.start()
+    if gc_setup == "control-plane":  # what dlb control-plane does once it serves (dlb/gc_heap.py)
+        freeze_heap()
+        raise_young_threshold()
     print(json.dumps({"xds_port": xds_port, "http_port": http_port}), flush=True)
     try:
         await asyncio.Event().wait()  # until the parent terminates us
@@ -163,8 +167,9 @@ class _ServerProc:
             return json.loads(resp.read())
 
 
-def _start_server(uvloop: bool, resources: int, profile: str | None = None) -> _ServerProc:
-    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources)] + (["--uvloop"] if uvloop else [])
+def _start_server(uvloop: bool, resources: int, profile: str | None = None, gc_setup: str = "python") -> _ServerProc:
+    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources), "--gc", gc_setup]
+    cmd += ["--uvloop"] if uvloop else []
     cmd += ["--profile", profile] if profile else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             env={**os.environ, "DLB_LOG_LEVEL": "WARNING"})
@@ -275,8 +280,8 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
                     uvloop: bool = False, delta: bool = False, resources: int = 1, client_procs: int = 0,
-                    profile: str | None = None) -> list[dict]:
-    srv = _start_server(uvloop, resources, profile)
+                    profile: str | None = None, server_gc: str = "control-plane") -> list[dict]:
+    srv = _start_server(uvloop, resources, profile, server_gc)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
@@ -288,6 +293,7 @@ async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float =
             rec["clients_in_one_process"] = client_procs == 0
             rec["client_processes"] = client_procs
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
+            rec["server_gc"] = server_gc
             rec["protocol"] = "delta" if delta else "sotw"
             rec["resources"] = resources
             log.info("xds_bench_point", **rec)
@@ -313,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     record = harness.start()
     records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources,
-                                    args.client_procs, args.profile))
+                                    args.client_procs, args.profile, args.server_gc))
     print(json.dumps(records, indent=1))
     return harness.finish(record, records, json_path=args.json)
 
@@ -349,7 +355,7 @@ def _profiled(main: Coroutine[Any, Any, None], path: str | None) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
-    """The benchmark's processes: ``--serve RESOURCES [--uvloop] [--profile FILE]`` (the server) or
+    """The benchmark's processes: ``--serve RESOURCES [--gc control-plane|python] [--uvloop] [--profile FILE]`` (the server) or
     ``--clients ADDRESS FIRST COUNT RESOURCES [--delta]`` (a client process)."""
     from dlb import log as _log
 
@@ -367,7 +373,7 @@ def serve_main(argv: list[str]) -> int:
         uvloop.install()
     profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
     try:
-        _profiled(_serve(int(argv[1])), profile)
+        _profiled(_serve(int(argv[1]), argv[argv.index("--gc") + 1] if "--gc" in argv else "python"), profile)
     except KeyboardInterrupt:
         pass
     return 0
