@@ -241,6 +241,36 @@ class BodyCache:
         return body
 
 
+class Wake:
+    """What ``asyncio.Event`` does for the one waiter a stream has (its writer), without the Event's
+    waiter deque: 0.7 KB less per stream, and one future per wait instead of a future plus deque work.
+    ``set`` must be called on the loop's thread (``Watch.wake`` hops there)."""
+
+    __slots__ = ("_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._flag = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    async def wait(self) -> None:
+        if self._flag:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
 class StreamBase:
     """One xDS stream. Subclasses implement ``handle`` (a request) and ``push`` (responses)."""
 
@@ -256,7 +286,7 @@ class StreamBase:
         self.wrap_ok = False  # may SotW responses wrap resources (names outside the message)?
         self.key: str | None = None
         self._watch: Watch | None = None
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._snapshot_changed = False
         self._push_due = False
         self._eof = False

@@ -11,6 +11,7 @@ One rule per test, the rule as its docstring; each rule runs for CDS, LDS and a 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,7 +29,7 @@ from dlb.xds.callbacks import NoCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.snapshot import resource_name, unwrap
 from dlb.xds.sotw import SotwStream
-from dlb.xds.stream import ServerContext, StreamBase
+from dlb.xds.stream import ServerContext, StreamBase, Wake
 from dlb.xds.testing import eds_cluster, http_listener, load_assignment, node, route_config
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
@@ -453,3 +454,24 @@ def test_callbacks_see_open_send_ack_nack_and_stale_nonce(delta: bool) -> None:
     assert rec.events == [("opened", "n1"), ("sent", first.nonce), ("acked", first.version), ("sent", second.nonce),
                           ("stale", "stale"), ("nacked", "bad")]
     assert h.ctx.status.nodes["n1"].types[DLB].nacks == 1
+
+
+def test_wake_is_an_event_for_one_waiter() -> None:
+    """``Wake`` (the writer's wake-up flag): a set before the wait returns at once, a set during the wait
+    ends it, and after ``clear`` a wait blocks until the next set."""
+
+    async def scenario() -> None:
+        wake = Wake()
+        wake.set()
+        await asyncio.wait_for(wake.wait(), 1)
+        wake.clear()
+        waiter = asyncio.create_task(wake.wait())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        wake.set()
+        await asyncio.wait_for(waiter, 1)
+        wake.clear()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(wake.wait(), 0.05)
+
+    asyncio.run(scenario())
