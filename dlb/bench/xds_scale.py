@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from dlb.bench import harness
-from dlb.gc_heap import GcPauses, freeze_heap, raise_young_threshold
+from dlb.gc_heap import freeze_heap, raise_young_threshold
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
@@ -82,6 +83,28 @@ def _cpu_s() -> float:
 
 # --- server side (child process) --------------------------------------------------------------
 
+class _GcCpu:
+    """CPU seconds the server's loop thread spent in garbage collection, and collections per generation.
+
+    Thread CPU time, not wall time like ``dlb.gc_heap.GcPauses``: on a loaded box a collection that is
+    descheduled midway counted the wait too (wall "GC time" above the process's whole CPU time).
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.count = [0, 0, 0]
+        self._started: float | None = None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        elif self._started is not None:
+            self.seconds += time.thread_time() - self._started
+            self._started = None
+            self.count[min(max(int(info.get("generation", 2)), 0), 2)] += 1
+
+
 class _PushLatency(NoCallbacks):
     """Stream observer: milliseconds from ``set_snapshot`` to each response sent and each ACK, per version."""
 
@@ -106,7 +129,7 @@ async def _serve(resources: int, gc_setup: str = "python") -> None:
     type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
     latency = _PushLatency(cache, type_url)
-    pauses = GcPauses("bench").install()  # garbage collection's share of the server's CPU
+    gc_cpu = _GcCpu()  # garbage collection's share of the server's CPU
     server = XdsServer(cache, callbacks=[latency])
     acks, sends = latency.acks, latency.sends
     round_no = 0
@@ -133,8 +156,8 @@ async def _serve(resources: int, gc_setup: str = "python") -> None:
         return web.json_response({"version": snap.version if snap is not None else None})
 
     async def rss(_req: web.Request) -> web.Response:
-        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "gc_s": sum(pauses.seconds),
-                                  "gc_full": pauses.count[2], "watches": cache.watch_count,
+        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "gc_s": gc_cpu.seconds,
+                                  "gc_count": gc_cpu.count, "watches": cache.watch_count,
                                   "body_cache_hits": server.ctx.body_cache.hits})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
@@ -273,9 +296,10 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             "fanout_ms": round(float(np.median(fanout)), 3),
             # server CPU per delivered update (push + ACK), robust to a busy machine unlike wall time
             "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1),
-            # of which garbage collection (all generations), and the full collections it took
+            # of which garbage collection (thread CPU), and the collections per generation (young, middle, full)
             "server_gc_us_per_update": round((proc1["gc_s"] - proc0["gc_s"]) * 1e6 / (streams * updates), 1),
-            "server_gc_full": proc1["gc_full"] - proc0["gc_full"], "rss_mb": round(rss_mb, 2)}
+            "server_gc_collections": [b - a for a, b in zip(proc0["gc_count"], proc1["gc_count"], strict=True)],
+            "rss_mb": round(rss_mb, 2)}
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
