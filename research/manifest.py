@@ -46,7 +46,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                     "--json FILE (*-root.txt: the root's /tmp/root-loop-watch-PID.txt of that run)"),
     ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
     ("bench/xds-5k/*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 [--server-gc python] [--uvloop] --json FILE "
-                       "(old* at c8630a9 with --server-gc python, new* at 811ab08/2b5…, gc-*: --streams 5000 at HEAD; research/xds.md)"),
+                       "(old* at c8630a9 with --server-gc python, new-1/2 at 811ab08, new-3 and gc-* (--streams 5000) at 1eb3bde; research/xds.md)"),
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c7/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),
