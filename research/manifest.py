@@ -51,6 +51,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/hpack-traceparent-*.txt", ".venv/bin/python research/tools/hpack_traceparent.py 21 > FILE (research/epp.md)"),
     ("bench/h2-traced-calls-*.txt", ".venv/bin/python research/tools/h2_traced_calls.py 5, old and new alternated "
                                     "(old through PYTHONPATH; the file's first line) > FILE"),
+    ("bench/xds-5k/*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 [--server-gc python] [--uvloop] --json FILE "
+                       "(old* at c8630a9 with --server-gc python, new-1/2 at 811ab08, new-3 and gc-* (--streams 5000) at 1eb3bde; research/xds.md)"),
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),
     ("bfio/bench.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c7/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),

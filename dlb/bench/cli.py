@@ -46,6 +46,9 @@ def _xds(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all ACKs of one update")
     add_json_option(p, "the records")
     p.add_argument("--uvloop", action="store_true", help="run the server process on uvloop")
+    p.add_argument("--server-gc", choices=("control-plane", "python"), default="control-plane",
+                   help="the server process's garbage collector: as dlb control-plane sets it (start-up heap frozen, "
+                        "young threshold raised; default) or Python's defaults")
     p.add_argument("--delta", action="store_true", help="clients use incremental (delta) ADS instead of SotW")
     p.add_argument("--resources", type=int, default=1,
                    help="1 (default): one RDS route whose weights change; K > 1: wildcard CDS of K clusters, one changes per update")

@@ -7,13 +7,15 @@ mode of this module; 0 = in this process, as before). Each round changes the rou
 weights (what the flow loop does), and the server records, per stream, the time from ``set_snapshot``
 to the stream's ACK of that version. Latency includes the clients' work: on a 2-core machine they
 share the CPU with the server wherever they run. ``--profile FILE`` writes the server's cProfile
-statistics (where push→ACK time goes) when it stops.
+statistics (where push→ACK time goes) when it stops. ``--server-gc control-plane`` (default) sets the
+server's garbage collector as ``dlb control-plane`` does; ``python`` keeps the interpreter's defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -31,6 +33,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from dlb.bench import harness
+from dlb.gc_heap import freeze_heap, raise_young_threshold
 from dlb.log import get_logger
 from dlb.xds import types
 from dlb.xds.cache import SnapshotCache
@@ -80,6 +83,28 @@ def _cpu_s() -> float:
 
 # --- server side (child process) --------------------------------------------------------------
 
+class _GcCpu:
+    """CPU seconds the server's loop thread spent in garbage collection, and collections per generation.
+
+    Thread CPU time, not wall time like ``dlb.gc_heap.GcPauses``: on a loaded box a collection that is
+    descheduled midway counted the wait too (wall "GC time" above the process's whole CPU time).
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.count = [0, 0, 0]
+        self._started: float | None = None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        elif self._started is not None:
+            self.seconds += time.thread_time() - self._started
+            self._started = None
+            self.count[min(max(int(info.get("generation", 2)), 0), 2)] += 1
+
+
 class _PushLatency(NoCallbacks):
     """Stream observer: milliseconds from ``set_snapshot`` to each response sent and each ACK, per version."""
 
@@ -100,10 +125,11 @@ class _PushLatency(NoCallbacks):
         self._record(self.acks, type_url, version)
 
 
-async def _serve(resources: int) -> None:
+async def _serve(resources: int, gc_setup: str = "python") -> None:
     type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
     latency = _PushLatency(cache, type_url)
+    gc_cpu = _GcCpu()  # garbage collection's share of the server's CPU
     server = XdsServer(cache, callbacks=[latency])
     acks, sends = latency.acks, latency.sends
     round_no = 0
@@ -130,7 +156,8 @@ async def _serve(resources: int) -> None:
         return web.json_response({"version": snap.version if snap is not None else None})
 
     async def rss(_req: web.Request) -> web.Response:
-        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "watches": cache.watch_count,
+        return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "gc_s": gc_cpu.seconds,
+                                  "gc_count": gc_cpu.count, "watches": cache.watch_count,
                                   "body_cache_hits": server.ctx.body_cache.hits})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
@@ -138,6 +165,9 @@ async def _serve(resources: int) -> None:
                                                        web.get("/bench/version", current)])
     xds_port = await server.start()
     http_port = await status.start()
+    if gc_setup == "control-plane":  # what dlb control-plane does once it serves (dlb/gc_heap.py)
+        freeze_heap()
+        raise_young_threshold()
     print(json.dumps({"xds_port": xds_port, "http_port": http_port}), flush=True)
     try:
         await asyncio.Event().wait()  # until the parent terminates us
@@ -160,8 +190,9 @@ class _ServerProc:
             return json.loads(resp.read())
 
 
-def _start_server(uvloop: bool, resources: int, profile: str | None = None) -> _ServerProc:
-    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources)] + (["--uvloop"] if uvloop else [])
+def _start_server(uvloop: bool, resources: int, profile: str | None = None, gc_setup: str = "python") -> _ServerProc:
+    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources), "--gc", gc_setup]
+    cmd += ["--uvloop"] if uvloop else []
     cmd += ["--profile", profile] if profile else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             env={**os.environ, "DLB_LOG_LEVEL": "WARNING"})
@@ -246,7 +277,8 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             got = await call(f"/bench/acks?version={version}")
             latencies += got["latencies_ms"]
             fanout.append(max(got["sent_ms"]))
-        cpu_s = (await call("/bench/rss"))["cpu_s"] - proc0["cpu_s"]
+        proc1 = await call("/bench/rss")
+        cpu_s = proc1["cpu_s"] - proc0["cpu_s"]
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         for p in procs:
@@ -263,13 +295,17 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             # server alone: time from set_snapshot until the response was handed to the last stream
             "fanout_ms": round(float(np.median(fanout)), 3),
             # server CPU per delivered update (push + ACK), robust to a busy machine unlike wall time
-            "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1), "rss_mb": round(rss_mb, 2)}
+            "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1),
+            # of which garbage collection (thread CPU), and the collections per generation (young, middle, full)
+            "server_gc_us_per_update": round((proc1["gc_s"] - proc0["gc_s"]) * 1e6 / (streams * updates), 1),
+            "server_gc_collections": [b - a for a, b in zip(proc0["gc_count"], proc1["gc_count"], strict=True)],
+            "rss_mb": round(rss_mb, 2)}
 
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
                     uvloop: bool = False, delta: bool = False, resources: int = 1, client_procs: int = 0,
-                    profile: str | None = None) -> list[dict]:
-    srv = _start_server(uvloop, resources, profile)
+                    profile: str | None = None, server_gc: str = "control-plane") -> list[dict]:
+    srv = _start_server(uvloop, resources, profile, server_gc)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
@@ -281,6 +317,7 @@ async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float =
             rec["clients_in_one_process"] = client_procs == 0
             rec["client_processes"] = client_procs
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
+            rec["server_gc"] = server_gc
             rec["protocol"] = "delta" if delta else "sotw"
             rec["resources"] = resources
             log.info("xds_bench_point", **rec)
@@ -306,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     record = harness.start()
     records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources,
-                                    args.client_procs, args.profile))
+                                    args.client_procs, args.profile, args.server_gc))
     print(json.dumps(records, indent=1))
     return harness.finish(record, records, json_path=args.json)
 
@@ -342,7 +379,7 @@ def _profiled(main: Coroutine[Any, Any, None], path: str | None) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
-    """The benchmark's processes: ``--serve RESOURCES [--uvloop] [--profile FILE]`` (the server) or
+    """The benchmark's processes: ``--serve RESOURCES [--gc control-plane|python] [--uvloop] [--profile FILE]`` (the server) or
     ``--clients ADDRESS FIRST COUNT RESOURCES [--delta]`` (a client process)."""
     from dlb import log as _log
 
@@ -360,7 +397,7 @@ def serve_main(argv: list[str]) -> int:
         uvloop.install()
     profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
     try:
-        _profiled(_serve(int(argv[1])), profile)
+        _profiled(_serve(int(argv[1]), argv[argv.index("--gc") + 1] if "--gc" in argv else "python"), profile)
     except KeyboardInterrupt:
         pass
     return 0

@@ -87,7 +87,7 @@ class DeltaStream(StreamBase):
                 del st.client[n]  # the client dropped it; never respond for it
         for n in change.resend:
             st.client.pop(n, None)  # dropped by the client, still covered by the wildcard: send it again
-        return bool(st.initial_pending or change.grew or change.resend or type_url in GATE_TYPES)
+        return bool(st.initial_pending or change.grew or change.resend or (type_url in GATE_TYPES and self.gate_held))
 
     def _diff(self, snap: Snapshot, type_url: str) -> tuple[list[Resource], list[str]]:
         st = self.states[type_url]
@@ -115,13 +115,16 @@ class DeltaStream(StreamBase):
         cds = self.states.get(types.CLUSTER)
         gate = self.gate(routes_busy=lambda: any(self.states[t].pending or self._wants(t, *diffs[t]) for t in gated))
         out: list[bytes] = []
+        self.gate_held = False
         for t in sorted(self.states, key=types.order_key):
             st = self.states[t]
-            if gate.routes_wait(t, cds_adding=cds is not None and bool(cds.adds_nonce)):
-                continue  # new clusters are warming: routes wait for the CDS answer (see sotw.py)
             updates, removed = diffs.get(t) or self._diff(snap, t)
+            if gate.routes_wait(t, cds_adding=cds is not None and bool(cds.adds_nonce)):
+                self.gate_held = self.gate_held or self._wants(t, updates, removed)
+                continue  # new clusters are warming: routes wait for the CDS answer (see sotw.py)
             withheld = t in (types.CLUSTER, types.ENDPOINT) and gate.hold_removals and bool(removed)
             if withheld:
+                self.gate_held = True  # the removals follow the route answer
                 removed = []  # stale clusters and their endpoints go once routes no longer use them
             if not self._wants(t, updates, removed):
                 continue

@@ -115,9 +115,10 @@ class SotwStream(StreamBase):
         if change.changed or not st.subscribed_reported:
             observer.subscribed(self.node.id, type_url, sub.names, sub.wildcard)
             st.subscribed_reported = True
-        # A push may be due after: a first request, new names, or an answer to CDS/LDS/RDS (which
-        # can release held routes or held cluster removals). A plain ACK of anything else changes nothing.
-        return st.initial_pending or change.grew or type_url in GATE_TYPES
+        # A push may be due after: a first request, new names, or an answer to CDS/LDS/RDS while the
+        # gate holds something (the answer can release held routes or held cluster removals). Any other
+        # plain ACK changes nothing.
+        return st.initial_pending or change.grew or (type_url in GATE_TYPES and self.gate_held)
 
     def _plan(self, snap: Snapshot, type_url: str) -> _Plan:
         st = self.states[type_url]
@@ -157,6 +158,7 @@ class SotwStream(StreamBase):
         gate = self.gate(routes_busy=lambda: any(self.states[t].outstanding or self._wants(self.states[t], t, plans[t])
                                                  for t in gated))
         out: list[bytes] = []
+        self.gate_held = False
         for t in order:
             st = self.states[t]
             plan = plans.get(t) or self._plan(snap, t)
@@ -165,12 +167,14 @@ class SotwStream(StreamBase):
             if gate.routes_wait(t, cds_adding=cds is not None and cds.outstanding and cds.adds_pending):
                 # New clusters are warming (Envoy ACKs CDS once their endpoints arrived): routes
                 # that may use them wait for that ACK, or they would point at a warming cluster.
+                self.gate_held = True
                 continue
             resources = plan.view
             whole = plan.whole_type
             version = snap.version
             partial = t == types.CLUSTER and gate.hold_removals and bool(plan.deleted)
             if partial:
+                self.gate_held = True  # the final CDS without the removed clusters follows the route answer
                 if not (plan.changed or st.initial_pending):
                     continue  # only removals: wait until LDS/RDS are answered
                 resources = {**{n: st.sent[n] for n in plan.deleted}, **plan.view}

@@ -160,7 +160,8 @@ class Gate:
 
 OPEN_GATE = Gate()
 ROUTE_TYPES = (types.LISTENER, types.ROUTE)  # what waits for warming clusters
-# Types whose answer (ACK or NACK) can release something held by the gate, so it makes a push due.
+# Types whose answer (ACK or NACK) can release something held by the gate, so it makes a push due
+# (if the stream's last push held something: ``StreamBase.gate_held``).
 GATE_TYPES = frozenset({types.CLUSTER, *ROUTE_TYPES})
 
 
@@ -240,6 +241,36 @@ class BodyCache:
         return body
 
 
+class Wake:
+    """What ``asyncio.Event`` does for the one waiter a stream has (its writer), without the Event's
+    waiter deque: 0.7 KB less per stream, and one future per wait instead of a future plus deque work.
+    ``set`` must be called on the loop's thread (``Watch.wake`` hops there)."""
+
+    __slots__ = ("_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._flag = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    async def wait(self) -> None:
+        if self._flag:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
 class StreamBase:
     """One xDS stream. Subclasses implement ``handle`` (a request) and ``push`` (responses)."""
 
@@ -255,12 +286,17 @@ class StreamBase:
         self.wrap_ok = False  # may SotW responses wrap resources (names outside the message)?
         self.key: str | None = None
         self._watch: Watch | None = None
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._snapshot_changed = False
         self._push_due = False
         self._eof = False
         self._error: StreamError | None = None
         self._nonce = 0
+        #: The last push held something back for make-before-break (routes waiting for warming clusters,
+        #: cluster removals waiting for the route answer). Only then can an answer to CDS/LDS/RDS make a
+        #: push due: without this every route ACK woke the writer for an empty push, the second wake-up per
+        #: update and stream (a fifth of the server's CPU at 5,000 streams).
+        self.gate_held = False
         self._denied: set[tuple[str, str]] = set()
         self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 
-from dlb.gc_heap import GcPauses
+from dlb.gc_heap import YOUNG_THRESHOLD, GcPauses, raise_young_threshold
 
 
 def test_gc_pauses_counts_each_collection_by_generation() -> None:
@@ -22,3 +22,11 @@ def test_gc_pauses_counts_each_collection_by_generation() -> None:
     assert pauses.count[2] >= 1 and pauses.count[0] >= 1
     assert pauses.seconds[2] >= pauses.longest[2] > 0
     assert pauses._callback not in gc.callbacks
+
+
+def test_raise_young_threshold_keeps_the_older_generations_ratios() -> None:
+    before = gc.get_threshold()
+    try:
+        assert raise_young_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)

@@ -11,6 +11,7 @@ One rule per test, the rule as its docstring; each rule runs for CDS, LDS and a 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,7 +29,7 @@ from dlb.xds.callbacks import NoCallbacks
 from dlb.xds.delta import DeltaStream
 from dlb.xds.snapshot import resource_name, unwrap
 from dlb.xds.sotw import SotwStream
-from dlb.xds.stream import ServerContext, StreamBase
+from dlb.xds.stream import ServerContext, StreamBase, Wake
 from dlb.xds.testing import eds_cluster, http_listener, load_assignment, node, route_config
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
@@ -356,14 +357,14 @@ def test_unchanged_snapshot_is_not_pushed(type_url: str, delta: bool) -> None:
 
 @TYPES
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
-def test_plain_ack_of_an_ungated_type_makes_no_push_due(type_url: str, delta: bool) -> None:
-    """An ACK of the current response makes no push due unless it answers CDS/LDS/RDS (which can
-    release what make-before-break holds)."""
+def test_plain_ack_makes_no_push_due_when_nothing_is_held(type_url: str, delta: bool) -> None:
+    """An ACK of the current response makes no push due unless make-before-break holds something its
+    answer may release (a CDS or route ACK with nothing held woke the writer for an empty push)."""
     h = Harness(delta=delta)
     h.set(snapshot(type_url, ["a"]))
     assert h.request(type_url)
     (first,) = h.push()
-    assert h.ack(first) == (type_url in (CDS, LDS))
+    assert not h.ack(first)
 
 
 # --- make-before-break (ADS) ----------------------------------------------------------------------
@@ -397,13 +398,14 @@ def test_cluster_removal_waits_for_the_route_answer(delta: bool) -> None:
     h.set(_mbb_snapshot("new"))
     (cds,) = h.push()
     assert (cds.version.endswith("~partial") and cds.names == ["new", "old"]) if not delta else cds.removed == []
-    h.ack(cds)
+    assert h.ack(cds), "the CDS answer releases the waiting route: a push is due"
     (rds,) = h.push()
     assert rds.type_url == RDS
-    h.ack(rds, ["r"])
+    assert h.ack(rds, ["r"]), "the route answer releases the held removal: a push is due"
     (final,) = h.push()
     assert final.type_url == CDS
     assert final.names == ["new"] if not delta else final.removed == ["old"]
+    assert not h.ack(final), "nothing is held any more"
 
 
 def test_per_type_service_has_no_gate() -> None:
@@ -452,3 +454,24 @@ def test_callbacks_see_open_send_ack_nack_and_stale_nonce(delta: bool) -> None:
     assert rec.events == [("opened", "n1"), ("sent", first.nonce), ("acked", first.version), ("sent", second.nonce),
                           ("stale", "stale"), ("nacked", "bad")]
     assert h.ctx.status.nodes["n1"].types[DLB].nacks == 1
+
+
+def test_wake_is_an_event_for_one_waiter() -> None:
+    """``Wake`` (the writer's wake-up flag): a set before the wait returns at once, a set during the wait
+    ends it, and after ``clear`` a wait blocks until the next set."""
+
+    async def scenario() -> None:
+        wake = Wake()
+        wake.set()
+        await asyncio.wait_for(wake.wait(), 1)
+        wake.clear()
+        waiter = asyncio.create_task(wake.wait())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        wake.set()
+        await asyncio.wait_for(waiter, 1)
+        wake.clear()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(wake.wait(), 0.05)
+
+    asyncio.run(scenario())
