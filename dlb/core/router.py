@@ -102,7 +102,7 @@ class PolicyConfig:
     aversion: AversionConfig = field(default_factory=AversionConfig)
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
     shed: ShedConfig = field(default_factory=ShedConfig)
-    #: The gradient cost's floor on ``1 − ρ`` from the spread of each cell's recent models.
+    #: The gradient cost's floor on ``1 − ρ`` from the spread of each cell's recent models (off by default).
     grad_floor: GradFloorConfig = field(default_factory=GradFloorConfig)
     #: Probe state older than this makes a cell unusable (the leaf may be gone).
     stale_after_s: float = 1.0
