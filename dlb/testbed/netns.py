@@ -27,9 +27,11 @@ import ctypes
 import ipaddress
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -77,8 +79,26 @@ class Host:
     def pod_argv(self, argv: list[str], tmp: Path) -> list[str]:
         """``argv`` in this host with ``tmp`` mounted on ``/tmp``: a pod's ``emptyDir`` scratch, which its
         containers share and no other pod sees (a leaf's access-log socket is under ``/tmp``). ``ip netns
-        exec`` runs it in a mount namespace of its own, so the mount stays there; ``sh`` execs, same pid."""
-        return self.argv(["sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(tmp), *argv])
+        exec`` runs it in a mount namespace of its own, so the mount stays there; ``sh`` execs, same pid.
+
+        What the pod runs may itself live under ``/tmp`` (a CI's fresh clone and its venv): those entries
+        are bound into the scratch first, so the new ``/tmp`` still shows them (:func:`programs_under_tmp`).
+        """
+        keep = "".join(f'mkdir -p "$0"/{q} && mount --bind /tmp/{q} "$0"/{q} && '
+                       for q in map(shlex.quote, programs_under_tmp()))
+        return self.argv(["sh", "-c", keep + 'mount --bind "$0" /tmp && exec "$@"', str(tmp), *argv])
+
+
+def programs_under_tmp() -> list[str]:
+    """The top-level entries of ``/tmp`` holding this Python's environment or the ``dlb`` package."""
+    import dlb
+
+    keep = set()
+    for place in (Path(sys.prefix), Path(dlb.__file__).parent.parent):
+        parts = place.resolve().parts
+        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
+            keep.add(parts[2])
+    return sorted(keep)
 
 
 @dataclass
