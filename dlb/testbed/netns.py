@@ -86,7 +86,8 @@ class Host:
         """
         keep = "".join(f'mkdir -p "$0"/{q} && mount --bind /tmp/{q} "$0"/{q} && '
                        for q in map(shlex.quote, programs_under_tmp()))
-        return self.argv(["sh", "-c", keep + 'mount --bind "$0" /tmp && exec "$@"', str(tmp), *argv])
+        # --rbind: a plain bind of the scratch would leave the entries bound into it behind.
+        return self.argv(["sh", "-c", keep + 'mount --rbind "$0" /tmp && exec "$@"', str(tmp), *argv])
 
 
 def programs_under_tmp() -> list[str]:
