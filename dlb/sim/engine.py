@@ -250,7 +250,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     if policy not in ALL_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
     # A variant (``Flow-Grad[...]``, research/routing-stress/probe.py) draws its base policy's numbers.
-    pidx = ALL_POLICIES.index(policy.split("[", 1)[0]) if policy.split("[", 1)[0] in ALL_POLICIES else ALL_POLICIES.index(policy)
+    base = policy.split("[", 1)[0]
+    pidx = ALL_POLICIES.index(base if base in ALL_POLICIES else policy)
     n = sc.n
     w = sc.workload
     topo = Topology.build(sc.names, sc.servers, sc.tau, sc.allowed)
