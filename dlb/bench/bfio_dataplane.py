@@ -85,31 +85,47 @@ def workload(n: int, seed: int, prompt_median_tokens: float, mean_decode: float)
     return [(int(t) * 4, int(d)) for t, d in zip(tokens, decode, strict=False)]
 
 
-def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: int, timeout_s: float) -> dict[str, Any]:
+def streamed_tokens(body: bytes) -> int:
+    """Tokens a client received in an SSE completion: its text events (the usage event and [DONE] aside)."""
+    n = 0
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {") and b'"choices":[]' not in line:
+            n += 1
+    return n
+
+
+def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: int, timeout_s: float,
+          stream: bool = False) -> dict[str, Any]:  # fmt: skip
     """Open-loop Poisson arrivals at ``rate``/s (seeded), one connection per request; returns latencies,
-    statuses and which rank served each request. Open loop, not closed: a closed loop refills exactly
-    the slot that just freed, which leaves a rank picker no choice to make."""
+    statuses, which rank served each request and (``stream``: SSE with usage) the tokens clients received.
+    Open loop, not closed: a closed loop refills exactly the slot that just freed, which leaves a rank
+    picker no choice to make."""
     lock = threading.Lock()
     lat: list[float] = []
     statuses: dict[int, int] = {}
     served: dict[str, int] = {}
+    received = [0]
     gaps = np.random.default_rng(seed + 7).exponential(1.0 / rate, len(reqs))
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
 
     def one(chars: int, max_tokens: int) -> None:
-        body = json.dumps({"model": "dlb-emulated", "prompt": "x" * chars, "max_tokens": max_tokens}).encode()
+        body = json.dumps({"model": "dlb-emulated", "prompt": "x" * chars, "max_tokens": max_tokens, **extra}).encode()
         conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
         t0 = time.monotonic()
+        tokens = 0
         try:
             conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
             resp = conn.getresponse()
-            resp.read()
+            data = resp.read()
             status, server = resp.status, resp.getheader("x-dlb-server") or ""
+            tokens = streamed_tokens(data) if stream and status == 200 else 0
         except (OSError, http.client.HTTPException):
             status, server = 0, ""
         finally:
             conn.close()
         with lock:
             statuses[status] = statuses.get(status, 0) + 1
+            received[0] += tokens
             if status == 200:
                 lat.append(time.monotonic() - t0)
                 served[server] = served.get(server, 0) + 1
@@ -125,7 +141,8 @@ def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: 
             if delay > 0:
                 time.sleep(delay)
             pool.submit(one, chars, max_tokens)
-    return {"wall_s": time.monotonic() - t0, "latencies": lat, "statuses": statuses, "served": served}
+    return {"wall_s": time.monotonic() - t0, "latencies": lat, "statuses": statuses, "served": served,
+            "tokens_received": received[0]}
 
 
 @dataclass
@@ -135,6 +152,7 @@ class DpCell:
     leaf: tuple[str, int]
     rank_ports: list[int]
     leaf_metrics_url: str
+    envoy_admin: int = 0
 
     def wait_scraped(self, ranks: int, timeout_s: float = 120.0) -> None:
         """Until the leaf has scraped every rank once: before that it does not know the ranks' admission
@@ -157,13 +175,16 @@ class DpCell:
 @contextlib.contextmanager
 def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mean_decode: float = 32.0,
             max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1,
-            background_probes: bool = True, hold_queue: int = 0, hold_deadline_ms: float = 5000.0) -> Iterator[DpCell]:  # fmt: skip
+            background_probes: bool = True, hold_queue: int = 0, hold_deadline_ms: float = 5000.0,
+            stream_tokens: bool = True) -> Iterator[DpCell]:  # fmt: skip
     """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy.
 
     ``background_probes=False`` turns off the leaf's own probe requests, for tests that place requests
     one by one and check where each lands (a warm-up probe still in flight is a resident too).
     ``hold_queue`` > 0: the leaf holds requests while every rank is at the bound the ranks report
     (``max_num_seqs`` then stays unset in the config unless given: the bound is the ranks' own).
+    ``stream_tokens=False`` leaves out the leaf Envoy's stream token count (BF-IO then estimates decoded
+    tokens from elapsed time between the ranks' reports).
     """
     with tempfile.TemporaryDirectory(prefix="dlb-bfio-dp-") as tmp, \
             EmulatorProcess(server_id="dp", profile="fast-test", dp_size=dp_size, max_batch=max_batch,
@@ -193,12 +214,13 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
         with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
                             "--seed", str(seed)):
             admin = free_port()
-            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True),
+            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True,
+                                                  stream_tokens=stream_tokens),
                                    Path(tmp) / "leaf.yaml")  # fmt: skip
             with EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)):
                 leaf = cfg.cell("dp").leaf.address
                 cell = DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
-                              f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+                              f"http://127.0.0.1:{metrics_port}/metrics", admin)  # fmt: skip
                 if hold_queue:
                     cell.wait_scraped(dp_size)
                 yield cell
