@@ -1,0 +1,117 @@
+"""The leaf's stream token count (dlb/core/stream_tokens.py) and how BF-IO's view uses it (DpBalancer.progress).
+
+Rules: the count of a response is the number of decode events a client reads, whatever the chunking;
+the server's own ``usage.completion_tokens`` replaces it when present; generated text cannot fake an
+event; the state stays bounded and the count capped whatever an upstream sends. A counted request's
+share of its rank's predicted KV is its count, not elapsed time.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlb.core.bfio import DpBalancer
+from dlb.core.stream_tokens import CARRY, MAX_TOKENS, TokenCount
+from dlb.emulator.openai import SSE_DONE, ChunkEncoder, sse, usage_chunk
+
+
+def _body(n: int, *, kind: str = "completion", usage: bool = True, text: str = "tok") -> bytes:
+    enc = ChunkEncoder(kind, "cmpl-1", 1, "m", usage)  # type: ignore[arg-type]
+    out = [enc.token(text, "length" if i == n - 1 else None, role=kind == "chat" and i == 0) for i in range(n)]
+    if usage:
+        out.append(sse(usage_chunk(kind, "cmpl-1", 1, "m", 10, n)))  # type: ignore[arg-type]
+    return b"".join([*out, SSE_DONE])
+
+
+def _feed(body: bytes, cuts: list[int]) -> TokenCount:
+    c = TokenCount()
+    last = 0
+    for k in sorted(set(cuts)):
+        c.feed(body[last:k])
+        last = k
+    c.feed(body[last:])
+    return c
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 40), kind=st.sampled_from(["completion", "chat"]), usage=st.booleans(),
+       cuts=st.lists(st.integers(0, 20_000), max_size=30))
+def test_count_equals_the_events_a_client_reads_however_the_body_is_chunked(n: int, kind: str, usage: bool,
+                                                                            cuts: list[int]) -> None:
+    body = _body(n, kind=kind, usage=usage)
+    c = _feed(body, [k % (len(body) + 1) for k in cuts])
+    assert c.tokens == n
+    assert c.events == n and c.usage == (n if usage else -1)
+    assert len(c.tail) <= CARRY
+
+
+def test_every_single_byte_split_counts_the_same() -> None:
+    body = _body(5, usage=True)
+    for k in range(len(body) + 1):
+        assert _feed(body, [k]).tokens == 5
+    assert _feed(body, list(range(len(body)))).tokens == 5  # one byte at a time
+
+
+def test_generated_text_cannot_fake_an_event_or_a_usage() -> None:
+    text = 'data: x\n\ndata: [DONE] "completion_tokens":999 "choices":[]'
+    body = _body(3, usage=False, text=text)
+    assert json.dumps(text) in body.decode()  # escaped inside the JSON string: no raw newline, no raw quote
+    assert _feed(body, []).tokens == 3
+
+
+def test_usage_replaces_the_event_count() -> None:
+    # vLLM's chat stream opens with a role-only event: one too many until the usage says otherwise.
+    role = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    body = role + _body(4, kind="chat", usage=True)
+    c = TokenCount()
+    c.feed(body[: body.index(b'"usage":{')])
+    assert c.tokens == 5
+    c.feed(body[body.index(b'"usage":{'):])
+    assert c.tokens == 4
+    # A non-streamed JSON body: its usage is the count.
+    assert _feed(b'{"choices":[{"text":"abc"}],"usage":{"prompt_tokens":3,"completion_tokens":17,"total_tokens":20}}', [60]).tokens == 17
+
+
+def test_state_is_bounded_and_the_count_capped_whatever_the_upstream_sends() -> None:
+    c = TokenCount()
+    c.feed(b"\ndata:" * 200_000)  # one huge chunk of events
+    assert len(c.tail) <= CARRY and c.tokens == 200_000
+    for _ in range(6):
+        c.feed(b"data:\n" * 200_000)
+    assert c.tokens == MAX_TOKENS and c.capped
+    d = TokenCount()
+    d.feed(b'"completion_tokens":' + b"9" * 40 + b",")  # digits past 19: not a count
+    d.feed(b'"completion_tokens":99999999999,')
+    assert d.tokens == MAX_TOKENS
+
+
+def test_a_counted_request_adds_its_count_not_elapsed_time_to_its_rank() -> None:
+    b = DpBalancer(ranks=2, policy="bf-io", horizon=5, mean_decode_tokens=100.0, step_s=0.01)
+    r = b.assign(0.0, "a", 1000)
+    other = 1 - b.assign(0.0, "b", 1000)
+    assert other == r
+    assert b.kv(1.0)[r] == pytest.approx(1100.0)  # elapsed time: 1 s at 10 ms per token
+    b.progress("a", 7)
+    assert b.kv(1.0)[r] == pytest.approx(1007.0)  # the stream says 7 decoded
+    assert b.kv(5.0)[r] == pytest.approx(1007.0)  # and time alone does not move it
+    b.progress("a", 30)
+    assert b.kv(5.0)[r] == pytest.approx(1030.0)
+    b.progress("nope", 5)  # unknown requests are ignored
+    # Finishing removes exactly what it added; its step-time sample uses its own decode length.
+    step = b.step_s
+    b.finish("a", 1.2, duration_s=1.2)
+    assert b.kv(9.0)[r] == 0.0 and b.est_n[r] == 0 and b.counted_sum[r] == 0
+    assert b.step_s == pytest.approx(step + 0.1 * (1.2 / 30 - step))
+
+
+def test_a_count_bridges_the_time_since_a_kv_report() -> None:
+    b = DpBalancer(ranks=1, policy="bf-io", mean_decode_tokens=100.0, step_s=0.01, report_lag_steps=0.0)
+    b.assign(0.0, "a", 500)
+    b.progress("a", 4)
+    b.observe_kv(0, 520.0, 1.0)  # the rank's own report: 520 resident
+    b.progress("a", 10)
+    assert b.kv(3.0)[0] == pytest.approx(526.0)  # the report plus the 6 tokens counted since
