@@ -21,6 +21,7 @@ import http.client
 import itertools
 import json
 import math
+import os
 import random
 import tempfile
 import threading
@@ -153,6 +154,7 @@ class DpCell:
     rank_ports: list[int]
     leaf_metrics_url: str
     envoy_admin: int = 0
+    leaf_pid: int = 0
 
     def wait_scraped(self, ranks: int, timeout_s: float = 120.0) -> None:
         """Until the leaf has scraped every rank once: before that it does not know the ranks' admission
@@ -166,6 +168,17 @@ class DpCell:
                     return
             time.sleep(0.2)
         raise TimeoutError(f"the leaf did not scrape all {ranks} ranks within {timeout_s} s")
+
+    def leaf_cpu_s(self) -> float:
+        """CPU seconds the leaf agent's process has used (user + system)."""
+        fields = Path(f"/proc/{self.leaf_pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def envoy_stat(self, name: str) -> float:
+        """One counter of the leaf Envoy's admin /stats (0 if absent)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.envoy_admin}/stats?filter=^{name}$", timeout=30) as r:
+            text = r.read().decode()
+        return float(text.rpartition(":")[2]) if ":" in text else 0.0
 
     def leaf_metrics(self) -> str:
         with urllib.request.urlopen(self.leaf_metrics_url, timeout=30) as r:
@@ -212,7 +225,7 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
         cfg = config_from_dict(raw, source=str(path))
         metrics_port = free_port()
         with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
-                            "--seed", str(seed)):
+                            "--seed", str(seed)) as agent:
             admin = free_port()
             boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True,
                                                   stream_tokens=stream_tokens),
@@ -220,7 +233,7 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
             with EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)):
                 leaf = cfg.cell("dp").leaf.address
                 cell = DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
-                              f"http://127.0.0.1:{metrics_port}/metrics", admin)  # fmt: skip
+                              f"http://127.0.0.1:{metrics_port}/metrics", admin, agent.proc.pid if agent.proc else 0)  # fmt: skip
                 if hold_queue:
                     cell.wait_scraped(dp_size)
                 yield cell
@@ -242,6 +255,8 @@ class DataplaneRun:
     timeout_s: float = 300.0
     hold_queue: int = 0  # > 0: the leaf holds requests above the ranks' admission bound
     hold_deadline_ms: float = 60_000.0
+    stream: bool = False  # clients ask for SSE streams (with usage)
+    stream_tokens: bool = True  # the leaf counts decoded tokens from the streams
 
 
 class BacklogSampler:
@@ -301,11 +316,15 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
         run.horizon, run.mean_decode, run.prompt_median_tokens, run.time_scale, run.timeout_s)
     with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
                  time_scale=time_scale, seed=seed, hold_queue=run.hold_queue,
-                 hold_deadline_ms=run.hold_deadline_ms) as cell:  # fmt: skip
+                 hold_deadline_ms=run.hold_deadline_ms, stream_tokens=run.stream_tokens) as cell:  # fmt: skip
         before = rank_totals(cell.rank_ports)
+        cpu0 = cell.leaf_cpu_s()
         with BacklogSampler(cell) as sampler:
-            out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s)
+            out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s,
+                        stream=run.stream)  # fmt: skip
         after = rank_totals(cell.rank_ports)
+        leaf_cpu_s = cell.leaf_cpu_s() - cpu0  # the sampler's scrapes of the leaf are in it too
+        chunks = cell.envoy_stat("http.dlb_leaf.ext_proc.dlb_leaf_tokens.stream_msgs_sent")
         leaf_metrics = cell.leaf_metrics()
     idle = after["idle"] - before["idle"]
     busy = after["busy"] - before["busy"]
@@ -326,6 +345,9 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
         "p90_s": float(np.percentile(lat, 90)) if lat else math.nan,
         "wall_s": out["wall_s"], "served_by": dict(sorted(out["served"].items())),
         "leaf_dp_ranks_tracked": leaf_metrics.count("dlb_leaf_dp_rank_kv_tokens{"),
+        "stream": run.stream, "stream_tokens": run.stream_tokens, "tokens_received": out["tokens_received"],
+        "leaf_counted_tokens": _sum_metric(leaf_metrics, "dlb_leaf_dp_stream_tokens_total"),
+        "leaf_cpu_s": leaf_cpu_s, "stream_messages": chunks,
     }  # fmt: skip
 
 
@@ -337,13 +359,16 @@ def run(args: argparse.Namespace) -> int:
                                               rate=args.rate, seed=seed, horizon=args.horizon,
                                               mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
                                               time_scale=args.time_scale, hold_queue=args.hold,
-                                              hold_deadline_ms=args.hold_deadline_ms))  # fmt: skip
+                                              hold_deadline_ms=args.hold_deadline_ms, stream=args.stream,
+                                              stream_tokens=args.stream_tokens))  # fmt: skip
         rec["seed"] = seed
         records.append(rec)
         print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s wall "
               f"{rec['throughput_tok_per_step_s']:.0f} tok/s stepping mean={rec['mean_s']:.3f}s "
               f"p90={rec['p90_s']:.3f}s backlog_idle={rec['idle_frac_backlog']:.4f} (share {rec['backlog_share']:.2f}, "
               f"max held {rec['max_held']:.0f}) energy={rec['energy_proxy_gpu_s']:.1f} GPU-s "
-              f"ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']}", flush=True)  # fmt: skip
+              f"ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']} leaf_cpu={rec['leaf_cpu_s']:.2f}s "
+              f"counted={rec['leaf_counted_tokens']:.0f}/{rec['tokens_received']} in {rec['stream_messages']:.0f} messages",
+              flush=True)  # fmt: skip
     doc = {"command": "dlb bfio dataplane", "args": {k: v for k, v in vars(args).items() if k != "func"}, "records": records}
     return harness.finish(record, doc, json_path=args.json)

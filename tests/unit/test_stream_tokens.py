@@ -115,3 +115,35 @@ def test_a_count_bridges_the_time_since_a_kv_report() -> None:
     b.observe_kv(0, 520.0, 1.0)  # the rank's own report: 520 resident
     b.progress("a", 10)
     assert b.kv(3.0)[0] == pytest.approx(526.0)  # the report plus the 6 tokens counted since
+
+
+def _leaf_config(dp: bool) -> dict[str, object]:
+    server: dict[str, object] = {"address": "127.0.0.1:8100", **({"dp_ranks": 2} if dp else {})}
+    return {
+        "version": 1,
+        "cells": [{"name": "a", "leaf": {"address": "127.0.0.1:10010", "probe": "127.0.0.1:9010",
+                                         "ext_proc": "127.0.0.1:9011"},
+                   "servers": [server, "127.0.0.1:8200"]}],
+        "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
+    }
+
+
+@pytest.mark.parametrize("dp", [False, True])
+def test_only_a_leaf_with_a_dp_server_sends_response_bodies_and_never_waits_for_them(dp: bool) -> None:
+    from dlb.config import config_from_dict
+    from dlb.envoy.bootstrap import STREAM_TOKENS_FILTER, leaf_bootstrap
+
+    boot = leaf_bootstrap(config_from_dict(_leaf_config(dp)), "a", admin_port=9902, emulate_wan=False)
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    modes = [f["typed_config"]["processing_mode"] for f in hcm["http_filters"] if "processing_mode" in f.get("typed_config", {})]
+    assert modes[0]["response_body_mode"] == "NONE"  # the pick filter: headers only, as before
+    if not dp:
+        assert STREAM_TOKENS_FILTER not in names and len(modes) == 1
+        return
+    f = hcm["http_filters"][names.index(STREAM_TOKENS_FILTER)]
+    assert names.index(STREAM_TOKENS_FILTER) == names.index("envoy.filters.http.ext_proc") + 1  # after the pick
+    tc = f["typed_config"]
+    assert tc["observability_mode"] is True and tc["failure_mode_allow"] is True
+    assert tc["processing_mode"]["response_body_mode"] == "STREAMED"
+    assert [p["exact"] for p in tc["forward_rules"]["allowed_headers"]["patterns"]] == ["x-request-id"]
