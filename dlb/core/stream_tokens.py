@@ -6,11 +6,13 @@ response stream it proxies says it exactly. An OpenAI-compatible server streams 
 step (``data: {...}\\n\\n``; vLLM and the emulator: one token each), and with
 ``stream_options.include_usage`` a last event whose ``usage.completion_tokens`` is the server's own count.
 
-The count is bytes-level, never JSON parsing (a chunk costs a few ``bytes.count`` calls): events are
-``\\ndata:`` at a line start (a newline inside a JSON string is escaped, so generated text cannot fake
-one), minus ``data: [DONE]`` and the usage-only event (``"choices":[]``). A ``"completion_tokens":N``
-seen anywhere replaces the event count (escaped quotes inside generated text cannot match it). A chat
-stream whose first event carries only the role (vLLM) counts one too many until the usage arrives.
+The count is bytes-level, never JSON parsing (a chunk costs a few ``bytes.count`` calls): events ended
+(a blank line, ``\\n\\n``: a newline inside a JSON string is escaped, so generated text cannot fake
+one), minus those that carry no token: ``data: [DONE]``, the usage-only event (``"choices":[]``) and a
+chat stream's role-only opening (vLLM). Those markers come before their event's end, so the running
+count is never above the truth (a consumer that keeps its high-water mark never over-counts). A
+``"completion_tokens":N`` seen anywhere replaces the event count (escaped quotes inside generated
+text cannot match it).
 
 Bounded whatever the upstream sends: the state is the last :data:`CARRY` bytes (patterns split across
 chunks) and two integers; a count stops at :data:`MAX_TOKENS`.
@@ -26,10 +28,9 @@ MAX_TOKENS = 1 << 20
 #: Bytes of the previous chunk kept, so a pattern split across two chunks is found (the usage key and up
 #: to 19 digits fit).
 CARRY = 48
-_EVENT = b"\ndata:"
-_DONE = b"\ndata: [DONE]"
-_DONE_TIGHT = b"\ndata:[DONE]"
-_NO_CHOICES = b'"choices":[]'
+_END = b"\n\n"
+#: Markers of events that carry no decoded token.
+_NO_TOKEN = (b"\ndata: [DONE]", b"\ndata:[DONE]", b'"choices":[]', b'"delta":{"role":"assistant","content":""}')
 _USAGE = b'"completion_tokens":'
 
 
@@ -43,7 +44,8 @@ def _new(buf: bytes, pat: bytes, start: int) -> int:
 class TokenCount:
     """The running count of one response body (feed it each chunk in order)."""
 
-    events: int = 0  # SSE events that carry a decode step
+    ends: int = 0  # SSE events ended
+    skips: int = 0  # of them (or of the one still open), events that carry no token
     usage: int = -1  # the server's own completion_tokens, -1 until seen
     #: The end of what was fed so far; a body starts at a line start.
     tail: bytes = b"\n"
@@ -51,7 +53,7 @@ class TokenCount:
     @property
     def tokens(self) -> int:
         """Decoded tokens so far: the server's usage count when it gave one, else the events."""
-        return min(self.usage if self.usage >= 0 else self.events, MAX_TOKENS)
+        return min(self.usage if self.usage >= 0 else max(0, self.ends - self.skips), MAX_TOKENS)
 
     @property
     def capped(self) -> bool:
@@ -63,9 +65,8 @@ class TokenCount:
             return self.tokens
         start = len(self.tail)
         buf = self.tail + chunk
-        self.events += (_new(buf, _EVENT, start) - _new(buf, _DONE, start) - _new(buf, _DONE_TIGHT, start)
-                        - _new(buf, _NO_CHOICES, start))
-        self.events = max(0, min(self.events, MAX_TOKENS))
+        self.ends = min(self.ends + _new(buf, _END, start), 2 * MAX_TOKENS)
+        self.skips = min(self.skips + sum(_new(buf, pat, start) for pat in _NO_TOKEN), 2 * MAX_TOKENS)
         if _USAGE in buf:
             self._usage(buf)
         self.tail = buf[-CARRY:]

@@ -31,6 +31,7 @@ class _Counting:
     key: str
     balancer: DpBalancer
     count: TokenCount
+    high: int = 0  # the most this response was counted at (what the metric has of it)
 
 
 class StreamTokens:
@@ -63,10 +64,11 @@ class StreamTokens:
             return None, True
         body = req.response_body
         self.chunks += 1
-        before = c.count.tokens
-        after = c.count.feed(body.body)
-        self.counted += max(0, after - before)
-        c.balancer.progress(c.key, float(after))
+        now = c.count.feed(body.body)
+        if now > c.high:  # the running count dips below the truth at a no-token event, never above it
+            self.counted += now - c.high
+            c.high = now
+        c.balancer.progress(c.key, float(now))
         if c.count.capped:
             self.capped += 1
             return None, True

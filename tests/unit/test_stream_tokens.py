@@ -27,13 +27,14 @@ def _body(n: int, *, kind: str = "completion", usage: bool = True, text: str = "
     return b"".join([*out, SSE_DONE])
 
 
-def _feed(body: bytes, cuts: list[int]) -> TokenCount:
+def _feed(body: bytes, cuts: list[int], seen: list[int] | None = None) -> TokenCount:
     c = TokenCount()
     last = 0
-    for k in sorted(set(cuts)):
-        c.feed(body[last:k])
+    for k in [*sorted(set(cuts)), len(body)]:
+        n = c.feed(body[last:k])
         last = k
-    c.feed(body[last:])
+        if seen is not None:
+            seen.append(n)
     return c
 
 
@@ -43,10 +44,12 @@ def _feed(body: bytes, cuts: list[int]) -> TokenCount:
 def test_count_equals_the_events_a_client_reads_however_the_body_is_chunked(n: int, kind: str, usage: bool,
                                                                             cuts: list[int]) -> None:
     body = _body(n, kind=kind, usage=usage)
-    c = _feed(body, [k % (len(body) + 1) for k in cuts])
+    seen: list[int] = []
+    c = _feed(body, [k % (len(body) + 1) for k in cuts], seen)
     assert c.tokens == n
-    assert c.events == n and c.usage == (n if usage else -1)
+    assert c.ends - c.skips == n and c.usage == (n if usage else -1)
     assert len(c.tail) <= CARRY
+    assert max(seen) == n  # never above the truth on the way (the leaf's metric keeps the high-water mark)
 
 
 def test_every_single_byte_split_counts_the_same() -> None:
@@ -64,24 +67,25 @@ def test_generated_text_cannot_fake_an_event_or_a_usage() -> None:
 
 
 def test_usage_replaces_the_event_count() -> None:
-    # vLLM's chat stream opens with a role-only event: one too many until the usage says otherwise.
+    # vLLM's chat stream opens with a role-only event: no token.
     role = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
     body = role + _body(4, kind="chat", usage=True)
     c = TokenCount()
-    c.feed(body[: body.index(b'"usage":{')])
-    assert c.tokens == 5
-    c.feed(body[body.index(b'"usage":{'):])
+    c.feed(body[: body.index(b'"choices":[]')])
     assert c.tokens == 4
+    c = TokenCount()
+    c.feed(body.replace(b'"completion_tokens":4', b'"completion_tokens":6'))
+    assert c.tokens == 6  # the server's own count wins
     # A non-streamed JSON body: its usage is the count.
     assert _feed(b'{"choices":[{"text":"abc"}],"usage":{"prompt_tokens":3,"completion_tokens":17,"total_tokens":20}}', [60]).tokens == 17
 
 
 def test_state_is_bounded_and_the_count_capped_whatever_the_upstream_sends() -> None:
     c = TokenCount()
-    c.feed(b"\ndata:" * 200_000)  # one huge chunk of events
+    c.feed(b"data: x\n\n" * 200_000)  # one huge chunk of events
     assert len(c.tail) <= CARRY and c.tokens == 200_000
     for _ in range(6):
-        c.feed(b"data:\n" * 200_000)
+        c.feed(b"\n\n" * 200_000)
     assert c.tokens == MAX_TOKENS and c.capped
     d = TokenCount()
     d.feed(b'"completion_tokens":' + b"9" * 40 + b",")  # digits past 19: not a count
