@@ -488,7 +488,7 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, 
             "failure_mode_allow": True,
             "message_timeout": _duration(message_timeout_ms / 1000.0),
             **extra,
-            # Request headers only: bodies and responses (streamed tokens) never pass through Python.
+            # Request headers only: no body waits on Python (stream_tokens_filter copies response bodies, unawaited).
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",

@@ -194,7 +194,7 @@ class LeafAgent:
                                   value=st.orphaned)
         yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probe.answered)
         if st.dp_groups:
-            yield CounterMetricFamily("dlb_leaf_dp_stream_tokens", "Decoded tokens counted from DP ranks' response streams",
+            yield CounterMetricFamily("dlb_leaf_dp_stream_tokens", "Decoded tokens counted in DP responses",
                                       value=self.tokens.counted)
         yield CounterMetricFamily("dlb_leaf_als_entries", "Access-log entries received", value=self.access_log.entries)
         yield CounterMetricFamily("dlb_leaf_als_peers_refused", "Access-log connections from another user, refused",
