@@ -456,7 +456,8 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
           f"p90 {rel['wall_us_p90']:.1f} µs wall")
     chunk = stream_chunk_cost(args.g, args.picks)
     print(f"stream token count G={chunk['G']} ({chunk['streams']} open responses, {chunk['chunk_bytes']}-byte chunks): "
-          f"p50 {chunk['wall_us_p50']:.1f} µs, p90 {chunk['wall_us_p90']:.1f} µs wall, {chunk['cpu_us_mean']:.1f} µs CPU per chunk")
+          f"p50 {chunk['wall_us_p50']:.1f} µs, p90 {chunk['wall_us_p90']:.1f} µs wall, {chunk['cpu_us_mean']:.1f} µs CPU per chunk; "
+          f"with the HTTP/2 transport p50 {chunk['h2_wall_us_p50']:.1f} µs, {chunk['h2_cpu_us_mean']:.1f} µs CPU")
     targets += [harness.Target(f"whole leaf pick ({r['policy']}) at G={r['G']}: p50 <= {r['target_us']:g} µs", None,
                                f"{r['wall_us_p50']:.1f} µs") for r in leaf]
     return harness.finish(record, {"command": "dlb bfio bench", "records": rows, "leaf_pick": leaf, "release": rel,
