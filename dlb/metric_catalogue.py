@@ -127,6 +127,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "the cell has a data-parallel server (dp_ranks)"),
     MetricDef("leaf", "dlb_leaf_dp_hold_outcomes", "counter", ("server", "outcome"),
               "Held requests: released, full (429), deadline (503), cancelled", "the cell has a data-parallel server (dp_ranks)"),
+    MetricDef("leaf", "dlb_leaf_dp_stream_tokens", "counter", (), "Decoded tokens counted in DP responses",
+              "the cell has a data-parallel server (dp_ranks)"),
     MetricDef("leaf", "dlb_leaf_server_picks", "counter", ("server",), "Requests sent to each server"),
     MetricDef("leaf", "dlb_leaf_server_errors", "counter", ("server",), "Failed completions per server"),
     MetricDef("leaf", "dlb_leaf_cut_streams", "counter", ("server",),

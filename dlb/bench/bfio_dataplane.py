@@ -21,6 +21,7 @@ import http.client
 import itertools
 import json
 import math
+import os
 import random
 import tempfile
 import threading
@@ -85,31 +86,47 @@ def workload(n: int, seed: int, prompt_median_tokens: float, mean_decode: float)
     return [(int(t) * 4, int(d)) for t, d in zip(tokens, decode, strict=False)]
 
 
-def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: int, timeout_s: float) -> dict[str, Any]:
+def streamed_tokens(body: bytes) -> int:
+    """Tokens a client received in an SSE completion: its text events (the usage event and [DONE] aside)."""
+    n = 0
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {") and b'"choices":[]' not in line:
+            n += 1
+    return n
+
+
+def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: int, timeout_s: float,
+          stream: bool = False) -> dict[str, Any]:  # fmt: skip
     """Open-loop Poisson arrivals at ``rate``/s (seeded), one connection per request; returns latencies,
-    statuses and which rank served each request. Open loop, not closed: a closed loop refills exactly
-    the slot that just freed, which leaves a rank picker no choice to make."""
+    statuses, which rank served each request and (``stream``: SSE with usage) the tokens clients received.
+    Open loop, not closed: a closed loop refills exactly the slot that just freed, which leaves a rank
+    picker no choice to make."""
     lock = threading.Lock()
     lat: list[float] = []
     statuses: dict[int, int] = {}
     served: dict[str, int] = {}
+    received = [0]
     gaps = np.random.default_rng(seed + 7).exponential(1.0 / rate, len(reqs))
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
 
     def one(chars: int, max_tokens: int) -> None:
-        body = json.dumps({"model": "dlb-emulated", "prompt": "x" * chars, "max_tokens": max_tokens}).encode()
+        body = json.dumps({"model": "dlb-emulated", "prompt": "x" * chars, "max_tokens": max_tokens, **extra}).encode()
         conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
         t0 = time.monotonic()
+        tokens = 0
         try:
             conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
             resp = conn.getresponse()
-            resp.read()
+            data = resp.read()
             status, server = resp.status, resp.getheader("x-dlb-server") or ""
+            tokens = streamed_tokens(data) if stream and status == 200 else 0
         except (OSError, http.client.HTTPException):
             status, server = 0, ""
         finally:
             conn.close()
         with lock:
             statuses[status] = statuses.get(status, 0) + 1
+            received[0] += tokens
             if status == 200:
                 lat.append(time.monotonic() - t0)
                 served[server] = served.get(server, 0) + 1
@@ -125,7 +142,8 @@ def drive(host: str, port: int, reqs: list[tuple[int, int]], rate: float, seed: 
             if delay > 0:
                 time.sleep(delay)
             pool.submit(one, chars, max_tokens)
-    return {"wall_s": time.monotonic() - t0, "latencies": lat, "statuses": statuses, "served": served}
+    return {"wall_s": time.monotonic() - t0, "latencies": lat, "statuses": statuses, "served": served,
+            "tokens_received": received[0]}
 
 
 @dataclass
@@ -135,6 +153,8 @@ class DpCell:
     leaf: tuple[str, int]
     rank_ports: list[int]
     leaf_metrics_url: str
+    envoy_admin: int = 0
+    leaf_pid: int = 0
 
     def wait_scraped(self, ranks: int, timeout_s: float = 120.0) -> None:
         """Until the leaf has scraped every rank once: before that it does not know the ranks' admission
@@ -149,6 +169,17 @@ class DpCell:
             time.sleep(0.2)
         raise TimeoutError(f"the leaf did not scrape all {ranks} ranks within {timeout_s} s")
 
+    def leaf_cpu_s(self) -> float:
+        """CPU seconds the leaf agent's process has used (user + system)."""
+        fields = Path(f"/proc/{self.leaf_pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def envoy_stat(self, name: str) -> float:
+        """One counter of the leaf Envoy's admin /stats (0 if absent)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.envoy_admin}/stats?filter=^{name}$", timeout=30) as r:
+            text = r.read().decode()
+        return float(text.rpartition(":")[2]) if ":" in text else 0.0
+
     def leaf_metrics(self) -> str:
         with urllib.request.urlopen(self.leaf_metrics_url, timeout=30) as r:
             return r.read().decode()
@@ -157,13 +188,16 @@ class DpCell:
 @contextlib.contextmanager
 def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mean_decode: float = 32.0,
             max_num_seqs: int | None = None, time_scale: float = 1.0, seed: int = 1,
-            background_probes: bool = True, hold_queue: int = 0, hold_deadline_ms: float = 5000.0) -> Iterator[DpCell]:  # fmt: skip
+            background_probes: bool = True, hold_queue: int = 0, hold_deadline_ms: float = 5000.0,
+            stream_tokens: bool = True) -> Iterator[DpCell]:  # fmt: skip
     """Start a DP emulator (``--dp-size``), the leaf agent with the group's policy and a real leaf Envoy.
 
     ``background_probes=False`` turns off the leaf's own probe requests, for tests that place requests
     one by one and check where each lands (a warm-up probe still in flight is a resident too).
     ``hold_queue`` > 0: the leaf holds requests while every rank is at the bound the ranks report
     (``max_num_seqs`` then stays unset in the config unless given: the bound is the ranks' own).
+    ``stream_tokens=False`` leaves out the leaf Envoy's stream token count (BF-IO then estimates decoded
+    tokens from elapsed time between the ranks' reports).
     """
     with tempfile.TemporaryDirectory(prefix="dlb-bfio-dp-") as tmp, \
             EmulatorProcess(server_id="dp", profile="fast-test", dp_size=dp_size, max_batch=max_batch,
@@ -191,14 +225,15 @@ def dp_cell(policy: str, *, dp_size: int, max_batch: int, horizon: int = 10, mea
         cfg = config_from_dict(raw, source=str(path))
         metrics_port = free_port()
         with ServiceProcess("leaf", "--config", str(path), "--cell", "dp", "--metrics", f"127.0.0.1:{metrics_port}",
-                            "--seed", str(seed)):
+                            "--seed", str(seed)) as agent:
             admin = free_port()
-            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True),
+            boot = write_bootstrap(leaf_bootstrap(cfg, "dp", admin_port=admin, emulate_wan=False, access_log=True,
+                                                  stream_tokens=stream_tokens),
                                    Path(tmp) / "leaf.yaml")  # fmt: skip
             with EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)):
                 leaf = cfg.cell("dp").leaf.address
                 cell = DpCell((leaf.host, leaf.port), [emu.port + r for r in range(dp_size)],
-                              f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+                              f"http://127.0.0.1:{metrics_port}/metrics", admin, agent.proc.pid if agent.proc else 0)  # fmt: skip
                 if hold_queue:
                     cell.wait_scraped(dp_size)
                 yield cell
@@ -220,6 +255,8 @@ class DataplaneRun:
     timeout_s: float = 300.0
     hold_queue: int = 0  # > 0: the leaf holds requests above the ranks' admission bound
     hold_deadline_ms: float = 60_000.0
+    stream: bool = False  # clients ask for SSE streams (with usage)
+    stream_tokens: bool = True  # the leaf counts decoded tokens from the streams
 
 
 class BacklogSampler:
@@ -279,11 +316,15 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
         run.horizon, run.mean_decode, run.prompt_median_tokens, run.time_scale, run.timeout_s)
     with dp_cell(policy, dp_size=dp_size, max_batch=max_batch, horizon=horizon, mean_decode=mean_decode,
                  time_scale=time_scale, seed=seed, hold_queue=run.hold_queue,
-                 hold_deadline_ms=run.hold_deadline_ms) as cell:  # fmt: skip
+                 hold_deadline_ms=run.hold_deadline_ms, stream_tokens=run.stream_tokens) as cell:  # fmt: skip
         before = rank_totals(cell.rank_ports)
+        cpu0 = cell.leaf_cpu_s()
         with BacklogSampler(cell) as sampler:
-            out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s)
+            out = drive(*cell.leaf, workload(requests, seed, prompt_median_tokens, mean_decode), rate, seed, timeout_s,
+                        stream=run.stream)  # fmt: skip
         after = rank_totals(cell.rank_ports)
+        leaf_cpu_s = cell.leaf_cpu_s() - cpu0  # the sampler's scrapes of the leaf are in it too
+        chunks = cell.envoy_stat("http.dlb_leaf.ext_proc.dlb_leaf_tokens.stream_msgs_sent")
         leaf_metrics = cell.leaf_metrics()
     idle = after["idle"] - before["idle"]
     busy = after["busy"] - before["busy"]
@@ -304,6 +345,9 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
         "p90_s": float(np.percentile(lat, 90)) if lat else math.nan,
         "wall_s": out["wall_s"], "served_by": dict(sorted(out["served"].items())),
         "leaf_dp_ranks_tracked": leaf_metrics.count("dlb_leaf_dp_rank_kv_tokens{"),
+        "stream": run.stream, "stream_tokens": run.stream_tokens, "tokens_received": out["tokens_received"],
+        "leaf_counted_tokens": _sum_metric(leaf_metrics, "dlb_leaf_dp_stream_tokens_total"),
+        "leaf_cpu_s": leaf_cpu_s, "stream_messages": chunks,
     }  # fmt: skip
 
 
@@ -315,13 +359,16 @@ def run(args: argparse.Namespace) -> int:
                                               rate=args.rate, seed=seed, horizon=args.horizon,
                                               mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,
                                               time_scale=args.time_scale, hold_queue=args.hold,
-                                              hold_deadline_ms=args.hold_deadline_ms))  # fmt: skip
+                                              hold_deadline_ms=args.hold_deadline_ms, stream=args.stream,
+                                              stream_tokens=args.stream_tokens))  # fmt: skip
         rec["seed"] = seed
         records.append(rec)
         print(f"seed={seed} {policy:12} idle={rec['idle_frac']:.4f} thr={rec['throughput_tok_s']:.0f} tok/s wall "
               f"{rec['throughput_tok_per_step_s']:.0f} tok/s stepping mean={rec['mean_s']:.3f}s "
               f"p90={rec['p90_s']:.3f}s backlog_idle={rec['idle_frac_backlog']:.4f} (share {rec['backlog_share']:.2f}, "
               f"max held {rec['max_held']:.0f}) energy={rec['energy_proxy_gpu_s']:.1f} GPU-s "
-              f"ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']}", flush=True)  # fmt: skip
+              f"ok={rec['ok']}/{rec['requests']} served_by={rec['served_by']} leaf_cpu={rec['leaf_cpu_s']:.2f}s "
+              f"counted={rec['leaf_counted_tokens']:.0f}/{rec['tokens_received']} in {rec['stream_messages']:.0f} messages",
+              flush=True)  # fmt: skip
     doc = {"command": "dlb bfio dataplane", "args": {k: v for k, v in vars(args).items() if k != "func"}, "records": records}
     return harness.finish(record, doc, json_path=args.json)

@@ -11,9 +11,11 @@ process on :meth:`LeafAgent.handle` with a steady load: after every pick one ran
 from __future__ import annotations
 
 import random
+import struct
 import time
 from typing import Any
 
+import hpack
 import numpy as np
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -21,9 +23,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from dlb.core.bfio import DpBalancer
 from dlb.core.hold_queue import HoldQueue
 from dlb.core.latency_model import LatencyParams
+from dlb.emulator.openai import ChunkEncoder
 from dlb.envoy import contract
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
+from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.ext_proc.transport.h2 import CALL, PREFACE, H2Connection
+from dlb.ext_proc.transport.limits import TransportStats
 
 TARGET_US = 50.0
 
@@ -89,3 +95,71 @@ def release_cost(g: int, releases: int, window: int = 16, slots: int = 64, seed:
     us = np.array(laps) * 1e6
     return {"G": g, "window": window, "releases": releases, "wall_us_p50": float(np.percentile(us, 50)),
             "wall_us_p90": float(np.percentile(us, 90))}
+
+
+def _frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
+    n = len(payload)
+    return struct.pack(">BHBBI", n >> 16, n & 0xFFFF, ftype, flags, sid) + payload
+
+
+def _data(sid: int, message: bytes) -> bytes:
+    return _frame(0x0, 0, sid, b"\x00" + struct.pack(">I", len(message)) + message)
+
+
+def stream_chunk_cost(g: int, chunks: int, streams: int = 256, seed: int = 0) -> dict[str, Any]:
+    """µs per response-body chunk the leaf counts (:mod:`dlb.ext_proc.leaf_tokens`): parse the
+    observability filter's message, count its SSE bytes, update BF-IO's view of the request's rank — what
+    :meth:`LeafAgent.handle` does per chunk, timed in process over ``streams`` open responses on G ranks.
+    Each chunk is one emulator token event (~230 bytes); the HTTP/2 transport's share is not included."""
+    rng = random.Random(seed)
+    members = [f"10.0.0.1:{8000 + r}" for r in range(g)]
+    bal = DpBalancer(ranks=g, slots=max(1, streams // g + 1))
+    state = LeafState(cell="c", servers=[ServerState(a) for a in members], replicas=g, prior=LatencyParams(0.1, 0.01, 4.0, 1.0),
+                      choices=64, pick_rule="prequal", rng=np.random.default_rng(seed), dp_groups=[(bal, members)])
+    agent = LeafAgent(state, clock=time.monotonic)
+    calls = []
+    for i in range(streams):
+        agent.handle(_message(f"r{i}", rng.randint(64, 24_000)))
+        head = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=contract.REQUEST_ID, raw_value=f"r{i}".encode())])), observability_mode=True)
+        CALL.state = None
+        agent.handle(head.SerializeToString())
+        calls.append(CALL.state)
+    event = ChunkEncoder("completion", "cmpl-0123456789abcdef", 1_700_000_000, "dlb-emulated", True).token(" tok", None)
+    msg = ep.ProcessingRequest(response_body=ep.HttpBody(body=event), observability_mode=True).SerializeToString()
+    laps: list[float] = []
+    c0 = time.process_time()
+    for i in range(chunks):
+        CALL.state = calls[i % streams]
+        t0 = time.perf_counter()
+        agent.handle(msg)
+        laps.append(time.perf_counter() - t0)
+    cpu = time.process_time() - c0
+    us = np.array(laps) * 1e6
+    # The same through DLB's HTTP/2 transport: each chunk one DATA frame on one of ``streams`` calls.
+    conn = H2Connection(PROCESS_METHOD.encode(), agent.handle, TransportStats())
+    conn.initiate()
+    conn.receive_data(PREFACE + _frame(0x4, 0, 0, b""))
+    enc = hpack.Encoder()
+    hdrs = [(":method", "POST"), (":scheme", "http"), (":path", PROCESS_METHOD), (":authority", "dlb"),
+            ("content-type", "application/grpc"), ("te", "trailers")]
+    sids = [2 * k + 1 for k in range(streams)]
+    for k, sid in enumerate(sids):
+        head = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=contract.REQUEST_ID, raw_value=f"r{k}".encode())])), observability_mode=True)
+        conn.receive_data(_frame(0x1, 0x4, sid, enc.encode(hdrs)) + _data(sid, head.SerializeToString()))
+    conn.data_to_send()
+    frame_laps: list[float] = []
+    c1 = time.process_time()
+    for i in range(chunks):
+        f = _data(sids[i % streams], msg)
+        t0 = time.perf_counter()
+        conn.receive_data(f)
+        conn.data_to_send()
+        frame_laps.append(time.perf_counter() - t0)
+    cpu_h2 = time.process_time() - c1
+    fus = np.array(frame_laps) * 1e6
+    return {"G": g, "streams": streams, "chunks": chunks, "chunk_bytes": len(event), "cpu_us_mean": cpu / chunks * 1e6,
+            "wall_us_p50": float(np.percentile(us, 50)), "wall_us_p90": float(np.percentile(us, 90)),
+            "h2_cpu_us_mean": cpu_h2 / chunks * 1e6, "h2_wall_us_p50": float(np.percentile(fus, 50)),
+            "h2_wall_us_p90": float(np.percentile(fus, 90)), "tokens_counted": agent.tokens.counted}

@@ -436,7 +436,7 @@ def run_study_cmd(args: argparse.Namespace) -> int:
 
 
 def run_bench_cmd(args: argparse.Namespace) -> int:
-    from dlb.bench.bfio_leaf_pick import leaf_pick, release_cost
+    from dlb.bench.bfio_leaf_pick import leaf_pick, release_cost, stream_chunk_cost
 
     record = harness.start()
     rows = bench_pick(args.g, args.hs, args.picks)
@@ -454,7 +454,12 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
     rel = release_cost(args.g, min(args.picks, 2000))
     print(f"held-request release G={rel['G']} (BF-IO over the {rel['window']} oldest): p50 {rel['wall_us_p50']:.1f} µs, "
           f"p90 {rel['wall_us_p90']:.1f} µs wall")
+    chunk = stream_chunk_cost(args.g, args.picks)
+    print(f"stream token count G={chunk['G']} ({chunk['streams']} open responses, {chunk['chunk_bytes']}-byte chunks): "
+          f"p50 {chunk['wall_us_p50']:.1f} µs, p90 {chunk['wall_us_p90']:.1f} µs wall, {chunk['cpu_us_mean']:.1f} µs CPU per chunk; "
+          f"with the HTTP/2 transport p50 {chunk['h2_wall_us_p50']:.1f} µs, {chunk['h2_cpu_us_mean']:.1f} µs CPU")
     targets += [harness.Target(f"whole leaf pick ({r['policy']}) at G={r['G']}: p50 <= {r['target_us']:g} µs", None,
                                f"{r['wall_us_p50']:.1f} µs") for r in leaf]
-    return harness.finish(record, {"command": "dlb bfio bench", "records": rows, "leaf_pick": leaf, "release": rel}, targets,
+    return harness.finish(record, {"command": "dlb bfio bench", "records": rows, "leaf_pick": leaf, "release": rel,
+                                   "stream_chunk": chunk}, targets,
                           json_path=args.json)

@@ -202,6 +202,9 @@ def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default="1", help="comma-separated workload seeds; each policy runs every seed")
     p.add_argument("--hold", type=int, default=0, help="leaf hold queue length (0: off, requests go straight to a rank)")
     p.add_argument("--hold-deadline-ms", type=float, default=60_000.0, help="longest hold (default %(default)s)")
+    p.add_argument("--stream", action="store_true", help="clients ask for SSE streams (with usage), which the leaf counts")
+    p.add_argument("--no-stream-tokens", dest="stream_tokens", action="store_false",
+                   help="leave out the leaf's stream token count: BF-IO estimates decoded tokens from elapsed time")
     add_json_option(p, "the records")
 
 

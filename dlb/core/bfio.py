@@ -30,7 +30,8 @@ sums (prompt tokens, count, start times), so the predicted KV of every rank at `
 walking requests: a request started at ``t0`` has decoded about ``(now − t0)/step_s`` tokens, where
 ``step_s`` is learnt from completions (``duration / mean_decode_tokens``). Where the ranks report their
 resident KV (``dlb_dp_kv_tokens``; vLLM's KV usage × its cache size), that measurement replaces the
-estimate and the elapsed-time model only bridges the time since the last report.
+estimate and the model only bridges the time since the last report. A request whose response stream the
+leaf counts (:meth:`DpBalancer.progress`) is bridged by that count instead of elapsed time.
 """
 
 from __future__ import annotations
@@ -248,6 +249,7 @@ class _Resident:
     prompt: float
     started: float  # when it started decoding (admission to a running slot)
     running: bool = True
+    decoded: float = -1.0  # tokens counted from its response stream (-1: none yet, elapsed time estimates it)
 
 
 @dataclass
@@ -258,7 +260,8 @@ class DpBalancer:
     (vLLM's per-rank ``--max-num-seqs``, 0 = unknown: all run); later ones wait in that rank's FCFS
     queue and hold no KV until a finish frees a slot, when the oldest is promoted — as the server's
     scheduler does. Predicted KV of a rank at ``now`` = its *running* requests' prompt tokens + tokens
-    decoded since they started running (elapsed / ``step_s``), kept as running sums so it costs O(G).
+    decoded since they started running, kept as running sums so it costs O(G): counted from the response
+    stream (:meth:`progress`) where the leaf sees one, else elapsed / ``step_s``.
     """
 
     ranks: int
@@ -287,7 +290,11 @@ class DpBalancer:
         self.n = np.zeros(self.ranks)  # residents: running + waiting (what JSQ and the slack rule count)
         self.nrun = np.zeros(self.ranks)  # running: what grows the KV
         self.prompt_sum = np.zeros(self.ranks)  # of running requests
-        self.start_sum = np.zeros(self.ranks)  # of running requests' decode start times
+        #: Running requests whose decoded tokens are estimated from elapsed time (no stream count yet),
+        #: the sum of their start times, and the counted tokens of the others.
+        self.est_n = np.zeros(self.ranks)
+        self.est_start_sum = np.zeros(self.ranks)
+        self.counted_sum = np.zeros(self.ranks)
         self.assigned = np.zeros(self.ranks, dtype=np.int64)
         self.queues: list[deque[str]] = [deque() for _ in range(self.ranks)]
         self._rr = 0
@@ -320,7 +327,7 @@ class DpBalancer:
         for started, key in recent:
             res = self.residents.get(key)
             if res is not None and res.running and res.rank == rank and res.started == started:
-                young += res.prompt + max(0.0, now - started) / self.step_s
+                young += res.prompt + (res.decoded if res.decoded >= 0 else max(0.0, now - started) / self.step_s)
         self.kv_reported[rank] = kv_tokens
         self.kv_predicted_then[rank] = self._predicted(now)[rank] - young
         self._kv_offset[rank] = kv_tokens - self.kv_predicted_then[rank]
@@ -343,12 +350,27 @@ class DpBalancer:
         return room
 
     def _predicted(self, now: float) -> FloatArray:
-        out: FloatArray = self.nrun * now
-        out -= self.start_sum
+        out: FloatArray = self.est_n * now
+        out -= self.est_start_sum
         np.maximum(out, 0.0, out=out)
         out /= self.step_s
         out += self.prompt_sum
+        out += self.counted_sum
         return out
+
+    def progress(self, request_id: str, decoded: float) -> None:
+        """Tokens a running request has decoded, counted from its response stream by the leaf: from now
+        on its share of the rank's predicted KV is this count, not elapsed time over ``step_s``."""
+        res = self.residents.get(request_id)
+        if res is None or not res.running or decoded < 0:
+            return
+        r = res.rank
+        if res.decoded < 0:  # its first count: it leaves the elapsed-time estimate
+            self.est_n[r] -= 1
+            self.est_start_sum[r] -= res.started
+            res.decoded = 0.0
+        self.counted_sum[r] += decoded - res.decoded
+        res.decoded = float(decoded)
 
     def kv(self, now: float) -> FloatArray:
         """Resident KV tokens per rank at ``now``: the rank's last report plus the predicted change since
@@ -469,7 +491,8 @@ class DpBalancer:
         self._recent[r].append((now, key))
         self.nrun[r] += 1
         self.prompt_sum[r] += res.prompt
-        self.start_sum[r] += now
+        self.est_n[r] += 1
+        self.est_start_sum[r] += now
 
     def finish(self, request_id: str, now: float, duration_s: float | None = None, ok: bool = True) -> int | None:
         """Close a request (returns its rank, None if unknown); a successful one refines ``step_s``.
@@ -487,12 +510,18 @@ class DpBalancer:
             return r
         self.nrun[r] -= 1
         self.prompt_sum[r] -= res.prompt
-        self.start_sum[r] -= res.started
+        if res.decoded >= 0:
+            self.counted_sum[r] -= res.decoded
+        else:
+            self.est_n[r] -= 1
+            self.est_start_sum[r] -= res.started
         if self.nrun[r] <= 0:  # drop float residue so an empty rank reads exactly zero
-            self.nrun[r], self.prompt_sum[r], self.start_sum[r] = 0.0, 0.0, 0.0
+            self.nrun[r], self.prompt_sum[r] = 0.0, 0.0
+            self.est_n[r], self.est_start_sum[r], self.counted_sum[r] = 0.0, 0.0, 0.0
         if ok and duration_s is not None and duration_s > 0:
             ran = min(duration_s, now - res.started) if now > res.started else duration_s
-            sample = ran / self.mean_decode_tokens
+            # Its own decode length when the stream was counted, else the mean one.
+            sample = ran / (res.decoded if res.decoded >= 1 else self.mean_decode_tokens)
             self.step_s += self.step_ema * (sample - self.step_s)
         q = self.queues[r]
         while q and self.nrun[r] < self.slots:

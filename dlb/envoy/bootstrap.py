@@ -488,7 +488,7 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, 
             "failure_mode_allow": True,
             "message_timeout": _duration(message_timeout_ms / 1000.0),
             **extra,
-            # Request headers only: bodies and responses (streamed tokens) never pass through Python.
+            # Request headers only: no body waits on Python (stream_tokens_filter copies response bodies, unawaited).
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
@@ -509,6 +509,24 @@ def _ext_proc_filter(cluster: str, message_timeout_ms: float, stat_prefix: str, 
 
 
 LEAF_FORWARD_HEADERS = list(_h.LEAF_FORWARD_HEADERS)
+#: The leaf's second ext_proc filter: response bodies to the agent, which counts decoded tokens.
+STREAM_TOKENS_FILTER = "dlb.leaf.stream_tokens"
+
+
+def stream_tokens_filter(cluster: str = LEAF_EXT_PROC_CLUSTER) -> dict[str, Any]:
+    """Response bodies to the leaf agent, which counts each DP rank's decoded tokens from them
+    (:mod:`dlb.ext_proc.leaf_tokens`). ``observability_mode``: Envoy sends and goes on, never waiting for
+    the agent, so the client's tokens are not delayed; the call opens with the request id (headers, async
+    too) and the agent ends it at once for a request not on a DP rank. After the pick filter: the pick
+    is made by then."""
+    f = _ext_proc_filter(cluster, 200.0, "dlb_leaf_tokens", [_h.REQUEST_ID])
+    tc = f["typed_config"]
+    f["name"] = STREAM_TOKENS_FILTER
+    tc["observability_mode"] = True
+    tc["processing_mode"] = dict(tc["processing_mode"], response_body_mode="STREAMED")
+    del tc["route_cache_action"]
+    tc["disable_clear_route_cache"] = True
+    return f
 
 
 def root_forward_headers(cfg: Config) -> list[str]:
@@ -780,6 +798,7 @@ def leaf_bootstrap(
     access_log: bool = False,
     reuse_port: bool = False,
     ready_port: int | None = None,
+    stream_tokens: bool | None = None,
 ) -> dict[str, Any]:
     """The leaf Envoy of ``cell``: root-facing listener → [WAN delay] → [leaf ext_proc] → servers.
 
@@ -789,6 +808,7 @@ def leaf_bootstrap(
     when it is down, Envoy's LEAST_REQUEST picks. ``access_log`` wires Envoy's gRPC access log to the
     leaf agent (over ``cells[].leaf.access_log``), which is how the agent learns completions and latencies
     (:mod:`dlb.envoy.als` owns that wiring). ``ready_port`` adds the :func:`ready_listener`.
+    ``stream_tokens`` adds :func:`stream_tokens_filter` (None: when the cell has a data-parallel server).
     """
     me = cfg.cell(cell)
     if not me.runs_dlb_leaf:
@@ -811,6 +831,8 @@ def leaf_bootstrap(
         # restarts the message timer once (override_message_timeout), which Envoy caps at this maximum.
         filters.append(_ext_proc_filter(LEAF_EXT_PROC_CLUSTER, message_timeout_ms, "dlb_leaf", LEAF_FORWARD_HEADERS,
                                         max_message_timeout_s=MAX_HOLD_S + REPLY_MARGIN_S))
+        if stream_tokens if stream_tokens is not None else any(s.dp is not None for s in me.servers):
+            filters.append(stream_tokens_filter())
         clusters.append(leaf_ext_proc_cluster(me.leaf.ext_proc, me.leaf.probe, tls=dlb_service_tls(cfg, "leaf", me.name)))
         clusters.append(_picked_cluster())
         # Only requests that carry a pick go to ORIGINAL_DST: without the header it would connect back

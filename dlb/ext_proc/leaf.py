@@ -6,6 +6,7 @@ one module each around one :class:`~dlb.ext_proc.leaf_state.LeafState`:
 
 - this module — the ExternalProcessor (the request path) and the agent's metrics;
 - :mod:`dlb.ext_proc.leaf_als` — Envoy ``AccessLogService``: completions release RIF and feed the fit;
+- :mod:`dlb.ext_proc.leaf_tokens` — decoded tokens counted from DP ranks' response streams;
 - :mod:`dlb.ext_proc.leaf_probe` — ``dlb.v1.Probe``: roots poll it, answered from memory;
 - :mod:`dlb.ext_proc.leaf_background` — refit, scrapes, the leaf Envoy check, background probes;
 - :mod:`dlb.ext_proc.leaf_setup` — the starting state from the config;
@@ -29,6 +30,7 @@ from dlb.ext_proc.leaf_als import LeafAccessLog
 from dlb.ext_proc.leaf_background import LeafBackground
 from dlb.ext_proc.leaf_probe import LeafProbe
 from dlb.ext_proc.leaf_state import HELD, PICK_RULES, LeafState
+from dlb.ext_proc.leaf_tokens import StreamTokens
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.ext_proc.transport.h2 import Later
 from dlb.service.metrics import FastHistogram
@@ -65,17 +67,21 @@ class LeafAgent:
         #: Held requests' pending replies, by in-flight key (bounded by the groups' hold queues).
         self.held: dict[str, asyncio.Future[bytes]] = {}
         self.access_log.on_batch = self.release
+        self.tokens = StreamTokens(state, clock)
 
     # -- ext_proc (request path) -------------------------------------------------------------------
-    def handle(self, message: bytes) -> tuple[bytes | Later, bool]:
+    def handle(self, message: bytes) -> tuple[bytes | Later | None, bool]:
         """One serialised ``ProcessingRequest`` in, ``(reply, end_of_call)`` out (both transports).
 
         The call stays open after the pick (``end`` False): an Envoy configured to send response
         headers too gets them answered on the same stream, and Envoy closes it with the request.
+        Messages of the observability filter (the stream token count) get no reply.
         """
         t0 = time.perf_counter()
         req = ep.ProcessingRequest.FromString(message)
         which = req.WhichOneof("request")
+        if req.observability_mode:
+            return self.tokens.headers(req) if which == "request_headers" else self.tokens.body(req)
         if which == "request_headers":
             rid = None
             length = None  # the body's size, for the tokens-waiting pick (the leaf never reads the body)
@@ -187,6 +193,9 @@ class LeafAgent:
         yield CounterMetricFamily("dlb_leaf_inflight_orphaned", "In-flight records dropped when the access-log stream that opened them ended",
                                   value=st.orphaned)
         yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probe.answered)
+        if st.dp_groups:
+            yield CounterMetricFamily("dlb_leaf_dp_stream_tokens", "Decoded tokens counted in DP responses",
+                                      value=self.tokens.counted)
         yield CounterMetricFamily("dlb_leaf_als_entries", "Access-log entries received", value=self.access_log.entries)
         yield CounterMetricFamily("dlb_leaf_als_peers_refused", "Access-log connections from another user, refused",
                                   value=self.als_gate.refused if self.als_gate is not None else 0)

@@ -98,9 +98,12 @@ def ext_proc_handler(handle: MessageHandler) -> grpc.GenericRpcHandler:
     async def process(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         tp = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
         traceparent = tp.encode() if isinstance(tp, str) else tp
+        state = None
         async for raw in requests:
             CALL.traceparent = traceparent  # other calls ran while this one awaited its message
+            CALL.state = state
             reply, end = handle(raw)
+            state = CALL.state
             if isinstance(reply, Later):  # a held request: its answer comes when the future resolves
                 if reply.now is not None:
                     yield reply.now

@@ -14,7 +14,7 @@ import json
 import pytest
 from bounded_wait import until as _until
 
-from dlb.bench.bfio_dataplane import dp_cell, drive, rank_totals, workload
+from dlb.bench.bfio_dataplane import dp_cell, drive, rank_totals, streamed_tokens, workload
 
 pytestmark = [pytest.mark.envoy, pytest.mark.timeout(240)]
 
@@ -69,3 +69,46 @@ def test_overloaded_dp_cell_reports_barrier_idle_per_rank() -> None:
         assert after["tokens"] > before["tokens"]
         assert after["idle"] > before["idle"] and after["busy"] > before["busy"]
         _until(lambda: "dlb_leaf_rif 0.0" in cell.leaf_metrics(), "leaf sees every request finish")
+
+
+def _counted(cell) -> float:  # type: ignore[no-untyped-def]
+    return sum(float(line.rpartition(" ")[2]) for line in cell.leaf_metrics().splitlines()
+               if line.startswith("dlb_leaf_dp_stream_tokens_total "))  # fmt: skip
+
+
+def _post(host: str, port: int, path: str, body: dict[str, object]) -> bytes:
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return resp.read()
+    finally:
+        conn.close()
+
+
+def test_leaf_counts_the_decoded_tokens_its_clients_receive() -> None:
+    """The leaf's count of decoded tokens (from the response streams the leaf Envoy proxies) equals
+    what the clients read: SSE completions and chat, with and without usage, and a JSON body; and the
+    count arrives while a stream runs, not only at its end."""
+    with dp_cell("bf-io", dp_size=2, max_batch=8, time_scale=5.0, background_probes=False) as cell:
+        host, port = cell.leaf
+        out = drive(host, port, workload(6, seed=4, prompt_median_tokens=200, mean_decode=20.0), rate=20.0,
+                    seed=4, timeout_s=60.0, stream=True)  # fmt: skip
+        assert out["statuses"] == {200: 6} and out["tokens_received"] > 6
+        got = out["tokens_received"]
+        chat = _post(host, port, "/v1/chat/completions", {"model": "dlb-emulated", "max_tokens": 9, "stream": True,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+        got += streamed_tokens(chat)
+        plain = json.loads(_post(host, port, "/v1/completions", {"model": "dlb-emulated", "prompt": "x", "max_tokens": 5}))
+        got += plain["usage"]["completion_tokens"]
+        _until(lambda: "dlb_leaf_rif 0.0" in cell.leaf_metrics(), "leaf sees every request finish")
+        assert _counted(cell) == got
+        # Mid-stream: after the client has read 10 tokens of a long one, the leaf has counted them.
+        s = Stream(host, port, prompt_chars=40, tokens=3000)
+        try:
+            for _ in range(9):
+                assert s.resp.readline() == b"\n" and s.resp.readline().startswith(b"data: {")
+            _until(lambda: _counted(cell) >= got + 10, "the leaf counts a running stream")
+        finally:
+            s.close()

@@ -92,6 +92,9 @@ class CallContext:
 
     #: The gRPC call's ``traceparent`` metadata: Envoy's span of the ext_proc call, when Envoy traces.
     traceparent: bytes | None = None
+    #: The handler's own state for this call: None at its first message, then what the handler left here
+    #: at the previous one (the transport keeps it with the call; the leaf's stream token count).
+    state: Any = None
 
 
 CALL = CallContext()
@@ -347,6 +350,7 @@ class _Stream:
     client_ending: bool = False  # the frame being processed carries END_STREAM
     held: int = 0  # bytes of ``buf`` counted in H2Connection.buffered and the server's total
     traceparent: bytes | None = None  # the call's trace context (HeaderBlock.traceparent)
+    call_state: Any = None  # the handler's per-call state (CallContext.state)
 
     def apply(self, event: StreamInput) -> StreamState:
         """Move to the state :data:`TRANSITIONS` gives; raises :class:`StreamStateError` if none."""
@@ -794,8 +798,10 @@ class H2Connection:
         route = stream.route
         assert route is not None  # a stream without a route was answered when it opened
         CALL.traceparent = stream.traceparent
+        CALL.state = stream.call_state
         try:
             reply, end = route.handler(message)
+            stream.call_state = CALL.state
         except DecodeError as exc:  # what the peer sent: a line without a traceback (rate-limited, dlb.log)
             self.stats.handler_errors += 1
             log.warning("ext_proc_message_malformed", error=str(exc)[:200], errors=self.stats.handler_errors)
