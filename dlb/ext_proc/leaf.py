@@ -29,7 +29,7 @@ from dlb.envoy import contract, replies
 from dlb.ext_proc.leaf_als import LeafAccessLog
 from dlb.ext_proc.leaf_background import LeafBackground
 from dlb.ext_proc.leaf_probe import LeafProbe
-from dlb.ext_proc.leaf_state import HELD, PICK_RULES, LeafState
+from dlb.ext_proc.leaf_state import HELD, PICK_RULES, LeafState, ServerState
 from dlb.ext_proc.leaf_tokens import StreamTokens
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.ext_proc.transport.h2 import Later
@@ -55,7 +55,8 @@ class LeafAgent:
     def __init__(self, state: LeafState, clock=time.monotonic) -> None:
         self.state = state
         self.clock = clock
-        self.responses = [header_response([(contract.SERVER, s.address)], clear_route_cache=True) for s in state.servers]
+        self._responses: list[bytes] = []
+        self._responses_for: list[ServerState] | None = None  # the server list they were built for
         self.processing = FastHistogram()
         #: Counters of the HTTP/2 ext_proc transport when it serves this agent (exported at scrape time).
         self.transport_stats = None
@@ -68,6 +69,19 @@ class LeafAgent:
         self.held: dict[str, asyncio.Future[bytes]] = {}
         self.access_log.on_batch = self.release
         self.tokens = StreamTokens(state, clock)
+
+    @property
+    def responses(self) -> list[bytes]:
+        """The pick replies, one pre-built per server, indexed as :attr:`LeafState.servers`.
+
+        Rebuilt when the server list is replaced (an xDS endpoint update): built once at start, a new
+        server's pick raised IndexError and a reordered list sent requests to another server.
+        """
+        servers = self.state.servers
+        if servers is not self._responses_for:
+            self._responses = [header_response([(contract.SERVER, s.address)], clear_route_cache=True) for s in servers]
+            self._responses_for = servers
+        return self._responses
 
     # -- ext_proc (request path) -------------------------------------------------------------------
     def handle(self, message: bytes) -> tuple[bytes | Later | None, bool]:

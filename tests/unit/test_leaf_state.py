@@ -293,3 +293,27 @@ def test_requests_in_flight_reach_the_fit_as_lower_bounds():
     running = st.running(10.0)
     assert running.rif.tolist() == [2.0, 4.0, 6.0, 8.0]  # r1, r3, r5, r7: every other of the seven left
     assert running.age.tolist() == [9.0, 7.0, 5.0, 3.0]
+
+
+def test_the_agents_pick_names_the_server_after_an_endpoint_update() -> None:
+    """Through the leaf agent: after xDS replaces the server list (one removed, one added, the order
+    changed), every pick reply names a server of the new list, the one the state picked."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from dlb.envoy import contract
+    from dlb.ext_proc.leaf import LeafAgent
+
+    agent = LeafAgent(make(2, choices=2))
+    agent.state.set_servers([("10.0.0.9:80", 1.0), ("10.0.0.1:80", 1.0), ("10.0.0.8:80", 1.0)])
+    new = {s.address for s in agent.state.servers}
+    for k in range(12):
+        req = ep.ProcessingRequest()
+        h = req.request_headers.headers.headers.add()
+        h.key, h.raw_value = contract.REQUEST_ID, f"r{k}".encode()
+        reply, _ = agent.handle(req.SerializeToString())
+        assert isinstance(reply, bytes)
+        rec = agent.state.inflight[f"r{k}"]
+        named = {m.header.raw_value.decode() for m in
+                 ep.ProcessingResponse.FromString(reply).request_headers.response.header_mutation.set_headers
+                 if m.header.key == contract.SERVER}
+        assert named == {agent.state.servers[rec.server].address} and named <= new
