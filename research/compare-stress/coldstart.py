@@ -108,12 +108,13 @@ def main() -> int:
     ap.add_argument("--protocol-scenarios", type=int, default=3)
     ap.add_argument("--protocol-minutes", type=float, default=2.0)
     ap.add_argument("--twin-only", action="store_true")
+    ap.add_argument("--protocol-only", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     warmups = [0.0] + [float(w) for w in args.warmup.split(",")]
     load0 = os.getloadavg()
     commit = git_commit()
-    rows = run_twin(args.seeds, warmups)
+    rows = [] if args.protocol_only else run_twin(args.seeds, warmups)
     if not args.twin_only:
         rows += run_protocol(args.protocol_seed or args.seeds[0], args.protocol_scenarios, args.protocol_minutes, warmups)
     for r in rows:
