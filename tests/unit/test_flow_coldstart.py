@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.costs import Cost
 from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
@@ -117,3 +118,20 @@ def test_warmup_config_is_validated() -> None:
         FlowConfig(warmup_s=-1.0)
     with pytest.raises(ValueError):
         FlowConfig(warmup_smoothing_s=0.0)
+
+
+def test_control_plane_weights_do_not_change_with_the_warmup() -> None:
+    """The control plane's flow loop (Envoy applies its split, it never picks) steps as without it."""
+    out = []
+    for w in (0.0, 10.0):
+        pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(period_s=PERIOD, warmup_s=w))
+        ctl = FlowController(topo2(), [FlowEndpoint("chat", pol, P)], [0, 1])
+        t = 0.0
+        while t < 3.0:
+            for j, n in enumerate((100.0, 60.0)):
+                ctl.on_probe(j, t, n, None, P, 1.0, 100, 0.0, 0.0)
+            weights = ctl.step(t)
+            t = round(t + PERIOD, 9)
+        out.append(weights["chat"][0])
+    assert out[0][1] > 0.5
+    np.testing.assert_allclose(out[0], out[1])
