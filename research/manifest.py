@@ -38,6 +38,14 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                         "--duration D --json FILE (D in FILE's name)"),
     ("compare-stress/twin/native-discrete-*", "dlb bench sim-twin --policies hub-score,lr-global,locality-failover,Disc-RIF,Disc-Lat,"
                                               "Disc-Grad,Disc-RIF-native,Disc-Lat-native,Disc-Grad-native --json FILE"),
+    ("compare-stress/coldstart/tune-twin-*", "python research/compare-stress/coldstart.py --seeds 101-103 --warmup 5,10,20 "
+                                             "--twin-only --json FILE"),
+    ("compare-stress/coldstart/tune-protocol-*", "python research/compare-stress/coldstart.py --seeds 101-103 --warmup 5,10,20 "
+                                                 "--protocol-only --json FILE"),
+    ("compare-stress/coldstart/verdict-twin-*", "python research/compare-stress/coldstart.py --seeds 301-306 --warmup 20 "
+                                                "--twin-only --json FILE"),
+    ("compare-stress/coldstart/verdict-protocol-*", "python research/compare-stress/coldstart.py --seeds 301-306 --warmup 20 "
+                                                    "--protocol-only --json FILE"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),

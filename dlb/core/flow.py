@@ -86,6 +86,17 @@ class FlowConfig:
     #: Evaluate the costs at the workload ``lead_s`` seconds ahead on its smoothed trend (0: off).
     lead_s: float = 5.0
     lead_smoothing_s: float = 1.0
+    #: Cold start: for this long after a root's first flow step with a fresh probe, a root that routes its
+    #: own requests picks like the discrete policy of the same cost, and ``x`` follows the split of those
+    #: picks (an EMA over ``warmup_smoothing_s``); the flow loop then starts from that split (0: off).
+    #: Why: from the replica split the step, sized for stability near the fixed point, took ~40 s to
+    #: move traffic to the cheap cells, while a discrete root follows the costs from its first probe
+    #: (research/compare-stress/coldstart.md). A router that never picks (the control plane's, whose
+    #: split Envoy applies) has no discrete split to follow and steps as before. Off by default: on
+    #: fresh seeds (20 s) Flow-Grad met its verdict but Flow-Lat got worse at steady state (1.00 → 1.09
+    #: × hub-score at 180 s; two seeds entered the latency cost's oscillation after the hand-over).
+    warmup_s: float = 0.0
+    warmup_smoothing_s: float = 2.0
     gain_up: float = 1.2
     min_gain: float = 1.0 / 64.0
 
@@ -98,6 +109,8 @@ class FlowConfig:
             raise ValueError(f"flow saturation must be in (0, 1): {self.saturation}")
         if not 0 < self.ref_utilisation <= self.saturation:
             raise ValueError(f"flow ref_utilisation must be in (0, saturation]: {self.ref_utilisation}")
+        if self.warmup_s < 0 or self.warmup_smoothing_s <= 0:
+            raise ValueError("flow warmup_s must be >= 0 and warmup_smoothing_s > 0")
         if not 0 < self.min_rate_fraction <= 1:
             raise ValueError(f"flow min_rate_fraction must be in (0, 1]: {self.min_rate_fraction}")
 

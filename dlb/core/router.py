@@ -10,7 +10,8 @@ correction every request between two probes herds onto the same cell). A probe a
 at ``t − τ_ji`` counts the requests sent up to ``t − 2τ``; those sent later are still on the wire
 or arrived after the answer, so they stay counted until a probe that could have seen them (the
 correction used to reset on every probe and forgot them). Flow: sample from ``x_i``, which :meth:`tick` moves by
-projected gradient descent every period (see :mod:`dlb.core.flow`).
+projected gradient descent every period (see :mod:`dlb.core.flow`); in its cold start
+(``FlowConfig.warmup_s``) the picks are discrete and ``x`` follows their split.
 
 Both honour error aversion (skip cell j with probability ``a_j``, then choose among the rest) and
 conditional session affinity (stay while the session cell's expected latency minus the prefix
@@ -206,6 +207,12 @@ class RootRouter:
         self._n_prev: np.ndarray | None = None
         self._n_rate = np.zeros(n)
         self._last_aversion = -math.inf
+        # Flow cold start (FlowConfig.warmup_s): when it ends (NaN: not started, -inf: handed over), the
+        # discrete picks of this flow period, and whether this router routes requests itself (a control
+        # plane's router never picks: Envoy applies its split).
+        self._warm_until = math.nan
+        self._warm_picks = np.zeros(n)
+        self._routes_own = False
         self._last_tick = math.nan
         self._arrivals = 0.0
         self.rate = 0.0
@@ -292,6 +299,15 @@ class RootRouter:
         if self._costs is not None:
             self._costs[cell] = self._cost_one(cell)
 
+    def adopt_warmup(self, other: RootRouter) -> None:
+        """Take over ``other``'s cold-start state (a reconfiguration must not start the warm-up again)."""
+        self._warm_until = other._warm_until
+        self._routes_own = other._routes_own
+
+    def warming(self, now: float) -> bool:
+        """True while the flow cold start routes this router's requests like the discrete policy."""
+        return self._routes_own and now < self._warm_until
+
     def set_available(self, cell: int, available: bool) -> None:
         """The probe client's verdict (e.g. consecutive probe failures, leaf removed)."""
         self.view.available[cell] = available
@@ -372,18 +388,21 @@ class RootRouter:
         if not (flow_due or aversion_due):
             return
         usable = self.usable(now)
+        if math.isnan(self._warm_until) and self.policy.flow.warmup_s > 0 and flow_due and usable.any():
+            self._warm_until = now + self.policy.flow.warmup_s  # the cold start begins with the first fresh probe
         if aversion_due:
-            self._update_aversion(usable)
+            self._update_aversion(usable, now)
             self._last_aversion = now
         if flow_due:
             step_dt = self.policy.flow.period_s if math.isinf(self._last_flow) else now - self._last_flow
             self._last_flow = now
             if usable.any():
-                self._flow_update(usable, min(step_dt, 10 * self.policy.flow.period_s))
+                self._flow_update(usable, min(step_dt, 10 * self.policy.flow.period_s), now)
 
-    def _update_aversion(self, usable: np.ndarray) -> None:
+    def _update_aversion(self, usable: np.ndarray, now: float) -> None:
         """One aversion period: raise/decay the rates, cap them at what the other cells can take, and
-        under flow routing fold them into ``x`` instead of skipping cells per request.
+        under flow routing fold them into ``x`` instead of skipping cells per request (in the cold start,
+        whose picks are discrete, skip as the discrete policy does).
 
         Skipping per request under flow routing let the integrator wind up: the diverted load lowered
         the averted cell's cost, the flow step raised its share, and when the error average decayed the
@@ -401,14 +420,27 @@ class RootRouter:
             spare = np.where(healthy, np.maximum(av.headroom_rho / m.b - inflow, 0.0), 0.0)
             rates = cap_to_headroom(rates, inflow, float(spare.sum()))
         self.aversion = rates
-        if self.policy.mechanism is Mechanism.FLOW:
+        if self.policy.mechanism is Mechanism.FLOW and not self.warming(now):
             self._aversion_on = False
             if rates.any():
                 self.x = fold_into_split(self.x, rates, usable)
         else:
             self._aversion_on = bool(rates.any())
 
-    def _flow_update(self, usable: np.ndarray, dt: float) -> None:
+    def _follow_picks(self, usable: np.ndarray, dt: float) -> None:
+        """Cold start: move ``x`` towards the split of this period's discrete picks (EMA over
+        ``warmup_smoothing_s``), so the flow loop starts where the costs sent the requests."""
+        picks = self._warm_picks
+        total = float(picks.sum())
+        if total <= 0:
+            return
+        alpha = min(1.0, dt / self.policy.flow.warmup_smoothing_s)
+        x = np.where(usable, self.x + alpha * (picks / total - self.x), 0.0)
+        picks[:] = 0.0
+        if x.sum() > 0:
+            self.x = x / x.sum()
+
+    def _flow_update(self, usable: np.ndarray, dt: float, now: float) -> None:
         n_obs = self.view.rif * self._inflate
         cfg = self.policy.flow
         if cfg.lead_s > 0:
@@ -425,6 +457,14 @@ class RootRouter:
             n_cost = np.maximum(n_obs + horizon * self._n_rate, 0.0)
         else:
             n_cost = n_obs
+        if self._routes_own and not math.isnan(self._warm_until) and self._warm_until > -math.inf:
+            if now < self._warm_until:
+                self._follow_picks(usable, dt)
+                return
+            # Hand over: from here on the picks sample x, and aversion folds into it again.
+            self._warm_until = -math.inf
+            self._costs = None
+            self._aversion_on = False
         costs = cost_vector(self.policy.cost, n_cost, self.replicas, self.models, self.rtt)
         m = self.models
         in_use = usable & (self.x > 0)
@@ -551,12 +591,17 @@ class RootRouter:
             if not warm:
                 return NO_CELL
             self._arrivals += 1
+            self._routes_own = True
             cell = self._sample(warm, [])
             self.book(cell, now)
             return cell
         self._arrivals += 1
         if should_shed(usable, self.view, now, self.policy.shed):
             return SHED
+        discrete = self.policy.mechanism is Mechanism.DISCRETE
+        if not discrete:
+            self._routes_own = True
+            discrete = now < self._warm_until  # the flow cold start (FlowConfig.warmup_s)
         cand = usable
         if self._aversion_on:
             rand = self._rand.random
@@ -564,7 +609,7 @@ class RootRouter:
             kept = [j for j in usable if rand() >= av[j]]
             if kept:
                 cand = kept
-        if self.policy.mechanism is Mechanism.DISCRETE:
+        if discrete:
             costs = self._costs
             if costs is None:
                 costs = self._costs = [self._cost_one(j) for j in range(self.topology.n)]
@@ -574,6 +619,8 @@ class RootRouter:
         if self.affinity is not None and session is not None:
             cell = self._affine(session, cell, cand, now)
         self.book(cell, now)
+        if discrete and self._routes_own:
+            self._warm_picks[cell] += 1.0
         return cell
 
     def _argmin(self, costs: list[float], cand: list[int]) -> int:

@@ -85,6 +85,7 @@ def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_
     for attr in ("a", "b", "c", "s"):
         getattr(new.models, attr)[ni] = getattr(old.models, attr)[oi]
     new.aversion[ni] = old.aversion[oi]
+    new.adopt_warmup(old)
     new.replicas[ni] = old.replicas[oi]
     if new.policy.mechanism is Mechanism.FLOW and old.policy.mechanism is Mechanism.FLOW:
         x = np.zeros_like(new.x)

@@ -1,0 +1,137 @@
+"""The flow cold start (FlowConfig.warmup_s): discrete picks until the warm-up ends, ``x`` following their
+split, then the flow loop from there; routers that never pick (the control plane's) step as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
+from dlb.core.costs import Cost
+from dlb.core.flow import FlowConfig
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
+from dlb.ext_proc.root import _carry_over
+
+P = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)
+PERIOD = 0.2
+
+
+def topo2() -> Topology:
+    return Topology.build(["a", "b"], [4, 4], [[0, 0.01], [0.01, 0]])
+
+
+def flow_router(warmup_s: float, seed: int = 0) -> RootRouter:
+    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(period_s=PERIOD, warmup_s=warmup_s))
+    return RootRouter(topo2(), 0, pol, P, np.random.default_rng(seed))
+
+
+def probe(r: RootRouter, now: float, rif: tuple[float, float]) -> None:
+    for j, n in enumerate(rif):
+        r.on_probe(j, now, n, P, seen_until=now)
+    r.tick(now)
+
+
+def drive(r: RootRouter, until: float, rif: tuple[float, float] = (100.0, 60.0), per_period: int = 4) -> list[int]:
+    """Probe every period (both cells past the knee, a busier than b) and route ``per_period`` requests after each."""
+    picks = []
+    t = 0.0
+    while t < until:
+        probe(r, t, rif)
+        picks += [r.pick(t + 0.01) for _ in range(per_period)]
+        t = round(t + PERIOD, 9)
+    return picks
+
+
+def test_warmup_picks_follow_the_costs_from_the_first_probe() -> None:
+    """With the warm-up, the first requests after the first probe go to the cheaper cell; from the
+    replica split (the old start) a good part of them still went to the busier one."""
+    cold = drive(flow_router(warmup_s=10.0), until=2.0)
+    assert cold.count(1) == len(cold)
+    old = drive(flow_router(warmup_s=0.0), until=2.0)
+    assert old.count(0) > 0.2 * len(old)
+
+
+def test_x_follows_the_discrete_split_and_the_flow_starts_from_it() -> None:
+    r = flow_router(warmup_s=4.0)
+    drive(r, until=4.0)
+    assert r.x[1] > 0.85  # the EMA of the picks (all on b) after 2 smoothing times, from 0.5
+    assert r.warming(3.9) and not r.warming(4.1)
+    x_handed = r.x.copy()
+    drive_from = 4.0
+    probe(r, drive_from, (100.0, 60.0))  # first step after the hand-over: a flow step from the picks' split
+    assert not r.warming(drive_from)
+    assert r.x[1] >= x_handed[1]
+    assert r.pick(drive_from + 0.01) in (0, 1)  # sampled from x now
+
+
+def test_old_start_is_still_near_the_replica_split_after_the_same_time() -> None:
+    """The behaviour the warm-up removes: the flow step from the replica split moves slowly."""
+    r = flow_router(warmup_s=0.0)
+    drive(r, until=2.0)
+    assert r.x[1] < 0.7
+
+
+def test_a_router_that_never_picks_steps_as_without_warmup() -> None:
+    """The control plane's routers: no picks, so no discrete split to follow; x is the flow's."""
+    xs = []
+    for w in (0.0, 10.0):
+        r = flow_router(warmup_s=w)
+        t = 0.0
+        while t < 3.0:
+            probe(r, t, (40.0, 0.0))
+            t = round(t + PERIOD, 9)
+        xs.append(r.x.copy())
+        assert not r.warming(1.0)
+    np.testing.assert_allclose(xs[0], xs[1])
+
+
+def test_seeded_weights_route_until_the_first_probe_and_start_the_split() -> None:
+    """A restarted root with the control plane's last weights: those route before any probe (warm
+    start), and the warm-up's split moves from them, not from the replica split."""
+    r = flow_router(warmup_s=10.0, seed=1)
+    r.x = np.array([0.1, 0.9])
+    before = [r.pick(0.0) for _ in range(200)]
+    assert 0.8 < before.count(1) / len(before) < 0.97
+    probe(r, 0.0, (0.0, 40.0))  # now b is the loaded cell
+    for _ in range(4):
+        r.pick(0.01)
+    probe(r, PERIOD, (0.0, 40.0))
+    alpha = PERIOD / r.policy.flow.warmup_smoothing_s
+    np.testing.assert_allclose(r.x, [0.1 + alpha * 0.9, 0.9 - alpha * 0.9])
+
+
+def test_reconfiguration_does_not_restart_the_warmup() -> None:
+    old = flow_router(warmup_s=4.0)
+    drive(old, until=5.0)
+    assert not old.warming(5.0)
+    new = flow_router(warmup_s=4.0)
+    _carry_over(old, new, ["a", "b"], ["a", "b"])
+    probe(new, 5.0, (40.0, 0.0))
+    assert not new.warming(5.1)
+    np.testing.assert_allclose(new.x.sum(), 1.0)
+
+
+def test_warmup_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        FlowConfig(warmup_s=-1.0)
+    with pytest.raises(ValueError):
+        FlowConfig(warmup_smoothing_s=0.0)
+
+
+def test_control_plane_weights_do_not_change_with_the_warmup() -> None:
+    """The control plane's flow loop (Envoy applies its split, it never picks) steps as without it."""
+    out = []
+    for w in (0.0, 10.0):
+        pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(period_s=PERIOD, warmup_s=w))
+        ctl = FlowController(topo2(), [FlowEndpoint("chat", pol, P)], [0, 1])
+        t = 0.0
+        while t < 3.0:
+            for j, n in enumerate((100.0, 60.0)):
+                ctl.on_probe(j, t, n, None, P, 1.0, 100, 0.0, 0.0)
+            weights = ctl.step(t)
+            t = round(t + PERIOD, 9)
+        out.append(weights["chat"][0])
+    assert out[0][1] > 0.5
+    np.testing.assert_allclose(out[0], out[1])
