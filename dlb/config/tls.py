@@ -17,12 +17,16 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
 from dlb.config.loader import ConfigError, Problem, pem_problem, tls_pair_problems
 from dlb.config.model import TlsFiles
+
+if TYPE_CHECKING:
+    from dlb.config.tls_live import LiveIdentity
 
 SPIFFE_PREFIX = "spiffe://dlb/"
 CONTROL_PLANE = "control-plane"
@@ -84,15 +88,32 @@ def load_identity(tls: TlsFiles, identity: str, source: str = "<config>") -> Ide
     problems = [Problem(source, f"tls.{k}", reason) for k, p in paths.items() if (reason := pem_problem(p, kinds[k]))]
     if problems:
         raise ConfigError(problems)
-    data = {}
-    for k, p in paths.items():
+    return load_identity_files(paths["ca"], paths["cert"], paths["key"])
+
+
+def load_identity_files(ca: str, cert: str, key: str) -> Identity:
+    """The three files as they are now (OSError if one is gone)."""
+    data = []
+    for p in (ca, cert, key):
         with open(p, "rb") as fh:
-            data[k] = fh.read()
-    return Identity(paths["ca"], paths["cert"], paths["key"], data["ca"], data["cert"], data["key"])
+            data.append(fh.read())
+    return Identity(ca, cert, key, *data)
 
 
-def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> Identity | None:
-    """The identity of one component of a config, or None when the config has no ``tls`` section.
+class TlsIdentity(Protocol):
+    """What a service needs of its identity: :class:`Identity` (read once) or
+    :class:`dlb.config.tls_live.LiveIdentity` (follows renewals)."""
+
+    def server_credentials(self) -> grpc.ServerCredentials: ...
+
+    def channel_credentials(self) -> grpc.ChannelCredentials: ...
+
+    def server_ssl_context(self) -> ssl.SSLContext: ...
+
+
+def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> LiveIdentity | None:
+    """The identity of one component of a config, or None when the config has no ``tls`` section;
+    it follows its files (:mod:`dlb.config.tls_live`), so a renewed certificate needs no restart.
 
     Unlike :func:`load_identity` (which also builds the attackers' credentials of the tests and the
     hostile bench), the certificate must work: its key and a chain to ``tls.ca``, or a ConfigError
@@ -103,7 +124,9 @@ def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: 
     problems = tls_pair_problems(ident.ca_path, ident.cert_path, ident.key_path)
     if problems:
         raise ConfigError([Problem(source, f, reason) for f, reason in problems])
-    return ident
+    from dlb.config.tls_live import LiveIdentity
+
+    return LiveIdentity(ident)
 
 
 # --- who the peer is ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
+from dlb.config import tls_live
 from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
 from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node_admission
@@ -137,6 +138,8 @@ class ControlPlane:
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
                                           extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
         self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
+        if self.tls is not None:
+            self.status_server.registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_xds")))
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 
 from dlb.config import resources as dr
 from dlb.config.model import LEAF_SOURCES, Config
-from dlb.config.tls import Identity
+from dlb.config.tls import TlsIdentity
 from dlb.core.router import Mechanism
 from dlb.core.topology import Topology
 from dlb.ext_proc.root import EndpointSpec, RootService
@@ -60,7 +60,7 @@ class ProbeManager:
     """Owns the service's probe client and replaces it when the set of targets changes (a config, or the
     addresses of a ``leaf.replicas: dns`` name, re-resolved every :data:`~dlb.probe.replica_dns.PERIOD_S`)."""
 
-    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: Identity | None = None,
+    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: TlsIdentity | None = None,
                  resolver: Resolver = resolve_all, dns_period_s: float = replica_dns.PERIOD_S) -> None:
         self.service = service
         self.tls = tls
