@@ -1,0 +1,99 @@
+"""A renewed certificate takes effect without a restart (dlb/config/tls_live.py).
+
+The identity's files are a Kubernetes-style Secret mount (``..data`` symlink swap, dlb.testbed.pki.SecretDir).
+Each server is the real one on 127.0.0.1 (grpc.aio and DLB's HTTP/2 transport): after a renewal a new
+connection presents the new certificate (its serial, read from a real TLS handshake), a stream opened
+before keeps working, and a pair that does not work (a key that is not the certificate's) is refused:
+the old certificate stays in use and the refusal is counted once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from dlb.config import tls_live
+from dlb.config.tls import component_identity
+from dlb.ext_proc.protocol import ExtProcServer
+from dlb.testbed.pki import Pki, SecretDir
+
+pytestmark = pytest.mark.timeout(60)
+
+PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+
+
+def _serial(cert: Path | bytes) -> int:
+    return x509.load_pem_x509_certificate(cert if isinstance(cert, bytes) else cert.read_bytes()).serial_number
+
+
+def _peer_serial(port: int, ca: Path, client: tuple[Path, Path]) -> int:
+    """The serial of the certificate the server presents to a new connection (a full mutual TLS handshake)."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.load_cert_chain(*client)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def _handle(message: bytes) -> tuple[bytes, bool]:
+    ep.ProcessingRequest.FromString(message)
+    return ep.ProcessingResponse(request_headers=ep.HeadersResponse()).SerializeToString(), False
+
+
+@pytest.mark.parametrize("transport", ["h2", "grpc"])
+def test_a_renewed_certificate_is_presented_to_new_connections_without_a_restart(tmp_path: Path, transport: str) -> None:
+    pki = Pki(tmp_path / "pki")
+    first, renewed, other = (pki.issue(n, ("spiffe://dlb/root/a",)) for n in ("first", "renewed", "other"))
+    client = pki.issue("client", ("spiffe://dlb/root/b",))
+    ca = pki.ca_path.read_bytes()
+    secret = SecretDir(tmp_path / "dlb-tls")
+    secret.publish(ca, first[0].read_bytes(), first[1].read_bytes())
+
+    async def scenario() -> None:
+        tls = component_identity(secret.tls, "root", "a")
+        assert tls is not None
+        server = ExtProcServer(transport, _handle, tls=tls)
+        port = await server.bind("127.0.0.1:0")
+        creds = grpc.ssl_channel_credentials(ca, client[1].read_bytes(), client[0].read_bytes())
+        channel = grpc.aio.secure_channel(f"127.0.0.1:{port}", creds, options=[("grpc.ssl_target_name_override", "localhost")])
+        sent: asyncio.Queue[ep.ProcessingRequest | None] = asyncio.Queue()
+
+        async def requests():
+            while (msg := await sent.get()) is not None:
+                yield msg
+
+        try:
+            call = channel.stream_stream(PROCESS, request_serializer=ep.ProcessingRequest.SerializeToString,
+                                         response_deserializer=ep.ProcessingResponse.FromString)(requests(), timeout=30)
+            await sent.put(ep.ProcessingRequest(request_headers=ep.HttpHeaders()))
+            assert (await call.read()).WhichOneof("response") == "request_headers"
+            assert await asyncio.to_thread(_peer_serial, port, pki.ca_path, client) == _serial(first[0])
+
+            secret.publish(ca, renewed[0].read_bytes(), renewed[1].read_bytes())
+            assert await asyncio.to_thread(_peer_serial, port, pki.ca_path, client) == _serial(renewed[0])
+            # The stream opened before the renewal goes on, on its connection.
+            await sent.put(ep.ProcessingRequest(request_headers=ep.HttpHeaders()))
+            assert (await call.read()).WhichOneof("response") == "request_headers"
+
+            # A pair that does not work (another certificate's key): refused, the renewed pair stays.
+            failures = tls_live.COUNTS.failures
+            secret.publish(ca, other[0].read_bytes(), renewed[1].read_bytes())
+            for _ in range(3):
+                assert await asyncio.to_thread(_peer_serial, port, pki.ca_path, client) == _serial(renewed[0])
+            assert tls_live.COUNTS.failures == failures + 1  # once per state of the files, not per handshake
+            # ... until a working pair arrives.
+            secret.publish(ca, other[0].read_bytes(), other[1].read_bytes())
+            assert await asyncio.to_thread(_peer_serial, port, pki.ca_path, client) == _serial(other[0])
+            await sent.put(None)
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())
