@@ -88,9 +88,9 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
 def _tls(service: str) -> tuple[MetricDef, ...]:
     """A certificate that follows its renewed files (dlb/config/tls_live.py)."""
     when = "the config has a tls section"
-    return (MetricDef(service, f"dlb_{service}_tls_reloads", "counter", (), "Renewed certificates taken into use without a restart", when),
+    return (MetricDef(service, f"dlb_{service}_tls_reloads", "counter", (), "Renewed certificates taken into use", when),
             MetricDef(service, f"dlb_{service}_tls_reload_failures", "counter", (),
-                      "Changed certificate files not taken into use (half written, mismatched, wrong CA)", when))
+                      "Renewed certificate files refused (kept the old pair)", when))
 
 
 _EC = ("endpoint", "cell")

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from dlb.config.tls_live import LiveIdentity
 
 SPIFFE_PREFIX = "spiffe://dlb/"
+#: One client's question "has my certificate been renewed since I last asked?": new channel credentials, or None.
+Renewal = Callable[[], "grpc.ChannelCredentials | None"]
 CONTROL_PLANE = "control-plane"
 ROLES = ("root", "leaf")
 #: xDS node.cluster of each role: the tier half of the control plane's snapshot key ``<cluster>/<cell>``.
@@ -68,6 +70,10 @@ class Identity:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """grpc.aio client side: trust only the CA, present our certificate."""
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
+
+    def renewal(self) -> Renewal:
+        """Read once: never renewed."""
+        return lambda: None
 
     def server_ssl_context(self) -> ssl.SSLContext:
         """The same policy for DLB's own HTTP/2 transport (asyncio): client certificate required, ALPN h2."""
@@ -109,6 +115,8 @@ class TlsIdentity(Protocol):
     def channel_credentials(self) -> grpc.ChannelCredentials: ...
 
     def server_ssl_context(self) -> ssl.SSLContext: ...
+
+    def renewal(self) -> Renewal: ...
 
 
 def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> LiveIdentity | None:

@@ -5,7 +5,8 @@ cert-manager renews a ``kubernetes.io/tls`` Secret and the kubelet swaps the pod
 memory until the pod restarts. :class:`LiveIdentity` looks at its three files before each new TLS
 handshake (three ``stat`` calls; the files are read again only when one changed) and hands the new pair
 to gRPC (:func:`grpc.dynamic_ssl_server_credentials`' fetcher), to DLB's HTTP/2 transport (an
-``ssl`` server-name callback that swaps the connection's context) and to channels made afterwards.
+``ssl`` server-name callback that swaps the connection's context) and to clients, which make a new
+channel for their next connection (:meth:`LiveIdentity.renewal`).
 
 A pair that does not work — half written, a key that is not the certificate's, another CA's — is not
 used: the component keeps serving with the pair it has, logs the problem once per state of the files,
@@ -22,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from dlb.config.tls import Identity, load_identity_files
+from dlb.config.tls import Identity, Renewal, load_identity_files
 from dlb.config.tls_check import tls_pair_problems
 from dlb.log import get_logger
 
@@ -42,10 +43,10 @@ class ReloadCounts:
     def families(self, prefix: str) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        return [CounterMetricFamily(f"{prefix}_tls_reloads", "Renewed certificates taken into use without a restart",
+        return [CounterMetricFamily(f"{prefix}_tls_reloads", "Renewed certificates taken into use",
                                     value=self.reloads),
                 CounterMetricFamily(f"{prefix}_tls_reload_failures",
-                                    "Changed certificate files not taken into use (half written, mismatched, wrong CA)",
+                                    "Renewed certificate files refused (kept the old pair)",
                                     value=self.failures)]
 
 
@@ -122,6 +123,20 @@ class LiveIdentity:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """grpc.aio client side, with the pair in use now (a channel keeps what it was made with)."""
         return self.current.channel_credentials()
+
+    def renewal(self) -> Renewal:
+        """For one client that keeps a channel: credentials of the renewed pair once per renewal (it then
+        makes a new channel for its next connection), else None."""
+        handed = [self.generation]
+
+        def renewed() -> grpc.ChannelCredentials | None:
+            self.refresh()
+            if handed[0] == self.generation:
+                return None
+            handed[0] = self.generation
+            return self._current.channel_credentials()
+
+        return renewed
 
     def server_ssl_context(self) -> ssl.SSLContext:
         """DLB's HTTP/2 transport: the listener's context, whose callback gives each new connection the

@@ -392,6 +392,7 @@ class ControlPlane:
             source_cell="control-plane",
             clock=self.clock,
             credentials=self.tls.channel_credentials() if self.tls is not None else None,
+            renewal=self.tls.renewal if self.tls is not None else None,
             prior_of=lambda cell: self.config.endpoints[0].prior_for(cell).to_core(),
         )
         self._probes.start()

@@ -59,7 +59,8 @@ class LeafXdsSync:
         self.on_policy = on_policy
         node = base_pb2.Node(id=node_id or f"leaf-service-{cell}-{os.getpid()}", cluster="dlb-leaf",
                              locality=base_pb2.Locality(zone=cell))
-        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
+        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None,
+                                renewed=tls.renewal() if tls is not None else None)
         self.updates = 0
         self.client.subscribe(types.ENDPOINT, endpoint_pb2.ClusterLoadAssignment, self._on_endpoints, names=[LEAF_SERVERS_CLUSTER])
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models, names=[cell])

@@ -100,7 +100,7 @@ class ProbeManager:
             await old.stop()
         client = ProbeClient(targets, self.service.on_probe, self.timing, source_cell=self.source_cell,
                              credentials=self.tls.channel_credentials() if self.tls is not None else None,
-                             prior_of=self.service.cell_prior)
+                             renewal=self.tls.renewal if self.tls is not None else None, prior_of=self.service.cell_prior)
         self.service.probe_client = client
         self.targets = targets
         client.start()
@@ -139,7 +139,8 @@ class RootXdsSync:
         self.emulate_wan = emulate_wan
         node = base_pb2.Node(id=node_id or f"root-service-{cell}-{os.getpid()}", cluster="dlb-root",
                              locality=base_pb2.Locality(zone=cell))
-        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
+        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None,
+                                renewed=tls.renewal() if tls is not None else None)
         self.topology: pb.Topology | None = None
         self.specs: list[EndpointSpec] | None = None
         self.weights: dict[str, pb.FlowWeights] = {}

@@ -16,12 +16,17 @@ from pathlib import Path
 
 import grpc
 import pytest
+from bounded_wait import until_in_loop
 from cryptography import x509
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from dlb.config import tls_live
-from dlb.config.tls import component_identity
+from dlb.config.tls import component_identity, load_identity_files
 from dlb.ext_proc.protocol import ExtProcServer
+from dlb.probe.client import ProbeClient, ProbeTiming
+from dlb.probe.target import ProbeTarget
+from dlb.proto import probe_pb2, probe_pb2_grpc
+from dlb.service.ports import add_port
 from dlb.testbed.pki import Pki, SecretDir
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,6 +99,50 @@ def test_a_renewed_certificate_is_presented_to_new_connections_without_a_restart
             await sent.put(None)
         finally:
             await channel.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())
+
+
+class _Probe(probe_pb2_grpc.ProbeServicer):
+    """A leaf's probe service that notes the serial of each caller's client certificate."""
+
+    def __init__(self) -> None:
+        self.callers: list[int] = []
+
+    async def Probe(self, request, context):
+        self.callers.append(_serial(context.auth_context()["x509_pem_cert"][0]))
+        return probe_pb2.ProbeResponse(cell="a", rif=1.0, replicas=1)
+
+
+def test_a_renewed_client_certificate_is_presented_by_the_probes_next_connection(tmp_path: Path) -> None:
+    """A root's probe channel to a leaf keeps the pair it was made with; after a renewal the probe client
+    makes a new channel, so the leaf sees the renewed client certificate without a restart."""
+    pki = Pki(tmp_path / "pki")
+    first, renewed = (pki.issue(n, ("spiffe://dlb/root/b",)) for n in ("first", "renewed"))
+    leaf = pki.issue("leaf", ("spiffe://dlb/leaf/a",))
+    ca = pki.ca_path.read_bytes()
+    secret = SecretDir(tmp_path / "dlb-tls")
+    secret.publish(ca, first[0].read_bytes(), first[1].read_bytes())
+
+    async def scenario() -> None:
+        server, probe = grpc.aio.server(), _Probe()
+        probe_pb2_grpc.add_ProbeServicer_to_server(probe, server)
+        port = add_port(server, "127.0.0.1:0", load_identity_files(str(pki.ca_path), str(leaf[0]), str(leaf[1])))
+        await server.start()
+        tls = component_identity(secret.tls, "root", "b")
+        assert tls is not None
+        client = ProbeClient([ProbeTarget(0, "a", f"127.0.0.1:{port}")], lambda _t, _r, _n: None,
+                             ProbeTiming(period_s=0.02, timeout_s=5.0, backoff_max_s=0.1),
+                             credentials=tls.channel_credentials(), renewal=tls.renewal)
+        client.start()
+        try:
+            await until_in_loop(lambda: len(probe.callers) >= 2, "two probes with the first certificate")
+            assert set(probe.callers) == {_serial(first[0])}
+            secret.publish(ca, renewed[0].read_bytes(), renewed[1].read_bytes())
+            await until_in_loop(lambda: probe.callers[-1] == _serial(renewed[0]), "a probe with the renewed certificate")
+        finally:
+            await client.stop()
             await server.stop(0)
 
     asyncio.run(scenario())
