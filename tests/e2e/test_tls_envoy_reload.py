@@ -1,0 +1,88 @@
+"""An Envoy configured with ``--tls-secret-dir`` presents a renewed certificate without a restart.
+
+A real Envoy from the bootstrap ``dlb config xds-bootstrap --tls-secret-dir`` renders (its xDS cluster
+takes its certificate through SDS files watching a Kubernetes-style Secret mount, dlb.testbed.pki.SecretDir)
+dials a stand-in control plane on 127.0.0.1 that completes the mutual TLS handshake, notes the serial of
+the client certificate and hangs up, so Envoy dials again and again. After the ``..data`` swap its next
+connections present the renewed certificate; a pair that does not load is refused and counted by Envoy,
+which keeps the pair it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+
+import pytest
+import yaml
+from bounded_wait import until_in_loop
+from cryptography import x509
+
+from dlb.config.model import HostPort, TlsFiles
+from dlb.config.schema import secret_dir_sds, secret_dir_tls
+from dlb.config.tls import spiffe_id
+from dlb.envoy.ads_bootstrap import ads_bootstrap
+from dlb.envoy.tls import CERT_SECRET, sds_files
+from dlb.procutil import free_port
+from dlb.testbed.pki import Pki, SecretDir
+
+pytestmark = [pytest.mark.envoy, pytest.mark.timeout(120)]
+
+
+def _serial(pem: bytes) -> int:
+    return x509.load_pem_x509_certificate(pem).serial_number
+
+
+def test_envoy_presents_a_renewed_certificate_on_its_next_connection(tmp_path: Path, envoy) -> None:
+    asyncio.run(_scenario(tmp_path, envoy))
+
+
+async def _scenario(tmp: Path, start_envoy) -> None:
+    pki = Pki(tmp / "pki")
+    first, renewed, other = (pki.issue(n, (spiffe_id("leaf", "a"),)) for n in ("first", "renewed", "other"))
+    server_cert = pki.issue("control-plane", (spiffe_id("control-plane"),))
+    ca = pki.ca_path.read_bytes()
+    secret = SecretDir(tmp / "dlb-tls")
+    secret.publish(ca, first[0].read_bytes(), first[1].read_bytes())
+    tls = TlsFiles(**secret_dir_tls(str(secret.folder)), envoy_sds=secret_dir_sds(str(secret.folder)))
+    Path(tls.envoy_sds).mkdir()
+    for name, content in sds_files(tls).items():
+        (Path(tls.envoy_sds) / name).write_text(yaml.safe_dump(content))
+
+    # The stand-in control plane: every connection's client certificate, then the connection is closed.
+    seen: list[int] = []
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*server_cert)
+    ctx.load_verify_locations(cadata=ca.decode())
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.set_alpn_protocols(["h2"])
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        seen.append(x509.load_der_x509_certificate(der).serial_number)
+        writer.close()
+
+    xds_port, admin_port = free_port(), free_port()
+    server = await asyncio.start_server(accept, "127.0.0.1", xds_port, ssl=ctx)
+    boot = ads_bootstrap("leaf", "a", HostPort("127.0.0.1", xds_port), admin_port, node_id="leaf-a-reload", tls=tls)
+    boot["dynamic_resources"]["cds_config"] = {**boot["dynamic_resources"]["cds_config"], "initial_fetch_timeout": "0.2s"}
+    boot["dynamic_resources"]["lds_config"] = {**boot["dynamic_resources"]["lds_config"], "initial_fetch_timeout": "0.2s"}
+    try:
+        async with start_envoy(boot, name="leaf") as proc:
+            await until_in_loop(lambda: _serial(first[0].read_bytes()) in seen, "a connection with the first certificate", timeout=30)
+
+            secret.publish(ca, renewed[0].read_bytes(), renewed[1].read_bytes())
+            await until_in_loop(lambda: seen[-1] == _serial(renewed[0].read_bytes()), "a connection with the renewed certificate",
+                                timeout=30)
+
+            # Another certificate's key: Envoy refuses the pair, counts it, and goes on with the renewed one.
+            secret.publish(ca, other[0].read_bytes(), renewed[1].read_bytes())
+            failed = f"sds.{CERT_SECRET}.key_rotation_failed"
+            await until_in_loop(lambda: int(proc.stats("sds").get(failed, "0")) >= 1, failed, timeout=30)
+            count = len(seen)
+            await until_in_loop(lambda: len(seen) >= count + 2, "two more connections", timeout=30)
+            assert set(seen[count:]) == {_serial(renewed[0].read_bytes())}
+    finally:
+        server.close()
+        await server.wait_closed()
