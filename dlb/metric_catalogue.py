@@ -87,10 +87,10 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
 
 def _tls(service: str) -> tuple[MetricDef, ...]:
     """A certificate that follows its renewed files (dlb/config/tls_live.py)."""
-    when = "the config has a tls section"
-    return (MetricDef(service, f"dlb_{service}_tls_reloads", "counter", (), "Renewed certificates taken into use", when),
+    when = "`tls` set"
+    return (MetricDef(service, f"dlb_{service}_tls_reloads", "counter", (), "Certificate renewals applied", when),
             MetricDef(service, f"dlb_{service}_tls_reload_failures", "counter", (),
-                      "Renewed certificate files refused (kept the old pair)", when))
+                      "Certificate renewals refused (old pair kept)", when))
 
 
 _EC = ("endpoint", "cell")

@@ -43,10 +43,10 @@ class ReloadCounts:
     def families(self, prefix: str) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        return [CounterMetricFamily(f"{prefix}_tls_reloads", "Renewed certificates taken into use",
+        return [CounterMetricFamily(f"{prefix}_tls_reloads", "Certificate renewals applied",
                                     value=self.reloads),
                 CounterMetricFamily(f"{prefix}_tls_reload_failures",
-                                    "Renewed certificate files refused (kept the old pair)",
+                                    "Certificate renewals refused (old pair kept)",
                                     value=self.failures)]
 
 
