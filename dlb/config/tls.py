@@ -17,16 +17,13 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
-from dlb.config.loader import ConfigError, Problem, pem_problem, tls_pair_problems
+from dlb.config.loader import ConfigError, Problem, pem_problem
 from dlb.config.model import TlsFiles
-
-if TYPE_CHECKING:
-    from dlb.config.tls_live import LiveIdentity
 
 SPIFFE_PREFIX = "spiffe://dlb/"
 #: One client's question "has my certificate been renewed since I last asked?": new channel credentials, or None.
@@ -117,24 +114,6 @@ class TlsIdentity(Protocol):
     def server_ssl_context(self) -> ssl.SSLContext: ...
 
     def renewal(self) -> Renewal: ...
-
-
-def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> LiveIdentity | None:
-    """The identity of one component of a config, or None when the config has no ``tls`` section;
-    it follows its files (:mod:`dlb.config.tls_live`), so a renewed certificate needs no restart.
-
-    Unlike :func:`load_identity` (which also builds the attackers' credentials of the tests and the
-    hostile bench), the certificate must work: its key and a chain to ``tls.ca``, or a ConfigError
-    naming the field and the files."""
-    if tls is None:
-        return None
-    ident = load_identity(tls, identity_name(role, cell), source)
-    problems = tls_pair_problems(ident.ca_path, ident.cert_path, ident.key_path)
-    if problems:
-        raise ConfigError([Problem(source, f, reason) for f, reason in problems])
-    from dlb.config.tls_live import LiveIdentity
-
-    return LiveIdentity(ident)
 
 
 # --- who the peer is ---------------------------------------------------------------------------

@@ -23,7 +23,9 @@ from typing import Any
 
 import grpc
 
-from dlb.config.tls import Identity, Renewal, load_identity_files
+from dlb.config.loader import ConfigError, Problem
+from dlb.config.model import TlsFiles
+from dlb.config.tls import Identity, Renewal, identity_name, load_identity, load_identity_files
 from dlb.config.tls_check import tls_pair_problems
 from dlb.log import get_logger
 
@@ -159,3 +161,19 @@ class LiveIdentity:
 
 def _grpc_config(ident: Identity) -> grpc.ServerCertificateConfiguration:
     return grpc.ssl_server_certificate_configuration([(ident.key, ident.cert)], root_certificates=ident.ca)
+
+
+def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> LiveIdentity | None:
+    """The identity of one component of a config, or None when the config has no ``tls`` section;
+    it follows its files (:mod:`dlb.config.tls_live`), so a renewed certificate needs no restart.
+
+    Unlike :func:`load_identity` (which also builds the attackers' credentials of the tests and the
+    hostile bench), the certificate must work: its key and a chain to ``tls.ca``, or a ConfigError
+    naming the field and the files."""
+    if tls is None:
+        return None
+    ident = load_identity(tls, identity_name(role, cell), source)
+    problems = tls_pair_problems(ident.ca_path, ident.cert_path, ident.key_path)
+    if problems:
+        raise ConfigError([Problem(source, f, reason) for f, reason in problems])
+    return LiveIdentity(ident)

@@ -33,7 +33,8 @@ from dlb.config import resources as dr
 from dlb.config import tls_live
 from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
-from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node_admission
+from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, node_admission
+from dlb.config.tls_live import component_identity
 from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all, resolve_names
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint

@@ -20,7 +20,7 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 
 from dlb.config import Config, tls_live
 from dlb.config.model import LeafPolicy
-from dlb.config.tls import component_identity
+from dlb.config.tls_live import component_identity
 from dlb.envoy.contract import SERVER_CHECK_INTERVAL_S
 from dlb.errors import BindError, UsageError
 from dlb.ext_proc.leaf import LeafAgent

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlb.config import Config, tls_live
-from dlb.config.tls import component_identity
+from dlb.config.tls_live import component_identity
 from dlb.ext_proc.protocol import ExtProcServer, MessageHandler
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, config_probes, probe_targets

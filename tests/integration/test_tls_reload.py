@@ -21,7 +21,8 @@ from cryptography import x509
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from dlb.config import tls_live
-from dlb.config.tls import component_identity, load_identity_files
+from dlb.config.tls import load_identity_files
+from dlb.config.tls_live import component_identity
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
