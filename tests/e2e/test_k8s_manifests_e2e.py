@@ -81,7 +81,8 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
 
 
 def _tls_secret(tmp_path: Path) -> Path:
-    """A folder laid out as a mounted kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key): Envoy reads the files."""
+    """A folder laid out as a mounted kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key): Envoy reads the files;
+    beside it (``-sds``) the SDS files of components/mtls naming them."""
     import shutil
 
     from dlb.testbed.pki import dlb_pki
@@ -91,6 +92,10 @@ def _tls_secret(tmp_path: Path) -> Path:
     secret.mkdir()
     for src, name in ((tls.ca, "ca.crt"), (tls.cert_for("leaf-us-east1"), "tls.crt"), (tls.key_for("leaf-us-east1"), "tls.key")):
         shutil.copy(src, secret / name)
+    sds = tmp_path / "secret-sds"
+    sds.mkdir()
+    for name in ("tls-certificate.yaml", "validation-context.yaml"):
+        (sds / name).write_text((K8S / "components" / "mtls" / name).read_text().replace("/etc/dlb-tls", str(secret)))
     return secret
 
 
