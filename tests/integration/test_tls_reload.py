@@ -147,3 +147,57 @@ def test_a_renewed_client_certificate_is_presented_by_the_probes_next_connection
             await server.stop(0)
 
     asyncio.run(scenario())
+
+
+def test_the_xds_client_reconnects_with_a_renewed_certificate(tmp_path: Path) -> None:
+    """The xDS stream opened before a renewal goes on (it gets the next update); the reconnect after the
+    control plane restarts presents the renewed client certificate (a channel keeps its pair otherwise)."""
+    from google.protobuf import struct_pb2
+
+    from dlb.xds import Snapshot, SnapshotCache, XdsServer
+    from dlb.xds.client import Backoff, XdsClient
+    from dlb.xds.testing import node
+
+    policy = "type.googleapis.com/google.protobuf.Struct"
+    pki = Pki(tmp_path / "pki")
+    first, renewed = (pki.issue(n, ("spiffe://dlb/root/a",)) for n in ("first", "renewed"))
+    cp = load_identity_files(str(pki.ca_path), *map(str, pki.issue("cp", ("spiffe://dlb/control-plane",))))
+    secret = SecretDir(tmp_path / "dlb-tls")
+    secret.publish(pki.ca_path.read_bytes(), first[0].read_bytes(), first[1].read_bytes())
+    callers: list[int] = []
+
+    def admit(_node, auth) -> None:
+        callers.append(_serial(auth["x509_pem_cert"][0]))
+
+    def snapshot(gain: float) -> Snapshot:
+        s = struct_pb2.Struct()
+        s.update({"gain": gain})
+        return Snapshot.from_types({policy: [("p", s)]})
+
+    async def scenario() -> None:
+        cache = SnapshotCache()
+        server = XdsServer(cache, admission=admit, credentials=cp.server_credentials())
+        port = await server.start()
+        tls = component_identity(secret.tls, "root", "a")
+        assert tls is not None
+        client = XdsClient(f"127.0.0.1:{port}", node("root-1", "a"), backoff=Backoff(initial=0.05, maximum=0.2),
+                           channel_options=[("grpc.ssl_target_name_override", "localhost")],
+                           credentials=tls.channel_credentials(), renewed=tls.renewal())
+        sub = client.subscribe(policy, struct_pb2.Struct, lambda resources: None)
+        server2 = None
+        async with client:
+            v1 = cache.set_snapshot("root-1", snapshot(1.0))
+            await until_in_loop(lambda: sub.version == v1, "v1 over the first stream")
+            secret.publish(pki.ca_path.read_bytes(), renewed[0].read_bytes(), renewed[1].read_bytes())
+            v2 = cache.set_snapshot("root-1", snapshot(2.0))
+            await until_in_loop(lambda: sub.version == v2, "v2 over the stream opened before the renewal")
+            assert set(callers) == {_serial(first[0])}
+            await server.stop(None)
+            server2 = XdsServer(cache, admission=admit, credentials=cp.server_credentials())
+            await server2.start(f"127.0.0.1:{port}")
+            await until_in_loop(lambda: len(callers) >= 2 and client.connected.is_set(), "a reconnect")
+            assert callers[-1] == _serial(renewed[0])
+        if server2 is not None:
+            await server2.stop(None)
+
+    asyncio.run(asyncio.wait_for(scenario(), 50))
