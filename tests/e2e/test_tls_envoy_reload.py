@@ -36,6 +36,17 @@ def _serial(pem: bytes) -> int:
     return x509.load_pem_x509_certificate(pem).serial_number
 
 
+def _mounted(tmp: Path, ca: bytes, pair: tuple[Path, Path]) -> tuple[SecretDir, TlsFiles]:
+    """A pod's Secret mount holding ``pair`` and, beside it, the SDS files naming it (``--tls-secret-dir``)."""
+    secret = SecretDir(tmp / "dlb-tls")
+    secret.publish(ca, pair[0].read_bytes(), pair[1].read_bytes())
+    tls = TlsFiles(**secret_dir_tls(str(secret.folder)), envoy_sds=secret_dir_sds(str(secret.folder)))
+    Path(tls.envoy_sds).mkdir()
+    for name, content in sds_files(tls).items():
+        (Path(tls.envoy_sds) / name).write_text(yaml.safe_dump(content))
+    return secret, tls
+
+
 def test_envoy_presents_a_renewed_certificate_on_its_next_connection(tmp_path: Path, envoy) -> None:
     asyncio.run(_scenario(tmp_path, envoy))
 
@@ -45,12 +56,7 @@ async def _scenario(tmp: Path, start_envoy) -> None:
     first, renewed, other = (pki.issue(n, (spiffe_id("leaf", "a"),)) for n in ("first", "renewed", "other"))
     server_cert = pki.issue("control-plane", (spiffe_id("control-plane"),))
     ca = pki.ca_path.read_bytes()
-    secret = SecretDir(tmp / "dlb-tls")
-    secret.publish(ca, first[0].read_bytes(), first[1].read_bytes())
-    tls = TlsFiles(**secret_dir_tls(str(secret.folder)), envoy_sds=secret_dir_sds(str(secret.folder)))
-    Path(tls.envoy_sds).mkdir()
-    for name, content in sds_files(tls).items():
-        (Path(tls.envoy_sds) / name).write_text(yaml.safe_dump(content))
+    secret, tls = _mounted(tmp, ca, first)
 
     # The stand-in control plane: every connection's client certificate, then the connection is closed.
     seen: list[int] = []
@@ -106,12 +112,7 @@ def test_envoy_keeps_its_xds_connection_across_a_renewal(tmp_path: Path, make_co
                                       tls={"ca": str(pki.ca_path), "cert": str(folder / "{identity}.pem"),
                                            "key": str(folder / "{identity}-key.pem")}))
         ca = pki.ca_path.read_bytes()
-        secret = SecretDir(tmp_path / "dlb-tls")
-        secret.publish(ca, first[0].read_bytes(), first[1].read_bytes())
-        files = TlsFiles(**secret_dir_tls(str(secret.folder)), envoy_sds=secret_dir_sds(str(secret.folder)))
-        Path(files.envoy_sds).mkdir()
-        for name, content in sds_files(files).items():
-            (Path(files.envoy_sds) / name).write_text(yaml.safe_dump(content))
+        secret, files = _mounted(tmp_path, ca, first)
         async with control_plane(cfg) as running:
             boot = ads_bootstrap("leaf", "a", HostPort("127.0.0.1", running.xds_port), free_port(), node_id="leaf-a-keep", tls=files)
             async with envoy(boot, name="leaf") as proc:
