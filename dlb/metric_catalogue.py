@@ -85,6 +85,14 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
     )
 
 
+def _tls(service: str) -> tuple[MetricDef, ...]:
+    """A certificate that follows its renewed files (dlb/config/tls_live.py)."""
+    when = "`tls` set"
+    return (MetricDef(service, f"dlb_{service}_tls_reloads", "counter", (), "Certificate renewals applied", when),
+            MetricDef(service, f"dlb_{service}_tls_reload_failures", "counter", (),
+                      "Certificate renewals refused (old pair kept)", when))
+
+
 _EC = ("endpoint", "cell")
 _PROBES = "the root probes leaves (always in a deployment; absent in a root built without a probe client)"
 _FLOW = "an endpoint with mechanism flow"
@@ -112,6 +120,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("root", "dlb_root_cell_model", "gauge", ("cell", "param"), "Cell latency-model parameter from the last probe", _PROBES),
     *_h2("root"),
     *_gc("root", "dlb serve root with a metrics port"),
+    *_tls("root"),
     # --- leaf agent (dlb/ext_proc/leaf.py) ---
     MetricDef("leaf", "dlb_leaf_rif", "gauge", (), "Requests in flight counted by the leaf"),
     MetricDef("leaf", "dlb_leaf_server_rif", "gauge", ("server",), "Leaf-counted RIF per server"),
@@ -149,6 +158,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_pick_rule", "gauge", ("rule",), "1 for the server-pick rule in use (config or xDS LeafPolicy)"),
     MetricDef("leaf", "dlb_leaf_pick_choices", "gauge", (), "Servers probed per pick in use"),
     MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
+    *_tls("leaf"),
     *_h2("leaf"),
     # --- GIE endpoint picker (dlb/epp/metrics.py), beside the dlb_leaf_* families ---
     MetricDef("epp", "dlb_epp_picks", "counter", ("outcome",),
@@ -178,6 +188,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("xds", "dlb_xds_dns_truncated", "counter", (),
               "resolutions that returned more than 1024 addresses, cut to the lowest 1024", "the control plane (dlb serve control-plane)"),
     *_gc("xds", "the control plane (dlb serve control-plane)"),
+    *_tls("xds"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),
               "Requests answered with an error before running (reason: queue_full, injected_error, down)"),

@@ -475,6 +475,9 @@ class TlsFiles:
     ca: str  # the CA that signs every DLB component's certificate; peers must chain to it
     cert: str
     key: str
+    #: A mounted ``kubernetes.io/tls`` Secret's: the folder of the Envoy SDS files naming these paths
+    #: (:func:`dlb.envoy.tls.sds_files`), so Envoys reload a renewal; "": Envoys read the files at start.
+    envoy_sds: str = ""
 
     def cert_for(self, identity: str) -> str:
         return self.cert.replace(TLS_IDENTITY_PLACEHOLDER, identity)

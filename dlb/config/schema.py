@@ -9,6 +9,7 @@ field records a problem and yields its default; ``ConfigError`` is raised at the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -501,6 +502,11 @@ def secret_dir_tls(folder: str) -> dict[str, str]:
     return {"ca": os.path.join(folder, "ca.crt"), "cert": os.path.join(folder, "tls.crt"), "key": os.path.join(folder, "tls.key")}
 
 
+def secret_dir_sds(folder: str) -> str:
+    """Where the Envoys of a pod that mounts its Secret at ``folder`` find their SDS files (a ConfigMap)."""
+    return os.path.normpath(folder) + "-sds"
+
+
 def _tls_from_env() -> dict[str, str] | None:
     secret = os.environ.get(TLS_SECRET_DIR_ENV)
     if secret:
@@ -532,6 +538,8 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
     services = _services(ck, top.get("services"))
     tls_raw = top.get("tls", _tls_from_env())
     tls = check_tls(ck, tls_raw, source) if tls_raw is not None else None
+    if tls is not None and "tls" not in top and os.environ.get(TLS_SECRET_DIR_ENV):
+        tls = dataclasses.replace(tls, envoy_sds=secret_dir_sds(os.environ[TLS_SECRET_DIR_ENV]))
     discovery = _discovery(ck, top.get("discovery"))
     token_file = top.get("root_token_file", os.environ.get(ROOT_TOKEN_ENV))
     token = _root_token(ck, token_file, source) if token_file is not None else None

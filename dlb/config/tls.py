@@ -17,14 +17,17 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
-from dlb.config.loader import ConfigError, Problem, pem_problem, tls_pair_problems
+from dlb.config.loader import ConfigError, Problem, pem_problem
 from dlb.config.model import TlsFiles
 
 SPIFFE_PREFIX = "spiffe://dlb/"
+#: One client's question "has my certificate been renewed since I last asked?": new channel credentials, or None.
+Renewal = Callable[[], "grpc.ChannelCredentials | None"]
 CONTROL_PLANE = "control-plane"
 ROLES = ("root", "leaf")
 #: xDS node.cluster of each role: the tier half of the control plane's snapshot key ``<cluster>/<cell>``.
@@ -65,6 +68,10 @@ class Identity:
         """grpc.aio client side: trust only the CA, present our certificate."""
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
 
+    def renewal(self) -> Renewal:
+        """Read once: never renewed."""
+        return lambda: None
+
     def server_ssl_context(self) -> ssl.SSLContext:
         """The same policy for DLB's own HTTP/2 transport (asyncio): client certificate required, ALPN h2."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -84,26 +91,29 @@ def load_identity(tls: TlsFiles, identity: str, source: str = "<config>") -> Ide
     problems = [Problem(source, f"tls.{k}", reason) for k, p in paths.items() if (reason := pem_problem(p, kinds[k]))]
     if problems:
         raise ConfigError(problems)
-    data = {}
-    for k, p in paths.items():
+    return load_identity_files(paths["ca"], paths["cert"], paths["key"])
+
+
+def load_identity_files(ca: str, cert: str, key: str) -> Identity:
+    """The three files as they are now (OSError if one is gone)."""
+    data = []
+    for p in (ca, cert, key):
         with open(p, "rb") as fh:
-            data[k] = fh.read()
-    return Identity(paths["ca"], paths["cert"], paths["key"], data["ca"], data["cert"], data["key"])
+            data.append(fh.read())
+    return Identity(ca, cert, key, *data)
 
 
-def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: str = "<config>") -> Identity | None:
-    """The identity of one component of a config, or None when the config has no ``tls`` section.
+class TlsIdentity(Protocol):
+    """What a service needs of its identity: :class:`Identity` (read once) or
+    :class:`dlb.config.tls_live.LiveIdentity` (follows renewals)."""
 
-    Unlike :func:`load_identity` (which also builds the attackers' credentials of the tests and the
-    hostile bench), the certificate must work: its key and a chain to ``tls.ca``, or a ConfigError
-    naming the field and the files."""
-    if tls is None:
-        return None
-    ident = load_identity(tls, identity_name(role, cell), source)
-    problems = tls_pair_problems(ident.ca_path, ident.cert_path, ident.key_path)
-    if problems:
-        raise ConfigError([Problem(source, f, reason) for f, reason in problems])
-    return ident
+    def server_credentials(self) -> grpc.ServerCredentials: ...
+
+    def channel_credentials(self) -> grpc.ChannelCredentials: ...
+
+    def server_ssl_context(self) -> ssl.SSLContext: ...
+
+    def renewal(self) -> Renewal: ...
 
 
 # --- who the peer is ---------------------------------------------------------------------------

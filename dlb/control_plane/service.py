@@ -30,9 +30,11 @@ from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
+from dlb.config import tls_live
 from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
-from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, component_identity, node_admission
+from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, node_admission
+from dlb.config.tls_live import component_identity
 from dlb.control_plane import envoy_resources as er
 from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all, resolve_names
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
@@ -137,6 +139,8 @@ class ControlPlane:
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
                                           extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
         self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
+        if self.tls is not None:
+            self.status_server.registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_xds")))
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
@@ -389,6 +393,7 @@ class ControlPlane:
             source_cell="control-plane",
             clock=self.clock,
             credentials=self.tls.channel_credentials() if self.tls is not None else None,
+            renewal=self.tls.renewal if self.tls is not None else None,
             prior_of=lambda cell: self.config.endpoints[0].prior_for(cell).to_core(),
         )
         self._probes.start()

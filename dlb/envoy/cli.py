@@ -30,7 +30,9 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
                    "root_token_file a root reads (docs/security.md)")
     p.add_argument("--root-token-file", default=None, help="root: the token file (overrides --config's)")
     p.add_argument("--tls-secret-dir", default=None, help="mTLS to the control plane with the kubernetes.io/tls Secret "
-                   "mounted here (ca.crt, tls.crt, tls.key; not read now); overrides --config's tls")
+                   "mounted here (ca.crt, tls.crt, tls.key; not read now), reloaded on renewal through SDS files in "
+                   "DIR-sds; overrides --config's tls")
+    p.add_argument("--write-sds", default=None, metavar="FOLDER", help="with --tls-secret-dir: also write those SDS files here")
     p.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
     p.set_defaults(func=run_bootstrap)
 
@@ -54,9 +56,21 @@ def run_bootstrap(args: argparse.Namespace) -> int:
         token = token_file_secret(args.root_token_file)
     if args.tls_secret_dir is not None:
         from dlb.config.model import TlsFiles
-        from dlb.config.schema import secret_dir_tls
+        from dlb.config.schema import secret_dir_sds, secret_dir_tls
 
-        tls = TlsFiles(**secret_dir_tls(args.tls_secret_dir))
+        tls = TlsFiles(**secret_dir_tls(args.tls_secret_dir), envoy_sds=secret_dir_sds(args.tls_secret_dir))
+    if args.write_sds is not None:
+        if args.tls_secret_dir is None:
+            raise UsageError("--write-sds: give --tls-secret-dir (the SDS files name its files)")
+        import os
+
+        from dlb.envoy.tls import sds_files
+
+        assert tls is not None
+        os.makedirs(args.write_sds, exist_ok=True)
+        for name, content in sds_files(tls).items():
+            with open(os.path.join(args.write_sds, name), "w", encoding="utf-8") as fh:
+                yaml.safe_dump(content, fh, sort_keys=False)
     if args.role == "root" and token is None:
         raise UsageError("--role root: give --root-token-file or --config (the root token is never sent over xDS)")
     text = yaml.safe_dump(ads_bootstrap(args.role, args.cell, HostPort(host.strip("[]"), int(port)), args.admin_port,

@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client.metrics_core import Metric
 
 from dlb.config import Config
-from dlb.config.tls import component_identity
+from dlb.config.tls_live import component_identity
 from dlb.epp.health import epp_health_handler
 from dlb.epp.k8s import PoolRef, PoolWatcher
 from dlb.epp.limits import GrpcLimits, StreamGate

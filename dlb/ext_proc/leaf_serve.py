@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
 
-from dlb.config import Config
+from dlb.config import Config, tls_live
 from dlb.config.model import LeafPolicy
-from dlb.config.tls import component_identity
+from dlb.config.tls_live import component_identity
 from dlb.envoy.contract import SERVER_CHECK_INTERVAL_S
 from dlb.errors import BindError, UsageError
 from dlb.ext_proc.leaf import LeafAgent
@@ -32,7 +32,7 @@ from dlb.ext_proc.protocol import ExtProcServer, MessageHandler, ext_proc_handle
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
 from dlb.service.health import HealthState, health_handler
-from dlb.service.metrics import Readiness, serve_metrics
+from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
 from dlb.service.ports import add_port
 from dlb.service.runner import write_ready
 from dlb.service.serve import serve_until_signal
@@ -163,7 +163,10 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     readiness = Readiness()  # /readyz: 200 once the gRPC server serves, 503 again from the drain's start
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
-        _, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+        registry, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport),
+                                               lambda: readiness.ready and health.serving)
+        if tls is not None:
+            registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_leaf")))
     await server.start()
     await als_server.start()
     if gated is not None:

@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 
 from dlb.config import resources as dr
 from dlb.config.model import LeafPolicy
-from dlb.config.tls import Identity
+from dlb.config.tls import TlsIdentity
 from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
 from dlb.ext_proc.leaf_setup import dp_balancer, rank_addresses
 from dlb.ext_proc.leaf_state import LeafState
@@ -52,14 +52,15 @@ def servers_from_cla(cla: endpoint_pb2.ClusterLoadAssignment) -> list[tuple[str,
 
 class LeafXdsSync:
     def __init__(self, state: LeafState, target: str, cell: str, *, delta: bool = False, node_id: str | None = None,
-                 tls: Identity | None = None, on_policy: Callable[[LeafPolicy], None] | None = None) -> None:
+                 tls: TlsIdentity | None = None, on_policy: Callable[[LeafPolicy], None] | None = None) -> None:
         self.state = state
         self.cell = cell
         #: Told every accepted leaf policy, for what lives outside the state (the background probes' settings).
         self.on_policy = on_policy
         node = base_pb2.Node(id=node_id or f"leaf-service-{cell}-{os.getpid()}", cluster="dlb-leaf",
                              locality=base_pb2.Locality(zone=cell))
-        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
+        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None,
+                                renewed=tls.renewal() if tls is not None else None)
         self.updates = 0
         self.client.subscribe(types.ENDPOINT, endpoint_pb2.ClusterLoadAssignment, self._on_endpoints, names=[LEAF_SERVERS_CLUSTER])
         self.client.subscribe(dr.CELL_LATENCY_MODEL, pb.CellLatencyModel, self._on_models, names=[cell])

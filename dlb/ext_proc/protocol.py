@@ -26,7 +26,7 @@ from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handl
 from dlb.service.ports import add_port
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dlb.config.tls import Identity
+    from dlb.config.tls import TlsIdentity
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -141,7 +141,7 @@ class ExtProcServer:
     """
 
     def __init__(self, transport: str, handle: MessageHandler, limits: H2Limits | None = None,
-                 health: HealthState | None = None, tls: Identity | None = None) -> None:
+                 health: HealthState | None = None, tls: TlsIdentity | None = None) -> None:
         if transport not in ("h2", "grpc"):
             raise ValueError(f"unknown ext_proc transport {transport!r} (h2 or grpc)")
         self.tls = tls

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlb.config import Config
-from dlb.config.tls import component_identity
+from dlb.config import Config, tls_live
+from dlb.config.tls_live import component_identity
 from dlb.ext_proc.protocol import ExtProcServer, MessageHandler
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, config_probes, probe_targets
@@ -110,6 +110,8 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
         registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport),
                                                lambda: readiness.ready and (sync is None or sync.reloads > 0) and service.routable())
         registry.register(CallbackCollector(gc_pauses.families))
+        if tls is not None:
+            registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_root")))
     if opts.workers > 1 and opts.worker_index == 0:
         children = spawn_workers(opts.workers, f"{opts.listen.rpartition(':')[0]}:{port}", opts.metrics)
     if sync is not None:

@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 
 from dlb.config import resources as dr
 from dlb.config.model import LEAF_SOURCES, Config
-from dlb.config.tls import Identity
+from dlb.config.tls import TlsIdentity
 from dlb.core.router import Mechanism
 from dlb.core.topology import Topology
 from dlb.ext_proc.root import EndpointSpec, RootService
@@ -60,7 +60,7 @@ class ProbeManager:
     """Owns the service's probe client and replaces it when the set of targets changes (a config, or the
     addresses of a ``leaf.replicas: dns`` name, re-resolved every :data:`~dlb.probe.replica_dns.PERIOD_S`)."""
 
-    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: Identity | None = None,
+    def __init__(self, service: RootService, timing: ProbeTiming, source_cell: str, tls: TlsIdentity | None = None,
                  resolver: Resolver = resolve_all, dns_period_s: float = replica_dns.PERIOD_S) -> None:
         self.service = service
         self.tls = tls
@@ -100,7 +100,7 @@ class ProbeManager:
             await old.stop()
         client = ProbeClient(targets, self.service.on_probe, self.timing, source_cell=self.source_cell,
                              credentials=self.tls.channel_credentials() if self.tls is not None else None,
-                             prior_of=self.service.cell_prior)
+                             renewal=self.tls.renewal if self.tls is not None else None, prior_of=self.service.cell_prior)
         self.service.probe_client = client
         self.targets = targets
         client.start()
@@ -139,7 +139,8 @@ class RootXdsSync:
         self.emulate_wan = emulate_wan
         node = base_pb2.Node(id=node_id or f"root-service-{cell}-{os.getpid()}", cluster="dlb-root",
                              locality=base_pb2.Locality(zone=cell))
-        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None)
+        self.client = XdsClient(target, node, delta=delta, credentials=tls.channel_credentials() if tls is not None else None,
+                                renewed=tls.renewal() if tls is not None else None)
         self.topology: pb.Topology | None = None
         self.specs: list[EndpointSpec] | None = None
         self.weights: dict[str, pb.FlowWeights] = {}

@@ -77,6 +77,8 @@ class ProbeClient:
     source_cell: str = ""
     clock: Callable[[], float] = time.monotonic
     credentials: grpc.ChannelCredentials | None = None  # mTLS to the leaves' probe servers (None: plaintext)
+    #: Makes each leaf's "renewed since?" question (dlb.config.tls.Renewal): a renewed certificate gets a new channel.
+    renewal: Callable[[], Callable[[], grpc.ChannelCredentials | None]] | None = None
     #: A foreign cell's latency prior by name, what its fitted model shrinks toward (None: no model for it).
     prior_of: Callable[[str], LatencyParams] | None = None
     #: Per (cell index, leaf replica).
@@ -87,6 +89,7 @@ class ProbeClient:
     cell_last: dict[int, probe_pb2.ProbeResponse] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
+    _leaf_channels: list[_LeafChannel] = field(default_factory=list)
 
     def start(self) -> None:
         replicas = collections.Counter(t.index for t in self.targets)
@@ -102,13 +105,17 @@ class ProbeClient:
                 ("grpc.max_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MAX_MS, int(self.timing.backoff_max_s * 1000)))]
             if t.tls_name:
                 options.append(("grpc.ssl_target_name_override", t.tls_name))
+            request = probe_pb2.ProbeRequest(source_cell=self.source_cell)
             if self.credentials is None:
                 channel = grpc.aio.insecure_channel(t.address, options=options)
+                ask: Callable[[float], Awaitable[probe_pb2.ProbeResponse]] = functools.partial(
+                    _ask_leaf, probe_pb2_grpc.ProbeStub(channel), request)
+                self._channels.append(channel)
             else:
-                channel = grpc.aio.secure_channel(t.address, self.credentials, options=options)
-            self._channels.append(channel)
-            stub, request = probe_pb2_grpc.ProbeStub(channel), probe_pb2.ProbeRequest(source_cell=self.source_cell)
-            ask = functools.partial(_ask_leaf, stub, request)
+                leaf = _LeafChannel(t.address, options, grpc.aio.secure_channel(t.address, self.credentials, options=options),
+                                    self.renewal() if self.renewal is not None else None)
+                ask = functools.partial(leaf.ask, request)
+                self._leaf_channels.append(leaf)
             self._tasks.append(asyncio.create_task(self._loop(t, ask, self.timing.period_s), name=f"probe-{t.name}"))
 
     async def stop(self) -> None:
@@ -119,10 +126,11 @@ class ProbeClient:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        for ch in self._channels:
+        for ch in self._channels + [leaf.channel for leaf in self._leaf_channels]:
             await ch.close()
         self._tasks.clear()
         self._channels.clear()
+        self._leaf_channels.clear()
 
     async def _loop(self, target: ProbeTarget, ask: Callable[[float], Awaitable[probe_pb2.ProbeResponse]], period_s: float) -> None:
         st = self.stats[target.key]
@@ -201,6 +209,24 @@ class ProbeClient:
                           consecutive_failures=min(st.consecutive_failures for st in parts), last_ok=fresh.last_ok,
                           last_error=fresh.last_error, last_rtt_s=fresh.last_rtt_s, last=self.cell_last.get(index),
                           available=any(st.available for st in parts))
+
+
+@dataclass
+class _LeafChannel:
+    """A leaf's mTLS channel, made anew when our certificate was renewed (a channel keeps the pair it
+    was made with for every reconnect). Probes to one leaf are sequential: none is in flight on the old one."""
+
+    address: str
+    options: list[tuple[str, int | str]]
+    channel: grpc.aio.Channel
+    renewed: Callable[[], grpc.ChannelCredentials | None] | None
+
+    async def ask(self, request: probe_pb2.ProbeRequest, timeout_s: float) -> probe_pb2.ProbeResponse:
+        fresh = self.renewed() if self.renewed is not None else None
+        if fresh is not None:
+            old, self.channel = self.channel, grpc.aio.secure_channel(self.address, fresh, options=self.options)
+            await old.close()
+        return await _ask_leaf(probe_pb2_grpc.ProbeStub(self.channel), request, timeout_s)
 
 
 async def _ask_leaf(stub: probe_pb2_grpc.ProbeStub, request: probe_pb2.ProbeRequest, timeout_s: float) -> probe_pb2.ProbeResponse:

@@ -134,9 +134,12 @@ def grpc_target(spec: str) -> str:
 class XdsClient:
     def __init__(self, target: str, node: base_pb2.Node, backoff: Backoff | None = None, delta: bool = False,
                  channel_options: list[tuple[str, int]] | None = None,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None,
+                 renewed: Callable[[], grpc.ChannelCredentials | None] | None = None) -> None:
         self.target = grpc_target(target)
         self.credentials = credentials  # None: plaintext; else TLS (mutual when it holds a certificate)
+        #: Asked before each reconnect: new credentials (a renewed certificate) mean a new channel.
+        self.renewed = renewed
         if self.target != target.strip():
             # An address list has no host of its own to check a certificate against: the first replica's
             # (so with TLS, replicas given by IP share a certificate naming that address; dlb up's do).
@@ -238,6 +241,11 @@ class XdsClient:
             self.connected.clear()
             self._queue = None
             await asyncio.sleep(self.backoff.next())
+            fresh = self.renewed() if self.renewed is not None else None
+            if fresh is not None and self._channel is not None:
+                old, self.credentials = self._channel, fresh
+                self._channel = grpc.aio.secure_channel(self.target, fresh, options=self.channel_options)
+                await old.close()
 
     async def _stream_once(self) -> None:
         assert self._channel is not None

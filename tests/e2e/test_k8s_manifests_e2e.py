@@ -81,7 +81,8 @@ def _envoy_validate(path: Path, tier: str) -> subprocess.CompletedProcess[str]:
 
 
 def _tls_secret(tmp_path: Path) -> Path:
-    """A folder laid out as a mounted kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key): Envoy reads the files."""
+    """A folder laid out as a mounted kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key): Envoy reads the files;
+    beside it (``-sds``) the SDS files of components/mtls naming them."""
     import shutil
 
     from dlb.testbed.pki import dlb_pki
@@ -91,6 +92,10 @@ def _tls_secret(tmp_path: Path) -> Path:
     secret.mkdir()
     for src, name in ((tls.ca, "ca.crt"), (tls.cert_for("leaf-us-east1"), "tls.crt"), (tls.key_for("leaf-us-east1"), "tls.key")):
         shutil.copy(src, secret / name)
+    sds = tmp_path / "secret-sds"
+    sds.mkdir()
+    for name in ("tls-certificate.yaml", "validation-context.yaml"):
+        (sds / name).write_text((K8S / "components" / "mtls" / name).read_text().replace("/etc/dlb-tls", str(secret)))
     return secret
 
 
@@ -139,7 +144,7 @@ def test_envoy_validate_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
 def test_mtls_overlay_envoy_is_configured_over_mtls(tmp_path: Path) -> None:
     """``overlays/cluster-us-mtls`` out of the box: a control plane whose only TLS setting is its mounted
     cert-manager Secret (``DLB_TLS_SECRET_DIR``) configures a leaf Envoy started on the overlay's own
-    bootstrap and Secret; the same Envoy with a Secret from another CA gets nothing."""
+    bootstrap, SDS files and Secret; the same Envoy with a Secret from another CA gets nothing."""
     import os
     import shutil
     import time
@@ -152,11 +157,18 @@ def test_mtls_overlay_envoy_is_configured_over_mtls(tmp_path: Path) -> None:
 
     ours, theirs = dlb_pki(tmp_path / "pki", ("us-east1",))
 
+    docs = render(K8S / "overlays" / "cluster-us-mtls")
+    sds = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("dlb-envoy-sds"))
+
     def secret(name: str, files: Any, identity: str) -> Path:
+        """The pod's Secret mount, and beside it (``-sds``) the overlay's SDS files naming it."""
         folder = tmp_path / name
         folder.mkdir()
         for src, dst in ((files.ca, "ca.crt"), (files.cert_for(identity), "tls.crt"), (files.key_for(identity), "tls.key")):
             shutil.copy(src, folder / dst)
+        (tmp_path / f"{name}-sds").mkdir()
+        for file, text in sds["data"].items():
+            (tmp_path / f"{name}-sds" / file).write_text(text.replace("/etc/dlb-tls", str(folder)))
         return folder
 
     xds, status = free_port(), free_port()
@@ -169,8 +181,7 @@ def test_mtls_overlay_envoy_is_configured_over_mtls(tmp_path: Path) -> None:
     cp = subprocess.Popen([sys.executable, "-m", "dlb.cli", "serve", "control-plane", "--config", str(cfg), "--xds",
                            f"127.0.0.1:{xds}", "--status", f"127.0.0.1:{status}", "--no-probe"], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    boot = next(text for name, text in bootstraps(render(K8S / "overlays" / "cluster-us-mtls")).items()
-                if name.startswith("dlb-bootstrap-leaf-us-east1"))
+    boot = next(text for name, text in bootstraps(docs).items() if name.startswith("dlb-bootstrap-mtls-leaf"))
     envoys = []
     try:
         for name, files in (("leaf", ours), ("foreign", theirs)):

@@ -20,10 +20,11 @@ must be reported, so a rule that silently stopped checking fails here:
   own arguments on the bootstrap it mounts pass ``envoy --mode validate``;
 - every ``dlb`` command line (container arguments, ``preStop``) parses with the real ``dlb`` parser;
 - no address on loopback except Envoy's admin and the in-pod ext_proc hop;
-- with cert-manager (``overlays/cluster-us-mtls``): each Certificate matches cert-manager's CRD schema
-  (``cloudcoil-models-cert-manager``, generated from the CRDs; unknown fields refused) and every DLB
-  workload mounts, in every container, the Secret of a Certificate naming its identity (URI SAN), for
-  server and client auth, with a DNS SAN for each address its clients dial.
+- with cert-manager (``overlays/cluster-*-mtls``, ``components/mtls``): each Certificate matches
+  cert-manager's CRD schema (``cloudcoil-models-cert-manager``, generated from the CRDs; unknown fields
+  refused) and every DLB workload mounts, in every container, the Secret of a Certificate naming its
+  identity (URI SAN), for server and client auth, with a DNS SAN for each address its clients dial;
+  every Envoy reads it through mounted SDS files that watch the Secret (a renewal needs no restart).
 
 Not used, on purpose: ``kubectl apply --dry-run=client`` (needs API discovery), kopf (needs API
 credentials), kubeconform (not packaged on PyPI, npm or Debian).
@@ -333,6 +334,27 @@ def exposure_problems(docs: list[dict[str, Any]]) -> list[str]:
 
 #: Where a pod's cert-manager Secret is mounted, and the variable that points DLB at it.
 TLS_MOUNT, TLS_ENV = "/etc/dlb-tls", "DLB_TLS_SECRET_DIR"
+SDS_MOUNT = TLS_MOUNT + "-sds"  # dlb.config.schema.secret_dir_sds
+
+
+def sds_problems(w: dict[str, Any], ctr: dict[str, Any], docs: list[dict[str, Any]]) -> list[str]:
+    """An Envoy container's SDS files: mounted at SDS_MOUNT, naming the Secret's files and watching its mount."""
+    pod = _pod(w)
+    maps = {v["name"]: v["configMap"]["name"] for v in pod.get("volumes", []) if "configMap" in v}
+    mount = next((m for m in ctr.get("volumeMounts", []) if m["mountPath"] == SDS_MOUNT), None)
+    cm = next((d for d in docs if d["kind"] == "ConfigMap" and mount and d["metadata"]["name"] == maps.get(mount["name"])), None)
+    if cm is None:
+        return [f"{_name(w)} container {ctr['name']}: no SDS files mounted at {SDS_MOUNT} (Envoy would not reload a renewal)"]
+    secrets = [r for text in cm["data"].values() for r in yaml.safe_load(text)["resources"]]
+    named = {r["name"]: r for r in secrets}
+    cert = named.get("dlb-tls-certificate", {}).get("tls_certificate", {})
+    ca = named.get("dlb-tls-ca", {}).get("validation_context", {})
+    want = (cert.get("certificate_chain", {}).get("filename"), cert.get("private_key", {}).get("filename"),
+            ca.get("trusted_ca", {}).get("filename"), cert.get("watched_directory", {}).get("path"),
+            ca.get("watched_directory", {}).get("path"))
+    if want != (f"{TLS_MOUNT}/tls.crt", f"{TLS_MOUNT}/tls.key", f"{TLS_MOUNT}/ca.crt", TLS_MOUNT, TLS_MOUNT):
+        return [f"ConfigMap/{cm['metadata']['name']}: SDS files do not name and watch the Secret at {TLS_MOUNT}: {want}"]
+    return []
 
 
 def certificate_schema_problems(doc: dict[str, Any]) -> list[str]:
@@ -407,13 +429,15 @@ def certificate_problems(docs: list[dict[str, Any]]) -> list[str]:
             if cert["spec"].get("uris") != [ident]:
                 problems.append(f"{_name(w)} container {ctr['name']}: mounts {_name(cert)}, whose uris {cert['spec'].get('uris')} are not [{ident}]")
             env = {e["name"]: e.get("value") for e in ctr.get("env", [])}
-            if ctr["name"] != "envoy" and env.get(TLS_ENV) != TLS_MOUNT:
+            if ctr["name"] == "envoy":
+                problems += sds_problems(w, ctr, docs)
+            elif env.get(TLS_ENV) != TLS_MOUNT:
                 problems.append(f"{_name(w)} container {ctr['name']}: {TLS_ENV} is not {TLS_MOUNT}")
             lacking = dialed.get(ident, set()) - set(cert["spec"].get("dnsNames", []))
             if lacking:
                 problems.append(f"{_name(cert)}: no DNS SAN for {sorted(lacking)}, which clients dial")
     for name, text in bootstraps(docs).items():
-        if f"{TLS_MOUNT}/tls.crt" not in text:
+        if f"{SDS_MOUNT}/tls-certificate.yaml" not in text:
             problems.append(f"ConfigMap/{name}: the Envoy bootstrap has no mTLS to the control plane ({TLS_MOUNT})")
     return problems
 
@@ -592,7 +616,7 @@ RULES = {
 
 def test_every_overlay_renders_offline() -> None:
     dirs = overlay_dirs()
-    assert {p.name for p in dirs} >= {"cluster-us", "cluster-eu", "cell-us-east1", "emulated-cell"}
+    assert {p.name for p in dirs} >= {"cluster-us", "cluster-eu", "cluster-us-mtls", "cluster-eu-mtls", "cell-us-east1", "emulated-cell"}
     for d in dirs:
         assert render(d), d
 
@@ -771,8 +795,18 @@ def _plant_undialable(docs: list[dict[str, Any]]) -> None:
     _first(docs, "Certificate", "dlb-leaf-us-east1")["spec"]["dnsNames"] = ["leaf.example.com"]
 
 
+def _plant_no_sds(docs: list[dict[str, Any]]) -> None:
+    c = _container(docs, "dlb-leaf", "envoy")
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != SDS_MOUNT]
+
+
+def _plant_unwatched_sds(docs: list[dict[str, Any]]) -> None:
+    cm = _first(docs, "ConfigMap", "dlb-envoy-sds")
+    cm["data"]["tls-certificate.yaml"] = cm["data"]["tls-certificate.yaml"].replace("path: /etc/dlb-tls\n", "path: /etc\n")
+
+
 def _plant_plain_bootstrap(docs: list[dict[str, Any]]) -> None:
-    cm = _first(docs, "ConfigMap", "dlb-bootstrap-leaf-us-west1")
+    cm = _first(docs, "ConfigMap", "dlb-bootstrap-mtls-leaf")
     cm["data"]["bootstrap.yaml"] = (K8S / "base" / "cell" / "bootstrap-leaf.yaml").read_text()
 
 
@@ -808,6 +842,8 @@ PLANTED = [
     ("certificates", _plant_bad_usage, "Input should be"),
     ("certificates", _plant_undialable, "'leaf.us-east1.dlb.example.com']"),
     ("certificates", _plant_plain_bootstrap, "has no mTLS to the control plane"),
+    ("certificates", _plant_no_sds, "no SDS files mounted at /etc/dlb-tls-sds"),
+    ("certificates", _plant_unwatched_sds, "do not name and watch the Secret"),
 ]
 
 
@@ -826,9 +862,12 @@ def test_bootstraps_are_what_the_renderer_writes(tmp_path: Path) -> None:
     out = subprocess.run([str(K8S / "render-bootstraps"), str(tmp_path)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     for role in ("root", "leaf"):
-        for committed, fresh in ((K8S / "base" / "cell", tmp_path), (K8S / "overlays" / "cluster-us-mtls", tmp_path / "mtls")):
+        for committed, fresh in ((K8S / "base" / "cell", tmp_path), (K8S / "components" / "mtls", tmp_path / "mtls")):
             assert (committed / f"bootstrap-{role}.yaml").read_text() == (fresh / f"bootstrap-{role}.yaml").read_text(), \
                 f"{committed.relative_to(REPO)}/bootstrap-{role}.yaml is stale: run deploy/k8s/render-bootstraps"
+    for sds in ("tls-certificate.yaml", "validation-context.yaml"):
+        assert (K8S / "components" / "mtls" / sds).read_text() == (tmp_path / "mtls" / sds).read_text(), \
+            f"deploy/k8s/components/mtls/{sds} is stale: run deploy/k8s/render-bootstraps"
 
 
 def _substitute(arg: str, pod: dict[str, Any]) -> str:

@@ -24,7 +24,8 @@ from test_tls_unit import _doc, _node
 
 from dlb.config import config_from_dict, load_config
 from dlb.config.model import TlsFiles
-from dlb.config.tls import component_identity, load_identity
+from dlb.config.tls import load_identity
+from dlb.config.tls_live import component_identity
 from dlb.control_plane.service import ControlPlane
 from dlb.ext_proc.protocol import ExtProcServer
 from dlb.probe.client import ProbeClient, ProbeTiming

@@ -38,7 +38,8 @@ def test_insecure_makes_no_ca_and_a_config_with_its_own_makes_nothing(tmp_path: 
 
 def test_a_mounted_kubernetes_tls_secret_is_the_tls_section(tmp_path: Path, monkeypatch) -> None:
     """``DLB_TLS_SECRET_DIR``: the pod's cert-manager Secret (ca.crt, tls.crt, tls.key), checked at load
-    like any plain ``tls`` path; a Secret whose certificate is not from its CA is refused, naming the file."""
+    like any plain ``tls`` path, with Envoys' SDS files beside it; a Secret whose certificate is not from
+    its CA is refused, naming the file."""
     import shutil
 
     import pytest
@@ -57,6 +58,7 @@ def test_a_mounted_kubernetes_tls_secret_is_the_tls_section(tmp_path: Path, monk
     cfg = config_from_dict(RAW)
     assert cfg.tls is not None and (cfg.tls.ca, cfg.tls.cert, cfg.tls.key) == tuple(str(secret / f) for f in ("ca.crt", "tls.crt", "tls.key"))
     assert load_identity(cfg.tls, "leaf-a").cert == (secret / "tls.crt").read_bytes()
+    assert cfg.tls.envoy_sds == f"{secret}-sds"  # where its Envoys' SDS files are (the clusters it pushes name them)
     shutil.copy(theirs.cert_for("leaf-a"), secret / "tls.crt")
     shutil.copy(theirs.key_for("leaf-a"), secret / "tls.key")
     with pytest.raises(ConfigError, match=r"tls\.crt"):

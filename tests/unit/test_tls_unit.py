@@ -16,7 +16,8 @@ from envoy.config.core.v3 import base_pb2
 
 from dlb.config import ConfigError, config_from_dict, load_config
 from dlb.config.model import TlsFiles
-from dlb.config.tls import component_identity, load_identity, node_admission
+from dlb.config.tls import load_identity, node_admission
+from dlb.config.tls_live import component_identity
 from dlb.control_plane.service import ControlPlane, dlb_node_key
 from dlb.testbed.pki import dlb_pki
 

@@ -67,8 +67,14 @@ class TlsServerSession:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def send(self, data: bytes) -> None:
-        """Encrypt ``data`` (the memory BIO takes all of it: no partial writes)."""
-        self._obj.write(data)
+        """Encrypt ``data`` (the memory BIO takes all of it: no partial writes). After the peer's
+        close_notify nothing more can go out (the server's GOAWAY at stop then raised from ``stop``)."""
+        try:
+            self._obj.write(data)
+        except ssl.SSLError as exc:
+            if exc.reason != "PROTOCOL_IS_SHUTDOWN":
+                raise
+            self.peer_closed = True
 
     def data_to_send(self) -> bytes:
         return self._out.read() if self._out.pending else b""
