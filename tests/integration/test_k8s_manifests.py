@@ -180,6 +180,27 @@ def networkpolicy_problems(docs: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def target_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Nothing points at a workload the render lacks: an HPA's scale target exists, and every selector of a
+    NetworkPolicy, PodDisruptionBudget or Service selects some workload's pods (a cell overlay that drops
+    a tier drops all of it)."""
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    pods = [(w["metadata"].get("namespace"), w["spec"]["template"]["metadata"].get("labels", {})) for w in _workloads(docs)]
+    problems = [f"{_name(d)}: scales {t['kind']} {t['name']}, which is not in the render" for d in docs
+                if d["kind"] == "HorizontalPodAutoscaler" and ((t := d["spec"]["scaleTargetRef"])["kind"], t["name"]) not in names]
+    for d in docs:
+        spec = d.get("spec") or {}
+        if d["kind"] == "NetworkPolicy":
+            sel = spec["podSelector"].get("matchLabels", {})
+        elif d["kind"] == "PodDisruptionBudget":
+            sel = spec["selector"].get("matchLabels", {})
+        else:
+            sel = spec.get("selector") if d["kind"] == "Service" else None
+        if sel and not any(ns == d["metadata"].get("namespace") and _selects(sel, labels) for ns, labels in pods):
+            problems.append(f"{_name(d)}: selects no pod of this render ({sel})")
+    return problems
+
+
 #: ConfigMap keys or contents that are secrets (they belong in a Secret: ConfigMaps are readable more widely).
 SECRET_KEY = re.compile(r"token|secret|password|passwd|private|\.key$|-key\.pem$", re.I)
 SECRET_TEXT = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|^\s*root_token\s*:", re.M)
@@ -597,6 +618,7 @@ RULES = {
     "containers": container_problems,
     "pdb": pdb_problems,
     "networkpolicy": networkpolicy_problems,
+    "targets": target_problems,
     "secrets": secret_problems,
     "token": token_problems,
     "monitoring": monitoring_problems,
@@ -800,6 +822,12 @@ def _plant_no_sds(docs: list[dict[str, Any]]) -> None:
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != SDS_MOUNT]
 
 
+def _plant_orphan_hpa(docs: list[dict[str, Any]]) -> None:
+    docs.remove(_first(docs, "Deployment", "dlb-root"))
+    docs.remove(_first(docs, "Service", "dlb-root"))
+    docs.remove(_first(docs, "PodDisruptionBudget", "dlb-root"))
+
+
 def _plant_unwatched_sds(docs: list[dict[str, Any]]) -> None:
     cm = _first(docs, "ConfigMap", "dlb-envoy-sds")
     cm["data"]["tls-certificate.yaml"] = cm["data"]["tls-certificate.yaml"].replace("path: /etc/dlb-tls\n", "path: /etc\n")
@@ -816,6 +844,7 @@ PLANTED = [
     ("containers", _plant_missing_probe, "no readinessProbe"),
     ("containers", _plant_no_startup, "no startupProbe"),
     ("networkpolicy", _plant_open_port, "port debug has no NetworkPolicy"),
+    ("targets", _plant_orphan_hpa, "which is not in the render"),
     ("secrets", _plant_secret_in_configmap, "secret in ConfigMap"),
     ("roots", _plant_no_hpa, "no HorizontalPodAutoscaler"),
     ("monitoring", _plant_unscraped_envoy, "metrics port envoy-ready is scraped by no PodMonitor"),
