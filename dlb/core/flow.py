@@ -93,9 +93,10 @@ class FlowConfig:
     #: move traffic to the cheap cells, while a discrete root follows the costs from its first probe
     #: (research/compare-stress/coldstart.md). A router that never picks (the control plane's, whose
     #: split Envoy applies) has no discrete split to follow and steps as before. ``None``: the cost's
-    #: default (:attr:`dlb.core.router.PolicyConfig.warmup_s`): 20 s for the gradient cost, 0 for the
-    #: others (Flow-Lat got worse at steady state, 1.00 → 1.09 × hub-score at 180 s on fresh seeds: two
-    #: seeds entered the latency cost's oscillation after the hand-over).
+    #: default (:attr:`dlb.core.router.PolicyConfig.warmup_s`): 20 s for the gradient cost (on fresh seeds
+    #: 401–406: 1.36 → 1.01 × hub-score at 40 s, 1.05 → 0.99 at 180 s, no worse under stress;
+    #: research/compare-stress/coldstart-grad.md), 0 for the others (Flow-Lat got worse at steady state,
+    #: 1.00 → 1.09 at 180 s: two seeds entered the latency cost's oscillation after the hand-over).
     warmup_s: float | None = None
     warmup_smoothing_s: float = 2.0
     gain_up: float = 1.2
