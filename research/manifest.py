@@ -46,6 +46,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                                 "--twin-only --json FILE"),
     ("compare-stress/coldstart/verdict-protocol-*", "python research/compare-stress/coldstart.py --seeds 301-306 --warmup 20 "
                                                     "--protocol-only --json FILE"),
+    ("compare-stress/coldstart/grad-verdict-twin-*", "python research/compare-stress/coldstart.py --seeds 401-406 "
+                                                     "--warmup default --twin-only --json FILE"),
+    ("compare-stress/coldstart/grad-verdict-protocol-*", "python research/compare-stress/coldstart.py --seeds 401-406 "
+                                                         "--protocol-seed 401 --warmup default --protocol-only --json FILE"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),

@@ -92,10 +92,12 @@ class FlowConfig:
     #: Why: from the replica split the step, sized for stability near the fixed point, took ~40 s to
     #: move traffic to the cheap cells, while a discrete root follows the costs from its first probe
     #: (research/compare-stress/coldstart.md). A router that never picks (the control plane's, whose
-    #: split Envoy applies) has no discrete split to follow and steps as before. Off by default: on
-    #: fresh seeds (20 s) Flow-Grad met its verdict but Flow-Lat got worse at steady state (1.00 → 1.09
-    #: × hub-score at 180 s; two seeds entered the latency cost's oscillation after the hand-over).
-    warmup_s: float = 0.0
+    #: split Envoy applies) has no discrete split to follow and steps as before. ``None``: the cost's
+    #: default (:attr:`dlb.core.router.PolicyConfig.warmup_s`): 20 s for the gradient cost (on fresh seeds
+    #: 401–406: 1.36 → 1.01 × hub-score at 40 s, 1.05 → 0.99 at 180 s, no worse under stress;
+    #: research/compare-stress/coldstart-grad.md), 0 for the others (Flow-Lat got worse at steady state,
+    #: 1.00 → 1.09 at 180 s: two seeds entered the latency cost's oscillation after the hand-over).
+    warmup_s: float | None = None
     warmup_smoothing_s: float = 2.0
     gain_up: float = 1.2
     min_gain: float = 1.0 / 64.0
@@ -109,7 +111,7 @@ class FlowConfig:
             raise ValueError(f"flow saturation must be in (0, 1): {self.saturation}")
         if not 0 < self.ref_utilisation <= self.saturation:
             raise ValueError(f"flow ref_utilisation must be in (0, saturation]: {self.ref_utilisation}")
-        if self.warmup_s < 0 or self.warmup_smoothing_s <= 0:
+        if (self.warmup_s is not None and self.warmup_s < 0) or self.warmup_smoothing_s <= 0:
             raise ValueError("flow warmup_s must be >= 0 and warmup_smoothing_s > 0")
         if not 0 < self.min_rate_fraction <= 1:
             raise ValueError(f"flow min_rate_fraction must be in (0, 1]: {self.min_rate_fraction}")

@@ -87,6 +87,9 @@ class Router(Protocol):
 #: :meth:`PolicyConfig.from_name` both read this table.
 POLICY_NAMES: dict[tuple[Mechanism, Cost], str] = {}
 
+#: The flow cold start's default length by cost (others: 0, off); research/compare-stress/coldstart-grad.md.
+DEFAULT_WARMUP_S: dict[Cost, float] = {Cost.GRADIENT: 20.0}
+
 
 class Mechanism(str, enum.Enum):
     DISCRETE = "discrete"
@@ -113,6 +116,14 @@ class PolicyConfig:
     @property
     def name(self) -> str:
         return POLICY_NAMES[(self.mechanism, self.cost)]
+
+    @property
+    def warmup_s(self) -> float:
+        """The flow cold start's length: ``flow.warmup_s``, or the cost's default when that is None.
+        Resolved here, where the cost is known, so the simulator and the roots (whose policy arrives
+        over xDS without it) get the same default from the same object."""
+        w = self.flow.warmup_s
+        return DEFAULT_WARMUP_S.get(self.cost, 0.0) if w is None else w
 
     @staticmethod
     def from_name(name: str) -> PolicyConfig:
@@ -388,8 +399,8 @@ class RootRouter:
         if not (flow_due or aversion_due):
             return
         usable = self.usable(now)
-        if math.isnan(self._warm_until) and self.policy.flow.warmup_s > 0 and flow_due and usable.any():
-            self._warm_until = now + self.policy.flow.warmup_s  # the cold start begins with the first fresh probe
+        if math.isnan(self._warm_until) and self.policy.warmup_s > 0 and flow_due and usable.any():
+            self._warm_until = now + self.policy.warmup_s  # the cold start begins with the first fresh probe
         if aversion_due:
             self._update_aversion(usable, now)
             self._last_aversion = now

@@ -4,12 +4,15 @@ Why a script and not ``dlb bench sim-twin``: the verdict (coldstart-rule.md) com
 on at one commit on the same requests, and on workload seeds of our choosing (sim-twin runs the real
 comparison's). Each run is the twin's (:func:`dlb.bench.sim_twin.scenario_twin`, batched server, 60-s
 timeout for a failed or shed request) or the protocol's (:func:`dlb.sim.scenario.generate`, normalised by
-Rand on the same scenario and trial). Only the flow policies' ``warmup_s`` differs between "off" and "on".
+Rand on the same scenario and trial). Only the flow policies' ``warmup_s`` differs between "off" and "on";
+``--warmup default`` runs them as configured by default (``warmup_s`` None: the cost's default, the
+gradient-cost-only verdict of coldstart-grad-rule.md).
 
 Usage (from the repository root)::
 
     python research/compare-stress/coldstart.py --seeds 301-306 --warmup 10 --json FILE
     python research/compare-stress/coldstart.py --seeds 101-103 --warmup 5,10,20 --twin-only   # tuning
+    python research/compare-stress/coldstart.py --seeds 401-406 --warmup default --json FILE
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ PROTOCOL_POLICIES = ("Rand", "Disc-Lat", "Flow-Lat", "Flow-Grad")
 FLOW = {"Flow-Lat": Cost.LATENCY, "Flow-Grad": Cost.GRADIENT}
 
 
-def set_warmup(warmup_s: float) -> None:
-    """Make the simulator's Flow-Lat and Flow-Grad run with ``warmup_s`` (same names: same random streams)."""
+def set_warmup(warmup_s: float | None) -> None:
+    """Make the simulator's Flow-Lat and Flow-Grad run with ``warmup_s`` (None: the cost's default; same
+    names: same random streams)."""
     for name, cost in FLOW.items():
         cfg = PolicyConfig(mechanism=Mechanism.FLOW, cost=cost, flow=FlowConfig(warmup_s=warmup_s))
         sim_policies.REGISTRY[name] = sim_policies._dlb(cfg)
@@ -51,7 +55,11 @@ def summary(res: object) -> tuple[float, float]:
     return float(s["mean_latency_with_failures"]), float(s["error_rate"] + s["shed_rate"])
 
 
-def run_twin(seeds: list[int], warmups: list[float]) -> list[dict]:
+def label(w: float | None) -> float | str:
+    return "default" if w is None else w
+
+
+def run_twin(seeds: list[int], warmups: list[float | None]) -> list[dict]:
     rows = []
     cfg = SimConfig(request_timeout_s=REQUEST_TIMEOUT_S)
     for scenario, duration in TWIN:
@@ -63,7 +71,7 @@ def run_twin(seeds: list[int], warmups: list[float]) -> list[dict]:
                 for p in TWIN_POLICIES:
                     if p not in FLOW and w != warmups[0]:
                         continue  # the warm-up changes only the flow policies
-                    runs.setdefault((p, w if p in FLOW else None), []).append(summary(simulate(sc, p, trial, cfg, arrivals=arrivals)))
+                    runs.setdefault((p, label(w) if p in FLOW else None), []).append(summary(simulate(sc, p, trial, cfg, arrivals=arrivals)))
         hub = float(np.mean([m for m, _ in runs[("hub-score", None)]]))
         for (p, w), v in runs.items():
             rows.append({"kind": "twin", "scenario": scenario, "duration_s": duration, "policy": p, "warmup_s": w,
@@ -72,11 +80,11 @@ def run_twin(seeds: list[int], warmups: list[float]) -> list[dict]:
     return rows
 
 
-def run_protocol(seed: int, scenarios: int, minutes: float, warmups: list[float]) -> list[dict]:
+def run_protocol(seed: int, scenarios: int, minutes: float, warmups: list[float | None]) -> list[dict]:
     rows = []
     cfg = SimConfig(request_timeout_s=REQUEST_TIMEOUT_S)
     for exp, kw in PROTOCOL:
-        runs: dict[tuple[str, float | None], list[tuple[float, float]]] = {}
+        runs: dict[tuple[str, float | str | None], list[tuple[float, float]]] = {}
         for k in range(scenarios):
             sc = generate(seed * 1000 + k, duration_s=minutes * 60.0, **kw)
             rand, _ = summary(simulate(sc, "Rand", 0, cfg))
@@ -86,7 +94,7 @@ def run_protocol(seed: int, scenarios: int, minutes: float, warmups: list[float]
                     if p not in FLOW and w != warmups[0]:
                         continue
                     m, e = summary(simulate(sc, p, 0, cfg))
-                    runs.setdefault((p, w if p in FLOW else None), []).append((m / rand, e))
+                    runs.setdefault((p, label(w) if p in FLOW else None), []).append((m / rand, e))
         for (p, w), v in runs.items():
             rows.append({"kind": "protocol", "experiment": exp, "variant": kw, "policy": p, "warmup_s": w,
                          "norm_mean": float(np.mean([m for m, _ in v])), "fail": float(np.mean([e for _, e in v]))})
@@ -103,7 +111,7 @@ def seeds_arg(text: str) -> list[int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=seeds_arg, required=True, help="workload seeds, e.g. 301-306 or 101,102")
-    ap.add_argument("--warmup", default="10", help="comma-separated warmup_s values compared with 0 (off)")
+    ap.add_argument("--warmup", default="10", help="comma-separated warmup_s values (or 'default') compared with 0 (off)")
     ap.add_argument("--protocol-seed", type=int, default=None, help="dlb sim --seed of the protocol runs (default: first seed)")
     ap.add_argument("--protocol-scenarios", type=int, default=3)
     ap.add_argument("--protocol-minutes", type=float, default=2.0)
@@ -111,7 +119,7 @@ def main() -> int:
     ap.add_argument("--protocol-only", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    warmups = [0.0] + [float(w) for w in args.warmup.split(",")]
+    warmups: list[float | None] = [0.0] + [None if w == "default" else float(w) for w in args.warmup.split(",")]
     load0 = os.getloadavg()
     commit = git_commit()
     rows = [] if args.protocol_only else run_twin(args.seeds, warmups)

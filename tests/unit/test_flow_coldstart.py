@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_config import minimal
 
+from dlb.config import config_from_dict
+from dlb.config import resources as dr
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.core.costs import Cost
 from dlb.core.flow import FlowConfig
@@ -13,6 +16,8 @@ from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 from dlb.ext_proc.root import _carry_over
+from dlb.proto import resources_pb2 as pb
+from dlb.sim.policies import REGISTRY
 
 P = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)
 PERIOD = 0.2
@@ -135,3 +140,38 @@ def test_control_plane_weights_do_not_change_with_the_warmup() -> None:
         out.append(weights["chat"][0])
     assert out[0][1] > 0.5
     np.testing.assert_allclose(out[0], out[1])
+
+
+def test_the_default_warmup_is_on_for_the_gradient_cost_only() -> None:
+    """Unset (None), the cold start is the cost's default: 20 s for the gradient cost, off for the
+    others (coldstart-grad-rule.md); an explicit value wins."""
+    assert PolicyConfig(Mechanism.FLOW, Cost.GRADIENT).warmup_s == 20.0
+    assert PolicyConfig(Mechanism.FLOW, Cost.LATENCY).warmup_s == 0.0
+    assert PolicyConfig(Mechanism.FLOW, Cost.RIF).warmup_s == 0.0
+    assert PolicyConfig(Mechanism.FLOW, Cost.GRADIENT, flow=FlowConfig(warmup_s=0.0)).warmup_s == 0.0
+    assert PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(warmup_s=5.0)).warmup_s == 5.0
+
+
+def default_router(cost: Cost) -> RootRouter:
+    pol = PolicyConfig(Mechanism.FLOW, cost, flow=FlowConfig(period_s=PERIOD))
+    return RootRouter(topo2(), 0, pol, P, np.random.default_rng(0))
+
+
+def test_with_the_defaults_flow_grad_starts_discretely_and_flow_lat_as_before() -> None:
+    grad = drive(default_router(Cost.GRADIENT), until=2.0)
+    assert grad.count(1) == len(grad)
+    lat, old = default_router(Cost.LATENCY), flow_router(warmup_s=0.0)
+    assert drive(lat, until=2.0) == drive(old, until=2.0)
+    np.testing.assert_array_equal(lat.x, old.x)
+
+
+def test_a_root_gets_the_cost_default_over_xds_as_the_simulator_does() -> None:
+    """The roots' policy arrives as a dlb.v1.RoutingPolicy (period and κ only for the flow): decoded, it
+    resolves the same cold start as the simulator's Flow-Grad and Flow-Lat."""
+    for cost, name in (("gradient", "Flow-Grad"), ("latency", "Flow-Lat")):
+        cfg = config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
+            {"type": "flow", "parameters": {"cost": cost}}]}}]))
+        msg = dr.routing_policy(cfg, cfg.endpoints[0])
+        got, _, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(msg.SerializeToString()))
+        sim = REGISTRY[name].factory(topo2(), 0, P, np.random.default_rng(0))
+        assert got.warmup_s == sim.policy.warmup_s == (20.0 if cost == "gradient" else 0.0)  # type: ignore[attr-defined]
