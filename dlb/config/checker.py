@@ -149,7 +149,11 @@ class Checker:
             return default
         hp = parse_hostport(v)
         if hp is None:
-            self.err(p, f"{show(v)} is not host:port (e.g. 127.0.0.1:8080, [::1]:8080, leaf.example:10000; quote it in YAML)")
+            host, sep, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
+            if sep and port.isdigit() and parse_hostport(f"{host}:1") is not None:  # only the port is wrong
+                self.err(p, f"{show(v)}: port {int(port)} is not in 1..65535")
+            else:
+                self.err(p, f"{show(v)} is not host:port (e.g. 127.0.0.1:8080, [::1]:8080, leaf.example:10000; quote it in YAML)")
             return default
         return hp
 

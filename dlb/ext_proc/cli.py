@@ -179,6 +179,9 @@ def run_leaf(args: argparse.Namespace) -> int:
             listen.append(str(cell.leaf.ext_proc))
     metrics = args.metrics
     if metrics is None:
+        if cell.leaf.probe.port + 10000 > 65535:  # else a traceback from the metrics server's bind
+            raise UsageError(f"dlb serve leaf: {args.config}: cells[{cell.index}].leaf.probe port {cell.leaf.probe.port} + 10000 "
+                             f"(the default metrics port) is past 65535; give --metrics HOST:PORT (or '' for none)")
         metrics = f"{cell.leaf.probe.host}:{cell.leaf.probe.port + 10000}"
     # Routing knobs are not options: run_leaf reads them from the config's policy (later from xDS).
     run_event_loop(run_leaf(cfg, LeafOptions(

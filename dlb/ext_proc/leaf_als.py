@@ -86,6 +86,9 @@ class LeafAccessLog:
         self.clock = clock
         self.entries = 0
         self.streams = 0
+        #: Log streams open now. With a leaf ext_proc Envoy logs no request starts, so the agent's picks
+        #: belong to no stream; when the last one ends, the Envoy that would complete them is gone.
+        self.open_streams = 0
         #: Completions per source cell (the root's ``x-dlb-src-cell``), reported in probes: the demand a
         #: central controller (MNLB on the real data path) measures. Bounded by the config's cells: a
         #: header naming no known source (a client cannot set it: the root Envoy strips it) is not counted.
@@ -96,6 +99,7 @@ class LeafAccessLog:
 
     async def StreamAccessLogs(self, requests: AsyncIterator[als_pb2.StreamAccessLogsMessage], context) -> als_pb2.StreamAccessLogsResponse:
         self.streams += 1
+        self.open_streams += 1
         stream_id = self.streams
         try:
             await self.consume(requests, stream_id)
@@ -111,6 +115,13 @@ class LeafAccessLog:
                 dropped += n
                 await asyncio.sleep(0)  # 100,000 records at once held the loop ~0.5 s
             dropped += n
+            self.open_streams -= 1
+            if self.open_streams == 0:
+                stale = self.state.unowned()  # picks made from here on are the next Envoy's
+                for i in range(0, len(stale), DROP_BATCH):
+                    if i:
+                        await asyncio.sleep(0)
+                    dropped += self.state.drop_unowned(stale[i:i + DROP_BATCH], self.clock())
             if dropped:
                 log.info("als_stream_ended", stream=stream_id, inflight_dropped=dropped)
         return als_pb2.StreamAccessLogsResponse()

@@ -433,6 +433,25 @@ class LeafState:
         self.orphaned += n
         return n
 
+    def unowned(self) -> list[str]:
+        """Keys of the agent's own picks: records no access-log stream opened (with a leaf ext_proc, Envoy
+        logs no request starts, so every pick). See :meth:`drop_unowned`."""
+        return [k for k, r in self.inflight.items() if r.owner is None]
+
+    def drop_unowned(self, keys: Sequence[str], now: float) -> int:
+        """Forget those of ``keys`` still in flight and unowned (returns how many): the leaf Envoy's last
+        log stream ended, so the Envoy that would report their completions is gone. Kept, a ``kill -9``
+        of the leaf Envoy held each cut request's RIF and tokens for ``max_age_s`` (15 min), steering the
+        pick and the roots away from the cell's servers."""
+        n = 0
+        for k in keys:
+            r = self.inflight.get(k)
+            if r is not None and r.owner is None:
+                self._forget(k, now)
+                n += 1
+        self.orphaned += n
+        return n
+
     def _forget(self, key: str, now: float) -> None:
         """Drop a record whose completion will never come (it releases its server's RIF and tokens)."""
         rec = self.inflight.pop(key)

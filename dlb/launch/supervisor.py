@@ -241,6 +241,14 @@ class Supervisor:
                 else:
                     self.say(c.name, f"stopped ({c.proc.returncode})")
 
+    def signal_ready(self, tier: str, sig: int) -> int:
+        """Send ``sig`` to the ready children of ``tier``; returns how many (``dlb up`` passes SIGHUP on to
+        its control planes: one still starting may not handle it yet, and would die of it)."""
+        group = [c for c in self.children if c.tier == tier and c.state == "ready" and c.proc is not None and c.proc.poll() is None]
+        for c in group:
+            c.proc.send_signal(sig)  # type: ignore[union-attr]
+        return len(group)
+
     def pids(self) -> list[int]:
         return [c.proc.pid for c in self.children if c.proc is not None]
 

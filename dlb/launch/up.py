@@ -336,18 +336,27 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
 
 
 class StopFlag:
-    """SIGINT/SIGTERM set a flag the supervisor loop checks (the handlers do nothing else)."""
+    """SIGINT/SIGTERM set a flag the supervisor loop checks (the handlers do nothing else). With ``reload``,
+    SIGHUP counts a reload ``dlb up`` passes on to its control planes: unhandled, it ended ``dlb up`` at
+    once and the kernel SIGKILLed every child (no ordered stop) when an operator meant the control
+    plane's reload."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.reloads = 0
 
-    def install(self) -> StopFlag:
+    def install(self, reload: bool = False) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._set)
+        if reload:
+            signal.signal(signal.SIGHUP, self._reload)
         return self
 
     def _set(self, signum: int, _frame: Any) -> None:
         self.signal = signum
+
+    def _reload(self, _signum: int, _frame: Any) -> None:
+        self.reloads += 1
 
     def __call__(self) -> bool:
         return self.signal is not None
@@ -374,7 +383,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     if problems:
         print(f"dlb up: {len(problems)} address(es) in use or not local:\n" + "\n".join(problems), file=sys.stderr)
         return 1
-    stop = StopFlag().install()
+    stop = StopFlag().install(reload=True)
     sup = Supervisor(run_dir or default_run_dir("up"))
     print(f"dlb up: {len(cfg.cells)} cells, logs in {sup.run_dir}", flush=True)
     token_env, said = run_env(cfg, sup.run_dir, insecure)
@@ -401,8 +410,13 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
         print("dlb up: ready\n" + dep.urls_text(), flush=True)
         print("Ctrl-C stops everything.", flush=True)
         end = None if duration_s is None else time.monotonic() + duration_s
+        reloads = 0
         while not stop() and (end is None or time.monotonic() < end):
             sup.poll()
+            if stop.reloads != reloads:
+                reloads = stop.reloads
+                n = sup.signal_ready("control-plane", signal.SIGHUP)
+                print(f"dlb up: SIGHUP: {n} control plane(s) reload {config_path}", flush=True)
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass

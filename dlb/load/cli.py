@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Send OpenAI requests open-loop: a generated workload (rate, arrivals, lengths, "
                               "sessions) or a trace file. Latency and TTFT are from the scheduled send time.")
     p.add_argument("--url", action="append", required=True,
-                   help="base URL (http://host:port); repeat as CELL=URL to send each source cell's requests to its root")
+                   help="base URL (http://host:port, or the base_url dlb up prints); repeat as CELL=URL to send each source cell's requests to its root")
     p.add_argument("--rate", type=positive_float, default=10.0, help="requests per second (default 10)")
     p.add_argument("--duration", type=positive_float, default=30.0, help="seconds of arrivals (default 30)")
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson", help="arrival process: Poisson (default) or evenly spaced")
@@ -61,6 +61,8 @@ def _targets(urls: list[str]) -> dict[str, str]:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--url {u}: not an http(s) URL with a host (http://HOST:PORT, or CELL=http://HOST:PORT)")
+        if parts.path.rstrip("/") == "/v1":  # the base_url dlb up prints (an OpenAI client's): the paths add /v1 again
+            url = urllib.parse.urlunsplit(parts._replace(path=""))
         out[cell] = url
     return out
 

@@ -32,6 +32,7 @@ from bounded_wait import until as _wait
 
 from dlb.config import config_from_dict
 from dlb.config.model import HostPort
+from dlb.config.policy import set_plugins
 from dlb.control_plane.service import ControlPlane
 from dlb.emulator.server import ThreadedEmulator
 from dlb.envoy.ads_bootstrap import ads_bootstrap
@@ -252,3 +253,40 @@ def test_a_stream_cut_by_a_dying_server_is_counted_as_a_failure() -> None:
         _wait(lambda: _metric(url, "dlb_leaf_cut_streams_total") >= 1, "the agent counted the cut stream")
         assert _metric(url, "dlb_leaf_cut_streams_total") == 1
         assert _probe(probe).errors >= 1  # and a failure of the cell (later requests to the dead server add more)
+
+
+def test_a_killed_leaf_envoy_leaves_no_requests_in_flight_at_its_agent() -> None:
+    """With a leaf ext_proc the agent counts a request at its pick, and Envoy logs no request starts, so
+    no access-log stream owned the record. A ``kill -9`` of the leaf Envoy mid-stream left the cell's RIF
+    (and the servers' tokens) at the cut streams' count for ``max_age_s`` (900 s): seen under ``dlb up``
+    as an idle cell at RIF 3. When the Envoy's last log stream ends, its requests are forgotten."""
+    with tempfile.TemporaryDirectory(prefix="dlb-faults-") as tmp, contextlib.ExitStack() as stack:
+        emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=20.0, server_id="a-0"))
+        raw = set_plugins(_config([emu.address]), {"type": "background-probe", "parameters": {"min_interval_ms": 0}})  # only ours count
+        raw["cells"][0]["leaf"]["ext_proc"] = f"127.0.0.1:{free_port()}"
+        path = Path(tmp) / "dlb.yaml"
+        path.write_text(json.dumps(raw))
+        cfg = config_from_dict(raw, source=str(path))
+        metrics = f"http://127.0.0.1:{free_port()}/metrics"
+        stack.enter_context(ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", metrics[7:-8]))
+        admin = free_port()
+        boot = write_bootstrap(leaf_bootstrap(cfg, "a", admin_port=admin, emulate_wan=False, access_log=True), Path(tmp) / "leaf.yaml")
+        envoy = stack.enter_context(EnvoyProcess(boot, admin, base_id=random.randrange(1, 60000)))
+        hp = cfg.cell("a").leaf.address
+        _wait(lambda: _probe(str(cfg.cell("a").leaf.probe)).completed >= 0, "agent up")
+        _wait(lambda: _listening(hp.host, hp.port), "leaf listener up")  # one request done: the log stream is open
+        _wait(lambda: _metric(metrics, "dlb_leaf_rif") == 0, "the first request completed")
+        body = json.dumps({"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True})
+        conns = []
+        for _ in range(3):
+            conn = http.client.HTTPConnection(hp.host, hp.port, timeout=30)
+            conn.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.readline()  # the stream has started
+            conns.append(conn)
+        assert _metric(metrics, "dlb_leaf_rif") == 3
+        envoy.proc.kill()
+        for conn in conns:
+            conn.close()
+        _wait(lambda: _metric(metrics, "dlb_leaf_rif") == 0, "the dead Envoy's requests forgotten", timeout=30)
+        assert _metric(metrics, "dlb_leaf_inflight_orphaned_total") == 3

@@ -139,6 +139,13 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             os.kill(agent, signal.SIGKILL)
             _read_until(proc, r"leaf us-west1 agent: exited with -9; restarting in 0.5s", seen, 30)
             _read_until(proc, r"leaf us-west1 agent: restarted", seen, 30)
+            # SIGHUP is the control planes' reload, passed on; it used to end dlb up and SIGKILL every child.
+            proc.send_signal(signal.SIGHUP)
+            _read_until(proc, r"dlb up: SIGHUP: 2 control plane\(s\) reload", seen, 30)
+            deadline = time.monotonic() + 30
+            while "config_reloaded" not in (run_dir / "control-plane.log").read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "config_reloaded" in (run_dir / "control-plane.log").read_text() and proc.poll() is None
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=20)

@@ -170,6 +170,18 @@ def test_every_problem_is_reported_with_path_and_line() -> None:
     assert [ln for _, _, ln in found] == sorted(ln for _, _, ln in found)  # reported in file order
 
 
+def test_a_port_out_of_range_is_named_as_such() -> None:
+    """``127.0.0.1:70000`` was "not host:port ... quote it in YAML", which sent one looking for a quoting
+    slip; only the port is wrong, so the message says that. A bad host keeps the general message."""
+    data = minimal(services={"control_plane": {"xds": "127.0.0.1:70000", "status": "[::1]:0"}, "root": {"ext_proc": "local host:80"}})
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    reasons = {p.path: p.reason for p in info.value.problems}
+    assert reasons["services.control_plane.xds"] == "'127.0.0.1:70000': port 70000 is not in 1..65535"
+    assert reasons["services.control_plane.status"] == "'[::1]:0': port 0 is not in 1..65535"
+    assert "'local host:80' is not host:port" in reasons["services.root.ext_proc"]
+
+
 def test_error_message_format() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(BAD, "dlb.yaml")

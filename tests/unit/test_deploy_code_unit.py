@@ -55,6 +55,17 @@ def test_leaf_refuses_a_bad_envoy_check_address(tmp_path: Path, capsys: pytest.C
     assert "--envoy-check-address: 'nope' is not host:port" in capsys.readouterr().err
 
 
+def test_leaf_refuses_a_default_metrics_port_past_65535(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The metrics port defaults to the probe port + 10000: a probe on 61111 crashed the agent with a
+    traceback (OverflowError from bind) after its gRPC server had started; now it is a usage error."""
+    path, _ = _leaf_config(tmp_path, f"127.0.0.1:{free_port()}")
+    data = json.loads(path.read_text())
+    data["cells"][0]["leaf"]["probe"] = "127.0.0.1:61111"
+    path.write_text(json.dumps(data))
+    assert main(["serve", "leaf", "--config", str(path), "--cell", "a"]) == 1
+    assert "leaf.probe port 61111 + 10000 (the default metrics port) is past 65535; give --metrics" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------
 # 6. dlb envoy drain
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dlb.load.cli import _targets
 from dlb.load.workload import (
     WorkloadRequest,
     WorkloadSpec,
@@ -76,3 +77,10 @@ def test_trace_round_trip_and_a_bad_line_names_file_line_and_field(tmp_path: Pat
     path.write_text('{"t": 0, "endpoint": "embeddings", "prompt_tokens": 3, "max_tokens": 2}\n')
     with pytest.raises(ValueError, match=r"t.jsonl:1: endpoint"):
         read_trace(path)
+
+
+def test_the_base_url_dlb_up_prints_is_a_url_dlb_load_takes() -> None:
+    """``dlb up`` prints ``base_url http://HOST:PORT/v1`` (what an OpenAI client takes); given to ``--url``
+    it sent every request to ``/v1/v1/...`` and all of them came back 404."""
+    assert _targets(["http://127.0.0.1:10000/v1", "eu=http://127.0.0.1:10001/v1/", "us=https://root.example/"]) == {
+        "": "http://127.0.0.1:10000", "eu": "http://127.0.0.1:10001", "us": "https://root.example/"}
