@@ -77,6 +77,16 @@ def parents_arrived(collector: Collector, trace: str) -> bool:
     return all(sp.parent_span_id.hex() in ids for sp in spans)
 
 
+def dlb_traces(collector: Collector) -> set[str]:
+    """The traces DLB's services sent spans of."""
+    return {sp.trace_id.hex() for svc, sp in list(collector.spans) if svc.startswith("dlb-")}
+
+
+def envoy_traces(collector: Collector) -> set[str]:
+    """The traces the Envoys sent spans of."""
+    return {sp.trace_id.hex() for svc, sp in list(collector.spans) if svc.startswith("envoy-")}
+
+
 def test_one_request_through_dlb_up_is_one_trace_with_the_decision_and_the_pick(tmp_path: Path) -> None:
     with traced_up(tmp_path, "0") as (host, port, collector):
         # Just after start a leaf Envoy may not reach its ext_proc yet and picks by itself (fail open), with no
@@ -134,11 +144,17 @@ def test_a_trace_envoy_starts_holds_the_decision_and_the_pick(tmp_path: Path) ->
                 continue
         assert trace is not None, sorted({(svc, sp.name) for svc, sp in collector.spans})
         spans = [(svc, sp) for svc, sp in collector.spans if sp.trace_id.hex() == trace]
+        # Envoys flush every 5 s, the services at once, and background probes keep starting traces: the DLB
+        # traces so far must all show Envoy spans once those are flushed.
+        ours = dlb_traces(collector)
+        try:
+            until(lambda: ours <= envoy_traces(collector), "every DLB span in a trace Envoy sent spans of", timeout=12)
+        except AssertionError:
+            pass  # asserted below
     by_id = {sp.span_id.hex(): (svc, sp) for svc, sp in spans}
     for name, envoy in (("dlb.root.decide", "envoy-root"), ("dlb.leaf.pick", "envoy-leaf")):
         sp = next(sp for _, sp in spans if sp.name == name)
         parent_svc, parent = by_id[sp.parent_span_id.hex()]
         assert parent_svc.startswith(envoy) and "ExternalProcessor" in parent.name, (name, parent_svc, parent.name)
     # Decisions in traces of their own (the services sampling alone) would show as dlb spans outside Envoy's traces.
-    envoy_traces = {sp.trace_id.hex() for svc, sp in collector.spans if svc.startswith("envoy-")}
-    assert all(sp.trace_id.hex() in envoy_traces for svc, sp in collector.spans if svc.startswith("dlb-"))
+    assert ours <= envoy_traces(collector), sorted(ours - envoy_traces(collector))
