@@ -31,6 +31,11 @@ ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("compare-stress/twin/real-twin-quiet-*", "dlb bench sim-twin --real research/compare-stress/quiet-453e28c/records.jsonl "
+                                              "--json FILE"),
+    ("compare-stress/twin/flowgrad-*", "dlb bench sim-twin --policies hub-score,Flow-Grad --json FILE"),
+    ("compare-stress/quiet-*", "dlb demo --compare --scenarios steady,cell-outage --policies hub-score,Disc-Lat,Flow-Grad --trials 3 "
+                               "--duration 45 --out DIR --json DIR/summary.json (research/compare-stress/quiet-rule.md)"),
     ("compare-stress/twin/real-twin-*", "dlb bench sim-twin --real research/compare-stress/records.jsonl --json FILE"),
     ("compare-stress/twin/all-scenarios-*", "dlb bench sim-twin --policies Rand,MNLB,lr-global,locality-failover,hub-score,"
                                             "Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad --json FILE"),
