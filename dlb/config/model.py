@@ -235,13 +235,15 @@ class Network:
 
 @dataclass(frozen=True)
 class FlowParams:
-    """Flow mechanism (projected gradient descent): step every ``period_ms``; ``kappa`` < π/2 scales η."""
+    """Flow mechanism (projected gradient descent): step every ``period_ms``; ``kappa`` < π/2 scales η;
+    ``warmup_s`` the cold start of discrete picks (None: the cost's default, 20 s for gradient, else 0)."""
 
     period_ms: float = 200.0
     kappa: float = FlowConfig.kappa  # one default for config and core
+    warmup_s: float | None = None
 
     def to_core(self) -> FlowConfig:
-        return FlowConfig(kappa=self.kappa, period_s=self.period_ms / 1000.0)
+        return FlowConfig(kappa=self.kappa, period_s=self.period_ms / 1000.0, warmup_s=self.warmup_s)
 
 
 @dataclass(frozen=True)

@@ -111,21 +111,25 @@ def _none(ck: Checker, raw: Any, path: str) -> NoParams:
     return NoParams()
 
 
+FLOW_KEYS = ("period_ms", "kappa", "warmup_s")
+
+
 def flow_params(ck: Checker, raw: Any, path: str) -> FlowParams:
-    """Flow's step settings (``period_ms``, ``kappa``); also the old shape's ``policy.flow`` section."""
-    m = ck.mapping(raw, path, ("period_ms", "kappa"))
+    """Flow's step settings (``period_ms``, ``kappa``, ``warmup_s``); also the old shape's ``policy.flow`` section."""
+    m = ck.mapping(raw, path, FLOW_KEYS)
     d = FlowParams()
     return FlowParams(period_ms=ck.number(m, "period_ms", path, d.period_ms, gt=0),
-                      kappa=ck.number(m, "kappa", path, d.kappa, gt=0, lt=math.pi / 2))
+                      kappa=ck.number(m, "kappa", path, d.kappa, gt=0, lt=math.pi / 2),
+                      warmup_s=ck.number(m, "warmup_s", path, d.warmup_s, ge=0, le=3600))
 
 
 def _mechanism(flow: bool, native: bool = False) -> Callable[[Checker, Any, str], MechanismParams]:
     """``native``: discrete, with ``period_ms`` the control plane's weight refresh (the flow step's clock)."""
     def check(ck: Checker, raw: Any, path: str) -> MechanismParams:
-        keys = ("cost", "period_ms", "kappa") if flow else ("cost", "period_ms") if native else ("cost",)
+        keys = ("cost", *FLOW_KEYS) if flow else ("cost", "period_ms") if native else ("cost",)
         m = ck.mapping(raw, path, keys)
         cost = ck.choice(m, "cost", path, Cost, MechanismParams.cost)
-        timing = {k: m[k] for k in ("period_ms", "kappa") if k in m}
+        timing = {k: m[k] for k in FLOW_KEYS if k in m}
         fp = flow_params(ck, timing, path) if flow or native else FlowParams()
         return MechanismParams(cost=cost, flow=fp)
     return check
@@ -290,6 +294,8 @@ def policy_plugins(policy: Policy) -> list[dict[str, Any]]:
     mech: dict[str, Any] = {"cost": policy.cost.value}
     if policy.mechanism is Mechanism.FLOW:
         mech |= {"period_ms": policy.flow.period_ms, "kappa": policy.flow.kappa}
+        if policy.flow.warmup_s is not None:
+            mech["warmup_s"] = policy.flow.warmup_s
     elif policy.native:
         mech |= {"period_ms": policy.flow.period_ms}
     a, f, sh = policy.aversion, policy.affinity, policy.shed

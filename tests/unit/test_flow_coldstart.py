@@ -175,3 +175,23 @@ def test_a_root_gets_the_cost_default_over_xds_as_the_simulator_does() -> None:
         got, _, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(msg.SerializeToString()))
         sim = REGISTRY[name].factory(topo2(), 0, P, np.random.default_rng(0))
         assert got.warmup_s == sim.policy.warmup_s == (20.0 if cost == "gradient" else 0.0)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("cost", "warmup"), [("gradient", 0.0), ("latency", 12.5)])
+def test_a_config_sets_the_cold_start_and_roots_get_it_over_xds(cost: str, warmup: float) -> None:
+    """``warmup_s`` in the flow plugin overrides the cost's default: 0 turns Flow-Grad's cold start off,
+    a positive value turns Flow-Lat's on; the value crosses xDS unchanged (0 included: proto3 presence)."""
+    cfg = config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
+        {"type": "flow", "parameters": {"cost": cost, "warmup_s": warmup}}]}}]))
+    assert cfg.endpoints[0].policy.to_core(cfg.probe).warmup_s == warmup
+    msg = dr.routing_policy(cfg, cfg.endpoints[0])
+    got, _, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(msg.SerializeToString()))
+    assert got.warmup_s == warmup
+
+
+def test_a_negative_cold_start_is_refused_with_its_field() -> None:
+    from dlb.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"warmup_s.*must be >= 0"):
+        config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
+            {"type": "flow", "parameters": {"cost": "gradient", "warmup_s": -1}}]}}]))
