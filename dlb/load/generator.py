@@ -117,6 +117,12 @@ class LoadRunner:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 self.sent += 1
+            if stop is not None and tasks and not stop.is_set():
+                # Every request is sent: drain them, but a stop during the drain still cuts what is left.
+                drain = asyncio.gather(*tasks, return_exceptions=True)
+                stopped = asyncio.create_task(stop.wait())
+                await asyncio.wait({drain, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                stopped.cancel()
             if stop is not None and stop.is_set():
                 for t in list(tasks):
                     t.cancel()
@@ -148,7 +154,7 @@ class LoadRunner:
                 if self.stream and status == 200 and chunks == 0:
                     error = "empty stream"
         except asyncio.CancelledError:
-            error = "cancelled"
+            error = CUT
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             error = type(e).__name__
         finally:
@@ -172,14 +178,24 @@ def quantile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
 
 
+#: The error of a request still in flight when the caller stopped the run (Ctrl-C): not a failure of
+#: what was measured, so summaries leave it out and count it apart.
+CUT = "cancelled"
+
+
 def summarize(results: list[Result], duration_s: float | None = None) -> dict[str, Any]:
+    """Counts, latency and TTFT quantiles of the served requests; requests cut by a stop are left out
+    (``cut``), so an interrupted run's success rate is that of the requests it let finish."""
+    cut = sum(1 for r in results if r.error == CUT)
+    if cut:
+        results = [r for r in results if r.error != CUT]
     ok = [r for r in results if r.ok]
     lat = [r.latency_s for r in ok]
     ttft = [r.ttft_s for r in ok]
     lag = [r.lag_s for r in results]
     span = duration_s or (max((r.t for r in results), default=0.0) or 1.0)
     return {
-        "requests": len(results), "ok": len(ok), "errors": len(results) - len(ok),
+        "requests": len(results), "ok": len(ok), "errors": len(results) - len(ok), "cut": cut,
         "success_rate": len(ok) / len(results) if results else math.nan,
         "offered_rps": len(results) / span if span else math.nan,
         "mean_s": sum(lat) / len(lat) if lat else math.nan,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlb import provenance
-from dlb.load.generator import Result, quantile, summarize, write_results
+from dlb.load.generator import CUT, Result, quantile, summarize, write_results
 
 if TYPE_CHECKING:
     from dlb.testbed.demo_run import DemoRun
@@ -145,8 +145,9 @@ def write_report(run: DemoRun, out: Path) -> str:
     """Write the folder; returns the summary table as text (printed at the end of the demo)."""
     cells = list(run.servers)
     summary = summarize(run.results, run.spec.duration_s)
-    pc = per_cell(run.results, cells)
-    tl = timeline(run.results, cells, run.spec.duration_s)
+    done = [r for r in run.results if r.error != CUT]  # an interruption's cut requests are not failures
+    pc = per_cell(done, cells)
+    tl = timeline(done, cells, run.spec.duration_s)
     deg = degradation(run)
     doc = {
         **git_commit(), "policy": run.policy, "interrupted": run.interrupted,
@@ -176,7 +177,8 @@ def write_report(run: DemoRun, out: Path) -> str:
           f"Commit `{doc['commit']}`{' (dirty tree)' if doc['dirty'] else ''}; policy: {run.policy}; "
           f"{summary['requests']} requests over {run.spec.duration_s:.0f}s at {run.spec.rate_rps:.1f} req/s "
           f"(capacity {sum(run.capacity.values()):.1f} req/s, computed from the server profiles)"
-          + ("; **interrupted**" if run.interrupted else "") + ".", "", table, ""]
+          + (f"; **interrupted** ({summary['cut']} requests then in flight left out)" if run.interrupted else "")
+          + ".", "", table, ""]
     if deg:
         md += [f"Degradation: {deg['cell']} servers {deg['slowdown']:g}× slower during "
                f"{deg['window_s'][0]:.0f}–{deg['window_s'][1]:.0f}s. Its share of requests: before {deg['share_before']:.1%}, "

@@ -138,3 +138,37 @@ def test_a_url_that_is_not_http_is_refused_by_name_before_sending(tmp_path: Path
         assert out.returncode == 2, out.stdout + out.stderr
         assert f"dlb load: --url {url}: not an http(s) URL" in out.stderr, out.stderr
         assert "requests over" not in out.stdout  # nothing was sent
+
+
+def test_requests_cut_by_a_stop_are_left_out_of_the_summary_not_counted_as_failures() -> None:
+    """Ctrl-C of ``dlb demo`` / ``dlb load`` cancels what is in flight: those requests say nothing about
+    the system, so the success rate is that of the requests the run let finish."""
+    port = free_port()
+    reqs = [WorkloadRequest(0.0, "chat", "a", 10, 2), WorkloadRequest(0.0, "chat", "a", 10, 2, "slow")]
+
+    async def main() -> list:
+        async def handle(request: web.Request) -> web.Response:
+            if request.headers.get("x-session-id") == "slow":
+                await asyncio.sleep(30)
+            return web.json_response({"choices": []})
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", handle)
+        srv = web.AppRunner(app, access_log=None)
+        await srv.setup()
+        await web.TCPSite(srv, "127.0.0.1", port).start()
+        stop = asyncio.Event()
+        runner = LoadRunner(reqs, {"a": f"http://127.0.0.1:{port}"}, stream=False)
+        task = asyncio.create_task(runner.run(stop))
+        while not any(r.ok for r in runner.results):  # the fast one finished; the slow one is in flight
+            await asyncio.sleep(0.02)
+        stop.set()
+        try:
+            return await task
+        finally:
+            await srv.cleanup()
+
+    res = asyncio.run(main())
+    assert len(res) == 2 and sum(r.ok for r in res) == 1
+    s = summarize(res)
+    assert s["cut"] == 1 and s["requests"] == 1 and s["errors"] == 0 and s["success_rate"] == 1.0
