@@ -119,8 +119,8 @@ class LoadRunner:
                 self.sent += 1
             if stop is not None and tasks and not stop.is_set():
                 # Every request is sent: drain them, but a stop during the drain still cuts what is left.
-                drain = asyncio.gather(*tasks, return_exceptions=True)
-                stopped = asyncio.create_task(stop.wait())
+                drain: asyncio.Future[Any] = asyncio.gather(*tasks, return_exceptions=True)
+                stopped: asyncio.Future[Any] = asyncio.create_task(stop.wait())
                 await asyncio.wait({drain, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 stopped.cancel()
             if stop is not None and stop.is_set():
