@@ -488,6 +488,9 @@ class FaultLoad:
     time_scale: float = 4.0
     #: The DLB routing policy of the endpoint (``Disc-RIF``, ``Flow-Grad``, …: :data:`dlb.core.router.POLICY_NAMES`).
     policy: str = "Disc-RIF"
+    #: A flow policy run natively, as a root configured by the control plane runs it: no root service, Envoy
+    #: samples the control plane's weights (and retries on each cell's fallback).
+    native: bool = False
 
 
 def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, Any]:
@@ -497,7 +500,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     servers run ``time_scale`` times slower than :data:`PROFILE`, so a 3.5-s stream is ~150 tokens
     rather than ~600 (this shared box's CPU, not the servers, would otherwise be what is measured).
     The control-plane faults and the operator baselines run on a stack with a control plane (leaf agents and
-    root under ``--xds``; a baseline's root Envoy over ADS).
+    root under ``--xds``; a baseline's or a ``native`` run's root Envoy over ADS).
     """
     from dlb.testbed.stack import CellSpec, start_data_plane
 
@@ -517,6 +520,9 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     if baseline and fault in BASELINE_SKIP:
         raise ValueError(f"{fault} under {load.policy}: {BASELINE_SKIP[fault]}")
     pc = PolicyConfig.from_name("Flow-RIF" if baseline else load.policy)
+    if load.native and (baseline or pc.mechanism.value != "flow" or fault in BASELINE_SKIP):
+        raise ValueError(f"native runs a DLB flow policy with no root service, not {load.policy} under {fault}")
+    envoy_only = baseline or load.native  # the root Envoy alone routes, configured by the control plane
     endpoint = {"name": "chat", "match": {"prefix": "/v1/"},
                 # Error aversion at DLB's defaults, as a user gets it.
                 "policy": {"mechanism": pc.mechanism.value, "cost": pc.cost.value},
@@ -531,12 +537,12 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         try:
             plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
                                      probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
-                                     control_plane=baseline or fault.startswith("control_plane"),
+                                     control_plane=envoy_only or fault.startswith("control_plane"),
                                      control_planes=2 if fault == "control_plane_replica" else 1,
                                      root_envoys=2 if fault == "root_envoy_replica" else 1,
                                      leaf_replicas=2 if fault in REPLICA_FAULTS else 1,
                                      plugins=({"type": load.policy},) if baseline else (),
-                                     root_service=not baseline, root_envoy_xds=baseline)
+                                     root_service=not envoy_only, root_envoy_xds=envoy_only)
             break
         except (RuntimeError, TimeoutError, OSError):
             # A free port taken by another process between our pick and the child's bind (a shared box:
@@ -544,7 +550,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
             if attempt == 2:
                 raise
     try:
-        _wait_ready(plane, names, baseline)
+        _wait_ready(plane, names, envoy_only)
         host, port = plane.root_url
         mix = request_mix(host, port, max_tokens, long_stream_tokens(time_scale))
         inject, restore = _fault_actions(plane, fault)
@@ -579,14 +585,14 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         plane.close()
 
 
-def _wait_ready(plane: Any, names: list[str], baseline: bool, timeout_s: float = 30.0) -> None:
+def _wait_ready(plane: Any, names: list[str], envoy_only: bool, timeout_s: float = 30.0) -> None:
     """Until the root can use every cell (at most ``timeout_s``): the root service says so, or, with no
-    root service (a baseline), the root Envoy's clusters count every host healthy and a request answers 200."""
+    root service (a baseline, a native run), the root Envoy's clusters count every host healthy and a request answers 200."""
     from dlb.testbed.stack import metric_value, request
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not baseline:
+        if not envoy_only:
             m = plane.root_metrics()
             if all(metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c) == 1.0 for c in names):
                 return
