@@ -101,6 +101,8 @@ def _faults(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds of traffic per run (sets --after-s to what is left)")
     p.add_argument("--policy", default="Disc-RIF", help="comma-separated DLB policies or operator baselines, rows for each (default Disc-RIF)")
     p.add_argument("--runs", type=int, default=3, help="runs per row, reported as min/median/max (default 3)")
+    p.add_argument("--native", action="store_true", help="flow policies run natively: no root service, the root Envoy "
+                   "configured by the control plane (root_service rows skipped)")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per chat and short stream (long streams: ~3.5 s)")
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
 

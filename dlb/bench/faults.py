@@ -42,7 +42,8 @@ SIGSTOPs that replica instead (it still accepts connections): ``failed == 0`` (w
 (``stall_window_s``: the root's detection). ``policy`` is the endpoint's DLB policy (``--policy``) or an
 operator baseline (``lr-global``, ``locality-failover``, ``hub-score``: flow endpoints with that ``weights``
 plugin, run as ``dlb up`` runs it — no root service, the root Envoy configured by the control plane; a row
-that kills the root service is skipped, saying so);
+that kills the root service is skipped, saying so); ``--native`` runs flow policies the same way (Envoy samples
+the control plane's weights, each cell's weight retried once on its fallback cell);
 with ``--runs N`` each row is run N times (seeds ``seed`` … ``seed + N - 1``) and reported as
 min/median/max of its counts, passing only if every run passes.
 """
@@ -66,7 +67,7 @@ from dlb.bench import harness
 from dlb.errors import UsageError
 
 #: Faults an operator baseline has no part for, and why its rows are skipped (stated in the output).
-BASELINE_SKIP = {"root_service": "no root service runs under an operator baseline (Envoy alone routes)"}
+BASELINE_SKIP = {"root_service": "no root service runs under an operator baseline or --native (Envoy alone routes)"}
 #: Faults and whether they are run in each leaf mode ("ext_proc": the leaf agent picks servers;
 #: "least_request": Envoy picks, the agent only measures).
 FAULTS = ("server", "cell", "leaf_agent_kill", "leaf_agent_freeze", "leaf_envoy", "root_service", "control_plane",
@@ -488,6 +489,9 @@ class FaultLoad:
     time_scale: float = 4.0
     #: The DLB routing policy of the endpoint (``Disc-RIF``, ``Flow-Grad``, …: :data:`dlb.core.router.POLICY_NAMES`).
     policy: str = "Disc-RIF"
+    #: A flow policy run natively, as a root configured by the control plane runs it: no root service, Envoy
+    #: samples the control plane's weights (and retries on each cell's fallback).
+    native: bool = False
 
 
 def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, Any]:
@@ -497,7 +501,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     servers run ``time_scale`` times slower than :data:`PROFILE`, so a 3.5-s stream is ~150 tokens
     rather than ~600 (this shared box's CPU, not the servers, would otherwise be what is measured).
     The control-plane faults and the operator baselines run on a stack with a control plane (leaf agents and
-    root under ``--xds``; a baseline's root Envoy over ADS).
+    root under ``--xds``; a baseline's or a ``native`` run's root Envoy over ADS).
     """
     from dlb.testbed.stack import CellSpec, start_data_plane
 
@@ -509,7 +513,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     # long streams looks slow, all traffic goes elsewhere, and back), so recover_s of latency policies
     # measures that herding as much as the fault.
     from dlb.config.model import OPERATOR_BASELINES
-    from dlb.core.router import PolicyConfig
+    from dlb.core.router import Mechanism, PolicyConfig
 
     # An operator baseline is a `weights` plugin over flow endpoints, run as `dlb up` runs it: no root
     # service, the root Envoy configured by the control plane (hub-score's weights come from there).
@@ -517,6 +521,9 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
     if baseline and fault in BASELINE_SKIP:
         raise ValueError(f"{fault} under {load.policy}: {BASELINE_SKIP[fault]}")
     pc = PolicyConfig.from_name("Flow-RIF" if baseline else load.policy)
+    if load.native and (baseline or pc.mechanism is not Mechanism.FLOW or fault in BASELINE_SKIP):
+        raise ValueError(f"native runs a DLB flow policy with no root service, not {load.policy} under {fault}")
+    envoy_only = baseline or load.native  # the root Envoy alone routes, configured by the control plane
     endpoint = {"name": "chat", "match": {"prefix": "/v1/"},
                 # Error aversion at DLB's defaults, as a user gets it.
                 "policy": {"mechanism": pc.mechanism.value, "cost": pc.cost.value},
@@ -531,12 +538,12 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         try:
             plane = start_data_plane(specs, "a", endpoint, one_way_ms=one_way, leaf_ext_proc=(mode == "ext_proc"),
                                      probe={"period_ms": 20, "timeout_ms": 200, "stale_after_ms": 1000, "backoff_max_ms": 500},
-                                     control_plane=baseline or fault.startswith("control_plane"),
+                                     control_plane=envoy_only or fault.startswith("control_plane"),
                                      control_planes=2 if fault == "control_plane_replica" else 1,
                                      root_envoys=2 if fault == "root_envoy_replica" else 1,
                                      leaf_replicas=2 if fault in REPLICA_FAULTS else 1,
                                      plugins=({"type": load.policy},) if baseline else (),
-                                     root_service=not baseline, root_envoy_xds=baseline)
+                                     root_service=not envoy_only, root_envoy_xds=envoy_only)
             break
         except (RuntimeError, TimeoutError, OSError):
             # A free port taken by another process between our pick and the child's bind (a shared box:
@@ -544,7 +551,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
             if attempt == 2:
                 raise
     try:
-        _wait_ready(plane, names, baseline)
+        _wait_ready(plane, names, envoy_only)
         host, port = plane.root_url
         mix = request_mix(host, port, max_tokens, long_stream_tokens(time_scale))
         inject, restore = _fault_actions(plane, fault)
@@ -579,14 +586,14 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         plane.close()
 
 
-def _wait_ready(plane: Any, names: list[str], baseline: bool, timeout_s: float = 30.0) -> None:
+def _wait_ready(plane: Any, names: list[str], envoy_only: bool, timeout_s: float = 30.0) -> None:
     """Until the root can use every cell (at most ``timeout_s``): the root service says so, or, with no
-    root service (a baseline), the root Envoy's clusters count every host healthy and a request answers 200."""
+    root service (a baseline, a native run), the root Envoy's clusters count every host healthy and a request answers 200."""
     from dlb.testbed.stack import metric_value, request
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not baseline:
+        if not envoy_only:
             m = plane.root_metrics()
             if all(metric_value(m, "dlb_root_cell_usable", endpoint="chat", cell=c) == 1.0 for c in names):
                 return
@@ -674,7 +681,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from dlb.config.model import OPERATOR_BASELINES
-    from dlb.core.router import POLICY_NAMES
+    from dlb.core.router import POLICY_NAMES, Mechanism
 
     faults = args.faults.split(",") if args.faults else list(FAULTS)
     modes = args.modes.split(",") if args.modes else list(MODES)
@@ -690,6 +697,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--policy: unknown policy {pol!r}; one of {', '.join((*POLICY_NAMES.values(), *OPERATOR_BASELINES))}")
     if args.runs < 1:
         raise UsageError(f"--runs: at least 1, got {args.runs}")
+    flow = {n for (mechanism, _), n in POLICY_NAMES.items() if mechanism is Mechanism.FLOW}
+    if args.native and not set(policies) <= flow:
+        raise UsageError(f"--native: flow policies only ({', '.join(sorted(flow))}), got {args.policy}")
     cells = _cells(args.cells)
     record = harness.start()  # the code that runs (a commit made while the matrix runs must not be recorded)
     rows = []
@@ -701,7 +711,7 @@ def run(args: argparse.Namespace) -> int:
                 if after < 3.0:
                     raise UsageError(f"--duration: {args.duration} s leaves {after:g} s after the {outage:g}-s outage of {f} "
                                      f"(starting at --fault-at-s {args.fault_at_s:g}); at least 3 s are needed to see recovery")
-                if pol in OPERATOR_BASELINES and f in BASELINE_SKIP:
+                if (pol in OPERATOR_BASELINES or args.native) and f in BASELINE_SKIP:
                     print(f"dlb bench faults: {f} skipped under {pol}: {BASELINE_SKIP[f]}", flush=True)
                     rows.append({"fault": f, "mode": m, "policy": pol, "outage_s": outage, "runs": 0,
                                  "verdict": f"skipped: {BASELINE_SKIP[f]}"})
@@ -709,14 +719,14 @@ def run(args: argparse.Namespace) -> int:
                 runs = []
                 for k in range(args.runs):
                     r = run_one(f, m, FaultLoad(args.rate, args.fault_at_s, outage, after, max_tokens=args.max_tokens, seed=args.seed + k,
-                                                cells=cells, time_scale=args.time_scale, policy=pol))
+                                                cells=cells, time_scale=args.time_scale, policy=pol, native=args.native))
                     r["outage_s"] = outage
                     print(json.dumps(r), flush=True)
                     runs.append(r)
                 rows.append(spread(runs))
     print(table(rows))
     out = {"created_unix": int(time.time()), "rate_rps": args.rate, "max_tokens": args.max_tokens,
-           "fault_at_s": args.fault_at_s, "runs": args.runs, "policies": policies,
+           "fault_at_s": args.fault_at_s, "runs": args.runs, "policies": policies, "native": args.native,
            "outage_s": args.outage_s, "duration_s": args.duration, "after_s": args.after_s, "time_scale": args.time_scale, "profile": PROFILE,
            "long_stream_tokens": long_stream_tokens(args.time_scale), "mix": {k: w for w, k in MIX},
            "cells": {chr(ord("a") + i): k for i, k in enumerate(cells)}, "rows": rows}

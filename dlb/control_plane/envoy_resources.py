@@ -129,8 +129,12 @@ def from_bootstrap(bootstrap: Mapping[str, Any]) -> ResourceSet:
 def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Mapping[str, np.ndarray],
                      require_flow: bool = True) -> None:
     """Write each flow endpoint's weights (x_src over cells, index order) into its fallback route
-    (``require_flow`` False: any endpoint's, for the hub-score baseline's weights)."""
+    (``require_flow`` False: any endpoint's, for the hub-score baseline's weights).
+
+    A route that retries across cells (a native flow endpoint's) names each cell's aggregate with its
+    fallback, as the bootstrap does (:func:`~dlb.envoy.bootstrap.flow_cluster_name`); others the bare cells."""
     allowed = np.asarray(config.network.allowed[config.cell(src).index], dtype=bool)
+    fallbacks = envoy_bootstrap.flow_fallbacks(config, src)
     by_route = {f"{ep.name}-fallback": ep for ep in config.endpoints}
     for rc in rs.routes:
         for vh in rc.virtual_hosts:
@@ -144,11 +148,12 @@ def set_flow_weights(rs: ResourceSet, config: Config, src: str, flow_weights: Ma
                 if x.shape != allowed.shape or np.any(x[~allowed] > 0):
                     raise ValueError(f"flow weights of {ep.name} from {src} must have {allowed.size} entries, 0 off the allowed arcs: {x}")
                 ints = round_weights(x)
+                across = fallbacks if r.route.retry_policy.retry_priority.name == envoy_bootstrap.PREVIOUS_PRIORITIES else {}
                 wc = r.route.weighted_clusters
                 del wc.clusters[:]
                 for cell in config.cells:
                     if ints[cell.index] > 0:
-                        wc.clusters.add(name=cell.cluster_name).weight.value = ints[cell.index]
+                        wc.clusters.add(name=envoy_bootstrap.flow_cluster_name(config, cell.name, across)).weight.value = ints[cell.index]
 
 
 def native_assignment(cla: endpoint_pb2.ClusterLoadAssignment, config: Config, src: int,

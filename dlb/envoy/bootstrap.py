@@ -386,6 +386,11 @@ def _fallback_cluster(cluster: str, fallback: str) -> dict[str, Any]:
     }
 
 
+#: The retry priority of :func:`_cross_cell_retries`: a route carrying it retries across the cells of an
+#: aggregate cluster, so the control plane names aggregates in its weighted clusters (:func:`flow_cluster_name`).
+PREVIOUS_PRIORITIES = "envoy.retry_priorities.previous_priorities"
+
+
 def _cross_cell_retries() -> dict[str, Any]:
     """Once, on the other priority of the aggregate cluster (the fallback cell), without back-off
     worth speaking of: the fallback cell is healthy, the failure was the first cell's."""
@@ -393,7 +398,7 @@ def _cross_cell_retries() -> dict[str, Any]:
         "retry_on": CROSS_CELL_RETRY_ON,
         "retriable_status_codes": [503],
         "num_retries": 1,
-        "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
+        "retry_priority": {"name": PREVIOUS_PRIORITIES, "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
             "update_frequency": 1}},
         "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.02s"},
@@ -603,6 +608,26 @@ def fallback_weights(cfg: Config, cell: str) -> dict[str, int]:
     return {d.name: d.replicas for d in cfg.allowed_destinations(cell)}
 
 
+def flow_fallbacks(cfg: Config, cell: str) -> dict[str, str]:
+    """For each cell a root in ``cell`` may send to, the cell its native flow route retries on: the other
+    allowed cell nearest to the root (round trip from ``cell``, then config order); empty with one cell.
+
+    Fixed per (root, destination), so the aggregate clusters are static and a weight change is an RDS
+    push only. Nearest to the root because the root sends the retry: it adds the least time to a request
+    that already failed once, and it is the root's own cell when that is allowed. Always an allowed cell:
+    the aggregate's second priority, which also takes the traffic at once while every leaf of the first
+    fails its health check, can never be a cell this root may not send to."""
+    allowed = cfg.allowed_destinations(cell)
+    return {d.name: min((o for o in allowed if o is not d), key=lambda o: (cfg.rtt_ms(cell, o.name), o.index)).name
+            for d in allowed if len(allowed) > 1}
+
+
+def flow_cluster_name(cfg: Config, dest: str, fallbacks: Mapping[str, str]) -> str:
+    """The cluster a native flow route's weight for ``dest`` names: ``dest`` then its fallback, or the bare cell."""
+    fb = fallbacks.get(dest)
+    return fallback_cluster_name(cfg.cell(dest).cluster_name, cfg.cell(fb).cluster_name) if fb else cfg.cell(dest).cluster_name
+
+
 def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
     """Flow (Envoy samples the weights) or native-discrete (Envoy's least-request over cells) without
     affinity, on a root configured by the control plane; anything else takes the ext_proc."""
@@ -610,7 +635,8 @@ def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
 
 
 def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str],
-                     has_ext_proc: bool = True, pool: str | None = None) -> list[dict[str, Any]]:
+                     has_ext_proc: bool = True, pool: str | None = None,
+                     fallbacks: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One route per allowed cell (x-dlb-cell == cell-<name>), then the fail-open weighted route.
 
     Exact per-cell matches rather than ``cluster_header``: a pick naming an unknown or forbidden cell,
@@ -618,9 +644,12 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
     of a 503 or a request sent to the wrong place. Measured with cluster_header on Envoy 1.40: all
     three gave 503s (tests/e2e/test_envoy_configs.py::test_root_bad_pick_falls_back_to_weights).
     ``pool``: the fail-open route goes to this cluster instead of the weights (operator baselines).
+    ``fallbacks`` (:func:`flow_fallbacks`): a flow endpoint run natively weights aggregate clusters
+    (cell, fallback) and retries once on the fallback, as a root's pick does.
     """
     action = {"timeout": _duration(ep.timeout_s), "idle_timeout": _duration(ep.idle_timeout_s)}
-    clusters = [{"name": cfg.cell(name).cluster_name, "weight": int(w)} for name, w in weights.items() if w > 0]
+    across = fallbacks if fallbacks and _runs_natively(ep, native_flow) and not ep.policy.native and not pool else {}
+    clusters = [{"name": flow_cluster_name(cfg, name, across), "weight": int(w)} for name, w in weights.items() if w > 0]
     per_filter: dict[str, Any] = {}
     # Tell the root service which endpoint this is (gRPC metadata on the ext_proc stream).
     ext_proc_route: dict[str, Any] = {
@@ -664,7 +693,8 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
             "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_other_host_retries()) if native
-                      else dict(action, cluster=pool) if pool else dict(action, weighted_clusters={"clusters": clusters})),
+                      else dict(action, cluster=pool) if pool else dict(action, weighted_clusters={"clusters": clusters},
+                                                                        **({"retry_policy": _cross_cell_retries()} if across else {}))),
             "request_headers_to_add": add_endpoint,
             "typed_per_filter_config": per_filter,
         },
@@ -710,7 +740,9 @@ def root_bootstrap(
     operator = cfg.policy.weights in OPERATOR_BASELINES
     has_ext_proc = not operator and not all(_runs_natively(ep, native_flow) for ep in cfg.endpoints)
     pool = POOL_CLUSTER if cfg.policy.weights in POOL_KINDS else None
-    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed, has_ext_proc, pool)]
+    # Not for an operator baseline: it runs what Envoy alone would, without DLB's cross-cell retry.
+    fallbacks = {} if operator else flow_fallbacks(cfg, cell)
+    routes = [r for ep in cfg.endpoints for r in _endpoint_routes(ep, weights, cfg, native_flow, allowed, has_ext_proc, pool, fallbacks)]
     route_config = {
         "name": "dlb_root",
         # Stripped from client requests before any filter runs or any route is picked (docs/design.md §2).
@@ -738,8 +770,11 @@ def root_bootstrap(
         # dead leaf Envoy resets every request it held at once, and each must get its retry.
         cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
         clusters.append(_leaf_replica_health(cluster) if d.leaf.replicated else cluster)
-    if has_ext_proc:
-        clusters += [_fallback_cluster(a.cluster_name, b.cluster_name) for a in dests for b in dests if a is not b]
+    # Aggregates (cell, fallback): every ordered pair for the root's picks, each cell's fallback for native flow.
+    pairs = [(a.name, b.name) for a in dests for b in dests if a is not b] if has_ext_proc else []
+    if any(_runs_natively(ep, native_flow) and not ep.policy.native for ep in cfg.endpoints):
+        pairs += [p for p in fallbacks.items() if p not in pairs]
+    clusters += [_fallback_cluster(cfg.cell(a).cluster_name, cfg.cell(b).cluster_name) for a, b in pairs]
     clusters += [native_discrete_cluster(ep.name, dests) for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]
     if pool:
         base = _cluster(POOL_CLUSTER, [(r.address, 1) for d in dests for r in d.leaf.all_replicas()], lb_policy="LEAST_REQUEST")

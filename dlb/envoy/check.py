@@ -76,6 +76,12 @@ def cluster_addresses(cluster: Any) -> list[HostPort]:
     return out
 
 
+def _cells(cluster: str) -> list[str]:
+    """The ``cell-<name>`` clusters a cluster name stands for: itself, or both cells of an aggregate ``cell-a.or.b``."""
+    first, _, then = cluster.partition(".or.")
+    return [first, "cell-" + then] if then else [first]
+
+
 class _Check:
     def __init__(self, boot: Any, cfg: Config) -> None:
         self.boot, self.cfg = boot, cfg
@@ -191,8 +197,7 @@ class _Check:
         for cluster, (i, _) in self.clusters.items():
             if not isinstance(cluster, str) or not cluster.startswith("cell-"):
                 continue
-            first, _, then = cluster.partition(".or.")  # a cell + fallback (aggregate) names two cells
-            for name in [first, "cell-" + then] if then else [first]:
+            for name in _cells(cluster):
                 if name not in allowed_names:
                     known = name.removeprefix("cell-") in cfg.cell_names
                     self.bad(f"static_resources.clusters[{i}]", f"cluster {cluster!r}: " + (
@@ -265,8 +270,8 @@ class _Check:
                     if wc is None:
                         self.bad(f"{path}.route", f"endpoint {ep.name}'s fail-open route must use weighted_clusters "
                                  "(the control plane's flow weights replace them over RDS)")
-                    for wi, c in enumerate(_list(wc)):
-                        if _get(c, "name") not in allowed:
+                    for wi, c in enumerate(_list(wc)):  # a cell, or a cell and its fallback (native flow)
+                        if not set(_cells(str(_get(c, "name")))) <= allowed:
                             self.bad(f"{path}.route.weighted_clusters.clusters[{wi}]", f"{_get(c, 'name')!r} is not a cell this root may send to")
             where = f"endpoints[{cfg.endpoints.index(ep)}] ({ep.name}, prefix {prefix})"
             for name in sorted(allowed - set(picked)):

@@ -135,3 +135,16 @@ def test_an_operator_baseline_runs_the_rows_it_has_a_part_for(tmp_path, capsys) 
     # What a baseline loses is what this bench measures, not a target it must meet: served most of it.
     assert ran["run_rows"][0]["ok"] > 0.5 * ran["sent"][0], ran
     assert code in (0, 1)
+
+
+def test_native_flow_killed_leaf_envoy_loses_only_streams_already_answering() -> None:
+    """A flow endpoint run natively (no root service: the root Envoy samples the control plane's weights)
+    weights each cell with its fallback cell; a request whose connection to the dead leaf Envoy fails, or
+    is reset before any response header, is retried once there. Only streams whose answer had started are
+    lost, as when the root service picks."""
+    row = run_one("leaf_envoy", "least_request",
+                  FaultLoad(rate=20.0, fault_at_s=3.0, outage_s=3.0, after_s=6.0, cells=(2, 2), policy="Flow-RIF", native=True))
+    print(row)
+    assert row["sent"] > 150 and row["pre_share"], row  # cell a served before the kill
+    lost = {c: n for c, n in row["failure_codes"].items() if c not in ANSWERING}
+    assert not lost, row

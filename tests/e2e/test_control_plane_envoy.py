@@ -108,7 +108,8 @@ async def _follows(cp: ControlPlane, envoy: EnvoyProcess, make_config, ports: di
     assert got["CDS"] == v1 and got["LDS"] == v1
     # Its one endpoint is flow without affinity, which runs natively (weighted_clusters): a root whose every
     # endpoint runs natively gets no ext_proc filter and no ext_proc cluster at all (issue 11, root-native).
-    assert got["clusters"] == ["cell-a", "cell-b"]
+    # Each cell, and each with its fallback (the route retries there once).
+    assert got["clusters"] == ["cell-a", "cell-a.or.b", "cell-b", "cell-b.or.a"]
     share = await split(root_port)
     assert set(share) == {"a", "b"}  # Rand's start: by replicas (1:1)
     assert abs(share["a"] - 0.5) < TOLERANCE
@@ -128,7 +129,7 @@ async def _follows(cp: ControlPlane, envoy: EnvoyProcess, make_config, ports: di
     cp.reload(load_config(write_config(make_config, ports, root_port, ext_proc_port)))
     v3 = set_weights(cp, [0.4, 0.3, 0.3])
     await wait_for(lambda: dump_versions(envoy).get("RDS") == [v3], what="3-cell version")
-    assert dump_versions(envoy)["clusters"] == ["cell-a", "cell-b", "cell-c"]
+    assert _cells(dump_versions(envoy)["clusters"]) == ["cell-a", "cell-b", "cell-c"]
     share = await split(root_port)
     assert set(share) == {"a", "b", "c"} and abs(share["c"] - 0.3) < TOLERANCE, share
 
@@ -136,7 +137,7 @@ async def _follows(cp: ControlPlane, envoy: EnvoyProcess, make_config, ports: di
     cp.reload(load_config(write_config(make_config, {"a": ports["a"], "c": ports["c"]}, root_port, ext_proc_port)))
     v4 = set_weights(cp, [0.5, 0.5])
     await wait_for(lambda: dump_versions(envoy).get("CDS") == v4 and dump_versions(envoy).get("RDS") == [v4], what="cell removal")
-    assert dump_versions(envoy)["clusters"] == ["cell-a", "cell-c"]
+    assert dump_versions(envoy)["clusters"] == ["cell-a", "cell-a.or.c", "cell-c", "cell-c.or.a"]
     share = await split(root_port, 200)
     assert set(share) == {"a", "c"}, share
     assert rejected(envoy) == 0  # every valid version accepted
@@ -200,6 +201,18 @@ async def _flow_loop_scenario(make_config, control_plane, start_envoy, leaves) -
                 await s.stop(None)
 
 
+def _cells(clusters: list[str]) -> list[str]:
+    """The cell clusters, once every aggregate (``cell-a.or.b``) is checked to name two of them."""
+    cells = [c for c in clusters if ".or." not in c]
+    assert all({a, "cell-" + b} <= set(cells) for a, _, b in (c.partition(".or.") for c in clusters if ".or." in c)), clusters
+    return cells
+
+
+def _by_cell(clusters: list[dict]) -> dict[str, int]:
+    """A native flow route's weights by cell: each entry is a cell's aggregate with its fallback (``cell-a.or.b``)."""
+    return {c["name"].split(".or.")[0]: c["weight"] for c in clusters}
+
+
 async def _flow_weights_reach(cp: ControlPlane, envoy: EnvoyProcess, root_port: int) -> None:
     """The flow scenario proper: the control plane's weights move toward the idle cell, in Envoy and in traffic."""
     def b_share_in_config() -> float:
@@ -207,7 +220,7 @@ async def _flow_weights_reach(cp: ControlPlane, envoy: EnvoyProcess, root_port: 
         for cfg_ in dump["configs"]:
             for r in cfg_["route_config"]["virtual_hosts"][0]["routes"]:
                 if r["name"] == "gen-fallback":
-                    w = {c["name"]: c["weight"] for c in r["route"]["weighted_clusters"]["clusters"]}
+                    w = _by_cell(r["route"]["weighted_clusters"]["clusters"])
                     return w.get("cell-b", 0) / sum(w.values())
         return 0.0
 
@@ -273,7 +286,7 @@ async def _two_roots_scenario(make_config, control_plane, start_envoy, leaves) -
         for cfg_ in dump["configs"]:
             for route in cfg_["route_config"]["virtual_hosts"][0]["routes"]:
                 if route["name"] == "gen-fallback":
-                    w = {c["name"]: c["weight"] for c in route["route"]["weighted_clusters"]["clusters"]}
+                    w = _by_cell(route["route"]["weighted_clusters"]["clusters"])
                     v = np.array([w.get(f"cell-{c}", 0) for c in names], float)
                     return v / v.sum()
         return np.zeros(len(names))

@@ -109,3 +109,15 @@ def test_policy_names_an_operator_baseline_or_a_dlb_policy() -> None:
     args = argparse.Namespace(faults="root_service", modes="ext_proc", policy="lr-global,hub-scor", runs=1, cells="2,2")
     with pytest.raises(UsageError, match=r"unknown policy 'hub-scor'; one of .*lr-global, locality-failover, hub-score"):
         run(args)
+
+
+def test_native_runs_flow_policies_only() -> None:
+    """``--native``: only a flow policy runs without a root service (a discrete one needs the root's picks)."""
+    import argparse
+
+    from dlb.bench.faults import run
+    from dlb.errors import UsageError
+
+    args = argparse.Namespace(faults="leaf_envoy", modes="least_request", policy="Flow-RIF,Disc-RIF", runs=1, cells="2,2", native=True)
+    with pytest.raises(UsageError, match=r"--native: flow policies only \(Flow-Grad, Flow-Lat, Flow-RIF\), got Flow-RIF,Disc-RIF"):
+        run(args)

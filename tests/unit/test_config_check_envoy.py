@@ -36,6 +36,7 @@ def test_shipped_templates_agree_with_their_dlb_config(capsys: pytest.CaptureFix
 def test_every_rendered_bootstrap_agrees(cell: str) -> None:
     assert check_bootstrap(root_bootstrap(CFG, cell, admin_port=9901), CFG) == []
     assert check_bootstrap(root_bootstrap(CFG, cell, admin_port=9901, ready_port=9902), CFG) == []
+    assert check_bootstrap(root_bootstrap(CFG, cell, admin_port=9901, native_flow=True), CFG) == []  # aggregates in the weights
     assert check_bootstrap(leaf_bootstrap(CFG, cell, admin_port=9901, emulate_wan=True, access_log=True), CFG) == []
 
 
@@ -129,6 +130,9 @@ ROOT_MISTAKES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
     ("fail-open first", _fallback_first, f"{HCM}.route_config.virtual_hosts[0].routes[0]", "picks never apply"),
     ("fallback to a forbidden cell", lambda b: next(r for r in _routes(b) if r["name"] == "embed-fallback")["route"]
      ["weighted_clusters"]["clusters"].append({"name": "cell-mars", "weight": 1}),
+     f"{HCM}.route_config.virtual_hosts[0].routes[7].route.weighted_clusters.clusters[3]", "not a cell this root may send to"),
+    ("native fallback to a forbidden cell", lambda b: next(r for r in _routes(b) if r["name"] == "embed-fallback")["route"]
+     ["weighted_clusters"]["clusters"].append({"name": "cell-us-east1.or.mars", "weight": 1}),
      f"{HCM}.route_config.virtual_hosts[0].routes[7].route.weighted_clusters.clusters[3]", "not a cell this root may send to"),
     ("listener port", _set(lambda b: b["static_resources"]["listeners"][0]["address"]["socket_address"], "port_value", 10009),
      "static_resources.listeners[0].address.socket_address.port_value", "127.0.0.1:10000"),

@@ -52,6 +52,11 @@ def test_operator_roots_have_no_ext_proc_and_one_fallback_route_per_endpoint(tmp
     fallback = [r for r in routes if r["name"].endswith("-fallback")]
     if kind == "hub-score":
         assert all("weighted_clusters" in r["route"] for r in fallback) and POOL_CLUSTER not in clusters
+        # What Envoy alone runs, as the control plane serves it: the bare cells, no cross-cell retry of DLB's.
+        native = [r for r in routes_and_clusters(envoy_bootstrap.root_bootstrap(cfg, "us-east1", admin_port=0, native_flow=True))[0]
+                  if r["name"].endswith("-fallback")]
+        assert all(".or." not in c["name"] for r in native for c in r["route"]["weighted_clusters"]["clusters"])
+        assert all("retry_policy" not in r["route"] for r in native)
     else:
         assert all(r["route"]["cluster"] == POOL_CLUSTER for r in fallback)
         assert clusters[POOL_CLUSTER]["lb_policy"] == "LEAST_REQUEST"

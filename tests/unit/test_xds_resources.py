@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import json_format
 
@@ -72,18 +73,61 @@ def test_flow_weights_land_on_the_flow_route_only(cfg) -> None:
     rs = er.root_resources(cfg, "us-east1", {"embed": np.array([0.7, 0.2999, 0.0001])})
     routes = {r.name: r for r in rs.routes[0].virtual_hosts[0].routes}
     flow = {w.name: w.weight.value for w in routes["embed-fallback"].route.weighted_clusters.clusters}
-    assert flow == {"cell-us-east1": 7000, "cell-us-west1": 2999, "cell-eu-west1": 1}
+    # Each cell with its fallback (the embed endpoint runs natively: test_native_flow_retries_once_on_each_cells_fallback).
+    assert flow == {"cell-us-east1.or.us-west1": 7000, "cell-us-west1.or.us-east1": 2999, "cell-eu-west1.or.us-east1": 1}
     disc = {w.name: w.weight.value for w in routes["llama-8b-fallback"].route.weighted_clusters.clusters}
     # Discrete endpoints keep the replica-weighted fail-open split (3, 2, 2 servers).
     assert disc == {"cell-us-east1": 3, "cell-us-west1": 2, "cell-eu-west1": 2}
     # A zero weight drops the cluster from the route; residency violations are refused.
     rs = er.root_resources(cfg, "us-east1", {"embed": np.array([1.0, 0.0, 0.0])})
     routes = {r.name: r for r in rs.routes[0].virtual_hosts[0].routes}
-    assert [w.name for w in routes["embed-fallback"].route.weighted_clusters.clusters] == ["cell-us-east1"]
+    assert [w.name for w in routes["embed-fallback"].route.weighted_clusters.clusters] == ["cell-us-east1.or.us-west1"]
     with pytest.raises(ValueError, match="allowed"):
         er.root_resources(cfg, "eu-west1", {"embed": np.array([0.5, 0.0, 0.5])})
     with pytest.raises(ValueError, match="not a flow endpoint"):
         er.root_resources(cfg, "us-east1", {"llama-8b": np.array([1.0, 0.0, 0.0])})
+
+
+def test_native_flow_retries_once_on_each_cells_fallback(cfg) -> None:
+    """A native flow route weights aggregates (cell, fallback) and retries once on the fallback, on the
+    bootstrap and over xDS alike; the fallback is the allowed cell nearest the root, never a forbidden one."""
+    # From us-east1: us-west1 is 62 ms round trip, eu-west1 76 ms; from the others the root's own cell is nearest.
+    assert envoy_bootstrap.flow_fallbacks(cfg, "us-east1") == {"us-east1": "us-west1", "us-west1": "us-east1", "eu-west1": "us-east1"}
+    assert envoy_bootstrap.flow_fallbacks(cfg, "eu-west1") == {}  # residency: it may send to itself only
+    rs = er.root_resources(cfg, "us-east1")
+    clusters = {c.name: c for c in rs.clusters}
+    route = next(r for r in rs.routes[0].virtual_hosts[0].routes if r.name == "embed-fallback").route
+    names = [w.name for w in route.weighted_clusters.clusters]
+    assert names == ["cell-us-east1.or.us-west1", "cell-us-west1.or.us-east1", "cell-eu-west1.or.us-east1"]
+    for name in names:
+        agg = aggregate_pb2.ClusterConfig()
+        clusters[name].cluster_type.typed_config.Unpack(agg)
+        first, fb = name.split(".or.")
+        assert list(agg.clusters) == [first, "cell-" + fb]
+    policy = route.retry_policy
+    assert (policy.retry_on, policy.num_retries.value, list(policy.retriable_status_codes)) == (envoy_bootstrap.CROSS_CELL_RETRY_ON, 1, [503])
+    assert policy.retry_priority.name == envoy_bootstrap.PREVIOUS_PRIORITIES
+    # The control plane's weights keep the names, and every name is a cluster of the set.
+    for x in ([0.0, 0.4, 0.6], [1.0, 0.0, 0.0]):
+        rs = er.root_resources(cfg, "us-east1", {"embed": np.array(x)})
+        route = next(r for r in rs.routes[0].virtual_hosts[0].routes if r.name == "embed-fallback").route
+        assert {w.name for w in route.weighted_clusters.clusters} <= set(names) and route.retry_policy.retry_priority.name
+    # One allowed cell: nothing to retry on, the bare cell.
+    eu = next(r for r in er.root_resources(cfg, "eu-west1").routes[0].virtual_hosts[0].routes if r.name == "embed-fallback").route
+    assert [w.name for w in eu.weighted_clusters.clusters] == ["cell-eu-west1"] and not eu.HasField("retry_policy")
+    # Discrete endpoints' fail-open routes are unchanged: bare cells.
+    disc = next(r for r in rs.routes[0].virtual_hosts[0].routes if r.name == "llama-8b-fallback").route
+    assert ".or." not in " ".join(w.name for w in disc.weighted_clusters.clusters) and not disc.HasField("retry_policy")
+
+
+def test_a_root_of_native_flow_only_has_just_the_aggregates_its_route_names(cfg) -> None:
+    """No ext_proc, so no pairs for picks: one aggregate per allowed cell, each named by the route."""
+    only = replace(cfg, endpoints=tuple(ep for ep in cfg.endpoints if ep.name == "embed"))
+    rs = er.root_resources(only, "us-east1")
+    aggregates = sorted(c.name for c in rs.clusters if ".or." in c.name)
+    route = rs.routes[0].virtual_hosts[0].routes[-1].route
+    assert aggregates == sorted(w.name for w in route.weighted_clusters.clusters) and len(aggregates) == 3
+    assert "dlb_root_ext_proc" not in {c.name for c in rs.clusters}
 
 
 def test_check_references_rejects_dangling_routes(cfg) -> None:
