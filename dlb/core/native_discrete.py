@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlb.core.costs import Cost
+from dlb.core.envoy_lb import LEAST_REQUEST, EnvoyLb
 from dlb.core.router import NO_CELL, RootRouter
 
 #: The largest EDS weight written (the smallest is 1: Envoy refuses 0).
@@ -71,22 +72,32 @@ class NativeDiscreteRoot:
     """A root Envoy under ``native-discrete`` as the simulator runs it (time passed in, no I/O).
 
     Two parts, as deployed: the control plane's discrete ``router`` (probes in, no requests booked: it
-    sees none) turned into :func:`native_weights` every ``period_s`` (the flow loop's cadence); and the
-    root Envoy's ``LEAST_REQUEST`` over the cells with those weights, whose effective weight is
-    ``w_j / (active_j + 1)`` with ``active_j`` this root's own requests at cell j not answered yet.
-    Envoy serves effective weights by earliest-deadline scheduling; a draw in proportion to them is
-    the same share per request without its state.
+    sees none) turned into :func:`native_weights` every ``period_s`` (the EDS push cadence); and the
+    root Envoy's ``lb_policy`` over the cells with those weights (:class:`~dlb.core.envoy_lb.EnvoyLb`:
+    Envoy's schedule and, under ``LEAST_REQUEST``, its active counts).
     """
 
-    def __init__(self, router: RootRouter, rng: np.random.Generator, period_s: float = 0.2) -> None:
+    def __init__(self, router: RootRouter, rng: np.random.Generator, period_s: float = 0.2,
+                 sharpness: float = SHARPNESS, lb_policy: str = LEAST_REQUEST, active_request_bias: float = 1.0) -> None:
         self.router = router
-        self.rng = rng
         self.period_s = period_s
+        self.sharpness = sharpness
         self.offset = cost_offset(router.policy.cost)
         self.on_probe = router.on_probe  # probes go to the control plane's router as they are
-        self.active = np.zeros(len(router.allowed))
-        self._w = np.where(router.allowed, router.replicas, 0.0)
+        self.envoy = EnvoyLb(np.where(router.allowed, router.replicas, 0.0), rng, lb_policy, active_request_bias)
+        self._pushed: NativeWeights | None = None
         self._due = -math.inf
+
+    @property
+    def active(self) -> np.ndarray:
+        """This Envoy's requests in flight per cell (its ``rq_active``)."""
+        return self.envoy.active
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The weights Envoy applies now per cell (0: not a candidate; replicas until the first refresh)."""
+        w = self.envoy.weights
+        return np.where(self._pushed.healthy, w, 0.0) if self._pushed is not None else w
 
     def tick(self, now: float) -> None:
         self.router.tick(now)
@@ -95,22 +106,18 @@ class NativeDiscreteRoot:
 
     def _refresh(self, now: float) -> None:
         r = self.router
-        nw = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, self.offset)
-        self._w = np.where(nw.healthy, np.asarray(nw.weights, dtype=float), 0.0)
+        nw = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, self.offset, self.sharpness)
+        if nw != self._pushed:  # the control plane pushes only a changed assignment; Envoy rebuilds on each
+            self.envoy.update(np.asarray(nw.weights, dtype=float), np.asarray(nw.healthy))
+            self._pushed = nw
         self._due = now + self.period_s
 
     def pick(self, now: float, session: str | None = None) -> int:
         if now >= self._due:
             self._refresh(now)
-        eff = self._w / (self.active + 1.0)
-        total = float(eff.sum())
-        if total <= 0.0:
-            return NO_CELL
-        j = int(np.searchsorted(np.cumsum(eff), self.rng.random() * total, side="right"))
-        j = min(j, len(eff) - 1)
-        self.active[j] += 1
-        return j
+        h = self.envoy.pick()
+        return NO_CELL if h < 0 else h
 
     def on_cell_reply(self, now: float, cell: int, ok: bool) -> None:
         """The answer to a request this root sent to ``cell`` arrived (or its failure did)."""
-        self.active[cell] -= 1
+        self.envoy.answered(cell)

@@ -131,9 +131,9 @@ def test_a_simulated_native_root_spreads_by_weight_over_its_own_active_requests(
     root.on_cell_reply(0.1, 0, True)
     assert root.active[0] == picks.count(0) - 1
     root.on_probe(1, 0.5, 30.0, replicas=1.0)  # b looks loaded, but the weights wait for the refresh
-    assert list(root._w) == [1000.0, 1000.0]
+    assert list(root.weights) == [1000.0, 1000.0]
     root.tick(1.0)
-    assert root._w[1] < root._w[0] / 100
+    assert root.weights[1] < root.weights[0] / 100
 
 
 def test_the_simulator_runs_native_discrete_without_leaking_active_requests(monkeypatch) -> None:
