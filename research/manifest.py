@@ -41,6 +41,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                             "Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad --json FILE"),
     ("compare-stress/twin/steady-*s-*", "dlb bench sim-twin --scenarios steady --policies hub-score,Disc-Lat,Flow-Lat,Flow-Grad "
                                         "--duration D --json FILE (D in FILE's name)"),
+    ("compare-stress/twin/native-discrete-rr-*", ".venv/bin/python research/compare-stress/native_tune.py twin hub-score,lr-global,"
+                                                 "locality-failover,Disc-RIF,Disc-Lat,Disc-Grad,Disc-RIF-native,Disc-Lat-native,"
+                                                 "Disc-Grad-native,Disc-{RIF,Lat,Grad}-native[g=32;lb=ROUND_ROBIN] FILE "
+                                                 "(research/native-discrete-rule.md)"),
     ("compare-stress/twin/native-discrete-*", "dlb bench sim-twin --policies hub-score,lr-global,locality-failover,Disc-RIF,Disc-Lat,"
                                               "Disc-Grad,Disc-RIF-native,Disc-Lat-native,Disc-Grad-native --json FILE"),
     ("compare-stress/coldstart/tune-twin-*", "python research/compare-stress/coldstart.py --seeds 101-103 --warmup 5,10,20 "

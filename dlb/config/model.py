@@ -21,6 +21,7 @@ from dlb.core.aversion import AversionConfig
 from dlb.core.costs import Cost
 from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
+from dlb.core.native_discrete import DEFAULT_PICK
 from dlb.core.router import Mechanism, PolicyConfig
 from dlb.core.shedding import ShedConfig
 from dlb.core.topology import Topology
@@ -299,9 +300,11 @@ class Policy:
     aversion: AversionParams = field(default_factory=AversionParams)
     affinity: AffinityParams = field(default_factory=AffinityParams)
     shed: ShedParams = field(default_factory=ShedParams)
-    #: ``native-discrete``: the discrete mechanism run by the root Envoy itself (least-request over the
-    #: cells, weights from the control plane's probes; :mod:`dlb.control_plane.native_discrete`).
+    #: ``native-discrete``: the discrete mechanism run by the root Envoy itself (its load balancer over the
+    #: cells, weights from the control plane's probes; :mod:`dlb.core.native_discrete`).
     native: bool = False
+    #: ``native-discrete``'s ``pick`` (:data:`dlb.core.native_discrete.PICKS`).
+    native_pick: str = DEFAULT_PICK
 
     def to_core(self, probe: ProbeParams) -> PolicyConfig:
         """The routing core's policy object (seconds, its own field names) for this endpoint."""

@@ -38,6 +38,7 @@ from dlb.config.model import (
     ShedParams,
 )
 from dlb.config.yaml_nodes import join
+from dlb.core.native_discrete import DEFAULT_PICK, PICKS
 
 DEPLOYMENT, ENDPOINT = "deployment", "endpoint"
 HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")  # RFC 9110 token, lower case (HTTP/2 form)
@@ -56,6 +57,8 @@ class MechanismParams:
 
     cost: Cost = Cost.LATENCY
     flow: FlowParams = field(default_factory=FlowParams)
+    #: ``native-discrete``: Envoy's pick over the cells (:data:`dlb.core.native_discrete.PICKS`).
+    pick: str = DEFAULT_PICK
 
 
 @dataclass(frozen=True)
@@ -126,12 +129,16 @@ def flow_params(ck: Checker, raw: Any, path: str) -> FlowParams:
 def _mechanism(flow: bool, native: bool = False) -> Callable[[Checker, Any, str], MechanismParams]:
     """``native``: discrete, with ``period_ms`` the control plane's weight refresh (the flow step's clock)."""
     def check(ck: Checker, raw: Any, path: str) -> MechanismParams:
-        keys = ("cost", *FLOW_KEYS) if flow else ("cost", "period_ms") if native else ("cost",)
+        keys = ("cost", *FLOW_KEYS) if flow else ("cost", "period_ms", "pick") if native else ("cost",)
         m = ck.mapping(raw, path, keys)
         cost = ck.choice(m, "cost", path, Cost, MechanismParams.cost)
         timing = {k: m[k] for k in FLOW_KEYS if k in m}
         fp = flow_params(ck, timing, path) if flow or native else FlowParams()
-        return MechanismParams(cost=cost, flow=fp)
+        pick = ck.string(m, "pick", path, DEFAULT_PICK)
+        if pick not in PICKS:
+            ck.err(join(path, "pick"), f"{show(pick)} is not one of: {', '.join(PICKS)}")
+            pick = DEFAULT_PICK
+        return MechanismParams(cost=cost, flow=fp, pick=pick)
     return check
 
 
@@ -203,7 +210,7 @@ REGISTRY: dict[str, PluginType] = {t.name: t for t in (
     PluginType("discrete", "mechanism", ENDPOINT, MechanismParams, _mechanism(False), "the root picks a cell per request"),
     PluginType("flow", "mechanism", ENDPOINT, MechanismParams, _mechanism(True), "the root splits by projected-gradient weights"),
     PluginType(NATIVE_DISCRETE, "mechanism", ENDPOINT, MechanismParams, _mechanism(False, native=True),
-               "the root Envoy picks a cell per request itself: least-request over cells, weighted from probes (no ext_proc call)"),
+               "the root Envoy picks a cell per request itself: its load balancer over cells, weighted from probes (no ext_proc call)"),
     PluginType("aversion", "aversion", ENDPOINT, AversionParams, aversion_params, "skip cells whose error rate is high"),
     PluginType("affinity", "affinity", ENDPOINT, AffinityParams, affinity_params, "conditional session affinity on a header"),
     PluginType("shed", "shed", ENDPOINT, ShedParams, shed_params, "answer 429 + retry-after when every usable cell is saturated"),
@@ -274,7 +281,8 @@ def endpoint_policy(ck: Checker, raw: Any, path: str) -> Policy:
         d = Policy()
         mech_name, mech = slots.get("mechanism", (d.mechanism.value, MechanismParams()))
         native = mech_name == NATIVE_DISCRETE
-        return Policy(mechanism=Mechanism.DISCRETE if native else Mechanism(mech_name), native=native, cost=mech.cost, flow=mech.flow,
+        return Policy(mechanism=Mechanism.DISCRETE if native else Mechanism(mech_name), native=native, native_pick=mech.pick,
+                      cost=mech.cost, flow=mech.flow,
                       aversion=slots.get("aversion", ("", d.aversion))[1], affinity=slots.get("affinity", ("", d.affinity))[1],
                       shed=slots.get("shed", ("", d.shed))[1])
     m = ck.mapping(raw, path, OLD_ENDPOINT_KEYS)
@@ -297,7 +305,7 @@ def policy_plugins(policy: Policy) -> list[dict[str, Any]]:
         if policy.flow.warmup_s is not None:
             mech["warmup_s"] = policy.flow.warmup_s
     elif policy.native:
-        mech |= {"period_ms": policy.flow.period_ms}
+        mech |= {"period_ms": policy.flow.period_ms, "pick": policy.native_pick}
     a, f, sh = policy.aversion, policy.affinity, policy.shed
     return [{"type": NATIVE_DISCRETE if policy.native else policy.mechanism.value, "parameters": mech},
             {"type": "aversion", "parameters": {"enabled": a.enabled, "margin": a.margin, "gain": a.gain, "decay": a.decay,

@@ -28,7 +28,7 @@ import numpy as np
 
 from dlb.core.aversion import AversionConfig, RecentErrors, update_aversion
 from dlb.core.latency_model import LatencyParams
-from dlb.core.native_discrete import NativeWeights, cost_offset, native_weights
+from dlb.core.native_discrete import DEFAULT_PICK, PICKS, NativeWeights, cost_offset, native_weights
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 
@@ -39,8 +39,10 @@ class FlowEndpoint:
     policy: PolicyConfig
     prior: LatencyParams
     cell_priors: Mapping[str, LatencyParams] = field(default_factory=dict)
-    #: ``native-discrete``: a discrete router whose costs become the root Envoy's least-request weights.
+    #: ``native-discrete``: a discrete router whose costs become the root Envoy's weights.
     native: bool = False
+    #: ``native-discrete``'s ``pick``: the sharpness of its weights (:data:`dlb.core.native_discrete.PICKS`).
+    native_pick: str = DEFAULT_PICK
 
 
 @dataclass
@@ -145,8 +147,9 @@ class FlowController:
         for ep in self.endpoints:
             if not ep.native:
                 continue
-            offset = cost_offset(ep.policy.cost)
+            offset, gamma = cost_offset(ep.policy.cost), PICKS[ep.native_pick][1]
             for src in self.sources:
                 r = self.routers[(ep.name, src)]
-                out.setdefault(ep.name, {})[src] = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, offset)
+                out.setdefault(ep.name, {})[src] = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed,
+                                                                  offset, gamma)
         return out

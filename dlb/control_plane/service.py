@@ -157,7 +157,8 @@ class ControlPlane:
         self.config = config
         topo = config.topology()
         # Flow endpoints, and native-discrete ones (their routers' costs become the root Envoys' EDS weights).
-        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core(), ep.cell_priors(), ep.policy.native)
+        flow_eps = [FlowEndpoint(ep.name, ep.policy.to_core(config.probe), ep.latency_prior.to_core(), ep.cell_priors(), ep.policy.native,
+                                 ep.policy.native_pick)
                     for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW or ep.policy.native]
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
         self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]

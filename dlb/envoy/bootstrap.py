@@ -32,6 +32,7 @@ from dlb.config.hostport import is_ip
 from dlb.config.model import CELL_CLUSTER_PREFIX, OPERATOR_BASELINES, AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
+from dlb.core.native_discrete import DEFAULT_PICK, PICKS
 from dlb.envoy import contract as _h
 from dlb.envoy import replies
 from dlb.envoy.als import add_leaf_access_log
@@ -344,16 +345,17 @@ NATIVE_CLUSTER_PREFIX = "dlb-native."
 
 
 def native_cluster_name(endpoint: str) -> str:
-    """The cluster Envoy's least-request picks cells from for a ``native-discrete`` endpoint."""
+    """The cluster Envoy's load balancer picks cells from for a ``native-discrete`` endpoint."""
     return NATIVE_CLUSTER_PREFIX + endpoint
 
 
-def native_discrete_cluster(endpoint: str, dests: list[Any]) -> dict[str, Any]:
-    """Cells as hosts, LEAST_REQUEST: per request Envoy takes the cell with the most weight per active
-    request (``weight / (active + 1)``), weights refreshed by the control plane over EDS from probes
-    (replica counts until then). Panic mode off: a cell the control plane marks unusable is never
-    picked while another is usable (the control plane never marks them all)."""
-    cluster = _cluster(native_cluster_name(endpoint), [(d.leaf.address, d.replicas) for d in dests], lb_policy="LEAST_REQUEST")
+def native_discrete_cluster(endpoint: str, dests: list[Any], pick: str = DEFAULT_PICK) -> dict[str, Any]:
+    """Cells as hosts, with the ``lb_policy`` of the endpoint's ``pick`` (:data:`dlb.core.native_discrete.PICKS`:
+    ``LEAST_REQUEST``, each weight divided by the cell's active requests + 1, or ``ROUND_ROBIN``, the
+    weights alone), weights refreshed by the control plane over EDS from probes (replica counts until
+    then). Panic mode off: a cell the control plane marks unusable is never picked while another is
+    usable (the control plane never marks them all)."""
+    cluster = _cluster(native_cluster_name(endpoint), [(d.leaf.address, d.replicas) for d in dests], lb_policy=PICKS[pick][0])
     cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
     cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
     return cluster
@@ -629,7 +631,7 @@ def flow_cluster_name(cfg: Config, dest: str, fallbacks: Mapping[str, str]) -> s
 
 
 def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
-    """Flow (Envoy samples the weights) or native-discrete (Envoy's least-request over cells) without
+    """Flow (Envoy samples the weights) or native-discrete (Envoy's load balancer over cells) without
     affinity, on a root configured by the control plane; anything else takes the ext_proc."""
     return native_flow and (ep.policy.mechanism is Mechanism.FLOW or ep.policy.native) and not ep.policy.affinity.enabled
 
@@ -775,7 +777,8 @@ def root_bootstrap(
     if any(_runs_natively(ep, native_flow) and not ep.policy.native for ep in cfg.endpoints):
         pairs += [p for p in fallbacks.items() if p not in pairs]
     clusters += [_fallback_cluster(cfg.cell(a).cluster_name, cfg.cell(b).cluster_name) for a, b in pairs]
-    clusters += [native_discrete_cluster(ep.name, dests) for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]
+    clusters += [native_discrete_cluster(ep.name, dests, ep.policy.native_pick)
+                 for ep in cfg.endpoints if _runs_natively(ep, native_flow) and ep.policy.native]
     if pool:
         base = _cluster(POOL_CLUSTER, [(r.address, 1) for d in dests for r in d.leaf.all_replicas()], lb_policy="LEAST_REQUEST")
         clusters.append(pool_cluster(base, cfg, me.name, cfg.policy.weights, leaf_prefixes(cfg)[0]))

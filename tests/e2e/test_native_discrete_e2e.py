@@ -1,10 +1,11 @@
 """``native-discrete`` under ``dlb up``: the root Envoy picks the cell itself and routes away from a slow one.
 
 Two cells of one emulated server each; cell b's server runs 6x slower. The endpoint's mechanism is
-``native-discrete``: no ext_proc on the root Envoy, which picks by least-request over the two leaves,
-weighted by the control plane from the leaves' probes (fitted latency). Rule: after the models have
-seen traffic, most requests go to the fast cell, the root Envoy's weight for the slow cell is below
-the fast one's (the control plane's decision reached Envoy), and nothing fails.
+``native-discrete``: no ext_proc on the root Envoy, which picks with its own load balancer over the
+two leaves (the ``pick``: least-request or weighted round robin), weighted by the control plane from
+the leaves' probes (fitted latency). Rule: after the models have seen traffic, most requests go to
+the fast cell, the root Envoy's weight for the slow cell is below the fast one's (the control plane's
+decision reached Envoy), the cluster has the pick's ``lb_policy``, and nothing fails.
 """
 
 from __future__ import annotations
@@ -38,9 +39,21 @@ RUN_S = 40.0  # long enough for the slow cell's model to be fitted on a crowded 
 PERIOD_MS = float(os.environ.get("DLB_TEST_NATIVE_PERIOD_MS", "200"))
 
 
-def _native(cfg: dict) -> None:
+def _native(cfg: dict, pick: str) -> None:
     for ep in cfg["endpoints"]:
-        ep["policy"] = {"plugins": [{"type": "native-discrete", "parameters": {"cost": "latency", "period_ms": PERIOD_MS}}]}
+        ep["policy"] = {"plugins": [{"type": "native-discrete", "parameters": {"cost": "latency", "period_ms": PERIOD_MS, "pick": pick}}]}
+
+
+def _lb_policy(admin: str) -> str:
+    """The native cluster's ``lb_policy`` as the root Envoy holds it (admin /config_dump; absent = ROUND_ROBIN)."""
+    import json
+
+    with urllib.request.urlopen(f"http://{admin}/config_dump?resource=dynamic_active_clusters", timeout=5) as r:
+        dump = json.loads(r.read().decode())
+    for c in dump["configs"]:
+        if c["cluster"]["name"] == "dlb-native.chat":
+            return str(c["cluster"].get("lb_policy", "ROUND_ROBIN"))
+    raise AssertionError("no dlb-native.chat cluster in the root Envoy")
 
 
 def _weights(admin: str) -> dict[str, int]:
@@ -50,12 +63,13 @@ def _weights(admin: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^dlb-native\.chat::([\d.:]+)::weight::(\d+)$", text, re.M)}
 
 
-def test_native_discrete_routes_away_from_a_slow_cell_without_an_ext_proc(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("pick", "lb_policy"), [("least-request", "LEAST_REQUEST"), ("round-robin", "ROUND_ROBIN")])
+def test_native_discrete_routes_away_from_a_slow_cell_without_an_ext_proc(tmp_path: Path, pick: str, lb_policy: str) -> None:
     with (ThreadedEmulator(server_id="a/0", profile="fast-test") as ea,
           ThreadedEmulator(server_id="b/0", profile="fast-test", faults=Faults(slowdown=6.0)) as eb):
         fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
         cfg = demo_config(fleet, {"us-east1": [ea.address], "us-west1": [eb.address]})
-        _native(cfg)
+        _native(cfg, pick)
         proc, run_dir = _up_with(cfg, tmp_path)
         seen: list[str] = []
         try:
@@ -67,6 +81,7 @@ def test_native_discrete_routes_away_from_a_slow_cell_without_an_ext_proc(tmp_pa
             host, port, admin = m.group(1), int(m.group(2)), admin_m.group(1)
             text = urllib.request.urlopen(f"http://{admin}/clusters", timeout=5).read().decode()
             assert "dlb-native.chat::" in text and "ext_proc" not in text  # the native cluster, no ext_proc cluster
+            assert _lb_policy(admin) == lb_policy
             counts: dict[str, int] = {}
             late: dict[str, int] = {}
             body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -86,7 +101,7 @@ def test_native_discrete_routes_away_from_a_slow_cell_without_an_ext_proc(tmp_pa
             weights = _weights(admin)
             assert set(counts) <= {"a/0", "b/0"}, counts  # nothing failed
             fast_share = late.get("a/0", 0) / max(1, sum(late.values()))
-            print(f"native-discrete: all {counts}, second half {late} (fast share {fast_share:.2f}), root weights {weights}")
+            print(f"native-discrete ({pick}): all {counts}, second half {late} (fast share {fast_share:.2f}), root weights {weights}")
             # Measured: 0.80, 0.73, 0.73, 0.60 (25-s runs at load 30-50); 0.47 with the weights frozen.
             assert fast_share >= 0.62, (late, weights)
             fast_leaf, slow_leaf = (c["leaf"]["address"] for c in cfg["cells"])

@@ -45,10 +45,10 @@ def test_rif_costs_of_zero_keep_finite_weights_with_the_offset():
     assert w.weights == (1000, 250)
 
 
-def _doc(native: bool = True, affinity: bool = False) -> dict:
+def _doc(native: bool = True, affinity: bool = False, pick: str | None = None) -> dict:
     cells = [{"name": n, "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
               "servers": [f"127.0.0.1:{3000 + i}"], "root": {"address": f"127.0.0.1:{4000 + i}"}} for i, n in enumerate(["a", "b"])]
-    mech = {"type": "native-discrete" if native else "discrete", "parameters": {"cost": "latency"}}
+    mech = {"type": "native-discrete" if native else "discrete", "parameters": {"cost": "latency"} | ({"pick": pick} if pick else {})}
     plugins = [mech, {"type": "affinity", "parameters": {"enabled": affinity, "header": "x-session"}}]
     return {"version": 1, "cells": cells, "network": {"one_way_ms": {"a": {"b": 10}}},
             "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"plugins": plugins}}]}
@@ -101,6 +101,28 @@ def test_probed_costs_reach_the_eds_weights_slow_cell_down():
     assert w[0] == WEIGHT_SCALE and w[1] < WEIGHT_SCALE / 10, w  # b: 4x the latency (+20 ms RTT) -> under 1/16 of a's
 
 
+def test_the_round_robin_pick_pushes_round_robin_and_sharper_weights():
+    """``pick: round-robin``: the native cluster is Envoy's weighted round robin (no active-request term)
+    and the weights use γ = 32, so a cell 4 × slower gets Envoy's smallest weight (1), not 1/16 of the best."""
+    snap = _root_snapshot(_doc(pick="round-robin"), probes={"a": 0.1, "b": 0.4})
+    cluster = _unpack(snap.get(types.CLUSTER)["dlb-native.chat"], cluster_pb2.Cluster)
+    assert cluster.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
+    cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
+    assert [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints] == [WEIGHT_SCALE, 1]
+
+
+def test_an_unknown_pick_is_a_config_error():
+    from dlb.config import ConfigError
+
+    doc = _doc(pick="fastest")
+    try:
+        config_from_dict(doc)
+    except ConfigError as e:
+        assert "pick" in str(e) and "round-robin" in str(e)
+    else:
+        raise AssertionError("an unknown pick was accepted")
+
+
 def test_affinity_keeps_a_native_discrete_endpoint_on_the_ext_proc():
     snap = _root_snapshot(_doc(affinity=True))
     assert "dlb-native.chat" not in snap.get(types.CLUSTER)
@@ -131,9 +153,28 @@ def test_a_simulated_native_root_spreads_by_weight_over_its_own_active_requests(
     root.on_cell_reply(0.1, 0, True)
     assert root.active[0] == picks.count(0) - 1
     root.on_probe(1, 0.5, 30.0, replicas=1.0)  # b looks loaded, but the weights wait for the refresh
-    assert list(root._w) == [1000.0, 1000.0]
+    assert list(root.weights) == [1000.0, 1000.0]
     root.tick(1.0)
-    assert root._w[1] < root._w[0] / 100
+    assert root.weights[1] < root.weights[0] / 100
+
+
+def test_envoys_weighted_schedules_as_envoy_runs_them():
+    """:class:`EnvoyLb`: ``ROUND_ROBIN`` serves unequal weights exactly in proportion (EDF, no active term);
+    ``LEAST_REQUEST`` divides a host's weight by its active requests + 1 when it is picked, so with
+    nothing answered a 3:1 weight ends near √3:1 rather than 3:1; equal weights: round robin / P2C."""
+    from dlb.core.envoy_lb import LEAST_REQUEST, ROUND_ROBIN, EnvoyLb
+
+    rr = EnvoyLb(np.array([3.0, 1.0]), np.random.default_rng(1), ROUND_ROBIN)
+    picks = [rr.pick() for _ in range(400)]
+    assert abs(picks.count(0) - 300) <= 1
+    lr = EnvoyLb(np.array([3.0, 1.0]), np.random.default_rng(1), LEAST_REQUEST)
+    picks = [lr.pick() for _ in range(400)]
+    assert 1.5 < picks.count(0) / picks.count(1) < 2.0  # √3 ≈ 1.73: (a0 + 1)·(a1 + 1)⁻¹ ≈ 3·a1/a0
+    eq = EnvoyLb(np.array([5.0, 5.0, 0.0]), np.random.default_rng(1), ROUND_ROBIN)
+    picks = [eq.pick() for _ in range(10)]
+    assert picks.count(0) == picks.count(1) == 5
+    eq.update(np.array([5.0, 5.0, 5.0]), np.array([True, False, True]))  # an unhealthy host is never picked
+    assert 1 not in [eq.pick() for _ in range(10)]
 
 
 def test_the_simulator_runs_native_discrete_without_leaking_active_requests(monkeypatch) -> None:
