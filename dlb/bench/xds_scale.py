@@ -81,6 +81,16 @@ def _cpu_s() -> float:
     return time.process_time()  # whole process (gRPC's threads too), ns resolution
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process (a client process), from ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- server side (child process) --------------------------------------------------------------
 
 class _GcCpu:
@@ -262,6 +272,7 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
                 await c.start()
             await _until(lambda: all(s.version for s in subs), f"{streams} initial ACKs", timeout)
         proc0 = await call("/bench/rss")
+        clients0 = sum(_proc_cpu_s(p.pid) for p in procs)
         rss_mb = proc0["rss_mb"]
         latencies: list[float] = []
         fanout: list[float] = []
@@ -279,6 +290,7 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             fanout.append(max(got["sent_ms"]))
         proc1 = await call("/bench/rss")
         cpu_s = proc1["cpu_s"] - proc0["cpu_s"]
+        client_cpu_s = sum(_proc_cpu_s(p.pid) for p in procs) - clients0
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         for p in procs:
@@ -296,6 +308,8 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             "fanout_ms": round(float(np.median(fanout)), 3),
             # server CPU per delivered update (push + ACK), robust to a busy machine unlike wall time
             "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1),
+            # the client processes' CPU per delivered update (decode + ACK): on one box, it competes with the server
+            "client_cpu_us_per_update": round(client_cpu_s * 1e6 / (streams * updates), 1) if procs else None,
             # of which garbage collection (thread CPU), and the collections per generation (young, middle, full)
             "server_gc_us_per_update": round((proc1["gc_s"] - proc0["gc_s"]) * 1e6 / (streams * updates), 1),
             "server_gc_collections": [b - a for a, b in zip(proc0["gc_count"], proc1["gc_count"], strict=True)],
