@@ -51,9 +51,9 @@ import hpack.exceptions
 from google.protobuf.message import DecodeError
 
 from dlb.errors import DlbError
-from dlb.ext_proc.transport.headers import CachingDecoder, HeaderBlock
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
 from dlb.log import get_logger
+from dlb.transport.headers import CachingDecoder, HeaderBlock
+from dlb.transport.limits import H2Limits, TransportStats
 
 log = get_logger("dlb.h2server")
 

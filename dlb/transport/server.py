@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from dlb.ext_proc.transport.admission import Admission
-from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route, route_table
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
-from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
-from dlb.ext_proc.transport.tls import TlsServerSession
 from dlb.log import get_logger
+from dlb.transport.admission import Admission
+from dlb.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route, route_table
+from dlb.transport.limits import H2Limits, TransportStats
+from dlb.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
+from dlb.transport.tls import TlsServerSession
 
 log = get_logger("dlb.h2server")
 
