@@ -18,9 +18,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
-from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handler
+from dlb.service.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.service.ports import add_port
-from dlb.transport.h2 import CALL, Later, Route
+from dlb.transport.h2 import CALL, Later
 from dlb.transport.h2 import Handler as MessageHandler  # one definition for both transports
 from dlb.transport.limits import H2Limits
 from dlb.transport.server import H2GrpcServer
@@ -123,13 +123,6 @@ def ext_proc_handler(handle: MessageHandler) -> grpc.GenericRpcHandler:
 
 def _identity(b: bytes) -> bytes:
     return b
-
-
-def h2_health_routes(state: HealthState) -> dict[str, Route]:
-    """``Check`` and ``Watch`` on DLB's HTTP/2 transport (the request message is not read: one status
-    serves every service name). Subscribe the server's ``notify(WATCH_PATH, reply)`` to ``state``."""
-    return {CHECK_PATH: Route(lambda _request: (state.reply(), True)),
-            WATCH_PATH: Route(lambda _request: (state.reply(), False), watch=True)}
 
 
 class ExtProcServer:

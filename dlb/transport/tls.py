@@ -79,6 +79,14 @@ class TlsServerSession:
     def data_to_send(self) -> bytes:
         return self._out.read() if self._out.pending else b""
 
+    def peer_auth(self) -> dict[str, list[bytes]]:
+        """The verified client certificate's SANs under gRPC's auth-context keys (every SAN under
+        ``x509_subject_alternative_name``, URI SANs under ``peer_uri``); empty without one."""
+        cert = self._obj.getpeercert() if self.handshake_done else None
+        sans = list(cert.get("subjectAltName", ())) if cert else []
+        return {"x509_subject_alternative_name": [str(v).encode() for _k, v in sans],
+                "peer_uri": [str(v).encode() for k, v in sans if k == "URI"]} if sans else {}
+
     def close(self) -> None:
         """Queue our close_notify (the peer's answer is not waited for: the socket closes next)."""
         if self.handshake_done:

@@ -20,8 +20,8 @@ import h2.events
 import h2.settings
 import pytest
 
-from dlb.ext_proc.protocol import PROCESS_METHOD, h2_health_routes
-from dlb.service.health import HealthState
+from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.service.health import HealthState, h2_health_routes
 from dlb.transport.server import H2GrpcServer
 
 METHOD = PROCESS_METHOD
