@@ -118,10 +118,12 @@ class XdsServer:
                  authorizer: Authorizer | None = None, make_before_break: bool = True,
                  callbacks: Sequence[StreamCallbacks] = (), admission: Admission | None = None,
                  credentials: grpc.ServerCredentials | None = None, limits: StreamLimits | None = None,
-                 transport: str = "h2", ssl_context: ssl.SSLContext | None = None) -> None:
+                 transport: str | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+        if transport is None:  # gRPC credentials are for grpc.aio; TLS on h2 is an ssl_context
+            transport = "grpc" if credentials is not None else "h2"
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown xDS transport {transport!r} (h2 or grpc)")
-        if transport == "h2" and credentials is not None and ssl_context is None:
+        if transport == "h2" and credentials is not None:
             raise ValueError("the h2 xDS transport takes TLS as ssl_context, not gRPC credentials")
         self.ctx = ServerContext(cache=cache, status=status or StatusRegistry(), authorizer=authorizer,
                                  admission=admission, make_before_break=make_before_break, callbacks=callbacks,

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import urllib.request
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -34,9 +35,21 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
+#: The transport every test here runs on (the ``transport`` fixture sets it: each test runs on both).
+TRANSPORT = ["h2"]
+
+
+@pytest.fixture(autouse=True, params=["h2", "grpc"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    TRANSPORT[0] = request.param
+    yield request.param
+    TRANSPORT[0] = "h2"
+
+
 class Env:
     def __init__(self, **kw) -> None:
         self.cache = SnapshotCache(**{k: v for k, v in kw.items() if k == "node_key"})
+        kw.setdefault("transport", TRANSPORT[0])
         self.server = XdsServer(self.cache, **{k: v for k, v in kw.items() if k != "node_key"})
         self.streams: list[RawStream] = []
 
@@ -566,7 +579,7 @@ def test_second_server_on_the_same_address_fails():
     """A second server on an address already bound fails with BindError naming the port."""
     async def main():
         async with xds() as env:
-            other = XdsServer(SnapshotCache())
+            other = XdsServer(SnapshotCache(), transport=TRANSPORT[0])
             try:
                 with pytest.raises(BindError, match=str(env.server.port)):
                     await other.start(f"127.0.0.1:{env.server.port}")
