@@ -168,7 +168,7 @@ async def _serve(resources: int, gc_setup: str = "python", transport: str = "h2"
     async def rss(_req: web.Request) -> web.Response:
         return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "gc_s": gc_cpu.seconds,
                                   "gc_count": gc_cpu.count, "watches": cache.watch_count,
-                                  "body_cache_hits": server.ctx.body_cache.hits})
+                                  "body_cache_hits": server.ctx.body_cache.hits, "h2": server.transport_stats()})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
                                                        web.get("/bench/acks", ack_latencies), web.get("/bench/rss", rss),

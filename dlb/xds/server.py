@@ -231,6 +231,10 @@ class XdsServer:
         log.info("xds_server_listening", address=address, port=self.port, boot_id=self.cache.boot_id, transport="h2")
         return self.port
 
+    def transport_stats(self) -> dict[str, int]:
+        """h2: the transport's counters (connections accepted, closed by which bound, ...); empty on grpc."""
+        return dict(vars(self._h2.stats)) if self._h2 is not None else {}
+
     def notify(self, path: str, message: bytes) -> None:
         """h2: send ``message`` on every open watch call of ``path`` (the health service's Watch)."""
         if self._h2 is not None:
