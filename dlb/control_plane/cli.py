@@ -25,7 +25,7 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--xds", default=None, help="xDS listen address host:port (default services.control_plane.xds)")
     p.add_argument("--status", default=None, help="status/metrics HTTP address host:port (default services.control_plane.status)")
     p.add_argument("--xds-transport", choices=("h2", "grpc"), default="h2",
-                   help="serve xDS on DLB's own HTTP/2 server (default; a third of grpc.aio's CPU per push) or grpc.aio")
+                   help="serve xDS on DLB's own HTTP/2 server (default: about half grpc.aio's CPU per push) or on grpc.aio")
     p.add_argument("--emulate-wan", action="store_true", help="leaf Envoys delay requests by the source cell's RTT (testbeds)")
     p.add_argument("--no-probe", action="store_true", help="do not probe leaves (serve the config only; no flow updates)")
     p.add_argument("--serve-cells", default=None, metavar="A,B",

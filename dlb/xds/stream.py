@@ -1,10 +1,11 @@
 """What SotW and delta streams share: subscriptions, the make-before-break gate, node caching,
 watch lifetime, wake-ups, authorisation, nonces.
 
-A stream is two tasks: the reader applies each request to the stream state as it arrives and sets
-the wake event if a push may be due; the writer, when woken, computes one push from the *newest*
-snapshot and current subscriptions. So neither a burst of requests nor a burst of snapshots produces
-more than one response per type.
+On grpc.aio a stream is two tasks: the reader applies each request to the stream state as it arrives
+and sets the wake event if a push may be due; the writer, when woken, computes one push from the
+*newest* snapshot and current subscriptions. On the h2 transport (``dlb.xds.h2``) requests are applied
+as they arrive and the waker queues the stream for a push, with no task. Either way neither a burst of
+requests nor a burst of snapshots produces more than one response per type.
 """
 
 from __future__ import annotations

@@ -73,14 +73,15 @@ async def _ads_first(target: str, creds: grpc.ChannelCredentials | None, node: b
     raise AssertionError("stream ended without a response")
 
 
-def test_control_plane_refuses_strangers_and_other_identities(pki) -> None:
-    asyncio.run(_control_plane_scenario(pki))
+@pytest.mark.parametrize("xds_transport", ["h2", "grpc"])
+def test_control_plane_refuses_strangers_and_other_identities(pki, xds_transport: str) -> None:
+    asyncio.run(_control_plane_scenario(pki, xds_transport))
 
 
-async def _control_plane_scenario(pki) -> None:
+async def _control_plane_scenario(pki, xds_transport: str) -> None:
     tls: TlsFiles = pki["tls"]
     cfg = config_from_dict(_doc({"ca": tls.ca, "cert": tls.cert, "key": tls.key}))
-    cp = ControlPlane(cfg, probe=False, flow_loop=False)
+    cp = ControlPlane(cfg, probe=False, flow_loop=False, xds_transport=xds_transport)
     xds_port, status_port = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     target = f"127.0.0.1:{xds_port}"
     root_a = load_identity(tls, "root-a").channel_credentials()
