@@ -20,8 +20,11 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from dlb.log import get_logger
 from dlb.transport.h2 import CallHandle, GrpcStatus, Route
 from dlb.xds.stream import ServerContext, StreamBase, StreamError
+
+log = get_logger("dlb.xds.server")
 
 #: Streams pushed per loop turn: large enough that a fan-out is not dominated by loop turns, small
 #: enough that the ACKs arriving meanwhile are read between batches (one push is ~50 µs of CPU).
@@ -49,7 +52,11 @@ class PushQueue:
         for _ in range(min(PUSH_BATCH, len(due))):
             call = next(iter(due))
             del due[call]
-            call.push()
+            try:
+                call.push()
+            except Exception:  # a bug fails its stream, never the queue (every other stream's pushes)
+                log.exception("xds_push_failed")
+                call.handle.finish(GrpcStatus.INTERNAL, "push failed")
         if due:
             asyncio.get_running_loop().call_soon(self._run)
         else:
@@ -73,11 +80,12 @@ class _Waker:
 class XdsCall:
     """One xDS stream on the h2 transport: requests applied as they arrive, pushes from the queue."""
 
-    __slots__ = ("closed", "handle", "on_error", "parse", "queue", "refused", "stream")
+    __slots__ = ("closed", "handle", "on_error", "parse", "queue", "refused", "stream", "waker")
 
     def __init__(self, stream: StreamBase, handle: CallHandle, parse: Callable[[bytes], Any], queue: PushQueue,
-                 on_error: Callable[[StreamBase, StreamError], None]) -> None:
+                 on_error: Callable[[StreamBase, StreamError], None], waker: _Waker) -> None:
         self.stream, self.handle, self.parse, self.queue, self.on_error = stream, handle, parse, queue, on_error
+        self.waker = waker
         self.closed = False
         #: Over the server's stream limit: answered at the first request (a status sent before the client
         #: has sent its request reached grpc's client as INTERNAL, the RST_STREAM(NO_ERROR) cutting its send).
@@ -99,6 +107,7 @@ class XdsCall:
         self.handle.finish(GrpcStatus.OK if refused is None else status_of(refused.code), str(refused or ""))
 
     def on_closed(self) -> None:
+        self.waker.call = None  # breaks call -> stream -> waker -> call: freed now, not by a collection
         if not self.closed:
             self.closed = True
             self.queue.discard(self)
@@ -126,7 +135,7 @@ def call_route(ctx: ServerContext, cls: type[StreamBase], fixed: str | None, que
         waker = _Waker(queue)
         stream = cls(ctx, fixed, handle.peer, waker)
         stream.peer_auth = handle.peer_auth
-        call = XdsCall(stream, handle, parse, queue, on_error)
+        call = XdsCall(stream, handle, parse, queue, on_error, waker)
         try:
             stream.begin()
         except StreamError as exc:

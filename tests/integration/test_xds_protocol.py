@@ -23,6 +23,7 @@ from google.protobuf import struct_pb2
 
 from dlb.errors import BindError
 from dlb.xds import Snapshot, SnapshotCache, StatusServer, XdsServer, types
+from dlb.xds.callbacks import NoCallbacks
 from dlb.xds.snapshot import Resource
 from dlb.xds.testing import RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node, route_config, sotw_request
 
@@ -340,6 +341,38 @@ def test_custom_types_over_ads_and_watch_cancelled_on_close():
             await s.close()
             await until_in_loop(lambda: env.cache.watch_count == 0, "the closed stream's watch cancelled")
             assert env.server.status.nodes["n1"].streams == 0
+    run(main())
+
+
+class FailsFor(NoCallbacks):
+    """An observer with a bug that shows for one node: it raises whenever a response is sent to it."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
+        if node_id == self.node_id:
+            raise RuntimeError("observer bug")
+
+
+def test_a_push_that_raises_fails_only_its_own_stream():
+    """A bug while pushing to one stream ends that stream with an error; the other streams keep getting
+    every snapshot (on h2 all pushes share one queue, which must not stop)."""
+    async def main():
+        async with xds(callbacks=[FailsFor("bad")]) as env:
+            bad, good = env.stream(), env.stream()
+            for n in ("bad", "good"):
+                env.cache.set_snapshot(n, snap(clusters=("c1",)))
+            await bad.send(sotw_request(CDS, node=node("bad")))
+            await good.send(sotw_request(CDS, node=node("good")))
+            await good.send(ack(await good.recv()))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await bad.recv()
+            for round_no in range(2):  # the queue goes on after the failure
+                v = env.cache.set_snapshot("good", snap(clusters=(f"c{round_no + 2}",)))
+                r = await good.recv()
+                assert r.version_info == v
+                await good.send(ack(r))
     run(main())
 
 
