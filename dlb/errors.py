@@ -5,7 +5,7 @@ do" in one place and print it, while library code stays usable from tests, bench
 services without a ``SystemExit`` ending the caller's process. Subclasses also derive from the
 built-in error that describes them (``ValueError`` for bad input), so existing ``except`` clauses
 keep working. Codes that travel on the wire (HTTP/2 error codes, gRPC statuses) ride on the error
-as ``code`` (see ``dlb.ext_proc.transport.h2``).
+as ``code`` (see ``dlb.transport.h2``).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def _h2(service: str) -> tuple[MetricDef, ...]:
         MetricDef(service, f"{p}_stream_resets", "counter", (), "Streams reset with an error code", when),
         MetricDef(service, f"{p}_connection_errors", "counter", (), "Connections closed for a protocol error (GOAWAY)", when),
         MetricDef(service, f"{p}_handler_errors", "counter", (), "Messages whose handler raised", when),
-        # Bounds (dlb/ext_proc/transport/limits.py): each counts the times a bound was hit.
+        # Bounds (dlb/transport/limits.py): each counts the times a bound was hit.
         MetricDef(service, f"{p}_connections_refused", "counter", (),
                   "Connections closed at accept: the connection cap was reached", when),
         MetricDef(service, f"{p}_connections_evicted", "counter", (), "Streamless connections closed to admit a new one", when),

@@ -72,6 +72,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/hpack-traceparent-*.txt", ".venv/bin/python research/tools/hpack_traceparent.py 21 > FILE (research/epp.md)"),
     ("bench/h2-traced-calls-*.txt", ".venv/bin/python research/tools/h2_traced_calls.py 5, old and new alternated "
                                     "(old through PYTHONPATH; the file's first line) > FILE"),
+    ("bench/xds-h2/load.txt", "written by the A/B loop (research/bench/xds-h2/RULE.md): side, time and uptime before and after each run"),
+    ("bench/xds-h2/old-*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 --uvloop --json FILE "
+                          "(main at 4e40bb8; research/bench/xds-h2/RULE.md)"),
+    ("bench/xds-h2/*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 --uvloop --transport h2|grpc "
+                       "[--connections shared] --json FILE (research/bench/xds-h2/RULE.md)"),
     ("bench/xds-5k/*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 [--server-gc python] [--uvloop] --json FILE "
                        "(old* at c8630a9 with --server-gc python, new-1/2 at 811ab08, new-3 and gc-* (--streams 5000) at 1eb3bde; research/xds.md)"),
     ("bench/load.json", "dlb bench load --duration 20 --json FILE"),

@@ -28,8 +28,8 @@ from dlb.envoy import contract
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
 from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.h2 import CALL, PREFACE, H2Connection
-from dlb.ext_proc.transport.limits import TransportStats
+from dlb.transport.h2 import CALL, PREFACE, H2Connection
+from dlb.transport.limits import TransportStats
 
 TARGET_US = 50.0
 

@@ -55,6 +55,10 @@ def _xds(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-procs", type=int, default=2,
                    help="processes the clients run in, streams split evenly (default 2; 0 = in the bench's own process)")
     p.add_argument("--profile", default=None, metavar="FILE", help="write the server's cProfile statistics to FILE")
+    p.add_argument("--transport", choices=("h2", "grpc"), default="h2",
+                   help="the server's transport: DLB's own HTTP/2 server (default, as dlb control-plane) or grpc.aio")
+    p.add_argument("--connections", choices=("per-client", "shared"), default="per-client",
+                   help="a TCP connection per client, as every Envoy has (default), or one per client process (gRPC's default)")
 
 
 def _overhead(p: argparse.ArgumentParser) -> None:

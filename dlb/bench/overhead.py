@@ -75,7 +75,7 @@ NATIVE_MIXED_CONFIG = "root-native-mixed"
 #: weights refreshed by a live control plane from probes; no ext_proc on the request.
 NATIVE_DISCRETE_CONFIG = "root-native-discrete"
 NATIVE_CONFIGS = (NATIVE_CONFIG, NATIVE_INPROC_CONFIG, NATIVE_MIXED_CONFIG, NATIVE_DISCRETE_CONFIG)
-#: The floor of DLB's own transport: the constant reply served by :mod:`dlb.ext_proc.transport.h2`.
+#: The floor of DLB's own transport: the constant reply served by :mod:`dlb.transport.h2`.
 BARE_H2_CONFIG = "root-bare-h2"
 #: The root hop under mutual TLS (the config's ``tls``, a throw-away CA): the root Envoy reaches the
 #: root service over mTLS (TLS inside DLB's HTTP/2 transport), the root probes an mTLS leaf agent.

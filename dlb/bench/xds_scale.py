@@ -81,6 +81,16 @@ def _cpu_s() -> float:
     return time.process_time()  # whole process (gRPC's threads too), ns resolution
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process (a client process), from ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- server side (child process) --------------------------------------------------------------
 
 class _GcCpu:
@@ -125,12 +135,12 @@ class _PushLatency(NoCallbacks):
         self._record(self.acks, type_url, version)
 
 
-async def _serve(resources: int, gc_setup: str = "python") -> None:
+async def _serve(resources: int, gc_setup: str = "python", transport: str = "h2") -> None:
     type_url, build = _workload(resources)
     cache = SnapshotCache(node_key=lambda _n: "bench")
     latency = _PushLatency(cache, type_url)
     gc_cpu = _GcCpu()  # garbage collection's share of the server's CPU
-    server = XdsServer(cache, callbacks=[latency])
+    server = XdsServer(cache, callbacks=[latency], transport=transport)
     acks, sends = latency.acks, latency.sends
     round_no = 0
     build_cpu = [0.0]
@@ -158,7 +168,7 @@ async def _serve(resources: int, gc_setup: str = "python") -> None:
     async def rss(_req: web.Request) -> web.Response:
         return web.json_response({"rss_mb": _rss_mb(), "cpu_s": _cpu_s() - build_cpu[0], "gc_s": gc_cpu.seconds,
                                   "gc_count": gc_cpu.count, "watches": cache.watch_count,
-                                  "body_cache_hits": server.ctx.body_cache.hits})
+                                  "body_cache_hits": server.ctx.body_cache.hits, "h2": server.transport_stats()})
 
     status = StatusServer(server.status, extra_routes=[web.post("/bench/update", update),
                                                        web.get("/bench/acks", ack_latencies), web.get("/bench/rss", rss),
@@ -190,8 +200,9 @@ class _ServerProc:
             return json.loads(resp.read())
 
 
-def _start_server(uvloop: bool, resources: int, profile: str | None = None, gc_setup: str = "python") -> _ServerProc:
-    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources), "--gc", gc_setup]
+def _start_server(uvloop: bool, resources: int, profile: str | None = None, gc_setup: str = "python",
+                  transport: str = "h2") -> _ServerProc:
+    cmd = [sys.executable, "-m", "dlb.bench.xds_scale", "--serve", str(resources), "--gc", gc_setup, "--transport", transport]
     cmd += ["--uvloop"] if uvloop else []
     cmd += ["--profile", profile] if profile else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
@@ -213,9 +224,16 @@ async def _until(cond, what: str, timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-def _clients(address: str, first: int, count: int, delta: bool, resources: int) -> tuple[list[XdsClient], list[Any]]:
-    """``count`` clients, node ids ``bench-<first+i>``, each subscribed to the workload's resources."""
-    clients = [XdsClient(address, node(f"bench-{first + i}", "bench"), backoff=Backoff(initial=0.2, maximum=2.0), delta=delta)
+def _clients(address: str, first: int, count: int, delta: bool, resources: int,
+             shared: bool = False) -> tuple[list[XdsClient], list[Any]]:
+    """``count`` clients, node ids ``bench-<first+i>``, each subscribed to the workload's resources.
+
+    Each on a TCP connection of its own, as every Envoy is (``shared``: gRPC's default, one connection
+    for all channels of the process to the same address, as the benchmark ran before).
+    """
+    options = None if shared else [("grpc.use_local_subchannel_pool", 1)]
+    clients = [XdsClient(address, node(f"bench-{first + i}", "bench"), backoff=Backoff(initial=0.2, maximum=2.0), delta=delta,
+                         channel_options=options)
                for i in range(count)]
     if resources <= 1:
         subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
@@ -224,20 +242,22 @@ def _clients(address: str, first: int, count: int, delta: bool, resources: int) 
     return clients, subs
 
 
-def _start_client_procs(srv: _ServerProc, streams: int, procs: int, delta: bool, resources: int) -> list[subprocess.Popen]:
+def _start_client_procs(srv: _ServerProc, streams: int, procs: int, delta: bool, resources: int,
+                        shared: bool = False) -> list[subprocess.Popen]:
     """The clients in ``procs`` processes of their own (``--clients`` mode), streams split evenly."""
     out = []
     for k in range(procs):
         first, count = k * streams // procs, (k + 1) * streams // procs - k * streams // procs
         if count:
             out.append(subprocess.Popen([sys.executable, "-m", "dlb.bench.xds_scale", "--clients", f"127.0.0.1:{srv.xds_port}",
-                                         str(first), str(count), str(resources)] + (["--delta"] if delta else []),
+                                         str(first), str(count), str(resources)] + (["--delta"] if delta else [])
+                                        + (["--shared"] if shared else []),
                                         env={**os.environ, "DLB_LOG_LEVEL": "WARNING"}))
     return out
 
 
 async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool, resources: int,
-                   client_procs: int = 0) -> dict:
+                   client_procs: int = 0, shared: bool = False) -> dict:
     loop = asyncio.get_running_loop()
     call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)
     clients: list[XdsClient] = []
@@ -249,7 +269,7 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 
     try:
         if client_procs:
-            procs = _start_client_procs(srv, streams, client_procs, delta, resources)
+            procs = _start_client_procs(srv, streams, client_procs, delta, resources, shared)
             v0 = (await call("/bench/version"))["version"]
             deadline = time.monotonic() + timeout
             while await acked(v0) < streams:  # ACKs of a version counted by the server, whoever sent them
@@ -257,11 +277,12 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
                     raise TimeoutError(f"bench: {streams} initial ACKs not in after {timeout}s (or a client process exited)")
                 await asyncio.sleep(0.1)
         else:
-            clients, subs = _clients(f"127.0.0.1:{srv.xds_port}", 0, streams, delta, resources)
+            clients, subs = _clients(f"127.0.0.1:{srv.xds_port}", 0, streams, delta, resources, shared)
             for c in clients:
                 await c.start()
             await _until(lambda: all(s.version for s in subs), f"{streams} initial ACKs", timeout)
         proc0 = await call("/bench/rss")
+        clients0 = sum(_proc_cpu_s(p.pid) for p in procs)
         rss_mb = proc0["rss_mb"]
         latencies: list[float] = []
         fanout: list[float] = []
@@ -279,6 +300,7 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             fanout.append(max(got["sent_ms"]))
         proc1 = await call("/bench/rss")
         cpu_s = proc1["cpu_s"] - proc0["cpu_s"]
+        client_cpu_s = sum(_proc_cpu_s(p.pid) for p in procs) - clients0
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         for p in procs:
@@ -296,6 +318,8 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
             "fanout_ms": round(float(np.median(fanout)), 3),
             # server CPU per delivered update (push + ACK), robust to a busy machine unlike wall time
             "server_cpu_us_per_update": round(cpu_s * 1e6 / (streams * updates), 1),
+            # the client processes' CPU per delivered update (decode + ACK): on one box, it competes with the server
+            "client_cpu_us_per_update": round(client_cpu_s * 1e6 / (streams * updates), 1) if procs else None,
             # of which garbage collection (thread CPU), and the collections per generation (young, middle, full)
             "server_gc_us_per_update": round((proc1["gc_s"] - proc0["gc_s"]) * 1e6 / (streams * updates), 1),
             "server_gc_collections": [b - a for a, b in zip(proc0["gc_count"], proc1["gc_count"], strict=True)],
@@ -304,20 +328,23 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
                     uvloop: bool = False, delta: bool = False, resources: int = 1, client_procs: int = 0,
-                    profile: str | None = None, server_gc: str = "control-plane") -> list[dict]:
-    srv = _start_server(uvloop, resources, profile, server_gc)
+                    profile: str | None = None, server_gc: str = "control-plane", transport: str = "h2",
+                    shared: bool = False) -> list[dict]:
+    srv = _start_server(uvloop, resources, profile, server_gc, transport)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
         records = []
         for n in stream_counts:
-            rec = await _measure(srv, n, updates, timeout, delta, resources, client_procs)
+            rec = await _measure(srv, n, updates, timeout, delta, resources, client_procs, shared)
             rec["rss_base_mb"] = round(base, 2)
             rec["rss_per_stream_kb"] = round((rec["rss_mb"] - base) * 1024 / n, 2)
             rec["clients_in_one_process"] = client_procs == 0
             rec["client_processes"] = client_procs
             rec["server_loop"] = "uvloop" if uvloop else "asyncio"
             rec["server_gc"] = server_gc
+            rec["transport"] = transport
+            rec["connections"] = "shared" if shared else "per-client"
             rec["protocol"] = "delta" if delta else "sotw"
             rec["resources"] = resources
             log.info("xds_bench_point", **rec)
@@ -343,14 +370,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     record = harness.start()
     records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources,
-                                    args.client_procs, args.profile, args.server_gc))
+                                    args.client_procs, args.profile, args.server_gc, args.transport,
+                                    args.connections == "shared"))
     print(json.dumps(records, indent=1))
     return harness.finish(record, records, json_path=args.json)
 
 
-async def _run_clients(address: str, first: int, count: int, resources: int, delta: bool) -> None:
+async def _run_clients(address: str, first: int, count: int, resources: int, delta: bool, shared: bool) -> None:
     """A client process: its streams stay up, ACKing every push, until SIGTERM."""
-    clients, _ = _clients(address, first, count, delta, resources)
+    clients, _ = _clients(address, first, count, delta, resources, shared)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     for c in clients:
@@ -379,13 +407,14 @@ def _profiled(main: Coroutine[Any, Any, None], path: str | None) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
-    """The benchmark's processes: ``--serve RESOURCES [--gc control-plane|python] [--uvloop] [--profile FILE]`` (the server) or
-    ``--clients ADDRESS FIRST COUNT RESOURCES [--delta]`` (a client process)."""
+    """The benchmark's processes: ``--serve RESOURCES [--gc control-plane|python] [--transport h2|grpc] [--uvloop]
+    [--profile FILE]`` (the server) or
+    ``--clients ADDRESS FIRST COUNT RESOURCES [--delta] [--shared]`` (a client process)."""
     from dlb import log as _log
 
     if argv[:1] == ["--clients"]:
         _log.configure()
-        asyncio.run(_run_clients(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), "--delta" in argv))
+        asyncio.run(_run_clients(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), "--delta" in argv, "--shared" in argv))
         return 0
     if argv[:1] != ["--serve"]:
         print("usage: dlb bench xds (this module's --serve / --clients are the benchmark's own processes)", file=sys.stderr)
@@ -397,7 +426,8 @@ def serve_main(argv: list[str]) -> int:
         uvloop.install()
     profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
     try:
-        _profiled(_serve(int(argv[1]), argv[argv.index("--gc") + 1] if "--gc" in argv else "python"), profile)
+        _profiled(_serve(int(argv[1]), argv[argv.index("--gc") + 1] if "--gc" in argv else "python",
+                         argv[argv.index("--transport") + 1] if "--transport" in argv else "h2"), profile)
     except KeyboardInterrupt:
         pass
     return 0

@@ -51,7 +51,7 @@ from dlb.probe import replica_dns
 from dlb.probe.client import ProbeClient, ProbeTiming
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
-from dlb.service.health import HealthState, health_handler
+from dlb.service.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.service.metrics import CallbackCollector
 from dlb.xds.cache import SnapshotCache
 from dlb.xds.server import XdsServer
@@ -101,14 +101,18 @@ class ControlPlane:
     def __init__(self, config: Config, *, emulate_wan: bool = False, clock: Callable[[], float] = time.monotonic,
                  probe: bool = True, flow_loop: bool = True,
                  serve_cells: Iterable[str] | None = None, resolver: Resolver = resolve_all,
-                 root_reuse_port: bool = False, tracing: EnvoyTracing | None = None) -> None:
+                 root_reuse_port: bool = False, tracing: EnvoyTracing | None = None, xds_transport: str = "h2") -> None:
         self.tracing = tracing  # the Envoys' OpenTelemetry tracer (dlb.envoy.tracing); None: off
         self.cache = SnapshotCache(node_key=dlb_node_key)
         # mTLS (the config's ``tls``): clients need a certificate from the CA, and the (role, cell) it
         # names is the only snapshot its streams may read. Fixed at start: a reload cannot turn it off.
         self.tls = component_identity(config.tls, CONTROL_PLANE, source=config.source)
+        # xDS on DLB's HTTP/2 transport (``h2``) or grpc.aio (``grpc``); see dlb.xds.server.
+        on_grpc = xds_transport == "grpc"
         self.server = XdsServer(self.cache, admission=node_admission(dlb_node_key) if self.tls is not None else None,
-                                credentials=self.tls.server_credentials() if self.tls is not None else None)
+                                credentials=self.tls.server_credentials() if self.tls is not None and on_grpc else None,
+                                ssl_context=self.tls.server_ssl_context() if self.tls is not None and not on_grpc else None,
+                                transport=xds_transport)
         self.health = HealthState()
         self.clock = clock
         self.emulate_wan = emulate_wan
@@ -442,7 +446,9 @@ class ControlPlane:
         """Serve xDS and the status endpoint; start probing and the flow loop. Returns (xds, status) ports."""
         cp = self.config.services.control_plane
         # grpc.health.v1 next to xDS: Envoys and orchestrators can check the control plane like any DLB service.
-        xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)])
+        xds_port = await self.server.start(xds_address or str(cp.xds), extra_handlers=[health_handler(self.health)],
+                                           extra_routes=h2_health_routes(self.health))
+        self.health.listeners.append(lambda reply: self.server.notify(WATCH_PATH, reply))
         self.xds_listening = True
         host, _, port = (status_address or str(cp.status)).rpartition(":")
         status_port = await self.status_server.start(host.strip("[]"), int(port))

@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dlb.errors import UsageError
-from dlb.ext_proc.transport.limits import FD_RESERVE, H2Limits
+from dlb.transport.limits import FD_RESERVE, H2Limits
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config import Cell, Config

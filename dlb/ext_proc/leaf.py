@@ -32,8 +32,8 @@ from dlb.ext_proc.leaf_probe import LeafProbe
 from dlb.ext_proc.leaf_state import HELD, PICK_RULES, LeafState, ServerState
 from dlb.ext_proc.leaf_tokens import StreamTokens
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
-from dlb.ext_proc.transport.h2 import Later
 from dlb.service.metrics import FastHistogram
+from dlb.transport.h2 import Later
 
 if TYPE_CHECKING:
     from dlb.ext_proc.local_gate import PeerGate

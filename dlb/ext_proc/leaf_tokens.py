@@ -23,7 +23,7 @@ from dlb.core.stream_tokens import TokenCount
 from dlb.envoy import contract
 from dlb.ext_proc.leaf_state import UNKNOWN, LeafState
 from dlb.ext_proc.protocol import header_value
-from dlb.ext_proc.transport.h2 import CALL
+from dlb.transport.h2 import CALL
 
 
 @dataclass(slots=True)

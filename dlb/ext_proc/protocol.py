@@ -18,12 +18,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
-from dlb.ext_proc.transport.h2 import CALL, Later, Route
-from dlb.ext_proc.transport.h2 import Handler as MessageHandler  # one definition for both transports
-from dlb.ext_proc.transport.limits import H2Limits
-from dlb.ext_proc.transport.server import H2GrpcServer
-from dlb.service.health import CHECK_PATH, WATCH_PATH, HealthState, health_handler
+from dlb.service.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.service.ports import add_port
+from dlb.transport.h2 import CALL, Later
+from dlb.transport.h2 import Handler as MessageHandler  # one definition for both transports
+from dlb.transport.limits import H2Limits
+from dlb.transport.server import H2GrpcServer
 
 if TYPE_CHECKING:  # pragma: no cover
     from dlb.config.tls import TlsIdentity
@@ -125,17 +125,10 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def h2_health_routes(state: HealthState) -> dict[str, Route]:
-    """``Check`` and ``Watch`` on DLB's HTTP/2 transport (the request message is not read: one status
-    serves every service name). Subscribe the server's ``notify(WATCH_PATH, reply)`` to ``state``."""
-    return {CHECK_PATH: Route(lambda _request: (state.reply(), True)),
-            WATCH_PATH: Route(lambda _request: (state.reply(), False), watch=True)}
-
-
 class ExtProcServer:
     """The ext_proc listener on either transport, behind one ``bind`` / ``stop``.
 
-    ``h2`` (:mod:`dlb.ext_proc.transport.h2`) calls ``handle(message) -> (reply, end)`` inline from the
+    ``h2`` (:mod:`dlb.transport.h2`) calls ``handle(message) -> (reply, end)`` inline from the
     socket; ``grpc`` calls it from grpc.aio's stream (:func:`ext_proc_handler`). Same bytes in and out.
     With ``tls`` both serve mutual TLS only (a client certificate from the config's CA).
     """

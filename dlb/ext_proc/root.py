@@ -37,13 +37,13 @@ from dlb.core.shedding import retry_after_s
 from dlb.core.topology import Topology
 from dlb.envoy import contract, replies
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
-from dlb.ext_proc.transport.limits import TransportStats
 from dlb.log import get_logger
 from dlb.probe.client import ProbeClient
 from dlb.probe.codec import model_of
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
 from dlb.service.metrics import FastHistogram
+from dlb.transport.limits import TransportStats
 
 log = get_logger("dlb.root")
 

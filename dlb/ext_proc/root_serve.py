@@ -17,13 +17,13 @@ from dlb.config.tls_live import component_identity
 from dlb.ext_proc.protocol import ExtProcServer, MessageHandler
 from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, config_probes, probe_targets
-from dlb.ext_proc.transport.limits import H2Limits
 from dlb.gc_heap import GcPauses, freeze_heap
 from dlb.probe.client import ProbeTiming
 from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
 from dlb.service.runner import spawn_workers, wait_worker, write_ready
 from dlb.service.serve import serve_until_signal
 from dlb.service.tracing import TracingOptions, make_tracer
+from dlb.transport.limits import H2Limits
 
 
 async def _tick_loop(service: RootService) -> None:

@@ -19,8 +19,8 @@ from dlb.envoy.contract import TRACEPARENT
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.protocol import MessageHandler, header_value
 from dlb.ext_proc.root import RootService
-from dlb.ext_proc.transport.h2 import CALL, Later
 from dlb.service.tracing import AttributeValue, Tracer
+from dlb.transport.h2 import CALL, Later
 
 TRACE_BYTES = TRACEPARENT.encode()
 Describe = Callable[[ep.ProcessingRequest, bytes], Mapping[str, AttributeValue]]

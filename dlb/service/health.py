@@ -10,7 +10,7 @@ Why hand-coded rather than ``grpcio-health-checking``: the two messages are one 
 that package pins protobuf ranges the shared environment cannot follow. The wire bytes below are
 the protobuf encodings of those messages (field 1, varint). On grpc.aio only ``Check`` is offered
 (Envoy and ``grpc_health_probe`` use it; ``Watch`` gets UNIMPLEMENTED); DLB's HTTP/2 transport serves
-``Check`` and ``Watch`` (:func:`dlb.ext_proc.protocol.h2_health_routes`: a watcher gets the status at once and again on
+``Check`` and ``Watch`` (:func:`h2_health_routes`: a watcher gets the status at once and again on
 every change).
 """
 
@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+
+from dlb.transport.h2 import Route
 
 SERVICE = "grpc.health.v1.Health"
 SERVING, NOT_SERVING = 1, 2
@@ -67,6 +69,13 @@ def health_handler(state: HealthState) -> grpc.GenericRpcHandler:
 
     method = grpc.unary_unary_rpc_method_handler(check, request_deserializer=None, response_serializer=None)
     return grpc.method_handlers_generic_handler(SERVICE, {"Check": method})
+
+
+def h2_health_routes(state: HealthState) -> dict[str, Route]:
+    """``Check`` and ``Watch`` on DLB's HTTP/2 transport (the request message is not read: one status
+    serves every service name). Subscribe the server's ``notify(WATCH_PATH, reply)`` to ``state``."""
+    return {CHECK_PATH: Route(lambda _request: (state.reply(), True)),
+            WATCH_PATH: Route(lambda _request: (state.reply(), False), watch=True)}
 
 
 def decode_status(reply: bytes) -> int:

@@ -23,7 +23,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from dlb.xds import types, wire
 from dlb.xds.snapshot import Resource, Snapshot
-from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, ServerContext, StreamBase, Subscription
+from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, ServerContext, StreamBase, Subscription, Waker
 
 _MAX_PENDING = 64
 
@@ -44,8 +44,8 @@ class DeltaTypeState:
 class DeltaStream(StreamBase):
     kind = "delta"
 
-    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
-        super().__init__(ctx, fixed_type, peer)
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str, wake: Waker | None = None) -> None:
+        super().__init__(ctx, fixed_type, peer, wake)
         self.states: dict[str, DeltaTypeState] = {}
 
     def handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> bool:

@@ -28,7 +28,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from dlb.xds import types, wire
 from dlb.xds.snapshot import Resource, Snapshot
-from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, BodyKey, ServerContext, StreamBase, Subscription
+from dlb.xds.stream import GATE_TYPES, ROUTE_TYPES, BodyKey, ServerContext, StreamBase, Subscription, Waker
 
 PARTIAL_SUFFIX = "~partial"
 
@@ -66,8 +66,8 @@ class _Plan:
 class SotwStream(StreamBase):
     kind = "sotw"
 
-    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
-        super().__init__(ctx, fixed_type, peer)
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str, wake: Waker | None = None) -> None:
+        super().__init__(ctx, fixed_type, peer, wake)
         self.states: dict[str, SotwTypeState] = {}
 
     def handle(self, req: discovery_pb2.DiscoveryRequest) -> bool:

@@ -1,10 +1,11 @@
 """What SotW and delta streams share: subscriptions, the make-before-break gate, node caching,
 watch lifetime, wake-ups, authorisation, nonces.
 
-A stream is two tasks: the reader applies each request to the stream state as it arrives and sets
-the wake event if a push may be due; the writer, when woken, computes one push from the *newest*
-snapshot and current subscriptions. So neither a burst of requests nor a burst of snapshots produces
-more than one response per type.
+On grpc.aio a stream is two tasks: the reader applies each request to the stream state as it arrives
+and sets the wake event if a push may be due; the writer, when woken, computes one push from the
+*newest* snapshot and current subscriptions. On the h2 transport (``dlb.xds.h2``) requests are applied
+as they arrive and the waker queues the stream for a push, with no task. Either way neither a burst of
+requests nor a burst of snapshots produces more than one response per type.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -241,6 +242,12 @@ class BodyCache:
         return body
 
 
+class Waker(Protocol):
+    """Told that a stream may have a push due (its snapshot changed, or a request needs an answer)."""
+
+    def set(self) -> None: ...
+
+
 class Wake:
     """What ``asyncio.Event`` does for the one waiter a stream has (its writer), without the Event's
     waiter deque: 0.7 KB less per stream, and one future per wait instead of a future plus deque work.
@@ -276,7 +283,7 @@ class StreamBase:
 
     kind = "sotw"
 
-    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str) -> None:
+    def __init__(self, ctx: ServerContext, fixed_type: str | None, peer: str, wake: Waker | None = None) -> None:
         self.ctx = ctx
         self.fixed_type = fixed_type  # per-type service (CDS, EDS, ...) rather than ADS
         self.peer = peer
@@ -286,7 +293,9 @@ class StreamBase:
         self.wrap_ok = False  # may SotW responses wrap resources (names outside the message)?
         self.key: str | None = None
         self._watch: Watch | None = None
-        self._wake = Wake()
+        #: Told when a push may be due: the writer task's :class:`Wake` (grpc.aio), or the h2 server's
+        #: push queue (``dlb.xds.h2``), which pushes from the loop without a task per stream.
+        self._wake: Waker = wake if wake is not None else Wake()
         self._snapshot_changed = False
         self._push_due = False
         self._eof = False
@@ -405,9 +414,7 @@ class StreamBase:
         try:
             async for req in request_iterator:
                 try:
-                    if self.handle(req):
-                        self._push_due = True
-                        self._wake.set()
+                    self.receive(req)
                 except StreamError as exc:
                     self._error = exc
                     return
@@ -419,35 +426,55 @@ class StreamBase:
             self._eof = True
             self._wake.set()
 
-    async def run(self, request_iterator: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    def begin(self) -> None:
+        """Count the stream against ``limits.streams`` (over it: RESOURCE_EXHAUSTED); pair with :meth:`end`."""
         if self.ctx.open_streams >= self.ctx.limits.streams:
             raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self.ctx.limits.streams} open streams",
                               limit="streams")
         self.ctx.open_streams += 1
+
+    def end(self) -> None:
+        """The stream is over: uncount it, cancel its watch, tell the observers."""
+        self.ctx.open_streams -= 1
+        if self._watch is not None:
+            self.ctx.cache.cancel(self._watch)
+            self._watch = None
+        if self.node is not None:
+            self.ctx.observer.stream_closed(self.node.id)
+            self.log.info("stream_closed")
+
+    def receive(self, req: Any) -> None:
+        """Apply one request; tell the waker if a push may now be due (raises :class:`StreamError`)."""
+        if self.handle(req):
+            self._push_due = True
+            self._wake.set()
+
+    def take_due(self) -> bool:
+        """Whether a push is due now (a new snapshot, or a request that may need an answer); clears it."""
+        need_push = self._snapshot_changed or self._push_due
+        self._snapshot_changed = self._push_due = False
+        return need_push and self.node is not None
+
+    async def run(self, request_iterator: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        self.begin()
         reader = asyncio.create_task(self._read(request_iterator))
+        wake = self._wake
+        assert isinstance(wake, Wake)
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
+                await wake.wait()
+                wake.clear()
                 if self._error is not None:
                     raise self._error
                 if self._eof:
                     return
-                need_push = self._snapshot_changed or self._push_due
-                self._snapshot_changed = self._push_due = False
-                if self.node is None or not need_push:
+                if not self.take_due():
                     continue
                 for response in self.push():
                     yield response
         finally:
-            self.ctx.open_streams -= 1
             reader.cancel()
-            if self._watch is not None:
-                self.ctx.cache.cancel(self._watch)
-                self._watch = None
-            if self.node is not None:
-                self.ctx.observer.stream_closed(self.node.id)
-                self.log.info("stream_closed")
+            self.end()
 
     # --- the state machine (synchronous: tests/unit/test_xds_stream.py drives it without a loop) ---
     def handle(self, req: Any) -> bool:  # pragma: no cover - abstract

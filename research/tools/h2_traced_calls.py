@@ -23,8 +23,8 @@ import hpack
 
 import dlb
 from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.h2 import PREFACE, H2Connection
-from dlb.ext_proc.transport.limits import TransportStats
+from dlb.transport.h2 import PREFACE, H2Connection
+from dlb.transport.limits import TransportStats
 
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "envoy_traced_header_blocks.txt"
 UNTRACED = [(":method", "POST"), (":path", PROCESS_METHOD), (":authority", "dlb_root_ext_proc"), (":scheme", "http"),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import hpack
 
-from dlb.ext_proc.transport.headers import CachingDecoder, parse_head
+from dlb.transport.headers import CachingDecoder, parse_head
 
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "envoy_traced_header_blocks.txt"
 UNTRACED = [(":method", "POST"), (":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"),

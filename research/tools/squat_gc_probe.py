@@ -19,7 +19,7 @@ from typing import Any
 
 import uvloop
 
-from dlb.ext_proc.transport.server import H2GrpcServer
+from dlb.transport.server import H2GrpcServer
 
 SQUATTER = r"""
 import resource, socket, struct, sys, time

@@ -1,4 +1,4 @@
-"""DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.transport.h2`) against independent peers.
+"""DLB's HTTP/2 gRPC transport (:mod:`dlb.transport.h2`) against independent peers.
 
 Here: the tests that run a real Envoy, the demo, network namespaces or the container;
 the others: ``tests/integration/test_ext_proc_h2.py``.

@@ -1,4 +1,4 @@
-"""DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.transport.h2`) against independent peers.
+"""DLB's HTTP/2 gRPC transport (:mod:`dlb.transport.h2`) against independent peers.
 
 The ``h2`` library (python-hyper) plays the client for protocol corners a well-behaved gRPC client
 never produces (CONTINUATION, padding, tiny flow-control windows, byte-by-byte delivery, bad
@@ -20,9 +20,9 @@ import h2.events
 import h2.settings
 import pytest
 
-from dlb.ext_proc.protocol import PROCESS_METHOD, h2_health_routes
-from dlb.ext_proc.transport.server import H2GrpcServer
-from dlb.service.health import HealthState
+from dlb.ext_proc.protocol import PROCESS_METHOD
+from dlb.service.health import HealthState, h2_health_routes
+from dlb.transport.server import H2GrpcServer
 
 METHOD = PROCESS_METHOD
 
@@ -282,7 +282,7 @@ def test_protocol_violations_get_goaway_and_do_not_hurt_other_connections(server
 
 def test_a_peer_parking_partial_messages_is_cut_off(server):
     """Half-sent messages are the one unbounded state: past 16 MiB the connection is closed."""
-    from dlb.ext_proc.transport.h2 import MAX_BUFFERED
+    from dlb.transport.h2 import MAX_BUFFERED
 
     c = Client(server.port)
     per_stream = 3 * 1024 * 1024  # each below the 4 MiB message limit, never completed

@@ -20,9 +20,9 @@ from bounded_wait import until
 from test_h2_bounds_unit import END_STREAM, headers_frames, request_block
 from test_h2_connection import METHOD, echo_upper, frame, grpc_message
 
-from dlb.ext_proc.transport.h2 import PREFACE, ErrorCode, FrameType
-from dlb.ext_proc.transport.limits import H2Limits
-from dlb.ext_proc.transport.server import H2GrpcServer
+from dlb.transport.h2 import PREFACE, ErrorCode, FrameType
+from dlb.transport.limits import H2Limits
+from dlb.transport.server import H2GrpcServer
 
 
 # --- row 3: connection cap, handshake and idle timeouts (sockets) ----------------------------------
@@ -221,7 +221,7 @@ def test_a_burst_of_connections_is_accepted_a_batch_per_loop_turn(serving: Servi
     """Row 3: uvloop accepted every queued connection in one loop turn (up to the 1024 backlog, 72-114 ms
     on a loaded box); now at most ACCEPT_BATCH are taken per turn, so the loop serves other work
     between batches. 200 connections queue while the loop is held; no turn opens more than a batch."""
-    from dlb.ext_proc.transport.pacing import ACCEPT_BATCH
+    from dlb.transport.pacing import ACCEPT_BATCH
 
     stats = serving.server.stats
     gate = hold_loop(serving)
@@ -238,7 +238,7 @@ def test_a_burst_of_connections_is_accepted_a_batch_per_loop_turn(serving: Servi
 def test_connections_closing_together_are_closed_a_batch_per_loop_turn(serving: Serving) -> None:
     """Row 3: an attacker leaving (or thousands reaching the handshake timeout together) closed every
     connection in the same loop turn; now at most CLOSE_BATCH close per turn."""
-    from dlb.ext_proc.transport.pacing import CLOSE_BATCH
+    from dlb.transport.pacing import CLOSE_BATCH
 
     stats = serving.server.stats
     socks = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(200)]
@@ -299,7 +299,7 @@ def test_clienthellos_arriving_together_are_answered_a_few_per_loop_turn(tls_ser
     """Answering a ClientHello costs a key exchange and a signature (0.5-1.7 ms here); thousands arriving
     in one loop turn blocked it 170-290 ms. 40 arrive while the loop is held: no turn answers more than
     HANDSHAKE_BATCH of them."""
-    from dlb.ext_proc.transport.pacing import HANDSHAKE_BATCH
+    from dlb.transport.pacing import HANDSHAKE_BATCH
 
     stats = tls_serving.server.stats
     socks = [socket.create_connection(("127.0.0.1", tls_serving.port)) for _ in range(40)]
@@ -363,7 +363,7 @@ def test_a_closed_connection_is_freed_without_the_garbage_collector(serving: Ser
 def test_a_new_connection_costs_one_write(serving: Serving, monkeypatch: pytest.MonkeyPatch) -> None:
     """Row 8: a squatter churns 1,000+ connections a second through the server. Our SETTINGS (with the
     connection window increase) and the ACK of the client's SETTINGS leave in one write, not two."""
-    from dlb.ext_proc.transport.server import H2GrpcProtocol
+    from dlb.transport.server import H2GrpcProtocol
 
     writes: list[bytes] = []
     real_write = H2GrpcProtocol._write

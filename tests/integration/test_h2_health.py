@@ -18,8 +18,8 @@ from test_h2_bounds import goaway_code, headers_frames, read_to_eof, request_blo
 from test_h2_connection import echo_upper, frame, grpc_message
 
 from dlb.ext_proc.protocol import ExtProcServer
-from dlb.ext_proc.transport.h2 import PREFACE, ErrorCode, FrameType
 from dlb.service.health import NOT_SERVING, SERVING, decode_status
+from dlb.transport.h2 import PREFACE, ErrorCode, FrameType
 
 END_STREAM = 0x1
 

@@ -23,7 +23,7 @@ import pytest
 from test_h2_bounds import Serving
 
 from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.limits import H2Limits
+from dlb.transport.limits import H2Limits
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED_TESTS = 146  # h2spec 2.x: generic + http2 + hpack sections

@@ -107,6 +107,34 @@ def test_every_grpc_aio_server_serves_grpc_health() -> None:
     assert asyncio.run(main()) == (SERVING, SERVING, NOT_SERVING)
 
 
+def test_the_control_planes_xds_port_serves_health_watch() -> None:
+    """On its xDS port the control plane answers Health/Watch too (Envoy's and orchestrators' streaming
+    health check): the status at once, then each change (grpc.aio served only Check there)."""
+    import asyncio
+
+    from dlb.config import config_from_dict
+    from dlb.control_plane.service import ControlPlane
+
+    async def main() -> list[int]:
+        cfg = config_from_dict({"version": 1, "cells": [{"name": "a", "servers": ["127.0.0.1:1"],
+                                                          "leaf": {"address": "127.0.0.1:2", "probe": "127.0.0.1:3"}}],
+                                "endpoints": [{"name": "chat", "match": {"prefix": "/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}]})
+        cp = ControlPlane(cfg, probe=False, flow_loop=False)
+        xds_port, _ = await cp.start("127.0.0.1:0", "127.0.0.1:0")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{xds_port}") as ch:
+                call = ch.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=None, response_deserializer=None)(b"", timeout=10)
+                seen = [decode_status(await call.read())]
+                cp.health.serving = False
+                seen.append(decode_status(await call.read()))
+                call.cancel()
+                return seen
+        finally:
+            await cp.stop()
+
+    assert asyncio.run(main()) == [SERVING, NOT_SERVING]
+
+
 def _one_root_config(folder: Path) -> tuple[Path, str]:
     """A one-cell config whose root has an ext_proc address of its own: (its path, that address)."""
     ext_proc = f"127.0.0.1:{free_port()}"

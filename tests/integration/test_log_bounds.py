@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from test_h2_fuzz import conversations
 
-from dlb.ext_proc.transport.h2 import PREFACE
 from dlb.procutil import free_port
 from dlb.testbed.process import ServiceProcess
+from dlb.transport.h2 import PREFACE
 
 pytestmark = pytest.mark.timeout(600)
 CONVERSATIONS = 1_500

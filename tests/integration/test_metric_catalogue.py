@@ -18,8 +18,8 @@ from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.root import RootService
-from dlb.ext_proc.transport.limits import TransportStats
 from dlb.service.metrics import serve_metrics
+from dlb.transport.limits import TransportStats
 from dlb.xds import SnapshotCache, StatusRegistry, StatusServer, types
 
 

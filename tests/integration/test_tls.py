@@ -73,14 +73,15 @@ async def _ads_first(target: str, creds: grpc.ChannelCredentials | None, node: b
     raise AssertionError("stream ended without a response")
 
 
-def test_control_plane_refuses_strangers_and_other_identities(pki) -> None:
-    asyncio.run(_control_plane_scenario(pki))
+@pytest.mark.parametrize("xds_transport", ["h2", "grpc"])
+def test_control_plane_refuses_strangers_and_other_identities(pki, xds_transport: str) -> None:
+    asyncio.run(_control_plane_scenario(pki, xds_transport))
 
 
-async def _control_plane_scenario(pki) -> None:
+async def _control_plane_scenario(pki, xds_transport: str) -> None:
     tls: TlsFiles = pki["tls"]
     cfg = config_from_dict(_doc({"ca": tls.ca, "cert": tls.cert, "key": tls.key}))
-    cp = ControlPlane(cfg, probe=False, flow_loop=False)
+    cp = ControlPlane(cfg, probe=False, flow_loop=False, xds_transport=xds_transport)
     xds_port, status_port = await cp.start("127.0.0.1:0", "127.0.0.1:0")
     target = f"127.0.0.1:{xds_port}"
     root_a = load_identity(tls, "root-a").channel_credentials()
@@ -256,7 +257,7 @@ def test_failed_tls_handshakes_do_not_use_up_the_connection_cap(pki) -> None:
     never made nor lost: counted at accept, each failed handshake stayed in the server's connection set for
     good, and once the cap was reached every new connection (Envoy's too) was refused after its handshake.
     Here the cap is 2: five plaintext clients fail their handshakes, then an mTLS client is still served."""
-    from dlb.ext_proc.transport.limits import H2Limits
+    from dlb.transport.limits import H2Limits
 
     tls: TlsFiles = pki["tls"]
 
@@ -298,7 +299,7 @@ def test_tls_connections_count_against_the_cap_before_any_handshake(pki) -> None
     a 233-315 ms loop block). With TLS inside the transport the cap acts at accept: three silent
     connections fill a cap of 3, and a fourth gets in only by the oldest silent one being closed,
     counted, before any handshake."""
-    from dlb.ext_proc.transport.limits import H2Limits
+    from dlb.transport.limits import H2Limits
 
     tls: TlsFiles = pki["tls"]
 
@@ -328,7 +329,7 @@ def test_a_tls_handshake_not_finished_in_time_is_a_counted_handshake_timeout(pki
     timeout closed it without a count); garbage instead of a ClientHello is a counted ``tls_failures``."""
     import ssl
 
-    from dlb.ext_proc.transport.limits import H2Limits
+    from dlb.transport.limits import H2Limits
 
     tls: TlsFiles = pki["tls"]
     client = ssl.create_default_context(cafile=tls.ca)

@@ -149,7 +149,8 @@ def test_a_renewed_client_certificate_is_presented_by_the_probes_next_connection
     asyncio.run(scenario())
 
 
-def test_the_xds_client_reconnects_with_a_renewed_certificate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["h2", "grpc"])
+def test_the_xds_client_reconnects_with_a_renewed_certificate(tmp_path: Path, transport: str) -> None:
     """The xDS stream opened before a renewal goes on (it gets the next update); the reconnect after the
     control plane restarts presents the renewed client certificate (a channel keeps its pair otherwise)."""
     from google.protobuf import struct_pb2
@@ -176,7 +177,8 @@ def test_the_xds_client_reconnects_with_a_renewed_certificate(tmp_path: Path) ->
 
     async def scenario() -> None:
         cache = SnapshotCache()
-        server = XdsServer(cache, admission=admit, credentials=cp.server_credentials())
+        tls_args = {"credentials": cp.server_credentials()} if transport == "grpc" else {"ssl_context": cp.server_ssl_context()}
+        server = XdsServer(cache, admission=admit, transport=transport, **tls_args)
         port = await server.start()
         tls = component_identity(secret.tls, "root", "a")
         assert tls is not None
@@ -193,7 +195,7 @@ def test_the_xds_client_reconnects_with_a_renewed_certificate(tmp_path: Path) ->
             await until_in_loop(lambda: sub.version == v2, "v2 over the stream opened before the renewal")
             assert set(callers) == {_serial(first[0])}
             await server.stop(None)
-            server2 = XdsServer(cache, admission=admit, credentials=cp.server_credentials())
+            server2 = XdsServer(cache, admission=admit, transport=transport, **tls_args)
             await server2.start(f"127.0.0.1:{port}")
             await until_in_loop(lambda: len(callers) >= 2 and client.connected.is_set(), "a reconnect")
             assert callers[-1] == _serial(renewed[0])

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import urllib.request
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -22,6 +23,7 @@ from google.protobuf import struct_pb2
 
 from dlb.errors import BindError
 from dlb.xds import Snapshot, SnapshotCache, StatusServer, XdsServer, types
+from dlb.xds.callbacks import NoCallbacks
 from dlb.xds.snapshot import Resource
 from dlb.xds.testing import RawStream, ack, decode, eds_cluster, http_listener, load_assignment, nack, names_of, node, route_config, sotw_request
 
@@ -34,9 +36,21 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
+#: The transport every test here runs on (the ``transport`` fixture sets it: each test runs on both).
+TRANSPORT = ["h2"]
+
+
+@pytest.fixture(autouse=True, params=["h2", "grpc"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    TRANSPORT[0] = request.param
+    yield request.param
+    TRANSPORT[0] = "h2"
+
+
 class Env:
     def __init__(self, **kw) -> None:
         self.cache = SnapshotCache(**{k: v for k, v in kw.items() if k == "node_key"})
+        kw.setdefault("transport", TRANSPORT[0])
         self.server = XdsServer(self.cache, **{k: v for k, v in kw.items() if k != "node_key"})
         self.streams: list[RawStream] = []
 
@@ -330,6 +344,38 @@ def test_custom_types_over_ads_and_watch_cancelled_on_close():
     run(main())
 
 
+class FailsFor(NoCallbacks):
+    """An observer with a bug that shows for one node: it raises whenever a response is sent to it."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
+        if node_id == self.node_id:
+            raise RuntimeError("observer bug")
+
+
+def test_a_push_that_raises_fails_only_its_own_stream():
+    """A bug while pushing to one stream ends that stream with an error; the other streams keep getting
+    every snapshot (on h2 all pushes share one queue, which must not stop)."""
+    async def main():
+        async with xds(callbacks=[FailsFor("bad")]) as env:
+            bad, good = env.stream(), env.stream()
+            for n in ("bad", "good"):
+                env.cache.set_snapshot(n, snap(clusters=("c1",)))
+            await bad.send(sotw_request(CDS, node=node("bad")))
+            await good.send(sotw_request(CDS, node=node("good")))
+            await good.send(ack(await good.recv()))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await bad.recv()
+            for round_no in range(2):  # the queue goes on after the failure
+                v = env.cache.set_snapshot("good", snap(clusters=(f"c{round_no + 2}",)))
+                r = await good.recv()
+                assert r.version_info == v
+                await good.send(ack(r))
+    run(main())
+
+
 def test_status_endpoint_and_metrics():
     """The status endpoint and the metrics expose, per node and type, the sent and ACKed versions and the last NACK."""
     async def main():
@@ -566,7 +612,7 @@ def test_second_server_on_the_same_address_fails():
     """A second server on an address already bound fails with BindError naming the port."""
     async def main():
         async with xds() as env:
-            other = XdsServer(SnapshotCache())
+            other = XdsServer(SnapshotCache(), transport=TRANSPORT[0])
             try:
                 with pytest.raises(BindError, match=str(env.server.port)):
                     await other.start(f"127.0.0.1:{env.server.port}")

@@ -59,7 +59,7 @@ def test_bad_h2_limits_on_the_command_line_name_the_flag(flag: str, value: str, 
 
 def test_h2_limits_refuse_settings_that_cannot_be_sent() -> None:
     """Every bound the transport advertises in SETTINGS fits the frame's 32-bit value."""
-    from dlb.ext_proc.transport.limits import H2Limits
+    from dlb.transport.limits import H2Limits
 
     for name in ("max_concurrent_streams", "max_header_list"):
         with pytest.raises(ValueError, match=f"H2Limits.{name} must be <= 4294967295"):

@@ -1,4 +1,4 @@
-"""DLB's HTTP/2 gRPC transport (:mod:`dlb.ext_proc.transport.h2`) against independent peers.
+"""DLB's HTTP/2 gRPC transport (:mod:`dlb.transport.h2`) against independent peers.
 
 Here: the tests that run in-process (no sockets, no processes);
 the others: ``tests/integration/test_ext_proc_h2.py``.
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_ext_proc_h2 import METHOD
 
-from dlb.ext_proc.transport.h2 import CachingDecoder
+from dlb.transport.h2 import CachingDecoder
 
 # -- the HPACK cache is exact --------------------------------------------------------------------
 _names = st.sampled_from(["x-a", "x-b", "x-session-id", ":path", "content-type"])

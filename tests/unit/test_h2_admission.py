@@ -1,8 +1,8 @@
-"""Who keeps a connection slot at the caps (dlb/ext_proc/transport/admission.py): pure bookkeeping."""
+"""Who keeps a connection slot at the caps (dlb/transport/admission.py): pure bookkeeping."""
 
 from __future__ import annotations
 
-from dlb.ext_proc.transport.admission import Admission
+from dlb.transport.admission import Admission
 
 
 def test_at_the_peer_cap_the_peers_oldest_unproven_connection_gives_way() -> None:

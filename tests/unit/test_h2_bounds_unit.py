@@ -14,8 +14,8 @@ import hpack
 import pytest
 from test_h2_connection import METHOD, Pair, echo_upper, frame, grpc_message
 
-from dlb.ext_proc.transport.h2 import PREFACE, ErrorCode, FrameType, H2Connection, SettingCode, StreamReset
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
+from dlb.transport.h2 import PREFACE, ErrorCode, FrameType, H2Connection, SettingCode, StreamReset
+from dlb.transport.limits import H2Limits, TransportStats
 
 END_STREAM, END_HEADERS = 0x1, 0x4
 

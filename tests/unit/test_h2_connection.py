@@ -1,4 +1,4 @@
-"""The sans-I/O HTTP/2 connection (:class:`dlb.ext_proc.transport.h2.H2Connection`), fed frames directly.
+"""The sans-I/O HTTP/2 connection (:class:`dlb.transport.h2.H2Connection`), fed frames directly.
 
 No sockets, no event loop, no threads: bytes go from the ``h2`` library's client state machine
 (python-hyper, an independent implementation) straight into ``receive_data`` and back from
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dlb.errors import DlbError
 from dlb.ext_proc.protocol import PROCESS_METHOD
-from dlb.ext_proc.transport.h2 import (
+from dlb.transport.h2 import (
     CALL,
     PREFACE,
     TRANSITIONS,

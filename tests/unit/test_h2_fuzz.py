@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from test_h2_bounds_unit import request_block
 from test_h2_connection import METHOD, echo_upper, frame, grpc_message
 
-from dlb.ext_proc.transport.h2 import PREFACE, ConnectionTerminated, FrameType, H2Connection
-from dlb.ext_proc.transport.headers import CachingDecoder, parse_head
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
+from dlb.transport.h2 import PREFACE, ConnectionTerminated, FrameType, H2Connection
+from dlb.transport.headers import CachingDecoder, parse_head
+from dlb.transport.limits import H2Limits, TransportStats
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Small bounds, so that examples reach them.

@@ -15,7 +15,7 @@ from dlb.core.bfio import DpBalancer
 from dlb.core.hold_queue import HoldQueue
 from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf_state import HELD, HOLD_FULL, Completion, LeafState, ServerState
-from dlb.ext_proc.transport.h2 import Later
+from dlb.transport.h2 import Later
 from tests.unit.test_h2_connection import Pair, grpc_message
 
 RANKS = [f"10.0.0.1:{8000 + r}" for r in range(4)]

@@ -1,4 +1,4 @@
-"""The transport's HPACK decoder (:mod:`dlb.ext_proc.transport.hpack_decoder`) against RFC 7541 and ``hpack``.
+"""The transport's HPACK decoder (:mod:`dlb.transport.hpack_decoder`) against RFC 7541 and ``hpack``.
 
 Rules: every block decodes to the fields RFC 7541 Appendix C gives and leaves the table it gives; any
 block (encoded or garbage) gives what ``hpack.Decoder`` gives — the same fields and dynamic table, or
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlb.ext_proc.transport import hpack_decoder, huffman
-from dlb.ext_proc.transport.hpack_decoder import Decoder
-from dlb.ext_proc.transport.huffman import decode_huffman
+from dlb.transport import hpack_decoder, huffman
+from dlb.transport.hpack_decoder import Decoder
+from dlb.transport.huffman import decode_huffman
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "envoy_traced_header_blocks.txt"

@@ -146,7 +146,7 @@ def test_the_tls_session_returns_every_record_however_the_bytes_are_cut(pki) -> 
     all come out, and a record cut in two only once its second half arrives."""
     import ssl
 
-    from dlb.ext_proc.transport.tls import TlsServerSession
+    from dlb.transport.tls import TlsServerSession
 
     tls: TlsFiles = pki["tls"]
     ident = load_identity(tls, "leaf-a")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from dlb.ext_proc.transport.hpack_decoder import Decoder
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
+from dlb.transport.hpack_decoder import Decoder
+from dlb.transport.limits import H2Limits, TransportStats
 
 #: Header fields that are HTTP/1 connection-specific: a request carrying one is malformed (§8.2.2).
 CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})

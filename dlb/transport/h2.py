@@ -51,9 +51,9 @@ import hpack.exceptions
 from google.protobuf.message import DecodeError
 
 from dlb.errors import DlbError
-from dlb.ext_proc.transport.headers import CachingDecoder, HeaderBlock
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
 from dlb.log import get_logger
+from dlb.transport.headers import CachingDecoder, HeaderBlock
+from dlb.transport.limits import H2Limits, TransportStats
 
 log = get_logger("dlb.h2server")
 
@@ -80,6 +80,54 @@ class Later:
 
 #: The request path of a service: one serialised message in, ``(reply or None, end_of_call)`` out.
 Handler = Callable[[bytes], "tuple[bytes | Later | None, bool]"]
+
+
+class StreamCall(Protocol):
+    """A long-lived bidirectional call (xDS's ADS): told each message, the client's half-close and
+    the stream's end; it answers whenever it likes through its :class:`CallHandle`."""
+
+    def on_message(self, message: bytes) -> None: ...
+    def on_half_close(self) -> None: ...
+    def on_closed(self) -> None: ...
+
+
+class CallHandle:
+    """What a :class:`StreamCall` answers through: messages at any time, then one status.
+
+    Why not a task and a queue per call: a grpc.aio stream costs a future and a thread hand-off per
+    message each way; here a message is a method call inside ``data_received`` and a send is a queued
+    frame written at once (``on_output``), so 5,000 xDS streams cost no task while idle.
+    """
+
+    __slots__ = ("_conn", "_stream")
+
+    def __init__(self, conn: H2Connection, stream: _Stream) -> None:
+        self._conn, self._stream = conn, stream
+
+    @property
+    def peer(self) -> str:
+        return self._conn.peer
+
+    @property
+    def peer_auth(self) -> Mapping[str, Sequence[bytes]]:
+        """The verified client certificate's SANs (gRPC's auth-context keys); empty on plaintext."""
+        return self._conn.peer_auth
+
+    @property
+    def open(self) -> bool:
+        return self._stream.state not in LOCAL_DONE and self._conn.streams.get(self._stream.sid) is self._stream
+
+    def send(self, message: bytes) -> None:
+        """Send one message (flow-controlled: queued while the peer's window is shut)."""
+        conn = self._conn
+        conn._send_message(self._stream, message)
+        conn.flush_later()
+
+    def finish(self, status: GrpcStatus, message: str = "") -> None:
+        """End the call with a gRPC status (trailers)."""
+        conn = self._conn
+        conn._finish(self._stream, status, message)
+        conn.flush_later()
 
 
 @dataclass(slots=True)
@@ -218,7 +266,7 @@ MAX_WINDOW = 2**31 - 1
 #: What we let the peer send before it must wait for a WINDOW_UPDATE, per stream and per connection.
 RECV_WINDOW = 1 << 20
 MAX_FRAME = 16384  # we keep the protocol default for frames we receive
-#: grpc's default receive limit; the ext_proc messages DLB needs are a few KB.
+#: grpc's default receive limit (``H2Limits.max_message``'s default).
 MAX_MESSAGE = 4 * 1024 * 1024
 _DEFAULTS = H2Limits()
 # The defaults under their historical names (tests and callers that predate H2Limits).
@@ -351,6 +399,7 @@ class _Stream:
     held: int = 0  # bytes of ``buf`` counted in H2Connection.buffered and the server's total
     traceparent: bytes | None = None  # the call's trace context (HeaderBlock.traceparent)
     call_state: Any = None  # the handler's per-call state (CallContext.state)
+    call: StreamCall | None = None  # a bidirectional call's handler (Route.open_call), told when the stream ends
 
     def apply(self, event: StreamInput) -> StreamState:
         """Move to the state :data:`TRANSITIONS` gives; raises :class:`StreamStateError` if none."""
@@ -367,10 +416,21 @@ class Route:
 
     ``watch``: a server-streaming call (``grpc.health.v1.Health/Watch``): the client's half-close does
     not end it, and :meth:`H2Connection.notify` sends it each later message until the server ends it.
+    ``open_call``: a bidirectional call (``handler`` unused): each stream gets its own :class:`StreamCall`,
+    which ends it when it chooses; the server's stop ends it like a watch.
     """
 
     handler: Handler
     watch: bool = False
+    open_call: Callable[[CallHandle], StreamCall] | None = None
+
+    @classmethod
+    def bidi(cls, open_call: Callable[[CallHandle], StreamCall]) -> Route:
+        return cls(_no_handler, watch=True, open_call=open_call)
+
+
+def _no_handler(_message: bytes) -> tuple[bytes | Later | None, bool]:  # pragma: no cover - never called
+    raise AssertionError("a bidirectional route's messages go to its StreamCall")
 
 
 def route_table(path: bytes, handler: Handler, routes: Mapping[bytes, Route] | None = None) -> dict[bytes, Route]:
@@ -462,6 +522,10 @@ class H2Connection:
         self.control_budget = limits.control_frame_allowance
         #: Called when output was queued outside :meth:`receive_data` (a :class:`Later` reply): write it.
         self.on_output: Callable[[], None] | None = None
+        self._receiving = False  # inside receive_data: output is written when it returns
+        #: Set by the I/O layer: the peer's address and, under TLS, its verified certificate's SANs.
+        self.peer = ""
+        self.peer_auth: Mapping[str, Sequence[bytes]] = {}
 
     # -- the API -------------------------------------------------------------------------------------
     def initiate(self) -> None:
@@ -489,9 +553,14 @@ class H2Connection:
                 self._send_message(stream, message)
 
     def end_watches(self, status: GrpcStatus, message: str = "") -> None:
-        """End every watch call (shutdown: they would otherwise never finish)."""
+        """End every watch and bidirectional call (shutdown: they would otherwise never finish)."""
         for stream in list(self.watchers.values()):
             self._finish(stream, status, message)
+
+    def flush_later(self) -> None:
+        """Output was queued by a :class:`CallHandle`: write it now, unless ``receive_data`` will."""
+        if not self._receiving and self.on_output is not None:
+            self.on_output()
 
     @property
     def decoder(self) -> CachingDecoder:
@@ -502,8 +571,9 @@ class H2Connection:
 
     def connection_lost(self) -> None:
         """Forget every stream and give back the server-wide budget this connection held."""
-        for stream in self.streams.values():
+        for stream in list(self.streams.values()):
             self._cancel_later(stream)
+            self._end_call(stream)
         self.streams.clear()
         self.watchers.clear()
         self.conn_blocked.clear()
@@ -519,6 +589,7 @@ class H2Connection:
             return _NO_EVENTS
         buf = self.buf
         buf += data
+        self._receiving = True
         try:
             if not self.preface_seen:
                 if len(buf) < len(PREFACE):
@@ -544,6 +615,8 @@ class H2Connection:
             del buf[:pos]
         except H2Error as exc:
             self._connection_error(exc)
+        finally:
+            self._receiving = False
         if not self._events:
             return _NO_EVENTS
         events, self._events = self._events, []
@@ -718,6 +791,17 @@ class H2Connection:
                 self._finish(stream, GrpcStatus.UNIMPLEMENTED, f"unknown method {(head.path or b'').decode('latin-1')}")
                 return
             stream.route = route
+            if route.open_call is not None:
+                self.watchers[sid] = stream
+                try:
+                    stream.call = route.open_call(CallHandle(self, stream))
+                except Exception:  # a bug in the handler fails this stream, not the connection
+                    self.stats.handler_errors += 1
+                    log.exception("h2_call_open_failed", errors=self.stats.handler_errors)
+                    self._finish(stream, GrpcStatus.INTERNAL, "handler failed")
+                    return
+                if stream.sid not in self.streams:
+                    return  # the call refused itself at once (a server-wide stream limit)
         if flags & END_STREAM:
             self._remote_end(stream)
 
@@ -762,8 +846,8 @@ class H2Connection:
                 if buf[0] != 0:
                     self._finish(stream, GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported")
                     break
-                if n > MAX_MESSAGE:
-                    self._finish(stream, GrpcStatus.RESOURCE_EXHAUSTED, f"message of {n} bytes exceeds {MAX_MESSAGE}")
+                if n > self.limits.max_message:
+                    self._finish(stream, GrpcStatus.RESOURCE_EXHAUSTED, f"message of {n} bytes exceeds {self.limits.max_message}")
                     break
                 if len(buf) < 5 + n:
                     break
@@ -797,9 +881,13 @@ class H2Connection:
         self.stats.messages += 1
         route = stream.route
         assert route is not None  # a stream without a route was answered when it opened
+        call = stream.call
         CALL.traceparent = stream.traceparent
         CALL.state = stream.call_state
         try:
+            if call is not None:
+                call.on_message(message)
+                return
             reply, end = route.handler(message)
             stream.call_state = CALL.state
         except DecodeError as exc:  # what the peer sent: a line without a traceback (rate-limited, dlb.log)
@@ -843,6 +931,13 @@ class H2Connection:
             self._reply_plain(stream)
         elif stream.buf:
             self._finish(stream, GrpcStatus.INTERNAL, "stream ended inside a message")
+        elif stream.call is not None:
+            try:
+                stream.call.on_half_close()  # the call decides when it ends
+            except Exception:
+                self.stats.handler_errors += 1
+                log.exception("h2_call_failed", errors=self.stats.handler_errors)
+                self._finish(stream, GrpcStatus.INTERNAL, "handler failed")
         elif stream.sid not in self.watchers:
             self._finish(stream, GRPC_OK)  # the client half-closed: the call is complete
 
@@ -1018,6 +1113,7 @@ class H2Connection:
         sid = stream.sid
         self.streams.pop(sid, None)
         self._cancel_later(stream)
+        self._end_call(stream)
         if self.conn_blocked:
             self.conn_blocked.pop(sid, None)
         if self.watchers:
@@ -1027,6 +1123,16 @@ class H2Connection:
         stream.trailers = None
         if stream.held or stream.buf:
             self._unbuffer(stream)
+
+    @staticmethod
+    def _end_call(stream: _Stream) -> None:
+        """Tell a bidirectional call its stream is gone (once: finished, reset or the connection lost)."""
+        call, stream.call = stream.call, None
+        if call is not None:
+            try:
+                call.on_closed()
+            except Exception:
+                log.exception("h2_call_close_failed")
 
     @staticmethod
     def _cancel_later(stream: _Stream) -> None:

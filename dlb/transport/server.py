@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from dlb.ext_proc.transport.admission import Admission
-from dlb.ext_proc.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route, route_table
-from dlb.ext_proc.transport.limits import H2Limits, TransportStats
-from dlb.ext_proc.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
-from dlb.ext_proc.transport.tls import TlsServerSession
 from dlb.log import get_logger
+from dlb.transport.admission import Admission
+from dlb.transport.h2 import ConnectionTerminated, GrpcStatus, H2Connection, Handler, Route, route_table
+from dlb.transport.limits import H2Limits, TransportStats
+from dlb.transport.pacing import CLOSE_BATCH, HANDSHAKE_BATCH, BoundedListener, TurnBudget, listen_sockets
+from dlb.transport.tls import TlsServerSession
 
 log = get_logger("dlb.h2server")
 
@@ -84,6 +84,10 @@ class H2GrpcProtocol(asyncio.Protocol):
         only with ``send=False``: the caller writes them with its answer to the client's first bytes)."""
         conn = self.conn = self.make_conn()
         conn.on_output = self.flush
+        transport = self.transport
+        if transport is not None:
+            peer = transport.get_extra_info("peername")
+            conn.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
         conn.initiate()
         if send:
             self._write(conn.data_to_send())
@@ -288,7 +292,7 @@ class TlsH2GrpcProtocol(H2GrpcProtocol):
             return
         if handshaking and tls.handshake_done:
             self._handshake_over()
-            self._open()  # our SETTINGS, the first frame inside TLS
+            self._open().peer_auth = tls.peer_auth()  # our SETTINGS, the first frame inside TLS
         if plain:
             super().data_received(plain)
         super()._write(tls.data_to_send())  # handshake messages, session tickets
@@ -328,6 +332,9 @@ class H2GrpcServer:
     #: Closes and TLS handshake steps, a bounded number per loop turn (:mod:`.pacing`).
     closer: TurnBudget = field(default_factory=lambda: TurnBudget(CLOSE_BATCH))
     handshakes: TurnBudget = field(default_factory=lambda: TurnBudget(HANDSHAKE_BATCH))
+    #: TCP keepalive (idle seconds, probe interval, probes) on accepted sockets: long-lived calls (xDS)
+    #: notice a peer host that vanished without a FIN; None: off (ext_proc streams are short).
+    tcp_keepalive: tuple[int, int, int] | None = None
 
     async def start(self, host: str, port: int, reuse_port: bool = False, ssl: ssl_module.SSLContext | None = None) -> int:
         """Listen and return the bound port (``port=0`` picks a free one); with ``ssl``, TLS (its ALPN must
@@ -370,6 +377,12 @@ class H2GrpcServer:
                 stats.connections_evicted += 1
                 victim.evict()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tcp_keepalive is not None:
+                idle, interval, probes = self.tcp_keepalive
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
             proto = (H2GrpcProtocol(make_conn, stats, limits, forget, closer) if ssl is None else
                      TlsH2GrpcProtocol(make_conn, stats, limits, forget, ssl, closer, self.handshakes))
             proto.on_proven = proven

@@ -73,10 +73,12 @@ class H2Limits:
     #: Control frames (SETTINGS, PING, PRIORITY, RST_STREAM, WINDOW_UPDATE) a peer may send beyond
     #: 10 per stream opened or DATA frame sent to it; more is a flood (ENHANCE_YOUR_CALM).
     control_frame_allowance: int = 10_000
+    #: Largest gRPC message a client may send (grpc's default); a larger one ends its call RESOURCE_EXHAUSTED.
+    max_message: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_streams", "max_header_list", "header_cache_bytes", "max_buffered",
-                     "closed_streams_remembered", "control_frame_allowance", "max_pending_tls_handshakes"):
+                     "closed_streams_remembered", "control_frame_allowance", "max_pending_tls_handshakes", "max_message"):
             if getattr(self, name) < 1:
                 raise ValueError(f"H2Limits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_connections < 0:

@@ -79,6 +79,19 @@ class TlsServerSession:
     def data_to_send(self) -> bytes:
         return self._out.read() if self._out.pending else b""
 
+    def peer_auth(self) -> dict[str, list[bytes]]:
+        """The verified client certificate under gRPC's auth-context keys (every SAN under
+        ``x509_subject_alternative_name``, URI SANs under ``peer_uri``, the PEM under ``x509_pem_cert``);
+        empty without one."""
+        cert = self._obj.getpeercert() if self.handshake_done else None
+        if not cert:
+            return {}
+        sans = list(cert.get("subjectAltName", ()))
+        der = self._obj.getpeercert(binary_form=True)
+        return {"x509_subject_alternative_name": [str(v).encode() for _k, v in sans],
+                "peer_uri": [str(v).encode() for k, v in sans if k == "URI"],
+                "x509_pem_cert": [ssl.DER_cert_to_PEM_cert(der).encode()] if der else []}
+
     def close(self) -> None:
         """Queue our close_notify (the peer's answer is not waited for: the socket closes next)."""
         if self.handshake_done:

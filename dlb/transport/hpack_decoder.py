@@ -23,7 +23,7 @@ from functools import lru_cache
 from hpack.exceptions import HPACKDecodingError, InvalidTableIndex, InvalidTableSizeError, OversizedHeaderListError
 from hpack.table import HeaderTable
 
-from dlb.ext_proc.transport.huffman import decode_huffman
+from dlb.transport.huffman import decode_huffman
 
 Field = tuple[bytes, bytes]
 
