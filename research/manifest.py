@@ -95,6 +95,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                            "--load 0.85,0.95 --policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/relaxation-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
                                           "--replicas 1 --noise 0 --jobs 1 --rule relaxation --json FILE"),
+    ("routing-stress/*-lag-*.json", "python research/routing-stress/probe.py --seeds 5811,5812,5813 --util U --minutes 4 --model M "
+                                    "--workers 2 --policies ... --json FILE (research/routing-stress/lag-rule.md)"),
     ("routing-stress/*smooth*.json", "python research/routing-stress/probe.py --seeds S --util U --minutes 4 --model batched "
                                      "--policies P --json FILE (S, U, P: README, 'Smooth weighted round robin')"),
     ("sim/theory-load/default-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
