@@ -92,6 +92,8 @@ class FlowConfig:
     #: a lead of about the inverse of that adds the phase that damps it; a fixed 5-s lead acts only at
     #: faster frequencies (research/theory.md, "Batched servers"). The step size is untouched, so a cell
     #: that overflows is shed as fast as before — its rising trend makes it look dearer, not slower.
+    #: Off: on fresh seeds it halved the 95 % share swing but made Flow-Grad worse at 80 % (+0.023 × Rand),
+    #: T being read from fits that put batched cells near saturation (research/routing-stress/lag.md).
     lead_gain: float = 0.0
     lead_max_s: float = 60.0
     #: Cold start: for this long after a root's first flow step with a fresh probe, a root that routes its
