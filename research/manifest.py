@@ -104,6 +104,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                            "--load 0.85,0.95 --policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/relaxation-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
                                           "--replicas 1 --noise 0 --jobs 1 --rule relaxation --json FILE"),
+    ("routing-stress/*-lagdiag-*.json", "python research/routing-stress/probe.py --seeds 9701,9702,9703 --util 0.95 --minutes 4 "
+                                        "--model batched --workers 2 --policies 'Rand;Flow-Lat;Flow-Grad;Flow-Lat[lead_gain=1];"
+                                        "Flow-Grad[lead_gain=1]' --json FILE"),
+    ("routing-stress/*-lag2-*.json", "python research/routing-stress/probe.py --seeds 5821,5822,5823,5825,5834,5835 --util U "
+                                     "--minutes 4 --model M --workers 2 --policies ... --json FILE (research/routing-stress/lag-rule.md)"),
+    ("routing-stress/*-lag-*.json", "python research/routing-stress/probe.py --seeds 5811,5812,5813 --util U --minutes 4 --model M "
+                                    "--workers 2 --policies ... --json FILE (research/routing-stress/lag-rule.md)"),
     ("routing-stress/*smooth*.json", "python research/routing-stress/probe.py --seeds S --util U --minutes 4 --model batched "
                                      "--policies P --json FILE (S, U, P: README, 'Smooth weighted round robin')"),
     ("sim/theory-load/default-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "

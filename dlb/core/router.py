@@ -41,6 +41,7 @@ from dlb.core.flow import (
     feedback_delay,
     fleet_rate,
     flow_step,
+    lead_horizon,
     saturation_workload,
     workload_at_rate,
 )
@@ -464,8 +465,8 @@ class RootRouter:
             # The trend runs on for at most the cell's own relaxation time 1/μ'(N): a lightly loaded
             # cell settles within about one latency, and a longer lead would only slow the step.
             dmu = np.maximum(d_service_rate(n_obs, m.a, m.b, m.c, m.s), 1e-9)
-            horizon = np.minimum(cfg.lead_s, 1.0 / dmu)
-            n_cost = np.maximum(n_obs + horizon * self._n_rate, 0.0)
+            tau = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
+            n_cost = np.maximum(n_obs + lead_horizon(1.0 / dmu, tau, cfg) * self._n_rate, 0.0)
         else:
             n_cost = n_obs
         if self._routes_own and not math.isnan(self._warm_until) and self._warm_until > -math.inf:

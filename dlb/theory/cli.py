@@ -30,6 +30,7 @@ from dlb.theory.fluid import (
     scale_networks,
     targets,
 )
+from dlb.theory.loop import loop_table
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -63,10 +64,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "equilibria solved with scipy.optimize."
         ),
     )
-    p.add_argument("--set", dest="topology_set", choices=("scale", "paper", "dynamics"), default="scale",
+    p.add_argument("--set", dest="topology_set", choices=("scale", "paper", "dynamics", "loop"), default="scale",
                    help="topology set: 'scale' = complete and sparse graphs of --sizes cells (default); "
                    "'paper' = --topologies random 3–6-cell, 70%%-dense graphs; 'dynamics' = a 2-cell case whose "
-                   "queue relaxes far slower than the network answers, run under both flow delay rules")
+                   "queue relaxes far slower than the network answers, run under both flow delay rules; 'loop' = the "
+                   "linearised flow loop's damping per queue relaxation time and lead rule (no simulation)")
     p.add_argument("--sizes", default=",".join(str(n) for n in SCALE_SIZES), help="cell counts of the scale set (default %(default)s)")
     p.add_argument("--graphs", default=",".join(g for g, _ in SCALE_GRAPHS), help="graphs of the scale set (default %(default)s)")
     p.add_argument("--load", default=None,
@@ -128,7 +130,21 @@ def _resumed(partial: str, settings: dict[str, Any]) -> list[Record]:
     return list(kept.values())
 
 
+def print_loop() -> int:
+    """``--set loop``: the linearised loop of :mod:`dlb.theory.loop`; exits 1 if the lag-aware lead does
+    not damp every case (phase margin ≥ 40°, second half-cycle ≤ 0.2 of the first)."""
+    rows = loop_table()
+    print(f"{'T (s)':>7}  {'rule':15} {'lead (s)':>8} {'margin (deg)':>12} {'ring':>6}")
+    for relax, name, lead, pm, ring in rows:
+        print(f"{relax:7g}  {name:15} {lead:8.1f} {pm:12.1f} {ring:6.2f}")
+    ok = all(pm >= 40 and ring <= 0.2 for relax, name, _, pm, ring in rows if name == "lag-aware lead" and relax >= 100)
+    print(f"  {'PASS' if ok else 'FAIL'}  lag-aware lead: margin >= 40 deg and ring <= 0.2 for T >= 100 s")
+    return 0 if ok else 1
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    if args.topology_set == "loop":
+        return print_loop()
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:

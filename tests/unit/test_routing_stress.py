@@ -8,7 +8,7 @@ import pytest
 
 from dlb.core.aversion import AversionConfig, cap_to_headroom, fold_into_split
 from dlb.core.costs import Cost, offered_inflation
-from dlb.core.flow import FlowConfig, adapt_gain
+from dlb.core.flow import FlowConfig, adapt_gain, lead_horizon
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
@@ -139,3 +139,30 @@ def test_flow_step_leads_a_rising_workload() -> None:
         moved[lead] = float(r.x[0])
     assert moved[0.0] == pytest.approx(0.5, abs=0.005)
     assert moved[5.0] < 0.49
+
+
+def test_lag_aware_lead_reaches_as_far_as_the_queue_is_slow_and_no_further() -> None:
+    """lead_horizon: gain 0 is the fixed lead (capped at T); gain 1 is √(τ̄T/κ) within [lead_s, min(T, lead_max_s)]."""
+    relax = np.array([2.0, 10.0, 1000.0, 1e6])
+    np.testing.assert_allclose(lead_horizon(relax, 0.3, FlowConfig()), [2.0, 5.0, 5.0, 5.0])
+    np.testing.assert_allclose(lead_horizon(relax, 0.3, FlowConfig(lead_gain=1.0)), [2.0, 5.0, np.sqrt(300.0), 60.0])
+
+
+def test_lag_aware_lead_sheds_a_slow_climbing_cell_harder_and_leaves_a_flat_step_alone() -> None:
+    """Both cells past saturation (T = 1/μ' of hundreds of seconds), cell 0 climbing: the lag-aware lead
+    reads its trend further ahead than the fixed 5 s, so the step moves more load off it. With no trend
+    the two rules take the same step: the step size itself is not touched, so shedding is not slowed."""
+    moved = {}
+    for gain in (0.0, 1.0):
+        for start in (280.0, 300.0):  # climbing, flat
+            pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(lead_gain=gain))
+            r = RootRouter(two_cells(), 0, pol, P, np.random.default_rng(0))
+            probe_all(r, 0.0, [start, 300.0], [0.0, 0.0])
+            r.tick(0.0)
+            r.x = np.array([0.5, 0.5])
+            probe_all(r, 0.2, [300.0, 300.0], [0.0, 0.0])
+            r.tick(0.2)
+            moved[gain, start] = float(r.x[0])
+    assert moved[0.0, 280.0] < 0.5
+    assert 0.5 - moved[1.0, 280.0] > 1.5 * (0.5 - moved[0.0, 280.0])  # lead √(0.21 s · 406 s) ≈ 9 s, not 5
+    assert moved[1.0, 300.0] == pytest.approx(moved[0.0, 300.0], abs=1e-12)
