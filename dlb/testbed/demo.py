@@ -183,6 +183,7 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                 sup.poll()
                 if stop():
                     run.interrupted = True
+                    run.stopped_s = now
                     done_stop.set()
                     break
                 if run.degrade_window and not degraded and now >= run.degrade_window[0]:

@@ -57,3 +57,5 @@ class DemoRun:
     results: list[Result] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)
     interrupted: bool = False
+    #: Seconds into the workload at which an interruption stopped it (None: it ran to the end).
+    stopped_s: float | None = None

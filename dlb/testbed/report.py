@@ -9,6 +9,8 @@ The degradation verdict (``degradation`` in results.json) compares the degraded 
 requests in three windows, each skipping a reaction time of 10 % of the run after a change:
 before = [15 %, degrade start), during = [degrade start + 10 %, recovery), after = [recovery + 10 %, end).
 ``fell`` = during < 0.8 × before; ``came_back`` = after > during + 0.5 × (before − during).
+A window an interrupted run did not reach to its end has no share, and the verdicts needing it are
+null ("not measured"), not False.
 """
 
 from __future__ import annotations
@@ -47,18 +49,29 @@ def share_in(results: list[Result], cell: str, lo: float, hi: float) -> float:
     return sum(1 for r in served if cell_of(r) == cell) / len(served) if served else math.nan
 
 
+def run_end(run: DemoRun) -> float:
+    """Seconds of the workload the run covered: its duration, or where an interruption stopped it."""
+    return run.spec.duration_s if run.stopped_s is None else min(run.spec.duration_s, run.stopped_s)
+
+
 def degradation(run: DemoRun) -> dict[str, Any] | None:
+    """The verdict; a window the run did not reach to its end (an interrupted run) has no share (NaN),
+    and a verdict needing it is None (not measured) rather than False."""
     if run.degrade_window is None or run.degrade_cell is None:
         return None
-    d = run.spec.duration_s
+    d, end, cell = run.spec.duration_s, run_end(run), run.degrade_cell
     a, b = run.degrade_window
-    before = share_in(run.results, run.degrade_cell, 0.15 * d, a)
-    during = share_in(run.results, run.degrade_cell, a + REACTION * d, b)
-    after = share_in(run.results, run.degrade_cell, b + REACTION * d, d)
-    fell = during < 0.8 * before
-    back = after > during + 0.5 * (before - during)
+
+    def share(lo: float, hi: float) -> float:
+        return share_in(run.results, cell, lo, hi) if hi <= end else math.nan
+
+    before = share(0.15 * d, a)
+    during = share(a + REACTION * d, b)
+    after = share(b + REACTION * d, d)
+    fell = None if math.isnan(before) or math.isnan(during) else bool(during < 0.8 * before)
+    back = None if fell is None or math.isnan(after) else bool(after > during + 0.5 * (before - during))
     return {"cell": run.degrade_cell, "slowdown": run.fleet.degrade_slowdown, "window_s": [a, b],
-            "share_before": before, "share_during": during, "share_after": after, "fell": bool(fell), "came_back": bool(back)}
+            "share_before": before, "share_during": during, "share_after": after, "fell": fell, "came_back": back}
 
 
 def per_cell(results: list[Result], cells: list[str]) -> dict[str, dict[str, Any]]:
@@ -141,6 +154,14 @@ def plots(run: DemoRun, tl: list[dict[str, Any]], out: Path) -> list[str]:
     return made
 
 
+def _pct(x: float) -> str:
+    return "not reached" if math.isnan(x) else f"{x:.1%}"
+
+
+def _verdict(v: bool | None) -> str:
+    return "not measured" if v is None else str(v)
+
+
 def write_report(run: DemoRun, out: Path) -> str:
     """Write the folder; returns the summary table as text (printed at the end of the demo)."""
     cells = list(run.servers)
@@ -175,15 +196,15 @@ def write_report(run: DemoRun, out: Path) -> str:
     table = "\n".join(lines)
     md = ["# dlb demo report", "",
           f"Commit `{doc['commit']}`{' (dirty tree)' if doc['dirty'] else ''}; policy: {run.policy}; "
-          f"{summary['requests']} requests over {run.spec.duration_s:.0f}s at {run.spec.rate_rps:.1f} req/s "
+          f"{summary['requests']} requests over {run_end(run):.0f}s at {run.spec.rate_rps:.1f} req/s "
           f"(capacity {sum(run.capacity.values()):.1f} req/s, computed from the server profiles)"
           + (f"; **interrupted** ({summary['cut']} requests then in flight left out)" if run.interrupted else "")
           + ".", "", table, ""]
     if deg:
         md += [f"Degradation: {deg['cell']} servers {deg['slowdown']:g}× slower during "
-               f"{deg['window_s'][0]:.0f}–{deg['window_s'][1]:.0f}s. Its share of requests: before {deg['share_before']:.1%}, "
-               f"during {deg['share_during']:.1%}, after {deg['share_after']:.1%} "
-               f"(fell: {deg['fell']}, came back: {deg['came_back']}; rule in dlb/testbed/report.py).", ""]
+               f"{deg['window_s'][0]:.0f}–{deg['window_s'][1]:.0f}s. Its share of requests: before {_pct(deg['share_before'])}, "
+               f"during {_pct(deg['share_during'])}, after {_pct(deg['share_after'])} "
+               f"(fell: {_verdict(deg['fell'])}, came back: {_verdict(deg['came_back'])}; rule in dlb/testbed/report.py).", ""]
     md += [f"![{i}]({i})" for i in images]
     md += ["", "Per-request results: `requests.jsonl`; everything above and the control-plane samples: `results.json`; "
            "component logs: `logs/`."]

@@ -34,3 +34,49 @@ def test_demo_dp_option_makes_europe_west1_a_bfio_dp_cell(tmp_path: Path) -> Non
     plain, _, _ = prepare(build_parser().parse_args(["demo", "--out", str(tmp_path / "plain")]), tmp_path / "plain")
     assert run.capacity["europe-west1"] == pytest.approx(4 * plain.capacity["europe-west1"])
     assert all("dp_ranks" not in str(s) for c in plain.cfg_dict["cells"] for s in c["servers"])
+
+
+def _run_with_results(tmp_path: Path, stop_s: float | None):
+    """A planned demo run (nothing started) whose requests went 30 % to us-central1, 5 % while it was
+    degraded, up to ``stop_s`` (an interruption) or the end."""
+    from dlb.cli import build_parser
+    from dlb.load.generator import Result
+    from dlb.testbed.demo import prepare
+
+    run, _, _ = prepare(build_parser().parse_args(["demo", "--out", str(tmp_path)]), tmp_path)
+    assert run.degrade_window is not None and run.degrade_cell == "us-central1"
+    a, b = run.degrade_window
+    end = run.spec.duration_s if stop_s is None else stop_s
+    results = []
+    for i in range(int(end * 20)):
+        t = i / 20
+        slow = a <= t < b
+        cell = "us-central1" if i % 20 < (1 if slow else 6) else "us-east1"
+        results.append(Result(i, t, "chat", "us-east1", "", 200, 1.0, 0.1, 0.0, 5, f"{cell}/0"))
+    run.results, run.interrupted, run.stopped_s = results, stop_s is not None, stop_s
+    return run
+
+
+def test_demo_report_of_an_interrupted_run_says_what_it_did_not_measure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C before the recovery window: the report says how long the run lasted and that the return
+    was not measured (it said 'over 60s', 'after nan%', 'came back: False'); a whole run keeps its verdict."""
+    import json
+
+    from dlb.testbed import report
+    from dlb.testbed.report import write_report
+
+    monkeypatch.setattr(report, "git_commit", lambda: {"commit": "0" * 40, "dirty": False})  # git is a process
+
+    run = _run_with_results(tmp_path, 37.0)
+    write_report(run, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    deg = json.loads((tmp_path / "results.json").read_text())["degradation"]
+    assert deg["fell"] is True and deg["came_back"] is None and deg["share_after"] is None, deg
+    assert "over 37s" in md and "after not reached" in md and "came back: not measured" in md, md
+
+    full = tmp_path / "full"
+    full.mkdir()
+    write_report(_run_with_results(full, None), full)
+    deg = json.loads((full / "results.json").read_text())["degradation"]
+    assert deg["fell"] is True and deg["came_back"] is True, deg
+    assert "over 60s" in (full / "report.md").read_text()
