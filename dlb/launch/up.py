@@ -366,6 +366,24 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def reload_problems(config_path: str, token_env: dict[str, str]) -> str | None:
+    """What is wrong with the file a SIGHUP asks the control planes to reload, or None when it loads.
+
+    The control planes refuse such a file and keep serving the running config, but say so only in
+    their own logs: ``dlb up``'s console would claim a reload that never happened."""
+    from dlb.config import ConfigError, load_config
+
+    os.environ.update(token_env)
+    try:
+        load_config(config_path)
+    except ConfigError as e:
+        return str(e)
+    finally:
+        for k in token_env:
+            del os.environ[k]
+    return None
+
+
 def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
            insecure: bool = False, service_args: list[str] | None = None, control_planes: int = 2,
            root_envoys: int = 2) -> int:
@@ -415,6 +433,10 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
             sup.poll()
             if stop.reloads != reloads:
                 reloads = stop.reloads
+                bad = reload_problems(config_path, token_env)
+                if bad:
+                    print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; {bad}", flush=True)
+                    continue
                 n = sup.signal_ready("control-plane", signal.SIGHUP)
                 print(f"dlb up: SIGHUP: {n} control plane(s) reload {config_path}", flush=True)
             time.sleep(0.2)

@@ -146,6 +146,12 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             while "config_reloaded" not in (run_dir / "control-plane.log").read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert "config_reloaded" in (run_dir / "control-plane.log").read_text() and proc.poll() is None
+            # A file the control planes would refuse: the console says so, naming file and field, instead
+            # of announcing a reload that only their logs said was refused.
+            (tmp_path / "dlb.yaml").write_text(json.dumps({**cfg, "probe": {"period_ms": -20}}))
+            proc.send_signal(signal.SIGHUP)
+            _read_until(proc, r"dlb up: SIGHUP: not reloaded, the control planes keep the running config", seen, 30)
+            _read_until(proc, r"dlb\.yaml:\d+: probe\.period_ms: must be > 0", seen, 10)
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=20)
