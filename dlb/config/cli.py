@@ -37,7 +37,8 @@ def summary(cfg: Config) -> str:
     for e in cfg.endpoints:
         p = e.policy
         extras = [x for x, on in (("aversion", p.aversion.enabled), (f"affinity on {p.affinity.header}", p.affinity.enabled)) if on]
-        lines.append(f"  endpoint {e.name}: prefix {e.match.prefix}, {p.mechanism.value}-{p.cost.value}"
+        mech = f"native-discrete-{p.cost.value} (pick {p.native_pick})" if p.native else f"{p.mechanism.value}-{p.cost.value}"
+        lines.append(f"  endpoint {e.name}: prefix {e.match.prefix}, {mech}"
                      + (f" + {' + '.join(extras)}" if extras else ""))
     return "\n".join(lines)
 

@@ -331,6 +331,23 @@ def test_cli_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "validate", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
     assert "valid (version 1): 3 cells, 7/9 arcs allowed, 2 endpoints" in out
+
+
+def test_cli_validate_summary_names_a_native_discrete_endpoint_and_its_pick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary is how a person checks what the file asks for: it showed a native-discrete endpoint
+    as 'discrete-latency', the ext_proc's mechanism, and hid its pick."""
+    text = EXAMPLE.read_text().replace("""    policy:
+      mechanism: flow
+      cost: gradient
+      flow: {period_ms: 200, kappa: 0.5}""", """    policy:
+      plugins:
+        - {type: native-discrete, parameters: {cost: latency, pick: round-robin}}""")
+    path = tmp_path / "nd.yaml"
+    path.write_text(text)
+    assert main(["config", "validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "endpoint embed: prefix /v1/, native-discrete-latency (pick round-robin)" in out, out
+    assert "endpoint llama-8b: prefix /v1/chat/, discrete-latency" in out, out
     assert "cell eu-west1: 2 servers, replicas 2" in out and "may send to eu-west1" in out
 
 
