@@ -7,6 +7,7 @@ import sys
 
 from dlb.config.loader import ConfigError, load_config
 from dlb.config.model import Cell, Config
+from dlb.config.policy import unused_warmup_warning
 from dlb.envoy.root_token import forgeable_token_warning
 
 
@@ -91,9 +92,9 @@ def run_validate(args: argparse.Namespace) -> int:
                 continue
         if not args.quiet:
             print(summary(cfg) + ("\n  envoy --mode validate: every root and leaf bootstrap OK" if args.envoy else ""))
-        warning = forgeable_token_warning(cfg)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
+        for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg)):
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
     return status
 
 

@@ -331,3 +331,19 @@ def set_plugins(raw: dict[str, Any], *plugins: dict[str, Any]) -> dict[str, Any]
         current.append(plugin)
     section["plugins"] = current
     return raw
+
+
+def unused_warmup_warning(cfg: Any) -> str | None:
+    """Where ``flow.warmup_s`` was set but no root service will pick for it, or None.
+
+    Why a warning: the cold start is discrete picks by the root service; roots configured by the control
+    plane (``dlb up``, ``dlb serve control-plane``) run flow endpoints without affinity in Envoy, whose
+    weights start from the replica split, and a discrete endpoint has no flow step. Valid config either way
+    (a root with a static bootstrap does pick), so it is said, not refused."""
+    eps = [ep.name for ep in cfg.endpoints
+           if ep.policy.flow.warmup_s and (ep.policy.mechanism is not Mechanism.FLOW or not ep.policy.affinity.enabled)]
+    if not eps:
+        return None
+    return (f"endpoint(s) {', '.join(eps)}: flow.warmup_s applies only where a root service picks (flow with affinity, "
+            "or a root with a static bootstrap); under the control plane, flow without affinity starts from the replica split")
+

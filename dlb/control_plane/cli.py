@@ -128,6 +128,10 @@ async def _serve(config, args: argparse.Namespace) -> int:
 
     if warning := forgeable_token_warning(config):
         log.warning("root_token_forgeable", message=warning)
+    from dlb.config.policy import unused_warmup_warning
+
+    if warning := unused_warmup_warning(config):
+        log.warning("flow_warmup_unused", message=warning)
     if args.ready_file:
         import os
 

@@ -414,9 +414,11 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
         finally:  # the children get it from their Child.env; this process's environment stays as it was
             for k in token_env:
                 del os.environ[k]
-    warning = forgeable_token_warning(cfg)
-    if warning:
-        print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
+    from dlb.config.policy import unused_warmup_warning
+
+    for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg)):
+        if warning:
+            print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
                control_planes=control_planes, root_envoys=root_envoys, control_plane_args=service_args)
     for child in sup.children:

@@ -195,3 +195,18 @@ def test_a_negative_cold_start_is_refused_with_its_field() -> None:
     with pytest.raises(ConfigError, match=r"warmup_s.*must be >= 0"):
         config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
             {"type": "flow", "parameters": {"cost": "gradient", "warmup_s": -1}}]}}]))
+
+
+def test_a_cold_start_no_root_service_will_run_is_warned_about() -> None:
+    """Under the control plane, flow without affinity runs in Envoy (no picks, so no cold start): a set
+    ``warmup_s`` there is said, as is one on a discrete endpoint; with affinity the root service picks."""
+    from dlb.config.policy import unused_warmup_warning
+
+    def cfg(affinity: bool, mechanism: str = "flow", warmup: float = 20.0) -> object:
+        return config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {
+            "mechanism": mechanism, "cost": "gradient", "flow": {"warmup_s": warmup}, "affinity": {"enabled": affinity}}}]))
+
+    assert "endpoint(s) m" in (unused_warmup_warning(cfg(False)) or "")
+    assert unused_warmup_warning(cfg(True)) is None
+    assert unused_warmup_warning(cfg(False, warmup=0.0)) is None
+    assert "endpoint(s) m" in (unused_warmup_warning(cfg(True, mechanism="discrete")) or "")
