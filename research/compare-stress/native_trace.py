@@ -78,7 +78,7 @@ def main() -> None:
         kw: dict = {}
         for x in filter(None, arg.rstrip("]").split(";")):
             k, v = x.split("=")
-            kw[{"g": "sharpness", "pick": "pick", "sm": "smoothing", "wf": "fill_s"}.get(k, k)] = v if k == "pick" else float(v)
+            kw[{"g": "sharpness", "pick": "pick", "wf": "fill_s"}.get(k, k)] = v if k == "pick" else float(v)
         TRACE.clear()
         key = register(base, kw)
         s = engine.simulate(sc, key, 0, cfg, arrivals=arr).summary()
