@@ -41,6 +41,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                             "Disc-RIF,Disc-Lat,Disc-Grad,Flow-RIF,Flow-Lat,Flow-Grad --json FILE"),
     ("compare-stress/twin/steady-*s-*", "dlb bench sim-twin --scenarios steady --policies hub-score,Disc-Lat,Flow-Lat,Flow-Grad "
                                         "--duration D --json FILE (D in FILE's name)"),
+    ("compare-stress/twin/native-discrete-fill-*", ".venv/bin/python research/compare-stress/native_tune.py twin Disc-Lat,"
+                                                   "Disc-Lat-native[g=32;lb=ROUND_ROBIN],Disc-Lat-native[g=32;lb=ROUND_ROBIN;f=0.5] FILE "
+                                                   "(research/native-discrete-fill-rule.md)"),
     ("compare-stress/twin/native-discrete-rr-*", ".venv/bin/python research/compare-stress/native_tune.py twin hub-score,lr-global,"
                                                  "locality-failover,Disc-RIF,Disc-Lat,Disc-Grad,Disc-RIF-native,Disc-Lat-native,"
                                                  "Disc-Grad-native,Disc-{RIF,Lat,Grad}-native[g=32;lb=ROUND_ROBIN] FILE "

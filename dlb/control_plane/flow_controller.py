@@ -28,7 +28,7 @@ import numpy as np
 
 from dlb.core.aversion import AversionConfig, RecentErrors, update_aversion
 from dlb.core.latency_model import LatencyParams
-from dlb.core.native_discrete import DEFAULT_PICK, PICKS, NativeWeights, cost_offset, native_weights
+from dlb.core.native_discrete import DEFAULT_PICK, PICKS, NativeWeights, cost_offset, router_weights
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
 
@@ -147,9 +147,7 @@ class FlowController:
         for ep in self.endpoints:
             if not ep.native:
                 continue
-            offset, gamma = cost_offset(ep.policy.cost), PICKS[ep.native_pick][1]
+            offset, pick = cost_offset(ep.policy.cost), PICKS[ep.native_pick]
             for src in self.sources:
-                r = self.routers[(ep.name, src)]
-                out.setdefault(ep.name, {})[src] = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed,
-                                                                  offset, gamma)
+                out.setdefault(ep.name, {})[src] = router_weights(self.routers[(ep.name, src)], now, pick, offset)
         return out

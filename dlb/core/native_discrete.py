@@ -23,24 +23,48 @@ Two picks (:data:`PICKS`, the plugin's ``pick``), each an Envoy ``lb_policy`` wi
   slow European cells, the ext_proc 1.4 %); γ = 2 barely separates costs 1.5–3 × apart.
 - ``round-robin``: ``ROUND_ROBIN`` (Envoy's weighted round robin, the weights alone), γ = 32, tuned
   on seeds the evaluation does not use: 0.97–1.04 × the ext_proc decision's on the same runs.
+- ``round-robin-fill``: ``ROUND_ROBIN`` with weights that are the split the discrete argmin would make
+  of the fleet's next 0.5 s of arrivals (:func:`fill_split`), not cost ratios, for the latency cost: at γ = 32
+  one request of probed RIF moves a weight 2–4 × and the top cell changed on 25–30 % of refreshes.
+
+Both the control plane and the simulator's root compute weights with :func:`router_weights`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from dlb.core.costs import Cost
+from dlb.core.costs import Cost, ModelTable, cost_vector
 from dlb.core.envoy_lb import LEAST_REQUEST, ROUND_ROBIN, EnvoyLb
+from dlb.core.flow import fleet_rate
 from dlb.core.router import NO_CELL, RootRouter
 
 #: The largest EDS weight written (the smallest is 1: Envoy refuses 0).
 WEIGHT_SCALE = 1000
 #: Default sharpness γ: a cell whose cost is twice the best's gets a quarter of its per-replica share.
 SHARPNESS = 2.0
-#: The plugin's ``pick`` → (the native cluster's Envoy ``lb_policy``, the weights' sharpness γ).
-PICKS: dict[str, tuple[str, float]] = {"least-request": (LEAST_REQUEST, SHARPNESS), "round-robin": (ROUND_ROBIN, 32.0)}
+#: Water-filling's increments per fill (:func:`fill_split`): the split's resolution.
+FILL_STEPS = 32
+
+
+class Pick(NamedTuple):
+    """One ``pick``: the native cluster's Envoy ``lb_policy``, the weights' sharpness γ, and ``fill_s``:
+    when > 0, an endpoint whose cost is in ``fill_costs`` gets :func:`fill_split`'s weights over that
+    horizon instead of cost ratios. Latency only: on the tuning seeds the fill cut Disc-Lat-native's
+    mean 1–4 % but raised RIF's and Grad's 1–2 % (research/native-discrete.md)."""
+
+    lb_policy: str
+    sharpness: float
+    fill_s: float = 0.0
+    fill_costs: frozenset[Cost] = frozenset({Cost.LATENCY})
+
+
+#: The plugin's ``pick`` → how the control plane weighs the cells and how Envoy picks among them.
+PICKS: dict[str, Pick] = {"least-request": Pick(LEAST_REQUEST, SHARPNESS), "round-robin": Pick(ROUND_ROBIN, 32.0),
+                          "round-robin-fill": Pick(ROUND_ROBIN, 32.0, 0.5)}
 DEFAULT_PICK = "least-request"
 
 
@@ -77,6 +101,51 @@ def native_weights(costs: np.ndarray, replicas: np.ndarray, aversion: np.ndarray
     return NativeWeights(tuple(int(x) for x in ints), tuple(bool(x) for x in ok))
 
 
+def fill_split(cost: Cost, workload: np.ndarray, replicas: np.ndarray, models: ModelTable | None, rtt: np.ndarray,
+               cells: np.ndarray, amount: float, steps: int = FILL_STEPS) -> np.ndarray:
+    """The split of ``amount`` new requests over ``cells`` that the discrete argmin with its own-sends
+    correction would make: ``steps`` equal increments, each to the cell cheapest at its workload plus
+    what the fill has put there (water-filling by cost). Why not cost ratios: ``(c_min/c_j)^γ`` at γ = 32
+    moves a US cell's weight 2–3 × on one request of probed RIF (research/native-discrete.md), so the
+    split follows probe noise; the fill's split moves only as far as the costs' levels do.
+    """
+    ok = np.asarray(cells, dtype=bool)
+    fill = np.zeros(len(workload))
+    if not ok.any() or amount <= 0:
+        return fill
+    dx = amount / steps
+    base = np.asarray(workload, dtype=float)
+    for _ in range(steps):
+        c = cost_vector(cost, base + fill, replicas, models, rtt)
+        c = np.where(ok & ~np.isnan(c), c, np.inf)
+        fill[int(np.argmin(c)) if np.isfinite(c).any() else int(np.flatnonzero(ok)[0])] += dx
+    return fill / amount
+
+
+def router_weights(r: RootRouter, now: float, pick: Pick, offset: float) -> NativeWeights:
+    """The weights the control plane pushes for router ``r``'s source now, and the simulator's native root applies.
+
+    ``pick.fill_s`` > 0 and the cost in ``pick.fill_costs``: the fleet's arrivals over the next ``fill_s`` seconds (Λ̂ from probes by Little's
+    law, :func:`~dlb.core.flow.fleet_rate`: no per-source rate is needed, and every root sharing the
+    cells fills the same amount) water-filled onto the usable cells (:func:`fill_split`), then × ``1 − a_j``.
+    """
+    usable = r.usable(now)
+    if pick.fill_s <= 0 or r.policy.cost not in pick.fill_costs:
+        return native_weights(r.costs(now), r.replicas, r.aversion, usable, r.allowed, offset, pick.sharpness)
+    ok = r.allowed & usable
+    if not ok.any():
+        return native_weights(np.full(len(ok), np.nan), r.replicas, r.aversion, ok, r.allowed)  # fail-open
+    n, m = r.workload(), r.models
+    lam = fleet_rate(n[ok], m.a[ok], m.b[ok], m.c[ok], m.s[ok], r.policy.flow.min_rate_fraction)
+    split = fill_split(r.policy.cost, n, r.replicas, m, r.rtt, ok, lam * pick.fill_s)
+    w = split * (1.0 - np.clip(r.aversion, 0.0, 1.0))
+    top = float(w.max())
+    if top <= 0:  # every filled cell averted fully: keep the replica split among the usable ones
+        w, top = np.where(ok, r.replicas, 0.0).astype(float), float(np.where(ok, r.replicas, 0.0).max())
+    ints = np.where(r.allowed, np.maximum(1, np.round(w / top * WEIGHT_SCALE)), 0).astype(int)
+    return NativeWeights(tuple(int(x) for x in ints), tuple(bool(x) for x in ok))
+
+
 class NativeDiscreteRoot:
     """A root Envoy under ``native-discrete`` as the simulator runs it (time passed in, no I/O).
 
@@ -87,13 +156,16 @@ class NativeDiscreteRoot:
     """
 
     def __init__(self, router: RootRouter, rng: np.random.Generator, period_s: float = 0.2, pick: str = DEFAULT_PICK,
-                 sharpness: float | None = None, lb_policy: str | None = None, active_request_bias: float = 1.0) -> None:
-        """``pick``: the plugin's (:data:`PICKS`); ``sharpness`` and ``lb_policy`` override its pair (tuning)."""
+                 sharpness: float | None = None, lb_policy: str | None = None, active_request_bias: float = 1.0,
+                 fill_s: float | None = None) -> None:
+        """``pick``: the plugin's (:data:`PICKS`); ``sharpness``, ``lb_policy`` and ``fill_s`` override its (tuning)."""
         self.router = router
         self.period_s = period_s
-        policy, gamma = PICKS[pick]
-        self.sharpness = gamma if sharpness is None else sharpness
-        lb_policy = policy if lb_policy is None else lb_policy
+        p = PICKS[pick]
+        self.pick_rule = Pick(p.lb_policy if lb_policy is None else lb_policy, p.sharpness if sharpness is None else sharpness,
+                              p.fill_s if fill_s is None else fill_s)
+        self.sharpness = self.pick_rule.sharpness
+        lb_policy = self.pick_rule.lb_policy
         self.offset = cost_offset(router.policy.cost)
         self.on_probe = router.on_probe  # probes go to the control plane's router as they are
         self.envoy = EnvoyLb(np.where(router.allowed, router.replicas, 0.0), rng, lb_policy, active_request_bias)
@@ -117,8 +189,7 @@ class NativeDiscreteRoot:
             self._refresh(now)
 
     def _refresh(self, now: float) -> None:
-        r = self.router
-        nw = native_weights(r.costs(now), r.replicas, r.aversion, r.usable(now), r.allowed, self.offset, self.sharpness)
+        nw = router_weights(self.router, now, self.pick_rule, self.offset)
         if nw != self._pushed:  # the control plane pushes only a changed assignment; Envoy rebuilds on each
             self.envoy.update(np.asarray(nw.weights, dtype=float), np.asarray(nw.healthy))
             self._pushed = nw

@@ -549,10 +549,13 @@ class RootRouter:
     # per-call overhead dominates on arrays of a few cells): usable cells, discrete costs and the
     # flow CDF are Python lists kept current incrementally — a probe updates one cell's cost, a
     # pick updates the chosen cell's cost — and rebuilt only when what they derive from changes.
+    def workload(self) -> np.ndarray:
+        """N_j a discrete decision would use now: probe RIF + this root's unseen sends, × offered inflation."""
+        return (self.view.rif + self.view.sent) * self._inflate
+
     def costs(self, now: float) -> np.ndarray:
         """The cost vector a discrete decision would use now (probe RIF + local correction)."""
-        n = (self.view.rif + self.view.sent) * self._inflate
-        return cost_vector(self.policy.cost, n, self.replicas, self.models, self.rtt)
+        return cost_vector(self.policy.cost, self.workload(), self.replicas, self.models, self.rtt)
 
     def _cost_one(self, j: int) -> float:
         """c_ij at N_j = probe RIF + sent since the probe; scalar twin of :func:`cost_vector`."""

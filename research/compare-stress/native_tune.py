@@ -4,7 +4,8 @@ Runs the twin's scenario shapes (dlb.bench.sim_twin.scenario_twin) with workload
 (the evaluation uses the real runs' seeds 11–16 + 1000·trial) and prints each policy's mean
 (failures at the 60-s timeout) ÷ the first policy's. Variants of a native policy take parameters in
 brackets, ``;``-separated: ``Disc-Lat-native[g=32;lb=ROUND_ROBIN;p=0.2;b=1]`` (g sharpness γ,
-lb the root Envoy's lb_policy, p the refresh period in s, b LEAST_REQUEST's active_request_bias).
+lb the root Envoy's lb_policy, p the refresh period in s, b LEAST_REQUEST's active_request_bias,
+f the water-filling horizon fill_s in s).
 
     .venv/bin/python research/compare-stress/native_tune.py 101,102,103 Disc-Lat,Disc-Lat-native steady,slow-cell
 
@@ -39,6 +40,7 @@ def register(name: str) -> None:
         kw |= {"period_s": float(kv["p"])} if "p" in kv else {}
         kw |= {"active_request_bias": float(kv["b"])} if "b" in kv else {}
         kw |= {"lb_policy": kv["lb"]} if "lb" in kv else {}
+        kw |= {"fill_s": float(kv["f"])} if "f" in kv else {}
         return NativeDiscreteRoot(RootRouter(topology, source, cfg, prior, rng), rng, **kw)  # type: ignore[arg-type]
 
     policies.REGISTRY[name] = policies.PolicySpec(build, needs_model=cfg.cost is not Cost.RIF)

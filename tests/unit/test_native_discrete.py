@@ -8,6 +8,7 @@ cell is (fail-open); and the control plane serves a root whose native endpoint h
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import numpy as np
 from envoy.config.cluster.v3 import cluster_pb2
@@ -109,6 +110,57 @@ def test_the_round_robin_pick_pushes_round_robin_and_sharper_weights():
     assert cluster.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
     cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
     assert [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints] == [WEIGHT_SCALE, 1]
+
+
+def test_fill_split_is_the_argmin_counting_its_own_sends():
+    """Water-filling: 4 requests onto two one-replica cells at RIF 0 and 2 go 2 to the idle cell until the
+    costs meet, then alternate (1 each): 3/4 : 1/4, where cost ratios would send all to the cheaper."""
+    from dlb.core.costs import Cost
+    from dlb.core.native_discrete import fill_split
+
+    split = fill_split(Cost.RIF, np.array([0.0, 2.0]), np.ones(2), None, np.zeros(2), np.ones(2, bool), 4.0)
+    assert list(split) == [0.75, 0.25]
+
+
+def _lat_router(rif_a: float):
+    from dlb.core.latency_model import LatencyParams
+    from dlb.core.router import PolicyConfig, RootRouter
+    from dlb.core.topology import Topology
+
+    topo = Topology.build(["a", "b"], [2, 2], [[0.0, 0.015], [0.015, 0.0]])
+    r = RootRouter(topo, 0, PolicyConfig.from_name("Disc-Lat"), LatencyParams(1.0, 0.1, 4.0, 1.0), np.random.default_rng(1))
+    model = LatencyParams(1.2, 0.05, 6.0, 1.0)
+    r.on_probe(0, 10.0, rif_a, model, replicas=2.0)
+    r.on_probe(1, 10.0, 15.0, model, replicas=2.0)
+    return r
+
+
+def test_fill_weights_do_not_swing_on_one_request_of_probed_rif():
+    """The measured mechanism of ``round-robin``'s residual gap: at γ = 32 one request more or less in a
+    probe moves a cell's weight 2–4 × (1000 : 210 → 1000 : 562 → 685 : 1000; the fill: 1000 : 684 → 1000 : 882 → 882 : 1000), so the split follows probe
+    noise. ``round-robin-fill`` water-fills the fleet's next 0.5 s of arrivals instead: the weights
+    move only as far as the costs' levels do."""
+    from dlb.core.native_discrete import PICKS, router_weights
+
+    def largest_step(pick: str) -> float:
+        w = [router_weights(_lat_router(rif), 10.0, PICKS[pick], 0.0).weights for rif in (14.0, 15.0, 16.0)]
+        ratio = [x[0] / x[1] for x in w]
+        return max(max(a / b, b / a) for a, b in itertools.pairwise(ratio))
+
+    assert largest_step("round-robin") > 2.0 and largest_step("round-robin-fill") < 1.4
+
+
+def test_the_fill_pick_pushes_round_robin_from_the_same_function_the_simulator_runs():
+    """Whatever the control plane pushes is what the simulator models: both call ``router_weights``."""
+    from dlb.core.native_discrete import NativeDiscreteRoot, router_weights
+
+    snap = _root_snapshot(_doc(pick="round-robin-fill"), probes={"a": 0.1, "b": 0.4})
+    assert _unpack(snap.get(types.CLUSTER)["dlb-native.chat"], cluster_pb2.Cluster).lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
+    cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
+    assert [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints] == [WEIGHT_SCALE, 1]
+    root = NativeDiscreteRoot(_lat_router(14.0), np.random.default_rng(2), pick="round-robin-fill")
+    root.tick(10.0)
+    assert tuple(int(x) for x in root.weights) == router_weights(_lat_router(14.0), 10.0, root.pick_rule, 0.0).weights
 
 
 def test_an_unknown_pick_is_a_config_error():
