@@ -147,6 +147,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                          "--experiment length --experiment noise --estimate 0.5 --out DIR "
                                          "(research/sim/speed-s4/README.md)"),
     ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),
+    ("sim/protocol-head/*", "dlb sim --experiment EXPERIMENT --seed 13 --workers 1 --in-order --out DIR, then dlb sim report "
+                            "(research/sim/protocol-head/README.md)"),
     ("sim/priors*/*", "dlb sim --experiment priors --scenarios 5 --trials 2 --minutes 3 --out DIR"),
     ("sim/plots/*.png", "dlb sim report --results research/sim/protocol/results.json.gz --plots-dir research/sim/plots"),
     ("sim/issue-11/plots-*/*.png", "dlb sim report --results DIR/results.json.gz --plots-dir FILE's folder"),
