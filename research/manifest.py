@@ -76,6 +76,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/h2-traced-calls-*.txt", ".venv/bin/python research/tools/h2_traced_calls.py 5, old and new alternated "
                                     "(old through PYTHONPATH; the file's first line) > FILE"),
     ("bench/xds-h2/load.txt", "written by the A/B loop (research/bench/xds-h2/RULE.md): side, time and uptime before and after each run"),
+    ("bench/xds-h2/quiet-*", "dlb bench xds --streams 5000 --updates 5 --uvloop --json FILE (quiet box; research/xds.md)"),
     ("bench/xds-h2/old-*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 --uvloop --json FILE "
                           "(main at 4e40bb8; research/bench/xds-h2/RULE.md)"),
     ("bench/xds-h2/*", "dlb bench xds --streams 500,2000,5000 --updates 5 --timeout 600 --uvloop --transport h2|grpc "
