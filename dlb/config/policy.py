@@ -26,6 +26,7 @@ from dlb.config.model import (
     AffinityParams,
     AversionParams,
     BackgroundProbeParams,
+    Config,
     Cost,
     DeploymentPolicy,
     FlowParams,
@@ -333,7 +334,7 @@ def set_plugins(raw: dict[str, Any], *plugins: dict[str, Any]) -> dict[str, Any]
     return raw
 
 
-def unused_warmup_warning(cfg: Any) -> str | None:
+def unused_warmup_warning(cfg: Config) -> str | None:
     """Where ``flow.warmup_s`` was set but no root service will pick for it, or None.
 
     Why a warning: the cold start is discrete picks by the root service; roots configured by the control
@@ -346,4 +347,3 @@ def unused_warmup_warning(cfg: Any) -> str | None:
         return None
     return (f"endpoint(s) {', '.join(eps)}: flow.warmup_s applies only where a root service picks (flow with affinity, "
             "or a root with a static bootstrap); under the control plane, flow without affinity starts from the replica split")
-

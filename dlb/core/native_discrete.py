@@ -141,7 +141,8 @@ def router_weights(r: RootRouter, now: float, pick: Pick, offset: float) -> Nati
     w = split * (1.0 - np.clip(r.aversion, 0.0, 1.0))
     top = float(w.max())
     if top <= 0:  # every filled cell averted fully: keep the replica split among the usable ones
-        w, top = np.where(ok, r.replicas, 0.0).astype(float), float(np.where(ok, r.replicas, 0.0).max())
+        w = np.where(ok, r.replicas, 0.0).astype(float)
+        top = float(w.max())
     ints = np.where(r.allowed, np.maximum(1, np.round(w / top * WEIGHT_SCALE)), 0).astype(int)
     return NativeWeights(tuple(int(x) for x in ints), tuple(bool(x) for x in ok))
 
@@ -164,7 +165,6 @@ class NativeDiscreteRoot:
         p = PICKS[pick]
         self.pick_rule = Pick(p.lb_policy if lb_policy is None else lb_policy, p.sharpness if sharpness is None else sharpness,
                               p.fill_s if fill_s is None else fill_s)
-        self.sharpness = self.pick_rule.sharpness
         lb_policy = self.pick_rule.lb_policy
         self.offset = cost_offset(router.policy.cost)
         self.on_probe = router.on_probe  # probes go to the control plane's router as they are

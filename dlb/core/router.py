@@ -465,7 +465,8 @@ class RootRouter:
             # The trend runs on for at most the cell's own relaxation time 1/μ'(N): a lightly loaded
             # cell settles within about one latency, and a longer lead would only slow the step.
             dmu = np.maximum(d_service_rate(n_obs, m.a, m.b, m.c, m.s), 1e-9)
-            tau = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s)
+            # τ̄ sizes the lag-aware lead only (FlowConfig.lead_gain); the default lead does not read it.
+            tau = feedback_delay(self.rtt, usable, cfg.period_s, 0.0, cfg.min_delay_s) if cfg.lead_gain > 0 else 0.0
             n_cost = np.maximum(n_obs + lead_horizon(1.0 / dmu, tau, cfg) * self._n_rate, 0.0)
         else:
             n_cost = n_obs

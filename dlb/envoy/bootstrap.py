@@ -340,6 +340,12 @@ def fallback_cluster_name(cluster: str, fallback: str) -> str:
     return f"{cluster}.or.{fallback.removeprefix(CELL_CLUSTER_PREFIX)}"
 
 
+def aggregate_cells(cluster: str) -> list[str]:
+    """The cell clusters a cluster name stands for: itself, or both of an aggregate (:func:`fallback_cluster_name`)."""
+    first, _, then = cluster.partition(".or.")
+    return [first, CELL_CLUSTER_PREFIX + then] if then else [first]
+
+
 #: Prefix of a native-discrete endpoint's cluster: every allowed cell's leaf as one host of it.
 NATIVE_CLUSTER_PREFIX = "dlb-native."
 
@@ -355,7 +361,7 @@ def native_discrete_cluster(endpoint: str, dests: list[Any], pick: str = DEFAULT
     weights alone), weights refreshed by the control plane over EDS from probes (replica counts until
     then). Panic mode off: a cell the control plane marks unusable is never picked while another is
     usable (the control plane never marks them all)."""
-    cluster = _cluster(native_cluster_name(endpoint), [(d.leaf.address, d.replicas) for d in dests], lb_policy=PICKS[pick][0])
+    cluster = _cluster(native_cluster_name(endpoint), [(d.leaf.address, d.replicas) for d in dests], lb_policy=PICKS[pick].lb_policy)
     cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
     cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
     return cluster

@@ -24,6 +24,7 @@ from dlb.envoy.bootstrap import (
     LEAF_PICKED_CLUSTER,
     LEAF_SERVERS_CLUSTER,
     READY_LISTENER,
+    aggregate_cells,
     fallback_cluster_name,
     leaf_prefixes,
 )
@@ -74,12 +75,6 @@ def cluster_addresses(cluster: Any) -> list[HostPort]:
             if hp is not None:
                 out.append(hp)
     return out
-
-
-def _cells(cluster: str) -> list[str]:
-    """The ``cell-<name>`` clusters a cluster name stands for: itself, or both cells of an aggregate ``cell-a.or.b``."""
-    first, _, then = cluster.partition(".or.")
-    return [first, "cell-" + then] if then else [first]
 
 
 class _Check:
@@ -197,7 +192,7 @@ class _Check:
         for cluster, (i, _) in self.clusters.items():
             if not isinstance(cluster, str) or not cluster.startswith("cell-"):
                 continue
-            for name in _cells(cluster):
+            for name in aggregate_cells(cluster):
                 if name not in allowed_names:
                     known = name.removeprefix("cell-") in cfg.cell_names
                     self.bad(f"static_resources.clusters[{i}]", f"cluster {cluster!r}: " + (
@@ -271,7 +266,7 @@ class _Check:
                         self.bad(f"{path}.route", f"endpoint {ep.name}'s fail-open route must use weighted_clusters "
                                  "(the control plane's flow weights replace them over RDS)")
                     for wi, c in enumerate(_list(wc)):  # a cell, or a cell and its fallback (native flow)
-                        if not set(_cells(str(_get(c, "name")))) <= allowed:
+                        if not set(aggregate_cells(str(_get(c, "name")))) <= allowed:
                             self.bad(f"{path}.route.weighted_clusters.clusters[{wi}]", f"{_get(c, 'name')!r} is not a cell this root may send to")
             where = f"endpoints[{cfg.endpoints.index(ep)}] ({ep.name}, prefix {prefix})"
             for name in sorted(allowed - set(picked)):

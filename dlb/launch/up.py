@@ -366,21 +366,30 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def load_with_env(config_path: str, token_env: dict[str, str]) -> Config:
+    """The config as the children load it: with the run's token variables set for the load only (the
+    children get them from their Child.env; this process's environment stays as it was)."""
+    from dlb.config import load_config
+
+    os.environ.update(token_env)
+    try:
+        return load_config(config_path)
+    finally:
+        for k in token_env:
+            del os.environ[k]
+
+
 def reload_problems(config_path: str, token_env: dict[str, str]) -> str | None:
     """What is wrong with the file a SIGHUP asks the control planes to reload, or None when it loads.
 
     The control planes refuse such a file and keep serving the running config, but say so only in
     their own logs: ``dlb up``'s console would claim a reload that never happened."""
-    from dlb.config import ConfigError, load_config
+    from dlb.config import ConfigError
 
-    os.environ.update(token_env)
     try:
-        load_config(config_path)
+        load_with_env(config_path, token_env)
     except ConfigError as e:
         return str(e)
-    finally:
-        for k in token_env:
-            del os.environ[k]
     return None
 
 
@@ -408,12 +417,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     for line in said:
         print(f"dlb up: {line}", flush=True)
     if token_env:
-        os.environ.update(token_env)
-        try:
-            cfg = load_config(config_path)
-        finally:  # the children get it from their Child.env; this process's environment stays as it was
-            for k in token_env:
-                del os.environ[k]
+        cfg = load_with_env(config_path, token_env)
     from dlb.config.policy import unused_warmup_warning
 
     for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg)):
