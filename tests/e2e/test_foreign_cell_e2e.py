@@ -53,6 +53,8 @@ def _config(servers: dict[str, list[str]]) -> dict:
     cfg = yaml.safe_load(DEMO.read_text())
     for cell in cfg["cells"]:
         cell["servers"] = servers[cell["name"]]
+    # A port left to its default (19901 for a root's admin) would collide with another test's run.
+    cfg["services"]["root"].setdefault("admin", "127.0.0.1:19190")
     text = json.dumps(cfg)
     for port in sorted(set(re.findall(r'"127\.0\.0\.1:(\d+)"', text))):
         if not any(s.endswith(f":{port}") for ss in servers.values() for s in ss):
