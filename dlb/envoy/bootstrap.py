@@ -642,6 +642,12 @@ def _runs_natively(ep: Endpoint, native_flow: bool) -> bool:
     return native_flow and (ep.policy.mechanism is Mechanism.FLOW or ep.policy.native) and not ep.policy.affinity.enabled
 
 
+def root_has_ext_proc(cfg: Config, native_flow: bool) -> bool:
+    """Whether a root Envoy rendered from ``cfg`` carries the ext_proc filter: not under an operator
+    baseline (Envoy alone decides), nor when every endpoint runs natively (``--native-flow``)."""
+    return cfg.policy.weights not in OPERATOR_BASELINES and not all(_runs_natively(ep, native_flow) for ep in cfg.endpoints)
+
+
 def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, native_flow: bool, allowed: list[str],
                      has_ext_proc: bool = True, pool: str | None = None,
                      fallbacks: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
@@ -746,7 +752,7 @@ def root_bootstrap(
     # chain and disabled per route still costs every request its per-route lookup (docs/bench.md).
     # An operator baseline has none either: Envoy alone decides (dlb.envoy.operator_pool).
     operator = cfg.policy.weights in OPERATOR_BASELINES
-    has_ext_proc = not operator and not all(_runs_natively(ep, native_flow) for ep in cfg.endpoints)
+    has_ext_proc = root_has_ext_proc(cfg, native_flow)
     pool = POOL_CLUSTER if cfg.policy.weights in POOL_KINDS else None
     # Not for an operator baseline: it runs what Envoy alone would, without DLB's cross-cell retry.
     fallbacks = {} if operator else flow_fallbacks(cfg, cell)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dlb.config.model import Cell, Config, HostPort
+from dlb.config.model import OPERATOR_BASELINES, Cell, Config, HostPort
 from dlb.envoy.bootstrap import (
     HEADER_CELL,
     HEADER_FALLBACK,
@@ -27,7 +27,9 @@ from dlb.envoy.bootstrap import (
     aggregate_cells,
     fallback_cluster_name,
     leaf_prefixes,
+    root_has_ext_proc,
 )
+from dlb.envoy.operator_pool import POOL_CLUSTER, POOL_KINDS
 from dlb.envoy.root_token import SECRET, TOKEN_CHECK, TOKEN_FILTER
 
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -59,6 +61,12 @@ def _get(d: Any, *keys: str | int) -> Any:
 
 def _list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else []
+
+
+def _ext_proc_filters(hcm: dict[str, Any]) -> list[tuple[int, Any]]:
+    """The ext_proc filters of an HTTP connection manager, with their index in its filter chain."""
+    return [(i, f) for i, f in enumerate(_list(hcm.get("http_filters")))
+            if _get(f, "name") == EXT_PROC or _get(f, "typed_config", "@type") == EXT_PROC_TYPE]
 
 
 def _socket(sa: Any) -> HostPort | None:
@@ -144,7 +152,7 @@ class _Check:
 
     def ext_proc(self, hpath: str, hcm: dict[str, Any], want: HostPort | None, what: str) -> None:
         filters = _list(hcm.get("http_filters"))
-        found = [(i, f) for i, f in enumerate(filters) if _get(f, "name") == EXT_PROC or _get(f, "typed_config", "@type") == EXT_PROC_TYPE]
+        found = _ext_proc_filters(hcm)
         router = next((i for i, f in enumerate(filters) if _get(f, "name") == ROUTER), None)
         if router is None:
             self.bad(f"{hpath}.http_filters", f"no {ROUTER}: nothing is forwarded")
@@ -209,7 +217,14 @@ class _Check:
         hpath, hcm = h
         self.internal_headers(hpath, hcm, INTERNAL_HEADERS)
         self.token_filter(hpath, hcm, TOKEN_FILTER, "leaves drop this root's x-dlb-src-cell without the token")
-        self.ext_proc(hpath, hcm, cell.root.ext_proc or cfg.services.root.ext_proc, f"cells[{cell.index}].root.ext_proc")
+        where = f"cells[{cell.index}].root.ext_proc"
+        if cfg.policy.weights in OPERATOR_BASELINES:
+            for i, _ in _ext_proc_filters(hcm):
+                self.bad(f"{hpath}.http_filters[{i}]", f"an ext_proc filter, but policy.weights {cfg.policy.weights} "
+                         "is an operator baseline: Envoy alone routes (`dlb config render` writes none)")
+        elif root_has_ext_proc(cfg, native_flow=True) or _ext_proc_filters(hcm):
+            self.ext_proc(hpath, hcm, cell.root.ext_proc or cfg.services.root.ext_proc, where)
+        # else every endpoint runs natively (rendered with --native-flow): no filter is right.
         rc = hcm.get("route_config")
         if rc is not None:
             self.root_headers(f"{hpath}.route_config", rc, cell)
@@ -262,7 +277,11 @@ class _Check:
                 elif fallback is None:
                     fallback = k
                     wc = _get(r, "route", "weighted_clusters", "clusters")
-                    if wc is None:
+                    if cfg.policy.weights in POOL_KINDS:  # an operator baseline: Envoy's one pool of every server
+                        if _get(r, "route", "cluster") != POOL_CLUSTER:
+                            self.bad(f"{path}.route", f"endpoint {ep.name}'s route must be cluster {POOL_CLUSTER!r} "
+                                     f"(policy.weights {cfg.policy.weights}: Envoy's pool of every allowed server)")
+                    elif wc is None:
                         self.bad(f"{path}.route", f"endpoint {ep.name}'s fail-open route must use weighted_clusters "
                                  "(the control plane's flow weights replace them over RDS)")
                     for wi, c in enumerate(_list(wc)):  # a cell, or a cell and its fallback (native flow)

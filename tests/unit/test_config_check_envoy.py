@@ -196,3 +196,42 @@ def test_a_bad_cell_option_is_blamed_on_the_option_not_the_file() -> None:
     boot = yaml.safe_load((CONFIG_DIR / "root.yaml").read_text())
     found = check_bootstrap(boot, CFG, cell="nope")
     assert [m.path for m in found] == ["--cell"] and "'nope' is not a cell" in str(found[0])
+
+
+def _example_with(edit: Callable[[dict[str, Any]], None]) -> Any:
+    from dlb.config.loader import config_from_dict
+
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    edit(raw)
+    return config_from_dict(raw, str(EXAMPLE))
+
+
+def _flow_only(raw: dict[str, Any]) -> None:
+    raw["endpoints"] = [ep for ep in raw["endpoints"] if ep["name"] == "embed"]
+
+
+def test_a_root_whose_every_endpoint_runs_natively_needs_no_ext_proc_filter() -> None:
+    """Rendered with --native-flow, an all-flow root has no filter (it would cost every request a lookup)."""
+    cfg = _example_with(_flow_only)
+    native = root_bootstrap(cfg, "us-east1", admin_port=9901, native_flow=True)
+    assert not any(f["name"] == "envoy.filters.http.ext_proc" for f in _hcm(native)["http_filters"])
+    assert check_bootstrap(native, cfg) == []
+    assert check_bootstrap(root_bootstrap(cfg, "us-east1", admin_port=9901), cfg) == []
+    # The example's chat endpoint takes the ext_proc on every root: there a missing filter is still a mistake.
+    bare = copy.deepcopy(root_bootstrap(CFG, "us-east1", admin_port=9901))
+    _hcm(bare)["http_filters"] = [f for f in _hcm(bare)["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
+    assert any("no envoy.filters.http.ext_proc filter" in m.reason for m in check_bootstrap(bare, CFG))
+
+
+@pytest.mark.parametrize("baseline", ["lr-global", "locality-failover", "hub-score"])
+def test_an_operator_baseline_root_agrees_and_an_ext_proc_filter_in_it_is_reported(baseline: str) -> None:
+    def operator(raw: dict[str, Any]) -> None:
+        raw.setdefault("policy", {"apiVersion": "dlb.v1"}).setdefault("plugins", []).append({"type": baseline})
+    cfg = _example_with(operator)
+    boot = root_bootstrap(cfg, "us-east1", admin_port=9901)
+    assert check_bootstrap(boot, cfg) == []
+    with_filter = copy.deepcopy(boot)
+    dlb_filter = next(f for f in _hcm(root_bootstrap(CFG, "us-east1", admin_port=9901))["http_filters"]
+                      if f["name"] == "envoy.filters.http.ext_proc")
+    _hcm(with_filter)["http_filters"].insert(0, dlb_filter)
+    assert any(m.path.endswith("http_filters[0]") and "operator baseline" in m.reason for m in check_bootstrap(with_filter, cfg))
