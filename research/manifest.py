@@ -67,6 +67,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults*", "dlb bench faults --json FILE"),
+    ("bench/starved-root-leaf-envoy*", "PYTHONPATH=<checkout> .venv/bin/python research/tools/starved_root_leaf_envoy.py --tag T "
+                                       "--seed S --stall-s 0.5, seeds 21-23, main and this branch (research/operations.md)"),
     ("bench/netns-k8s/*.txt", "pytest tests/e2e/test_netns_testbed.py -s -q (the lines it prints; header: commit, load, args)"),
     ("bench/replicas/weights*.json", "python research/bench/replicas/weights.py --json FILE"),
     ("bench/hostile-squat-watch-*", "PYTHONPATH=research/tools/root_loop_watch dlb bench hostile --scale full --attacks slot-squat "

@@ -11,7 +11,7 @@ Every request is recorded (send time, end time, status, the server that answered
 emulator's ``x-dlb-server`` header), and each run is summarised as::
 
     {fault, mode, rate_rps, sent, ok, failed, inflight_at_fault, cut_streams, failed_new,
-     new_fail_window_s, detect_s, recover_s, pre_share, verdict}
+     new_fail_window_s, detect_s, recover_s, pre_share, loadavg_1m, verdict}
 
 - ``inflight_at_fault``: sent before the fault, finished after it (any cell);
 - ``cut_streams``: requests whose connection closed before a complete response, or streams that
@@ -21,6 +21,8 @@ emulator's ``x-dlb-server`` header), and each run is summarised as::
   the fault the last of them was sent — the "at most 1 s of new requests" target;
 - ``detect_s``: from the fault to the last failed request sent during the outage (0 if none failed):
   how long clients could still be hurt;
+- ``loadavg_1m``: the box's 1-minute load average as the traffic starts and as it ends (a starved box
+  delays DLB's own services, which some failures depend on);
 - ``recover_s``: from the restore until a 1-s window of requests first gives cell ``a`` at least
   80 % of its pre-fault share (``pre_share``); ``null`` if that never happens in the run.
 
@@ -555,6 +557,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         host, port = plane.root_url
         mix = request_mix(host, port, max_tokens, long_stream_tokens(time_scale))
         inject, restore = _fault_actions(plane, fault)
+        load_start = os.getloadavg()[0]  # the box's load beside each run's counts (a shared box starves parts)
         origin = time.monotonic() + 0.2
         watch = _CellWatch(plane, fault == "cell_overload")
         try:
@@ -564,6 +567,7 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
             watch.stop()
         row = summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s)
         row["policy"] = load.policy
+        row["loadavg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
         if fault == "leaf_replica_freeze":
             row.update(stalls(samples, fault_at_s, fault_at_s + outage_s))
             row["verdict"] = verdict(row)

@@ -658,11 +658,15 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
     of a 503 or a request sent to the wrong place. Measured with cluster_header on Envoy 1.40: all
     three gave 503s (tests/e2e/test_envoy_configs.py::test_root_bad_pick_falls_back_to_weights).
     ``pool``: the fail-open route goes to this cluster instead of the weights (operator baselines).
-    ``fallbacks`` (:func:`flow_fallbacks`): a flow endpoint run natively weights aggregate clusters
-    (cell, fallback) and retries once on the fallback, as a root's pick does.
+    ``fallbacks`` (:func:`flow_fallbacks`): the fail-open route weights aggregate clusters (cell, fallback)
+    and retries once on the fallback, as a root's pick does: a flow endpoint run natively always takes
+    it, an ext_proc endpoint whenever its root service is down, slow or undecided — a dead leaf Envoy
+    then costs no more than with the service up. Not a native-discrete endpoint's (Envoy's load
+    balancer over cells retries on another host of its own cluster).
     """
     action = {"timeout": _duration(ep.timeout_s), "idle_timeout": _duration(ep.idle_timeout_s)}
-    across = fallbacks if fallbacks and _runs_natively(ep, native_flow) and not ep.policy.native and not pool else {}
+    native = _runs_natively(ep, native_flow) and ep.policy.native
+    across = fallbacks if fallbacks and not native and not pool else {}
     clusters = [{"name": flow_cluster_name(cfg, name, across), "weight": int(w)} for name, w in weights.items() if w > 0]
     per_filter: dict[str, Any] = {}
     # Tell the root service which endpoint this is (gRPC metadata on the ext_proc stream).
@@ -701,7 +705,6 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         }
         for name in allowed
     ]
-    native = _runs_natively(ep, native_flow) and ep.policy.native
     return pairs + picked + [
         {
             "name": f"{ep.name}-fallback",
@@ -784,9 +787,10 @@ def root_bootstrap(
         # dead leaf Envoy resets every request it held at once, and each must get its retry.
         cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = HIGH_THRESHOLDS["max_requests"]
         clusters.append(_leaf_replica_health(cluster) if d.leaf.replicated else cluster)
-    # Aggregates (cell, fallback): every ordered pair for the root's picks, each cell's fallback for native flow.
+    # Aggregates (cell, fallback): every ordered pair for the root's picks, each cell's fallback for the
+    # fail-open routes (every endpoint's but a native-discrete one's).
     pairs = [(a.name, b.name) for a in dests for b in dests if a is not b] if has_ext_proc else []
-    if any(_runs_natively(ep, native_flow) and not ep.policy.native for ep in cfg.endpoints):
+    if not pool and any(not (_runs_natively(ep, native_flow) and ep.policy.native) for ep in cfg.endpoints):
         pairs += [p for p in fallbacks.items() if p not in pairs]
     clusters += [_fallback_cluster(cfg.cell(a).cluster_name, cfg.cell(b).cluster_name) for a, b in pairs]
     clusters += [native_discrete_cluster(ep.name, dests, ep.policy.native_pick)

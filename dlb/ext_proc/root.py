@@ -4,9 +4,10 @@ Envoy's ext_proc filter opens one gRPC stream per HTTP request and sends the req
 answer with a header mutation ``x-dlb-cell: cell-<name>`` (+ ``x-dlb-src-cell: <own cell>``) and
 ``clear_route_cache`` so the route's ``cluster_header`` sends the request to that cell's leaf Envoy.
 The decision is made by the routing core's :class:`RootRouter` (one per endpoint) from probe state
-cached by :class:`ProbeClient`; nothing on the request path waits for I/O. With more than one usable
-cell the answer also names a fallback, ``x-dlb-fallback-cell``: the next-best cell, on which the root
-Envoy retries a request whose connection to the first failed or was reset before any response header.
+cached by :class:`ProbeClient`; nothing on the request path waits for I/O. With another allowed cell
+the answer also names a fallback, ``x-dlb-fallback-cell``: the next-best usable cell, else the next-best
+allowed one (:mod:`dlb.core.fallback`), on which the root Envoy retries a request whose connection to
+the first failed or was reset before any response header.
 
 Client-supplied ``x-dlb-*`` headers are never read here (only ``:path`` and the endpoint's session
 header are), and the root Envoy strips them before any filter runs (``internal_only_headers``).
@@ -120,7 +121,7 @@ class EndpointState:
     shed_unlogged: int = 0
     shed_logged_at: float = -math.inf
 
-    #: Per cell, the next-best usable cell a request there is retried on (:mod:`dlb.core.fallback`),
+    #: Per cell, the cell a request there is retried on (:mod:`dlb.core.fallback`),
     #: rebuilt every :data:`FALLBACK_REFRESH_S` rather than per request.
     fallback: list[int] = field(default_factory=list)
     fallback_until: float = -math.inf
@@ -265,7 +266,7 @@ class RootService:
         """Rebuild the endpoint's fallback table from the costs a discrete pick would use now."""
         r = ep_state.router
         usable = [int(j) for j in np.flatnonzero(r.usable(now))]
-        ep_state.fallback = next_best(r.costs(now).tolist(), usable, len(self.cell_names))
+        ep_state.fallback = next_best(r.costs(now).tolist(), usable, len(self.cell_names), [int(j) for j in np.flatnonzero(r.allowed)])
         ep_state.fallback_until = now + FALLBACK_REFRESH_S
 
     def __post_init__(self) -> None:

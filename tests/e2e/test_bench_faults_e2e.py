@@ -148,3 +148,26 @@ def test_native_flow_killed_leaf_envoy_loses_only_streams_already_answering() ->
     assert row["sent"] > 150 and row["pre_share"], row  # cell a served before the kill
     lost = {c: n for c, n in row["failure_codes"].items() if c not in ANSWERING}
     assert not lost, row
+
+
+def test_root_service_down_and_a_killed_leaf_envoy_lose_nothing() -> None:
+    """No root service answers (the root Envoy fails open to its replica-split weights, a and b half each)
+    and cell a's leaf Envoy is killed: every request is still served, by b. The fail-open route names each
+    cell with its fallback and retries a's share there once, as a pick does (before: about half failed,
+    ``503 dlb_upstream_failed``)."""
+    from dlb.testbed.stack import CellSpec, request, start_data_plane
+
+    endpoint = {"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "discrete", "cost": "rif"}}
+    plane = start_data_plane([CellSpec("a", servers=2), CellSpec("b", servers=2)], "a", endpoint, root_service=False)
+    try:
+        plane.leaf_envoys["a"].proc.kill()
+        plane.leaf_envoys["a"].proc.wait(10)
+        host, port = plane.root_url
+        answers = [request(host, port, body={"model": "dlb-emulated", "max_tokens": 2,
+                                             "messages": [{"role": "user", "content": "hi"}]}) for _ in range(20)]
+        assert [status for status, _, _ in answers] == [200] * 20, [(s, b[:200]) for s, _, b in answers if s != 200]
+        assert all(headers.get("x-dlb-server", "").startswith("b-") for _, headers, _ in answers)
+        retried = plane.root_envoy.stats(r"^cluster\.cell-a\.or\.b\.upstream_rq_retry_success$")
+        assert int(retried["cluster.cell-a.or.b.upstream_rq_retry_success"]) > 0  # a's share went there first
+    finally:
+        plane.close()

@@ -338,6 +338,28 @@ def test_root_fails_open_when_ext_proc_is_slow(tmp_path: Path) -> None:
             assert int(envoy.stats("ext_proc")["http.dlb_root.ext_proc.dlb_root.message_timeouts"]) >= 1
 
 
+@pytest.mark.parametrize("service", ["down", "starved"])
+def test_root_fail_open_retries_a_dead_cell_on_its_fallback(tmp_path: Path, service: str) -> None:
+    """Cell a's leaf Envoy is dead (nothing listens on its address) and the root service is down, or
+    answers after the message timeout (a starved box): the fail-open route's weight for a names a's
+    aggregate with its fallback b (the nearest other allowed cell), so every request refused by a is
+    retried once on b instead of answering 503 (what the leaf Envoy kill lost under load)."""
+    with echo_servers("b", "c") as ports:
+        cfg = three_cell_config({**ports, "a": free_port()})
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1}, message_timeout_ms=200)
+        late = ext_proc_server(cfg.cell("a").root.ext_proc.port, _SlowPick("cell-a")) if service == "starved" else contextlib.nullcontext()
+        with late, running_envoy(boot, tmp_path, "root") as envoy:
+            reached = []
+            for _ in range(10):
+                status, body = request(cfg.cell("a").root.address.port)
+                assert status == 200, body
+                reached.append(body["name"])
+            assert reached == ["b"] * 10, reached
+            assert int(envoy.stats("upstream_rq_retry_success")["cluster.cell-a.or.b.upstream_rq_retry_success"]) == 10
+            if service == "starved":  # each request waited for the pick, then went on without one
+                assert int(envoy.stats("ext_proc")["http.dlb_root.ext_proc.dlb_root.message_timeouts"]) == 10
+
+
 def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:
     with echo_servers("a", "b", "c") as ports:
         cfg = three_cell_config(ports)

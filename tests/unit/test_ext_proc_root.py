@@ -74,11 +74,14 @@ def test_decision_sets_cell_fallback_and_source_headers():
     assert svc.endpoints[0].decisions == [1, 0]
 
 
-def test_no_fallback_when_one_cell_is_usable():
+def test_one_usable_cell_still_falls_back_on_another_allowed_cell():
+    """b's probe answers are late (stale), as on a starved root: a is the only usable cell, and a request
+    refused by a's dead leaf Envoy must still get its one retry, on b, not a 503."""
     svc, clock = service()
-    probe(svc, 0, clock.t)  # b never answered: not usable, so not a fallback
+    probe(svc, 0, clock.t)
+    probe(svc, 1, clock.t - 5.0)  # answered, but long ago: not usable, yet allowed
     h = set_headers(svc.decide(headers_msg().request_headers.headers.headers))
-    assert h == {"x-dlb-cell": "cell-a", "x-dlb-src-cell": "a"}
+    assert h == {"x-dlb-cell": "cell-a", "x-dlb-fallback-cell": "cell-b", "x-dlb-src-cell": "a"}
 
 
 def test_load_moves_the_decision_and_spoofed_headers_are_ignored():

@@ -1,4 +1,5 @@
-"""The fallback cell of a request whose cell fails before answering: the next-best usable cell."""
+"""The fallback cell of a request whose cell fails before answering: the next-best usable cell, else
+the next-best allowed one."""
 
 import math
 
@@ -15,3 +16,11 @@ def test_one_usable_cell_has_no_fallback_and_nan_costs_rank_last() -> None:
     assert next_best([1.0, 2.0], [1], 2) == [1, NO_FALLBACK]
     assert next_best([math.nan, 2.0, 3.0], [0, 1, 2], 3) == [1, 2, 1]
     assert next_best([1.0], [], 1) == [NO_FALLBACK]
+
+
+def test_one_usable_cell_falls_back_on_the_best_other_allowed_cell() -> None:
+    """Usable cells first; with none other usable, the cheapest other allowed cell (stale probes are not death)."""
+    assert next_best([1.0, 2.0], [1], 2, allowed=[0, 1]) == [1, 0]
+    assert next_best([1.0, math.nan, 0.5, 9.0], [0], 4, allowed=[0, 1, 2]) == [2, 0, 0, 0]  # 3 is not allowed: never
+    assert next_best([1.0, 2.0], [0, 1], 2, allowed=[0, 1]) == [1, 0]  # two usable: as without `allowed`
+    assert next_best([1.0], [0], 1, allowed=[0]) == [NO_FALLBACK]  # residency: only its own cell

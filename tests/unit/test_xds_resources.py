@@ -76,8 +76,8 @@ def test_flow_weights_land_on_the_flow_route_only(cfg) -> None:
     # Each cell with its fallback (the embed endpoint runs natively: test_native_flow_retries_once_on_each_cells_fallback).
     assert flow == {"cell-us-east1.or.us-west1": 7000, "cell-us-west1.or.us-east1": 2999, "cell-eu-west1.or.us-east1": 1}
     disc = {w.name: w.weight.value for w in routes["llama-8b-fallback"].route.weighted_clusters.clusters}
-    # Discrete endpoints keep the replica-weighted fail-open split (3, 2, 2 servers).
-    assert disc == {"cell-us-east1": 3, "cell-us-west1": 2, "cell-eu-west1": 2}
+    # Discrete endpoints keep the replica-weighted fail-open split (3, 2, 2 servers), each cell with its fallback.
+    assert disc == {"cell-us-east1.or.us-west1": 3, "cell-us-west1.or.us-east1": 2, "cell-eu-west1.or.us-east1": 2}
     # A zero weight drops the cluster from the route; residency violations are refused.
     rs = er.root_resources(cfg, "us-east1", {"embed": np.array([1.0, 0.0, 0.0])})
     routes = {r.name: r for r in rs.routes[0].virtual_hosts[0].routes}
@@ -115,9 +115,9 @@ def test_native_flow_retries_once_on_each_cells_fallback(cfg) -> None:
     # One allowed cell: nothing to retry on, the bare cell.
     eu = next(r for r in er.root_resources(cfg, "eu-west1").routes[0].virtual_hosts[0].routes if r.name == "embed-fallback").route
     assert [w.name for w in eu.weighted_clusters.clusters] == ["cell-eu-west1"] and not eu.HasField("retry_policy")
-    # Discrete endpoints' fail-open routes are unchanged: bare cells.
+    # An ext_proc endpoint's fail-open route (its root service down, slow or undecided) retries the same way.
     disc = next(r for r in rs.routes[0].virtual_hosts[0].routes if r.name == "llama-8b-fallback").route
-    assert ".or." not in " ".join(w.name for w in disc.weighted_clusters.clusters) and not disc.HasField("retry_policy")
+    assert [w.name for w in disc.weighted_clusters.clusters] == names and disc.retry_policy == policy
 
 
 def test_a_root_of_native_flow_only_has_just_the_aggregates_its_route_names(cfg) -> None:
