@@ -90,6 +90,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bfio/dataplane-c8/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c8/log.txt", "written by the C8 run script (research/bfio.md, C8): time, load and commit per run"),
     ("bfio/dataplane-c8/*.txt", "the lines dlb bfio dataplane ARGS prints (ARGS: research/bfio.md, C8 rule)"),
+    ("bfio/dataplane-c9/bench-*.json", "dlb bfio bench --picks 5000 --json FILE"),
     ("bfio/dataplane-c9/heldrun-*.json", "dlb bfio heldrun ARGS --json FILE (ARGS: the file's args field)"),
     ("bfio/dataplane-c9/log.txt", "written by the C9 run loop (research/bfio.md, C9): time, load and commit per run"),
     ("bfio/dataplane-c9/*.txt", "the lines dlb bfio dataplane ARGS prints (ARGS: research/bfio.md, C9 rule)"),
