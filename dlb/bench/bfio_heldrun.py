@@ -9,8 +9,8 @@ the ``window`` oldest held requests) — with exact state: no scrape staleness, 
 machine jitter. What it predicts for a run is what the method can give there; a gap between it and
 the data path is the data path's own (time, staleness), a gap between it and the study is the workload's.
 
-Arrivals are placed at once while a rank admits (below its ``B`` slots) and nothing is held, else held;
-held requests are released at step boundaries. Reported as the data path reports: idle fraction over
+Arrivals are held or placed by the leaf's own rule (:meth:`DpBalancer.should_hold`); held requests are
+released at step boundaries. Reported as the data path reports: idle fraction over
 steps that start with requests held (``idle_frac_backlog``) and over the whole run. Pure: no I/O, seeded.
 """
 
@@ -99,11 +99,10 @@ def simulate(policy: str, run: HeldRun) -> HeldResult:
     while nxt < n or len(q) or bal.residents:
         while nxt < n and arrive[nxt] <= now:
             key = str(nxt)
-            admit = bal.admitting(allowed)
-            if admit.any() and not len(q):
-                place(key, bal.choose(float(step), float(prompts[nxt]), admit))
-            else:
+            if bal.should_hold(allowed):
                 q.offer(float(step), key, float(prompts[nxt]), 0.0)
+            else:
+                place(key, bal.choose(float(step), float(prompts[nxt]), bal.admitting(allowed)))
             nxt += 1
         while (released := bal.next_held(float(step), allowed, run.window)) is not None:
             place(released[0].key, released[1])

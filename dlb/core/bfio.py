@@ -277,6 +277,11 @@ class DpBalancer:
     report_lag_steps: float = 2.0
     #: Requests the leaf holds while no rank can admit (None: send at once, as without a queue).
     hold: HoldQueue | None = None
+    #: BF-IO holds arrivals already once at most this share of the group's slots is free, and releases
+    #: them together (:meth:`next_held`), so it chooses which request fills which of the last slots. Held
+    #: only when every rank is full, the last slots went to whatever arrived next, one at a time — the
+    #: state the backlog then ran on (``research/bfio.md``, C9). 0: hold only when no rank admits.
+    hold_early: float = 0.25
     residents: dict[str, _Resident] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -310,6 +315,7 @@ class DpBalancer:
         self._unbounded = self.limit <= 0  # ranks with no admission bound, kept with ``limit``
         #: (start, key) of each rank's recently started requests, oldest first: what a report may lack.
         self._recent: list[deque[tuple[float, str]]] = [deque(maxlen=256) for _ in range(self.ranks)]
+        self._batch_at = -math.inf  # when the last batch of held requests was released (:meth:`next_held`)
 
     def observe_kv(self, rank: int, kv_tokens: float, now: float) -> None:
         """A rank's own count of its resident KV tokens (its metrics): from now on :meth:`kv` is this
@@ -348,6 +354,21 @@ class DpBalancer:
         room &= allowed
         room &= ~self.kv_blocked
         return room
+
+    def should_hold(self, allowed: npt.NDArray[np.bool_]) -> bool:
+        """Whether a new arrival waits in :attr:`hold` instead of going to a rank at once: no rank can
+        admit it, requests are held already (they go first), or — BF-IO — at most :attr:`hold_early` of
+        the group's slots are free, so the last ones are filled by choice (:meth:`next_held`), not by
+        arrival order."""
+        if self.hold is None:
+            return False
+        admit = self.admitting(allowed)
+        if not admit.any() or len(self.hold):
+            return True
+        if self.policy != "bf-io" or self.hold_early <= 0 or (self._unbounded & allowed).any():
+            return False
+        free = float(np.maximum(self.limit - self.n, 0.0)[admit].sum())
+        return free <= self.hold_early * float(self.limit[allowed].sum())
 
     def _predicted(self, now: float) -> FloatArray:
         out: FloatArray = self.est_n * now
@@ -425,10 +446,14 @@ class DpBalancer:
         return pick, self.choose(now, prompts[pick], admit)  # the rank with BF-IO's own tie-break
 
     def next_held(self, now: float, allowed: npt.NDArray[np.bool_], window: int) -> tuple[Held, int] | None:
-        """Take the held request to place next and its rank (None: nothing held, or no rank can admit).
+        """Take the held request to place next and its rank (None: nothing held, no rank can admit, or
+        BF-IO's batch is not due).
 
         The policy chooses among the ``window`` oldest (:meth:`choose_backlog`); the caller opens it
         (:meth:`open`) under the key it records. The leaf and ``dlb bfio heldrun`` both release this way.
+        BF-IO releases in batches: while fewer than ``window`` are held, at most once per learnt step
+        (``step_s``; every call at the same ``now`` belongs to one batch) — a request released alone
+        would take the slot with no choice, and a rank admits only at a step's end anyway.
         """
         q = self.hold
         if q is None:
@@ -439,6 +464,9 @@ class DpBalancer:
         admit = self.admitting(allowed)
         if not admit.any():
             return None
+        if self.policy == "bf-io" and len(q) < window and now != self._batch_at and now < self._batch_at + self.step_s:
+            return None
+        self._batch_at = now
         i, r = self.choose_backlog(now, [c.prompt_tokens for c in cands], admit)
         return q.take(cands[i].key, now), r
 

@@ -21,8 +21,11 @@ from tests.unit.test_h2_connection import Pair, grpc_message
 RANKS = [f"10.0.0.1:{8000 + r}" for r in range(4)]
 
 
-def leaf(policy: str = "bf-io", slots: int = 2, max_len: int = 3, deadline_s: float = 1.0) -> LeafState:
-    bal = DpBalancer(ranks=4, policy=policy, slots=slots, hold=HoldQueue(max_len, deadline_s))
+def leaf(policy: str = "bf-io", slots: int = 2, max_len: int = 3, deadline_s: float = 1.0,
+         hold_early: float = 0.0) -> LeafState:  # fmt: skip
+    """A leaf over one 4-rank group; ``hold_early`` 0 (hold only when every rank is full) unless a test
+    is about holding the last free slots."""
+    bal = DpBalancer(ranks=4, policy=policy, slots=slots, hold=HoldQueue(max_len, deadline_s), hold_early=hold_early)
     return LeafState(cell="c", servers=[ServerState(a) for a in RANKS], replicas=4, prior=LatencyParams(0.1, 0.01, 4.0, 1.0),
                      choices=64, rng=np.random.default_rng(0), dp_groups=[(bal, list(RANKS))])
 
@@ -131,6 +134,48 @@ def test_bf_io_chooses_which_held_request_the_freed_rank_gets() -> None:
         assert st.pick(0.0, "small", 40) == HELD and st.pick(0.0, "big", 4 * 4000) == HELD
         bal.finish("x11", 0.1)  # the light rank frees a slot
         assert st.release(0.1) == [(expect, 1)], policy
+
+
+def test_bf_io_holds_the_last_free_slots_and_fills_them_by_choice() -> None:
+    """With at most a quarter of the slots free BF-IO holds arrivals too and releases them together:
+    the large request goes to the light rank whatever the arrival order. Placed on arrival, the small
+    one took the light rank's slot and the large one had only the heavy rank left."""
+    st = leaf(slots=4, max_len=5, hold_early=0.25)
+    bal = st.dp_groups[0][0]
+    for rank, p in ((0, 100), (1, 400), (2, 9000), (3, 9000)):
+        for j in range(3 if rank < 2 else 4):
+            bal.open(0.0, f"x{rank}{j}", rank, p)  # 2 of 16 slots free: ranks 0 (300 tokens) and 1 (1200)
+    assert st.pick(0.0, "small", 4 * 100) == HELD
+    assert st.pick(0.0, "big", 4 * 1000) == HELD
+    assert sorted(st.release(0.0)) == [("big", 0), ("small", 1)]
+
+
+def test_others_hold_only_at_the_bound() -> None:
+    """The early hold is BF-IO's (it chooses which request fills which slot); JSQ sends while a rank has room."""
+    st = leaf("jsq", slots=4, max_len=5, hold_early=0.25)
+    for i in range(16):
+        assert st.pick(0.0, f"r{i}", 400) >= 0
+    assert st.pick(0.0, "h", 400) == HELD
+
+
+def test_bf_io_releases_a_short_queue_once_a_step() -> None:
+    """While fewer than the window are held and ranks have room, BF-IO releases one batch per learnt
+    step (every call at the same instant is that batch); a full window goes at once."""
+    bal = DpBalancer(ranks=2, slots=8, step_s=0.5, hold=HoldQueue(100, 60.0), hold_early=1.0)
+    ok = np.ones(2, dtype=bool)
+    for k in ("a", "b"):
+        bal.hold.offer(0.0, k, 100.0, 0.0)  # type: ignore[union-attr]
+    first = bal.next_held(1.0, ok, window=4)
+    assert first is not None
+    bal.open(1.0, first[0].key, first[1], 100.0)
+    assert bal.next_held(1.0, ok, window=4) is not None  # the same batch
+    for k in ("c", "d"):
+        bal.hold.offer(1.1, k, 100.0, 0.0)  # type: ignore[union-attr]
+    assert bal.next_held(1.2, ok, window=4) is None  # a step has not passed
+    assert bal.next_held(1.5, ok, window=4) is not None
+    for k in "efgh":
+        bal.hold.offer(1.6, k, 100.0, 0.0)  # type: ignore[union-attr]
+    assert bal.next_held(1.7, ok, window=4) is not None  # four held: the window is full
 
 
 def test_reported_limit_and_full_kv_bound_admission() -> None:
