@@ -3,7 +3,9 @@
 Why a cache: Envoy's encoder sends the same bytes for every ext_proc stream once its dynamic table is
 warm (``:path`` as a literal *without* indexing, the rest as indexed fields), and decoding one costs
 ~10 µs of pure Python (``hpack_decoder``) against a dictionary look-up. When Envoy traces, no block
-repeats (each carries a new indexed ``traceparent``) and every one is decoded. A block that neither adds an entry nor resizes the table
+repeats (each carries a new indexed ``traceparent``): the decoder's shifted template (``hpack_decoder``)
+then decodes only that literal, and the head is the template's with it. A block that neither adds an
+entry nor resizes the table
 decodes to the same fields for as long as the table is unchanged, and decoding it again would leave
 the table as it is — so the cache is exact. Any block that does change the table clears the cache
 (its entries may refer to indices that now mean something else).

@@ -11,7 +11,8 @@ traced). The cost per call is the difference of two runs' totals over the differ
         .venv/bin/python research/tools/traced_call_ir.py traced $n 2>&1 | grep Collected; done
 
 Modes: ``plain`` (untraced heads, bare handler: the bench's ``root``), ``traced`` (traced heads, wrapped
-handler: ``root-traced``), ``tp-only`` (traced heads, bare handler). Another checkout: ``PYTHONPATH=it``.
+handler: ``root-traced``), ``tp-only`` (traced heads, bare handler), ``blocks`` (the traced heads through
+``CachingDecoder`` alone, per 250 blocks). Another checkout: ``PYTHONPATH=it``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dlb.transport.h2 import PREFACE, H2Connection
 from dlb.transport.limits import TransportStats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from h2_traced_calls import FIXTURE, UNTRACED, frame  # noqa: E402
+from h2_traced_calls import FIXTURE, UNTRACED, frame
 
 HEADERS = [(":method", "POST"), (":path", "/v1/chat/completions"), (":authority", "localhost"), (":scheme", "http"),
            ("content-type", "application/json"), ("x-request-id", "0b6c3c53-6f1e-4a5e-9d59-6e3a4c2f1a7b"),
@@ -40,6 +41,15 @@ HEADERS = [(":method", "POST"), (":path", "/v1/chat/completions"), (":authority"
 
 def main() -> None:
     mode, connections = sys.argv[1], int(sys.argv[2])
+    if mode == "blocks":  # the header blocks alone, through CachingDecoder, CONNECTIONS replays
+        from dlb.transport.headers import CachingDecoder
+
+        recorded = [bytes.fromhex(x) for x in FIXTURE.read_text().splitlines() if x and not x.startswith("#")]
+        for _ in range(connections):
+            dec = CachingDecoder(65536)
+            for block in recorded:
+                dec.decode_head(block)
+        return
     raw = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
         base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in HEADERS]))).SerializeToString()
     message = b"\x00" + len(raw).to_bytes(4, "big") + raw
@@ -52,7 +62,8 @@ def main() -> None:
     if mode == "traced":
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from dlb.ext_proc.tracing import describe_root, traced as wrap
+        from dlb.ext_proc.tracing import describe_root
+        from dlb.ext_proc.tracing import traced as wrap
         from dlb.service.tracing import Tracer, TracingOptions
 
         tracer = Tracer(TracingOptions("unused:4317", 0.01), exporter=InMemorySpanExporter())
