@@ -75,6 +75,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                     "--json FILE (*-root.txt: the root's /tmp/root-loop-watch-PID.txt of that run)"),
     ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
     ("bench/hpack-traceparent-*.txt", ".venv/bin/python research/tools/hpack_traceparent.py 21 > FILE (research/epp.md)"),
+    ("bench/root-traced-service-*.txt", "research/tools/root_traced_service.py --seconds 3 --rounds 4, old (PYTHONPATH) and new "
+                                        "alternated, uptime before/after each (research/epp.md) > FILE"),
+    ("bench/traced-call-ir-*.txt", "valgrind --tool=callgrind .venv/bin/python research/tools/traced_call_ir.py MODE 1 and 3, "
+                                   "old (PYTHONPATH) and new (research/epp.md) > FILE"),
     ("bench/h2-traced-calls-*.txt", ".venv/bin/python research/tools/h2_traced_calls.py 5, old and new alternated "
                                     "(old through PYTHONPATH; the file's first line) > FILE"),
     ("bench/xds-h2/load.txt", "written by the A/B loop (research/bench/xds-h2/RULE.md): side, time and uptime before and after each run"),

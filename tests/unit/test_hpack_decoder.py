@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlb.transport import hpack_decoder, huffman
+from dlb.transport.headers import CachingDecoder, parse_head
 from dlb.transport.hpack_decoder import Decoder
 from dlb.transport.huffman import decode_huffman
 
@@ -211,3 +212,70 @@ def test_the_comparisons_catch_a_wrong_decoder(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.undo()
         hpack_decoder._memo_huffman.cache_clear()
     assert rfc_mismatches() == [] and first_difference(ENVOY_BLOCKS) is None
+
+
+def test_envoys_traced_blocks_go_through_the_shifted_template_and_give_the_same_heads() -> None:
+    """After the first calls (and after each refresh of the evicted fixed entries) a traced call's block
+    is the last one with its dynamic indices moved by one: only its traceparent is decoded, and the head
+    the transport builds from the template is the head ``parse_head`` builds from the fields."""
+    cache = CachingDecoder(65536)
+    shifted = 0
+    for block in ENVOY_BLOCKS:
+        head = cache.decode_head(block)
+        shifted += cache.decoder.used is not None
+        assert head == parse_head(head.fields) and head.traceparent == dict(head.fields)[b"traceparent"]
+    assert shifted >= 230  # 236 of 250 on the recorded connection
+    assert first_difference(ENVOY_BLOCKS) is None
+
+
+def _envoy_like(table_size: int, values: list[bytes], extra: bool) -> list[bytes]:
+    """Calls the way Envoy encodes them: fixed fields indexed, one new indexed traceparent each, at a
+    small table (entries the next block names get evicted; the encoder then sends them again)."""
+    enc = hpack.Encoder()
+    enc.header_table_size = table_size
+    fixed = [(b":method", b"POST"), (b":authority", b"dlb_root_ext_proc"), (b"content-type", b"application/grpc")]
+    after = [(b"x-envoy-internal", b"true"), (b"x-forwarded-for", b"192.0.2.2")] + ([(b"x-b", b"b" * 40)] if extra else [])
+    path = hpack.NeverIndexedHeaderTuple(b":path", b"/envoy.service.ext_proc.v3.ExternalProcessor/Process")
+    return [enc.encode([*fixed[:1], path, *fixed[1:], (b"traceparent", v), *after]) for v in values]
+
+
+_traceparents = st.lists(st.binary(min_size=0, max_size=70), min_size=2, max_size=40)
+
+
+@FUZZ
+@given(st.sampled_from([4096, 512, 300, 200]), _traceparents, st.booleans())
+def test_envoy_like_calls_decode_as_hpack_decodes_them(table_size: int, values: list[bytes], extra: bool) -> None:
+    assert first_difference(_envoy_like(table_size, values, extra)) is None
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 249), st.integers(-3, 3), st.integers(0, 300), st.integers(0, 255),
+                          st.booleans()), min_size=1, max_size=25))
+def test_near_copies_of_envoys_blocks_decode_as_hpack_decodes_them(ops) -> None:
+    """The recorded blocks with every dynamic index moved, a byte changed or the block cut short: whatever
+    the shifted template takes or refuses, the fields, table and errors are ``hpack``'s."""
+    seq = ENVOY_BLOCKS[:3]
+    for i, shift, at, byte, cut in ops:
+        b = bytearray(x + shift if 0xBE <= x <= 0xFE and 0xBE <= x + shift <= 0xFE else x for x in ENVOY_BLOCKS[i])
+        if cut:
+            b = b[:at % (len(b) + 1)]
+        else:
+            b[at % len(b)] = byte
+        seq.append(bytes(b))
+    assert first_difference(seq) is None
+
+
+def test_a_template_naming_an_entry_its_own_insertion_evicted_is_decoded_in_full() -> None:
+    """A block equal to the template with its indices moved, whose suffix names the entry the new
+    literal evicts: hpack refuses it (the index is past the table), and so do we, after the insertion."""
+    small = b"\x3f\x81\x01"  # table size 160
+    first = small + b"\x40\x03x-a\x01a" + b"\x40\x03x-b\x01b"  # x-a, x-b: 72 bytes
+    call = b"\x40\x03x-t\x0a" + b"t" * 10 + b"\xc0"  # x-t (45 bytes) then index 64: x-a, the oldest
+    # x-t, x-b, x-a (117 bytes); then x-t again: 162 > 160 evicts x-a, which index 64 + 1 would name.
+    seq = [first, call, call.replace(b"\xc0", b"\xc1")]
+    assert first_difference(seq) is None
+    dec = Decoder(65536)
+    for b in seq[:2]:
+        dec.decode(b)
+    with pytest.raises(hx.InvalidTableIndex):
+        dec.decode(seq[2])

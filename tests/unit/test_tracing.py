@@ -7,7 +7,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_ext_proc_root import probe, service
 
-from dlb.ext_proc.tracing import describe_root, traced
+from dlb.ext_proc.tracing import describe_root, traced, unsampled
 from dlb.service.tracing import Tracer, TracingOptions
 
 TRACE, PARENT = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -50,3 +50,14 @@ def test_a_sampled_decision_becomes_a_child_span_naming_the_cell_costs_and_avers
     attrs = dict(span.attributes or {})
     assert attrs["dlb.cell"] == "a" and attrs["dlb.endpoint"] == "chat" and attrs["dlb.policy"] == "Disc-Lat"
     assert attrs["dlb.cost.a"] < attrs["dlb.cost.b"] and attrs["dlb.aversion.b"] == 0.0
+
+
+def test_an_unsampled_parent_is_read_off_the_bytes_only_when_the_tracer_would_say_so():
+    """``unsampled`` (the wrapper's shortcut for Envoy's 99 %) never claims a parent the tracer would sample
+    or judge by the ratio: a sampled flag, another version, a malformed shape all go to the tracer."""
+    t, _ = tracer(1.0)  # the ratio samples everything: any False below is the parent's flag
+    tp = f"00-{TRACE}-{PARENT}-00".encode()
+    assert unsampled(tp) and not t.sampled(tp.decode())
+    for other in (f"00-{TRACE}-{PARENT}-01", f"01-{TRACE}-{PARENT}-00", f" 0-{TRACE}-{PARENT}-00",
+                  f"00-{TRACE[:-1]}--{PARENT}-00", f"00-{TRACE}-{PARENT}-00 ", "00-00"):
+        assert not unsampled(other.encode())
