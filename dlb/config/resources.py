@@ -98,7 +98,7 @@ def routing_policy(config: Config, ep: Endpoint) -> pb.RoutingPolicy:
         stale_after_ms=config.probe.stale_after_ms,
         shed=pb.RoutingPolicy.Shed(disabled=not pol.shed.enabled, fill=pol.shed.fill, near_fill=pol.shed.near_fill,
                                    min_error_rate=pol.shed.min_error_rate, max_age_ms=pol.shed.max_age_ms,
-                                   deadline_off=not pol.shed.deadline, deadline_s=ep.timeout_s),
+                                   deadline=pol.shed.deadline, deadline_s=ep.timeout_s),
     )
 
 
@@ -236,7 +236,7 @@ def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams, 
                                     f.max_sessions or AffinityParams.max_sessions, f.prefix_savings_ms),
             shed=ShedParams(not sh.disabled, sh.fill or ShedParams.fill, sh.near_fill or ShedParams.near_fill,
                             sh.min_error_rate or ShedParams.min_error_rate, sh.max_age_ms or ShedParams.max_age_ms,
-                            deadline=not sh.deadline_off),
+                            deadline=sh.deadline),
         ).to_core(ProbeParams(stale_after_ms=msg.stale_after_ms or ProbeParams.stale_after_ms), sh.deadline_s)
     except ValueError as e:
         raise ResourceError(f"{what}: {e}") from e

@@ -274,17 +274,20 @@ def test_a_malformed_shed_plugin_names_the_field_and_the_file() -> None:
 
 def test_the_deadline_is_the_endpoints_timeout_and_a_plugin_parameter_switches_it() -> None:
     """Deadline shedding compares with the endpoint's ``timeout_s`` (0: none), by file and over xDS;
-    ``deadline: false`` turns it off and leaves the rest of shedding on."""
+    off by default (an older control plane's resource too), ``deadline: true`` turns it on."""
     def endpoint(timeout_s: float, **shed: object) -> dict:
         return {"name": "m", "match": {"prefix": "/"}, "timeout_s": timeout_s,
                 "policy": {"plugins": [{"type": "shed", "parameters": shed}] if shed else []}}
 
     for timeout_s, want in ((45.0, 45.0), (0.0, math.inf)):
-        cfg = config_from_dict(minimal(endpoints=[endpoint(timeout_s)]))
+        cfg = config_from_dict(minimal(endpoints=[endpoint(timeout_s, deadline=True)]))
         ep = cfg.endpoints[0]
         assert ep.policy.to_core(cfg.probe, ep.timeout_s).shed.deadline_s == want
         got, _, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(dr.routing_policy(cfg, ep).SerializeToString()))
         assert got.shed.deadline and got.shed.deadline_s == want
-    cfg = config_from_dict(minimal(endpoints=[endpoint(45.0, deadline=False)]))
-    got, _, _ = dr.policy_from_pb(dr.routing_policy(cfg, cfg.endpoints[0]))
+    cfg = config_from_dict(minimal(endpoints=[endpoint(45.0)]))
+    msg = dr.routing_policy(cfg, cfg.endpoints[0])
+    got, _, _ = dr.policy_from_pb(msg)
     assert not got.shed.deadline and got.shed.enabled and got.shed.deadline_s == 45.0
+    msg.ClearField("shed")
+    assert not dr.policy_from_pb(msg)[0].shed.deadline

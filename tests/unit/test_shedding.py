@@ -111,7 +111,7 @@ def test_router_does_not_shed_when_disabled() -> None:
 
 
 # The deadline: P's ℓ(N) ≈ 1 + 0.05·(N − 8) past its knee, so ℓ(N + 1) reaches 60 s at N = 1187.
-DL = ShedConfig(deadline_s=60.0)
+DL = ShedConfig(deadline=True, deadline_s=60.0)
 LATE = 1187.0
 
 
@@ -126,7 +126,8 @@ def test_a_request_the_fitted_model_puts_past_the_deadline_has_no_room() -> None
     assert not past_deadline(1e9, P.a, P.b, P.c, P.s, 0.0, 0.0, 0.0, DL)  # a prior (nothing measured) is room
     assert not past_deadline(1e9, P.a, P.b, P.c, P.s, 0.0, 1.0, DL.max_age_s + 0.01, DL)  # stale: room
     assert not past_deadline(1e9, P.a, P.b, P.c, P.s, 0.0, 1.0, 0.0, ShedConfig(deadline_s=60.0, deadline=False))
-    assert not past_deadline(1e9, P.a, P.b, P.c, P.s, 0.0, 1.0, 0.0, ShedConfig())  # no deadline known
+    assert not past_deadline(1e9, P.a, P.b, P.c, P.s, 0.0, 1.0, 0.0, ShedConfig())  # off by default
+    assert not should_shed([0], view([1e9], [math.nan]), 0.0, ShedConfig(deadline=True), models(1), np.zeros(1))  # no deadline
 
 
 def test_sheds_when_every_cell_is_full_or_too_slow_for_the_deadline() -> None:
