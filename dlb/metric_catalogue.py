@@ -103,7 +103,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("root", "dlb_root_decisions", "counter", _EC, "Requests routed, by endpoint and destination cell"),
     MetricDef("root", "dlb_root_rejected", "counter", ("endpoint",), "Requests answered 503 (no usable cell)"),
     MetricDef("root", "dlb_root_shed", "counter", ("endpoint", "source_cell"),
-              "Requests answered 429 (shed: every usable cell saturated)"),
+              "Requests answered 429 (shed: every usable cell saturated or past the deadline)"),
     MetricDef("root", "dlb_root_aversion_rate", "gauge", _EC, "Error-aversion skip probability a_j"),
     MetricDef("root", "dlb_root_flow_weight", "gauge", _EC, "Flow routing vector x_ij", _FLOW),
     MetricDef("root", "dlb_root_cell_usable", "gauge", _EC, "1 if the cell is usable now (allowed, fresh, available)"),

@@ -118,6 +118,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                            "--load 0.85,0.95 --policies Flow-Grad --replicas 1 --noise 0 --jobs 1 --json FILE"),
     ("sim/theory-load/relaxation-600s-*", "dlb theory --sizes 2,6,10,12 --graphs complete --load 0.85,0.95 --policies Flow-Grad "
                                           "--replicas 1 --noise 0 --jobs 1 --rule relaxation --json FILE"),
+    ("routing-stress/deadline-31/*", "dlb sim --experiment outage --scenarios 3 (util95-*: --experiment utilization --variants util=0.95 "
+                                     "--scenarios 1) --seed 31 --trials 1 --policies Rand,lr-global,Disc-RIF,Disc-Lat,Flow-Grad "
+                                     "--deadline-shed off|on --workers 1 --out DIR (tuning seed; research/routing-stress/deadline-shed.md)"),
+    ("routing-stress/deadline-43/*", "dlb sim --experiment outage|baseline --seed 43 --deadline-shed off|on --workers 1 --in-order "
+                                     "--out DIR (policies and sizes: research/routing-stress/deadline-shed-rule.md)"),
+    ("routing-stress/deadline-verdict*.json", "python research/routing-stress/deadline_verdict.py OFF_DIR ON_DIR --json FILE"),
     ("routing-stress/*-lagdiag-*.json", "python research/routing-stress/probe.py --seeds 9701,9702,9703 --util 0.95 --minutes 4 "
                                         "--model batched --workers 2 --policies 'Rand;Flow-Lat;Flow-Grad;Flow-Lat[lead_gain=1];"
                                         "Flow-Grad[lead_gain=1]' --json FILE"),

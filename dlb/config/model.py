@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import ipaddress
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -287,9 +288,13 @@ class ShedParams:
     near_fill: float = ShedConfig.near_fill
     min_error_rate: float = ShedConfig.min_error_rate
     max_age_ms: float = ShedConfig.max_age_s * 1000.0
+    #: Also shed when every usable cell's model puts the request past the endpoint's ``timeout_s``.
+    deadline: bool = ShedConfig.deadline
 
-    def to_core(self) -> ShedConfig:
-        return ShedConfig(self.enabled, self.fill, self.near_fill, self.min_error_rate, self.max_age_ms / 1000.0)
+    def to_core(self, timeout_s: float = 0.0) -> ShedConfig:
+        """``timeout_s``: the endpoint's request timeout, the clients' deadline (0: none)."""
+        return ShedConfig(self.enabled, self.fill, self.near_fill, self.min_error_rate, self.max_age_ms / 1000.0,
+                          deadline=self.deadline, deadline_s=timeout_s if timeout_s > 0 else math.inf)
 
 
 @dataclass(frozen=True)
@@ -306,15 +311,16 @@ class Policy:
     #: ``native-discrete``'s ``pick`` (:data:`dlb.core.native_discrete.PICKS`).
     native_pick: str = DEFAULT_PICK
 
-    def to_core(self, probe: ProbeParams) -> PolicyConfig:
-        """The routing core's policy object (seconds, its own field names) for this endpoint."""
+    def to_core(self, probe: ProbeParams, timeout_s: float = 0.0) -> PolicyConfig:
+        """The routing core's policy object (seconds, its own field names) for this endpoint;
+        ``timeout_s``: the endpoint's request timeout (0: none), the deadline shedding compares with."""
         return PolicyConfig(
             mechanism=self.mechanism,
             cost=self.cost,
             flow=self.flow.to_core(),
             aversion=self.aversion.to_core(),
             affinity=self.affinity.to_core(self.cost),
-            shed=self.shed.to_core(),
+            shed=self.shed.to_core(timeout_s),
             stale_after_s=probe.stale_after_ms / 1000.0,
         )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlb.config.checker import Checker, close, show
@@ -173,7 +173,7 @@ def affinity_params(ck: Checker, raw: Any, path: str) -> AffinityParams:
 
 
 def shed_params(ck: Checker, raw: Any, path: str) -> ShedParams:
-    m = ck.mapping(raw, path, ("enabled", "fill", "near_fill", "min_error_rate", "max_age_ms"))
+    m = ck.mapping(raw, path, ("enabled", "fill", "near_fill", "min_error_rate", "max_age_ms", "deadline"))
     d = ShedParams()
     out = ShedParams(
         enabled=ck.boolean(m, "enabled", path, d.enabled),
@@ -181,10 +181,11 @@ def shed_params(ck: Checker, raw: Any, path: str) -> ShedParams:
         near_fill=ck.number(m, "near_fill", path, d.near_fill, gt=0, le=2),
         min_error_rate=ck.number(m, "min_error_rate", path, d.min_error_rate, gt=0, le=1),
         max_age_ms=ck.number(m, "max_age_ms", path, d.max_age_ms, gt=0, le=60_000),
+        deadline=ck.boolean(m, "deadline", path, d.deadline),
     )
     if out.near_fill > out.fill:
         ck.err(join(path, "near_fill"), f"{out.near_fill:g} must be <= fill={out.fill:g}")
-        out = ShedParams(out.enabled, out.fill, out.fill, out.min_error_rate, out.max_age_ms)
+        out = replace(out, near_fill=out.fill)
     return out
 
 
@@ -314,7 +315,8 @@ def policy_plugins(policy: Policy) -> list[dict[str, Any]]:
             {"type": "affinity", "parameters": {"enabled": f.enabled, "header": f.header, "ttl_s": f.ttl_s,
                                                 "max_sessions": f.max_sessions, "prefix_savings_ms": f.prefix_savings_ms}},
             {"type": "shed", "parameters": {"enabled": sh.enabled, "fill": sh.fill, "near_fill": sh.near_fill,
-                                            "min_error_rate": sh.min_error_rate, "max_age_ms": sh.max_age_ms}}]
+                                            "min_error_rate": sh.min_error_rate, "max_age_ms": sh.max_age_ms,
+                                            "deadline": sh.deadline}}]
 
 
 def set_plugins(raw: dict[str, Any], *plugins: dict[str, Any]) -> dict[str, Any]:

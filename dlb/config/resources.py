@@ -97,7 +97,8 @@ def routing_policy(config: Config, ep: Endpoint) -> pb.RoutingPolicy:
         latency_prior_by_cell={c: model_to_pb(p) for c, p in ep.cell_priors().items()},
         stale_after_ms=config.probe.stale_after_ms,
         shed=pb.RoutingPolicy.Shed(disabled=not pol.shed.enabled, fill=pol.shed.fill, near_fill=pol.shed.near_fill,
-                                   min_error_rate=pol.shed.min_error_rate, max_age_ms=pol.shed.max_age_ms),
+                                   min_error_rate=pol.shed.min_error_rate, max_age_ms=pol.shed.max_age_ms,
+                                   deadline=pol.shed.deadline, deadline_s=ep.timeout_s),
     )
 
 
@@ -234,8 +235,9 @@ def policy_from_pb(msg: pb.RoutingPolicy) -> tuple[PolicyConfig, LatencyParams, 
             affinity=AffinityParams(f.enabled, f.header or AffinityParams.header, f.ttl_s or AffinityParams.ttl_s,
                                     f.max_sessions or AffinityParams.max_sessions, f.prefix_savings_ms),
             shed=ShedParams(not sh.disabled, sh.fill or ShedParams.fill, sh.near_fill or ShedParams.near_fill,
-                            sh.min_error_rate or ShedParams.min_error_rate, sh.max_age_ms or ShedParams.max_age_ms),
-        ).to_core(ProbeParams(stale_after_ms=msg.stale_after_ms or ProbeParams.stale_after_ms))
+                            sh.min_error_rate or ShedParams.min_error_rate, sh.max_age_ms or ShedParams.max_age_ms,
+                            deadline=sh.deadline),
+        ).to_core(ProbeParams(stale_after_ms=msg.stale_after_ms or ProbeParams.stale_after_ms), sh.deadline_s)
     except ValueError as e:
         raise ResourceError(f"{what}: {e}") from e
     by_cell = {c: model_from_pb(m, f"{what}.latency_prior_by_cell[{c!r}]") for c, m in sorted(msg.latency_prior_by_cell.items())}

@@ -612,7 +612,7 @@ class RootRouter:
             self.book(cell, now)
             return cell
         self._arrivals += 1
-        if should_shed(usable, self.view, now, self.policy.shed):
+        if should_shed(usable, self.view, now, self.policy.shed, self.models, self.rtt):
             return SHED
         discrete = self.policy.mechanism is Mechanism.DISCRETE
         if not discrete:

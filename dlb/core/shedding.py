@@ -22,8 +22,13 @@ Busy is not saturated: a cell below ``near_fill`` of its buffer, or one near it 
 nothing, has room. Unknown capacity or stale state count as room, so a root never sheds on what it
 does not know; a root sheds only while *every* usable cell is saturated. A shed books no send (the
 cells' state is unchanged) but counts as an arrival, so the root's rate estimate still sees the demand.
-Not covered: a server whose queue is long enough to time requests out before it rejects any (the
-simulator's batched model at 110 % load: 17.5 % timed out, nothing rejected, nothing shed).
+A cell has no room either when a request sent there now is, by the cell's own latency model, served
+only after the client's deadline ``deadline_s`` (the endpoint's request timeout): ``τ_ij + ℓ_j(N_j + 1)
+≥ deadline_s``, the round trip plus the model's latency with this request added. Such a request counts
+at the timeout whether it is served or refused, but served it holds a slot the next requests need: a
+queue long enough to time requests out before the server rejects any (a batched server's) shows only
+here. No margin: at equality the request is worth as much refused as served, and the model's error cuts
+both ways. Only a fitted model (confidence > 0) no older than ``max_age_s`` counts; a prior is room.
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ class ShedConfig:
     #: Bounds of the ``Retry-After`` seconds (:func:`retry_after_s`).
     retry_after_min_s: int = 1
     retry_after_max_s: int = 30
+    #: Also count a cell full when its model puts this request past ``deadline_s`` (the module docstring).
+    #: Off by default: on seed 43 it did not pass its verdict (research/routing-stress/deadline-shed.md).
+    deadline: bool = False
+    #: The client's deadline: the endpoint's request timeout in seconds (inf: none, never shed on it).
+    deadline_s: float = math.inf
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fill <= 2.0:
@@ -64,6 +74,8 @@ class ShedConfig:
         if not 1 <= self.retry_after_min_s <= self.retry_after_max_s:
             raise ValueError(f"shed retry-after bounds must satisfy 1 <= min <= max: "
                              f"{self.retry_after_min_s}, {self.retry_after_max_s}")
+        if not self.deadline_s > 0:
+            raise ValueError(f"shed deadline_s must be > 0 (inf: none): {self.deadline_s}")
 
 
 class CellState(Protocol):
@@ -74,6 +86,20 @@ class CellState(Protocol):
     capacity: np.ndarray
     error_rate: np.ndarray
     last_probe: np.ndarray
+    confidence: np.ndarray
+
+
+class Models(Protocol):
+    """Per-cell latency models ℓ(N) = a + b·s·softplus((N − c)/s) (``dlb.core.latency_model.ModelTable``)."""
+
+    @property
+    def a(self) -> np.ndarray: ...
+    @property
+    def b(self) -> np.ndarray: ...
+    @property
+    def c(self) -> np.ndarray: ...
+    @property
+    def s(self) -> np.ndarray: ...
 
 
 def saturated(n: float, capacity: float, error_rate: float, age_s: float, cfg: ShedConfig) -> bool:
@@ -83,22 +109,41 @@ def saturated(n: float, capacity: float, error_rate: float, age_s: float, cfg: S
     return n >= cfg.fill * capacity or (n >= cfg.near_fill * capacity and error_rate >= cfg.min_error_rate)
 
 
-def should_shed(cells: Sequence[int], view: CellState, now: float, cfg: ShedConfig) -> bool:
-    """True when ``cells`` (the usable ones) is not empty and every one of them is saturated.
+def past_deadline(n: float, a: float, b: float, c: float, s: float, rtt_s: float, confidence: float, age_s: float,
+                  cfg: ShedConfig) -> bool:
+    """Whether a request sent now to a cell holding ``n`` is, by the cell's fitted model, answered only after
+    the deadline: ``rtt_s + ℓ(n + 1) ≥ deadline_s`` (False without a deadline, a fitted model or fresh state)."""
+    if not cfg.deadline or not confidence > 0 or not age_s <= cfg.max_age_s:
+        return False
+    z = (n + 1.0 - c) / s
+    ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))  # scalar twin of latency_model.latency
+    return rtt_s + ell >= cfg.deadline_s
+
+
+def should_shed(cells: Sequence[int], view: CellState, now: float, cfg: ShedConfig,
+                models: Models | None = None, rtt_s: np.ndarray | None = None) -> bool:
+    """True when ``cells`` (the usable ones) is not empty and every one of them has no room: saturated, or
+    (with ``models`` and ``rtt_s``, the root's per-cell models and round trips) past the deadline.
 
     On the request path: stops at the first cell with room, and the first test is the cheap one
-    (an older leaf reports no capacity, so a fleet of them costs one comparison per request).
+    (an older leaf reports no capacity, so without a deadline a fleet of them costs one comparison per
+    request; with one, one latency evaluation).
     """
     if not cfg.enabled or not cells:
         return False
+    m, rtt = (models, rtt_s) if cfg.deadline and cfg.deadline_s < math.inf else (None, None)
     cap, rif, sent, err, seen = view.capacity, view.rif, view.sent, view.error_rate, view.last_probe
     near = cfg.near_fill
     for j in cells:
         c = float(cap[j])
-        if not c > 0:
+        if not c > 0 and m is None:
             return False
         n = float(rif[j] + sent[j])
-        if n < near * c or not saturated(n, c, float(err[j]), now - float(seen[j]), cfg):
+        age = now - float(seen[j])
+        if c > 0 and n >= near * c and saturated(n, c, float(err[j]), age, cfg):
+            continue
+        if m is None or rtt is None or not past_deadline(
+                n, float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j]), float(rtt[j]), float(view.confidence[j]), age, cfg):
             return False
     return True
 

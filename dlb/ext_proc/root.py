@@ -176,7 +176,8 @@ class RootService:
 
     @classmethod
     def from_config(cls, cfg: Config, cell: str, seed: int | None = None) -> RootService:
-        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe), e.latency_prior.to_core(), e.cell_priors())
+        specs = [EndpointSpec(e.name, e.match.prefix, e.policy.to_core(cfg.probe, e.timeout_s), e.latency_prior.to_core(),
+                              e.cell_priors())
                  for e in cfg.endpoints]
         svc = cls(cell=cell, cell_names=(), endpoints=[], responses=[], rng=np.random.default_rng(seed))
         svc.configure(cfg.topology(), specs)
@@ -342,7 +343,7 @@ class RootService:
         names = self.cell_names
         dec = CounterMetricFamily("dlb_root_decisions", "Requests routed, by endpoint and destination cell", labels=["endpoint", "cell"])
         rej = CounterMetricFamily("dlb_root_rejected", "Requests answered 503 (no usable cell)", labels=["endpoint"])
-        shed = CounterMetricFamily("dlb_root_shed", "Requests answered 429 (shed: every usable cell saturated)",
+        shed = CounterMetricFamily("dlb_root_shed", "Requests answered 429 (shed: every usable cell saturated or past the deadline)",
                                    labels=["endpoint", "source_cell"])
         av = GaugeMetricFamily("dlb_root_aversion_rate", "Error-aversion skip probability a_j", labels=["endpoint", "cell"])
         flow = GaugeMetricFamily("dlb_root_flow_weight", "Flow routing vector x_ij", labels=["endpoint", "cell"])

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from dlb.core.shedding import ShedConfig
 from dlb.provenance import code_tree
 from dlb.sim import outdir
 from dlb.sim.experiments import (
@@ -63,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="what a client waits for one request: failed, shed and slower requests count at it in the "
                         "failure-counting latency figures, and a batched server queues no more than it serves within it "
                         f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--deadline-shed", choices=("on", "off"), default="on" if ShedConfig.deadline else "off",
+                   help="DLB roots also answer 429 when every usable cell's latency model puts a request past "
+                        "--request-timeout (the shed plugin's deadline; default %(default)s)")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--estimate", type=float, default=None, metavar="MINUTES",
@@ -166,7 +170,7 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
     trials = args.trials if args.trials is not None else PROTOCOL.trials_for(exp)
     return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "root_replicas": args.root_replicas, "policies": sorted(policies), "server_model": args.server_model,
-            "request_timeout_s": args.request_timeout,
+            "request_timeout_s": args.request_timeout, "deadline_shed": args.deadline_shed == "on",
             "variants": sorted(labels) if labels is not None else None}
 
 
@@ -199,7 +203,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     from dlb.sim.report import markdown_table, plot
 
     jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
-                     code, args.server_model, args.request_timeout)  # fmt: skip
+                     code, args.server_model, args.request_timeout, args.deadline_shed == "on")  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
     partial = outdir.partial_path(out, exp)

@@ -72,8 +72,9 @@ from dlb.core.baselines import WeightedRouter
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.fit import Censored
 from dlb.core.latency_model import LatencyParams, latency
-from dlb.core.router import NO_CELL, SHED
+from dlb.core.router import NO_CELL, SHED, RootRouter
 from dlb.core.server_pick import PrequalConfig, ProbePool
+from dlb.core.shedding import ShedConfig
 from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, with_failures
@@ -111,6 +112,10 @@ class SimConfig:
     #: leaves, which report none (no root ever sheds). The real leaf learns the figure from its servers'
     #: 429s; the simulated one knows it from the start.
     shed: bool = True
+    #: DLB roots also shed when every usable cell's fitted model puts a request past
+    #: ``request_timeout_s`` (:mod:`dlb.core.shedding`); leaves then fit models for every DLB policy,
+    #: as real leaves do whatever the roots' cost.
+    deadline_shed: bool = ShedConfig.deadline
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
@@ -261,7 +266,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     def rng_for(r: int) -> Callable[[int], np.random.Generator]:
         return lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i] + ([r] if r else []))
 
-    replicas = [build_roots(policy, topo, prior_root, rng_for(r)) for r in range(R_roots)]
+    shed_cfg = ShedConfig(deadline=cfg.deadline_shed, deadline_s=cfg.request_timeout_s)
+    replicas = [build_roots(policy, topo, prior_root, rng_for(r), shed_cfg) for r in range(R_roots)]
+    dlb_roots = any(isinstance(root, RootRouter) for root in replicas[0])
     pick_fns = [[rep[i].pick for rep in replicas] for i in range(n)]
     # Operator-baseline hooks (see the module docstring); every root of a policy has the same surface.
     names_server = hasattr(replicas[0][0], "pick_server")
@@ -273,7 +280,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     signals = hasattr(replicas[0][0], "on_signals")
     next_replica = [0] * n
     # MNLB estimates capacities from the published latency models, so it needs them fitted too.
-    fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB"
+    fit_models = cfg.always_fit or uses_latency_model(policy) or policy == "MNLB" or (cfg.deadline_shed and dlb_roots)
     # MNLB's roots are WeightedRouters (REGISTRY["MNLB"], REGISTRY["MNLB-oracle"]), replica-major.
     mnlb = (MnlbController(topo, cast("list[WeightedRouter]", [root for rep in replicas for root in rep]),
                            period_s=cfg.mnlb_period_s)

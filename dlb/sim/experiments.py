@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dlb.core.shedding import ShedConfig
 from dlb.provenance import code_tree, git_commit
 from dlb.resumable import ignore_sigint
 from dlb.sim.engine import SimConfig, simulate
@@ -109,6 +110,8 @@ class Job:
     #: workload's default).
     server_model: str | None = None
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    #: ``dlb sim --deadline-shed``: DLB roots shed what their models put past the timeout.
+    deadline_shed: bool = ShedConfig.deadline
 
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
@@ -136,7 +139,7 @@ class Job:
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, minutes: float, seed: int,
               policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None,
               code: str | None = None, server_model: str | None = None,
-              request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> list[Job]:
+              request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, deadline_shed: bool = ShedConfig.deadline) -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
     ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now).
     ``server_model``: for variants that do not set it (None: the workload's default)."""
@@ -152,7 +155,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
                 for t in range(n_trials):
                     for p in policies:
                         jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code,
-                                        server_model, request_timeout_s))
+                                        server_model, request_timeout_s, deadline_shed))
     return jobs
 
 
@@ -162,7 +165,8 @@ def run_job(job: Job) -> dict:
     c0 = time.process_time()
     sc = generate(job.scenario, duration_s=job.duration_s, **job.scenario_kwargs())
     res = simulate(sc, job.policy, job.trial,
-                   SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s))
+                   SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s,
+                             deadline_shed=job.deadline_shed))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -179,6 +183,7 @@ def run_job(job: Job) -> dict:
         "code": job.code,
         "server_model": s["server_model"],
         "request_timeout_s": s["request_timeout_s"],
+        "deadline_shed": job.deadline_shed,
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],
         "errors": s["errors"],

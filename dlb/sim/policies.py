@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from dlb.core.latency_model import LatencyParams
 from dlb.core.native_discrete import NativeDiscreteRoot
 from dlb.core.operator_baselines import HubScoreRoot, LocalityFailoverRoot, LrGlobalRoot
 from dlb.core.router import POLICY_NAMES, Mechanism, PolicyConfig, RootRouter, Router
+from dlb.core.shedding import ShedConfig
 from dlb.core.topology import Topology
 
 #: One root object for (topology, source cell, prior model, its random generator).
@@ -159,11 +160,18 @@ class MnlbController:
 
 
 def build_roots(
-    name: str, topology: Topology, prior: LatencyParams, rng_for: Callable[[int], np.random.Generator]
+    name: str, topology: Topology, prior: LatencyParams, rng_for: Callable[[int], np.random.Generator],
+    shed: ShedConfig | None = None,
 ) -> list[Router]:
-    """One root object per source cell for policy ``name``."""
+    """One root object per source cell for policy ``name``; ``shed``, when given, replaces a DLB root's
+    shedding config (the simulator's request timeout is the roots' deadline)."""
     try:
         spec = REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES)}") from None
-    return [spec.factory(topology, i, prior, rng_for(i)) for i in range(topology.n)]
+    roots = [spec.factory(topology, i, prior, rng_for(i)) for i in range(topology.n)]
+    if shed is not None:
+        for root in roots:
+            if isinstance(root, RootRouter):
+                root.policy = replace(root.policy, shed=shed)
+    return roots

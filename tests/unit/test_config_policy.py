@@ -7,6 +7,7 @@ resource and a leaf applying a new pick rule.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -269,3 +270,24 @@ def test_a_malformed_shed_plugin_names_the_field_and_the_file() -> None:
     base = "endpoints[0].policy.plugins[0].parameters"
     assert set(paths) == {f"{base}.enabled", f"{base}.near_fill", f"{base}.min_error_rate", f"{base}.max_age"}, paths
     assert "must be <= fill=0.5" in paths[f"{base}.near_fill"] and "did you mean 'max_age_ms'" in paths[f"{base}.max_age"]
+
+
+def test_the_deadline_is_the_endpoints_timeout_and_a_plugin_parameter_switches_it() -> None:
+    """Deadline shedding compares with the endpoint's ``timeout_s`` (0: none), by file and over xDS;
+    off by default (an older control plane's resource too), ``deadline: true`` turns it on."""
+    def endpoint(timeout_s: float, **shed: object) -> dict:
+        return {"name": "m", "match": {"prefix": "/"}, "timeout_s": timeout_s,
+                "policy": {"plugins": [{"type": "shed", "parameters": shed}] if shed else []}}
+
+    for timeout_s, want in ((45.0, 45.0), (0.0, math.inf)):
+        cfg = config_from_dict(minimal(endpoints=[endpoint(timeout_s, deadline=True)]))
+        ep = cfg.endpoints[0]
+        assert ep.policy.to_core(cfg.probe, ep.timeout_s).shed.deadline_s == want
+        got, _, _ = dr.policy_from_pb(pb.RoutingPolicy.FromString(dr.routing_policy(cfg, ep).SerializeToString()))
+        assert got.shed.deadline and got.shed.deadline_s == want
+    cfg = config_from_dict(minimal(endpoints=[endpoint(45.0)]))
+    msg = dr.routing_policy(cfg, cfg.endpoints[0])
+    got, _, _ = dr.policy_from_pb(msg)
+    assert not got.shed.deadline and got.shed.enabled and got.shed.deadline_s == 45.0
+    msg.ClearField("shed")
+    assert not dr.policy_from_pb(msg)[0].shed.deadline

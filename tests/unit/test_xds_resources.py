@@ -140,7 +140,7 @@ def test_check_references_rejects_dangling_routes(cfg) -> None:
 def test_dlb_resources_round_trip(cfg) -> None:
     for ep in cfg.endpoints:
         policy, prior, by_cell = dr.policy_from_pb(dr.routing_policy(cfg, ep))
-        assert policy == ep.policy.to_core(cfg.probe)
+        assert policy == ep.policy.to_core(cfg.probe, ep.timeout_s)
         assert prior == ep.latency_prior.to_core() and by_cell == ep.cell_priors()
     topo = dr.topology_from_pb(dr.topology(cfg))
     want = cfg.topology()
