@@ -99,10 +99,11 @@ def simulate(policy: str, run: HeldRun) -> HeldResult:
     while nxt < n or len(q) or bal.residents:
         while nxt < n and arrive[nxt] <= now:
             key = str(nxt)
-            if bal.should_hold(allowed):
+            admit = bal.admitting(allowed)
+            if bal.should_hold(allowed, admit):
                 q.offer(float(step), key, float(prompts[nxt]), 0.0)
             else:
-                place(key, bal.choose(float(step), float(prompts[nxt]), bal.admitting(allowed)))
+                place(key, bal.choose(float(step), float(prompts[nxt]), admit))
             nxt += 1
         while (released := bal.next_held(float(step), allowed, run.window)) is not None:
             place(released[0].key, released[1])

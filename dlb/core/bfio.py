@@ -355,14 +355,13 @@ class DpBalancer:
         room &= ~self.kv_blocked
         return room
 
-    def should_hold(self, allowed: npt.NDArray[np.bool_]) -> bool:
+    def should_hold(self, allowed: npt.NDArray[np.bool_], admit: npt.NDArray[np.bool_]) -> bool:
         """Whether a new arrival waits in :attr:`hold` instead of going to a rank at once: no rank can
         admit it, requests are held already (they go first), or — BF-IO — at most :attr:`hold_early` of
         the group's slots are free, so the last ones are filled by choice (:meth:`next_held`), not by
-        arrival order."""
+        arrival order. ``admit``: :meth:`admitting` of ``allowed``, which the caller also picks among."""
         if self.hold is None:
             return False
-        admit = self.admitting(allowed)
         if not admit.any() or len(self.hold):
             return True
         if self.policy != "bf-io" or self.hold_early <= 0 or (self._unbounded & allowed).any():

@@ -314,13 +314,14 @@ class LeafState:
         if not allowed.any() and i == UNKNOWN:  # no usable rank: whatever the cell's fallback picks
             i = self.choose(now, among)
         if allowed.any():
-            if bal.should_hold(allowed):  # every rank at its bound (BF-IO: nearly), or others held first
+            admit = bal.admitting(allowed) if bal.hold is not None else allowed
+            if bal.should_hold(allowed, admit):  # every rank at its bound (BF-IO: nearly), or others held first
                 if not request_id:
                     self._seq += 1
                     request_id = f"dlb-anon-{self._seq}"
                 self.last_held = request_id
                 return HELD if bal.hold.offer(now, request_id, prompt_tokens, tokens) else HOLD_FULL  # type: ignore[union-attr]
-            i = idx[bal.choose(now, prompt_tokens, bal.admitting(allowed) if bal.hold is not None else allowed)]
+            i = idx[bal.choose(now, prompt_tokens, admit)]
         key = self.start(now, request_id, i, tokens)
         bal.open(now, key, members.index(self.servers[i].address), prompt_tokens)
         return i
