@@ -53,7 +53,7 @@ from dlb.core.fit import (
     measured_prior,
     shrink_toward_prior,
 )
-from dlb.core.latency_model import LatencyParams
+from dlb.core.latency_model import LatencyParams, latency_at
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,7 @@ class LatencyEstimator:
         det = self.detector
         if det is not None:
             p = self.params
-            z = (rif_at_arrival - p.c) / p.s
-            predicted = p.a + p.b * p.s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))  # latency(), scalar
+            predicted = latency_at(rif_at_arrival, p.a, p.b, p.c, p.s)
             t_change = det.add(now, latency_s / predicted) if predicted > 0 else None
             if t_change is not None:
                 self.forget_before(t_change)

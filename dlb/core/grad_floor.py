@@ -21,7 +21,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from dlb.core.latency_model import GRAD_MAX_RHO
+from dlb.core.latency_model import GRAD_MAX_RHO, latency_at
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class GradFloorConfig:
 def headroom(n: float, a: float, b: float, c: float, s: float) -> float:
     """``1 − ρ = (ℓ − Nℓ')/ℓ`` of one model at workload ``n`` (scalar; no numpy on the probe path)."""
     z = (n - c) / s
-    ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))
+    ell = latency_at(n, a, b, c, s)
     sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
     return (ell - n * b * sig) / ell
 

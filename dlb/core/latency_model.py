@@ -75,6 +75,13 @@ def latency(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray
     return a + b * s * softplus((np.asarray(n, float) - c) / s)
 
 
+def latency_at(n: float, a: float, b: float, c: float, s: float) -> float:
+    """ℓ(N) of one model, in floats: no numpy on the request and probe paths (the same arithmetic as
+    :func:`latency`, softplus written overflow-free)."""
+    z = (n - c) / s
+    return a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))
+
+
 def d_latency(n: np.ndarray | float, a: Num, b: Num, c: Num, s: Num) -> np.ndarray:
     """ℓ'(N) = b·σ((N − c)/s)."""
     return b * sigmoid((np.asarray(n, float) - c) / s)

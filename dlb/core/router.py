@@ -53,6 +53,7 @@ from dlb.core.latency_model import (
     d_latency,
     d_service_rate,
     latency,
+    latency_at,
     service_rate,
 )
 from dlb.core.shedding import ShedConfig, should_shed
@@ -566,10 +567,10 @@ class RootRouter:
             return n / float(self.replicas[j])
         m = self.models
         a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
-        z = (n - c) / s
-        ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))
+        ell = latency_at(n, a, b, c, s)
         if cost is Cost.LATENCY:
             return ell + float(self.rtt[j])
+        z = (n - c) / s
         sig = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
         floor = (1.0 - GRAD_MAX_RHO) if m.floor is None else float(m.floor[j])
         return ell * ell / max(ell - n * b * sig, floor * ell, GRAD_EPS) + float(self.rtt[j])
@@ -718,5 +719,4 @@ class RootRouter:
         """ℓ_j(N_j) + 2τ_ij with N_j = probe RIF + this root's unseen sends."""
         m = self.models
         a, b, c, s = float(m.a[j]), float(m.b[j]), float(m.c[j]), float(m.s[j])
-        z = (float(self.view.rif[j] + self.view.sent[j]) * float(self._inflate[j]) - c) / s
-        return a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0)) + float(self.rtt[j])
+        return latency_at(float(self.view.rif[j] + self.view.sent[j]) * float(self._inflate[j]), a, b, c, s) + float(self.rtt[j])

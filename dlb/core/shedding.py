@@ -40,6 +40,8 @@ from typing import Protocol
 
 import numpy as np
 
+from dlb.core.latency_model import latency_at
+
 
 @dataclass(frozen=True)
 class ShedConfig:
@@ -115,9 +117,7 @@ def past_deadline(n: float, a: float, b: float, c: float, s: float, rtt_s: float
     the deadline: ``rtt_s + ℓ(n + 1) ≥ deadline_s`` (False without a deadline, a fitted model or fresh state)."""
     if not cfg.deadline or not confidence > 0 or not age_s <= cfg.max_age_s:
         return False
-    z = (n + 1.0 - c) / s
-    ell = a + b * s * (math.log1p(math.exp(-abs(z))) + max(z, 0.0))  # scalar twin of latency_model.latency
-    return rtt_s + ell >= cfg.deadline_s
+    return rtt_s + latency_at(n + 1.0, a, b, c, s) >= cfg.deadline_s
 
 
 def should_shed(cells: Sequence[int], view: CellState, now: float, cfg: ShedConfig,
