@@ -59,6 +59,9 @@ def _xds(p: argparse.ArgumentParser) -> None:
                    help="the server's transport: DLB's own HTTP/2 server (default, as dlb control-plane) or grpc.aio")
     p.add_argument("--connections", choices=("per-client", "shared"), default="per-client",
                    help="a TCP connection per client, as every Envoy has (default), or one per client process (gRPC's default)")
+    p.add_argument("--client-impl", choices=("grpc", "wire"), default="grpc",
+                   help="the clients: DLB's own XdsClient on grpc.aio (default), or a lean HTTP/2 client that does per update "
+                        "what Envoy does (decode, ACK) at a fraction of grpc.aio's CPU (SotW, --client-procs >= 1)")
 
 
 def _overhead(p: argparse.ArgumentParser) -> None:

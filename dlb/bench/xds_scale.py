@@ -33,6 +33,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 
 from dlb.bench import harness
+from dlb.bench.xds_wire_client import WireClient
 from dlb.gc_heap import freeze_heap, raise_young_threshold
 from dlb.log import get_logger
 from dlb.xds import types
@@ -47,6 +48,8 @@ from dlb.xds.testing import eds_cluster, node, route_config
 log = get_logger("dlb.bench.xds_scale")
 ROUTE_NAME = "bench-route"
 CELLS = [f"cell-{i}" for i in range(8)]
+#: Lean clients connecting at once (``--client-impl wire``); the next batch starts when these have their first update.
+WIRE_CONNECTS = 256
 
 
 def _route_snapshot(round_no: int) -> Snapshot:
@@ -243,7 +246,7 @@ def _clients(address: str, first: int, count: int, delta: bool, resources: int,
 
 
 def _start_client_procs(srv: _ServerProc, streams: int, procs: int, delta: bool, resources: int,
-                        shared: bool = False) -> list[subprocess.Popen]:
+                        shared: bool = False, impl: str = "grpc") -> list[subprocess.Popen]:
     """The clients in ``procs`` processes of their own (``--clients`` mode), streams split evenly."""
     out = []
     for k in range(procs):
@@ -251,13 +254,13 @@ def _start_client_procs(srv: _ServerProc, streams: int, procs: int, delta: bool,
         if count:
             out.append(subprocess.Popen([sys.executable, "-m", "dlb.bench.xds_scale", "--clients", f"127.0.0.1:{srv.xds_port}",
                                          str(first), str(count), str(resources)] + (["--delta"] if delta else [])
-                                        + (["--shared"] if shared else []),
+                                        + (["--shared"] if shared else []) + ["--impl", impl],
                                         env={**os.environ, "DLB_LOG_LEVEL": "WARNING"}))
     return out
 
 
 async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float, delta: bool, resources: int,
-                   client_procs: int = 0, shared: bool = False) -> dict:
+                   client_procs: int = 0, shared: bool = False, impl: str = "grpc") -> dict:
     loop = asyncio.get_running_loop()
     call = lambda path, method="GET": loop.run_in_executor(None, srv.call, path, method)
     clients: list[XdsClient] = []
@@ -269,7 +272,7 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 
     try:
         if client_procs:
-            procs = _start_client_procs(srv, streams, client_procs, delta, resources, shared)
+            procs = _start_client_procs(srv, streams, client_procs, delta, resources, shared, impl)
             v0 = (await call("/bench/version"))["version"]
             deadline = time.monotonic() + timeout
             while await acked(v0) < streams:  # ACKs of a version counted by the server, whoever sent them
@@ -329,14 +332,14 @@ async def _measure(srv: _ServerProc, streams: int, updates: int, timeout: float,
 async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float = 120.0,
                     uvloop: bool = False, delta: bool = False, resources: int = 1, client_procs: int = 0,
                     profile: str | None = None, server_gc: str = "control-plane", transport: str = "h2",
-                    shared: bool = False) -> list[dict]:
+                    shared: bool = False, impl: str = "grpc") -> list[dict]:
     srv = _start_server(uvloop, resources, profile, server_gc, transport)
     try:
         loop = asyncio.get_running_loop()
         base = (await loop.run_in_executor(None, srv.call, "/bench/rss"))["rss_mb"]
         records = []
         for n in stream_counts:
-            rec = await _measure(srv, n, updates, timeout, delta, resources, client_procs, shared)
+            rec = await _measure(srv, n, updates, timeout, delta, resources, client_procs, shared, impl)
             rec["rss_base_mb"] = round(base, 2)
             rec["rss_per_stream_kb"] = round((rec["rss_mb"] - base) * 1024 / n, 2)
             rec["clients_in_one_process"] = client_procs == 0
@@ -345,6 +348,7 @@ async def run_bench(stream_counts: list[int], updates: int = 5, timeout: float =
             rec["server_gc"] = server_gc
             rec["transport"] = transport
             rec["connections"] = "shared" if shared else "per-client"
+            rec["client_impl"] = impl
             rec["protocol"] = "delta" if delta else "sotw"
             rec["resources"] = resources
             log.info("xds_bench_point", **rec)
@@ -368,25 +372,66 @@ def run(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.updates < 1 or args.resources < 1:
         print("--streams needs positive counts, --updates and --resources >= 1", file=sys.stderr)
         return 2
+    if args.client_impl == "wire" and (args.delta or args.client_procs < 1 or args.connections == "shared"):
+        print("--client-impl wire: SotW clients in their own processes on a connection each "
+              "(not with --delta, --client-procs 0 or --connections shared)", file=sys.stderr)
+        return 2
     record = harness.start()
     records = asyncio.run(run_bench(counts, args.updates, args.timeout, args.uvloop, args.delta, args.resources,
                                     args.client_procs, args.profile, args.server_gc, args.transport,
-                                    args.connections == "shared"))
+                                    args.connections == "shared", args.client_impl))
     print(json.dumps(records, indent=1))
     return harness.finish(record, records, json_path=args.json)
 
 
-async def _run_clients(address: str, first: int, count: int, resources: int, delta: bool, shared: bool) -> None:
+async def _run_clients(address: str, first: int, count: int, resources: int, delta: bool, shared: bool,
+                       impl: str = "grpc") -> None:
     """A client process: its streams stay up, ACKing every push, until SIGTERM."""
-    clients, _ = _clients(address, first, count, delta, resources, shared)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    if impl == "wire":
+        await _run_wire_clients(address, first, count, resources, stop)
+        return
+    clients, _ = _clients(address, first, count, delta, resources, shared)
     for c in clients:
         await c.start()
     try:
         await stop.wait()
     finally:
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+
+
+async def _run_wire_clients(address: str, first: int, count: int, resources: int, stop: asyncio.Event) -> None:
+    """``count`` lean HTTP/2 clients (:mod:`dlb.bench.xds_wire_client`), connected at most
+    ``WIRE_CONNECTS`` at a time so the connect storm does not starve the server's accept loop."""
+    host, port = address.rsplit(":", 1)
+    if resources <= 1:
+        make = lambda i: WireClient(host, int(port), node(f"bench-{first + i}", "bench"), types.ROUTE, [ROUTE_NAME],
+                                    route_pb2.RouteConfiguration)
+    else:
+        make = lambda i: WireClient(host, int(port), node(f"bench-{first + i}", "bench"), types.CLUSTER, [],
+                                    cluster_pb2.Cluster)
+    clients = [make(i) for i in range(count)]
+    tasks = []
+    for k in range(0, count, WIRE_CONNECTS):
+        batch = clients[k:k + WIRE_CONNECTS]
+        tasks += [asyncio.create_task(c.run()) for c in batch]
+        ready = asyncio.ensure_future(asyncio.gather(*(c.first_update.wait() for c in batch)))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((ready, stopped), return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        stopped.cancel()
+        if stop.is_set():
+            break
+    try:
+        await stop.wait()
+    finally:
+        for c in clients:
+            c.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        lost = sum(c.reconnects for c in clients)
+        if lost:
+            log.warning("xds_bench_client_reconnects", reconnects=lost, clients=count)
 
 
 def _profiled(main: Coroutine[Any, Any, None], path: str | None) -> None:
@@ -414,7 +459,9 @@ def serve_main(argv: list[str]) -> int:
 
     if argv[:1] == ["--clients"]:
         _log.configure()
-        asyncio.run(_run_clients(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), "--delta" in argv, "--shared" in argv))
+        impl = argv[argv.index("--impl") + 1] if "--impl" in argv else "grpc"
+        asyncio.run(_run_clients(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), "--delta" in argv, "--shared" in argv,
+                                 impl))
         return 0
     if argv[:1] != ["--serve"]:
         print("usage: dlb bench xds (this module's --serve / --clients are the benchmark's own processes)", file=sys.stderr)
