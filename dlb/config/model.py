@@ -72,6 +72,7 @@ class DpGroup:
     max_num_seqs: int = 0  # running sequences per rank (vLLM's per-rank --max-num-seqs); 0 = unknown
     hold_queue: int = 0  # requests the leaf holds while no rank can admit (0: off, send at once)
     hold_deadline_ms: float = 5000.0  # a held request's longest wait; then 503
+    hold_early: float = 0.25  # BF-IO holds once at most this share of the slots is free (0: only when none is)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ def dp_groups(config: Config, cell: str) -> pb.DpGroups:
         if s.dp is not None:
             msg.groups.add(server=str(s.address), ranks=s.dp.ranks, policy=s.dp.policy, horizon=s.dp.horizon,
                            mean_decode_tokens=s.dp.mean_decode_tokens, max_num_seqs=s.dp.max_num_seqs,
-                           hold_queue=s.dp.hold_queue, hold_deadline_ms=s.dp.hold_deadline_ms)
+                           hold_queue=s.dp.hold_queue, hold_deadline_ms=s.dp.hold_deadline_ms,
+                           hold_early=s.dp.hold_early)
     return msg
 
 
@@ -162,9 +163,12 @@ def dp_groups_from_pb(msg: pb.DpGroups) -> list[tuple[str, int, DpGroup]]:
         deadline = g.hold_deadline_ms or DpGroup.hold_deadline_ms
         if not 1 <= deadline <= MAX_HOLD_S * 1000:
             raise ResourceError(f"{what}.hold_deadline_ms: must be in 1..{MAX_HOLD_S * 1000:g}, got {deadline}")
+        early = g.hold_early if g.HasField("hold_early") else DpGroup.hold_early
+        if not 0.0 <= early <= 0.99:
+            raise ResourceError(f"{what}.hold_early: must be in 0..0.99, got {early}")
         out.append((key[0], key[1], DpGroup(ranks=g.ranks, policy=g.policy, horizon=g.horizon,
                                             mean_decode_tokens=g.mean_decode_tokens, max_num_seqs=g.max_num_seqs,
-                                            hold_queue=g.hold_queue, hold_deadline_ms=deadline)))
+                                            hold_queue=g.hold_queue, hold_deadline_ms=deadline, hold_early=early)))
     return out
 
 

@@ -219,7 +219,8 @@ def _listen(ck: Checker, m: dict[str, Any], path: str) -> HostPort | None:
     return hp
 
 
-_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs", "hold_queue", "hold_deadline_ms")
+_DP_KEYS = ("dp_ranks", "policy", "horizon", "mean_decode_tokens", "max_num_seqs", "hold_queue", "hold_deadline_ms",
+            "hold_early")
 
 
 def _dp_group(ck: Checker, m: dict[str, Any], path: str, addr: HostPort | None) -> DpGroup | None:
@@ -240,10 +241,13 @@ def _dp_group(ck: Checker, m: dict[str, Any], path: str, addr: HostPort | None) 
     hold = ck.number(m, "hold_queue", path, 0, ge=0, le=100_000, integer=True)
     # Under the leaf Envoy's ext_proc max_message_timeout (dlb.core.hold_queue.MAX_HOLD_S).
     deadline = ck.number(m, "hold_deadline_ms", path, 5000.0, ge=1, le=MAX_HOLD_S * 1000)
+    early = ck.number(m, "hold_early", path, DpGroup.hold_early, ge=0, le=0.99)
+    if "hold_early" in m and (policy != "bf-io" or hold == 0):
+        ck.err(f"{path}.hold_early", "only applies to policy bf-io with hold_queue > 0 (it sets when BF-IO starts holding)")
     if addr is not None and addr.port + ranks - 1 > 65535:
         ck.err(f"{path}.dp_ranks", f"ranks listen on ports {addr.port}..{addr.port + ranks - 1}: past 65535")
     return DpGroup(ranks=ranks, policy=policy, horizon=horizon, mean_decode_tokens=mean, max_num_seqs=slots,
-                   hold_queue=hold, hold_deadline_ms=deadline)
+                   hold_queue=hold, hold_deadline_ms=deadline, hold_early=early)
 
 
 def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:

@@ -41,7 +41,7 @@ def resolve_all_sync(host: str, port: int) -> list[str]:
 def dp_balancer(dp: DpGroup) -> DpBalancer:
     """The rank picker of one data-parallel server, from its config (file or xDS DpGroups)."""
     return DpBalancer(ranks=dp.ranks, policy=dp.policy, horizon=dp.horizon, mean_decode_tokens=dp.mean_decode_tokens,
-                      slots=dp.max_num_seqs,
+                      slots=dp.max_num_seqs, hold_early=dp.hold_early,
                       hold=HoldQueue(dp.hold_queue, dp.hold_deadline_ms / 1000.0) if dp.hold_queue > 0 else None)
 
 

@@ -205,6 +205,10 @@ def test_config_dp_group_fields_and_rank_ports() -> None:
         ({"dp_ranks": 0}, "servers[0].dp_ranks", ">= 1"),
         ({"dp_ranks": 2, "horizon": -1}, "servers[0].horizon", ">= 0"),
         ({"dp_ranks": 200}, "servers[1].address", "servers[0].dp_ranks"),  # rank 100 is the other server
+        ({"dp_ranks": 2, "hold_queue": 8, "hold_early": 1.5}, "servers[0].hold_early", "<= 0.99"),
+        ({"dp_ranks": 2, "policy": "jsq", "hold_queue": 8, "hold_early": 0.1}, "servers[0].hold_early", "bf-io"),
+        ({"dp_ranks": 2, "hold_early": 0.1}, "servers[0].hold_early", "hold_queue > 0"),
+        ({"hold_early": 0.1}, "servers[0].hold_early", "dp_ranks > 1"),
     ],
 )
 def test_config_dp_group_errors_name_the_field(dp: dict[str, object], path: str, reason: str) -> None:
@@ -213,6 +217,18 @@ def test_config_dp_group_errors_name_the_field(dp: dict[str, object], path: str,
     with pytest.raises(ConfigError) as info:
         config_from_dict(_dp_config(**dp))
     assert any(path in p.path and reason in p.reason for p in info.value.problems), info.value.problems
+
+
+def test_hold_early_reaches_the_leafs_rank_picker() -> None:
+    """``hold_early`` from the file sets when the leaf's BF-IO starts holding; unset, the default."""
+    from dlb.config import config_from_dict
+    from dlb.ext_proc.leaf_setup import state_from_config
+
+    for dp, expect in (({}, 0.25), ({"hold_early": 0.0}, 0.0), ({"hold_early": 0.5}, 0.5)):
+        cfg = config_from_dict(_dp_config(dp_ranks=4, policy="bf-io", max_num_seqs=8, hold_queue=16, **dp))
+        assert cfg.cells[0].servers[0].dp.hold_early == expect
+        bal, _ = state_from_config(cfg, "a", choices=1, seed=0).dp_groups[0]
+        assert bal.hold_early == expect
 
 
 def test_leaf_state_hands_dp_picks_to_the_group_policy() -> None:

@@ -301,6 +301,27 @@ def test_hold_settings_travel_over_xds() -> None:
     msg.groups.add(server="127.0.0.1:8000", ranks=2, policy="bf-io", mean_decode_tokens=100, hold_queue=64)
     ((_, _, group),) = dr.dp_groups_from_pb(msg)
     assert (group.hold_queue, group.hold_deadline_ms) == (64, 5000.0)
+    assert group.hold_early == 0.25  # unset: the default
+    msg.groups[0].hold_early = 0.0  # set to 0 (hold only when no rank admits) is not unset
+    assert dr.dp_groups_from_pb(msg)[0][2].hold_early == 0.0
+    msg.groups[0].hold_early = 1.5
+    with pytest.raises(dr.ResourceError, match=r"groups\[0\].hold_early"):
+        dr.dp_groups_from_pb(msg)
+    msg.groups[0].hold_early = 0.5
     msg.groups[0].hold_deadline_ms = 500_000
     with pytest.raises(dr.ResourceError, match=r"groups\[0\].hold_deadline_ms"):
         dr.dp_groups_from_pb(msg)
+
+
+def test_config_hold_early_round_trips_through_xds() -> None:
+    from dlb.config import config_from_dict
+    from dlb.config import resources as dr
+
+    cfg = config_from_dict({
+        "version": 1,
+        "cells": [{"name": "a", "leaf": {"address": "127.0.0.1:10010", "probe": "127.0.0.1:9010"},
+                   "servers": [{"address": "127.0.0.1:8100", "dp_ranks": 2, "hold_queue": 4, "hold_early": 0.0}]}],
+        "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
+    })
+    ((_, _, group),) = dr.dp_groups_from_pb(dr.dp_groups(cfg, "a"))
+    assert group == cfg.cells[0].servers[0].dp
