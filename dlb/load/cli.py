@@ -12,7 +12,7 @@ import json
 import math
 import sys
 import urllib.parse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from dlb.load.argtypes import positive_float
@@ -75,9 +75,14 @@ def build_requests(args: argparse.Namespace, sources: list[str]) -> list[Workloa
                         chat_fraction=chat, chat_turns=max(1.0, args.sessions), output_median=args.output_median,
                         prompt_median=args.prompt_median, seed=args.seed)
     reqs = generate(spec)
-    if args.arrival == "constant":  # same requests, evenly spaced
-        n = len(reqs)
-        reqs = [WorkloadRequest(**{**asdict(r), "t": k * args.duration / max(n, 1)}) for k, r in enumerate(reqs)]
+    if args.arrival == "constant":
+        # rate x duration requests, evenly spaced: the Poisson draw's count (28 for --rate 10 --duration 3)
+        # is not the rate asked for, so draw over a longer span until there are enough and keep the first n.
+        n = max(1, round(args.rate * args.duration))
+        while len(reqs) < n:
+            spec = replace(spec, duration_s=2 * spec.duration_s)
+            reqs = generate(spec)
+        reqs = [WorkloadRequest(**{**asdict(r), "t": k * args.duration / n}) for k, r in enumerate(reqs[:n])]
     return reqs
 
 
