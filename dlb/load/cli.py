@@ -108,13 +108,19 @@ def run_load(args: argparse.Namespace) -> int:
     where = ", ".join(f"{k or '*'}={v}" for k, v in targets.items())
     print(f"dlb load: {len(reqs)} requests over {duration:.0f}s to {where}", flush=True)
 
+    stopped_by: list[int] = []  # the signal that stopped the run early, if one did
+
     async def main() -> list[Result]:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         import signal
 
+        def on_signal(sig: int) -> None:
+            stopped_by.append(sig)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         work = asyncio.create_task(runner.run(stop))
         while not work.done():
             await asyncio.sleep(1.0)
@@ -128,7 +134,12 @@ def run_load(args: argparse.Namespace) -> int:
         return await work
 
     results = asyncio.run(main())
-    s = summarize(results, duration or None)
+    # Offered over the span the arrivals had: the asked duration (a trace's: its last send), or until the stop.
+    span = runner.clock() - runner.t0 if stopped_by else (duration if args.trace else args.duration)
+    s = summarize(results, span or None)
+    if stopped_by:
+        print(f"dlb load: interrupted after {span:.0f}s: {s['cut']} requests then in flight left out, "
+              f"{len(reqs) - runner.sent} not sent")
     sec = _seconds_text
     print(f"requests {s['requests']}  ok {s['ok']} ({100 * s['success_rate']:.1f} %)  offered {s['offered_rps']:.1f}/s\n"
           f"latency mean {sec(s['mean_s'])} p50 {sec(s['p50_s'])} p90 {sec(s['p90_s'])} p99 {sec(s['p99_s'])}  "
@@ -139,4 +150,6 @@ def run_load(args: argparse.Namespace) -> int:
         write_results(results, args.out)
     if args.json:
         Path(args.json).write_text(json.dumps(json_safe(s), indent=1, allow_nan=False))
+    if stopped_by:  # as a shell reports a command its signal ended, so `dlb load ... && next` does not go on
+        return 128 + stopped_by[0]
     return 0 if s["requests"] and s["ok"] == s["requests"] else 1
