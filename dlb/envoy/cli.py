@@ -51,6 +51,11 @@ def run_bootstrap(args: argparse.Namespace) -> int:
         from dlb.config import load_config
 
         cfg = load_config(args.config)
+        if args.cell not in cfg.cell_names:  # else a bootstrap nothing is served to: its Envoy would wait without a word
+            from dlb.config import ConfigError
+            from dlb.config.loader import Problem
+
+            raise ConfigError([Problem(args.config, "--cell", f"no cell named {args.cell!r} (cells: {', '.join(cfg.cell_names)})")])
         tls, token = cfg.tls, token_secret(cfg)
     if args.root_token_file is not None:
         token = token_file_secret(args.root_token_file)

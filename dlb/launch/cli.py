@@ -17,13 +17,13 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="DLB config YAML (docs/config.md)")
     p.add_argument("--run-dir", type=Path, default=None, help="logs and bootstraps (default runs/up-TIMESTAMP)")
     p.add_argument("--emulate-wan", action="store_true", help="delay leaf traffic and probes by the config's one-way latencies")
-    p.add_argument("--ready-timeout", type=positive_float, default=90.0, help="seconds each tier may take to become ready")
+    p.add_argument("--ready-timeout", type=positive_float, default=90.0, help="seconds each tier may take to become ready (default 90)")
     p.add_argument("--insecure", action="store_true",
                    help="no private CA: gRPC between the control plane, roots and leaves stays plaintext unless the config has tls")
     p.add_argument("--control-planes", type=int, default=2, choices=range(1, 6), metavar="N",
-                   help="control-plane replicas (active-active; every Envoy and service follows all of them)")
+                   help="control-plane replicas (active-active; every Envoy and service follows all of them; default 2)")
     p.add_argument("--root-envoys", type=int, default=2, choices=range(1, 6), metavar="N",
-                   help="root Envoys per source cell, sharing its address (a kill loses only their in-flight requests)")
+                   help="root Envoys per source cell, sharing its address (a kill loses only their in-flight requests; default 2)")
     p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     add_tracing_flags(p, "root decision and leaf pick")
     p.set_defaults(func=_run_up)

@@ -88,6 +88,8 @@ class Child:
     exit_code: int | None = None
     waiting_said_at: float = 0.0
     last_waiting: str = ""
+    #: Size of the log when this run of the child started: what it wrote since is its own.
+    log_start: int = 0
 
     @property
     def pid(self) -> int | None:
@@ -131,6 +133,7 @@ class Supervisor:
             c.before_start()
         env = dict(os.environ, **c.env, **{RUN_ENV: str(self.run_dir.resolve())})
         with open(c.log_path, "ab") as log:
+            c.log_start = log.tell()
             c.proc = subprocess.Popen(c.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                       start_new_session=True, preexec_fn=functools.partial(_arm_parent_death_signal, os.getpid()))  # noqa: PLW1509 - prctl + getppid only: no locks taken in the child
         c.started_at = c.waiting_said_at = self.clock()
@@ -201,7 +204,11 @@ class Supervisor:
                 if now - c.started_at > STABLE_AFTER_S:
                     c.backoff_s = BACKOFF_START_S
                 c.restart_at = now + c.backoff_s
-                self.say(c.name, f"exited with {code}; restarting in {c.backoff_s:.1f}s (log {c.log_path.name})")
+                # An error exit says why on the console: a restart loop on a config broken since start-up
+                # printed only "exited with 1" while the reason sat in the log.
+                why = _last_line(c.log_path, c.log_start) if code > 0 else ""
+                self.say(c.name, f"exited with {code}{f' ({why})' if why else ''}; restarting in {c.backoff_s:.1f}s "
+                         f"(log {c.log_path.name})")
                 c.backoff_s = min(c.backoff_s * 2, BACKOFF_MAX_S)
                 c.state = "backoff"
                 continue
@@ -285,6 +292,17 @@ def _describe(c: Child) -> str:
         return str(c.waiting())
     except Exception as e:  # a description must never stop the supervisor
         return f"? ({type(e).__name__}: {e})"
+
+
+def _last_line(path: Path, start: int, limit: int = 200) -> str:
+    """The last non-blank line ``path`` got after byte ``start``, cut to ``limit`` characters ("" if none)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(start, fh.seek(0, os.SEEK_END) - 4096))  # the end is enough, however long it ran
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
 
 
 def _tail(path: Path, n: int = 20) -> str:

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 import urllib.parse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from dlb.load.argtypes import positive_float
@@ -36,13 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson", help="arrival process: Poisson (default) or evenly spaced")
     p.add_argument("--endpoint", choices=("chat", "completions", "mixed"), default="mixed", help="OpenAI API: chat, completions or both (default)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests")
-    p.add_argument("--sessions", type=float, default=3.0, help="mean chat turns per session (1 = no multi-turn)")
-    p.add_argument("--output-median", type=float, default=80.0, help="median output tokens (log-normal)")
-    p.add_argument("--prompt-median", type=float, default=300.0, help="median prompt tokens (log-normal)")
+    p.add_argument("--sessions", type=float, default=3.0, help="mean chat turns per session (default 3; 1 = no multi-turn)")
+    p.add_argument("--output-median", type=float, default=80.0, help="median output tokens (log-normal; default 80)")
+    p.add_argument("--prompt-median", type=float, default=300.0, help="median prompt tokens (log-normal; default 300)")
     p.add_argument("--trace", default=None, help="replay this JSON-lines trace instead of generating (see --write-trace)")
     p.add_argument("--write-trace", default=None, help="write the generated workload as a trace and exit")
     p.add_argument("--model", default="dlb-emulated", help="the request's 'model' field (default dlb-emulated)")
-    p.add_argument("--timeout", type=positive_float, default=120.0, help="per-request timeout in seconds")
+    p.add_argument("--timeout", type=positive_float, default=120.0, help="per-request timeout in seconds (default 120)")
     p.add_argument("--seed", type=int, default=1, help="workload seed: the same seed sends the same requests (default 1)")
     p.add_argument("--out", default=None, help="per-request results: FILE.csv or FILE.jsonl")
     p.add_argument("--json", default=None, help="write the summary as JSON")
@@ -75,9 +75,14 @@ def build_requests(args: argparse.Namespace, sources: list[str]) -> list[Workloa
                         chat_fraction=chat, chat_turns=max(1.0, args.sessions), output_median=args.output_median,
                         prompt_median=args.prompt_median, seed=args.seed)
     reqs = generate(spec)
-    if args.arrival == "constant":  # same requests, evenly spaced
-        n = len(reqs)
-        reqs = [WorkloadRequest(**{**asdict(r), "t": k * args.duration / max(n, 1)}) for k, r in enumerate(reqs)]
+    if args.arrival == "constant":
+        # rate x duration requests, evenly spaced: the Poisson draw's count (28 for --rate 10 --duration 3)
+        # is not the rate asked for, so draw over a longer span until there are enough and keep the first n.
+        n = max(1, round(args.rate * args.duration))
+        while len(reqs) < n:
+            spec = replace(spec, duration_s=2 * spec.duration_s)
+            reqs = generate(spec)
+        reqs = [WorkloadRequest(**{**asdict(r), "t": k * args.duration / n}) for k, r in enumerate(reqs[:n])]
     return reqs
 
 
@@ -103,13 +108,19 @@ def run_load(args: argparse.Namespace) -> int:
     where = ", ".join(f"{k or '*'}={v}" for k, v in targets.items())
     print(f"dlb load: {len(reqs)} requests over {duration:.0f}s to {where}", flush=True)
 
+    stopped_by: list[int] = []  # the signal that stopped the run early, if one did
+
     async def main() -> list[Result]:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         import signal
 
+        def on_signal(sig: int) -> None:
+            stopped_by.append(sig)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         work = asyncio.create_task(runner.run(stop))
         while not work.done():
             await asyncio.sleep(1.0)
@@ -123,7 +134,12 @@ def run_load(args: argparse.Namespace) -> int:
         return await work
 
     results = asyncio.run(main())
-    s = summarize(results, duration or None)
+    # Offered over the span the arrivals had: the asked duration (a trace's: its last send), or until the stop.
+    span = runner.clock() - runner.t0 if stopped_by else (duration if args.trace else args.duration)
+    s = summarize(results, span or None)
+    if stopped_by:
+        print(f"dlb load: interrupted after {span:.0f}s: {s['cut']} requests then in flight left out, "
+              f"{len(reqs) - runner.sent} not sent")
     sec = _seconds_text
     print(f"requests {s['requests']}  ok {s['ok']} ({100 * s['success_rate']:.1f} %)  offered {s['offered_rps']:.1f}/s\n"
           f"latency mean {sec(s['mean_s'])} p50 {sec(s['p50_s'])} p90 {sec(s['p90_s'])} p99 {sec(s['p99_s'])}  "
@@ -134,4 +150,6 @@ def run_load(args: argparse.Namespace) -> int:
         write_results(results, args.out)
     if args.json:
         Path(args.json).write_text(json.dumps(json_safe(s), indent=1, allow_nan=False))
+    if stopped_by:  # as a shell reports a command its signal ended, so `dlb load ... && next` does not go on
+        return 128 + stopped_by[0]
     return 0 if s["requests"] and s["ok"] == s["requests"] else 1

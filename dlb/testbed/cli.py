@@ -55,8 +55,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", type=positive_float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
     p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
     p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
-    p.add_argument("--seed", type=int, default=1, help="workload seed")
-    p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready")
+    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready (default 120)")
     p.add_argument("--compare", action="store_true",
                    help="every scenario's seeded workload against every policy, each run from a clean start; records in "
                         "OUT/records.jsonl (the same --out resumes), table in OUT/compare.md")

@@ -172,3 +172,43 @@ def test_requests_cut_by_a_stop_are_left_out_of_the_summary_not_counted_as_failu
     assert len(res) == 2 and sum(r.ok for r in res) == 1
     s = summarize(res)
     assert s["cut"] == 1 and s["requests"] == 1 and s["errors"] == 0 and s["success_rate"] == 1.0
+
+
+def test_ctrl_c_says_the_run_was_interrupted_and_exits_130_not_as_a_finished_run() -> None:
+    """Was: exit 0 (or 1 when nothing had finished), no word of the stop, the requests cut in flight only in
+    ``--json``, and the offered rate divided by the whole planned duration (0.4/s for a 3/s run)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from bounded_wait import until
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers: requests stay in flight
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "dlb.cli", "load", "--url", f"http://127.0.0.1:{port}", "--rate", "20",
+                                 "--duration", "600", "--arrival", "constant"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+        reader.start()
+        try:
+            until(lambda: any("in flight" in ln and not ln.rstrip().endswith("in flight 0") for ln in lines),
+                  "a progress line with requests in flight", timeout=120)
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=10)
+    out = "".join(lines)
+    assert rc == 130, out
+    assert "dlb load: interrupted after" in out and "requests then in flight left out" in out, out
+    assert "requests 0  ok 0" in out, out  # none finished: the cut ones are not counted as failures

@@ -152,3 +152,24 @@ def test_cli_help_and_up_import_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     out = [line for line in out.splitlines() if line.startswith("HEAVY=")][-1].removeprefix("HEAVY=")
     assert out == "", f"building the parser for `dlb up` imported {out}"
+
+
+def test_a_child_exiting_with_an_error_says_its_last_log_line_on_the_console(tmp_path: Path) -> None:
+    """A config broken after ``dlb up`` started fails every restart of a crashed child: the console said only
+    ``exited with 1`` while the reason sat in the child's log. What a previous run wrote is not this run's reason."""
+    out = io.StringIO()
+    sup = Supervisor(tmp_path, console=out)
+    log = tmp_path / "c.log"
+    log.write_text("an old run's last words\n")
+    script = ("import pathlib,sys,time; time.sleep(0.2); runs = pathlib.Path(sys.argv[1]); n = len(runs.read_text()) if runs.exists() else 0; "
+              "runs.write_text('x' * (n + 1)); print('dlb: 1 problem in config:'); "
+              "print(f'dlb.yaml:57: endpoints[1].policy.flow.kappa: must be a number (run {n})' if n < 1 else ''); sys.exit(1)")
+    c = sup.add(Child("agent", "t", [sys.executable, "-c", script, str(tmp_path / "runs")], log))
+    sup.start(10)
+    assert _wait(lambda: (sup.poll(), c.restarts >= 2)[1], 15)
+    sup.stop(3)
+    text = out.getvalue()
+    assert "agent: exited with 1 (dlb.yaml:57: endpoints[1].policy.flow.kappa: must be a number (run 0)); restarting in 0.5s" in text
+    # The second run printed no reason after its header line: that line, not the first run's reason.
+    assert "agent: exited with 1 (dlb: 1 problem in config:); restarting in 1.0s" in text
+    assert "old run" not in text

@@ -87,6 +87,17 @@ def _filter(hcm: dict[str, Any], name: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+
+def test_the_docs_list_the_headers_the_root_strips() -> None:
+    """docs/envoy-configs.md names the root's ``internal_only_headers`` as the renderer sets them (it left
+    out ``x-dlb-root-token``)."""
+    import re
+
+    doc = (CONFIG_DIR.parent / "docs" / "envoy-configs.md").read_text()
+    listed = re.search(r"`internal_only_headers: \[([^\]]*)\]`", doc)
+    assert listed is not None
+    assert {h.strip() for h in listed.group(1).split(",")} == set(INTERNAL_HEADERS)
+
 def test_leaf_without_emulation_adds_no_fault_filter() -> None:
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=150.0)
     boot = leaf_bootstrap(cfg, "b", admin_port=free_port(), emulate_wan=False)

@@ -84,3 +84,17 @@ def test_the_base_url_dlb_up_prints_is_a_url_dlb_load_takes() -> None:
     it sent every request to ``/v1/v1/...`` and all of them came back 404."""
     assert _targets(["http://127.0.0.1:10000/v1", "eu=http://127.0.0.1:10001/v1/", "us=https://root.example/"]) == {
         "": "http://127.0.0.1:10000", "eu": "http://127.0.0.1:10001", "us": "https://root.example/"}
+
+
+def test_constant_arrivals_send_rate_times_duration_requests_evenly_spaced() -> None:
+    """``--arrival constant`` kept the Poisson draw's count: ``--rate 10 --duration 3`` sent 28 requests."""
+    import argparse
+
+    from dlb.load.cli import build_requests
+
+    for rate, duration in ((10.0, 3.0), (3.0, 2.0), (50.0, 7.0)):
+        args = argparse.Namespace(trace=None, endpoint="mixed", rate=rate, duration=duration, sessions=3.0, output_median=80.0,
+                                  prompt_median=300.0, seed=1, arrival="constant")
+        reqs = build_requests(args, [])
+        n = round(rate * duration)
+        assert [r.t for r in reqs] == [k * duration / n for k in range(n)], (rate, duration)

@@ -139,6 +139,17 @@ def test_cli_help_names_no_commit_or_issue(all_help: list[tuple[str, str]]) -> N
     assert bad == {}
 
 
+
+def test_the_getting_started_commands_say_each_default() -> None:
+    """``dlb up``, ``dlb demo`` and ``dlb load``: every option with a value by default says it in its help
+    (was missing on nine, e.g. ``dlb up --control-planes``: 2 replicas start, the help gave no number)."""
+    from dlb.cli import build_parser
+
+    sub = next(a for a in build_parser(None)._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [(cmd, a.option_strings[0]) for cmd in ("up", "demo", "load") for a in sub.choices[cmd]._actions
+              if a.option_strings and a.default not in (None, False, argparse.SUPPRESS) and "default" not in (a.help or "")]
+    assert silent == []
+
 # -- the rules can fail: planted violations ---------------------------------------------------------
 
 
