@@ -9,6 +9,7 @@ Envoy reaches. Kept apart from the service modules as :mod:`dlb.ext_proc.root_se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import stat
@@ -73,7 +74,24 @@ class LeafOptions:
     envoy_admin: str | None = None
 
 
-def _bind_als(server: grpc.aio.Server, address: str) -> tuple[PeerGate, AgentSocketDir] | None:
+@dataclass
+class _GatedAls:
+    """The access-log socket's gate, the per-run directory behind it, and the private directory when it is
+    DLB's own — made by this agent, or the default one in ``/tmp`` named after the probe address — which is
+    removed at stop when empty (a mount point or a directory with anything else in it stays)."""
+
+    gate: PeerGate
+    inner: AgentSocketDir
+    made_dir: Path | None
+
+    def remove(self) -> None:
+        self.inner.remove()
+        if self.made_dir is not None:
+            with contextlib.suppress(OSError):  # not empty (someone put a file there), or a mount point
+                self.made_dir.rmdir()
+
+
+def _bind_als(server: grpc.aio.Server, address: str, default: bool = False) -> _GatedAls | None:
     """Bind the access-log server. A Unix socket: its directory must be private (made 0700 if missing),
     a socket file left by a killed agent is replaced (a live one is not), and the server listens in a
     per-run directory behind a :class:`PeerGate` at ``address`` (returned, to start once it serves)."""
@@ -81,7 +99,7 @@ def _bind_als(server: grpc.aio.Server, address: str) -> tuple[PeerGate, AgentSoc
     if address.startswith("unix:"):
         path = address[len("unix:"):]
         try:
-            private_dir(Path(path).parent)
+            made = private_dir(Path(path).parent)
         except GateError as exc:
             raise BindError(address, str(exc)) from None
         if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
@@ -94,8 +112,8 @@ def _bind_als(server: grpc.aio.Server, address: str) -> tuple[PeerGate, AgentSoc
                 raise BindError(address, "another process serves this access-log socket")
             finally:
                 probe.close()
-        inner = AgentSocketDir()
-        gate = PeerGate(path, inner.grpc_socket), inner
+        inner = AgentSocketDir.in_private(Path(path).parent)
+        gate = _GatedAls(PeerGate(path, inner.grpc_socket), inner, Path(path).parent if made or default else None)
         address = f"unix:{inner.grpc_socket}"
     try:
         port = server.add_insecure_port(address)
@@ -150,8 +168,9 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     als_server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 64)])
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent.access_log, als_server)
     als_server.add_generic_rpc_handlers((health_handler(health),))
-    als_address = cfg.cell(cell_name).leaf.access_log_address()
-    gated = _bind_als(als_server, als_address)
+    leaf = cfg.cell(cell_name).leaf
+    als_address = leaf.access_log_address()
+    gated = _bind_als(als_server, als_address, default=not leaf.access_log)
     tls = component_identity(cfg.tls, "leaf", cell_name, cfg.source)
     ports = [add_port(server, addr, tls) for addr in opts.listen]
     h2 = None
@@ -171,10 +190,10 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     await als_server.start()
     if gated is not None:
         try:
-            await gated[0].start()
+            await gated.gate.start()
         except GateError as exc:
             raise BindError(als_address, str(exc)) from None
-        agent.als_gate = gated[0]
+        agent.als_gate = gated.gate
     readiness.ready = True
     if sync is not None:
         await sync.start()
@@ -204,12 +223,12 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         if h2 is not None:
             await h2.stop()
         if gated is not None:
-            await gated[0].stop()
+            await gated.gate.stop()
         await als_server.stop(0.5)
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # the spans still buffered
         if gated is not None:
-            gated[1].remove()
+            gated.remove()
         log.info("leaf_stopping", cell=cell_name)
 
     # The drain is for this agent's leaf Envoy: it ends early once that Envoy is gone (the check loop's verdict).

@@ -41,13 +41,15 @@ class GateError(OSError):
     """The socket's directory is not private, or the gate could not listen; the message names the path."""
 
 
-def private_dir(path: Path) -> Path:
-    """``path`` as a directory only this user can change: made with mode 0700, or checked to be one we
-    own (a directory, not a symlink, no group or other write bit); GateError naming it if not."""
+def private_dir(path: Path) -> bool:
+    """Make ``path`` a directory only this user can change: made with mode 0700, or checked to be one we
+    own (a directory, not a symlink, no group or other write bit); GateError naming it if not. True
+    when it was made here (so the agent may remove it at stop)."""
+    made = True
     try:
         path.mkdir(mode=0o700, parents=False)
     except FileExistsError:
-        pass
+        made = False
     except OSError as exc:
         raise GateError(f"{path}: cannot make the access-log directory: {exc.strerror}") from None
     st = os.lstat(path)
@@ -57,7 +59,7 @@ def private_dir(path: Path) -> Path:
         raise GateError(f"{path}: owned by uid {st.st_uid}, not this user ({os.geteuid()}): someone else made it first")
     if st.st_mode & 0o022:
         raise GateError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o}: others may replace the socket in it (use a directory of its own, 0700)")
-    return path
+    return made
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -175,15 +177,39 @@ class _Inbound(_Relay):
         t.resume_reading()
 
 
+#: Unix socket paths hold at most 107 bytes (``sun_path`` is 108 with the NUL).
+MAX_SOCKET_PATH = 107
+_AGENT_PREFIX = "agent-"
+_GRPC_SOCKET = "als-grpc.sock"
+
+
 @dataclass
 class AgentSocketDir:
-    """The directory of the agent's own gRPC socket behind the gate: made per run, removed at stop."""
+    """The directory of the agent's own gRPC socket behind the gate: made per run, removed at stop.
 
-    path: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dlb-agent-")))
+    It is made inside the access-log socket's private directory (``parent``), so an agent that was
+    killed leaves it where the next agent on that socket finds it: that agent, having checked that no
+    one serves the socket, removes every ``agent-*`` left there (:meth:`in_private`). Made in the
+    shared ``/tmp`` instead, each killed agent left a directory behind for good. ``/tmp`` is the
+    fallback when the private directory's path is too long for the socket path.
+    """
+
+    path: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dlb-" + _AGENT_PREFIX)))
+
+    @classmethod
+    def in_private(cls, parent: Path) -> AgentSocketDir:
+        """A new per-run directory in ``parent`` (private, checked by the caller, served by no one),
+        after removing those earlier agents left there."""
+        if len(str(parent)) + len(f"/{_AGENT_PREFIX}xxxxxxxx/{_GRPC_SOCKET}") > MAX_SOCKET_PATH:
+            return cls()
+        for old in parent.glob(_AGENT_PREFIX + "*"):
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+        return cls(Path(tempfile.mkdtemp(prefix=_AGENT_PREFIX, dir=parent)))
 
     @property
     def grpc_socket(self) -> str:
-        return str(self.path / "als-grpc.sock")
+        return str(self.path / _GRPC_SOCKET)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

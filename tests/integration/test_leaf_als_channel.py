@@ -10,6 +10,8 @@ opened are dropped when that stream ends.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import tempfile
 import threading
 from pathlib import Path
@@ -80,3 +82,28 @@ def test_bootstrap_feeds_the_agent_over_its_own_channel(tmp_path: Path) -> None:
         write_bootstrap(boot, path)
         checked = validate(path)
         assert checked.returncode == 0, checked.stderr + checked.stdout
+
+
+def test_killed_agents_leave_nothing_behind_in_tmp_and_a_clean_stop_removes_the_directory(tmp_path: Path) -> None:
+    """The per-run socket directory lives in the access log's private directory: a SIGKILLed agent's is
+    removed by the next agent on that socket, and a clean stop removes the private directory it made.
+    (It used to be a ``dlb-agent-*`` directory in the shared ``/tmp``, left behind by every kill.)"""
+    private = tmp_path / "als"
+    raw = raw_config(access_log=f"unix:{private}/als.sock")
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(raw))
+    args = ("--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0", "--scrape-period-ms", "0")
+    for _ in range(3):
+        leaf = ServiceProcess("leaf", *args).start()
+        assert len(list(private.glob("agent-*"))) == 1  # this run's, and none of the killed runs'
+        assert Path(f"{private}/als.sock").is_socket()
+        os.kill(leaf.pid, signal.SIGKILL)
+        leaf.proc.wait(10)
+    with ServiceProcess("leaf", *args):
+        names = sorted(p.name for p in private.iterdir())
+        assert len(names) == 2 and names[0].startswith("agent-") and names[1] == "als.sock"
+    assert list(private.iterdir()) == []  # a configured directory the agent did not make stays, empty
+    private.rmdir()
+    with ServiceProcess("leaf", *args):
+        assert private.is_dir()
+    assert not private.exists()  # made by the agent, empty at its stop: removed

@@ -15,9 +15,10 @@ from dlb.ext_proc.local_gate import GateError, private_dir
 
 
 def test_the_directory_is_made_0700_or_refused_when_someone_else_could_replace_the_socket(tmp_path: Path) -> None:
-    made = private_dir(tmp_path / "mine")
+    made = tmp_path / "mine"
+    assert private_dir(made) is True  # made here (the agent may remove it at stop)
     assert (made.stat().st_mode & 0o777) == 0o700
-    assert private_dir(made) == made  # ours already: fine
+    assert private_dir(made) is False  # ours already: fine, and not ours to remove
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
