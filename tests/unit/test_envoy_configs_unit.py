@@ -7,8 +7,10 @@ The rules and what the tests stand for: that file's docstring.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from test_envoy_configs import CONFIG_DIR, TEMPLATES, _hcm, three_cell_config
 
@@ -115,3 +117,17 @@ def test_durations_and_tiny_delays() -> None:
     assert [_duration(x) for x in (0, 600, 0.062, 1e-7, 0.0000015, 2.5)] == ["0s", "600s", "0.062s", "0s", "0.000002s", "2.5s"]
     cfg = three_cell_config({"a": free_port(), "b": free_port(), "c": free_port()}, one_way_ms=0.0001)
     assert wan_delays_ms(cfg, "a") == {}  # 0.2 µs round trips: no zero-length fault filters
+
+
+@pytest.mark.parametrize("path", [CONFIG_DIR / "dlb.example.yaml", CONFIG_DIR.parent / "deploy/k8s/config/dlb.yaml"],
+                         ids=["example", "k8s"])
+def test_shipped_configs_let_a_completions_stream_run_long(path: Path) -> None:
+    """``/v1/completions`` streams as long as chat does; a shipped catch-all with a 30-s whole-request
+    limit cut every longer completion stream mid-answer (HTTP 200, then a truncated body)."""
+    from dlb.config import config_from_dict
+
+    raw = yaml.safe_load(path.read_text())
+    raw.pop("root_token_file", None)  # the k8s Secret's mount path, not on this machine
+    cfg = config_from_dict(raw)
+    ep = next(e for e in cfg.endpoints if "/v1/completions".startswith(e.match.prefix))
+    assert ep.timeout_s == 0 or ep.timeout_s >= 300, (ep.name, ep.timeout_s)
