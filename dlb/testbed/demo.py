@@ -28,7 +28,7 @@ from dlb.config.policy import set_plugins
 from dlb.emulator.faults import Faults
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
-from dlb.load.generator import LoadRunner
+from dlb.load.generator import CUT, LoadRunner
 from dlb.load.workload import generate, with_phases
 from dlb.procutil import free_port_block
 from dlb.testbed.demo_run import BASELINE_WEIGHTS, DemoRun, Sample
@@ -271,7 +271,9 @@ def run_once(args: argparse.Namespace, out: Path, stop: StopFlag, live: bool, po
         stop.install()
     run.events = sup.events
     if run.interrupted:
-        print("dlb demo: interrupted", flush=True)
+        cut = sum(1 for r in run.results if r.error == CUT)
+        after = f" after {run.stopped_s:.0f}s of load" if run.stopped_s is not None else ""
+        print(f"dlb demo: interrupted{after}: {cut} requests then in flight left out of the figures", flush=True)
     if run.results:
         from dlb.testbed.report import write_report
 

@@ -99,9 +99,11 @@ def test_demo_stops_everything_on_sigint_mid_run(tmp_path: Path) -> None:
         time.sleep(5)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        stdout, _ = proc.communicate(timeout=30)
         assert time.monotonic() - t0 < 25  # ordered stop <= 10 s, plus draining the last requests' report
         assert proc.returncode == 130
+        # The console says how far it got and what it left out, not only "interrupted".
+        assert "dlb demo: interrupted after" in stdout and "requests then in flight left out" in stdout, stdout[-2000:]
         assert _gone(out / "logs", 5) == []
     finally:
         _cleanup(proc, out / "logs")
