@@ -49,6 +49,9 @@ import numpy as np
 from dlb.core.latency_model import Num, latency
 from dlb.core.projection import project_simplex_scaled
 
+#: :attr:`FlowConfig.pick`'s values.
+PICKS = ("sample", "two-choice")
+
 
 @dataclass(frozen=True)
 class FlowConfig:
@@ -83,6 +86,17 @@ class FlowConfig:
     #: Split requests by smooth weighted round robin over ``x`` instead of sampling each one: a cell then
     #: gets its share over any few requests, not a Poisson-thinned stream whose bursts queue.
     smooth_split: bool = False
+    #: How a root that routes its own requests turns ``x`` into one request's cell. ``"sample"``: draw
+    #: the cell from ``x``. ``"two-choice"``: draw two cells from ``x`` independently and send to the one
+    #: whose cost (the policy's own, at the root's view now: probe RIF + unseen sends) is lower, so a
+    #: cell that fell behind its share gets the next requests (the discrete policies' advantage, kept
+    #: on the flow's split). The fixed point is unchanged: ``x`` stops moving only where the costs of
+    #: the cells in use are equal, and there the comparison is decided by fluctuations on either side,
+    #: so the realised split is ``x`` on average; away from it the pick only leans the way the step
+    #: moves ``x`` anyway, with no memory (it adds no integrator to the loop). A data plane applying
+    #: ``x`` as weights (a root Envoy on the control plane's native split) cannot compare costs and
+    #: samples whatever this says.
+    pick: str = "sample"
     #: Evaluate the costs at the workload ``lead_s`` seconds ahead on its smoothed trend (0: off).
     lead_s: float = 5.0
     lead_smoothing_s: float = 1.0
@@ -125,6 +139,10 @@ class FlowConfig:
             raise ValueError("flow warmup_s must be >= 0 and warmup_smoothing_s > 0")
         if self.lead_gain < 0 or self.lead_max_s < self.lead_s:
             raise ValueError("flow lead_gain must be >= 0 and lead_max_s >= lead_s")
+        if self.pick not in PICKS:
+            raise ValueError(f"flow pick must be one of {', '.join(PICKS)}: {self.pick!r}")
+        if self.pick != "sample" and self.smooth_split:
+            raise ValueError("flow smooth_split is a deterministic order: it does not combine with pick two-choice")
         if not 0 < self.min_rate_fraction <= 1:
             raise ValueError(f"flow min_rate_fraction must be in (0, 1]: {self.min_rate_fraction}")
 
