@@ -356,7 +356,7 @@ def test_flow_pick_follows_x_after_external_update() -> None:
 def test_smooth_split_keeps_every_prefix_of_the_stream_within_one_request_of_x() -> None:
     """FlowConfig.smooth_split: counts follow x exactly over every prefix (random sampling drifts by
     √n), cells with no weight are never picked, and a new x is followed from the next request."""
-    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(smooth_split=True))
+    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(smooth_split=True, pick="sample"))
     r = probed(RootRouter(topo3(), 0, pol, P, np.random.default_rng(0)), [0, 0, 0])
     r.x = np.array([0.5, 0.3, 0.2])
     counts = np.zeros(3)
@@ -365,7 +365,7 @@ def test_smooth_split_keeps_every_prefix_of_the_stream_within_one_request_of_x()
         assert np.all(np.abs(counts - k * r.x) <= 1.0 + 1e-9), (k, counts)
     r.x = np.array([0.0, 1.0, 0.0])
     assert {r.pick(0.1) for _ in range(20)} == {1}
-    sampled = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY), P, np.random.default_rng(0)), [0, 0, 0])
+    sampled = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(pick="sample")), P, np.random.default_rng(0)), [0, 0, 0])
     sampled.x = np.array([0.5, 0.3, 0.2])
     drift = np.zeros(3)
     worst = 0.0
