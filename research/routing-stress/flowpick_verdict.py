@@ -10,25 +10,18 @@ Usage: python research/routing-stress/flowpick_verdict.py DIR [--json FILE]   (D
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import sys
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+from deadline_verdict import records  # the same reader of dlb sim's records (whole file or partial pieces)
+
 OPERATORS = ("lr-global", "hub-score")
 PAIRS = ("Flow-Grad", "Flow-Lat", "Flow-RIF")
 TWO = "[pick=two-choice]"
-
-
-def records(d: Path) -> list[dict[str, Any]]:
-    for name in ("results.json.gz", "results.json"):
-        p = d / name
-        if p.exists():
-            raw = gzip.decompress(p.read_bytes()).decode() if name.endswith(".gz") else p.read_text()
-            data = json.loads(raw)
-            return list(data["records"] if isinstance(data, dict) else data)
-    return [json.loads(line) for p in sorted(d.glob("partial-*.jsonl")) for line in p.read_text().splitlines() if line]
 
 
 def table(d: Path) -> dict[str, Any]:
