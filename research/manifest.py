@@ -130,6 +130,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                                     "*-head-* (research/routing-stress/flow-two-choice.md)"),
     ("routing-stress/flow-two-choice/verdict-*", "python research/routing-stress/flowpick_verdict.py research/routing-stress/flow-two-choice "
                                                  "--json FILE"),
+    ("routing-stress/flow-two-choice-extra/*", "python research/routing-stress/flowpick_sim.py sim --experiment utilization --variants "
+                                               "util=0.95 --server-model pipeline (pipeline95) | --experiment baseline --root-replicas 4 "
+                                               "(baseline-r4) --seed 67 --scenarios 3 --trials 1 --minutes 4 --workers 1 --in-order "
+                                               "--policies ... --out DIR (research/routing-stress/flow-two-choice.md)"),
     ("routing-stress/flow-two-choice/*", "python research/routing-stress/flowpick_sim.py sim --experiment baseline|burst|utilization "
                                          "[--variants util=0.95] --seed 67 --scenarios 5 --trials 1 --minutes 4 --workers 1 --in-order "
                                          "--policies ... --out DIR (research/routing-stress/flow-two-choice-rule.md)"),
