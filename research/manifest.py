@@ -123,6 +123,20 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                      "--deadline-shed off|on --workers 1 --out DIR (tuning seed; research/routing-stress/deadline-shed.md)"),
     ("routing-stress/deadline-43/*", "dlb sim --experiment outage|baseline --seed 43 --deadline-shed off|on --workers 1 --in-order "
                                      "--out DIR (policies and sizes: research/routing-stress/deadline-shed-rule.md)"),
+    ("routing-stress/flow-two-choice/diag-*", "python research/routing-stress/flowpick_diag.py --seeds 101,102,103 --policies "
+                                              "\"Disc-Lat;lr-global;Flow-Grad;Flow-Grad[pick=two-choice];Flow-Lat;Flow-Lat[pick=two-choice]\" "
+                                              "--json FILE (research/routing-stress/flow-two-choice.md)"),
+    ("routing-stress/flow-two-choice/bench-pick-*", "dlb bench pick, minimum of five runs per row, HEAD's dlb/ on PYTHONPATH for "
+                                                    "*-head-* (research/routing-stress/flow-two-choice.md)"),
+    ("routing-stress/flow-two-choice/verdict-*", "python research/routing-stress/flowpick_verdict.py research/routing-stress/flow-two-choice "
+                                                 "--json FILE"),
+    ("routing-stress/flow-two-choice-extra/*", "python research/routing-stress/flowpick_sim.py sim --experiment utilization --variants "
+                                               "util=0.95 --server-model pipeline (pipeline95) | --experiment baseline --root-replicas 4 "
+                                               "(baseline-r4) --seed 67 --scenarios 3 --trials 1 --minutes 4 --workers 1 --in-order "
+                                               "--policies ... --out DIR (research/routing-stress/flow-two-choice.md)"),
+    ("routing-stress/flow-two-choice/*", "python research/routing-stress/flowpick_sim.py sim --experiment baseline|burst|utilization "
+                                         "[--variants util=0.95] --seed 67 --scenarios 5 --trials 1 --minutes 4 --workers 1 --in-order "
+                                         "--policies ... --out DIR (research/routing-stress/flow-two-choice-rule.md)"),
     ("routing-stress/deadline-verdict*.json", "python research/routing-stress/deadline_verdict.py OFF_DIR ON_DIR --json FILE"),
     ("routing-stress/*-lagdiag-*.json", "python research/routing-stress/probe.py --seeds 9701,9702,9703 --util 0.95 --minutes 4 "
                                         "--model batched --workers 2 --policies 'Rand;Flow-Lat;Flow-Grad;Flow-Lat[lead_gain=1];"

@@ -2,7 +2,8 @@
 
 The baseline, measured in the same run on the same state, is what the decision was before the fast
 path: the numpy cost vector (:func:`cost_vector`) masked by :meth:`RootRouter.usable` and an argmin
-(discrete), or a numpy CDF and ``searchsorted`` (flow). Reported as µs per decision and the ratio.
+(discrete), or a numpy CDF and ``searchsorted`` (flow; both flow picks, :attr:`FlowConfig.pick`, against
+it). Reported as µs per decision and the ratio.
 Probe answers arrive every 50 decisions for one cell, as they would at ~1k requests/s per root.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from dlb.bench import harness
 from dlb.core.costs import Cost, cost_vector
+from dlb.core.flow import PICKS, FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
@@ -22,10 +24,12 @@ from dlb.core.topology import Topology
 PRIOR = LatencyParams(1.0, 0.05, 8.0, 1.0)
 
 
-def _router(n: int, mech: Mechanism, cost: Cost) -> RootRouter:
+def _router(n: int, mech: Mechanism, cost: Cost, pick: str = "sample") -> RootRouter:
     tau = np.full((n, n), 0.02) * (1 - np.eye(n))
     t = Topology.build([f"c{i}" for i in range(n)], [4] * n, tau)
-    r = RootRouter(t, 0, PolicyConfig(mech, cost), PRIOR, np.random.default_rng(0))
+    # No cold start: a flow row measures the flow pick, not the discrete picks of its first seconds.
+    flow = FlowConfig(warmup_s=0.0, pick=pick)
+    r = RootRouter(t, 0, PolicyConfig(mech, cost, flow=flow), PRIOR, np.random.default_rng(0))
     for j in range(n):
         r.on_probe(j, 0.0, 5.0 + j, PRIOR)
     r.tick(0.0)
@@ -57,14 +61,15 @@ def _time(fn, r: RootRouter, decisions: int) -> float:
 def measure(decisions: int = 20_000, cells: tuple[int, ...] = (3, 10)) -> list[dict]:
     out = []
     for n in cells:
-        for mech in Mechanism:
+        for mech, pick in ((Mechanism.DISCRETE, "sample"), *((Mechanism.FLOW, p) for p in PICKS)):
             for cost in Cost:
-                fast = _router(n, mech, cost)
+                fast = _router(n, mech, cost, pick)
                 base = _router(n, mech, cost)
                 rng = np.random.default_rng(1)
                 us_base = _time(lambda now: _baseline_pick(base, now, rng), base, decisions)  # noqa: B023 - called within this iteration
                 us_fast = _time(lambda now: fast.pick(now), fast, decisions)  # noqa: B023 - called within this iteration
-                out.append({"cells": n, "policy": PolicyConfig(mech, cost).name, "baseline_us": round(us_base, 2),
+                name = PolicyConfig(mech, cost).name + ("" if pick == "sample" else f" {pick}")
+                out.append({"cells": n, "policy": name, "baseline_us": round(us_base, 2),
                             "pick_us": round(us_fast, 2), "speedup": round(us_base / us_fast, 2)})
     return out
 
@@ -72,7 +77,7 @@ def measure(decisions: int = 20_000, cells: tuple[int, ...] = (3, 10)) -> list[d
 def run(args: argparse.Namespace) -> int:
     record = harness.start()
     records = measure(args.decisions)
-    print(f"{'cells':>5} {'policy':10} {'baseline µs':>12} {'pick µs':>8} {'speedup':>8}")
+    print(f"{'cells':>5} {'policy':20} {'baseline µs':>12} {'pick µs':>8} {'speedup':>8}")
     for r in records:
-        print(f"{r['cells']:>5} {r['policy']:10} {r['baseline_us']:>12.2f} {r['pick_us']:>8.2f} {r['speedup']:>7.2f}x")
+        print(f"{r['cells']:>5} {r['policy']:20} {r['baseline_us']:>12.2f} {r['pick_us']:>8.2f} {r['speedup']:>7.2f}x")
     return harness.finish(record, records, json_path=args.json)

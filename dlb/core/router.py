@@ -9,7 +9,8 @@ requests this root has sent to the cell that the probe could not have seen yet (
 correction every request between two probes herds onto the same cell). A probe answered by the leaf
 at ``t − τ_ji`` counts the requests sent up to ``t − 2τ``; those sent later are still on the wire
 or arrived after the answer, so they stay counted until a probe that could have seen them (the
-correction used to reset on every probe and forgot them). Flow: sample from ``x_i``, which :meth:`tick` moves by
+correction used to reset on every probe and forgot them). Flow: sample from ``x_i`` (or draw two cells
+from it and take the cheaper now: ``FlowConfig.pick``), which :meth:`tick` moves by
 projected gradient descent every period (see :mod:`dlb.core.flow`); in its cold start
 (``FlowConfig.warmup_s``) the picks are discrete and ``x`` follows their split.
 
@@ -627,10 +628,14 @@ class RootRouter:
             if kept:
                 cand = kept
         if discrete:
-            costs = self._costs
-            if costs is None:
-                costs = self._costs = [self._cost_one(j) for j in range(self.topology.n)]
-            cell = self._argmin(costs, cand)
+            cell = self._argmin(self._cost_list(), cand)
+        elif self.policy.flow.pick == "two-choice":
+            cell = self._sample(cand, usable)
+            other = self._sample(cand, usable)
+            if other != cell:
+                costs = self._cost_list()
+                if costs[other] < costs[cell]:
+                    cell = other
         else:
             cell = self._sample(cand, usable)
         if self.affinity is not None and session is not None:
@@ -639,6 +644,13 @@ class RootRouter:
         if discrete and self._routes_own:
             self._warm_picks[cell] += 1.0
         return cell
+
+    def _cost_list(self) -> list[float]:
+        """Every cell's cost at this root's view now (kept current by probes and :meth:`book` once built)."""
+        costs = self._costs
+        if costs is None:
+            costs = self._costs = [self._cost_one(j) for j in range(self.topology.n)]
+        return costs
 
     def _argmin(self, costs: list[float], cand: list[int]) -> int:
         best = min(costs[j] for j in cand)

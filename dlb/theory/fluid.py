@@ -13,7 +13,9 @@ one full round trip ``τ_ij + τ_ji`` later (plus up to one probe period of samp
 - **Flow** (Flow-Grad, Flow-Lat): the router's own :meth:`RootRouter.tick` does the projected-gradient
   step on its probed view, with its own step-size rule and arrival-rate EMA (fed the fluid arrival
   counts through :meth:`RootRouter.note_arrivals`). ``x_i`` is used as is: in the fluid limit sampling
-  from ``x_i`` *is* the flow split.
+  from ``x_i`` *is* the flow split. The roots' default two-choice pick (``FlowConfig.pick``) splits
+  ``y_j = x_j² + 2x_j Σ_{k: c_k > c_j} x_k`` instead, which is ``x`` wherever the costs in use are equal,
+  so the fixed points checked here are its fixed points too (its transients are not modelled).
 - **Discrete** (Disc-RIF): every integration step a root sends its whole fluid mass ``λ_i·dt`` to the
   argmin of :meth:`RootRouter.costs` (probed RIF + what it has sent since that probe) and books that
   mass in ``view.sent`` exactly as :meth:`RootRouter.pick` books a request. As dt → 0 this is the fluid

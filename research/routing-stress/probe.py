@@ -30,13 +30,23 @@ def register_variant(name: str) -> None:
     if "[" not in name or name in sim_policies.REGISTRY:
         return
     base, fields = name.rstrip("]").split("[", 1)
-    kw = {k: (v == "True" if v in ("True", "False") else float(v)) for k, v in (f.split("=") for f in fields.split(","))}
+    kw = {k: _value(v) for k, v in (f.split("=") for f in fields.split(","))}
     floor = {k.removeprefix("floor."): (int(v) if k == "floor.models" else v) for k, v in kw.items() if k.startswith("floor.")}
     flow = {k: v for k, v in kw.items() if not k.startswith("floor.")}
     cfg = PolicyConfig.from_name(base)
     sim_policies.REGISTRY[name] = sim_policies._dlb(PolicyConfig(mechanism=cfg.mechanism, cost=cfg.cost, flow=FlowConfig(**flow),
                                                                  grad_floor=GradFloorConfig(**floor)))
     sim_engine.ALL_POLICIES = tuple(sim_policies.REGISTRY)
+
+
+def _value(v: str) -> bool | float | str:
+    """A variant's field value: True/False, a number, else the string itself (``pick=two-choice``)."""
+    if v in ("True", "False"):
+        return v == "True"
+    try:
+        return float(v)
+    except ValueError:
+        return v
 
 
 def set_grad_max_rho(rho: float) -> None:

@@ -356,7 +356,7 @@ def test_flow_pick_follows_x_after_external_update() -> None:
 def test_smooth_split_keeps_every_prefix_of_the_stream_within_one_request_of_x() -> None:
     """FlowConfig.smooth_split: counts follow x exactly over every prefix (random sampling drifts by
     √n), cells with no weight are never picked, and a new x is followed from the next request."""
-    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(smooth_split=True))
+    pol = PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(smooth_split=True, pick="sample"))
     r = probed(RootRouter(topo3(), 0, pol, P, np.random.default_rng(0)), [0, 0, 0])
     r.x = np.array([0.5, 0.3, 0.2])
     counts = np.zeros(3)
@@ -365,7 +365,7 @@ def test_smooth_split_keeps_every_prefix_of_the_stream_within_one_request_of_x()
         assert np.all(np.abs(counts - k * r.x) <= 1.0 + 1e-9), (k, counts)
     r.x = np.array([0.0, 1.0, 0.0])
     assert {r.pick(0.1) for _ in range(20)} == {1}
-    sampled = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY), P, np.random.default_rng(0)), [0, 0, 0])
+    sampled = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.FLOW, Cost.LATENCY, flow=FlowConfig(pick="sample")), P, np.random.default_rng(0)), [0, 0, 0])
     sampled.x = np.array([0.5, 0.3, 0.2])
     drift = np.zeros(3)
     worst = 0.0
@@ -375,11 +375,52 @@ def test_smooth_split_keeps_every_prefix_of_the_stream_within_one_request_of_x()
     assert worst > 2.0  # the default (sampling) does drift: the test above can tell them apart
 
 
+def _two_cells() -> Topology:
+    return Topology.build(["a", "b"], [4, 4], [[0, 0.01], [0.01, 0]])
+
+
+def test_two_choice_sends_the_next_requests_away_from_a_cell_far_above_its_share() -> None:
+    """FlowConfig.pick two-choice: two cells drawn from x, the cheaper now wins, so with x = ½/½ a cell
+    whose RIF is far above the other's gets only the draws where both land on it (¼), where sampling
+    gives it its ½ whatever its state."""
+    counts = {}
+    for pick in ("sample", "two-choice"):
+        pol = PolicyConfig(Mechanism.FLOW, Cost.RIF, flow=FlowConfig(pick=pick))
+        r = probed(RootRouter(_two_cells(), 0, pol, P, np.random.default_rng(3)), [400, 0])
+        r.x = np.array([0.5, 0.5])
+        counts[pick] = sum(r.pick(0.1) == 0 for _ in range(400))
+    assert counts["sample"] > 160  # ~200
+    assert counts["two-choice"] < 130  # ~100: only when both draws are cell 0
+
+
+def test_two_choice_follows_x_when_x_gives_every_cell_the_same_load_per_server() -> None:
+    """At the flow's fixed point the costs of the cells in use are equal; the comparison then only
+    corrects fluctuations and the long-run split is x (RIF cost, x ∝ servers, a probe every 14 picks
+    that has seen every send)."""
+    pol = PolicyConfig(Mechanism.FLOW, Cost.RIF, flow=FlowConfig(pick="two-choice"))
+    r = probed(RootRouter(topo3(), 0, pol, P, np.random.default_rng(5)), [0, 0, 0])
+    r.x = np.array([4.0, 8.0, 2.0]) / 14.0
+    counts = np.zeros(3)
+    for k in range(1400):
+        now = 0.001 * k
+        if k % 14 == 0:
+            probed(r, [0, 0, 0], now=now)
+        counts[r.pick(now)] += 1
+    np.testing.assert_allclose(counts / counts.sum(), r.x, atol=0.02)
+
+
+def test_flow_pick_is_validated() -> None:
+    with pytest.raises(ValueError):
+        FlowConfig(pick="least")
+    with pytest.raises(ValueError):
+        FlowConfig(pick="two-choice", smooth_split=True)
+
+
 def test_bench_pick_smoke() -> None:
     from dlb.bench.pick import measure
 
     recs = measure(decisions=200, cells=(3,))
-    assert len(recs) == 6 and all(r["pick_us"] > 0 and r["baseline_us"] > 0 for r in recs)
+    assert len(recs) == 9 and all(r["pick_us"] > 0 and r["baseline_us"] > 0 for r in recs)
 
 
 def test_a_busy_small_cell_does_not_stall_the_step_between_big_ones() -> None:
