@@ -39,6 +39,12 @@ Model (paper, Appendix B.1 and Figure 9):
   ``on_signals(cell, queue, kv, up)`` delivers, with the RIF's staleness, each cell's mean waiting
   requests per live server and mean KV-cache utilisation (``pipeline``: busy decode slots / slots).
   Roots without them run exactly as before.
+- **Client timeouts** (``SimConfig.timeouts``, default ``cancel``): at arrival + ``request_timeout_s``
+  an unanswered request is cancelled wherever it is, as on the real path (the root route's timeout
+  answers 504 and resets the stream; the server aborts it). Its server frees the slot and KV at once,
+  the leaf releases its RIF with neither an error nor a latency sample (the leaf agent's client abort),
+  and a root with ``on_reply``/``on_cell_reply`` hears a failure then. An answer that would reach the
+  root after the deadline is a timeout as well. ``serve`` lets it keep its place until served.
 - **Scoring** (:mod:`dlb.sim.outcome`): besides the served requests' latencies, the result counts
   overflow errors, root refusals (no usable cell) and sheds (``pick`` returned
   :data:`~dlb.core.router.SHED`) apart; the failure-counting figures put every unserved request at
