@@ -14,25 +14,16 @@ Usage: python research/routing-stress/timeout_verdict.py CANCEL_DIR [SERVE_DIR] 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from deadline_verdict import records  # this folder's reader of an arm's records (the script's dir is on sys.path)
+
 DLB = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Flow-Grad")
 OPERATORS = ("lr-global", "hub-score")
 POLICIES = ("Rand", *OPERATORS, *DLB)
-
-
-def records(d: Path) -> list[dict[str, Any]]:
-    for name in ("results.json.gz", "results.json"):
-        p = d / name
-        if p.exists():
-            raw = gzip.decompress(p.read_bytes()).decode() if name.endswith(".gz") else p.read_text()
-            data = json.loads(raw)
-            return list(data["records"] if isinstance(data, dict) else data)
-    return [json.loads(line) for p in sorted(d.glob("partial-*.jsonl")) for line in p.read_text().splitlines() if line]
 
 
 def whole_runs(by: dict[tuple[str, int, int], dict[str, Any]]) -> list[tuple[int, int]]:
@@ -66,11 +57,13 @@ def table(by: dict[tuple[str, int, int], dict[str, Any]], runs: list[tuple[int, 
             "timeouts": first.get("timeouts", "serve"), "rows": rows, "verdict": verdict}
 
 
+COLUMNS = ("policy", "÷ Rand", "÷ best operator", "errors", "shed", "timed out", "client-visible failures", "mean (s)", "rule")
+
+
 def markdown(t: dict[str, Any]) -> str:
-    out = [f"{t['runs']} runs per policy (scenarios {t['scenarios'][0]}–{t['scenarios'][-1]}), --timeouts {t['timeouts']}, "
-           f"best operator {t['best_operator']}, client-visible failure bound {100 * t['failure_bound']:.2f} %", "",
-           "| policy | ÷ Rand | ÷ best operator | errors | shed | timed out | client-visible failures | mean (s) | rule |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    head = (f"{t['runs']} runs per policy (scenarios {t['scenarios'][0]}–{t['scenarios'][-1]}), --timeouts {t['timeouts']}, "
+            f"best operator {t['best_operator']}, client-visible failure bound {100 * t['failure_bound']:.2f} %")
+    out = [head, "", "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     for p, r in t["rows"].items():
         v = t["verdict"].get(p)
         rule = "–" if v is None else ("holds" if v["holds"] else "fails (" + ", ".join(k for k in ("rand", "operator", "failures") if not v[k]) + ")")
@@ -81,7 +74,7 @@ def markdown(t: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("cancel", type=Path)
     ap.add_argument("serve", type=Path, nargs="?")
     ap.add_argument("--json", type=Path)
