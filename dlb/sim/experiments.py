@@ -228,7 +228,7 @@ def normalise(records: list[dict]) -> list[dict]:
     (success only): divided by Rand's value in the same scenario, trial, variant and server model.
     Records without the failure-counting fields are completed first (:func:`dlb.sim.outcome.complete`)."""
     for r in records:
-        if r.get("experiment") in EXPERIMENTS and "mean_latency_with_failures" not in r:
+        if r.get("experiment") in EXPERIMENTS and ("mean_latency_with_failures" not in r or "client_failure_rate" not in r):
             complete(r, server_model=_old_server_model(r))
 
     def key(r: dict) -> tuple:
