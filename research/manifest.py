@@ -138,6 +138,14 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                          "[--variants util=0.95] --seed 67 --scenarios 5 --trials 1 --minutes 4 --workers 1 --in-order "
                                          "--policies ... --out DIR (research/routing-stress/flow-two-choice-rule.md)"),
     ("routing-stress/deadline-verdict*.json", "python research/routing-stress/deadline_verdict.py OFF_DIR ON_DIR --json FILE"),
+    ("routing-stress/timeout-31/*", "dlb sim --experiment outage --seed 31 --scenarios 1 --trials 1 --timeouts cancel --workers 1 "
+                                    "--in-order --policies Rand,lr-global,hub-score,Disc-RIF,... --out DIR (exploration, stopped "
+                                    "after 4 runs; research/routing-stress/timeout-cancel.md)"),
+    ("routing-stress/timeout-71/*", "dlb sim --experiment outage --seed 71 --timeouts cancel|serve --workers 1 --in-order --out DIR "
+                                    "(policies and sizes: research/routing-stress/timeout-cancel-rule.md)"),
+    ("routing-stress/timeout-speed*.jsonl", "python research/routing-stress/timeout_speed.py Disc-Lat|lr-global [cancel|serve] "
+                                           "(no mode: PYTHONPATH=old dlb/ at a71bdb9), twice each, alternating"),
+    ("routing-stress/timeout-verdict*.json", "python research/routing-stress/timeout_verdict.py CANCEL_DIR [SERVE_DIR] --json FILE"),
     ("routing-stress/*-lagdiag-*.json", "python research/routing-stress/probe.py --seeds 9701,9702,9703 --util 0.95 --minutes 4 "
                                         "--model batched --workers 2 --policies 'Rand;Flow-Lat;Flow-Grad;Flow-Lat[lead_gain=1];"
                                         "Flow-Grad[lead_gain=1]' --json FILE"),

@@ -8,7 +8,8 @@ arrival cuts the run at the end of the step in progress (where a real scheduler 
 and the end of a run retires whoever finished. Token counts are exactly those of single steps, and a
 run's time is the sum of its steps' times (:meth:`StepPlan.run_time`: each step's context is one
 token per sequence longer than the last). A run also ends where the KV growth would force a
-preemption, so preemptions happen at the step where single steps have them.
+preemption, so preemptions happen at the step where single steps have them. A request whose client
+gave up is aborted at once (:meth:`BatchedServers.abort`), as vLLM aborts one whose stream was reset.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class BatchedServers:
     """All servers of one run; ``schedule(t, server, version)`` asks the event loop for a wake-up."""
 
     def __init__(self, profiles: list[Profile], max_batch: int, max_waiting_tokens: list[int],
-                 schedule: Callable[[float, int, int], None]) -> None:
+                 schedule: Callable[[float, int, int], None], abortable: bool = False) -> None:
         self.engines = [Engine(p, max_batch=max_batch, max_waiting_tokens=m)
                         for p, m in zip(profiles, max_waiting_tokens, strict=True)]
         n = len(profiles)
@@ -36,12 +37,17 @@ class BatchedServers:
         self.slowdown = [1.0] * n
         self.slowdown_of_run = [1.0] * n
         self.schedule = schedule
+        #: ``abortable``: each queued request's (server, engine request) by id, so it can be aborted.
+        self.live: dict[int, tuple[int, EngineRequest]] | None = {} if abortable else None
 
     def arrive(self, srv: int, rid: int, prompt_tokens: int, output_tokens: int, now: float) -> bool:
         """Queue request ``rid`` at server ``srv``; False if the server's waiting queue is full."""
         eng = self.engines[srv]
-        if not eng.submit(EngineRequest(rid, prompt_tokens, output_tokens), now):
+        req = EngineRequest(rid, prompt_tokens, output_tokens)
+        if not eng.submit(req, now):
             return False
+        if self.live is not None:
+            self.live[rid] = (srv, req)
         if self.plan[srv] is None:
             self._start(srv, now)
         else:
@@ -76,7 +82,24 @@ class BatchedServers:
         assert plan is not None
         done = self.engines[srv].retire(plan, now, self.k[srv])
         self._start(srv, now)
+        live = self.live
+        if live is not None:
+            for r in done:
+                del live[r.rid]
         return [r.rid for r in done]
+
+    def abort(self, rid: int, now: float) -> None:
+        """Request ``rid``'s client went away: the engine drops it at once, freeing its batch slot and
+        KV (:meth:`Engine.abort`, vLLM's abort). If it was running, or first in the queue (whose head
+        alone decides admission), the run in progress ends after its current step, where a real
+        scheduler would next plan, so the room it left is used from there. Needs ``abortable``."""
+        assert self.live is not None, "BatchedServers(abortable=True) tracks requests to abort"
+        srv, req = self.live.pop(rid)
+        eng = self.engines[srv]
+        changes_plan = req.admitted_at is not None or (bool(eng.waiting) and eng.waiting[0] is req)
+        eng.abort(req)
+        if changes_plan and self.plan[srv] is not None:
+            self._cut(srv, now)
 
     def _start(self, srv: int, now: float) -> None:
         eng = self.engines[srv]

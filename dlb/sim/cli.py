@@ -23,7 +23,7 @@ from dlb.sim.experiments import (
     record_key,
     run_jobs,
 )
-from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S
+from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, TIMEOUT_MODES
 from dlb.sim.policies import DEFAULT_POLICIES, OPERATOR_BASELINES, POLICIES
 from dlb.sim.scenario import DEFAULT_SERVER_MODEL, SERVER_MODELS
 
@@ -67,6 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-shed", choices=("on", "off"), default="on" if ShedConfig.deadline else "off",
                    help="DLB roots also answer 429 when every usable cell's latency model puts a request past "
                         "--request-timeout (the shed plugin's deadline; default %(default)s)")
+    p.add_argument("--timeouts", choices=TIMEOUT_MODES, default="cancel",
+                   help="a request unanswered at --request-timeout: cancel it wherever it is, freeing its server slot "
+                        "(what Envoy's route timeout and the server's abort do; default) or serve it late (older runs)")
     p.add_argument("--out", default="sim-results", help="output directory (default sim-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--estimate", type=float, default=None, metavar="MINUTES",
@@ -171,7 +174,7 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
     return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "root_replicas": args.root_replicas, "policies": sorted(policies), "server_model": args.server_model,
             "request_timeout_s": args.request_timeout, "deadline_shed": args.deadline_shed == "on",
-            "variants": sorted(labels) if labels is not None else None}
+            "timeouts": args.timeouts, "variants": sorted(labels) if labels is not None else None}
 
 
 def priors_kinds() -> tuple[str, ...]:
@@ -203,7 +206,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     from dlb.sim.report import markdown_table, plot
 
     jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
-                     code, args.server_model, args.request_timeout, args.deadline_shed == "on")  # fmt: skip
+                     code, args.server_model, args.request_timeout, args.deadline_shed == "on", args.timeouts)  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
     partial = outdir.partial_path(out, exp)

@@ -39,6 +39,12 @@ Model (paper, Appendix B.1 and Figure 9):
   ``on_signals(cell, queue, kv, up)`` delivers, with the RIF's staleness, each cell's mean waiting
   requests per live server and mean KV-cache utilisation (``pipeline``: busy decode slots / slots).
   Roots without them run exactly as before.
+- **Client timeouts** (``SimConfig.timeouts``, default ``cancel``): at arrival + ``request_timeout_s``
+  an unanswered request is cancelled wherever it is, as on the real path (the root route's timeout
+  answers 504 and resets the stream; the server aborts it). Its server frees the slot and KV at once,
+  the leaf releases its RIF with neither an error nor a latency sample (the leaf agent's client abort),
+  and a root with ``on_reply``/``on_cell_reply`` hears a failure then. An answer that would reach the
+  root after the deadline is a timeout as well. ``serve`` lets it keep its place until served.
 - **Scoring** (:mod:`dlb.sim.outcome`): besides the served requests' latencies, the result counts
   overflow errors, root refusals (no usable cell) and sheds (``pick`` returned
   :data:`~dlb.core.router.SHED`) apart; the failure-counting figures put every unserved request at
@@ -77,7 +83,7 @@ from dlb.core.server_pick import PrequalConfig, ProbePool
 from dlb.core.shedding import ShedConfig
 from dlb.core.topology import Topology
 from dlb.sim.batched import BatchedServers
-from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, with_failures
+from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, TIMEOUT_MODES, with_failures
 from dlb.sim.policies import ALL_POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario, Workload
 
@@ -103,10 +109,15 @@ class SimConfig:
     #: Root replicas per cell (production runs many): requests round-robin over them; each has its
     #: own probes and state and probes every ``probe_period_s``, the replicas staggered over the period.
     root_replicas: int = 1
-    #: What a client waits for one request (:mod:`dlb.sim.outcome`): failed, shed and slower requests
-    #: count at it in the failure-counting latency figures. Its only effect on the run: it bounds a
-    #: batched server's waiting queue (:meth:`~dlb.sim.scenario.Workload.max_waiting_tokens`).
+    #: What a client waits for one request (:mod:`dlb.sim.outcome`): failed, shed and timed-out requests
+    #: count at it in the failure-counting latency figures. It bounds a batched server's waiting queue
+    #: (:meth:`~dlb.sim.scenario.Workload.max_waiting_tokens`) and, with ``timeouts="cancel"``, ends
+    #: every request not answered by then.
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    #: ``cancel``: at arrival + ``request_timeout_s`` an unanswered request is cancelled wherever it is
+    #: (the root answers 504, the leaf releases it, the server frees its slot and KV); ``serve``: it
+    #: keeps its place until served (:data:`~dlb.sim.outcome.TIMEOUT_MODES`).
+    timeouts: str = "cancel"
     #: Leaves report their cells' buffer (:func:`buffer_per_server` × live servers) in probes, so DLB
     #: roots shed when every usable cell is saturated (:mod:`dlb.core.shedding`); False: like older
     #: leaves, which report none (no root ever sheds). The real leaf learns the figure from its servers'
@@ -122,6 +133,8 @@ class SimConfig:
             raise ValueError(f"root_replicas must be >= 1: {self.root_replicas}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0: {self.request_timeout_s}")
+        if self.timeouts not in TIMEOUT_MODES:
+            raise ValueError(f"timeouts must be one of {', '.join(TIMEOUT_MODES)}: {self.timeouts!r}")
 
 
 @dataclass
@@ -160,26 +173,38 @@ class RunResult:
     server_model: str = "pipeline"
     #: Batched model: requests preempted because decode growth overflowed a KV cache (0 for pipeline).
     preemptions: int = 0
+    #: Requests the client gave up on at the timeout and the simulator cancelled there (``timeouts``
+    #: "cancel"; 0 with "serve", whose late answers count as timed out from their latency).
+    cancelled: int = 0
+    timeouts: str = "serve"
+    #: Requests in flight each cell's leaf counts when the run stopped (zero once every request settled).
+    rif_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def summary(self) -> dict:
         lat = self.latency
         ok = lat.size > 0
         q = np.quantile(lat, [0.5, 0.9, 0.99]) if ok else [math.nan] * 3
         t = self.request_timeout_s
-        # Never finished: an error, shed, or still in flight when the run stopped.
+        # Never finished: an error, shed, cancelled, or still in flight when the run stopped.
         mean_f, p90_f = with_failures(lat, self.arrivals - lat.size, t)
         per = 1.0 / max(self.arrivals, 1)
+        timed_out = int(np.count_nonzero(lat > t)) + self.cancelled
         return {
             "mean_latency_with_failures": mean_f,
             "p90_latency_with_failures": p90_f,
             "shed_rate": self.shed * per,
             "overflow_rate": self.overflow * per,
             "refused_rate": self.refused * per,
-            "timed_out_rate": int(np.count_nonzero(lat > t)) * per,
+            "timed_out_rate": timed_out * per,
+            # What clients saw fail: errors, sheds and timeouts (cancelled or answered too late).
+            "client_failure_rate": (self.errors + self.shed + timed_out) * per,
             "request_timeout_s": t,
             "server_model": self.server_model,
             "shed": self.shed,
             "preemptions": self.preemptions,
+            "cancelled": self.cancelled,
+            "cancelled_rate": self.cancelled * per,
+            "timeouts": self.timeouts,
             "mean": float(lat.mean()) if ok else math.nan,
             "p50": float(q[0]),
             "p90": float(q[1]),
@@ -287,6 +312,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             if policy in ("MNLB", "MNLB-oracle") else None)
     oracle = policy == "MNLB-oracle"
     server_rate = sc.server_rate()
+    cancel = cfg.timeouts == "cancel"
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
     R = int(t_arr.size)
@@ -315,6 +341,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     # Servers are numbered cell-major, as the roots that name them number them (core host_offsets).
     is_up = [True] * S
     pq: list[deque] = [deque() for _ in range(S)]
+    in_prefill = [-1] * S  # the request in each server's prefill engine (pipeline; -1: idle)
     dq: list[deque] = [deque() for _ in range(S)]
     busy = [False] * S
     free = [w.slots] * S
@@ -335,7 +362,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         cell_prof = [w.cell_profile(tp[j], td[j]) for j in range(n)]
         cell_wait = [w.max_waiting_tokens(tp[j], td[j], cfg.request_timeout_s) for j in range(n)]
         batched = BatchedServers([cell_prof[c] for c in cell_of], w.max_batch, [cell_wait[c] for c in cell_of],
-                                 lambda t, srv, ver: schedule(t, _STEP, srv, ver))
+                                 lambda t, srv, ver: schedule(t, _STEP, srv, ver), abortable=cancel)
         ptok_i = [max(1, round(x)) for x in prefill_s]
         dtok_i = [max(1, round(x)) for x in decode_s]
 
@@ -375,6 +402,17 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     lat = np.full(R, math.nan)
     lrng = random.Random(hash((sc.seed, trial, 4)) & 0xFFFFFFFF)
     rnd = lrng.random
+
+    # Client timeouts (``cfg.timeouts == "cancel"``). Deadlines are arrival + timeout, so they come in
+    # arrival order: one cursor over the requests finds the next, with no heap entry per request.
+    # fate: 0 the request is out there (in transit or at a server), 1 settled (answered, failed, shed
+    # or cancelled), 2 the server answered but the answer reaches the root after the deadline.
+    timeout = cfg.request_timeout_s
+    fate = bytearray(R) if cancel else bytearray()
+    at_srv = [-1] * R if cancel else []  # the server that queued the request
+    dl = 0
+    next_deadline = t_list[0] + timeout if cancel and R else math.inf
+    cancelled = 0
 
     T = sc.duration_s
     heap: list = []
@@ -444,7 +482,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     # The first probe round must land before the first arrival (routers refuse with no state).
     next_arrival = t_list[0] if R else math.inf
     while True:
-        if heap and heap[0][0] <= next_arrival:
+        if heap and heap[0][0] <= next_arrival and heap[0][0] <= next_deadline:
             now, _s, kind, a, b = pop(heap)
             if now > end_time:
                 break
@@ -458,6 +496,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         continue
                     done: Sequence[int] = woke
                 else:
+                    if cancel and b < R and fate[b]:  # cancelled while it decoded: its slot is free already
+                        continue
                     done = (b,)
                     free[srv] += 1
                     q = dq[srv]
@@ -496,29 +536,40 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                             confidence[j] = e.confidence
                     if b >= R:  # a background probe: a sample, not a client request
                         continue
+                    i = src_list[b]
+                    back = tau[j][i]
+                    if cancel:
+                        if now + back > t_list[b] + timeout:  # the root's route timeout fires first: a 504
+                            fate[b] = 2
+                            continue
+                        fate[b] = 1
                     in_flight -= 1
                     completed += 1
                     served[j] += 1
-                    i = src_list[b]
-                    back = tau[j][i]
                     if answered:
                         schedule(now + back, _REPLY, b, 1)
                     lat[b] = now + back - t_list[b]
                     net_sum += back + tau[i][j]
             elif kind == _PREFILL_DONE:
+                if cancel and b < R and fate[b]:  # cancelled in prefill: the engine moved on then
+                    continue
                 srv = a
                 q = pq[srv]
                 if q:
                     nxt = q.popleft()
+                    in_prefill[srv] = nxt
                     schedule(now + prefill_s[nxt] * tp[cell_of[srv]], _PREFILL_DONE, srv, nxt)
                 else:
                     busy[srv] = False
+                    in_prefill[srv] = -1
                 if free[srv] > 0:
                     free[srv] -= 1
                     schedule(now + decode_s[b] * td[cell_of[srv]], _DECODE_DONE, srv, b)
                 else:
                     dq[srv].append(b)
             elif kind == _LEAF:
+                if cancel and a < R and fate[a]:  # its client gave up on the way
+                    continue
                 j = dst[a] if a < R else b
                 cand = online[j]
                 if names_server and a < R:  # the root named the server: no leaf pick
@@ -548,6 +599,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         probe_errors += 1
                         probers[j].on_done(now)
                         continue
+                    if cancel:
+                        fate[a] = 1
                     errors += 1
                     overflow += 1
                     in_flight -= 1
@@ -562,11 +615,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 t_leaf[a] = now
                 if fit_models:
                     running[j][a] = None
+                if cancel and a < R:
+                    at_srv[a] = s1
                 if batched is None:  # the batched engine queued it already
                     if busy[s1]:
                         pq[s1].append(a)
                     else:
                         busy[s1] = True
+                        in_prefill[s1] = a
                         schedule(now + prefill_s[a] * tp[j], _PREFILL_DONE, s1, a)
             elif kind == _SNAP:
                 history.append(crif[:])
@@ -669,6 +725,56 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         schedule(now, _LEAF, len(prefill_s) - 1, j)
                 if now < T:
                     schedule(now + cfg.background_tick_s, _BG)
+        elif next_deadline <= next_arrival and next_deadline <= end_time:
+            b = dl
+            t_dl = next_deadline
+            dl += 1
+            next_deadline = t_list[dl] + timeout if dl < R else math.inf
+            f = fate[b]
+            if f == 1:
+                continue
+            now = t_dl
+            events += 1
+            fate[b] = 1
+            cancelled += 1
+            in_flight -= 1
+            s1 = at_srv[b]
+            if f == 0 and s1 >= 0:  # at a server: it aborts the request, freeing what it held
+                j = cell_of[s1]
+                if batched is not None:
+                    batched.abort(b, now)
+                elif in_prefill[s1] == b:
+                    q = pq[s1]
+                    if q:
+                        nxt = q.popleft()
+                        in_prefill[s1] = nxt
+                        schedule(now + prefill_s[nxt] * tp[j], _PREFILL_DONE, s1, nxt)
+                    else:
+                        busy[s1] = False
+                        in_prefill[s1] = -1
+                elif b in pq[s1]:
+                    pq[s1].remove(b)
+                elif b in dq[s1]:
+                    dq[s1].remove(b)
+                else:  # decoding: its slot takes the next in line
+                    q = dq[s1]
+                    if q:
+                        nxt = q.popleft()
+                        schedule(now + decode_s[nxt] * td[j], _DECODE_DONE, s1, nxt)
+                    else:
+                        free[s1] += 1
+                # The leaf sees a stream its client reset (the real agent: a client abort): it releases
+                # the request's RIF and records neither an error nor a latency sample.
+                if pools is not None:
+                    stok[s1] -= tok_est[b]
+                srif[s1] -= 1
+                crif[j] -= 1
+                if fit_models:
+                    del running[j][b]
+            if answered:  # the root's own 504 ends the request there now
+                if replies and names_server and srv_of[b] < 0:  # never reached the leaf: the named server
+                    srv_of[b] = fixed[b]
+                schedule(now, _REPLY, b, 0)
         elif r < R:
             now = next_arrival
             i = src_list[r]
@@ -687,10 +793,14 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             if j == SHED:  # refused on purpose: not an error of the system, but not served either
                 shed += 1
                 in_flight -= 1
+                if cancel:
+                    fate[r] = 1
             elif j == NO_CELL:
                 errors += 1
                 refused += 1
                 in_flight -= 1
+                if cancel:
+                    fate[r] = 1
             else:
                 dst[r] = j
                 schedule(now + tau[i][j], _LEAF, r)
@@ -724,4 +834,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         request_timeout_s=cfg.request_timeout_s,
         server_model=w.server_model,
         preemptions=batched.preemptions if batched is not None else 0,
+        cancelled=cancelled,
+        timeouts=cfg.timeouts,
+        rif_end=np.asarray(crif, dtype=np.int64),
     )

@@ -65,7 +65,7 @@ EXPERIMENTS: dict[str, tuple[Variant, ...]] = {
 }
 
 METRICS = ("mean", "p50", "p90", "p99", "error_rate", "mean_latency_with_failures", "p90_latency_with_failures",
-           "shed_rate", "overflow_rate", "refused_rate", "timed_out_rate")
+           "shed_rate", "overflow_rate", "refused_rate", "timed_out_rate", "cancelled_rate", "client_failure_rate")
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,13 @@ class Job:
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     #: ``dlb sim --deadline-shed``: DLB roots shed what their models put past the timeout.
     deadline_shed: bool = ShedConfig.deadline
+    #: ``dlb sim --timeouts``: what happens to a request whose client's timeout passed.
+    timeouts: str = "cancel"
 
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
         return (self.experiment, self.variant.label, self.policy, self.scenario, self.trial, self.duration_s,
-                self.root_replicas, self.code, self.effective_server_model())
+                self.root_replicas, self.code, self.effective_server_model(), self.timeouts)
 
     def scenario_kwargs(self) -> dict[str, Any]:
         """The variant's arguments of :func:`~dlb.sim.scenario.generate`, ``--server-model`` applied
@@ -139,7 +141,8 @@ class Job:
 def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, minutes: float, seed: int,
               policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None,
               code: str | None = None, server_model: str | None = None,
-              request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, deadline_shed: bool = ShedConfig.deadline) -> list[Job]:
+              request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, deadline_shed: bool = ShedConfig.deadline,
+              timeouts: str = "cancel") -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
     ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now).
     ``server_model``: for variants that do not set it (None: the workload's default)."""
@@ -155,7 +158,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
                 for t in range(n_trials):
                     for p in policies:
                         jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code,
-                                        server_model, request_timeout_s, deadline_shed))
+                                        server_model, request_timeout_s, deadline_shed, timeouts))
     return jobs
 
 
@@ -166,7 +169,7 @@ def run_job(job: Job) -> dict:
     sc = generate(job.scenario, duration_s=job.duration_s, **job.scenario_kwargs())
     res = simulate(sc, job.policy, job.trial,
                    SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s,
-                             deadline_shed=job.deadline_shed))
+                             deadline_shed=job.deadline_shed, timeouts=job.timeouts))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -184,10 +187,12 @@ def run_job(job: Job) -> dict:
         "server_model": s["server_model"],
         "request_timeout_s": s["request_timeout_s"],
         "deadline_shed": job.deadline_shed,
+        "timeouts": s["timeouts"],
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],
         "errors": s["errors"],
         "shed": s["shed"],
+        "cancelled": s["cancelled"],
         "preemptions": s["preemptions"],
         "in_flight": s["in_flight"],
         "cells": sc.n,
@@ -202,7 +207,8 @@ def run_job(job: Job) -> dict:
 def record_key(rec: dict) -> tuple:
     """:meth:`Job.key` of the job that made ``rec``."""
     return (rec["experiment"], rec["variant"], rec["policy"], rec["scenario"], rec["trial"], rec["duration_s"],
-            rec.get("root_replicas", 1), rec.get("code", "unknown"), rec.get("server_model", _old_server_model(rec)))
+            rec.get("root_replicas", 1), rec.get("code", "unknown"), rec.get("server_model", _old_server_model(rec)),
+            rec.get("timeouts", "serve"))
 
 
 def _old_server_model(rec: dict) -> str:
@@ -222,7 +228,7 @@ def normalise(records: list[dict]) -> list[dict]:
     (success only): divided by Rand's value in the same scenario, trial, variant and server model.
     Records without the failure-counting fields are completed first (:func:`dlb.sim.outcome.complete`)."""
     for r in records:
-        if r.get("experiment") in EXPERIMENTS and "mean_latency_with_failures" not in r:
+        if r.get("experiment") in EXPERIMENTS and ("mean_latency_with_failures" not in r or "client_failure_rate" not in r):
             complete(r, server_model=_old_server_model(r))
 
     def key(r: dict) -> tuple:
@@ -325,8 +331,9 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, str], dict[str, float
         agg[key] = {
             "norm_mean": float(nm.mean()) if nm.size else math.nan,
             "norm_mean_sd": float(nm.std()) if nm.size else math.nan,
-            **{m: avg(m) for m in ("norm_p90", "norm_mean_served", "error_rate", "shed_rate", "timed_out_rate", "mean",
-                                   "mean_latency_with_failures", "net_mean")},
+            **{m: avg(m) for m in ("norm_p90", "norm_mean_served", "error_rate", "shed_rate", "timed_out_rate",
+                                   "cancelled_rate", "client_failure_rate", "mean", "mean_latency_with_failures",
+                                   "net_mean")},
             "n": len(rs),
             "x": float(rs[0].get("x", 0.0)),
         }

@@ -20,6 +20,12 @@ import numpy as np
 #: Chosen before any run was scored with it; ``dlb sim --request-timeout`` changes it.
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 
+#: What the simulator does with a request whose client's timeout passed (``dlb sim --timeouts``):
+#: ``cancel`` (the real path: the root Envoy's route timeout answers 504 and resets the stream, the
+#: server aborts the request, freeing its slot and KV) or ``serve`` (it keeps its place until served,
+#: and counts at the timeout: the simulator before cancelling).
+TIMEOUT_MODES = ("cancel", "serve")
+
 #: The new fields of a result record, in the order tables show them.
 FIELDS = ("mean_latency_with_failures", "p90_latency_with_failures", "shed_rate", "overflow_rate", "refused_rate",
           "timed_out_rate", "request_timeout_s", "server_model")
@@ -53,7 +59,11 @@ def complete(rec: dict, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, server_mod
     if "mean" not in rec:
         return rec
     rec.setdefault("server_model", server_model)
+    if "timeouts" not in rec:  # from before the simulator cancelled: every request was served, however late
+        rec["timeouts"] = "serve"
+        rec.setdefault("cancelled_rate", 0.0)
     if "mean_latency_with_failures" in rec:
+        rec.setdefault("client_failure_rate", _client_failures(rec))
         return rec
     t = float(rec.get("request_timeout_s", timeout_s))
     rec["request_timeout_s"] = t
@@ -72,5 +82,11 @@ def complete(rec: dict, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, server_mod
     rec.setdefault("overflow_rate", math.nan)
     rec.setdefault("refused_rate", math.nan)
     rec.setdefault("timed_out_rate", math.nan)
+    rec.setdefault("client_failure_rate", math.nan)
     rec["failure_figures_derived"] = True
     return rec
+
+
+def _client_failures(rec: dict) -> float:
+    """Errors + shed + timed out, / arrivals (NaN if the record lacks one of them)."""
+    return float(sum(float(rec.get(f, math.nan)) for f in ("error_rate", "shed_rate", "timed_out_rate")))

@@ -58,6 +58,9 @@ def check_one_build(records: list[dict]) -> tuple[str, int]:
     if len(timeouts) > 1:
         raise ValueError(f"results mix request timeouts {timeouts} s: their failure-counting latencies differ; "
                          "report them separately")
+    modes = sorted({str(r.get("timeouts", "serve")) for r in records if "mean" in r})
+    if len(modes) > 1:
+        raise ValueError(f"results mix --timeouts {', '.join(modes)}: report them separately")
     commits = sorted({str(r.get("commit", "unknown")) for r in records})
     if not commits:
         label = "unknown"
@@ -136,6 +139,9 @@ def _le(agg: Agg, exp: str, var: str, p: str, m: str = "norm_mean") -> str:
     for name, field in (("shed", "shed_rate"), ("timed out", "timed_out_rate")):
         v = a.get(field, math.nan)
         extra += f", {name} {_fmt(v, pct=True)}" if math.isfinite(v) and v > 0 else ""
+    fail = a.get("client_failure_rate", math.nan)
+    if extra and math.isfinite(fail):  # more than errors failed: the total the clients saw
+        extra += f", client-visible {_fmt(fail, pct=True)}"
     return f"{_fmt(a[m])} (err {_fmt(a['error_rate'], pct=True)}{extra})"
 
 
@@ -148,8 +154,9 @@ def timeout_note(records: list[dict]) -> str:
             f"request timeout ({t}), a served one at its latency capped there. \"norm mean\" and \"norm p90\" "
             "are those figures ÷ Rand's in the same scenario, trial and variant; \"served only\" is the "
             "success-only mean ÷ Rand's. Error rate = overflow errors + requests the root had no cell for, "
-            "/ arrivals; shed rate = requests the root refused on purpose / arrivals; served after timeout = served "
-            "requests that took longer than the timeout (counted at it) / arrivals.")
+            "/ arrivals; shed rate = requests the root refused on purpose / arrivals; timed out = requests not "
+            "answered within the timeout (cancelled there, or with --timeouts serve answered later) / arrivals; "
+            "client-visible failures = errors + shed + timed out.")
     if derived:
         note += (" Some records predate these fields: their mean is derived from the success-only mean and the "
                  "error rate (served requests assumed within the timeout); p90 and shed rate are n/a unless "
@@ -174,9 +181,10 @@ def markdown_table(records: list[dict]) -> str:
                 best, ratio = vs_best_operator(part, agg, exp, var)
                 note = f"; best operator baseline: {best}" if best else ""
                 out += [f"## {exp} — {var}{_model_label(model, parts)} ({n} runs per policy{note})", "",
-                        "| policy | norm mean | ÷ best operator | error rate | shed rate | served after timeout | norm p90 "
-                        "| norm mean, served only | mean (s) | mean, served only (s) | of which network (s) |",
-                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                        "| policy | norm mean | ÷ best operator | error rate | shed rate | timed out | client-visible "
+                        "failures | norm p90 | norm mean, served only | mean (s) | mean, served only (s) | of which "
+                        "network (s) |",
+                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
                 for p in POLICIES:
                     a = agg.get((exp, var, p))
                     if a is None:
@@ -185,6 +193,7 @@ def markdown_table(records: list[dict]) -> str:
                                f"{_fmt(ratio.get(p, math.nan), missing='n/a')} | "
                                f"{_fmt(a['error_rate'], pct=True)} | {_fmt(a['shed_rate'], pct=True, missing='n/a')} | "
                                f"{_fmt(a['timed_out_rate'], pct=True, missing='n/a')} | "
+                               f"{_fmt(a['client_failure_rate'], pct=True, missing='n/a')} | "
                                f"{_fmt(a['norm_p90'], missing='n/a')} | {_fmt(a['norm_mean_served'])} | "
                                f"{_fmt(a['mean_latency_with_failures'])} | {_fmt(a['mean'])} | {_fmt(a['net_mean'])} |")
                 out.append("")

@@ -49,7 +49,7 @@ def _scenario(case: str) -> Scenario:
 
 
 CASES = [("util95", "Disc-Lat"), ("util95", "Flow-Grad"), ("small-kv", "Rand"), ("small-kv", "Disc-RIF"),
-         ("slow-cell", "Disc-Lat")]
+         ("slow-cell", "Disc-Lat"), ("small-kv@cancel", "Rand"), ("small-kv@cancel", "Disc-RIF")]
 
 
 def _digest(res: RunResult) -> dict:
@@ -63,13 +63,18 @@ def _digest(res: RunResult) -> dict:
         "latency_sum": float(lat.sum()),
         "arrivals": res.arrivals, "completed": res.completed, "errors": res.errors, "overflow": res.overflow,
         "shed": res.shed, "in_flight": res.in_flight, "events": res.events, "preemptions": res.preemptions,
-        "sim_time_s": res.sim_time_s,
+        "sim_time_s": res.sim_time_s, **({"cancelled": res.cancelled} if res.timeouts == "cancel" else {}),
     }
 
 
 def _run(case: str, policy: str) -> dict:
-    # A short request timeout bounds the waiting queues tightly, so the overloaded case overflows.
-    cfg = SimConfig(request_timeout_s=0.3) if case == "small-kv" else None
+    """The cases pinned before the simulator cancelled timed-out requests run with ``timeouts="serve"``
+    (their bits did not change); ``@cancel`` runs the same scenario cancelling them (the default)."""
+    case, _, mode = case.partition("@")
+    # A short request timeout bounds the waiting queues tightly, so the overloaded case overflows; cancelling,
+    # 5 s lets a third of the requests finish and cancels others waiting, prefilling and decoding.
+    timeout = (5.0 if mode else 0.3) if case == "small-kv" else SimConfig.request_timeout_s
+    cfg = SimConfig(request_timeout_s=timeout, timeouts=mode or "serve")
     return _digest(simulate(_scenario(case), policy, config=cfg))
 
 
@@ -112,6 +117,7 @@ def test_the_reference_exercises_preemption_and_overflow() -> None:
     ref = json.loads(REFERENCE.read_text())
     assert ref["small-kv/Rand"]["preemptions"] > 0
     assert any(ref[f"{c}/{p}"]["overflow"] > 0 for c, p in CASES)
+    assert all(ref[f"small-kv@cancel/{p}"][k] > 0 for p in ("Rand", "Disc-RIF") for k in ("cancelled", "preemptions", "overflow"))
 
 
 if __name__ == "__main__":

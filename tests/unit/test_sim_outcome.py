@@ -84,9 +84,10 @@ def test_records_carry_the_new_fields_and_the_server_model() -> None:
     var = next(v for v in EXPERIMENTS["baseline"])
     rec = run_job(Job("baseline", var, 3, 0, "Rand", 10.0, server_model="batched", request_timeout_s=45.0))
     for f in ("mean", "p90", "error_rate", "mean_latency_with_failures", "p90_latency_with_failures", "shed_rate",
-              "overflow_rate", "refused_rate", "timed_out_rate"):
+              "overflow_rate", "refused_rate", "timed_out_rate", "cancelled_rate", "client_failure_rate"):
         assert f in rec and math.isfinite(rec[f]), f
     assert rec["server_model"] == "batched" and rec["request_timeout_s"] == 45.0
+    assert rec["timeouts"] == "cancel" and rec["cancelled"] == 0
     # A variant that chooses its own server model keeps it.
     pipe = next(v for v in EXPERIMENTS["server-model"] if v.label == "pipeline")
     assert Job("server-model", pipe, 3, 0, "Rand", 10.0, server_model="batched").effective_server_model() == "pipeline"
@@ -122,18 +123,23 @@ def test_report_shows_error_beside_latency() -> None:
     md = markdown_table(recs)
     header = next(line for line in md.splitlines() if line.startswith("| policy"))
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert cols[1:5] == ["norm mean", "÷ best operator", "error rate", "shed rate"]
+    assert cols[1:7] == ["norm mean", "÷ best operator", "error rate", "shed rate", "timed out", "client-visible failures"]
     assert "| Flow-Lat | 1.000 ± 0.000 | 1.000 | 2.00% | 0.00% |" in md
     rep = reproduction_report(recs, "results.json", None)
     assert "request timeout (60 s)" in rep
     baseline = next(line for line in rep.splitlines() if line.startswith("| DLB policies ~20 %"))
-    assert "Flow-Lat 1.000 (err 2.00%)" in baseline and "Disc-RIF 1.000 (err 0.00%, timed out 1.00%)" in baseline
+    assert "Flow-Lat 1.000 (err 2.00%)" in baseline
+    # Records from before the field get the client-visible failures derived (errors + shed + timed out).
+    assert "Disc-RIF 1.000 (err 0.00%, timed out 1.00%, client-visible 1.00%)" in baseline
+    assert all(r["timeouts"] == "serve" and r["cancelled_rate"] == 0.0 for r in recs)
 
 
 def test_report_refuses_mixed_timeouts() -> None:
     recs = normalise([_old(p, 1.0, 0.0) for p in POLICIES])
     with pytest.raises(ValueError, match="request timeouts"):
         check_one_build(recs + [dict(recs[0], request_timeout_s=30.0)])
+    with pytest.raises(ValueError, match="mix --timeouts cancel, serve"):
+        check_one_build(recs + [dict(recs[0], timeouts="cancel")])
 
 
 def _run(policy: str, model: str, scenario: int, lat: float, err: float = 0.0) -> dict:
