@@ -112,7 +112,7 @@ def _bind_als(server: grpc.aio.Server, address: str, default: bool = False) -> _
                 raise BindError(address, "another process serves this access-log socket")
             finally:
                 probe.close()
-        inner = AgentSocketDir.in_private(Path(path).parent)
+        inner = AgentSocketDir.in_private(Path(path))
         gate = _GatedAls(PeerGate(path, inner.grpc_socket), inner, Path(path).parent if made or default else None)
         address = f"unix:{inner.grpc_socket}"
     try:

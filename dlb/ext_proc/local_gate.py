@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import os
 import shutil
 import socket
@@ -179,33 +180,34 @@ class _Inbound(_Relay):
 
 #: Unix socket paths hold at most 107 bytes (``sun_path`` is 108 with the NUL).
 MAX_SOCKET_PATH = 107
-_AGENT_PREFIX = "agent-"
-_GRPC_SOCKET = "als-grpc.sock"
+_GRPC_SOCKET = "grpc.sock"
 
 
 @dataclass
 class AgentSocketDir:
     """The directory of the agent's own gRPC socket behind the gate: made per run, removed at stop.
 
-    It is made inside the access-log socket's private directory (``parent``), so an agent that was
-    killed leaves it where the next agent on that socket finds it: that agent, having checked that no
-    one serves the socket, removes every ``agent-*`` left there (:meth:`in_private`). Made in the
-    shared ``/tmp`` instead, each killed agent left a directory behind for good. ``/tmp`` is the
-    fallback when the private directory's path is too long for the socket path.
+    It is made inside the access-log socket's private directory, named after the socket
+    (``<socket>.<random>``), so an agent that was killed leaves it where the next agent on that socket
+    finds it: that agent, having checked that no one serves the socket, removes the ones left for
+    *its* socket (:meth:`in_private`; other agents' sockets may share the directory, as the testbed's
+    do). Made in the shared ``/tmp`` instead, each killed agent left a directory behind for good.
+    ``/tmp`` is the fallback when the path would be too long for a socket.
     """
 
-    path: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dlb-" + _AGENT_PREFIX)))
+    path: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dlb-agent-")))
 
     @classmethod
-    def in_private(cls, parent: Path) -> AgentSocketDir:
-        """A new per-run directory in ``parent`` (private, checked by the caller, served by no one),
-        after removing those earlier agents left there."""
-        if len(str(parent)) + len(f"/{_AGENT_PREFIX}xxxxxxxx/{_GRPC_SOCKET}") > MAX_SOCKET_PATH:
+    def in_private(cls, socket_path: Path) -> AgentSocketDir:
+        """A new per-run directory beside ``socket_path`` (whose directory is private, checked by the
+        caller, and which no one serves), after removing those earlier agents left for it."""
+        prefix = socket_path.name + "."
+        if len(str(socket_path)) + len(f".xxxxxxxx/{_GRPC_SOCKET}") > MAX_SOCKET_PATH:
             return cls()
-        for old in parent.glob(_AGENT_PREFIX + "*"):
+        for old in socket_path.parent.glob(glob.escape(prefix) + "*"):
             if old.is_dir() and not old.is_symlink():
                 shutil.rmtree(old, ignore_errors=True)
-        return cls(Path(tempfile.mkdtemp(prefix=_AGENT_PREFIX, dir=parent)))
+        return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=socket_path.parent)))
 
     @property
     def grpc_socket(self) -> str:

@@ -93,17 +93,44 @@ def test_killed_agents_leave_nothing_behind_in_tmp_and_a_clean_stop_removes_the_
     path = tmp_path / "dlb.yaml"
     path.write_text(json.dumps(raw))
     args = ("--config", str(path), "--cell", "a", "--metrics", "", "--envoy-check-period-ms", "0", "--scrape-period-ms", "0")
+    private.mkdir(mode=0o700)
+    other = private / "als.sock.xy12ab34"  # looks like ours but is not a directory: left alone
+    other.write_text("")
+    neighbour = private / "als-b.sock.k3j4h5g6"  # another agent's, on another socket in the same directory
+    neighbour.mkdir()
     for _ in range(3):
         leaf = ServiceProcess("leaf", *args).start()
-        assert len(list(private.glob("agent-*"))) == 1  # this run's, and none of the killed runs'
-        assert Path(f"{private}/als.sock").is_socket()
+        mine = [p for p in private.glob("als.sock.*") if p.is_dir()]
+        assert len(mine) == 1  # this run's, and none of the killed runs'
+        assert Path(f"{private}/als.sock").is_socket() and neighbour.is_dir()
         os.kill(leaf.pid, signal.SIGKILL)
         leaf.proc.wait(10)
+    other.unlink()
+    neighbour.rmdir()
     with ServiceProcess("leaf", *args):
         names = sorted(p.name for p in private.iterdir())
-        assert len(names) == 2 and names[0].startswith("agent-") and names[1] == "als.sock"
+        assert len(names) == 2 and names[0] == "als.sock" and names[1].startswith("als.sock.")
     assert list(private.iterdir()) == []  # a configured directory the agent did not make stays, empty
     private.rmdir()
     with ServiceProcess("leaf", *args):
         assert private.is_dir()
     assert not private.exists()  # made by the agent, empty at its stop: removed
+
+
+def test_an_agent_leaves_the_other_agents_sockets_in_a_shared_directory_alone(tmp_path: Path) -> None:
+    """The testbed puts every agent's socket in one directory; an agent starting there removes only what
+    killed agents left for its own socket, never a running neighbour's directory."""
+    shared = tmp_path / "als"
+    agents = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(json.dumps(raw_config(access_log=f"unix:{shared}/als-{name}.sock")))
+        agents.append(ServiceProcess("leaf", "--config", str(path), "--cell", "a", "--metrics", "",
+                                     "--envoy-check-period-ms", "0", "--scrape-period-ms", "0"))
+    with agents[0]:
+        first = [p for p in shared.iterdir() if p.is_dir()]
+        with agents[1]:
+            assert all(p.is_dir() for p in first)  # a's directory survived b's start
+            assert len([p for p in shared.iterdir() if p.is_dir()]) == 2
+            with grpc.insecure_channel(f"unix:{shared}/als-a.sock") as ch:  # and a still takes its access log
+                grpc.channel_ready_future(ch).result(timeout=10)
