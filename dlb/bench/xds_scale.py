@@ -31,6 +31,7 @@ import numpy as np
 from aiohttp import web
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
+from google.protobuf.message import Message
 
 from dlb.bench import harness
 from dlb.bench.xds_wire_client import WireClient
@@ -70,6 +71,13 @@ def _workload(resources: int) -> tuple[str, Callable[[int], Snapshot]]:
     if resources <= 1:
         return types.ROUTE, _route_snapshot
     return types.CLUSTER, lambda round_no: _cluster_snapshot(round_no, resources)
+
+
+def _subscription(resources: int) -> tuple[str, type[Message], list[str] | None]:
+    """What each client subscribes to (type, message class, names; None: wildcard), for either kind of client."""
+    if resources <= 1:
+        return types.ROUTE, route_pb2.RouteConfiguration, [ROUTE_NAME]
+    return types.CLUSTER, cluster_pb2.Cluster, None
 
 
 def _rss_mb() -> float:
@@ -238,10 +246,8 @@ def _clients(address: str, first: int, count: int, delta: bool, resources: int,
     clients = [XdsClient(address, node(f"bench-{first + i}", "bench"), backoff=Backoff(initial=0.2, maximum=2.0), delta=delta,
                          channel_options=options)
                for i in range(count)]
-    if resources <= 1:
-        subs = [c.subscribe(types.ROUTE, route_pb2.RouteConfiguration, lambda _r: None, names=[ROUTE_NAME]) for c in clients]
-    else:
-        subs = [c.subscribe(types.CLUSTER, cluster_pb2.Cluster, lambda _r: None) for c in clients]
+    type_url, cls, names = _subscription(resources)
+    subs = [c.subscribe(type_url, cls, lambda _r: None, names=names) for c in clients]
     return clients, subs
 
 
@@ -405,13 +411,9 @@ async def _run_wire_clients(address: str, first: int, count: int, resources: int
     """``count`` lean HTTP/2 clients (:mod:`dlb.bench.xds_wire_client`), connected at most
     ``WIRE_CONNECTS`` at a time so the connect storm does not starve the server's accept loop."""
     host, port = address.rsplit(":", 1)
-    if resources <= 1:
-        make = lambda i: WireClient(host, int(port), node(f"bench-{first + i}", "bench"), types.ROUTE, [ROUTE_NAME],
-                                    route_pb2.RouteConfiguration)
-    else:
-        make = lambda i: WireClient(host, int(port), node(f"bench-{first + i}", "bench"), types.CLUSTER, [],
-                                    cluster_pb2.Cluster)
-    clients = [make(i) for i in range(count)]
+    type_url, cls, names = _subscription(resources)
+    clients = [WireClient(host, int(port), node(f"bench-{first + i}", "bench"), type_url, names or [], cls)
+               for i in range(count)]
     tasks = []
     for k in range(0, count, WIRE_CONNECTS):
         batch = clients[k:k + WIRE_CONNECTS]
