@@ -147,6 +147,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_error_rate", "gauge", (), "EMA error fraction reported in probes"),
     MetricDef("leaf", "dlb_leaf_completed", "counter", (), "Completions seen in the access log"),
     MetricDef("leaf", "dlb_leaf_failed", "counter", (), "Completions counted as errors"),
+    MetricDef("leaf", "dlb_leaf_client_aborts", "counter", (),
+              "Requests the client (or a root, at its timeout) left before the answer ended"),
     MetricDef("leaf", "dlb_leaf_inflight_expired", "counter", (), "In-flight records dropped after max age"),
     MetricDef("leaf", "dlb_leaf_inflight_refused", "counter", (), "Request starts not recorded: the in-flight table was full (max_inflight)"),
     MetricDef("leaf", "dlb_leaf_inflight_orphaned", "counter", (), "In-flight records dropped when the access-log stream that opened them ended"),

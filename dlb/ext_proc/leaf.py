@@ -201,6 +201,8 @@ class LeafAgent:
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
         yield CounterMetricFamily("dlb_leaf_completed", "Completions seen in the access log", value=st.completed)
         yield CounterMetricFamily("dlb_leaf_failed", "Completions counted as errors", value=st.failed)
+        yield CounterMetricFamily("dlb_leaf_client_aborts", "Requests the client (or a root, at its timeout) left before the answer ended",
+                                  value=st.client_aborts)
         yield CounterMetricFamily("dlb_leaf_inflight_expired", "In-flight records dropped after max age", value=st.expired)
         yield CounterMetricFamily("dlb_leaf_inflight_refused", "Request starts not recorded: the in-flight table was full",
                                   value=st.inflight_refused)

@@ -72,6 +72,21 @@ def _cut_stream(entry) -> bool:
                 or f.upstream_request_timeout or f.upstream_protocol_error)
 
 
+def _client_abort(entry) -> bool:
+    """True if the downstream went away before the response ended: a client that closed its stream, or a
+    root Envoy that reset it at its route timeout (it talks HTTP/1.1 to the leaf: a closed connection, DC;
+    HTTP/2 clients: DR). Before any response byte the status is 0; mid-stream it is the status already
+    forwarded (200), and without this the truncated stream counted as a success with a latency sample
+    ending at the reset. A server that broke the stream first is a cut stream (:func:`_cut_stream`), not
+    an abort: Envoy flags the upstream reset then.
+    """
+    f = entry.common_properties.response_flags
+    if not (f.downstream_connection_termination or f.downstream_remote_reset):
+        return False
+    status = entry.response.response_code.value
+    return status == 0 or (status < 400 and not _cut_stream(entry))
+
+
 def _address(addr) -> str:
     sa = addr.socket_address
     if not sa.address:
@@ -142,7 +157,6 @@ class LeafAccessLog:
                     continue
                 if kind in _PERIODIC:
                     continue
-                flags = common.response_flags
                 src = e.request.request_headers.get(contract.SRC_CELL)
                 if src and (self.known_sources is None or src in self.known_sources) and not rid.startswith(BACKGROUND_PROBE_ID):
                     self.completed_by_source[src] = self.completed_by_source.get(src, 0) + 1
@@ -151,7 +165,7 @@ class LeafAccessLog:
                     upstream=_address(common.upstream_remote_address),
                     status=e.response.response_code.value,
                     duration_s=_serving_seconds(common),
-                    client_abort=bool(flags.downstream_connection_termination) and e.response.response_code.value == 0,
+                    client_abort=_client_abort(e),
                     probe=rid.startswith(BACKGROUND_PROBE_ID),
                     cut=_cut_stream(e),
                 ), owner=stream_id)

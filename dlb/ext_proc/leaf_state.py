@@ -161,6 +161,7 @@ class LeafState:
         self.completed = 0
         self.failed = 0
         self.cut_streams = 0
+        self.client_aborts = 0  # requests whose client (or root, at its timeout) left before the answer ended
         self.expired = 0
         self.unmatched = 0
         self.inflight_refused = 0
@@ -482,6 +483,7 @@ class LeafState:
         if server == UNKNOWN and c.upstream:
             server = self.by_address.get(c.upstream, UNKNOWN)
         if c.client_abort:
+            self.client_aborts += 1
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault

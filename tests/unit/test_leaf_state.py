@@ -178,6 +178,30 @@ def test_latency_sample_is_the_servers_share_not_the_leaf_total():
     assert _serving_seconds(only_total) == pytest.approx(0.251)
 
 
+@pytest.mark.parametrize(("status", "flags", "details", "abort", "cut"), [
+    (200, {"downstream_connection_termination": True}, "via_upstream", True, False),  # a root's timeout mid-stream (HTTP/1.1)
+    (200, {"downstream_remote_reset": True}, "via_upstream", True, False),  # an HTTP/2 client's reset mid-stream
+    (0, {"downstream_connection_termination": True}, "", True, False),  # left before any answer
+    (200, {}, "via_upstream", False, False),  # a whole answer
+    (503, {"downstream_connection_termination": True}, "via_upstream", False, False),  # the server's error first
+    (200, {"downstream_connection_termination": True, "upstream_connection_termination": True},
+     "upstream_reset_after_response_started{connection_termination}", False, True),  # the server broke it first
+])
+def test_an_answer_left_by_its_downstream_is_a_client_abort(status, flags, details, abort, cut):
+    """A root resetting a stream at its route timeout after the 200 was forwarded: counted a success with
+    a latency sample ending at the reset unless the downstream flags make it a client abort."""
+    from envoy.data.accesslog.v3 import accesslog_pb2
+
+    from dlb.ext_proc.leaf_als import _client_abort, _cut_stream
+
+    e = accesslog_pb2.HTTPAccessLogEntry()
+    e.response.response_code.value = status
+    e.response.response_code_details = details
+    for name, v in flags.items():
+        setattr(e.common_properties.response_flags, name, v)
+    assert (_client_abort(e), _cut_stream(e)) == (abort, cut)
+
+
 def test_a_recovered_server_counts_again_only_after_the_envoy_health_check_could_have_seen_it():
     """Whole-cell fault in `dlb bench faults`: the agent's first good scrape made the cell usable while the
     leaf Envoy still held every server unhealthy, and a request got `503 no_healthy_upstream`."""
