@@ -218,14 +218,16 @@ def _metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")))
 
 
-def test_a_stream_cut_by_a_dying_server_is_counted_as_a_failure() -> None:
-    """A server killed mid-stream: Envoy had forwarded its 200, so the access log says 200. The agent must
-    count the stream as cut (``dlb_leaf_cut_streams``) and as an error of the cell, not as a fast success
-    (issue 13, item 6). The client's stream ends without its terminal chunk: its SDK raises a connection
-    error it can retry on."""
+@contextlib.contextmanager
+def _one_server_leaf(background: bool = True) -> Iterator[tuple[EmulatorProcess, HostPort, str, str]]:
+    """One emulated server behind a real leaf Envoy and agent (access log on; the agent's own background
+    probes off unless ``background``): the emulator, the leaf's address, its probe address and its agent's
+    metrics URL."""
     with tempfile.TemporaryDirectory(prefix="dlb-faults-") as tmp, contextlib.ExitStack() as stack:
         emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=20.0, server_id="a-0"))  # __enter__ starts it
         raw = _config([emu.address])
+        if not background:
+            raw = set_plugins(raw, {"type": "background-probe", "parameters": {"min_interval_ms": 0}})
         path = Path(tmp) / "dlb.yaml"
         path.write_text(json.dumps(raw))
         cfg = config_from_dict(raw, source=str(path))
@@ -238,21 +240,52 @@ def test_a_stream_cut_by_a_dying_server_is_counted_as_a_failure() -> None:
         probe = str(cfg.cell("a").leaf.probe)
         _wait(lambda: _probe(probe).completed >= 0, "agent up")
         _wait(lambda: _listening(hp.host, hp.port), "leaf listener up")
-        conn = http.client.HTTPConnection(hp.host, hp.port, timeout=30)
-        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True}
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 200
-        assert resp.readline()  # the stream has started
+        yield emu, hp, probe, f"http://{metrics}/metrics"
+
+
+def _start_stream(hp: HostPort) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A streamed chat completion long enough to be cut, read up to its first chunk."""
+    conn = http.client.HTTPConnection(hp.host, hp.port, timeout=30)
+    body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline()  # the stream has started
+    return conn, resp
+
+
+def test_a_stream_cut_by_a_dying_server_is_counted_as_a_failure() -> None:
+    """A server killed mid-stream: Envoy had forwarded its 200, so the access log says 200. The agent must
+    count the stream as cut (``dlb_leaf_cut_streams``) and as an error of the cell, not as a fast success
+    (issue 13, item 6). The client's stream ends without its terminal chunk: its SDK raises a connection
+    error it can retry on."""
+    with _one_server_leaf() as (emu, hp, probe, url):
+        conn, resp = _start_stream(hp)
         emu.kill()
         with pytest.raises((http.client.IncompleteRead, ConnectionError)):
             while resp.read(4096):
                 pass
         conn.close()
-        url = f"http://{metrics}/metrics"
         _wait(lambda: _metric(url, "dlb_leaf_cut_streams_total") >= 1, "the agent counted the cut stream")
         assert _metric(url, "dlb_leaf_cut_streams_total") == 1
         assert _probe(probe).errors >= 1  # and a failure of the cell (later requests to the dead server add more)
+
+
+def test_a_stream_its_client_leaves_mid_answer_is_neither_a_success_nor_a_failure() -> None:
+    """A client (or a root Envoy at its route timeout: it talks HTTP/1.1 to the leaf) that closes a stream
+    mid-answer: the access log says 200, the flag says the downstream left. The agent releases the request
+    and counts it a client abort; it was counted a success with a latency sample cut short at the close."""
+    with _one_server_leaf(background=False) as (_emu, hp, probe, url):
+        _wait(lambda: _probe(probe).rif == 0, "the readiness request done")
+        before = _probe(probe)
+        conn, _resp = _start_stream(hp)
+        conn.close()
+        _wait(lambda: _metric(url, "dlb_leaf_client_aborts_total") >= 1, "the agent counted the abort")
+        _wait(lambda: _probe(probe).rif == 0, "the request released")
+        after = _probe(probe)
+        assert _metric(url, "dlb_leaf_client_aborts_total") == 1
+        assert (after.completed, after.errors, _metric(url, "dlb_leaf_cut_streams_total")) == (before.completed, before.errors, 0)
+        assert after.model.samples == before.model.samples
 
 
 def test_a_killed_leaf_envoy_leaves_no_requests_in_flight_at_its_agent() -> None:
