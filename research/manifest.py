@@ -34,6 +34,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("compare-stress/twin/real-twin-quiet-*", "dlb bench sim-twin --real research/compare-stress/quiet-453e28c/records.jsonl "
                                               "--json FILE"),
     ("compare-stress/twin/flowgrad-*", "dlb bench sim-twin --policies hub-score,Flow-Grad --json FILE"),
+    ("compare-stress/quiet-stress-*/twin/*", "dlb bench sim-twin --real DIR/../records.jsonl --json FILE"),
+    ("compare-stress/quiet-stress-*", "dlb demo --compare --scenarios overload,burst,slow-cell,long-prompts --policies hub-score,"
+                                      "lr-global,Disc-Lat,Flow-Grad --trials 3 --duration 45 --no-live --out DIR --json DIR/summary.json "
+                                      "(research/compare-stress/quiet-stress-rule.md)"),
     ("compare-stress/quiet-*", "dlb demo --compare --scenarios steady,cell-outage --policies hub-score,Disc-Lat,Flow-Grad --trials 3 "
                                "--duration 45 --out DIR --json DIR/summary.json (research/compare-stress/quiet-rule.md)"),
     ("compare-stress/twin/real-twin-*", "dlb bench sim-twin --real research/compare-stress/records.jsonl --json FILE"),
