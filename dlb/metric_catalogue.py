@@ -88,8 +88,8 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
 def _loop(service: str) -> tuple[MetricDef, ...]:
     """How late the service's event loop runs: a heartbeat every 10 ms (``dlb/service/loop_lag.py``)."""
     p = f"dlb_{service}_loop_lag"
-    return (MetricDef(service, f"{p}_seconds", "histogram", (), "How late the event loop ran a 10-ms heartbeat (a block of B shows as B - 10 ms to B)"),
-            MetricDef(service, f"{p}_longest_seconds", "gauge", (), "The longest event-loop lag in the last 60 s, one still running included"))
+    return (MetricDef(service, f"{p}_seconds", "histogram", (), "Event-loop lag: how late a 10-ms heartbeat ran"),
+            MetricDef(service, f"{p}_longest_seconds", "gauge", (), "Longest event-loop lag in the last 60 s"))
 
 
 def _tls(service: str) -> tuple[MetricDef, ...]:
