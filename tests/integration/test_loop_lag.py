@@ -1,6 +1,6 @@
 """Every long-running service exports its own event-loop lag, and a blocked loop shows in it.
 
-Rules: ``dlb serve root``, ``dlb serve leaf`` and ``dlb serve control-plane`` export
+Rules: ``dlb serve root``, ``dlb serve leaf``, ``dlb serve epp`` and ``dlb serve control-plane`` export
 ``dlb_<service>_loop_lag_seconds`` (a heartbeat's lag) and ``dlb_<service>_loop_lag_longest_seconds``
 on their metrics port; a root whose loop cannot run for 0.5 s (the process stopped with SIGSTOP, as a
 box that gives the CPU elsewhere stops it) records a lag of at least 0.5 s minus the heartbeat period.
@@ -81,3 +81,12 @@ def test_the_leaf_agent_and_the_control_plane_export_their_loop_lag(tmp_path: Pa
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_epp_exports_its_loop_lag(tmp_path: Path) -> None:
+    from test_epp_limits import start
+
+    with start(tmp_path) as epp:
+        address = f"127.0.0.1:{epp.ready['metrics']}"
+        samples = until(lambda: (s := metric_samples(address)).get("dlb_epp_loop_lag_seconds_count", 0) > 0 and s, "EPP heartbeats")
+        assert isinstance(samples, dict) and "dlb_epp_loop_lag_longest_seconds" in samples
