@@ -417,26 +417,25 @@ def _lag_source(s: Setup, part: str) -> tuple[str, str] | None:
 
 def _read_lag(source: tuple[str, str] | None) -> measure.LagReading | None:
     """The service's loop-lag families now (None if it has none or does not answer)."""
-    from dlb.launch.up import http_get
-
-    if source is None:
-        return None
-    try:
-        status, body = http_get(source[0], 10.0)
-    except OSError:
-        return None
-    return measure.loop_lag(body, source[1]) if status == 200 else None
+    body = _scrape(source[0]) if source is not None else None
+    return measure.loop_lag(body, source[1]) if source is not None and body is not None else None
 
 
 def _root_gc(plane: Any) -> dict[str, float]:
     """The root's GC pause totals and longest so far from its /metrics ({} if it does not answer)."""
+    body = _scrape(f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics")
+    return gc_pauses(body, "dlb_root") if body is not None else {}
+
+
+def _scrape(url: str) -> str | None:
+    """A service's /metrics text (None if it does not answer 200 within 10 s)."""
     from dlb.launch.up import http_get
 
     try:
-        status, body = http_get(f"http://127.0.0.1:{plane.root.ready['metrics']}/metrics", 5.0)
+        status, body = http_get(url, 10.0)
     except OSError:
-        return {}
-    return gc_pauses(body, "dlb_root") if status == 200 else {}
+        return None
+    return body if status == 200 else None
 
 
 def _leaf_view(target: str, creds: Any) -> dict[str, Any]:
