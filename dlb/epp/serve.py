@@ -131,9 +131,10 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
     port = add_port(server, opts.listen, component_identity(cfg.tls, "leaf", opts.cell, cfg.source))
     metrics_port = None
     dns = watcher is None and opts.dns_period_s > 0 and bool(pool_names(cfg, opts.cell))
-    loop_lag = LoopLag("dlb_epp").start()
+    loop_lag = LoopLag("dlb_epp")
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
+        loop_lag.start()
 
         # The leaf's families (dlb_leaf_*: the EPP is the leaf behind GIE's protocol) and the EPP's own (dlb_epp_*).
         def collect() -> Iterator[Metric]:

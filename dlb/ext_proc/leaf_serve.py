@@ -181,12 +181,12 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         agent.transport_stats = h2.stats
     metrics_port = None
     readiness = Readiness()  # /readyz: 200 once the gRPC server serves, 503 again from the drain's start
-    loop_lag = LoopLag("dlb_leaf").start()
+    loop_lag = LoopLag("dlb_leaf")
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
         registry, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport),
                                                lambda: readiness.ready and health.serving)
-        registry.register(CallbackCollector(loop_lag.families))
+        registry.register(CallbackCollector(loop_lag.start().families))
         if tls is not None:
             registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_leaf")))
     await server.start()

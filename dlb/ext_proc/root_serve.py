@@ -125,7 +125,8 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     # for (issue 14 row 3; the control plane's row-6 fix).
     freeze_heap()
     gc_pauses.install()
-    loop_lag.start()
+    if opts.metrics:  # nobody reads the beats otherwise
+        loop_lag.start()
     log.info("root_started", cell=cell, ext_proc=f"{opts.listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
              endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=opts.xds)
     worker_pids = [await asyncio.to_thread(wait_worker, c) for c in children]
