@@ -86,9 +86,9 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
 
 
 def _loop(service: str) -> tuple[MetricDef, ...]:
-    """How late the service's event loop runs: a heartbeat every 10 ms (``dlb/service/loop_lag.py``)."""
+    """How late the service's event loop runs: a heartbeat every 20 ms (``dlb/service/loop_lag.py``)."""
     p = f"dlb_{service}_loop_lag"
-    return (MetricDef(service, f"{p}_seconds", "histogram", (), "Event-loop lag: how late a 10-ms heartbeat ran"),
+    return (MetricDef(service, f"{p}_seconds", "histogram", (), "Event-loop lag: how late a 20-ms heartbeat ran"),
             MetricDef(service, f"{p}_longest_seconds", "gauge", (), "Longest event-loop lag in the last 60 s"))
 
 

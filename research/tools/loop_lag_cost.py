@@ -21,7 +21,7 @@ import time
 
 from dlb.service.loop_lag import PERIOD_S
 
-PERIODS = (0.0, PERIOD_S, 0.005)  # 0: no heartbeat
+PERIODS = (0.0, PERIOD_S, 0.01, 0.005)  # 0: no heartbeat
 
 
 def one(mode: str, period: float, seconds: float) -> dict:
