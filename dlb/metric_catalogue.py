@@ -85,6 +85,13 @@ def _gc(service: str, when: str) -> tuple[MetricDef, ...]:
     )
 
 
+def _loop(service: str) -> tuple[MetricDef, ...]:
+    """How late the service's event loop runs: a heartbeat every 20 ms (``dlb/service/loop_lag.py``)."""
+    p = f"dlb_{service}_loop_lag"
+    return (MetricDef(service, f"{p}_seconds", "histogram", (), "Event-loop lag: how late a 20-ms heartbeat ran"),
+            MetricDef(service, f"{p}_longest_seconds", "gauge", (), "Longest event-loop lag in the last 60 s"))
+
+
 def _tls(service: str) -> tuple[MetricDef, ...]:
     """A certificate that follows its renewed files (dlb/config/tls_live.py)."""
     when = "`tls` set"
@@ -120,6 +127,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("root", "dlb_root_cell_model", "gauge", ("cell", "param"), "Cell latency-model parameter from the last probe", _PROBES),
     *_h2("root"),
     *_gc("root", "dlb serve root with a metrics port"),
+    *_loop("root"),
     *_tls("root"),
     # --- leaf agent (dlb/ext_proc/leaf.py) ---
     MetricDef("leaf", "dlb_leaf_rif", "gauge", (), "Requests in flight counted by the leaf"),
@@ -162,6 +170,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
     *_tls("leaf"),
     *_h2("leaf"),
+    *_loop("leaf"),
     # --- GIE endpoint picker (dlb/epp/metrics.py), beside the dlb_leaf_* families ---
     MetricDef("epp", "dlb_epp_picks", "counter", ("outcome",),
               "Picks by outcome: picked, no_capacity (503), shed (429), hint_empty, hint_foreign (503)"),
@@ -172,6 +181,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("epp", "dlb_epp_grpc_limit", "gauge", ("limit",), "gRPC listener bounds"),
     MetricDef("epp", "dlb_epp_grpc_streams_refused", "counter", (), "ext_proc streams refused: max_streams open"),
     MetricDef("epp", "dlb_epp_pool_watch_errors", "counter", ("watch",), "Failed lists and watches, unusable pool edits", _K8S),
+    *_loop("epp"),
     # --- control plane's xDS status server (dlb/xds/status.py) ---
     MetricDef("xds", "dlb_xds_streams", "gauge", ("node",), "open xDS streams per node"),
     MetricDef("xds", "dlb_xds_acked_version_info", "gauge", ("node", "type", "version"), "last version each node ACKed, per type (value 1)"),
@@ -190,6 +200,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("xds", "dlb_xds_dns_truncated", "counter", (),
               "resolutions that returned more than 1024 addresses, cut to the lowest 1024", "the control plane (dlb serve control-plane)"),
     *_gc("xds", "the control plane (dlb serve control-plane)"),
+    *_loop("xds"),
     *_tls("xds"),
     # --- emulated inference server (dlb/emulator/metrics.py; its other families are vLLM's names) ---
     MetricDef("emulator", "dlb_emulator_requests_rejected", "counter", ("model_name", "reason"),

@@ -71,6 +71,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults*", "dlb bench faults --json FILE"),
+    ("bench/loop-lag-cost*.json", "python research/tools/loop_lag_cost.py --seconds 10 --rounds 3 --json FILE (research/loop-lag.md)"),
     ("bench/starved-root-leaf-envoy*", "PYTHONPATH=<checkout> .venv/bin/python research/tools/starved_root_leaf_envoy.py --tag T "
                                        "--seed S --stall-s 0.5, seeds 21-23, main and this branch (research/operations.md)"),
     ("bench/netns-k8s/*.txt", "pytest tests/e2e/test_netns_testbed.py -s -q (the lines it prints; header: commit, load, args)"),

@@ -202,3 +202,60 @@ def gc_pauses(metrics_text: str, prefix: str) -> dict[str, float]:
                     continue
                 out[f"gc{sample.labels['generation']}_{kind}_ms"] = round(sample.value * 1000.0, 1)
     return out
+
+
+# --- the service's own loop lag (dlb/service/loop_lag.py) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class LagReading:
+    """One read of a service's ``<prefix>_loop_lag_*`` families: cumulative beats per bucket bound, and
+    the longest lag of the last 60 s (a beat still overdue included)."""
+
+    buckets: tuple[tuple[float, float], ...]  # (upper bound in s, cumulative beats); the last bound is inf
+    longest_s: float
+
+
+def loop_lag(metrics_text: str, prefix: str) -> LagReading | None:
+    """The service's loop-lag families from its /metrics (None if it exports none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: list[tuple[float, float]] = []
+    longest = None
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name == f"{prefix}_loop_lag_seconds":
+            buckets = sorted((float(s.labels["le"]), s.value) for s in fam.samples if s.name.endswith("_bucket"))
+        elif fam.name == f"{prefix}_loop_lag_longest_seconds":
+            longest = fam.samples[0].value
+    return LagReading(tuple(buckets), longest) if buckets and longest is not None else None
+
+
+def window_lag(before: LagReading, after: LagReading, window_s: float, over_s: float) -> dict[str, Any]:
+    """The worst heartbeat lag in the ``window_s`` between two reads, and the beats over ``over_s`` (a bucket bound).
+
+    Exact when the 60-s longest gauge rose between the reads and the window fits in its 60 s: the
+    gauge's later value is then a lag of the window (anything older it covers, the earlier read
+    covered too). Otherwise an upper bound (``exact`` false): the highest bucket that gained a beat,
+    narrowed by the later gauge when the window fits in it (both bound the window's lags from above).
+    The count over ``over_s`` is exact either way. A beat still overdue at the second read is not in
+    the histogram yet; ``longest_60s_ms`` (the later gauge) shows it.
+    """
+    prev = dict(before.buckets)
+    gained = [(bound, count - prev.get(bound, 0.0)) for bound, count in after.buckets]
+    beats = gained[-1][1]
+    if over_s not in dict(gained):
+        raise ValueError(f"{over_s} s is not a bucket bound of the loop-lag histogram")
+    out: dict[str, Any] = {"max_ms": None, "exact": False, "beats": int(beats), "over": int(beats - dict(gained)[over_s]),
+                           "longest_60s_ms": round(after.longest_s * 1000.0, 1)}
+    if beats <= 0:
+        return out
+    fits = window_s < 59.0  # the gauge's 60 one-second slots cover the whole window
+    upper = next(bound for bound, count in gained if count >= beats)  # cumulative: every new beat is at or under it
+    if fits and after.longest_s > before.longest_s:
+        upper, out["exact"] = after.longest_s, True
+    elif upper == float("inf"):  # over the last bound (5 s): the gauge's figure, at least that bound
+        upper = max(gained[-2][0], after.longest_s)
+    elif fits:
+        upper = min(upper, after.longest_s)
+    out["max_ms"] = round(upper * 1000.0, 1)
+    return out

@@ -91,6 +91,7 @@ async def _serve(config, args: argparse.Namespace) -> int:
     from dlb.control_plane.reload import Reloader
     from dlb.control_plane.service import ControlPlane
     from dlb.gc_heap import GcPauses, freeze_heap, raise_young_threshold
+    from dlb.service.loop_lag import LoopLag
     from dlb.service.metrics import CallbackCollector
 
     cp = ControlPlane(config, emulate_wan=args.emulate_wan, probe=not args.no_probe, serve_cells=args.serve_cells,
@@ -123,6 +124,8 @@ async def _serve(config, args: argparse.Namespace) -> int:
     # The young generation is collected less often: each xDS push allocates, see dlb.gc_heap.YOUNG_THRESHOLD.
     pauses = GcPauses("dlb_xds").install()
     cp.status_server.registry.register(CallbackCollector(pauses.families))
+    loop_lag = LoopLag("dlb_xds").start()  # how late the xDS pushes, the flow loop and the probes ran
+    cp.status_server.registry.register(CallbackCollector(loop_lag.families))
     log.info("heap_frozen", objects=freeze_heap(), gc_thresholds=raise_young_threshold())
     from dlb.envoy.root_token import forgeable_token_warning
 
@@ -148,6 +151,7 @@ async def _serve(config, args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("control_plane_stopping")
+    loop_lag.stop()
     if watcher is not None:
         watcher.cancel()
     await cp.stop()

@@ -31,6 +31,7 @@ from dlb.ext_proc.protocol import PROCESS_METHOD
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
 from dlb.service.health import HealthState
+from dlb.service.loop_lag import LoopLag
 from dlb.service.metrics import Readiness, serve_metrics
 from dlb.service.ports import add_port
 from dlb.service.runner import write_ready
@@ -130,13 +131,16 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
     port = add_port(server, opts.listen, component_identity(cfg.tls, "leaf", opts.cell, cfg.source))
     metrics_port = None
     dns = watcher is None and opts.dns_period_s > 0 and bool(pool_names(cfg, opts.cell))
+    loop_lag = LoopLag("dlb_epp")
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
+        loop_lag.start()
 
         # The leaf's families (dlb_leaf_*: the EPP is the leaf behind GIE's protocol) and the EPP's own (dlb_epp_*).
         def collect() -> Iterator[Metric]:
             yield from agent.collect()
             yield from epp_families(epp, opts.limits, gate, watcher, dns=dns)
+            yield from loop_lag.families()
 
         _, metrics_port = serve_metrics(collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
     if watcher is not None:
@@ -163,6 +167,7 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
 
     async def on_stop() -> None:
         readiness.ready = False
+        loop_lag.stop()
         for t in tasks:
             t.cancel()
         if watcher is not None:

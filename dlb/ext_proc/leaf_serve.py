@@ -33,6 +33,7 @@ from dlb.ext_proc.protocol import ExtProcServer, MessageHandler, ext_proc_handle
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
 from dlb.service.health import HealthState, health_handler
+from dlb.service.loop_lag import LoopLag
 from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
 from dlb.service.ports import add_port
 from dlb.service.runner import write_ready
@@ -180,10 +181,12 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         agent.transport_stats = h2.stats
     metrics_port = None
     readiness = Readiness()  # /readyz: 200 once the gRPC server serves, 503 again from the drain's start
+    loop_lag = LoopLag("dlb_leaf")
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
         registry, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport),
                                                lambda: readiness.ready and health.serving)
+        registry.register(CallbackCollector(loop_lag.start().families))
         if tls is not None:
             registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_leaf")))
     await server.start()
@@ -216,6 +219,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
 
     async def on_stop() -> None:
         readiness.ready = False
+        loop_lag.stop()
         for t in tasks:
             t.cancel()
         if sync is not None:

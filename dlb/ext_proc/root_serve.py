@@ -19,6 +19,7 @@ from dlb.ext_proc.root import RootService, log
 from dlb.ext_proc.root_xds import ProbeManager, RootXdsSync, config_probes, probe_targets
 from dlb.gc_heap import GcPauses, freeze_heap
 from dlb.probe.client import ProbeTiming
+from dlb.service.loop_lag import LoopLag
 from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
 from dlb.service.runner import spawn_workers, wait_worker, write_ready
 from dlb.service.serve import serve_until_signal
@@ -105,11 +106,13 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     children: list = []
     metrics_port = None
     gc_pauses = GcPauses("dlb_root")  # timed from the freeze on (the freeze's own collection is start-up)
+    loop_lag = LoopLag("dlb_root")  # beats from the freeze on, for the same reason
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
         registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport),
                                                lambda: readiness.ready and (sync is None or sync.reloads > 0) and service.routable())
         registry.register(CallbackCollector(gc_pauses.families))
+        registry.register(CallbackCollector(loop_lag.families))
         if tls is not None:
             registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_root")))
     if opts.workers > 1 and opts.worker_index == 0:
@@ -122,6 +125,8 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     # for (issue 14 row 3; the control plane's row-6 fix).
     freeze_heap()
     gc_pauses.install()
+    if opts.metrics:  # nobody reads the beats otherwise
+        loop_lag.start()
     log.info("root_started", cell=cell, ext_proc=f"{opts.listen.rpartition(':')[0]}:{port}", metrics_port=metrics_port,
              endpoints=[e.name for e in service.endpoints], destinations=[t.name for t in probes.targets], xds=opts.xds)
     worker_pids = [await asyncio.to_thread(wait_worker, c) for c in children]
@@ -131,6 +136,7 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     async def on_stop() -> None:
         readiness.ready = False
         ticker.cancel()
+        loop_lag.stop()
         for child, _ in children:
             child.terminate()
         if sync is not None:

@@ -28,6 +28,7 @@ def test_every_attack_is_replayed_measured_and_judged() -> None:
                                                                              mem_cap_mb=1000, validate_timeout_s=20.0, warmup_s=1.0))
     assert result["commit"] and result["baseline_p50_ms"] and result["baseline_p50_ms"] > 0
     assert result["baseline_loop_block_max_ms"] is not None and result["load_avg_1m"]["start"] >= 0
+    assert result["baseline_loop_lag_max_ms"] is not None  # the root's own heartbeat, read from its /metrics
     assert [r["attack"] for r in result["attacks"]] == list(hostile.ATTACKS)
     for r in result["attacks"]:
         assert set(r) >= FIELDS, r
@@ -37,6 +38,7 @@ def test_every_attack_is_replayed_measured_and_judged() -> None:
         assert r["rss_peak_mb"] and r["rss_peak_mb"] > 0, r
         if r["attack"] != "yaml-bomb-validate":
             assert r["rss_before_mb"] > 0 and r["loop_block_max_ms"] is not None, r
+            assert r["loop_lag_max_ms"] is not None and r["detail"]["loop_lag"]["beats"] > 0, r  # the attacked service's own loop
     by = {r["attack"]: r for r in result["attacks"]}
     assert by["slot-squat"]["verdicts"]["new_channels_served_in_1s"] is not None
     assert by["als-injection"]["detail"]["leaf_rif_after"] < 100  # what the stream reported ended with it

@@ -8,6 +8,7 @@ parsed with prometheus_client's own parser.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import urllib.request
 
 import numpy as np
@@ -18,7 +19,8 @@ from dlb.core.latency_model import LatencyParams
 from dlb.ext_proc.leaf import LeafAgent
 from dlb.ext_proc.leaf_state import LeafState, ServerState
 from dlb.ext_proc.root import RootService
-from dlb.service.metrics import serve_metrics
+from dlb.service.loop_lag import LoopLag
+from dlb.service.metrics import CallbackCollector, serve_metrics
 from dlb.transport.limits import TransportStats
 from dlb.xds import SnapshotCache, StatusRegistry, StatusServer, types
 
@@ -39,7 +41,8 @@ def test_root_metrics_match_the_catalogue() -> None:
                        "latency_prior": {"a_s": 0.1, "b_s": 0.01, "c": 4, "s": 1}}]})
     svc = RootService.from_config(cfg, "a", seed=1)
     svc.transport_stats = TransportStats()
-    compare("root", scrape(svc.collect))
+    lag = LoopLag("dlb_root")  # registered beside the service's own collector, as dlb serve root does
+    compare("root", scrape(lambda: itertools.chain(svc.collect(), lag.families())))
 
 
 def test_leaf_metrics_match_the_catalogue() -> None:
@@ -49,7 +52,8 @@ def test_leaf_metrics_match_the_catalogue() -> None:
     st.pick(0.0, "x")
     agent = LeafAgent(st)
     agent.transport_stats = TransportStats()
-    compare("leaf", scrape(agent.collect))
+    lag = LoopLag("dlb_leaf")
+    compare("leaf", scrape(lambda: itertools.chain(agent.collect(), lag.families())))
 
 
 def test_epp_metrics_match_the_catalogue() -> None:
@@ -67,7 +71,8 @@ def test_epp_metrics_match_the_catalogue() -> None:
     watcher = PoolWatcher(PoolRef("p", "ns"), client.ApiClient(), publish=lambda eps: None)
     watcher.pool = PoolState("p", PoolSpec((("app", "x"),), (8000,)))
     epp = EndpointPicker(st)
-    compare("epp", scrape(lambda: epp_families(epp, GrpcLimits(), StreamGate(1), watcher)))
+    lag = LoopLag("dlb_epp")
+    compare("epp", scrape(lambda: itertools.chain(epp_families(epp, GrpcLimits(), StreamGate(1), watcher), lag.families())))
 
 
 def test_xds_status_metrics_match_the_catalogue() -> None:
@@ -81,6 +86,7 @@ def test_xds_status_metrics_match_the_catalogue() -> None:
 
     async def main() -> str:
         server = StatusServer(status, snapshot_count=lambda: len(cache.keys()))
+        server.registry.register(CallbackCollector(LoopLag("dlb_xds").families))  # as dlb serve control-plane does
         port = await server.start()
         try:
             return await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
