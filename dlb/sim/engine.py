@@ -131,6 +131,8 @@ class SimConfig:
     #: DLB leaves refuse (429) a request whose picked server would, by Little's law, keep it past a share
     #: of ``request_timeout_s`` (:mod:`dlb.core.admission`); counted as a shed and a cell error.
     admission: bool = AdmissionConfig.enabled
+    #: ... past this share of ``request_timeout_s`` (:attr:`AdmissionConfig.fraction`).
+    admission_fraction: float = AdmissionConfig.fraction
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
@@ -322,7 +324,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     cancel = cfg.timeouts == "cancel"
     # Leaf admission (:mod:`dlb.core.admission`): DLB's leaves only, so Rand's and the operators' runs
     # are unchanged; lr-global names its server and bypasses the leaf anyway.
-    adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s)
+    adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s,
+                              fraction=cfg.admission_fraction)
     admission = adm_cfg.enabled
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)

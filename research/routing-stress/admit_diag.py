@@ -13,6 +13,7 @@ engine run (its time is shared equally by the sequences in it) and each abort, a
 - overflow rejections, root sheds, timed-out and client-visible failures (the run's own summary).
 
 Usage: python research/routing-stress/admit_diag.py SCENARIO POLICY [TRIAL] [key=value SimConfig fields]
+(``outage=false``: the baseline experiment's scenario, 80 % load and no outage, with the same window).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 import dlb.sim.engine as sim_engine
 from dlb.sim.batched import BatchedServers
 from dlb.sim.engine import SimConfig, generate_arrivals, simulate
-from dlb.sim.scenario import generate
+from dlb.sim.scenario import Disruption, generate
 
 
 class Watch:
@@ -93,10 +94,9 @@ def q(xs: list[float], p: float) -> float:
     return float(np.quantile(xs, p)) if xs else math.nan
 
 
-def diagnose(scenario: int, policy: str, trial: int = 0, **cfg: Any) -> dict[str, Any]:
-    sc = generate(scenario, utilization=0.8, disruption="outage", duration_s=600.0, server_model="batched")
-    d = sc.disruption
-    assert d is not None
+def diagnose(scenario: int, policy: str, trial: int = 0, outage: bool = True, **cfg: Any) -> dict[str, Any]:
+    sc = generate(scenario, utilization=0.8, disruption="outage" if outage else None, duration_s=600.0, server_model="batched")
+    d = sc.disruption or Disruption("outage", 180.0, 420.0, outage_servers=sc.servers)  # no outage: the same window
     watch = Watch()
     watch.window = (d.start_s, d.end_s)
     saved = sim_engine.BatchedServers
@@ -174,7 +174,7 @@ def main() -> None:
         if "=" in a:
             k, v = a.split("=", 1)
             kw[k] = json.loads(v) if v not in ("cancel", "serve") else v
-    print(json.dumps(diagnose(scenario, policy, trial, **kw)), flush=True)
+    print(json.dumps({**diagnose(scenario, policy, trial, **kw), "outage": kw.get("outage", True)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,62 @@ def test_rand_and_the_operators_are_untouched() -> None:
         b = simulate(sc, policy, 0, SimConfig(request_timeout_s=t, admission=True))
         assert b.admission_refused == 0
         np.testing.assert_array_equal(a.latency, b.latency)
+
+
+def test_the_leaf_refuses_with_an_openai_429_at_a_server_that_stopped_finishing() -> None:
+    """The real leaf's pick: a server holding ``min_inflight`` of this leaf's requests that finished none in
+    a window is refused (429, ``dlb_no_capacity``, retry-after), counted, and holds no record; a server that
+    finishes them fast keeps admitting."""
+    import json
+
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from dlb.core.latency_model import LatencyParams
+    from dlb.envoy import contract
+    from dlb.ext_proc.leaf import LeafAgent
+    from dlb.ext_proc.leaf_state import REFUSED, Completion, LeafState, ServerState
+
+    st = LeafState(cell="c", servers=[ServerState("10.0.0.1:80")], replicas=1, prior=LatencyParams(0.1, 0.01, 4.0, 1.0),
+                   rng=np.random.default_rng(0), admission=CFG)
+    for k in range(CFG.min_inflight):
+        assert st.pick(0.0, f"r{k}") == 0
+    assert st.pick(CFG.window_s + 1.0, "late") == REFUSED
+    assert st.admission_refused == 1 and "late" not in st.inflight
+    agent = LeafAgent(st)
+    req = ep.ProcessingRequest()
+    h = req.request_headers.headers.headers.add()
+    h.key, h.raw_value = contract.REQUEST_ID, b"x"
+    agent.clock = lambda: CFG.window_s + 2.0
+    reply, _ = agent.handle(req.SerializeToString())
+    assert isinstance(reply, bytes)
+    imm = ep.ProcessingResponse.FromString(reply).immediate_response
+    assert imm.status.code == 429 and json.loads(imm.body)["error"]["code"] == "dlb_no_capacity"
+    assert any(m.header.key == "retry-after" for m in imm.headers.set_headers)
+    # Served fast (each finishing 0.1 s after the next is sent), the same server keeps admitting.
+    for k in range(CFG.min_inflight):
+        st.complete(CFG.window_s + 3.0, Completion(f"r{k}", "10.0.0.1:80", 200, 0.1))
+    t = CFG.window_s + 3.0
+    for k in range(200):
+        t += 0.1
+        assert st.pick(t, f"f{k}") == 0
+        st.complete(t + 0.05, Completion(f"f{k}", "10.0.0.1:80", 200, 0.05))
+
+
+def test_the_admission_plugin_reaches_the_leaf_from_the_config_and_over_xds() -> None:
+    """``policy.plugins: [{type: admission}]`` turns it on with the endpoints' longest timeout as the deadline,
+    in the leaf's starting state and in the LeafPolicy resource the control plane serves."""
+    from test_config import minimal
+
+    from dlb.config import config_from_dict
+    from dlb.config import resources as dr
+    from dlb.ext_proc.leaf_setup import state_from_config
+
+    doc = minimal(policy={"apiVersion": "dlb.v1", "plugins": [{"type": "admission", "parameters": {"enabled": True, "fraction": 0.25}}]})
+    doc["endpoints"][0]["timeout_s"] = 120
+    cfg = config_from_dict(doc)
+    want = AdmissionConfig(enabled=True, deadline_s=120.0, fraction=0.25)
+    assert state_from_config(cfg, "a", resolve=lambda h, p: [h]).admission == want
+    msg = dr.leaf_policy(cfg)
+    assert msg.admission_deadline_s == 120.0
+    assert dr.leaf_policy_from_pb(msg).admission.to_core(msg.admission_deadline_s) == want
+    assert dr.leaf_policy_from_pb(msg) == cfg.policy.leaf
