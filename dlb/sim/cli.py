@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--request-timeout (the shed plugin's deadline; default %(default)s)")
     p.add_argument("--admission", choices=("on", "off"), default="on" if AdmissionConfig.enabled else "off",
                    help="DLB leaves answer 429 when the picked server would, by Little's law, keep a request past "
-                        "half of --request-timeout (dlb.core.admission; default %(default)s)")
+                        "a third of --request-timeout (dlb.core.admission; default %(default)s)")
     p.add_argument("--timeouts", choices=TIMEOUT_MODES, default="cancel",
                    help="a request unanswered at --request-timeout: cancel it wherever it is, freeing its server slot "
                         "(what Envoy's route timeout and the server's abort do; default) or serve it late (older runs)")
