@@ -603,19 +603,10 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         s2 = cand[int(rnd() * m)]
                         if srif[s2] < srif[s1]:
                             s1 = s2
-                if admission and a < R and s1 >= 0 and not admits(srif[s1], done_rate[s1], now, adm_cfg):
-                    # The leaf refuses it (429) rather than let it slow its server past the deadline; the
-                    # real leaf's access log counts its own 429 against the cell, so the error EMA does too.
-                    errs[j].record(now, True)
-                    if cancel:
-                        fate[a] = 1
-                    shed += 1
-                    admission_refused += 1
-                    in_flight -= 1
-                    if answered:
-                        schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
-                    continue
-                if s1 < 0 or not is_up[s1]:  # a root-named server down, or none up: the request fails
+                # The leaf refuses it (429) rather than let it slow its server past the deadline; the real
+                # leaf's access log counts its own 429 against the cell, so the error EMA does too.
+                refuse = admission and a < R and s1 >= 0 and not admits(srif[s1], done_rate[s1], now, adm_cfg)
+                if refuse or s1 < 0 or not is_up[s1]:  # or a root-named server down, or none up: it fails
                     rejected = True
                 elif batched is not None:
                     rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
@@ -631,8 +622,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         continue
                     if cancel:
                         fate[a] = 1
-                    errors += 1
-                    overflow += 1
+                    if refuse:
+                        shed += 1
+                        admission_refused += 1
+                    else:
+                        errors += 1
+                        overflow += 1
                     in_flight -= 1
                     if answered:
                         schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
