@@ -208,8 +208,8 @@ class LeafAgent:
         yield CounterMetricFamily("dlb_leaf_inflight_expired", "In-flight records dropped after max age", value=st.expired)
         yield CounterMetricFamily("dlb_leaf_inflight_refused", "Request starts not recorded: the in-flight table was full",
                                   value=st.inflight_refused)
-        yield CounterMetricFamily("dlb_leaf_admission_refused", "Requests answered 429: the picked server would keep them "
-                                  "past the admission share of the timeout", value=st.admission_refused)
+        yield CounterMetricFamily("dlb_leaf_admission_refused", "Requests answered 429 by admission: the picked server "
+                                  "was too busy", value=st.admission_refused)
         yield CounterMetricFamily("dlb_leaf_inflight_orphaned", "In-flight records dropped when the access-log stream that opened them ended",
                                   value=st.orphaned)
         yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probe.answered)

@@ -23,7 +23,7 @@ What it does, and why here rather than in Envoy:
 - **Passive health**: ``eject_after`` consecutive failures of one server remove it from picking for
   ``eject_s``; so do failed scrapes and the leaf Envoy's own verdict (:meth:`LeafState.set_envoy_view`);
   if every server is out we pick among all (fail open, never a local 503).
-- **Admission** (:mod:`dlb.core.admission`, off unless configured): a request whose picked server
+- **Admission** (:mod:`dlb.core.admission`; with a deadline, the endpoints' longest timeout): a request whose picked server
   would, by Little's law on this leaf's requests there (its RIF ÷ its completions per second), keep it
   past a share of the clients' timeout is refused (:data:`REFUSED`, a 429) instead of slowing that
   server's whole batch.
@@ -143,7 +143,7 @@ class LeafState:
     #: Held requests a DP group's policy may choose among (the oldest ones); each is passed over at most
     #: this many times (:meth:`HoldQueue.window`). 1 = strict FIFO.
     hold_window: int = 16
-    #: Refuse what the picked server would keep past a share of the clients' timeout (off by default).
+    #: Refuse what the picked server would keep past a share of the clients' timeout (none by default: never).
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     #: Data-parallel servers: each balancer and its ranks' addresses in rank order (docs/bfio.md).

@@ -65,7 +65,7 @@ def test_an_overloaded_batched_server_serves_more_in_time_when_its_leaf_refuses_
     admission every admitted request slows the batch until most are cancelled in service; with it the
     leaf refuses what would stay past a third of it, so more requests are answered in time and fewer fail."""
     sc, t = batched_scenario(45.0, 60.0), 10.0
-    off = simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=t))
+    off = simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=t, admission=False))
     on = simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=t, admission=True))
     assert off.admission_refused == 0 and on.admission_refused > 0
     assert on.shed >= on.admission_refused
@@ -83,7 +83,7 @@ def test_rand_and_the_operators_are_untouched() -> None:
     """Admission is a DLB leaf's: Rand's and lr-global's runs are the same with it on."""
     sc, t = batched_scenario(45.0, 60.0), 10.0
     for policy in ("Rand", "lr-global"):
-        a = simulate(sc, policy, 0, SimConfig(request_timeout_s=t))
+        a = simulate(sc, policy, 0, SimConfig(request_timeout_s=t, admission=False))
         b = simulate(sc, policy, 0, SimConfig(request_timeout_s=t, admission=True))
         assert b.admission_refused == 0
         np.testing.assert_array_equal(a.latency, b.latency)
