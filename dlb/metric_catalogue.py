@@ -159,6 +159,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Requests the client (or a root, at its timeout) left before the answer ended"),
     MetricDef("leaf", "dlb_leaf_inflight_expired", "counter", (), "In-flight records dropped after max age"),
     MetricDef("leaf", "dlb_leaf_inflight_refused", "counter", (), "Request starts not recorded: the in-flight table was full (max_inflight)"),
+    MetricDef("leaf", "dlb_leaf_admission_refused", "counter", (),
+              "Requests answered 429 by admission: the picked server was too busy"),
     MetricDef("leaf", "dlb_leaf_inflight_orphaned", "counter", (), "In-flight records dropped when the access-log stream that opened them ended"),
     MetricDef("leaf", "dlb_leaf_probes", "counter", (), "Probe requests answered"),
     MetricDef("leaf", "dlb_leaf_als_entries", "counter", (), "Access-log entries received"),

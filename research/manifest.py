@@ -142,6 +142,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("routing-stress/flow-two-choice/*", "python research/routing-stress/flowpick_sim.py sim --experiment baseline|burst|utilization "
                                          "[--variants util=0.95] --seed 67 --scenarios 5 --trials 1 --minutes 4 --workers 1 --in-order "
                                          "--policies ... --out DIR (research/routing-stress/flow-two-choice-rule.md)"),
+    ("routing-stress/admission-31/*", "python research/routing-stress/admit_diag.py SCENARIO POLICY [admission=true "
+                                      "admission_fraction=F] [outage=false], one line per run (tuning seed; "
+                                      "research/routing-stress/admission.md)"),
+    ("routing-stress/admission-89/*", "dlb sim --experiment outage|baseline --seed 89 --admission off|on --workers 1 --in-order "
+                                      "--out DIR (policies and sizes: research/routing-stress/admission-rule.md)"),
+    ("routing-stress/admission-verdict*.json", "python research/routing-stress/admission_verdict.py OUTAGE_OFF OUTAGE_ON "
+                                               "BASELINE_OFF BASELINE_ON --json FILE"),
     ("routing-stress/deadline-verdict*.json", "python research/routing-stress/deadline_verdict.py OFF_DIR ON_DIR --json FILE"),
     ("routing-stress/timeout-31/*", "dlb sim --experiment outage --seed 31 --scenarios 1 --trials 1 --timeouts cancel --workers 1 "
                                     "--in-order --policies Rand,lr-global,hub-score,Disc-RIF,... --out DIR (exploration, stopped "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # The routing core's enums are the config's enums: a loaded policy compares equal to router constants.
+from dlb.core.admission import AdmissionConfig
 from dlb.core.affinity import AffinityConfig
 from dlb.core.aversion import AversionConfig
 from dlb.core.costs import Cost
@@ -425,6 +426,29 @@ class MnlbParams:
 
 
 @dataclass(frozen=True)
+class AdmissionParams:
+    """The leaf's admission (``admission``): refuse what the picked server would keep past ``fraction`` of
+    the endpoints' longest ``timeout_s`` (dlb/core/admission.py)."""
+
+    enabled: bool = AdmissionConfig.enabled
+    fraction: float = AdmissionConfig.fraction
+    window_s: float = AdmissionConfig.window_s
+    min_inflight: int = AdmissionConfig.min_inflight
+
+    def to_core(self, deadline_s: float = 0.0) -> AdmissionConfig:
+        """``deadline_s``: the clients' timeout (0: none, never refuse)."""
+        return AdmissionConfig(self.enabled, deadline_s if deadline_s > 0 else math.inf, self.fraction, self.window_s,
+                               self.min_inflight)
+
+
+def leaf_deadline_s(endpoints: tuple[Endpoint, ...]) -> float:
+    """The deadline a leaf's admission compares with: the longest endpoint ``timeout_s`` (0: some endpoint has
+    none, or there is no endpoint), so no client is refused a request it would still wait for."""
+    t = [ep.timeout_s for ep in endpoints]
+    return 0.0 if not t or min(t) <= 0 else max(t)
+
+
+@dataclass(frozen=True)
 class LeafPolicy:
     """Every leaf's routing knobs; served to leaves as ``dlb.v1.LeafPolicy`` and applied live."""
 
@@ -432,6 +456,7 @@ class LeafPolicy:
     pick_params: PickParams = field(default_factory=PickParams)
     fit: LatencyFitParams = field(default_factory=LatencyFitParams)
     background_probe: BackgroundProbeParams = field(default_factory=BackgroundProbeParams)
+    admission: AdmissionParams = field(default_factory=AdmissionParams)
 
 
 @dataclass(frozen=True)

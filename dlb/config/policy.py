@@ -23,6 +23,7 @@ from dlb.config.checker import Checker, close, show
 from dlb.config.model import (
     PICK_RULES,
     POLICY_API_VERSION,
+    AdmissionParams,
     AffinityParams,
     AversionParams,
     BackgroundProbeParams,
@@ -101,6 +102,15 @@ def _background(ck: Checker, raw: Any, path: str) -> BackgroundProbeParams:
     if out.min_interval_ms > 0 and out.max_interval_ms < out.min_interval_ms:
         ck.err(join(path, "max_interval_ms"), f"{out.max_interval_ms:g} must be >= min_interval_ms={out.min_interval_ms:g}")
     return out
+
+
+def _admission(ck: Checker, raw: Any, path: str) -> AdmissionParams:
+    m = ck.mapping(raw, path, ("enabled", "fraction", "window_s", "min_inflight"))
+    d = AdmissionParams()
+    return AdmissionParams(enabled=ck.boolean(m, "enabled", path, d.enabled),
+                           fraction=ck.number(m, "fraction", path, d.fraction, gt=0, le=1),
+                           window_s=ck.number(m, "window_s", path, d.window_s, gt=0, le=3600),
+                           min_inflight=ck.number(m, "min_inflight", path, d.min_inflight, ge=1, le=1_000_000, integer=True))
 
 
 def _mnlb(ck: Checker, raw: Any, path: str) -> MnlbParams:
@@ -198,6 +208,8 @@ REGISTRY: dict[str, PluginType] = {t.name: t for t in (
     PluginType("latency-fit", "leaf.fit", DEPLOYMENT, LatencyFitParams, _fit, "the leaf's latency-model window and refit period"),
     PluginType("background-probe", "leaf.background-probe", DEPLOYMENT, BackgroundProbeParams, _background,
                "requests the leaf sends through its own Envoy while the cell is idle"),
+    PluginType("admission", "leaf.admission", DEPLOYMENT, AdmissionParams, _admission,
+               "the leaf answers 429 when the picked server would keep a request past a share of the timeout"),
     PluginType("flow-routers", "weights", DEPLOYMENT, NoParams, _none, "fail-open weights from each endpoint's flow routers"),
     PluginType("mnlb", "weights", DEPLOYMENT, MnlbParams, _mnlb,
                "baseline: fail-open weights from the central MNLB LP (for comparisons, not production)"),
@@ -266,7 +278,8 @@ def deployment_policy(ck: Checker, raw: Any) -> DeploymentPolicy:
     pick, pick_params = slots.get("leaf.pick", (d.leaf.pick, d.leaf.pick_params))
     assert pick in PICK_RULES
     leaf = LeafPolicy(pick=pick, pick_params=pick_params, fit=slots.get("leaf.fit", ("", d.leaf.fit))[1],
-                      background_probe=slots.get("leaf.background-probe", ("", d.leaf.background_probe))[1])
+                      background_probe=slots.get("leaf.background-probe", ("", d.leaf.background_probe))[1],
+                      admission=slots.get("leaf.admission", ("", d.leaf.admission))[1])
     weights, wparams = slots.get("weights", (d.weights, d.mnlb))
     return DeploymentPolicy(api_version=version, leaf=leaf, weights=weights,
                             mnlb=wparams if isinstance(wparams, MnlbParams) else d.mnlb)

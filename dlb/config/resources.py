@@ -28,6 +28,7 @@ from dlb.config.model import (
     DP_POLICIES,
     PICK_RULES,
     POLICY_API_VERSION,
+    AdmissionParams,
     AffinityParams,
     AversionParams,
     BackgroundProbeParams,
@@ -41,6 +42,7 @@ from dlb.config.model import (
     Policy,
     ProbeParams,
     ShedParams,
+    leaf_deadline_s,
 )
 from dlb.core.costs import Cost
 from dlb.core.hold_queue import MAX_HOLD_S
@@ -174,11 +176,13 @@ def dp_groups_from_pb(msg: pb.DpGroups) -> list[tuple[str, int, DpGroup]]:
 
 def leaf_policy(config: Config) -> pb.LeafPolicy:
     """The leaves' routing knobs (the config's ``policy.plugins``), one resource per cell."""
-    lp, bg = config.policy.leaf, config.policy.leaf.background_probe
+    lp, bg, adm = config.policy.leaf, config.policy.leaf.background_probe, config.policy.leaf.admission
     return pb.LeafPolicy(api_version=config.policy.api_version, pick=lp.pick, choices=lp.pick_params.choices,
                          window_s=lp.fit.window_s, refit_period_s=lp.fit.refit_period_s,
                          background_min_interval_ms=bg.min_interval_ms, background_max_interval_ms=bg.max_interval_ms,
-                         background_budget=bg.budget, background_max_tokens=bg.max_tokens, background_model=bg.model or "")
+                         background_budget=bg.budget, background_max_tokens=bg.max_tokens, background_model=bg.model or "",
+                         admission=adm.enabled, admission_fraction=adm.fraction, admission_window_s=adm.window_s,
+                         admission_min_inflight=adm.min_inflight, admission_deadline_s=leaf_deadline_s(config.endpoints))
 
 
 def leaf_policy_from_pb(msg: pb.LeafPolicy, what: str = "LeafPolicy") -> LeafPolicy:
@@ -197,11 +201,19 @@ def leaf_policy_from_pb(msg: pb.LeafPolicy, what: str = "LeafPolicy") -> LeafPol
         raise ResourceError(f"{what}: background_min_interval_ms must be >= 0 and background_budget <= 1")
     if msg.background_max_tokens < 1:
         raise ResourceError(f"{what}.background_max_tokens: must be >= 1, got {msg.background_max_tokens}")
+    admission = AdmissionParams()
+    if msg.admission_fraction or msg.admission_window_s or msg.admission_min_inflight:  # unset: an older control plane
+        if not (0 < msg.admission_fraction <= 1 and math.isfinite(msg.admission_window_s) and msg.admission_window_s > 0
+                and msg.admission_min_inflight >= 1 and math.isfinite(msg.admission_deadline_s) and msg.admission_deadline_s >= 0):
+            raise ResourceError(f"{what}: admission_fraction must be in (0, 1], admission_window_s > 0, "
+                                "admission_min_inflight >= 1 and admission_deadline_s >= 0")
+        admission = AdmissionParams(msg.admission, msg.admission_fraction, msg.admission_window_s, msg.admission_min_inflight)
     return LeafPolicy(pick=msg.pick, pick_params=PickParams(choices=msg.choices),
                       fit=LatencyFitParams(window_s=msg.window_s, refit_period_s=msg.refit_period_s),
                       background_probe=BackgroundProbeParams(
                           min_interval_ms=msg.background_min_interval_ms, max_interval_ms=msg.background_max_interval_ms,
-                          budget=msg.background_budget, max_tokens=msg.background_max_tokens, model=msg.background_model or None))
+                          budget=msg.background_budget, max_tokens=msg.background_max_tokens, model=msg.background_model or None),
+                      admission=admission)
 
 
 def flow_weights_name(endpoint: str, source: str) -> str:

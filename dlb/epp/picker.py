@@ -21,7 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from dlb.envoy.contract import CONTENT_LENGTH
 from dlb.epp import protocol
-from dlb.ext_proc.leaf_state import UNKNOWN, Completion, LeafState, is_error
+from dlb.ext_proc.leaf_state import REFUSED, UNKNOWN, Completion, LeafState, is_error
 from dlb.ext_proc.protocol import CONTINUE, header_value
 from dlb.service.tracing import Tracer
 
@@ -143,11 +143,16 @@ class EppStream:
             self.done = True
             reply, refused = protocol.SHED, 429
         else:
-            epp.outcomes["picked"] += 1
             self.started = now
             self.picked = epp.state.pick(now, self.key, length, among)
-            self.address = epp.state.servers[self.picked].address
-            reply, refused = epp.reply_for(self.address), 0
+            if self.picked == REFUSED:  # admission (dlb.core.admission): the picked server is too busy
+                epp.outcomes["shed"] += 1
+                self.done = True
+                reply, refused = protocol.SHED, 429
+            else:
+                epp.outcomes["picked"] += 1
+                self.address = epp.state.servers[self.picked].address
+                reply, refused = epp.reply_for(self.address), 0
         if epp.tracer is not None and epp.tracer.sampled(self.traceparent):
             self._trace(t0, among, refused)
         return reply

@@ -29,7 +29,7 @@ from dlb.envoy import contract, replies
 from dlb.ext_proc.leaf_als import LeafAccessLog
 from dlb.ext_proc.leaf_background import LeafBackground
 from dlb.ext_proc.leaf_probe import LeafProbe
-from dlb.ext_proc.leaf_state import HELD, PICK_RULES, LeafState, ServerState
+from dlb.ext_proc.leaf_state import HELD, PICK_RULES, REFUSED, LeafState, ServerState
 from dlb.ext_proc.leaf_tokens import StreamTokens
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
 from dlb.service.metrics import FastHistogram
@@ -44,6 +44,8 @@ HOLD_TIMEOUT_OVERRIDE = ep.ProcessingResponse(override_message_timeout=duration_
     seconds=int(MAX_HOLD_S + REPLY_MARGIN_S), nanos=int((MAX_HOLD_S + REPLY_MARGIN_S) % 1 * 1e9))).SerializeToString()
 HOLD_FULL_RESPONSE = openai_error(429, "dlb: every rank of this data-parallel server is full and the leaf's queue for it "
                                   "is full; retry shortly", "rate_limit_error", replies.NO_CAPACITY, retry_after_s=1)
+ADMISSION_RESPONSE = openai_error(429, "dlb: the server this request would go to is too busy to answer it within the "
+                                  "clients' timeout; retry shortly", "rate_limit_error", replies.NO_CAPACITY, retry_after_s=1)
 HOLD_DEADLINE_RESPONSE = openai_error(503, "dlb: no rank of this data-parallel server could admit the request before "
                                       "the leaf's hold deadline; retry shortly", "service_unavailable", replies.NO_CAPACITY,
                                       retry_after_s=1)
@@ -112,6 +114,8 @@ class LeafAgent:
                 out: bytes | Later = self.responses[i]
             elif i == HELD:
                 out = self._hold(self.state.last_held)
+            elif i == REFUSED:
+                out = ADMISSION_RESPONSE
             else:
                 out = HOLD_FULL_RESPONSE
         else:
@@ -206,6 +210,8 @@ class LeafAgent:
         yield CounterMetricFamily("dlb_leaf_inflight_expired", "In-flight records dropped after max age", value=st.expired)
         yield CounterMetricFamily("dlb_leaf_inflight_refused", "Request starts not recorded: the in-flight table was full",
                                   value=st.inflight_refused)
+        yield CounterMetricFamily("dlb_leaf_admission_refused", "Requests answered 429 by admission: the picked server "
+                                  "was too busy", value=st.admission_refused)
         yield CounterMetricFamily("dlb_leaf_inflight_orphaned", "In-flight records dropped when the access-log stream that opened them ended",
                                   value=st.orphaned)
         yield CounterMetricFamily("dlb_leaf_probes", "Probe requests answered", value=self.probe.answered)

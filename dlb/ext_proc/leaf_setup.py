@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from dlb.config import Config
-from dlb.config.model import DpGroup
+from dlb.config.model import DpGroup, leaf_deadline_s
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import EstimatorConfig
 from dlb.core.hold_queue import HoldQueue
@@ -73,5 +73,6 @@ def state_from_config(cfg: Config, cell_name: str, choices: int = 2, seed: int |
     return LeafState(cell=cell.name, servers=servers, replicas=cell.replicas, prior=prior, choices=choices, dp_groups=dp_groups,
                      estimator_config=EstimatorConfig(window_s=window_s, refit_period_s=refit_period_s),
                      rng=np.random.default_rng(seed), pick_rule=pick_rule, rejoin_hold_s=REJOIN_HOLD_S,
-                     prequal=PrequalConfig(probes_per_pick=choices, pool_size=max(16, choices)))
+                     prequal=PrequalConfig(probes_per_pick=choices, pool_size=max(16, choices)),
+                     admission=cfg.policy.leaf.admission.to_core(leaf_deadline_s(cfg.endpoints)))
 

@@ -23,6 +23,10 @@ What it does, and why here rather than in Envoy:
 - **Passive health**: ``eject_after`` consecutive failures of one server remove it from picking for
   ``eject_s``; so do failed scrapes and the leaf Envoy's own verdict (:meth:`LeafState.set_envoy_view`);
   if every server is out we pick among all (fail open, never a local 503).
+- **Admission** (:mod:`dlb.core.admission`; with a deadline, the endpoints' longest timeout): a request whose picked server
+  would, by Little's law on this leaf's requests there (its RIF ÷ its completions per second), keep it
+  past a share of the clients' timeout is refused (:data:`REFUSED`, a 429) instead of slowing that
+  server's whole batch.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from dlb.core.admission import AdmissionConfig, CompletionRate, admits
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.fit import Censored
@@ -42,10 +47,11 @@ from dlb.core.latency_model import LatencyParams
 from dlb.core.server_pick import PrequalConfig, ProbePool
 
 UNKNOWN = -1
-#: :meth:`LeafState.pick` outcomes that name no server: the request is held for a DP rank, or refused
-#: because the group's hold queue is full.
+#: :meth:`LeafState.pick` outcomes that name no server: the request is held for a DP rank, refused
+#: because the group's hold queue is full, or refused by admission (:mod:`dlb.core.admission`).
 HELD = -2
 HOLD_FULL = -3
+REFUSED = -4
 PICK_RULES = ("rif", "prequal")
 #: Bytes of request body per prompt token, for the size estimate (JSON chat bodies: ~4 for English).
 BYTES_PER_TOKEN = 4.0
@@ -75,6 +81,8 @@ class ServerState:
     admit_limit: float = -1.0
     #: The leaf Envoy routes nothing here (its health check or outlier detection took it out).
     envoy_out: bool = False
+    #: This leaf's requests served there per second (admission only; made at the first pick it judges).
+    done_rate: CompletionRate | None = None
 
 
 @dataclass
@@ -135,6 +143,8 @@ class LeafState:
     #: Held requests a DP group's policy may choose among (the oldest ones); each is passed over at most
     #: this many times (:meth:`HoldQueue.window`). 1 = strict FIFO.
     hold_window: int = 16
+    #: Refuse what the picked server would keep past a share of the clients' timeout (none by default: never).
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     #: Data-parallel servers: each balancer and its ranks' addresses in rank order (docs/bfio.md).
     dp_groups: list[tuple[DpBalancer, list[str]]] = field(default_factory=list)
@@ -165,6 +175,7 @@ class LeafState:
         self.expired = 0
         self.unmatched = 0
         self.inflight_refused = 0
+        self.admission_refused = 0  # requests refused by admission (429)
         self.orphaned = 0  # records dropped because the stream that opened them ended
         self._owned: dict[int, set[str]] = {}
         #: Outcomes each open access-log stream reported, taken back from ``errors`` when it ends.
@@ -237,6 +248,16 @@ class LeafState:
             self.pool = ProbePool(prequal, self.pool.rng)
         self.estimator_config = self.estimator.config = estimator_config
 
+    def set_admission(self, cfg: AdmissionConfig) -> None:
+        """Apply admission settings (config or xDS); the servers' completion rates are kept."""
+        self.admission = cfg
+
+    def _admits(self, i: int, now: float) -> bool:
+        s = self.servers[i]
+        if s.done_rate is None:
+            s.done_rate = CompletionRate(now, self.admission.window_s)
+        return admits(s.rif, s.done_rate, now, self.admission)
+
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""
         self.prior = prior
@@ -306,6 +327,9 @@ class LeafState:
                 i = self.choose(now, among)
             dp = self.dp_of.get(self.servers[i].address) if self.dp_of else None
             if dp is None:
+                if self.admission.enabled and not self._admits(i, now):
+                    self.admission_refused += 1
+                    return REFUSED
                 self.start(now, request_id, i, tokens)
                 return i
         prompt_tokens = content_length / BYTES_PER_TOKEN if content_length else 0.0
@@ -505,6 +529,8 @@ class LeafState:
         if server != UNKNOWN:
             s = self.servers[server]
             s.completed += 1
+            if not err and s.done_rate is not None:
+                s.done_rate.record(now)
             if err:
                 s.errors += 1
                 s.consecutive_errors += 1

@@ -105,6 +105,7 @@ class LeafXdsSync:
         try:
             policy = dr.leaf_policy_from_pb(msg, f"LeafPolicy {self.cell}")
             self.state.set_policy(policy.pick, policy.pick_params.choices, policy.fit.window_s, policy.fit.refit_period_s)
+            self.state.set_admission(policy.admission.to_core(msg.admission_deadline_s))
             if self.on_policy is not None:
                 self.on_policy(policy)
         except (dr.ResourceError, ValueError) as e:

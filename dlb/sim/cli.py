@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from dlb.core.admission import AdmissionConfig
 from dlb.core.shedding import ShedConfig
 from dlb.provenance import code_tree
 from dlb.sim import outdir
@@ -67,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-shed", choices=("on", "off"), default="on" if ShedConfig.deadline else "off",
                    help="DLB roots also answer 429 when every usable cell's latency model puts a request past "
                         "--request-timeout (the shed plugin's deadline; default %(default)s)")
+    p.add_argument("--admission", choices=("on", "off"), default="on" if AdmissionConfig.enabled else "off",
+                   help="DLB leaves answer 429 when the picked server would, by Little's law, keep a request past "
+                        "a third of --request-timeout (dlb.core.admission; default %(default)s)")
     p.add_argument("--timeouts", choices=TIMEOUT_MODES, default="cancel",
                    help="a request unanswered at --request-timeout: cancel it wherever it is, freeing its server slot "
                         "(what Envoy's route timeout and the server's abort do; default) or serve it late (older runs)")
@@ -174,7 +178,7 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
     return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "root_replicas": args.root_replicas, "policies": sorted(policies), "server_model": args.server_model,
             "request_timeout_s": args.request_timeout, "deadline_shed": args.deadline_shed == "on",
-            "timeouts": args.timeouts, "variants": sorted(labels) if labels is not None else None}
+            "admission": args.admission == "on", "timeouts": args.timeouts, "variants": sorted(labels) if labels is not None else None}
 
 
 def priors_kinds() -> tuple[str, ...]:
@@ -206,7 +210,8 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     from dlb.sim.report import markdown_table, plot
 
     jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
-                     code, args.server_model, args.request_timeout, args.deadline_shed == "on", args.timeouts)  # fmt: skip
+                     code, args.server_model, args.request_timeout, args.deadline_shed == "on", args.timeouts,
+                     args.admission == "on")  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
     partial = outdir.partial_path(out, exp)

@@ -68,6 +68,7 @@ from typing import cast
 
 import numpy as np
 
+from dlb.core.admission import AdmissionConfig, CompletionRate, admits
 from dlb.core.background import (
     BackgroundProbeConfig,
     BackgroundProber,
@@ -127,6 +128,11 @@ class SimConfig:
     #: ``request_timeout_s`` (:mod:`dlb.core.shedding`); leaves then fit models for every DLB policy,
     #: as real leaves do whatever the roots' cost.
     deadline_shed: bool = ShedConfig.deadline
+    #: DLB leaves refuse (429) a request whose picked server would, by Little's law, keep it past a share
+    #: of ``request_timeout_s`` (:mod:`dlb.core.admission`); counted as a shed and a cell error.
+    admission: bool = AdmissionConfig.enabled
+    #: ... past this share of ``request_timeout_s`` (:attr:`AdmissionConfig.fraction`).
+    admission_fraction: float = AdmissionConfig.fraction
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
@@ -179,6 +185,8 @@ class RunResult:
     timeouts: str = "serve"
     #: Requests in flight each cell's leaf counts when the run stopped (zero once every request settled).
     rif_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Of ``shed``, those a leaf refused at its picked server (:mod:`dlb.core.admission`), not the root.
+    admission_refused: int = 0
 
     def summary(self) -> dict:
         lat = self.latency
@@ -201,6 +209,7 @@ class RunResult:
             "request_timeout_s": t,
             "server_model": self.server_model,
             "shed": self.shed,
+            "admission_refused_rate": self.admission_refused * per,
             "preemptions": self.preemptions,
             "cancelled": self.cancelled,
             "cancelled_rate": self.cancelled * per,
@@ -313,6 +322,11 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     oracle = policy == "MNLB-oracle"
     server_rate = sc.server_rate()
     cancel = cfg.timeouts == "cancel"
+    # Leaf admission (:mod:`dlb.core.admission`): DLB's leaves only, so Rand's and the operators' runs
+    # are unchanged; lr-global names its server and bypasses the leaf anyway.
+    adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s,
+                              fraction=cfg.admission_fraction)
+    admission = adm_cfg.enabled
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
     R = int(t_arr.size)
@@ -349,6 +363,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     crif = [0] * n
     qlim = w.queue_limit
     served = [0] * n
+    done_rate = [CompletionRate(0.0, adm_cfg.window_s) for _ in range(S)] if admission else []
+    admission_refused = 0
     pools: list[ProbePool] | None = None
     if w.leaf_pick == "prequal":
         pools = [ProbePool(PrequalConfig(), random.Random(hash((sc.seed, trial, 5, j)) & 0xFFFFFFFF)) for j in range(n)]
@@ -514,6 +530,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     done_at[j] += 1
                     serving = now - t_leaf[b]
                     errs[j].record(now, False)
+                    if admission:
+                        done_rate[srv].record(now)
                     if fit_models:
                         del running[j][b]
                         e = est[j]
@@ -585,7 +603,10 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         s2 = cand[int(rnd() * m)]
                         if srif[s2] < srif[s1]:
                             s1 = s2
-                if s1 < 0 or not is_up[s1]:  # a root-named server down, or none up: the request fails
+                # The leaf refuses it (429) rather than let it slow its server past the deadline; the real
+                # leaf's access log counts its own 429 against the cell, so the error EMA does too.
+                refuse = admission and a < R and s1 >= 0 and not admits(srif[s1], done_rate[s1], now, adm_cfg)
+                if refuse or s1 < 0 or not is_up[s1]:  # or a root-named server down, or none up: it fails
                     rejected = True
                 elif batched is not None:
                     rejected = not batched.arrive(s1, a, ptok_i[a], dtok_i[a], now)
@@ -601,8 +622,12 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         continue
                     if cancel:
                         fate[a] = 1
-                    errors += 1
-                    overflow += 1
+                    if refuse:
+                        shed += 1
+                        admission_refused += 1
+                    else:
+                        errors += 1
+                        overflow += 1
                     in_flight -= 1
                     if answered:
                         schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
@@ -701,6 +726,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         online[j] = cell_servers[j][: counts[j]]
                         k_live[j] = float(counts[j])
                         for m, sv in enumerate(cell_servers[j]):
+                            if admission and not is_up[sv] and m < counts[j]:  # back: its old rate says nothing
+                                done_rate[sv].reset(now)
                             is_up[sv] = m < counts[j]
             elif kind == _REPLY:
                 if cell_replies:
@@ -837,4 +864,5 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         cancelled=cancelled,
         timeouts=cfg.timeouts,
         rif_end=np.asarray(crif, dtype=np.int64),
+        admission_refused=admission_refused,
     )

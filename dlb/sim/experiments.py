@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dlb.core.admission import AdmissionConfig
 from dlb.core.shedding import ShedConfig
 from dlb.provenance import code_tree, git_commit
 from dlb.resumable import ignore_sigint
@@ -114,6 +115,8 @@ class Job:
     deadline_shed: bool = ShedConfig.deadline
     #: ``dlb sim --timeouts``: what happens to a request whose client's timeout passed.
     timeouts: str = "cancel"
+    #: ``dlb sim --admission``: DLB leaves refuse what would stay past a share of the timeout.
+    admission: bool = AdmissionConfig.enabled
 
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
@@ -142,7 +145,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
               policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None,
               code: str | None = None, server_model: str | None = None,
               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, deadline_shed: bool = ShedConfig.deadline,
-              timeouts: str = "cancel") -> list[Job]:
+              timeouts: str = "cancel", admission: bool = AdmissionConfig.enabled) -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
     ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now).
     ``server_model``: for variants that do not set it (None: the workload's default)."""
@@ -158,7 +161,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
                 for t in range(n_trials):
                     for p in policies:
                         jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code,
-                                        server_model, request_timeout_s, deadline_shed, timeouts))
+                                        server_model, request_timeout_s, deadline_shed, timeouts, admission))
     return jobs
 
 
@@ -169,7 +172,7 @@ def run_job(job: Job) -> dict:
     sc = generate(job.scenario, duration_s=job.duration_s, **job.scenario_kwargs())
     res = simulate(sc, job.policy, job.trial,
                    SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s,
-                             deadline_shed=job.deadline_shed, timeouts=job.timeouts))
+                             deadline_shed=job.deadline_shed, timeouts=job.timeouts, admission=job.admission))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -187,6 +190,8 @@ def run_job(job: Job) -> dict:
         "server_model": s["server_model"],
         "request_timeout_s": s["request_timeout_s"],
         "deadline_shed": job.deadline_shed,
+        "admission": job.admission,
+        "admission_refused_rate": s["admission_refused_rate"],
         "timeouts": s["timeouts"],
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],

@@ -26,28 +26,28 @@ OPERATORS = ("lr-global", "hub-score")
 POLICIES = ("Rand", *OPERATORS, *DLB)
 
 
-def whole_runs(by: dict[tuple[str, int, int], dict[str, Any]]) -> list[tuple[int, int]]:
+def whole_runs(by: dict[tuple[str, int, int], dict[str, Any]], policies: tuple[str, ...] = POLICIES) -> list[tuple[int, int]]:
     """(scenario, trial) pairs of scenarios in which every policy finished every trial."""
     runs = {(s, t) for (_p, s, t) in by}
-    done = [(s, t) for s, t in runs if all((p, s, t) in by for p in POLICIES)]
+    done = [(s, t) for s, t in runs if all((p, s, t) in by for p in policies)]
     whole = {s for s, _ in done if all(x in done for x in runs if x[0] == s)}
     return sorted(x for x in done if x[0] in whole)
 
 
-def table(by: dict[tuple[str, int, int], dict[str, Any]], runs: list[tuple[int, int]]) -> dict[str, Any]:
+def table(by: dict[tuple[str, int, int], dict[str, Any]], runs: list[tuple[int, int]], dlb: tuple[str, ...] = DLB) -> dict[str, Any]:
     def ratio(p: str, q: str) -> float:
         return mean(by[(p, s, t)]["mean_latency_with_failures"] / by[(q, s, t)]["mean_latency_with_failures"] for s, t in runs)
 
     best = min(OPERATORS, key=lambda o: ratio(o, "Rand"))
     rows: dict[str, dict[str, float]] = {}
-    for p in POLICIES:
+    for p in ("Rand", *OPERATORS, *dlb):
         rs = [by[(p, s, t)] for s, t in runs]
         rows[p] = {"vs_rand": ratio(p, "Rand"), "vs_best_operator": ratio(p, best),
                    **{f: mean(r[f] for r in rs) for f in ("error_rate", "shed_rate", "timed_out_rate", "client_failure_rate")},
                    "mean_s": mean(r["mean_latency_with_failures"] for r in rs)}
     bound = min(rows["Rand"]["client_failure_rate"], rows[best]["client_failure_rate"]) + 0.001
     verdict = {}
-    for p in DLB:
+    for p in dlb:
         r = rows[p]
         parts = {"rand": r["vs_rand"] <= 1.0, "operator": r["vs_best_operator"] <= 1.0, "failures": r["client_failure_rate"] <= bound}
         verdict[p] = {"holds": all(parts.values()), **parts}

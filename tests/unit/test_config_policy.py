@@ -56,7 +56,8 @@ def test_registry_types_have_defaults_and_a_scope() -> None:
         assert t.scope in (DEPLOYMENT, ENDPOINT)
         t.params()  # every parameter has a default
     slots = {t.slot for t in REGISTRY.values()}
-    assert {"leaf.pick", "leaf.fit", "leaf.background-probe", "weights", "mechanism", "aversion", "affinity", "shed"} == slots
+    assert {"leaf.pick", "leaf.fit", "leaf.background-probe", "leaf.admission", "weights", "mechanism", "aversion", "affinity",
+            "shed"} == slots
 
 
 OLD = {"mechanism": "flow", "cost": "gradient", "flow": {"period_ms": 100, "kappa": 0.5},

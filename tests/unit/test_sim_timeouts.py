@@ -75,7 +75,7 @@ def _digest(r: RunResult) -> tuple:
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_serve_reproduces_the_runs_from_before_cancellation(name: str) -> None:
     sc, policy, t = _case(name)
-    res = simulate(sc, policy, 0, SimConfig(request_timeout_s=t, timeouts="serve"))
+    res = simulate(sc, policy, 0, SimConfig(request_timeout_s=t, timeouts="serve", admission=False))  # as before it
     assert _digest(res) == BEFORE[name]
     assert res.cancelled == 0 and res.summary()["timeouts"] == "serve"
 
@@ -96,7 +96,7 @@ def test_rif_at_leaves_and_roots_returns_to_zero_after_an_overload_that_timed_ou
 
     monkeypatch.setattr(sim_engine, "build_roots", keep)
     sc = _fleet("batched")
-    cfg = SimConfig(request_timeout_s=5.0, drain_s=8.0)
+    cfg = SimConfig(request_timeout_s=5.0, drain_s=8.0, admission=False)  # admission would refuse the backlog
     res = simulate(sc, policy, 0, cfg)
     assert res.cancelled > 0 and res.in_flight == 0
     assert res.rif_end.tolist() == [0] * sc.n
@@ -105,7 +105,7 @@ def test_rif_at_leaves_and_roots_returns_to_zero_after_an_overload_that_timed_ou
             assert sum(root.active) == 0
         elif policy == "Disc-RIF-native":
             assert float(np.sum(root.active)) == 0.0
-    busy = simulate(sc, policy, 0, SimConfig(request_timeout_s=5.0, drain_s=8.0, timeouts="serve"))
+    busy = simulate(sc, policy, 0, SimConfig(request_timeout_s=5.0, drain_s=8.0, timeouts="serve", admission=False))
     assert busy.in_flight > 0 and busy.rif_end.sum() > 0
 
 
