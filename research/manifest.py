@@ -145,6 +145,14 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("routing-stress/admission-31/*", "python research/routing-stress/admit_diag.py SCENARIO POLICY [admission=true "
                                       "admission_fraction=F] [outage=false], one line per run (tuning seed; "
                                       "research/routing-stress/admission.md)"),
+    ("routing-stress/admission-89/burst-*", "dlb sim --experiment burst --seed 89 --scenarios 5 --trials 1 --workers 1 --in-order "
+                                            "--policies Rand,lr-global,Disc-RIF,Disc-Lat,Flow-Grad --admission off|on --out DIR "
+                                            "(research/routing-stress/admission-stress-rule.md)"),
+    ("routing-stress/admission-89/util-*", "dlb sim --experiment utilization --seed 89 --scenarios 1 --trials 1 --workers 1 --in-order "
+                                           "--policies Rand,lr-global,Disc-RIF,Disc-Lat,Flow-Grad --admission off|on --out DIR "
+                                           "(research/routing-stress/admission-stress-rule.md)"),
+    ("routing-stress/admission-stress-verdict*.json", "python research/routing-stress/admission_stress_verdict.py burst BURST_OFF BURST_ON "
+                                                      "utilization UTIL_OFF UTIL_ON --json FILE"),
     ("routing-stress/admission-89/*", "dlb sim --experiment outage|baseline --seed 89 --admission off|on --workers 1 --in-order "
                                       "--out DIR (policies and sizes: research/routing-stress/admission-rule.md)"),
     ("routing-stress/admission-verdict*.json", "python research/routing-stress/admission_verdict.py OUTAGE_OFF OUTAGE_ON "
