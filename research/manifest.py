@@ -78,6 +78,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/replicas/weights*.json", "python research/bench/replicas/weights.py --json FILE"),
     ("bench/hostile-squat-watch-*", "PYTHONPATH=research/tools/root_loop_watch dlb bench hostile --scale full --attacks slot-squat "
                                     "--json FILE (*-root.txt: the root's /tmp/root-loop-watch-PID.txt of that run)"),
+    ("bench/hostile-squat-heartbeat-*", "dlb bench hostile --scale full --attacks slot-squat --json FILE (research/security.md)"),
     ("bench/hostile*.json", "dlb bench hostile [--tls] --json FILE"),
     ("bench/hpack-traceparent-*.txt", ".venv/bin/python research/tools/hpack_traceparent.py 21 > FILE (research/epp.md)"),
     ("bench/root-traced-service-*.txt", "research/tools/root_traced_service.py --seconds 3 --rounds 4, old (PYTHONPATH) and new "
