@@ -121,7 +121,8 @@ class Job:
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
         return (self.experiment, self.variant.label, self.policy, self.scenario, self.trial, self.duration_s,
-                self.root_replicas, self.code, self.effective_server_model(), self.timeouts)
+                self.root_replicas, self.code, self.effective_server_model(), self.timeouts, float(self.request_timeout_s),
+                self.deadline_shed, self.admission)
 
     def scenario_kwargs(self) -> dict[str, Any]:
         """The variant's arguments of :func:`~dlb.sim.scenario.generate`, ``--server-model`` applied
@@ -213,7 +214,8 @@ def record_key(rec: dict) -> tuple:
     """:meth:`Job.key` of the job that made ``rec``."""
     return (rec["experiment"], rec["variant"], rec["policy"], rec["scenario"], rec["trial"], rec["duration_s"],
             rec.get("root_replicas", 1), rec.get("code", "unknown"), rec.get("server_model", _old_server_model(rec)),
-            rec.get("timeouts", "serve"))
+            rec.get("timeouts", "serve"), float(rec["request_timeout_s"]), rec.get("deadline_shed", False),
+            rec.get("admission", False))
 
 
 def _old_server_model(rec: dict) -> str:
