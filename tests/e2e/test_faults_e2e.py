@@ -15,13 +15,15 @@ Properties are counted outcomes, never timings; waits are bounded polls.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import contextlib
 import http.client
 import json
 import random
 import tempfile
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -219,15 +221,18 @@ def _metric(url: str, name: str) -> float:
 
 
 @contextlib.contextmanager
-def _one_server_leaf(background: bool = True) -> Iterator[tuple[EmulatorProcess, HostPort, str, str]]:
-    """One emulated server behind a real leaf Envoy and agent (access log on; the agent's own background
-    probes off unless ``background``): the emulator, the leaf's address, its probe address and its agent's
-    metrics URL."""
+def _one_server_leaf(background: bool = True, time_scale: float = 20.0,
+                     edit: Callable[[dict], dict] | None = None) -> Iterator[tuple[EmulatorProcess, HostPort, str, str]]:
+    """One emulated server (``time_scale`` × slower than the fast-test profile) behind a real leaf Envoy and
+    agent (access log on; the agent's own background probes off unless ``background``; ``edit`` changes the
+    config dict last): the emulator, the leaf's address, its probe address and its agent's metrics URL."""
     with tempfile.TemporaryDirectory(prefix="dlb-faults-") as tmp, contextlib.ExitStack() as stack:
-        emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=20.0, server_id="a-0"))  # __enter__ starts it
+        emu = stack.enter_context(EmulatorProcess(profile="fast-test", time_scale=time_scale, server_id="a-0"))  # __enter__ starts it
         raw = _config([emu.address])
         if not background:
             raw = set_plugins(raw, {"type": "background-probe", "parameters": {"min_interval_ms": 0}})
+        if edit is not None:
+            raw = edit(raw)
         path = Path(tmp) / "dlb.yaml"
         path.write_text(json.dumps(raw))
         cfg = config_from_dict(raw, source=str(path))
@@ -286,6 +291,46 @@ def test_a_stream_its_client_leaves_mid_answer_is_neither_a_success_nor_a_failur
         assert _metric(url, "dlb_leaf_client_aborts_total") == 1
         assert (after.completed, after.errors, _metric(url, "dlb_leaf_cut_streams_total")) == (before.completed, before.errors, 0)
         assert after.model.samples == before.model.samples
+
+
+def _chat(hp: HostPort) -> tuple[int, dict[str, str], bytes]:
+    """A non-streamed chat completion: status, headers (lower-case names), body."""
+    conn = http.client.HTTPConnection(hp.host, hp.port, timeout=60)
+    try:
+        body = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def _admission_cell(raw: dict) -> dict:
+    """The leaf picks with its ext_proc agent, clients wait 6 s, admission judges after a 2-s window."""
+    raw["cells"][0]["leaf"]["ext_proc"] = f"127.0.0.1:{free_port()}"
+    raw["endpoints"][0]["timeout_s"] = 6
+    return set_plugins(raw, {"type": "admission", "parameters": {"window_s": 2, "min_inflight": 4}})
+
+
+def test_a_server_too_busy_for_the_timeout_gets_no_more_and_the_client_a_429() -> None:
+    """Leaf admission (dlb/core/admission.py) on the real data path: a leaf whose one server would keep a
+    request past a third of the clients' timeout answers an OpenAI-shaped 429 a client SDK can retry on,
+    counts it, and keeps the server serving what it admitted (with admission off the clients time out)."""
+    with _one_server_leaf(background=False, time_scale=40.0, edit=_admission_cell) as (_emu, hp, _probe_addr, url):
+        time.sleep(2.5)  # past the server's first 2-s window, during which admission admits everything
+        # 200 requests, far more than the slow server can finish within a third of 6 s.
+        with cf.ThreadPoolExecutor(64) as pool:
+            out = list(pool.map(lambda _: _chat(hp), range(200)))
+        refused = [(h, b) for s, h, b in out if s == 429]
+        statuses = {s for s, _, _ in out}
+        assert refused and statuses <= {200, 429}, statuses
+        assert any(s == 200 for s, _, _ in out)
+        h, b = refused[0]
+        err = json.loads(b)["error"]
+        assert h["content-type"] == "application/json" and h["retry-after"] == "1"
+        assert err["code"] == "dlb_no_capacity" and err["type"] == "rate_limit_error"
+        _wait(lambda: _metric(url, "dlb_leaf_admission_refused_total") >= len(refused), "the refusals counted")
+        assert _metric(url, "dlb_leaf_admission_refused_total") == len(refused)
 
 
 def test_a_killed_leaf_envoy_leaves_no_requests_in_flight_at_its_agent() -> None:
