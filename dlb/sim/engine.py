@@ -77,6 +77,7 @@ from dlb.core.background import (
 )
 from dlb.core.baselines import WeightedRouter
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
+from dlb.core.fallback import NO_FALLBACK, next_best
 from dlb.core.fit import Censored
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.core.router import NO_CELL, SHED, RootRouter
@@ -88,7 +89,7 @@ from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S, TIMEOUT_MODES, with_failu
 from dlb.sim.policies import ALL_POLICIES, MnlbController, build_roots, uses_latency_model
 from dlb.sim.scenario import Scenario, Workload
 
-_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP, _REPLY = range(10)
+_LEAF, _PREFILL_DONE, _DECODE_DONE, _SNAP, _REFIT, _MNLB, _PHASE, _BG, _STEP, _REPLY, _RETRY = range(11)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,11 @@ class SimConfig:
     admission: bool = AdmissionConfig.enabled
     #: ... past this share of ``request_timeout_s`` (:attr:`AdmissionConfig.fraction`).
     admission_fraction: float = AdmissionConfig.fraction
+    #: DLB roots retry once, on their fallback cell (:func:`dlb.core.fallback.next_best` of their costs
+    #: when the refusal is back), a request a cell refused before serving it: a full server, the leaf's
+    #: admission, or no live server. The real root Envoy's cross-cell retry (``dlb.envoy.bootstrap``).
+    #: The operator baselines run Envoy without retries, as configured on the real path.
+    cross_cell_retry: bool = False
 
     def __post_init__(self) -> None:
         if self.root_replicas < 1:
@@ -187,6 +193,9 @@ class RunResult:
     rif_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: Of ``shed``, those a leaf refused at its picked server (:mod:`dlb.core.admission`), not the root.
     admission_refused: int = 0
+    #: Requests a cell refused that the root sent again to its fallback cell (``cross_cell_retry``),
+    #: whatever came of the retry.
+    retried: int = 0
 
     def summary(self) -> dict:
         lat = self.latency
@@ -210,6 +219,7 @@ class RunResult:
             "server_model": self.server_model,
             "shed": self.shed,
             "admission_refused_rate": self.admission_refused * per,
+            "retried_rate": self.retried * per,
             "preemptions": self.preemptions,
             "cancelled": self.cancelled,
             "cancelled_rate": self.cancelled * per,
@@ -327,6 +337,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s,
                               fraction=cfg.admission_fraction)
     admission = adm_cfg.enabled
+    retrying = cfg.cross_cell_retry and dlb_roots
 
     t_arr, src_arr, ptok, dtok = arrivals if arrivals is not None else generate_arrivals(sc, trial)
     R = int(t_arr.size)
@@ -410,6 +421,9 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     per_server = [buffer_per_server(w, cell_wait[j] if batched is not None else None) for j in range(n)]
 
     dst = [-1] * R
+    rep_of = [0] * R if retrying else []  # the root replica that picked each request
+    tried = bytearray(R) if retrying else bytearray()  # 1: already retried once
+    retried = 0
     fixed = [-1] * R if names_server else []  # the server a root named (lr-global)
     srv_of = [-1] * R if replies else []  # the server that answered (or refused)
     sender: list = [None] * R if answered else []  # the root object that sent the request
@@ -620,6 +634,10 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         probe_errors += 1
                         probers[j].on_done(now)
                         continue
+                    if retrying and not tried[a]:  # back to its root, which sends it to its fallback cell
+                        tried[a] = 1
+                        schedule(now + tau[j][src_list[a]], _RETRY, a, 2 * j + refuse)
+                        continue
                     if cancel:
                         fate[a] = 1
                     if refuse:
@@ -729,6 +747,28 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                             if admission and not is_up[sv] and m < counts[j]:  # back: its old rate says nothing
                                 done_rate[sv].reset(now)
                             is_up[sv] = m < counts[j]
+            elif kind == _RETRY:
+                if cancel and fate[a]:  # its client gave up meanwhile (the deadline settled it)
+                    continue
+                j, refuse = divmod(b, 2)
+                i = src_list[a]
+                root = cast(RootRouter, replicas[rep_of[a]][i])
+                usable = [int(c) for c in np.flatnonzero(root.usable(now))]
+                k = next_best(root.costs(now).tolist(), usable, n, [int(c) for c in np.flatnonzero(root.allowed)])[j]
+                if k != NO_FALLBACK:
+                    retried += 1
+                    dst[a] = k
+                    schedule(now + tau[i][k], _LEAF, a)
+                    continue
+                if cancel:  # nowhere else to go: the refusal reaches the client
+                    fate[a] = 1
+                if refuse:
+                    shed += 1
+                    admission_refused += 1
+                else:
+                    errors += 1
+                    overflow += 1
+                in_flight -= 1
             elif kind == _REPLY:
                 if cell_replies:
                     sender[a].on_cell_reply(now, dst[a], b == 1)  # native-discrete: Envoy's active count
@@ -815,6 +855,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 j = pick_fns[i][k](now)
             if answered:
                 sender[r] = replicas[k][i]
+            if retrying:
+                rep_of[r] = k
             arrivals_since[i] += 1
             in_flight += 1
             if j == SHED:  # refused on purpose: not an error of the system, but not served either
@@ -865,4 +907,5 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
         timeouts=cfg.timeouts,
         rif_end=np.asarray(crif, dtype=np.int64),
         admission_refused=admission_refused,
+        retried=retried,
     )
