@@ -510,6 +510,23 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     overflow = refused = shed = 0
     net_sum = 0.0
     in_flight = 0
+
+    def refused_for_good(a: int, admission_refusal: bool, reply_at: float) -> None:
+        """Request ``a`` failed at a cell that served nothing (no retry left): count it, settle it, and
+        tell its root at ``reply_at`` if the root listens (an overflow or no live server is an error,
+        the leaf's admission refusal a shed)."""
+        nonlocal shed, admission_refused, errors, overflow, in_flight
+        if cancel:
+            fate[a] = 1
+        if admission_refusal:
+            shed += 1
+            admission_refused += 1
+        else:
+            errors += 1
+            overflow += 1
+        in_flight -= 1
+        if answered:
+            schedule(reply_at, _REPLY, a, 0)
     r = 0
     now = 0.0
     end_time = T + cfg.drain_s
@@ -642,17 +659,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         tried[a] = 1
                         schedule(now + tau[j][src_list[a]], _RETRY, a, 2 * j + refuse)
                         continue
-                    if cancel:
-                        fate[a] = 1
-                    if refuse:
-                        shed += 1
-                        admission_refused += 1
-                    else:
-                        errors += 1
-                        overflow += 1
-                    in_flight -= 1
-                    if answered:
-                        schedule(now + tau[j][src_list[a]], _REPLY, a, 0)
+                    refused_for_good(a, refuse, now + tau[j][src_list[a]])
                     continue
                 srif[s1] += 1
                 if pools is not None:
@@ -764,15 +771,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     dst[a] = k
                     schedule(now + tau[i][k], _LEAF, a)
                     continue
-                if cancel:  # nowhere else to go: the refusal reaches the client
-                    fate[a] = 1
-                if refuse:
-                    shed += 1
-                    admission_refused += 1
-                else:
-                    errors += 1
-                    overflow += 1
-                in_flight -= 1
+                refused_for_good(a, refuse, now)  # nowhere else to go: the refusal reaches the client
             elif kind == _REPLY:
                 if cell_replies:
                     sender[a].on_cell_reply(now, dst[a], b == 1)  # native-discrete: Envoy's active count
