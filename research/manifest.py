@@ -152,6 +152,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("routing-stress/admission-89/util-*", "dlb sim --experiment utilization --seed 89 --scenarios 1 --trials 1 --workers 1 --in-order "
                                            "--policies Rand,lr-global,Disc-RIF,Disc-Lat,Flow-Grad --admission off|on --out DIR "
                                            "(research/routing-stress/admission-stress-rule.md)"),
+    ("routing-stress/retry-97/*", "dlb sim --experiment E --seed 97 --scenarios S --trials 1 --workers 2 --retry off|on "
+                                  "--policies P --out DIR (E, S and P: research/routing-stress/retry-rule.md)"),
+    ("routing-stress/retry-verdict*.json", "python research/routing-stress/retry_verdict.py burst OFF ON utilization OFF ON "
+                                           "outage OFF ON --baseline OFF ON --json FILE (research/routing-stress/retry-rule.md)"),
     ("routing-stress/admission-stress-verdict*.json", "python research/routing-stress/admission_stress_verdict.py burst BURST_OFF BURST_ON "
                                                       "utilization UTIL_OFF UTIL_ON --json FILE"),
     ("routing-stress/admission-89/*", "dlb sim --experiment outage|baseline --seed 89 --admission off|on --workers 1 --in-order "

@@ -328,11 +328,15 @@ def _safe_retries() -> dict[str, Any]:
 
 
 #: What the root retries on the fallback cell: its connection to the cell failed or was refused, it
-#: was reset before any response header (the leaf Envoy died), or the cell answered 503 (it served
-#: nothing: the leaf Envoy found no live server, or a server was stopping). Envoy never retries once
-#: response headers went to the client, so a stream that started answering is never replayed; a request
-#: the dead cell had started is generated again elsewhere (the client gets an answer, a GPU pays twice).
+#: was reset before any response header (the leaf Envoy died), or the cell answered one of
+#: :data:`CROSS_CELL_RETRY_STATUSES`. Envoy never retries once response headers went to the client, so
+#: a stream that started answering is never replayed; a request the dead cell had started is generated
+#: again elsewhere (the client gets an answer, a GPU pays twice).
 CROSS_CELL_RETRY_ON = "connect-failure,refused-stream,reset,retriable-status-codes"
+#: Answers that say the cell served nothing: 503 (the leaf Envoy found no live server, or a server was
+#: stopping) and 429 (the leaf's admission refused the request, or the server's queue was full). Other
+#: 5xx reach the client as they are: the cell may have done the work.
+CROSS_CELL_RETRY_STATUSES = (503, 429)
 
 
 def fallback_cluster_name(cluster: str, fallback: str) -> str:
@@ -372,7 +376,7 @@ def _other_host_retries() -> dict[str, Any]:
     another cell of a native cluster, or another leaf replica of a cell the root picked with no fallback."""
     return {
         "retry_on": CROSS_CELL_RETRY_ON,
-        "retriable_status_codes": [503],
+        "retriable_status_codes": list(CROSS_CELL_RETRY_STATUSES),
         "num_retries": 1,
         "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
@@ -404,7 +408,7 @@ def _cross_cell_retries() -> dict[str, Any]:
     worth speaking of: the fallback cell is healthy, the failure was the first cell's."""
     return {
         "retry_on": CROSS_CELL_RETRY_ON,
-        "retriable_status_codes": [503],
+        "retriable_status_codes": list(CROSS_CELL_RETRY_STATUSES),
         "num_retries": 1,
         "retry_priority": {"name": PREVIOUS_PRIORITIES, "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",

@@ -14,6 +14,7 @@ from dlb.core.admission import AdmissionConfig
 from dlb.core.shedding import ShedConfig
 from dlb.provenance import code_tree
 from dlb.sim import outdir
+from dlb.sim.engine import SimConfig
 from dlb.sim.experiments import (
     EXPERIMENTS,
     PROTOCOL,
@@ -71,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admission", choices=("on", "off"), default="on" if AdmissionConfig.enabled else "off",
                    help="DLB leaves answer 429 when the picked server would, by Little's law, keep a request past "
                         "a third of --request-timeout (dlb.core.admission; default %(default)s)")
+    p.add_argument("--retry", choices=("on", "off"), default="on" if SimConfig.cross_cell_retry else "off",
+                   help="DLB roots send a request a cell refused before serving it (full server, leaf admission, no "
+                        "live server) once more, to their fallback cell, as the root Envoy's retry does (default %(default)s)")
     p.add_argument("--timeouts", choices=TIMEOUT_MODES, default="cancel",
                    help="a request unanswered at --request-timeout: cancel it wherever it is, freeing its server slot "
                         "(what Envoy's route timeout and the server's abort do; default) or serve it late (older runs)")
@@ -178,7 +182,8 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
     return {"scenarios": args.scenarios, "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "root_replicas": args.root_replicas, "policies": sorted(policies), "server_model": args.server_model,
             "request_timeout_s": args.request_timeout, "deadline_shed": args.deadline_shed == "on",
-            "admission": args.admission == "on", "timeouts": args.timeouts, "variants": sorted(labels) if labels is not None else None}
+            "admission": args.admission == "on", "retry": args.retry == "on", "timeouts": args.timeouts,
+            "variants": sorted(labels) if labels is not None else None}
 
 
 def priors_kinds() -> tuple[str, ...]:
@@ -211,7 +216,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
 
     jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
                      code, args.server_model, args.request_timeout, args.deadline_shed == "on", args.timeouts,
-                     args.admission == "on")  # fmt: skip
+                     args.admission == "on", args.retry == "on")  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
     partial = outdir.partial_path(out, exp)

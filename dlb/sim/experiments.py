@@ -117,12 +117,14 @@ class Job:
     timeouts: str = "cancel"
     #: ``dlb sim --admission``: DLB leaves refuse what would stay past a share of the timeout.
     admission: bool = AdmissionConfig.enabled
+    #: ``dlb sim --retry``: DLB roots retry a cell's refusal once on their fallback cell.
+    retry: bool = SimConfig.cross_cell_retry
 
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
         return (self.experiment, self.variant.label, self.policy, self.scenario, self.trial, self.duration_s,
                 self.root_replicas, self.code, self.effective_server_model(), self.timeouts, float(self.request_timeout_s),
-                self.deadline_shed, self.admission)
+                self.deadline_shed, self.admission, self.retry)
 
     def scenario_kwargs(self) -> dict[str, Any]:
         """The variant's arguments of :func:`~dlb.sim.scenario.generate`, ``--server-model`` applied
@@ -146,7 +148,8 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
               policies: Iterable[str] = POLICIES, root_replicas: int = 1, commit: str | None = None,
               code: str | None = None, server_model: str | None = None,
               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, deadline_shed: bool = ShedConfig.deadline,
-              timeouts: str = "cancel", admission: bool = AdmissionConfig.enabled) -> list[Job]:
+              timeouts: str = "cancel", admission: bool = AdmissionConfig.enabled,
+              retry: bool = SimConfig.cross_cell_retry) -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
     ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now).
     ``server_model``: for variants that do not set it (None: the workload's default)."""
@@ -162,7 +165,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
                 for t in range(n_trials):
                     for p in policies:
                         jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code,
-                                        server_model, request_timeout_s, deadline_shed, timeouts, admission))
+                                        server_model, request_timeout_s, deadline_shed, timeouts, admission, retry))
     return jobs
 
 
@@ -173,7 +176,8 @@ def run_job(job: Job) -> dict:
     sc = generate(job.scenario, duration_s=job.duration_s, **job.scenario_kwargs())
     res = simulate(sc, job.policy, job.trial,
                    SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s,
-                             deadline_shed=job.deadline_shed, timeouts=job.timeouts, admission=job.admission))
+                             deadline_shed=job.deadline_shed, timeouts=job.timeouts, admission=job.admission,
+                             cross_cell_retry=job.retry))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -193,6 +197,8 @@ def run_job(job: Job) -> dict:
         "deadline_shed": job.deadline_shed,
         "admission": job.admission,
         "admission_refused_rate": s["admission_refused_rate"],
+        "retry": job.retry,
+        "retried_rate": s["retried_rate"],
         "timeouts": s["timeouts"],
         **{m: s[m] for m in METRICS},
         "arrivals": s["arrivals"],
@@ -215,7 +221,7 @@ def record_key(rec: dict) -> tuple:
     return (rec["experiment"], rec["variant"], rec["policy"], rec["scenario"], rec["trial"], rec["duration_s"],
             rec.get("root_replicas", 1), rec.get("code", "unknown"), rec.get("server_model", _old_server_model(rec)),
             rec.get("timeouts", "serve"), float(rec["request_timeout_s"]), rec.get("deadline_shed", False),
-            rec.get("admission", False))
+            rec.get("admission", False), rec.get("retry", False))
 
 
 def _old_server_model(rec: dict) -> str:

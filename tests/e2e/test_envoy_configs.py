@@ -74,7 +74,7 @@ class _EchoHandler(BaseHTTPRequestHandler):
             self.rfile.read(length)
         body = json.dumps({"name": self.server.name, "path": self.path,  # type: ignore[attr-defined]
                            "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
-        self.send_response(200)
+        self.send_response(self.server.statuses.get(self.server.name, 200))  # type: ignore[attr-defined]
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -88,14 +88,16 @@ class _EchoHandler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def echo_servers(*names: str) -> Iterator[dict[str, int]]:
-    """One echo server per name on 127.0.0.1:<free port>; yields name → port; always shut down."""
+def echo_servers(*names: str, statuses: dict[str, int] | None = None) -> Iterator[dict[str, int]]:
+    """One echo server per name on 127.0.0.1:<free port> (answering 200, or its status in ``statuses``);
+    yields name → port; always shut down."""
     servers: list[ThreadingHTTPServer] = []
     try:
         for name in names:
             srv = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
             srv.daemon_threads = True
             srv.name = name  # type: ignore[attr-defined]
+            srv.statuses = statuses or {}  # type: ignore[attr-defined]
             threading.Thread(target=srv.serve_forever, daemon=True).start()
             servers.append(srv)
         yield {s.name: s.server_address[1] for s in servers}  # type: ignore[attr-defined]
@@ -358,6 +360,20 @@ def test_root_fail_open_retries_a_dead_cell_on_its_fallback(tmp_path: Path, serv
             assert int(envoy.stats("upstream_rq_retry_success")["cluster.cell-a.or.b.upstream_rq_retry_success"]) == 10
             if service == "starved":  # each request waited for the pick, then went on without one
                 assert int(envoy.stats("ext_proc")["http.dlb_root.ext_proc.dlb_root.message_timeouts"]) == 10
+
+
+@pytest.mark.parametrize(("status", "retried"), [(429, True), (503, True), (500, False), (400, False)])
+def test_root_retries_a_cells_refusal_on_its_fallback(tmp_path: Path, status: int, retried: bool) -> None:
+    """A cell that answers 429 (its leaf's admission or a full server) or 503 (no live server) served
+    nothing: the root Envoy sends the request once more, to the fallback cell. Any other answer reaches
+    the client as it is (a 500 may come after the work was done; a 400 is the client's)."""
+    with echo_servers("a", "b", "c", statuses={"a": status}) as ports:
+        cfg = three_cell_config(ports)
+        boot = root_bootstrap(cfg, "a", admin_port=free_port(), weights={"a": 1})
+        with running_envoy(boot, tmp_path, "root"):  # no root service: the fail-open route, a's aggregate a.or.b
+            answers = [request(cfg.cell("a").root.address.port) for _ in range(4)]
+        want = (200, "b") if retried else (status, "a")
+        assert [(st, body.get("name")) for st, body in answers] == [want] * 4, answers
 
 
 def test_unmatched_path_is_not_routed(tmp_path: Path) -> None:

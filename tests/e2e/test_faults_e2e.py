@@ -328,7 +328,7 @@ def test_a_server_too_busy_for_the_timeout_gets_no_more_and_the_client_a_429() -
         h, b = refused[0]
         err = json.loads(b)["error"]
         assert h["content-type"] == "application/json" and h["retry-after"] == "1"
-        assert err["code"] == "dlb_no_capacity" and err["type"] == "rate_limit_error"
+        assert err["code"] == "dlb_no_capacity" and err["type"] == "service_unavailable"  # one type per code
         _wait(lambda: _metric(url, "dlb_leaf_admission_refused_total") >= len(refused), "the refusals counted")
         assert _metric(url, "dlb_leaf_admission_refused_total") == len(refused)
 

@@ -105,7 +105,7 @@ def test_native_flow_retries_once_on_each_cells_fallback(cfg) -> None:
         first, fb = name.split(".or.")
         assert list(agg.clusters) == [first, "cell-" + fb]
     policy = route.retry_policy
-    assert (policy.retry_on, policy.num_retries.value, list(policy.retriable_status_codes)) == (envoy_bootstrap.CROSS_CELL_RETRY_ON, 1, [503])
+    assert (policy.retry_on, policy.num_retries.value, list(policy.retriable_status_codes)) == (envoy_bootstrap.CROSS_CELL_RETRY_ON, 1, [503, 429])
     assert policy.retry_priority.name == envoy_bootstrap.PREVIOUS_PRIORITIES
     # The control plane's weights keep the names, and every name is a cluster of the set.
     for x in ([0.0, 0.4, 0.6], [1.0, 0.0, 0.0]):
