@@ -70,6 +70,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
+    ("bench/faults-quiet/*", "dlb bench faults --policy P --faults F --modes ext_proc --runs 3 --outage-s 25 --json FILE (P, F: the "
+                             "file's command_line; detached worktree at its commit, research/operations.md)"),
     ("bench/faults*", "dlb bench faults --json FILE"),
     ("bench/loop-lag-cost*.json", "python research/tools/loop_lag_cost.py --seconds 10 --rounds 3 --json FILE (research/loop-lag.md)"),
     ("bench/starved-root-leaf-envoy*", "PYTHONPATH=<checkout> .venv/bin/python research/tools/starved_root_leaf_envoy.py --tag T "

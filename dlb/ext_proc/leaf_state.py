@@ -541,7 +541,12 @@ class LeafState:
                 s.consecutive_errors = 0
         if err:
             self.failed += 1
-        elif c.duration_s > 0:
+        elif c.duration_s > 0 and rec is not None:
+            # Only a request seen starting is a latency sample. One that started before this agent did
+            # has no known RIF at arrival (``cell_rif`` above is a guess for the error bookkeeping) and may
+            # have ended long ago: a restarted agent gets the entries its Envoy kept while it was down all
+            # at once, mostly ~3.5-s streams that had run at RIF ~20, and took them as taking 3.5 s at
+            # RIF 1 — its first model 17× slow, which the roots adopted for 1–3 s (research/operations.md).
             self.estimator.record(now, float(cell_rif), c.duration_s)
 
     def expire(self, now: float) -> int:

@@ -76,6 +76,21 @@ def test_als_start_entries_count_rif_without_a_leaf_pick():
     assert st.rif == 0 and st.servers[1].completed == 1 and st.servers[1].rif == 0
 
 
+def test_a_completion_never_seen_starting_is_an_outcome_but_not_a_latency_sample():
+    """A restarted agent gets the entries its Envoy kept while it was down (measured: 3.5-s streams
+    that had run at RIF ~20, all delivered at once): their RIF at arrival is unknown, so they count
+    for errors only; as samples at a guessed RIF of 1 they made the restarted cell's first model 17× slow."""
+    st = make(2)
+    for i in range(5):
+        st.complete(10.0, Completion(f"before-restart-{i}", st.servers[0].address, 200, 3.5))
+    st.complete(10.0, Completion("failed-before-restart", st.servers[0].address, 503, 0.1))
+    assert st.completed == 6 and st.failed == 1 and st.unmatched == 6
+    assert len(st.estimator) == 0
+    st.pick(10.0, "seen")
+    st.complete(10.2, Completion("seen", st.servers[st.inflight["seen"].server].address, 200, 0.2))
+    assert len(st.estimator) == 1
+
+
 def test_duplicate_start_after_pick_is_not_double_counted():
     st = make(2)
     st.pick(0.0, "x")
