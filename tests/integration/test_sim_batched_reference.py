@@ -70,12 +70,13 @@ def _digest(res: RunResult) -> dict:
 def _run(case: str, policy: str) -> dict:
     """The cases pinned before the simulator cancelled timed-out requests run with ``timeouts="serve"``
     (their bits did not change); ``@cancel`` runs the same scenario cancelling them (the default). All run
-    without leaf admission, as they were pinned (``tests/unit/test_admission.py`` covers it)."""
+    without leaf admission and the roots' retry of refusals, as they were pinned (``tests/unit/test_admission.py``
+    and ``tests/unit/test_sim_retry.py`` cover them)."""
     case, _, mode = case.partition("@")
     # A short request timeout bounds the waiting queues tightly, so the overloaded case overflows; cancelling,
     # 5 s lets a third of the requests finish and cancels others waiting, prefilling and decoding.
     timeout = (5.0 if mode else 0.3) if case == "small-kv" else SimConfig.request_timeout_s
-    cfg = SimConfig(request_timeout_s=timeout, timeouts=mode or "serve", admission=False)
+    cfg = SimConfig(request_timeout_s=timeout, timeouts=mode or "serve", admission=False, cross_cell_retry=False)
     return _digest(simulate(_scenario(case), policy, config=cfg))
 
 
