@@ -154,6 +154,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("routing-stress/admission-89/util-*", "dlb sim --experiment utilization --seed 89 --scenarios 1 --trials 1 --workers 1 --in-order "
                                            "--policies Rand,lr-global,Disc-RIF,Disc-Lat,Flow-Grad --admission off|on --out DIR "
                                            "(research/routing-stress/admission-stress-rule.md)"),
+    ("routing-stress/status-103/*", "dlb sim --experiment E --seed 103 --scenarios 1 --trials 1 --workers 2 --policies "
+                                    "Rand,lr-global,locality-failover,hub-score,Disc-RIF,Disc-Lat,Flow-Grad --out DIR/E "
+                                    "(research/routing-stress/status-103-rule.md)"),
+    ("routing-stress/status-103.json", "python research/routing-stress/status_table.py status-103/utilization status-103/length "
+                                       "status-103/homogeneous status-103/noise status-103/server-model --json FILE"),
+    ("routing-stress/admission-fraction-31/*", "python research/routing-stress/admission_fraction_probe.py OUT.jsonl "
+                                               "(tuning seed 31, exploratory; research/routing-stress/status-103.md)"),
     ("routing-stress/retry-97/*", "dlb sim --experiment E --seed 97 --scenarios S --trials 1 --workers 2 --retry off|on "
                                   "--policies P --out DIR (E, S and P: research/routing-stress/retry-rule.md)"),
     ("routing-stress/retry-verdict*.json", "python research/routing-stress/retry_verdict.py burst OFF ON utilization OFF ON "
