@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 #: override per message). The agent answers (the pick, or 503 at the group's deadline) before it fires.
 HOLD_TIMEOUT_OVERRIDE = ep.ProcessingResponse(override_message_timeout=duration_pb2.Duration(
     seconds=int(MAX_HOLD_S + REPLY_MARGIN_S), nanos=int((MAX_HOLD_S + REPLY_MARGIN_S) % 1 * 1e9))).SerializeToString()
+#: DLB's own no-capacity answers share one OpenAI error type (the client table of docs/operations.md).
+_NO_CAPACITY_TYPE = replies.ERRORS[replies.NO_CAPACITY].type
 HOLD_FULL_RESPONSE = openai_error(429, "dlb: every rank of this data-parallel server is full and the leaf's queue for it "
-                                  "is full; retry shortly", replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=1)
+                                  "is full; retry shortly", _NO_CAPACITY_TYPE, replies.NO_CAPACITY, retry_after_s=1)
 ADMISSION_RESPONSE = openai_error(429, "dlb: the server this request would go to is too busy to answer it within the "
-                                  "clients' timeout; retry shortly", replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=1)
+                                  "clients' timeout; retry shortly", _NO_CAPACITY_TYPE, replies.NO_CAPACITY, retry_after_s=1)
 HOLD_DEADLINE_RESPONSE = openai_error(503, "dlb: no rank of this data-parallel server could admit the request before "
-                                      "the leaf's hold deadline; retry shortly", "service_unavailable", replies.NO_CAPACITY,
+                                      "the leaf's hold deadline; retry shortly", _NO_CAPACITY_TYPE, replies.NO_CAPACITY,
                                       retry_after_s=1)
 
 
