@@ -428,17 +428,18 @@ class MnlbParams:
 @dataclass(frozen=True)
 class AdmissionParams:
     """The leaf's admission (``admission``): refuse what the picked server would keep past ``fraction`` of
-    the endpoints' longest ``timeout_s`` (dlb/core/admission.py)."""
+    the endpoints' longest ``timeout_s`` and past ``slowdown`` × its uncongested stay (dlb/core/admission.py)."""
 
     enabled: bool = AdmissionConfig.enabled
     fraction: float = AdmissionConfig.fraction
     window_s: float = AdmissionConfig.window_s
     min_inflight: int = AdmissionConfig.min_inflight
+    slowdown: float = AdmissionConfig.slowdown
 
     def to_core(self, deadline_s: float = 0.0) -> AdmissionConfig:
         """``deadline_s``: the clients' timeout (0: none, never refuse)."""
         return AdmissionConfig(self.enabled, deadline_s if deadline_s > 0 else math.inf, self.fraction, self.window_s,
-                               self.min_inflight)
+                               self.min_inflight, self.slowdown)
 
 
 def leaf_deadline_s(endpoints: tuple[Endpoint, ...]) -> float:

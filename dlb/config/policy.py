@@ -105,12 +105,13 @@ def _background(ck: Checker, raw: Any, path: str) -> BackgroundProbeParams:
 
 
 def _admission(ck: Checker, raw: Any, path: str) -> AdmissionParams:
-    m = ck.mapping(raw, path, ("enabled", "fraction", "window_s", "min_inflight"))
+    m = ck.mapping(raw, path, ("enabled", "fraction", "window_s", "min_inflight", "slowdown"))
     d = AdmissionParams()
     return AdmissionParams(enabled=ck.boolean(m, "enabled", path, d.enabled),
                            fraction=ck.number(m, "fraction", path, d.fraction, gt=0, le=1),
                            window_s=ck.number(m, "window_s", path, d.window_s, gt=0, le=3600),
-                           min_inflight=ck.number(m, "min_inflight", path, d.min_inflight, ge=1, le=1_000_000, integer=True))
+                           min_inflight=ck.number(m, "min_inflight", path, d.min_inflight, ge=1, le=1_000_000, integer=True),
+                           slowdown=ck.number(m, "slowdown", path, d.slowdown, ge=0, le=100))
 
 
 def _mnlb(ck: Checker, raw: Any, path: str) -> MnlbParams:

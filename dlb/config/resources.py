@@ -182,7 +182,8 @@ def leaf_policy(config: Config) -> pb.LeafPolicy:
                          background_min_interval_ms=bg.min_interval_ms, background_max_interval_ms=bg.max_interval_ms,
                          background_budget=bg.budget, background_max_tokens=bg.max_tokens, background_model=bg.model or "",
                          admission=adm.enabled, admission_fraction=adm.fraction, admission_window_s=adm.window_s,
-                         admission_min_inflight=adm.min_inflight, admission_deadline_s=leaf_deadline_s(config.endpoints))
+                         admission_min_inflight=adm.min_inflight, admission_deadline_s=leaf_deadline_s(config.endpoints),
+                         admission_slowdown=adm.slowdown)
 
 
 def leaf_policy_from_pb(msg: pb.LeafPolicy, what: str = "LeafPolicy") -> LeafPolicy:
@@ -204,10 +205,13 @@ def leaf_policy_from_pb(msg: pb.LeafPolicy, what: str = "LeafPolicy") -> LeafPol
     admission = AdmissionParams()
     if msg.admission_fraction or msg.admission_window_s or msg.admission_min_inflight:  # unset: an older control plane
         if not (0 < msg.admission_fraction <= 1 and math.isfinite(msg.admission_window_s) and msg.admission_window_s > 0
-                and msg.admission_min_inflight >= 1 and math.isfinite(msg.admission_deadline_s) and msg.admission_deadline_s >= 0):
+                and msg.admission_min_inflight >= 1 and math.isfinite(msg.admission_deadline_s) and msg.admission_deadline_s >= 0
+                and 0 <= msg.admission_slowdown <= 100):
             raise ResourceError(f"{what}: admission_fraction must be in (0, 1], admission_window_s > 0, "
-                                "admission_min_inflight >= 1 and admission_deadline_s >= 0")
-        admission = AdmissionParams(msg.admission, msg.admission_fraction, msg.admission_window_s, msg.admission_min_inflight)
+                                "admission_min_inflight >= 1, admission_deadline_s >= 0 and admission_slowdown in [0, 100]")
+        # An older control plane sends no slowdown (0): its leaves keep the deadline-only rule it meant.
+        admission = AdmissionParams(msg.admission, msg.admission_fraction, msg.admission_window_s, msg.admission_min_inflight,
+                                    msg.admission_slowdown)
     return LeafPolicy(pick=msg.pick, pick_params=PickParams(choices=msg.choices),
                       fit=LatencyFitParams(window_s=msg.window_s, refit_period_s=msg.refit_period_s),
                       background_probe=BackgroundProbeParams(

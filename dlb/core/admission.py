@@ -15,6 +15,13 @@ client's deadline (a third). Little's law needs no latency model and reads a col
 requests stop finishing, ``X`` falls and the estimate rises. Guards: fewer than ``min_inflight`` in
 flight (too few for the estimate, and not a server in trouble) or a server watched for less than one
 ``window_s`` (no rate yet) always admits.
+
+The deadline alone cannot tell a congested server from a workload of long requests: with generations
+4–10× the default a server's stay is near a third of the timeout even when it is not past its knee, and
+refusing there refuses requests that would have finished (34 % refused at 10×, tuning seed 31). So the
+leaf also refuses only a server that is ``slowdown`` × slower than its own uncongested stay
+(:class:`StayFloor`: the lowest recent mean stay of what it served), which a congested server is and an
+uncongested one serving long requests is not.
 """
 
 from __future__ import annotations
@@ -41,6 +48,14 @@ class AdmissionConfig:
     window_s: float = 10.0
     #: Never refuse at a server with fewer requests in flight than this.
     min_inflight: int = 8
+    #: Refuse only when the expected stay is also this many times the server's uncongested stay
+    #: (:class:`StayFloor`; 0: the deadline alone decides, the rule before long requests were measured).
+    slowdown: float = 2.0
+    #: Time constant of the served stays' mean whose floor is the uncongested stay (seconds).
+    stay_window_s: float = 60.0
+    #: The floor rises by at most a factor e per this many seconds, so a lasting change to longer requests
+    #: is learnt, while a congestion episode of a few minutes barely moves it.
+    floor_rise_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
@@ -51,6 +66,10 @@ class AdmissionConfig:
             raise ValueError(f"admission window_s must be > 0: {self.window_s}")
         if self.min_inflight < 1:
             raise ValueError(f"admission min_inflight must be >= 1: {self.min_inflight}")
+        if not (math.isfinite(self.slowdown) and self.slowdown >= 0):
+            raise ValueError(f"admission slowdown must be >= 0 (0: off): {self.slowdown}")
+        if not (self.stay_window_s > 0 and self.floor_rise_s > 0):
+            raise ValueError(f"admission stay_window_s and floor_rise_s must be > 0: {self.stay_window_s}, {self.floor_rise_s}")
 
     @property
     def target_s(self) -> float:
@@ -94,10 +113,65 @@ class CompletionRate:
         return count / (w * -math.expm1(-age / w))
 
 
-def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig) -> bool:
+class StayFloor:
+    """One server's uncongested stay: the lowest mean (over ``window_s``, decayed) of its Little's-law stay
+    ``n / X`` sampled at each completion, allowed to rise by a factor e per ``rise_s``. Little's law, not the
+    served requests' own stays: those are the short ones first (after a start, every long one is still
+    running) and miss the cancelled ones, so their mean reads a server faster than it is. Pure: time
+    passed in (:func:`record_done` feeds it)."""
+
+    __slots__ = ("_floor", "_floor_t", "_sum", "_t", "_weight", "min_weight", "rise_s", "window_s")
+
+    def __init__(self, window_s: float, rise_s: float, min_weight: float = 8.0) -> None:
+        self.window_s, self.rise_s, self.min_weight = window_s, rise_s, min_weight
+        self._sum = self._weight = self._t = 0.0
+        self._floor = math.inf
+        self._floor_t = 0.0
+
+    def record(self, now: float, stay: float) -> None:
+        """A stay sample at ``now``. The floor moves once the mean has ``min_weight`` samples behind it."""
+        if now > self._t:
+            k = math.exp(-(now - self._t) / self.window_s)
+            self._sum *= k
+            self._weight *= k
+            self._t = now
+        self._sum += stay
+        self._weight += 1.0
+        if self._weight >= self.min_weight:
+            self._floor = min(self._risen(now), self._sum / self._weight)
+            self._floor_t = now
+
+    def _risen(self, now: float) -> float:
+        return self._floor * math.exp(max(0.0, now - self._floor_t) / self.rise_s)  # inf stays inf
+
+    def value(self, now: float) -> float:
+        """The uncongested stay in seconds (0 before enough requests were served: no floor yet)."""
+        return 0.0 if self._floor == math.inf else self._risen(now)
+
+
+def record_done(rate: CompletionRate, floor: StayFloor | None, now: float, inflight: int, window_s: float) -> None:
+    """A request finished (served) at a server now holding ``inflight``: count it, and once the rate has
+    a window behind it, sample the server's stay ``inflight / rate`` into its floor."""
+    rate.record(now)
+    if floor is not None and now - rate.since >= window_s:
+        floor.record(now, inflight / rate.rate(now))
+
+
+def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig, floor: StayFloor | None = None) -> bool:
     """Whether a server holding ``inflight`` requests (this one not counted) takes one more: False only
-    when its expected stay ``(inflight + 1) / rate`` reaches ``cfg.target_s`` (module docstring)."""
+    when its expected stay ``(inflight + 1) / rate`` reaches ``cfg.target_s`` and, with ``cfg.slowdown``,
+    that many times its uncongested stay (``floor``). Before the floor has formed only a stuck server is
+    refused: the rate lags arrivals by a stay at a start, and the prior's unloaded latency, tried in its
+    place, refused 1–3 % more of the long requests of tuning seed 31 in the first seconds of each run."""
     if not cfg.enabled or inflight < cfg.min_inflight or now - rate.since < cfg.window_s or cfg.deadline_s == math.inf:
         return True
-    # No completion in a whole window while holding ``min_inflight``: the estimate is infinite, refuse.
-    return inflight + 1 < rate.rate(now) * cfg.target_s
+    x = rate.rate(now)
+    if x <= 0.0:  # no completion in a whole window while holding ``min_inflight``: stuck, refuse
+        return False
+    limit = cfg.target_s
+    if cfg.slowdown > 0:
+        base = floor.value(now) if floor is not None else 0.0
+        if base <= 0.0:
+            return True
+        limit = max(limit, cfg.slowdown * base)
+    return inflight + 1 < x * limit

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from dlb.core.admission import AdmissionConfig, CompletionRate, admits
+from dlb.core.admission import AdmissionConfig, CompletionRate, StayFloor, admits, record_done
 from dlb.core.bfio import DpBalancer
 from dlb.core.estimator import ErrorTracker, EstimatorConfig, LatencyEstimator
 from dlb.core.fit import Censored
@@ -83,6 +83,8 @@ class ServerState:
     envoy_out: bool = False
     #: This leaf's requests served there per second (admission only; made at the first pick it judges).
     done_rate: CompletionRate | None = None
+    #: Its uncongested stay: the floor of its served requests' mean stay (admission only, made with done_rate).
+    stay_floor: StayFloor | None = None
 
 
 @dataclass
@@ -256,7 +258,8 @@ class LeafState:
         s = self.servers[i]
         if s.done_rate is None:
             s.done_rate = CompletionRate(now, self.admission.window_s)
-        return admits(s.rif, s.done_rate, now, self.admission)
+            s.stay_floor = StayFloor(self.admission.stay_window_s, self.admission.floor_rise_s)
+        return admits(s.rif, s.done_rate, now, self.admission, s.stay_floor)
 
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""
@@ -530,7 +533,7 @@ class LeafState:
             s = self.servers[server]
             s.completed += 1
             if not err and s.done_rate is not None:
-                s.done_rate.record(now)
+                record_done(s.done_rate, s.stay_floor, now, s.rif, self.admission.window_s)
             if err:
                 s.errors += 1
                 s.consecutive_errors += 1

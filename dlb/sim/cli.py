@@ -71,7 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--request-timeout (the shed plugin's deadline; default %(default)s)")
     p.add_argument("--admission", choices=("on", "off"), default="on" if AdmissionConfig.enabled else "off",
                    help="DLB leaves answer 429 when the picked server would, by Little's law, keep a request past "
-                        "a third of --request-timeout (dlb.core.admission; default %(default)s)")
+                        "a third of --request-timeout and --admission-slowdown × the server's uncongested stay "
+                        "(dlb.core.admission; default %(default)s)")
+    p.add_argument("--admission-slowdown", type=float, default=AdmissionConfig.slowdown, metavar="X",
+                   help="leaf admission refuses only at a server X times slower than its own uncongested stay; 0: the "
+                        "deadline alone decides (default %(default)g)")
     p.add_argument("--retry", choices=("on", "off"), default="on" if SimConfig.cross_cell_retry else "off",
                    help="DLB roots send a request a cell refused before serving it (full server, leaf admission, no "
                         "live server) once more, to their fallback cell, as the root Envoy's retry does (default %(default)s)")
@@ -112,6 +116,8 @@ def _validate(args: argparse.Namespace) -> list[str]:
         raise SystemExit("dlb sim: --minutes must be > 0")
     if not args.request_timeout > 0:
         raise SystemExit("dlb sim: --request-timeout must be > 0")
+    if not (0 <= args.admission_slowdown <= 100):  # also NaN
+        raise SystemExit("dlb sim: --admission-slowdown must be in [0, 100] (0: the deadline alone)")
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in pols if p not in POLICIES]
     if bad:
@@ -183,6 +189,7 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
             "root_replicas": args.root_replicas, "policies": sorted(policies), "server_model": args.server_model,
             "request_timeout_s": args.request_timeout, "deadline_shed": args.deadline_shed == "on",
             "admission": args.admission == "on", "retry": args.retry == "on", "timeouts": args.timeouts,
+            "admission_slowdown": args.admission_slowdown,
             "variants": sorted(labels) if labels is not None else None}
 
 
@@ -216,7 +223,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
 
     jobs = make_jobs([exp], args.scenarios, args.trials, args.minutes, args.seed, policies, args.root_replicas, commit,
                      code, args.server_model, args.request_timeout, args.deadline_shed == "on", args.timeouts,
-                     args.admission == "on", args.retry == "on")  # fmt: skip
+                     args.admission == "on", args.retry == "on", args.admission_slowdown)  # fmt: skip
     if wanted is not None:
         jobs = [j for j in jobs if j.variant.label in wanted]
     partial = outdir.partial_path(out, exp)

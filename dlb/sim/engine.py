@@ -70,7 +70,7 @@ from typing import cast
 
 import numpy as np
 
-from dlb.core.admission import AdmissionConfig, CompletionRate, admits
+from dlb.core.admission import AdmissionConfig, CompletionRate, StayFloor, admits, record_done
 from dlb.core.background import (
     BackgroundProbeConfig,
     BackgroundProber,
@@ -136,6 +136,8 @@ class SimConfig:
     admission: bool = AdmissionConfig.enabled
     #: ... past this share of ``request_timeout_s`` (:attr:`AdmissionConfig.fraction`).
     admission_fraction: float = AdmissionConfig.fraction
+    #: ... and this many times the server's uncongested stay (:attr:`AdmissionConfig.slowdown`; 0: off).
+    admission_slowdown: float = AdmissionConfig.slowdown
     #: DLB roots retry once, on their fallback cell (:func:`dlb.core.fallback.next_best` of their costs
     #: when the refusal is back), a request a cell refused before serving it: a full server, the leaf's
     #: admission, or no live server. The real root Envoy's cross-cell retry (``dlb.envoy.bootstrap``).
@@ -339,7 +341,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     # Leaf admission (:mod:`dlb.core.admission`): DLB's leaves only, so Rand's and the operators' runs
     # are unchanged; lr-global names its server and bypasses the leaf anyway.
     adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s,
-                              fraction=cfg.admission_fraction)
+                              fraction=cfg.admission_fraction, slowdown=cfg.admission_slowdown)
     admission = adm_cfg.enabled
     retrying = cfg.cross_cell_retry and dlb_roots
 
@@ -379,6 +381,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     qlim = w.queue_limit
     served = [0] * n
     done_rate = [CompletionRate(0.0, adm_cfg.window_s) for _ in range(S)] if admission else []
+    stay_floor = [StayFloor(adm_cfg.stay_window_s, adm_cfg.floor_rise_s) for _ in range(S)] if admission else []
     admission_refused = 0
     pools: list[ProbePool] | None = None
     if w.leaf_pick == "prequal":
@@ -566,7 +569,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     serving = now - t_leaf[b]
                     errs[j].record(now, False)
                     if admission:
-                        done_rate[srv].record(now)
+                        record_done(done_rate[srv], stay_floor[srv], now, srif[srv], adm_cfg.window_s)
                     if fit_models:
                         del running[j][b]
                         e = est[j]
@@ -640,7 +643,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                             s1 = s2
                 # The leaf refuses it (429) rather than let it slow its server past the deadline; the real
                 # leaf's access log counts its own 429 against the cell, so the error EMA does too.
-                refuse = admission and a < R and s1 >= 0 and not admits(srif[s1], done_rate[s1], now, adm_cfg)
+                refuse = admission and a < R and s1 >= 0 and not admits(srif[s1], done_rate[s1], now, adm_cfg,
+                                                                               stay_floor[s1])
                 if refuse or s1 < 0 or not is_up[s1]:  # or a root-named server down, or none up: it fails
                     rejected = True
                 elif batched is not None:

@@ -119,12 +119,14 @@ class Job:
     admission: bool = AdmissionConfig.enabled
     #: ``dlb sim --retry``: DLB roots retry a cell's refusal once on their fallback cell.
     retry: bool = SimConfig.cross_cell_retry
+    #: ``dlb sim --admission-slowdown``: admission refuses only past this many times a server's own pace.
+    admission_slowdown: float = AdmissionConfig.slowdown
 
     def key(self) -> tuple:
         """What a record of this job is recognised by when a run resumes (:func:`record_key`)."""
         return (self.experiment, self.variant.label, self.policy, self.scenario, self.trial, self.duration_s,
                 self.root_replicas, self.code, self.effective_server_model(), self.timeouts, float(self.request_timeout_s),
-                self.deadline_shed, self.admission, self.retry)
+                self.deadline_shed, self.admission, self.retry, float(self.admission_slowdown))
 
     def scenario_kwargs(self) -> dict[str, Any]:
         """The variant's arguments of :func:`~dlb.sim.scenario.generate`, ``--server-model`` applied
@@ -149,7 +151,7 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
               code: str | None = None, server_model: str | None = None,
               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, deadline_shed: bool = ShedConfig.deadline,
               timeouts: str = "cancel", admission: bool = AdmissionConfig.enabled,
-              retry: bool = SimConfig.cross_cell_retry) -> list[Job]:
+              retry: bool = SimConfig.cross_cell_retry, admission_slowdown: float = AdmissionConfig.slowdown) -> list[Job]:
     """Every (experiment, variant, scenario, trial, policy); ``trials=None``: the protocol's per experiment.
     ``commit``/``code``: the code's commit and ``dlb/`` tree, taken when a long run started (default: now).
     ``server_model``: for variants that do not set it (None: the workload's default)."""
@@ -165,7 +167,8 @@ def make_jobs(experiments: Iterable[str], scenarios: int, trials: int | None, mi
                 for t in range(n_trials):
                     for p in policies:
                         jobs.append(Job(exp, var, seed * 1000 + k, t, p, minutes * 60.0, root_replicas, commit, code,
-                                        server_model, request_timeout_s, deadline_shed, timeouts, admission, retry))
+                                        server_model, request_timeout_s, deadline_shed, timeouts, admission, retry,
+                                        admission_slowdown))
     return jobs
 
 
@@ -177,7 +180,7 @@ def run_job(job: Job) -> dict:
     res = simulate(sc, job.policy, job.trial,
                    SimConfig(root_replicas=job.root_replicas, request_timeout_s=job.request_timeout_s,
                              deadline_shed=job.deadline_shed, timeouts=job.timeouts, admission=job.admission,
-                             cross_cell_retry=job.retry))
+                             cross_cell_retry=job.retry, admission_slowdown=job.admission_slowdown))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = res.summary()
@@ -197,6 +200,7 @@ def run_job(job: Job) -> dict:
         "deadline_shed": job.deadline_shed,
         "admission": job.admission,
         "admission_refused_rate": s["admission_refused_rate"],
+        "admission_slowdown": job.admission_slowdown,
         "retry": job.retry,
         "retried_rate": s["retried_rate"],
         "timeouts": s["timeouts"],
@@ -221,7 +225,8 @@ def record_key(rec: dict) -> tuple:
     return (rec["experiment"], rec["variant"], rec["policy"], rec["scenario"], rec["trial"], rec["duration_s"],
             rec.get("root_replicas", 1), rec.get("code", "unknown"), rec.get("server_model", _old_server_model(rec)),
             rec.get("timeouts", "serve"), float(rec["request_timeout_s"]), rec.get("deadline_shed", False),
-            rec.get("admission", False), rec.get("retry", False))
+            rec.get("admission", False), rec.get("retry", False),
+            float(rec.get("admission_slowdown", 0.0)))  # records from before the floor ran the deadline-only rule
 
 
 def _old_server_model(rec: dict) -> str:

@@ -21,7 +21,6 @@ import http.client
 import json
 import random
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -316,8 +315,12 @@ def test_a_server_too_busy_for_the_timeout_gets_no_more_and_the_client_a_429() -
     """Leaf admission (dlb/core/admission.py) on the real data path: a leaf whose one server would keep a
     request past a third of the clients' timeout answers an OpenAI-shaped 429 a client SDK can retry on,
     counts it, and keeps the server serving what it admitted (with admission off the clients time out)."""
-    with _one_server_leaf(background=False, time_scale=40.0, edit=_admission_cell) as (_emu, hp, _probe_addr, url):
-        time.sleep(2.5)  # past the server's first 2-s window, during which admission admits everything
+    with _one_server_leaf(background=False, time_scale=2.0, edit=_admission_cell) as (_emu, hp, _probe_addr, url):
+        # Light load first, past the server's first 2-s window: the leaf learns the pace the server keeps
+        # uncongested (its stay floor), and refuses only a server twice as slow as that.
+        with cf.ThreadPoolExecutor(4) as pool:
+            warm = list(pool.map(lambda _: _chat(hp), range(48)))
+        assert {s for s, _, _ in warm} == {200}
         # 200 requests, far more than the slow server can finish within a third of 6 s.
         with cf.ThreadPoolExecutor(64) as pool:
             out = list(pool.map(lambda _: _chat(hp), range(200)))

@@ -4,15 +4,18 @@ keep past a share of the client's deadline, and the simulator's DLB leaves do so
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from dlb.core.admission import AdmissionConfig, CompletionRate, admits
+from dlb.core.admission import AdmissionConfig, CompletionRate, StayFloor, admits, record_done
 from dlb.sim.engine import SimConfig, simulate
+from dlb.sim.scenario import Disruption
 from tests.unit.test_sim_engine import batched_scenario
 
 CFG = AdmissionConfig(enabled=True, deadline_s=60.0, fraction=0.5)  # target 30 s, window 10 s, at least 8 in flight
+DEADLINE_ONLY = replace(CFG, slowdown=0.0)
 
 
 def _served(rate_per_s: float, until: float, start: float = 0.0) -> CompletionRate:
@@ -37,11 +40,50 @@ def test_the_completion_rate_decays_when_nothing_finishes_and_restarts_on_reset(
 
 
 def test_a_server_past_the_target_stay_refuses_and_one_below_it_admits() -> None:
-    """At 5 completions/s a server holding n stays (n + 1)/5 s: below 30 s it admits, from 30 s it refuses."""
+    """At 5 completions/s a server holding n stays (n + 1)/5 s: below 30 s it admits, from 30 s it refuses
+    (its uncongested stay, 1 s, is far below: only the deadline decides)."""
     r = _served(5.0, 60.0)
-    assert admits(100, r, 60.0, CFG)  # 20 s
-    assert not admits(155, r, 60.0, CFG)  # 31 s
-    assert not admits(400, r, 60.0, CFG)
+    floor = _floor_at(1.0)
+    assert admits(100, r, 60.0, CFG, floor)  # 20 s
+    assert not admits(155, r, 60.0, CFG, floor)  # 31 s
+    assert not admits(400, r, 60.0, CFG, floor)
+    assert not admits(155, r, 60.0, DEADLINE_ONLY)
+
+
+def _floor_at(stay_s: float, until: float = 120.0) -> StayFloor:
+    """A server watched until ``until`` holding ``5 · stay_s`` requests at 5 completions/s: Little's stay ``stay_s``."""
+    rate, floor = CompletionRate(0.0, CFG.window_s), StayFloor(CFG.stay_window_s, CFG.floor_rise_s)
+    for k in range(1, int(until * 5) + 1):
+        record_done(rate, floor, k / 5, round(5 * stay_s), CFG.window_s)
+    return floor
+
+
+def test_the_stay_floor_is_the_servers_littles_law_stay_and_rises_only_slowly() -> None:
+    """Sampled once the rate has a window behind it, the floor reads the stay ``n / X``; a slower stretch
+    does not lift it, and with no lower sample it rises by e per ``floor_rise_s``."""
+    floor = _floor_at(35.0)
+    assert floor.value(120.0) == pytest.approx(35.0, rel=0.05)
+    rate = CompletionRate(0.0, CFG.window_s)
+    for k in range(1, 601):
+        record_done(rate, floor, 120.0 + k / 5, 500, CFG.window_s)  # a congested stretch: 100 s stays
+    assert floor.value(240.0) < 1.3 * 35.0
+    assert floor.value(240.0 + CFG.floor_rise_s) == pytest.approx(math.e * floor.value(240.0))
+    fresh = StayFloor(CFG.stay_window_s, CFG.floor_rise_s)
+    for k in range(int(fresh.min_weight) - 1):
+        fresh.record(float(k), 10.0)
+    assert fresh.value(10.0) == 0.0  # too few samples: no floor yet
+
+
+def test_a_server_slow_only_because_its_requests_are_long_is_not_refused() -> None:
+    """Stays of ~36 s against a 30-s target: the deadline alone refuses (the rule before the floor), the floor
+    (35 s uncongested) admits it, and refuses once the server is twice as slow as that."""
+    r, floor = _served(5.0, 120.0), _floor_at(35.0)
+    assert not admits(180, r, 120.0, DEADLINE_ONLY, floor)
+    assert admits(180, r, 120.0, CFG, floor)
+    assert not admits(360, r, 120.0, CFG, floor)  # 72 s: 2x its own pace
+    # Before it has a floor (a start: the rate lags arrivals by a stay) it is admitted, unless stuck.
+    assert admits(360, r, 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
+    assert not admits(360, CompletionRate(0.0, CFG.window_s), 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
 
 
 def test_guards_admit_a_quiet_server_a_new_one_and_everything_when_off() -> None:
@@ -54,29 +96,45 @@ def test_guards_admit_a_quiet_server_a_new_one_and_everything_when_off() -> None
 
 
 @pytest.mark.parametrize(("field", "value"), [("deadline_s", 0.0), ("fraction", 0.0), ("fraction", 1.5),
-                                              ("window_s", 0.0), ("min_inflight", 0)])
+                                              ("window_s", 0.0), ("min_inflight", 0), ("slowdown", -1.0),
+                                              ("slowdown", math.inf), ("stay_window_s", 0.0)])
 def test_bad_settings_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         AdmissionConfig(**{field: value})
 
 
 def test_an_overloaded_batched_server_serves_more_in_time_when_its_leaf_refuses_early() -> None:
-    """One batched server at ~1.5x its rate for a minute, 10-s timeout, a DLB root (Disc-RIF). Without
-    admission every admitted request slows the batch until most are cancelled in service; with it the
-    leaf refuses what would stay past a third of it, so more requests are answered in time and fewer fail."""
-    sc, t = batched_scenario(45.0, 60.0), 10.0
+    """One batched server at ~2/3 of its rate for a minute, then ~1.5x for a minute, 10-s timeout, a DLB root
+    (Disc-RIF). Without admission every admitted request slows the batch until most are cancelled in
+    service; with it the leaf refuses what would stay past a third of it (and twice the pace it kept in the
+    first minute), so more requests are answered in time and fewer fail."""
+    sc, t = replace(batched_scenario(20.0, 120.0), disruption=Disruption("burst", 60.0, 120.0, burst_cell=0, burst_extra=25.0)), 10.0
     off = simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=t, admission=False))
     on = simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=t, admission=True))
     assert off.admission_refused == 0 and on.admission_refused > 0
     assert on.shed >= on.admission_refused
     in_time = [int(np.count_nonzero(r.latency <= t)) for r in (off, on)]
-    assert in_time[1] > 1.1 * in_time[0]
+    assert in_time[1] > 1.05 * in_time[0]
     assert on.cancelled < off.cancelled / 5  # the work goes to requests that finish, not to ones cut at the timeout
     fail = [r.summary()["client_failure_rate"] for r in (off, on)]
     assert fail[1] < fail[0]
     assert on.summary()["mean_latency_with_failures"] < off.summary()["mean_latency_with_failures"]
     assert on.completed + on.errors + on.shed + on.cancelled + on.in_flight == on.arrivals
     assert on.rif_end.tolist() == [0]
+
+
+def test_long_requests_on_an_uncongested_server_are_served_not_refused() -> None:
+    """One batched server well below its rate whose requests are long (0.15 s per decoded token: ~24 s each)
+    against a 60-s timeout: the deadline alone refuses most of them (its stays are past a third of it), the
+    floor admits nearly all, and fewer fail than with the deadline alone."""
+    sc = batched_scenario(1.0, 300.0)
+    sc = replace(sc, decode_token_s=np.array([0.15]), workload=replace(sc.workload, decode_token_s=0.15))
+    runs = {name: simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=60.0, admission_slowdown=sd))
+            for name, sd in (("deadline", 0.0), ("floor", AdmissionConfig.slowdown))}
+    assert runs["deadline"].admission_refused > runs["deadline"].arrivals / 2
+    assert runs["floor"].admission_refused < runs["floor"].arrivals / 10
+    fail = {k: r.summary()["client_failure_rate"] for k, r in runs.items()}
+    assert fail["floor"] < fail["deadline"] / 4
 
 
 def test_rand_and_the_operators_are_untouched() -> None:
@@ -106,7 +164,7 @@ def test_the_leaf_refuses_with_an_openai_429_at_a_server_that_stopped_finishing(
                    rng=np.random.default_rng(0), admission=CFG)
     for k in range(CFG.min_inflight):
         assert st.pick(0.0, f"r{k}") == 0
-    assert st.pick(CFG.window_s + 1.0, "late") == REFUSED
+    assert st.pick(CFG.window_s + 1.0, "late") == REFUSED  # finished none: stuck, whatever its pace
     assert st.admission_refused == 1 and "late" not in st.inflight
     agent = LeafAgent(st)
     req = ep.ProcessingRequest()
@@ -137,12 +195,26 @@ def test_the_admission_plugin_reaches_the_leaf_from_the_config_and_over_xds() ->
     from dlb.config import resources as dr
     from dlb.ext_proc.leaf_setup import state_from_config
 
-    doc = minimal(policy={"apiVersion": "dlb.v1", "plugins": [{"type": "admission", "parameters": {"enabled": True, "fraction": 0.25}}]})
+    doc = minimal(policy={"apiVersion": "dlb.v1", "plugins": [{"type": "admission", "parameters": {
+        "enabled": True, "fraction": 0.25, "slowdown": 3}}]})
     doc["endpoints"][0]["timeout_s"] = 120
     cfg = config_from_dict(doc)
-    want = AdmissionConfig(enabled=True, deadline_s=120.0, fraction=0.25)
+    want = AdmissionConfig(enabled=True, deadline_s=120.0, fraction=0.25, slowdown=3.0)
     assert state_from_config(cfg, "a", resolve=lambda h, p: [h]).admission == want
     msg = dr.leaf_policy(cfg)
     assert msg.admission_deadline_s == 120.0
     assert dr.leaf_policy_from_pb(msg).admission.to_core(msg.admission_deadline_s) == want
     assert dr.leaf_policy_from_pb(msg) == cfg.policy.leaf
+    msg.ClearField("admission_slowdown")  # a control plane from before the floor: its leaves keep the deadline-only rule
+    assert dr.leaf_policy_from_pb(msg).admission.slowdown == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1, 101, "two"])
+def test_a_bad_slowdown_names_the_field(bad: object) -> None:
+    from test_config import minimal
+
+    from dlb.config import ConfigError, config_from_dict
+
+    doc = minimal(policy={"apiVersion": "dlb.v1", "plugins": [{"type": "admission", "parameters": {"slowdown": bad}}]})
+    with pytest.raises(ConfigError, match="slowdown"):
+        config_from_dict(doc)
