@@ -251,8 +251,14 @@ class LeafState:
         self.estimator_config = self.estimator.config = estimator_config
 
     def set_admission(self, cfg: AdmissionConfig) -> None:
-        """Apply admission settings (config or xDS); the servers' completion rates are kept."""
+        """Apply admission settings (config or xDS). The servers' completion rates and stay floors are kept,
+        unless a time constant they were made with changed: then they start again (a decayed count kept under
+        another window would read a wrong rate), and each server is admitted until it has a new floor."""
+        old = self.admission
         self.admission = cfg
+        if (old.window_s, old.stay_window_s, old.floor_rise_s) != (cfg.window_s, cfg.stay_window_s, cfg.floor_rise_s):
+            for s in self.servers:
+                s.done_rate = s.stay_floor = None
 
     def _admits(self, i: int, now: float) -> bool:
         s = self.servers[i]

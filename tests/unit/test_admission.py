@@ -218,3 +218,24 @@ def test_a_bad_slowdown_names_the_field(bad: object) -> None:
     doc = minimal(policy={"apiVersion": "dlb.v1", "plugins": [{"type": "admission", "parameters": {"slowdown": bad}}]})
     with pytest.raises(ConfigError, match="slowdown"):
         config_from_dict(doc)
+
+
+def test_new_admission_settings_keep_what_the_leaf_measured_unless_its_windows_changed() -> None:
+    """A new fraction or deadline (config reload, xDS) keeps each server's completion rate and stay floor;
+    a new window restarts them, so no decayed count is read under a time constant it was not kept with."""
+    from dlb.core.latency_model import LatencyParams
+    from dlb.ext_proc.leaf_state import Completion, LeafState, ServerState
+
+    st = LeafState(cell="c", servers=[ServerState("10.0.0.1:80")], replicas=1, prior=LatencyParams(0.1, 0.01, 4.0, 1.0),
+                   rng=np.random.default_rng(0), admission=CFG)
+    for k in range(CFG.min_inflight):
+        assert st.pick(float(k), f"r{k}") == 0
+        st.complete(float(k) + 0.5, Completion(f"r{k}", "10.0.0.1:80", 200, 0.5))
+    rate = st.servers[0].done_rate
+    assert rate is not None and rate.window_s == CFG.window_s
+    st.set_admission(replace(CFG, fraction=0.25, deadline_s=120.0))
+    assert st.servers[0].done_rate is rate
+    st.set_admission(replace(CFG, window_s=30.0))
+    assert st.servers[0].done_rate is None and st.servers[0].stay_floor is None
+    assert st.pick(20.0, "next") == 0
+    assert st.servers[0].done_rate is not None and st.servers[0].done_rate.window_s == 30.0
