@@ -161,6 +161,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_inflight_refused", "counter", (), "Request starts not recorded: the in-flight table was full (max_inflight)"),
     MetricDef("leaf", "dlb_leaf_admission_refused", "counter", (),
               "Requests answered 429 by admission: the picked server was too busy"),
+    MetricDef("leaf", "dlb_leaf_server_uncongested_stay_seconds", "gauge", ("server",),
+              "Each server's uncongested stay that admission compares with (0: not learnt yet, or admission off)"),
     MetricDef("leaf", "dlb_leaf_inflight_orphaned", "counter", (), "In-flight records dropped when the access-log stream that opened them ended"),
     MetricDef("leaf", "dlb_leaf_probes", "counter", (), "Probe requests answered"),
     MetricDef("leaf", "dlb_leaf_als_entries", "counter", (), "Access-log entries received"),

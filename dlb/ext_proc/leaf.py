@@ -172,14 +172,18 @@ class LeafAgent:
         picks = CounterMetricFamily("dlb_leaf_server_picks", "Requests sent to each server", labels=["server"])
         serr = CounterMetricFamily("dlb_leaf_server_errors", "Failed completions per server", labels=["server"])
         cut = CounterMetricFamily("dlb_leaf_cut_streams", "Responses a server started and then broke off (reset mid-body)", labels=["server"])
+        floor = GaugeMetricFamily("dlb_leaf_server_uncongested_stay_seconds",
+                                  "Each server's uncongested stay that admission compares with (0: not learnt yet, or admission off)",
+                                  labels=["server"])
         for s in st.servers:
+            floor.add_metric([s.address], s.stay_floor.value(now) if s.stay_floor is not None else 0.0)
             srif.add_metric([s.address], s.rif)
             sscr.add_metric([s.address], s.scraped)
             stok.add_metric([s.address], s.tokens)
             picks.add_metric([s.address], s.picks)
             serr.add_metric([s.address], s.errors)
             cut.add_metric([s.address], s.cut_streams)
-        yield from (srif, sscr, stok, picks, serr, cut)
+        yield from (srif, sscr, stok, picks, serr, cut, floor)
         if st.dp_groups:
             kv = GaugeMetricFamily("dlb_leaf_dp_rank_kv_tokens", "Predicted resident KV tokens per DP rank", labels=["server"])
             held = GaugeMetricFamily("dlb_leaf_dp_held", "Requests held for a data-parallel server", labels=["server"])

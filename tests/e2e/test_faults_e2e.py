@@ -321,6 +321,8 @@ def test_a_server_too_busy_for_the_timeout_gets_no_more_and_the_client_a_429() -
         with cf.ThreadPoolExecutor(4) as pool:
             warm = list(pool.map(lambda _: _chat(hp), range(48)))
         assert {s for s, _, _ in warm} == {200}
+        floor = _metric(url, "dlb_leaf_server_uncongested_stay_seconds")
+        assert 0 < floor < 2.0, floor  # learnt, and well under a third of the 6-s timeout: the deadline decides
         # 200 requests, far more than the slow server can finish within a third of 6 s.
         with cf.ThreadPoolExecutor(64) as pool:
             out = list(pool.map(lambda _: _chat(hp), range(200)))
