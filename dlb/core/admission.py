@@ -115,7 +115,7 @@ class CompletionRate:
 
 class StayFloor:
     """One server's uncongested stay: the lowest mean (over ``window_s``, decayed) of its Little's-law stay
-    ``n / X`` sampled at each completion, allowed to rise by a factor e per ``rise_s``. Little's law, not the
+    ``n / X`` sampled at each completion, allowed to rise by a factor e per ``rise_s`` of sampled time. Little's law, not the
     served requests' own stays: those are the short ones first (after a start, every long one is still
     running) and miss the cancelled ones, so their mean reads a server faster than it is. Pure: time
     passed in (:func:`record_done` feeds it)."""
@@ -142,7 +142,10 @@ class StayFloor:
             self._floor_t = now
 
     def _risen(self, now: float) -> float:
-        return self._floor * math.exp(max(0.0, now - self._floor_t) / self.rise_s)  # inf stays inf
+        # Only time with evidence lifts it: a gap with no completion counts as one window at most, so a
+        # server idle for an hour, then flooded, is not judged by a floor that rose while nothing was seen.
+        dt = min(max(0.0, now - self._floor_t), self.window_s)
+        return self._floor * math.exp(dt / self.rise_s)  # inf stays inf
 
     def value(self, now: float) -> float:
         """The uncongested stay in seconds (0 before enough requests were served: no floor yet)."""
