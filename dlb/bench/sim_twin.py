@@ -17,6 +17,8 @@ Mapping (each line is a difference docs/real-vs-sim.md explains):
   measured step-time curve, its floor and prompt cost × the demo's time scale); one curve's shape
   (the first cell's profile) scaled to each cell's floor, where the emulator runs each cell's own;
 - residency: the demo's (europe-west4 keeps its traffic in Europe);
+- the leaves' latency fit: the demo's window and refit period (:attr:`Fleet.fit_window_s`), not the
+  simulator's default 30 s and 10 s (:func:`twin_config`);
 - a failed request counts as the 60-s timeout in both.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,17 @@ def scenario_twin(name: str, seed: int, duration_s: float, fleet: Fleet = DEFAUL
     return sc, (t, src, ptok, dtok)
 
 
+def twin_config(fleet: Fleet = DEFAULT_FLEET) -> SimConfig:
+    """The simulator settings of a twin: the comparison's request timeout and the demo leaves' fit window.
+
+    Why the fit: a latency-cost root follows its cells' fitted models, so a twin whose leaves fit over 30 s
+    every 10 s (the simulator's default) sees a slowdown and a recovery on another time scale than the
+    real leaves, which fit over ``fleet.fit_window_s`` every ``fleet.refit_period_s``.
+    """
+    base = SimConfig(request_timeout_s=REQUEST_TIMEOUT_S)
+    return replace(base, estimator=replace(base.estimator, window_s=fleet.fit_window_s, refit_period_s=fleet.refit_period_s))
+
+
 @dataclass(frozen=True)
 class RealRun:
     """One real run to twin (or, with no real data, one simulated run): its scenario, policy, trial and seed."""
@@ -128,7 +141,7 @@ def twin_rows(runs: list[RealRun]) -> list[dict[str, Any]]:
     mean ÷ the best operator baseline's in its own world (NaN: no operator baseline among the runs)."""
     sims: dict[tuple[str, str], list[tuple[float, float]]] = {}
     cache: dict[tuple[str, int, float], tuple[Scenario, Arrivals]] = {}
-    cfg = SimConfig(request_timeout_s=REQUEST_TIMEOUT_S)
+    cfg = twin_config()
     for r in runs:
         key = (r.scenario, r.seed, r.duration_s)
         if key not in cache:

@@ -120,7 +120,8 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
                           ready=functools.partial(http_ok, f"http://{addr}/health")))
     # The leaves forget a past slowdown within the demo's time scale; MNLB comes from the control plane.
     weights = getattr(args, "weights", None)
-    set_plugins(cfg_dict, {"type": "latency-fit", "parameters": {"window_s": 10, "refit_period_s": 1}},
+    set_plugins(cfg_dict, {"type": "latency-fit", "parameters": {"window_s": fleet.fit_window_s,
+                                                                 "refit_period_s": fleet.refit_period_s}},
                 *([{"type": weights}] if weights else []))
     config_path = run_dir / "dlb.yaml"
     config_path.write_text(json.dumps(cfg_dict, indent=1))

@@ -51,6 +51,12 @@ class Fleet:
     #: (``dlb serve emulator --dp-size G``), whose leaf picks the rank with BF-IO (docs/bfio.md). 0 = off.
     dp_ranks: int = 0
     dp_cell: str = "europe-west1"
+    #: The leaves' latency-model window and refit period (the ``latency-fit`` plugin the demo writes): a
+    #: short window forgets a past slowdown within the demo's time scale. The simulator twin fits with the
+    #: same two numbers, or its models move on another time scale than the real leaves'
+    #: (research/compare-stress/slowcell/README.md).
+    fit_window_s: float = 10.0
+    refit_period_s: float = 1.0
 
     def ranks(self, cell: str) -> int:
         """HTTP endpoints per server of ``cell``: its DP ranks, or 1."""

@@ -58,3 +58,17 @@ def test_a_real_file_with_a_scenario_without_twin_is_refused(tmp_path: Path) -> 
     f.write_text(json.dumps({"scenario": "tsunami", "policy": "Rand", "trial": 0, "seed": 1, "duration_s": 30, "mean_s": 1.0}) + "\n")
     with pytest.raises(ValueError, match="tsunami"):
         read_real(f)
+
+
+def test_the_twins_leaves_fit_on_the_demo_leaves_window(tmp_path: Path) -> None:
+    """The twin's estimator window and refit period are the ones the demo writes into its leaves' config
+    (the simulator's default 30 s / 10 s moved the twin's models on another time scale)."""
+    from dlb.bench.sim_twin import twin_config
+    from dlb.cli import build_parser
+    from dlb.config import load_config
+    from dlb.testbed.demo import prepare
+
+    _, _, path = prepare(build_parser().parse_args(["demo", "--out", str(tmp_path)]), tmp_path)
+    fit = load_config(path).policy.leaf.fit
+    est = twin_config().estimator
+    assert (est.window_s, est.refit_period_s) == (fit.window_s, fit.refit_period_s) == (10.0, 1.0)
