@@ -31,6 +31,8 @@ ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("compare-stress/slowcell/real-twin-*", "dlb bench sim-twin --real research/compare-stress/quiet-stress-f3335e8/records.jsonl "
+                                            "--json FILE (research/compare-stress/slowcell/README.md)"),
     ("compare-stress/twin/real-twin-quiet-*", "dlb bench sim-twin --real research/compare-stress/quiet-453e28c/records.jsonl "
                                               "--json FILE"),
     ("compare-stress/twin/flowgrad-*", "dlb bench sim-twin --policies hub-score,Flow-Grad --json FILE"),
@@ -161,6 +163,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                        "status-103/homogeneous status-103/noise status-103/server-model --json FILE"),
     ("routing-stress/admission-fraction-31/*", "python research/routing-stress/admission_fraction_probe.py OUT.jsonl "
                                                "(tuning seed 31, exploratory; research/routing-stress/status-103.md)"),
+    ("routing-stress/admission-slowdown-31/*", "python research/routing-stress/admission_slowdown_probe.py OUT.jsonl [SLOWDOWNS] "
+                                                "(tuning seed 31, exploratory; research/routing-stress/admission-floor-rule.md)"),
+    ("routing-stress/admission-floor-107/*", "dlb sim --experiment E --seed 107 --scenarios 2 --trials 1 --workers 2 "
+                                             "--admission-slowdown 0|2 --policies P --out DIR "
+                                             "(E and P: research/routing-stress/admission-floor-rule.md)"),
+    ("routing-stress/admission-floor-verdict*.json", "python research/routing-stress/admission_floor_verdict.py NAME OFF ON ... "
+                                                     "--json FILE (research/routing-stress/admission-floor-rule.md)"),
     ("routing-stress/retry-97/*", "dlb sim --experiment E --seed 97 --scenarios S --trials 1 --workers 2 --retry off|on "
                                   "--policies P --out DIR (E, S and P: research/routing-stress/retry-rule.md)"),
     ("routing-stress/retry-verdict*.json", "python research/routing-stress/retry_verdict.py burst OFF ON utilization OFF ON "
