@@ -18,10 +18,13 @@ flight (too few for the estimate, and not a server in trouble) or a server watch
 
 The deadline alone cannot tell a congested server from a workload of long requests: with generations
 4–10× the default a server's stay is near a third of the timeout even when it is not past its knee, and
-refusing there refuses requests that would have finished (34 % refused at 10×, tuning seed 31). So the
-leaf also refuses only a server that is ``slowdown`` × slower than its own uncongested stay
-(:class:`StayFloor`: the lowest recent mean stay of what it served), which a congested server is and an
-uncongested one serving long requests is not.
+refusing there refuses requests that would have finished (34 % refused at 10×, tuning seed 31). With
+``slowdown`` set the leaf also refuses only a server that many times slower than its own uncongested stay
+(:class:`StayFloor`: the lowest recent mean of its Little's-law stay), which a congested server is and an
+uncongested one serving long requests is not. Off by default: on fresh seed 107 slowdown 2 cut failures at
+10× longer outputs from 35.8 % to 18.6–19.4 % (Rand and the operators: 19.4 %+), but a server held at 95 %
+load learns its congested stay as its pace, and Disc-RIF's mean there rose 1.4 % against a 1 % bound
+(``research/routing-stress/admission-floor.md``). Operators serving long generations set it.
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ class AdmissionConfig:
     #: Never refuse at a server with fewer requests in flight than this.
     min_inflight: int = 8
     #: Refuse only when the expected stay is also this many times the server's uncongested stay
-    #: (:class:`StayFloor`; 0: the deadline alone decides, the rule before long requests were measured).
-    slowdown: float = 2.0
+    #: (:class:`StayFloor`; 0: off, the deadline alone decides; 2 for long generations, module docstring).
+    slowdown: float = 0.0
     #: Time constant of the served stays' mean whose floor is the uncongested stay (seconds).
     stay_window_s: float = 60.0
     #: The floor rises by at most a factor e per this many seconds, so a lasting change to longer requests

@@ -308,7 +308,7 @@ def _admission_cell(raw: dict) -> dict:
     """The leaf picks with its ext_proc agent, clients wait 6 s, admission judges after a 2-s window."""
     raw["cells"][0]["leaf"]["ext_proc"] = f"127.0.0.1:{free_port()}"
     raw["endpoints"][0]["timeout_s"] = 6
-    return set_plugins(raw, {"type": "admission", "parameters": {"window_s": 2, "min_inflight": 4}})
+    return set_plugins(raw, {"type": "admission", "parameters": {"window_s": 2, "min_inflight": 4, "slowdown": 2}})
 
 
 def test_a_server_too_busy_for_the_timeout_gets_no_more_and_the_client_a_429() -> None:

@@ -14,7 +14,7 @@ from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.scenario import Disruption
 from tests.unit.test_sim_engine import batched_scenario
 
-CFG = AdmissionConfig(enabled=True, deadline_s=60.0, fraction=0.5)  # target 30 s, window 10 s, at least 8 in flight
+CFG = AdmissionConfig(enabled=True, deadline_s=60.0, fraction=0.5, slowdown=2.0)  # target 30 s, window 10 s, >= 8 in flight
 DEADLINE_ONLY = replace(CFG, slowdown=0.0)
 
 
@@ -136,7 +136,7 @@ def test_long_requests_on_an_uncongested_server_are_served_not_refused() -> None
     sc = batched_scenario(1.0, 300.0)
     sc = replace(sc, decode_token_s=np.array([0.15]), workload=replace(sc.workload, decode_token_s=0.15))
     runs = {name: simulate(sc, "Disc-RIF", 0, SimConfig(request_timeout_s=60.0, admission_slowdown=sd))
-            for name, sd in (("deadline", 0.0), ("floor", AdmissionConfig.slowdown))}
+            for name, sd in (("deadline", 0.0), ("floor", 2.0))}
     assert runs["deadline"].admission_refused > runs["deadline"].arrivals / 2
     assert runs["floor"].admission_refused < runs["floor"].arrivals / 10
     fail = {k: r.summary()["client_failure_rate"] for k, r in runs.items()}

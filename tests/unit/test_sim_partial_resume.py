@@ -24,7 +24,7 @@ def _record(job: Job) -> dict:
 def test_a_streamed_record_is_kept_only_for_the_settings_it_ran_with(tmp_path: Path) -> None:
     (job,) = make_jobs(["baseline"], 1, 1, 1.0, 5, ["Disc-Lat"], commit="c", code="tree", admission=True)
     others = [replace(job, admission=False), replace(job, deadline_shed=not job.deadline_shed), replace(job, retry=not job.retry),
-              replace(job, request_timeout_s=job.request_timeout_s + 1), replace(job, admission_slowdown=0.0)]
+              replace(job, request_timeout_s=job.request_timeout_s + 1), replace(job, admission_slowdown=2.0)]
     path = outdir.partial_path(tmp_path, "baseline")
     path.write_text("".join(json.dumps(_record(j)) + "\n" for j in [job, *others]))
     for j in [job, *others]:
