@@ -242,15 +242,9 @@ class LatencyEstimator:
         return shadow
 
     def adopt(self, fitted: LatencyEstimator, now: float) -> None:
-        """Publish what a :meth:`detached` copy's refit found, and drop the samples its refit expired.
-
-        The copy expired its own window; without doing the same here the live window only ever lost
-        samples to ``max_samples``, so ``len()`` (the ``samples`` a probe reports) counted a starved
-        cell's old traffic long after its fit had none of it (83 samples reported on an empty 10-s window).
-        """
+        """Publish what a :meth:`detached` copy's refit found."""
         self.params, self.confidence, self.last_result, self._last_fit = fitted.params, fitted.confidence, fitted.last_result, now
         self.effective_prior, self._stride = fitted.effective_prior, fitted._stride
-        self._expire(now)
 
     def forget_before(self, t: float) -> int:
         """Drop the samples recorded before ``t`` (the cell changed then); returns how many."""
