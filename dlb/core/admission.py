@@ -155,11 +155,11 @@ class StayFloor:
         return 0.0 if self._floor == math.inf else self._risen(now)
 
 
-def record_done(rate: CompletionRate, floor: StayFloor | None, now: float, inflight: int, window_s: float) -> None:
+def record_done(rate: CompletionRate, floor: StayFloor | None, now: float, inflight: int) -> None:
     """A request finished (served) at a server now holding ``inflight``: count it, and once the rate has
     a window behind it, sample the server's stay ``inflight / rate`` into its floor."""
     rate.record(now)
-    if floor is not None and now - rate.since >= window_s:
+    if floor is not None and now - rate.since >= rate.window_s:
         floor.record(now, inflight / rate.rate(now))
 
 

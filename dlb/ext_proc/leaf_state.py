@@ -539,7 +539,7 @@ class LeafState:
             s = self.servers[server]
             s.completed += 1
             if not err and s.done_rate is not None:
-                record_done(s.done_rate, s.stay_floor, now, s.rif, self.admission.window_s)
+                record_done(s.done_rate, s.stay_floor, now, s.rif)
             if err:
                 s.errors += 1
                 s.consecutive_errors += 1

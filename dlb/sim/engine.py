@@ -569,7 +569,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                     serving = now - t_leaf[b]
                     errs[j].record(now, False)
                     if admission:
-                        record_done(done_rate[srv], stay_floor[srv], now, srif[srv], adm_cfg.window_s)
+                        record_done(done_rate[srv], stay_floor[srv], now, srif[srv])
                     if fit_models:
                         del running[j][b]
                         e = est[j]

@@ -54,7 +54,7 @@ def _floor_at(stay_s: float, until: float = 120.0) -> StayFloor:
     """A server watched until ``until`` holding ``5 · stay_s`` requests at 5 completions/s: Little's stay ``stay_s``."""
     rate, floor = CompletionRate(0.0, CFG.window_s), StayFloor(CFG.stay_window_s, CFG.floor_rise_s)
     for k in range(1, int(until * 5) + 1):
-        record_done(rate, floor, k / 5, round(5 * stay_s), CFG.window_s)
+        record_done(rate, floor, k / 5, round(5 * stay_s))
     return floor
 
 
@@ -65,12 +65,12 @@ def test_the_stay_floor_is_the_servers_littles_law_stay_and_rises_only_slowly() 
     assert floor.value(120.0) == pytest.approx(35.0, rel=0.05)
     rate = CompletionRate(0.0, CFG.window_s)
     for k in range(1, 601):
-        record_done(rate, floor, 120.0 + k / 5, 500, CFG.window_s)  # a congested stretch: 100 s stays
+        record_done(rate, floor, 120.0 + k / 5, 500)  # a congested stretch: 100 s stays
     assert floor.value(240.0) < 1.3 * 35.0
     # It rises only while completions come (by e per floor_rise_s of them); an idle gap counts one window.
     risen, rate = _floor_at(35.0), CompletionRate(0.0, CFG.window_s)
     for k in range(1, int(CFG.floor_rise_s * 5) + 1):
-        record_done(rate, risen, 120.0 + k / 5, 1000, CFG.window_s)  # 200-s stays for a whole floor_rise_s
+        record_done(rate, risen, 120.0 + k / 5, 1000)  # 200-s stays for a whole floor_rise_s
     assert risen.value(120.0 + CFG.floor_rise_s) == pytest.approx(35.0 * math.e, rel=0.05)
     idle = floor.value(240.0 + 3600.0)
     assert idle == pytest.approx(floor.value(240.0) * math.exp(CFG.stay_window_s / CFG.floor_rise_s), rel=0.01)
