@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
 from deadline_verdict import records  # this folder's reader of an arm's records (the script's dir is on sys.path)
+from retry_verdict import _avg, _by  # the same grouping by (variant, policy) and mean over scenarios
 
 DLB = ("Disc-RIF", "Disc-Lat", "Flow-Grad")
 OPERATORS = ("lr-global", "locality-failover", "hub-score")
@@ -26,17 +26,6 @@ FIX = ("y=1/10", "y=1/4")
 F_MARGIN = 0.001
 MEAN_RATIO = 1.01
 NO_HARM_FAILURES = 0.0005
-
-
-def _by(recs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in recs:
-        out.setdefault((r["variant"], r["policy"]), []).append(r)
-    return out
-
-
-def _avg(rs: list[dict[str, Any]], field: str) -> float:
-    return mean(r[field] for r in rs)
 
 
 def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
