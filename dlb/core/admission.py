@@ -54,6 +54,12 @@ class AdmissionConfig:
     #: Refuse only when the expected stay is also this many times the server's uncongested stay
     #: (:class:`StayFloor`; 0: off, the deadline alone decides; 2 for long generations, module docstring).
     slowdown: float = 0.0
+    #: The floor counts as uncongested only up to this many times the latency model's unloaded latency
+    #: ``a``: a server never seen uncongested (held near saturation, or a leaf started under overload)
+    #: learns a congested floor, which would lift the limit; the model's ``a`` (its prior until fitted)
+    #: bounds it. 2: a batched server's stay at moderate load exceeds ``a`` by its KV context's growth
+    #: (1.8 × at 10 × longer outputs, tuning seed 31). 0: no cap.
+    floor_cap: float = 2.0
     #: Time constant of the served stays' mean whose floor is the uncongested stay (seconds).
     stay_window_s: float = 60.0
     #: The floor rises by at most a factor e per this many seconds, so a lasting change to longer requests
@@ -71,6 +77,8 @@ class AdmissionConfig:
             raise ValueError(f"admission min_inflight must be >= 1: {self.min_inflight}")
         if not (math.isfinite(self.slowdown) and self.slowdown >= 0):
             raise ValueError(f"admission slowdown must be >= 0 (0: off): {self.slowdown}")
+        if not (math.isfinite(self.floor_cap) and self.floor_cap >= 0):
+            raise ValueError(f"admission floor_cap must be >= 0 (0: none): {self.floor_cap}")
         if not (self.stay_window_s > 0 and self.floor_rise_s > 0):
             raise ValueError(f"admission stay_window_s and floor_rise_s must be > 0: {self.stay_window_s}, {self.floor_rise_s}")
 
@@ -163,10 +171,12 @@ def record_done(rate: CompletionRate, floor: StayFloor | None, now: float, infli
         floor.record(now, inflight / rate.rate(now))
 
 
-def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig, floor: StayFloor | None = None) -> bool:
+def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig, floor: StayFloor | None = None,
+           unloaded_s: float = math.inf) -> bool:
     """Whether a server holding ``inflight`` requests (this one not counted) takes one more: False only
     when its expected stay ``(inflight + 1) / rate`` reaches ``cfg.target_s`` and, with ``cfg.slowdown``,
-    that many times its uncongested stay (``floor``). Before the floor has formed only a stuck server is
+    that many times its uncongested stay (``floor``, at most ``cfg.floor_cap`` × ``unloaded_s``, the
+    latency model's unloaded latency). Before the floor has formed only a stuck server is
     refused: the rate lags arrivals by a stay at a start, and the prior's unloaded latency, tried in its
     place, refused 1–3 % more of the long requests of tuning seed 31 in the first seconds of each run."""
     if not cfg.enabled or inflight < cfg.min_inflight or now - rate.since < cfg.window_s or cfg.deadline_s == math.inf:
@@ -179,5 +189,7 @@ def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig
         base = floor.value(now) if floor is not None else 0.0
         if base <= 0.0:
             return True
+        if cfg.floor_cap > 0:
+            base = min(base, cfg.floor_cap * unloaded_s)
         limit = max(limit, cfg.slowdown * base)
     return inflight + 1 < x * limit

@@ -265,7 +265,7 @@ class LeafState:
         if s.done_rate is None:
             s.done_rate = CompletionRate(now, self.admission.window_s)
             s.stay_floor = StayFloor(self.admission.stay_window_s, self.admission.floor_rise_s)
-        return admits(s.rif, s.done_rate, now, self.admission, s.stay_floor)
+        return admits(s.rif, s.done_rate, now, self.admission, s.stay_floor, self.estimator.params.a)
 
     def set_prior(self, prior: LatencyParams) -> None:
         """A new fleet prior (from the control plane); the next refit shrinks toward it."""

@@ -138,6 +138,8 @@ class SimConfig:
     admission_fraction: float = AdmissionConfig.fraction
     #: ... and this many times the server's uncongested stay (:attr:`AdmissionConfig.slowdown`; 0: off).
     admission_slowdown: float = AdmissionConfig.slowdown
+    #: ... the floor at most this many times the leaf's model's unloaded latency (:attr:`AdmissionConfig.floor_cap`).
+    admission_floor_cap: float = AdmissionConfig.floor_cap
     #: DLB roots retry once, on their fallback cell (:func:`dlb.core.fallback.next_best` of their costs
     #: when the refusal is back), a request a cell refused before serving it: a full server, the leaf's
     #: admission, or no live server. The real root Envoy's cross-cell retry (``dlb.envoy.bootstrap``).
@@ -341,7 +343,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     # Leaf admission (:mod:`dlb.core.admission`): DLB's leaves only, so Rand's and the operators' runs
     # are unchanged; lr-global names its server and bypasses the leaf anyway.
     adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s,
-                              fraction=cfg.admission_fraction, slowdown=cfg.admission_slowdown)
+                              fraction=cfg.admission_fraction, slowdown=cfg.admission_slowdown,
+                              floor_cap=cfg.admission_floor_cap)
     admission = adm_cfg.enabled
     retrying = cfg.cross_cell_retry and dlb_roots
 
@@ -644,7 +647,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 # The leaf refuses it (429) rather than let it slow its server past the deadline; the real
                 # leaf's access log counts its own 429 against the cell, so the error EMA does too.
                 refuse = admission and a < R and s1 >= 0 and not admits(srif[s1], done_rate[s1], now, adm_cfg,
-                                                                               stay_floor[s1])
+                                                                               stay_floor[s1], est[j].params.a)
                 if refuse or s1 < 0 or not is_up[s1]:  # or a root-named server down, or none up: it fails
                     rejected = True
                 elif batched is not None:

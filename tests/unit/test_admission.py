@@ -87,6 +87,11 @@ def test_a_server_slow_only_because_its_requests_are_long_is_not_refused() -> No
     assert not admits(180, r, 120.0, DEADLINE_ONLY, floor)
     assert admits(180, r, 120.0, CFG, floor)
     assert not admits(360, r, 120.0, CFG, floor)  # 72 s: 2x its own pace
+    # A floor learnt at saturation (never seen uncongested) counts only up to floor_cap x the model's unloaded
+    # latency: with a = 5 s the 35-s floor is read as 10 s, and the deadline's 30 s decides.
+    assert not admits(180, r, 120.0, CFG, floor, unloaded_s=5.0)
+    assert admits(180, r, 120.0, CFG, floor, unloaded_s=20.0)  # long requests: a = 20 s, the floor stands
+    assert admits(180, r, 120.0, replace(CFG, floor_cap=0.0), floor, unloaded_s=5.0)  # no cap
     # Before it has a floor (a start: the rate lags arrivals by a stay) it is admitted, unless stuck.
     assert admits(360, r, 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
     assert not admits(360, CompletionRate(0.0, CFG.window_s), 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
@@ -103,7 +108,8 @@ def test_guards_admit_a_quiet_server_a_new_one_and_everything_when_off() -> None
 
 @pytest.mark.parametrize(("field", "value"), [("deadline_s", 0.0), ("fraction", 0.0), ("fraction", 1.5),
                                               ("window_s", 0.0), ("min_inflight", 0), ("slowdown", -1.0),
-                                              ("slowdown", math.inf), ("stay_window_s", 0.0)])
+                                              ("slowdown", math.inf), ("stay_window_s", 0.0),
+                                              ("floor_cap", -1.0)])
 def test_bad_settings_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         AdmissionConfig(**{field: value})
