@@ -57,9 +57,10 @@ class AdmissionConfig:
     #: The floor counts as uncongested only up to this many times the latency model's unloaded latency
     #: ``a``: a server never seen uncongested (held near saturation, or a leaf started under overload)
     #: learns a congested floor, which would lift the limit; the model's ``a`` (its prior until fitted)
-    #: bounds it. 2: a batched server's stay at moderate load exceeds ``a`` by its KV context's growth
-    #: (1.8 × at 10 × longer outputs, tuning seed 31). 0: no cap.
-    floor_cap: float = 2.0
+    #: bounds it. 4: on tuning seeds 31 and 107 caps 3–5 all kept 95 % load at the deadline-only rule, and
+    #: 2 or less refused up to 3 % of long generations, whose uncongested stay exceeds ``a`` by their KV
+    #: context's growth. 0: no cap.
+    floor_cap: float = 4.0
     #: Time constant of the served stays' mean whose floor is the uncongested stay (seconds).
     stay_window_s: float = 60.0
     #: The floor rises by at most a factor e per this many seconds, so a lasting change to longer requests

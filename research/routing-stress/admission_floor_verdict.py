@@ -5,7 +5,8 @@ deadline alone) with Rand and the operator baselines, on ran ``--admission-slowd
 only (the others have no leaf admission). Per (variant, DLB policy), every figure the mean over its scenarios:
 **fix** cells (length y=1/10, y=1/4) need on's failures ≤ min(Rand's, the best operator's) + 0.1 point and
 on's mean ≤ 1.01 × off's; every other cell needs on's mean ≤ 1.01 × off's and failures ≤ off's + 0.05 point.
-Also printed: the issue's R (mean ≤ Rand's), O (≤ the best operator's) and F for both arms.
+Also printed: the issue's R (mean ≤ Rand's), O (≤ the best operator's) and F for both arms, where the off arm
+ran Rand and the operators (a no-harm variant may run the DLB policies only: its R, O, F print as ``?``).
 
 Usage: python research/routing-stress/admission_floor_verdict.py NAME OFF ON [...] [--json FILE]
 """
@@ -35,10 +36,14 @@ def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for variant in sorted({v for v, _ in off}):
         ops = {p: off[(variant, p)] for p in OPERATORS if (variant, p) in off}
-        best = min(ops, key=lambda p: _avg(ops[p], "mean_latency_with_failures"))
-        m_best = _avg(ops[best], "mean_latency_with_failures")
-        m_rand = _avg(off[(variant, "Rand")], "mean_latency_with_failures")
-        f_bound = min(_avg(off[(variant, "Rand")], "client_failure_rate"), _avg(ops[best], "client_failure_rate")) + F_MARGIN
+        best = min(ops, key=lambda p: _avg(ops[p], "mean_latency_with_failures")) if ops else None
+        m_best = _avg(ops[best], "mean_latency_with_failures") if best else None
+        rand = off.get((variant, "Rand"))
+        m_rand = _avg(rand, "mean_latency_with_failures") if rand else None
+        f_bound = (min(_avg(rand, "client_failure_rate"), _avg(ops[best], "client_failure_rate")) + F_MARGIN
+                   if rand and best else None)
+        if variant in FIX and f_bound is None:
+            raise SystemExit(f"{off_dir}: fix variant {variant} needs Rand and the operators in the off arm")
         for p in DLB:
             if (variant, p) not in off or (variant, p) not in on:
                 continue
@@ -47,7 +52,8 @@ def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
                 rs = recs[(variant, p)]
                 m, f = _avg(rs, "mean_latency_with_failures"), _avg(rs, "client_failure_rate")
                 row[arm] = {"runs": len(rs), "mean": m, "failures": f, "admission_refused_rate": _avg(rs, "admission_refused_rate"),
-                            "R": m <= m_rand, "O": m <= m_best, "F": f <= f_bound}
+                            "R": None if m_rand is None else m <= m_rand, "O": None if m_best is None else m <= m_best,
+                            "F": None if f_bound is None else f <= f_bound}
             o, n = row["off"], row["on"]
             row["mean_on_over_off"] = n["mean"] / o["mean"]
             if variant in FIX:
@@ -60,7 +66,11 @@ def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
 
 
 def _rof(a: dict[str, Any]) -> str:
-    return "".join(k if a[k] else "-" for k in "ROF")
+    return "".join("?" if a[k] is None else k if a[k] else "-" for k in "ROF")
+
+
+def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "?" if x is None else format(scale * x, fmt)
 
 
 def main() -> None:
@@ -80,14 +90,14 @@ def main() -> None:
             o, n = row["off"], row["on"]
             if not row["holds"]:
                 failed.append(key)
-            print(f"{key:22s} {row['kind']:7s} {'holds' if row['holds'] else 'FAILS'} | Rand {row['rand_mean']:6.2f} s, best op "
-                  f"{row['best_operator']:9s} {row['operator_mean']:6.2f} s, bound {100 * row['failure_bound']:.2f} %"
+            print(f"{key:22s} {row['kind']:7s} {'holds' if row['holds'] else 'FAILS'} | Rand {_num(row['rand_mean'], '6.2f')} s, best op "
+                  f"{row['best_operator'] or '?':9s} {_num(row['operator_mean'], '6.2f')} s, bound {_num(row['failure_bound'], '.2f', 100)} %"
                   f" | off {o['mean']:6.2f} s {100 * o['failures']:6.2f} % ({100 * o['admission_refused_rate']:.2f} % refused) {_rof(o)}"
                   f" | on {n['mean']:6.2f} s {100 * n['failures']:6.2f} % ({100 * n['admission_refused_rate']:.2f} % refused) {_rof(n)}"
                   f" | on/off {row['mean_on_over_off']:.4f}")
     out["failed"] = failed
     out["verdict"] = not failed
-    print(f"cells failing: {len(failed)} {failed}; verdict: {'slowdown 2 stays the default' if out['verdict'] else 'default back to 0'}")
+    print(f"cells failing: {len(failed)} {failed}; verdict: {'slowdown 2 becomes the default' if out['verdict'] else 'the default stays 0'}")
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
 

@@ -1,7 +1,8 @@
-"""Tuning seed 31, one scenario: leaf admission at slowdown 2 with the floor capped at ``floor_cap`` × the
+"""Tuning seeds 31 and 107, one scenario each: leaf admission at slowdown 2 with the floor capped at ``floor_cap`` × the
 leaf model's unloaded latency (0: no cap, the rule judged on seed 107), where long requests meet the 60-s
 timeout (length y=1/10, y=1/4) and at 95 % load (where the uncapped floor lifted Disc-RIF's mean on seed 107),
-for Disc-RIF and Flow-Grad (retry on), on seeds 31 and 107 (one scenario each). Exploratory.
+for Disc-RIF and Flow-Grad (retry on). Exploratory; admission-floorcap-tuning/records.jsonl holds
+``OUT CAPS`` run with the default caps, then with ``4,5``.
 
 Usage: python research/routing-stress/admission_floorcap_probe.py OUT.jsonl [CAPS]  (one line per run, as it finishes)
 """

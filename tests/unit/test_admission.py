@@ -88,10 +88,10 @@ def test_a_server_slow_only_because_its_requests_are_long_is_not_refused() -> No
     assert admits(180, r, 120.0, CFG, floor)
     assert not admits(360, r, 120.0, CFG, floor)  # 72 s: 2x its own pace
     # A floor learnt at saturation (never seen uncongested) counts only up to floor_cap x the model's unloaded
-    # latency: with a = 5 s the 35-s floor is read as 10 s, and the deadline's 30 s decides.
-    assert not admits(180, r, 120.0, CFG, floor, unloaded_s=5.0)
+    # latency: with a = 3 s the 35-s floor is read as 12 s, and the deadline's 30 s decides.
+    assert not admits(180, r, 120.0, CFG, floor, unloaded_s=3.0)
     assert admits(180, r, 120.0, CFG, floor, unloaded_s=20.0)  # long requests: a = 20 s, the floor stands
-    assert admits(180, r, 120.0, replace(CFG, floor_cap=0.0), floor, unloaded_s=5.0)  # no cap
+    assert admits(180, r, 120.0, replace(CFG, floor_cap=0.0), floor, unloaded_s=3.0)  # no cap
     # Before it has a floor (a start: the rate lags arrivals by a stay) it is admitted, unless stuck.
     assert admits(360, r, 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
     assert not admits(360, CompletionRate(0.0, CFG.window_s), 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
