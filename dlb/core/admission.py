@@ -172,6 +172,16 @@ def record_done(rate: CompletionRate, floor: StayFloor | None, now: float, infli
         floor.record(now, inflight / rate.rate(now))
 
 
+def uncongested_stay(floor: StayFloor | None, now: float, cfg: AdmissionConfig, unloaded_s: float = math.inf) -> float:
+    """The stay :func:`admits` takes for a server's uncongested pace: its floor, at most ``cfg.floor_cap`` ×
+    the latency model's unloaded latency ``unloaded_s`` (0: no floor yet). One function, so the leaf's
+    gauge shows what admission compares with."""
+    base = floor.value(now) if floor is not None else 0.0
+    if base > 0.0 and cfg.floor_cap > 0:
+        base = min(base, cfg.floor_cap * unloaded_s)
+    return base
+
+
 def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig, floor: StayFloor | None = None,
            unloaded_s: float = math.inf) -> bool:
     """Whether a server holding ``inflight`` requests (this one not counted) takes one more: False only
@@ -187,10 +197,8 @@ def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig
         return False
     limit = cfg.target_s
     if cfg.slowdown > 0:
-        base = floor.value(now) if floor is not None else 0.0
+        base = uncongested_stay(floor, now, cfg, unloaded_s)
         if base <= 0.0:
             return True
-        if cfg.floor_cap > 0:
-            base = min(base, cfg.floor_cap * unloaded_s)
         limit = max(limit, cfg.slowdown * base)
     return inflight + 1 < x * limit

@@ -24,6 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import duration_pb2
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dlb.core.admission import uncongested_stay
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
 from dlb.envoy import contract, replies
 from dlb.ext_proc.leaf_als import LeafAccessLog
@@ -176,7 +177,7 @@ class LeafAgent:
                                   "Each server's uncongested stay that admission compares with (0: not learnt yet, or admission off)",
                                   labels=["server"])
         for s in st.servers:
-            floor.add_metric([s.address], s.stay_floor.value(now) if s.stay_floor is not None else 0.0)
+            floor.add_metric([s.address], uncongested_stay(s.stay_floor, now, st.admission, st.estimator.params.a))
             srif.add_metric([s.address], s.rif)
             sscr.add_metric([s.address], s.scraped)
             stok.add_metric([s.address], s.tokens)

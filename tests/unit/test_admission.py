@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dlb.core.admission import AdmissionConfig, CompletionRate, StayFloor, admits, record_done
+from dlb.core.admission import AdmissionConfig, CompletionRate, StayFloor, admits, record_done, uncongested_stay
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.scenario import Disruption
 from tests.unit.test_sim_engine import batched_scenario
@@ -92,6 +92,11 @@ def test_a_server_slow_only_because_its_requests_are_long_is_not_refused() -> No
     assert not admits(180, r, 120.0, CFG, floor, unloaded_s=3.0)
     assert admits(180, r, 120.0, CFG, floor, unloaded_s=20.0)  # long requests: a = 20 s, the floor stands
     assert admits(180, r, 120.0, replace(CFG, floor_cap=0.0), floor, unloaded_s=3.0)  # no cap
+    # The stay admission compares with (the leaf's gauge shows it): capped, uncapped, none yet.
+    assert uncongested_stay(floor, 120.0, CFG, 3.0) == pytest.approx(CFG.floor_cap * 3.0)
+    assert uncongested_stay(floor, 120.0, CFG) == pytest.approx(floor.value(120.0))
+    assert floor.value(120.0) > CFG.floor_cap * 3.0
+    assert uncongested_stay(StayFloor(CFG.stay_window_s, CFG.floor_rise_s), 120.0, CFG, 3.0) == 0.0
     # Before it has a floor (a start: the rate lags arrivals by a stay) it is admitted, unless stuck.
     assert admits(360, r, 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
     assert not admits(360, CompletionRate(0.0, CFG.window_s), 120.0, CFG, StayFloor(CFG.stay_window_s, CFG.floor_rise_s))
