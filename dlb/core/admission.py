@@ -197,8 +197,7 @@ def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig
         return False
     limit = cfg.target_s
     if cfg.slowdown > 0:
-        base = uncongested_stay(floor, now, cfg, unloaded_s)
-        if base <= 0.0:
+        if floor is None or floor.value(now) <= 0.0:
             return True
-        limit = max(limit, cfg.slowdown * base)
+        limit = max(limit, cfg.slowdown * uncongested_stay(floor, now, cfg, unloaded_s))
     return inflight + 1 < x * limit
