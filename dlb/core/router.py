@@ -380,6 +380,13 @@ class RootRouter:
         v = self.view
         return self.allowed & v.available & (now - v.last_probe <= self.policy.stale_after_s)
 
+    def fallback_candidates(self) -> list[int]:
+        """Cells a refused or failed request may be retried on when no other cell is usable
+        (:func:`dlb.core.fallback.next_best`'s ``allowed``): allowed ones whose last probe answer did not
+        say every server is down. A stale cell may only be late, a cell with no server is not: a leaf's
+        429 retried there came back to its client as that cell's 503."""
+        return [int(j) for j in np.flatnonzero(self.allowed & self.view.available)]
+
     def note_arrivals(self, count: float) -> None:
         """Count arrivals this router did not route through :meth:`pick` (for the rate EMA of :meth:`tick`).
 

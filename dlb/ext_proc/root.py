@@ -267,7 +267,7 @@ class RootService:
         """Rebuild the endpoint's fallback table from the costs a discrete pick would use now."""
         r = ep_state.router
         usable = [int(j) for j in np.flatnonzero(r.usable(now))]
-        ep_state.fallback = next_best(r.costs(now).tolist(), usable, len(self.cell_names), [int(j) for j in np.flatnonzero(r.allowed)])
+        ep_state.fallback = next_best(r.costs(now).tolist(), usable, len(self.cell_names), r.fallback_candidates())
         ep_state.fallback_until = now + FALLBACK_REFRESH_S
 
     def __post_init__(self) -> None:

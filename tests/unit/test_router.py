@@ -442,3 +442,17 @@ def test_a_busy_small_cell_does_not_stall_the_step_between_big_ones() -> None:
     assert xs[True][0] < 0.36  # 2 s: a third of a's flow has moved to b
     assert xs[False][0] > 0.44  # the mean-ĝ step: stalled
     assert FlowConfig().per_cell_scale
+
+
+def test_a_cell_reported_with_no_server_is_no_fallback_but_a_stale_one_is() -> None:
+    """The retry's last resort (:func:`dlb.core.fallback.next_best`'s ``allowed``): a cell whose probes are
+    only late may serve a retried request; one whose leaf said every server is down, or whose probes fail,
+    would answer it 503 in place of the refusal it was retried for."""
+    r = probed(RootRouter(topo3(), 0, PolicyConfig(Mechanism.DISCRETE, Cost.RIF), P, np.random.default_rng(0)), [0, 0, 0])
+    assert r.fallback_candidates() == [0, 1, 2]
+    r.on_probe(1, 1.0, 0, P, replicas=0)  # every server of cell 1 down
+    r.set_available(2, False)  # cell 2's probes fail
+    assert r.fallback_candidates() == [0]
+    r.on_probe(1, 2.0, 0, P, replicas=4)
+    late = 2.0 + r.policy.stale_after_s + 1.0  # no probe for longer than stale_after_s: unusable, still a candidate
+    assert not r.usable(late)[1] and r.fallback_candidates() == [0, 1]
