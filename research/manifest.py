@@ -174,9 +174,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("routing-stress/admission-floorcap-109/*", "dlb sim --experiment E --seed 109 --scenarios 2 --trials 1 --workers 2 "
                                                 "--admission-slowdown 0|2 --policies P --variants V --out DIR "
                                                 "(E, V and P: research/routing-stress/admission-floorcap-rule.md)"),
+    ("routing-stress/admission-slowdown3-113/*", "dlb sim --experiment E --seed 113 --scenarios 2 --trials 1 --workers 2 "
+                                                 "--admission-slowdown 0|3 --policies P --variants V --out DIR "
+                                                 "(E, V and P: research/routing-stress/admission-slowdown3-rule.md)"),
     ("routing-stress/admission-floor-verdict*.json", "python research/routing-stress/admission_floor_verdict.py NAME OFF ON ... "
                                                      "--json FILE (research/routing-stress/admission-floor-rule.md, "
-                                                     "admission-floorcap-rule.md)"),
+                                                     "admission-floorcap-rule.md, admission-slowdown3-rule.md)"),
     ("routing-stress/retry-97/*", "dlb sim --experiment E --seed 97 --scenarios S --trials 1 --workers 2 --retry off|on "
                                   "--policies P --out DIR (E, S and P: research/routing-stress/retry-rule.md)"),
     ("routing-stress/retry-verdict*.json", "python research/routing-stress/retry_verdict.py burst OFF ON utilization OFF ON "

@@ -97,7 +97,7 @@ def main() -> None:
                   f" | on/off {row['mean_on_over_off']:.4f}")
     out["failed"] = failed
     out["verdict"] = not failed
-    print(f"cells failing: {len(failed)} {failed}; verdict: {'slowdown 2 becomes the default' if out['verdict'] else 'the default stays 0'}")
+    print(f"cells failing: {len(failed)} {failed}; verdict: {'the on arm slowdown becomes the default' if out['verdict'] else 'the default stays 0'}")
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
 

@@ -2,9 +2,12 @@
 leaf model's unloaded latency (0: no cap, the rule judged on seed 107), where long requests meet the 60-s
 timeout (length y=1/10, y=1/4) and at 95 % load (where the uncapped floor lifted Disc-RIF's mean on seed 107),
 for Disc-RIF and Flow-Grad (retry on). Exploratory; admission-floorcap-tuning/records.jsonl holds
-``OUT CAPS`` run with the default caps, then with ``4,5``.
+``OUT CAPS`` run with the default caps, then with ``4,5``; records-slowdown.jsonl ``OUT 4 0,2,3,4 outage`` (after
+fresh seed 109 failed y = 1/4's F at slowdown 2, by 0.02 and 0.07 point: whether, with the cap holding the
+95 %-load case, a larger slowdown refuses fewer long generations and keeps the outage's gain).
 
-Usage: python research/routing-stress/admission_floorcap_probe.py OUT.jsonl [CAPS]  (one line per run, as it finishes)
+Usage: python research/routing-stress/admission_floorcap_probe.py OUT.jsonl [CAPS [SLOWDOWNS [outage]]]
+(one line per run, as it finishes)
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ from dlb.sim.experiments import Job, make_jobs
 from dlb.sim.scenario import generate
 
 CAPS = tuple(float(x) for x in sys.argv[2].split(",")) if len(sys.argv) > 2 else (0.0, 1.5, 2.0, 3.0)
+SLOWDOWNS = tuple(float(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else (2.0,)
 VARIANTS = {"length": {"y=1/10", "y=1/4"}, "utilization": {"util=0.95"}}
+if len(sys.argv) > 4 and sys.argv[4] == "outage":
+    VARIANTS["outage"] = {"outage"}
 
 
-def one(args: tuple[Job, float]) -> dict:
-    job, cap = args
+def one(args: tuple[Job, float, float]) -> dict:
+    job, cap, slowdown = args
     sc = generate(job.scenario, duration_s=job.duration_s, **job.scenario_kwargs())
-    s = simulate(sc, job.policy, job.trial, SimConfig(admission_slowdown=2.0, admission_floor_cap=cap)).summary()
+    s = simulate(sc, job.policy, job.trial, SimConfig(admission_slowdown=slowdown, admission_floor_cap=cap)).summary()
     return {"experiment": job.experiment, "variant": job.variant.label, "policy": job.policy, "scenario": job.scenario,
-            "floor_cap": cap, **{k: s[k] for k in ("mean_latency_with_failures", "client_failure_rate",
+            "floor_cap": cap, "admission_slowdown": slowdown, **{k: s[k] for k in ("mean_latency_with_failures", "client_failure_rate",
                                                    "admission_refused_rate", "retried_rate", "timed_out_rate", "p50")}}
 
 
@@ -36,7 +42,7 @@ def main() -> None:
         for seed in (31, 107):  # 107: where the uncapped floor missed; both are tuning seeds from here on
             for j in make_jobs([exp], 1, 1, 10.0, seed, ["Disc-RIF", "Flow-Grad"], server_model="batched"):
                 if j.variant.label in variants:
-                    jobs += [(j, c) for c in CAPS]
+                    jobs += [(j, c, sd) for c in CAPS for sd in SLOWDOWNS]
     with get_context("spawn").Pool(2) as pool, open(sys.argv[1], "w") as out:
         for rec in pool.imap_unordered(one, jobs):
             out.write(json.dumps(rec) + "\n")
