@@ -21,10 +21,13 @@ The deadline alone cannot tell a congested server from a workload of long reques
 refusing there refuses requests that would have finished (34 % refused at 10×, tuning seed 31). With
 ``slowdown`` set the leaf also refuses only a server that many times slower than its own uncongested stay
 (:class:`StayFloor`: the lowest recent mean of its Little's-law stay), which a congested server is and an
-uncongested one serving long requests is not. Off by default: on fresh seed 107 slowdown 2 cut failures at
-10× longer outputs from 35.8 % to 18.6–19.4 % (Rand and the operators: 19.4 %+), but a server held at 95 %
-load learns its congested stay as its pace, and Disc-RIF's mean there rose 1.4 % against a 1 % bound
-(``research/routing-stress/admission-floor.md``). Operators serving long generations set it.
+uncongested one serving long requests is not. A server held near saturation from its start never shows an
+uncongested stay and would learn a congested one (slowdown 2 lifted Disc-RIF's mean at 95 % load 1.4 % on
+seed 107), so the floor counts only up to ``floor_cap`` × the cell model's unloaded latency. Off by
+default: on fresh seed 113, slowdown 3 with the cap cut failures at 4× longer outputs from 2.5–2.6 % to
+0.6 % (every policy under its bound, refusing none) and at 10× from 36 % to 16–18 %, and moved 95 % load's
+mean by 0.2 % at most, but Disc-Lat's timeouts at 10× missed the bound (``research/routing-stress/admission-slowdown3.md``).
+Operators serving long generations set it.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class AdmissionConfig:
     #: Never refuse at a server with fewer requests in flight than this.
     min_inflight: int = 8
     #: Refuse only when the expected stay is also this many times the server's uncongested stay
-    #: (:class:`StayFloor`; 0: off, the deadline alone decides; 2 for long generations, module docstring).
+    #: (:func:`uncongested_stay`; 0: off, the deadline alone decides; 3 for long generations, module docstring).
     slowdown: float = 0.0
     #: The floor counts as uncongested only up to this many times the latency model's unloaded latency
     #: ``a``: a server never seen uncongested (held near saturation, or a leaf started under overload)
