@@ -12,9 +12,9 @@ Usage: python research/routing-stress/admission_floorcap_probe.py OUT.jsonl [CAP
 
 from __future__ import annotations
 
-import json
 import sys
-from multiprocessing import get_context
+
+from probe_pool import write_as_done  # this folder (the script's dir is on sys.path)
 
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.experiments import Job, make_jobs
@@ -43,10 +43,7 @@ def main() -> None:
             for j in make_jobs([exp], 1, 1, 10.0, seed, ["Disc-RIF", "Flow-Grad"], server_model="batched"):
                 if j.variant.label in variants:
                     jobs += [(j, c, sd) for c in CAPS for sd in SLOWDOWNS]
-    with get_context("spawn").Pool(2) as pool, open(sys.argv[1], "w") as out:
-        for rec in pool.imap_unordered(one, jobs):
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
+    write_as_done(one, jobs, sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ Usage: python research/routing-stress/admission_slowdown_probe.py OUT.jsonl [SLO
 
 from __future__ import annotations
 
-import json
 import sys
-from multiprocessing import get_context
+
+from probe_pool import write_as_done  # this folder (the script's dir is on sys.path)
 
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.experiments import Job, make_jobs
@@ -35,10 +35,7 @@ def main() -> None:
         for j in make_jobs([exp], 1, 1, 10.0, 31, ["Disc-RIF", "Flow-Grad"], server_model="batched"):
             if j.variant.label in variants:
                 jobs += [(j, s) for s in SLOWDOWNS]
-    with get_context("spawn").Pool(2) as pool, open(sys.argv[1], "w") as out:
-        for rec in pool.imap_unordered(one, jobs):
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
+    write_as_done(one, jobs, sys.argv[1])
 
 
 if __name__ == "__main__":
