@@ -179,10 +179,11 @@ def uncongested_stay(floor: StayFloor | None, now: float, cfg: AdmissionConfig, 
     """The stay :func:`admits` takes for a server's uncongested pace: its floor, at most ``cfg.floor_cap`` ×
     the latency model's unloaded latency ``unloaded_s`` (0: no floor yet). One function, so the leaf's
     gauge shows what admission compares with."""
-    base = floor.value(now) if floor is not None else 0.0
-    if base > 0.0 and cfg.floor_cap > 0:
-        base = min(base, cfg.floor_cap * unloaded_s)
-    return base
+    return _capped(floor.value(now) if floor is not None else 0.0, cfg, unloaded_s)
+
+
+def _capped(floor_s: float, cfg: AdmissionConfig, unloaded_s: float) -> float:
+    return min(floor_s, cfg.floor_cap * unloaded_s) if floor_s > 0.0 and cfg.floor_cap > 0 else floor_s
 
 
 def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig, floor: StayFloor | None = None,
@@ -200,7 +201,8 @@ def admits(inflight: int, rate: CompletionRate, now: float, cfg: AdmissionConfig
         return False
     limit = cfg.target_s
     if cfg.slowdown > 0:
-        if floor is None or floor.value(now) <= 0.0:
+        base = floor.value(now) if floor is not None else 0.0
+        if base <= 0.0:
             return True
-        limit = max(limit, cfg.slowdown * uncongested_stay(floor, now, cfg, unloaded_s))
+        limit = max(limit, cfg.slowdown * _capped(base, cfg, unloaded_s))
     return inflight + 1 < x * limit
