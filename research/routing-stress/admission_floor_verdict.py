@@ -29,7 +29,7 @@ MEAN_RATIO = 1.01
 NO_HARM_FAILURES = 0.0005
 
 
-def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
+def cells(off_dir: Path, on_dir: Path, dlb: tuple[str, ...] = DLB, fix: tuple[str, ...] = FIX) -> dict[str, Any]:
     off, on = _by(records(off_dir)), _by(records(on_dir))
     slowdowns = {"off": sorted({r.get("admission_slowdown", 0.0) for rs in off.values() for r in rs}),
                  "on": sorted({r.get("admission_slowdown", 0.0) for rs in on.values() for r in rs})}
@@ -42,9 +42,9 @@ def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
         m_rand = _avg(rand, "mean_latency_with_failures") if rand else None
         f_bound = (min(_avg(rand, "client_failure_rate"), _avg(ops[best], "client_failure_rate")) + F_MARGIN
                    if rand and best else None)
-        if variant in FIX and f_bound is None:
+        if variant in fix and f_bound is None:
             raise SystemExit(f"{off_dir}: fix variant {variant} needs Rand and the operators in the off arm")
-        for p in DLB:
+        for p in dlb:
             if (variant, p) not in off or (variant, p) not in on:
                 continue
             row: dict[str, Any] = {"best_operator": best, "operator_mean": m_best, "rand_mean": m_rand, "failure_bound": f_bound}
@@ -56,7 +56,7 @@ def cells(off_dir: Path, on_dir: Path) -> dict[str, Any]:
                             "F": None if f_bound is None else f <= f_bound}
             o, n = row["off"], row["on"]
             row["mean_on_over_off"] = n["mean"] / o["mean"]
-            if variant in FIX:
+            if variant in fix:
                 row["kind"], row["holds"] = "fix", n["F"] and row["mean_on_over_off"] <= MEAN_RATIO
             else:
                 row["kind"] = "no harm"
