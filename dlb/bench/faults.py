@@ -87,6 +87,8 @@ WINDOW_TARGET = {"server", "cell"}
 
 #: Status of a request whose connection was refused (never sent).
 REFUSED = -1
+#: The reason of a status-0 failure lost before any answer on a kept-alive connection (:func:`traced_open_loop`).
+KEPT_ALIVE = "on a kept-alive connection"
 
 
 @dataclass
@@ -94,7 +96,7 @@ class Sample:
     sent: float
     done: float
     status: int  # 0: connection closed before a full response, or a stream without [DONE]; REFUSED: could not connect
-    server: str  # x-dlb-server of a 200; the error code of a JSON error reply; for status 0 why; else ""
+    server: str  # x-dlb-server of a 200; the error code of a JSON error reply; for status 0 why (KEPT_ALIVE); else ""
     kind: str = "chat"  # which request of the mix (:func:`request_mix`)
     peer: str = ""  # the address the request's connection went to (of several a name resolves to); "" if none
 
@@ -229,6 +231,7 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
             if not c.closed:
                 conn = c
                 break
+        reused = conn is not None
         try:
             if conn is None:
                 try:
@@ -243,6 +246,11 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
             if conn is not None and conn.transport is not None:
                 conn.transport.close()
             conn = None
+        if status == 0 and not server and reused:
+            # Lost before any answer on a connection kept from an earlier request: the peer may have died
+            # before this one was written (a client that retries such a request, as the OpenAI SDK does,
+            # would not see it fail); told apart from a new connection's loss.
+            server = KEPT_ALIVE
         samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server, kind, peer))
         if conn is not None and not conn.closed:
             idle.append(conn)
