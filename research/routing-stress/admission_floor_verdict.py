@@ -73,8 +73,10 @@ def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
     return "?" if x is None else format(scale * x, fmt)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def main(doc: str | None = __doc__, dlb: tuple[str, ...] = DLB, fix: tuple[str, ...] = FIX,
+         outcome: tuple[str, str] = ("the on arm slowdown becomes the default", "the default stays 0")) -> None:
+    """Parse ``NAME OFF ON`` triples, print each cell and the verdict (``outcome``: adopted, not), write ``--json``."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     ap.add_argument("triples", nargs="+", help="NAME OFF ON, repeated")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -84,7 +86,7 @@ def main() -> None:
     failed: list[str] = []
     for i in range(0, len(a.triples), 3):
         name, off, on = a.triples[i:i + 3]
-        res = out["experiments"][name] = cells(Path(off), Path(on))
+        res = out["experiments"][name] = cells(Path(off), Path(on), dlb, fix)
         print(f"## {name} (slowdowns: off {res['slowdowns']['off']}, on {res['slowdowns']['on']})")
         for key, row in res["rows"].items():
             o, n = row["off"], row["on"]
@@ -97,7 +99,7 @@ def main() -> None:
                   f" | on/off {row['mean_on_over_off']:.4f}")
     out["failed"] = failed
     out["verdict"] = not failed
-    print(f"cells failing: {len(failed)} {failed}; verdict: {'the on arm slowdown becomes the default' if out['verdict'] else 'the default stays 0'}")
+    print(f"cells failing: {len(failed)} {failed}; verdict: {outcome[0] if out['verdict'] else outcome[1]}")
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
 
