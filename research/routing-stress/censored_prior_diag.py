@@ -20,7 +20,7 @@ import numpy as np
 
 import dlb.sim.engine as sim_engine
 from dlb.core.fit import Censored, FitResult
-from dlb.core.latency_model import latency_at
+from dlb.core.latency_model import latency
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.scenario import generate
 
@@ -42,8 +42,7 @@ class LoggedEstimator(sim_engine.LatencyEstimator):
         running = 0 if in_flight is None else int(np.asarray(in_flight.rif).size)
         ratio = math.nan
         if len(self._lat):
-            p = self.params
-            pred = np.array([latency_at(x, p.a, p.b, p.c, p.s) for x in self._rif])
+            pred = latency(np.fromiter(self._rif, float), *self.params.as_array())
             ratio = float(np.median(np.fromiter(self._lat, float) / pred))
         age = float(np.mean(np.asarray(in_flight.age))) if in_flight is not None and running else 0.0
         LOG.append((self.cell, now, *self.params.as_array(), self.confidence, len(self._lat), running, ratio, age))
