@@ -13,7 +13,7 @@ through the leaf Envoy, the leaf's server pick and the access log exactly as rea
 without crossing the WAN (the model is of serving latency; roots add the network themselves); and a
 cell with traffic never probes, because the rule below only fires on silence.
 
-The rule: send one probe when the cell has seen no completion (real or probe) for ``interval`` and
+The rule: send one probe when the cell has received no request (real or probe) for ``interval`` and
 no probe is outstanding, where ``interval = clip(1 / (budget × capacity), min_interval_s,
 max_interval_s)`` with the capacity from :func:`capacity_floor`: the model's saturation
 throughput ``1/b``, but never more than ``servers / a`` — one request per server at a time at the
@@ -44,6 +44,21 @@ probe's *surprise* — the sign of its latency's deviation from the cell's model
 ``change_after`` surprises in a row of the same sign, :attr:`BackgroundProber.changed_since`
 gives the time of the first one: the cell changed then, and the caller drops the samples older
 than that (:meth:`dlb.core.estimator.LatencyEstimator.forget_before`).
+
+**An abandoned slow cell is watched.** Two things made a cell whose servers had slowed and then
+recovered wait 17 s for its first probe (the fault bench's `cell_overload` row, traced at the leaf):
+silence was counted from the last *completion*, and the slow requests still running kept completing
+for 18 s after the roots had stopped sending, the last one a second after the recovery; and the budget
+was a share of the capacity the *slow* model gives, so the slowdown itself spread the probes that are
+there to see its end (up to ``max_interval_s``). So silence counts from the last *arrival* (a cell the
+roots stopped choosing is the one that needs a probe, whatever it still has running), and a cell whose
+measured capacity fell below ``1/watch_ratio`` of the best it showed (remembered, fading by ``e`` every
+``memory_s``) is probed at least every ``watch_interval_s`` while idle: its probes use capacity the
+roots left idle, and its recovery is then declared within ≈ ``watch_interval_s`` + ``change_after − 1``
+probes + a refit (5 + 2 + 1 s, inside the fault matrix's 10-s recovery target). A cell that stays slow
+pays that rate until its memory fades below ``watch_ratio`` (≈ 590 s for a 4× slowdown: ~120 probes),
+then the budget again. Only *measured* capacities are remembered: a configured prior 50× too fast would
+otherwise be a best that no slowdown caused.
 """
 
 from __future__ import annotations
@@ -82,16 +97,24 @@ class BackgroundProbeConfig:
     tolerance: float = 0.5
     #: Surprises of the same sign in a row that declare the cell changed.
     change_after: int = 3
+    #: An idle cell whose measured capacity is below ``1/watch_ratio`` of its remembered best is probed at
+    #: least every ``watch_interval_s`` (never more often than ``min_interval_s``); see the module docstring.
+    watch_interval_s: float = 5.0
+    watch_ratio: float = 2.0
+    #: Seconds in which the remembered best capacity fades by a factor ``e`` toward the current one.
+    memory_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not (0 < self.min_interval_s <= self.max_interval_s and 0 < self.budget <= 1 and self.timeout_s > 0):
             raise ValueError("background probes need 0 < min_interval_s <= max_interval_s, 0 < budget <= 1 and "
                              f"timeout_s > 0: {self}")
+        if not (self.watch_interval_s > 0 and self.watch_ratio > 1 and self.memory_s > 0):
+            raise ValueError(f"background probes need watch_interval_s > 0, watch_ratio > 1 and memory_s > 0: {self}")
 
 
 @dataclass
 class BackgroundProber:
-    """The probe schedule of one cell: feed it completions, ask it whether a probe is due."""
+    """The probe schedule of one cell: feed it the cell's arrivals, ask it whether a probe is due."""
 
     config: BackgroundProbeConfig
     sent: int = 0
@@ -105,6 +128,9 @@ class BackgroundProber:
     _streak_since: float = math.nan
     #: Set when ``change_after`` same-sign surprises in a row declared a change: when it began.
     changed_since: float | None = None
+    #: The best measured capacity (requests/s), fading over ``memory_s``, and when it was last updated.
+    best_capacity: float = 0.0
+    _best_at: float = math.nan
 
     def interval(self, capacity_rps: float) -> float:
         """Seconds of silence before a probe, so idle probing stays within the budget."""
@@ -113,23 +139,43 @@ class BackgroundProber:
             return cfg.min_interval_s
         return min(cfg.max_interval_s, max(cfg.min_interval_s, 1.0 / (cfg.budget * capacity_rps)))
 
-    def due(self, now: float, completions: int, capacity_rps: float) -> bool:
-        """Whether to send a probe now; ``completions`` is the cell's running count of completions."""
+    def remember(self, now: float, capacity_rps: float, measured: bool) -> float:
+        """Fade the remembered best capacity to ``now`` and raise it to ``capacity_rps`` if that is
+        measured (not the configured prior) and higher; returns it."""
+        if not math.isnan(self._best_at) and now > self._best_at:
+            self.best_capacity *= math.exp(-(now - self._best_at) / self.config.memory_s)
+        self._best_at = now
+        if measured and math.isfinite(capacity_rps) and capacity_rps > self.best_capacity:
+            self.best_capacity = capacity_rps
+        return self.best_capacity
+
+    def watched(self, capacity_rps: float) -> bool:
+        """Whether the cell is well below the best capacity it showed (see the module docstring)."""
+        return capacity_rps * self.config.watch_ratio < self.best_capacity
+
+    def due(self, now: float, arrivals: int, capacity_rps: float, measured: bool = True) -> bool:
+        """Whether to send a probe now. ``arrivals``: the cell's running count of requests it received
+        (probes included); ``measured``: the model behind ``capacity_rps`` was fitted to samples (False
+        while it is the configured prior)."""
+        self.remember(now, capacity_rps, measured)
         if self.sent < self.config.warmup:
             # One after another, not all at once: the first request down a cold path (new connections,
             # a first ext_proc stream, a server's first batch) is slow by nature, and three sent together
             # are all first. Their median then put a ×2.5 prior on an idle cell of a loaded CI box, whose
             # roots sent it nothing until its next probe 15 s later. In sequence, the median is a warm one.
             return self._outstanding_since is None
-        if completions != self._count:
-            self._count = completions
+        if arrivals != self._count:
+            self._count = arrivals
             self._last_activity = now
         if self._outstanding_since is not None:
             if now - self._outstanding_since < self.config.timeout_s:
                 return False
             self._outstanding_since = None
             self.lost += 1
-        wait = self.config.min_interval_s if self._streak else self.interval(capacity_rps)
+        cfg = self.config
+        wait = cfg.min_interval_s if self._streak else self.interval(capacity_rps)
+        if self.watched(capacity_rps):
+            wait = min(wait, max(cfg.min_interval_s, cfg.watch_interval_s))
         return now - self._last_activity >= wait
 
     def on_sent(self, now: float) -> None:

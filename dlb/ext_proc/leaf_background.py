@@ -121,7 +121,6 @@ class LeafBackground:
         loop runs while probing is off too, so :meth:`set_background` can turn it on without a restart.
         """
         self.set_background(config, body)
-        st = self.state
         seq = 0
         while True:
             await asyncio.sleep(tick_s)
@@ -132,14 +131,23 @@ class LeafBackground:
             if prober is None:
                 prober = self.prober = BackgroundProber(cfg)
             now = self.clock()
-            p = st.estimator.params
-            while self.envoy_ok and prober.due(now, st.completed, capacity_floor(st.healthy(now), p.a, p.b)):
+            while self.envoy_ok and self.probe_due(prober, now):
                 prober.on_sent(now)
                 seq += 1
                 task = asyncio.create_task(self._background_probe(address, self.bg_body, f"{BACKGROUND_PROBE_ID}{os.getpid()}-{seq}",
                                                                   cfg.timeout_s))
                 self._bg_tasks.add(task)
                 task.add_done_callback(self._bg_tasks.discard)
+
+    def probe_due(self, prober: BackgroundProber, now: float) -> bool:
+        """Ask ``prober`` with this cell's state: silence counted from the last request *started* (the
+        slow tail a cell still completes after the roots left it is not traffic), capacity from the
+        published model over the healthy servers, remembered only once the model is measured."""
+        st = self.state
+        est = st.estimator
+        p = est.params
+        measured = est.confidence > 0 or est.effective_prior is not est.prior
+        return prober.due(now, st.started, capacity_floor(st.healthy(now), p.a, p.b), measured)
 
     async def _background_probe(self, address: str, body: bytes, request_id: str, timeout_s: float) -> None:
         host, _, port = address.rpartition(":")

@@ -170,6 +170,8 @@ class LeafState:
         self.pool = ProbePool(self.prequal, random.Random(int(self.rng.integers(2**63))))
         self._tokens_sum = 0.0  # of every request size estimate seen, for the mean request size
         self._tokens_n = 0
+        #: Requests this leaf saw start (the background prober counts silence from the last one).
+        self.started = 0
         self.completed = 0
         self.failed = 0
         self.cut_streams = 0
@@ -432,6 +434,7 @@ class LeafState:
                 self.servers[server].tokens += tokens
                 self.servers[server].picks += 1
             return request_id
+        self.started += 1
         if len(self.inflight) >= self.max_inflight:
             self.inflight_refused += 1
             return request_id

@@ -419,7 +419,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         now - np.fromiter((t_leaf[i] for i in ids), float, len(ids)))
     bg_cfg = cfg.background if cfg.background is not None else BackgroundProbeConfig()  # used only when probing
     probers = [BackgroundProber(bg_cfg) for _ in range(n)] if probing else []
-    done_at = [0] * n  # completions (requests and probes) per cell: what the prober watches
+    arrived_at = [0] * n  # requests (and probes) each leaf received: the prober counts silence from the last
     probes_sent = [0] * n
     probe_errors = 0
     errs = [ErrorTracker(cfg.error_tau_s) for _ in range(n)]
@@ -568,7 +568,6 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                         stok[srv] -= tok_est[b]
                     srif[srv] -= 1
                     crif[j] -= 1
-                    done_at[j] += 1
                     serving = now - t_leaf[b]
                     errs[j].record(now, False)
                     if admission:
@@ -630,6 +629,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                 if cancel and a < R and fate[a]:  # its client gave up on the way
                     continue
                 j = dst[a] if a < R else b
+                arrived_at[j] += 1
                 cand = online[j]
                 if names_server and a < R:  # the root named the server: no leaf pick
                     s1 = fixed[a]
@@ -787,7 +787,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _BG:
                 for j in range(n):
                     pj = est[j].params
-                    while probers[j].due(now, done_at[j], capacity_floor(len(online[j]), pj.a, pj.b)):
+                    measured = est[j].confidence > 0 or est[j].effective_prior is not est[j].prior
+                    while probers[j].due(now, arrived_at[j], capacity_floor(len(online[j]), pj.a, pj.b), measured):
                         probers[j].on_sent(now)
                         probes_sent[j] += 1
                         prefill_s.append(probe_prefill)

@@ -249,6 +249,28 @@ def test_background_probe_settings_change_live_and_keep_the_schedule() -> None:
     assert bg.bg_config is None and bg.prober is None
 
 
+def test_a_cell_still_completing_its_slow_tail_after_the_roots_left_it_is_probed() -> None:
+    """The prober's silence runs from the last request the leaf saw *start*: a cell the roots stopped
+    sending to while 20 slow requests were running (the fault bench's overloaded cell completed such a tail
+    for 18 s, and its first probe came 15 s after the last of them) is probed one interval after its last
+    arrival, completions or not."""
+    from dlb.core.background import BackgroundProbeConfig, BackgroundProber
+    from dlb.ext_proc.leaf_background import LeafBackground
+
+    st = make(2)
+    for k in range(20):
+        st.start(0.0, f"r{k}", k % 2)
+    bg = LeafBackground(st)
+    prober = BackgroundProber(BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=5.0, warmup=0))
+    assert not bg.probe_due(prober, 0.0)
+    for k in range(20):  # one completion every 0.25 s, none arriving
+        t = 0.25 * (k + 1)
+        st.complete(t, Completion(f"r{k}", st.servers[k % 2].address, 200, t))
+        if t < 5.0:
+            assert not bg.probe_due(prober, t), t
+    assert bg.probe_due(prober, 5.0)
+
+
 def test_capacity_is_learned_from_each_servers_429s_and_unknown_until_all_refused() -> None:
     """The probe's capacity: what every healthy server held when it refused (429), summed; unknown
     (None) while any healthy server never refused, so a root never sheds on a guess (dlb.core.shedding)."""
