@@ -180,7 +180,8 @@ def test_a_new_prober_sends_its_warmup_probes_one_after_another() -> None:
 def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None:
     """A slowdown shrinks the capacity the budget is taken of, which spread the probes that are there to see
     it end; a cell at < 1/watch_ratio of the best capacity it showed is probed every watch_interval_s while
-    idle, until that memory fades; a configured prior (measured=False) is never the remembered best."""
+    idle (a cadence from each probe's send: a slow cell's probe takes seconds), until that memory fades; a
+    configured prior (measured=False) is never the remembered best."""
     cfg = BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=30.0, budget=0.01, warmup=0, watch_interval_s=5.0,
                                 watch_ratio=2.0, memory_s=600.0)
     p = BackgroundProber(cfg)
@@ -189,9 +190,9 @@ def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None
     assert not p.due(1.0, 2, 10.0)  # 5x slower: watched; last arrival at 1
     assert p.watched(10.0) and not p.due(5.9, 2, 10.0) and p.due(6.0, 2, 10.0)  # 5 s, not the budget's 10
     p.on_sent(6.0)
-    p.on_done(6.5)
-    assert not p.due(6.5, 3, 10.0)  # the probe's arrival
-    assert not p.due(11.4, 3, 10.0) and p.due(11.6, 3, 10.0)
+    assert not p.due(6.25, 3, 10.0)  # its arrival at the leaf, a tick later
+    p.on_done(9.0)  # a slow cell's probe: 3 s
+    assert not p.due(11.2, 3, 10.0) and p.due(11.25, 3, 10.0)  # 5 s from its start, not from its end
     # The memory fades by e per memory_s: 50·e^(-t/600) < 2 × 10 after t = 600·ln 2.5 ≈ 550 s.
     assert p.remember(500.0, 10.0, True) > 20.0 and p.remember(600.0, 10.0, True) < 20.0 and not p.watched(10.0)
     # A configured prior that promised 50 req/s is not a best a measured 10 is compared with.
