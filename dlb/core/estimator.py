@@ -246,8 +246,25 @@ class LatencyEstimator:
         self.params, self.confidence, self.last_result, self._last_fit = fitted.params, fitted.confidence, fitted.last_result, now
         self.effective_prior, self._stride = fitted.effective_prior, fitted._stride
 
-    def forget_before(self, t: float) -> int:
-        """Drop the samples recorded before ``t`` (the cell changed then); returns how many."""
+    def forget_before(self, t: float, by_arrival: bool = False) -> int:
+        """Drop the samples recorded before ``t`` (the cell changed then); returns how many.
+
+        ``by_arrival``: drop those whose request *arrived* before ``t`` (completion − latency), for a change
+        whose start is an arrival time (a probe's send). A request that ran across a recovery completes
+        after it with the slow latency it mostly had: kept, the 8×-slow tail of an overloaded cell still
+        outvoted the three fast probes that declared the recovery (the fault bench's overload row, seed 7).
+        """
+        if by_arrival:
+            keep = [(c, r, x) for c, r, x in zip(self._t, self._rif, self._lat, strict=True) if c - x >= t]
+            k = len(self._t) - len(keep)
+            self._t.clear()
+            self._rif.clear()
+            self._lat.clear()
+            for c, r, x in keep:
+                self._t.append(c)
+                self._rif.append(r)
+                self._lat.append(x)
+            return k
         k = 0
         while self._t and self._t[0] < t:
             self._t.popleft()

@@ -187,7 +187,7 @@ class LeafBackground:
             t_change = pr.take_change()
             if t_change is not None:
                 # The cell is no longer what its samples say (it recovered, or slowed while idle).
-                dropped = self.state.estimator.forget_before(t_change)
+                dropped = self.state.estimator.forget_before(t_change, by_arrival=True)
                 self.refit_now = True
                 log.info("cell_change_detected", cell=self.state.cell, direction="slower" if surprised > 0 else "faster",
                          samples_dropped=dropped)

@@ -583,7 +583,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
                                                      pr.config.tolerance))
                             t_probe = pr.take_change()
                             if t_probe is not None:
-                                e.forget_before(t_probe)
+                                e.forget_before(t_probe, by_arrival=True)
                                 changed = True
                         e.record(now, rif0[b], serving)
                         if e.take_change() is not None:  # the traffic's samples say it changed

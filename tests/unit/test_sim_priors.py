@@ -247,6 +247,21 @@ def test_forget_before_drops_only_older_samples() -> None:
     assert est.forget_before(6.0) == 6 and len(est) == 4
 
 
+def test_a_change_probes_declared_drops_the_requests_that_started_before_it() -> None:
+    """A change dated by a probe's send drops every sample whose request arrived before it, however late it
+    completed: the slow tail of a recovered cell (28-s streams completing after the recovery) would
+    otherwise outvote the fast probes that declared it."""
+    est = LatencyEstimator(TRUE, EstimatorConfig(dither=0.0, change_block=0))
+    for t in range(10):
+        est.record(30.0 + t, 1.0, 28.0)  # started 2-11 s, completed 30-39 s: slow
+    for t in (34.0, 35.0, 36.0):
+        est.record(t + 0.2, 1.0, 0.2)  # the fast probes, sent at 34, 35, 36
+    assert est.forget_before(34.0) == 4  # by completion: the tail that completed after 34 is kept
+    assert est.forget_before(34.0, by_arrival=True) == 6 and len(est) == 3
+    est.refit(37.0)
+    assert est.params.a < 1.0
+
+
 def test_a_prior_the_samples_confirm_within_trust_is_kept_as_configured() -> None:
     """Samples 1.5× the prior's prediction: the configured prior stays (its shape may be right where a
     rescale by queueing would not be); 3× off: rescaled."""
