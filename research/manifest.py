@@ -246,6 +246,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("sim/*cost*/cost-estimate.json", "dlb sim --experiment all --estimate 0.5 --out DIR"),
     ("sim/protocol-head/*", "dlb sim --experiment EXPERIMENT --seed 13 --workers 1 --in-order --out DIR, then dlb sim report "
                             "(research/sim/protocol-head/README.md)"),
+    ("sim/probe-watch-137/*", "dlb sim --experiment outage --experiment priors --scenarios 6 --trials 2 --policies "
+     "Rand,Disc-Lat,Disc-Grad,Flow-Grad --server-model batched --seed 137 --out DIR (at the commit in the folder's name)"),
     ("sim/priors*/*", "dlb sim --experiment priors --scenarios 5 --trials 2 --minutes 3 --out DIR"),
     ("sim/plots/*.png", "dlb sim report --results research/sim/protocol/results.json.gz --plots-dir research/sim/plots"),
     ("sim/issue-11/plots-*/*.png", "dlb sim report --results DIR/results.json.gz --plots-dir FILE's folder"),
