@@ -230,6 +230,12 @@ class LatencyEstimator:
         changed = self.take_change() is not None
         return changed or self.prior_measurable() or now - self._last_fit >= self.config.refit_period_s
 
+    @property
+    def measured(self) -> bool:
+        """The published model rests on samples (a fit, or a prior measured from them), not on the
+        configured prior alone: what the background prober may remember as a cell's best capacity."""
+        return self.confidence > 0 or self.effective_prior is not self.prior
+
     def prior_measurable(self) -> bool:
         """The first samples can replace the configured prior: refit at once rather than on schedule."""
         return self.config.measure_prior and self.effective_prior is self.prior and len(self._t) >= MIN_PRIOR_SAMPLES

@@ -144,10 +144,8 @@ class LeafBackground:
         slow tail a cell still completes after the roots left it is not traffic), capacity from the
         published model over the healthy servers, remembered only once the model is measured."""
         st = self.state
-        est = st.estimator
-        p = est.params
-        measured = est.confidence > 0 or est.effective_prior is not est.prior
-        return prober.due(now, st.started, capacity_floor(st.healthy(now), p.a, p.b), measured)
+        p = st.estimator.params
+        return prober.due(now, st.started, capacity_floor(st.healthy(now), p.a, p.b), st.estimator.measured)
 
     async def _background_probe(self, address: str, body: bytes, request_id: str, timeout_s: float) -> None:
         host, _, port = address.rpartition(":")

@@ -787,8 +787,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
             elif kind == _BG:
                 for j in range(n):
                     pj = est[j].params
-                    measured = est[j].confidence > 0 or est[j].effective_prior is not est[j].prior
-                    while probers[j].due(now, arrived_at[j], capacity_floor(len(online[j]), pj.a, pj.b), measured):
+                    while probers[j].due(now, arrived_at[j], capacity_floor(len(online[j]), pj.a, pj.b), est[j].measured):
                         probers[j].on_sent(now)
                         probes_sent[j] += 1
                         prefill_s.append(probe_prefill)
