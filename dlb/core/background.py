@@ -134,6 +134,8 @@ class BackgroundProber:
     #: The best measured capacity (requests/s), fading over ``memory_s``, and when it was last updated.
     best_capacity: float = 0.0
     _best_at: float = math.nan
+    #: Whether the last :meth:`due` found the cell watched (exported, so an operator sees why it probes).
+    watching: bool = False
 
     def interval(self, capacity_rps: float) -> float:
         """Seconds of silence before a probe, so idle probing stays within the budget."""
@@ -161,6 +163,7 @@ class BackgroundProber:
         (probes included); ``measured``: the model behind ``capacity_rps`` was fitted to samples (False
         while it is the configured prior)."""
         self.remember(now, capacity_rps, measured)
+        self.watching = self.watched(capacity_rps)
         if self.sent < self.config.warmup:
             # One after another, not all at once: the first request down a cold path (new connections,
             # a first ext_proc stream, a server's first batch) is slow by nature, and three sent together
@@ -178,7 +181,7 @@ class BackgroundProber:
         cfg = self.config
         if self._streak:
             return now - self._last_activity >= cfg.min_interval_s
-        if self.watched(capacity_rps):
+        if self.watching:
             # A cadence from the last send, not the last completion: a probe of a still-slow cell takes
             # seconds, and timing the next from its end put a recovery ~3 s later (module docstring).
             watch = min(self.interval(capacity_rps), max(cfg.min_interval_s, cfg.watch_interval_s))

@@ -122,6 +122,7 @@ class LeafBackground:
         """
         self.set_background(config, body)
         seq = 0
+        watching = False  # as last logged: a cell well below its best capacity, probed every watch interval
         while True:
             await asyncio.sleep(tick_s)
             cfg = self.bg_config
@@ -138,6 +139,12 @@ class LeafBackground:
                                                                   cfg.timeout_s))
                 self._bg_tasks.add(task)
                 task.add_done_callback(self._bg_tasks.discard)
+            if prober.watching != watching:
+                watching = prober.watching
+                p = self.state.estimator.params
+                log.info("cell_watched" if watching else "cell_watch_ended", cell=self.state.cell,
+                         capacity_rps=round(capacity_floor(self.state.healthy(now), p.a, p.b), 3),
+                         best_capacity_rps=round(prober.best_capacity, 3))
 
     def probe_due(self, prober: BackgroundProber, now: float) -> bool:
         """Ask ``prober`` with this cell's state: silence counted from the last request *started* (the

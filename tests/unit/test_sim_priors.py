@@ -186,8 +186,8 @@ def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None
                                 watch_ratio=2.0, memory_s=600.0)
     p = BackgroundProber(cfg)
     assert p.interval(50.0) == 2.0 and p.interval(10.0) == 10.0
-    assert not p.due(0.0, 1, 50.0)  # healthy: best 50 req/s
-    assert not p.due(1.0, 2, 10.0)  # 5x slower: watched; last arrival at 1
+    assert not p.due(0.0, 1, 50.0) and not p.watching  # healthy: best 50 req/s
+    assert not p.due(1.0, 2, 10.0) and p.watching  # 5x slower: watched (the leaf's gauge); last arrival at 1
     assert p.watched(10.0) and not p.due(5.9, 2, 10.0) and p.due(6.0, 2, 10.0)  # 5 s, not the budget's 10
     p.on_sent(6.0)
     assert not p.due(6.25, 3, 10.0)  # its arrival at the leaf, a tick later
@@ -195,6 +195,8 @@ def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None
     assert not p.due(11.2, 3, 10.0) and p.due(11.25, 3, 10.0)  # 5 s from its start, not from its end
     # The memory fades by e per memory_s: 50·e^(-t/600) < 2 × 10 after t = 600·ln 2.5 ≈ 550 s.
     assert p.remember(500.0, 10.0, True) > 20.0 and p.remember(600.0, 10.0, True) < 20.0 and not p.watched(10.0)
+    p.due(600.0, 3, 10.0)
+    assert not p.watching
     # A configured prior that promised 50 req/s is not a best a measured 10 is compared with.
     q = BackgroundProber(cfg)
     assert not q.due(0.0, 1, 50.0, measured=False) and not q.due(1.0, 2, 10.0)
