@@ -42,12 +42,13 @@ Since the projection is invariant to adding a constant to every allowed coordina
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dlb.core.latency_model import Num, latency
 from dlb.core.projection import project_simplex_scaled
+from dlb.core.slowed_share import SlowedShareConfig
 
 #: :attr:`FlowConfig.pick`'s values.
 PICKS = ("sample", "two-choice")
@@ -125,6 +126,9 @@ class FlowConfig:
     #: 1.00 → 1.09 at 180 s: two seeds entered the latency cost's oscillation after the hand-over).
     warmup_s: float | None = None
     warmup_smoothing_s: float = 2.0
+    #: A cell whose model slowed under half its best capacity gets the share it held back when the model
+    #: recovers (:mod:`dlb.core.slowed_share`): the step alone brought it back ~0.001 per second.
+    slowed_share: SlowedShareConfig = field(default_factory=SlowedShareConfig)
     gain_up: float = 1.2
     min_gain: float = 1.0 / 64.0
 

@@ -58,6 +58,7 @@ from dlb.core.latency_model import (
     service_rate,
 )
 from dlb.core.shedding import ShedConfig, should_shed
+from dlb.core.slowed_share import SlowedShares, capacity
 from dlb.core.topology import Topology
 
 NO_CELL = -1
@@ -217,6 +218,9 @@ class RootRouter:
         # (0: none kept); a cell that comes back starts from that share (:meth:`_rejoin`).
         self._flow_mask: np.ndarray | None = None
         self._x_left = np.zeros(n)
+        # Flow: the share a cell held before its model slowed, given back when it recovers (:meth:`_restore`).
+        slowed = policy.flow.slowed_share
+        self.slowed_shares = SlowedShares(n, slowed) if policy.mechanism is Mechanism.FLOW and slowed.enabled else None
         # Per-cell step multipliers of the flow loop and the sign of each cell's last move (see
         # FlowConfig.adaptive_gain).
         self._gain = np.ones(n)
@@ -484,18 +488,36 @@ class RootRouter:
         back = usable & ~prev & (self._x_left > 0)
         if not back.any():
             return
-        give = min(float(self._x_left[back].sum()), 1.0)
+        self._give_back(usable, back, self._x_left)
+        self._x_left[back] = 0.0
+
+    def _restore(self, usable: np.ndarray, now: float) -> None:
+        """Give a cell whose model recovered from a slowdown the share it held before (:mod:`dlb.core.slowed_share`)."""
+        memory = self.slowed_shares
+        if memory is None:
+            return
+        m = self.models
+        shares = memory.observe(now, self._x, capacity(m.a, m.b, self.replicas), usable & (self.view.confidence > 0))
+        if shares is None:
+            return
+        back = usable & (shares > self._x)
+        if back.any():
+            self._give_back(usable, back, shares)
+
+    def _give_back(self, usable: np.ndarray, back: np.ndarray, shares: np.ndarray) -> None:
+        """Set the cells ``back`` to ``shares``; the other usable cells give that up in proportion to theirs."""
+        give = min(float(shares[back].sum()), 1.0)
         rest = usable & ~back
         x = np.where(usable, self._x, 0.0)
         x[back] = 0.0
         if x[rest].sum() > 0:
             x[rest] *= (1.0 - give) / x[rest].sum()
-        x[back] = self._x_left[back]
-        self._x_left[back] = 0.0
+        x[back] = shares[back]
         self.x = x / x.sum()
 
     def _flow_update(self, usable: np.ndarray, dt: float, now: float) -> None:
         self._rejoin(usable)
+        self._restore(usable, now)
         n_obs = self.view.rif * self._inflate
         cfg = self.policy.flow
         if cfg.lead_s > 0:

@@ -87,6 +87,8 @@ def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_
         getattr(new.models, attr)[ni] = getattr(old.models, attr)[oi]
     new.aversion[ni] = old.aversion[oi]
     new.adopt_warmup(old)
+    if new.slowed_shares is not None and old.slowed_shares is not None:
+        new.slowed_shares.adopt(old.slowed_shares, pairs)
     new.replicas[ni] = old.replicas[oi]
     if new.policy.mechanism is Mechanism.FLOW and old.policy.mechanism is Mechanism.FLOW:
         x = np.zeros_like(new.x)
