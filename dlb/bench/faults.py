@@ -35,7 +35,10 @@ streams whose answer had started (the root retries the rest on a fallback cell);
 (``envoy_min_healthy``; ``cell_load`` is the mean share of the cell's batch slots busy meanwhile);
 every fault: ``recover_s`` not null and ``<= 10``. The root Envoy fault has no failure target (a killed
 root Envoy is the client's own connection); with two root Envoys sharing the address
-(``root_envoy_replica``, one killed) no request sent after the kill may fail. ``control_plane_replica``
+(``root_envoy_replica``, one killed) no request written after the killed Envoy exited may fail
+(``failed_after_exit``; ``exit_after_fault_s`` says how long the SIGKILL took to reap it; a request
+written before went into the dying process's socket, in flight on it; ``failed_new`` still counts from
+the signal). ``control_plane_replica``
 kills the first of two control-plane replicas, the one the services follow: ``failed == 0``.
 ``leaf_replica_kill`` gives every cell two leaf replicas and kills one of cell ``a``'s (its Envoy and its
 agent): no failure but streams whose answer had started on it, as for the leaf Envoy. ``leaf_replica_freeze``
@@ -99,6 +102,7 @@ class Sample:
     server: str  # x-dlb-server of a 200; the error code of a JSON error reply; for status 0 why (KEPT_ALIVE); else ""
     kind: str = "chat"  # which request of the mix (:func:`request_mix`)
     peer: str = ""  # the address the request's connection went to (of several a name resolves to); "" if none
+    written: float = math.nan  # when its bytes were handed to the socket (after ``sent``: a connect, a busy loop)
 
 
 class _TraceConn(asyncio.Protocol):
@@ -213,10 +217,11 @@ async def _connect(host: str, port: int, rng: random.Random | None) -> _TraceCon
 
 async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float, str, bytes]], rate: float,
                            duration_s: float, seed: int, events: list[tuple[float, Callable[[], Any]]],
-                           origin: float, spread: bool = False) -> list[Sample]:
+                           origin: float, spread: bool = False, done_at: list[float] | None = None) -> list[Sample]:
     """Poisson arrivals for ``duration_s``, each a request of the mix ``(weight, kind, bytes)`` drawn at
-    random; ``events`` (time after ``origin``, blocking action) run in a thread; ``spread``: new
-    connections go to a random address of ``host`` (:func:`_connect`)."""
+    random; ``events`` (time after ``origin``, blocking action) run in a thread, and when each action
+    returned (after ``origin``) is appended to ``done_at``; ``spread``: new connections go to a random
+    address of ``host`` (:func:`_connect`)."""
     rng = random.Random(seed)
     weights = [w for w, _, _ in requests]
     loop = asyncio.get_running_loop()
@@ -225,7 +230,7 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(scheduled: float, kind: str, request: bytes) -> None:
-        conn, peer = None, ""
+        conn, peer, written = None, "", math.nan
         while idle:
             c = idle.pop()
             if not c.closed:
@@ -240,6 +245,7 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
                     samples.append(Sample(scheduled - origin, time.monotonic() - origin, REFUSED, "", kind))
                     return
             peer = str((conn.transport.get_extra_info("peername") or ("",))[0]) if conn.transport is not None else ""
+            written = time.monotonic() - origin
             status, server = await asyncio.wait_for(conn.send(request), 60)
         except (TimeoutError, OSError):
             status, server = 0, ""
@@ -251,7 +257,7 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
             # before this one was written (a client that retries such a request, as the OpenAI SDK does,
             # would not see it fail); told apart from a new connection's loss.
             server = KEPT_ALIVE
-        samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server, kind, peer))
+        samples.append(Sample(scheduled - origin, time.monotonic() - origin, status, server, kind, peer, written))
         if conn is not None and not conn.closed:
             idle.append(conn)
 
@@ -261,6 +267,8 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
             if delay > 0:
                 await asyncio.sleep(delay)
             await asyncio.to_thread(action)
+            if done_at is not None:
+                done_at.append(time.monotonic() - origin)
 
     ev = asyncio.create_task(run_events())
     t = origin
@@ -348,7 +356,11 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
             return send
         return signal_replica(signal.SIGSTOP), signal_replica(signal.SIGCONT)
     if fault == "root_envoy_replica":  # one of the two root Envoys sharing the root address
-        return (lambda: plane.more_root_envoys[0].proc.kill()), (lambda: plane.more_root_envoys[0].start() and None)
+        def kill_replica() -> None:
+            proc = plane.more_root_envoys[0].proc
+            proc.kill()
+            proc.wait(10)  # reaped: its sockets are closed, so what is written after this meets no Envoy of it
+        return kill_replica, (lambda: plane.more_root_envoys[0].start() and None)
     raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
 
 
@@ -356,7 +368,9 @@ def _fault_actions(plane: Any, fault: str) -> tuple[Callable[[], None], Callable
 
 
 def summarise(samples: list[Sample], fault: str, mode: str, rate: float, fault_at: float, restore_at: float,
-              warmup_s: float = 1.0, window_s: float = 1.0) -> dict[str, Any]:
+              warmup_s: float = 1.0, window_s: float = 1.0, exited_at: float | None = None) -> dict[str, Any]:
+    """One run's row (module docstring). ``exited_at``: when a killed part was reaped (its sockets closed),
+    for the rows whose target is about requests that reached it only after it was gone."""
     ok = [s for s in samples if s.status == 200]
     failed = [s for s in samples if s.status != 200]
     pre = [s for s in ok if warmup_s <= s.sent < fault_at]
@@ -388,6 +402,13 @@ def summarise(samples: list[Sample], fault: str, mode: str, rate: float, fault_a
         "failure_codes": dict(sorted(_count(f"{s.status} {s.server}".strip() for s in failed).items())),
         "failure_codes_new": dict(sorted(_count(f"{s.status} {s.server}".strip() for s in new_failed).items())),
     }
+    if exited_at is not None:
+        # A request written before the kill took effect went into the dying process's own socket: in
+        # flight on it. Its write time, not its schedule: a busy loop or a connect can write it later.
+        row["exit_after_fault_s"] = round(exited_at - fault_at, 4)
+        written = [s.sent if math.isnan(s.written) else s.written for s in failed]
+        row["failed_after_exit"] = sum(1 for w in written if w >= exited_at)
+        row["failed_written_after_fault_s"] = sorted(round(w - fault_at, 4) for w in written if w >= fault_at)
     row["verdict"] = verdict(row)
     return row
 
@@ -411,7 +432,8 @@ def _count(values: Any) -> dict[Any, int]:
 #: The verdict rule of every row, as the results file states it.
 VERDICT_RULE = ("0 failed requests (root service, control plane or one replica, leaf agent faults, a frozen leaf replica, whose "
                f"new requests stop going to it within {FREEZE_DETECT_S:g} s), 0 but streams "
-                "already answering (leaf Envoy, one of two leaf replicas), 0 sent after the kill (one of two root Envoys), new requests failing for "
+                "already answering (leaf Envoy, one of two leaf replicas), 0 written after the killed one exited (one of two root Envoys), "
+                "new requests failing for "
                 "<= 1 s (cell and server faults), >= 99 % served and every server "
                 "kept by its leaf Envoy (cell overload), recovered within 10 s")
 #: Failures of a request whose answer had started (status 200, then cut): no proxy can retry those.
@@ -432,8 +454,9 @@ def verdict(row: dict[str, Any]) -> str:
             why.append(f"the leaf Envoy kept only {row['envoy_min_healthy']} servers")
     if row.get("stall_window_s") is not None and row["stall_window_s"] > FREEZE_DETECT_S:
         why.append(f"new requests waited on the frozen replica for {row['stall_window_s']} s after the freeze (target <= {FREEZE_DETECT_S:g})")
-    if row["fault"] == "root_envoy_replica" and row["failed_new"] > 0:
-        why.append(f"{row['failed_new']} requests sent after the kill failed (target 0: only those in flight on it)")
+    after_kill = row.get("failed_after_exit", row["failed_new"])
+    if row["fault"] == "root_envoy_replica" and after_kill > 0:
+        why.append(f"{after_kill} requests written after the killed Envoy exited failed (target 0: only those in flight on it)")
     if row["fault"] in WINDOW_TARGET and row["new_fail_window_s"] > 1.0:
         why.append(f"new requests failed for {row['new_fail_window_s']} s (target <= 1)")
     if row["recover_s"] is None or row["recover_s"] > 10.0:
@@ -568,12 +591,15 @@ def run_one(fault: str, mode: str, load: FaultLoad = FaultLoad()) -> dict[str, A
         load_start = os.getloadavg()[0]  # the box's load beside each run's counts (a shared box starves parts)
         origin = time.monotonic() + 0.2
         watch = _CellWatch(plane, fault == "cell_overload")
+        done_at: list[float] = []
         try:
             samples = asyncio.run(traced_open_loop(host, port, mix, rate, fault_at_s + outage_s + after_s, seed,
-                                                   [(fault_at_s, inject), (fault_at_s + outage_s, restore)], origin))
+                                                   [(fault_at_s, inject), (fault_at_s + outage_s, restore)], origin,
+                                                   done_at=done_at))
         finally:
             watch.stop()
-        row = summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s)
+        exited = done_at[0] if fault == "root_envoy_replica" and done_at else None  # its inject returns once reaped
+        row = summarise(samples, fault, mode, rate, fault_at_s, fault_at_s + outage_s, exited_at=exited)
         row["policy"] = load.policy
         row["loadavg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
         if fault == "leaf_replica_freeze":

@@ -28,6 +28,24 @@ def test_summary_counts_and_verdict_rules() -> None:
     assert "recover_s None" in verdict(dict(row, recover_s=None))
 
 
+def test_a_root_envoy_replica_is_judged_from_when_its_killed_process_exited() -> None:
+    """A SIGKILLed Envoy takes a few ms to be reaped; a request written to its kept-alive connection in
+    that time went into its own socket (in flight on it), one written after it met no Envoy of it. The
+    row's target counts only the second; ``failed_new`` still counts from the signal."""
+    ok = [Sample(t / 10, t / 10 + 0.1, 200, "a-0", written=t / 10) for t in range(5, 60)]
+    dying = Sample(3.004, 3.01, 0, "on a kept-alive connection", written=3.004)
+    row = summarise([*ok, dying], "root_envoy_replica", "ext_proc", 10.0, fault_at=3.0, restore_at=4.0, exited_at=3.006)
+    assert row["failed_new"] == 1 and row["failed_after_exit"] == 0 and row["exit_after_fault_s"] == pytest.approx(0.006)
+    assert row["failed_written_after_fault_s"] == [pytest.approx(0.004)]
+    assert row["verdict"] == "pass"
+    # Scheduled before the exit but written after it (a busy client loop): after.
+    late = Sample(3.005, 3.02, 0, "on a kept-alive connection", written=3.0065)
+    row = summarise([*ok, late], "root_envoy_replica", "ext_proc", 10.0, fault_at=3.0, restore_at=4.0, exited_at=3.006)
+    assert row["failed_after_exit"] == 1 and "1 requests written after the killed Envoy exited" in row["verdict"]
+    # Without the exit time (an older caller) the signal is the line, as before.
+    assert "written after" in summarise([*ok, dying], "root_envoy_replica", "ext_proc", 10.0, fault_at=3.0, restore_at=4.0)["verdict"]
+
+
 class _Transport:
     def write(self, data: bytes) -> None:
         pass
