@@ -87,3 +87,16 @@ def test_a_cell_whose_model_recovers_gets_its_share_back_within_a_step(on: bool)
     else:
         assert r.x[0] < 0.5 * held
     np.testing.assert_allclose(r.x.sum(), 1.0)
+
+
+def test_a_reconfiguration_keeps_the_memory_of_the_cells_it_keeps() -> None:
+    """``_carry_over`` (a config change builds new routers) hands each kept cell's memory to its new index."""
+    old = SlowedShares(2)
+    yes = np.array([True, True])
+    old.observe(0.0, np.array([0.6, 0.4]), np.array([20.0, 20.0]), yes)
+    old.observe(1.0, np.array([0.6, 0.4]), np.array([4.0, 20.0]), yes)  # cell 0 slowed, holding 0.6
+    new = SlowedShares(3)
+    new.adopt(old, [(0, 2), (1, 0)])  # old cell 0 is new cell 2
+    assert new.slowed[2] and new.held[2] == pytest.approx(0.6) and not new.slowed[0]
+    shares = new.observe(2.0, np.array([0.3, 0.3, 0.4]), np.array([20.0, 20.0, 19.0]), np.array([True, True, True]))
+    assert shares is not None and shares[2] == pytest.approx(0.6)
