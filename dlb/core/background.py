@@ -67,6 +67,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+
+from dlb.core.latency_model import Num
 
 
 def surprise(latency_s: float, predicted_s: float, tolerance: float) -> int:
@@ -77,9 +82,18 @@ def surprise(latency_s: float, predicted_s: float, tolerance: float) -> int:
     return 1 if r > 1.0 + tolerance else (-1 if r < 1.0 / (1.0 + tolerance) else 0)
 
 
-def capacity_floor(servers: int, a: float, b: float) -> float:
-    """Requests/s the probe budget is taken of: ``min(1/b, servers/a)`` (see the module docstring)."""
-    return min(1.0 / b, max(servers, 1) / a)
+@overload
+def capacity_floor(servers: float, a: float, b: float) -> float: ...
+
+
+@overload
+def capacity_floor(servers: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
+
+
+def capacity_floor(servers: Num, a: Num, b: Num) -> Num:
+    """Requests/s the probe budget is taken of: ``min(1/b, servers/a)`` (see the module docstring); per
+    cell for arrays, so the root's flow memory (:mod:`dlb.core.slowed_share`) reads the same capacity."""
+    return np.minimum(1.0 / b, np.maximum(servers, 1) / a)
 
 
 @dataclass(frozen=True)

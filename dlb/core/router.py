@@ -35,6 +35,7 @@ import numpy as np
 
 from dlb.core.affinity import AffinityCache, AffinityConfig
 from dlb.core.aversion import AversionConfig, cap_to_headroom, fold_into_split, update_aversion
+from dlb.core.background import capacity_floor
 from dlb.core.costs import Cost, ModelTable, cost_vector, offered_inflation
 from dlb.core.flow import (
     FlowConfig,
@@ -58,7 +59,7 @@ from dlb.core.latency_model import (
     service_rate,
 )
 from dlb.core.shedding import ShedConfig, should_shed
-from dlb.core.slowed_share import SlowedShares, capacity
+from dlb.core.slowed_share import SlowedShares
 from dlb.core.topology import Topology
 
 NO_CELL = -1
@@ -497,7 +498,9 @@ class RootRouter:
         if memory is None:
             return
         m = self.models
-        shares = memory.observe(now, self._x, capacity(m.a, m.b, self.replicas), usable & (self.view.confidence > 0))
+        with np.errstate(divide="ignore", invalid="ignore"):  # a cell with no model yet has no capacity
+            cap = np.asarray(capacity_floor(self.replicas, m.a, m.b))
+        shares = memory.observe(now, self._x, cap, usable & (self.view.confidence > 0))
         if shares is None:
             return
         back = usable & (shares > self._x)

@@ -12,7 +12,7 @@ estimate of the equilibrium with the cell at its old speed; from there the step 
 
 The rule, per cell, on the flow step's clock:
 
-- its capacity ``min(1/b, replicas/a)`` from the model the root uses, remembered at its best while the
+- its capacity ``min(1/b, replicas/a)`` (:func:`dlb.core.background.capacity_floor`) from the model the root uses, remembered at its best while the
   model is measured (confidence > 0: a configured prior is never a best), fading by ``e`` every ``memory_s``;
 - *slowed* when the capacity falls under ``1/ratio`` of that best: the share held then is the largest it
   had over the last ``window_s`` (a slowdown shows in the cell's queue, which the costs read at once,
@@ -55,12 +55,6 @@ class SlowedShareConfig:
         return self.ratio > 0
 
 
-def capacity(a: np.ndarray, b: np.ndarray, replicas: np.ndarray) -> np.ndarray:
-    """Requests/s a cell can serve by its model: ``min(1/b, replicas/a)`` (the leaf's probe budget uses the same)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.minimum(1.0 / b, np.maximum(replicas, 1.0) / a)
-
-
 @dataclass
 class SlowedShares:
     """Per-cell memory of the rule above; :meth:`observe` once per flow step."""
@@ -95,7 +89,7 @@ class SlowedShares:
         while hist and hist[0][0] < now - cfg.window_s:
             hist.popleft()
         ok = measured & np.isfinite(cap) & (cap > 0)
-        self.best = np.where(ok, np.maximum(self.best, np.where(ok, cap, 0.0)), self.best)
+        self.best = np.where(ok, np.maximum(self.best, cap), self.best)
         new = ok & ~self.slowed & (cap * cfg.ratio < self.best)
         if new.any():
             peak = np.max(np.stack([h for _, h in hist]), axis=0)
