@@ -92,6 +92,30 @@ class FlowController:
         periods = [self.aversion_config.period_s] + [ep.policy.aversion.period_s for ep in self.endpoints]
         self._recent_errors = RecentErrors(self.topology.n, 2.0 * max(periods))
 
+    def carry_over(self, old: FlowController) -> None:
+        """Take over ``old``'s state for the cells, endpoints and sources both have (a config reload).
+
+        Without it a reload restarts every native split from the replica split and pushes that to the
+        root Envoys until the loop converges again, and forgets each cell's probes, models, aversion
+        and the shares it would give back (:meth:`RootRouter.carry_over`).
+        """
+        old_names, new_names = old.topology.names, self.topology.names
+        for (name, src), r in self.routers.items():
+            prev = old.routers.get((name, old_names.index(new_names[src]))) if new_names[src] in old_names else None
+            if prev is not None:
+                r.carry_over(prev, old_names, new_names)
+        for j, cell in enumerate(new_names):
+            if cell not in old_names:
+                continue
+            o = old_names.index(cell)
+            self.cells[j] = old.cells[o]
+            self.aversion[j] = old.aversion[o]
+            self._recent_errors.adopt(old._recent_errors, o, j)
+            if o in old._completed_prev:
+                self._completed_prev[j] = old._completed_prev[o]
+        self._last_aversion = old._last_aversion
+        self.throughput = old.throughput
+
     # -- probe results in ---------------------------------------------------------------------------
     def on_probe(self, cell: int, now: float, rif: float, replicas: float | None, model: LatencyParams | None,
                  confidence: float, samples: int, error_rate: float, completed: float, errors: int = 0) -> None:

@@ -145,6 +145,7 @@ class ControlPlane:
         self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
         if self.tls is not None:
             self.status_server.registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_xds")))
+        self.flow: FlowController | None = None
         self._load(config)
 
     # -- config -------------------------------------------------------------------------------------
@@ -166,7 +167,10 @@ class ControlPlane:
                     for ep in config.endpoints if ep.policy.mechanism is Mechanism.FLOW or ep.policy.native]
         # Root snapshots (and flow routers) exist for cells where root Envoys run: those with a root address.
         self.sources = [c.index for c in config.cells if c.root.address is not None and self.serves(c.name)]
+        prev_flow = self.flow
         self.flow = FlowController(topo, flow_eps, self.sources) if flow_eps else None
+        if self.flow is not None and prev_flow is not None:
+            self.flow.carry_over(prev_flow)  # a reload keeps what the loop learned (splits, probes, memory)
         #: MNLB baseline (the ``mnlb`` policy plugin): every endpoint's fail-open weights come from the central
         #: LP (:mod:`dlb.control_plane.mnlb`) instead of the flow routers; for comparisons, not production.
         #: Rand (the ``rand`` plugin) is MNLB's starting split, never solved: the replica split, fixed.

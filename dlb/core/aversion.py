@@ -121,6 +121,11 @@ class RecentErrors:
         self._errors = [-1] * self.n
         self._last_rise = [-math.inf] * self.n
 
+    def adopt(self, other: RecentErrors, other_cell: int, cell: int) -> None:
+        """Take over ``other``'s counter baseline for ``other_cell`` as ``cell`` (a reconfiguration)."""
+        self._errors[cell] = other._errors[other_cell]
+        self._last_rise[cell] = other._last_rise[other_cell]
+
     def observe(self, cell: int, errors: int, ema: float, now: float) -> float:
         """The error rate aversion should see for ``cell``: its EMA while errors keep coming, else 0."""
         prev = self._errors[cell]

@@ -327,6 +327,47 @@ class RootRouter:
         self._warm_until = other._warm_until
         self._routes_own = other._routes_own
 
+    def carry_over(self, old: RootRouter, old_names: Sequence[str], new_names: Sequence[str]) -> None:
+        """Take over ``old``'s state of the cells present in both topologies (a reconfiguration).
+
+        A config change builds new routers; without this each would start from the replica split with
+        no probe state, models or memory, and route like Rand until it relearned (the root service and
+        the control plane's flow loop both rebuild on every reload).
+        """
+        pairs = [(old_names.index(n), j) for j, n in enumerate(new_names) if n in old_names]
+        if not pairs:
+            return
+        oi = np.array([p[0] for p in pairs])
+        ni = np.array([p[1] for p in pairs])
+        ov, nv = old.view, self.view
+        for attr in ("rif", "last_probe", "error_rate", "confidence", "available", "capacity"):
+            getattr(nv, attr)[ni] = getattr(ov, attr)[oi]
+        for o, j in pairs:  # the sends no probe has seen yet, not just their sum (view.sent)
+            self.adopt_unseen(old, j, o)
+        for attr in ("a", "b", "c", "s"):
+            getattr(self.models, attr)[ni] = getattr(old.models, attr)[oi]
+        self.aversion[ni] = old.aversion[oi]
+        self._inflate[ni] = old._inflate[oi]
+        self.adopt_warmup(old)
+        if self.slowed_shares is not None and old.slowed_shares is not None:
+            self.slowed_shares.adopt(old.slowed_shares, pairs)
+        self.replicas[ni] = old.replicas[oi]
+        if self.policy.mechanism is Mechanism.FLOW and old.policy.mechanism is Mechanism.FLOW:
+            x = np.zeros_like(self.x)
+            x[ni] = old.x[oi]
+            x = np.where(self.allowed, x, 0.0)
+            if x.sum() > 0:
+                self.x = x / x.sum()
+            # The share a cell held when it became unusable: it gets it back when it returns (_rejoin).
+            self._x_left[ni] = np.where(self.allowed[ni], old._x_left[oi], 0.0)
+            if old._flow_mask is not None:
+                mask = np.zeros(self.topology.n, dtype=bool)
+                mask[ni] = old._flow_mask[oi]
+                self._flow_mask = mask
+            self._gain[ni], self._last_dir[ni] = old._gain[oi], old._last_dir[oi]
+        self.rate = old.rate
+        self.invalidate()  # the arrays above were written directly
+
     def warming(self, now: float) -> bool:
         """True while the flow cold start routes this router's requests like the discrete policy."""
         return self._routes_own and now < self._warm_until

@@ -71,35 +71,6 @@ class EndpointSpec:
         return [self.cell_priors.get(c, self.prior) for c in cells]
 
 
-def _carry_over(old: RootRouter, new: RootRouter, old_names: Sequence[str], new_names: Sequence[str]) -> None:
-    """Copy per-cell state of cells present in both topologies from ``old`` into ``new``."""
-    pairs = [(old_names.index(n), j) for j, n in enumerate(new_names) if n in old_names]
-    if not pairs:
-        return
-    oi = np.array([p[0] for p in pairs])
-    ni = np.array([p[1] for p in pairs])
-    ov, nv = old.view, new.view
-    for attr in ("rif", "last_probe", "error_rate", "confidence", "available", "capacity"):
-        getattr(nv, attr)[ni] = getattr(ov, attr)[oi]
-    for o, j in pairs:  # the sends no probe has seen yet, not just their sum (view.sent)
-        new.adopt_unseen(old, j, o)
-    for attr in ("a", "b", "c", "s"):
-        getattr(new.models, attr)[ni] = getattr(old.models, attr)[oi]
-    new.aversion[ni] = old.aversion[oi]
-    new.adopt_warmup(old)
-    if new.slowed_shares is not None and old.slowed_shares is not None:
-        new.slowed_shares.adopt(old.slowed_shares, pairs)
-    new.replicas[ni] = old.replicas[oi]
-    if new.policy.mechanism is Mechanism.FLOW and old.policy.mechanism is Mechanism.FLOW:
-        x = np.zeros_like(new.x)
-        x[ni] = old.x[oi]
-        x = np.where(new.allowed, x, 0.0)
-        if x.sum() > 0:
-            new.x = x / x.sum()
-    new.rate = old.rate
-    new.invalidate()  # the arrays above were written directly
-
-
 #: How often each endpoint's fallback table is rebuilt from its costs (a few times per probe period).
 FALLBACK_REFRESH_S = 0.05
 
@@ -201,7 +172,7 @@ class RootService:
             prev = old.get(spec.name)
             decisions = [0] * topology.n
             if prev is not None:
-                _carry_over(prev.router, router, self.cell_names, topology.names)
+                router.carry_over(prev.router, self.cell_names, topology.names)
                 for j, name in enumerate(self.cell_names):
                     if name in topology.names:
                         decisions[topology.index(name)] = prev.decisions[j]

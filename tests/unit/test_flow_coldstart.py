@@ -15,7 +15,6 @@ from dlb.core.flow import FlowConfig
 from dlb.core.latency_model import LatencyParams
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
-from dlb.ext_proc.root import _carry_over
 from dlb.proto import resources_pb2 as pb
 from dlb.sim.policies import REGISTRY
 
@@ -112,7 +111,7 @@ def test_reconfiguration_does_not_restart_the_warmup() -> None:
     drive(old, until=5.0)
     assert not old.warming(5.0)
     new = flow_router(warmup_s=4.0)
-    _carry_over(old, new, ["a", "b"], ["a", "b"])
+    new.carry_over(old, ["a", "b"], ["a", "b"])
     probe(new, 5.0, (40.0, 0.0))
     assert not new.warming(5.1)
     np.testing.assert_allclose(new.x.sum(), 1.0)

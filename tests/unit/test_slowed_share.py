@@ -92,7 +92,7 @@ def test_a_cell_whose_model_recovers_gets_its_share_back_within_a_step(on: bool)
 
 
 def test_a_reconfiguration_keeps_the_memory_of_the_cells_it_keeps() -> None:
-    """``_carry_over`` (a config change builds new routers) hands each kept cell's memory to its new index."""
+    """``RootRouter.carry_over`` (a config change builds new routers) hands each kept cell's memory to its new index."""
     old = SlowedShares(2)
     yes = np.array([True, True])
     old.observe(0.0, np.array([0.6, 0.4]), np.array([20.0, 20.0]), yes)

@@ -1,0 +1,101 @@
+"""A config reload keeps what the flow loop learned, in the root service's routers and the control plane's.
+
+A reload builds new routers. Starting from scratch, a control plane's native flow endpoint would push the
+replica split (Rand's) to every root Envoy and relearn from there, and a cell that was out at the reload
+would come back without the share it held.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlb.config import config_from_dict
+from dlb.control_plane.service import ControlPlane
+from dlb.core.costs import Cost
+from dlb.core.flow import FlowConfig
+from dlb.core.latency_model import LatencyParams
+from dlb.core.router import Mechanism, PolicyConfig, RootRouter
+from dlb.core.topology import Topology
+
+P = LatencyParams(a=1.0, b=0.05, c=8.0, s=1.0)
+PERIOD = 0.2
+
+
+def doc(cells: list[str]) -> dict:
+    out = [{"name": n, "root": {"address": f"127.0.0.1:{4000 + i}"},
+            "leaf": {"address": f"127.0.0.1:{1000 + i}", "probe": f"127.0.0.1:{2000 + i}"},
+            "servers": [f"127.0.0.1:{3000 + i}"], "replicas": 4} for i, n in enumerate(cells)]
+    rtt = {a: {b: 10 for b in cells if b > a} for a in cells if any(b > a for b in cells)}
+    return {"version": 1, "cells": out, "network": {"one_way_ms": rtt},
+            "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "flow", "cost": "rif"},
+                           "latency_prior": {"a_s": 1.0, "b_s": 0.05, "c": 8}}]}
+
+
+def drive(cp: ControlPlane, t0: float, rif: dict[str, float], steps: int) -> float:
+    assert cp.flow is not None
+    names = cp.config.cell_names
+    t = t0
+    for _ in range(steps):
+        for name, n in rif.items():
+            cp.flow.on_probe(names.index(name), t, n, 4.0, P, 1.0, 100, 0.0, 0.0)
+        cp.flow.step(t)
+        t = round(t + PERIOD, 9)
+    return t
+
+
+def test_a_control_plane_reload_keeps_the_native_split() -> None:
+    """Before the change the reload put the split back to 0.5/0.5 (the replica split): this fails then."""
+    cp = ControlPlane(config_from_dict(doc(["a", "b"])), probe=False, flow_loop=False)
+    drive(cp, 0.0, {"a": 2.0, "b": 30.0}, 50)  # b loaded: the split leaves it
+    assert cp.flow is not None
+    before = cp.flow.weights()["chat"]
+    assert before[0][0] > 0.7 and before[1][0] > 0.7
+    cp.reload(config_from_dict(doc(["a", "b"])))
+    after = cp.flow.weights()["chat"]
+    for src in (0, 1):
+        np.testing.assert_allclose(after[src], before[src])
+    assert cp.flow.cells[1].rif == 30.0  # the probes too, not only the split
+
+
+def test_a_reload_that_adds_a_cell_keeps_the_ratio_of_the_cells_it_keeps() -> None:
+    cp = ControlPlane(config_from_dict(doc(["a", "b"])), probe=False, flow_loop=False)
+    t = drive(cp, 0.0, {"a": 2.0, "b": 12.0}, 2)
+    assert cp.flow is not None
+    cp.flow.routers[("chat", 0)].x = np.array([0.7, 0.3])  # a split the loop might hold: keep it whatever it is
+    x = cp.flow.weights()["chat"][0]
+    cp.reload(config_from_dict(doc(["c", "b", "a"])))  # reordered, and a new cell c
+    y = cp.flow.weights()["chat"][2]  # a is now index 2, and a source again
+    assert y[2] / y[1] == pytest.approx(x[0] / x[1])
+    assert cp.flow.cells[1].rif == 12.0 and cp.flow.cells[0].rif == 0.0
+    drive(cp, t, {"a": 2.0, "b": 12.0, "c": 2.0}, 5)  # and the loop runs on from there
+    assert cp.flow.weights()["chat"][2].sum() == pytest.approx(1.0)
+
+
+def test_a_cell_out_at_the_reload_gets_its_share_back_when_it_returns() -> None:
+    """``_rejoin``'s memory crosses the reload: without it the returning cell starts from 0."""
+    topo = Topology.build(["a", "b", "c"], [4, 4, 4], [[0, 0.01, 0.01], [0.01, 0, 0.01], [0.01, 0.01, 0]])
+    pol = PolicyConfig(Mechanism.FLOW, Cost.RIF, flow=FlowConfig(period_s=PERIOD))
+    old = RootRouter(topo, 0, pol, P, np.random.default_rng(0))
+    t = 0.0
+    for _ in range(5):
+        for j in range(3):
+            old.on_probe(j, t, 4.0, P, seen_until=t)
+        old.tick(t)
+        t = round(t + PERIOD, 9)
+    held = float(old.x[2])
+    assert held > 0.2
+    old.set_available(2, False)  # c's leaf is gone
+    for _ in range(2):
+        old.tick(t)
+        t = round(t + PERIOD, 9)
+    assert old.x[2] == 0.0
+    new = RootRouter(Topology.build(["c", "a", "b"], [4, 4, 4], [[0, 0.01, 0.01], [0.01, 0, 0.01], [0.01, 0.01, 0]]),
+                     1, pol, P, np.random.default_rng(0))
+    new.carry_over(old, ["a", "b", "c"], ["c", "a", "b"])
+    for j in range(3):
+        new.on_probe(j, t, 4.0, P, seen_until=t)  # c is back
+    for _ in range(2):
+        new.tick(t)
+        t = round(t + PERIOD, 9)
+    assert new.x[0] == pytest.approx(held, rel=0.05)
