@@ -53,9 +53,13 @@ was a share of the capacity the *slow* model gives, so the slowdown itself sprea
 there to see its end (up to ``max_interval_s``). So silence counts from the last *arrival* (a cell the
 roots stopped choosing is the one that needs a probe, whatever it still has running), and a cell whose
 measured capacity fell below ``1/watch_ratio`` of the best it showed (remembered, fading by ``e`` every
-``memory_s``) is probed every ``watch_interval_s`` while idle, counted from each probe's *send* (a probe of
-a still-slow cell takes seconds; counted from its end, the bench's seed 4 recovered in 11.75 s): its
-probes use capacity the roots left idle, and its recovery is then declared within ≈
+``memory_s``) is probed every ``watch_interval_s``, counted from each probe's *send* (a probe of
+a still-slow cell takes seconds; counted from its end, the bench's seed 4 recovered in 11.75 s), and
+whatever traffic it still has: a flow policy that equalises requests in flight keeps a trickle of a
+few requests a second on the slowed cell, so it was never idle, no probe saw its recovery, and the
+trickle was too thin for the traffic's own change detector (48 samples; Flow-RIF recovered in up to
+11 s in the fault bench). Its probes add one small request per interval to a cell the roots have
+mostly left, and its recovery is then declared within ≈
 ``watch_interval_s`` + ``change_after − 1`` probes + a refit, and the roots' traffic follows within a
 probe period (5 + 2.6 + 0.1 s, inside the fault matrix's 10-s recovery target). A cell that stays slow
 pays that rate until its memory fades below ``watch_ratio`` (≈ 590 s for a 4× slowdown: ~120 probes),
@@ -113,8 +117,8 @@ class BackgroundProbeConfig:
     tolerance: float = 0.5
     #: Surprises of the same sign in a row that declare the cell changed.
     change_after: int = 3
-    #: An idle cell whose measured capacity is below ``1/watch_ratio`` of its remembered best is probed at
-    #: least every ``watch_interval_s`` (never more often than ``min_interval_s``); see the module docstring.
+    #: A cell whose measured capacity is below ``1/watch_ratio`` of its remembered best is probed every
+    #: ``watch_interval_s``, idle or not (never more often than ``min_interval_s``); see the module docstring.
     watch_interval_s: float = 5.0
     watch_ratio: float = 2.0
     #: Seconds in which the remembered best capacity fades by a factor ``e`` toward the current one.
@@ -138,9 +142,10 @@ class BackgroundProber:
     lost: int = 0
     _count: int = -1
     _last_activity: float = -math.inf  # the last arrival, probe sent or probe done
-    _last_arrival: float = -math.inf  # the last arrival or probe sent
     _outstanding_since: float | None = None
     _last_sent: float = math.nan
+    _last_done: float = -math.inf  # the last probe's completion
+    _watch_since: float = -math.inf  # when the cell last became watched
     _streak: int = 0  # signed count of same-sign surprises in a row
     _streak_since: float = math.nan
     #: Set when ``change_after`` same-sign surprises in a row declared a change: when it began.
@@ -177,7 +182,10 @@ class BackgroundProber:
         (probes included); ``measured``: the model behind ``capacity_rps`` was fitted to samples (False
         while it is the configured prior)."""
         self.remember(now, capacity_rps, measured)
-        self.watching = self.watched(capacity_rps)
+        watching = self.watched(capacity_rps)
+        if watching and not self.watching:
+            self._watch_since = now
+        self.watching = watching
         if self.sent < self.config.warmup:
             # One after another, not all at once: the first request down a cold path (new connections,
             # a first ext_proc stream, a server's first batch) is slow by nature, and three sent together
@@ -186,33 +194,37 @@ class BackgroundProber:
             return self._outstanding_since is None
         if arrivals != self._count:
             self._count = arrivals
-            self._last_activity = self._last_arrival = now
+            self._last_activity = now
         if self._outstanding_since is not None:
             if now - self._outstanding_since < self.config.timeout_s:
                 return False
             self._outstanding_since = None
             self.lost += 1
         cfg = self.config
+        if self.watching:
+            # On the probes' own clock, whatever the traffic (a trickle of real requests hid a recovery),
+            # and from the last send, not the last completion: a probe of a still-slow cell takes
+            # seconds, and timing the next from its end put a recovery ~3 s later (module docstring).
+            if self._streak:
+                return now - self._last_done >= cfg.min_interval_s
+            watch = min(self.interval(capacity_rps), max(cfg.min_interval_s, cfg.watch_interval_s))
+            last = self._last_sent if not math.isnan(self._last_sent) else -math.inf
+            return now - max(last, self._watch_since) >= watch
         if self._streak:
             return now - self._last_activity >= cfg.min_interval_s
-        if self.watching:
-            # A cadence from the last send, not the last completion: a probe of a still-slow cell takes
-            # seconds, and timing the next from its end put a recovery ~3 s later (module docstring).
-            watch = min(self.interval(capacity_rps), max(cfg.min_interval_s, cfg.watch_interval_s))
-            return now - self._last_arrival >= watch
         return now - self._last_activity >= self.interval(capacity_rps)
 
     def on_sent(self, now: float) -> None:
         self.sent += 1
         self._last_sent = now
         self._outstanding_since = now
-        self._last_activity = self._last_arrival = now
+        self._last_activity = now
 
     def on_done(self, now: float, surprised: int = 0) -> None:
         """The probe finished (success or error); ``surprised`` from :func:`surprise` (0 for an error)."""
         self.completed += 1
         self._outstanding_since = None
-        self._last_activity = now
+        self._last_activity = self._last_done = now
         if surprised == 0:
             self._streak = 0
             return

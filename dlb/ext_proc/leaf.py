@@ -242,7 +242,7 @@ class LeafAgent:
         yield CounterMetricFamily("dlb_leaf_background_probe_seconds", "Summed latency of successful background probes",
                                   value=self.background.bg_seconds)
         prober = self.background.prober
-        yield GaugeMetricFamily("dlb_leaf_background_watched", "1 while the cell is watched: probed every watch interval when idle",
+        yield GaugeMetricFamily("dlb_leaf_background_watched", "1 while the cell is watched: probed every watch interval",
                                 value=float(prober is not None and prober.watching))
         yield self.processing.family("dlb_leaf_processing_seconds", "Time to pick a server inside the service")
         if self.transport_stats is not None:

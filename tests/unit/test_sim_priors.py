@@ -179,8 +179,8 @@ def test_a_new_prober_sends_its_warmup_probes_one_after_another() -> None:
 
 def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None:
     """A slowdown shrinks the capacity the budget is taken of, which spread the probes that are there to see
-    it end; a cell at < 1/watch_ratio of the best capacity it showed is probed every watch_interval_s while
-    idle (a cadence from each probe's send: a slow cell's probe takes seconds), until that memory fades; a
+    it end; a cell at < 1/watch_ratio of the best capacity it showed is probed every watch_interval_s from
+    when it became watched (a cadence from each probe's send: a slow cell's probe takes seconds), until that memory fades; a
     configured prior (measured=False) is never the remembered best."""
     cfg = BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=30.0, budget=0.01, warmup=0, watch_interval_s=5.0,
                                 watch_ratio=2.0, memory_s=600.0)
@@ -192,7 +192,7 @@ def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None
     p.on_sent(6.0)
     assert not p.due(6.25, 3, 10.0)  # its arrival at the leaf, a tick later
     p.on_done(9.0)  # a slow cell's probe: 3 s
-    assert not p.due(11.2, 3, 10.0) and p.due(11.25, 3, 10.0)  # 5 s from its start, not from its end
+    assert not p.due(10.9, 3, 10.0) and p.due(11.0, 3, 10.0)  # 5 s from its send, not from its end
     # The memory fades by e per memory_s: 50·e^(-t/600) < 2 × 10 after t = 600·ln 2.5 ≈ 550 s.
     assert p.remember(500.0, 10.0, True) > 20.0 and p.remember(600.0, 10.0, True) < 20.0 and not p.watched(10.0)
     p.due(600.0, 3, 10.0)
@@ -203,6 +203,33 @@ def test_an_idle_cell_well_below_its_best_measured_capacity_is_watched() -> None
     assert not q.watched(10.0) and not q.due(10.9, 2, 10.0) and q.due(11.0, 2, 10.0)
     with pytest.raises(ValueError, match="watch_ratio"):
         BackgroundProbeConfig(watch_ratio=1.0)
+
+
+def test_a_watched_cell_is_probed_whatever_trickle_of_traffic_it_keeps() -> None:
+    """A flow policy that equalises requests in flight keeps a few requests a second on a slowed cell: it is
+    never idle, and that trickle is too thin for the traffic's own change detector. A watched cell is
+    probed every watch interval anyway, and a surprise is confirmed 1 s after each probe's end, not after
+    a silence that never comes; a cell that is not watched still probes only when idle."""
+    cfg = BackgroundProbeConfig(min_interval_s=1.0, max_interval_s=30.0, budget=0.01, warmup=0, watch_interval_s=5.0,
+                                watch_ratio=2.0, change_after=3)
+    p = BackgroundProber(cfg)
+    p.due(0.0, 1, 50.0)
+    sends, arrivals, t = [], 1, 0.0
+    while t < 20.0:  # 5x slower from t = 0.25 (watched from then), an arrival every 0.5 s throughout
+        t = round(t + 0.25, 9)
+        if t % 0.5 == 0:
+            arrivals += 1
+        if p.due(t, arrivals, 10.0):
+            p.on_sent(t)
+            sends.append(t)
+            arrivals += 1
+            p.on_done(t + 0.5, 0)
+    assert sends == [5.25, 10.25, 15.25]
+    p.on_sent(21.0)
+    p.on_done(21.2, -1)  # faster than the slow model: the cell may have recovered
+    assert not p.due(22.1, arrivals + 5, 10.0) and p.due(22.2, arrivals + 6, 10.0)
+    busy = BackgroundProber(cfg)
+    assert not any(busy.due(k * 0.5, k, 50.0) for k in range(1, 60))  # healthy and busy: never probed
 
 
 @pytest.mark.parametrize("kind", priors.SCENARIOS)
