@@ -9,7 +9,7 @@ The step size needs no per-source arrival rate: it is normalised by the fleet's 
 which each router estimates from the probes it is fed (``Σ_j N_j/ℓ_j(N_j)``, core/flow.py), so a
 control-plane router computes exactly the step a root service's router would, and the split Envoy
 applies for a source is the split an in-process root in that cell would apply. ``throughput`` (the
-leaves' ``completed`` counters) is only reported on ``/status``.
+leaves' ``completed`` counters over :data:`THROUGHPUT_WINDOW_S`) is only reported on ``/fleet``.
 
 Also here: the fleet view the control plane publishes as DLB resources — each cell's latest model
 and confidence, and aversion rates from :func:`update_aversion`. Aversion (the fleet's and every
@@ -31,6 +31,9 @@ from dlb.core.latency_model import LatencyParams
 from dlb.core.native_discrete import DEFAULT_PICK, PICKS, NativeWeights, cost_offset, router_weights
 from dlb.core.router import Mechanism, PolicyConfig, RootRouter
 from dlb.core.topology import Topology
+
+#: Completions are counted over at least this long: over one probe gap (~50 ms) a steady 10/s read 0 or 20.
+THROUGHPUT_WINDOW_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -126,9 +129,11 @@ class FlowController:
         st.replicas = replicas or float(self.topology.replicas[cell])
         st.time, st.available = now, True
         prev = self._completed_prev.get(cell)
-        if prev is not None and completed >= prev[0] and now > prev[1]:
+        if prev is None or completed < prev[0]:  # the first answer, or a restarted leaf's counter
+            self._completed_prev[cell] = (completed, now)
+        elif now - prev[1] >= THROUGHPUT_WINDOW_S:
             st.completed = (completed - prev[0]) / (now - prev[1])  # completions per second
-        self._completed_prev[cell] = (completed, now)
+            self._completed_prev[cell] = (completed, now)
         for r in self.routers.values():
             r.on_probe(cell, now, rif, model, error_rate, confidence, replicas)
 
