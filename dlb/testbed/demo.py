@@ -55,6 +55,22 @@ def apply_policy(cfg: dict[str, Any], policy: str) -> None:
             pol["affinity"]["prefix_savings_ms"] = 0
 
 
+def policy_label(cfg: dict[str, Any], source: str = "<demo>") -> str:
+    """What routes each endpoint of ``cfg``, for the banner and the report: read from the config the run
+    uses, so a ``--config`` file's own policies are what the report names."""
+    from dlb.config import config_from_dict
+
+    config = config_from_dict(cfg, source)
+    if config.policy.weights in BASELINE_WEIGHTS.values() or config.policy.weights in ("rand", "mnlb"):
+        return str(config.policy.weights)
+    parts = []
+    for ep in config.endpoints:
+        core = ep.policy.to_core(config.probe)
+        name = f"{core.name}-native" if ep.policy.native else core.name
+        parts.append(f"{ep.name} {name}{' + affinity' if core.affinity.enabled else ''}")
+    return ", ".join(parts)
+
+
 def _fleet_from_config(path: str) -> tuple[Fleet, dict[str, Any], dict[str, list[str]]]:
     import yaml
 
@@ -97,7 +113,7 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
         window = None if args.no_degrade else (DEGRADE_AT * args.duration, RECOVER_AT * args.duration)
     run = DemoRun(fleet=fleet, cfg_dict=cfg_dict, servers=servers, spec=spec, capacity=capacity,
                   degrade_cell=fleet.degrade_cell if window else None, degrade_window=window,
-                  policy=args.policy or "chat Disc-Lat + affinity, completions Flow-Grad")
+                  policy=args.policy or policy_label(cfg_dict, args.config or "<demo>"))
     run.phases = phases
     if sc is not None:
         run.fault = {"down": True} if sc.fault == "down" else None

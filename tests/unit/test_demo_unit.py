@@ -80,3 +80,27 @@ def test_demo_report_of_an_interrupted_run_says_what_it_did_not_measure(tmp_path
     deg = json.loads((full / "results.json").read_text())["degradation"]
     assert deg["fell"] is True and deg["came_back"] is True, deg
     assert "over 60s" in (full / "report.md").read_text()
+
+
+def test_the_demo_names_the_policies_of_the_config_it_runs(tmp_path: Path) -> None:
+    """``dlb demo --config FILE`` reported the embedded fleet's policies whatever the file said; the label
+    is now read from the config the run uses (planned, not run)."""
+    import yaml
+
+    from dlb.cli import build_parser
+    from dlb.testbed.demo import prepare
+
+    plain, _, _ = prepare(build_parser().parse_args(["demo", "--out", str(tmp_path / "plain")]), tmp_path / "plain")
+    assert plain.policy == "chat Disc-Lat + affinity, completions Flow-Grad"
+    doc = {"version": 1,
+           "cells": [{"name": n, "root": {"address": f"127.0.0.1:{4000 + i}"}, "leaf": {"address": f"127.0.0.1:{1000 + i}",
+                      "probe": f"127.0.0.1:{2000 + i}"}, "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["east", "west"])],
+           "network": {"one_way_ms": {"east": {"west": 30}}},
+           "endpoints": [{"name": "comp", "match": {"prefix": "/v1/"}, "policy": {"mechanism": "flow", "cost": "latency"}}]}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    mine, _, _ = prepare(build_parser().parse_args(["demo", "--config", str(path), "--out", str(tmp_path / "m")]), tmp_path / "m")
+    assert mine.policy == "comp Flow-Lat"
+    forced, _, _ = prepare(build_parser().parse_args(["demo", "--config", str(path), "--policy", "Disc-RIF",
+                                                      "--out", str(tmp_path / "f")]), tmp_path / "f")
+    assert forced.policy == "Disc-RIF"
