@@ -95,6 +95,16 @@ class _Static:
     root_sets: dict[str, er.ResourceSet]
 
 
+def restart_only_changes(old: Config, new: Config) -> list[str]:
+    """The fields changed between ``old`` and ``new`` that a running control plane does not apply: its
+    own listeners and credentials are bound when it starts."""
+    out = [f"services.control_plane.{k}" for k in ("xds", "status")
+           if getattr(old.services.control_plane, k) != getattr(new.services.control_plane, k)]
+    if old.tls != new.tls:
+        out.append("tls")
+    return out
+
+
 class ControlPlane:
     """Builds and serves the snapshots; ``start``/``stop`` run the xDS server and the loops."""
 
@@ -200,6 +210,10 @@ class ControlPlane:
     def reload(self, config: Config) -> None:
         """Swap in a new (already validated) config; snapshots follow, unchanged resources keep versions."""
         log.info("config_reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
+        stale = restart_only_changes(self.base_config, config)
+        if stale:
+            # Bound at start: say so, or an operator who moved a port reads "reloaded" and finds nothing there.
+            log.warning("config_reload_needs_restart", source=config.source, fields=stale)
         restart_probes = self._probes is not None
         self._load(config)
         if restart_probes:

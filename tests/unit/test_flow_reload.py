@@ -99,3 +99,18 @@ def test_a_cell_out_at_the_reload_gets_its_share_back_when_it_returns() -> None:
         new.tick(t)
         t = round(t + PERIOD, 9)
     assert new.x[0] == pytest.approx(held, rel=0.05)
+
+
+def test_a_reload_that_moves_the_control_planes_own_ports_says_they_need_a_restart() -> None:
+    """A reload applied 'config_reloaded' and silently kept the old status port (a stranger's report):
+    the fields bound at start are named in a warning."""
+    from structlog.testing import capture_logs
+
+    d = doc(["a", "b"])
+    cp = ControlPlane(config_from_dict(d), probe=False, flow_loop=False)
+    with capture_logs() as logs:
+        cp.reload(config_from_dict(doc(["a", "b"])))
+        d["services"] = {"control_plane": {"status": "127.0.0.1:21802"}}
+        cp.reload(config_from_dict(d))
+    warned = [e for e in logs if e["event"] == "config_reload_needs_restart"]
+    assert len(warned) == 1 and warned[0]["fields"] == ["services.control_plane.status"], warned
