@@ -120,6 +120,8 @@ class LatencyEstimator:
         self.params: LatencyParams = prior
         self.confidence: float = 0.0
         self.last_result: FitResult | None = None
+        #: Confidence of a model :meth:`raise_by` published, kept until samples measure one again.
+        self._raised: float = 0.0
         cfg = self.config
         self.detector = (ChangeDetector(cfg.change_block, cfg.change_tolerance, cfg.change_after)
                          if cfg.change_block > 0 else None)
@@ -193,6 +195,7 @@ class LatencyEstimator:
         if cfg.measure_prior:
             if rif.size >= MIN_PRIOR_SAMPLES:
                 self.effective_prior = measured_prior(rif, lat, self.prior, self.knee, weights)
+                self._raised = 0.0
             elif self.knee is not None:
                 # Too few samples to measure the time scale: keep the last measured one (an old
                 # measurement beats the guess it replaced) and take the servers' knee.
@@ -217,6 +220,8 @@ class LatencyEstimator:
             # change left a few samples, that kept the slow curve of a recovered cell until 8 probes
             # came in (~30 s behind real Envoys).
             confidence = evidence_confidence(float(weights.sum()) if weights is not None else float(rif.size))
+        if confidence <= 0:
+            confidence = self._raised  # too few samples since a raise: it still stands
         if cfg.dither > 0:
             g = 1.0 + cfg.dither * (2.0 * self._rng.random() - 1.0)
             params = LatencyParams(params.a * g, params.b * g, params.c, params.s)
@@ -250,7 +255,7 @@ class LatencyEstimator:
     def adopt(self, fitted: LatencyEstimator, now: float) -> None:
         """Publish what a :meth:`detached` copy's refit found."""
         self.params, self.confidence, self.last_result, self._last_fit = fitted.params, fitted.confidence, fitted.last_result, now
-        self.effective_prior, self._stride = fitted.effective_prior, fitted._stride
+        self.effective_prior, self._stride, self._raised = fitted.effective_prior, fitted._stride, fitted._raised
 
     def forget_before(self, t: float, by_arrival: bool = False) -> int:
         """Drop the samples recorded before ``t`` (the cell changed then); returns how many.
@@ -278,6 +283,17 @@ class LatencyEstimator:
             self._lat.popleft()
             k += 1
         return k
+
+    def raise_by(self, now: float, factor: float, since: float, evidence: float) -> None:
+        """Requests still running outlived the published model ``factor``× since ``since`` (a cell that
+        slowed, and so completes almost nothing: all a foreign cell shows of it for tens of seconds):
+        publish the model scaled by ``factor`` and forget the samples completed before ``since`` (the cell
+        before the change). The confidence is what ``evidence`` samples give a measured prior, so a root
+        takes the new curve (confidence 0 would leave it its old one)."""
+        p = self.params
+        self.forget_before(since)
+        self.params = self.effective_prior = LatencyParams(p.a * factor, p.b * factor, p.c, p.s)
+        self.confidence = self._raised = evidence_confidence(evidence)
 
     def set_knee(self, knee: float | None) -> None:
         """The cell's concurrency limit measured from its servers (None: unknown); used from the next refit."""

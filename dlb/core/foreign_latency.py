@@ -11,11 +11,12 @@ mean latency: the leaf's "RIF at arrival", for the mean request), for the same e
 
 What the resulting model means for a foreign cell: the latency of whole requests as the cell's own
 software timed them (vLLM: arrival at the server to the last token; GIE: the gateway's request duration),
-one point per interval instead of one per request, so it is smoother than a leaf's. An interval in which
-nothing completed gives no sample, but it is evidence too: while nothing completes, every request the cell
-held at its last completion is still running, so each is a lower bound on latency at that RIF
-(:meth:`IntervalLatency.in_flight`, the leaf's :class:`~dlb.core.fit.Censored`, but without each
-request's own age). It assumes the histograms cover every request the RIF counts.
+one point per interval instead of one per request, so it is smoother than a leaf's. Few completions are
+evidence too: if the cell held r requests at some reading and only c completed since, at least r − c of
+those are still running, each a lower bound on latency at that RIF (:meth:`IntervalLatency.in_flight`,
+the leaf's :class:`~dlb.core.fit.Censored`, but without each request's own age). A cell that slowed
+20× completes almost nothing for the first tens of seconds, so these bounds are all that shows it
+soon. It assumes the histograms cover every request the RIF counts.
 
 Counter rules (Prometheus' ``rate``): a series whose sum or count went down was restarted, and its new
 value is all it counted since, after the previous scrape; a series that appears on a source read last
@@ -31,8 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import poisson
 
 from dlb.core.fit import Censored
+from dlb.core.latency_model import LatencyParams, latency
 
 #: One source's histogram: series (its labels, as text) → (sum of seconds, count).
 Series = Mapping[str, tuple[float, float]]
@@ -86,8 +89,10 @@ class IntervalLatency:
     _t_prev: float = -math.inf
     _rif_t: deque[float] = field(default_factory=deque)
     _rif_v: deque[float] = field(default_factory=deque)
-    #: Since when nothing completed, and the RIF then (None: not known, e.g. a source came or went).
-    _idle_since: tuple[float, float] | None = None
+    #: Readings the in-flight bound can start from: (t, RIF then, completions counted up to then). Cleared
+    #: when completions went uncounted (a source came or went, or the RIF was unknown).
+    _held: deque[tuple[float, float, float]] = field(default_factory=deque)
+    _done: float = 0.0
 
     def observe(self, now: float, rif: float, readings: Mapping[str, Series]) -> IntervalSample | None:
         """One probe's figures at ``now``: the cell's RIF and each source's histogram (a source that did
@@ -104,28 +109,83 @@ class IntervalLatency:
         self._prev = {src: dict(series) for src, series in readings.items()}
         self._t_prev = now
         if prev is None or not now > t0:
-            self._idle_since = (now, rif) if readings else None
+            self._hold(now, rif, bool(readings), restart=True)
             return None
         d_sum, d_count = interval_totals(prev, readings)
-        if d_count > 0 or not readings or prev.keys() != readings.keys() or not (math.isfinite(rif) and rif >= 0):
-            self._idle_since = (now, rif) if readings and math.isfinite(rif) and rif >= 0 else None
+        self._done += d_count
+        self._hold(now, rif, bool(readings), restart=not readings or prev.keys() != readings.keys())
         if not (d_count > 0 and d_sum > 0) or not self._rif_t:
             return None
         latency = d_sum / d_count
         return IntervalSample(now, self.mean_rif(t0 - latency, now - latency), latency, d_count)
 
+    def _hold(self, now: float, rif: float, read: bool, restart: bool) -> None:
+        """Keep this reading as a start for :meth:`in_flight`; forget the older ones when completions
+        between them and now may have gone uncounted (``restart``), or this one when nothing was read."""
+        held = self._held
+        if restart or not read or not (math.isfinite(rif) and rif >= 0):
+            held.clear()
+        if read and math.isfinite(rif) and rif >= 0:
+            while held and held[0][0] < now - self.history_s:
+                held.popleft()
+            held.append((now, rif, self._done))
+
     def in_flight(self, now: float, rif: float) -> Censored | None:
-        """The requests known to be running since the last completion (all the cell held then, at most
-        ``rif`` now), each with that RIF and that age: lower bounds for the fit. None when unknown or none."""
-        if self._idle_since is None:
+        """The requests known to be still running, as lower bounds for the fit. Of the r the cell held at a
+        past reading, c completed since, so at least r − c remain (no more than it held at any reading
+        since, ``rif`` now included), each at least that reading's age at the RIF then. Over every reading
+        a staircase: the survivors of the oldest, then each newer reading's extra ones at its younger age.
+        None when unknown or none."""
+        if not math.isfinite(rif) or rif < 1:
             return None
-        since, held = self._idle_since
-        k = int(min(held, rif)) if math.isfinite(rif) else 0
-        if k < 1 or not now > since:
-            return None
-        return Censored(np.full(k, held), np.full(k, now - since))
+        low, steps = rif, list[tuple[int, float, float]]()
+        for t, held, done in reversed(self._held):
+            low = min(low, held)
+            if now > t:
+                steps.append((math.floor(min(held - (self._done - done), low) + 1e-9), held, now - t))
+        rifs, ages, most = list[float](), list[float](), 0
+        for k, held, age in reversed(steps):  # oldest first
+            if k > most:
+                rifs += [held] * (k - most)
+                ages += [age] * (k - most)
+                most = k
+        return Censored(np.array(rifs), np.array(ages)) if rifs else None
 
     def mean_rif(self, start: float, end: float) -> float:
         """The cell's mean RIF over ``[start, end]``, linear between readings, the nearest one outside them."""
         grid = np.linspace(start, end, RIF_GRID)
         return float(np.interp(grid, np.fromiter(self._rif_t, float), np.fromiter(self._rif_v, float)).mean())
+
+
+@dataclass(frozen=True)
+class Outlived:
+    """Requests still running that the model cannot explain: ``factor`` = their age ÷ the model's latency
+    at their RIF, known to run since ``since``; ``survivors`` of them."""
+
+    factor: float
+    since: float
+    survivors: int
+
+
+def outlived(now: float, bounds: Censored, params: LatencyParams, alpha: float) -> Outlived | None:
+    """Whether :meth:`IntervalLatency.in_flight`'s staircase says the model is too fast. At a step of age
+    T, RIF x and K survivors, at most x − K of the requests held then completed; a cell serving as the
+    model says completes T·x/ℓ(x) in that time on average (Little's law), so so few completions have
+    probability P(Poisson(T·x/ℓ(x)) ≤ x − K). The most improbable step, if that times the number of steps
+    (a test of each) is at most ``alpha``.
+
+    Why a test and not "older than 2×ℓ": latencies spread, and a cell holding one or two requests has one
+    outlive twice the mean every few seconds (simulated: 22–86 alarms in 10 min at 1–4 in flight);
+    what a slowed cell shows is *many* fewer completions than its load implies."""
+    x, age = np.asarray(bounds.rif, dtype=float), np.asarray(bounds.age, dtype=float)
+    if not x.size:
+        return None
+    last = np.r_[age[1:] != age[:-1], True]  # each step's last entry: its cumulative survivor count
+    k = np.flatnonzero(last) + 1
+    x, age = x[last], age[last]
+    pred = np.maximum(latency(x, params.a, params.b, params.c, params.s), 1e-12)
+    p = poisson.cdf(np.maximum(x - k, 0.0), age * x / pred)
+    i = int(np.argmin(p))
+    if not p[i] * p.size <= alpha:  # Bonferroni: the most improbable of this many steps
+        return None
+    return Outlived(float(age[i] / pred[i]), now - float(age[i]), int(k[i]))

@@ -15,7 +15,7 @@ import pytest
 
 from dlb.core.estimator import LatencyEstimator
 from dlb.core.fit import MIN_SAMPLES
-from dlb.core.foreign_latency import IntervalLatency, interval_totals
+from dlb.core.foreign_latency import IntervalLatency, interval_totals, outlived
 from dlb.core.latency_model import LatencyParams, latency
 
 
@@ -100,18 +100,39 @@ def test_the_leaf_estimator_fits_interval_samples_and_tracks_a_slowdown() -> Non
     assert slow > 3.0 * fast, (fast, slow)
 
 
-def test_requests_held_since_the_last_completion_are_lower_bounds() -> None:
-    """Nothing completed since t=2, when the cell held 3: those 3 are still running, each at least now − 2 old."""
+def test_requests_held_and_not_completed_since_are_lower_bounds() -> None:
+    """Held 3 at t=0 and 2 completed by t=2: 1 of those is still running at t=5 (5 s old). Held 3 at t=2
+    and none completed since: 2 more at least 3 s old. Held 5 from t=3: 2 more at least 2 s old."""
     il = IntervalLatency()
     il.observe(0.0, 3.0, {"s": {"": (0.0, 0.0)}})
     il.observe(2.0, 3.0, {"s": {"": (2.0, 2.0)}})
     for t in (3.0, 4.0, 5.0):
         assert il.observe(t, 5.0, {"s": {"": (2.0, 2.0)}}) is None
     c = il.in_flight(5.0, 5.0)
-    assert c is not None and list(c.rif) == [3.0] * 3 and list(c.age) == [3.0] * 3
-    assert list(il.in_flight(5.0, 1.0).age) == [3.0]  # type: ignore[union-attr]  # at most what it holds now
-    il.observe(6.0, 5.0, {"s": {"": (9.0, 3.0)}})  # a completion: the bound starts again
-    assert il.in_flight(6.0, 5.0) is None
+    assert c is not None and list(c.rif) == [3.0, 3.0, 3.0, 5.0, 5.0] and list(c.age) == [5.0, 3.0, 3.0, 2.0, 2.0]
+    assert list(il.in_flight(5.0, 1.0).age) == [5.0]  # type: ignore[union-attr]  # at most what it holds now
+    il.observe(6.0, 5.0, {"s": {"": (9.0, 3.0)}})  # one completion: it may have been any of them
+    c = il.in_flight(6.0, 5.0)
+    assert c is not None and list(c.rif) == [3.0, 3.0, 5.0, 5.0] and list(c.age) == [4.0, 4.0, 3.0, 3.0]
+
+
+def test_a_trickle_of_completions_still_leaves_old_requests_known_to_run() -> None:
+    """A cell held at 4 that completes one request every 5 s (read every second): the requests it held
+    12 s ago cannot all have finished, so the oldest bound is far older than the last completion."""
+    il = IntervalLatency()
+    for t in range(13):
+        il.observe(float(t), 4.0, {"s": {"": (20.0 * (t // 5), float(t // 5))}})
+    c = il.in_flight(12.0, 4.0)
+    assert c is not None and max(c.age) == 12.0 and len(c.age) == 4, c
+
+
+def test_a_reading_that_holds_fewer_caps_the_bound() -> None:
+    """Held 4, then a reading of 1 (e.g. requests the histograms do not count went away): at most 1 survives."""
+    il = IntervalLatency()
+    for t, rif in ((0.0, 4.0), (1.0, 1.0), (2.0, 4.0)):
+        il.observe(t, rif, {"s": {"": (0.0, 0.0)}})
+    c = il.in_flight(3.0, 4.0)
+    assert c is not None and list(c.age) == [3.0, 1.0, 1.0, 1.0], c
 
 
 def test_no_bound_when_a_source_came_or_went_or_the_cell_is_empty() -> None:
@@ -123,3 +144,33 @@ def test_no_bound_when_a_source_came_or_went_or_the_cell_is_empty() -> None:
     assert il.in_flight(6.0, 3.0) is None
     il.observe(7.0, 0.0, {"s": {"": (0.0, 0.0)}})
     assert il.in_flight(9.0, 0.0) is None
+
+
+def test_a_cell_that_stopped_completing_has_outlived_its_model() -> None:
+    """Held 4 at ℓ ≈ 1 s and 1 completion in 5 s: Little's law expects ~20, so the model is too fast, by
+    the survivors' age over ℓ at their RIF; since the reading they were held at."""
+    model = LatencyParams(1.0, 0.01, 8.0, 1.0)
+    il = IntervalLatency()
+    il.observe(0.0, 4.0, {"s": {"": (0.0, 0.0)}})
+    for t in range(1, 6):
+        il.observe(float(t), 4.0, {"s": {"": (3.0, 1.0)}})
+    bounds = il.in_flight(5.0, 4.0)
+    assert bounds is not None
+    late = outlived(5.0, bounds, model, 1e-4)
+    assert late is not None and late.since == 0.0 and late.survivors == 3
+    assert late.factor == pytest.approx(5.0 / float(latency(4.0, *model.as_array())))
+
+
+def test_a_cell_completing_as_its_model_says_has_not() -> None:
+    """The same cell completing 4 a second (its RIF ÷ ℓ): the survivors are younger than ℓ, nothing outlived."""
+    model = LatencyParams(1.0, 0.01, 8.0, 1.0)
+    il = IntervalLatency()
+    for t in range(6):
+        il.observe(float(t), 4.0, {"s": {"": (4.0 * t, 4.0 * t)}})
+    bounds = il.in_flight(5.0, 4.0)
+    assert bounds is None or outlived(5.0, bounds, model, 1e-4) is None
+    il = IntervalLatency()  # held 1 for 3 s with no completion: a long request, not improbable at ℓ = 1 s
+    for t in range(4):
+        il.observe(float(t), 1.0, {"s": {"": (0.0, 0.0)}})
+    bounds = il.in_flight(3.0, 1.0)
+    assert bounds is not None and outlived(3.0, bounds, model, 1e-4) is None

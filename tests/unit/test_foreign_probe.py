@@ -205,3 +205,34 @@ def test_a_sample_with_a_timestamp_or_a_malformed_line_is_read_as_the_exposition
     s = parse_vllm("\n".join(lines))
     assert (s.running, s.waiting, s.kv_usage, s.kv_tokens) == (3.0, 2.0, 0.5, 8000.0)
     assert list(s.latency.values()) == [(12.5, 5.0)]
+
+
+def test_a_foreign_model_follows_a_cell_that_slowed_and_completes_nothing() -> None:
+    """What real Envoys showed: a cell read every 0.5 s holding 4 at 1 s each, slowed 20×, completes
+    nothing for 20 s. Its model rises ≥ 3× within 10 s (the requests it still holds are far older than
+    the model allows), and a root takes it (confidence > 0); before the slowdown it does not move."""
+    prior = LatencyParams(1.0, 0.05, 8.0, 1.0)
+    model = ForeignModel(LatencyEstimator(prior, FOREIGN_ESTIMATOR, random.Random(0)))
+    rng = random.Random(3)
+    total = count = 0.0
+
+    def unloaded() -> float:
+        p = model.estimator.params
+        return float(latency(1.0, p.a, p.b, p.c, p.s))
+
+    async def feed(t0: float, t1: float, slowed: bool) -> list[float]:
+        nonlocal total, count
+        seen, t = [], t0
+        while t < t1:
+            if not slowed:
+                n = sum(rng.random() < 0.5 for _ in range(4))  # ~4 a second at ~1 s each
+                total, count = total + sum(rng.uniform(0.8, 1.2) for _ in range(n)), count + n
+            await model.update(t, 4.0, {"srv": {"": (total, count)}})
+            seen.append(unloaded())
+            t += 0.5
+        return seen
+
+    fast = asyncio.run(feed(0.0, 60.0, False))
+    assert max(fast[40:]) < 1.5 * min(fast[40:]), fast  # steady: never raised
+    slow = asyncio.run(feed(60.0, 70.0, True))
+    assert slow[-1] > 3.0 * fast[-1] and model.message().confidence > 0, (fast[-1], slow)
