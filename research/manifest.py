@@ -71,6 +71,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
+    ("epp/foreign-outlived.json", ".venv/bin/python research/epp/foreign_outlived.py --json FILE (research/epp.md)"),
     ("bench/sim-twin.json", "python -m dlb.testbed.sim_twin --trials 5 --json FILE"),
     ("bench/faults-quiet/*", "dlb bench faults --policy P --faults F --modes ext_proc --runs 3 --outage-s 25 --json FILE (P, F: the "
                              "file's command_line; detached worktree at its commit, research/operations.md)"),
