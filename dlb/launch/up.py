@@ -379,17 +379,49 @@ def load_with_env(config_path: str, token_env: dict[str, str]) -> Config:
             del os.environ[k]
 
 
-def reload_problems(config_path: str, token_env: dict[str, str]) -> str | None:
-    """What is wrong with the file a SIGHUP asks the control planes to reload, or None when it loads.
+def started_processes(cfg: Config) -> dict[str, object]:
+    """What :func:`plan` starts from ``cfg``, each with what it is started with: two configs that differ
+    here need different processes, which ``dlb up`` starts only when it starts."""
+    out: dict[str, object] = {}
+    for cell in cfg.cells:
+        if cell.runs_dlb_leaf:
+            for k, leaf in enumerate(cell.leaf.all_replicas()):
+                out[f"leaf {cell.name}" + (f" replica {k}" if k else "")] = (
+                    leaf.address, leaf.bind, leaf.probe, leaf.ext_proc, leaf.access_log_address())
+        if cell.root.address is not None:
+            out[f"root {cell.name}"] = (cell.root.address, cell.root.bind, cell.root.ext_proc)
+    out["the root services (none under an operator baseline)"] = cfg.policy.weights not in OPERATOR_BASELINES
+    out["services.root"] = cfg.services.root
+    out["services.control_plane"] = cfg.services.control_plane
+    out["tls"] = cfg.tls
+    return out
 
-    The control planes refuse such a file and keep serving the running config, but say so only in
+
+def process_changes(running: Config, new: Config) -> list[str]:
+    """What ``new`` would change in the processes ``dlb up`` started from ``running``: cells whose leaf or
+    root would be added, removed or bound elsewhere, the shared services' addresses, TLS. A reload cannot
+    apply these: the control planes would route to a leaf nobody started, or to an address nothing binds."""
+    old, now = started_processes(running), started_processes(new)
+    return ([f"{who} added" for who in now if who not in old] + [f"{who} removed" for who in old if who not in now]
+            + [f"{who} changed" for who in old if who in now and old[who] != now[who]])
+
+
+def reload_problems(config_path: str, token_env: dict[str, str], running: Config) -> str | None:
+    """What is wrong with the file a SIGHUP asks the control planes to reload, or None when it loads
+    and changes no process ``dlb up`` started from ``running``.
+
+    The control planes refuse a malformed file and keep serving the running config, but say so only in
     their own logs: ``dlb up``'s console would claim a reload that never happened."""
     from dlb.config import ConfigError
 
     try:
-        load_with_env(config_path, token_env)
+        new = load_with_env(config_path, token_env)
     except ConfigError as e:
         return str(e)
+    changes = process_changes(running, new)
+    if changes:
+        return (f"{config_path}: dlb up starts its processes only when it starts, so restart it to apply: "
+                + "; ".join(changes))
     return None
 
 
@@ -439,7 +471,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
             sup.poll()
             if stop.reloads != reloads:
                 reloads = stop.reloads
-                bad = reload_problems(config_path, token_env)
+                bad = reload_problems(config_path, token_env, cfg)
                 if bad:
                     print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; {bad}", flush=True)
                     continue

@@ -152,6 +152,14 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             proc.send_signal(signal.SIGHUP)
             _read_until(proc, r"dlb up: SIGHUP: not reloaded, the control planes keep the running config", seen, 30)
             _read_until(proc, r"dlb\.yaml:\d+: probe\.period_ms: must be > 0", seen, 10)
+            # A file that needs processes dlb up did not start (a leaf moved): refused and named, not
+            # half-applied (the control planes would send to a probe address nothing binds).
+            moved = json.loads(json.dumps(cfg))
+            moved["cells"][1]["leaf"]["probe"] = "127.0.0.1:1"
+            (tmp_path / "dlb.yaml").write_text(json.dumps(moved))
+            proc.send_signal(signal.SIGHUP)
+            _read_until(proc, r"restart it to apply: leaf us-west1 changed", seen, 30)
+            assert "SIGHUP: not reloaded" in "".join(seen).rsplit("probe.period_ms", 1)[1]
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=20)

@@ -156,3 +156,33 @@ def test_a_cell_served_by_an_inference_pool_gets_no_dlb_leaf(tmp_path: Path) -> 
         leaf_bootstrap(cfg, "us-west1", admin_port=9901, emulate_wan=False)
     assert "cell-us-west1" in json.dumps(root_bootstrap(cfg, "us-east1", admin_port=9901))
     assert set(ControlPlane(cfg)._static.leaf) == {leaf_key("us-east1")}
+
+
+def test_a_reload_that_needs_other_processes_is_named_not_half_applied() -> None:
+    """What ``dlb up``'s SIGHUP refuses: a cell added or removed, a leaf bound elsewhere, a source cell's
+    root, the shared services. What it passes on: what the control planes apply live (servers, policy)."""
+    import copy
+
+    from test_config import minimal
+
+    from dlb.config import config_from_dict
+    from dlb.launch.up import process_changes
+
+    base = minimal()
+    base["cells"][0]["root"] = {"address": "127.0.0.1:10000"}
+    running = config_from_dict(base)
+    assert process_changes(running, config_from_dict(copy.deepcopy(base))) == []
+    live = copy.deepcopy(base)
+    live["cells"][1]["servers"].append("127.0.0.1:8022")
+    live["endpoints"][0]["policy"] = {"mechanism": "discrete", "cost": "latency"}
+    assert process_changes(running, config_from_dict(live)) == []
+    grown = copy.deepcopy(base)
+    grown["cells"].append({"name": "c", "leaf": {"address": "127.0.0.1:10030", "probe": "127.0.0.1:9030"},
+                           "servers": ["127.0.0.1:8030"]})
+    grown["network"]["default_one_way_ms"] = 20
+    assert process_changes(running, config_from_dict(grown)) == ["leaf c added"]
+    assert process_changes(config_from_dict(grown), running) == ["leaf c removed"]
+    moved = copy.deepcopy(base)
+    moved["cells"][1]["leaf"]["probe"] = "127.0.0.1:9021"
+    moved["cells"][0]["root"]["address"] = "127.0.0.1:10001"
+    assert process_changes(running, config_from_dict(moved)) == ["root a changed", "leaf b changed"]
