@@ -45,6 +45,19 @@ HIGHEST_PORT = 30000
 #: would pick the same port too often, so the old way (the kernel's pick of port 0) is used instead.
 MIN_POOL = 2000
 _random = random.SystemRandom()  # not the global generator: tests seed it, and two seeded runs would collide
+#: ``i/n``: hand out only ports ≡ i (mod n). Processes that draw from one pool at once (pytest-xdist
+#: workers, and every service they start, which inherit it) then never draw the same port: a port one drew
+#: and had not bound yet was taken by another's draw (a control plane's status port, fresh-clone CI).
+PORT_STRIPE_ENV = "DLB_PORT_STRIPE"
+
+
+def _stripe() -> tuple[int, int]:
+    """(i, n) from :data:`PORT_STRIPE_ENV`; (0, 1) when unset or malformed."""
+    try:
+        i, n = (int(v) for v in os.environ.get(PORT_STRIPE_ENV, "0/1").split("/"))
+    except ValueError:
+        return 0, 1
+    return (i, n) if 0 <= i < n else (0, 1)
 
 
 def ephemeral_range(path: str = _EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
@@ -91,10 +104,11 @@ def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None)
     in a row could otherwise name one address for two services (seen in CI).
     """
     top = _pool_top(ephemeral)
+    i, n = _stripe()
     for _ in range(1000):
         with socket.socket() as sock:
             try:
-                sock.bind((host, _random.randrange(LOWEST_PORT, top) if top else 0))
+                sock.bind((host, _random.randrange(-(-(LOWEST_PORT - i) // n), -(-(top - i) // n)) * n + i if top else 0))
             except OSError as e:
                 if e.errno in (errno.EADDRINUSE, errno.EACCES):
                     continue  # in use (or in TIME_WAIT), or reserved: draw another

@@ -26,6 +26,10 @@ from typing import Any
 # before exec ("leaf west envoy exited with -6", the netns testbed in a fresh-clone CI run). The
 # children exec at once and never use this process's gRPC state, so they need no fork support.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Each xdist worker (and every service it starts) draws free ports from its own stripe of the pool, so two
+# workers never hand out one port (dlb.procutil.PORT_STRIPE_ENV).
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ["DLB_PORT_STRIPE"] = f"{os.environ['PYTEST_XDIST_WORKER'][2:]}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
 
 import pytest
 from hypothesis import settings

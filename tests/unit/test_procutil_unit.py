@@ -44,3 +44,15 @@ def test_the_kernels_pick_when_the_range_leaves_no_pool_below_it() -> None:
 def test_an_address_not_of_this_machine_is_an_error_not_a_search() -> None:
     with pytest.raises(OSError):
         free_port("192.0.2.1")  # TEST-NET-1
+
+
+def test_a_stripe_hands_out_only_its_residue_and_stays_in_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two xdist workers (stripes 0/2 and 1/2) can never draw one port; a malformed stripe is no stripe."""
+    _below_range()
+    monkeypatch.setenv(procutil.PORT_STRIPE_ENV, "1/3")
+    ports = [free_port() for _ in range(200)]
+    assert all(p % 3 == 1 and procutil.LOWEST_PORT <= p < procutil.HIGHEST_PORT for p in ports), ports
+    monkeypatch.setenv(procutil.PORT_STRIPE_ENV, "3/3")
+    assert procutil._stripe() == (0, 1)
+    monkeypatch.setenv(procutil.PORT_STRIPE_ENV, "x")
+    assert procutil._stripe() == (0, 1)
