@@ -105,10 +105,12 @@ def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None)
     """
     top = _pool_top(ephemeral)
     i, n = _stripe()
+    # Ports q·n + i in [LOWEST_PORT, top): q from ⌈(LOWEST_PORT − i)/n⌉ up to, not including, ⌈(top − i)/n⌉.
+    q_range = (-(-(LOWEST_PORT - i) // n), -(-(top - i) // n)) if top else (0, 0)
     for _ in range(1000):
         with socket.socket() as sock:
             try:
-                sock.bind((host, _random.randrange(-(-(LOWEST_PORT - i) // n), -(-(top - i) // n)) * n + i if top else 0))
+                sock.bind((host, _random.randrange(*q_range) * n + i if top else 0))
             except OSError as e:
                 if e.errno in (errno.EADDRINUSE, errno.EACCES):
                     continue  # in use (or in TIME_WAIT), or reserved: draw another

@@ -31,6 +31,7 @@ from envoy.config.core.v3 import base_pb2
 
 from dlb.config import resources as dr
 from dlb.config import tls_live
+from dlb.config.bound_at_start import restart_only_changes
 from dlb.config.discovery import dns_names, expand
 from dlb.config.model import Config
 from dlb.config.tls import CONTROL_PLANE, NODE_CLUSTER, node_admission
@@ -93,16 +94,6 @@ class _Static:
     root: dict[str, list[Resource]]
     leaf: dict[str, list[Resource]]
     root_sets: dict[str, er.ResourceSet]
-
-
-def restart_only_changes(old: Config, new: Config) -> list[str]:
-    """The fields changed between ``old`` and ``new`` that a running control plane does not apply: its
-    own listeners and credentials are bound when it starts."""
-    out = [f"services.control_plane.{k}" for k in ("xds", "status")
-           if getattr(old.services.control_plane, k) != getattr(new.services.control_plane, k)]
-    if old.tls != new.tls:
-        out.append("tls")
-    return out
 
 
 class ControlPlane:

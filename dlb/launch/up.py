@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlb.config.bound_at_start import restart_only_changes
 from dlb.config.model import OPERATOR_BASELINES, Config, HostPort
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
@@ -392,18 +393,18 @@ def started_processes(cfg: Config) -> dict[str, object]:
             out[f"root {cell.name}"] = (cell.root.address, cell.root.bind, cell.root.ext_proc)
     out["the root services (none under an operator baseline)"] = cfg.policy.weights not in OPERATOR_BASELINES
     out["services.root"] = cfg.services.root
-    out["services.control_plane"] = cfg.services.control_plane
-    out["tls"] = cfg.tls
     return out
 
 
 def process_changes(running: Config, new: Config) -> list[str]:
     """What ``new`` would change in the processes ``dlb up`` started from ``running``: cells whose leaf or
-    root would be added, removed or bound elsewhere, the shared services' addresses, TLS. A reload cannot
-    apply these: the control planes would route to a leaf nobody started, or to an address nothing binds."""
+    root would be added, removed or bound elsewhere, the shared services' addresses, and what a control
+    plane binds at start (its own listeners, TLS). A reload cannot apply these: the control planes would
+    route to a leaf nobody started, or to an address nothing binds."""
     old, now = started_processes(running), started_processes(new)
     return ([f"{who} added" for who in now if who not in old] + [f"{who} removed" for who in old if who not in now]
-            + [f"{who} changed" for who in old if who in now and old[who] != now[who]])
+            + [f"{who} changed" for who in old if who in now and old[who] != now[who]]
+            + [f"{field} changed" for field in restart_only_changes(running, new)])
 
 
 def reload_problems(config_path: str, token_env: dict[str, str], running: Config) -> str | None:

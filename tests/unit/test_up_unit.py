@@ -186,3 +186,6 @@ def test_a_reload_that_needs_other_processes_is_named_not_half_applied() -> None
     moved["cells"][1]["leaf"]["probe"] = "127.0.0.1:9021"
     moved["cells"][0]["root"]["address"] = "127.0.0.1:10001"
     assert process_changes(running, config_from_dict(moved)) == ["root a changed", "leaf b changed"]
+    rebound = copy.deepcopy(base)
+    rebound["services"] = {"control_plane": {"status": "127.0.0.1:18101"}}
+    assert process_changes(running, config_from_dict(rebound)) == ["services.control_plane.status changed"]
