@@ -206,8 +206,9 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
     A frozen Envoy still completes TCP handshakes (the kernel does), so only a check the Envoy must
     answer itself finds it: the root's HTTP check does within ~3 s. Requests sent to it before then wait
     for it to wake (reported, not retried: Envoy never resets them). Targets: 0 failed, the replica out
-    of the root's rotation within 4 s, and no request sent after that waits on it. The leaf Envoy's own answer to
-    the check, timed on the live replica under the same load, is what the check's 1-s timeout is sized by.
+    of the root's rotation within 4 s, no request sent after that waits on it, and the live replica never out
+    of rotation (its own answer to the check, timed under the same load, is reported beside the 1-s timeout;
+    a box under load stretches it, so the test asserts what a stretched answer would cost, not a time).
     """
     import os
     import signal
@@ -231,16 +232,21 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
         _open_loop(stop, ask, 0.067)  # ~15 req/s, each ~0.2 s: the two servers' steady state, not a growing queue
 
     usable: list[float | None] = []
+    live_out: list[float] = []  # when the root had the live replica out of rotation
+
+    def rotation_out() -> set[str]:
+        return hosts_out(plane.root_envoy.admin_get("/clusters?format=json"), cell.cluster_name)[1]
 
     def checks() -> None:
         while not stop.is_set():
             check_s.append(_check_latency((live.host, live.port)))
             usable.append(_root(plane, "dlb_root_cell_usable", endpoint="chat", cell="a"))
+            if f"{live.host}:{live.port}" in rotation_out():
+                live_out.append(time.monotonic())
             time.sleep(0.05)
 
     def out_of_rotation() -> bool:
-        _, out = hosts_out(plane.root_envoy.admin_get("/clusters?format=json"), cell.cluster_name)
-        return f"{stopped.host}:{stopped.port}" in out
+        return f"{stopped.host}:{stopped.port}" in rotation_out()
 
     with _both_serving(plane, stop, load, checks):
         for p in procs:
@@ -267,7 +273,8 @@ def test_a_frozen_replica_is_taken_out_and_loses_nothing(plane: DataPlane, froze
     assert detect_s <= 4.0, f"the frozen replica left the rotation only after {detect_s:.2f} s"
     assert late == [], f"{len(late)} requests sent after the detection still waited on the frozen replica: {late[:5]}"
     assert failed == [], f"{len(failed)} of {len(sent)} failed: {failed[:5]}"
-    assert max(check_s) < 0.2, f"a live leaf Envoy answered the check in {max(check_s):.3f} s (timeout 1 s)"
+    assert live_out == [], (f"the live replica left the root's rotation {len(live_out)} times "
+                            f"(its slowest check answer {max(check_s):.3f} s, timeout 1 s)")
     # A frozen agent's probes time out: it leaves the aggregate, not the cell, which the root never lost.
     assert usable and all(u == 1.0 for u in usable), f"cell a not usable at some point: {usable}"
     if "agent" in frozen:
