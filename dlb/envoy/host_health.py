@@ -1,4 +1,5 @@
-"""Which hosts of a cluster an Envoy will not route to, read from its admin ``/clusters?format=json``.
+"""Which hosts of a cluster an Envoy will not route to, and how many requests it sent each, read from its
+admin ``/clusters?format=json``.
 
 Why: the leaf agent reports a cell's healthy replicas to the roots; when it counted health its own way
 (scrapes) while its Envoy's health check and outlier detection had taken every server out, roots kept
@@ -51,3 +52,26 @@ def hosts_out(clusters_json: bytes | str, cluster: str) -> tuple[set[str], set[s
                 out.add(addr)
         return every, out
     raise ValueError(f"Envoy admin /clusters: no cluster {cluster!r}")
+
+
+def requests_by_host(clusters_json: bytes | str) -> dict[str, int]:
+    """Requests the Envoy sent each host (``ip:port``), summed over every cluster that holds it.
+
+    Envoy counts a host's ``rq_total`` when a request is attached to a connection to it, so a retry
+    counts on each host tried and an active health check (its own connection) not at all: this is where
+    the Envoy's own routing sent traffic, whichever config (ext_proc, weights, a pool) decided it.
+    """
+    try:
+        doc = json.loads(clusters_json)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"Envoy admin /clusters: not JSON ({e})") from None
+    out: dict[str, int] = {}
+    for status in doc.get("cluster_statuses", []) if isinstance(doc, dict) else []:
+        for host in status.get("host_statuses", []):
+            addr = _address(host)
+            if addr is None:
+                continue
+            for stat in host.get("stats", []):
+                if stat.get("name") == "rq_total":
+                    out[addr] = out.get(addr, 0) + int(stat.get("value", 0))
+    return out

@@ -6,7 +6,7 @@ emulated), wait for every tier (roots: probes fresh), then send a seeded workloa
 (:mod:`dlb.load.workload`) at ``--load`` × the fleet's computed capacity through the roots. At
 ``DEGRADE_AT`` of the run the servers of the degraded cell slow down (``POST /admin/faults`` on each one's admin port) and
 at ``RECOVER_AT`` they recover. Once a second the demo samples the control plane's ``/fleet`` (RIF,
-errors, fitted models, aversion, flow weights) and each root's decision counters (traffic share per
+errors, fitted models, aversion, flow weights) and the requests each root's Envoys sent each cell (share per
 source); the live view (``rich``) or one plain line per 5 s (``--no-live``) shows them. At the end it
 stops everything in order and writes the report (:mod:`dlb.testbed.report`).
 """
@@ -154,14 +154,18 @@ async def _get_text(session: Any, url: str) -> str:
         return str(await r.text())
 
 
-def _decisions(text: str) -> dict[str, float]:
-    """dest cell -> dlb_root_decisions_total summed over endpoints."""
+def _sent_by_cell(clusters_json: list[str], cell_of: dict[str, str]) -> dict[str, float]:
+    """dest cell -> requests one root's Envoys sent there (their hosts' ``rq_total``, from each admin's
+    ``/clusters?format=json``): the same count under every policy, whether a root service, the control
+    plane's weights or an operator pool decided it; a host that is no cell's leaf is left out."""
+    from dlb.envoy.host_health import requests_by_host
+
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("dlb_root_decisions_total{"):
-            head, _, value = line.rpartition(" ")
-            cell = head.split('cell="', 1)[1].split('"', 1)[0]
-            out[cell] = out.get(cell, 0.0) + float(value)
+    for doc in clusters_json:
+        for host, n in requests_by_host(doc).items():
+            cell = cell_of.get(host)
+            if cell is not None:
+                out[cell] = out.get(cell, 0.0) + n
     return out
 
 
@@ -183,6 +187,9 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
     fault_off = {k: defaults[k] for k in fault_on}
     degraded = False
     recovered = False
+    # Where each root's Envoys sent requests: every leaf Envoy (replicas too) by address, each root's admins.
+    cell_of = {str(r.address): c.name for c in dep.cfg.cells for r in c.leaf.all_replicas()}
+    root_admins = {cell: [info.admin_url, *dep.more_root_admin.get(cell, [])] for cell, info in dep.roots.items()}
 
     async def set_faults(body: dict[str, Any]) -> None:
         assert run.degrade_cell is not None
@@ -216,10 +223,8 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                 try:
                     fleet = await _get_json(s, f"{dep.status_url}/fleet")
                     dec: dict[str, dict[str, float]] = {}
-                    for cell, info in dep.roots.items():
-                        if not info.metrics_url:
-                            continue  # no root service (Rand, MNLB): nothing decides, Envoy samples its weights
-                        cur = _decisions(await _get_text(s, info.metrics_url))
+                    for cell, admins in root_admins.items():
+                        cur = _sent_by_cell([await _get_text(s, f"{a.rstrip('/')}/clusters?format=json") for a in admins], cell_of)
                         prev = last.get(cell, {})
                         dec[cell] = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
                         last[cell] = cur

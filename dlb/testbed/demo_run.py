@@ -29,7 +29,7 @@ class Sample:
 
     t: float
     fleet: dict[str, Any]
-    decisions: dict[str, dict[str, float]]  # source cell -> dest cell -> decisions in the last interval
+    decisions: dict[str, dict[str, float]]  # source cell -> dest cell -> requests its root Envoys sent in the last interval
     done: int
     ok: int
 

@@ -1,7 +1,7 @@
 """The demo's live terminal view (``rich``) and its plain-line fallback (``--no-live``, CI, pipes).
 
 Both read the same things: the latest :class:`dlb.testbed.demo.Sample` (control plane ``/fleet`` and
-the roots' decision counters) and the load generator's recent results. Per cell: servers, RIF,
+the requests each root Envoy sent each cell) and the load generator's recent results. Per cell: servers, RIF,
 traffic share from each source over the last 5 s (with a sparkline of the share over the run),
 p50/p90 latency and TTFT p50 of the requests it finished in the last 10 s, the fitted latency model,
 aversion, the completions flow weight, the error rate.
@@ -39,7 +39,7 @@ def recent_by_cell(runner: LoadRunner, now: float) -> dict[str, list[Any]]:
 
 
 def shares(run: DemoRun, n: int = SHARE_WINDOW) -> dict[str, dict[str, float]]:
-    """source -> cell -> share of the decisions of the last ``n`` samples."""
+    """source -> cell -> share of the requests its root Envoys sent in the last ``n`` samples."""
     out: dict[str, dict[str, float]] = {}
     for s in run.samples[-n:]:
         for src, d in s.decisions.items():
@@ -53,7 +53,7 @@ def shares(run: DemoRun, n: int = SHARE_WINDOW) -> dict[str, dict[str, float]]:
 
 
 def share_series(run: DemoRun, cell: str, width: int = 24) -> str:
-    """Sparkline of ``cell``'s share of all decisions, one character per sample (last ``width``)."""
+    """Sparkline of ``cell``'s share of every root's sends, one character per sample (last ``width``)."""
     chars = []
     for s in run.samples[-width:]:
         tot = sum(sum(d.values()) for d in s.decisions.values())
@@ -161,7 +161,7 @@ class RichView:
         from rich.text import Text
 
         rows = cell_rows(self.run, sample, runner)
-        table = Table(title="DLB demo — per cell (share: last 5 s of root decisions; latency: last 10 s)", expand=False)
+        table = Table(title="DLB demo — per cell (share: last 5 s of what each root Envoy sent; latency: last 10 s)", expand=False)
         cols = list(rows[0]) if rows else []
         for c in cols:
             table.add_column(c, justify="left" if c in ("cell", "trend", "model") else "right")

@@ -86,6 +86,23 @@ def test_demo_serves_every_cell_reacts_to_degradation_and_leaves_nothing(tmp_pat
         assert deg["fell"] and deg["came_back"], deg
         for f in ("report.md", "share_over_time.png", "latency_over_time.png", "latency_cdf.png", "requests.jsonl"):
             assert (out / f).stat().st_size > 0, f
+        # The view's share column: what each root's Envoys sent each cell, sampled once a second, adds up
+        # to what that root's clients were served (the last second after the final sample is not sampled).
+        served: dict[str, dict[str, int]] = {}
+        for line in (out / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r["server"]:
+                by_cell = served.setdefault(r["source"], {})
+                by_cell[r["server"].rpartition("/")[0]] = by_cell.get(r["server"].rpartition("/")[0], 0) + 1
+        sent: dict[str, dict[str, float]] = {}
+        for sample in doc["samples"]:
+            for src, by_cell in sample["decisions"].items():
+                for cell, n in by_cell.items():
+                    sent.setdefault(src, {})[cell] = sent.get(src, {}).get(cell, 0.0) + n
+        assert set(sent) == set(served), (sent, served)
+        for src, by_cell in served.items():
+            total, seen = sum(by_cell.values()), sum(sent[src].values())
+            assert 0.95 * total - 5 <= seen <= 1.05 * total + 5, (src, sent[src], by_cell)
         assert doc["commit"]
     finally:
         _cleanup(proc, out / "logs")

@@ -29,3 +29,21 @@ def test_failed_health_check_and_outlier_ejection_are_out_healthy_hosts_are_not(
 def test_a_wrong_admin_address_is_an_error_not_every_server_healthy(text: str) -> None:
     with pytest.raises(ValueError, match="Envoy admin /clusters"):
         hosts_out(text, "servers")
+
+
+def test_requests_by_host_sums_rq_total_over_the_clusters_that_hold_the_host() -> None:
+    """Admin's JSON leaves a zero counter's value out and writes uint64 as a string."""
+    from dlb.envoy.host_health import requests_by_host
+
+    def stats(rq: int | None, cx: int = 7) -> list[dict]:
+        rq_stat = {"name": "rq_total", "type": "COUNTER"} | ({"value": str(rq)} if rq is not None else {})
+        return [{"name": "cx_total", "value": str(cx)}, rq_stat, {"name": "rq_active", "type": "GAUGE", "value": "2"}]
+
+    a = _host("10.0.0.1", 80) | {"stats": stats(5)}
+    b = _host("10.0.0.2", 80) | {"stats": stats(None)}
+    pool_a = _host("10.0.0.1", 80) | {"stats": stats(3)}
+    text = json.dumps({"cluster_statuses": [{"name": "cell-a", "host_statuses": [a]}, {"name": "cell-b", "host_statuses": [b]},
+                                            {"name": "pool", "host_statuses": [pool_a]}]})
+    assert requests_by_host(text) == {"10.0.0.1:80": 8, "10.0.0.2:80": 0}
+    with pytest.raises(ValueError, match="not JSON"):
+        requests_by_host("<html>")
