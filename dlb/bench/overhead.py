@@ -634,27 +634,41 @@ def ratio_lines(records: list[dict[str, Any]], band: float) -> str:
              f"{'config':<22} {'mode':<6} {'cpu/req':>8} {'p50':>7}"]
     for r in rows:
         lines.append(f"{r['config']:<22} {r['mode']:<6} {r['cpu_vs_floor']['median']:>8.3f} {r['p50_vs_floor']['median']:>7.3f}")
-    added = _added_vs_floor(records)
-    if added:
-        lines.append("open-loop p50 added over plain, as a multiple of what the floor adds (median of slices): "
-                     + ", ".join(f"{c} {x:.2f}" for c, x in added.items()))
+    hop = root_hop_figures(records)
+    if hop:
+        lines.append("root-hop figures, median of slices [95 % CI of the median] (targets: added p50 <= 1.10, rps >= 0.95):")
+        for name, fig in hop.items():
+            lines.append(f"  {name}: " + "; ".join(f"{k.replace('_', ' ')} {v['median']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]"
+                                                  for k, v in fig.items()))
     return "\n".join(lines)
 
 
-def _added_vs_floor(records: list[dict[str, Any]]) -> dict[str, float]:
-    """(p50 − plain's) ÷ (floor's p50 − plain's), per open-loop slice, median: the root-hop target's figure."""
-    by = {r["config"]: r for r in records if r["mode"] == "open" and "slices" in r}
-    if "plain" not in by or stats.FLOOR not in by:
-        return {}
-    base = [sl["p50_ms"] for sl in by["plain"]["slices"]]
-    floor = [sl["p50_ms"] for sl in by[stats.FLOOR]["slices"]]
-    out = {}
-    for name, r in by.items():
+def _figure(values: list[float]) -> dict[str, Any]:
+    lo, hi = stats.median_ci(values)
+    return {"median": round(float(np.median(values)), 4), "ci95": [round(lo, 4), round(hi, 4)], "per_slice": [round(v, 4) for v in values]}
+
+
+def root_hop_figures(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The root-hop target's two figures per configuration, slice by slice against the floor's same slice, with
+    a bootstrap interval of their median so one run says whether it resolves a target or cannot:
+    ``added_p50`` (open loop, equal offered load): (p50 − plain's) ÷ (floor's p50 − plain's); ``closed_rps``:
+    requests in the closed-loop slice ÷ the floor's (slices are of equal length). Also stored on the records."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    by = {(r["config"], r["mode"]): r for r in records if "slices" in r}
+    plain, floor = by.get(("plain", "open")), by.get((stats.FLOOR, "open"))
+    for (name, mode), r in by.items():
         if name in ("plain", stats.FLOOR):
             continue
-        x = [(sl["p50_ms"] - b) / (f - b) for sl, b, f in zip(r["slices"], base, floor, strict=True) if f - b > 0]
-        if x:
-            out[name] = float(np.median(x))
+        if mode == "open" and plain is not None and floor is not None:
+            x = [(sl["p50_ms"] - b["p50_ms"]) / (f["p50_ms"] - b["p50_ms"])
+                 for sl, b, f in zip(r["slices"], plain["slices"], floor["slices"], strict=True) if f["p50_ms"] - b["p50_ms"] > 0]
+            if x:
+                r["added_p50_vs_floor"] = out.setdefault(name, {})["added_p50"] = _figure(x)
+        closed_floor = by.get((stats.FLOOR, "closed"))
+        if mode == "closed" and closed_floor is not None:
+            x = [sl["requests"] / f["requests"] for sl, f in zip(r["slices"], closed_floor["slices"], strict=True) if f["requests"]]
+            if x:
+                r["rps_vs_floor"] = out.setdefault(name, {})["closed_rps"] = _figure(x)
     return out
 
 
