@@ -638,14 +638,23 @@ def ratio_lines(records: list[dict[str, Any]], band: float) -> str:
     if hop:
         lines.append("root-hop figures, median of slices [95 % CI of the median] (targets: added p50 <= 1.10, rps >= 0.95):")
         for name, fig in hop.items():
-            lines.append(f"  {name}: " + "; ".join(f"{k.replace('_', ' ')} {v['median']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]"
-                                                  for k, v in fig.items()))
+            lines.append(f"  {name}: " + "; ".join(_figure_text(k, v) for k, v in fig.items()))
     return "\n".join(lines)
 
 
+#: Fewer slices than this give no interval: a bootstrap of one or two values would read as "resolved".
+MIN_SLICES_FOR_CI = 4
+
+
 def _figure(values: list[float]) -> dict[str, Any]:
-    lo, hi = stats.median_ci(values)
-    return {"median": round(float(np.median(values)), 4), "ci95": [round(lo, 4), round(hi, 4)], "per_slice": [round(v, 4) for v in values]}
+    ci = [round(v, 4) for v in stats.median_ci(values)] if len(values) >= MIN_SLICES_FOR_CI else None
+    return {"median": round(float(np.median(values)), 4), "ci95": ci, "per_slice": [round(v, 4) for v in values]}
+
+
+def _figure_text(name: str, fig: dict[str, Any]) -> str:
+    ci = fig["ci95"]
+    band = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"[no interval: {len(fig['per_slice'])} slices]"
+    return f"{name.replace('_', ' ')} {fig['median']:.3f} {band}"
 
 
 def root_hop_figures(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:

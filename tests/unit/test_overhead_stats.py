@@ -66,15 +66,18 @@ def test_root_hop_figures_are_per_slice_against_the_floor_with_an_interval_of_th
         return {"config": config, "mode": mode,
                 "slices": [{"cpu_s": 1.0, "requests": n, "p50_ms": p} for p, n in zip(p50, requests, strict=True)]}
 
-    records = [rec("plain", "closed", [1, 1, 1, 1], [300] * 4), rec(s.FLOOR, "closed", [2, 2, 2, 2], [200, 200, 100, 200]),
-               rec("root", "closed", [2, 2, 2, 2], [190, 180, 100, 210]),
-               rec("plain", "open", [1.0, 1.0, 1.0, 1.0], [50] * 4), rec(s.FLOOR, "open", [2.0, 3.0, 1.0, 1.5], [50] * 4),
-               rec("root", "open", [2.2, 3.4, 9.0, 1.6], [50] * 4)]
+    records = [rec("plain", "closed", [1] * 5, [300] * 5), rec(s.FLOOR, "closed", [2] * 5, [200, 200, 100, 200, 100]),
+               rec("root", "closed", [2] * 5, [190, 180, 100, 210, 100]),
+               rec("plain", "open", [1.0] * 5, [50] * 5), rec(s.FLOOR, "open", [2.0, 3.0, 1.0, 1.5, 2.0], [50] * 5),
+               rec("root", "open", [2.2, 3.4, 9.0, 1.6, 2.2], [50] * 5)]
     fig = root_hop_figures(records)["root"]
-    assert fig["closed_rps"]["per_slice"] == [0.95, 0.9, 1.0, 1.05]
-    assert fig["closed_rps"]["median"] == pytest.approx(0.975)
-    assert fig["added_p50"]["per_slice"] == pytest.approx([1.2, 1.2, 1.2])  # the third slice: the floor added nothing
+    assert fig["closed_rps"]["per_slice"] == [0.95, 0.9, 1.0, 1.05, 1.0]
+    assert fig["closed_rps"]["median"] == pytest.approx(1.0)
+    assert fig["added_p50"]["per_slice"] == pytest.approx([1.2] * 4)  # the third slice: the floor added nothing
     lo, hi = fig["added_p50"]["ci95"]
     assert lo <= fig["added_p50"]["median"] <= hi
     assert records[-1]["added_p50_vs_floor"] == fig["added_p50"] and records[2]["rps_vs_floor"] == fig["closed_rps"]
     assert "root" not in root_hop_figures([r for r in records if r["config"] != s.FLOOR])
+    # Three slices are too few for an interval (a bootstrap of them would look resolved).
+    three = [dict(r, slices=r["slices"][:3]) for r in records]
+    assert root_hop_figures(three)["root"]["closed_rps"]["ci95"] is None
