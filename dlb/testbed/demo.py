@@ -169,6 +169,12 @@ def _sent_by_cell(clusters_json: list[str], cell_of: dict[str, str]) -> dict[str
     return out
 
 
+def sent_since(cur: dict[str, float], prev: dict[str, float]) -> dict[str, float]:
+    """Per cell, what was sent since the previous sample: a counter that went back (its Envoy restarted)
+    counts from zero, never as a negative share."""
+    return {k: v - prev.get(k, 0.0) if v >= prev.get(k, 0.0) else v for k, v in cur.items()}
+
+
 async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: bool) -> None:
     """Run the workload, the degradation schedule, sampling, the view and supervision until the end."""
     import aiohttp
@@ -225,8 +231,7 @@ async def drive(run: DemoRun, sup: Supervisor, dep: Any, stop: StopFlag, live: b
                     dec: dict[str, dict[str, float]] = {}
                     for cell, admins in root_admins.items():
                         cur = _sent_by_cell([await _get_text(s, f"{a.rstrip('/')}/clusters?format=json") for a in admins], cell_of)
-                        prev = last.get(cell, {})
-                        dec[cell] = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
+                        dec[cell] = sent_since(cur, last.get(cell, {}))
                         last[cell] = cur
                 except (TimeoutError, aiohttp.ClientError, ValueError):
                     continue  # a restarting component: skip this sample

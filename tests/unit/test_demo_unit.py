@@ -104,3 +104,10 @@ def test_the_demo_names_the_policies_of_the_config_it_runs(tmp_path: Path) -> No
     forced, _, _ = prepare(build_parser().parse_args(["demo", "--config", str(path), "--policy", "Disc-RIF",
                                                       "--out", str(tmp_path / "f")]), tmp_path / "f")
     assert forced.policy == "Disc-RIF"
+
+
+def test_sends_since_the_last_sample_restart_from_zero_when_a_root_envoy_restarted() -> None:
+    from dlb.testbed.demo import sent_since
+
+    assert sent_since({"a": 12.0, "b": 5.0}, {"a": 10.0, "b": 5.0}) == {"a": 2.0, "b": 0.0}
+    assert sent_since({"a": 3.0, "c": 1.0}, {"a": 40.0}) == {"a": 3.0, "c": 1.0}  # a's Envoy restarted; c is new
