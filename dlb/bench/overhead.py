@@ -665,6 +665,7 @@ def root_hop_figures(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     out: dict[str, dict[str, dict[str, Any]]] = {}
     by = {(r["config"], r["mode"]): r for r in records if "slices" in r}
     plain, floor = by.get(("plain", "open")), by.get((stats.FLOOR, "open"))
+    closed_floor = by.get((stats.FLOOR, "closed"))
     for (name, mode), r in by.items():
         if name in ("plain", stats.FLOOR):
             continue
@@ -673,7 +674,6 @@ def root_hop_figures(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[
                  for sl, b, f in zip(r["slices"], plain["slices"], floor["slices"], strict=True) if f["p50_ms"] - b["p50_ms"] > 0]
             if x:
                 r["added_p50_vs_floor"] = out.setdefault(name, {})["added_p50"] = _figure(x)
-        closed_floor = by.get((stats.FLOOR, "closed"))
         if mode == "closed" and closed_floor is not None:
             x = [sl["requests"] / f["requests"] for sl, f in zip(r["slices"], closed_floor["slices"], strict=True) if f["requests"]]
             if x:

@@ -27,17 +27,22 @@ def _address(host: dict[str, Any]) -> str | None:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+def _cluster_statuses(clusters_json: bytes | str) -> list[dict[str, Any]]:
+    """Admin's ``cluster_statuses`` (ValueError when the text is not admin's JSON)."""
+    try:
+        doc = json.loads(clusters_json)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"Envoy admin /clusters: not JSON ({e})") from None
+    return doc.get("cluster_statuses", []) if isinstance(doc, dict) else []
+
+
 def hosts_out(clusters_json: bytes | str, cluster: str) -> tuple[set[str], set[str]]:
     """``(every host, hosts out of rotation)`` of ``cluster`` as ``ip:port`` (``[ip]:port`` for IPv6).
 
     Raises ValueError when the text is not admin's JSON or names no such cluster (a wrong admin address
     must not read as "every server healthy").
     """
-    try:
-        doc = json.loads(clusters_json)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"Envoy admin /clusters: not JSON ({e})") from None
-    for status in doc.get("cluster_statuses", []) if isinstance(doc, dict) else []:
+    for status in _cluster_statuses(clusters_json):
         if status.get("name") != cluster:
             continue
         every: set[str] = set()
@@ -61,12 +66,8 @@ def requests_by_host(clusters_json: bytes | str) -> dict[str, int]:
     counts on each host tried and an active health check (its own connection) not at all: this is where
     the Envoy's own routing sent traffic, whichever config (ext_proc, weights, a pool) decided it.
     """
-    try:
-        doc = json.loads(clusters_json)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"Envoy admin /clusters: not JSON ({e})") from None
     out: dict[str, int] = {}
-    for status in doc.get("cluster_statuses", []) if isinstance(doc, dict) else []:
+    for status in _cluster_statuses(clusters_json):
         for host in status.get("host_statuses", []):
             addr = _address(host)
             if addr is None:
