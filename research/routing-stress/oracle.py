@@ -52,7 +52,7 @@ class IdealDispatcher(LrGlobalRoot):
 
 sim_policies.REGISTRY["ideal"] = sim_policies.PolicySpec(
     lambda topology, source, prior, rng: IdealDispatcher(topology, source, rng), needs_model=False)
-sim_engine.POLICIES = tuple(sim_policies.REGISTRY)
+sim_policies.ALL_POLICIES = sim_engine.ALL_POLICIES = tuple(sim_policies.REGISTRY)  # the engine checks names against this
 
 
 def run(job: tuple[int, float, str, float]) -> dict:
