@@ -20,6 +20,12 @@ from dlb.config.yaml_nodes import join
 
 E = TypeVar("E", bound=Enum)
 MAX_UNKNOWN_KEYS = 20
+#: The longest duration Envoy's protobuf Duration holds (10,000 years): a larger timeout is refused by
+#: Envoy when the control plane pushes it, so it is refused here, where the field can be named.
+MAX_DURATION_S = 315_576_000_000.0
+#: The shortest non-zero timeout: Envoy durations are rendered at microsecond resolution, and anything
+#: under a millisecond would either round to 0 (no limit at all) or fail every request.
+MIN_TIMEOUT_S = 0.001
 #: The value of a key that is not there (distinct from an explicit null).
 MISSING: Any = object()
 
@@ -110,6 +116,17 @@ class Checker:
                 return default
         return int(v) if integer else float(v)
 
+    def timeout(self, m: dict[str, Any], key: str, path: str, default: float, *, zero: str | None = "no limit") -> Any:
+        """A duration in seconds: ``0`` when ``zero`` says what 0 means (else it must be > 0), otherwise
+        between :data:`MIN_TIMEOUT_S` and :data:`MAX_DURATION_S`."""
+        v = self.number(m, key, path, MISSING, ge=0 if zero else None, gt=None if zero else 0, le=MAX_DURATION_S)
+        if v is MISSING:
+            return default
+        if 0 < v < MIN_TIMEOUT_S:
+            self.err(join(path, key), f"must be {f'0 ({zero}) or ' if zero else ''}at least {fmt(MIN_TIMEOUT_S)} s, got {fmt(v)}")
+            return default
+        return v
+
     def boolean(self, m: dict[str, Any], key: str, path: str, default: bool) -> bool:
         v = m.get(key, MISSING)
         if v is MISSING:
@@ -159,7 +176,7 @@ class Checker:
 
 
 def parent(path: str) -> str:
-    if path.endswith("]"):
+    if path.endswith("]") and "[" in path:  # a key may itself be "]" (the fuzzer's find): not an index then
         return path[: path.rindex("[")]
     return path.rsplit(".", 1)[0] if "." in path else ""
 

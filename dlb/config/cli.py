@@ -68,8 +68,17 @@ def envoy_problems(cfg: Config) -> list[str]:
                 if result.returncode != 0:
                     detail = (result.stderr or result.stdout).strip().splitlines()
                     out.append(f"{cfg.source}: cells[{c.index}] ({c.name}): Envoy rejects the {role} bootstrap: "
-                               + (detail[-1] if detail else f"exit {result.returncode}"))
+                               + (_clip(detail[-1]) if detail else f"exit {result.returncode}"))
     return out
+
+
+#: Envoy's parse errors end with the whole rendered bootstrap on the same line (tens of KB): the reason
+#: comes first, so the line is cut here.
+MAX_ENVOY_DETAIL = 400
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= MAX_ENVOY_DETAIL else f"{line[:MAX_ENVOY_DETAIL]} ... ({len(line) - MAX_ENVOY_DETAIL:,} more characters)"
 
 
 def run_validate(args: argparse.Namespace) -> int:

@@ -177,7 +177,7 @@ def affinity_params(ck: Checker, raw: Any, path: str) -> AffinityParams:
     return AffinityParams(
         enabled=ck.boolean(m, "enabled", path, d.enabled),
         header=header,
-        ttl_s=ck.number(m, "ttl_s", path, d.ttl_s, gt=0),
+        ttl_s=ck.timeout(m, "ttl_s", path, d.ttl_s, zero=None),
         max_sessions=ck.number(m, "max_sessions", path, d.max_sessions, ge=1, integer=True),
         prefix_savings_ms=ck.number(m, "prefix_savings_ms", path, d.prefix_savings_ms, ge=0),
     )

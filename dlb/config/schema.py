@@ -250,9 +250,9 @@ def _dp_group(ck: Checker, m: dict[str, Any], path: str, addr: HostPort | None) 
                    hold_queue=hold, hold_deadline_ms=deadline, hold_early=early)
 
 
-def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
-    """Two things cannot listen on one address; a copy-paste slip here makes a confusing testbed."""
-    owner: dict[HostPort, str] = {}
+def _cell_addresses(cells: list[Cell]) -> list[tuple[str, HostPort]]:
+    """Every (field path, address) the cells' own listeners take, in file order."""
+    out: list[tuple[str, HostPort]] = []
     for c in cells:
         p = f"cells[{c.index}]"
         uses = [(f"{p}.leaf.address", c.leaf.address), (f"{p}.leaf.probe", c.leaf.probe), (f"{p}.leaf.ext_proc", c.leaf.ext_proc)]
@@ -264,13 +264,29 @@ def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
         uses += [(f"{p}.servers[{k}]." + ("dp_ranks" if r else "address"), a)
                  for k, s in enumerate(c.servers) for r, a in enumerate(s.rank_addresses())]  # fmt: skip
         uses += [(f"{p}.root.address", c.root.address)]
-        for path, hp in uses:
-            if hp is None or hp.host == "invalid":
-                continue
-            if hp in owner:
-                ck.err(path, f"address {hp} is also used by {owner[hp]}")
-            else:
-                owner[hp] = path
+        out += [(path, hp) for path, hp in uses if hp is not None and hp.host != "invalid"]
+    return out
+
+
+def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
+    """Two things cannot listen on one address; a copy-paste slip here makes a confusing testbed."""
+    owner: dict[HostPort, str] = {}
+    for path, hp in _cell_addresses(cells):
+        if hp in owner:
+            ck.err(path, f"address {hp} is also used by {owner[hp]}")
+        else:
+            owner[hp] = path
+
+
+def _services_apart(ck: Checker, services: Services, cells: list[Cell], given: dict[str, Any]) -> None:
+    """No cell listener on the control plane's addresses (given or default): a root there reported ready
+    while its Envoy had NACKed the listener, its readiness connect answered by the xDS server."""
+    cp = services.control_plane
+    mine = {cp.xds: "services.control_plane.xds", cp.status: "services.control_plane.status"}
+    for path, hp in _cell_addresses(cells):
+        if hp in mine:
+            what = mine[hp] + ("" if mine[hp].rsplit(".", 1)[1] in given else " (its default)")
+            ck.err(path, f"address {hp} is also used by {what}")
 
 
 def _network(ck: Checker, raw: Any, cells: list[Cell]) -> Network:
@@ -405,8 +421,8 @@ def _endpoints(ck: Checker, raw: Any, cells: Sequence[str] = ()) -> list[Endpoin
                 policy=endpoint_policy(ck, m.get("policy"), f"{p}.policy"),
                 latency_prior=(prior := _prior(ck, m.get("latency_prior"), f"{p}.latency_prior")),
                 latency_prior_by_cell=_priors_by_cell(ck, m.get("latency_prior_by_cell"), f"{p}.latency_prior_by_cell", prior, cells),
-                timeout_s=ck.number(m, "timeout_s", p, Endpoint.timeout_s, ge=0),
-                idle_timeout_s=ck.number(m, "idle_timeout_s", p, Endpoint.idle_timeout_s, ge=0),
+                timeout_s=ck.timeout(m, "timeout_s", p, Endpoint.timeout_s),
+                idle_timeout_s=ck.timeout(m, "idle_timeout_s", p, Endpoint.idle_timeout_s),
             )
         )
     return out
@@ -540,6 +556,8 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
     policy = deployment_policy(ck, top.get("policy")) if "policy" in top else DeploymentPolicy()
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
+    cp_raw = (top.get("services") or {}).get("control_plane") if isinstance(top.get("services"), dict) else None
+    _services_apart(ck, services, cells, cp_raw if isinstance(cp_raw, dict) else {})
     tls_raw = top.get("tls", _tls_from_env())
     tls = check_tls(ck, tls_raw, source) if tls_raw is not None else None
     if tls is not None and "tls" not in top and os.environ.get(TLS_SECRET_DIR_ENV):

@@ -430,3 +430,56 @@ def test_json_written_config_with_exponent_floats_loads_as_numbers() -> None:
     assert cfg.endpoints[0].latency_prior.b_s == pytest.approx(4e-05)
     quoted = text.replace("4e-05", '"4e-05"')
     assert any(path.endswith("b_s") for path, _, _ in problems_of(quoted.replace("t.json", "t.yaml")))
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("timeout_s", 1e23, "must be <= 3.15576e+11"),  # past Envoy's Duration: the control plane crashed rendering it
+    ("idle_timeout_s", 4e-7, "must be 0 (no limit) or at least 0.001 s"),  # rendered "0s": no limit at all
+    ("timeout_s", 0.0005, "must be 0 (no limit) or at least 0.001 s"),
+])
+def test_an_endpoint_timeout_envoy_cannot_hold_or_would_round_to_none_is_named(field: str, value: float, reason: str) -> None:
+    data = minimal(endpoints=[{"name": "m", "match": {"prefix": "/v1/"}, field: value}])
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "x.yaml")
+    (p,) = info.value.problems
+    assert p.path == f"endpoints[0].{field}" and reason in p.reason, p
+    ok = config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/v1/"}, "timeout_s": 0, "idle_timeout_s": 0.001}]))
+    assert (ok.endpoints[0].timeout_s, ok.endpoints[0].idle_timeout_s) == (0.0, 0.001)
+
+
+def test_affinity_ttl_is_bounded_like_a_duration() -> None:
+    pol = {"affinity": {"enabled": True, "ttl_s": 1e23}}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(minimal(endpoints=[{"name": "m", "match": {"prefix": "/v1/"}, "policy": pol}]))
+    assert any(p.path.endswith("affinity.ttl_s") and "must be <=" in p.reason for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_a_cell_listener_on_the_control_planes_address_is_named(given: bool) -> None:
+    """A root at the control plane's xDS address passed validation, and ``dlb up`` called it ready: its
+    Envoy NACKed the listener, and the readiness connect reached the xDS server."""
+    data = minimal(**({"services": {"control_plane": {"xds": "127.0.0.1:18500"}}} if given else {}))
+    xds = "127.0.0.1:18500" if given else "127.0.0.1:18000"
+    data["cells"][1]["root"] = {"address": xds}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "x.yaml")
+    (p,) = info.value.problems
+    assert p.path == "cells[1].root.address"
+    assert p.reason == f"address {xds} is also used by services.control_plane.xds" + ("" if given else " (its default)")
+
+
+def test_a_key_that_looks_like_the_end_of_an_index_is_reported_not_a_crash() -> None:
+    """The mutation fuzzer's find: ``network: {"]": null}`` raised ValueError looking for the line."""
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(minimal(network={"one_way_ms": {"a": {"b": 10}}, "]": None}), "x.yaml")
+    assert any(p.path == "network.]" and "unknown key" in p.reason for p in info.value.problems), info.value.problems
+
+
+def test_envoys_rejection_is_cut_to_its_reason_not_the_whole_bootstrap() -> None:
+    """Envoy's parse error carries the rendered bootstrap on the same line (67 KB was printed)."""
+    from dlb.config.cli import MAX_ENVOY_DETAIL, _clip
+
+    line = "Unable to parse JSON as proto (route.timeout: bad seconds): " + "{" * 70_000
+    out = _clip(line)
+    assert out.startswith("Unable to parse JSON as proto (route.timeout: bad seconds)") and len(out) < MAX_ENVOY_DETAIL + 60
+    assert _clip("short") == "short"
