@@ -97,6 +97,19 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     return out
 
 
+def shared_listeners(cfg: Config, root_services: bool = True) -> list[str]:
+    """``field: address X is also used by other field`` for each address ``dlb up`` would listen on twice:
+    the second listener could not bind, or, worse, its readiness check would reach the first."""
+    owner: dict[HostPort, str] = {}
+    out = []
+    for field_path, hp in listen_addresses(cfg, root_services):
+        if hp in owner:
+            out.append(f"{field_path}: address {hp} is also used by {owner[hp]}")
+        else:
+            owner[hp] = field_path
+    return out
+
+
 def listen_problems(cfg: Config, config_path: str, root_services: bool = True) -> list[str]:
     """Addresses of ``cfg`` this machine cannot listen on, one line each naming the file and field.
 
@@ -104,8 +117,10 @@ def listen_problems(cfg: Config, config_path: str, root_services: bool = True) -
     listener and stays up, so the supervisor would wait its whole ready timeout and then name only
     the Envoy (the reason, e.g. ``Address already in use`` from an earlier ``dlb up``, sat in its log).
     """
-    problems = []
+    problems = [f"{config_path}: {msg}" for msg in shared_listeners(cfg, root_services)]
     for field_path, hp in listen_addresses(cfg, root_services):
+        if any(p.startswith(f"{config_path}: {field_path}: ") for p in problems):
+            continue
         try:
             infos = socket.getaddrinfo(hp.host, hp.port, type=socket.SOCK_STREAM)
             family, _, _, _, sockaddr = infos[0]
@@ -132,11 +147,26 @@ def _envoy_live(admin_port: int) -> bool:
         return False
 
 
+def _envoy_listening(admin_port: int, listener: HostPort) -> bool:
+    """The Envoy itself holds a listener on ``listener``'s port (its admin ``/listeners``). Why not only a
+    connect: a listener Envoy could not bind is NACKed and dropped while the Envoy stays LIVE, and a
+    connect then reaches whatever else holds the port."""
+    try:
+        doc = json.loads(http_get(f"http://127.0.0.1:{admin_port}/listeners?format=json", 0.5)[1])
+    except (OSError, ValueError):
+        return False
+    return any(((ls.get("local_address") or {}).get("socket_address") or {}).get("port_value") == listener.port
+               for ls in doc.get("listener_statuses", []))
+
+
 def _envoy_waiting(admin_port: int, listener: HostPort, xds: HostPort) -> str:
     """What a starting Envoy lacks: its admin saying LIVE, or the listener it takes from the control plane."""
     if not _envoy_live(admin_port):
         return f"its admin http://127.0.0.1:{admin_port}/ready to answer LIVE (config from the control plane at {xds})"
-    return f"its listener {listener} (from the control plane at {xds}; a refused bind shows in its log)"
+    if not _envoy_listening(admin_port, listener):
+        return (f"its listener on port {listener.port}: the Envoy holds none yet (from the control plane at {xds}; "
+                "a refused bind shows in its log)")
+    return f"its listener {listener} to accept a connection"
 
 
 def _fetch(url: str) -> str | None:
@@ -230,7 +260,7 @@ def _envoy_child(sup: Supervisor, role: str, cell: str, xds: list[HostPort], lis
     argv = [envoy_binary(), "-c", str(boot), "--log-level", ENVOY_LOG_LEVEL, "--disable-hot-restart",
             "--concurrency", "1", "--base-id", str(random.randrange(1, 1 << 30))]
     child = Child(name, tier, argv, run_dir / f"{name.replace(' ', '-')}.log",
-                  ready=lambda: _envoy_live(admin) and tcp_open(listener),
+                  ready=lambda: _envoy_live(admin) and _envoy_listening(admin, listener) and tcp_open(listener),
                   waiting=functools.partial(_envoy_waiting, admin, listener, xds[0]))
     return sup.add(child), admin
 

@@ -189,3 +189,17 @@ def test_a_reload_that_needs_other_processes_is_named_not_half_applied() -> None
     rebound = copy.deepcopy(base)
     rebound["services"] = {"control_plane": {"status": "127.0.0.1:18101"}}
     assert process_changes(running, config_from_dict(rebound)) == ["services.control_plane.status changed"]
+
+
+def test_up_refuses_two_of_its_listeners_on_one_address_naming_both_fields() -> None:
+    """A root service's metrics port on a leaf's probe address: the second could never bind, or its
+    readiness check would reach the first. Named before anything starts."""
+    from dlb.config import config_from_dict
+    from dlb.launch.up import shared_listeners
+
+    raw = {"version": 1, "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
+           "cells": [{"name": "a", "servers": ["127.0.0.1:1"], "leaf": {"address": "127.0.0.1:2", "probe": "127.0.0.1:18391"},
+                      "root": {"address": "127.0.0.1:4"}}],
+           "services": {"root": {"metrics": "127.0.0.1:18391"}}}
+    problems = shared_listeners(config_from_dict(raw))
+    assert problems == ["services.root.metrics (root a): address 127.0.0.1:18391 is also used by cells[0].leaf.probe"], problems
