@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -152,10 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args.provenance_code = code_tree()
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that went away (``| head``) is seen here, not at exit
+        return code
     except DlbError as exc:  # libraries raise; only the command line turns an error into an exit
         print(f"dlb: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader of our output closed it (``dlb config validate | head -1``): stop quietly, as a tool
+        # killed by SIGPIPE does, and point stdout at /dev/null so the flush at exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
