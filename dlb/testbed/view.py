@@ -96,6 +96,26 @@ def cell_rows(run: DemoRun, sample: Sample, runner: LoadRunner) -> list[dict[str
     return rows
 
 
+#: Columns a narrow terminal drops first, in this order: every column squeezed to "us…" left the cells
+#: impossible to tell apart in 80 columns.
+DROP_FIRST = ("trend", "model", "ttft", "aversion", "servers", "p90")
+
+
+def fit_columns(rows: list[dict[str, str]], width: int) -> list[str]:
+    """The columns of ``rows`` that fit ``width`` characters unsqueezed, dropping :data:`DROP_FIRST` in order."""
+    cols = list(rows[0]) if rows else []
+
+    def need(cs: list[str]) -> int:  # rich's box: a border and one space each side per column
+        return 1 + sum(3 + max(len(c), *(len(r[c]) for r in rows)) for c in cs)
+
+    for c in DROP_FIRST:
+        if need(cols) <= width:
+            break
+        if c in cols:
+            cols.remove(c)
+    return cols
+
+
 def _degraded(run: DemoRun, now: float) -> bool:
     return run.degrade_window is not None and run.degrade_window[0] <= now < run.degrade_window[1]
 
@@ -162,7 +182,7 @@ class RichView:
 
         rows = cell_rows(self.run, sample, runner)
         table = Table(title="DLB demo — per cell (share: last 5 s of what each root Envoy sent; latency: last 10 s)", expand=False)
-        cols = list(rows[0]) if rows else []
+        cols = fit_columns(rows, self.console.width)
         for c in cols:
             table.add_column(c, justify="left" if c in ("cell", "trend", "model") else "right")
         for row in rows:

@@ -34,3 +34,27 @@ def test_the_headline_says_draining_after_the_load_ends_instead_of_a_time_past_t
     for now, want in ((12.0, "t= 12.0/30s  offered"), (46.0, "t= 46.0s, load ended at 30s, draining  offered")):
         runner = SimpleNamespace(clock=lambda now=now: now, t0=0.0, sent=400, in_flight=3)
         assert view.headline(run, sample, runner).startswith(want), view.headline(run, sample, runner)  # type: ignore[arg-type]
+
+
+def test_a_narrow_terminal_drops_the_least_needed_columns_instead_of_squeezing_every_cell_name() -> None:
+    """In 80 columns rich squeezed every column to "us…": the cells could not be told apart."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [{"cell": name, "servers": "3", "rif": "34", "p50": "2.41s", "p90": "4.80s", "ttft": "0.13s",
+             "model": "a=2.10 b=0.060", "aversion": "0.00", "errors": "0.0%", "trend": "▁▂▃▄▅▆▇█" * 3,
+             "from us-east1": "41%", "from europe-west4": "0%"}
+            for name in ("us-east1", "us-central1", "europe-west4", "europe-west1")]
+    wide = view.fit_columns(rows, 250)
+    assert wide == list(rows[0])  # room for everything: nothing dropped
+    cols = view.fit_columns(rows, 80)
+    assert "cell" in cols and "from us-east1" in cols and "trend" not in cols and "model" not in cols
+    console = Console(width=80, record=True, color_system=None)
+    table = Table()
+    for c in cols:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[r[c] for c in cols])
+    console.print(table)
+    text = console.export_text()
+    assert all(name in text for name in ("us-east1", "us-central1", "europe-west4", "europe-west1")), text
