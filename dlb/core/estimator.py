@@ -116,6 +116,7 @@ class LatencyEstimator:
         self._lat: deque[float] = deque(maxlen=self.config.max_samples)
         self._last_fit = -math.inf
         self._stride = 1
+        self._prior_refused = False
         self._skip = 0
         self.params: LatencyParams = prior
         self.confidence: float = 0.0
@@ -192,10 +193,23 @@ class LatencyEstimator:
         if math.isfinite(cfg.half_life_s) and rif.size:
             age = now - np.fromiter(self._t, float, len(self._t))
             weights = np.exp2(-np.maximum(age, 0.0) / cfg.half_life_s)
+        measured = False
         if cfg.measure_prior:
             if rif.size >= MIN_PRIOR_SAMPLES:
-                self.effective_prior = measured_prior(rif, lat, self.prior, self.knee, weights)
-                self._raised = 0.0
+                scaled = measured_prior(rif, lat, self.prior, self.knee, weights)
+                if scaled.a < self.prior.a and self._mostly_running(in_flight):
+                    # The first completions of a cell are its shortest requests: while most of its
+                    # requests are still running, a *faster* scale from them is unknown (the median
+                    # with the running ones counted is not yet observed), so the last one stays.
+                    # Measured: a 4-server cell rescaled 0.23x by its five shortest requests with 350
+                    # running, then published for the whole run with no sample behind it.
+                    self.effective_prior = measured_prior(rif[:0], lat[:0], self.effective_prior, self.knee)
+                    self._prior_refused = True  # retried on the refit schedule, not at every sample
+                else:
+                    self.effective_prior = scaled
+                    self._raised = 0.0
+                    self._prior_refused = False
+                    measured = True
             elif self.knee is not None:
                 # Too few samples to measure the time scale: keep the last measured one (an old
                 # measurement beats the guess it replaced) and take the servers' knee.
@@ -213,7 +227,7 @@ class LatencyEstimator:
             self._stride = max(1, math.ceil(rate * self.config.window_s / self.config.max_samples))
         params = shrink_toward_prior(res, prior) if res.confidence > 0 else prior
         confidence = res.confidence
-        if confidence <= 0 and cfg.measure_prior and rif.size >= MIN_PRIOR_SAMPLES:
+        if confidence <= 0 and measured:
             # Too few samples to fit, but the published prior was measured from them (rescaled or
             # confirmed): evidence, not a guess. Confidence 0 tells a root "this is the configured
             # prior" and it keeps its learned curve instead (RootRouter.on_probe) — after a declared
@@ -229,6 +243,11 @@ class LatencyEstimator:
         self.confidence = confidence
         return res
 
+    def _mostly_running(self, in_flight: Censored | None) -> bool:
+        """More of the cell's requests are running than completed in the window (thinned samples
+        count for the stride they stand for): fewer than half of them have a known latency."""
+        return in_flight is not None and in_flight.rif.size > len(self._t) * self._stride
+
     def refit_due(self, now: float) -> bool:
         """Refit now: on schedule, at once when the samples declared a change (consumed here, see
         :meth:`take_change`), or when the first samples can replace the configured prior."""
@@ -243,7 +262,8 @@ class LatencyEstimator:
 
     def prior_measurable(self) -> bool:
         """The first samples can replace the configured prior: refit at once rather than on schedule."""
-        return self.config.measure_prior and self.effective_prior is self.prior and len(self._t) >= MIN_PRIOR_SAMPLES
+        return (self.config.measure_prior and self.effective_prior is self.prior and not self._prior_refused
+                and len(self._t) >= MIN_PRIOR_SAMPLES)
 
     def detached(self) -> LatencyEstimator:
         """A copy with its own sample windows, to refit off the event loop while this one keeps recording
@@ -256,6 +276,7 @@ class LatencyEstimator:
         """Publish what a :meth:`detached` copy's refit found."""
         self.params, self.confidence, self.last_result, self._last_fit = fitted.params, fitted.confidence, fitted.last_result, now
         self.effective_prior, self._stride, self._raised = fitted.effective_prior, fitted._stride, fitted._raised
+        self._prior_refused = fitted._prior_refused
 
     def forget_before(self, t: float, by_arrival: bool = False) -> int:
         """Drop the samples recorded before ``t`` (the cell changed then); returns how many.

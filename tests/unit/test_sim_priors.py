@@ -16,7 +16,7 @@ from dlb.core.background import (
     surprise,
 )
 from dlb.core.estimator import EstimatorConfig, LatencyEstimator
-from dlb.core.fit import measured_prior
+from dlb.core.fit import Censored, measured_prior
 from dlb.core.latency_model import LatencyParams, latency
 from dlb.sim import priors
 
@@ -52,6 +52,30 @@ def test_estimator_publishes_the_measured_prior_before_a_fit_is_possible() -> No
         static.record(t, 1.0, float(latency(1.0, *TRUE.as_array())))
     static.refit(4.0)
     assert static.params.a == pytest.approx(TRUE.a * 50) and static.confidence == 0.0  # the old behaviour: the guess stands
+
+
+def test_the_first_short_completions_cannot_make_a_cell_faster_while_most_of_its_requests_run() -> None:
+    """A cell's first completions are its shortest requests: five of them at a tenth of the prior's time,
+    with 50 requests still running past it, do not rescale the cell faster (the mechanism behind a
+    4-server cell published at 0.23x with nothing behind it, which Disc-Lat then flooded). Once most
+    requests have completed, the same measurement is taken."""
+    prior = LatencyParams(TRUE.a * 10, TRUE.b * 10, TRUE.c, TRUE.s)
+    short = float(latency(1.0, *prior.as_array())) / 10
+    running = Censored(np.full(50, 1.0), np.full(50, 3.0 * short))
+    est = LatencyEstimator(prior, EstimatorConfig(dither=0.0))
+    for t in range(5):
+        est.record(1.0 + t, 1.0, short)
+    est.refit(7.0, running)
+    assert est.effective_prior is prior and est.params.a == pytest.approx(prior.a)
+    assert est.confidence == 0.0 and not est.measured  # roots are not told it was measured
+    assert not est.prior_measurable()  # and it is retried on the refit schedule, not at every sample
+    est.refit(8.0, Censored(np.full(2, 1.0), np.full(2, short)))  # most have completed now
+    assert est.params.a == pytest.approx(TRUE.a, rel=1e-6) and est.measured
+    slower = LatencyEstimator(prior, EstimatorConfig(dither=0.0))  # a slower scale is taken at once
+    for t in range(5):
+        slower.record(1.0 + t, 1.0, 10 * float(latency(1.0, *prior.as_array())))
+    slower.refit(7.0, running)
+    assert slower.params.a == pytest.approx(10 * prior.a, rel=1e-6)
 
 
 def test_a_cell_that_recovered_reaches_the_root_from_the_probes_that_declared_the_change() -> None:
