@@ -46,7 +46,7 @@ def with_aa(res: dict[str, Any], aa_dir: Path) -> list[str]:
             failed.append(key)
         print(f"{key:22s} {'holds' if row['holds'] else 'FAILS'} | off {o['mean']:6.2f} s {100 * o['failures']:6.2f} % "
               f"| A/A {m:6.2f} s {100 * f:6.2f} % | on {n['mean']:6.2f} s {100 * n['failures']:6.2f} % "
-              f"| on/off {row['mean_on_over_off']:.4f} (bound {row['mean_bound']:.4f}), failures +{100 * (n['failures'] - o['failures']):.2f} "
+              f"| on/off {row['mean_on_over_off']:.4f} (bound {row['mean_bound']:.4f}), failures {100 * (n['failures'] - o['failures']):+.2f} "
               f"(bound +{100 * row['failure_margin']:.2f}) point | on {admission_floor_verdict._rof(n)} off {admission_floor_verdict._rof(o)}")
     return failed
 
