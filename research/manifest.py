@@ -188,8 +188,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("routing-stress/censored-prior-127/*", "dlb sim --experiment length --variants y=1/10,y=1/4 --admission-slowdown 3 "
                                             "--seed 127 --scenarios 2 --trials 1 --workers 2 --policies P --out DIR, off at "
                                             "572bbbd and on at 77c7bbd (P: research/routing-stress/censored-prior-rule.md)"),
-    ("routing-stress/censored-prior-verdict*.json", "python research/routing-stress/censored_prior_verdict.py length-long OFF ON "
-                                                    "--json FILE (research/routing-stress/censored-prior-rule.md)"),
+    ("routing-stress/censored-prior-131/*", "dlb sim --experiment E --seed 131 --scenarios 2 --trials 1 --workers 2 --policies P "
+                                            "--out DIR, off at 31baccc, on at b5ce4a2, A/A through research/routing-stress/aa_dither.py "
+                                            "at 31baccc (E, V and P: research/routing-stress/censored-prior-131-rule.md)"),
+    ("routing-stress/censored-prior-verdict*.json", "python research/routing-stress/censored_prior_verdict.py [--aa] NAME OFF ON "
+                                                    "[AA] ... --json FILE (research/routing-stress/censored-prior-rule.md, "
+                                                    "censored-prior-131-rule.md)"),
     ("routing-stress/admission-floor-verdict*.json", "python research/routing-stress/admission_floor_verdict.py NAME OFF ON ... "
                                                      "--json FILE (research/routing-stress/admission-floor-rule.md, "
                                                      "admission-floorcap-rule.md, admission-slowdown3-rule.md)"),
