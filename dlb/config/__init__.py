@@ -7,7 +7,7 @@ the services. May import ``core``, ``xds`` (type URLs), ``proto`` and the founda
 """
 
 from dlb.config.hostport import is_ip
-from dlb.config.loader import ConfigError, Problem, config_from_dict, load_config, parse_config, parse_hostport
+from dlb.config.loader import ConfigError, Problem, config_from_dict, load_config, parse_config, parse_hostport, read_config_text
 from dlb.config.model import (
     CELL_CLUSTER_PREFIX,
     AffinityParams,
@@ -61,4 +61,5 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_hostport",
+    "read_config_text",
 ]

@@ -8,6 +8,7 @@ and checking never stops at the first problem (a bad field yields its default).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable
 from enum import Enum
@@ -28,6 +29,19 @@ MAX_DURATION_S = 315_576_000_000.0
 MIN_TIMEOUT_S = 0.001
 #: The value of a key that is not there (distinct from an explicit null).
 MISSING: Any = object()
+
+
+#: The folder a config's relative paths (``root_token_file``, ``tls.*``) are taken from, when the file being
+#: read is a copy elsewhere: ``dlb up`` starts its processes from a snapshot of the last config it accepted.
+CONFIG_DIR_ENV = "DLB_CONFIG_DIR"
+
+
+def config_dir(source: str) -> str:
+    """The folder relative paths in the config ``source`` are from: :data:`CONFIG_DIR_ENV` if set, else
+    the file's own folder (the working directory for a config that is not a file)."""
+    if os.environ.get(CONFIG_DIR_ENV):
+        return os.environ[CONFIG_DIR_ENV]
+    return os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
 
 
 class Checker:

@@ -19,8 +19,24 @@ from dlb.config.tls_check import pem_problem, tls_pair_problems
 from dlb.config.yaml_nodes import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES, compose
 
 #: Names other modules and tests import from here (kept when the file was split by job).
-__all__ = ["HOSTNAME_RE", "MAX_CELLS", "MAX_CONFIG_BYTES", "MAX_DEPTH", "MAX_ENDPOINTS", "MAX_VALUES", "ConfigError", "Problem",
-           "config_from_dict", "is_ip", "load_config", "parse_config", "parse_hostport", "pem_problem", "tls_pair_problems"]
+__all__ = [
+    "HOSTNAME_RE",
+    "MAX_CELLS",
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "MAX_ENDPOINTS",
+    "MAX_VALUES",
+    "ConfigError",
+    "Problem",
+    "config_from_dict",
+    "is_ip",
+    "load_config",
+    "parse_config",
+    "parse_hostport",
+    "pem_problem",
+    "read_config_text",
+    "tls_pair_problems",
+]
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:
@@ -36,6 +52,11 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Load and check a config file. Services call this at start and refuse to run on ConfigError."""
+    return parse_config(read_config_text(path), os.fspath(path))
+
+
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """A config file's text (at most :data:`MAX_CONFIG_BYTES`, UTF-8), or ConfigError naming the file."""
     source = os.fspath(path)
     try:
         with open(source, "rb") as fh:
@@ -47,4 +68,4 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError([Problem(source, "", f"cannot read: {exc.strerror or exc}")]) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(source, "", f"not UTF-8 text: {exc}")]) from exc
-    return parse_config(text, source)
+    return text

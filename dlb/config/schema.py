@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from dlb.config.checker import MISSING, Checker, fmt, kind, show
+from dlb.config.checker import MISSING, Checker, config_dir, fmt, kind, show
 from dlb.config.hostport import is_ip, parse_hostport
 from dlb.config.model import (
     DP_POLICIES,
@@ -488,7 +488,7 @@ def _root_token(ck: Checker, raw: Any, source: str) -> tuple[str, str] | None:
     if not isinstance(raw, str) or not raw:
         ck.err("root_token_file", "must be a file path")
         return None
-    base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
+    base = config_dir(source)
     path = os.path.abspath(os.path.join(base, os.path.expanduser(raw)))
     try:
         with open(path, "rb") as fh:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dlb.config.checker import Checker
+from dlb.config.checker import Checker, config_dir
 from dlb.config.model import TLS_IDENTITY_PLACEHOLDER, TlsFiles
 
 #: What each ``tls`` file must hold (a PEM block of this kind), and why a person would set it.
@@ -23,7 +23,7 @@ def check_tls(ck: Checker, raw: Any, source: str) -> TlsFiles | None:
     """
     problems_before = len(ck.problems)
     m = ck.mapping(raw, "tls", tuple(_TLS_PEM), required=tuple(_TLS_PEM))
-    base = os.path.dirname(os.path.abspath(source)) if os.path.exists(source) else os.getcwd()
+    base = config_dir(source)
     paths: dict[str, str] = {}
     for key, (kind, _) in _TLS_PEM.items():
         v = ck.string(m, key, "tls", None)

@@ -397,17 +397,39 @@ def default_run_dir(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def load_with_env(config_path: str, token_env: dict[str, str]) -> Config:
-    """The config as the children load it: with the run's token variables set for the load only (the
-    children get them from their Child.env; this process's environment stays as it was)."""
-    from dlb.config import load_config
+def load_with_env(text: str, source: str, env: dict[str, str]) -> Config:
+    """The config as the children load it: with the run's variables (tokens, the config's folder) set for
+    the parse only (the children get them from their Child.env; this process's environment stays as it was)."""
+    from dlb.config import parse_config
 
-    os.environ.update(token_env)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        return load_config(config_path)
+        return parse_config(text, source)
     finally:
-        for k in token_env:
-            del os.environ[k]
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+def write_snapshot(run_dir: Path, text: str) -> Path:
+    """The config the children start from: the text ``dlb up`` last accepted, in the run folder.
+
+    Why not the operator's file: a child the supervisor restarts re-reads its config, and a file whose
+    edit a SIGHUP refused would crash-loop every restarted child (measured: a cell's clients got 503s
+    until the file was put back). Replaced atomically, so a starting child never reads half of it."""
+    path = run_dir / SNAPSHOT
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    os.replace(tmp, path)
+    return path
+
+
+#: The accepted config's copy in the run folder (:func:`write_snapshot`).
+SNAPSHOT = "config.yaml"
 
 
 def started_processes(cfg: Config) -> dict[str, object]:
@@ -437,23 +459,25 @@ def process_changes(running: Config, new: Config) -> list[str]:
             + [f"{field} changed" for field in restart_only_changes(running, new)])
 
 
-def reload_problems(config_path: str, token_env: dict[str, str], running: Config) -> str | None:
-    """What is wrong with the file a SIGHUP asks the control planes to reload, or None when it loads
-    and changes no process ``dlb up`` started from ``running``.
+def reload_check(config_path: str, env: dict[str, str], running: Config) -> tuple[Config, str] | str:
+    """The file a SIGHUP asks to reload, as (config, text) when it loads and changes no process ``dlb up``
+    started from ``running``; otherwise what is wrong with it.
 
     The control planes refuse a malformed file and keep serving the running config, but say so only in
-    their own logs: ``dlb up``'s console would claim a reload that never happened."""
-    from dlb.config import ConfigError
+    their own logs: ``dlb up``'s console would claim a reload that never happened. The text is read once,
+    so what is checked is what the snapshot then holds."""
+    from dlb.config import ConfigError, read_config_text
 
     try:
-        new = load_with_env(config_path, token_env)
+        text = read_config_text(config_path)
+        new = load_with_env(text, config_path, env)
     except ConfigError as e:
         return str(e)
     changes = process_changes(running, new)
     if changes:
         return (f"{config_path}: dlb up starts its processes only when it starts, so restart it to apply: "
                 + "; ".join(changes))
-    return None
+    return new, text
 
 
 def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_timeout_s: float, duration_s: float | None,
@@ -461,11 +485,13 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
            root_envoys: int = 2) -> int:
     """Start, wait until ready, serve until Ctrl-C or ``duration_s``. ``service_args`` go to every root and
     leaf service and the control plane (the tracing flags: the control plane puts the tracer in the Envoys)."""
-    from dlb.config import ConfigError, load_config
+    from dlb.config import ConfigError, parse_config, read_config_text
+    from dlb.config.checker import CONFIG_DIR_ENV
     from dlb.envoy.root_token import forgeable_token_warning
 
     try:
-        cfg = load_config(config_path)
+        text = read_config_text(config_path)
+        cfg = parse_config(text, config_path)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -479,14 +505,16 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     token_env, said = run_env(cfg, sup.run_dir, insecure)
     for line in said:
         print(f"dlb up: {line}", flush=True)
-    if token_env:
-        cfg = load_with_env(config_path, token_env)
+    # The children read the snapshot; its relative paths stay the operator's file's.
+    token_env = {**token_env, CONFIG_DIR_ENV: os.path.dirname(os.path.abspath(config_path))}
+    cfg = load_with_env(text, config_path, token_env)
+    snapshot = write_snapshot(sup.run_dir, text)
     from dlb.config.policy import unused_warmup_warning
 
     for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg)):
         if warning:
             print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
-    dep = plan(cfg, str(Path(config_path).resolve()), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
+    dep = plan(cfg, str(snapshot), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
                control_planes=control_planes, root_envoys=root_envoys, control_plane_args=service_args)
     for child in sup.children:
         child.env.update(token_env)
@@ -502,10 +530,12 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
             sup.poll()
             if stop.reloads != reloads:
                 reloads = stop.reloads
-                bad = reload_problems(config_path, token_env, cfg)
-                if bad:
-                    print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; {bad}", flush=True)
+                checked = reload_check(config_path, token_env, cfg)
+                if isinstance(checked, str):
+                    print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; {checked}", flush=True)
                     continue
+                cfg, _ = checked
+                write_snapshot(sup.run_dir, checked[1])  # what the control planes reload, and restarted children read
                 n = sup.signal_ready("control-plane", signal.SIGHUP)
                 print(f"dlb up: SIGHUP: {n} control plane(s) reload {config_path}", flush=True)
             time.sleep(0.2)

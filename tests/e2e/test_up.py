@@ -160,6 +160,15 @@ def test_up_serves_after_ready_restarts_a_crashed_child_and_stops_in_order(tmp_p
             proc.send_signal(signal.SIGHUP)
             _read_until(proc, r"restart it to apply: leaf us-west1 changed", seen, 30)
             assert "SIGHUP: not reloaded" in "".join(seen).rsplit("probe.period_ms", 1)[1]
+            # A child restarted after a refused reload starts from the config dlb up last accepted (a copy
+            # in the run folder), not from the operator's refused file: it used to re-read that and crash-loop.
+            (tmp_path / "dlb.yaml").write_text(json.dumps({**cfg, "probe": {"period_ms": -20}}))
+            agent = int(re.findall(r"leaf us-west1 agent: restarted \(pid (\d+)", "".join(seen))[-1])
+            os.kill(agent, signal.SIGKILL)
+            _read_until(proc, r"leaf us-west1 agent: restarted \(pid \d+, restart 2\)", seen, 30)
+            _read_until(proc, r"leaf us-west1 agent: ready", seen, 30)
+            assert "leaf us-west1 agent: exited with 1" not in "".join(seen)
+            assert json.loads((run_dir / "config.yaml").read_text()) == cfg  # the last accepted file, as it was
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=20)

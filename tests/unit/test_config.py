@@ -483,3 +483,21 @@ def test_envoys_rejection_is_cut_to_its_reason_not_the_whole_bootstrap() -> None
     out = _clip(line)
     assert out.startswith("Unable to parse JSON as proto (route.timeout: bad seconds)") and len(out) < MAX_ENVOY_DETAIL + 60
     assert _clip("short") == "short"
+
+
+def test_a_snapshot_elsewhere_reads_relative_paths_from_the_operators_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dlb up`` starts its children from a copy of the accepted config in its run folder; the copy's
+    relative ``root_token_file`` must still be the one beside the operator's file (DLB_CONFIG_DIR)."""
+
+    from dlb.config import load_config
+    from dlb.config.checker import CONFIG_DIR_ENV
+
+    mine, run = tmp_path / "etc", tmp_path / "run"
+    mine.mkdir()
+    run.mkdir()
+    (mine / "token").write_text("t" * 32)
+    (run / "config.yaml").write_text(yaml.safe_dump(minimal(root_token_file="token")))
+    with pytest.raises(ConfigError, match="root_token_file"):
+        load_config(run / "config.yaml")  # from the copy's own folder: no token there
+    monkeypatch.setenv(CONFIG_DIR_ENV, str(mine))
+    assert load_config(run / "config.yaml").root_token_file == str(mine / "token")
