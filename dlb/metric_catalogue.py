@@ -153,6 +153,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Responses a server started and then broke off (reset mid-body)"),
     MetricDef("leaf", "dlb_leaf_healthy_servers", "gauge", (), "Servers usable for picking"),
     MetricDef("leaf", "dlb_leaf_envoy_reachable", "gauge", (), "1 if the leaf Envoy accepts connections"),
+    MetricDef("leaf", "dlb_leaf_grpc_limit", "gauge", ("limit",), "gRPC listener bounds"),
     MetricDef("leaf", "dlb_leaf_error_rate", "gauge", (), "EMA error fraction reported in probes"),
     MetricDef("leaf", "dlb_leaf_completed", "counter", (), "Completions seen in the access log"),
     MetricDef("leaf", "dlb_leaf_failed", "counter", (), "Completions counted as errors"),

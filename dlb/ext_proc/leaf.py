@@ -33,6 +33,7 @@ from dlb.ext_proc.leaf_probe import LeafProbe
 from dlb.ext_proc.leaf_state import HELD, PICK_RULES, REFUSED, LeafState, ServerState
 from dlb.ext_proc.leaf_tokens import StreamTokens
 from dlb.ext_proc.protocol import CONTINUE, header_response, header_value, openai_error
+from dlb.service.grpc_bounds import limit_samples
 from dlb.service.metrics import FastHistogram
 from dlb.transport.h2 import Later
 
@@ -209,6 +210,10 @@ class LeafAgent:
         yield GaugeMetricFamily("dlb_leaf_pick_choices", "Servers probed per pick in use", value=st.choices)
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))
         yield GaugeMetricFamily("dlb_leaf_envoy_reachable", "1 if the leaf Envoy accepts connections", value=float(self.background.envoy_ok))
+        lim = GaugeMetricFamily("dlb_leaf_grpc_limit", "gRPC listener bounds", labels=["limit"])
+        for name, v in limit_samples().items():
+            lim.add_metric([name], v)
+        yield lim
         yield GaugeMetricFamily("dlb_leaf_error_rate", "EMA error fraction reported in probes", value=st.errors.rate(now))
         yield CounterMetricFamily("dlb_leaf_completed", "Completions seen in the access log", value=st.completed)
         yield CounterMetricFamily("dlb_leaf_failed", "Completions counted as errors", value=st.failed)

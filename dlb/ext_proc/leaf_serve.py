@@ -32,6 +32,7 @@ from dlb.ext_proc.local_gate import AgentSocketDir, GateError, PeerGate, private
 from dlb.ext_proc.protocol import ExtProcServer, MessageHandler, ext_proc_handler
 from dlb.log import get_logger
 from dlb.proto import probe_pb2_grpc
+from dlb.service.grpc_bounds import bounded_options
 from dlb.service.health import HealthState, health_handler
 from dlb.service.loop_lag import LoopLag
 from dlb.service.metrics import CallbackCollector, Readiness, serve_metrics
@@ -154,7 +155,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
 
         sync = LeafXdsSync(state, opts.xds, cell_name, delta=opts.xds_delta,
                            tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source), on_policy=background_from_policy)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10000)])
+    server = grpc.aio.server(options=bounded_options(10_000))
     health = HealthState()
     tracer = make_tracer(opts.tracing)
     handle: MessageHandler = agent.handle
@@ -166,7 +167,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     probe_pb2_grpc.add_ProbeServicer_to_server(agent.probe, server)
     # The access log gets a server of its own on a channel only the cell's Envoy reaches (docs/security.md);
     # it answers grpc.health.v1 too (Envoy health-checks its agent cluster there).
-    als_server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 64)])
+    als_server = grpc.aio.server(options=bounded_options(64))
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(agent.access_log, als_server)
     als_server.add_generic_rpc_handlers((health_handler(health),))
     leaf = cfg.cell(cell_name).leaf

@@ -18,6 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from dlb.errors import BindError
+from dlb.service.grpc_bounds import bounded_options
 from dlb.service.health import WATCH_PATH, HealthState, h2_health_routes, health_handler
 from dlb.service.ports import add_port
 from dlb.transport.h2 import CALL, Later
@@ -170,7 +171,8 @@ class ExtProcServer:
                 return await self._h2.start(host.strip("[]") or "127.0.0.1", port, reuse_port=reuse_port, ssl=ssl_context)
             except OSError as exc:
                 raise BindError(listen, exc.strerror or str(exc)) from None
-        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 1 if reuse_port else 0), ("grpc.max_concurrent_streams", 10000)])
+        options = dict(bounded_options(10_000)) | {"grpc.so_reuseport": 1 if reuse_port else 0}
+        self._grpc = grpc.aio.server(options=list(options.items()))
         self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle), health_handler(self.health)))
         bound = add_port(self._grpc, listen, self.tls)
         await self._grpc.start()
