@@ -30,6 +30,7 @@ ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
 #: (glob under research/, command that regenerates it), first match wins. DIR is the artefact's folder.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
+    ("bench/overhead*.txt", "the console of the dlb bench overhead run whose --json is the .json beside it"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
     ("compare-stress/slowcell/real-twin-*", "dlb bench sim-twin --real research/compare-stress/quiet-stress-f3335e8/records.jsonl "
                                             "--json FILE (research/compare-stress/slowcell/README.md)"),
