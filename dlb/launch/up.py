@@ -228,6 +228,10 @@ class Deployment:
 
     def urls_text(self) -> str:
         lines = [f"control plane: {self.status_url}/status  fleet: {self.status_url}/fleet  metrics: {self.status_url}/metrics"]
+        # Every replica's: a /status lists only the nodes streaming from that replica, and after one restarts
+        # they all stay on the other (a stranger read the first one's empty list as an outage).
+        lines += [f"control plane {k + 2}: http://{status}/status  fleet: http://{status}/fleet  metrics: http://{status}/metrics"
+                  for k, (_, status) in enumerate(self.control_planes[1:])]
         for r in self.roots.values():
             more = "".join(f"  admin {k + 2} {url}" for k, url in enumerate(self.more_root_admin.get(r.cell, [])))
             lines.append(f"root {r.cell}: base_url {r.base_url}  metrics {r.metrics_url}  admin {r.admin_url}{more}")

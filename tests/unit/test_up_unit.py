@@ -79,8 +79,11 @@ def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp
     draws = iter(named + list(range(procutil.LOWEST_PORT, procutil.LOWEST_PORT + 2000)))  # the config's ports first
     monkeypatch.setattr(procutil._random, "randrange", lambda a, b: next(draws))
     monkeypatch.setattr(procutil, "_pool_top", lambda ephemeral=None: procutil.LOWEST_PORT + 2000)
-    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"), root_envoys=2)
+    dep = plan(cfg, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"), root_envoys=2, control_planes=2)
     more = dep.more_root_admin["us-east1"]
+    # Both control planes' /status are printed: each lists only the nodes streaming from it.
+    second_cp = dep.control_planes[1][1]
+    assert f"control plane 2: http://{second_cp}/status" in dep.urls_text(), dep.urls_text()
     urls = [*dep.leaf_metrics.values(), *dep.leaf_admin.values(), *more]
     drawn = {int(re.search(r":(\d+)/", u).group(1)) for u in urls}  # type: ignore[union-attr]
     assert len(drawn) == len(urls) and not drawn & set(named), (drawn, named)
