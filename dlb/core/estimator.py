@@ -217,7 +217,7 @@ class LatencyEstimator:
         prior = self.effective_prior
         if in_flight is not None and in_flight.rif.size > cfg.max_samples:
             keep = np.linspace(0, in_flight.rif.size - 1, cfg.max_samples).astype(np.int64)
-            in_flight = Censored(np.asarray(in_flight.rif)[keep], np.asarray(in_flight.age)[keep])
+            in_flight = Censored(np.asarray(in_flight.rif)[keep], np.asarray(in_flight.age)[keep], in_flight.count)
         res = fit_latency_model(rif, lat, prior, prior_weight=cfg.prior_weight, weights=weights, censored=in_flight)
         self.last_result = res
         # Thinning for the next period: kept samples per window ≈ max_samples.
@@ -246,7 +246,7 @@ class LatencyEstimator:
     def _mostly_running(self, in_flight: Censored | None) -> bool:
         """More of the cell's requests are running than completed in the window (thinned samples
         count for the stride they stand for): fewer than half of them have a known latency."""
-        return in_flight is not None and in_flight.rif.size > len(self._t) * self._stride
+        return in_flight is not None and in_flight.count > len(self._t) * self._stride
 
     def refit_due(self, now: float) -> bool:
         """Refit now: on schedule, at once when the samples declared a change (consumed here, see

@@ -59,6 +59,13 @@ class Censored:
 
     rif: np.ndarray
     age: np.ndarray
+    #: Requests running before ``rif``/``age`` were thinned to a sample (None: they are all of them).
+    total: int | None = None
+
+    @property
+    def count(self) -> int:
+        """How many requests are running (not how many are in the sample)."""
+        return self.total if self.total is not None else int(np.asarray(self.rif).size)
 
 
 def _censored(censored: Censored | None) -> tuple[np.ndarray, np.ndarray]:

@@ -619,10 +619,11 @@ class LeafState:
         bound the fitted curve must respect (:class:`~dlb.core.fit.Censored`). At most the
         estimator's ``max_samples``, evenly spread, so a refit with a huge backlog stays cheap on the loop."""
         recs = list(self.inflight.values())
-        step = max(1, math.ceil(len(recs) / self.estimator.config.max_samples))
+        total = len(recs)
+        step = max(1, math.ceil(total / self.estimator.config.max_samples))
         recs = recs[::step]
         return Censored(np.fromiter((r.cell_rif for r in recs), float, len(recs)),
-                        now - np.fromiter((r.started for r in recs), float, len(recs)))
+                        now - np.fromiter((r.started for r in recs), float, len(recs)), total)
 
     # -- what probes report -------------------------------------------------------------------------
     @property

@@ -426,8 +426,9 @@ def write_snapshot(run_dir: Path, text: str) -> Path:
     until the file was put back). Replaced atomically, so a starting child never reads half of it."""
     path = run_dir / SNAPSHOT
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private from the first byte
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
     os.replace(tmp, path)
     return path
 

@@ -69,6 +69,11 @@ def test_the_first_short_completions_cannot_make_a_cell_faster_while_most_of_its
     assert est.effective_prior is prior and est.params.a == pytest.approx(prior.a)
     assert est.confidence == 0.0 and not est.measured  # roots are not told it was measured
     assert not est.prior_measurable()  # and it is retried on the refit schedule, not at every sample
+    thinned = LatencyEstimator(prior, EstimatorConfig(dither=0.0))  # a leaf passes a sample of a huge backlog
+    for t in range(5):
+        thinned.record(1.0 + t, 1.0, short)
+    thinned.refit(7.0, Censored(np.full(4, 1.0), np.full(4, 3.0 * short), total=50))
+    assert thinned.params.a == pytest.approx(prior.a)  # 50 running, not the 4 of the sample
     est.refit(8.0, Censored(np.full(2, 1.0), np.full(2, short)))  # most have completed now
     assert est.params.a == pytest.approx(TRUE.a, rel=1e-6) and est.measured
     slower = LatencyEstimator(prior, EstimatorConfig(dither=0.0))  # a slower scale is taken at once
