@@ -37,7 +37,8 @@ def run_epp(args: argparse.Namespace) -> int:
     from dlb.ext_proc.cli import load_cell, tracing_options
     from dlb.service.runner import run_event_loop
 
-    for flag, value in (("--drain-s", args.drain_s), ("--dns-period-s", args.dns_period_s), ("--scrape-period-ms", args.scrape_period_ms)):
+    for flag, value in (("--drain-s", args.drain_s), ("--grace-s", args.grace_s), ("--dns-period-s", args.dns_period_s),
+                        ("--scrape-period-ms", args.scrape_period_ms)):
         if not 0 <= value < math.inf:
             raise UsageError(f"{flag} must be >= 0 and finite, got {value}")
     try:
@@ -51,7 +52,7 @@ def run_epp(args: argparse.Namespace) -> int:
     run_event_loop(run_epp(cfg, EppOptions(
         cell=args.cell, listen=listen, metrics=args.metrics or None, ready_file=args.ready_file,
         scrape_period_s=args.scrape_period_ms / 1000.0, seed=args.seed, dns_period_s=args.dns_period_s,
-        shed_when_full=args.shed_when_full, drain_s=args.drain_s, tracing=tracing,
+        shed_when_full=args.shed_when_full, drain_s=args.drain_s, grace_s=args.grace_s, tracing=tracing,
         pool=pool, kubeconfig=args.kubeconfig, limits=limits)))
     return 0
 
@@ -80,5 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_tracing_flags(p, "pick")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")
     p.add_argument("--drain-s", type=float, default=1.0,
-                   help="on SIGTERM: seconds of gRPC health NOT_SERVING before streams are closed")
+                   help="on SIGTERM: seconds of gRPC health NOT_SERVING before the listener closes")
+    p.add_argument("--grace-s", type=float, default=600.0,
+                   help="after the drain: seconds the streams in flight get to finish (a stream lasts its generation; "
+                        "default: the endpoints' default timeout_s); a second SIGTERM ends it")
     p.set_defaults(func=run_epp)

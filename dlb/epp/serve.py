@@ -56,6 +56,8 @@ class EppOptions:
     dns_period_s: float = 5.0
     shed_when_full: bool = False
     drain_s: float = 0.0
+    #: After the drain, how long the streams in flight get to finish (each lasts its request's generation).
+    grace_s: float = 600.0
     tracing: TracingOptions = field(default_factory=TracingOptions)
     #: Take the pool's endpoints from this InferencePool's ready pods instead of the cell's servers.
     pool: PoolRef | None = None
@@ -176,4 +178,4 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
             await asyncio.to_thread(tracer.shutdown)  # flush the spans still buffered
         log.info("epp_stopping", pool=opts.cell)
 
-    await serve_until_signal(server, on_stop, health=health, drain_s=opts.drain_s)
+    await serve_until_signal(server, on_stop, grace_s=opts.grace_s, health=health, drain_s=opts.drain_s)

@@ -26,8 +26,9 @@ async def serve_until_signal(server: Stoppable, on_stop: Callable[[], Awaitable[
     Draining, in order: the gRPC health status turns NOT_SERVING (``health``) and stays so for
     ``drain_s`` — long enough for Envoy's health check to see it and stop opening streams here, while
     the streams already open keep being served; then ``on_stop``; then the server stops listening and
-    in-flight streams get ``grace_s`` to finish. A second signal skips the rest of the drain, and so
-    does ``audience()`` turning False (the Envoy the drain is for is gone: a leaf agent stopped with
+    in-flight streams get ``grace_s`` to finish (a stream the EPP carries lasts its whole generation:
+    cut at 2 s, every answer in flight was lost on a graceful stop). A second signal skips the rest of
+    the drain or of the grace, and so does ``audience()`` turning False (the Envoy the drain is for is gone: a leaf agent stopped with
     its Envoy, as ``dlb up`` and a pod stop them, has nobody left to drain for — waiting out the drain
     made every leaf miss the supervisor's stop budget).
     """
@@ -57,4 +58,11 @@ async def serve_until_signal(server: Stoppable, on_stop: Callable[[], Awaitable[
                 pass
     if on_stop is not None:
         await on_stop()
-    await server.stop(grace_s)
+    stopping = asyncio.ensure_future(server.stop(grace_s))
+    stop.clear()
+    second = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((stopping, second), return_when=asyncio.FIRST_COMPLETED)
+    if not stopping.done():  # a second signal: end the grace now
+        await server.stop(0)
+    second.cancel()
+    await stopping

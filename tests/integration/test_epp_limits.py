@@ -113,3 +113,23 @@ def test_picks_are_counted_by_outcome_and_served_moves_by_the_gateways_report(tm
         assert m["dlb_epp_served_moves_total"] == 1
         assert m["dlb_epp_pool_endpoints"] == 2 and m["dlb_epp_pool_source{state=static}"] == 1
         assert m["dlb_epp_pool_updates_total{what=endpoints}"] == 0 and "dlb_epp_pool_watch_errors_total{watch=pods}" not in m
+
+
+def test_a_graceful_stop_lets_the_streams_in_flight_finish_and_a_second_signal_ends_the_grace(tmp_path: Path) -> None:
+    """A stream the EPP carries lasts its request's whole generation (FULL_DUPLEX_STREAMED): after SIGTERM
+    and the drain it must still be served (it was cut 2 s later, losing every answer in flight), while a
+    second SIGTERM ends the wait at once."""
+    import signal
+    import time
+
+    with start(tmp_path, "--drain-s", "0", "--grace-s", "60") as epp, grpc.insecure_channel(f"127.0.0.1:{epp.ready['grpc']}") as ch:
+        assert epp.proc is not None
+        s = Stream(ch)
+        assert destination(s.send(headers())) in SERVERS
+        epp.proc.send_signal(signal.SIGTERM)
+        time.sleep(4.0)  # past the old 2-s grace
+        chunk = s.send(ep.ProcessingRequest(response_body=ep.HttpBody(body=b"data: {}\n\n")))
+        assert chunk.HasField("response_body"), chunk  # still served
+        assert epp.proc.poll() is None
+        epp.proc.send_signal(signal.SIGTERM)
+        epp.proc.wait(timeout=10)
