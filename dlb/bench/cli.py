@@ -17,20 +17,42 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dlb.bench.harness import add_json_option, invoked_as
+from dlb.load.argtypes import positive_float, positive_int, rng_seed
 
 Setup = Callable[[argparse.ArgumentParser], None]
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    """A comma-separated list of integers (an argparse type)."""
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+def _int_list(low: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: a comma-separated list of integers, each >= ``low`` (a 0 or negative group size was a
+    traceback from deep inside a study)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            out = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if not out or min(out) < low:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {low}, got {text!r}")
+        return out
+
+    return parse
+
+
+_ints = _int_list(0)
+_counts = _int_list(1)
+
+
+def _generations(text: str) -> float:
+    """``--generations``: above 1, so a backlog waits once every slot is filled (the figures are taken then)."""
+    v = positive_float(text)
+    if v <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 1 (G·B requests fill every slot at once; the figures are "
+                                         f"measured while a backlog waits), got {text}")
+    return v
 
 
 def _pick(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decisions", type=int, default=20_000, help="picks timed per cell count and policy (default 20000)")
+    p.add_argument("--decisions", type=positive_int, default=20_000, help="picks timed per cell count and policy (default 20000)")
     add_json_option(p, "the records")
 
 
@@ -68,7 +90,7 @@ def _overhead(p: argparse.ArgumentParser) -> None:
     from dlb.bench import overhead as o
 
     add_json_option(p, "the records (list of {config, mode, rate, p50_ms, p99_ms, rps, cpu_s_per_1k, ...})")
-    p.add_argument("--duration", type=float, default=6.0, help="seconds per configuration and mode (default 6)")
+    p.add_argument("--duration", type=positive_float, default=6.0, help="seconds per configuration and mode (default 6)")
     p.add_argument("--connections", type=int, default=16, help="closed-loop concurrency (default 16)")
     p.add_argument("--slices", type=int, default=6, help="interleave configurations in this many slices per point (default 6)")
     p.add_argument("--configs", nargs="+", choices=o.CONFIGS + o.EXTRA_CONFIGS, default=list(o.CONFIGS),
@@ -111,7 +133,7 @@ def _faults(p: argparse.ArgumentParser) -> None:
     p.add_argument("--native", action="store_true", help="flow policies run natively: no root service, the root Envoy "
                    "configured by the control plane (root_service rows skipped)")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per chat and short stream (long streams: ~3.5 s)")
-    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument("--seed", type=rng_seed, default=1, help="workload seed (default 1)")
 
 
 def _load(p: argparse.ArgumentParser) -> None:
@@ -172,11 +194,11 @@ def _sim_twin(p: argparse.ArgumentParser) -> None:
 def _bfio_study(p: argparse.ArgumentParser) -> None:
     from dlb.bench import bfio_study as b
 
-    p.add_argument("--G", dest="gs", type=_ints, default=b.STUDY_G, help="ranks per group (default 8,16,32)")
-    p.add_argument("--B", dest="bs", type=_ints, default=b.STUDY_B, help="slots per rank (default 16,64,256)")
+    p.add_argument("--G", dest="gs", type=_counts, default=b.STUDY_G, help="ranks per group (default 8,16,32)")
+    p.add_argument("--B", dest="bs", type=_counts, default=b.STUDY_B, help="slots per rank (default 16,64,256)")
     p.add_argument("--H", dest="hs", type=_ints, default=b.STUDY_H, help="BF-IO horizons (default 0,1,10,50,200)")
     p.add_argument("--seeds", type=_ints, default=(1, 2, 3), help="workload seeds; verdicts use per-cell means (default 1,2,3)")
-    p.add_argument("--generations", type=float, default=3.0, help="requests = G·B·this (default 3)")
+    p.add_argument("--generations", type=_generations, default=3.0, help="requests = G·B·this, > 1 (default 3)")
     p.add_argument("--mean-decode", type=float, default=256.0, help="mean of the geometric decode length")
     p.add_argument("--prompt-median", type=float, default=600.0, help="median prompt tokens (lognormal)")
     p.add_argument("--prompt-sigma", type=float, default=1.0, help="sigma of the lognormal prompt length")
@@ -190,17 +212,17 @@ def _bfio_study(p: argparse.ArgumentParser) -> None:
 def _bfio_bench(p: argparse.ArgumentParser) -> None:
     from dlb.bench import bfio_study as b
 
-    p.add_argument("--G", dest="g", type=int, default=32, help="ranks per group (default 32)")
+    p.add_argument("--G", dest="g", type=positive_int, default=32, help="ranks per group (default 32)")
     p.add_argument("--H", dest="hs", type=_ints, default=b.STUDY_H, help="BF-IO horizons to time (default 0,1,10,50,200)")
-    p.add_argument("--picks", type=int, default=5000, help="picks to time (default 5000)")
+    p.add_argument("--picks", type=positive_int, default=5000, help="picks to time (default 5000)")
     add_json_option(p, "the records")
 
 
 def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="jsq,bf-io", help="rank-pick policies to compare, comma-separated (default jsq,bf-io)")
-    p.add_argument("--G", dest="dp_size", type=int, default=4, help="DP ranks (default 4)")
-    p.add_argument("--B", dest="max_batch", type=int, default=8, help="running sequences per rank (default 8)")
-    p.add_argument("--requests", type=int, default=300, help="requests per policy (default 300)")
+    p.add_argument("--G", dest="dp_size", type=positive_int, default=4, help="DP ranks (default 4)")
+    p.add_argument("--B", dest="max_batch", type=positive_int, default=8, help="running sequences per rank (default 8)")
+    p.add_argument("--requests", type=positive_int, default=300, help="requests per policy (default 300)")
     p.add_argument("--rate", type=float, default=17.5,
                    help="Poisson arrivals per wall second (default 17.5: above the default group's capacity at --time-scale 4)")
     p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
@@ -220,10 +242,10 @@ def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
 def _bfio_placement(p: argparse.ArgumentParser) -> None:
     from dlb.emulator.profile import BUILTIN_PROFILES
 
-    p.add_argument("--G", dest="g", type=int, default=8, help="ranks per group (default 8)")
-    p.add_argument("--B", dest="bs", type=_ints, default=(16, 64), help="slots per rank, comma-separated (default 16,64)")
+    p.add_argument("--G", dest="g", type=positive_int, default=8, help="ranks per group (default 8)")
+    p.add_argument("--B", dest="bs", type=_counts, default=(16, 64), help="slots per rank, comma-separated (default 16,64)")
     p.add_argument("--load", type=float, default=1.5, help="arrivals as a multiple of the group's decode capacity")
-    p.add_argument("--generations", type=float, default=4.0, help="requests = G·B·this")
+    p.add_argument("--generations", type=_generations, default=4.0, help="requests = G·B·this, > 1")
     p.add_argument("--mean-decode", type=float, default=256.0, help="mean decode length in tokens")
     p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
     p.add_argument("--seeds", type=_ints, default=(1, 2, 3), help="workload seeds, comma-separated (default 1,2,3)")
@@ -232,9 +254,9 @@ def _bfio_placement(p: argparse.ArgumentParser) -> None:
 
 
 def _bfio_heldrun(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--G", dest="gs", type=_ints, default=(8, 16), help="ranks per group, comma-separated (default 8,16)")
-    p.add_argument("--B", dest="bs", type=_ints, default=(32, 16), help="slots per rank, one per --G (default 32,16)")
-    p.add_argument("--requests", type=int, default=400, help="requests per run (default 400)")
+    p.add_argument("--G", dest="gs", type=_counts, default=(8, 16), help="ranks per group, comma-separated (default 8,16)")
+    p.add_argument("--B", dest="bs", type=_counts, default=(32, 16), help="slots per rank, one per --G (default 32,16)")
+    p.add_argument("--requests", type=positive_int, default=400, help="requests per run (default 400)")
     p.add_argument("--rate", type=float, default=70.0, help="Poisson arrivals per wall second (default 70)")
     p.add_argument("--time-scale", type=float, default=8.0, help="wall seconds per profile second (default 8)")
     p.add_argument("--window", dest="windows", type=_ints, default=(16,), help="held requests BF-IO chooses among (default 16)")

@@ -204,6 +204,11 @@ def run(args: argparse.Namespace) -> int:
         unknown = [s for s in args.scenarios if s not in SCENARIOS]
         if unknown:
             raise DlbError(f"dlb bench sim-twin --scenarios: unknown {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+        from dlb.sim.policies import ALL_POLICIES
+
+        bad = [q for q in args.policies if q not in ALL_POLICIES]
+        if bad:
+            raise DlbError(f"dlb bench sim-twin --policies: unknown {', '.join(bad)} (known: {', '.join(ALL_POLICIES)})")
         runs = planned_runs(args.scenarios, args.policies, args.trials, args.duration)
     rows = twin_rows(runs)
     print(table(rows, with_real=bool(args.real)))

@@ -28,8 +28,11 @@ def add_tracing_flags(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def tracing_options(args: argparse.Namespace, service_name: str) -> TracingOptions:
+    from dlb.config import parse_hostport
     from dlb.service.tracing import TracingOptions
 
+    if args.otlp_endpoint and parse_hostport(args.otlp_endpoint) is None:  # before anything starts (dlb up started its children first)
+        raise UsageError(f"--otlp-endpoint: {args.otlp_endpoint!r} is not host:port")
     try:
         return TracingOptions(args.otlp_endpoint, args.trace_sample_ratio, service_name=service_name)
     except ValueError as exc:

@@ -16,3 +16,23 @@ def positive_float(text: str) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
+
+
+def _int(text: str, low: int, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts (group sizes, picks, decisions): an integer >= 1."""
+    return _int(text, 1, "an integer >= 1")
+
+
+def rng_seed(text: str) -> int:
+    """argparse type for RNG seeds: numpy takes only non-negative integers (``-3`` was a traceback)."""
+    return _int(text, 0, "an integer >= 0")

@@ -17,10 +17,17 @@ def _run_demo(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from dlb.errors import UsageError
     from dlb.launch.up import StopFlag
     from dlb.testbed.demo import run_once
     from dlb.testbed.report import git_commit
 
+    if not args.compare:  # a --compare option on a single demo run was silently ignored
+        given = [f for f, on in (("--quick", args.quick), ("--scenarios", args.scenarios is not None),
+                                 ("--policies", args.policies is not None), ("--json", args.json is not None),
+                                 ("--trials", args.trials != 3)) if on]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --compare (a single demo runs one policy: --policy)")
     git_commit()  # the tree as it is when the run starts
     if args.duration is None:
         args.duration = 10.0 if args.compare and args.quick else 60.0
@@ -39,7 +46,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options (``dlb demo --help``); :func:`dlb.testbed.demo.prepare` reads them."""
     from pathlib import Path
 
-    from dlb.load.argtypes import positive_float
+    from dlb.load.argtypes import positive_float, rng_seed
     from dlb.testbed.demo_run import ALL_POLICIES
 
     p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
@@ -55,7 +62,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", type=positive_float, default=0.75, help="offered load as a fraction of fleet capacity (default 0.75)")
     p.add_argument("--no-degrade", action="store_true", help="no mid-run degradation")
     p.add_argument("--degrade-cell", default=None, help="cell to degrade (default us-central1, or the config's second cell)")
-    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument("--seed", type=rng_seed, default=1, help="workload seed (default 1)")
     p.add_argument("--ready-timeout", type=positive_float, default=120.0, help="seconds each tier may take to become ready (default 120)")
     p.add_argument("--compare", action="store_true",
                    help="every scenario's seeded workload against every policy, each run from a clean start; records in "
