@@ -114,7 +114,10 @@ def gateway(port: int, admin: int, epp_port: int, pool: list[str], log_path: Pat
                 "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                     "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                     "explicit_http_config": {"http2_protocol_options": {}}}},
-                "health_checks": [{"timeout": "1s", "interval": "0.5s", "unhealthy_threshold": 2, "healthy_threshold": 1,
+                # no_traffic_interval too: Envoy checks an idle cluster only every 60 s by default, so a gateway
+                # started before its EPP kept the picker failed for a minute (a stranger copying this config).
+                "health_checks": [{"timeout": "1s", "interval": "0.5s", "no_traffic_interval": "1s", "unhealthy_threshold": 2,
+                                   "healthy_threshold": 1,
                                    "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
                 "load_assignment": {"cluster_name": "ext_proc", "endpoints": [{"lb_endpoints": [{"endpoint": {
                     "address": {"socket_address": {"address": "127.0.0.1", "port_value": epp_port}}}}]}]},
