@@ -532,8 +532,7 @@ def reproduction_report(records: list[dict], source: str, plots_rel: str | None,
         mins = sorted({round(r.get("duration_s", math.nan) / 60, 2) for r in rs})
         full[exp] = protocol_met(rs, exp)
         cpu_min = sum(float(r.get("cpu_s", 0.0)) for r in rs) / 60.0
-        shape = f"{len({sc for sc, _ in runs[exp]})} × {len({t for _, t in runs[exp]})}"  # the header's scenarios × trials
-        out.append(f"| {exp} | {shape} | {', '.join(str(m) for m in mins)} | {'full' if full[exp] else 'short'} "
+        out.append(f"| {exp} | {len(runs[exp])} | {', '.join(str(m) for m in mins)} | {'full' if full[exp] else 'short'} "
                    f"| {cpu_min:.1f} |")
     del minutes
     parts = by_server_model(records)
