@@ -191,6 +191,9 @@ class ControlPlane:
         #: and the roots' curve for a cell with no model yet.
         self.priors = {c: config.endpoints[0].prior_for(c).to_core() for c in config.cell_names}
         self.models: dict[str, tuple[LatencyParams, float, int]] = {}
+        #: Each cell's last probe as ``/fleet`` shows it when no flow endpoint keeps probe state (the flow
+        #: controller's is shown when there is one): an operator saw only nulls for a discrete-only config.
+        self.last_probe: dict[str, dict[str, float | bool]] = {}
         self._static = self._pack_static(config)
         versions = self.rebuild()
         for key in set(self.cache.keys()) - set(versions):
@@ -336,6 +339,9 @@ class ControlPlane:
 
     # -- probes -------------------------------------------------------------------------------------
     def _on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
+        self.last_probe[target.name] = ({"available": False} if resp is None else {
+            "available": not (resp.HasField("healthy_replicas") and resp.healthy_replicas == 0),
+            "rif": resp.rif, "error_rate": resp.error_rate})
         if self.hub is not None:
             healthy = float(resp.healthy_replicas) if resp is not None and resp.HasField("healthy_replicas") else None
             changed = (self.hub.on_probe_failure(target.index) if resp is None
@@ -432,10 +438,11 @@ class ControlPlane:
         out: dict = {"cells": {}, "flow_weights": {}}
         for i, name in enumerate(self.config.cell_names):
             st = self.flow.cells[i] if self.flow is not None else None
+            seen = self.last_probe.get(name, {})
             model = self.models.get(name)
             out["cells"][name] = {
-                "available": st.available if st else None, "rif": st.rif if st else None,
-                "error_rate": st.error_rate if st else None,
+                "available": st.available if st else seen.get("available"), "rif": st.rif if st else seen.get("rif"),
+                "error_rate": st.error_rate if st else seen.get("error_rate"),
                 "aversion": float(self.flow.aversion[i]) if self.flow is not None else 0.0,
                 "model": None if model is None else {"a_s": model[0].a, "b_s": model[0].b, "c": model[0].c, "s": model[0].s,
                                                       "confidence": model[1], "samples": model[2]},
