@@ -278,15 +278,18 @@ def _unique_addresses(ck: Checker, cells: list[Cell]) -> None:
             owner[hp] = path
 
 
-def _services_apart(ck: Checker, services: Services, cells: list[Cell], given: dict[str, Any]) -> None:
-    """No cell listener on the control plane's addresses (given or default): a root there reported ready
-    while its Envoy had NACKed the listener, its readiness connect answered by the xDS server."""
+def _services_apart(ck: Checker, services: Services, cells: list[Cell], raw: Any) -> None:
+    """No cell listener on the control plane's addresses (given in ``raw``, the file's ``services``, or
+    default): a root there reported ready while its Envoy had NACKed the listener, its readiness connect
+    answered by the xDS server."""
     cp = services.control_plane
-    mine = {cp.xds: "services.control_plane.xds", cp.status: "services.control_plane.status"}
+    given = raw.get("control_plane") if isinstance(raw, dict) else None
+    mine = {cp.xds: "xds", cp.status: "status"}
     for path, hp in _cell_addresses(cells):
         if hp in mine:
-            what = mine[hp] + ("" if mine[hp].rsplit(".", 1)[1] in given else " (its default)")
-            ck.err(path, f"address {hp} is also used by {what}")
+            key = mine[hp]
+            default = "" if isinstance(given, dict) and key in given else " (its default)"
+            ck.err(path, f"address {hp} is also used by services.control_plane.{key}{default}")
 
 
 def _network(ck: Checker, raw: Any, cells: list[Cell]) -> Network:
@@ -556,8 +559,7 @@ def build(data: Any, source: str, marks: dict[str, int], problems: list[Problem]
     policy = deployment_policy(ck, top.get("policy")) if "policy" in top else DeploymentPolicy()
     probe = _probe(ck, top.get("probe"))
     services = _services(ck, top.get("services"))
-    cp_raw = (top.get("services") or {}).get("control_plane") if isinstance(top.get("services"), dict) else None
-    _services_apart(ck, services, cells, cp_raw if isinstance(cp_raw, dict) else {})
+    _services_apart(ck, services, cells, top.get("services"))
     tls_raw = top.get("tls", _tls_from_env())
     tls = check_tls(ck, tls_raw, source) if tls_raw is not None else None
     if tls is not None and "tls" not in top and os.environ.get(TLS_SECRET_DIR_ENV):

@@ -339,9 +339,10 @@ class ControlPlane:
 
     # -- probes -------------------------------------------------------------------------------------
     def _on_probe(self, target: ProbeTarget, resp: probe_pb2.ProbeResponse | None, now: float) -> None:
-        self.last_probe[target.name] = ({"available": False} if resp is None else {
-            "available": not (resp.HasField("healthy_replicas") and resp.healthy_replicas == 0),
-            "rif": resp.rif, "error_rate": resp.error_rate})
+        # A leaf that reports 0 healthy servers answers, but its cell cannot serve.
+        serving = resp is not None and not (resp.HasField("healthy_replicas") and resp.healthy_replicas == 0)
+        self.last_probe[target.name] = ({"available": serving} if resp is None else
+                                        {"available": serving, "rif": resp.rif, "error_rate": resp.error_rate})
         if self.hub is not None:
             healthy = float(resp.healthy_replicas) if resp is not None and resp.HasField("healthy_replicas") else None
             changed = (self.hub.on_probe_failure(target.index) if resp is None
@@ -360,9 +361,8 @@ class ControlPlane:
             if resp is not None and resp.HasField("model"):
                 self._remember_model(target.name, resp)
             return
-        if resp is None or (resp.HasField("healthy_replicas") and resp.healthy_replicas == 0):
-            # A leaf that reports 0 healthy servers answers, but its cell cannot serve: the flow
-            # weights (and the fail-open routes Envoy applies natively) must move off it now.
+        if resp is None or not serving:
+            # The flow weights (and the fail-open routes Envoy applies natively) must move off it now.
             self.flow.on_probe_failure(target.index)
             return
         model = None

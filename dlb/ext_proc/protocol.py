@@ -171,8 +171,7 @@ class ExtProcServer:
                 return await self._h2.start(host.strip("[]") or "127.0.0.1", port, reuse_port=reuse_port, ssl=ssl_context)
             except OSError as exc:
                 raise BindError(listen, exc.strerror or str(exc)) from None
-        options = dict(bounded_options(10_000)) | {"grpc.so_reuseport": 1 if reuse_port else 0}
-        self._grpc = grpc.aio.server(options=list(options.items()))
+        self._grpc = grpc.aio.server(options=bounded_options(10_000, reuse_port))
         self._grpc.add_generic_rpc_handlers((ext_proc_handler(self._handle), health_handler(self.health)))
         bound = add_port(self._grpc, listen, self.tls)
         await self._grpc.start()

@@ -118,9 +118,11 @@ def listen_problems(cfg: Config, config_path: str, root_services: bool = True) -
     the Envoy (the reason, e.g. ``Address already in use`` from an earlier ``dlb up``, sat in its log).
     """
     problems = [f"{config_path}: {msg}" for msg in shared_listeners(cfg, root_services)]
+    tried: set[HostPort] = set()
     for field_path, hp in listen_addresses(cfg, root_services):
-        if any(p.startswith(f"{config_path}: {field_path}: ") for p in problems):
+        if hp in tried:  # a second field on one address: reported just above
             continue
+        tried.add(hp)
         try:
             infos = socket.getaddrinfo(hp.host, hp.port, type=socket.SOCK_STREAM)
             family, _, _, _, sockaddr = infos[0]

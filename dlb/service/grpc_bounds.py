@@ -22,9 +22,9 @@ MAX_CONNECTIONS = 256
 MAX_CONNECTION_IDLE_S = 600.0
 
 
-def bounded_options(max_streams: int) -> list[tuple[str, Any]]:
+def bounded_options(max_streams: int, reuse_port: bool = False) -> list[tuple[str, Any]]:
     """gRPC core channel arguments for a server: the bounds above and ``max_streams`` per connection."""
-    return [("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", max_streams),
+    return [("grpc.so_reuseport", int(reuse_port)), ("grpc.max_concurrent_streams", max_streams),
             ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000)),
             ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
             ("grpc.max_connection_idle_ms", int(MAX_CONNECTION_IDLE_S * 1000))]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+#: ``dlb demo --compare --trials`` when not given (a single demo run refuses any other value: it runs once).
+DEFAULT_TRIALS = 3
+
 
 def register_demo(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="the whole stack on an embedded emulated fleet, a workload and a live view")
@@ -25,7 +28,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if not args.compare:  # a --compare option on a single demo run was silently ignored
         given = [f for f, on in (("--quick", args.quick), ("--scenarios", args.scenarios is not None),
                                  ("--policies", args.policies is not None), ("--json", args.json is not None),
-                                 ("--trials", args.trials != 3)) if on]
+                                 ("--trials", args.trials != DEFAULT_TRIALS)) if on]
         if given:
             raise UsageError(f"{', '.join(given)}: only with --compare (a single demo runs one policy: --policy)")
     git_commit()  # the tree as it is when the run starts
@@ -68,7 +71,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="every scenario's seeded workload against every policy, each run from a clean start; records in "
                         "OUT/records.jsonl (the same --out resumes), table in OUT/compare.md")
     p.add_argument("--scenarios", default=None, help="with --compare: comma-separated subset (default all six)")
-    p.add_argument("--trials", type=int, default=3, help="with --compare: runs per (scenario, policy) (default 3)")
+    p.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"with --compare: runs per (scenario, policy) (default {DEFAULT_TRIALS})")
     p.add_argument("--quick", action="store_true", help="with --compare: steady, 1 trial, the operator baselines and Flow-Grad")
     p.add_argument("--json", default=None, help="with --compare: write the summary and every record here")
     p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default every policy)")
