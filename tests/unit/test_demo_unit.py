@@ -36,9 +36,9 @@ def test_demo_dp_option_makes_europe_west1_a_bfio_dp_cell(tmp_path: Path) -> Non
     assert all("dp_ranks" not in str(s) for c in plain.cfg_dict["cells"] for s in c["servers"])
 
 
-def _run_with_results(tmp_path: Path, stop_s: float | None):
+def _run_with_results(tmp_path: Path, stop_s: float | None, after_in_20: int = 6):
     """A planned demo run (nothing started) whose requests went 30 % to us-central1, 5 % while it was
-    degraded, up to ``stop_s`` (an interruption) or the end."""
+    degraded and ``after_in_20`` / 20 after it, up to ``stop_s`` (an interruption) or the end."""
     from dlb.cli import build_parser
     from dlb.load.generator import Result
     from dlb.testbed.demo import prepare
@@ -50,8 +50,8 @@ def _run_with_results(tmp_path: Path, stop_s: float | None):
     results = []
     for i in range(int(end * 20)):
         t = i / 20
-        slow = a <= t < b
-        cell = "us-central1" if i % 20 < (1 if slow else 6) else "us-east1"
+        share = 1 if a <= t < b else after_in_20 if t >= b else 6
+        cell = "us-central1" if i % 20 < share else "us-east1"
         results.append(Result(i, t, "chat", "us-east1", "", 200, 1.0, 0.1, 0.0, 5, f"{cell}/0"))
     run.results, run.interrupted, run.stopped_s = results, stop_s is not None, stop_s
     return run
@@ -80,6 +80,15 @@ def test_demo_report_of_an_interrupted_run_says_what_it_did_not_measure(tmp_path
     deg = json.loads((full / "results.json").read_text())["degradation"]
     assert deg["fell"] is True and deg["came_back"] is True, deg
     assert "over 60s" in (full / "report.md").read_text()
+
+
+def test_the_degraded_cell_came_back_when_it_regained_a_third_of_its_drop(tmp_path: Path) -> None:
+    """30 % → 5 % → 15 % regained 40 % of the drop (came back; half was the rule, and two healthy windows of
+    one real run differ by up to 0.10); 30 % → 5 % → 10 % regained 20 % (did not)."""
+    from dlb.testbed.report import degradation
+
+    assert degradation(_run_with_results(tmp_path, None, after_in_20=3))["came_back"] is True  # type: ignore[index]
+    assert degradation(_run_with_results(tmp_path, None, after_in_20=2))["came_back"] is False  # type: ignore[index]
 
 
 def test_the_demo_names_the_policies_of_the_config_it_runs(tmp_path: Path) -> None:
