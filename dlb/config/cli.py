@@ -204,9 +204,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--listen", help="listener host:port (default: cells[].root.listen / cells[].leaf.listen, "
                                     "else 0.0.0.0:<port of the address>)")
     r.add_argument("--ready-port", type=int, default=9902,
-                   help="port of the dlb_ready listener on 0.0.0.0 answering GET /ready (default 9902; 0 = none)")
+                   help="port of the dlb_ready listener (GET /ready, Envoy's stats) on the traffic listener's address "
+                        "(default 9902; 0 = none; two Envoys on one host need two)")
     r.add_argument("--emulate-wan", action="store_true", help="leaf: delay requests by the source cell's RTT (testbeds)")
-    r.add_argument("--access-log", action="store_true", help="leaf: send Envoy's gRPC access log to the leaf agent")
+    r.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                   help="leaf: send Envoy's gRPC access log to the leaf agent (default on: without it the agent never "
+                        "learns a request finished, so the cell's requests in flight only grow)")
     r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")
     r.add_argument("-o", "--output", default="-", help="output file (default stdout)")
     r.set_defaults(func=run_render)

@@ -427,8 +427,11 @@ def admin_stats_cluster(admin_port: int) -> dict[str, Any]:
     return _cluster(ADMIN_STATS_CLUSTER, [(HostPort("127.0.0.1", admin_port), 1)], connect_timeout_s=0.25)
 
 
-def ready_listener(port: int) -> dict[str, Any]:
-    """``GET /ready`` on ``0.0.0.0:port``: 200 while Envoy serves, 503 once it fails health checks.
+def ready_listener(port: int, host: str = "0.0.0.0") -> dict[str, Any]:
+    """``GET /ready`` on ``host:port``: 200 while Envoy serves, 503 once it fails health checks.
+
+    ``host``: the traffic listener's (a loopback leaf keeps its stats off the network); all interfaces
+    where the bootstrap has no listener of its own (xDS), as a kubelet probes the pod's address.
 
     ``GET /stats/prometheus`` there is Envoy's own stats, from admin (:func:`admin_stats_cluster`): a
     Prometheus in another pod can scrape Envoy while admin (which can quit it) stays on loopback.
@@ -456,7 +459,7 @@ def ready_listener(port: int) -> dict[str, Any]:
     }
     return {
         "name": READY_LISTENER,
-        "address": _socket(HostPort("0.0.0.0", port)),
+        "address": _socket(HostPort(host, port)),
         "enable_reuse_port": False,
         "per_connection_buffer_limit_bytes": 32 * 1024,
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
@@ -465,7 +468,8 @@ def ready_listener(port: int) -> dict[str, Any]:
 
 def _bootstrap(role: str, cell: str, admin_port: int, listener: dict[str, Any], clusters: list[dict[str, Any]],
                ready_port: int | None = None) -> dict[str, Any]:
-    listeners = [listener] + ([ready_listener(ready_port)] if ready_port is not None else [])
+    host = listener["address"]["socket_address"]["address"]
+    listeners = [listener] + ([ready_listener(ready_port, host)] if ready_port is not None else [])
     if ready_port is not None:
         clusters = [*clusters, admin_stats_cluster(admin_port)]
     return {
@@ -853,7 +857,7 @@ def leaf_bootstrap(
     emulate_wan: bool,
     listen: HostPort | None = None,
     message_timeout_ms: float = 200.0,
-    access_log: bool = False,
+    access_log: bool = True,
     reuse_port: bool = False,
     ready_port: int | None = None,
     stream_tokens: bool | None = None,
@@ -865,7 +869,7 @@ def leaf_bootstrap(
     when ``cells[].leaf.ext_proc`` is set: it may name a server in ``x-dlb-server``; without it, or
     when it is down, Envoy's LEAST_REQUEST picks. ``access_log`` wires Envoy's gRPC access log to the
     leaf agent (over ``cells[].leaf.access_log``), which is how the agent learns completions and latencies
-    (:mod:`dlb.envoy.als` owns that wiring). ``ready_port`` adds the :func:`ready_listener`.
+    (:mod:`dlb.envoy.als` owns that wiring): on by default, since without it the agent's counts only grow. ``ready_port`` adds the :func:`ready_listener`.
     ``stream_tokens`` adds :func:`stream_tokens_filter` (None: when the cell has a data-parallel server).
     """
     me = cfg.cell(cell)

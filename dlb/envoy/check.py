@@ -29,6 +29,7 @@ from dlb.envoy.bootstrap import (
     leaf_prefixes,
     root_has_ext_proc,
 )
+from dlb.envoy.contract import LEAF_AGENT_CLUSTER
 from dlb.envoy.operator_pool import POOL_CLUSTER, POOL_KINDS
 from dlb.envoy.root_token import SECRET, TOKEN_CHECK, TOKEN_FILTER
 
@@ -314,6 +315,10 @@ class _Check:
         hpath, hcm = h
         self.internal_headers(hpath, hcm, LEAF_INTERNAL_HEADERS)
         self.token_filter(hpath, hcm, TOKEN_CHECK, "any client can claim a source cell here")
+        if not any(_get(a, "typed_config", "common_config", "grpc_service", "envoy_grpc", "cluster_name") == LEAF_AGENT_CLUSTER
+                   for a in _list(hcm.get("access_log"))):
+            self.bad(f"{hpath}.access_log", f"no gRPC access log to cluster {LEAF_AGENT_CLUSTER!r}: the leaf agent never learns a "
+                     "request finished, so the cell's requests in flight only grow (`dlb config render` writes it)")
         self.ext_proc(hpath, hcm, cell.leaf.ext_proc, f"cells[{cell.index}].leaf.ext_proc")
         rc = hcm.get("route_config")
         if rc is None:

@@ -162,6 +162,8 @@ LEAF_MISTAKES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
      "static_resources.listeners[0].address.socket_address.port_value", "127.0.0.1:10010"),
     ("leaf ext_proc elsewhere", _endpoint_address("dlb_leaf_ext_proc", 9099), "static_resources.clusters[2].load_assignment",
      "leaf.ext_proc is 127.0.0.1:9011"),
+    # A stranger's rendered leaf without it: the agent never saw a request end, and the cell's RIF grew for 15 min.
+    ("no access log to the agent", lambda b: _hcm(b).pop("access_log"), f"{HCM}.access_log", "requests in flight only grow"),
 ]
 
 

@@ -70,6 +70,10 @@ def test_templates_match_renderer_on_what_matters() -> None:
     retry_t, retry_r = (next(r for r in _hcm(b)["route_config"]["virtual_hosts"][0]["routes"] if r["name"] == "least-request")["route"]["retry_policy"]
                         for b in (leaf_t, leaf_r))
     assert retry_t == retry_r
+    # Completions reach the agent the same way (without it a copied template's cell RIF only grew).
+    assert _hcm(leaf_t)["access_log"] == _hcm(leaf_r)["access_log"]
+    agent_t, agent_r = (next(c for c in b["static_resources"]["clusters"] if c["name"] == "dlb_leaf_agent") for b in (leaf_t, leaf_r))
+    assert yaml.safe_load(yaml.safe_dump(agent_t)) == yaml.safe_load(yaml.safe_dump(agent_r))
 
 
 def _filter(hcm: dict[str, Any], name: str) -> dict[str, Any]:
