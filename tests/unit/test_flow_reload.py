@@ -7,6 +7,8 @@ would come back without the share it held.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,19 @@ def test_a_reload_that_moves_the_control_planes_own_ports_says_they_need_a_resta
         cp.reload(config_from_dict(d))
     warned = [e for e in logs if e["event"] == "config_reload_needs_restart"]
     assert len(warned) == 1 and warned[0]["fields"] == ["services.control_plane.status"], warned
+
+
+def test_a_reload_of_what_roots_and_envoys_read_at_start_says_it_needs_a_restart(tmp_path: Path) -> None:
+    """The root services' probe timing and the Envoys' root token are bound at start: a reload names them."""
+    from structlog.testing import capture_logs
+
+    cp = ControlPlane(config_from_dict(doc(["a", "b"])), probe=False, flow_loop=False)
+    token = tmp_path / "token"
+    token.write_text("a-secret-of-32-characters-or-more-0123456789\n")
+    d = doc(["a", "b"])
+    d["probe"] = {"timeout_ms": 150}
+    d["root_token_file"] = str(token)
+    with capture_logs() as logs:
+        cp.reload(config_from_dict(d))
+    warned = [e for e in logs if e["event"] == "config_reload_needs_restart"]
+    assert len(warned) == 1 and warned[0]["fields"] == ["probe.timeout_ms", "root_token_file"], warned

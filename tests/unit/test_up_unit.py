@@ -192,6 +192,11 @@ def test_a_reload_that_needs_other_processes_is_named_not_half_applied() -> None
     rebound = copy.deepcopy(base)
     rebound["services"] = {"control_plane": {"status": "127.0.0.1:18101"}}
     assert process_changes(running, config_from_dict(rebound)) == ["services.control_plane.status changed"]
+    # Read by the root services and Envoys only at start: reported reloaded, a stranger saw running roots keep
+    # the old probe period while restarted ones took the new.
+    timed = copy.deepcopy(base)
+    timed["probe"] = {"period_ms": 200}
+    assert process_changes(running, config_from_dict(timed)) == ["probe.period_ms changed"]
 
 
 def test_up_refuses_two_of_its_listeners_on_one_address_naming_both_fields() -> None:
