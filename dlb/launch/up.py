@@ -178,10 +178,12 @@ def _fetch(url: str) -> str | None:
         return None
 
 
-def _root_waiting(ready_file: Path, metrics_url: str, cfg: Config, cell: str, leaf_metrics: dict[str, str]) -> str:
-    """What a root service lacks before it is ready: its listener, or usable cells (and why each is not)."""
+def _root_waiting(ready_file: Path, metrics_url: str, dep: Deployment, cell: str) -> str:
+    """What a root service lacks before it is ready: its listener, or usable cells (and why each is not),
+    by the config running now (``dep.cfg``, replaced on reload)."""
     from dlb.launch.waiting import root_waiting
 
+    cfg, leaf_metrics = dep.cfg, dep.leaf_metrics
     if not ready_file.exists():
         return "its ext_proc listener (ready file not written yet)"
     text = _fetch(metrics_url)
@@ -278,8 +280,10 @@ def probes_fresh(metrics_url: str, cfg: Config, cell: str) -> bool:
     return not unusable(http_get(metrics_url, 1.0)[1], cfg, cell)
 
 
-def _root_ready(ready_file: Path, metrics_url: str, cfg: Config, cell: str) -> bool:
-    return ready_file.exists() and probes_fresh(metrics_url, cfg, cell)
+def _root_ready(ready_file: Path, metrics_url: str, dep: Deployment, cell: str) -> bool:
+    """By the config running now: a root restarted after a reload changed the cells it may use waited,
+    forever, for a cell it no longer uses (a stranger's report)."""
+    return ready_file.exists() and probes_fresh(metrics_url, dep.cfg, cell)
 
 
 def _control_plane_ready(status_url: str, xds: HostPort) -> bool:
@@ -355,8 +359,8 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
                           [*_python(), "serve", "root", "--config", config_path, "--cell", cell.name, "--xds", xds_arg,
                            "--metrics", str(metrics), "--ready-file", str(ready_path), *wan, *(root_args or [])],
                           run_dir / f"root-{cell.name}.log",
-                          ready=functools.partial(_root_ready, ready_path, metrics_url, cfg, cell.name),
-                          waiting=functools.partial(_root_waiting, ready_path, metrics_url, cfg, cell.name, dep.leaf_metrics),
+                          ready=functools.partial(_root_ready, ready_path, metrics_url, dep, cell.name),
+                          waiting=functools.partial(_root_waiting, ready_path, metrics_url, dep, cell.name),
                           before_start=functools.partial(ready_path.unlink, missing_ok=True)))
         else:
             metrics_url = ""
@@ -542,6 +546,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
                     print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; {checked}", flush=True)
                     continue
                 cfg, _ = checked
+                dep.cfg = cfg  # what a restarted root's readiness is judged by
                 write_snapshot(sup.run_dir, checked[1])  # what the control planes reload, and restarted children read
                 n = sup.signal_ready("control-plane", signal.SIGHUP)
                 print(f"dlb up: SIGHUP: {n} control plane(s) reload {config_path}", flush=True)

@@ -211,3 +211,25 @@ def test_up_refuses_two_of_its_listeners_on_one_address_naming_both_fields() -> 
            "services": {"root": {"metrics": "127.0.0.1:18391"}}}
     problems = shared_listeners(config_from_dict(raw))
     assert problems == ["services.root.metrics (root a): address 127.0.0.1:18391 is also used by cells[0].leaf.probe"], problems
+
+
+def test_a_restarted_roots_readiness_follows_the_reloaded_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a SIGHUP changed ``network.allowed``, a restarted root was 'not ready' forever, waiting for a cell
+    it no longer uses: readiness was judged by the config ``dlb up`` started with."""
+    from test_config import minimal
+
+    from dlb.config import config_from_dict
+    from dlb.launch import up
+    from dlb.launch.supervisor import Supervisor
+
+    base = minimal()
+    base["cells"][0]["root"] = {"address": "127.0.0.1:10000"}
+    started, reloaded = config_from_dict(base), config_from_dict(minimal() | {"cells": base["cells"]})
+    dep = up.Deployment(cfg=started, config_path="x.yaml", supervisor=Supervisor(tmp_path), status_url="")
+    judged: list[object] = []
+    monkeypatch.setattr(up, "probes_fresh", lambda url, cfg, cell: judged.append(cfg) or True)
+    ready = tmp_path / "ready.json"
+    ready.write_text("{}")
+    dep.cfg = reloaded
+    assert up._root_ready(ready, "http://127.0.0.1:1/metrics", dep, "a")
+    assert judged == [reloaded]
