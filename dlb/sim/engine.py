@@ -127,6 +127,9 @@ class SimConfig:
     #: leaves, which report none (no root ever sheds). The real leaf learns the figure from its servers'
     #: 429s; the simulated one knows it from the start.
     shed: bool = True
+    #: The deadline DLB's roots and leaves judge by (the endpoints' ``timeout_s``); 0: ``request_timeout_s``.
+    #: A twin of a deployment whose clients give up before its endpoints' timeout sets it apart.
+    service_deadline_s: float = 0.0
     #: DLB roots also shed when every usable cell's fitted model puts a request past
     #: ``request_timeout_s`` (:mod:`dlb.core.shedding`); leaves then fit models for every DLB policy,
     #: as real leaves do whatever the roots' cost.
@@ -153,6 +156,8 @@ class SimConfig:
             raise ValueError(f"root_replicas must be >= 1: {self.root_replicas}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0: {self.request_timeout_s}")
+        if not self.service_deadline_s >= 0:
+            raise ValueError(f"service_deadline_s must be >= 0 (0: request_timeout_s): {self.service_deadline_s}")
         if self.timeouts not in TIMEOUT_MODES:
             raise ValueError(f"timeouts must be one of {', '.join(TIMEOUT_MODES)}: {self.timeouts!r}")
 
@@ -318,7 +323,8 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     def rng_for(r: int) -> Callable[[int], np.random.Generator]:
         return lambda i: np.random.default_rng([sc.seed, trial, 2, pidx, i] + ([r] if r else []))
 
-    shed_cfg = ShedConfig(deadline=cfg.deadline_shed, deadline_s=cfg.request_timeout_s)
+    service_deadline = cfg.service_deadline_s or cfg.request_timeout_s
+    shed_cfg = ShedConfig(deadline=cfg.deadline_shed, deadline_s=service_deadline)
     replicas = [build_roots(policy, topo, prior_root, rng_for(r), shed_cfg) for r in range(R_roots)]
     dlb_roots = any(isinstance(root, RootRouter) for root in replicas[0])
     pick_fns = [[rep[i].pick for rep in replicas] for i in range(n)]
@@ -342,7 +348,7 @@ def simulate(sc: Scenario, policy: str, trial: int = 0, config: SimConfig | None
     cancel = cfg.timeouts == "cancel"
     # Leaf admission (:mod:`dlb.core.admission`): DLB's leaves only, so Rand's and the operators' runs
     # are unchanged; lr-global names its server and bypasses the leaf anyway.
-    adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=cfg.request_timeout_s,
+    adm_cfg = AdmissionConfig(enabled=cfg.admission and dlb_roots, deadline_s=service_deadline,
                               fraction=cfg.admission_fraction, slowdown=cfg.admission_slowdown,
                               floor_cap=cfg.admission_floor_cap)
     admission = adm_cfg.enabled

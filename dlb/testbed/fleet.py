@@ -113,6 +113,11 @@ def fleet_capacity_rps(fleet: Fleet, mean_prompt: float, mean_output: float) -> 
             for c in fleet.cells}
 
 
+#: The demo endpoints' ``timeout_s``: what their roots' deadline shedding and leaves' admission judge by
+#: (the load generator's clients give up at 60 s, ``dlb.testbed.scenarios.REQUEST_TIMEOUT_S``).
+ENDPOINT_TIMEOUT_S = 600.0
+
+
 def server_addresses(fleet: Fleet) -> dict[str, list[str]]:
     """A free address per server (a free block of ports per data-parallel server)."""
     return {c.name: [f"127.0.0.1:{free_port_block(fleet.ranks(c.name))}" for _ in range(c.servers)] for c in fleet.cells}
@@ -144,10 +149,10 @@ def demo_config(fleet: Fleet, server_addrs: dict[str, list[str]]) -> dict[str, A
             {"name": "chat", "match": {"prefix": "/v1/chat/"},
              "policy": {"mechanism": "discrete", "cost": "latency",
                         "affinity": {"enabled": True, "header": "x-session-id", "ttl_s": 600, "prefix_savings_ms": 50}},
-             "latency_prior": {"a_s": 2.0, "b_s": 0.1, "c": 8, "s": 1}, "timeout_s": 600},
+             "latency_prior": {"a_s": 2.0, "b_s": 0.1, "c": 8, "s": 1}, "timeout_s": ENDPOINT_TIMEOUT_S},
             {"name": "completions", "match": {"prefix": "/v1/"},
              "policy": {"mechanism": "flow", "cost": "gradient", "flow": {"period_ms": 200, "kappa": 0.5}},
-             "latency_prior": {"a_s": 2.0, "b_s": 0.1, "c": 8, "s": 1}, "timeout_s": 600},
+             "latency_prior": {"a_s": 2.0, "b_s": 0.1, "c": 8, "s": 1}, "timeout_s": ENDPOINT_TIMEOUT_S},
         ],
         "probe": {"period_ms": 50, "timeout_ms": 300, "stale_after_ms": 1500, "backoff_max_ms": 2000},
         "services": {

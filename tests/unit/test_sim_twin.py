@@ -72,3 +72,19 @@ def test_the_twins_leaves_fit_on_the_demo_leaves_window(tmp_path: Path) -> None:
     fit = load_config(path).policy.leaf.fit
     est = twin_config().estimator
     assert (est.window_s, est.refit_period_s) == (fit.window_s, fit.refit_period_s) == (10.0, 1.0)
+
+
+def test_the_twins_leaves_and_roots_judge_by_the_demo_endpoints_timeout(tmp_path: Path) -> None:
+    """Admission and deadline shedding compare with the endpoints' timeout_s the demo's leaves and roots get
+    (600 s), not the clients' 60 s: the twin refused 5 % of the burst's requests that the real leaves served."""
+    from dlb.bench.sim_twin import twin_config
+    from dlb.cli import build_parser
+    from dlb.config import load_config
+    from dlb.config.model import leaf_deadline_s
+    from dlb.testbed.demo import prepare
+    from dlb.testbed.scenarios import REQUEST_TIMEOUT_S
+
+    _, _, path = prepare(build_parser().parse_args(["demo", "--out", str(tmp_path)]), tmp_path)
+    cfg = twin_config()
+    assert cfg.service_deadline_s == leaf_deadline_s(load_config(path).endpoints) == 600.0
+    assert cfg.request_timeout_s == REQUEST_TIMEOUT_S == 60.0
