@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -53,6 +54,17 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
     return vals
 
 
+def _kappa(text: str) -> float:
+    """argparse type of ``--kappa``: the flow step is stable only for κ in (0, π/2) (FlowConfig refused it with a traceback)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v < math.pi / 2:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be in (0, π/2 ≈ {math.pi / 2:.4f}), got {text}")
+    return v
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "theory",
@@ -85,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="flow step delay rule: τ̄ is network + probe delay (delay-only, the router's default) or "
                    "also counts the slowest queue's relaxation time (relaxation); default: both for the dynamics "
                    "set, the router's otherwise")
-    p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
+    p.add_argument("--kappa", type=_kappa, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None,
                    help="write the records as a JSON list to FILE; while it runs, each record is appended to "
