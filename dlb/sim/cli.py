@@ -152,14 +152,18 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"dlb sim --resume: the code is {code!r}; commit dlb/ first (a dirty tree has no id to resume onto)")
     # Entries of this build stay in benchmark.json, as their records stay in results.json.
     entries = outdir.benchmark_entries(out, code, warn=args.resume)
+    plan: dict[str, dict] = {}
+    for exp in exps:
+        labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
+        if wanted is None or labels & wanted:  # else --variants names none of this experiment's
+            plan[exp] = _settings(args, exp, policies, None if wanted is None else labels & wanted)
+    if args.resume and (clash := _resume_clash(out, code, entries, plan)):
+        print(f"dlb sim --resume: {clash}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     current = None
     try:
-        for exp in exps:
-            labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
-            if wanted is not None and not labels & wanted:
-                continue  # --variants names none of this experiment's
-            settings = _settings(args, exp, policies, None if wanted is None else labels & wanted)
+        for exp, settings in plan.items():
             done = entries.get(exp)
             if args.resume and done is not None and done.get("settings") == settings and outdir.has_results(out, exp, code):
                 print(f"{exp}: finished earlier with this code and these settings; kept (--resume)", file=sys.stderr)
@@ -192,6 +196,24 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
             "admission": args.admission == "on", "retry": args.retry == "on", "timeouts": args.timeouts,
             "admission_slowdown": args.admission_slowdown,
             "variants": sorted(labels) if labels is not None else None}
+
+
+#: ``_settings`` keys whose option is not the key with dashes.
+_OPTION_OF = {"request_timeout_s": "request-timeout"}
+
+
+def _resume_clash(out: Path, code: str, entries: dict[str, dict], plan: dict[str, dict]) -> str | None:
+    """Why ``--resume`` must not run ``plan`` over ``out`` (None: it may): an experiment finished there with
+    other settings would have its records replaced, and a resume is meant to keep them."""
+    for exp, settings in plan.items():
+        stored = (entries.get(exp) or {}).get("settings")
+        if not isinstance(stored, dict) or stored == settings or not outdir.has_results(out, exp, code):
+            continue
+        diff = [f"--{_OPTION_OF.get(k, k.replace('_', '-'))} {stored.get(k)!r} there, {settings.get(k)!r} now"
+                for k in sorted(set(stored) | set(settings)) if stored.get(k) != settings.get(k)]
+        return (f"{out / outdir.RESULTS} holds {exp} runs made with other settings ({'; '.join(diff)}); resuming would "
+                "replace them: repeat those options, or give another --out")
+    return None
 
 
 def priors_kinds() -> tuple[str, ...]:
