@@ -103,7 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--results", action="append", default=None,
                    help="results file (repeatable: files are merged; default sim-results/results.json)")
     r.add_argument("--save-merged", default=None, help="write the merged, re-normalised records to this JSON file")
-    r.add_argument("--output", default="research/paper-reproduction.md", help="report path (default research/paper-reproduction.md)")
+    r.add_argument("--output", default=None,
+                   help="report path (default: paper-reproduction.md beside the first --results file, so a run from the "
+                        "repository root does not overwrite research/paper-reproduction.md)")
     r.add_argument("--plots-dir", default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
     r.add_argument("--analysis", default=None, help="Markdown file with the investigation of failed claims, included verbatim")
     r.set_defaults(func=run_report)
@@ -392,7 +394,7 @@ def run_report(args: argparse.Namespace) -> int:
     if args.save_merged:
         Path(args.save_merged).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save_merged).write_text(json.dumps(records, indent=1))
-    output = Path(args.output)
+    output = Path(args.output) if args.output else Path(sources[0]).parent / "paper-reproduction.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     plots_dir = Path(args.plots_dir) if args.plots_dir else output.parent / "sim-plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
