@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dlb.core.admission import AdmissionConfig
 from dlb.core.shedding import ShedConfig
+from dlb.finite_json import dumps as json_dumps
 from dlb.load.argtypes import rng_seed
 from dlb.provenance import code_tree
 from dlb.sim import outdir
@@ -279,7 +280,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     wall, pieces = outdir.pieces_wall(records)
     path = out / outdir.RESULTS
     all_records = normalise(outdir.results_of(out, code, drop_experiment=exp) + records)
-    path.write_text(json.dumps(all_records, indent=1, allow_nan=True))
+    path.write_text(json_dumps(all_records, indent=1))
     partial.unlink()  # only now: its records are in results.json
     (out / "results.md").write_text(markdown_table(all_records) + "\n")
     plot(all_records, out)
@@ -313,7 +314,7 @@ def _write_benchmark(args: argparse.Namespace, out: Path, commit: str, code: str
         "scenarios": args.scenarios, "minutes": args.minutes, "root_replicas": args.root_replicas,
         "per_experiment": per_exp,
     }
-    (out / outdir.BENCHMARK).write_text(json.dumps(bench, indent=1, allow_nan=True))
+    (out / outdir.BENCHMARK).write_text(json_dumps(bench, indent=1))
 
 
 def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str], out: Path) -> int:
@@ -334,7 +335,7 @@ def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str],
     meta = {"commit": commit, "probe_minutes": args.estimate, "protocol": asdict(protocol),
             "root_replicas": args.root_replicas, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
             "load_average": list(os.getloadavg()), "estimates": [asdict(e) for e in est]}
-    (out / "cost-estimate.json").write_text(json.dumps(meta, indent=1))
+    (out / "cost-estimate.json").write_text(json_dumps(meta, indent=1))
     (out / "cost-estimate.md").write_text(f"# Projected cost at the protocol (commit {commit})\n\n{table}\n")
     print(table)
     return 0
@@ -356,15 +357,14 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit:
     for r in records:
         r["commit"], r["code"] = commit, code
     path = out / outdir.RESULTS
-    path.write_text(json.dumps(normalise(outdir.results_of(out, code, drop_experiment="priors") + records), indent=1,
-                               allow_nan=True))  # fmt: skip
+    path.write_text(json_dumps(normalise(outdir.results_of(out, code, drop_experiment="priors") + records), indent=1))
     table = priors.markdown(records)
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
             "cpu_s": time.process_time() - c0, "commit": commit, "code": code, "scenarios": args.scenarios,
             "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "protocol": PROTOCOL.met_by("priors", args.scenarios, trials, args.minutes)}
-    (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))
+    (out / "benchmark-priors.json").write_text(json_dumps(meta, indent=1))
     print(table)
     print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)
     return meta
@@ -393,7 +393,7 @@ def run_report(args: argparse.Namespace) -> int:
     records = normalise(records)
     if args.save_merged:
         Path(args.save_merged).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save_merged).write_text(json.dumps(records, indent=1))
+        Path(args.save_merged).write_text(json_dumps(records, indent=1))
     output = Path(args.output) if args.output else Path(sources[0]).parent / "paper-reproduction.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     plots_dir = Path(args.plots_dir) if args.plots_dir else output.parent / "sim-plots"
