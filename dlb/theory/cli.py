@@ -105,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--resume", action="store_true",
                    help="with --json: keep the records an interrupted run of the same code and settings left in "
                    "FILE.partial.jsonl and run only the missing jobs (the default set is ~2 h of 2-core time)")
-    p.set_defaults(func=run_cli, provenance_commit=None, provenance_code=None)
+    p.set_defaults(func=run_cli, provenance_commit=None, provenance_code=None, command_line=None)  # dlb.cli fills them in
 
 
 def _check_json_path(path: str) -> None:
@@ -248,7 +248,10 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  {'PASS' if holds else 'FAIL'}  {name}: {measured}")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump([{**asdict(r), "commit": commit, "code": code} for r in records], fh, indent=1)
+            # Each record carries the run's settings and command line, as the bench files do; still a list of records.
+            command = getattr(args, "command_line", None)
+            json.dump([{**asdict(r), "commit": commit, "code": code, "settings": settings, "command_line": command}
+                       for r in records], fh, indent=1)
             fh.write("\n")
         if partial:
             os.unlink(partial)  # the complete file replaces it
