@@ -262,7 +262,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("sim/probe-watch-137/*", "dlb sim --experiment outage --experiment priors --scenarios 6 --trials 2 --policies "
      "Rand,Disc-Lat,Disc-Grad,Flow-Grad --server-model batched --seed 137 --out DIR (at the commit in the folder's name)"),
     ("sim/priors*/*", "dlb sim --experiment priors --scenarios 5 --trials 2 --minutes 3 --out DIR"),
-    ("sim/plots/*.png", "dlb sim report --results research/sim/protocol/results.json.gz --plots-dir research/sim/plots"),
+    ("sim/plots/*.png", "dlb sim report --results research/sim/protocol/results.json.gz --output research/paper-reproduction.md "
+                     "--plots-dir research/sim/plots --analysis research/sim/analysis.md"),
     ("sim/issue-11/plots-*/*.png", "dlb sim report --results DIR/results.json.gz --plots-dir FILE's folder"),
     ("sim/*/*.png", "dlb sim --experiment EXPERIMENT --out DIR (plots written next to results.json)"),
     ("sim/*", "dlb sim --experiment EXPERIMENT --seed 5 --out DIR (settings: DIR's benchmark.json)"),

@@ -354,7 +354,7 @@ def run_policy(policy: str, run: DataplaneRun) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     record = harness.start()
     records = []
-    for seed, policy in itertools.product([int(x) for x in args.seeds.split(",")], args.policies.split(",")):
+    for seed, policy in itertools.product(args.seeds, args.policies):
         rec = run_policy(policy, DataplaneRun(dp_size=args.dp_size, max_batch=args.max_batch, requests=args.requests,
                                               rate=args.rate, seed=seed, horizon=args.horizon,
                                               mean_decode=args.mean_decode, prompt_median_tokens=args.prompt_median,

@@ -28,6 +28,7 @@ from dlb.core.bfio import DpBalancer
 from dlb.core.hold_queue import HoldQueue
 from dlb.emulator.dp import rank_step_time
 from dlb.emulator.profile import BUILTIN_PROFILES
+from dlb.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,14 @@ def summarise(rows: list[dict[str, Any]], base: str = "jsq") -> dict[str, dict[s
 
 
 def run(args: argparse.Namespace) -> int:
+    if len(args.gs) != len(args.bs):  # zip(strict=True) was a traceback after the parse
+        raise UsageError(f"--G and --B: give one --B per --G (the lists must have equal length), got {len(args.gs)} and {len(args.bs)}")
     record = harness.start()
     rows = []
     for g, b in zip(args.gs, args.bs, strict=True):
         for window in args.windows:
             for seed in args.seeds:
-                for policy in args.policies.split(","):
+                for policy in args.policies:
                     r = simulate(policy, HeldRun(g, b, args.requests, args.rate, args.time_scale, seed, window,
                                                  not args.no_prefill, args.horizon, args.mean_decode))  # fmt: skip
                     rows.append(asdict(r))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dlb.bench.harness import add_json_option, invoked_as
-from dlb.load.argtypes import positive_float, positive_int, rng_seed
+from dlb.load.argtypes import non_negative_int, positive_float, positive_int, rng_seed
 
 Setup = Callable[[argparse.ArgumentParser], None]
 
@@ -49,6 +49,55 @@ def _generations(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be > 1 (G·B requests fill every slot at once; the figures are "
                                          f"measured while a backlog waits), got {text}")
     return v
+
+
+def _float_in(low: float, high: float, why: str = "") -> Callable[[str], float]:
+    """An argparse type: a number in [low, high] (0 or a negative mean decode length was a ZeroDivisionError
+    or a traceback from numpy deep inside a run); ``why`` follows the refusal."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= v <= high:  # also NaN
+            raise argparse.ArgumentTypeError(f"must be in [{low:g}, {high:g}]{why}, got {text}")
+        return v
+
+    return parse
+
+
+def _int_upto(high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [0, high] (the bounds the leaf config puts on the same field)."""
+
+    def parse(text: str) -> int:
+        v = non_negative_int(text)
+        if v > high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [0, {high}], got {text}")
+        return v
+
+    return parse
+
+
+def _choices(known: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a comma-separated subset of ``known`` (an unknown name failed after the stack was up
+    and the first policy had run, naming a temporary config file)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [x for x in names if x not in known]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or repr(text)} (choose from {', '.join(known)})")
+        return names
+
+    return parse
+
+
+_mean_decode = _float_in(1.0, 1e6, " (the mean of a geometric length in tokens)")
+_horizon = _int_upto(10_000)  # the config's dp group horizon bounds (dlb.config.schema)
+#: Arrivals as a multiple of decode capacity: 0 or less had no arrivals (a garbage mean), and below a tenth
+#: the group idles between requests while the run grows as 1/load steps.
+_load_factor = _float_in(0.1, 100.0)
 
 
 def _pick(p: argparse.ArgumentParser) -> None:
@@ -199,9 +248,9 @@ def _bfio_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--H", dest="hs", type=_ints, default=b.STUDY_H, help="BF-IO horizons (default 0,1,10,50,200)")
     p.add_argument("--seeds", type=_ints, default=(1, 2, 3), help="workload seeds; verdicts use per-cell means (default 1,2,3)")
     p.add_argument("--generations", type=_generations, default=3.0, help="requests = G·B·this, > 1 (default 3)")
-    p.add_argument("--mean-decode", type=float, default=256.0, help="mean of the geometric decode length")
-    p.add_argument("--prompt-median", type=float, default=600.0, help="median prompt tokens (lognormal)")
-    p.add_argument("--prompt-sigma", type=float, default=1.0, help="sigma of the lognormal prompt length")
+    p.add_argument("--mean-decode", type=_mean_decode, default=256.0, help="mean of the geometric decode length, >= 1")
+    p.add_argument("--prompt-median", type=positive_float, default=600.0, help="median prompt tokens (lognormal)")
+    p.add_argument("--prompt-sigma", type=_float_in(0.0, 10.0), default=1.0, help="sigma of the lognormal prompt length, in [0, 10]")
     p.add_argument("--profile", default="llama-8b-h100", choices=sorted(b.BUILTIN_PROFILES), help="emulator GPU profile (default llama-8b-h100)")
     add_json_option(p, "the records")
     p.add_argument("--plots", default=None, help="write the plots into this directory")
@@ -219,20 +268,26 @@ def _bfio_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policies", default="jsq,bf-io", help="rank-pick policies to compare, comma-separated (default jsq,bf-io)")
+    from dlb.core.bfio import POLICIES as DP_POLICIES
+    from dlb.core.hold_queue import MAX_HOLD_S
+
+    p.add_argument("--policies", type=_choices(DP_POLICIES, "policy"), default=("jsq", "bf-io"),
+                   help=f"rank-pick policies to compare, comma-separated: {', '.join(DP_POLICIES)} (default jsq,bf-io)")
     p.add_argument("--G", dest="dp_size", type=positive_int, default=4, help="DP ranks (default 4)")
     p.add_argument("--B", dest="max_batch", type=positive_int, default=8, help="running sequences per rank (default 8)")
     p.add_argument("--requests", type=positive_int, default=300, help="requests per policy (default 300)")
-    p.add_argument("--rate", type=float, default=17.5,
+    p.add_argument("--rate", type=positive_float, default=17.5,
                    help="Poisson arrivals per wall second (default 17.5: above the default group's capacity at --time-scale 4)")
-    p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
-    p.add_argument("--mean-decode", type=float, default=32.0, help="mean decode length in tokens")
-    p.add_argument("--prompt-median", type=float, default=1500.0, help="median prompt tokens")
-    p.add_argument("--time-scale", type=float, default=4.0,
+    p.add_argument("--horizon", type=_horizon, default=10, help="BF-IO horizon in decode steps, 0-10000 (default 10)")
+    p.add_argument("--mean-decode", type=_mean_decode, default=32.0, help="mean decode length in tokens, >= 1")
+    p.add_argument("--prompt-median", type=positive_float, default=1500.0, help="median prompt tokens")
+    p.add_argument("--time-scale", type=positive_float, default=4.0,
                    help="wall seconds per profile second (default 4: long steps, so a busy machine's jitter matters less)")
-    p.add_argument("--seeds", default="1", help="comma-separated workload seeds; each policy runs every seed")
-    p.add_argument("--hold", type=int, default=0, help="leaf hold queue length (0: off, requests go straight to a rank)")
-    p.add_argument("--hold-deadline-ms", type=float, default=60_000.0, help="longest hold (default %(default)s)")
+    p.add_argument("--seeds", type=_ints, default=(1,), help="comma-separated workload seeds; each policy runs every seed (default 1)")
+    p.add_argument("--hold", type=_int_upto(100_000), default=0,
+                   help="leaf hold queue length, 0-100000 (0: off, requests go straight to a rank)")
+    p.add_argument("--hold-deadline-ms", type=_float_in(1.0, MAX_HOLD_S * 1000), default=60_000.0,
+                   help=f"longest hold, 1-{MAX_HOLD_S * 1000:g} (default %(default)s)")
     p.add_argument("--stream", action="store_true", help="clients ask for SSE streams (with usage), which the leaf counts")
     p.add_argument("--no-stream-tokens", dest="stream_tokens", action="store_false",
                    help="leave out the leaf's stream token count: BF-IO estimates decoded tokens from elapsed time")
@@ -244,10 +299,11 @@ def _bfio_placement(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--G", dest="g", type=positive_int, default=8, help="ranks per group (default 8)")
     p.add_argument("--B", dest="bs", type=_counts, default=(16, 64), help="slots per rank, comma-separated (default 16,64)")
-    p.add_argument("--load", type=float, default=1.5, help="arrivals as a multiple of the group's decode capacity")
+    p.add_argument("--load", type=_load_factor, default=1.5,
+                   help="arrivals as a multiple of the group's decode capacity, in [0.1, 100] (default 1.5)")
     p.add_argument("--generations", type=_generations, default=4.0, help="requests = G·B·this, > 1")
-    p.add_argument("--mean-decode", type=float, default=256.0, help="mean decode length in tokens")
-    p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
+    p.add_argument("--mean-decode", type=_mean_decode, default=256.0, help="mean decode length in tokens, >= 1")
+    p.add_argument("--horizon", type=_horizon, default=10, help="BF-IO horizon in decode steps, 0-10000 (default 10)")
     p.add_argument("--seeds", type=_ints, default=(1, 2, 3), help="workload seeds, comma-separated (default 1,2,3)")
     p.add_argument("--profile", default="llama-8b-h100", choices=sorted(BUILTIN_PROFILES), help="emulator GPU profile (default llama-8b-h100)")
     add_json_option(p, "the records")
@@ -257,12 +313,15 @@ def _bfio_heldrun(p: argparse.ArgumentParser) -> None:
     p.add_argument("--G", dest="gs", type=_counts, default=(8, 16), help="ranks per group, comma-separated (default 8,16)")
     p.add_argument("--B", dest="bs", type=_counts, default=(32, 16), help="slots per rank, one per --G (default 32,16)")
     p.add_argument("--requests", type=positive_int, default=400, help="requests per run (default 400)")
-    p.add_argument("--rate", type=float, default=70.0, help="Poisson arrivals per wall second (default 70)")
-    p.add_argument("--time-scale", type=float, default=8.0, help="wall seconds per profile second (default 8)")
+    from dlb.core.bfio import POLICIES as DP_POLICIES
+
+    p.add_argument("--rate", type=positive_float, default=70.0, help="Poisson arrivals per wall second (default 70)")
+    p.add_argument("--time-scale", type=positive_float, default=8.0, help="wall seconds per profile second (default 8)")
     p.add_argument("--window", dest="windows", type=_ints, default=(16,), help="held requests BF-IO chooses among (default 16)")
-    p.add_argument("--policies", default="jsq,bf-io,round-robin,least-kv", help="comma-separated (default all four)")
-    p.add_argument("--horizon", type=int, default=10, help="BF-IO horizon in decode steps (default 10)")
-    p.add_argument("--mean-decode", type=float, default=32.0, help="mean decode length in tokens")
+    p.add_argument("--policies", type=_choices(DP_POLICIES, "policy"), default=("jsq", "bf-io", "round-robin", "least-kv"),
+                   help=f"comma-separated: {', '.join(DP_POLICIES)} (default all four)")
+    p.add_argument("--horizon", type=_horizon, default=10, help="BF-IO horizon in decode steps, 0-10000 (default 10)")
+    p.add_argument("--mean-decode", type=_mean_decode, default=32.0, help="mean decode length in tokens, >= 1")
     p.add_argument("--seeds", type=_ints, default=(1, 2, 3, 4, 5, 6), help="workload seeds (default 1-6)")
     p.add_argument("--no-prefill", action="store_true", help="prefill done elsewhere (the study's assumption)")
     add_json_option(p, "the records")

@@ -13,7 +13,6 @@ on an object once, on a list in every row. A field the benchmark already writes 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlb.finite_json import dumps as json_dumps
 from dlb.provenance import git_commit
 
 
@@ -93,8 +93,8 @@ def start(command: str | None = None) -> BenchRecord:
 
 
 def write_json(path: str | Path, record: BenchRecord) -> None:
-    """The one results writer: indented JSON, newline-terminated."""
-    Path(path).write_text(json.dumps(record.as_json(), indent=1) + "\n", encoding="utf-8")
+    """The one results writer: indented JSON, newline-terminated, null for a NaN figure (bare NaN is not JSON)."""
+    Path(path).write_text(json_dumps(record.as_json(), indent=1) + "\n", encoding="utf-8")
 
 
 def verdict(record: BenchRecord) -> int:

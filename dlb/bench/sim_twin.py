@@ -37,6 +37,7 @@ from scipy.stats import t as t_dist
 from dlb.bench import harness
 from dlb.emulator.profile import load_profile
 from dlb.errors import DlbError
+from dlb.finite_json import number
 from dlb.load.workload import generate, with_phases
 from dlb.sim.engine import SimConfig, simulate
 from dlb.sim.policies import OPERATOR_BASELINES
@@ -129,7 +130,7 @@ def read_real(path: str | Path) -> list[RealRun]:
             raise ValueError(f"{path}: scenario {r['scenario']!r} has no twin (known: {', '.join(SCENARIOS)})")
         req = max(int(r.get("requests", 0)), 1)
         out.append(RealRun(r["scenario"], r["policy"], int(r.get("trial", 0)), int(r.get("seed", top.get("seed", 1))),
-                           float(r.get("duration_s", top.get("duration_s", 40.0))), float(r["mean_s"]),
+                           float(r.get("duration_s", top.get("duration_s", 40.0))), number(r["mean_s"]),
                            (int(r.get("errors", 0)) + int(r.get("shed", 0))) / req))
     return out
 

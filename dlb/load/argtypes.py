@@ -33,6 +33,11 @@ def positive_int(text: str) -> int:
     return _int(text, 1, "an integer >= 1")
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type for lengths that may be off (a horizon, a queue): an integer >= 0."""
+    return _int(text, 0, "an integer >= 0")
+
+
 def rng_seed(text: str) -> int:
     """argparse type for RNG seeds: numpy takes only non-negative integers (``-3`` was a traceback)."""
     return _int(text, 0, "an integer >= 0")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dlb.core.admission import AdmissionConfig
 from dlb.core.shedding import ShedConfig
+from dlb.finite_json import dumps as json_dumps
 from dlb.load.argtypes import rng_seed
 from dlb.provenance import code_tree
 from dlb.sim import outdir
@@ -103,7 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--results", action="append", default=None,
                    help="results file (repeatable: files are merged; default sim-results/results.json)")
     r.add_argument("--save-merged", default=None, help="write the merged, re-normalised records to this JSON file")
-    r.add_argument("--output", default="research/paper-reproduction.md", help="report path (default research/paper-reproduction.md)")
+    r.add_argument("--output", default=None,
+                   help="report path (default: paper-reproduction.md beside the first --results file, so a run from the "
+                        "repository root does not overwrite research/paper-reproduction.md)")
     r.add_argument("--plots-dir", default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
     r.add_argument("--analysis", default=None, help="Markdown file with the investigation of failed claims, included verbatim")
     r.set_defaults(func=run_report)
@@ -152,14 +155,18 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"dlb sim --resume: the code is {code!r}; commit dlb/ first (a dirty tree has no id to resume onto)")
     # Entries of this build stay in benchmark.json, as their records stay in results.json.
     entries = outdir.benchmark_entries(out, code, warn=args.resume)
+    plan: dict[str, dict] = {}
+    for exp in exps:
+        labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
+        if wanted is None or labels & wanted:  # else --variants names none of this experiment's
+            plan[exp] = _settings(args, exp, policies, None if wanted is None else labels & wanted)
+    if args.resume and (clash := _resume_clash(out, code, entries, plan)):
+        print(f"dlb sim --resume: {clash}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     current = None
     try:
-        for exp in exps:
-            labels = set(priors_kinds()) if exp == "priors" else {v.label for v in EXPERIMENTS[exp]}
-            if wanted is not None and not labels & wanted:
-                continue  # --variants names none of this experiment's
-            settings = _settings(args, exp, policies, None if wanted is None else labels & wanted)
+        for exp, settings in plan.items():
             done = entries.get(exp)
             if args.resume and done is not None and done.get("settings") == settings and outdir.has_results(out, exp, code):
                 print(f"{exp}: finished earlier with this code and these settings; kept (--resume)", file=sys.stderr)
@@ -192,6 +199,24 @@ def _settings(args: argparse.Namespace, exp: str, policies: list[str], labels: s
             "admission": args.admission == "on", "retry": args.retry == "on", "timeouts": args.timeouts,
             "admission_slowdown": args.admission_slowdown,
             "variants": sorted(labels) if labels is not None else None}
+
+
+#: ``_settings`` keys whose option is not the key with dashes.
+_OPTION_OF = {"request_timeout_s": "request-timeout"}
+
+
+def _resume_clash(out: Path, code: str, entries: dict[str, dict], plan: dict[str, dict]) -> str | None:
+    """Why ``--resume`` must not run ``plan`` over ``out`` (None: it may): an experiment finished there with
+    other settings would have its records replaced, and a resume is meant to keep them."""
+    for exp, settings in plan.items():
+        stored = (entries.get(exp) or {}).get("settings")
+        if not isinstance(stored, dict) or stored == settings or not outdir.has_results(out, exp, code):
+            continue
+        diff = [f"--{_OPTION_OF.get(k, k.replace('_', '-'))} {stored.get(k)!r} there, {settings.get(k)!r} now"
+                for k in sorted(set(stored) | set(settings)) if stored.get(k) != settings.get(k)]
+        return (f"{out / outdir.RESULTS} holds {exp} runs made with other settings ({'; '.join(diff)}); resuming would "
+                "replace them: repeat those options, or give another --out")
+    return None
 
 
 def priors_kinds() -> tuple[str, ...]:
@@ -255,7 +280,7 @@ def _run_paper_experiment(args: argparse.Namespace, exp: str, policies: list[str
     wall, pieces = outdir.pieces_wall(records)
     path = out / outdir.RESULTS
     all_records = normalise(outdir.results_of(out, code, drop_experiment=exp) + records)
-    path.write_text(json.dumps(all_records, indent=1, allow_nan=True))
+    path.write_text(json_dumps(all_records, indent=1))
     partial.unlink()  # only now: its records are in results.json
     (out / "results.md").write_text(markdown_table(all_records) + "\n")
     plot(all_records, out)
@@ -289,7 +314,7 @@ def _write_benchmark(args: argparse.Namespace, out: Path, commit: str, code: str
         "scenarios": args.scenarios, "minutes": args.minutes, "root_replicas": args.root_replicas,
         "per_experiment": per_exp,
     }
-    (out / outdir.BENCHMARK).write_text(json.dumps(bench, indent=1, allow_nan=True))
+    (out / outdir.BENCHMARK).write_text(json_dumps(bench, indent=1))
 
 
 def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str], out: Path) -> int:
@@ -310,7 +335,7 @@ def run_estimate(args: argparse.Namespace, exps: list[str], policies: list[str],
     meta = {"commit": commit, "probe_minutes": args.estimate, "protocol": asdict(protocol),
             "root_replicas": args.root_replicas, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
             "load_average": list(os.getloadavg()), "estimates": [asdict(e) for e in est]}
-    (out / "cost-estimate.json").write_text(json.dumps(meta, indent=1))
+    (out / "cost-estimate.json").write_text(json_dumps(meta, indent=1))
     (out / "cost-estimate.md").write_text(f"# Projected cost at the protocol (commit {commit})\n\n{table}\n")
     print(table)
     return 0
@@ -332,15 +357,14 @@ def run_priors(args: argparse.Namespace, policies: list[str], out: Path, commit:
     for r in records:
         r["commit"], r["code"] = commit, code
     path = out / outdir.RESULTS
-    path.write_text(json.dumps(normalise(outdir.results_of(out, code, drop_experiment="priors") + records), indent=1,
-                               allow_nan=True))  # fmt: skip
+    path.write_text(json_dumps(normalise(outdir.results_of(out, code, drop_experiment="priors") + records), indent=1))
     table = priors.markdown(records)
     (out / "priors.md").write_text(f"# priors experiment\n\n{table}\n")
     meta = {"experiment": "priors", "runs": len(records), "wall_s": time.perf_counter() - t0,
             "cpu_s": time.process_time() - c0, "commit": commit, "code": code, "scenarios": args.scenarios,
             "trials": trials, "minutes": args.minutes, "seed": args.seed,
             "protocol": PROTOCOL.met_by("priors", args.scenarios, trials, args.minutes)}
-    (out / "benchmark-priors.json").write_text(json.dumps(meta, indent=1))
+    (out / "benchmark-priors.json").write_text(json_dumps(meta, indent=1))
     print(table)
     print(f"\n{len(records)} priors runs in {meta['wall_s']:.1f} s wall → {path}", file=sys.stderr)
     return meta
@@ -369,8 +393,8 @@ def run_report(args: argparse.Namespace) -> int:
     records = normalise(records)
     if args.save_merged:
         Path(args.save_merged).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save_merged).write_text(json.dumps(records, indent=1))
-    output = Path(args.output)
+        Path(args.save_merged).write_text(json_dumps(records, indent=1))
+    output = Path(args.output) if args.output else Path(sources[0]).parent / "paper-reproduction.md"
     output.parent.mkdir(parents=True, exist_ok=True)
     plots_dir = Path(args.plots_dir) if args.plots_dir else output.parent / "sim-plots"
     plots_dir.mkdir(parents=True, exist_ok=True)

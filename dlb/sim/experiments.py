@@ -263,6 +263,15 @@ def normalise(records: list[dict]) -> list[dict]:
     return records
 
 
+def nan_for_null(records: list[dict]) -> list[dict]:
+    """Records read back: a paper experiment's null figure (written for NaN, dlb.finite_json) is NaN again; the
+    priors experiment's None stays (``converge_s``: never converged)."""
+    for r in records:
+        if r.get("experiment") in EXPERIMENTS:
+            r.update({k: math.nan for k, v in r.items() if v is None})
+    return records
+
+
 class Progress:
     """A one-line progress bar on stderr (no dependency): done/total, elapsed, ETA."""
 

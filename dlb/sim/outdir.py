@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.resumable import json_lines
-from dlb.sim.experiments import Job, record_key
+from dlb.sim.experiments import Job, nan_for_null, record_key
 
 RESULTS = "results.json"
 BENCHMARK = "benchmark.json"
@@ -77,7 +77,7 @@ def results_of(out: Path, code: str, drop_experiment: str | None = None) -> list
         return []
     if bad := sum(not isinstance(r, dict) for r in data):
         _warn(f"{path}: {bad} of its {len(data)} entries are not records (JSON objects); they are not kept")
-    return [r for r in data if isinstance(r, dict) and r.get("code") == code and r.get("experiment") != drop_experiment]
+    return nan_for_null([r for r in data if isinstance(r, dict) and r.get("code") == code and r.get("experiment") != drop_experiment])
 
 
 def has_results(out: Path, experiment: str, code: str) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, aggregate
+from dlb.sim.experiments import EXPERIMENTS, PROTOCOL, aggregate, nan_for_null
 from dlb.sim.outcome import DEFAULT_REQUEST_TIMEOUT_S
 from dlb.sim.policies import BASELINES, OPERATOR_BASELINES, POLICIES
 
@@ -36,7 +36,7 @@ def load(path: str | Path) -> list[dict]:
         raise ValueError(f"cannot read results file {p}: {e}") from None
     if not isinstance(data, list) or any("policy" not in r or "experiment" not in r for r in data):
         raise ValueError(f"{p}: expected a list of records with 'experiment' and 'policy' fields")
-    return data
+    return nan_for_null(data)
 
 
 def check_one_build(records: list[dict]) -> tuple[str, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -53,6 +54,17 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
     return vals
 
 
+def _kappa(text: str) -> float:
+    """argparse type of ``--kappa``: the flow step is stable only for κ in (0, π/2) (FlowConfig refused it with a traceback)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v < math.pi / 2:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be in (0, π/2 ≈ {math.pi / 2:.4f}), got {text}")
+    return v
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "theory",
@@ -85,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="flow step delay rule: τ̄ is network + probe delay (delay-only, the router's default) or "
                    "also counts the slowest queue's relaxation time (relaxation); default: both for the dynamics "
                    "set, the router's otherwise")
-    p.add_argument("--kappa", type=float, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
+    p.add_argument("--kappa", type=_kappa, default=FlowConfig.kappa, help="flow step-size constant κ (default %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))")
     p.add_argument("--json", dest="json_path", default=None,
                    help="write the records as a JSON list to FILE; while it runs, each record is appended to "
@@ -93,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--resume", action="store_true",
                    help="with --json: keep the records an interrupted run of the same code and settings left in "
                    "FILE.partial.jsonl and run only the missing jobs (the default set is ~2 h of 2-core time)")
-    p.set_defaults(func=run_cli, provenance_commit=None, provenance_code=None)
+    p.set_defaults(func=run_cli, provenance_commit=None, provenance_code=None, command_line=None)  # dlb.cli fills them in
 
 
 def _check_json_path(path: str) -> None:
@@ -236,7 +248,10 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  {'PASS' if holds else 'FAIL'}  {name}: {measured}")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump([{**asdict(r), "commit": commit, "code": code} for r in records], fh, indent=1)
+            # Each record carries the run's settings and command line, as the bench files do; still a list of records.
+            command = getattr(args, "command_line", None)
+            json.dump([{**asdict(r), "commit": commit, "code": code, "settings": settings, "command_line": command}
+                       for r in records], fh, indent=1)
             fh.write("\n")
         if partial:
             os.unlink(partial)  # the complete file replaces it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -26,8 +27,8 @@ def records(d: Path) -> list[dict[str, Any]]:
         p = d / name
         if p.exists():
             raw = gzip.decompress(p.read_bytes()).decode() if name.endswith(".gz") else p.read_text()
-            data = json.loads(raw)
-            return list(data["records"] if isinstance(data, dict) else data)
+            data = json.loads(raw)  # dlb sim writes null for a NaN figure (older files: bare NaN)
+            return [{k: math.nan if v is None else v for k, v in r.items()} for r in (data["records"] if isinstance(data, dict) else data)]
     return [json.loads(line) for p in sorted(d.glob("partial-*.jsonl")) for line in p.read_text().splitlines() if line]
 
 

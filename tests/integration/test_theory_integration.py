@@ -35,6 +35,10 @@ def test_cli_writes_json_records(tmp_path, capsys) -> None:
     for r in recs:
         assert {"topology", "policy", "replicas", "noise", "latency_gap", "workload_gap", "amplitude", "commit"} <= set(r)
         assert isinstance(r["latency_gap"], float) and isinstance(r["workload_gap"], float)
+        # The run's settings and command line, as the bench files carry them (they were missing).
+        assert r["settings"]["seed"] == 3 and r["settings"]["horizon"] == 40 and r["settings"]["set"] == "paper"
+        assert {"window", "kappa", "sizes", "load"} <= set(r["settings"])
+        assert r["command_line"].startswith("dlb theory --set paper --topologies 1 --seed 3")
     text = capsys.readouterr().out
     assert "Flow-RIF" in text and "identical for every R" in text
     assert rc == (0 if "FAIL" not in text else 1)

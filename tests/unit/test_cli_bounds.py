@@ -20,6 +20,23 @@ from dlb.cli import build_parser, main
     (["bfio", "placement", "--generations", "0.5"], "argument --generations: must be > 1"),
     (["bench", "pick", "--decisions", "-5"], "argument --decisions: must be an integer >= 1, got -5"),
     (["bench", "overhead", "--duration", "-1"], "argument --duration: must be a finite number > 0, got -1"),
+    (["theory", "--kappa", "50"], "argument --kappa: must be in (0, π/2"),
+    (["theory", "--kappa", "0"], "argument --kappa: must be in (0, π/2"),
+    (["bfio", "study", "--mean-decode", "0"], "argument --mean-decode: must be in [1, "),
+    (["bfio", "placement", "--mean-decode", "0"], "argument --mean-decode: must be in [1, "),
+    (["bfio", "study", "--prompt-sigma", "-1"], "argument --prompt-sigma: must be in [0, 10]"),
+    (["bfio", "placement", "--horizon", "-5"], "argument --horizon: must be an integer >= 0, got -5"),
+    (["bfio", "placement", "--load", "0"], "argument --load: must be in [0.1, 100]"),
+    (["bfio", "placement", "--load", "-1"], "argument --load: must be in [0.1, 100]"),
+    (["bfio", "dataplane", "--rate", "0"], "argument --rate: must be a finite number > 0, got 0"),
+    (["bfio", "dataplane", "--seeds", "x"], "argument --seeds: expected comma-separated integers"),
+    (["bfio", "dataplane", "--seeds", "-3"], "argument --seeds: expected comma-separated integers >= 0"),
+    (["bfio", "dataplane", "--time-scale", "0"], "argument --time-scale: must be a finite number > 0, got 0"),
+    # These three failed only after the stack was up (and a first policy had run), naming a temp config file.
+    (["bfio", "dataplane", "--policies", "jsq,bfio"], "argument --policies: unknown policy bfio (choose from"),
+    (["bfio", "dataplane", "--hold", "-1"], "argument --hold: must be an integer >= 0, got -1"),
+    (["bfio", "dataplane", "--horizon", "-1"], "argument --horizon: must be an integer >= 0, got -1"),
+    (["bfio", "heldrun", "--policies", "jsq,nope"], "argument --policies: unknown policy nope"),
 ])
 def test_a_bad_number_is_refused_naming_the_option(argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -38,3 +55,15 @@ def test_a_compare_option_without_compare_is_refused(flags: list[str], capsys: p
 def test_a_bad_otlp_endpoint_is_refused_before_dlb_up_starts_anything(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["up", "--config", "envoy_configs/dlb.example.yaml", "--otlp-endpoint", "nonsense"]) == 1
     assert "--otlp-endpoint: 'nonsense' is not host:port" in capsys.readouterr().err
+
+
+def test_heldrun_refuses_g_and_b_lists_of_different_lengths(capsys: pytest.CaptureFixture[str]) -> None:
+    """``zip(strict=True)`` raised a ValueError traceback once the run had started."""
+    assert main(["bfio", "heldrun", "--G", "8,16", "--B", "32"]) == 1
+    assert "--G and --B: give one --B per --G (the lists must have equal length), got 2 and 1" in capsys.readouterr().err
+
+
+def test_placement_help_states_the_load_default_and_its_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser(["bfio", "placement"]).parse_args(["bfio", "placement", "--help"])
+    assert "in [0.1, 100] (default 1.5)" in " ".join(capsys.readouterr().out.split())
