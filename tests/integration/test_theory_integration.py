@@ -121,7 +121,7 @@ def test_dynamics_case_settles_under_the_delay_only_rule() -> None:
     T (research/theory.md, "Queue dynamics"): x settles in ~2 min and N relaxes with T, no cycle."""
     rec = _dynamics_record(False)
     assert abs(rec.latency_gap) <= th.FLOW_GRAD_TARGET and rec.amplitude <= th.AMPLITUDE_LIMIT, rec
-    assert rec.overflow == 0.0
+    assert rec.overflow == 0.0 and rec.settled, rec
 
 
 @pytest.mark.xfail(strict=True, reason="the relaxation rule (off by default) evaluates T at the current state: 164 % "

@@ -194,7 +194,7 @@ def test_targets_judge_exact_runs_only() -> None:
     verdicts = {name.split(":")[0]: h for name, h, _ in th.targets(cycle)}
     assert not all(verdicts.values())
     drift = [rec("Flow-Grad", 1, 0.001), rec("Flow-Grad", 4, 0.008)]  # both under 1 %, but R changes the result
-    assert [h for _, h, _ in th.targets(drift)] == [True, True, False]
+    assert [h for _, h, _ in th.targets(drift)] == [True, True, True, False]  # settled, gap, cycle, R
 
 
 def test_each_network_is_solved_once_for_every_replica_count_and_noise(monkeypatch) -> None:
@@ -258,3 +258,28 @@ def test_targets_judge_the_routers_default_delay_rule_only() -> None:
     other = th.rule_name(FlowConfig(relaxation_delay=not FlowConfig().relaxation_delay))
     old = th.Record("T", "Flow-Grad", 0.5, 0.0, 0.3, 0.0, rule=other)
     assert th.targets([ok, old]) == th.targets([ok])
+
+
+def test_a_run_still_filling_up_is_not_settled_and_not_called_a_limit_cycle() -> None:
+    """A stranger's C02 at 98 % load: 600 s from an empty start still filled, and `dlb theory` reported a gap
+    of −30 % and 'no limit cycle: FAIL (amplitude 1.7 %)'; at 3 600 s it sat at the optimum. The drift of the
+    total workload over the averaging window tells a fill from a cycle."""
+    from types import SimpleNamespace
+
+    t = np.linspace(0.0, 600.0, 601)
+    filling = 100.0 * (1.0 - np.exp(-t / 400.0))  # still rising over the last 60 s
+    cycling = 63.0 + 2.0 * np.sin(2 * np.pi * t / 20.0)  # 20-s period: three cycles in the window
+    net = SimpleNamespace(name="T", utilisation=0.98, lam=np.array([1.0]))
+    ref = SimpleNamespace(N=np.array([63.0]), total_latency=63.0)
+
+    def record(total: np.ndarray) -> th.Record:
+        traj = th.Trajectory(t, total[:, None], np.zeros((t.size, 1, 1)), total, np.zeros(t.size))
+        return th.compare(net, "Flow-Grad", traj, ref, ref, 60.0)  # type: ignore[arg-type]
+
+    fill, cycle = record(filling), record(cycling)
+    assert not fill.settled and fill.drift > th.DRIFT_LIMIT
+    assert cycle.settled and cycle.amplitude > th.AMPLITUDE_LIMIT
+    verdicts = {name.split(" (")[0]: ok for name, ok, _ in th.targets([fill])}
+    assert verdicts["flow runs settled within the horizon"] is False
+    assert not any(name.startswith("flow policies: no limit cycle") for name in verdicts)
+    assert {n.split(" (")[0]: ok for n, ok, _ in th.targets([cycle])}["flow policies: no limit cycle"] is False
