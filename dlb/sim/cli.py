@@ -126,6 +126,12 @@ def _validate(args: argparse.Namespace) -> list[str]:
     bad = [p for p in pols if p not in POLICIES]
     if bad:
         raise SystemExit(f"dlb sim: unknown policy in --policies: {', '.join(bad)} (choose from {', '.join(POLICIES)})")
+    twice = sorted({p for p in pols if pols.count(p) > 1})
+    if twice:
+        raise SystemExit(f"dlb sim: --policies names {', '.join(twice)} twice")
+    if "Rand" not in pols:
+        # Every "× Rand" figure (norm mean, the report's verdicts) divides by Rand's run of the same requests.
+        print("dlb sim: --policies has no Rand: the normalised figures (norm mean, × Rand) will be n/a", file=sys.stderr)
     return pols
 
 
@@ -181,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
             _write_benchmark(args, out, commit, code, entries, time.perf_counter() - started)
     except KeyboardInterrupt:
         where = f"; the runs that finished are in {outdir.partial_path(out, current)}" if current and current != "priors" else ""
-        print(f"\ndlb sim: interrupted{where}. Finished experiments are in {out / outdir.RESULTS}; "
-              "continue with the same command and --resume.", file=sys.stderr)
+        finished = f"Finished experiments are in {out / outdir.RESULTS}; " if (out / outdir.RESULTS).exists() else ""
+        print(f"\ndlb sim: interrupted{where}. {finished}continue with the same command and --resume.", file=sys.stderr)
         return 130
     except outdir.OutDirError as e:
         raise SystemExit(f"dlb sim: {e}") from None

@@ -293,6 +293,15 @@ def _get(agg: Agg, exp: str, var: str, p: str, m: str = "norm_mean") -> float:
     return a[m] if a else math.nan
 
 
+def _unsettled(agg: Agg, exp: str, var: str, needed: list[str] | tuple[str, ...], claims: list[tuple[str, str]]) -> list[Verdict] | None:
+    """The claims as not settled (None) when a policy they compare did not run: a stranger's three-policy
+    run read "Flow-Grad best: no" with no Flow-Grad, and "no flow policy loses: yes" with no flow policy."""
+    missing = [p for p in needed if not math.isfinite(_get(agg, exp, var, p))]
+    if not missing:
+        return None
+    return [Verdict(c, f"n/a: {', '.join(missing)} not in the results", None, rule) for c, rule in claims]
+
+
 def _first(records: list[dict], exp: str) -> str | None:
     v = _variants(records, exp)
     return v[0] if v else None
@@ -307,16 +316,19 @@ def claim_baseline(records: list[dict], agg: Agg) -> list[Verdict]:
     c1, c2 = "DLB policies ~20 % below Rand at 80 % utilisation", "Flow-Grad best at 80 % utilisation"
     if var is None:
         return [Verdict(c1, "not run", None, rule1), Verdict(c2, "not run", None, rule2)]
+    rule3 = "Flow-Grad's norm mean ≤ the best policy's + that policy's scenario spread (sd over runs)"
+    rule4 = "every flow policy's norm mean < 1 in every scenario × trial run"
+    c3, c4 = "Flow-Grad best or within the scenario spread of the best", "no flow policy loses to Rand anywhere"
+    unsettled = _unsettled(agg, "baseline", var, DLB, [(c1, rule1), (c2, rule2), (c3, rule3), (c4, rule4)])
+    if unsettled:
+        return unsettled
     vals = {p: _get(agg, "baseline", var, p) for p in POLICIES}
     dlb = [vals[p] for p in DLB]
     m = sum(dlb) / len(dlb)
     best = min(POLICIES, key=lambda p: vals[p] if math.isfinite(vals[p]) else math.inf)
     meas = ", ".join(f"{p} {_le(agg, 'baseline', var, p)}" for p in POLICIES if math.isfinite(vals[p]))
-    # Issue 11's rules, written down before the re-run: the spread of a policy is the standard
+    # Issue 11's rules (c3, c4), written down before the re-run: the spread of a policy is the standard
     # deviation of its norm mean over the baseline's scenario × trial runs.
-    rule3 = "Flow-Grad's norm mean ≤ the best policy's + that policy's scenario spread (sd over runs)"
-    rule4 = "every flow policy's norm mean < 1 in every scenario × trial run"
-    c3, c4 = "Flow-Grad best or within the scenario spread of the best", "no flow policy loses to Rand anywhere"
     spread = agg.get(("baseline", var, best), {}).get("norm_mean_sd", math.nan)
     runs = [r for r in records if r["experiment"] == "baseline" and r["variant"] == var]
     losses = [f"{r['policy']} s{r['scenario']}/t{r['trial']} {r['norm_mean']:.3f} (err {100 * r['error_rate']:.2f}%)"
@@ -339,6 +351,9 @@ def claim_low_util(records: list[dict], agg: Agg) -> list[Verdict]:
     if not vs:
         return [Verdict(c, "not run", None, rule)]
     low = min(vs, key=lambda v: agg[("utilization", v, "Rand")]["x"] if ("utilization", v, "Rand") in agg else 9)
+    unsettled = _unsettled(agg, "utilization", low, DLB, [(c, rule)])
+    if unsettled:
+        return unsettled
     rif = min(_get(agg, "utilization", low, p) for p in RIF)
     mdl = min(_get(agg, "utilization", low, p) for p in MODEL)
     per = ", ".join(f"{p} {_le(agg, 'utilization', low, p)}" for p in DLB)
@@ -353,6 +368,9 @@ def claim_short(records: list[dict], agg: Agg) -> list[Verdict]:
     var = "y=10" if "y=10" in _variants(records, "length") else None
     if var is None:
         return [Verdict(c1, "not run", None, r1), Verdict(c2, "not run", None, r2)]
+    unsettled = _unsettled(agg, "length", var, [*DLB, "MNLB"], [(c1, r1), (c2, r2)])
+    if unsettled:
+        return unsettled
     v = {p: _get(agg, "length", var, p) for p in POLICIES}
     meas = ", ".join(f"{p} {_le(agg, 'length', var, p)}" for p in POLICIES if math.isfinite(v[p]))
     rif_poor = all(v[r] > v["MNLB"] and all(v[r] > v[m] for m in MODEL) for r in RIF)
@@ -379,6 +397,9 @@ def claim_disruption(records: list[dict], agg: Agg, exp: str) -> list[Verdict]:
     var = _first(records, exp)
     if var is None:
         return [Verdict(c, "not run", None, rule)]
+    unsettled = _unsettled(agg, exp, var, [*DLB, "Rand", "MNLB"], [(c, rule)])
+    if unsettled:
+        return unsettled
     p90 = {p: _get(agg, exp, var, p, "norm_p90") for p in POLICIES}
     er = {p: _get(agg, exp, var, p, "error_rate") for p in POLICIES}
     base_p90 = min(p90["Rand"], p90["MNLB"])
@@ -397,7 +418,13 @@ def claim_noise(records: list[dict], agg: Agg) -> list[Verdict]:
     if not vs:
         return [Verdict(c1, "not run", None, r1), Verdict(c2, "not run", None, r2)]
     xs = {v: agg[("noise", v, "Rand")]["x"] for v in vs if ("noise", v, "Rand") in agg}
+    if not xs:
+        return [Verdict(c1, "n/a: Rand not in the results", None, r1), Verdict(c2, "n/a: Rand not in the results", None, r2)]
     lo, hi = min(xs, key=xs.__getitem__), max(xs, key=xs.__getitem__)
+    unsettled = (_unsettled(agg, "noise", lo, [*RIF, *MODEL], [(c1, r1), (c2, r2)])
+                 or _unsettled(agg, "noise", hi, [*RIF, *MODEL], [(c1, r1), (c2, r2)]))
+    if unsettled:
+        return unsettled
     spread = max(
         (max(_get(agg, "noise", v, p) for v in vs) - min(_get(agg, "noise", v, p) for v in vs)) / _get(agg, "noise", lo, p)
         for p in RIF

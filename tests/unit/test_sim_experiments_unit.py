@@ -35,6 +35,10 @@ def test_verdicts_follow_the_numbers() -> None:
     assert v[3].holds is False and "Flow-Lat" in v[3].measured
     # Claims of experiments not run are reported as such, not as passes.
     assert all(x.holds is None for x in v[4:])
+    # A subset of policies: a claim comparing one that did not run is not settled (a stranger's Rand, Disc-Lat,
+    # lr-global run read "Flow-Grad best: no" and "no flow policy loses to Rand: yes" with no flow policy run).
+    few = verdicts(normalise([_rec("baseline", "util=0.8", 0.8, p, good[p]) for p in ("Rand", "Disc-Lat")]))
+    assert [x.holds for x in few[:4]] == [None] * 4 and all("Flow-Grad" in x.measured for x in few[:4]), few[:4]
 
 
 def test_report_refuses_to_mix_commits_or_replicas() -> None:
@@ -127,3 +131,16 @@ def test_twenty_percent_rule_is_fifteen_to_twenty_five() -> None:
     assert baseline_verdict(0.80) is True and baseline_verdict(0.76) is True and baseline_verdict(0.84) is True
     assert baseline_verdict(0.88) is False  # 12 % below Rand: accepted by the old [0.70, 0.90]
     assert baseline_verdict(0.72) is False  # 28 %
+
+
+def test_sim_refuses_a_policy_named_twice_and_warns_without_rand(tmp_path, capsys) -> None:
+    """``--policies Rand,Rand`` ran Rand twice; a run without Rand gave n/a figures without a word."""
+    with pytest.raises(SystemExit, match="names Rand twice"):
+        main(["sim", "--policies", "Rand,Disc-Lat,Rand", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match="unknown policy"):  # refused before anything runs
+        main(["sim", "--policies", "Disc-Lat,Flow-Foo", "--out", str(tmp_path / "b")])
+    from dlb.cli import build_parser
+    from dlb.sim.cli import _validate
+
+    _validate(build_parser().parse_args(["sim", "--policies", "Disc-Lat", "--out", str(tmp_path / "c")]))
+    assert "no Rand" in capsys.readouterr().err
