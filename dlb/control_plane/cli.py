@@ -112,6 +112,7 @@ async def _serve(config, args: argparse.Namespace) -> int:
             why = f"{len(e.problems)} problem(s) in config, first: {problems[0]}"
         except Exception as e:  # a loader bug must not take the serving control plane down
             why = f"{type(e).__name__}: {str(e)[:500]}"
+        cp.reloads.count["refused"] += 1
         log.error("config_reload_refused", message=f"reload refused: {why}", problems=problems)
 
     # A signal during a reload queues another (the latest file wins): dlb.control_plane.reload.

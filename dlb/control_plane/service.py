@@ -41,6 +41,7 @@ from dlb.control_plane.dns import DnsStats, Resolver, dns_families, resolve_all,
 from dlb.control_plane.flow_controller import FlowController, FlowEndpoint
 from dlb.control_plane.hub_score import HubScoreLoop
 from dlb.control_plane.mnlb import MnlbLoop
+from dlb.control_plane.reload_stats import ReloadStats
 from dlb.core.latency_model import LatencyParams
 from dlb.core.native_discrete import NativeWeights
 from dlb.core.router import Mechanism
@@ -146,8 +147,13 @@ class ControlPlane:
         self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
         if self.tls is not None:
             self.status_server.registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_xds")))
+        #: Reloads by outcome, and what the running config is: an operator alerts on a refused or
+        #: half-applied reload, and compares replicas' digests (a stranger found neither in /metrics).
+        self.reloads = ReloadStats()
+        self.status_server.registry.register(CallbackCollector(self.reloads.families))
         self.flow: FlowController | None = None
         self._load(config)
+        self.reloads.loaded(config)
 
     # -- config -------------------------------------------------------------------------------------
     def serves(self, cell: str) -> bool:
@@ -205,6 +211,7 @@ class ControlPlane:
         """Swap in a new (already validated) config; snapshots follow, unchanged resources keep versions."""
         log.info("config_reloaded", source=config.source, cells=len(config.cells), endpoints=len(config.endpoints))
         stale = restart_only_changes(self.base_config, config)
+        self.reloads.count["needs_restart" if stale else "applied"] += 1
         if stale:
             # Bound at start: say so, or an operator who moved a port reads "reloaded" and finds nothing there.
             log.warning("config_reload_needs_restart", source=config.source, fields=stale)
@@ -212,6 +219,7 @@ class ControlPlane:
         self._load(config)
         if restart_probes:
             self._tasks.append(asyncio.ensure_future(self._restart_probes()))
+        self.reloads.loaded(config)
 
     def _pack_static(self, config: Config) -> _Static:
         common = [Resource.from_message(m, name=n, type_url=t) for t, items in dr.config_resources(config).items() for n, m in items]

@@ -132,3 +132,30 @@ def test_a_reload_of_what_roots_and_envoys_read_at_start_says_it_needs_a_restart
         cp.reload(config_from_dict(d))
     warned = [e for e in logs if e["event"] == "config_reload_needs_restart"]
     assert len(warned) == 1 and warned[0]["fields"] == ["probe.timeout_ms", "root_token_file"], warned
+
+
+def test_reloads_are_counted_by_outcome_with_the_running_configs_digest() -> None:
+    """A refused or half-applied reload was only a log line: /metrics counts them, and says which settings run."""
+    from prometheus_client import generate_latest
+
+    cp = ControlPlane(config_from_dict(doc(["a", "b"])), probe=False, flow_loop=False)
+
+    def metrics() -> dict[str, str]:
+        lines = generate_latest(cp.status_server.registry).decode().splitlines()
+        return {ln.rsplit(" ", 1)[0]: ln.rsplit(" ", 1)[1] for ln in lines if ln.startswith("dlb_xds_config")}
+
+    first = metrics()
+    assert first['dlb_xds_config_reloads_total{result="applied"}'] == "0.0"
+    digest = next(k for k in first if k.startswith("dlb_xds_config_info"))
+    d = doc(["a", "b"])
+    d["probe"] = {"period_ms": 100}
+    cp.reload(config_from_dict(d))
+    after = metrics()
+    assert after['dlb_xds_config_reloads_total{result="needs_restart"}'] == "1.0"
+    assert digest not in after  # other settings, another digest
+    cp.reload(config_from_dict(doc(["a", "b"])))
+    back = metrics()  # the probe period back: again a change the running roots do not take
+    assert back['dlb_xds_config_reloads_total{result="needs_restart"}'] == "2.0"
+    assert digest in back  # the same settings as at start: the same digest
+    cp.reload(config_from_dict(doc(["a", "b"])))
+    assert metrics()['dlb_xds_config_reloads_total{result="applied"}'] == "1.0"
