@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -44,13 +45,14 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return vals
 
 
-def _floats(text: str, flag: str) -> tuple[float, ...]:
+def _floats(text: str, flag: str, bounds: str = "[0, 1)", ok: Callable[[float], bool] = lambda v: 0 <= v < 1) -> tuple[float, ...]:
+    """Comma-separated numbers each within ``bounds`` (said as such when one is not: one message per option)."""
     try:
         vals = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise UsageError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not vals or min(vals) < 0 or max(vals) >= 1:
-        raise UsageError(f"{flag}: values must be in [0, 1): {text!r}")
+    if not vals or not all(ok(v) for v in vals):
+        raise UsageError(f"{flag}: values must be in {bounds}: {text!r}")
     return vals
 
 
@@ -173,16 +175,15 @@ def run_cli(args: argparse.Namespace) -> int:
     window = args.window if args.window is not None else max(10.0, 0.1 * args.horizon)
     if window >= args.horizon:
         raise UsageError(f"the averaging window ({window:g} s) must be shorter than --horizon ({args.horizon:g} s): "
-                         "it would average the start from an empty system, not the end state (set --window, "
-                         "or a --horizon above 10 s)")
+                         "it would average the start from an empty system, not the end state (set a shorter --window "
+                         "or a longer --horizon)")
     if args.resume and not args.json_path:
         raise UsageError("--resume needs --json FILE (the interrupted run's records are in FILE.partial.jsonl)")
     if args.json_path:
         _check_json_path(args.json_path)
     jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
-    loads = _floats(args.load, "--load") if args.load is not None else None
-    if loads is not None and (min(loads) <= 0 or max(loads) >= BUFFER_RHO):
-        raise UsageError(f"--load: values must be in (0, {BUFFER_RHO:g}) (the buffers fill at {BUFFER_RHO:g}): {args.load!r}")
+    loads = (_floats(args.load, "--load", f"(0, {BUFFER_RHO:g}) (the buffers fill at {BUFFER_RHO:g})", lambda v: 0 < v < BUFFER_RHO)
+             if args.load is not None else None)
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
     known = [g for g, _ in SCALE_GRAPHS]
     if not graphs or any(g not in known for g in graphs):

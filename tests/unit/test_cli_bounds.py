@@ -85,3 +85,14 @@ def test_the_bfio_studys_claims_are_in_target_verdicts_as_reported_not_gated(tmp
     doc = json.loads(out.read_text())
     assert doc["target_verdicts"] == [{"rule": "C1: holds", "pass": None, "measured": '{"cells": "9/9"}'}]
     assert doc["pass"] is True and doc["verdicts"]["C1"]["verdict"] == "holds"
+
+
+@pytest.mark.parametrize("load", ["1.2", "0", "0.995"])
+def test_theory_load_out_of_range_gets_one_message(load: str, capsys, monkeypatch) -> None:
+    """1.2 read 'values must be in [0, 1)' and 0 or 0.995 '(0, 0.99)': one range, the buffers' bound."""
+    import dlb.provenance
+
+    monkeypatch.setattr(dlb.provenance, "git_commit", lambda: "0" * 40)  # git is a process
+    monkeypatch.setattr(dlb.provenance, "code_tree", lambda: "tree")
+    assert main(["theory", "--load", load]) == 1
+    assert "--load: values must be in (0, 0.99)" in capsys.readouterr().err
