@@ -170,7 +170,9 @@ def test_listen_sets_the_bind_address(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_ready_listener_answers_ready_off_loopback_and_fails_with_health_checks(tmp_path: Path) -> None:
+def test_ready_listener_answers_ready_beside_the_traffic_listener_and_fails_with_health_checks(tmp_path: Path) -> None:
+    """On the traffic listener's address (a loopback root keeps its stats off the network; a pod's listener
+    binds every interface, so the kubelet reaches it), and unready once Envoy fails its health checks."""
     ready = free_port()
     cfg = config_from_dict(_config({"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
                                    root={"address": f"127.0.0.1:{free_port()}"}))
@@ -178,7 +180,7 @@ def test_ready_listener_answers_ready_off_loopback_and_fails_with_health_checks(
     with _envoy(boot, tmp_path, "root") as envoy:
         lis = {s["name"]: s["local_address"]["socket_address"]
                for s in json.loads(envoy.admin_get("/listeners?format=json"))["listener_statuses"]}
-        assert lis["dlb_ready"] == {"address": "0.0.0.0", "port_value": ready}
+        assert lis["dlb_ready"] == {"address": lis["dlb_root"]["address"], "port_value": ready} and lis["dlb_ready"]["address"] == "127.0.0.1"
         assert _get(f"http://127.0.0.1:{ready}/ready")[0] == 200
         assert _get(f"http://127.0.0.1:{ready}/anything")[0] == 404
         envoy.admin_post("/healthcheck/fail")  # what `dlb envoy drain` does first

@@ -143,11 +143,14 @@ def test_resume_runs_only_what_an_interrupted_run_left_out(tmp_path, monkeypatch
         ({k: v for k, v in r.items() if k not in strip} for r in full), key=repr)
     bench = json.loads((part / "benchmark.json").read_text())["per_experiment"]["baseline"]
     assert bench["pieces"] == 2 and bench["runs"] == 3  # the kept record ran in the first piece and bench["code"] == "tree-a"
-    # Finished with these settings: kept, nothing run; other settings run again.
+    # Finished with these settings: kept, nothing run; other settings are refused, naming them (running them
+    # replaced the finished records without a word: a stranger's report), and the records stay.
     assert main([*args, "--out", str(part), "--resume"]) == 0
     assert "finished earlier" in capsys.readouterr().err
-    assert main([*args[:-1], "6", "--out", str(part), "--resume"]) == 0
-    assert "finished earlier" not in capsys.readouterr().err
+    before = (part / "results.json").read_bytes()
+    assert main([*args[:-1], "6", "--out", str(part), "--resume"]) == 2
+    assert "--seed 5 there, 6 now" in capsys.readouterr().err
+    assert (part / "results.json").read_bytes() == before
     # Other code: nothing is resumed onto it, and a dirty tree refuses to resume at all.
     monkeypatch.setattr(simcli, "code_tree", lambda: "tree-c")
     assert main([*args, "--out", str(part), "--resume"]) == 0

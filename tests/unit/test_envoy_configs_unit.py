@@ -135,3 +135,19 @@ def test_shipped_configs_let_a_completions_stream_run_long(path: Path) -> None:
     cfg = config_from_dict(raw)
     ep = next(e for e in cfg.endpoints if "/v1/completions".startswith(e.match.prefix))
     assert ep.timeout_s == 0 or ep.timeout_s >= 300, (ep.name, ep.timeout_s)
+
+
+def test_the_ready_listener_binds_where_the_traffic_listener_does() -> None:
+    """A loopback leaf's /ready and Envoy stats stay on loopback (they were on 0.0.0.0 whatever the config,
+    which promises a loopback address is bound as it is); a pod's address binds every interface for the kubelet."""
+    from dlb.config import config_from_dict
+
+    def ready_host(address: str) -> str:
+        cfg = config_from_dict({"version": 1, "endpoints": [{"name": "m", "match": {"prefix": "/v1/"}}],
+                                "cells": [{"name": "a", "servers": ["10.0.0.9:8000"],
+                                           "leaf": {"address": address, "probe": "127.0.0.1:9010"}}]})
+        boot = leaf_bootstrap(cfg, "a", admin_port=9902, emulate_wan=False, ready_port=9912)
+        return next(x for x in boot["static_resources"]["listeners"] if x["name"] == "dlb_ready")["address"]["socket_address"]["address"]
+
+    assert ready_host("127.0.0.1:10010") == "127.0.0.1"
+    assert ready_host("10.0.0.5:10010") == "0.0.0.0"
