@@ -135,6 +135,12 @@ def simulate(policy: str, run: HeldRun) -> HeldResult:
                       backlog_steps, step)  # fmt: skip
 
 
+def _mean_held(values: list[float]) -> float:
+    """Mean over the seeds that held something (NaN: none did, below capacity)."""
+    held = [v for v in values if math.isfinite(v)]
+    return sum(held) / len(held) if held else math.nan
+
+
 def summarise(rows: list[dict[str, Any]], base: str = "jsq") -> dict[str, dict[str, Any]]:
     """Per (G, window, prefill, policy): mean backlog idle, and its ratio to ``base`` per seed."""
     out: dict[str, dict[str, Any]] = {}
@@ -144,7 +150,7 @@ def summarise(rows: list[dict[str, Any]], base: str = "jsq") -> dict[str, dict[s
         ref = {r["seed"]: r for r in rows if (r["G"], r["window"], r["prefill"], r["policy"]) == (g, w, pf, base)}
         ratios = [mine[s]["idle_frac_backlog"] / ref[s]["idle_frac_backlog"] for s in mine if s in ref]
         out[f"G={g} window={w} prefill={pf} {pol}"] = {
-            "idle_frac_backlog": float(np.nanmean([r["idle_frac_backlog"] for r in mine.values()])),
+            "idle_frac_backlog": _mean_held([r["idle_frac_backlog"] for r in mine.values()]),
             "idle_frac": float(np.mean([r["idle_frac"] for r in mine.values()])),
             f"ratio_to_{base}": [round(x, 3) for x in ratios],
             "at_most_0.85_in": sum(x <= 0.85 for x in ratios), "seeds": len(ratios)}  # fmt: skip
@@ -165,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
                     rows.append(asdict(r))
     summary = summarise(rows)
     for key, s in summary.items():
+        if not math.isfinite(s["idle_frac_backlog"]):  # below capacity: the leaf never held a request
+            print(f"{key:44} backlog idle: none (nothing was held; raise --rate or --requests) whole={s['idle_frac']:.4f}")
+            continue
         print(f"{key:44} backlog idle={s['idle_frac_backlog']:.4f} whole={s['idle_frac']:.4f} "
               f"vs jsq={s['ratio_to_jsq']} (<= 0.85 in {s['at_most_0.85_in']}/{s['seeds']})")
     doc = {"command": "dlb bfio heldrun", "args": {k: v for k, v in vars(args).items() if k != "func"},

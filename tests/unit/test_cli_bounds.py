@@ -96,3 +96,13 @@ def test_theory_load_out_of_range_gets_one_message(load: str, capsys, monkeypatc
     monkeypatch.setattr(dlb.provenance, "code_tree", lambda: "tree")
     assert main(["theory", "--load", load]) == 1
     assert "--load: values must be in (0, 0.99)" in capsys.readouterr().err
+
+
+def test_heldrun_says_when_nothing_was_held(capsys, monkeypatch) -> None:
+    """Below capacity it printed 'backlog idle=nan … (<= 0.85 in 0/1)' with no word of why."""
+    from dlb.bench import harness
+
+    monkeypatch.setattr(harness, "git_commit", lambda: "0" * 40)  # git is a process
+    assert main(["bfio", "heldrun", "--G", "8", "--B", "32", "--requests", "30", "--seeds", "1", "--policies", "jsq"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing was held" in out and "nan" not in out
