@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if "all" in exps:
         exps = ["priors", *EXPERIMENTS]
     exps = list(dict.fromkeys(exps))
+    wanted = _wanted_variants(args, exps)  # before --out is made: a refused label left an empty folder
     out = Path(args.out)
     try:
         outdir.prepare(out)
@@ -154,7 +155,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"dlb sim: {e}") from None
     if args.estimate is not None:
         return run_estimate(args, [e for e in exps if e != "priors"], policies, out)
-    wanted = _wanted_variants(args, exps)
     commit = git_commit()  # once, as the run starts: the code that produces every record of it
     code = code_tree()
     if args.resume and (code == "unknown" or code.endswith("+dirty")):

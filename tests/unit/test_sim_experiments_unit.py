@@ -144,3 +144,9 @@ def test_sim_refuses_a_policy_named_twice_and_warns_without_rand(tmp_path, capsy
 
     _validate(build_parser().parse_args(["sim", "--policies", "Disc-Lat", "--out", str(tmp_path / "c")]))
     assert "no Rand" in capsys.readouterr().err
+
+
+def test_an_unknown_variant_is_refused_before_the_out_folder_is_made(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="unknown --variants foo"):
+        main(["sim", "--variants", "foo", "--out", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
