@@ -285,7 +285,7 @@ def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
                    help="wall seconds per profile second (default 4: long steps, so a busy machine's jitter matters less)")
     p.add_argument("--seeds", type=_ints, default=(1,), help="comma-separated workload seeds; each policy runs every seed (default 1)")
     p.add_argument("--hold", type=_int_upto(100_000), default=0,
-                   help="leaf hold queue length, 0-100000 (0: off, requests go straight to a rank)")
+                   help="leaf hold queue length, 0-100000 (default 0: off, requests go straight to a rank)")
     p.add_argument("--hold-deadline-ms", type=_float_in(1.0, MAX_HOLD_S * 1000), default=60_000.0,
                    help=f"longest hold, 1-{MAX_HOLD_S * 1000:g} (default %(default)s)")
     p.add_argument("--stream", action="store_true", help="clients ask for SSE streams (with usage), which the leaf counts")

@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"and {PROTOCOL.trials} for the others and for priors)")
     p.add_argument("--minutes", type=float, default=PROTOCOL.minutes,
                    help=f"simulated minutes per run (default {PROTOCOL.minutes:g})")
-    p.add_argument("--seed", type=rng_seed, default=1, help="base seed; scenario k has seed 1000·seed + k")
+    p.add_argument("--seed", type=rng_seed, default=1, help="base seed; scenario k has seed 1000·seed + k (default 1)")
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: up to 2)")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help="comma-separated policies (Rand is needed for normalisation; default: all, the operator "
