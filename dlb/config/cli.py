@@ -109,7 +109,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_render(args: argparse.Namespace) -> int:
     from dlb.config.loader import parse_hostport
-    from dlb.envoy.bootstrap import leaf_bootstrap, root_bootstrap, write_bootstrap
+    from dlb.envoy.bootstrap import leaf_bootstrap, ready_port_clash, root_bootstrap, write_bootstrap
 
     try:
         cfg = load_config(args.file)
@@ -122,6 +122,10 @@ def run_render(args: argparse.Namespace) -> int:
     listen = parse_hostport(args.listen) if args.listen else None
     if args.listen and listen is None:
         print(f"--listen {args.listen!r} is not host:port", file=sys.stderr)
+        return 2
+    clash = ready_port_clash(args.admin_port, args.ready_port)
+    if clash:
+        print(clash, file=sys.stderr)
         return 2
     try:
         if args.role == "root":

@@ -427,6 +427,16 @@ def admin_stats_cluster(admin_port: int) -> dict[str, Any]:
     return _cluster(ADMIN_STATS_CLUSTER, [(HostPort("127.0.0.1", admin_port), 1)], connect_timeout_s=0.25)
 
 
+def ready_port_clash(admin_port: int, ready_port: int | None) -> str | None:
+    """Why ``ready_port`` cannot be used beside ``admin_port``, or None: one port for both is a bootstrap
+    Envoy refuses at start ("address already in use"), after every check had passed (a stranger's
+    ``--admin-port 9902`` met the ready port's default, 9902)."""
+    if ready_port and ready_port == admin_port:
+        return (f"--ready-port {ready_port} is also the admin port (--admin-port {admin_port}): "
+                "give the ready listener another port, or --ready-port 0 for none")
+    return None
+
+
 def ready_listener(port: int, host: str = "0.0.0.0") -> dict[str, Any]:
     """``GET /ready`` on ``host:port``: 200 while Envoy serves, 503 once it fails health checks.
 

@@ -298,6 +298,15 @@ class _Check:
                 self.bad(routes[fallback][0], f"{where}: the fail-open route comes before the per-cell routes, so picks never apply")
 
     # -- leaf ---------------------------------------------------------------------------------------
+    def ready_port(self) -> None:
+        """The ready listener on the admin port: Envoy refuses to start ("address already in use")."""
+        admin = _get(self.boot, "admin", "address", "socket_address", "port_value")
+        for i, listener in enumerate(_list(_get(self.boot, "static_resources", "listeners"))):
+            if _get(listener, "name") == READY_LISTENER and admin is not None \
+                    and _get(listener, "address", "socket_address", "port_value") == admin:
+                self.bad(f"static_resources.listeners[{i}].address.socket_address.port_value",
+                         f"{admin} is also admin.address's port: Envoy cannot bind both (`dlb config render --ready-port`)")
+
     def leaf(self, cell: Cell) -> None:
         want = [a for s in cell.servers for a in s.rank_addresses()]
         if LEAF_SERVERS_CLUSTER in self.clusters:
@@ -352,4 +361,5 @@ def check_bootstrap(boot: Any, cfg: Config, *, role: str | None = None, cell: st
                                                "or pass --cell)")]
     check = _Check(boot, cfg)
     (check.root if role == "root" else check.leaf)(cfg.cell(str(cell)))
+    check.ready_port()
     return check.out

@@ -39,11 +39,15 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
 
 def run_bootstrap(args: argparse.Namespace) -> int:
     from dlb.envoy.ads_bootstrap import ads_bootstrap
+    from dlb.envoy.bootstrap import ready_port_clash
 
     host, _, port = args.xds.rpartition(":")
     if not host or not port.isdigit():
         print(f"--xds: {args.xds!r} is not host:port", file=sys.stderr)
         return 2
+    clash = ready_port_clash(args.admin_port, args.ready_port)
+    if clash:
+        raise UsageError(clash)
     from dlb.envoy.root_token import token_file_secret, token_secret
 
     tls = token = None

@@ -237,3 +237,18 @@ def test_an_operator_baseline_root_agrees_and_an_ext_proc_filter_in_it_is_report
                       if f["name"] == "envoy.filters.http.ext_proc")
     _hcm(with_filter)["http_filters"].insert(0, dlb_filter)
     assert any(m.path.endswith("http_filters[0]") and "operator baseline" in m.reason for m in check_bootstrap(with_filter, cfg))
+
+
+def test_a_ready_port_on_the_admin_port_is_refused_by_render_and_reported_by_check_envoy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `render … leaf --admin-port 9902` met the ready port's default (9902): render, check-envoy and
+    validate all passed, and Envoy refused to start ('address already in use')."""
+    from dlb.envoy.bootstrap import leaf_bootstrap
+
+    out = tmp_path / "leaf.yaml"
+    assert main(["config", "render", str(EXAMPLE), "leaf", "us-east1", "--admin-port", "9902", "-o", str(out)]) == 2
+    assert "--ready-port 9902 is also the admin port" in capsys.readouterr().err and not out.exists()
+    assert main(["config", "xds-bootstrap", "--role", "leaf", "--cell", "us-east1", "--xds", "127.0.0.1:18000",
+                 "--admin-port", "9902", "-o", str(out)]) != 0
+    boot = leaf_bootstrap(CFG, "us-east1", admin_port=9902, emulate_wan=True, ready_port=9902)
+    found = check_bootstrap(boot, CFG)
+    assert any("also admin.address's port" in m.reason for m in found), found
