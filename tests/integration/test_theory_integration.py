@@ -40,7 +40,9 @@ def test_cli_writes_json_records(tmp_path, capsys) -> None:
         assert {"window", "kappa", "sizes", "load"} <= set(r["settings"])
         assert r["command_line"].startswith("dlb theory --set paper --topologies 1 --seed 3")
     text = capsys.readouterr().out
-    assert "Flow-RIF" in text and "identical for every R" in text
+    # 40 s from an empty start has not settled: that check comes first, and the end-state ones (R identity
+    # among them) judge settled runs only (tests/unit/test_theory.py covers them on records).
+    assert "Flow-RIF" in text and "flow runs settled within the horizon" in text
     assert rc == (0 if "FAIL" not in text else 1)
 
 
