@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dlb.bench.harness import add_json_option, invoked_as
-from dlb.load.argtypes import non_negative_int, positive_float, positive_int, rng_seed
+from dlb.load.argtypes import float_in, non_negative_int, positive_float, positive_int, rng_seed
 
 Setup = Callable[[argparse.ArgumentParser], None]
 
@@ -51,22 +51,6 @@ def _generations(text: str) -> float:
     return v
 
 
-def _float_in(low: float, high: float, why: str = "") -> Callable[[str], float]:
-    """An argparse type: a number in [low, high] (0 or a negative mean decode length was a ZeroDivisionError
-    or a traceback from numpy deep inside a run); ``why`` follows the refusal."""
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not low <= v <= high:  # also NaN
-            raise argparse.ArgumentTypeError(f"must be in [{low:g}, {high:g}]{why}, got {text}")
-        return v
-
-    return parse
-
-
 def _int_upto(high: int) -> Callable[[str], int]:
     """An argparse type: an integer in [0, high] (the bounds the leaf config puts on the same field)."""
 
@@ -93,11 +77,11 @@ def _choices(known: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ..
     return parse
 
 
-_mean_decode = _float_in(1.0, 1e6, " (the mean of a geometric length in tokens)")
+_mean_decode = float_in(1.0, 1e6, " (the mean of a geometric length in tokens)")
 _horizon = _int_upto(10_000)  # the config's dp group horizon bounds (dlb.config.schema)
 #: Arrivals as a multiple of decode capacity: 0 or less had no arrivals (a garbage mean), and below a tenth
 #: the group idles between requests while the run grows as 1/load steps.
-_load_factor = _float_in(0.1, 100.0)
+_load_factor = float_in(0.1, 100.0)
 
 
 def _pick(p: argparse.ArgumentParser) -> None:
@@ -250,7 +234,7 @@ def _bfio_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generations", type=_generations, default=3.0, help="requests = G·B·this, > 1 (default 3)")
     p.add_argument("--mean-decode", type=_mean_decode, default=256.0, help="mean of the geometric decode length, >= 1")
     p.add_argument("--prompt-median", type=positive_float, default=600.0, help="median prompt tokens (lognormal)")
-    p.add_argument("--prompt-sigma", type=_float_in(0.0, 10.0), default=1.0, help="sigma of the lognormal prompt length, in [0, 10]")
+    p.add_argument("--prompt-sigma", type=float_in(0.0, 10.0), default=1.0, help="sigma of the lognormal prompt length, in [0, 10]")
     p.add_argument("--profile", default="llama-8b-h100", choices=sorted(b.BUILTIN_PROFILES), help="emulator GPU profile (default llama-8b-h100)")
     add_json_option(p, "the records")
     p.add_argument("--plots", default=None, help="write the plots into this directory")
@@ -286,7 +270,7 @@ def _bfio_dataplane(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=_ints, default=(1,), help="comma-separated workload seeds; each policy runs every seed (default 1)")
     p.add_argument("--hold", type=_int_upto(100_000), default=0,
                    help="leaf hold queue length, 0-100000 (default 0: off, requests go straight to a rank)")
-    p.add_argument("--hold-deadline-ms", type=_float_in(1.0, MAX_HOLD_S * 1000), default=60_000.0,
+    p.add_argument("--hold-deadline-ms", type=float_in(1.0, MAX_HOLD_S * 1000), default=60_000.0,
                    help=f"longest hold, 1-{MAX_HOLD_S * 1000:g} (default %(default)s)")
     p.add_argument("--stream", action="store_true", help="clients ask for SSE streams (with usage), which the leaf counts")
     p.add_argument("--no-stream-tokens", dest="stream_tokens", action="store_false",

@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+
+
+def float_arg(text: str) -> float:
+    """The number ``text`` holds, or argparse's error naming the option; each bounded type checks its range."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def float_in(low: float, high: float, why: str = "") -> Callable[[str], float]:
+    """An argparse type: a number in [low, high] (0 or a negative mean decode length was a ZeroDivisionError
+    or a traceback from numpy deep inside a run); ``why`` follows the refusal."""
+
+    def parse(text: str) -> float:
+        v = float_arg(text)
+        if not low <= v <= high:  # also NaN
+            raise argparse.ArgumentTypeError(f"must be in [{low:g}, {high:g}]{why}, got {text}")
+        return v
+
+    return parse
 
 
 def positive_float(text: str) -> float:
     """argparse type for rates, durations and load fractions: a bad value is reported against the option
     the user typed (``argument --rate: ...``), not later as the internal field (``rate_rps``)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    v = float_arg(text)
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
@@ -40,4 +59,4 @@ def non_negative_int(text: str) -> int:
 
 def rng_seed(text: str) -> int:
     """argparse type for RNG seeds: numpy takes only non-negative integers (``-3`` was a traceback)."""
-    return _int(text, 0, "an integer >= 0")
+    return non_negative_int(text)

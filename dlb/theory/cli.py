@@ -17,6 +17,7 @@ from typing import Any
 
 from dlb.core.flow import FlowConfig
 from dlb.errors import UsageError
+from dlb.load.argtypes import float_arg
 from dlb.resumable import json_lines
 from dlb.theory import parallel
 from dlb.theory.fluid import (
@@ -58,10 +59,7 @@ def _floats(text: str, flag: str, bounds: str = "[0, 1)", ok: Callable[[float], 
 
 def _kappa(text: str) -> float:
     """argparse type of ``--kappa``: the flow step is stable only for κ in (0, π/2) (FlowConfig refused it with a traceback)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    v = float_arg(text)
     if not 0 < v < math.pi / 2:  # also NaN
         raise argparse.ArgumentTypeError(f"must be in (0, π/2 ≈ {math.pi / 2:.4f}), got {text}")
     return v
