@@ -34,7 +34,10 @@ def log_tail(path: str | os.PathLike[str], n: int = 40) -> str:
         return ""
 
 
-_handed_out: set[int] = set()
+#: The control plane's default xDS and status ports (``dlb.config.model``): a config whose cell was given one
+#: of them by :func:`free_port` is refused as a clash with a default it never set (a CI run drew 18001).
+DEFAULT_SERVICE_PORTS = frozenset({18000, 18001})
+_handed_out: set[int] = set(DEFAULT_SERVICE_PORTS)  # never handed out
 _EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 #: Lowest port :func:`free_port` hands out: above the well-known and most registered service ports.
 LOWEST_PORT = 10000

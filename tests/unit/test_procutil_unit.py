@@ -56,3 +56,13 @@ def test_a_stripe_hands_out_only_its_residue_and_stays_in_the_pool(monkeypatch: 
     assert procutil._stripe() == (0, 1)
     monkeypatch.setenv(procutil.PORT_STRIPE_ENV, "x")
     assert procutil._stripe() == (0, 1)
+
+
+def test_free_port_never_names_the_control_planes_default_ports() -> None:
+    """A test config given 18001 by free_port was refused as a clash with the control plane's default status port."""
+    from dlb.config.model import ControlPlaneAddrs
+    from dlb.procutil import DEFAULT_SERVICE_PORTS, _handed_out
+
+    defaults = ControlPlaneAddrs()
+    assert {defaults.xds.port, defaults.status.port} == DEFAULT_SERVICE_PORTS
+    assert _handed_out >= DEFAULT_SERVICE_PORTS
