@@ -272,7 +272,8 @@ def local_replies() -> dict[str, Any]:
     so the root ext_proc's own replies (ImmediateResponse, no flag) and every upstream server's error
     pass through untouched; the message keeps Envoy's details for operators. Where waiting helps,
     ``retry-after: 1``. A path no route matches is the client's mistake: 404, no ``retry-after``
-    (Envoy's own body for it is empty).
+    (Envoy's own body for it is empty). Replies with no flag that are the client's doing (headers past
+    the limits) are matched by a CEL expression (:data:`replies.ENVOY_REPLY_EXPRESSIONS`).
     """
     mappers = []
     for code, kind in replies.ERRORS.items():
@@ -287,6 +288,12 @@ def local_replies() -> dict[str, Any]:
             mapper["headers_to_add"] = [{"header": {"key": "retry-after", "value": str(replies.DEFAULT_RETRY_AFTER_S)},
                                          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
         mappers.append(mapper)
+    for expression, (code, status, message) in replies.ENVOY_REPLY_EXPRESSIONS.items():
+        # Local replies only, so the expression costs nothing on a proxied request.
+        mappers.append({"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter", "expression": expression}}},
+            "status_code": status, "body_format_override": {"json_format": {"error": {
+                "message": f"dlb: {message} (%RESPONSE_CODE_DETAILS%)", "type": replies.ERRORS[code].type, "param": None, "code": code}}}})
     return {"mappers": mappers}
 
 

@@ -17,6 +17,7 @@ NO_CAPACITY = "dlb_no_capacity"
 NO_ENDPOINT = "dlb_no_endpoint"
 UPSTREAM_FAILED = "dlb_upstream_failed"
 UPSTREAM_TIMEOUT = "dlb_upstream_timeout"
+HEADERS_TOO_LARGE = "dlb_request_headers_too_large"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ ERRORS: dict[str, ErrorKind] = {
     NO_ENDPOINT: ErrorKind("invalid_request_error", retry=False),
     UPSTREAM_FAILED: ErrorKind("service_unavailable", retry=True),
     UPSTREAM_TIMEOUT: ErrorKind("service_unavailable", retry=True),
+    HEADERS_TOO_LARGE: ErrorKind("invalid_request_error", retry=False),
 }
 
 #: Envoy's response flags on its own failure replies → the condition. UH: no healthy upstream; UO:
@@ -40,6 +42,15 @@ ERRORS: dict[str, ErrorKind] = {
 ENVOY_FLAGS: dict[str, str] = {
     "UH": NO_CAPACITY, "UO": NO_CAPACITY, "NR": NO_ENDPOINT, "UT": UPSTREAM_TIMEOUT,
     "UF": UPSTREAM_FAILED, "URX": UPSTREAM_FAILED, "UC": UPSTREAM_FAILED, "UR": UPSTREAM_FAILED, "LR": UPSTREAM_FAILED,
+}
+
+#: Envoy's local replies that carry no response flag, matched by a CEL expression over the reply →
+#: (condition, status, message). The codec's 431 (past Envoy's 100 fields or ``max_request_headers_kb``), and
+#: ``header_mutation_result_exceeds_limit``: the client's headers fit, but not with the few the root
+#: adds (``x-dlb-*``), which Envoy's ext_proc answered with a bare 500 — the client's doing, so 431 too.
+ENVOY_REPLY_EXPRESSIONS: dict[str, tuple[str, int, str]] = {
+    "response.code == 431 || response.code_details == 'header_mutation_result_exceeds_limit'": (
+        HEADERS_TOO_LARGE, 431, "the request's headers are too many or too large"),
 }
 
 #: ``retry-after`` (seconds) where waiting helps and nothing better is known: every root re-probes

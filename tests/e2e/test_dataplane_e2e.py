@@ -117,6 +117,27 @@ def test_client_cannot_steer_with_dlb_headers(plane):
     assert served == ["a-0"] * 6, (served, _root_view(plane))
 
 
+def test_too_many_headers_is_a_431_error_not_a_bare_500(plane):
+    """A client whose headers fit Envoy's limit but not with what the root adds got a bare 500 (the
+    ext_proc's mutation rejected); past the limit, Envoy's text/plain 431. Both: a documented 431."""
+    host, port = plane.root_url
+    seen = set()
+    for n in range(78, 112, 2):
+        status, hdrs, body = request(host, port, headers={f"x-pad-{i}": "v" for i in range(n)})
+        seen.add(status)
+        if status != 200:
+            assert status == 431, (n, status, body)
+            assert hdrs["content-type"] == "application/json", (n, hdrs)
+            err = json.loads(body)["error"]
+            assert (err["code"], err["type"]) == ("dlb_request_headers_too_large", "invalid_request_error"), (n, err)
+            assert "retry-after" not in hdrs
+    assert seen == {200, 431}
+    admin = plane.root_envoy.admin_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?filter=rejected_header_mutations$", timeout=5) as r:
+        rejected = int(r.read().decode().rpartition(":")[2])
+    assert rejected > 0, "no request hit the window where only the root's own headers overflow"
+
+
 def test_dead_probe_target_is_avoided(plane):
     leaf_a = plane.leaves["a"]
     leaf_a.stop()  # the leaf agent dies; its leaf Envoy still forwards (LEAST_REQUEST fail-open)

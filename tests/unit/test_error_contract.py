@@ -76,13 +76,19 @@ def test_every_envoy_failure_reply_carries_a_documented_code() -> None:
         err = m["body_format_override"]["json_format"]["error"]
         assert err["code"] in docs and err["type"] == replies.ERRORS[err["code"]].type
         assert ("headers_to_add" in m) == replies.ERRORS[err["code"]].retry
-        mapped |= set(m["filter"]["response_flag_filter"]["flags"])
-    assert mapped == set(replies.ENVOY_FLAGS)
+        if "response_flag_filter" in m["filter"]:
+            mapped |= set(m["filter"]["response_flag_filter"]["flags"])
+        else:
+            expression = m["filter"]["extension_filter"]["typed_config"]["expression"]
+            assert (err["code"], m["status_code"]) == replies.ENVOY_REPLY_EXPRESSIONS[expression][:2]
+            assert (m["status_code"], err["type"]) in docs[err["code"]]
+            mapped.add(expression)
+    assert mapped == set(replies.ENVOY_FLAGS) | set(replies.ENVOY_REPLY_EXPRESSIONS)
 
 
 def test_no_module_spells_a_code_of_its_own() -> None:
     """Codes are named through replies.py, so the table above is every code there is."""
-    literal = re.compile(r"""["']dlb_(?:no|upstream)_[a-z_]+["']""")
+    literal = re.compile(r"""["']dlb_(?:no|upstream|request)_[a-z_]+["']""")
     found = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in sorted((REPO / "dlb").rglob("*.py"))
              if p.name != "replies.py" for m in literal.finditer(p.read_text(encoding="utf-8"))]
     assert not found, found
