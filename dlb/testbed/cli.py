@@ -49,6 +49,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options (``dlb demo --help``); :func:`dlb.testbed.demo.prepare` reads them."""
     from pathlib import Path
 
+    from dlb.core.native_discrete import DEFAULT_PICK, PICKS
     from dlb.load.argtypes import positive_float, rng_seed
     from dlb.testbed.demo_run import ALL_POLICIES
 
@@ -59,6 +60,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=ALL_POLICIES, default=None,
                    help="one policy for both endpoints: a baseline (Envoy alone routes) or a DLB policy "
                         "(default: chat Disc-Lat + affinity, completions Flow-Grad)")
+    p.add_argument("--native-pick", choices=tuple(PICKS), default=DEFAULT_PICK,
+                   help=f"the root Envoy's pick for the *-native policies (default {DEFAULT_PICK}; docs/config.md native-discrete)")
     p.add_argument("--config", default=None, help="your own DLB config: an emulator is started on every server address")
     p.add_argument("--out", type=Path, default=None, help="report folder (default runs/demo-TIMESTAMP)")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
@@ -74,7 +77,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"with --compare: runs per (scenario, policy) (default {DEFAULT_TRIALS})")
     p.add_argument("--quick", action="store_true", help="with --compare: steady, 1 trial, the operator baselines and Flow-Grad")
     p.add_argument("--json", default=None, help="with --compare: write the summary and every record here")
-    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default every policy)")
+    p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default every policy but the *-native ones)")
     p.add_argument("--dp", type=int, default=0, metavar="G",
                    help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "
                         "rank with BF-IO (docs/bfio.md); default off")

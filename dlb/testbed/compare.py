@@ -148,7 +148,7 @@ def write_requests(results: list[Result], path: Path) -> None:
 
 def plan(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
     """(scenarios, policies, trials) the options ask for; raises ValueError naming the option."""
-    from dlb.testbed.demo_run import ALL_POLICIES
+    from dlb.testbed.demo_run import ALL_POLICIES, DEFAULT_POLICIES
 
     if args.quick:
         return ["steady"], list(QUICK_POLICIES), 1
@@ -156,7 +156,7 @@ def plan(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad:
         raise ValueError(f"--scenarios: unknown {', '.join(bad)} (choose from {', '.join(SCENARIOS)})")
-    policies = args.policies.split(",") if args.policies else list(ALL_POLICIES)
+    policies = args.policies.split(",") if args.policies else list(DEFAULT_POLICIES)
     bad = [p for p in policies if p not in ALL_POLICIES]
     if bad:
         raise ValueError(f"--policies: unknown {', '.join(bad)} (choose from {', '.join(ALL_POLICIES)})")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.policy import set_plugins
+from dlb.core.native_discrete import DEFAULT_PICK
 from dlb.emulator.faults import Faults
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
@@ -45,14 +46,29 @@ DEGRADE_AT = 0.3  # fraction of the run at which the degraded cell slows down
 RECOVER_AT = 0.55  # ... and recovers
 
 
-def apply_policy(cfg: dict[str, Any], policy: str) -> None:
-    mech, cost = policy.split("-")
+def apply_policy(cfg: dict[str, Any], policy: str, native_pick: str = DEFAULT_PICK) -> None:
+    """``policy`` (a DLB policy name) on every endpoint of ``cfg``. A ``-native`` one runs in the root Envoy
+    with ``native_pick``, without affinity: an endpoint with affinity keeps the ext_proc, and the point
+    of the native policies is the pick with none."""
+    mech, cost, *native = policy.split("-")
+    if native:
+        for ep in cfg["endpoints"]:
+            ep["policy"] = {"plugins": [{"type": "native-discrete", "parameters": {
+                "cost": {"RIF": "rif", "Lat": "latency", "Grad": "gradient"}[cost], "pick": native_pick}}]}
+        return
     for ep in cfg["endpoints"]:
         pol = ep.setdefault("policy", {})
         pol["mechanism"] = {"Disc": "discrete", "Flow": "flow"}[mech]
         pol["cost"] = {"RIF": "rif", "Lat": "latency", "Grad": "gradient"}[cost]
         if cost == "RIF" and "affinity" in pol:
             pol["affinity"]["prefix_savings_ms"] = 0
+
+
+def _policy_name(args: argparse.Namespace) -> str | None:
+    """``--policy`` as the report names it: a native one with its pick."""
+    if args.policy and args.policy.endswith("-native"):
+        return f"{args.policy} ({getattr(args, 'native_pick', DEFAULT_PICK)})"
+    return args.policy
 
 
 def policy_label(cfg: dict[str, Any], source: str = "<demo>") -> str:
@@ -66,7 +82,7 @@ def policy_label(cfg: dict[str, Any], source: str = "<demo>") -> str:
     parts = []
     for ep in config.endpoints:
         core = ep.policy.to_core(config.probe)
-        name = f"{core.name}-native" if ep.policy.native else core.name
+        name = f"{core.name}-native ({ep.policy.native_pick})" if ep.policy.native else core.name
         parts.append(f"{ep.name} {name}{' + affinity' if core.affinity.enabled else ''}")
     return ", ".join(parts)
 
@@ -103,7 +119,7 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
     if fleet.degrade_cell not in servers:
         raise ValueError(f"--degrade-cell: no cell {fleet.degrade_cell!r} (cells: {', '.join(servers)})")
     if args.policy:
-        apply_policy(cfg_dict, args.policy)
+        apply_policy(cfg_dict, args.policy, getattr(args, "native_pick", DEFAULT_PICK))
     sc: Scenario | None = getattr(args, "scenario", None)
     spec, phases, capacity = plan_workload(fleet, sc, args.duration, args.seed, args.load)
     if sc is not None:
@@ -113,7 +129,7 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
         window = None if args.no_degrade else (DEGRADE_AT * args.duration, RECOVER_AT * args.duration)
     run = DemoRun(fleet=fleet, cfg_dict=cfg_dict, servers=servers, spec=spec, capacity=capacity,
                   degrade_cell=fleet.degrade_cell if window else None, degrade_window=window,
-                  policy=args.policy or policy_label(cfg_dict, args.config or "<demo>"))
+                  policy=_policy_name(args) or policy_label(cfg_dict, args.config or "<demo>"))
     run.phases = phases
     if sc is not None:
         run.fault = {"down": True} if sc.fault == "down" else None

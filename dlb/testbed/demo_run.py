@@ -20,7 +20,12 @@ DLB_POLICIES = ("Disc-RIF", "Disc-Lat", "Disc-Grad", "Flow-RIF", "Flow-Lat", "Fl
 BASELINE_WEIGHTS: dict[str, str | None] = {"Rand": None, "MNLB": "mnlb", "lr-global": "lr-global",
                                            "locality-failover": "locality-failover", "hub-score": "hub-score"}
 BASELINE_POLICIES = tuple(BASELINE_WEIGHTS)
-ALL_POLICIES = (*BASELINE_POLICIES, *DLB_POLICIES)
+#: The discrete policies run by the root Envoy itself (``native-discrete``, pick ``--native-pick``): on
+#: request only, as in the simulator.
+NATIVE_POLICIES = ("Disc-RIF-native", "Disc-Lat-native", "Disc-Grad-native")
+#: What ``--compare`` runs when ``--policies`` is not given.
+DEFAULT_POLICIES = (*BASELINE_POLICIES, *DLB_POLICIES)
+ALL_POLICIES = (*DEFAULT_POLICIES, *NATIVE_POLICIES)
 
 
 @dataclass

@@ -115,6 +115,32 @@ def test_the_demo_names_the_policies_of_the_config_it_runs(tmp_path: Path) -> No
     assert forced.policy == "Disc-RIF"
 
 
+def test_a_native_policy_runs_every_endpoint_in_the_root_envoy_with_the_pick_asked(tmp_path: Path) -> None:
+    """``--policy Disc-Lat-native --native-pick round-robin``: the config the run uses has every endpoint
+    ``native-discrete`` with that pick and no affinity (which would keep the ext_proc); ``--compare``
+    runs the native policies only when asked, as ``dlb sim`` does."""
+    from dlb.cli import build_parser
+    from dlb.config import load_config
+    from dlb.core.router import Cost
+    from dlb.testbed.compare import plan
+    from dlb.testbed.demo import prepare
+    from dlb.testbed.demo_run import NATIVE_POLICIES
+
+    args = build_parser().parse_args(["demo", "--policy", "Disc-Lat-native", "--native-pick", "round-robin",
+                                      "--out", str(tmp_path / "n")])
+    run, _, config_path = prepare(args, tmp_path / "n")
+    cfg = load_config(config_path)
+    assert run.policy == "Disc-Lat-native (round-robin)"
+    assert [(ep.policy.native, ep.policy.native_pick, ep.policy.cost, ep.policy.affinity.enabled) for ep in cfg.endpoints] == [
+        (True, "round-robin", Cost.LATENCY, False)] * 2
+    default = plan(build_parser().parse_args(["demo", "--compare"]))[1]
+    assert not set(NATIVE_POLICIES) & set(default)
+    asked = plan(build_parser().parse_args(["demo", "--compare", "--policies", "Disc-Lat,Disc-Lat-native"]))[1]
+    assert asked == ["Disc-Lat", "Disc-Lat-native"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--native-pick", "fastest"])
+
+
 def test_sends_since_the_last_sample_restart_from_zero_when_a_root_envoy_restarted() -> None:
     from dlb.testbed.demo import sent_since
 
