@@ -48,6 +48,9 @@ from dlb.log import get_logger
 
 SERVER_HEADER = "x-dlb-server"
 _MAX_LAG_S = 0.05  # the engine catches up at most this much after an oversleep (timer granularity)
+#: A header line or URL the emulator parses: above the Envoys' ``max_request_headers_kb`` (60), so whatever a leaf
+#: forwards reaches the handler (aiohttp's default, 8190, answered a 10-KB header with a text/plain 400).
+MAX_HEADER_BYTES = 64 * 1024
 
 
 
@@ -174,7 +177,8 @@ class EmulatorServer:
         return app
 
     async def _listen(self, app: web.Application, port: int) -> tuple[web.AppRunner, int]:
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                               max_line_size=MAX_HEADER_BYTES, max_field_size=MAX_HEADER_BYTES)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.config.host, port, reuse_address=True).start()

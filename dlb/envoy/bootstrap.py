@@ -273,7 +273,7 @@ def local_replies() -> dict[str, Any]:
     pass through untouched; the message keeps Envoy's details for operators. Where waiting helps,
     ``retry-after: 1``. A path no route matches is the client's mistake: 404, no ``retry-after``
     (Envoy's own body for it is empty). Replies with no flag that are the client's doing (headers past
-    the limits) are matched by a CEL expression (:data:`replies.ENVOY_REPLY_EXPRESSIONS`).
+    the limits) are matched by a CEL expression (:data:`replies.ENVOY_REPLIES`).
     """
     mappers = []
     for code, kind in replies.ERRORS.items():
@@ -283,17 +283,20 @@ def local_replies() -> dict[str, Any]:
         mapper: dict[str, Any] = {"filter": {"response_flag_filter": {"flags": flags}}, "body_format_override": {"json_format": {
             "error": {"message": "dlb: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)", "type": kind.type, "param": None, "code": code}}}}
         if code == replies.NO_ENDPOINT:
-            mapper["body_format_override"]["json_format"]["error"]["message"] = "dlb: no endpoint serves this path"
+            mapper["body_format_override"]["json_format"]["error"]["message"] = replies.NO_ENDPOINT_MESSAGE
         if kind.retry:
             mapper["headers_to_add"] = [{"header": {"key": "retry-after", "value": str(replies.DEFAULT_RETRY_AFTER_S)},
                                          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
         mappers.append(mapper)
-    for expression, (code, status, message) in replies.ENVOY_REPLY_EXPRESSIONS.items():
+    for r in replies.ENVOY_REPLIES:
         # Local replies only, so the expression costs nothing on a proxied request.
-        mappers.append({"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter", "expression": expression}}},
-            "status_code": status, "body_format_override": {"json_format": {"error": {
-                "message": f"dlb: {message} (%RESPONSE_CODE_DETAILS%)", "type": replies.ERRORS[code].type, "param": None, "code": code}}}})
+        mapper = {"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter", "expression": r.expression}}},
+            "body_format_override": {"json_format": {"error": {
+                "message": f"dlb: {r.message} (%RESPONSE_CODE_DETAILS%)", "type": replies.ERRORS[r.code].type, "param": None, "code": r.code}}}}
+        if r.status is not None:
+            mapper["status_code"] = r.status
+        mappers.append(mapper)
     return {"mappers": mappers}
 
 

@@ -135,7 +135,7 @@ class RootService:
         503, "dlb: no usable cell for this request (all destinations down, stale or not allowed); retry shortly",
         replies.ERRORS[replies.NO_CAPACITY].type, replies.NO_CAPACITY, retry_after_s=replies.DEFAULT_RETRY_AFTER_S))
     no_endpoint_response: bytes = field(default_factory=lambda: openai_error(
-        404, "dlb: no endpoint matches this path", replies.ERRORS[replies.NO_ENDPOINT].type, replies.NO_ENDPOINT))
+        404, replies.NO_ENDPOINT_MESSAGE, replies.ERRORS[replies.NO_ENDPOINT].type, replies.NO_ENDPOINT))
     processing: FastHistogram = field(default_factory=FastHistogram)
     unmatched: int = 0
     streams: int = 0

@@ -31,6 +31,14 @@ def _run_demo(args: argparse.Namespace) -> int:
                                  ("--trials", args.trials != DEFAULT_TRIALS)) if on]
         if given:
             raise UsageError(f"{', '.join(given)}: only with --compare (a single demo runs one policy: --policy)")
+    else:  # the other way round: options --compare would silently not use
+        if args.policy is not None:
+            raise UsageError("--policy: not with --compare (name its policies with --policies)")
+        if args.quick:
+            given = [f for f, on in (("--scenarios", args.scenarios is not None), ("--policies", args.policies is not None),
+                                     ("--trials", args.trials != DEFAULT_TRIALS)) if on]
+            if given:
+                raise UsageError(f"{', '.join(given)}: not with --quick (it runs steady, 1 trial, its own policies)")
     git_commit()  # the tree as it is when the run starts
     if args.duration is None:
         args.duration = 10.0 if args.compare and args.quick else 60.0

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dlb.core.native_discrete import DEFAULT_PICK
 from dlb.launch.up import StopFlag
 from dlb.load.generator import Result, quantile
 from dlb.resumable import json_lines
@@ -105,7 +106,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"scenario": scenario, "policy": policy, "trials": len(rs), "mean_s": m, "ci95_s": ci,
                      "p90_s": sum(r["p90_s"] for r in rs) / len(rs), "ttft_p50_s": sum(r["ttft_p50_s"] for r in rs) / len(rs),
                      "error_rate": sum(r["errors"] for r in rs) / req, "shed_rate": sum(r["shed"] for r in rs) / req,
-                     "vs_best_operator": math.nan})
+                     "vs_best_operator": math.nan, **({"native_pick": rs[0]["native_pick"]} if "native_pick" in rs[0] else {})})
     for row in rows:
         ops = [o["mean_s"] for o in rows if o["scenario"] == row["scenario"] and o["policy"] in OPERATOR]
         if ops and min(ops) > 0:
@@ -118,7 +119,8 @@ def table(rows: list[dict[str, Any]]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ci = "" if math.isnan(r["ci95_s"]) else f" ± {r['ci95_s']:.2f}"
-        lines.append(f"| {r['scenario']} | {r['policy']} | {r['trials']} | {r['mean_s']:.2f}{ci} | {r['p90_s']:.2f} | "
+        policy = f"{r['policy']} ({r['native_pick']})" if "native_pick" in r else r["policy"]
+        lines.append(f"| {r['scenario']} | {policy} | {r['trials']} | {r['mean_s']:.2f}{ci} | {r['p90_s']:.2f} | "
                      f"{r['ttft_p50_s']:.2f} | {r['error_rate']:.1%} | {r['shed_rate']:.1%} | {r['vs_best_operator']:.2f} |")
     return "\n".join(lines)
 
@@ -153,11 +155,11 @@ def plan(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
     if args.quick:
         return ["steady"], list(QUICK_POLICIES), 1
     scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
-    bad = [s for s in scenarios if s not in SCENARIOS]
+    bad = [repr(s) for s in scenarios if s not in SCENARIOS]
     if bad:
         raise ValueError(f"--scenarios: unknown {', '.join(bad)} (choose from {', '.join(SCENARIOS)})")
     policies = args.policies.split(",") if args.policies else list(DEFAULT_POLICIES)
-    bad = [p for p in policies if p not in ALL_POLICIES]
+    bad = [repr(p) for p in policies if p not in ALL_POLICIES]
     if bad:
         raise ValueError(f"--policies: unknown {', '.join(bad)} (choose from {', '.join(ALL_POLICIES)})")
     if args.trials < 1:
@@ -167,6 +169,7 @@ def plan(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
 
 def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
     from dlb.testbed.demo import run_once
+    from dlb.testbed.demo_run import NATIVE_POLICIES
     from dlb.testbed.report import git_commit
 
     try:
@@ -180,6 +183,12 @@ def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
     records = [_unclean(v) for _, v in json_lines(path) if isinstance(v, dict) and "policy" in v]
+    pick = getattr(args, "native_pick", DEFAULT_PICK)
+    other = sorted({f"{r['policy']} ({r['native_pick']})" for r in records
+                    if r["policy"] in policies and r.get("native_pick", pick) != pick})
+    if other:  # resuming would mix two picks under one policy name
+        print(f"dlb demo --compare: {path} holds {', '.join(other)}, not --native-pick {pick}: use another --out or that pick")
+        return 2
     done = {(r["scenario"], r["policy"], r["trial"]) for r in records}
     if done:
         print(f"dlb demo --compare: resuming: {len(done)} runs already in {path}", flush=True)
@@ -201,7 +210,8 @@ def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
                     continue
                 write_requests(run.results, run_dir / "requests.csv")
                 rec = {**record(scenario, policy, trial, run.results, list(run.servers), run.timeout_s),
-                       "seed": one.seed, "duration_s": duration, "loadavg": [round(load, 2), round(os.getloadavg()[0], 2)], **commit}
+                       "seed": one.seed, "duration_s": duration, "loadavg": [round(load, 2), round(os.getloadavg()[0], 2)], **commit,
+                       **({"native_pick": pick} if policy in NATIVE_POLICIES else {})}
                 records.append(rec)
                 with path.open("a") as f:
                     f.write(json.dumps(_clean(rec)) + "\n")

@@ -138,6 +138,30 @@ def test_too_many_headers_is_a_431_error_not_a_bare_500(plane):
     assert rejected > 0, "no request hit the window where only the root's own headers overflow"
 
 
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"FOO /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n", 400),  # a method Envoy's codec refuses
+    (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n", 400),
+    (b"GET /v1/models HTTP/1.0\r\n\r\n", 426),
+])
+def test_envoys_protocol_errors_are_openai_shaped(plane, raw: bytes, status: int):
+    """Envoy's codec answered these in text/plain; every reply of DLB's own is an OpenAI-shaped error."""
+    import socket
+
+    host, port = plane.root_url
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(raw)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+            if b"\r\n\r\n" in data and b"}}" in data:
+                break
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == str(status).encode(), data
+    assert b"content-type: application/json" in head.lower(), data
+    err = json.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
+    assert (err["code"], err["type"]) == ("dlb_bad_request", "invalid_request_error"), err
+
+
 def test_dead_probe_target_is_avoided(plane):
     leaf_a = plane.leaves["a"]
     leaf_a.stop()  # the leaf agent dies; its leaf Envoy still forwards (LEAST_REQUEST fail-open)

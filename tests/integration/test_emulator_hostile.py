@@ -68,3 +68,20 @@ def test_admin_api_only_on_its_own_port() -> None:
 
     results = asyncio.run(asyncio.wait_for(go(), 60))
     assert [status for _, _, status in results] == [404] * 5 + [200, 404], results
+
+
+def test_a_header_a_leaf_may_forward_reaches_the_handler() -> None:
+    """A 10–60 KB header or URL (the Envoys pass up to 60 KiB) got aiohttp's text/plain 400 at 8 KB."""
+    async def go() -> list[tuple[int, str]]:
+        out = []
+        async with EmulatorServer(port=0, time_scale=0.01) as emu, aiohttp.ClientSession() as s:
+            for kb in (10, 40, 59):
+                async with s.post(emu.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                                  headers={"x-big": "a" * (kb * 1024)}) as r:
+                    out.append((r.status, r.content_type))
+                async with s.get(emu.url + "/v1/models?q=" + "a" * (kb * 1024)) as r:
+                    out.append((r.status, r.content_type))
+        return out
+
+    results = asyncio.run(asyncio.wait_for(go(), 60))
+    assert results == [(200, "application/json")] * 6, results

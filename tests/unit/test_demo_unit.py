@@ -146,3 +146,40 @@ def test_sends_since_the_last_sample_restart_from_zero_when_a_root_envoy_restart
 
     assert sent_since({"a": 12.0, "b": 5.0}, {"a": 10.0, "b": 5.0}) == {"a": 2.0, "b": 0.0}
     assert sent_since({"a": 3.0, "c": 1.0}, {"a": 40.0}) == {"a": 3.0, "c": 1.0}  # a's Envoy restarted; c is new
+
+
+def test_compare_refuses_options_it_would_ignore_and_a_resume_with_another_native_pick(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--compare --quick --policies …`` ran --quick's own set, ``--compare --policy`` dropped the policy,
+    and a resume with another ``--native-pick`` mixed two picks under one name: each is refused now."""
+    import json
+
+    from dlb.cli import build_parser
+    from dlb.errors import UsageError
+    from dlb.launch.up import StopFlag
+    from dlb.testbed.cli import _run_demo
+    from dlb.testbed.compare import run_compare, summarize, table
+
+    parse = build_parser().parse_args
+    for argv, named in ((["--quick", "--policies", "Disc-Lat"], "--policies"), (["--quick", "--trials", "2"], "--trials"),
+                        (["--policy", "Rand"], "--policy")):
+        with pytest.raises(UsageError, match=named):
+            _run_demo(parse(["demo", "--compare", *argv, "--out", str(tmp_path / "x")]))
+    with pytest.raises(ValueError, match="''"):
+        from dlb.testbed.compare import plan
+        plan(parse(["demo", "--compare", "--policies", "Disc-Lat,"]))
+    out = tmp_path / "cmp"
+    out.mkdir()
+    rec = {"scenario": "steady", "policy": "Disc-Lat-native", "trial": 0, "native_pick": "least-request", "requests": 10,
+           "ok": 10, "errors": 0, "shed": 0, "mean_s": 2.0, "p90_s": 3.0, "ttft_p50_s": 0.1}
+    (out / "records.jsonl").write_text(json.dumps(rec) + "\n")
+    args = parse(["demo", "--compare", "--scenarios", "steady", "--policies", "Disc-Lat-native", "--trials", "1",
+                  "--native-pick", "round-robin", "--duration", "20", "--out", str(out)])
+    args.duration = 20.0
+
+    def no_run(*a: object, **k: object) -> None:
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr("dlb.testbed.demo.run_once", no_run)
+    assert run_compare(args, out, StopFlag()) == 2  # refused before any run starts
+    assert "Disc-Lat-native (least-request)" in table(summarize([rec]))

@@ -25,8 +25,8 @@ def documented() -> dict[str, set[tuple[int, str]]]:
     """code → {(status, type)} from the table under "What a client sees"."""
     section = DOC.read_text(encoding="utf-8").split("## What a client sees", 1)[1].split("\n## ", 1)[0]
     rows: dict[str, set[tuple[int, str]]] = {}
-    for m in re.finditer(r"^\| (\d{3}) \| `([a-z_]+)` \| `([a-z_]+)` \|", section, re.M):
-        rows.setdefault(m.group(2), set()).add((int(m.group(1)), m.group(3)))
+    for m in re.finditer(r"^\| (\d{3}(?:, \d{3})*) \| `([a-z_]+)` \| `([a-z_]+)` \|", section, re.M):
+        rows.setdefault(m.group(2), set()).update((int(status), m.group(3)) for status in m.group(1).split(", "))
     return rows
 
 
@@ -61,6 +61,8 @@ def test_every_root_reply_is_openai_shaped_and_documented() -> None:
     got = root_replies()
     assert [(status, body["error"]["code"]) for status, _, body in got] == [
         (404, replies.NO_ENDPOINT), (503, replies.NO_CAPACITY), (429, replies.NO_CAPACITY)]
+    nr = [m for m in local_replies()["mappers"] if "NR" in m["filter"].get("response_flag_filter", {}).get("flags", [])]
+    assert got[0][2]["error"]["message"] == nr[0]["body_format_override"]["json_format"]["error"]["message"]  # one 404 text
     for status, hdrs, body in got:
         err = body["error"]
         assert set(body) == {"error"} and set(err) == {"message", "type", "param", "code"}
@@ -80,15 +82,16 @@ def test_every_envoy_failure_reply_carries_a_documented_code() -> None:
             mapped |= set(m["filter"]["response_flag_filter"]["flags"])
         else:
             expression = m["filter"]["extension_filter"]["typed_config"]["expression"]
-            assert (err["code"], m["status_code"]) == replies.ENVOY_REPLY_EXPRESSIONS[expression][:2]
-            assert (m["status_code"], err["type"]) in docs[err["code"]]
+            reply = {r.expression: r for r in replies.ENVOY_REPLIES}[expression]
+            assert err["code"] == reply.code and m.get("status_code") == reply.status
+            assert {(status, err["type"]) for status in reply.statuses} <= docs[err["code"]]
             mapped.add(expression)
-    assert mapped == set(replies.ENVOY_FLAGS) | set(replies.ENVOY_REPLY_EXPRESSIONS)
+    assert mapped == set(replies.ENVOY_FLAGS) | {r.expression for r in replies.ENVOY_REPLIES}
 
 
 def test_no_module_spells_a_code_of_its_own() -> None:
     """Codes are named through replies.py, so the table above is every code there is."""
-    literal = re.compile(r"""["']dlb_(?:no|upstream|request)_[a-z_]+["']""")
+    literal = re.compile(r"""["']dlb_(?:no|upstream|request|bad)_[a-z_]+["']""")
     found = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in sorted((REPO / "dlb").rglob("*.py"))
              if p.name != "replies.py" for m in literal.finditer(p.read_text(encoding="utf-8"))]
     assert not found, found

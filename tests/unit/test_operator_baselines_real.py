@@ -168,9 +168,9 @@ def test_summary_gives_the_ci_of_the_mean_over_trials_and_the_ratio_to_the_best_
 
 def test_compare_options_name_the_bad_one() -> None:
     ns = argparse.Namespace(quick=False, scenarios="steady,typo", policies=None, trials=3)
-    with pytest.raises(ValueError, match="--scenarios: unknown typo"):
+    with pytest.raises(ValueError, match="--scenarios: unknown 'typo'"):
         compare.plan(ns)
-    with pytest.raises(ValueError, match="--policies: unknown nope"):
+    with pytest.raises(ValueError, match="--policies: unknown 'nope'"):
         compare.plan(argparse.Namespace(quick=False, scenarios=None, policies="nope", trials=3))
     with pytest.raises(ValueError, match="--trials"):
         compare.plan(argparse.Namespace(quick=False, scenarios=None, policies=None, trials=0))
