@@ -32,7 +32,7 @@ from dlb.config.hostport import is_ip
 from dlb.config.model import CELL_CLUSTER_PREFIX, OPERATOR_BASELINES, AffinityParams, Config, Endpoint, HostPort, Mechanism
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
-from dlb.core.native_discrete import DEFAULT_PICK, PICKS
+from dlb.core.native_discrete import DEFAULT_PICK, PICKS, WEIGHT_SCALE
 from dlb.envoy import contract as _h
 from dlb.envoy import replies
 from dlb.envoy.als import add_leaf_access_log
@@ -381,16 +381,24 @@ def native_discrete_cluster(endpoint: str, dests: list[Any], pick: str = DEFAULT
     return cluster
 
 
-def _other_host_retries() -> dict[str, Any]:
+#: Host reselections of a native cluster's retry: its weights run from 1 to ``WEIGHT_SCALE``, and Envoy's
+#: weighted schedule picks a host of weight 1 once in ``WEIGHT_SCALE`` picks of one at the top, so fewer
+#: reselections sent the retry back to the failed cell when it held nearly all the weight.
+NATIVE_RESELECTIONS = WEIGHT_SCALE + 1
+
+
+def _other_host_retries(reselections: int = 3) -> dict[str, Any]:
     """Once, on another host of the cluster (never the one that failed), for what the cross-cell retry covers:
-    another cell of a native cluster, or another leaf replica of a cell the root picked with no fallback."""
+    another cell of a native cluster, or another leaf replica of a cell the root picked with no fallback.
+    ``reselections``: how many picks may be refused as the failed host before Envoy takes it anyway (each
+    one pick of the load balancer, on the retry only)."""
     return {
         "retry_on": CROSS_CELL_RETRY_ON,
         "retriable_status_codes": list(CROSS_CELL_RETRY_STATUSES),
         "num_retries": 1,
         "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-        "host_selection_retry_max_attempts": 3,
+        "host_selection_retry_max_attempts": reselections,
         "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.02s"},
     }
 
@@ -737,7 +745,7 @@ def _endpoint_routes(ep: Endpoint, weights: Mapping[str, int], cfg: Config, nati
         {
             "name": f"{ep.name}-fallback",
             "match": {"prefix": ep.match.prefix},
-            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_other_host_retries()) if native
+            "route": (dict(action, cluster=native_cluster_name(ep.name), retry_policy=_other_host_retries(NATIVE_RESELECTIONS)) if native
                       else dict(action, cluster=pool) if pool else dict(action, weighted_clusters={"clusters": clusters},
                                                                         **({"retry_policy": _cross_cell_retries()} if across else {}))),
             "request_headers_to_add": add_endpoint,

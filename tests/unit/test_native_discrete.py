@@ -95,6 +95,18 @@ def test_the_control_plane_serves_a_native_root_least_request_over_cells_with_no
     assert [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints] == [WEIGHT_SCALE] * 2  # by replicas until probed
 
 
+def test_a_native_routes_retry_may_refuse_the_failed_cell_as_often_as_the_weights_need():
+    """Envoy's weighted schedule picks a weight-1 host once per ``WEIGHT_SCALE`` picks of the top one, so
+    the retry's reselections must outlast that, else it goes back to the cell that failed."""
+    from envoy.config.route.v3 import route_pb2
+
+    snap = _root_snapshot(_doc(pick="round-robin"))
+    routes = [r for rc in snap.get(types.ROUTE).values() for vh in _unpack(rc, route_pb2.RouteConfiguration).virtual_hosts
+              for r in vh.routes if r.route.cluster == "dlb-native.chat"]
+    assert routes and all(r.route.retry_policy.host_selection_retry_max_attempts > WEIGHT_SCALE
+                          and r.route.retry_policy.retry_host_predicate for r in routes), routes
+
+
 def test_probed_costs_reach_the_eds_weights_slow_cell_down():
     snap = _root_snapshot(_doc(), probes={"a": 0.1, "b": 0.4})
     cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
