@@ -275,3 +275,27 @@ def request(host: str, port: int, path: str = "/v1/chat/completions", body: dict
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
         conn.close()
+
+
+def closed_loops(host: str, port: int, clients: int, seconds: float, body: dict[str, Any] | None = None) -> dict[str, int]:
+    """``clients`` threads each sending :func:`request` back to back for ``seconds``: the server that
+    answered (``x-dlb-server``) or ``status N`` → requests. What a fault test counts before and after."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+    end = time.monotonic() + seconds
+
+    def loop() -> None:
+        while time.monotonic() < end:
+            status, headers, _ = request(host, port, body=body, timeout=30)
+            key = headers.get("x-dlb-server", "?") if status == 200 else f"status {status}"
+            with lock:
+                counts[key] = counts.get(key, 0) + 1
+
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(loop) for _ in range(clients)]:
+            f.result()
+    return counts

@@ -19,15 +19,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dlb.emulator.faults import Faults
 from dlb.emulator.server import ThreadedEmulator
 from dlb.testbed.fleet import CellPlan, Fleet, demo_config
-from dlb.testbed.stack import request
+from dlb.testbed.stack import closed_loops
 
 BODY = {"model": "dlb-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
@@ -36,23 +34,6 @@ def weights(admin: str) -> dict[str, int]:
     with urllib.request.urlopen(f"http://{admin}/clusters", timeout=5) as r:
         text = r.read().decode()
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^dlb-native\.chat::([\d.:]+)::weight::(\d+)$", text, re.M)}
-
-
-def send(host: str, port: int, clients: int, seconds: float) -> dict[str, int]:
-    """``clients`` closed loops for ``seconds``: status (or serving server) -> count."""
-    counts: dict[str, int] = {}
-    end = time.monotonic() + seconds
-
-    def loop() -> None:
-        while time.monotonic() < end:
-            status, headers, _ = request(host, port, body=BODY, timeout=30)
-            key = headers.get("x-dlb-server", "?") if status == 200 else f"status {status}"
-            counts[key] = counts.get(key, 0) + 1
-
-    with ThreadPoolExecutor(clients) as pool:
-        for f in [pool.submit(loop) for _ in range(clients)]:
-            f.result()
-    return counts
 
 
 def trial(slowdown: float, warmup_s: float, burst_clients: int, burst_s: float) -> dict[str, object]:
@@ -77,10 +58,10 @@ def trial(slowdown: float, warmup_s: float, burst_clients: int, burst_s: float) 
             admin_m = re.search(r"root us-east1: base_url \S+  metrics \S+  admin http://([\d.]+:\d+)/", out)
             assert m and admin_m, out
             host, port, admin = m.group(1), int(m.group(2)), admin_m.group(1)
-            warm = send(host, port, 4, warmup_s)
+            warm = closed_loops(host, port, 4, warmup_s, BODY)
             before = weights(admin)
             eb.set_faults(down=True)
-            burst = send(host, port, burst_clients, burst_s)
+            burst = closed_loops(host, port, burst_clients, burst_s, BODY)
             return {"warmup": warm, "weights_before_down": before, "burst": burst,
                     "burst_failed": sum(v for k, v in burst.items() if k.startswith("status")), "burst_requests": sum(burst.values())}
         finally:
