@@ -69,6 +69,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                                      "--warmup default --twin-only --json FILE"),
     ("compare-stress/coldstart/grad-verdict-protocol-*", "python research/compare-stress/coldstart.py --seeds 401-406 "
                                                          "--protocol-seed 401 --warmup default --protocol-only --json FILE"),
+    ("compare-stress/native-real-*/twin.json", ".venv/bin/python research/compare-stress/native_tune.py twin "
+                                              "'Disc-Lat,Disc-Lat-native[g=32;lb=ROUND_ROBIN]' FILE (research/native-discrete-real-rule.md)"),
+    ("compare-stress/native-real-*", "dlb demo --compare --scenarios steady,slow-cell,overload,cell-outage --policies Disc-Lat,"
+                                     "Disc-Lat-native --native-pick round-robin --trials 3 --duration 45 --out DIR (-bc68ca2: "
+                                     "--scenarios cell-outage --trials 6 resuming the first run; research/native-discrete-real-rule.md)"),
+    ("bench/native-outage-retry/*", "PYTHONPATH=TREE .venv/bin/python research/tools/native_outage_retry.py --trials 3 --json FILE "
+                                    "(TREE: the commit in the file's name; research/native-discrete.md)"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
                          "--duration 45 --out DIR --json FILE (research/compare-stress/README.md)"),
     ("epp/gie-run*.json", ".venv/bin/python research/epp/gie_run.py --json FILE (research/epp.md)"),
