@@ -35,7 +35,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.config.trace.v3 import opentelemetry_pb2  # noqa: F401  (the Envoys' tracer, dlb.envoy.tracing)
-from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401  (the local reply for headers past the limits)
+from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401  (local replies matched by CEL, dlb.envoy.replies.ENVOY_REPLIES)
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2  # noqa: F401  (registers the access-log config type for json_format)
 from envoy.extensions.clusters.aggregate.v3 import cluster_pb2 as aggregate_pb2  # noqa: F401  (the root's cell + fallback clusters)
 from envoy.extensions.filters.http.credential_injector.v3 import credential_injector_pb2  # noqa: F401  (the root's token)

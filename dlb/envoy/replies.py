@@ -5,7 +5,9 @@ must read the same whichever part noticed it — "nothing can serve this" is ``d
 whether the root had no usable cell, refused because every cell was full, or a leaf had no
 healthy server. The root ext_proc builds its replies from :data:`ERRORS`; every Envoy's
 ``local_reply_config`` (:func:`dlb.envoy.bootstrap.local_replies`) maps Envoy's response flags to
-the same codes through :data:`ENVOY_FLAGS`. docs/operations.md lists the table (a test checks).
+the same codes through :data:`ENVOY_FLAGS`, and its flagless replies that are the client's doing
+(malformed HTTP, headers past the limits) through :data:`ENVOY_REPLIES`. docs/operations.md lists
+the table (a test checks).
 Bodies are OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -48,6 +50,7 @@ ENVOY_FLAGS: dict[str, str] = {
     "UH": NO_CAPACITY, "UO": NO_CAPACITY, "NR": NO_ENDPOINT, "UT": UPSTREAM_TIMEOUT,
     "UF": UPSTREAM_FAILED, "URX": UPSTREAM_FAILED, "UC": UPSTREAM_FAILED, "UR": UPSTREAM_FAILED, "LR": UPSTREAM_FAILED,
 }
+
 
 @dataclass(frozen=True)
 class LocalReply:

@@ -20,6 +20,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from dlb.core.native_discrete import DEFAULT_PICK
     from dlb.errors import UsageError
     from dlb.launch.up import StopFlag
     from dlb.testbed.demo import run_once
@@ -39,6 +40,8 @@ def _run_demo(args: argparse.Namespace) -> int:
                                      ("--trials", args.trials != DEFAULT_TRIALS)) if on]
             if given:
                 raise UsageError(f"{', '.join(given)}: not with --quick (it runs steady, 1 trial, its own policies)")
+    if not args.compare and args.native_pick != DEFAULT_PICK and not (args.policy or "").endswith("-native"):
+        raise UsageError(f"--native-pick {args.native_pick}: only with a *-native --policy")
     git_commit()  # the tree as it is when the run starts
     if args.duration is None:
         args.duration = 10.0 if args.compare and args.quick else 60.0

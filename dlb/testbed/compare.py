@@ -120,8 +120,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         ci = "" if math.isnan(r["ci95_s"]) else f" ± {r['ci95_s']:.2f}"
         policy = f"{r['policy']} ({r['native_pick']})" if "native_pick" in r else r["policy"]
+        vs = "–" if math.isnan(r["vs_best_operator"]) else f"{r['vs_best_operator']:.2f}"  # no operator baseline ran
         lines.append(f"| {r['scenario']} | {policy} | {r['trials']} | {r['mean_s']:.2f}{ci} | {r['p90_s']:.2f} | "
-                     f"{r['ttft_p50_s']:.2f} | {r['error_rate']:.1%} | {r['shed_rate']:.1%} | {r['vs_best_operator']:.2f} |")
+                     f"{r['ttft_p50_s']:.2f} | {r['error_rate']:.1%} | {r['shed_rate']:.1%} | {vs} |")
     return "\n".join(lines)
 
 
@@ -184,6 +185,9 @@ def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
     path = out / "records.jsonl"
     records = [_unclean(v) for _, v in json_lines(path) if isinstance(v, dict) and "policy" in v]
     pick = getattr(args, "native_pick", DEFAULT_PICK)
+    if pick != DEFAULT_PICK and not set(policies) & set(NATIVE_POLICIES):
+        print(f"dlb demo --compare: --native-pick {pick}: no *-native policy in --policies to apply it to")
+        return 2
     other = sorted({f"{r['policy']} ({r['native_pick']})" for r in records
                     if r["policy"] in policies and r.get("native_pick", pick) != pick})
     if other:  # resuming would mix two picks under one policy name

@@ -165,6 +165,8 @@ def test_compare_refuses_options_it_would_ignore_and_a_resume_with_another_nativ
                         (["--policy", "Rand"], "--policy")):
         with pytest.raises(UsageError, match=named):
             _run_demo(parse(["demo", "--compare", *argv, "--out", str(tmp_path / "x")]))
+    with pytest.raises(UsageError, match="--native-pick"):  # a pick with no native policy to apply it to
+        _run_demo(parse(["demo", "--policy", "Disc-Lat", "--native-pick", "round-robin", "--out", str(tmp_path / "y")]))
     with pytest.raises(ValueError, match="''"):
         from dlb.testbed.compare import plan
         plan(parse(["demo", "--compare", "--policies", "Disc-Lat,"]))
@@ -183,3 +185,6 @@ def test_compare_refuses_options_it_would_ignore_and_a_resume_with_another_nativ
     monkeypatch.setattr("dlb.testbed.demo.run_once", no_run)
     assert run_compare(args, out, StopFlag()) == 2  # refused before any run starts
     assert "Disc-Lat-native (least-request)" in table(summarize([rec]))
+    assert table(summarize([rec])).endswith("| – |")  # no operator baseline ran: no ratio, not "nan"
+    args.policies = "Disc-Lat"
+    assert run_compare(args, out, StopFlag()) == 2  # --native-pick with no native policy
