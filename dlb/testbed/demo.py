@@ -50,17 +50,19 @@ def apply_policy(cfg: dict[str, Any], policy: str, native_pick: str = DEFAULT_PI
     """``policy`` (a DLB policy name) on every endpoint of ``cfg``. A ``-native`` one runs in the root Envoy
     with ``native_pick``, without affinity: an endpoint with affinity keeps the ext_proc, and the point
     of the native policies is the pick with none."""
-    mech, cost, *native = policy.split("-")
-    if native:
+    from dlb.core.costs import Cost
+    from dlb.core.router import PolicyConfig
+
+    core = PolicyConfig.from_name(policy.removesuffix("-native"))
+    if policy.endswith("-native"):
         for ep in cfg["endpoints"]:
-            ep["policy"] = {"plugins": [{"type": "native-discrete", "parameters": {
-                "cost": {"RIF": "rif", "Lat": "latency", "Grad": "gradient"}[cost], "pick": native_pick}}]}
+            ep["policy"] = {"plugins": [{"type": "native-discrete", "parameters": {"cost": core.cost.value, "pick": native_pick}}]}
         return
     for ep in cfg["endpoints"]:
         pol = ep.setdefault("policy", {})
-        pol["mechanism"] = {"Disc": "discrete", "Flow": "flow"}[mech]
-        pol["cost"] = {"RIF": "rif", "Lat": "latency", "Grad": "gradient"}[cost]
-        if cost == "RIF" and "affinity" in pol:
+        pol["mechanism"] = core.mechanism.value
+        pol["cost"] = core.cost.value
+        if core.cost is Cost.RIF and "affinity" in pol:
             pol["affinity"]["prefix_savings_ms"] = 0
 
 
