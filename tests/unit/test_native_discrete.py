@@ -1,8 +1,9 @@
 """``native-discrete``: the discrete decision as least-request weights a root Envoy applies itself.
 
-What must hold: a costlier cell (slower, more loaded) gets a smaller weight; aversion scales a cell's
-share; residency keeps a forbidden cell out of the cluster; a stale cell is unhealthy unless every
-cell is (fail-open); and the control plane serves a root whose native endpoint has no ext_proc hop.
+What must hold: a costlier cell (slower, more loaded) gets a smaller weight; an averted cell gets the
+share the ext_proc's skip would leave it; residency keeps a forbidden cell out of the cluster; a stale
+cell is unhealthy unless every cell is (fail-open); and the control plane serves a root whose native
+endpoint has no ext_proc hop.
 """
 
 from __future__ import annotations
@@ -29,9 +30,46 @@ def test_weights_fall_with_cost_and_follow_replicas_at_equal_cost():
     assert w.healthy == (True, True, True)
 
 
-def test_aversion_scales_a_share_and_residency_removes_a_cell():
+def test_aversion_skips_a_share_and_residency_removes_a_cell():
+    """Two equal cells, one averted at 0.5: it is skipped half the time, so it serves a quarter."""
     w = native_weights(np.ones(3), np.ones(3), np.array([0.0, 0.5, 0.0]), ALL, np.array([True, True, False]))
-    assert w.weights == (WEIGHT_SCALE, WEIGHT_SCALE // 2, 0)
+    assert w.weights == (WEIGHT_SCALE, WEIGHT_SCALE // 3, 0)
+
+
+def _skip_then_choose(split: np.ndarray, aversion: np.ndarray, cells: np.ndarray, n: int = 200_000) -> np.ndarray:
+    """The ext_proc's rule, sampled: skip each cell with probability a_j, choose among the kept by ``split``."""
+    rng = np.random.default_rng(7)
+    s = np.where(cells, split, 0.0)
+    kept = (rng.random((n, len(s))) >= aversion) & cells
+    kept[~kept.any(axis=1)] = cells  # every cell skipped: all of them again
+    p = kept * s
+    return (p / p.sum(axis=1, keepdims=True)).mean(axis=0)
+
+
+def test_averted_split_is_the_ext_procs_skip_then_choose():
+    """Exact (≤ 12 averted cells) and sampled (more) against the rule sampled here, on random splits."""
+    from dlb.core.native_discrete import averted_split
+
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 5, 14):
+        for _ in range(4):
+            split = rng.random(n) ** 4
+            aversion = np.where(rng.random(n) < 0.7, rng.random(n), 0.0)
+            cells = rng.random(n) < 0.9
+            cells[0] = True
+            got = averted_split(split, aversion, cells)
+            assert abs(got.sum() - 1.0) < 1e-9 and (got[~cells] == 0).all()
+            assert np.abs(got - _skip_then_choose(split / split[cells].sum(), aversion, cells)).max() < 0.01
+
+
+def test_an_averted_cheaper_cell_keeps_what_the_ext_proc_would_send_it():
+    """At γ = 32 a factor (1 − a) on the sharpened split left a cheaper cell averted at the cap ~97 %
+    of the traffic; the ext_proc sends it 10 %. Neither cell averted: the split is unchanged."""
+    cost = np.array([1.0, 1.2])
+    plain = native_weights(cost, np.ones(2), np.zeros(2), np.ones(2, bool), np.ones(2, bool), sharpness=32.0)
+    assert plain.weights == (WEIGHT_SCALE, 3)
+    w = native_weights(cost, np.ones(2), np.array([0.9, 0.0]), np.ones(2, bool), np.ones(2, bool), sharpness=32.0)
+    assert abs(w.weights[0] / sum(w.weights) - 0.1) < 0.005
 
 
 def test_a_stale_cell_is_unhealthy_unless_none_is_usable():
@@ -261,3 +299,15 @@ def test_the_simulator_runs_native_discrete_without_leaking_active_requests(monk
     r = engine.simulate(sc, "Disc-Lat-native")
     assert r.completed > 0.9 * r.arrivals
     assert built and all(float(np.abs(root.active).sum()) == 0.0 for roots in built for root in roots)
+
+
+def test_the_fill_pick_sends_an_averted_cells_skipped_share_to_the_next_cheapest():
+    """The fill can put every request on one cell; averted at 0.9 that cell must keep ~10 %, as the
+    ext_proc's skip would leave it, not all of it (a factor (1 − a) on a split of 1 : 0 changes nothing)."""
+    from dlb.core.native_discrete import PICKS, router_weights
+
+    r = _lat_router(0.0)
+    assert router_weights(r, 10.0, PICKS["round-robin-fill"], 0.0).weights == (WEIGHT_SCALE, 1)
+    r.aversion[0] = 0.9
+    w = router_weights(r, 10.0, PICKS["round-robin-fill"], 0.0).weights
+    assert abs(w[0] / sum(w) - 0.1) < 0.005
