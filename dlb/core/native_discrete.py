@@ -185,11 +185,11 @@ def router_weights(r: RootRouter, now: float, pick: Pick, offset: float) -> Nati
     n, m = r.workload(), r.models
     lam = fleet_rate(n[ok], m.a[ok], m.b[ok], m.c[ok], m.s[ok], r.policy.flow.min_rate_fraction)
     split = fill_split(r.policy.cost, n, r.replicas, m, r.rtt, ok, lam * pick.fill_s)
-    # Cells the fill left empty keep a trace of the cost split, so a skipped cell's mass goes to the
-    # next cheapest, as the ext_proc's argmin over the kept cells would send it.
+    # With a cell averted, cells the fill left empty get a trace of the cost split, so its skipped share
+    # goes to the next cheapest, as the ext_proc's argmin over the kept cells would send it.
     c = r.costs(now) + offset
     fin = ok & np.isfinite(c)
-    if fin.any():
+    if fin.any() and (r.aversion[split > 0] > 0).any():
         trace = cost_split(c, r.replicas, fin, pick.sharpness)
         split = split + FILL_TRACE * trace / float(trace.sum())
     w = averted_split(split, r.aversion, split > 0)
