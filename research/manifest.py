@@ -74,6 +74,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("compare-stress/native-real-*", "dlb demo --compare --scenarios steady,slow-cell,overload,cell-outage --policies Disc-Lat,"
                                      "Disc-Lat-native --native-pick round-robin --trials 3 --duration 45 --out DIR (-bc68ca2: "
                                      "--scenarios cell-outage --trials 6 resuming the first run; research/native-discrete-real-rule.md)"),
+    ("compare-stress/native-aversion/twin-*", "PYTHONPATH=TREE .venv/bin/python research/compare-stress/native_tune.py "
+                                              "201,202,203,204,205,206 POLICIES steady,overload,slow-cell,cell-outage,burst,"
+                                              "long-prompts > FILE (TREE, POLICIES: research/native-aversion-rule.md)"),
+    ("compare-stress/native-aversion/real-*", "dlb demo --compare --scenarios cell-outage --policies Disc-Lat,Disc-Lat-native "
+                                              "--native-pick round-robin --trials 9 --duration 45 --no-live --out DIR, resuming "
+                                              "native-real-bc68ca2's records (research/native-aversion-rule.md)"),
     ("bench/native-outage-retry/*", "PYTHONPATH=TREE .venv/bin/python research/tools/native_outage_retry.py --trials 3 --json FILE "
                                     "(TREE: the commit in the file's name; research/native-discrete.md)"),
     ("compare-stress/*", "dlb demo --compare --scenarios S --policies hub-score,locality-failover,Flow-Grad --trials 3 "
