@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.bound_at_start import restart_only_changes
-from dlb.config.model import OPERATOR_BASELINES, Config, HostPort
+from dlb.config.model import Config, HostPort
+from dlb.envoy.bootstrap import root_has_ext_proc
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
 from dlb.procutil import free_port, reserve_ports
@@ -69,6 +70,7 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     A ``listen`` equal to its ``address`` (a loopback address binds as it is) is listed once, under
     ``address``: one port in use was reported twice, once under a field the user never wrote.
     """
+    root_services = root_services and root_has_ext_proc(cfg, native_flow=True)  # as :func:`plan` starts them
     cp = cfg.services.control_plane
     out = [("services.control_plane.xds", cp.xds), ("services.control_plane.status", cp.status)]
     for i, cell in enumerate(cfg.cells):
@@ -238,7 +240,7 @@ class Deployment:
                   for k, (_, status) in enumerate(self.control_planes[1:])]
         for r in self.roots.values():
             more = "".join(f"  admin {k + 2} {url}" for k, url in enumerate(self.more_root_admin.get(r.cell, [])))
-            lines.append(f"root {r.cell}: base_url {r.base_url}  metrics {r.metrics_url}  admin {r.admin_url}{more}")
+            lines.append(f"root {r.cell}: base_url {r.base_url}  metrics {r.metrics_url or 'none'}  admin {r.admin_url}{more}")
         for cell, url in self.leaf_metrics.items():
             lines.append(f"leaf {cell}: metrics {url}  admin {self.leaf_admin[cell]}")
         return "\n".join(lines)
@@ -305,8 +307,9 @@ def plan(cfg: Config, config_path: str, sup: Supervisor, emulate_wan: bool = Fal
     runs Rand this way: flow endpoints, weights frozen at the replica split by ``--no-probe``).
     """
     run_dir = sup.run_dir
-    # An operator baseline runs without DLB on the request path: no root service to start.
-    root_services = root_services and cfg.policy.weights not in OPERATOR_BASELINES
+    # No root Envoy with an ext_proc (an operator baseline, or every endpoint native): no root service to
+    # start. One would only probe every leaf the control plane already probes for the native weights.
+    root_services = root_services and root_has_ext_proc(cfg, native_flow=True)
     # The config's ports are not bound until their services start: an admin or metrics port drawn
     # below must not be one of them (the config may come from another process's free_port()).
     reserve_ports(hp.port for _, hp in listen_addresses(cfg, root_services))
@@ -454,7 +457,8 @@ def started_processes(cfg: Config) -> dict[str, object]:
                     leaf.address, leaf.bind, leaf.probe, leaf.ext_proc, leaf.access_log_address())
         if cell.root.address is not None:
             out[f"root {cell.name}"] = (cell.root.address, cell.root.bind, cell.root.ext_proc)
-    out["the root services (none under an operator baseline)"] = cfg.policy.weights not in OPERATOR_BASELINES
+    out["the root services (none when no root Envoy has an ext_proc: an operator baseline, every endpoint native)"] = (
+        root_has_ext_proc(cfg, native_flow=True))
     out["services.root"] = cfg.services.root
     return out
 

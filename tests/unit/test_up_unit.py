@@ -161,6 +161,32 @@ def test_a_cell_served_by_an_inference_pool_gets_no_dlb_leaf(tmp_path: Path) -> 
     assert set(ControlPlane(cfg)._static.leaf) == {leaf_key("us-east1")}
 
 
+def test_up_starts_no_root_service_when_every_endpoint_runs_natively(tmp_path: Path) -> None:
+    """Every endpoint native-discrete without affinity: no root Envoy carries an ext_proc, so ``dlb up``
+    starts no root service (it would only probe the leaves the control plane already probes), checks
+    none of its ports, and says so on the console; a reload that needs one back is refused by name.
+    One endpoint on the ext_proc (affinity keeps it): the services start."""
+    from dlb.config import config_from_dict
+    from dlb.launch.supervisor import Supervisor
+    from dlb.launch.up import listen_addresses, plan, process_changes
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    raw = demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]})
+    with_ext_proc = config_from_dict(raw)
+    for ep in raw["endpoints"]:
+        ep["policy"] = {"plugins": [{"type": "native-discrete", "parameters": {"cost": "latency"}}]}
+    native = config_from_dict(raw)
+    dep = plan(native, str(tmp_path / "dlb.yaml"), Supervisor(tmp_path / "run"))
+    names = [c.name for c in dep.supervisor.children]
+    assert "root us-east1 service" not in names and "root us-east1 envoy" in names, names
+    assert not [f for f, _ in listen_addresses(native) if f.endswith("root.ext_proc") or f.startswith("services.root.metrics")]
+    assert "root us-east1: base_url http://" in dep.urls_text() and "metrics none  admin" in dep.urls_text()
+    assert [c for c in process_changes(native, with_ext_proc) if c.startswith("the root services")], (
+        process_changes(native, with_ext_proc))
+    dep = plan(with_ext_proc, str(tmp_path / "dlb2.yaml"), Supervisor(tmp_path / "run2"))
+    assert "root us-east1 service" in [c.name for c in dep.supervisor.children]
+
+
 def test_a_reload_that_needs_other_processes_is_named_not_half_applied() -> None:
     """What ``dlb up``'s SIGHUP refuses: a cell added or removed, a leaf bound elsewhere, a source cell's
     root, the shared services. What it passes on: what the control planes apply live (servers, policy)."""
