@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 import urllib.parse
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from dlb.finite_json import dumps as json_dumps
 from dlb.load.argtypes import positive_float
-from dlb.load.generator import LoadRunner, Result, json_safe, summarize, write_results
+from dlb.load.generator import LoadRunner, Result, summarize, write_results
 from dlb.load.workload import WorkloadRequest, WorkloadSpec, generate, read_trace
 
 
@@ -149,7 +149,7 @@ def run_load(args: argparse.Namespace) -> int:
     if args.out:
         write_results(results, args.out)
     if args.json:
-        Path(args.json).write_text(json.dumps(json_safe(s), indent=1, allow_nan=False))
+        Path(args.json).write_text(json_dumps(s, indent=1))
     if stopped_by:  # as a shell reports a command its signal ended, so `dlb load ... && next` does not go on
         return 128 + stopped_by[0]
     return 0 if s["requests"] and s["ok"] == s["requests"] else 1

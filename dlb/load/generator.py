@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dlb.finite_json import dumps as json_dumps
 from dlb.load.workload import WorkloadRequest
 
 SERVER_HEADER = "x-dlb-server"
@@ -214,18 +215,6 @@ def _counts(items: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def json_safe(obj: Any) -> Any:
-    """``obj`` with every NaN float replaced by None: strict JSON (``NaN`` is not JSON, and jq, JS and
-    most JSON readers refuse it), where "nothing to measure" reads as null."""
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
 def write_results(results: list[Result], path: str | Path) -> None:
     """``.csv`` → CSV with a header; anything else → JSON lines."""
     p = Path(path)
@@ -237,4 +226,4 @@ def write_results(results: list[Result], path: str | Path) -> None:
             w.writerows(rows)
     else:
         with open(p, "w") as fh:
-            fh.writelines(json.dumps(json_safe(row), allow_nan=False) + "\n" for row in rows)
+            fh.writelines(json_dumps(row) + "\n" for row in rows)
