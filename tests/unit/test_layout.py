@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "emulator": {"log", "procutil", "errors"},
     "service": {"log", "errors", "transport"},
     "probe": {"core"} | FOUNDATION,
-    "load": set(),
+    "load": {"finite_json"},
     "sim": {"core", "config", "emulator"} | FOUNDATION,
     "theory": {"core"} | FOUNDATION,
     "ext_proc": {"core", "config", "envoy", "xds", "service", "probe", "transport"} | FOUNDATION,
