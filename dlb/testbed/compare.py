@@ -35,6 +35,7 @@ from dlb.core.native_discrete import DEFAULT_PICK
 from dlb.launch.up import StopFlag
 from dlb.load.generator import Result, quantile
 from dlb.resumable import json_lines
+from dlb.testbed.demo_run import native_label
 from dlb.testbed.scenarios import REQUEST_TIMEOUT_S, SCENARIOS, trial_seed
 
 OPERATOR = ("lr-global", "locality-failover", "hub-score")
@@ -119,7 +120,7 @@ def table(rows: list[dict[str, Any]]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ci = "" if math.isnan(r["ci95_s"]) else f" ± {r['ci95_s']:.2f}"
-        policy = f"{r['policy']} ({r['native_pick']})" if "native_pick" in r else r["policy"]
+        policy = native_label(r["policy"], r["native_pick"]) if "native_pick" in r else r["policy"]
         vs = "–" if math.isnan(r["vs_best_operator"]) else f"{r['vs_best_operator']:.2f}"  # no operator baseline ran
         lines.append(f"| {r['scenario']} | {policy} | {r['trials']} | {r['mean_s']:.2f}{ci} | {r['p90_s']:.2f} | "
                      f"{r['ttft_p50_s']:.2f} | {r['error_rate']:.1%} | {r['shed_rate']:.1%} | {vs} |")
@@ -188,7 +189,7 @@ def run_compare(args: argparse.Namespace, out: Path, stop: StopFlag) -> int:
     if pick != DEFAULT_PICK and not set(policies) & set(NATIVE_POLICIES):
         print(f"dlb demo --compare: --native-pick {pick}: no *-native policy in --policies to apply it to")
         return 2
-    other = sorted({f"{r['policy']} ({r['native_pick']})" for r in records
+    other = sorted({native_label(r["policy"], r["native_pick"]) for r in records
                     if r["policy"] in policies and r.get("native_pick", pick) != pick})
     if other:  # resuming would mix two picks under one policy name
         print(f"dlb demo --compare: {path} holds {', '.join(other)}, not --native-pick {pick}: use another --out or that pick")

@@ -32,7 +32,7 @@ from dlb.launch.up import StopFlag, http_ok, plan
 from dlb.load.generator import CUT, LoadRunner
 from dlb.load.workload import generate, with_phases
 from dlb.procutil import free_port_block
-from dlb.testbed.demo_run import BASELINE_WEIGHTS, DemoRun, Sample
+from dlb.testbed.demo_run import BASELINE_WEIGHTS, DemoRun, Sample, native_label
 from dlb.testbed.fleet import (
     DEFAULT_FLEET,
     CellPlan,
@@ -69,7 +69,7 @@ def apply_policy(cfg: dict[str, Any], policy: str, native_pick: str = DEFAULT_PI
 def _policy_name(args: argparse.Namespace) -> str | None:
     """``--policy`` as the report names it: a native one with its pick."""
     if args.policy and args.policy.endswith("-native"):
-        return f"{args.policy} ({getattr(args, 'native_pick', DEFAULT_PICK)})"
+        return native_label(args.policy, getattr(args, "native_pick", DEFAULT_PICK))
     return args.policy
 
 
@@ -84,7 +84,7 @@ def policy_label(cfg: dict[str, Any], source: str = "<demo>") -> str:
     parts = []
     for ep in config.endpoints:
         core = ep.policy.to_core(config.probe)
-        name = f"{core.name}-native ({ep.policy.native_pick})" if ep.policy.native else core.name
+        name = native_label(f"{core.name}-native", ep.policy.native_pick) if ep.policy.native else core.name
         parts.append(f"{ep.name} {name}{' + affinity' if core.affinity.enabled else ''}")
     return ", ".join(parts)
 

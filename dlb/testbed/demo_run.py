@@ -28,6 +28,11 @@ DEFAULT_POLICIES = (*BASELINE_POLICIES, *DLB_POLICIES)
 ALL_POLICIES = (*DEFAULT_POLICIES, *NATIVE_POLICIES)
 
 
+def native_label(policy: str, pick: str) -> str:
+    """A native policy as reports and records name it: with its pick, which changes what it does."""
+    return f"{policy} ({pick})"
+
+
 @dataclass
 class Sample:
     """One second of the run as the control plane and the roots saw it."""
