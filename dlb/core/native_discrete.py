@@ -194,6 +194,9 @@ def router_weights(r: RootRouter, now: float, pick: Pick, offset: float) -> Nati
         split = split + FILL_TRACE * trace / float(trace.sum())
     w = averted_split(split, r.aversion, split > 0)
     top = float(w.max())
+    if not top > 0:  # nothing to fill (no arrivals expected): the replica split among the usable cells
+        w = np.where(ok, r.replicas, 0.0).astype(float)
+        top = float(w.max())
     ints = np.where(r.allowed, np.maximum(1, np.round(w / top * WEIGHT_SCALE)), 0).astype(int)
     return NativeWeights(tuple(int(x) for x in ints), tuple(bool(x) for x in ok))
 

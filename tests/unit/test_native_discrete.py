@@ -311,3 +311,13 @@ def test_the_fill_pick_sends_an_averted_cells_skipped_share_to_the_next_cheapest
     r.aversion[0] = 0.9
     w = router_weights(r, 10.0, PICKS["round-robin-fill"], 0.0).weights
     assert abs(w[0] / sum(w) - 0.1) < 0.005
+
+
+def test_the_fill_pick_with_nothing_to_fill_keeps_the_replica_split(monkeypatch):
+    """No arrivals expected (config keeps the rate floor above 0, so only a broken estimate gets here): the
+    fill is empty, and the weights are the usable cells' replicas, not a division by zero."""
+    from dlb.core import native_discrete
+    from dlb.core.native_discrete import PICKS, router_weights
+
+    monkeypatch.setattr(native_discrete, "fleet_rate", lambda *a: 0.0)
+    assert router_weights(_lat_router(0.0), 10.0, PICKS["round-robin-fill"], 0.0).weights == (WEIGHT_SCALE, WEIGHT_SCALE)
