@@ -47,6 +47,10 @@ def run_epp(args: argparse.Namespace) -> int:
         raise UsageError(f"--{str(exc).replace('_', '-', 2)}") from None
     tracing = tracing_options(args, f"dlb-epp-{args.cell}")
     cfg, cell = load_cell(args.config, args.cell)
+    if cell.leaf.foreign:  # the roots read what runs there (leaf.source), never this EPP's probe answers
+        raise UsageError(f"dlb serve epp: {args.config}: cells[{cell.index}].leaf.source is {cell.leaf.source!r}: the roots "
+                         f"read cell {cell.name!r}'s {cell.leaf.source} metrics, not an EPP's; for a pool this EPP serves, "
+                         f"leave leaf.source at 'dlb' (its probe address is then the EPP's)")
     listen = args.listen or str(cell.leaf.ext_proc or cell.leaf.probe)
     pool = pool_ref(args, cell, args.config)
     run_event_loop(run_epp(cfg, EppOptions(

@@ -91,3 +91,15 @@ def test_a_leaf_refuses_a_foreign_cell(tmp_path: Path, source: str) -> None:
     args = build_parser(None).parse_args(["serve", "leaf", "--config", str(tmp_path / "dlb.yaml"), "--cell", "pool"])
     with pytest.raises(UsageError, match=rf"cells\[0\]\.leaf\.source is '{source}': cell 'pool' runs no DLB leaf"):
         args.func(args)
+
+
+@pytest.mark.parametrize(("source", "cell"), [("vllm", "servers: ['10.0.0.1:8000']"), ("gie", "replicas: 1")])
+def test_an_epp_refuses_a_foreign_cell(tmp_path: Path, source: str, cell: str) -> None:
+    """A gie cell has no servers of DLB's (its EPP died in a traceback: a leaf needs at least one server);
+    a vllm cell's servers are scraped by the roots, which never read this EPP's probe answers."""
+    from dlb.cli import build_parser
+
+    (tmp_path / "dlb.yaml").write_text(config(cell).replace("leaf: {", f"leaf: {{source: {source}, "))
+    args = build_parser(None).parse_args(["serve", "epp", "--config", str(tmp_path / "dlb.yaml"), "--cell", "pool"])
+    with pytest.raises(UsageError, match=rf"dlb serve epp: .*cells\[0\]\.leaf\.source is '{source}': the roots read"):
+        args.func(args)
