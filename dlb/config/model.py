@@ -221,11 +221,12 @@ class Cell:
         return tuple((r.address, 1) for r in self.leaf.all_replicas())
 
     def scrape_addresses(self) -> tuple[str, ...]:
-        """What a prober reads for a foreign cell: each server's ``/metrics`` (``vllm``), the EPP's (``gie``)."""
+        """What a prober reads for a foreign cell: each server's ``/metrics`` (``vllm``); the EPP's, then the
+        gateway it checks accepts connections (``gie``)."""
         if self.leaf.source == "vllm":
             return tuple(str(a) for s in self.servers for a in s.rank_addresses())
         if self.leaf.source == "gie":
-            return (str(self.leaf.probe),)
+            return str(self.leaf.probe), str(self.leaf.address)
         return ()
 
 

@@ -33,8 +33,10 @@ def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | N
     age = metric_value(root_metrics, "dlb_root_probe_age_seconds", cell=dest)
     probe = cfg.cell(dest).leaf.probe
     if cfg.cell(dest).leaf.foreign:
-        where = ", ".join(cfg.cell(dest).scrape_addresses()[:3])
-        return f"its metrics to answer ({cfg.cell(dest).leaf.source} cell: /metrics of {where}; {errors:.0f} scrapes failed)"
+        cell = cfg.cell(dest)
+        where = cell.leaf.probe if cell.leaf.source == "gie" else ", ".join(cell.scrape_addresses()[:3])
+        gateway = f", its gateway {cell.leaf.address} to accept connections" if cell.leaf.source == "gie" else ""
+        return f"its metrics to answer{gateway} ({cell.leaf.source} cell: /metrics of {where}; {errors:.0f} scrapes failed)"
     if leaf_metrics is not None and metric_value(leaf_metrics, "dlb_leaf_envoy_reachable") == 0:
         return f"its leaf Envoy at {cfg.cell(dest).leaf.address} (its agent cannot reach it, so it refuses probes)"
     if oks == 0:

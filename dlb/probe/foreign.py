@@ -8,7 +8,10 @@ Two sources (``cells[].leaf.source``):
 - ``gie``: a Gateway API Inference Extension (or llm-d) gateway's endpoint picker's ``/metrics``: the
   pool averages llm-d's multi-cluster hub ranks clusters by. RIF = the EPP's running requests (summed
   over models), or average queue × ready pods when it exports none; replicas = ready pods; the error
-  rate = an EMA of the request and error counters' growth between scrapes.
+  rate = an EMA of the request and error counters' growth between scrapes. The gateway itself (the
+  cell's ``leaf.address``, the data path) must accept a TCP connection at each scrape, or the scrape
+  fails: the EPP's metrics say nothing of it, and a dead gateway stayed usable while every request the
+  root sent there failed to connect and took the cross-cell retry.
 
 Why answers in the leaf's message: the root's router, aversion and shedding then treat a foreign cell
 exactly as a DLB cell, with no second code path.
@@ -46,7 +49,7 @@ from dlb.core.estimator import EstimatorConfig, LatencyEstimator
 from dlb.core.foreign_latency import IntervalLatency, outlived
 from dlb.core.latency_model import LatencyParams
 from dlb.probe.codec import model_message
-from dlb.probe.scrape import Scrape, ScrapeSlow, http_get, scrape_vllm
+from dlb.probe.scrape import Scrape, ScrapeSlow, http_get, scrape_vllm, tcp_accepts
 from dlb.probe.target import ProbeTarget
 from dlb.proto import probe_pb2
 
@@ -242,6 +245,11 @@ class ForeignProber:
             body = await http_get(self.target.scrape[0], "/metrics", timeout_s)
         except (TimeoutError, OSError) as e:
             raise ValueError(f"endpoint picker metrics of cell {self.target.name} at {self.target.scrape[0]}: {e or type(e).__name__}") from None
+        if len(self.target.scrape) > 1:  # the gateway: where the root's requests go (Config.scrape_addresses)
+            try:
+                await tcp_accepts(self.target.scrape[1], timeout_s)
+            except (TimeoutError, OSError) as e:
+                raise ValueError(f"gateway of cell {self.target.name} at {self.target.scrape[1]}: {e or type(e).__name__}") from None
         pool = parse_pool(body.decode("utf-8", "replace"))
         if pool.requests is not None and pool.errors is not None:
             if self._counters is not None:

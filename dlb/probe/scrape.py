@@ -35,6 +35,13 @@ async def http_get(address: str, path: str, timeout_s: float) -> bytes:
     return body
 
 
+async def tcp_accepts(address: str, timeout_s: float) -> None:
+    """Return once ``address`` accepts a TCP connection (closed at once); OSError or TimeoutError if it does not."""
+    host, _, port = address.rpartition(":")
+    _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+    writer.close()
+
+
 def _unchunk(data: bytes) -> bytes:
     """A chunked body's payload (ValueError if the framing is broken)."""
     out = bytearray()

@@ -138,7 +138,7 @@ def test_a_gie_cell_is_probed_at_its_endpoint_picker_and_reached_at_its_gateway(
     data = _foreign(source="gie", address="127.0.0.1:10020", probe="127.0.0.1:9090")
     del data["cells"][1]["servers"]  # its pool's pods are the EPP's business
     cfg = config_from_dict(data)
-    assert cfg.cell("b").scrape_addresses() == ("127.0.0.1:9090",) and cfg.cell("b").upstreams()[0][0].port == 10020
+    assert cfg.cell("b").scrape_addresses() == ("127.0.0.1:9090", "127.0.0.1:10020") and cfg.cell("b").upstreams()[0][0].port == 10020
 
 
 @pytest.mark.parametrize(("leaf", "path", "says"), [
