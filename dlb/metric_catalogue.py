@@ -171,7 +171,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_als_peers_refused", "counter", (), "Access-log connections from another user, refused"),
     MetricDef("leaf", "dlb_leaf_model", "gauge", ("param",), "Published latency-model parameter"),
     MetricDef("leaf", "dlb_leaf_fit_seconds", "counter", (), "Time spent fitting the latency model"),
-    MetricDef("leaf", "dlb_leaf_pick_rule", "gauge", ("rule",), "1 for the server-pick rule in use (config or xDS LeafPolicy)"),
+    MetricDef("leaf", "dlb_leaf_pick_rule", "gauge", ("rule",), "1 for the server-pick rule in use (config or xDS LeafPolicy; "
+              "envoy-least-request: no leaf.ext_proc, the leaf Envoy picks)"),
     MetricDef("leaf", "dlb_leaf_pick_choices", "gauge", (), "Servers probed per pick in use"),
     MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
     *_tls("leaf"),

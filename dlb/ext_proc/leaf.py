@@ -55,6 +55,10 @@ HOLD_DEADLINE_RESPONSE = openai_error(503, "dlb: no rank of this data-parallel s
                                       retry_after_s=1)
 
 
+#: ``dlb_leaf_pick_rule``'s rule when the cell has no leaf ext_proc: Envoy's own pick, whatever the policy says.
+ENVOY_PICKS = "envoy-least-request"
+PICK_RULE_HELP = "1 for the server-pick rule in use (config or xDS LeafPolicy; envoy-least-request: no leaf.ext_proc, the leaf Envoy picks)"
+
 class LeafAgent:
     """The leaf's ExternalProcessor and the parts around one :class:`LeafState`."""
 
@@ -66,6 +70,8 @@ class LeafAgent:
         self.processing = FastHistogram()
         #: Counters of the HTTP/2 ext_proc transport when it serves this agent (exported at scrape time).
         self.transport_stats = None
+        #: The cell has no leaf ext_proc, so its Envoy's LEAST_REQUEST picks the server, not this agent's rule.
+        self.envoy_picks = False
         self.access_log = LeafAccessLog(state, clock)
         #: The access-log socket's peer check when it is a Unix socket (set by the runner).
         self.als_gate: PeerGate | None = None
@@ -203,9 +209,10 @@ class LeafAgent:
                                     ("cancelled", q.cancelled)):
                         outcome.add_metric([members[0], name], v)
             yield from (kv, held, held_s, outcome)
-        rule = GaugeMetricFamily("dlb_leaf_pick_rule", "1 for the server-pick rule in use (config or xDS LeafPolicy)", labels=["rule"])
+        rule = GaugeMetricFamily("dlb_leaf_pick_rule", PICK_RULE_HELP, labels=["rule"])
         for name in PICK_RULES:
-            rule.add_metric([name], float(st.pick_rule == name))
+            rule.add_metric([name], float(st.pick_rule == name and not self.envoy_picks))
+        rule.add_metric([ENVOY_PICKS], float(self.envoy_picks))
         yield rule
         yield GaugeMetricFamily("dlb_leaf_pick_choices", "Servers probed per pick in use", value=st.choices)
         yield GaugeMetricFamily("dlb_leaf_healthy_servers", "Servers usable for picking", value=st.healthy(now))

@@ -143,6 +143,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     state = state_from_config(cfg, cell_name, lp.pick_params.choices, opts.seed, lp.fit.refit_period_s, lp.fit.window_s,
                               pick_rule=lp.pick)
     agent = LeafAgent(state)
+    agent.envoy_picks = cfg.cell(cell_name).leaf.ext_proc is None  # no leaf ext_proc: the leaf Envoy picks
     agent.access_log.known_sources = frozenset(cfg.cell_names)
     bg = agent.background
     sync = None

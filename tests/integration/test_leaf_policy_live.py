@@ -29,7 +29,9 @@ pytestmark = pytest.mark.timeout(120)
 def _config(xds: str, status: str, plugins: list[dict]) -> dict:
     doc = {
         "version": 1,
-        "cells": [{"name": n, "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}"},
+        # With a leaf ext_proc: without one the leaf Envoy picks, and the metric says envoy-least-request.
+        "cells": [{"name": n, "leaf": {"address": f"127.0.0.1:{free_port()}", "probe": f"127.0.0.1:{free_port()}",
+                                       "ext_proc": f"127.0.0.1:{free_port()}"},
                    "servers": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]} for n in ("a", "b")],
         "network": {"default_one_way_ms": 5},
         "endpoints": [{"name": "m", "match": {"prefix": "/"}}],
