@@ -39,8 +39,9 @@ def register_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-file", default=None, help="write {xds, status, pid} JSON here once serving (testbeds, benches)")
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/gRPC collector host:port the root and leaf Envoys it configures send spans to (default: off)")
-    p.add_argument("--trace-sample-ratio", type=float, default=0.01,
-                   help="share of requests without a traceparent the Envoys trace (default %(default)s)")
+    p.add_argument("--trace-sample-ratio", type=float, default=None,
+                   help="share of requests without a traceparent the Envoys trace (default 0.01; "
+                        "needs --otlp-endpoint)")
     add_moved_flags(p, {"--mnlb": "policy.plugins: [{type: mnlb}]"})
     p.set_defaults(func=run_serve)
 
@@ -49,14 +50,16 @@ def envoy_tracing(args: argparse.Namespace) -> EnvoyTracing | None:
     """The Envoys' tracer from ``--otlp-endpoint`` / ``--trace-sample-ratio`` (None: off); UsageError naming the flag."""
     from dlb.config import parse_hostport
     from dlb.envoy.tracing import EnvoyTracing
+    from dlb.service.tracing import sample_ratio
 
+    ratio = sample_ratio(args)
     if not args.otlp_endpoint:
         return None
     otlp = parse_hostport(args.otlp_endpoint)
     if otlp is None:
         raise UsageError(f"--otlp-endpoint: {args.otlp_endpoint!r} is not host:port")
     try:
-        return EnvoyTracing(otlp, args.trace_sample_ratio)
+        return EnvoyTracing(otlp, ratio)
     except ValueError as e:
         raise UsageError(f"--trace-sample-ratio: {e}") from None
 

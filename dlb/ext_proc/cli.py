@@ -23,18 +23,20 @@ if TYPE_CHECKING:  # pragma: no cover
 def add_tracing_flags(p: argparse.ArgumentParser, what: str) -> None:
     """``--otlp-endpoint`` and ``--trace-sample-ratio`` (every service that can trace takes the same two)."""
     p.add_argument("--otlp-endpoint", default=None, help=f"OTLP/gRPC collector host:port: a span per {what} (default: tracing off)")
-    p.add_argument("--trace-sample-ratio", type=float, default=0.01,
-                   help="share of traces sampled when the request's traceparent does not decide (default %(default)s)")
+    p.add_argument("--trace-sample-ratio", type=float, default=None,
+                   help="share of traces sampled when the request's traceparent does not decide (default 0.01; "
+                        "needs --otlp-endpoint)")
 
 
 def tracing_options(args: argparse.Namespace, service_name: str) -> TracingOptions:
     from dlb.config import parse_hostport
-    from dlb.service.tracing import TracingOptions
+    from dlb.service.tracing import TracingOptions, sample_ratio
 
+    ratio = sample_ratio(args)
     if args.otlp_endpoint and parse_hostport(args.otlp_endpoint) is None:  # before anything starts (dlb up started its children first)
         raise UsageError(f"--otlp-endpoint: {args.otlp_endpoint!r} is not host:port")
     try:
-        return TracingOptions(args.otlp_endpoint, args.trace_sample_ratio, service_name=service_name)
+        return TracingOptions(args.otlp_endpoint, ratio, service_name=service_name)
     except ValueError as exc:
         raise UsageError(f"--trace-sample-ratio: {exc}") from None
 

@@ -32,7 +32,7 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
 def _run_up(args: argparse.Namespace) -> int:
     from dlb.launch.up import run_up
 
-    tracing_options(args, "dlb")  # checks the ratio before anything starts
-    tracing = ["--otlp-endpoint", args.otlp_endpoint, "--trace-sample-ratio", str(args.trace_sample_ratio)] if args.otlp_endpoint else []
+    opts = tracing_options(args, "dlb")  # checks the ratio before anything starts
+    tracing = ["--otlp-endpoint", args.otlp_endpoint, "--trace-sample-ratio", str(opts.sample_ratio)] if args.otlp_endpoint else []
     return run_up(args.config, args.run_dir, args.emulate_wan, args.ready_timeout, args.duration, args.insecure, tracing,
                   control_planes=args.control_planes, root_envoys=args.root_envoys)

@@ -25,12 +25,27 @@ from dlb.errors import UsageError
 AttributeValue = str | int | float | bool
 
 
+#: ``--trace-sample-ratio`` when not given.
+DEFAULT_SAMPLE_RATIO = 0.01
+
+
+def sample_ratio(args: Any) -> float:
+    """``--trace-sample-ratio`` or its default; a UsageError when given without ``--otlp-endpoint``, which
+    left tracing off without a word."""
+    if args.trace_sample_ratio is None:
+        return DEFAULT_SAMPLE_RATIO
+    if not args.otlp_endpoint:
+        raise UsageError(f"--trace-sample-ratio {args.trace_sample_ratio:g} needs --otlp-endpoint: without a collector "
+                         "tracing is off")
+    return float(args.trace_sample_ratio)
+
+
 @dataclass(frozen=True)
 class TracingOptions:
     """Where spans go: ``otlp_endpoint`` ``host:port`` of an OTLP/gRPC collector (None: tracing off)."""
 
     otlp_endpoint: str | None = None
-    sample_ratio: float = 0.01
+    sample_ratio: float = DEFAULT_SAMPLE_RATIO
     service_name: str = "dlb"
 
     def __post_init__(self) -> None:

@@ -57,6 +57,15 @@ def test_a_bad_otlp_endpoint_is_refused_before_dlb_up_starts_anything(capsys: py
     assert "--otlp-endpoint: 'nonsense' is not host:port" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["up", "--config", "envoy_configs/dlb.example.yaml"],
+                                  ["serve", "control-plane", "--config", "envoy_configs/dlb.example.yaml"],
+                                  ["serve", "epp", "--config", "envoy_configs/dlb.example.yaml", "--cell", "us-east1"]])
+def test_a_sample_ratio_without_a_collector_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """It was accepted and tracing stayed off without a word."""
+    assert main([*argv, "--trace-sample-ratio", "0.5"]) == 1
+    assert "--trace-sample-ratio 0.5 needs --otlp-endpoint" in capsys.readouterr().err
+
+
 def test_heldrun_refuses_g_and_b_lists_of_different_lengths(capsys: pytest.CaptureFixture[str]) -> None:
     """``zip(strict=True)`` raised a ValueError traceback once the run had started."""
     assert main(["bfio", "heldrun", "--G", "8,16", "--B", "32"]) == 1
