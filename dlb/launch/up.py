@@ -183,7 +183,7 @@ def _fetch(url: str) -> str | None:
 def _root_waiting(ready_file: Path, metrics_url: str, dep: Deployment, cell: str) -> str:
     """What a root service lacks before it is ready: its listener, or usable cells (and why each is not),
     by the config running now (``dep.cfg``, replaced on reload)."""
-    from dlb.launch.waiting import root_waiting
+    from dlb.launch.waiting import last_probe_failures, root_waiting
 
     cfg, leaf_metrics = dep.cfg, dep.leaf_metrics
     if not ready_file.exists():
@@ -192,7 +192,18 @@ def _root_waiting(ready_file: Path, metrics_url: str, dep: Deployment, cell: str
     if text is None:
         return f"its metrics at {metrics_url}"
     dests = {d.name for d in cfg.allowed_destinations(cell)}
-    return root_waiting(text, cfg, cell, {c: _fetch(url) for c, url in leaf_metrics.items() if c in dests})
+    return root_waiting(text, cfg, cell, {c: _fetch(url) for c, url in leaf_metrics.items() if c in dests},
+                        last_probe_failures(_tail(ready_file.parent / f"root-{cell}.log")))
+
+
+def _tail(path: Path, size: int = 65536) -> str:
+    """The last ``size`` bytes of a log ("" if it is not there yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - size))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 @dataclass

@@ -12,6 +12,8 @@ Pure: metric texts in, a sentence out (the supervisor asks for it every few seco
 
 from __future__ import annotations
 
+import json
+
 from dlb.config.model import Config
 from dlb.launch.metrics_text import metric_value
 
@@ -26,8 +28,26 @@ def unusable(root_metrics: str, cfg: Config, cell: str) -> dict[str, list[str]]:
     return out
 
 
-def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | None) -> str:
-    """Why one destination cell is not usable: its leaf does not answer probes, or answers with no server."""
+def last_probe_failures(log_tail: str) -> dict[str, str]:
+    """Cell -> the reason of the last ``probe_failed`` line in a root's JSON log (its tail): the metrics count
+    failures but cannot say why, and a foreign cell's reason ("exports no pool metrics…") was only in the log."""
+    out: dict[str, str] = {}
+    for line in log_tail.splitlines():
+        if '"probe_failed"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the tail's first line may be cut
+        if isinstance(rec, dict) and rec.get("event") == "probe_failed" and "cell" in rec:
+            out[str(rec["cell"])] = str(rec.get("reason", ""))
+    return out
+
+
+def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | None, last_error: str = "") -> str:
+    """Why one destination cell is not usable: its leaf does not answer probes, or answers with no server.
+    ``last_error``: the root's last probe failure for it (from its log), shown where the failures are the reason."""
+    said = f"; last: {last_error}" if last_error else ""
     oks = metric_value(root_metrics, "dlb_root_probes_total", cell=dest) or 0.0
     errors = metric_value(root_metrics, "dlb_root_probe_errors_total", cell=dest) or 0.0
     age = metric_value(root_metrics, "dlb_root_probe_age_seconds", cell=dest)
@@ -36,11 +56,11 @@ def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | N
         cell = cfg.cell(dest)
         where = cell.leaf.probe if cell.leaf.source == "gie" else ", ".join(cell.scrape_addresses()[:3])
         gateway = f", its gateway {cell.leaf.address} to accept connections" if cell.leaf.source == "gie" else ""
-        return f"its metrics to answer{gateway} ({cell.leaf.source} cell: /metrics of {where}; {errors:.0f} scrapes failed)"
+        return f"its metrics to answer{gateway} ({cell.leaf.source} cell: /metrics of {where}; {errors:.0f} scrapes failed{said})"
     if leaf_metrics is not None and metric_value(leaf_metrics, "dlb_leaf_envoy_reachable") == 0:
         return f"its leaf Envoy at {cfg.cell(dest).leaf.address} (its agent cannot reach it, so it refuses probes)"
     if oks == 0:
-        failed = f", {errors:.0f} failed" if errors else ""
+        failed = f", {errors:.0f} failed{said}" if errors else ""
         return f"its leaf agent's first probe answer ({probe}{failed})"
     stale_s = cfg.probe.stale_after_ms / 1000.0
     if age is not None and age > stale_s:
@@ -53,11 +73,13 @@ def cell_reason(root_metrics: str, cfg: Config, dest: str, leaf_metrics: str | N
     return "its leaf to report it available"
 
 
-def root_waiting(root_metrics: str, cfg: Config, cell: str, leaf_metrics: dict[str, str | None]) -> str:
+def root_waiting(root_metrics: str, cfg: Config, cell: str, leaf_metrics: dict[str, str | None],
+                 last_errors: dict[str, str] | None = None) -> str:
     """One line: every cell the root of ``cell`` may use but cannot yet, and why ("" when none)."""
     parts = []
     all_endpoints = [ep.name for ep in cfg.endpoints]
+    errs = last_errors or {}
     for dest, endpoints in unusable(root_metrics, cfg, cell).items():
         scope = "" if endpoints == all_endpoints else f" for {', '.join(endpoints)}"
-        parts.append(f"cell {dest}{scope}: {cell_reason(root_metrics, cfg, dest, leaf_metrics.get(dest))}")
+        parts.append(f"cell {dest}{scope}: {cell_reason(root_metrics, cfg, dest, leaf_metrics.get(dest), errs.get(dest, ''))}")
     return "usable cells — " + "; ".join(parts) if parts else ""

@@ -58,6 +58,16 @@ def test_a_waiting_root_names_each_unusable_cell_and_why() -> None:
     assert "cell us-west1: a fresh probe answer from its leaf agent" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
     assert "last answer 4s ago, 3 failed" in root_waiting(_root_metrics(down, stale), cfg, "us-east1", leaves)
 
+    # The reason the metrics cannot give, from the root's log: a stranger's gie cell waited 90 s on "its metrics
+    # to answer" while its /metrics answered (without GIE's pool gauges); the why was only in the log.
+    from dlb.launch.waiting import last_probe_failures
+
+    log = ('{"cell": "us-west1", "reason": "UNAVAILABLE", "event": "probe_failed"}\n{"event": "other"}\n'
+           '{"cell": "us-west1", "reason": "exports no pool metrics", "event": "probe_failed"}\n{"cell": "us-we')
+    assert last_probe_failures(log) == {"us-west1": "exports no pool metrics"}
+    assert root_waiting(_root_metrics(down, silent), cfg, "us-east1", leaves | {"us-west1": None}, last_probe_failures(log)) == (
+        f"usable cells — cell us-west1: its leaf agent's first probe answer ({probe}, 7 failed; last: exports no pool metrics)")
+
     one_endpoint = every | {(eps[-1], "europe-west1"): 0.0}  # one endpoint has not heard from one leaf yet
     assert root_waiting(_root_metrics(one_endpoint, fresh), cfg, "us-east1", leaves) == (
         f"usable cells — cell europe-west1 for {eps[-1]}: its leaf to report it available")
