@@ -10,6 +10,7 @@ field records a problem and yields its default; ``ConfigError`` is raised at the
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -76,14 +77,15 @@ def _cells(ck: Checker, raw: Any) -> list[Cell]:
                 ck.err(f"{p}.name", f"duplicate cell name {name!r} (also {seen[name]})")
             seen.setdefault(name, p)
         lp = f"{p}.leaf"
-        source = _source(ck, m.get("leaf"), lp)
+        known = _source(ck, m.get("leaf"), lp)
+        source = known or "dlb"  # what the rest is built as; checks that depend on the source need it known
         lm = ck.mapping(m.get("leaf"), lp, ("source", "address", "probe", "ext_proc", "listen", "access_log", "replicas"),
-                        required=LEAF_REQUIRED[source] if "leaf" in m else ())
+                        required=LEAF_REQUIRED[known] if "leaf" in m and known else ())
         for key in ("ext_proc", "listen", "access_log", "replicas") if source != "dlb" else ():
             if key in lm:
                 ck.err(f"{lp}.{key}", f"a {source} cell has no DLB leaf: {key} applies only to source: dlb")
         pool = _inference_pool(ck, m, p, source)
-        if isinstance(item, dict) and "servers" not in m and pool is None and source != "gie":  # not a mapping: said once
+        if isinstance(item, dict) and "servers" not in m and pool is None and known not in (None, "gie"):  # not a mapping: said once
             ck.err(f"{p}.servers", "required (or inference_pool: the Kubernetes InferencePool whose ready pods are the servers)")
         servers: list[Server] = []
         for k, s in enumerate(ck.sequence(m.get("servers"), f"{p}.servers", nonempty="servers" in m)):
@@ -180,12 +182,17 @@ def _leaf_replicas(ck: Checker, lm: dict[str, Any], lp: str) -> tuple[Leaf, ...]
 LEAF_REQUIRED: dict[str, tuple[str, ...]] = {"dlb": ("address", "probe"), "vllm": (), "gie": ("address", "probe")}
 
 
-def _source(ck: Checker, raw: Any, path: str) -> str:
-    """``leaf.source``: what answers the roots' probes (``dlb`` unless set)."""
+def _source(ck: Checker, raw: Any, path: str) -> str | None:
+    """``leaf.source``: what answers the roots' probes (``dlb`` unless set); None when it is not known, so the
+    checks that depend on it stay silent: a mistyped ``GIE`` or ``sourse:`` also drew "address: required" and
+    "servers: required", which belong to another source than the one meant."""
+    if isinstance(raw, dict) and "source" not in raw and any(
+            difflib.get_close_matches(str(k), ["source"], n=1, cutoff=0.8) for k in raw):
+        return None  # the key itself is mistyped (reported as an unknown key, with the suggestion)
     v = raw.get("source", "dlb") if isinstance(raw, dict) else "dlb"
     if v not in LEAF_SOURCES:
         ck.err(f"{path}.source", f"{show(v)} is not one of: {', '.join(LEAF_SOURCES)}")
-        return "dlb"
+        return None
     return str(v)
 
 

@@ -152,6 +152,19 @@ def test_foreign_cell_mistakes_name_the_field(leaf: dict, path: str, says: str) 
     assert any(p.path == path and says in p.reason for p in info.value.problems), info.value.problems
 
 
+@pytest.mark.parametrize(("leaf", "path", "says"), [
+    ({"sourse": "vllm"}, "cells[1].leaf.sourse", "did you mean 'source'"),
+    ({"source": "GIE", "address": "127.0.0.1:10020", "probe": "127.0.0.1:9090"}, "cells[1].leaf.source", "is not one of"),
+])
+def test_a_mistyped_source_is_the_one_problem_said(leaf: dict, path: str, says: str) -> None:
+    """Not also "address: required" and "servers: required": those follow from a source other than the one meant."""
+    data = _foreign(**leaf)
+    del data["cells"][1]["servers"]
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert [(p.path, says in p.reason) for p in info.value.problems] == [(path, True)], info.value.problems
+
+
 def _slowed_unloaded_latency(config: EstimatorConfig) -> float:
     """ℓ(1) fitted 30 s after a cell read every 0.1 s went from 4 completions a second at 1 s to 0.2 a
     second at up to 20 s (the root moved away; its own users' requests finish slowly)."""
