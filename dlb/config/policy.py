@@ -127,13 +127,17 @@ def _none(ck: Checker, raw: Any, path: str) -> NoParams:
 
 
 FLOW_KEYS = ("period_ms", "kappa", "warmup_s")
+#: Bounds of ``period_ms`` (the flow step's, and native-discrete's weight refresh).
+FLOW_PERIOD_MIN_MS, FLOW_PERIOD_MAX_MS = 10.0, 60_000.0
 
 
 def flow_params(ck: Checker, raw: Any, path: str) -> FlowParams:
     """Flow's step settings (``period_ms``, ``kappa``, ``warmup_s``); also the old shape's ``policy.flow`` section."""
     m = ck.mapping(raw, path, FLOW_KEYS)
     d = FlowParams()
-    return FlowParams(period_ms=ck.number(m, "period_ms", path, d.period_ms, gt=0),
+    # A step per millisecond would take a core; one a minute apart is no longer a control loop (and a
+    # reload's new period applies only from the next step, FLOW_PERIOD_MAX_MS later at most).
+    return FlowParams(period_ms=ck.number(m, "period_ms", path, d.period_ms, ge=FLOW_PERIOD_MIN_MS, le=FLOW_PERIOD_MAX_MS),
                       kappa=ck.number(m, "kappa", path, d.kappa, gt=0, lt=math.pi / 2),
                       warmup_s=ck.number(m, "warmup_s", path, d.warmup_s, ge=0, le=3600))
 

@@ -20,6 +20,7 @@ flow step re-packs only the route configuration and the FlowWeights resources.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -139,6 +140,7 @@ class ControlPlane:
         self.dns_stats = DnsStats()
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
+        self._flow_wake = asyncio.Event()  # set by reload(): the flow loop takes a new period at once
         self._probes: ProbeClient | None = None
         #: Ready (``/readyz``) = a config is loaded (the constructor's, or it raised) and xDS is listening.
         self.xds_listening = False
@@ -217,6 +219,7 @@ class ControlPlane:
             log.warning("config_reload_needs_restart", source=config.source, fields=stale)
         restart_probes = self._probes is not None
         self._load(config)
+        self._flow_wake.set()  # the loop may sleep on the old period: take the new one now
         if restart_probes:
             self._tasks.append(asyncio.ensure_future(self._restart_probes()))
         self.reloads.loaded(config)
@@ -429,7 +432,11 @@ class ControlPlane:
     # -- loops --------------------------------------------------------------------------------------
     async def _flow_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.flow_period_s)
+            # Woken by a reload: it slept on the period it read, so a reload from 10 min back to 200 ms left
+            # the weights frozen until then (a stranger's native root kept a dead cell at weight 1000).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flow_wake.wait(), self.flow_period_s)
+            self._flow_wake.clear()
             try:
                 if self.hub is not None:
                     pass  # hub-score pushes from the probes (_on_probe); nothing to step

@@ -36,7 +36,7 @@ CLIENTS = 6
 RUN_S = 40.0  # long enough for the slow cell's model to be fitted on a crowded box
 
 
-#: The weight refresh period; DLB_TEST_NATIVE_PERIOD_MS=1e9 freezes the weights at the replica split
+#: The weight refresh period; DLB_TEST_NATIVE_PERIOD_MS=60000 (the bound) freezes the weights at the replica split for the run
 #: (least-request alone: the control run the measured share is compared with).
 PERIOD_MS = float(os.environ.get("DLB_TEST_NATIVE_PERIOD_MS", "200"))
 

@@ -159,3 +159,29 @@ def test_reloads_are_counted_by_outcome_with_the_running_configs_digest() -> Non
     assert digest in back  # the same settings as at start: the same digest
     cp.reload(config_from_dict(doc(["a", "b"])))
     assert metrics()['dlb_xds_config_reloads_total{result="applied"}'] == "1.0"
+
+
+def test_a_reload_wakes_the_flow_loop_sleeping_on_the_old_period() -> None:
+    """The loop slept on the period it read: reloaded from 60 s back to 200 ms, a stranger's native root kept
+    a dead cell at full weight until the old sleep ended. No socket: the loop alone, its rebuilds counted."""
+    import asyncio
+    import copy
+
+    slow = doc(["a", "b"])
+    slow["endpoints"][0]["policy"] = {"mechanism": "flow", "cost": "rif", "flow": {"period_ms": 60_000}}
+    fast = copy.deepcopy(slow)
+    fast["endpoints"][0]["policy"]["flow"]["period_ms"] = 20
+
+    async def run() -> int:
+        cp = ControlPlane(config_from_dict(slow), probe=False)
+        rebuilds = []
+        cp.rebuild = lambda *a, **k: rebuilds.append(1) or {}  # type: ignore[method-assign]
+        loop = asyncio.create_task(cp._flow_loop())
+        await asyncio.sleep(0.1)
+        assert not rebuilds  # asleep for 60 s
+        cp.reload(config_from_dict(fast))
+        await asyncio.sleep(0.3)
+        loop.cancel()
+        return len(rebuilds)
+
+    assert asyncio.run(run()) >= 3  # stepping every 20 ms from the reload on
