@@ -301,10 +301,18 @@ def endpoint_policy(ck: Checker, raw: Any, path: str) -> Policy:
         d = Policy()
         mech_name, mech = slots.get("mechanism", (d.mechanism.value, MechanismParams()))
         native = mech_name == NATIVE_DISCRETE
+        affinity = slots.get("affinity", ("", d.affinity))[1]
+        shed = slots.get("shed", ("", d.shed))[1]
+        if native and not affinity.enabled:  # no root ext_proc (affinity keeps it): nothing would shed
+            if "shed" in slots and shed.enabled:  # accepted, then never applied
+                at = next((k for k, p in enumerate(m.get("plugins") or []) if isinstance(p, dict) and p.get("type") == "shed"), None)
+                ck.err(join(path, f"plugins[{at}]" if at is not None else "plugins"),
+                       "shed needs the root ext_proc, which native-discrete removes (Envoy picks the cell): set enabled: false "
+                       "or use discrete; the leaves' admission still answers 429")
+            shed = replace(shed, enabled=False)
         return Policy(mechanism=Mechanism.DISCRETE if native else Mechanism(mech_name), native=native, native_pick=mech.pick,
                       cost=mech.cost, flow=mech.flow,
-                      aversion=slots.get("aversion", ("", d.aversion))[1], affinity=slots.get("affinity", ("", d.affinity))[1],
-                      shed=slots.get("shed", ("", d.shed))[1])
+                      aversion=slots.get("aversion", ("", d.aversion))[1], affinity=affinity, shed=shed)
     m = ck.mapping(raw, path, OLD_ENDPOINT_KEYS)
     d = Policy()
     mechanism = ck.choice(m, "mechanism", path, Mechanism, d.mechanism)

@@ -141,6 +141,8 @@ class ControlPlane:
         self.push_log: list[tuple[float, str, str]] = []  # (monotonic time, key, version) of the last pushes
         self._tasks: list[asyncio.Task] = []
         self._flow_wake = asyncio.Event()  # set by reload(): the flow loop takes a new period at once
+        #: The native-discrete weights last pushed: endpoint → source cell index → per-cell weights.
+        self.native_pushed: dict[str, dict[int, NativeWeights]] = {}
         self._probes: ProbeClient | None = None
         #: Ready (``/readyz``) = a config is loaded (the constructor's, or it raised) and xDS is listening.
         self.xds_listening = False
@@ -303,6 +305,7 @@ class ControlPlane:
         else:
             weights = self.mnlb.weights() if self.mnlb is not None else self.flow.weights() if self.flow is not None else {}
         native = self.flow.native_weights(self.clock()) if self.flow is not None else {}
+        self.native_pushed = native  # /fleet shows them: nothing else outside the root Envoys' admin did
         state = self._state_resources()
         versions = {}
         for cell in cfg.cells:
@@ -471,6 +474,11 @@ class ControlPlane:
                 out["flow_weights"][ep] = {self.config.cell_names[s]: dict(zip(self.config.cell_names, map(float, x), strict=True))
                                            for s, x in per_src.items()}
             out["throughput_rps"] = self.flow.throughput
+        names = self.config.cell_names
+        out["native_weights"] = {ep: {names[src]: {names[j]: {"weight": w, "healthy": h}
+                                                   for j, (w, h) in enumerate(zip(nw.weights, nw.healthy, strict=True)) if w}
+                                      for src, nw in per_src.items()}
+                                 for ep, per_src in self.native_pushed.items()}
         return web.json_response(out)
 
     async def start(self, xds_address: str | None = None, status_address: str | None = None) -> tuple[int, int]:

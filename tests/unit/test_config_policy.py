@@ -264,6 +264,21 @@ def test_shedding_is_on_by_default_a_plugin_switches_it_and_xds_carries_it() -> 
     assert dr.policy_from_pb(msg)[0].shed == ShedConfig()
 
 
+def test_native_discrete_does_not_shed_and_says_so() -> None:
+    """No root ext_proc, so nothing sheds: an explicit shed plugin was accepted and ignored; now refused by
+    path, and the model says shed off (its shown form loads back). With affinity the ext_proc stays, and sheds."""
+    native = {"type": "native-discrete", "parameters": {"cost": "latency"}}
+    assert not _endpoint_policy({"plugins": [native]}).shed.enabled
+    shown = policy_plugins(_endpoint_policy({"plugins": [native]}))
+    assert not _endpoint_policy({"plugins": shown}).shed.enabled  # the shown form loads back
+    doc = minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
+        native, {"type": "shed", "parameters": {"enabled": True}}]}}])
+    paths = {p: r for p, r, _ in problems_of(yaml.safe_dump(doc, sort_keys=False))}
+    assert list(paths) == ["endpoints[0].policy.plugins[1]"] and "shed needs the root ext_proc" in paths["endpoints[0].policy.plugins[1]"]
+    sticky = {"type": "affinity", "parameters": {"enabled": True, "header": "x-session"}}
+    assert _endpoint_policy({"plugins": [native, sticky]}).shed.enabled
+
+
 def test_a_malformed_shed_plugin_names_the_field_and_the_file() -> None:
     doc = minimal(endpoints=[{"name": "m", "match": {"prefix": "/"}, "policy": {"plugins": [
         {"type": "shed", "parameters": {"enabled": "yes", "fill": 0.5, "near_fill": 0.9, "min_error_rate": 0, "max_age": 1}}]}}])

@@ -93,7 +93,11 @@ def _doc(native: bool = True, affinity: bool = False, pick: str | None = None) -
             "endpoints": [{"name": "chat", "match": {"prefix": "/v1/"}, "policy": {"plugins": plugins}}]}
 
 
-def _root_snapshot(doc: dict, probes: dict[str, float] | None = None):
+def _root_snapshot(doc: dict, probes: dict[str, float] | None = None, fleet: bool = False):
+    """The control plane's snapshot for root a after ``probes`` (cell → probed latency); with ``fleet``, its
+    ``/fleet`` JSON instead."""
+    import json
+
     from dlb.control_plane.service import ControlPlane, root_key
     from dlb.probe.target import ProbeTarget
     from dlb.proto import probe_pb2
@@ -108,6 +112,8 @@ def _root_snapshot(doc: dict, probes: dict[str, float] | None = None):
         if probes:
             cp.flow.step(100.0)
             cp.rebuild()
+        if fleet:
+            return json.loads((await cp._fleet(None)).text)
         return cp.cache.get_snapshot(root_key("a"))
 
     return asyncio.run(scenario())
@@ -150,6 +156,13 @@ def test_probed_costs_reach_the_eds_weights_slow_cell_down():
     cla = _unpack(snap.get(types.ENDPOINT)["dlb-native.chat"], endpoint_pb2.ClusterLoadAssignment)
     w = [h.load_balancing_weight.value for h in cla.endpoints[0].lb_endpoints]
     assert w[0] == WEIGHT_SCALE and w[1] < WEIGHT_SCALE / 10, w  # b: 4x the latency (+20 ms RTT) -> under 1/16 of a's
+
+
+def test_fleet_shows_the_native_weights_the_roots_were_pushed():
+    """They were only in each root Envoy's admin: /fleet's flow_weights is empty for a native endpoint."""
+    fleet = _root_snapshot(_doc(), probes={"a": 0.1, "b": 0.4}, fleet=True)
+    chat = fleet["native_weights"]["chat"]
+    assert chat["a"]["a"] == {"weight": WEIGHT_SCALE, "healthy": True} and chat["a"]["b"]["weight"] < WEIGHT_SCALE / 10, chat
 
 
 def test_the_round_robin_pick_pushes_round_robin_and_sharper_weights():
