@@ -26,12 +26,17 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> int | 
     return proc.returncode
 
 
-def log_tail(path: str | os.PathLike[str], n: int = 40) -> str:
-    """The last ``n`` lines of a log file ("" if it cannot be read): for error messages."""
+def log_tail(path: str | os.PathLike[str], n: int = 40, max_bytes: int = 1 << 18) -> str:
+    """The last ``n`` lines of a log file within its last ``max_bytes`` ("" if it cannot be read): for error
+    messages, and for readers that poll a long-running service's log (only its end is read)."""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+        with open(path, "rb") as fh:
+            start = max(0, fh.seek(0, os.SEEK_END) - max_bytes)
+            fh.seek(start)
+            lines = fh.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
+    return "\n".join((lines[1:] if start else lines)[-n:])  # a read from mid-file starts on a cut line
 
 
 #: The control plane's default xDS and status ports (``dlb.config.model``): a config whose cell was given one

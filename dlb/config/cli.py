@@ -36,9 +36,12 @@ def summary(cfg: Config) -> str:
     dlb_cells = [c for c in cfg.cells if not c.leaf.foreign]
     with_ext_proc = [c.name for c in dlb_cells if c.leaf.ext_proc is not None]
     # Without leaf.ext_proc a cell's Envoy picks by LEAST_REQUEST and the policy's rule is never run there.
-    where = ("" if len(with_ext_proc) == len(dlb_cells) else " in no cell (none sets leaf.ext_proc: each leaf Envoy's "
-             "LEAST_REQUEST picks)" if not with_ext_proc else f" in {', '.join(with_ext_proc)} (leaf.ext_proc; "
-             "elsewhere the leaf Envoy's LEAST_REQUEST)")
+    if len(with_ext_proc) == len(dlb_cells):
+        where = ""
+    elif with_ext_proc:
+        where = f" in {', '.join(with_ext_proc)} (leaf.ext_proc; elsewhere the leaf Envoy's LEAST_REQUEST)"
+    else:
+        where = " in no cell (none sets leaf.ext_proc: each leaf Envoy's LEAST_REQUEST picks)"
     lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick}{where} (choices {lp.pick_params.choices}), latency fit window "
                  f"{lp.fit.window_s:g} s / refit {lp.fit.refit_period_s:g} s, weights from {cfg.policy.weights}")
     for e in cfg.endpoints:

@@ -120,8 +120,9 @@ def averted_split(split: np.ndarray, aversion: np.ndarray, cells: np.ndarray) ->
     kept_mass = rest + keep @ s[av]
     none = kept_mass <= 0.0  # nothing kept: the ext_proc chooses among all of them
     inv = np.where(none, 0.0, prob / np.where(none, 1.0, kept_mass))
-    out = s * float(inv.sum()) + s * float(prob[none].sum())
-    out[av] = s[av] * ((keep * inv[:, None]).sum(axis=0) + float(prob[none].sum()))
+    p_none = float(prob[none].sum())
+    out = s * (float(inv.sum()) + p_none)
+    out[av] = s[av] * ((keep * inv[:, None]).sum(axis=0) + p_none)
     return out
 
 
@@ -187,11 +188,12 @@ def router_weights(r: RootRouter, now: float, pick: Pick, offset: float) -> Nati
     split = fill_split(r.policy.cost, n, r.replicas, m, r.rtt, ok, lam * pick.fill_s)
     # With a cell averted, cells the fill left empty get a trace of the cost split, so its skipped share
     # goes to the next cheapest, as the ext_proc's argmin over the kept cells would send it.
-    c = r.costs(now) + offset
-    fin = ok & np.isfinite(c)
-    if fin.any() and (r.aversion[split > 0] > 0).any():
-        trace = cost_split(c, r.replicas, fin, pick.sharpness)
-        split = split + FILL_TRACE * trace / float(trace.sum())
+    if (r.aversion[split > 0] > 0).any():
+        c = r.costs(now) + offset
+        fin = ok & np.isfinite(c)
+        if fin.any():
+            trace = cost_split(c, r.replicas, fin, pick.sharpness)
+            split = split + FILL_TRACE * trace / float(trace.sum())
     w = averted_split(split, r.aversion, split > 0)
     top = float(w.max())
     if not top > 0:  # nothing to fill (no arrivals expected): the replica split among the usable cells

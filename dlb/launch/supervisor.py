@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from dlb.procutil import log_tail
+
 _PR_SET_PDEATHSIG = 1
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -169,7 +171,7 @@ class Supervisor:
                     assert c.proc is not None
                     if c.proc.poll() is not None:
                         raise StartError(f"{c.name} exited with {c.proc.returncode} while starting; log {c.log_path}:\n"
-                                         f"{_tail(c.log_path)}")
+                                         f"{log_tail(c.log_path, 20)}")
                     if c.ready is None or _safe(c.ready):
                         c.state = "ready"
                         self.say(c.name, f"ready (pid {c.pid}, {self.clock() - c.started_at:.1f}s)")
@@ -303,10 +305,3 @@ def _last_line(path: Path, start: int, limit: int = 200) -> str:
     except OSError:
         return ""
     return lines[-1][:limit] if lines else ""
-
-
-def _tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""

@@ -38,7 +38,7 @@ from dlb.config.model import Config, HostPort
 from dlb.envoy.bootstrap import root_has_ext_proc
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
-from dlb.procutil import free_port, reserve_ports
+from dlb.procutil import free_port, log_tail, reserve_ports
 
 ENVOY_LOG_LEVEL = "warning"
 
@@ -193,17 +193,7 @@ def _root_waiting(ready_file: Path, metrics_url: str, dep: Deployment, cell: str
         return f"its metrics at {metrics_url}"
     dests = {d.name for d in cfg.allowed_destinations(cell)}
     return root_waiting(text, cfg, cell, {c: _fetch(url) for c, url in leaf_metrics.items() if c in dests},
-                        last_probe_failures(_tail(ready_file.parent / f"root-{cell}.log")))
-
-
-def _tail(path: Path, size: int = 65536) -> str:
-    """The last ``size`` bytes of a log ("" if it is not there yet)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - size))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+                        last_probe_failures(log_tail(ready_file.parent / f"root-{cell}.log", 1000)))
 
 
 @dataclass

@@ -66,3 +66,16 @@ def test_free_port_never_names_the_control_planes_default_ports() -> None:
     defaults = ControlPlaneAddrs()
     assert {defaults.xds.port, defaults.status.port} == DEFAULT_SERVICE_PORTS
     assert _handed_out >= DEFAULT_SERVICE_PORTS
+
+
+def test_log_tail_reads_only_the_end_and_never_returns_a_cut_line(tmp_path) -> None:
+    """``dlb up`` polls a root's log while it waits: only the last ``max_bytes`` are read, and the first line
+    of that read (cut mid-line) is dropped; a short file comes back whole."""
+    from dlb.procutil import log_tail
+
+    log = tmp_path / "root.log"
+    log.write_text("".join(f"line {k:05d}\n" for k in range(2000)))  # 11 bytes a line
+    assert log_tail(log, 3) == "line 01997\nline 01998\nline 01999"
+    tail = log_tail(log, 1000, max_bytes=105).splitlines()
+    assert tail == [f"line {k:05d}" for k in range(1991, 2000)]  # 105 bytes: 9 whole lines after a cut one
+    assert log_tail(tmp_path / "absent.log") == ""
