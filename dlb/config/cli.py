@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dlb.config.hostport import is_ip
 from dlb.config.loader import ConfigError, load_config
-from dlb.config.model import Cell, Config
+from dlb.config.model import Cell, Config, loopback_name
 from dlb.config.policy import unused_warmup_warning
+from dlb.config.priors import unused_prior_warning
 from dlb.envoy.root_token import forgeable_token_warning
+from dlb.load.argtypes import port_number, port_or_zero
 
 
 def _leaf_text(c: Cell) -> str:
@@ -110,7 +113,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 continue
         if not args.quiet:
             print(summary(cfg) + ("\n  envoy --mode validate: every root and leaf bootstrap OK" if args.envoy else ""))
-        for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg)):
+        for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg)):
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
     return status
@@ -132,6 +135,12 @@ def run_render(args: argparse.Namespace) -> int:
     if args.listen and listen is None:
         print(f"--listen {args.listen!r} is not host:port", file=sys.stderr)
         return 2
+    if listen is not None and not is_ip(listen.host) and not loopback_name(listen.host):
+        # As a config's ``listen`` is refused: a name is how others reach a listener; binding it would
+        # silently mean every interface.
+        print(f"--listen {args.listen!r}: {listen.host!r} is not an IP address: a listener binds an interface "
+              "(0.0.0.0 for all, 127.0.0.1 for this host)", file=sys.stderr)
+        return 2
     clash = ready_port_clash(args.admin_port, args.ready_port)
     if clash:
         print(clash, file=sys.stderr)
@@ -149,6 +158,12 @@ def run_render(args: argparse.Namespace) -> int:
     except KeyError as exc:  # no such leaf replica: the message names the file and field
         print(exc.args[0], file=sys.stderr)
         return 1
+    taken = [f"{lst['name']} listener" for lst in boot["static_resources"]["listeners"]
+             if lst["address"]["socket_address"]["port_value"] == args.admin_port]
+    if taken:  # admin binds 127.0.0.1: one port for both is a file Envoy refuses at start
+        print(f"--admin-port {args.admin_port} is also the port of this Envoy's {', '.join(taken)}: give admin another port",
+              file=sys.stderr)
+        return 2
     if args.output == "-":
         from dlb.envoy.bootstrap import dump_bootstrap
 
@@ -213,10 +228,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("role", choices=["root", "leaf"], help="which Envoy of the cell")
     r.add_argument("cell", help="cell name")
     r.add_argument("--replica", type=int, default=0, help="leaf: which leaf replica (k: cells[].leaf.replicas[k-1]; default 0)")
-    r.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (bound to 127.0.0.1)")
+    r.add_argument("--admin-port", type=port_number, required=True, help="Envoy admin port (bound to 127.0.0.1)")
     r.add_argument("--listen", help="listener host:port (default: cells[].root.listen / cells[].leaf.listen, "
                                     "else 0.0.0.0:<port of the address>)")
-    r.add_argument("--ready-port", type=int, default=9902,
+    r.add_argument("--ready-port", type=port_or_zero, default=9902,
                    help="port of the dlb_ready listener (GET /ready, Envoy's stats) on the traffic listener's address "
                         "(default 9902; 0 = none; two Envoys on one host need two)")
     r.add_argument("--emulate-wan", action="store_true", help="leaf: delay requests by the source cell's RTT (testbeds)")

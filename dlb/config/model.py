@@ -91,6 +91,15 @@ class Server:
         return tuple(HostPort(self.address.host, self.address.port + r) for r in range(self.dp.ranks))
 
 
+#: Names that mean this host's loopback wherever they resolve (RFC 6761 §6.3): a listener given one binds
+#: 127.0.0.1 — an operator who writes ``localhost`` means "this host only", not every interface.
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def loopback_name(host: str) -> bool:
+    return host.lower().rstrip(".") in LOOPBACK_NAMES
+
+
 def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
     """Where a listener advertised at ``advertised`` binds: ``listen`` if set, else every interface, same port.
 
@@ -101,6 +110,8 @@ def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
     """
     if listen is not None:
         return listen
+    if loopback_name(advertised.host):
+        return HostPort("127.0.0.1", advertised.port)
     try:
         if ipaddress.ip_address(advertised.host).is_loopback:
             return advertised

@@ -34,9 +34,10 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _OverBudget(Exception):
-    def __init__(self, path: str, line: int) -> None:
+    def __init__(self, path: str, line: int, reason: str = "") -> None:
         super().__init__(path)
         self.path, self.line = path, line
+        self.reason = reason or f"more than {MAX_VALUES:,} values once aliases are expanded (an alias bomb?)"
 
 
 def _scan(text: str, source: str) -> Problem | None:
@@ -103,8 +104,11 @@ def compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]]
 
     #: ids of the nodes converted so far: meeting one again means an alias (``*name``) of it is being used.
     seen: set[int] = set()
+    #: The nodes being converted now (this node's ancestors): an alias of one of them is a cycle (``x: &a [*a]``),
+    #: which would recurse until Python's stack ran out (a reload under ``dlb up`` then stopped everything).
+    open_nodes: set[int] = set()
 
-    def conv(node: yaml.Node, path: str, use_line: int | None = None, alias_line: int | None = None) -> Any:
+    def conv(node: yaml.Node, path: str, use_line: int | None = None, alias_line: int | None = None, depth: int = 0) -> Any:
         """``use_line``: where the parent names this node (its key's line); ``alias_line``: inside an alias,
         the line of the alias's use, where every field of it is reported (the composed alias is the
         anchor's node itself, so its own marks point at the anchor: cells[1] given as ``*leaf`` was
@@ -113,10 +117,23 @@ def compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]]
             alias_line = use_line
         seen.add(id(node))
         line = alias_line or node.start_mark.line + 1
+        if id(node) in open_nodes:
+            raise _OverBudget(path, line, "an alias refers to a mapping or list that contains it (a cycle)")
+        if depth > MAX_DEPTH:  # aliases nest deeper than the text (a chain of anchors each wrapping the last)
+            raise _OverBudget(path, line, f"nested deeper than {MAX_DEPTH} levels once aliases are expanded")
         budget[0] -= 1
         if budget[0] < 0:
             raise _OverBudget(path, line)
         marks.setdefault(path, line)
+        if not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            return scalar(node, path, line)
+        open_nodes.add(id(node))
+        try:
+            return collection(node, path, line, alias_line, depth + 1)
+        finally:
+            open_nodes.discard(id(node))
+
+    def collection(node: yaml.Node, path: str, line: int, alias_line: int | None, depth: int) -> Any:
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
             merges: list[tuple[yaml.MappingNode, int]] = []
@@ -133,18 +150,15 @@ def compose(text: str, source: str) -> tuple[Any, dict[str, int], list[Problem]]
                 if key in out:
                     problems.append(Problem(source, child, f"duplicate key (first given on line {marks.get(child)})", kline))
                     continue
-                out[key] = conv(vnode, child, kline, alias_line)
+                out[key] = conv(vnode, child, kline, alias_line, depth)
             for merged, kline in merges:
-                for key, value in conv(merged, path, kline, alias_line).items():
+                for key, value in conv(merged, path, kline, alias_line, depth).items():
                     out.setdefault(key, value)
             return out
-        if isinstance(node, yaml.SequenceNode):
-            return [conv(item, f"{path}[{i}]", line, alias_line) for i, item in enumerate(node.value)]
-        return scalar(node, path, line)
+        return [conv(item, f"{path}[{i}]", line, alias_line, depth) for i, item in enumerate(node.value)]
 
     try:
         data = conv(root, "") if root is not None else None
     except _OverBudget as over:
-        reason = f"more than {MAX_VALUES:,} values once aliases are expanded (an alias bomb?)"
-        return None, marks, [Problem(source, over.path, reason, over.line)]
+        return None, marks, [Problem(source, over.path, over.reason, over.line)]
     return data, marks, problems

@@ -139,6 +139,10 @@ async def _serve(config, args: argparse.Namespace) -> int:
 
     if warning := unused_warmup_warning(config):
         log.warning("flow_warmup_unused", message=warning)
+    from dlb.config.priors import unused_prior_warning
+
+    if warning := unused_prior_warning(config):
+        log.warning("latency_prior_unused", message=warning)
     if args.ready_file:
         import os
 

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from dlb.config.hostport import is_ip
-from dlb.config.model import CELL_CLUSTER_PREFIX, OPERATOR_BASELINES, AffinityParams, Config, Endpoint, HostPort, Mechanism
+from dlb.config.model import CELL_CLUSTER_PREFIX, OPERATOR_BASELINES, AffinityParams, Config, Endpoint, HostPort, Mechanism, loopback_name
 from dlb.config.tls import identity_name, spiffe_id
 from dlb.core.hold_queue import MAX_HOLD_S, REPLY_MARGIN_S
 from dlb.core.native_discrete import DEFAULT_PICK, PICKS, WEIGHT_SCALE
@@ -638,8 +638,11 @@ def _listener(name: str, listen: HostPort, hcm: dict[str, Any], reuse_port: bool
 
 
 def _bind(hp: HostPort) -> HostPort:
-    """A listener needs an IP: a DNS name in the config is how *others* reach us, so bind all interfaces."""
-    return hp if is_ip(hp.host) else HostPort("0.0.0.0", hp.port)
+    """A listener needs an IP: a DNS name in the config is how *others* reach us, so bind all interfaces —
+    but ``localhost`` means this host only (loopback)."""
+    if is_ip(hp.host):
+        return hp
+    return HostPort("127.0.0.1" if loopback_name(hp.host) else "0.0.0.0", hp.port)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import yaml
 
 from dlb.config.model import HostPort
 from dlb.errors import UsageError
+from dlb.load.argtypes import port_number, port_or_zero
 
 #: Where a pod's Envoy answers readiness probes (admin, at 9901 by convention, stays on 127.0.0.1).
 DEFAULT_READY_PORT = 9902
@@ -20,11 +21,11 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--role", choices=["root", "leaf"], required=True, help="which Envoy of the cell")
     p.add_argument("--cell", required=True, help="the cell this Envoy serves")
     p.add_argument("--xds", required=True, help="control plane xDS address host:port")
-    p.add_argument("--admin-port", type=int, required=True, help="Envoy admin port (127.0.0.1)")
+    p.add_argument("--admin-port", type=port_number, required=True, help="Envoy admin port (127.0.0.1)")
     p.add_argument("--node-id", default=None, help="xDS node id (default ROLE-CELL-PID)")
     p.add_argument("--replica", type=int, default=0, help="leaf: which leaf replica (k: cells[].leaf.replicas[k-1]; default 0)")
     p.add_argument("--delta", action="store_true", help="use incremental xDS (DELTA_GRPC)")
-    p.add_argument("--ready-port", type=int, default=DEFAULT_READY_PORT,
+    p.add_argument("--ready-port", type=port_or_zero, default=DEFAULT_READY_PORT,
                    help=f"port of the dlb_ready listener on 0.0.0.0 answering GET /ready (default {DEFAULT_READY_PORT}; 0 = none)")
     p.add_argument("--config", default=None, help="DLB config whose tls section gives mTLS to the control plane and whose "
                    "root_token_file a root reads (docs/security.md)")
@@ -115,7 +116,7 @@ def _run_drain(args: argparse.Namespace) -> int:
 
 def register_drain(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("drain", help="preStop: fail health checks, drain listeners, wait for requests in flight")
-    p.add_argument("--admin-port", type=int, required=True, help="the Envoy's admin port (on 127.0.0.1)")
+    p.add_argument("--admin-port", type=port_number, required=True, help="the Envoy's admin port (on 127.0.0.1)")
     p.add_argument("--deadline", type=float, required=True,
                    help="seconds to wait at most (keep it under the pod's terminationGracePeriodSeconds)")
     p.add_argument("--poll-s", type=float, default=0.1, help="how often to read the in-flight gauge")

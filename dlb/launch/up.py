@@ -458,10 +458,17 @@ def started_processes(cfg: Config) -> dict[str, object]:
                     leaf.address, leaf.bind, leaf.probe, leaf.ext_proc, leaf.access_log_address())
         if cell.root.address is not None:
             out[f"root {cell.name}"] = (cell.root.address, cell.root.bind, cell.root.ext_proc)
-    out["the root services (none when no root Envoy has an ext_proc: an operator baseline, every endpoint native)"] = (
-        root_has_ext_proc(cfg, native_flow=True))
+    out[ROOT_SERVICES] = root_has_ext_proc(cfg, native_flow=True)
     out["services.root"] = cfg.services.root
     return out
+
+
+#: ``started_processes``' entry for whether the root services run, and what a change of it means.
+ROOT_SERVICES = "root services"
+_ROOT_SERVICES_CHANGE = {
+    True: "the root services would start (an endpoint now decides on the root's ext_proc)",
+    False: "the root services would stop (no root Envoy keeps an ext_proc: an operator baseline or every endpoint native)",
+}
 
 
 def process_changes(running: Config, new: Config) -> list[str]:
@@ -471,7 +478,8 @@ def process_changes(running: Config, new: Config) -> list[str]:
     route to a leaf nobody started, or to an address nothing binds."""
     old, now = started_processes(running), started_processes(new)
     return ([f"{who} added" for who in now if who not in old] + [f"{who} removed" for who in old if who not in now]
-            + [f"{who} changed" for who in old if who in now and old[who] != now[who]]
+            + [_ROOT_SERVICES_CHANGE[bool(now[who])] if who == ROOT_SERVICES else f"{who} changed"
+               for who in old if who in now and old[who] != now[who]]
             + [f"{field} changed" for field in restart_only_changes(running, new)])
 
 
@@ -489,6 +497,8 @@ def reload_check(config_path: str, env: dict[str, str], running: Config) -> tupl
         new = load_with_env(text, config_path, env)
     except ConfigError as e:
         return str(e)
+    except Exception as e:  # a loader bug must refuse the reload, never reach run_up's start-up handler (stop all)
+        return f"{config_path}: could not be read as a config ({type(e).__name__}: {e})"
     changes = process_changes(running, new)
     if changes:
         return (f"{config_path}: dlb up starts its processes only when it starts, so restart it to apply: "
@@ -526,8 +536,9 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     cfg = load_with_env(text, config_path, token_env)
     snapshot = write_snapshot(sup.run_dir, text)
     from dlb.config.policy import unused_warmup_warning
+    from dlb.config.priors import unused_prior_warning
 
-    for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg)):
+    for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg)):
         if warning:
             print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     dep = plan(cfg, str(snapshot), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,
@@ -550,9 +561,14 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
                 if isinstance(checked, str):
                     print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; {checked}", flush=True)
                     continue
+                try:  # a reload that fails here (the run folder unwritable) must not stop what runs
+                    write_snapshot(sup.run_dir, checked[1])  # what the control planes reload, and restarted children read
+                except OSError as e:
+                    print(f"dlb up: SIGHUP: not reloaded, the control planes keep the running config; cannot write the run "
+                          f"copy: {e}", flush=True)
+                    continue
                 cfg, _ = checked
                 dep.cfg = cfg  # what a restarted root's readiness is judged by
-                write_snapshot(sup.run_dir, checked[1])  # what the control planes reload, and restarted children read
                 n = sup.signal_ready("control-plane", signal.SIGHUP)
                 print(f"dlb up: SIGHUP: {n} control plane(s) reload {config_path}", flush=True)
             time.sleep(0.2)

@@ -57,6 +57,20 @@ def non_negative_int(text: str) -> int:
     return _int(text, 0, "an integer >= 0")
 
 
+def port_number(text: str) -> int:
+    """argparse type for a TCP port to bind or reach: 1..65535 (99999 and -5 were written into bootstraps
+    Envoy then refused)."""
+    v = _int(text, 1, "a port in 1..65535")
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {text}")
+    return v
+
+
+def port_or_zero(text: str) -> int:
+    """argparse type for an optional listener's port: 0 (none) or 1..65535."""
+    return 0 if text.strip() == "0" else port_number(text)
+
+
 def rng_seed(text: str) -> int:
     """argparse type for RNG seeds: numpy takes only non-negative integers (``-3`` was a traceback)."""
     return non_negative_int(text)

@@ -501,3 +501,20 @@ def test_a_snapshot_elsewhere_reads_relative_paths_from_the_operators_folder(tmp
         load_config(run / "config.yaml")  # from the copy's own folder: no token there
     monkeypatch.setenv(CONFIG_DIR_ENV, str(mine))
     assert load_config(run / "config.yaml").root_token_file == str(mine / "token")
+
+
+def test_a_later_endpoints_own_prior_is_warned_about_not_silently_ignored() -> None:
+    """A cell's model starts from the first endpoint's prior; a stranger's slower-region prior on a second
+    endpoint did nothing. Said when a later endpoint sets one that differs; quiet when it sets none or the same."""
+    from dlb.config.priors import unused_prior_warning
+
+    two = [{"name": "m", "match": {"prefix": "/v1/chat/"}}, {"name": "r", "match": {"prefix": "/v1/"}}]
+    assert unused_prior_warning(config_from_dict(minimal(endpoints=two))) is None
+    slow_b = {"b": {"a_s": 2.0}}
+    later = [two[0], {**two[1], "latency_prior_by_cell": slow_b}]
+    warning = unused_prior_warning(config_from_dict(minimal(endpoints=later)))
+    assert warning is not None and "endpoint(s) r:" in warning and "first endpoint's (m)" in warning, warning
+    same = [{**two[0], "latency_prior_by_cell": slow_b}, {**two[1], "latency_prior_by_cell": slow_b}]
+    assert unused_prior_warning(config_from_dict(minimal(endpoints=same))) is None
+    first_only = [{**two[0], "latency_prior": {"a_s": 0.5, "b_s": 0.02}}, two[1]]
+    assert unused_prior_warning(config_from_dict(minimal(endpoints=first_only))) is None

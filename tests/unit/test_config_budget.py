@@ -55,6 +55,21 @@ def test_nesting_5000_deep_is_a_problem_not_a_traceback() -> None:
         assert "nest" in reason and line == 1, reason
 
 
+def test_an_alias_inside_its_own_anchor_is_a_problem_not_a_recursion() -> None:
+    # A list, a mapping and a merge key that name the node they sit in: before, Python's stack ran out
+    # (RecursionError), and a SIGHUP of such a file under dlb up stopped every process.
+    for cycle in ("x: &a [*a]", "x: &a {y: *a}", "x: &a {<<: *a, y: 1}", "x: &a [1, [2, *a]]"):
+        path, reason, line = only_problem(GOOD + cycle + "\n")
+        assert "cycle" in reason and path.startswith("x") and line is not None, (cycle, path, reason)
+
+
+def test_aliases_nesting_deeper_than_the_text_are_a_problem_not_a_recursion() -> None:
+    # Each anchor wraps the last: two levels of text, 1,500 once expanded (and few values on the way down).
+    lines = ["a0: &a0 1"] + [f"a{i}: &a{i} [*a{i - 1}]" for i in range(1, 1500)]
+    _, reason, _ = only_problem(GOOD + "\n".join(lines) + "\n")
+    assert f"deeper than {MAX_DEPTH}" in reason and "aliases" in reason, reason
+
+
 def test_nesting_within_the_limit_is_checked_as_usual() -> None:
     _, reason, _ = only_problem(GOOD + "probe: " + "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2) + "\n")
     assert "must be a mapping" in reason

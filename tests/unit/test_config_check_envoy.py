@@ -239,6 +239,24 @@ def test_an_operator_baseline_root_agrees_and_an_ext_proc_filter_in_it_is_report
     assert any(m.path.endswith("http_filters[0]") and "operator baseline" in m.reason for m in check_bootstrap(with_filter, cfg))
 
 
+def test_render_refuses_what_envoy_would_and_binds_localhost_to_loopback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's render wrote --admin-port 99999 or -5 (Envoy refused the file), admin on the leaf's own
+    listener port, and bound ``--listen localhost:P`` (or any name) on every interface."""
+    out = tmp_path / "leaf.yaml"
+    render = ["config", "render", str(EXAMPLE), "leaf", "us-east1", "-o", str(out)]
+    for bad in ("99999", "-5", "0"):
+        with pytest.raises(SystemExit) as exited:
+            main([*render, "--admin-port", bad])
+        assert exited.value.code == 2 and "1..65535" in capsys.readouterr().err
+    assert main([*render, "--admin-port", "10010"]) == 2  # the example's us-east1 leaf listens on 10010
+    assert "also the port of this Envoy's dlb_leaf listener" in capsys.readouterr().err and not out.exists()
+    assert main([*render, "--admin-port", "9901", "--listen", "example.com:18100"]) == 2
+    assert "is not an IP address" in capsys.readouterr().err and not out.exists()
+    assert main([*render, "--admin-port", "9901", "--listen", "localhost:18100"]) == 0
+    listener = next(lst for lst in yaml.safe_load(out.read_text())["static_resources"]["listeners"] if lst["name"] == "dlb_leaf")
+    assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 18100}, listener["address"]
+
+
 def test_a_ready_port_on_the_admin_port_is_refused_by_render_and_reported_by_check_envoy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger's `render … leaf --admin-port 9902` met the ready port's default (9902): render, check-envoy and
     validate all passed, and Envoy refused to start ('address already in use')."""

@@ -14,7 +14,7 @@ import pytest
 from test_deploy_code import HEADLESS, _config, _cp_config, _discovery_config, _leaf_config
 
 from dlb.cli import main
-from dlb.config import ConfigError, config_from_dict
+from dlb.config import ConfigError, HostPort, config_from_dict
 from dlb.config.discovery import expand
 from dlb.control_plane.service import ControlPlane
 from dlb.envoy.drain import active_requests
@@ -32,6 +32,9 @@ def test_a_loopback_address_stays_on_loopback() -> None:
                                    root={"address": f"[::1]:{free_port()}"}))
     assert cfg.cell("a").leaf.bind == cfg.cell("a").leaf.address
     assert cfg.cell("a").root.bind == cfg.cell("a").root.address
+    # ``localhost`` means this host too (a stranger's leaf.address localhost:P bound 0.0.0.0:P).
+    cfg = config_from_dict(_config({"address": "localhost:19000", "probe": "127.0.0.1:19001"}, root={"address": "LocalHost:19100"}))
+    assert (cfg.cell("a").leaf.bind, cfg.cell("a").root.bind) == (HostPort("127.0.0.1", 19000), HostPort("127.0.0.1", 19100))
 
 
 def test_listen_must_be_an_ip_and_root_listen_needs_an_address() -> None:

@@ -191,8 +191,10 @@ def test_up_starts_no_root_service_when_every_endpoint_runs_natively(tmp_path: P
     assert "root us-east1 service" not in names and "root us-east1 envoy" in names, names
     assert not [f for f, _ in listen_addresses(native) if f.endswith("root.ext_proc") or f.startswith("services.root.metrics")]
     assert "root us-east1: base_url http://" in dep.urls_text() and "metrics none  admin" in dep.urls_text()
-    assert [c for c in process_changes(native, with_ext_proc) if c.startswith("the root services")], (
-        process_changes(native, with_ext_proc))
+    assert "the root services would start (an endpoint now decides on the root's ext_proc)" in process_changes(
+        native, with_ext_proc), process_changes(native, with_ext_proc)
+    assert [c for c in process_changes(with_ext_proc, native) if c.startswith("the root services would stop")], (
+        process_changes(with_ext_proc, native))
     dep = plan(with_ext_proc, str(tmp_path / "dlb2.yaml"), Supervisor(tmp_path / "run2"))
     assert "root us-east1 service" in [c.name for c in dep.supervisor.children]
 
@@ -233,6 +235,27 @@ def test_a_reload_that_needs_other_processes_is_named_not_half_applied() -> None
     timed = copy.deepcopy(base)
     timed["probe"] = {"period_ms": 200}
     assert process_changes(running, config_from_dict(timed)) == ["probe.period_ms changed"]
+
+
+def test_a_reload_the_loader_cannot_read_is_refused_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anything the loader raises refuses the SIGHUP: before, only a ConfigError did, and anything else (a
+    RecursionError from an alias cycle) reached dlb up's start-up handler, which stopped every process."""
+    from test_config import minimal
+
+    from dlb.config import config_from_dict
+    from dlb.launch import up
+
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(minimal()))
+    running = config_from_dict(minimal())
+    assert not isinstance(up.reload_check(str(path), {}, running), str)
+
+    def broken(text: str, source: str, env: dict[str, str]) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(up, "load_with_env", broken)
+    why = up.reload_check(str(path), {}, running)
+    assert isinstance(why, str) and "RecursionError" in why and str(path) in why, why
 
 
 def test_up_refuses_two_of_its_listeners_on_one_address_naming_both_fields() -> None:
