@@ -105,8 +105,35 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=numeric, stream=_Stderr(), format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=numeric, handlers=[stdlib_handler(_Stderr(), renderer)])
     _configured = True
+
+
+def stdlib_handler(stream: Any, renderer: structlog.types.Processor) -> logging.Handler:
+    """Libraries' stdlib records (aiohttp, grpc, asyncio) as the same lines as ours, rate-limited alike: a
+    peer's malformed requests to the status port wrote a 9-line traceback each into an otherwise JSON log."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.processors.add_log_level,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True), structlog.processors.format_exc_info]))
+    handler.addFilter(_StdlibLimiter())
+    return handler
+
+
+class _StdlibLimiter(logging.Filter):
+    """:class:`EventLimiter` for stdlib records, per logger and message template."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limiter = EventLimiter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            self.limiter(None, "", {"event": f"{record.name}: {record.msg}"[:200], "level": record.levelname.lower()})
+        except structlog.DropEvent:
+            return False
+        return True
 
 
 def get_logger(name: str | None = None, **bound: object) -> structlog.stdlib.BoundLogger:

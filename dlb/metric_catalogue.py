@@ -34,7 +34,7 @@ class MetricDef:
 def _h2(service: str) -> tuple[MetricDef, ...]:
     """The HTTP/2 ext_proc transport's counters (``TransportStats.families``)."""
     p = f"dlb_{service}_h2"
-    when = "ext_proc on DLB's HTTP/2 transport (the default; not with --transport grpc)"
+    when = "DLB's HTTP/2 transport (the default; not with --transport grpc or --xds-transport grpc)"
     return (
         MetricDef(service, f"{p}_connections", "counter", (), "HTTP/2 connections accepted from Envoy", when),
         MetricDef(service, f"{p}_messages", "counter", (), "gRPC messages received", when),
@@ -190,7 +190,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("epp", "dlb_epp_pool_watch_errors", "counter", ("watch",), "Failed lists and watches, unusable pool edits", _K8S),
     *_loop("epp"),
     # --- control plane's xDS status server (dlb/xds/status.py) ---
-    MetricDef("xds", "dlb_xds_streams", "gauge", ("node",), "open xDS streams per node"),
+    MetricDef("xds", "dlb_xds_streams", "gauge", ("node",), "open xDS streams per node (past 2,000 nodes, the rest as node=other)"),
     MetricDef("xds", "dlb_xds_acked_version_info", "gauge", ("node", "type", "version"), "last version each node ACKed, per type (value 1)"),
     MetricDef("xds", "dlb_xds_sent_version_info", "gauge", ("node", "type", "version"), "last version sent to each node, per type (value 1)"),
     MetricDef("xds", "dlb_xds_responses", "counter", ("node", "type"), "responses sent"),
@@ -198,6 +198,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("xds", "dlb_xds_stale_nonces", "counter", (), "requests ignored for a stale nonce"),
     MetricDef("xds", "dlb_xds_limit_hits", "counter", ("limit",),
               "xDS streams closed for going past a server limit (limit: a StreamLimits field, e.g. node_id_bytes, types, names)"),
+    *_h2("xds"),
     MetricDef("xds", "dlb_xds_streams_denied", "counter", (), "streams refused: the client certificate's identity may not read the node it claims"),
     MetricDef("xds", "dlb_xds_snapshots", "gauge", (), "node keys with a snapshot", "the server passes a snapshot count (the control plane does)"),
     MetricDef("xds", "dlb_xds_dns_resolutions", "counter", (), "server-name resolutions attempted (discovery)",

@@ -61,6 +61,9 @@ CELL_AVERSION = types.type_url_of("dlb.v1.CellAversion")
 FLOW_WEIGHTS = types.type_url_of("dlb.v1.FlowWeights")
 DP_GROUPS = types.type_url_of("dlb.v1.DpGroups")
 LEAF_POLICY = types.type_url_of("dlb.v1.LeafPolicy")
+#: Every type URL the control plane serves: Envoy's and DLB's own (what its /status and /metrics name one by one).
+SERVED_TYPES = frozenset({*types.SHORT_NAMES, ROUTING_POLICY, TOPOLOGY, CELL_LATENCY_MODEL, CELL_AVERSION, FLOW_WEIGHTS,
+                          DP_GROUPS, LEAF_POLICY})
 TOPOLOGY_NAME = "topology"
 
 _MECH = {Mechanism.DISCRETE: pb.RoutingPolicy.DISCRETE, Mechanism.FLOW: pb.RoutingPolicy.FLOW}

@@ -59,7 +59,7 @@ from dlb.service.metrics import CallbackCollector
 from dlb.xds.cache import SnapshotCache
 from dlb.xds.server import XdsServer
 from dlb.xds.snapshot import Resource, Snapshot
-from dlb.xds.status import StatusServer
+from dlb.xds.status import StatusRegistry, StatusServer
 
 log = get_logger("dlb.control_plane")
 
@@ -115,7 +115,7 @@ class ControlPlane:
         self.server = XdsServer(self.cache, admission=node_admission(dlb_node_key) if self.tls is not None else None,
                                 credentials=self.tls.server_credentials() if self.tls is not None and on_grpc else None,
                                 ssl_context=self.tls.server_ssl_context() if self.tls is not None and not on_grpc else None,
-                                transport=xds_transport)
+                                transport=xds_transport, status=StatusRegistry(served_types=dr.SERVED_TYPES))
         self.health = HealthState()
         self.clock = clock
         self.emulate_wan = emulate_wan
@@ -149,6 +149,7 @@ class ControlPlane:
         self.status_server = StatusServer(self.server.status, lambda: len(self.cache.keys()),
                                           extra_routes=[web.get("/fleet", self._fleet)], ready=lambda: self.xds_listening)
         self.status_server.registry.register(CallbackCollector(lambda: dns_families(self.dns_stats)))
+        self.status_server.registry.register(CallbackCollector(lambda: self.server.transport_families("dlb_xds")))
         if self.tls is not None:
             self.status_server.registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_xds")))
         #: Reloads by outcome, and what the running config is: an operator alerts on a refused or

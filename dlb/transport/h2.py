@@ -892,12 +892,12 @@ class H2Connection:
             stream.call_state = CALL.state
         except DecodeError as exc:  # what the peer sent: a line without a traceback (rate-limited, dlb.log)
             self.stats.handler_errors += 1
-            log.warning("ext_proc_message_malformed", error=str(exc)[:200], errors=self.stats.handler_errors)
+            log.warning("grpc_message_malformed", error=str(exc)[:200], errors=self.stats.handler_errors)
             self._finish(stream, GrpcStatus.INVALID_ARGUMENT, "malformed message")
             return
         except Exception:  # a bug in the handler fails this stream (Envoy then fails open), not the server
             self.stats.handler_errors += 1
-            log.exception("ext_proc_handler_failed", errors=self.stats.handler_errors)
+            log.exception("grpc_handler_failed", errors=self.stats.handler_errors)
             self._finish(stream, GrpcStatus.INTERNAL, "handler failed")
             return
         if route.watch and not end:

@@ -231,6 +231,11 @@ class XdsServer:
         log.info("xds_server_listening", address=address, port=self.port, boot_id=self.cache.boot_id, transport="h2")
         return self.port
 
+    def transport_families(self, prefix: str) -> list[Any]:
+        """h2: the transport's counters as Prometheus families (``<prefix>_h2_*``): its bounds, counted as the
+        ext_proc services' are; nothing on grpc."""
+        return self._h2.stats.families(prefix) if self._h2 is not None else []
+
     def transport_stats(self) -> dict[str, int]:
         """h2: the transport's counters (connections accepted, closed by which bound, ...); empty on grpc."""
         return dict(vars(self._h2.stats)) if self._h2 is not None else {}

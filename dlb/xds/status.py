@@ -20,10 +20,17 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
+from dlb.errors import BindError
 from dlb.xds import types
 
 #: Subscribed names kept per node and type for ``/status`` (the count is kept too): a node may subscribe thousands.
 SHOWN_NAMES = 100
+#: The entry under which a node's type URLs the server does not serve are counted (``served_types``).
+OTHER_TYPE = "other"
+#: Nodes labelled one by one in ``/metrics``; the rest are summed under ``node="other"``. Node ids are the
+#: clients' own text: 10,000 streams could otherwise make ~500,000 series. A fleet of 256 cells with root
+#: and leaf Envoys and services in replicas stays well under it.
+LABELLED_NODES = 2000
 
 
 @dataclass
@@ -52,7 +59,7 @@ class NodeStatus:
     seen_seq: int = 0  # strictly increasing with every touch (orders nodes even within one clock tick)
 
     def type(self, type_url: str) -> TypeStatus:
-        st = self.types.get(type_url)
+        st = self.types.get(type_url)  # (an unserved type arrives here as OTHER_TYPE: StatusRegistry._type)
         if st is None:
             st = self.types[type_url] = TypeStatus()
         return st
@@ -70,6 +77,10 @@ class StatusRegistry:
     grace_s: float = 60.0
     #: Streams closed for going past a StreamLimits field, by field name (a bounded label set).
     limit_hits: dict[str, int] = field(default_factory=dict)
+    #: The type URLs this server can answer (None: any). A client's other type URLs, which nothing will
+    #: ever answer, are kept per node as one :data:`OTHER_TYPE` entry without names: their text became
+    #: ``/status`` fields and Prometheus labels (a stranger's bogus types grew /metrics to 7.5 MB).
+    served_types: frozenset[str] | None = None
     clock: Callable[[], float] = time.monotonic
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     #: Nodes without streams, oldest close first: forgetting pops from the front (a scan of every node on
@@ -118,25 +129,32 @@ class StatusRegistry:
     def limit_hit(self, limit: str) -> None:
         self.limit_hits[limit] = self.limit_hits.get(limit, 0) + 1
 
+    def _type(self, node_id: str, type_url: str) -> TypeStatus:
+        served = self.served_types
+        return self.node(node_id).type(type_url if served is None or type_url in served else OTHER_TYPE)
+
     def subscribed(self, node_id: str, type_url: str, names: Set[str], wildcard: bool) -> None:
-        st = self.node(node_id).type(type_url)
+        st = self._type(node_id, type_url)
+        if self.served_types is not None and type_url not in self.served_types:
+            st.subscribed_count = len(names)  # what a client asks of a type nobody serves: a count, no names
+            return
         shown = sorted(names) if len(names) <= SHOWN_NAMES else sorted(itertools.islice(names, SHOWN_NAMES))
         st.subscribed = (["*"] if wildcard else []) + shown
         st.subscribed_count = len(names)
 
     def sent(self, node_id: str, type_url: str, version: str, nonce: str) -> None:
-        st = self.node(node_id).type(type_url)
+        st = self._type(node_id, type_url)
         st.sent_version, st.sent_nonce = version, nonce
         st.responses += 1
 
     def acked(self, node_id: str, type_url: str, version: str) -> None:
-        st = self.node(node_id).type(type_url)
+        st = self._type(node_id, type_url)
         st.acked_version = version
         st.acks += 1
         st.last_ack_unix = time.time()
 
     def nacked(self, node_id: str, type_url: str, version: str, reason: str) -> None:
-        st = self.node(node_id).type(type_url)
+        st = self._type(node_id, type_url)
         st.last_nack_version, st.last_nack_reason = version, reason
         st.nacks += 1
 
@@ -168,12 +186,19 @@ class StatusCollector:
         for limit, n in sorted(self.status.limit_hits.items()):
             hits.add_metric([limit], n)
         yield hits
-        streams = GaugeMetricFamily("dlb_xds_streams", "open xDS streams per node", labels=["node"])
+        streams = GaugeMetricFamily("dlb_xds_streams", "open xDS streams per node (past 2,000 nodes, the rest as node=other)", labels=["node"])
         acked = InfoMetricFamily("dlb_xds_acked_version", "last version each node ACKed, per type", labels=["node", "type"])
         sent = InfoMetricFamily("dlb_xds_sent_version", "last version sent to each node, per type", labels=["node", "type"])
         responses = CounterMetricFamily("dlb_xds_responses", "responses sent", labels=["node", "type"])
         nacks = CounterMetricFamily("dlb_xds_nacks", "NACKs received", labels=["node", "type"])
-        for nid, ns in self.status.nodes.items():
+        rest_streams, rest_counts = 0, collections.Counter[tuple[str, str]]()
+        for k, (nid, ns) in enumerate(self.status.nodes.items()):
+            if k >= LABELLED_NODES:  # summed: no versions (one per node), counts by type
+                rest_streams += ns.streams
+                for t, st in ns.types.items():
+                    rest_counts[types.short(t), "responses"] += st.responses
+                    rest_counts[types.short(t), "nacks"] += st.nacks
+                continue
             streams.add_metric([nid], ns.streams)
             for t, st in ns.types.items():
                 label = [nid, types.short(t)]
@@ -183,6 +208,10 @@ class StatusCollector:
                     sent.add_metric(label, {"version": st.sent_version})
                 responses.add_metric(label, st.responses)
                 nacks.add_metric(label, st.nacks)
+        if len(self.status.nodes) > LABELLED_NODES:
+            streams.add_metric(["other"], rest_streams)
+            for (t, what), n in rest_counts.items():
+                (responses if what == "responses" else nacks).add_metric(["other", t], n)
         yield from (streams, acked, sent, responses, nacks)
         yield CounterMetricFamily("dlb_xds_stale_nonces", "requests ignored for a stale nonce", value=self.status.stale_nonces)
         yield CounterMetricFamily("dlb_xds_streams_denied", "streams refused: the client certificate's identity may not read the node it claims",
@@ -226,7 +255,12 @@ class StatusServer:
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # as the xDS port: one line naming the address, not a traceback
+            await self._runner.cleanup()
+            self._runner = None
+            raise BindError(f"{host}:{port}", exc.strerror or str(exc)) from exc
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self.port
 

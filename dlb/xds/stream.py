@@ -66,6 +66,10 @@ class StreamLimits:
     names: int = 10_000  # names subscribed per stream, all types together
     text_bytes: int = 1024
     streams: int = 10_000  # open streams per server
+    #: Bytes of resource names subscribed by every stream together: the per-stream limits multiply by the
+    #: stream count (a stranger's 40 streams x 10 bogus types x 999 names held +266 MB, +6.7 MB each, none
+    #: past a limit). Real Envoys subscribe tens of names of tens of bytes: 5,000 streams use ~10 MB.
+    subscribed_bytes: int = 64 * 1024 * 1024
 
     def clip(self, text: str) -> str:
         return text if len(text) <= self.text_bytes else text[: self.text_bytes] + f"... ({len(text)} chars)"
@@ -184,6 +188,8 @@ class ServerContext:
     legacy_wildcard: Callable[[str], bool] = types.full_state
     limits: StreamLimits = field(default_factory=StreamLimits)
     open_streams: int = 0
+    #: Bytes of resource names all open streams subscribe (``limits.subscribed_bytes``).
+    subscribed_bytes: int = 0
     body_cache: BodyCache = field(default_factory=lambda: BodyCache(64 * 1024 * 1024))
     _diffs: collections.OrderedDict[tuple[str, str, str], tuple[list[Resource], list[str]]] = field(
         default_factory=collections.OrderedDict)
@@ -307,6 +313,8 @@ class StreamBase:
         #: update and stream (a fifth of the server's CPU at 5,000 streams).
         self.gate_held = False
         self._denied: set[tuple[str, str]] = set()
+        #: Bytes of the names this stream subscribes, as counted in ``ctx.subscribed_bytes``.
+        self._sub_bytes = 0
         self.log = log.bind(peer=peer, kind=self.kind, service=types.short(fixed_type) if fixed_type else "ADS")
 
     # --- helpers for subclasses -------------------------------------------------------------
@@ -340,9 +348,19 @@ class StreamBase:
         for n in names:
             if len(n) > lim.name_bytes:
                 raise _too_long("a resource name", n, lim.name_bytes, "name_bytes")
-        if sum(len(sub.names) for sub in subscriptions) > lim.names:
+        subs = list(subscriptions)
+        if sum(len(sub.names) for sub in subs) > lim.names:
             raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {lim.names} resource names on one stream",
                               limit="names")
+        if subs:  # the stream's whole subscription, as it now stands: count its bytes against the server's budget
+            held = sum(len(n) for sub in subs for n in sub.names)
+            ctx = self.ctx
+            if ctx.subscribed_bytes - self._sub_bytes + held > lim.subscribed_bytes:
+                raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"the server's streams already subscribe {ctx.subscribed_bytes:,} bytes of resource names: "
+                                  f"this stream's {held:,} would pass {lim.subscribed_bytes:,}", limit="subscribed_bytes")
+            ctx.subscribed_bytes += held - self._sub_bytes
+            self._sub_bytes = held
 
     def type_of(self, request_type_url: str) -> str:
         if len(request_type_url) > self.ctx.limits.type_url_bytes:
@@ -436,6 +454,8 @@ class StreamBase:
     def end(self) -> None:
         """The stream is over: uncount it, cancel its watch, tell the observers."""
         self.ctx.open_streams -= 1
+        self.ctx.subscribed_bytes -= self._sub_bytes
+        self._sub_bytes = 0
         if self._watch is not None:
             self.ctx.cache.cancel(self._watch)
             self._watch = None

@@ -200,6 +200,41 @@ def test_many_stream_limits_of_the_server() -> None:
     assert run(go()) == [grpc.StatusCode.RESOURCE_EXHAUSTED, 1]
 
 
+def test_the_names_all_streams_subscribe_share_one_byte_budget() -> None:
+    """The per-stream limits multiplied by the stream count: a stranger's 40 streams held +266 MB, none past a
+    limit. A stream that would take the server past ``subscribed_bytes`` is closed; a closed stream's bytes
+    come back."""
+    name = "n" * 99
+
+    async def go() -> list[object]:
+        cache = SnapshotCache()
+        cache.set_snapshot("n1", Snapshot.build([eds_cluster("c1")], extra_types=[CDS]))
+        xds = XdsServer(cache, limits=StreamLimits(subscribed_bytes=25_000))
+        port = await xds.start()
+        out: list[object] = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            first = RawStream(channel)
+            await first.send(sotw_request(types.ENDPOINT, [f"{name}{k:03d}" for k in range(120)], node=node("n1")))
+            await until_in_loop(lambda: xds.ctx.subscribed_bytes > 0, timeout=20, what="the first stream's names counted")
+            out.append(xds.ctx.subscribed_bytes)
+            second = RawStream(channel)
+            await second.send(sotw_request(types.ENDPOINT, [f"{name}{k:03d}" for k in range(130)], node=node("n2")))
+            out.append(await closed_with(second))
+            await second.close()
+            await first.close()
+            await until_in_loop(lambda: xds.ctx.subscribed_bytes == 0, timeout=20, what="the first stream's bytes returned")
+            third = RawStream(channel)
+            await third.send(sotw_request(types.ENDPOINT, [f"{name}{k:03d}" for k in range(130)], node=node("n3")))
+            await until_in_loop(lambda: xds.ctx.subscribed_bytes > 0, timeout=20, what="the third stream's names counted")
+            out.append(xds.ctx.subscribed_bytes)
+            await third.close()
+        await xds.stop(None)
+        out.append(xds.status.limit_hits.get("subscribed_bytes"))
+        return out
+
+    assert run(go()) == [120 * 102, grpc.StatusCode.RESOURCE_EXHAUSTED, 130 * 102, 1]  # 102-byte names
+
+
 @pytest.mark.parametrize("field_name", ["id", "cluster"])
 def test_node_fields_over_the_limit_name_the_field_not_the_value(field_name: str) -> None:
     async def go() -> str:
