@@ -88,7 +88,7 @@ class Checker:
     def sequence(self, value: Any, path: str, *, required: bool = False, nonempty: bool = False, max_len: int | None = None) -> list[Any]:
         if value is MISSING or value is None:
             if required:
-                self.err(path, "required")
+                self.err(path, "required" if value is MISSING else "is null (an empty value): must be a list")
             return []
         if not isinstance(value, list):
             self.err(path, f"must be a list, got {kind(value)}")
@@ -122,7 +122,7 @@ class Checker:
             self.err(p, f"must be {'an integer' if integer else 'a number'}, got {show(v)}")
             return default
         if not math.isfinite(v):
-            self.err(p, f"must be finite, got {v}")
+            self.err(p, f"must be finite, got {v} (a number past ±1.8e308 reads as infinite)" if not math.isnan(v) else "must be finite, got .nan")
             return default
         for bound, ok, word in ((gt, lambda b: v > b, ">"), (ge, lambda b: v >= b, ">="), (lt, lambda b: v < b, "<"), (le, lambda b: v <= b, "<=")):
             if bound is not None and not ok(bound):
@@ -200,7 +200,10 @@ def kind(v: Any) -> str:
 
 
 def show(v: Any) -> str:
-    return repr(v) if isinstance(v, (str, int, float, bool)) or v is None else kind(v)
+    """A value as the file spells it (YAML's ``true``/``null``, not Python's ``True``/``None``)."""
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    return repr(v) if isinstance(v, (str, int, float)) else kind(v)
 
 
 def fmt(x: float) -> str:

@@ -42,10 +42,10 @@ def summary(cfg: Config) -> str:
     if len(with_ext_proc) == len(dlb_cells):
         where = ""
     elif with_ext_proc:
-        where = f" in {', '.join(with_ext_proc)} (leaf.ext_proc; elsewhere the leaf Envoy's LEAST_REQUEST)"
+        where = f" in {', '.join(with_ext_proc)} (leaf.ext_proc), elsewhere the leaf Envoy's LEAST_REQUEST"
     else:
         where = " in no cell (none sets leaf.ext_proc: each leaf Envoy's LEAST_REQUEST picks)"
-    lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick}{where} (choices {lp.pick_params.choices}), latency fit window "
+    lines.append(f"  policy {cfg.policy.api_version}: leaf pick {lp.pick} (choices {lp.pick_params.choices}){where}, latency fit window "
                  f"{lp.fit.window_s:g} s / refit {lp.fit.refit_period_s:g} s, weights from {cfg.policy.weights}")
     for e in cfg.endpoints:
         p = e.policy
@@ -116,6 +116,10 @@ def run_validate(args: argparse.Namespace) -> int:
         for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg)):
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
+        from dlb.launch.up import shared_listeners
+
+        for clash in shared_listeners(cfg):  # fine on separate hosts (pods), fatal under dlb up
+            print(f"warning: on one host (dlb up) two listeners clash: {clash}", file=sys.stderr)
     return status
 
 

@@ -357,7 +357,7 @@ def _network(ck: Checker, raw: Any, cells: list[Cell]) -> Network:
         row = [False] * n
         for k, d in enumerate(lst):
             if not isinstance(d, str) or d not in index:
-                ck.err(f"{ap}[{k}]", f"{show(d)} is not a cell (cells: {', '.join(index)})")
+                ck.err(f"{ap}[{k}]", f"{show(d)} is not a cell (cells: {', '.join(c for c in index if c)})")
             elif row[index[d]]:
                 ck.err(f"{ap}[{k}]", f"{d!r} listed twice")
             else:
@@ -379,7 +379,13 @@ def _prior(ck: Checker, raw: Any, path: str, d: LatencyPrior | None = None) -> L
     )
     # μ(N) = N/ℓ(N) must keep increasing past the knee, which needs c < a/b (docs/design.md §3, latency model).
     if prior.c >= prior.a_s / prior.b_s:
-        ck.err(f"{path}.c", f"knee c={fmt(prior.c)} must be below a_s/b_s={fmt(prior.a_s / prior.b_s)} (else throughput falls as load grows)")
+        # Blame what the file gave here: a per-cell prior's a_s may make the c it inherits too large.
+        given = [k for k in ("a_s", "b_s") if k in m]
+        blamed = "c" if "c" in m or not given else given[-1]
+        inherited = ", ".join(f"{k}={fmt(getattr(prior, k))}" for k in ("a_s", "b_s", "c") if k not in m)
+        ck.err(f"{path}.{blamed}",
+               f"knee c={fmt(prior.c)} must be below a_s/b_s={fmt(prior.a_s / prior.b_s)} (else throughput falls as load grows)"
+               + (f"; not given here: {inherited}" if inherited else ""))
     return prior
 
 
@@ -394,7 +400,7 @@ def _priors_by_cell(ck: Checker, raw: Any, path: str, base: LatencyPrior, cells:
     for cell, value in raw.items():
         p = f"{path}.{cell}"
         if str(cell) not in cells:
-            ck.err(p, f"{show(cell)} is not a cell (cells: {', '.join(cells)})")
+            ck.err(p, f"{show(cell)} is not a cell (cells: {', '.join(dict.fromkeys(c for c in cells if c))})")
         else:
             out.append((str(cell), _prior(ck, value, p, base)))
     return tuple(out)

@@ -25,7 +25,7 @@ import grpc
 
 from dlb.config.loader import ConfigError, Problem
 from dlb.config.model import TlsFiles
-from dlb.config.tls import Identity, Renewal, identity_name, load_identity, load_identity_files
+from dlb.config.tls import SPIFFE_PREFIX, Identity, Renewal, identity_name, load_identity, load_identity_files, spiffe_id
 from dlb.config.tls_check import tls_pair_problems
 from dlb.log import get_logger
 
@@ -176,4 +176,29 @@ def component_identity(tls: TlsFiles | None, role: str, cell: str = "", source: 
     problems = tls_pair_problems(ident.ca_path, ident.cert_path, ident.key_path)
     if problems:
         raise ConfigError([Problem(source, f, reason) for f, reason in problems])
+    wrong = identity_problem(ident.cert, spiffe_id(role, cell))
+    if wrong:
+        raise ConfigError([Problem(source, "tls.cert", f"{ident.cert_path}: {wrong}")])
     return LiveIdentity(ident)
+
+
+def identity_problem(cert_pem: bytes, expected: str) -> str | None:
+    """Why a certificate cannot serve as ``expected`` (its URI SANs lack it), or None.
+
+    Why at start: peers judge a component by that SAN (Envoys check the control plane's; the control plane
+    authorises nodes by theirs). A control plane started with a leaf's pair ran silently while every Envoy
+    refused it with an opaque "remote connection failure" in its own log."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    except ValueError as exc:
+        return f"cannot be read: {exc}"
+    if expected in uris:
+        return None
+    named = ", ".join(u for u in uris if u.startswith(SPIFFE_PREFIX)) or "no spiffe://dlb/ identity"
+    return f"names {named}, not {expected}: each component presents its own identity (docs/security.md)"

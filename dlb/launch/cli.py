@@ -21,7 +21,7 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="no private CA: gRPC between the control plane, roots and leaves stays plaintext unless the config has tls")
     p.add_argument("--control-planes", type=int, default=2, choices=range(1, 6), metavar="N",
-                   help="control-plane replicas (active-active; every Envoy and service follows all of them; default 2)")
+                   help="control-plane replicas (active-active; each Envoy and service streams from one and moves to another when it fails; default 2)")
     p.add_argument("--root-envoys", type=int, default=2, choices=range(1, 6), metavar="N",
                    help="root Envoys per source cell, sharing its address (a kill loses only their in-flight requests; default 2)")
     p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds (default: until Ctrl-C)")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dlb.config.bound_at_start import restart_only_changes
+from dlb.config.hostport import parse_hostport
 from dlb.config.model import Config, HostPort
 from dlb.envoy.bootstrap import root_has_ext_proc
 from dlb.launch.run_secrets import run_env
@@ -82,6 +83,9 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
                 if leaf.bind != leaf.address:
                     out.append((f"{lp}.listen", leaf.bind))
                 out.append((f"{lp}.probe", leaf.probe))
+                als = parse_hostport(leaf.access_log) if leaf.access_log and not leaf.access_log.startswith("unix:") else None
+                if als is not None:  # the agent listens there for its Envoy's access log
+                    out.append((f"{lp}.access_log", als))
             if leaf.ext_proc is not None:
                 out.append((f"{lp}.ext_proc", leaf.ext_proc))
         if cell.root.address is not None:
@@ -89,7 +93,7 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
             if cell.root.bind not in (None, cell.root.address):
                 out.append((f"cells[{i}].root.listen", cell.root.bind or cell.root.address))
             if root_services:
-                field_path = f"cells[{i}].root.ext_proc" if cell.root.ext_proc is not None else "services.root.ext_proc"
+                field_path = f"cells[{i}].root.ext_proc" if cell.root.ext_proc is not None else f"services.root.ext_proc (root {cell.name})"
                 out.append((field_path, cell.root.ext_proc or cfg.services.root.ext_proc))
     for k, (cell_name, (metrics, admin)) in enumerate(root_ports(cfg).items()):
         plus = f" + {k}" if k else ""
@@ -99,16 +103,30 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     return out
 
 
+#: Hosts that bind every interface: a port bound there is taken on every address of the machine.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+
+
 def shared_listeners(cfg: Config, root_services: bool = True) -> list[str]:
     """``field: address X is also used by other field`` for each address ``dlb up`` would listen on twice:
     the second listener could not bind, or, worse, its readiness check would reach the first."""
     owner: dict[HostPort, str] = {}
+    wild: dict[int, tuple[HostPort, str]] = {}  # port -> the first 0.0.0.0 / [::] bind of it
     out = []
     for field_path, hp in listen_addresses(cfg, root_services):
-        if hp in owner:
-            out.append(f"{field_path}: address {hp} is also used by {owner[hp]}")
-        else:
-            owner[hp] = field_path
+        other = owner.get(hp)
+        # Every interface's port clashes with any address's (a stranger's 0.0.0.0:P beside 127.0.0.1:P
+        # passed, and the second child died on a bind error naming no field).
+        if other is None and hp.host in WILDCARD_HOSTS:
+            other = next((f"{f} ({h})" for h, f in owner.items() if h.port == hp.port), None)
+        elif other is None and hp.port in wild:
+            other = f"{wild[hp.port][1]} ({wild[hp.port][0]})"
+        if other is not None:
+            out.append(f"{field_path}: address {hp} is also used by {other}")
+            continue
+        owner[hp] = field_path
+        if hp.host in WILDCARD_HOSTS:
+            wild.setdefault(hp.port, (hp, field_path))
     return out
 
 

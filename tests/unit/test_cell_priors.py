@@ -37,7 +37,9 @@ def test_a_cell_prior_takes_the_endpoints_fields_it_leaves_out():
     ({"near": {"a": 1}}, "endpoints[0].latency_prior_by_cell.near.a", "unknown key"),
     ({"near": {"a_s": -1}}, "endpoints[0].latency_prior_by_cell.near.a_s", "must be > 0"),
     # inherits b_s = 0.01 and c = 4 from the endpoint: c must stay below a_s/b_s = 3
-    ({"near": {"a_s": 0.03}}, "endpoints[0].latency_prior_by_cell.near.c", "must be below a_s/b_s=3"),
+    # (the a_s given is blamed, and what it inherited is named)
+    ({"near": {"a_s": 0.03}}, "endpoints[0].latency_prior_by_cell.near.a_s", "must be below a_s/b_s=3 (else throughput falls "
+     "as load grows); not given here: b_s=0.01, c=4"),
     ([{"near": {}}], "endpoints[0].latency_prior_by_cell", "must be a mapping of cell name to latency prior"),
 ])
 def test_bad_cell_priors_are_named_by_field(by_cell, path, reason):

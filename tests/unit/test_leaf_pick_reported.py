@@ -16,9 +16,9 @@ from dlb.ext_proc.leaf_setup import state_from_config
 
 def test_the_summary_names_the_cells_whose_leaf_runs_the_rule() -> None:
     raw = minimal()
-    assert "leaf pick prequal in no cell (none sets leaf.ext_proc" in summary(config_from_dict(copy.deepcopy(raw)))
+    assert "leaf pick prequal (choices 2) in no cell (none sets leaf.ext_proc" in summary(config_from_dict(copy.deepcopy(raw)))
     raw["cells"][0]["leaf"]["ext_proc"] = "127.0.0.1:9011"
-    assert "leaf pick prequal in a (leaf.ext_proc; elsewhere the leaf Envoy's LEAST_REQUEST)" in summary(config_from_dict(copy.deepcopy(raw)))
+    assert "leaf pick prequal (choices 2) in a (leaf.ext_proc), elsewhere the leaf Envoy's LEAST_REQUEST" in summary(config_from_dict(copy.deepcopy(raw)))
     raw["cells"][1]["leaf"]["ext_proc"] = "127.0.0.1:9021"
     assert "leaf pick prequal (choices 2)" in summary(config_from_dict(raw))
 

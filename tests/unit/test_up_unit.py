@@ -272,6 +272,34 @@ def test_up_refuses_two_of_its_listeners_on_one_address_naming_both_fields() -> 
     assert problems == ["services.root.metrics (root a): address 127.0.0.1:18391 is also used by cells[0].leaf.probe"], problems
 
 
+def test_up_sees_a_wildcard_bind_and_a_tcp_access_log_clash_and_validate_warns(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Two clashes a stranger got past dlb up (each child then died on a bind error naming no field): a leaf
+    Envoy on 0.0.0.0:P beside another cell's 127.0.0.1:P, and a leaf's access_log on its own probe address.
+    ``dlb config validate`` said "valid" to these and to the ones dlb up refused: it now warns of each."""
+    from test_config import minimal
+
+    from dlb.cli import main
+    from dlb.config import config_from_dict
+    from dlb.launch.up import shared_listeners
+
+    wild = minimal()
+    wild["cells"][1]["leaf"]["listen"] = "0.0.0.0:9010"  # cell a's probe is 127.0.0.1:9010
+    assert shared_listeners(config_from_dict(wild)) == [
+        "cells[1].leaf.listen: address 0.0.0.0:9010 is also used by cells[0].leaf.probe (127.0.0.1:9010)"]
+    als = minimal()
+    als["cells"][1]["leaf"]["access_log"] = "127.0.0.1:9020"  # its own probe
+    assert shared_listeners(config_from_dict(als)) == ["cells[1].leaf.access_log: address 127.0.0.1:9020 is also used by cells[1].leaf.probe"]
+    two_roots = minimal()
+    for i, cell in enumerate(two_roots["cells"]):
+        cell["root"] = {"address": f"127.0.0.1:{10100 + i}"}
+    assert "services.root.ext_proc (root b): address 127.0.0.1:18080 is also used by services.root.ext_proc (root a)" in (
+        shared_listeners(config_from_dict(two_roots)))
+    path = tmp_path / "dlb.yaml"
+    path.write_text(json.dumps(als))
+    assert main(["config", "validate", str(path)]) == 0
+    assert "warning: on one host (dlb up) two listeners clash: cells[1].leaf.access_log" in capsys.readouterr().err
+
+
 def test_a_restarted_roots_readiness_follows_the_reloaded_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a SIGHUP changed ``network.allowed``, a restarted root was 'not ready' forever, waiting for a cell
     it no longer uses: readiness was judged by the config ``dlb up`` started with."""
