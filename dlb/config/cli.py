@@ -10,6 +10,7 @@ from dlb.config.loader import ConfigError, load_config
 from dlb.config.model import Cell, Config, loopback_name
 from dlb.config.policy import unused_warmup_warning
 from dlb.config.priors import unused_prior_warning
+from dlb.config.tls_check import plaintext_warning
 from dlb.envoy.root_token import forgeable_token_warning
 from dlb.load.argtypes import port_number, port_or_zero
 
@@ -113,7 +114,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 continue
         if not args.quiet:
             print(summary(cfg) + ("\n  envoy --mode validate: every root and leaf bootstrap OK" if args.envoy else ""))
-        for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg)):
+        for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg), plaintext_warning(cfg)):
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
         from dlb.launch.up import shared_listeners

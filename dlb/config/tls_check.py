@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from dlb.config.checker import Checker, config_dir
-from dlb.config.model import TLS_IDENTITY_PLACEHOLDER, TlsFiles
+from dlb.config.model import TLS_IDENTITY_PLACEHOLDER, Config, TlsFiles
 
 #: What each ``tls`` file must hold (a PEM block of this kind), and why a person would set it.
 _TLS_PEM = {"ca": ("CERTIFICATE", "the CA certificate every DLB component's certificate chains to"),
@@ -118,3 +118,22 @@ def pem_problem(path: str, kind: str) -> str | None:
     if f"-----BEGIN {kind}-----".encode() not in head and not (kind == "PRIVATE KEY" and b"PRIVATE KEY-----" in head):
         return f"{path}: no PEM {kind} block in it"
     return None
+
+
+def plaintext_warning(cfg: Config) -> str | None:
+    """Where DLB's gRPC listens beyond loopback without ``tls``, or None.
+
+    Why a warning: plaintext is fine on one host or a closed network, but anyone who reaches these ports can
+    read every cell's configuration (by claiming its node) or answer as a leaf; say it where it is decided."""
+    if cfg.tls is not None:
+        return None
+    ports = [("services.control_plane.xds", cfg.services.control_plane.xds)]
+    for i, c in enumerate(cfg.cells):
+        if c.runs_dlb_leaf:
+            ports.append((f"cells[{i}].leaf.probe", c.leaf.probe))
+    exposed = [f for f, hp in ports if not hp.loopback]
+    if not exposed:
+        return None
+    return (f"{cfg.source}: no tls section, and {', '.join(exposed[:4])}{' ...' if len(exposed) > 4 else ''} listen(s) beyond "
+            "loopback in plaintext: anyone who reaches them can read the fleet's config or answer as a leaf; set tls "
+            "(docs/security.md)")

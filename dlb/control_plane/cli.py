@@ -143,6 +143,10 @@ async def _serve(config, args: argparse.Namespace) -> int:
 
     if warning := unused_prior_warning(config):
         log.warning("latency_prior_unused", message=warning)
+    from dlb.config.tls_check import plaintext_warning
+
+    if warning := plaintext_warning(config):
+        log.warning("grpc_plaintext", message=warning)
     if args.ready_file:
         import os
 

@@ -60,4 +60,7 @@ def run_env(cfg: Config, run_dir: Path, insecure: bool) -> tuple[dict[str, str],
         else:
             env[TLS_DIR_ENV] = str(folder)
             said.append(f"mTLS between the control plane, roots and leaves: CA and certificates in {folder} (--insecure: none)")
+    elif cfg.tls is None:
+        said.append("warning: --insecure: gRPC between the control plane, roots and leaves is plaintext (anyone who can "
+                    "reach their ports can read the fleet's config or feed it state)")
     return env, said

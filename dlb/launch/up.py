@@ -103,6 +103,12 @@ def listen_addresses(cfg: Config, root_services: bool = True) -> list[tuple[str,
     return out
 
 
+def _same_listener(a: str, b: str) -> bool:
+    """``X.address`` and ``X.listen``: how others reach one Envoy listener and where it binds (not a clash)."""
+    (pa, _, fa), (pb, _, fb) = a.rpartition("."), b.rpartition(".")
+    return pa == pb and {fa, fb} == {"address", "listen"}
+
+
 #: Hosts that bind every interface: a port bound there is taken on every address of the machine.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
 
@@ -118,8 +124,8 @@ def shared_listeners(cfg: Config, root_services: bool = True) -> list[str]:
         # Every interface's port clashes with any address's (a stranger's 0.0.0.0:P beside 127.0.0.1:P
         # passed, and the second child died on a bind error naming no field).
         if other is None and hp.host in WILDCARD_HOSTS:
-            other = next((f"{f} ({h})" for h, f in owner.items() if h.port == hp.port), None)
-        elif other is None and hp.port in wild:
+            other = next((f"{f} ({h})" for h, f in owner.items() if h.port == hp.port and not _same_listener(f, field_path)), None)
+        elif other is None and hp.port in wild and not _same_listener(wild[hp.port][1], field_path):
             other = f"{wild[hp.port][1]} ({wild[hp.port][0]})"
         if other is not None:
             out.append(f"{field_path}: address {hp} is also used by {other}")
@@ -555,8 +561,9 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
     snapshot = write_snapshot(sup.run_dir, text)
     from dlb.config.policy import unused_warmup_warning
     from dlb.config.priors import unused_prior_warning
+    from dlb.config.tls_check import plaintext_warning
 
-    for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg)):
+    for warning in (forgeable_token_warning(cfg), unused_warmup_warning(cfg), unused_prior_warning(cfg), plaintext_warning(cfg)):
         if warning:
             print(f"dlb up: warning: {warning}", file=sys.stderr, flush=True)
     dep = plan(cfg, str(snapshot), sup, emulate_wan=emulate_wan, leaf_args=service_args, root_args=service_args,

@@ -298,6 +298,15 @@ def test_up_sees_a_wildcard_bind_and_a_tcp_access_log_clash_and_validate_warns(c
     path.write_text(json.dumps(als))
     assert main(["config", "validate", str(path)]) == 0
     assert "warning: on one host (dlb up) two listeners clash: cells[1].leaf.access_log" in capsys.readouterr().err
+    # A leaf reached at a pod address binds 0.0.0.0 on the same port: one listener, no clash; but without tls
+    # its probe port is plaintext beyond loopback, which validate says.
+    pod = minimal()
+    pod["cells"][0]["leaf"] = {"address": "10.0.0.5:10010", "probe": "10.0.0.5:9010"}
+    assert shared_listeners(config_from_dict(pod)) == []
+    path.write_text(json.dumps(pod))
+    assert main(["config", "validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "no tls section, and cells[0].leaf.probe listen(s) beyond loopback in plaintext" in err and "clash" not in err, err
 
 
 def test_a_restarted_roots_readiness_follows_the_reloaded_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
