@@ -126,6 +126,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("root", "dlb_root_cell_error_rate", "gauge", ("cell",), "Cell error rate reported by the last probe", _PROBES),
     MetricDef("root", "dlb_root_cell_model", "gauge", ("cell", "param"), "Cell latency-model parameter from the last probe", _PROBES),
     *_h2("root"),
+    MetricDef("root", "dlb_root_metrics_http_refused", "counter", (), "Connections to the metrics listener closed at its cap (64)"),
     *_gc("root", "dlb serve root with a metrics port"),
     *_loop("root"),
     *_tls("root"),
@@ -177,6 +178,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_processing_seconds", "histogram", (), "Time to pick a server inside the service"),
     *_tls("leaf"),
     *_h2("leaf"),
+    MetricDef("leaf", "dlb_leaf_metrics_http_refused", "counter", (), "Connections to the metrics listener closed at its cap (64)"),
     *_loop("leaf"),
     # --- GIE endpoint picker (dlb/epp/metrics.py), beside the dlb_leaf_* families ---
     MetricDef("epp", "dlb_epp_picks", "counter", ("outcome",),
@@ -186,6 +188,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("epp", "dlb_epp_pool_source", "gauge", ("state",), "1 for the pool's source state"),
     MetricDef("epp", "dlb_epp_pool_updates", "counter", ("what",), "Endpoint-set and InferencePool spec changes"),
     MetricDef("epp", "dlb_epp_grpc_limit", "gauge", ("limit",), "gRPC listener bounds"),
+    MetricDef("epp", "dlb_epp_metrics_http_refused", "counter", (), "Connections to the metrics listener closed at its cap (64)"),
     MetricDef("epp", "dlb_epp_grpc_streams_refused", "counter", (), "ext_proc streams refused: max_streams open"),
     MetricDef("epp", "dlb_epp_pool_watch_errors", "counter", ("watch",), "Failed lists and watches, unusable pool edits", _K8S),
     *_loop("epp"),

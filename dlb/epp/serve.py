@@ -144,7 +144,8 @@ async def run_epp(cfg: Config, opts: EppOptions) -> None:
             yield from epp_families(epp, opts.limits, gate, watcher, dns=dns)
             yield from loop_lag.families()
 
-        _, metrics_port = serve_metrics(collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving)
+        _, metrics_port = serve_metrics(collect, host.strip("[]") or "127.0.0.1", int(mport), lambda: readiness.ready and health.serving,
+                                        prefix="dlb_epp")
     if watcher is not None:
         loop = asyncio.get_running_loop()
         watcher.publish = lambda eps: loop.call_soon_threadsafe(set_pool, epp, eps)  # from the watch thread onto the loop

@@ -187,7 +187,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
         registry, metrics_port = serve_metrics(agent.collect, host.strip("[]") or "127.0.0.1", int(mport),
-                                               lambda: readiness.ready and health.serving)
+                                               lambda: readiness.ready and health.serving, prefix="dlb_leaf")
         registry.register(CallbackCollector(loop_lag.start().families))
         if tls is not None:
             registry.register(CallbackCollector(lambda: tls_live.COUNTS.families("dlb_leaf")))

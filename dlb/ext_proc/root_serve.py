@@ -110,7 +110,8 @@ async def run_root(cfg: Config | None, opts: RootOptions) -> None:
     if opts.metrics:
         host, _, mport = opts.metrics.rpartition(":")
         registry, metrics_port = serve_metrics(service.collect, host.strip("[]") or "127.0.0.1", int(mport),
-                                               lambda: readiness.ready and (sync is None or sync.reloads > 0) and service.routable())
+                                               lambda: readiness.ready and (sync is None or sync.reloads > 0) and service.routable(),
+                                               prefix="dlb_root")
         registry.register(CallbackCollector(gc_pauses.families))
         registry.register(CallbackCollector(loop_lag.families))
         if tls is not None:

@@ -25,8 +25,8 @@ from dlb.transport.limits import TransportStats
 from dlb.xds import SnapshotCache, StatusRegistry, StatusServer, types
 
 
-def scrape(collect) -> str:
-    _, port = serve_metrics(collect, "127.0.0.1", 0)
+def scrape(collect, prefix: str | None = None) -> str:
+    _, port = serve_metrics(collect, "127.0.0.1", 0, prefix=prefix)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         return resp.read().decode()
 
@@ -42,7 +42,7 @@ def test_root_metrics_match_the_catalogue() -> None:
     svc = RootService.from_config(cfg, "a", seed=1)
     svc.transport_stats = TransportStats()
     lag = LoopLag("dlb_root")  # registered beside the service's own collector, as dlb serve root does
-    compare("root", scrape(lambda: itertools.chain(svc.collect(), lag.families())))
+    compare("root", scrape(lambda: itertools.chain(svc.collect(), lag.families()), "dlb_root"))
 
 
 def test_leaf_metrics_match_the_catalogue() -> None:
@@ -53,7 +53,7 @@ def test_leaf_metrics_match_the_catalogue() -> None:
     agent = LeafAgent(st)
     agent.transport_stats = TransportStats()
     lag = LoopLag("dlb_leaf")
-    compare("leaf", scrape(lambda: itertools.chain(agent.collect(), lag.families())))
+    compare("leaf", scrape(lambda: itertools.chain(agent.collect(), lag.families()), "dlb_leaf"))
 
 
 def test_epp_metrics_match_the_catalogue() -> None:
@@ -72,7 +72,7 @@ def test_epp_metrics_match_the_catalogue() -> None:
     watcher.pool = PoolState("p", PoolSpec((("app", "x"),), (8000,)))
     epp = EndpointPicker(st)
     lag = LoopLag("dlb_epp")
-    compare("epp", scrape(lambda: itertools.chain(epp_families(epp, GrpcLimits(), StreamGate(1), watcher), lag.families())))
+    compare("epp", scrape(lambda: itertools.chain(epp_families(epp, GrpcLimits(), StreamGate(1), watcher), lag.families()), "dlb_epp"))
 
 
 def test_xds_status_metrics_match_the_catalogue() -> None:
