@@ -321,9 +321,15 @@ class LatencyEstimator:
         self.knee = knee if knee is not None and knee > 0 else None
 
     def reset_prior(self, prior: LatencyParams) -> None:
-        """A new configured prior (from the control plane); a measured one already in use stays."""
-        if self.effective_prior is self.prior:
+        """A new configured prior (from the control plane). A measured one in use stays while samples in the
+        window back it; without them it was measured from a past the operator's new prior replaces (a cell
+        that looked slow got no traffic, so a reloaded prior never reached its model)."""
+        if prior == self.prior:
+            return
+        if self.effective_prior is self.prior or len(self._t) < MIN_PRIOR_SAMPLES:
             self.effective_prior = prior
+            if not self._t:
+                self.params, self.confidence = prior, 0.0  # nothing measured backs the published model either
         self.prior = prior
 
 

@@ -183,7 +183,8 @@ class RootRouter:
         # A private copy: probes update it when a cell's serving replica count changes (outages).
         self.replicas = topology.replicas.copy()
         # One prior per cell when the config gives cells their own (a known-slower region), else the endpoint's.
-        self.models = ModelTable.from_params(list(cell_priors) if cell_priors is not None else [prior] * n)
+        self.priors: tuple[LatencyParams, ...] = tuple(cell_priors) if cell_priors is not None else (prior,) * n
+        self.models = ModelTable.from_params(list(self.priors))
         # The gradient cost's per-cell floor on 1 − ρ, from the spread of the models each cell published.
         self._spread: ModelSpread | None = None
         if policy.grad_floor.enabled and (policy.cost is Cost.GRADIENT or policy.flow.relaxation_delay):
@@ -346,6 +347,14 @@ class RootRouter:
             self.adopt_unseen(old, j, o)
         for attr in ("a", "b", "c", "s"):
             getattr(self.models, attr)[ni] = getattr(old.models, attr)[oi]
+        for o, j in pairs:
+            if old.priors[o] != self.priors[j]:
+                # The operator changed this cell's prior: start from it, not from the curve learned before,
+                # so the leaf's next model (measured, or the new prior) is taken (a stranger's reloaded prior
+                # changed nothing: the learned curve, confidence > 0, outranked every later prior).
+                p = self.priors[j]
+                self.models.a[j], self.models.b[j], self.models.c[j], self.models.s[j] = p.a, p.b, p.c, p.s
+                nv.confidence[j] = 0.0
         self.aversion[ni] = old.aversion[oi]
         self._inflate[ni] = old._inflate[oi]
         self.adopt_warmup(old)

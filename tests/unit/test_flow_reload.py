@@ -185,3 +185,35 @@ def test_a_reload_wakes_the_flow_loop_sleeping_on_the_old_period() -> None:
         return len(rebuilds)
 
     assert asyncio.run(run()) >= 3  # stepping every 20 ms from the reload on
+
+
+def test_a_reloaded_cell_prior_replaces_the_learned_curve_of_that_cell_only() -> None:
+    """A stranger set a cell's prior slower and reloaded: nothing changed, the root kept the curve it had
+    learned (confidence > 0 outranks any later model) and the leaf its measured one. Now a changed prior
+    resets that cell's curve at the root, and a leaf without samples in its window takes the new prior."""
+    from dlb.core.estimator import LatencyEstimator
+
+    topo = Topology.build(["a", "b"], [4, 4], [[0, 0.01], [0.01, 0]])
+    pol = PolicyConfig(Mechanism.DISCRETE, Cost.LATENCY)
+    learned = LatencyParams(0.3, 0.02, 8.0, 1.0)
+    old = RootRouter(topo, 0, pol, P, np.random.default_rng(0))
+    for j in range(2):
+        old.on_probe(j, 1.0, 2.0, learned, confidence=0.9, seen_until=1.0)
+    slower = LatencyParams(2.0, 0.1, 8.0, 1.0)
+    new = RootRouter(topo, 0, pol, P, np.random.default_rng(0), cell_priors=[P, slower])
+    new.carry_over(old, ["a", "b"], ["a", "b"])
+    assert (new.models.a[0], new.view.confidence[0]) == (learned.a, 0.9)  # a's prior unchanged: kept
+    assert (new.models.a[1], new.view.confidence[1]) == (slower.a, 0.0)  # b's changed: the new prior
+    new.on_probe(1, 2.0, 2.0, slower, confidence=0.0, seen_until=2.0)  # the leaf's new prior is now taken
+    assert new.models.a[1] == slower.a
+
+    est = LatencyEstimator(P)
+    est.effective_prior = est.params = learned  # a measured prior, no samples left in the window
+    est.reset_prior(slower)
+    assert (est.effective_prior, est.params, est.confidence) == (slower, slower, 0.0)
+    est = LatencyEstimator(P)
+    for k in range(5):
+        est.record(float(k), 2.0, 0.5)
+    est.effective_prior = learned  # measured, and samples back it: it stays
+    est.reset_prior(slower)
+    assert est.effective_prior == learned and est.prior == slower
