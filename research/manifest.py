@@ -30,6 +30,8 @@ ARTEFACT_SUFFIXES = (".json", ".json.gz", ".jsonl", ".png", ".txt")
 #: (glob under research/, command that regenerates it), first match wins. DIR is the artefact's folder.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench/overhead*.json", "dlb bench overhead --configs ... --json FILE (configs: see the file's rows)"),
+    ("bench/overhead-64slices/probe-period-*", "for P in 1000 '' 1000 '': PROBE_MS=$P python research/tools/bench_probe_period.py "
+                                                "bench overhead --configs plain root-bare-h2 root --duration 12 --slices 24 (tail of each)"),
     ("bench/overhead*.txt", "the console of the dlb bench overhead run whose --json is the .json beside it"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
     ("compare-stress/slowcell/real-twin-*", "dlb bench sim-twin --real research/compare-stress/quiet-stress-f3335e8/records.jsonl "
