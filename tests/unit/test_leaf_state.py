@@ -193,16 +193,18 @@ def test_latency_sample_is_the_servers_share_not_the_leaf_total():
     assert _serving_seconds(only_total) == pytest.approx(0.251)
 
 
-@pytest.mark.parametrize(("status", "flags", "details", "abort", "cut"), [
-    (200, {"downstream_connection_termination": True}, "via_upstream", True, False),  # a root's timeout mid-stream (HTTP/1.1)
-    (200, {"downstream_remote_reset": True}, "via_upstream", True, False),  # an HTTP/2 client's reset mid-stream
-    (0, {"downstream_connection_termination": True}, "", True, False),  # left before any answer
-    (200, {}, "via_upstream", False, False),  # a whole answer
-    (503, {"downstream_connection_termination": True}, "via_upstream", False, False),  # the server's error first
+@pytest.mark.parametrize(("status", "flags", "details", "abort", "cut", "ended"), [
+    (200, {"downstream_connection_termination": True}, "via_upstream", True, False, False),  # a root's timeout mid-stream (HTTP/1.1)
+    # the server's answer had ended (its last byte stamped): a client that closed at data: [DONE] is no abort
+    (200, {"downstream_connection_termination": True}, "via_upstream", False, False, True),
+    (200, {"downstream_remote_reset": True}, "via_upstream", True, False, False),  # an HTTP/2 client's reset mid-stream
+    (0, {"downstream_connection_termination": True}, "", True, False, False),  # left before any answer
+    (200, {}, "via_upstream", False, False, True),  # a whole answer
+    (503, {"downstream_connection_termination": True}, "via_upstream", False, False, False),  # the server's error first
     (200, {"downstream_connection_termination": True, "upstream_connection_termination": True},
-     "upstream_reset_after_response_started{connection_termination}", False, True),  # the server broke it first
+     "upstream_reset_after_response_started{connection_termination}", False, True, False),  # the server broke it first
 ])
-def test_an_answer_left_by_its_downstream_is_a_client_abort(status, flags, details, abort, cut):
+def test_an_answer_left_by_its_downstream_is_a_client_abort(status, flags, details, abort, cut, ended):
     """A root resetting a stream at its route timeout after the 200 was forwarded: counted a success with
     a latency sample ending at the reset unless the downstream flags make it a client abort."""
     from envoy.data.accesslog.v3 import accesslog_pb2
@@ -214,6 +216,8 @@ def test_an_answer_left_by_its_downstream_is_a_client_abort(status, flags, detai
     e.response.response_code_details = details
     for name, v in flags.items():
         setattr(e.common_properties.response_flags, name, v)
+    if ended:
+        e.common_properties.time_to_last_upstream_rx_byte.nanos = 250_000_000
     assert (_client_abort(e), _cut_stream(e)) == (abort, cut)
 
 
