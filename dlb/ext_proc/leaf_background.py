@@ -37,6 +37,9 @@ class LeafBackground:
         self.clock = clock
         self.fits = 0
         self.fit_seconds = 0.0
+        #: True while the agent stops: its Envoy going away then is the plan, said at info, not warning (a
+        #: stranger's every clean Ctrl-C left two warnings per leaf for alerts to fire on).
+        self.stopping: Callable[[], bool] = lambda: False
         #: Whether this cell's leaf Envoy accepts connections (see :meth:`envoy_check_loop`).
         self.envoy_ok = True
         self.envoy_check_failures = 0
@@ -220,7 +223,7 @@ class LeafBackground:
             else:
                 self.envoy_check_failures += 1
                 if self.envoy_ok and self.envoy_check_failures >= fail_threshold:
-                    log.warning("leaf_envoy_unreachable", cell=self.state.cell, address=address)
+                    (log.info if self.stopping() else log.warning)("leaf_envoy_unreachable", cell=self.state.cell, address=address)
                     self.envoy_ok = False
             await asyncio.sleep(period_s)
 
@@ -237,7 +240,9 @@ class LeafBackground:
             except (OSError, TimeoutError, ValueError) as e:
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
-                    log.warning("leaf_envoy_admin_unreadable", cell=self.state.cell, admin=admin, error=str(e), failures=failures)
+                    (log.info if self.stopping() else log.warning)(
+                        "leaf_envoy_admin_unreadable", cell=self.state.cell, admin=admin, error=str(e) or type(e).__name__,
+                        failures=failures)
             else:
                 if failures:
                     log.info("leaf_envoy_admin_readable", cell=self.state.cell, admin=admin)

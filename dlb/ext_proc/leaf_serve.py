@@ -146,6 +146,7 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
     agent.envoy_picks = cfg.cell(cell_name).leaf.ext_proc is None  # no leaf ext_proc: the leaf Envoy picks
     agent.access_log.known_sources = frozenset(cfg.cell_names)
     bg = agent.background
+    bg.stopping = lambda: not health.serving  # serve_until_signal clears it at the stop signal
     sync = None
     if opts.xds:
 

@@ -33,7 +33,7 @@ def test_insecure_makes_no_ca_and_a_config_with_its_own_makes_nothing(tmp_path: 
     token = tmp_path / "mine"
     token.write_text("m" * 32)
     env, said = run_env(config_from_dict(dict(RAW, root_token_file=str(token))), tmp_path / "b", insecure=True)
-    assert env == {} and said == []
+    assert env == {} and [line.split(":")[:2] for line in said] == [["warning", " --insecure"]], said  # plaintext, said
 
 
 def test_a_mounted_kubernetes_tls_secret_is_the_tls_section(tmp_path: Path, monkeypatch) -> None:
