@@ -46,7 +46,7 @@ class HostPort:
     def loopback(self) -> bool:
         """Only this host can reach it: ``localhost`` or a loopback IP (the access log's channel, a leaf a
         derived root token is safe on)."""
-        if self.host == "localhost":
+        if loopback_name(self.host):
             return True
         try:
             return ipaddress.ip_address(self.host.strip("[]")).is_loopback
@@ -100,6 +100,10 @@ def loopback_name(host: str) -> bool:
     return host.lower().rstrip(".") in LOOPBACK_NAMES
 
 
+#: Hosts a listener binds every interface with: a port bound there is taken on every address of the machine.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+
 def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
     """Where a listener advertised at ``advertised`` binds: ``listen`` if set, else every interface, same port.
 
@@ -110,13 +114,8 @@ def bind_address(advertised: HostPort, listen: HostPort | None) -> HostPort:
     """
     if listen is not None:
         return listen
-    if loopback_name(advertised.host):
-        return HostPort("127.0.0.1", advertised.port)
-    try:
-        if ipaddress.ip_address(advertised.host).is_loopback:
-            return advertised
-    except ValueError:
-        pass  # a DNS name
+    if advertised.loopback:  # a loopback IP binds as it is; a loopback name binds 127.0.0.1
+        return HostPort("127.0.0.1", advertised.port) if loopback_name(advertised.host) else advertised
     return HostPort("::" if ":" in advertised.host else "0.0.0.0", advertised.port)
 
 

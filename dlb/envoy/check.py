@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dlb.config.model import OPERATOR_BASELINES, Cell, Config, HostPort
+from dlb.config.model import OPERATOR_BASELINES, WILDCARD_HOSTS, Cell, Config, HostPort
 from dlb.envoy.bootstrap import (
     HEADER_CELL,
     HEADER_FALLBACK,
@@ -124,7 +124,7 @@ class _Check:
             self.bad(f"{lpath}.address", f"no socket_address; the DLB config has {what} = {want}")
         elif got.port != want.port:
             self.bad(f"{lpath}.address.socket_address.port_value", f"{got.port}, but the DLB config's {what} is {want}")
-        elif got.host not in ("0.0.0.0", "::", want.host):
+        elif got.host not in WILDCARD_HOSTS and got.host != want.host:
             self.bad(f"{lpath}.address.socket_address.address", f"{got.host!r} is neither all interfaces nor {want.host} ({what})")
 
     def internal_headers(self, hpath: str, hcm: dict[str, Any], required: tuple[str, ...]) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from dlb.config.bound_at_start import restart_only_changes
 from dlb.config.hostport import parse_hostport
-from dlb.config.model import Config, HostPort
+from dlb.config.model import WILDCARD_HOSTS, Config, HostPort
 from dlb.envoy.bootstrap import root_has_ext_proc
 from dlb.launch.run_secrets import run_env
 from dlb.launch.supervisor import Child, Supervisor
@@ -107,10 +107,6 @@ def _same_listener(a: str, b: str) -> bool:
     """``X.address`` and ``X.listen``: how others reach one Envoy listener and where it binds (not a clash)."""
     (pa, _, fa), (pb, _, fb) = a.rpartition("."), b.rpartition(".")
     return pa == pb and {fa, fb} == {"address", "listen"}
-
-
-#: Hosts that bind every interface: a port bound there is taken on every address of the machine.
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
 
 
 def shared_listeners(cfg: Config, root_services: bool = True) -> list[str]:

@@ -129,15 +129,17 @@ class StatusRegistry:
     def limit_hit(self, limit: str) -> None:
         self.limit_hits[limit] = self.limit_hits.get(limit, 0) + 1
 
+    def _serves(self, type_url: str) -> bool:
+        return self.served_types is None or type_url in self.served_types
+
     def _type(self, node_id: str, type_url: str) -> TypeStatus:
-        served = self.served_types
-        return self.node(node_id).type(type_url if served is None or type_url in served else OTHER_TYPE)
+        return self.node(node_id).type(type_url if self._serves(type_url) else OTHER_TYPE)
 
     def subscribed(self, node_id: str, type_url: str, names: Set[str], wildcard: bool) -> None:
-        st = self._type(node_id, type_url)
-        if self.served_types is not None and type_url not in self.served_types:
-            st.subscribed_count = len(names)  # what a client asks of a type nobody serves: a count, no names
+        if not self._serves(type_url):  # what a client asks of a type nobody serves: a count, no names
+            self.node(node_id).type(OTHER_TYPE).subscribed_count = len(names)
             return
+        st = self.node(node_id).type(type_url)
         shown = sorted(names) if len(names) <= SHOWN_NAMES else sorted(itertools.islice(names, SHOWN_NAMES))
         st.subscribed = (["*"] if wildcard else []) + shown
         st.subscribed_count = len(names)
