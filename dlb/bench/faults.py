@@ -246,7 +246,8 @@ async def traced_open_loop(host: str, port: int, requests: Sequence[tuple[float,
                     return
             peer = str((conn.transport.get_extra_info("peername") or ("",))[0]) if conn.transport is not None else ""
             written = time.monotonic() - origin
-            status, server = await asyncio.wait_for(conn.send(request), 60)
+            async with asyncio.timeout(60):
+                status, server = await conn.send(request)
         except (TimeoutError, OSError):
             status, server = 0, ""
             if conn is not None and conn.transport is not None:

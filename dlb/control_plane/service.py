@@ -438,8 +438,11 @@ class ControlPlane:
         while True:
             # Woken by a reload: it slept on the period it read, so a reload from 10 min back to 200 ms left
             # the weights frozen until then (a stranger's native root kept a dead cell at weight 1000).
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returned the wake when a stop's cancel
+            # came in the same turn (a SIGTERM just after a SIGHUP), and the control plane never exited.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flow_wake.wait(), self.flow_period_s)
+                async with asyncio.timeout(self.flow_period_s):
+                    await self._flow_wake.wait()
             self._flow_wake.clear()
             try:
                 if self.hub is not None:

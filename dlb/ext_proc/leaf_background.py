@@ -166,11 +166,13 @@ class LeafBackground:
         status = 0
         writer = None
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: " + address.encode() +
                          b"\r\ncontent-type: application/json\r\nconnection: close\r\nx-request-id: " +
                          request_id.encode() + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            raw = await asyncio.wait_for(reader.read(-1), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                raw = await reader.read(-1)
             line = raw.split(b"\r\n", 1)[0].split()
             status = int(line[1]) if len(line) >= 2 and line[0].startswith(b"HTTP/1.") else 0
         except (TimeoutError, OSError, ValueError):
@@ -211,7 +213,8 @@ class LeafBackground:
         while True:
             ok = True
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), min(1.0, 5 * period_s))
+                async with asyncio.timeout(min(1.0, 5 * period_s)):
+                    _, writer = await asyncio.open_connection(host, int(port))
                 writer.close()
             except (TimeoutError, OSError):
                 ok = False

@@ -110,7 +110,8 @@ class LoadRunner:
                         await asyncio.sleep(delay)
                     else:
                         try:
-                            await asyncio.wait_for(stop.wait(), delay)
+                            async with asyncio.timeout(delay):
+                                await stop.wait()
                             break
                         except TimeoutError:
                             pass

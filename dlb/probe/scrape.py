@@ -20,9 +20,11 @@ async def http_get(address: str, path: str, timeout_s: float) -> bytes:
     host, _, port = address.rpartition(":")
     writer = None
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
-        raw = await asyncio.wait_for(reader.read(-1), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            raw = await reader.read(-1)
     finally:
         if writer is not None:
             writer.close()
@@ -38,7 +40,8 @@ async def http_get(address: str, path: str, timeout_s: float) -> bytes:
 async def tcp_accepts(address: str, timeout_s: float) -> None:
     """Return once ``address`` accepts a TCP connection (closed at once); OSError or TimeoutError if it does not."""
     host, _, port = address.rpartition(":")
-    _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+    async with asyncio.timeout(timeout_s):
+        _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
     writer.close()
 
 

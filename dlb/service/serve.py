@@ -53,7 +53,8 @@ async def serve_until_signal(server: Stoppable, on_stop: Callable[[], Awaitable[
             if left <= 0:
                 break
             try:
-                await asyncio.wait_for(stop.wait(), min(left, 0.05 if audience is not None else left))
+                async with asyncio.timeout(min(left, 0.05 if audience is not None else left)):
+                    await stop.wait()
             except TimeoutError:
                 pass
     if on_stop is not None:

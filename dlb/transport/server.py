@@ -439,7 +439,8 @@ class H2GrpcServer:
                 proto.flush()
         check()
         try:
-            await asyncio.wait_for(drained.wait(), grace_s)
+            async with asyncio.timeout(grace_s):
+                await drained.wait()
         except TimeoutError:
             log.warning("h2_drain_timeout", open_streams=self.open_streams, grace_s=grace_s)
         for proto in list(self._conns):
@@ -448,7 +449,8 @@ class H2GrpcServer:
         if self._conns:
             self._all_gone = asyncio.Event()
             try:
-                await asyncio.wait_for(self._all_gone.wait(), grace_s)
+                async with asyncio.timeout(grace_s):
+                    await self._all_gone.wait()
             except TimeoutError:
                 pass
 

@@ -54,7 +54,8 @@ class RawStream:
         await self._queue.put(req)
 
     async def recv(self, timeout: float = 20.0) -> Any:
-        resp = await asyncio.wait_for(self.call.read(), timeout)
+        async with asyncio.timeout(timeout):
+            resp = await self.call.read()
         if resp is grpc.aio.EOF:
             raise EOFError(f"stream ended: {await self.call.code()} {await self.call.details()}")
         return resp

@@ -187,6 +187,27 @@ def test_a_reload_wakes_the_flow_loop_sleeping_on_the_old_period() -> None:
     assert asyncio.run(run()) >= 3  # stepping every 20 ms from the reload on
 
 
+def test_a_stop_right_after_a_reload_ends_the_flow_loop() -> None:
+    """A SIGTERM just after a SIGHUP: the reload's wake and the stop's cancel landed in one loop turn, and
+    Python 3.11's ``asyncio.wait_for`` returned the wake instead of raising the cancel, so the loop slept
+    again and ``dlb serve control-plane`` never exited (CI, 2 in 20 runs of the SIGHUP test)."""
+    import asyncio
+
+    async def run() -> bool:
+        cp = ControlPlane(config_from_dict(doc(["a", "b"])), probe=False)
+        cp.rebuild = lambda *a, **k: {}  # type: ignore[method-assign]
+        loop = asyncio.create_task(cp._flow_loop())
+        await asyncio.sleep(0.05)  # asleep on the period
+        cp._flow_wake.set()  # what reload() does
+        loop.cancel()  # what stop() does, in the same turn
+        done, _ = await asyncio.wait({loop}, timeout=2.0)
+        if not done:
+            loop.cancel()
+        return bool(done)
+
+    assert asyncio.run(run()), "the flow loop swallowed its cancel"
+
+
 def test_a_reloaded_cell_prior_replaces_the_learned_curve_of_that_cell_only() -> None:
     """A stranger set a cell's prior slower and reloaded: nothing changed, the root kept the curve it had
     learned (confidence > 0 outranks any later model) and the leaf its measured one. Now a changed prior

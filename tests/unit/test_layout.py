@@ -372,3 +372,27 @@ def test_library_modules_neither_parse_arguments_nor_exit() -> None:
                     bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: imports argparse")
     assert bad == []
 
+
+
+def wait_for_calls(root: Path = ROOT) -> list[str]:
+    """Every ``asyncio.wait_for(...)`` call under ``root``, as ``path:line``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "wait_for"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "asyncio"):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_service_uses_asyncio_wait_for() -> None:
+    """On Python 3.11 ``asyncio.wait_for`` returns the awaited result when a cancel lands in the same turn,
+    so a loop stopped by cancelling runs on: a control plane stopped just after a reload never exited.
+    ``async with asyncio.timeout(...)`` passes the cancel on (tests/unit/test_flow_reload.py)."""
+    assert wait_for_calls() == []
+
+
+def test_a_planted_wait_for_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "dlb").mkdir()
+    (tmp_path / "dlb" / "m.py").write_text("import asyncio\n\nasync def f(e):\n    await asyncio.wait_for(e.wait(), 1)\n")
+    assert wait_for_calls(tmp_path / "dlb") == ["dlb/m.py:4"]
