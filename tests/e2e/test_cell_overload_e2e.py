@@ -98,7 +98,7 @@ def test_slow_cell_at_95_percent_load_keeps_every_server_and_serves_99_percent()
         emus = plane.emulators["a"]
         for emu in emus:  # slow servers: every step 8 times its measured time, /health answered as late as HEALTH_DELAY_MS
             emu.set_faults(slowdown=8.0, health_delay_ms=HEALTH_DELAY_MS)
-        lowest = {"envoy_healthy": SERVERS, "agent_healthy": SERVERS, "root_usable": 1.0}
+        lowest: dict = {"envoy_healthy": SERVERS, "agent_healthy": SERVERS, "root_usable": 1.0}
         health_ms: list[float] = []
         done = threading.Event()
 
@@ -107,7 +107,11 @@ def test_slow_cell_at_95_percent_load_keeps_every_server_and_serves_99_percent()
                 stats = envoy.stats(r"^cluster\.servers\.membership_healthy$")
                 lowest["envoy_healthy"] = min(lowest["envoy_healthy"], int(stats.get("cluster.servers.membership_healthy", 0)))
                 m = plane.leaf_metrics("a")
-                lowest["agent_healthy"] = min(lowest["agent_healthy"], int(metric_value(m, "dlb_leaf_healthy_servers")))
+                healthy = int(metric_value(m, "dlb_leaf_healthy_servers"))
+                if healthy < SERVERS and "agent_dip" not in lowest:  # why, for the failure message
+                    lowest["agent_dip"] = [ln for ln in m.splitlines() if ln.startswith(("dlb_leaf_server_", "dlb_leaf_failed",
+                                                                                         "dlb_leaf_envoy"))]
+                lowest["agent_healthy"] = min(lowest["agent_healthy"], healthy)
                 r = plane.root_metrics()
                 lowest["root_usable"] = min(lowest["root_usable"], metric_value(r, "dlb_root_cell_usable", endpoint="chat", cell="a"))
                 time.sleep(0.1)
