@@ -203,6 +203,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "xDS streams closed for going past a server limit (limit: a StreamLimits field, e.g. node_id_bytes, types, names)"),
     *_h2("xds"),
     MetricDef("xds", "dlb_xds_streams_denied", "counter", (), "streams refused: the client certificate's identity may not read the node it claims"),
+    MetricDef("xds", "dlb_xds_status_http_refused", "counter", (), "Status connections closed at the cap (64)"),
     MetricDef("xds", "dlb_xds_snapshots", "gauge", (), "node keys with a snapshot", "the server passes a snapshot count (the control plane does)"),
     MetricDef("xds", "dlb_xds_dns_resolutions", "counter", (), "server-name resolutions attempted (discovery)",
               "the control plane (dlb serve control-plane)"),

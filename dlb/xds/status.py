@@ -8,13 +8,14 @@ label sets never linger). Other observers (the scale benchmark) are passed to th
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Set
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Metric, generate_latest
@@ -31,6 +32,18 @@ OTHER_TYPE = "other"
 #: clients' own text: 10,000 streams could otherwise make ~500,000 series. A fleet of 256 cells with root
 #: and leaf Envoys and services in replicas stays well under it.
 LABELLED_NODES = 2000
+#: The status listener's bounds, as the services' /metrics listeners have (``dlb.service.metrics``): a peer
+#: held connections open without end (aiohttp keeps an idle one ~1 h). A scrape or a look takes milliseconds.
+STATUS_MAX_CONNECTIONS = 64  # open at once; beyond, a connection is closed at accept and counted
+STATUS_IDLE_S = 10.0  # a connection with no complete request for this long is closed (a drip too)
+STATUS_BACKLOG = 128
+
+
+class _Refused(asyncio.Protocol):
+    """What a connection past the cap gets: closed at once, nothing read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).abort()  # uvloop's transports are not asyncio.Transport subclasses
 
 
 @dataclass
@@ -222,6 +235,17 @@ class StatusCollector:
             yield GaugeMetricFamily("dlb_xds_snapshots", "node keys with a snapshot", value=self.snapshot_count())
 
 
+class _RefusedCollector:
+    """``dlb_xds_status_http_refused``: the status listener's own bound, read at scrape time."""
+
+    def __init__(self, server: StatusServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("dlb_xds_status_http_refused", "Status connections closed at the cap (64)",
+                                  value=self.server.refused)
+
+
 class StatusServer:
     """Small HTTP endpoint: ``/status`` (JSON), ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
 
@@ -235,11 +259,15 @@ class StatusServer:
         self.ready = ready or (lambda: True)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StatusCollector(status, snapshot_count))
+        self.registry.register(_RefusedCollector(self))
         self.app = web.Application()
         self.app.add_routes([web.get("/status", self._status), web.get("/metrics", self._metrics),
                              web.get("/healthz", self._healthz), web.get("/readyz", self._readyz), *(extra_routes or [])])
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
         self.port = 0
+        #: Connections closed at accept because STATUS_MAX_CONNECTIONS were open (``dlb_xds_status_http_refused``).
+        self.refused = 0
 
     async def _status(self, _req: web.Request) -> web.Response:
         return web.Response(text=json.dumps(self.status.to_json(), indent=1), content_type="application/json")
@@ -254,19 +282,31 @@ class StatusServer:
         return web.Response(text="ready") if self.ready() else web.Response(status=503, text="not ready")
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=STATUS_IDLE_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        handler = self._runner.server
+        assert handler is not None
+
+        def connection() -> asyncio.BaseProtocol:
+            # aiohttp counts a connection once it is made, so one accept batch can pass the cap: still bounded.
+            if len(handler.connections) >= STATUS_MAX_CONNECTIONS:
+                self.refused += 1
+                return _Refused()
+            return handler()
+
         try:
-            await site.start()
+            self._server = await asyncio.get_running_loop().create_server(connection, host, port, backlog=STATUS_BACKLOG)
         except OSError as exc:  # as the xDS port: one line naming the address, not a traceback
             await self._runner.cleanup()
             self._runner = None
             raise BindError(f"{host}:{port}", exc.strerror or str(exc)) from exc
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()  # no new connections; the runner's cleanup closes the open ones
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._server = None

@@ -252,3 +252,44 @@ def test_node_fields_over_the_limit_name_the_field_not_the_value(field_name: str
 
     details = run(go())
     assert f"node.{field_name}" in details and "yyyy" not in details
+
+
+def test_the_status_listener_keeps_at_most_its_cap_and_closes_idle_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer opening connections and sending nothing (or a byte now and then) used to keep every one of
+    them: aiohttp closes an idle connection after ~1 h. Now 64 at most are kept, the rest closed at accept
+    and counted, and an idle one is closed after STATUS_IDLE_S, so the port serves again."""
+    import dlb.xds.status as status_mod
+
+    monkeypatch.setattr(status_mod, "STATUS_IDLE_S", 1.0)
+    cap = status_mod.STATUS_MAX_CONNECTIONS
+
+    async def go() -> tuple[int, int, bytes, bytes]:
+        async with server() as (_, _channel, http):
+            held = []
+            for _ in range(cap + 36):  # one at a time: each is made before the next arrives
+                held.append(await asyncio.open_connection("127.0.0.1", http.port))
+                await asyncio.sleep(0.002)
+            held[0][1].write(b"GET /hea")  # a drip: half a request line, then nothing
+            await asyncio.sleep(0.3)
+
+            async def eof(reader: asyncio.StreamReader) -> bool:  # a connection the server closed reads EOF at once
+                try:
+                    async with asyncio.timeout(0.2):
+                        return await reader.read(1) == b""
+                except TimeoutError:
+                    return False
+                except ConnectionError:
+                    return True
+
+            closed = sum(await asyncio.gather(*(eof(r) for r, _ in held)))  # all at once: well inside STATUS_IDLE_S
+            refused = http.refused
+            await asyncio.sleep(1.5)  # past STATUS_IDLE_S: the held ones, the drip among them, are closed
+            assert all(await asyncio.gather(*(eof(r) for r, _ in held)))
+            for _, writer in held:
+                writer.close()
+            return closed, refused, await get(http.port, "/healthz"), await get(http.port, "/metrics")
+
+    closed, refused, health, metrics = run(go())
+    assert closed == refused == 36, (closed, refused)
+    assert health == b"ok"
+    assert b"dlb_xds_status_http_refused_total 36.0" in metrics
