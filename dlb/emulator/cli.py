@@ -11,6 +11,7 @@ from typing import Any
 
 from dlb.emulator.faults import FaultError, Faults
 from dlb.emulator.profile import BUILTIN_PROFILES, ProfileError, load_profile
+from dlb.load.argtypes import port_or_zero
 from dlb.log import get_logger
 
 
@@ -22,9 +23,9 @@ def register(subparsers: Any) -> None:
         "(vLLM-style metrics, latency from a step-time profile, fault knobs). See docs/emulator.md.",
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="listen port; 0 picks a free one (default 8000)")
+    p.add_argument("--port", type=port_or_zero, default=8000, help="listen port; 0 picks a free one (default 8000)")
     p.add_argument("--port-file", default=None, help="after binding, write the port to this file (for --port 0)")
-    p.add_argument("--admin-port", type=int, default=None,
+    p.add_argument("--admin-port", type=port_or_zero, default=None,
                    help="serve the admin API (/admin/faults, /admin/state) on this port, never on --port; 0 picks a "
                    "free one (default: no admin API, faults only from the flags below)")  # fmt: skip
     p.add_argument("--admin-port-file", default=None, help="after binding, write the admin port to this file")

@@ -19,3 +19,40 @@ async def sleep_until(deadline: float) -> None:
     """Return once ``time.monotonic() >= deadline``, never before (uvloop may round a timer down)."""
     while (left := deadline - time.monotonic()) > 0:  # noqa: ASYNC110 - a deadline, not an event to wait for
         await asyncio.sleep(left)
+
+
+
+class StepEnd:
+    """A step's sleep that a fault change ends early (:meth:`move`): a slowdown reset must not wait out a
+    step begun at 1000 ×. One future and one timer per wait, as ``asyncio.sleep`` (a timeout's cancel
+    per step would cost more than the sleep)."""
+
+    def __init__(self) -> None:
+        self.moved = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def move(self) -> None:
+        """The step's end may have moved: wake the sleep now."""
+        self.moved = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def sleep_until(self, deadline: float) -> bool:
+        """:func:`sleep_until` ``deadline``, or True as soon as :meth:`move` was called (and not cleared)."""
+        loop = asyncio.get_running_loop()
+        while (left := deadline - time.monotonic()) > 0:
+            if self.moved:
+                return True
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(left, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return False
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -134,8 +134,10 @@ class DpEmulator:
         self.port = self.ranks[0].port
         self.admin_port = self.ranks[0].admin_port
         self._wake = asyncio.Event()
+        moved = clock.StepEnd()
         for srv in self.ranks:
             srv._wake = self._wake  # any rank's arrival wakes the shared loop
+            srv.step_end = moved  # and any rank's fault change moves the shared step's end
         self._task = asyncio.create_task(self._loop(), name=f"emulator-dp-{self.config.server_id}")
         for srv in self.ranks:
             srv._engine_task = self._task
@@ -177,10 +179,14 @@ class DpEmulator:
                 deadline = clock.now()
                 continue
             step = DpStep(tuple(plan_time(self.profile, s.engine, p) for s, p in zip(self.ranks, plans, strict=True)))
-            slowdown = max(s.faults.slowdown for s in self.ranks)
-            wall = step.duration * self.config.time_scale * slowdown
-            deadline = max(deadline, now - _MAX_LAG_S) + wall
-            await clock.sleep_until(deadline)
+            base = step.duration * self.config.time_scale
+            start = max(deadline, now - _MAX_LAG_S)
+            deadline = start + base * max(s.faults.slowdown for s in self.ranks)
+            moved = self.ranks[0].step_end  # one StepEnd shared by every rank (start)
+            moved.moved = False
+            while await moved.sleep_until(deadline):  # a rank's faults changed: so may the step's end
+                moved.moved = False
+                deadline = start + base * max(s.faults.slowdown for s in self.ranks)
             done_at = clock.now()
             self._account_step(step)
             for srv, plan in zip(self.ranks, plans, strict=True):

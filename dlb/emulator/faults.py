@@ -19,6 +19,12 @@ class FaultError(DlbError, ValueError):
     """Invalid fault settings; the message names the field."""
 
 
+#: The knobs' upper bounds: 1e308 was accepted and hung every request for good (a step's end is
+#: ``slowdown`` × its time). 1000 × still turns a 5-ms step into 5 s; 10 minutes outlasts any request timeout.
+MAX_SLOWDOWN = 1000.0
+MAX_DELAY_MS = 600_000.0
+
+
 @dataclass(frozen=True)
 class Faults:
     error_rate: float = 0.0  # fraction of inference requests answered at once with error_status
@@ -39,12 +45,12 @@ class Faults:
             raise FaultError(f"error_rate: must be in [0, 1], got {self.error_rate!r}")
         if not isinstance(self.error_status, int) or isinstance(self.error_status, bool) or not 400 <= self.error_status <= 599:
             raise FaultError(f"error_status: must be an HTTP error status 400..599, got {self.error_status!r}")
-        if num("slowdown", self.slowdown) <= 0:
-            raise FaultError(f"slowdown: must be > 0, got {self.slowdown!r}")
-        if num("extra_latency_ms", self.extra_latency_ms) < 0:
-            raise FaultError(f"extra_latency_ms: must be >= 0, got {self.extra_latency_ms!r}")
-        if num("health_delay_ms", self.health_delay_ms) < 0:
-            raise FaultError(f"health_delay_ms: must be >= 0, got {self.health_delay_ms!r}")
+        if not 0 < num("slowdown", self.slowdown) <= MAX_SLOWDOWN:
+            raise FaultError(f"slowdown: must be in (0, {MAX_SLOWDOWN:g}], got {self.slowdown!r}")
+        if not 0 <= num("extra_latency_ms", self.extra_latency_ms) <= MAX_DELAY_MS:
+            raise FaultError(f"extra_latency_ms: must be in [0, {MAX_DELAY_MS:g}], got {self.extra_latency_ms!r}")
+        if not 0 <= num("health_delay_ms", self.health_delay_ms) <= MAX_DELAY_MS:
+            raise FaultError(f"health_delay_ms: must be in [0, {MAX_DELAY_MS:g}], got {self.health_delay_ms!r}")
         if not isinstance(self.down, bool):
             raise FaultError(f"down: must be true or false, got {self.down!r}")
 

@@ -132,6 +132,8 @@ class EmulatorServer:
         self._ids = itertools.count(1)
         self._live: dict[int, _Live] = {}
         self._wake = asyncio.Event()
+        #: Set on every fault change, so the step under way takes the new slowdown (``clock.StepEnd``).
+        self.step_end = clock.StepEnd()
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._engine_task: asyncio.Task[None] | None = None
@@ -191,6 +193,7 @@ class EmulatorServer:
         """Listen and start the engine coroutine; ``run_engine=False`` leaves stepping to a caller that
         drives several engines in lock step (:class:`dlb.emulator.dp.DpEmulator`)."""
         self._wake = asyncio.Event()  # bind to the running loop
+        self.step_end = clock.StepEnd()
         self._runner, self.port = await self._listen(self.build_app(), self.config.port)
         if self.config.admin_port is not None:
             try:
@@ -260,6 +263,7 @@ class EmulatorServer:
 
         Call on the server's loop (``ThreadedEmulator.set_faults`` does that for you)."""
         self.faults = self.faults.updated({} if patch is None else patch).updated(changes)
+        self.step_end.move()
         _log().info("emulator_faults", server_id=self.config.server_id, **self.faults.to_dict())
         return self.faults
 
@@ -287,10 +291,13 @@ class EmulatorServer:
                 deadline = clock.now()
                 continue
             # Absolute deadlines: timer granularity (~1 ms) would otherwise add up step after step.
-            step = plan.duration * self.config.time_scale * self.faults.slowdown
-            now = clock.now()
-            deadline = max(deadline, now - _MAX_LAG_S) + step
-            await clock.sleep_until(deadline)
+            base = plan.duration * self.config.time_scale
+            start = max(deadline, clock.now() - _MAX_LAG_S)
+            deadline = start + base * self.faults.slowdown
+            self.step_end.moved = False
+            while await self.step_end.sleep_until(deadline):  # a fault change: the step ends sooner or later
+                self.step_end.moved = False
+                deadline = start + base * self.faults.slowdown
             done_at = clock.now()
             events = self.engine.complete(plan, done_at)
             self._account(plan, events, done_at)
@@ -491,6 +498,7 @@ class EmulatorServer:
 
     async def _reset_faults(self, _request: web.Request) -> web.Response:
         self.faults = Faults()
+        self.step_end.move()
         _log().info("emulator_faults", server_id=self.config.server_id, reset=True, **self.faults.to_dict())
         return web.json_response(self.faults.to_dict())
 

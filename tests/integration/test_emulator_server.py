@@ -355,6 +355,32 @@ def test_slowdown_and_extra_latency_increase_latency() -> None:
     run(go())
 
 
+@pytest.mark.parametrize("dp", [False, True])
+def test_a_fault_reset_reaches_the_step_under_way(dp: bool) -> None:
+    """A step begun at slowdown 1000 (2 s of the fast profile's 2 ms) used to run to its end after a reset,
+    and a step at 1e308 never ended: the request below took the whole slowed step."""
+    from dlb.emulator.dp import DpEmulator
+    from dlb.emulator.server import EmulatorConfig
+
+    async def go() -> float:
+        emu: Any = DpEmulator(EmulatorConfig(profile="fast-test", server_id="dp-reset"), dp_size=2) if dp else emulator()
+        async with emu, aiohttp.ClientSession() as s:
+            ranks = emu.ranks if dp else [emu]
+            for r in ranks:
+                r.set_faults(slowdown=1000.0)
+            url = ranks[0].url + "/v1/completions"
+            t0 = time.monotonic()
+            req = asyncio.create_task(post(s, url, {"prompt": "x", "max_tokens": 3}))
+            await asyncio.sleep(0.3)  # inside the first slowed step (2 s)
+            for r in ranks:
+                r.set_faults(slowdown=1.0)
+            st, _, _ = await req
+            assert st == 200
+            return time.monotonic() - t0
+
+    assert run(go()) < 1.5  # 2 s with the step's end left where it was
+
+
 # -- threaded and child-process runners, CLI -------------------------------------------------------------
 
 

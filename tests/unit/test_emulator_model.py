@@ -274,7 +274,9 @@ def test_fault_updates_are_partial_and_validated() -> None:
     f = Faults().updated({"error_rate": 0.5, "slowdown": 3})
     assert (f.error_rate, f.slowdown, f.error_status, f.down) == (0.5, 3, 500, False)
     for patch, field in [({"error_rate": 2}, "error_rate"), ({"error_status": 200}, "error_status"),
-                         ({"slowdown": 0}, "slowdown"), ({"down": "yes"}, "down"), ({"eror_rate": 1}, "eror_rate")]:  # fmt: skip
+                         ({"slowdown": 0}, "slowdown"), ({"down": "yes"}, "down"), ({"eror_rate": 1}, "eror_rate"),
+                         ({"slowdown": 1e308}, "slowdown"), ({"extra_latency_ms": 1e9}, "extra_latency_ms"),
+                         ({"health_delay_ms": 600_001}, "health_delay_ms")]:  # fmt: skip
         with pytest.raises(FaultError, match=f"^{re_escape(field)}:"):
             f.updated(patch)
 
