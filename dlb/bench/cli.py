@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dlb.bench.harness import add_json_option, invoked_as
-from dlb.load.argtypes import float_in, non_negative_int, positive_float, positive_int, rng_seed
+from dlb.load.argtypes import float_in, non_negative_int, output_dir, positive_float, positive_int, rng_seed
 
 Setup = Callable[[argparse.ArgumentParser], None]
 
@@ -219,8 +219,9 @@ def _sim_twin(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", type=lambda v: v.split(","), default=["Rand", "lr-global", "locality-failover", "hub-score",
                                                                      "Disc-Lat", "Flow-Grad"],
                    help=f"without --real: policies (default Rand, the operator baselines, Disc-Lat, Flow-Grad; any of {', '.join(ALL_POLICIES)})")
-    p.add_argument("--duration", type=float, default=45.0, help="without --real: simulated seconds per run (default 45)")
-    p.add_argument("--trials", type=int, default=3, help="without --real: trials per (scenario, policy), the real runs' seeds (default 3)")
+    p.add_argument("--duration", type=float_in(5.0, 86_400.0, " s (the scenarios' phases are fractions of it)"), default=45.0,
+                   help="without --real: simulated seconds per run (default 45)")
+    p.add_argument("--trials", type=positive_int, default=3, help="without --real: trials per (scenario, policy), the real runs' seeds (default 3)")
     add_json_option(p, "the records")
 
 
@@ -237,7 +238,7 @@ def _bfio_study(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-sigma", type=float_in(0.0, 10.0), default=1.0, help="sigma of the lognormal prompt length, in [0, 10]")
     p.add_argument("--profile", default="llama-8b-h100", choices=sorted(b.BUILTIN_PROFILES), help="emulator GPU profile (default llama-8b-h100)")
     add_json_option(p, "the records")
-    p.add_argument("--plots", default=None, help="write the plots into this directory")
+    p.add_argument("--plots", type=output_dir, default=None, help="write the plots into this directory (made if missing)")
     p.add_argument("--milp", action="store_true",
                    help=f"also run BF-IO's batch MILP (H={10}) where G·B <= {b.MILP_MAX_SLOTS}: greedy vs the joint optimum")
 

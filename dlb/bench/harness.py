@@ -94,6 +94,7 @@ def start(command: str | None = None) -> BenchRecord:
 
 def write_json(path: str | Path, record: BenchRecord) -> None:
     """The one results writer: indented JSON, newline-terminated, null for a NaN figure (bare NaN is not JSON)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json_dumps(record.as_json(), indent=1) + "\n", encoding="utf-8")
 
 
@@ -110,12 +111,19 @@ def finish(record: BenchRecord, figures: Any, targets: list[Target] | None = Non
     record.figures = figures
     record.targets = list(targets or [])
     if json_path:
-        write_json(json_path, record)
+        try:
+            write_json(json_path, record)
+        except OSError as e:  # the run's results are not lost to a file system that refused them at the end
+            print(f"dlb: cannot write --json {json_path}: {e.strerror or e}; the record follows on stdout", file=sys.stderr)
+            print(json_dumps(record.as_json(), indent=1))
+            return 2
     return verdict(record)
 
 
 def add_json_option(parser: argparse.ArgumentParser, what: str = "the results") -> None:
     """``--json FILE``, the same for every benchmark."""
-    parser.add_argument("--json", default=None, metavar="FILE",
+    from dlb.load.argtypes import output_file
+
+    parser.add_argument("--json", type=output_file, default=None, metavar="FILE",
                         help=f"write {what} to FILE, with the commit, the command line, the box's load average before "
                              "and after, and each target's rule and verdict; the exit status is 1 naming each missed target")

@@ -12,7 +12,7 @@ from dlb.config.policy import unused_warmup_warning
 from dlb.config.priors import unused_prior_warning
 from dlb.config.tls_check import plaintext_warning
 from dlb.envoy.root_token import forgeable_token_warning
-from dlb.load.argtypes import port_number, port_or_zero
+from dlb.load.argtypes import output_file, port_number, port_or_zero
 
 
 def _leaf_text(c: Cell) -> str:
@@ -244,7 +244,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="leaf: send Envoy's gRPC access log to the leaf agent (default on: without it the agent never "
                         "learns a request finished, so the cell's requests in flight only grow)")
     r.add_argument("--native-flow", action="store_true", help="root: no ext_proc on flow endpoints without affinity")
-    r.add_argument("-o", "--output", default="-", help="output file (default stdout)")
+    r.add_argument("-o", "--output", type=output_file, default="-", help="output file (default stdout)")
     r.set_defaults(func=run_render)
 
 

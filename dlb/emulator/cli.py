@@ -11,7 +11,7 @@ from typing import Any
 
 from dlb.emulator.faults import FaultError, Faults
 from dlb.emulator.profile import BUILTIN_PROFILES, ProfileError, load_profile
-from dlb.load.argtypes import port_or_zero
+from dlb.load.argtypes import output_file, port_or_zero
 from dlb.log import get_logger
 
 
@@ -24,11 +24,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=port_or_zero, default=8000, help="listen port; 0 picks a free one (default 8000)")
-    p.add_argument("--port-file", default=None, help="after binding, write the port to this file (for --port 0)")
+    p.add_argument("--port-file", type=output_file, default=None, help="after binding, write the port to this file (for --port 0)")
     p.add_argument("--admin-port", type=port_or_zero, default=None,
                    help="serve the admin API (/admin/faults, /admin/state) on this port, never on --port; 0 picks a "
                    "free one (default: no admin API, faults only from the flags below)")  # fmt: skip
-    p.add_argument("--admin-port-file", default=None, help="after binding, write the admin port to this file")
+    p.add_argument("--admin-port-file", type=output_file, default=None, help="after binding, write the admin port to this file")
     p.add_argument("--server-id", default=None, help="name returned in the x-dlb-server header (default emulator-PORT)")
     p.add_argument("--model", action="append", default=None,
                    help="model name served; repeat for aliases (default dlb-emulated)")  # fmt: skip

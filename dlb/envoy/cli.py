@@ -10,7 +10,7 @@ import yaml
 
 from dlb.config.model import HostPort
 from dlb.errors import UsageError
-from dlb.load.argtypes import port_number, port_or_zero
+from dlb.load.argtypes import output_file, port_number, port_or_zero
 
 #: Where a pod's Envoy answers readiness probes (admin, at 9901 by convention, stays on 127.0.0.1).
 DEFAULT_READY_PORT = 9902
@@ -34,7 +34,7 @@ def register_bootstrap(subparsers: argparse._SubParsersAction) -> None:
                    "mounted here (ca.crt, tls.crt, tls.key; not read now), reloaded on renewal through SDS files in "
                    "DIR-sds; overrides --config's tls")
     p.add_argument("--write-sds", default=None, metavar="FOLDER", help="with --tls-secret-dir: also write those SDS files here")
-    p.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
+    p.add_argument("-o", "--output", type=output_file, default="-", help="file to write (default stdout)")
     p.set_defaults(func=run_bootstrap)
 
 

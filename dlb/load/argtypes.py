@@ -74,3 +74,50 @@ def port_or_zero(text: str) -> int:
 def rng_seed(text: str) -> int:
     """argparse type for RNG seeds: numpy takes only non-negative integers (``-3`` was a traceback)."""
     return non_negative_int(text)
+
+
+def _writable_ancestor(path: str) -> str | None:
+    """Why files cannot be made at ``path`` (its nearest existing ancestor is no writable directory), or None."""
+    import os
+
+    probe = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"directory {probe} is not writable"
+    return None
+
+
+def output_file(text: str) -> str:
+    """argparse type for a file a command writes (``-``: stdout): refused now if it cannot be written,
+    not after the run (a bench's ``--json`` into a missing directory was a traceback at its end).
+    Missing directories are made by the writer."""
+    import os
+
+    if text == "-":
+        return text
+    if not text or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name" if text else "empty file name")
+    if why := _writable_ancestor(text):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {why}")
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: not writable")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """argparse type for a directory a command writes into (made if missing): refused now if it cannot be."""
+    import os
+
+    if not text:
+        raise argparse.ArgumentTypeError("empty directory name")
+    if os.path.exists(text):
+        if not os.path.isdir(text):
+            raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+        if not os.access(text, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write into {text}: not writable")
+    elif why := _writable_ancestor(os.path.join(text, "x")):
+        raise argparse.ArgumentTypeError(f"cannot make {text}: {why}")
+    return text

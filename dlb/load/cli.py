@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from dlb.finite_json import dumps as json_dumps
-from dlb.load.argtypes import positive_float
+from dlb.load.argtypes import output_file, positive_float
 from dlb.load.generator import LoadRunner, Result, summarize, write_results
 from dlb.load.workload import WorkloadRequest, WorkloadSpec, generate, read_trace
 
@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="dlb-emulated", help="the request's 'model' field (default dlb-emulated)")
     p.add_argument("--timeout", type=positive_float, default=120.0, help="per-request timeout in seconds (default 120)")
     p.add_argument("--seed", type=int, default=1, help="workload seed: the same seed sends the same requests (default 1)")
-    p.add_argument("--out", default=None, help="per-request results: FILE.csv or FILE.jsonl")
-    p.add_argument("--json", default=None, help="write the summary as JSON")
+    p.add_argument("--out", type=output_file, default=None, help="per-request results: FILE.csv or FILE.jsonl")
+    p.add_argument("--json", type=output_file, default=None, help="write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run_load)
 

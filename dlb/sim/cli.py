@@ -13,7 +13,7 @@ from pathlib import Path
 from dlb.core.admission import AdmissionConfig
 from dlb.core.shedding import ShedConfig
 from dlb.finite_json import dumps as json_dumps
-from dlb.load.argtypes import rng_seed
+from dlb.load.argtypes import output_dir, output_file, rng_seed
 from dlb.provenance import code_tree
 from dlb.sim import outdir
 from dlb.sim.engine import SimConfig
@@ -93,8 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep what an interrupted or earlier run of the same code (git tree of dlb/) left in --out: "
                         "experiments benchmark.json records as finished with the same settings are skipped, and "
-                        "runs already in OUT/partial-*.jsonl are not run again (the full protocol is ~7 h of 2-core "
-                        "time; this lets it run in pieces)")
+                        "runs already in OUT/partial-*.jsonl are not run again (the full protocol is many hours "
+                        "of 2-core time, see --estimate; this lets it run in pieces)")
     p.add_argument("--in-order", action="store_true",
                    help="run scenario by scenario (default: largest jobs first); a run stopped early keeps whole "
                         "scenarios in OUT/partial-*.jsonl")
@@ -103,11 +103,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r = sub.add_parser("report", help="write the paper-reproduction report from a results.json")
     r.add_argument("--results", action="append", default=None,
                    help="results file (repeatable: files are merged; default sim-results/results.json)")
-    r.add_argument("--save-merged", default=None, help="write the merged, re-normalised records to this JSON file")
-    r.add_argument("--output", default=None,
+    r.add_argument("--save-merged", type=output_file, default=None, help="write the merged, re-normalised records to this JSON file")
+    r.add_argument("--output", type=output_file, default=None,
                    help="report path (default: paper-reproduction.md beside the first --results file, so a run from the "
                         "repository root does not overwrite research/paper-reproduction.md)")
-    r.add_argument("--plots-dir", default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
+    r.add_argument("--plots-dir", type=output_dir, default=None, help="also write the plots here and link them (default: next to the report, sim-plots/)")
     r.add_argument("--analysis", default=None, help="Markdown file with the investigation of failed claims, included verbatim")
     r.set_defaults(func=run_report)
 
@@ -397,14 +397,18 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"dlb sim report: {e}", file=sys.stderr)
         return 2
     records = normalise(records)
-    if args.save_merged:
-        Path(args.save_merged).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save_merged).write_text(json_dumps(records, indent=1))
     output = Path(args.output) if args.output else Path(sources[0]).parent / "paper-reproduction.md"
-    output.parent.mkdir(parents=True, exist_ok=True)
     plots_dir = Path(args.plots_dir) if args.plots_dir else output.parent / "sim-plots"
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    plot(records, plots_dir)
+    try:
+        if args.save_merged:
+            Path(args.save_merged).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.save_merged).write_text(json_dumps(records, indent=1))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        plots_dir.mkdir(parents=True, exist_ok=True)
+        plot(records, plots_dir)
+    except OSError as e:
+        print(f"dlb sim report: cannot write {e.filename or output}: {e.strerror or e}", file=sys.stderr)
+        return 2
     analysis = None
     if args.analysis:
         try:
@@ -414,6 +418,10 @@ def run_report(args: argparse.Namespace) -> int:
             return 2
     rel = plots_dir.relative_to(output.parent) if plots_dir.is_relative_to(output.parent) else plots_dir.resolve()
     shown = args.save_merged or ", ".join(sources)
-    output.write_text(reproduction_report(records, shown, str(rel), analysis))
+    try:
+        output.write_text(reproduction_report(records, shown, str(rel), analysis))
+    except OSError as e:
+        print(f"dlb sim report: cannot write {output}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"wrote {output} and plots in {plots_dir}", file=sys.stderr)
     return 0

@@ -34,9 +34,22 @@ def load(path: str | Path) -> list[dict]:
         data = json.loads(gzip.decompress(raw) if p.suffix == ".gz" else raw)
     except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read results file {p}: {e}") from None
-    if not isinstance(data, list) or any("policy" not in r or "experiment" not in r for r in data):
+    if not isinstance(data, list) or any(not isinstance(r, dict) or "policy" not in r or "experiment" not in r for r in data):
         raise ValueError(f"{p}: expected a list of records with 'experiment' and 'policy' fields")
+    if not data:
+        raise ValueError(f"{p}: no records (a report of 0 runs says nothing)")
+    for i, r in enumerate(data):
+        for k in NUMERIC_FIELDS.intersection(r):
+            v = r[k]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ValueError(f"{p}: record {i} ({r['experiment']}, {r['policy']}): {k} must be a number or null, got {v!r}")
     return nan_for_null(data)
+
+
+#: The fields the report computes with: a string there was a traceback deep in the aggregation.
+NUMERIC_FIELDS = frozenset({"x", "scenario", "trial", "duration_s", "mean", "p50", "p90", "p99", "error_rate", "arrivals",
+                            "errors", "in_flight", "cells", "net_mean", "wall_s", "cpu_s", "root_replicas",
+                            "request_timeout_s", "mean_latency_with_failures", "p90_latency_with_failures"})
 
 
 def check_one_build(records: list[dict]) -> tuple[str, int]:

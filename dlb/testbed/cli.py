@@ -61,7 +61,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     from pathlib import Path
 
     from dlb.core.native_discrete import DEFAULT_PICK, PICKS
-    from dlb.load.argtypes import positive_float, rng_seed
+    from dlb.load.argtypes import output_file, positive_float, rng_seed
     from dlb.testbed.demo_run import ALL_POLICIES
 
     p.description = ("Start an emulated multi-region fleet and DLB in front of it (as `dlb up`), send open-loop "
@@ -87,7 +87,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default=None, help="with --compare: comma-separated subset (default all six)")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"with --compare: runs per (scenario, policy) (default {DEFAULT_TRIALS})")
     p.add_argument("--quick", action="store_true", help="with --compare: steady, 1 trial, the operator baselines and Flow-Grad")
-    p.add_argument("--json", default=None, help="with --compare: write the summary and every record here")
+    p.add_argument("--json", type=output_file, default=None, help="with --compare: write the summary and every record here")
     p.add_argument("--policies", default=None, help="with --compare: comma-separated subset (default every policy but the *-native ones)")
     p.add_argument("--dp", type=int, default=0, metavar="G",
                    help="europe-west1's servers become data-parallel groups of G lock-step ranks whose leaf picks the "

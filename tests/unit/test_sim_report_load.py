@@ -41,3 +41,16 @@ def test_the_default_report_goes_beside_the_results_not_into_research(tmp_path: 
     assert (tmp_path / "run" / "paper-reproduction.md").read_text() == "# report\n"
     assert (tmp_path / "run" / "sim-plots").is_dir()
     assert not (tmp_path / "research").exists()
+
+
+@pytest.mark.parametrize("records, message", [
+    ([{"experiment": "baseline", "policy": "Rand", "mean": "abc"}], r"record 0 \(baseline, Rand\): mean must be a number or null, got 'abc'"),
+    ([{"experiment": "baseline", "policy": "Rand", "trial": True}], "trial must be a number"),
+    ([], "no records"),
+    (["x"], "expected a list of records"),
+])
+def test_a_record_the_report_cannot_compute_with_is_named(tmp_path: Path, records: list, message: str) -> None:
+    """A string in ``mean`` was a TypeError deep in the aggregation; an empty list a report of 0 runs."""
+    (tmp_path / "r.json").write_text(json.dumps(records))
+    with pytest.raises(ValueError, match=message):
+        load(tmp_path / "r.json")
