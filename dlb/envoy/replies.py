@@ -1,13 +1,13 @@
 """DLB's error contract: every error DLB itself answers, one stable ``error.code`` per condition.
 
-Why one table: clients (OpenAI SDKs, retry wrappers, dashboards) key on the code, so a condition
-must read the same whichever part noticed it — "nothing can serve this" is ``dlb_no_capacity``
-whether the root had no usable cell, refused because every cell was full, or a leaf had no
-healthy server. The root ext_proc builds its replies from :data:`ERRORS`; every Envoy's
-``local_reply_config`` (:func:`dlb.envoy.bootstrap.local_replies`) maps Envoy's response flags to
-the same codes through :data:`ENVOY_FLAGS`, and its flagless replies that are the client's doing
-(malformed HTTP, headers past the limits) through :data:`ENVOY_REPLIES`. docs/operations.md lists
-the table (a test checks).
+Why one table: clients (OpenAI SDKs, retry wrappers, dashboards) key on the code, so a condition must
+read the same whichever part noticed it — "nothing can serve this" is ``dlb_no_capacity`` whether the
+root had no usable cell or refused because every cell was full. (A leaf whose servers all died still
+tries them, Envoy's panic routing, so that reads ``dlb_upstream_failed``.) The root ext_proc builds its
+replies from :data:`ERRORS`; every Envoy's ``local_reply_config``
+(:func:`dlb.envoy.bootstrap.local_replies`) maps Envoy's response flags to the same codes through
+:data:`ENVOY_FLAGS`, and its flagless replies that are the client's doing (malformed HTTP, headers past
+the limits) through :data:`ENVOY_REPLIES`. docs/operations.md lists the table (a test checks).
 Bodies are OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``.
 """
 

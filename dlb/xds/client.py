@@ -85,9 +85,22 @@ RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+#: Keepalive that notices a frozen control plane (SIGSTOP, a hung host: its kernel still ACKs) in ~15 s.
+#: gRPC times a keepalive ping out after ``grpc.http2.ping_timeout_ms`` (60 s by default, whatever
+#: ``keepalive_timeout_ms`` says: seen in its keepalive trace), so services took 61-92 s to re-home to
+#: another replica; and it stops pinging an idle stream after 2 pings unless told otherwise. The servers
+#: allow a ping every 5 s (``dlb.xds.server``).
+KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
 def xds_channel_options(extra: list[tuple[str, int]] | None = None) -> list[tuple[str, int]]:
     """The xDS channel's options: keepalive and the capped reconnect back-off, then ``extra`` (which wins)."""
-    merged = dict([("grpc.keepalive_time_ms", 30_000), *RECONNECT_OPTIONS])
+    merged = dict([*KEEPALIVE_OPTIONS, *RECONNECT_OPTIONS])
     merged.update(extra or [])
     return list(merged.items())
 
