@@ -49,6 +49,10 @@ class AversionConfig:
             raise ValueError(f"aversion headroom_rho must be in (0, 1]: {self.headroom_rho}")
 
 
+#: A decaying rate below this is 0: one skip in a thousand averts nothing worth naming.
+RATE_FLOOR = 1e-3
+
+
 def update_aversion(
     rates: np.ndarray, error_rates: np.ndarray, active: np.ndarray, cfg: AversionConfig
 ) -> np.ndarray:
@@ -59,6 +63,7 @@ def update_aversion(
     reachable one look bad. Inactive cells keep decaying.
     """
     new = rates * cfg.decay
+    new[new < RATE_FLOOR] = 0.0  # a cell that recovered reads 0, not 7e-42 (an alert on == 0 never cleared)
     if not cfg.enabled or not active.any():
         return np.zeros_like(rates) if not cfg.enabled else new
     e_best = float(error_rates[active].min())

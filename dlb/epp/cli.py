@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_tracing_flags(p, "pick")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (pick tie-breaks; default random)")
     p.add_argument("--drain-s", type=float, default=1.0,
-                   help="on SIGTERM: seconds of gRPC health NOT_SERVING before the listener closes")
+                   help="on SIGTERM: seconds of gRPC health NOT_SERVING before the listener closes (default %(default)s)")
     p.add_argument("--grace-s", type=float, default=600.0,
                    help="after the drain: seconds the streams in flight get to finish (a stream lasts its generation; "
                         "default: the endpoints' default timeout_s); a second SIGTERM ends it")

@@ -220,7 +220,8 @@ def register_leaf(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ext-proc-transport", choices=("h2", "grpc"), default="h2",
                    help="server for cells[].leaf.ext_proc when it has its own address: DLB's HTTP/2 transport (default) or grpc.aio")
     p.add_argument("--drain-s", type=float, default=1.0,
-                   help="on SIGTERM: seconds of gRPC health NOT_SERVING (Envoy stops sending) before streams are closed")
+                   help="on SIGTERM: seconds of gRPC health NOT_SERVING (Envoy stops sending) before streams are closed "
+                        "(default %(default)s)")
     add_tracing_flags(p, "pick")
     from dlb.config.cli import add_moved_flags
 

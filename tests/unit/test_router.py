@@ -456,3 +456,14 @@ def test_a_cell_reported_with_no_server_is_no_fallback_but_a_stale_one_is() -> N
     r.on_probe(1, 2.0, 0, P, replicas=4)
     late = 2.0 + r.policy.stale_after_s + 1.0  # no probe for longer than stale_after_s: unusable, still a candidate
     assert not r.usable(late)[1] and r.fallback_candidates() == [0, 1]
+
+
+def test_a_recovered_cells_aversion_reaches_zero() -> None:
+    """It decayed geometrically and never reached 0: 7e-42 two minutes after the errors stopped, so an
+    operator's alert on ``dlb_root_aversion_rate == 0`` never cleared."""
+    cfg = AversionConfig()
+    rates = np.array([0.9, 0.0])
+    for _ in range(12):  # 0.9 × 0.5^10 < 1e-3
+        rates = update_aversion(rates, np.zeros(2), np.ones(2, bool), cfg)
+    assert rates.tolist() == [0.0, 0.0]
+    assert update_aversion(np.array([0.9, 0.0]), np.zeros(2), np.ones(2, bool), cfg)[0] == 0.45  # the decay itself unchanged
