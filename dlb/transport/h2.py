@@ -41,6 +41,7 @@ import enum
 import functools
 import heapq
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -469,6 +470,11 @@ def server_preface(limits: H2Limits) -> bytes:
     return _frame(SETTINGS, 0, 0, settings) + _frame(WINDOW_UPDATE, 0, 0, _u32.pack(RECV_WINDOW - DEFAULT_WINDOW))
 
 
+#: Control frames a second the allowance regains (beyond its ``H2Limits.control_frame_allowance``
+#: burst): ten times an Envoy's or a DLB service's keepalive rate, far below a flood's thousands.
+CONTROL_REFILL_PER_S = 1.0
+
+
 class H2Connection:
     """One HTTP/2 connection from Envoy, without I/O: bytes in, events and bytes out.
 
@@ -486,8 +492,10 @@ class H2Connection:
     """
 
     def __init__(self, path: bytes, handler: Handler, stats: TransportStats, limits: H2Limits | None = None,
-                 routes: Mapping[bytes, Route] | None = None, table: Mapping[bytes, Route] | None = None) -> None:
+                 routes: Mapping[bytes, Route] | None = None, table: Mapping[bytes, Route] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits = limits or _DEFAULTS
+        self.clock = clock
         #: A server passes the same table to all its connections (one object, not two per connection).
         self.routes: Mapping[bytes, Route] = table if table is not None else route_table(path, handler, routes)
         self.stats = stats
@@ -520,6 +528,7 @@ class H2Connection:
         self.watchers: dict[int, _Stream] = {}
         self.buffered = 0  # bytes of partial messages on this connection
         self.control_budget = limits.control_frame_allowance
+        self._budget_refilled = clock()
         #: Called when output was queued outside :meth:`receive_data` (a :class:`Later` reply): write it.
         self.on_output: Callable[[], None] | None = None
         self._receiving = False  # inside receive_data: output is written when it returns
@@ -674,8 +683,16 @@ class H2Connection:
         """One frame that does no work for a call (control, empty DATA or CONTINUATION)."""
         self.control_budget -= 1
         if self.control_budget < 0:
-            self.stats.control_floods += 1
-            raise DenialOfServiceError("control frame flood")
+            # Refilled with time (read only here, when spent): a keepalive PING every 10 s on an xDS stream
+            # that carries nothing spent a fixed allowance in ~28 h and was then cut as a flood.
+            now = self.clock()
+            refill = int((now - self._budget_refilled) * CONTROL_REFILL_PER_S)
+            if refill > 0:
+                self.control_budget = min(self.limits.control_frame_allowance, self.control_budget + refill)
+                self._budget_refilled = now
+            if self.control_budget < 0:
+                self.stats.control_floods += 1
+                raise DenialOfServiceError("control frame flood")
 
     def _closed_frame(self, sid: int, what: str) -> None:
         """A DATA or HEADERS frame for a stream that is not open (sid <= last_sid)."""

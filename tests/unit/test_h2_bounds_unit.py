@@ -225,3 +225,23 @@ def test_a_flood_of_frames_that_do_no_work_ends_the_connection(flood: bytes) -> 
     events = conn.receive_data(flood)
     assert conn.terminated and events[-1].error_code == ErrorCode.ENHANCE_YOUR_CALM
     assert stats.control_floods == 1
+
+
+def test_the_control_allowance_refills_with_time_so_keepalive_pings_never_run_it_out() -> None:
+    """A fixed allowance: an xDS stream that carried nothing, pinged every 10 s by its client, was cut as a
+    flood after ~28 h. It now regains CONTROL_REFILL_PER_S a second, up to the allowance."""
+    from dlb.transport.h2 import CONTROL_REFILL_PER_S
+
+    now = [0.0]
+    stats = TransportStats()
+    conn = H2Connection(METHOD.encode(), echo_upper, stats, H2Limits(control_frame_allowance=5), clock=lambda: now[0])
+    conn.initiate()
+    conn.receive_data(PREFACE + frame(FrameType.SETTINGS, 0, 0))  # the SETTINGS is one control frame
+    ping = frame(FrameType.PING, 0, 0, b"12345678")
+    for _ in range(200):  # a day of keepalive at 10 s, compressed: each ping 10 s after the last
+        now[0] += 10.0
+        conn.receive_data(ping)
+    assert not conn.terminated and stats.control_floods == 0
+    burst = int(5 + 10 * CONTROL_REFILL_PER_S) + 1  # past the allowance within one instant: still a flood
+    events = conn.receive_data(ping * burst)
+    assert conn.terminated and events[-1].error_code == ErrorCode.ENHANCE_YOUR_CALM and stats.control_floods == 1
