@@ -3,13 +3,26 @@
 The stay-or-leave rule lives in the router: stay while the pinned cell's expected latency minus
 ``prefix_savings`` is no worse than the best alternative's, else move to that alternative.
 This module only remembers, cheaply: an ``OrderedDict`` gives O(1) get/put/evict, and entries expire
-lazily on access (no timers), so memory is bounded by ``max_sessions`` whatever the traffic.
+lazily on access (no timers), so memory is bounded by ``max_sessions`` whatever the traffic — and by
+bytes too: a session id longer than :data:`KEY_CHARS` is kept as its 128-bit digest (a client sending
+58-KB ids grew a root by ~54 KB per request, ~5 GB at the cap).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
+
+#: Session ids up to this long are kept as they are (a UUID is 36); longer ones as a digest.
+KEY_CHARS = 64
+
+
+def session_key(session: str) -> str:
+    """What the cache keeps for ``session``: itself, or a fixed-size digest when it is long."""
+    if len(session) <= KEY_CHARS:
+        return session
+    return "#" + hashlib.blake2b(session.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class AffinityCache:
         self.evictions = 0
 
     def get(self, session: str, now: float) -> int | None:
+        session = session_key(session)
         entry = self._map.get(session)
         if entry is None:
             return None
@@ -48,6 +62,7 @@ class AffinityCache:
         return cell
 
     def put(self, session: str, cell: int, now: float) -> None:
+        session = session_key(session)
         self._map[session] = (cell, now + self.ttl)
         self._map.move_to_end(session)
         while len(self._map) > self.max_sessions:

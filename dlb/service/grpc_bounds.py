@@ -18,8 +18,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 #: Connections a listener holds at once; past it gRPC closes a new one at accept. A leaf's legitimate
 #: peers are its cell's roots, the control planes and its Envoy: tens. Well under a 1,024-file limit.
 MAX_CONNECTIONS = 256
-#: A connection with no call for this long is closed (a peer that probes or streams never idles this long).
-MAX_CONNECTION_IDLE_S = 600.0
+#: A connection with no call for this long is closed (a peer that probes or streams never idles this long;
+#: one that does reconnects at its next call). It was 600 s: 256 connections that sent the HTTP/2 preface
+#: and went quiet held a leaf's probe port shut to new roots for 10 minutes.
+MAX_CONNECTION_IDLE_S = 30.0
 
 
 def bounded_options(max_streams: int, reuse_port: bool = False) -> list[tuple[str, Any]]:

@@ -75,8 +75,13 @@ class StreamLimits:
         return text if len(text) <= self.text_bytes else text[: self.text_bytes] + f"... ({len(text)} chars)"
 
 
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` on the wire: the limits are in bytes (300 × 'é' passed a 512-byte limit as 300)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def _too_long(what: str, value: str, limit: int, field_name: str) -> StreamError:
-    return StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is {len(value)} bytes: over the {limit}-byte limit",
+    return StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is {utf8_len(value)} bytes: over the {limit}-byte limit",
                        limit=field_name)
 
 
@@ -346,14 +351,14 @@ class StreamBase:
             raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(names)} resource names in one request: over {lim.names}",
                               limit="names")
         for n in names:
-            if len(n) > lim.name_bytes:
+            if utf8_len(n) > lim.name_bytes:
                 raise _too_long("a resource name", n, lim.name_bytes, "name_bytes")
         subs = list(subscriptions)
         if sum(len(sub.names) for sub in subs) > lim.names:
             raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {lim.names} resource names on one stream",
                               limit="names")
         if subs:  # the stream's whole subscription, as it now stands: count its bytes against the server's budget
-            held = sum(len(n) for sub in subs for n in sub.names)
+            held = sum(utf8_len(n) for sub in subs for n in sub.names)
             ctx = self.ctx
             if ctx.subscribed_bytes - self._sub_bytes + held > lim.subscribed_bytes:
                 raise StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -363,7 +368,7 @@ class StreamBase:
             self._sub_bytes = held
 
     def type_of(self, request_type_url: str) -> str:
-        if len(request_type_url) > self.ctx.limits.type_url_bytes:
+        if utf8_len(request_type_url) > self.ctx.limits.type_url_bytes:
             raise _too_long("type_url", request_type_url, self.ctx.limits.type_url_bytes, "type_url_bytes")
         if self.fixed_type is None:
             if not request_type_url:
@@ -382,8 +387,11 @@ class StreamBase:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "the first request on a stream must carry node.id")
         limit = self.ctx.limits.node_id_bytes
         for what, value in (("node.id", node.id), ("node.cluster", node.cluster), ("node.locality.zone", node.locality.zone)):
-            if len(value) > limit:
+            if utf8_len(value) > limit:
                 raise _too_long(what, value, limit, "node_id_bytes")
+            if not value.isprintable():  # an ESC sequence reached /metrics labels and terminals reading logs raw
+                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} has a control character: {value[:80]!r}",
+                                  limit="node_id_bytes")
         if self.ctx.admission is not None and (why := self.ctx.admission(node, self.peer_auth)) is not None:
             self.ctx.status.streams_denied += 1
             raise StreamError(grpc.StatusCode.PERMISSION_DENIED, why)

@@ -293,3 +293,27 @@ def test_the_status_listener_keeps_at_most_its_cap_and_closes_idle_connections(m
     assert closed == refused == 36, (closed, refused)
     assert health == b"ok"
     assert b"dlb_xds_status_http_refused_total 36.0" in metrics
+
+
+def test_node_ids_are_measured_in_bytes_and_must_be_printable() -> None:
+    """300 × 'é' (600 bytes) passed the 512-byte limit as 300 characters; an ESC sequence in a node id
+    reached /metrics labels raw. Both are refused; a 256-'é' id (512 bytes) is the largest accepted."""
+
+    async def go() -> tuple[list[grpc.StatusCode], dict]:
+        async with server() as (_, channel, http):
+            codes = []
+            for node_id in ("é" * 300, "evil\x1b[31mred"):
+                s = RawStream(channel)
+                await s.send(sotw_request(CDS, node=node(node_id)))
+                codes.append(await closed_with(s))
+                await s.close()
+            kept = RawStream(channel)
+            await kept.send(sotw_request(CDS, node=node("é" * 256)))
+            await until_in_loop(lambda: kept.call.done() or "é" * 256 in http.status.nodes, "the 512-byte id on a stream")
+            status = json.loads(await get(http.port, "/status"))
+            await kept.close()
+            return codes, status
+
+    codes, status = run(go())
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 2
+    assert status["limit_hits"] == {"node_id_bytes": 2} and list(status["nodes"]) == ["é" * 256]

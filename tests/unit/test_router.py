@@ -467,3 +467,19 @@ def test_a_recovered_cells_aversion_reaches_zero() -> None:
         rates = update_aversion(rates, np.zeros(2), np.ones(2, bool), cfg)
     assert rates.tolist() == [0.0, 0.0]
     assert update_aversion(np.array([0.9, 0.0]), np.zeros(2), np.ones(2, bool), cfg)[0] == 0.45  # the decay itself unchanged
+
+
+def test_a_long_session_id_is_kept_as_a_fixed_size_digest() -> None:
+    """The cache kept each client's raw ``x-session-id``: 58-KB ids grew a root ~54 KB per request."""
+    import sys
+
+    from dlb.core.affinity import KEY_CHARS, AffinityCache
+
+    cache = AffinityCache(1000, 600.0)
+    long_ids = [f"{i}-".ljust(58_000, "s") for i in range(50)]
+    for i, sid in enumerate(long_ids):
+        cache.put(sid, i % 3, 0.0)
+    cache.put("a-short-uuid", 2, 0.0)
+    assert [cache.get(sid, 1.0) for sid in long_ids] == [i % 3 for i in range(50)]  # still one entry per session
+    assert cache.get("a-short-uuid", 1.0) == 2 and len(cache) == 51
+    assert max(sys.getsizeof(k) for k in cache._map) < 2 * KEY_CHARS + 100
