@@ -50,6 +50,8 @@ class GrpcLimits:
                 ("grpc.max_receive_message_length", self.max_message_bytes), ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.max_metadata_size", self.max_metadata_bytes),
                 ("grpc.keepalive_time_ms", ms(self.keepalive_time_s)), ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_s)),
+                # gRPC times a keepalive ping out after this (60 s by default), not keepalive_timeout: dlb.xds.client.
+                ("grpc.http2.ping_timeout_ms", ms(self.keepalive_timeout_s)),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", ms(self.min_ping_interval_s)),
                 ("grpc.http2.max_ping_strikes", self.max_ping_strikes),

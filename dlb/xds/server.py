@@ -48,6 +48,7 @@ SERVICES: dict[str, tuple[str, str, str | None]] = {
 DEFAULT_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),  # what gRPC times the ping out by (60 s by default): dlb.xds.client
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_concurrent_streams", 10_000),

@@ -229,6 +229,7 @@ def test_listener_bounds_are_checked_and_become_grpc_core_arguments():
     opts = dict(GrpcLimits(max_streams=5, max_message_bytes=1024).server_options())
     assert opts["grpc.max_concurrent_streams"] == 5 + RPC_HEADROOM and opts["grpc.max_receive_message_length"] == 1024
     assert opts["grpc.keepalive_time_ms"] == 60_000 and opts["grpc.max_connection_idle_ms"] == 600_000
+    assert opts["grpc.http2.ping_timeout_ms"] == opts["grpc.keepalive_timeout_ms"]  # gRPC's 60-s default otherwise
     gate = StreamGate(1)
     assert gate.enter() and not gate.enter() and gate.refused == 1
     gate.leave()
