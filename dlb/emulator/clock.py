@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 now = time.monotonic
 
@@ -19,7 +20,6 @@ async def sleep_until(deadline: float) -> None:
     """Return once ``time.monotonic() >= deadline``, never before (uvloop may round a timer down)."""
     while (left := deadline - time.monotonic()) > 0:  # noqa: ASYNC110 - a deadline, not an event to wait for
         await asyncio.sleep(left)
-
 
 
 class StepEnd:
@@ -51,6 +51,16 @@ class StepEnd:
                 timer.cancel()
                 self._waiter = None
         return False
+
+    async def sleep_step(self, start: float, base: float, slowdown: Callable[[], float]) -> float:
+        """Sleep until ``start + base × slowdown()``, reading ``slowdown()`` again at each :meth:`move` (a
+        fault change); return the deadline the step ended at."""
+        self.moved = False
+        deadline = start + base * slowdown()
+        while await self.sleep_until(deadline):
+            self.moved = False
+            deadline = start + base * slowdown()
+        return deadline
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -181,12 +181,8 @@ class DpEmulator:
             step = DpStep(tuple(plan_time(self.profile, s.engine, p) for s, p in zip(self.ranks, plans, strict=True)))
             base = step.duration * self.config.time_scale
             start = max(deadline, now - _MAX_LAG_S)
-            deadline = start + base * max(s.faults.slowdown for s in self.ranks)
-            moved = self.ranks[0].step_end  # one StepEnd shared by every rank (start)
-            moved.moved = False
-            while await moved.sleep_until(deadline):  # a rank's faults changed: so may the step's end
-                moved.moved = False
-                deadline = start + base * max(s.faults.slowdown for s in self.ranks)
+            # One StepEnd shared by every rank (start): any rank's fault change moves the step's end.
+            deadline = await self.ranks[0].step_end.sleep_step(start, base, lambda: max(s.faults.slowdown for s in self.ranks))
             done_at = clock.now()
             self._account_step(step)
             for srv, plan in zip(self.ranks, plans, strict=True):

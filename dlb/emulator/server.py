@@ -293,11 +293,7 @@ class EmulatorServer:
             # Absolute deadlines: timer granularity (~1 ms) would otherwise add up step after step.
             base = plan.duration * self.config.time_scale
             start = max(deadline, clock.now() - _MAX_LAG_S)
-            deadline = start + base * self.faults.slowdown
-            self.step_end.moved = False
-            while await self.step_end.sleep_until(deadline):  # a fault change: the step ends sooner or later
-                self.step_end.moved = False
-                deadline = start + base * self.faults.slowdown
+            deadline = await self.step_end.sleep_step(start, base, lambda: self.faults.slowdown)
             done_at = clock.now()
             events = self.engine.complete(plan, done_at)
             self._account(plan, events, done_at)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 
@@ -78,8 +79,6 @@ def rng_seed(text: str) -> int:
 
 def _writable_ancestor(path: str) -> str | None:
     """Why files cannot be made at ``path`` (its nearest existing ancestor is no writable directory), or None."""
-    import os
-
     probe = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -94,8 +93,6 @@ def output_file(text: str) -> str:
     """argparse type for a file a command writes (``-``: stdout): refused now if it cannot be written,
     not after the run (a bench's ``--json`` into a missing directory was a traceback at its end).
     Missing directories are made by the writer."""
-    import os
-
     if text == "-":
         return text
     if not text or os.path.isdir(text):
@@ -109,8 +106,6 @@ def output_file(text: str) -> str:
 
 def output_dir(text: str) -> str:
     """argparse type for a directory a command writes into (made if missing): refused now if it cannot be."""
-    import os
-
     if not text:
         raise argparse.ArgumentTypeError("empty directory name")
     if os.path.exists(text):

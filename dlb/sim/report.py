@@ -26,6 +26,12 @@ MODEL = ["Disc-Lat", "Disc-Grad", "Flow-Lat", "Flow-Grad"]
 Agg = dict[tuple[str, str, str], dict[str, float]]
 
 
+#: The fields the report computes with: a string there was a traceback deep in the aggregation.
+NUMERIC_FIELDS = frozenset({"x", "scenario", "trial", "duration_s", "mean", "p50", "p90", "p99", "error_rate", "arrivals",
+                            "errors", "in_flight", "cells", "net_mean", "wall_s", "cpu_s", "root_replicas",
+                            "request_timeout_s", "mean_latency_with_failures", "p90_latency_with_failures"})
+
+
 def load(path: str | Path) -> list[dict]:
     """Records of a results file, plain or gzip'd (``.json.gz``: how research/ keeps large runs)."""
     p = Path(path)
@@ -44,12 +50,6 @@ def load(path: str | Path) -> list[dict]:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
                 raise ValueError(f"{p}: record {i} ({r['experiment']}, {r['policy']}): {k} must be a number or null, got {v!r}")
     return nan_for_null(data)
-
-
-#: The fields the report computes with: a string there was a traceback deep in the aggregation.
-NUMERIC_FIELDS = frozenset({"x", "scenario", "trial", "duration_s", "mean", "p50", "p90", "p99", "error_rate", "arrivals",
-                            "errors", "in_flight", "cells", "net_mean", "wall_s", "cpu_s", "root_replicas",
-                            "request_timeout_s", "mean_latency_with_failures", "p90_latency_with_failures"})
 
 
 def check_one_build(records: list[dict]) -> tuple[str, int]:
