@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # inside the try: a reader that went away (``| head``) is seen here, not at exit
         return code
     except DlbError as exc:  # libraries raise; only the command line turns an error into an exit
-        print(f"dlb: {exc}", file=sys.stderr)
+        msg = str(exc)  # a message that already names its command ("dlb sim: ...") gets no second "dlb:"
+        print(msg if msg.startswith("dlb ") else f"dlb: {msg}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader of our output closed it (``dlb config validate | head -1``): stop quietly, as a tool

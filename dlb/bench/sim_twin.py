@@ -119,19 +119,35 @@ def read_real(path: str | Path) -> list[RealRun]:
     """``dlb demo --compare``'s records: a ``records.jsonl`` (one run per line) or a JSON with ``records``
     (an older single-run file: seed and duration at the top). Runs of an unknown scenario are refused."""
     text = Path(path).read_text()
-    if str(path).endswith(".jsonl"):
-        rows, top = [json.loads(line) for line in text.splitlines() if line.strip()], {}
-    else:
-        top = json.loads(text)
-        rows = top["records"]
+    top: dict[str, Any] = {}
+    try:
+        if str(path).endswith(".jsonl"):
+            rows: Any = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            doc = json.loads(text)
+            top = doc if isinstance(doc, dict) else {}
+            rows = top.get("records")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON: {e}") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: needs a 'records' list of runs (or a records.jsonl)")
     out = []
-    for r in rows:
+    for k, r in enumerate(rows, 1):
+        where = f"{path}: record {k}"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where}: not an object")
+        missing = [f for f in ("scenario", "policy", "mean_s") if f not in r]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)} (a dlb demo --compare record has them)")
         if r["scenario"] not in SCENARIOS:
-            raise ValueError(f"{path}: scenario {r['scenario']!r} has no twin (known: {', '.join(SCENARIOS)})")
-        req = max(int(r.get("requests", 0)), 1)
-        out.append(RealRun(r["scenario"], r["policy"], int(r.get("trial", 0)), int(r.get("seed", top.get("seed", 1))),
-                           float(r.get("duration_s", top.get("duration_s", 40.0))), number(r["mean_s"]),
-                           (int(r.get("errors", 0)) + int(r.get("shed", 0))) / req))
+            raise ValueError(f"{where}: scenario {r['scenario']!r} has no twin (known: {', '.join(SCENARIOS)})")
+        try:
+            req = max(int(r.get("requests", 0)), 1)
+            out.append(RealRun(r["scenario"], str(r["policy"]), int(r.get("trial", 0)), int(r.get("seed", top.get("seed", 1))),
+                               float(r.get("duration_s", top.get("duration_s", 40.0))), number(r["mean_s"]),
+                               (int(r.get("errors", 0)) + int(r.get("shed", 0))) / req))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
     return out
 
 
@@ -202,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     if args.real:
         try:
             runs = read_real(args.real)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError) as e:
             raise DlbError(f"dlb bench sim-twin --real: {e}") from None
     else:
         unknown = [s for s in args.scenarios if s not in SCENARIOS]

@@ -275,6 +275,9 @@ def load_profile(spec: str, base_ms: float | None = None) -> Profile:
                 raise ProfileError(f"{path}: step-time file: name the run as {path}#MODEL (one of {models})")
             prof = profile_from_step_times(data, model, name=f"{path.stem}#{model}", origin=str(path))
         else:
+            if model:
+                raise ProfileError(f"--profile {spec!r}: {path} is a profile, not a step-time file: "
+                                   f"'#{model}' names a run of a step-time file only (give {path} alone)")
             if isinstance(data, dict) and "name" not in data:
                 data = {"name": path.stem, **data}
             prof = Profile.from_dict(data, origin=str(path))

@@ -188,7 +188,10 @@ def run_cli(args: argparse.Namespace) -> int:
         raise UsageError(f"--graphs: choose from {known}, got {args.graphs!r}")
     rules: tuple[bool, ...] = (FlowConfig().relaxation_delay,)
     if args.topology_set == "scale":
-        nets = scale_networks(args.seed, _ints(args.sizes, "--sizes"), graphs, loads or (None,))
+        sizes = _ints(args.sizes, "--sizes")
+        if min(sizes) < 2:
+            raise UsageError(f"--sizes: a network needs >= 2 cells (one cell has no routing to check): {args.sizes!r}")
+        nets = scale_networks(args.seed, sizes, graphs, loads or (None,))
     elif args.topology_set == "dynamics":
         nets = [dynamics_network(x) for x in loads or (0.95,)]
         rules = (False, True)  # the delay-only rule and the shipped one, side by side

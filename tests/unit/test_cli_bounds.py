@@ -107,6 +107,17 @@ def test_theory_load_out_of_range_gets_one_message(load: str, capsys, monkeypatc
     assert "--load: values must be in (0, 0.99)" in capsys.readouterr().err
 
 
+def test_theory_refuses_a_one_cell_network(capsys, monkeypatch) -> None:
+    """``--sizes 1`` ran a one-cell topology (nothing to route) and then failed its drift check."""
+    import dlb.provenance
+
+    monkeypatch.setattr(dlb.provenance, "git_commit", lambda: "0" * 40)  # git is a process
+    monkeypatch.setattr(dlb.provenance, "code_tree", lambda: "tree")
+    assert main(["theory", "--sizes", "1,4"]) == 1
+    err = capsys.readouterr().err
+    assert "--sizes: a network needs >= 2 cells" in err and "dlb: dlb" not in err
+
+
 def test_heldrun_says_when_nothing_was_held(capsys, monkeypatch) -> None:
     """Below capacity it printed 'backlog idle=nan … (<= 0.85 in 0/1)' with no word of why."""
     from dlb.bench import harness

@@ -90,6 +90,15 @@ def test_bad_profile_files_name_file_and_field(tmp_path, content, needle) -> Non
     assert str(f) in str(e.value) and needle in str(e.value)
 
 
+def test_a_model_named_on_a_plain_profile_is_refused(tmp_path) -> None:
+    """``prof.json#x`` ran the profile and dropped ``#x`` without a word."""
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps({"base_ms": 3, "prefill_us_per_token": 1, "decode_us_per_seq": 0, "batch_knee": 2,
+                             "past_knee_ms_per_seq": 1}))  # fmt: skip
+    with pytest.raises(ProfileError, match="'#x' names a run of a step-time file only"):
+        load_profile(f"{f}#x")
+
+
 def test_unknown_profile_name_lists_builtins() -> None:
     with pytest.raises(ProfileError, match="fast-test"):
         load_profile("no-such-profile")

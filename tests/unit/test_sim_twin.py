@@ -60,6 +60,20 @@ def test_a_real_file_with_a_scenario_without_twin_is_refused(tmp_path: Path) -> 
         read_real(f)
 
 
+@pytest.mark.parametrize("line, needle", [
+    ('{"policy": "Rand", "mean_s": 1.0}', "record 1: missing scenario"),
+    ('[1, 2]', "record 1: not an object"),
+    ('{"scenario": "steady", "policy": "Rand", "mean_s": 1.0, "trial": "x"}', "record 1: invalid literal"),
+    ('{"scenario": ', "not JSON"),
+])
+def test_a_real_file_with_a_broken_record_names_the_record(tmp_path: Path, line: str, needle: str) -> None:
+    """A record without ``scenario`` read as the bare key ``'scenario'``."""
+    f = tmp_path / "records.jsonl"
+    f.write_text(line + "\n")
+    with pytest.raises(ValueError, match=needle):
+        read_real(f)
+
+
 def test_the_twins_leaves_fit_on_the_demo_leaves_window(tmp_path: Path) -> None:
     """The twin's estimator window and refit period are the ones the demo writes into its leaves' config
     (the simulator's default 30 s / 10 s moved the twin's models on another time scale)."""
