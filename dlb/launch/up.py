@@ -15,7 +15,9 @@ Tiers, started in this order and stopped in the reverse (:mod:`dlb.launch.superv
 A root is *ready* only when its Envoy is LIVE, its listener accepts connections and its service has
 fresh probe state for every cell it may send to — so the first request a user sends after the URLs
 are printed is routed, instead of the ``503 dlb: no usable cell`` of a root that has not heard from
-its leaves yet (what the hand-started sequence of docs/data-plane.md produced for ~5 s).
+its leaves yet (what the hand-started sequence of docs/data-plane.md produced for ~5 s). A cell whose
+leaf answers that it cannot serve stops counting after a grace (:func:`_root_ready`), so ``dlb up``
+starts during one cell's outage.
 """
 
 from __future__ import annotations
@@ -240,6 +242,10 @@ class Deployment:
     more_root_admin: dict[str, list[str]] = field(default_factory=dict)
     #: Every control-plane replica's (xDS, status) address, the config's first.
     control_planes: list[tuple[HostPort, HostPort]] = field(default_factory=list)
+    #: How long a root waits for a cell known to be down before it starts without it, and since when
+    #: each root has waited (its ready file written).
+    down_grace_s: float = 30.0
+    root_wait_since: dict[str, float] = field(default_factory=dict)
 
     def ports_text(self) -> str:
         """Every address this run listens on, before anything starts: the config's by field, then the
@@ -305,8 +311,24 @@ def probes_fresh(metrics_url: str, cfg: Config, cell: str) -> bool:
 
 def _root_ready(ready_file: Path, metrics_url: str, dep: Deployment, cell: str) -> bool:
     """By the config running now: a root restarted after a reload changed the cells it may use waited,
-    forever, for a cell it no longer uses (a stranger's report)."""
-    return ready_file.exists() and probes_fresh(metrics_url, dep.cfg, cell)
+    forever, for a cell it no longer uses (a stranger's report). After ``dep.down_grace_s`` of waiting, a
+    cell whose leaf answers that it cannot serve no longer blocks (:func:`dlb.launch.waiting.blocking`):
+    ``dlb up`` started during one cell's outage serves from the others and says so."""
+    from dlb.launch.waiting import blocking, cell_reason
+
+    if not ready_file.exists():
+        return False
+    now = time.monotonic()
+    since = dep.root_wait_since.setdefault(cell, now)
+    text = http_get(metrics_url, 1.0)[1]
+    waiting, without = blocking(text, dep.cfg, cell, now - since >= dep.down_grace_s)
+    if waiting:
+        return False
+    for d in without:
+        leaf = _fetch(dep.leaf_metrics[d]) if d in dep.leaf_metrics else None
+        dep.supervisor.say(f"root {cell} service", f"starts without cell {d}, which waits for {cell_reason(text, dep.cfg, d, leaf)}; "
+                                                   "the cell joins when its probes say it is usable")
+    return True
 
 
 def _control_plane_ready(status_url: str, xds: HostPort) -> bool:
@@ -566,6 +588,7 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
                control_planes=control_planes, root_envoys=root_envoys, control_plane_args=service_args)
     for child in sup.children:
         child.env.update(token_env)
+    dep.down_grace_s = min(30.0, ready_timeout_s / 3)
     print("dlb up: listening on\n" + dep.ports_text(), flush=True)
     code = 0
     try:

@@ -1,7 +1,8 @@
 """What a root that is not ready yet is waiting for, in words, from its and its leaves' ``/metrics``.
 
 Why: ``dlb up`` calls a root ready only when it has fresh probe state for every cell it may send to
-(:func:`dlb.launch.up.probes_fresh`). When a cell cannot become usable — every server of it down, a
+(:func:`dlb.launch.up.probes_fresh`; after a grace, a cell known to be down stops blocking:
+:func:`blocking`). When a cell cannot become usable — every server of it down, a
 leaf agent that does not answer — the console used to stay silent until the ready timeout and then
 name only "root east service", while the reason sat in the metrics: the root's probe counters say
 whether the leaf answers at all, and the leaf's ``dlb_leaf_healthy_servers`` whether it has a server.
@@ -26,6 +27,31 @@ def unusable(root_metrics: str, cfg: Config, cell: str) -> dict[str, list[str]]:
             if metric_value(root_metrics, "dlb_root_cell_usable", endpoint=ep.name, cell=dest.name) != 1.0:
                 out.setdefault(dest.name, []).append(ep.name)
     return out
+
+
+def known_down(root_metrics: str, cfg: Config, dest: str) -> bool:
+    """The root hears the cell (a probe answer within ``stale_after_ms``) and it is still unusable: the cell
+    says it cannot serve (no healthy server, drained) — an outage the root routes around, not a start-up race."""
+    oks = metric_value(root_metrics, "dlb_root_probes_total", cell=dest) or 0.0
+    age = metric_value(root_metrics, "dlb_root_probe_age_seconds", cell=dest)
+    return oks > 0 and age is not None and age <= cfg.probe.stale_after_ms / 1000.0
+
+
+def blocking(root_metrics: str, cfg: Config, cell: str, skip_down: bool) -> tuple[dict[str, list[str]], list[str]]:
+    """(cells the root of ``cell`` still waits for -> endpoints, cells it may start without).
+
+    Without ``skip_down`` every unusable cell blocks. With it (``dlb up`` after its grace), a cell
+    :func:`known_down` no longer does, as long as every endpoint keeps a usable cell: a load balancer that
+    would not start during one cell's outage fails exactly when it is needed, but one with nowhere to send
+    an endpoint's requests is not ready."""
+    waiting = unusable(root_metrics, cfg, cell)
+    if not skip_down or not waiting:
+        return waiting, []
+    dests = [d.name for d in cfg.allowed_destinations(cell)]
+    if any(all(ep.name in waiting.get(d, ()) for d in dests) for ep in cfg.endpoints):
+        return waiting, []
+    down = [d for d in waiting if known_down(root_metrics, cfg, d)]
+    return {d: eps for d, eps in waiting.items() if d not in down}, down
 
 
 def last_probe_failures(log_tail: str) -> dict[str, str]:

@@ -28,10 +28,10 @@ pytestmark = pytest.mark.envoy
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _start_up(config: Path, run_dir: Path) -> subprocess.Popen[str]:
+def _start_up(config: Path, run_dir: Path, *args: str) -> subprocess.Popen[str]:
     """`dlb up` as a user starts it, in a session of its own (so a stuck child can be killed with its group)."""
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    return subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(config), "--run-dir", str(run_dir)],
+    return subprocess.Popen([sys.executable, "-m", "dlb.cli", "up", "--config", str(config), "--run-dir", str(run_dir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
 
 
@@ -260,11 +260,12 @@ def test_up_refuses_a_config_whose_addresses_it_cannot_listen_on_naming_file_and
     assert not (tmp_path / "run").exists() or processes_of_run(tmp_path / "run") == []
 
 
-def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: Path) -> None:
-    """Every server of us-west1 is down: the root never becomes ready, and the console says why every few
-    seconds instead of staying silent until the ready timeout (whose message names the reason too:
-    tests/test_supervisor.py). Earlier reports may name an earlier step (a root service still importing
-    on a loaded box waits for its own listener first), so the lines are read until the cell's reason."""
+def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server_then_starts_without_it(tmp_path: Path) -> None:
+    """Every server of us-west1 is down: the console says what the root waits for every few seconds
+    instead of staying silent (earlier reports may name an earlier step: a root service still importing
+    on a loaded box waits for its own listener first, so the lines are read until the cell's reason).
+    After a third of ``--ready-timeout`` the root starts without the cell, saying so, and serves from
+    us-east1: it waited forever, so ``dlb up`` could not start during one cell's outage."""
     from dlb.procutil import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
@@ -274,12 +275,16 @@ def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server(tmp_path: 
         path = tmp_path / "dlb.yaml"
         path.write_text(json.dumps(demo_config(fleet, {"us-east1": [ea.address], "us-west1": [dead]})))
         run_dir = tmp_path / "run"
-        proc = _start_up(path, run_dir)
+        proc = _start_up(path, run_dir, "--ready-timeout", "60")
         seen: list[str] = []
         try:
             _read_until(proc, rf"root us-east1 service: not ready after \d+s: waiting for usable cells — {re.escape(why)}$", seen)
             assert "dlb up: ready" not in "".join(seen)
-            proc.send_signal(signal.SIGTERM)  # a user giving up: everything still stops
+            _read_until(proc, r"root us-east1 service: starts without cell us-west1, which waits for a healthy server", seen)
+            host, port = _ready_root(proc, seen)
+            replies = [request(host, port) for _ in range(5)]
+            assert [s for s, _, _ in replies] == [200] * 5 and {h.get("x-dlb-server") for _, h, _ in replies} == {"a/0"}
+            proc.send_signal(signal.SIGTERM)  # everything still stops
             out, _ = proc.communicate(timeout=30)
             assert proc.returncode == 0, "".join(seen) + out
             assert processes_of_run(run_dir) == []

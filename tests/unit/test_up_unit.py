@@ -73,6 +73,34 @@ def test_a_waiting_root_names_each_unusable_cell_and_why() -> None:
         f"usable cells — cell europe-west1 for {eps[-1]}: its leaf to report it available")
 
 
+def test_after_its_grace_a_root_starts_without_a_cell_known_to_be_down_but_never_without_every_cell() -> None:
+    """A root waited for every cell, so ``dlb up`` started during one cell's outage never became ready."""
+    from dlb.config import config_from_dict
+    from dlb.launch.waiting import blocking
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test"),
+                         CellPlan("europe-west1", 1, "fast-test")))
+    cfg = config_from_dict(demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"], "europe-west1": ["127.0.0.1:3"]}))
+    eps = [ep.name for ep in cfg.endpoints]
+    cells = ("us-east1", "us-west1", "europe-west1")
+    every = {(ep, c): 1.0 for ep in eps for c in cells}
+    fresh = dict.fromkeys(cells, (50.0, 0.0, 0.01))
+    west_down = every | {(ep, "us-west1"): 0.0 for ep in eps}
+    text = _root_metrics(west_down, fresh)
+    assert blocking(text, cfg, "us-east1", skip_down=False) == ({"us-west1": eps}, [])
+    assert blocking(text, cfg, "us-east1", skip_down=True) == ({}, ["us-west1"])
+    # A cell not heard from (no answer yet, or a stale one) may be a start-up race: it still blocks.
+    for silent in ((0.0, 7.0, float("inf")), (50.0, 3.0, 4.2)):
+        assert blocking(_root_metrics(west_down, fresh | {"us-west1": silent}), cfg, "us-east1", skip_down=True) == (
+            {"us-west1": eps}, [])
+    # An endpoint with no usable cell at all: not ready, whatever is known.
+    all_down = {(ep, c): 0.0 for ep in eps for c in cells}
+    assert blocking(_root_metrics(all_down, fresh), cfg, "us-east1", skip_down=True)[0] == dict.fromkeys(cells, eps)
+    one_endpoint = every | {(eps[0], c): 0.0 for c in cells}
+    assert blocking(_root_metrics(one_endpoint, fresh), cfg, "us-east1", skip_down=True) == (
+        {c: [eps[0]] for c in cells}, [])
+
+
 def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The config may come from another process's free_port() (a test, a script): its ports are free
     until ``dlb up`` starts the services, so a draw could otherwise land on one and two children collide."""
@@ -323,7 +351,10 @@ def test_a_restarted_roots_readiness_follows_the_reloaded_config(tmp_path: Path,
     started, reloaded = config_from_dict(base), config_from_dict(minimal() | {"cells": base["cells"]})
     dep = up.Deployment(cfg=started, config_path="x.yaml", supervisor=Supervisor(tmp_path), status_url="")
     judged: list[object] = []
-    monkeypatch.setattr(up, "probes_fresh", lambda url, cfg, cell: judged.append(cfg) or True)
+    from dlb.launch import waiting
+
+    monkeypatch.setattr(up, "http_get", lambda url, timeout=1.0: (200, ""))  # a socket
+    monkeypatch.setattr(waiting, "blocking", lambda text, cfg, cell, skip_down: judged.append(cfg) or ({}, []))
     ready = tmp_path / "ready.json"
     ready.write_text("{}")
     dep.cfg = reloaded
