@@ -138,6 +138,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("leaf", "dlb_leaf_background_probes", "counter", ("outcome",), "Background probe requests sent by this leaf (ok, failed)"),
     MetricDef("leaf", "dlb_leaf_background_probe_seconds", "counter", (), "Summed latency of successful background probes"),
     MetricDef("leaf", "dlb_leaf_background_watched", "gauge", (), "1 while the cell is watched: probed every watch interval"),
+    MetricDef("leaf", "dlb_leaf_cell_changes", "counter", ("source", "direction"),
+              "Cell changes declared by probes or traffic (older samples dropped)"),
     MetricDef("leaf", "dlb_leaf_dp_rank_kv_tokens", "gauge", ("server",), "Predicted resident KV tokens per data-parallel rank",
               "the cell has a data-parallel server (dp_ranks)"),
     MetricDef("leaf", "dlb_leaf_dp_held", "gauge", ("server",), "Requests held for a data-parallel server",

@@ -70,7 +70,7 @@ otherwise be a best that no slowdown caused.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -239,3 +239,33 @@ class BackgroundProber:
         """The start of a declared change, once (the caller forgets samples older than it)."""
         t, self.changed_since = self.changed_since, None
         return t
+
+
+@dataclass
+class ShapeAlarm:
+    """Says when background probes look unlike the cell's traffic: probes that keep declaring the cell
+    *faster* with no change the other way between.
+
+    Why: a leaf judges each probe against the model its traffic fitted, so a probe that generates far
+    fewer tokens than the traffic does (``max_tokens`` 16 against a mean output of ~96) runs faster than
+    the model predicts on an unchanged cell. Three such probes declare a change, the traffic's samples
+    are dropped, the traffic brings the model back, and it starts again (a steady 90-s demo: ~30 false
+    changes). A real cell cannot get faster again and again without getting slower in between, so
+    ``after`` faster changes within ``window_s`` with none slower is the mis-sized probe, said at most
+    once per ``window_s``. Pure: the caller logs."""
+
+    window_s: float = 600.0
+    after: int = 3
+    _faster: list[float] = field(default_factory=list)
+    _said: float = -math.inf
+
+    def on_change(self, now: float, faster: bool) -> bool:
+        """A declared change (by probes or traffic); True when the caller should warn."""
+        if not faster:
+            self._faster.clear()
+            return False
+        self._faster = [t for t in self._faster if now - t < self.window_s] + [now]
+        if len(self._faster) < self.after or now - self._said < self.window_s:
+            return False
+        self._said = now
+        return True

@@ -34,8 +34,9 @@ class ChangeDetector:
     block: int = 16
     tolerance: float = 0.5
     after: int = 3
-    #: Changes declared so far (a diagnostic).
+    #: Changes declared so far (a diagnostic), and the last one's sign (+1 slower, -1 faster, 0 none yet).
     changes: int = 0
+    last_sign: int = 0
     _n: int = 0
     _sum: float = 0.0
     _block_start: float = math.nan
@@ -80,6 +81,7 @@ class ChangeDetector:
             return None
         self._streak = self._calm = 0
         self.changes += 1
+        self.last_sign = sign
         return self._since
 
     def reset(self) -> None:

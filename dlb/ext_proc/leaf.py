@@ -256,6 +256,11 @@ class LeafAgent:
         prober = self.background.prober
         yield GaugeMetricFamily("dlb_leaf_background_watched", "1 while the cell is watched: probed every watch interval",
                                 value=float(prober is not None and prober.watching))
+        ch = CounterMetricFamily("dlb_leaf_cell_changes", "Changes of the cell declared by probes or traffic (samples before them dropped)",
+                                 labels=["source", "direction"])
+        for (source, direction), n in sorted(self.background.changes.items()):
+            ch.add_metric([source, direction], n)
+        yield ch
         yield self.processing.family("dlb_leaf_processing_seconds", "Time to pick a server inside the service")
         if self.transport_stats is not None:
             yield from self.transport_stats.families("dlb_leaf")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from dlb.config.model import BackgroundProbeParams
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, ShapeAlarm, capacity_floor, surprise
 from dlb.core.latency_model import latency
 from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
 from dlb.envoy.host_health import hosts_out
@@ -54,6 +54,9 @@ class LeafBackground:
         self._bg_tasks: set[asyncio.Task] = set()
         #: Set when background probes declared the cell changed: the fit loop refits at once.
         self.refit_now = False
+        #: Declared changes by (source, direction), a metric; and the warning for probes sized unlike the traffic.
+        self.changes: dict[tuple[str, str], int] = {(s, d): 0 for s in ("probes", "traffic") for d in ("faster", "slower")}
+        self.shape_alarm = ShapeAlarm()
 
     async def fit_loop(self) -> None:
         """Refit the latency model every ``refit_period_s`` in a worker thread.
@@ -74,7 +77,11 @@ class LeafBackground:
             t_change = est.take_change()  # the traffic's own samples say the cell changed (dlb.core.change)
             if t_change is not None:
                 self.refit_now = True
-                log.info("cell_change_detected", cell=self.state.cell, source="traffic", since=round(t_change, 3))
+                det = est.detector
+                direction = "faster" if det is not None and det.last_sign < 0 else "slower"
+                self._changed(now, "traffic", direction)
+                log.info("cell_change_detected", cell=self.state.cell, source="traffic", direction=direction,
+                         since=round(t_change, 3))
             if now - last < est.config.refit_period_s and not first and not self.refit_now:
                 continue
             last, self.refit_now = now, False
@@ -199,8 +206,23 @@ class LeafBackground:
                 # The cell is no longer what its samples say (it recovered, or slowed while idle).
                 dropped = self.state.estimator.forget_before(t_change, by_arrival=True)
                 self.refit_now = True
-                log.info("cell_change_detected", cell=self.state.cell, direction="slower" if surprised > 0 else "faster",
+                direction = "slower" if surprised > 0 else "faster"
+                self._changed(self.clock(), "probes", direction)
+                log.info("cell_change_detected", cell=self.state.cell, source="probes", direction=direction,
                          samples_dropped=dropped)
+
+    def _changed(self, now: float, source: str, direction: str) -> None:
+        """Count a declared change; warn when probes keep finding the cell faster (:class:`ShapeAlarm`)."""
+        self.changes[source, direction] += 1
+        if self.shape_alarm.on_change(now, source == "probes" and direction == "faster"):
+            try:
+                max_tokens = json.loads(self.bg_body).get("max_tokens")
+            except ValueError:
+                max_tokens = None
+            log.warning("background_probes_unlike_traffic", cell=self.state.cell, max_tokens=max_tokens,
+                        faster_changes=self.shape_alarm.after, window_s=self.shape_alarm.window_s,
+                        hint="probes keep finding this cell faster than its traffic's model: set the background-probe "
+                             "plugin's max_tokens near the endpoint's mean output length")
 
     async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:
         """TCP-connect to the leaf Envoy's listener every ``period_s``.

@@ -343,7 +343,7 @@ def test_change_detector_declares_a_change_only_from_a_model_that_was_predicting
     # Armed by now; three blocks 3x slow in a row: a change, dated to the first slow sample.
     t0 = 20_000.0
     got = [d.add(t0 + 0.1 * k, 3.0 * float(x)) for k, x in enumerate(rng.gamma(1.5, 1 / 1.5, 48))]
-    assert got[:-1] == [None] * 47 and got[-1] == pytest.approx(t0)
+    assert got[:-1] == [None] * 47 and got[-1] == pytest.approx(t0) and d.last_sign == 1
     # A model that misfits from the start (every block off by x3) is never armed: no change declared.
     chronic = ChangeDetector(block=16, tolerance=1.0, after=3)
     assert all(chronic.add(0.1 * k, 3.0) is None for k in range(2000)) and chronic.changes == 0
@@ -399,3 +399,19 @@ def test_an_idle_slow_one_server_cell_probes_within_one_percent_and_within_the_c
     interval = BackgroundProber(cfg).interval(capacity_floor(1, 0.25, 0.25 / 16))
     assert 1.0 / (interval * 14.0) < 0.01
     assert interval + (cfg.change_after - 1) * cfg.min_interval_s <= 20.0
+
+
+def test_probes_that_keep_finding_a_cell_faster_are_said_to_be_unlike_its_traffic() -> None:
+    """Three "faster" changes within the window and none the other way: the probe is mis-sized, said once
+    per window. A change the other way between (the cell really slowed and recovered) clears the count,
+    and faster changes further apart than the window never add up."""
+    from dlb.core.background import ShapeAlarm
+
+    alarm = ShapeAlarm(window_s=600.0, after=3)
+    assert [alarm.on_change(t, True) for t in (0.0, 20.0, 40.0)] == [False, False, True]
+    assert not alarm.on_change(60.0, True)  # said at most once per window
+    assert [alarm.on_change(t, True) for t in (650.0, 655.0)] == [False, True]  # 60, 650, 655: again, a window later
+    slowed = ShapeAlarm()
+    assert [slowed.on_change(t, f) for t, f in ((0.0, True), (20.0, True), (30.0, False), (40.0, True))] == [False] * 4
+    spread = ShapeAlarm(window_s=600.0)
+    assert not any(spread.on_change(t, True) for t in (0.0, 400.0, 800.0, 1200.0))
