@@ -244,28 +244,32 @@ class BackgroundProber:
 @dataclass
 class ShapeAlarm:
     """Says when background probes look unlike the cell's traffic: probes that keep declaring the cell
-    *faster* with no change the other way between.
+    changed the same way, with no other change between.
 
     Why: a leaf judges each probe against the model its traffic fitted, so a probe that generates far
     fewer tokens than the traffic does (``max_tokens`` 16 against a mean output of ~96) runs faster than
-    the model predicts on an unchanged cell. Three such probes declare a change, the traffic's samples
-    are dropped, the traffic brings the model back, and it starts again (a steady 90-s demo: ~30 false
-    changes). A real cell cannot get faster again and again without getting slower in between, so
-    ``after`` faster changes within ``window_s`` with none slower is the mis-sized probe, said at most
-    once per ``window_s``. Pure: the caller logs."""
+    the model predicts on an unchanged cell — far more, slower. Three such probes declare a change, the
+    traffic's samples are dropped, the traffic brings the model back, and it starts again (a steady 90-s
+    demo: ~30 false changes). A real cell cannot get faster (or slower) again and again without changing
+    the other way between, so ``after`` same-way changes within ``window_s`` is the mis-sized probe, said
+    at most once per ``window_s``. Pure: the caller logs."""
 
     window_s: float = 600.0
     after: int = 3
-    _faster: list[float] = field(default_factory=list)
+    _times: list[float] = field(default_factory=list)
+    _sign: int = 0
     _said: float = -math.inf
 
-    def on_change(self, now: float, faster: bool) -> bool:
-        """A declared change (by probes or traffic); True when the caller should warn."""
-        if not faster:
-            self._faster.clear()
+    def on_change(self, now: float, sign: int) -> bool:
+        """A declared change: ``sign`` +1 (slower) or −1 (faster) for one the probes declared against the
+        traffic's samples, 0 for any other (it clears the count). True when the caller should warn."""
+        if sign == 0 or sign != self._sign:
+            self._times.clear()
+        self._sign = sign
+        if sign == 0:
             return False
-        self._faster = [t for t in self._faster if now - t < self.window_s] + [now]
-        if len(self._faster) < self.after or now - self._said < self.window_s:
+        self._times = [t for t in self._times if now - t < self.window_s] + [now]
+        if len(self._times) < self.after or now - self._said < self.window_s:
             return False
         self._said = now
         return True

@@ -207,21 +207,26 @@ class LeafBackground:
                 dropped = self.state.estimator.forget_before(t_change, by_arrival=True)
                 self.refit_now = True
                 direction = "slower" if surprised > 0 else "faster"
-                self._changed(self.clock(), "probes", direction)
+                # A change that dropped no traffic sample judged the probes against the prior or probes alone.
+                self._changed(self.clock(), "probes", direction, against_traffic=dropped > 0)
                 log.info("cell_change_detected", cell=self.state.cell, source="probes", direction=direction,
                          samples_dropped=dropped)
 
-    def _changed(self, now: float, source: str, direction: str) -> None:
-        """Count a declared change; warn when probes keep finding the cell faster (:class:`ShapeAlarm`)."""
+    def _changed(self, now: float, source: str, direction: str, against_traffic: bool = False) -> None:
+        """Count a declared change; warn when probes keep finding the cell changed the same way against its
+        traffic's model (:class:`ShapeAlarm`)."""
         self.changes[source, direction] += 1
-        if self.shape_alarm.on_change(now, source == "probes" and direction == "faster"):
+        if source == "probes" and not against_traffic:
+            return  # judged against the prior or probes alone: says nothing of the probes' size
+        sign = (1 if direction == "slower" else -1) if source == "probes" else 0
+        if self.shape_alarm.on_change(now, sign):
             try:
                 max_tokens = json.loads(self.bg_body).get("max_tokens")
             except ValueError:
                 max_tokens = None
-            log.warning("background_probes_unlike_traffic", cell=self.state.cell, max_tokens=max_tokens,
-                        faster_changes=self.shape_alarm.after, window_s=self.shape_alarm.window_s,
-                        hint="probes keep finding this cell faster than its traffic's model: set the background-probe "
+            log.warning("background_probes_unlike_traffic", cell=self.state.cell, max_tokens=max_tokens, direction=direction,
+                        changes=self.shape_alarm.after, window_s=self.shape_alarm.window_s,
+                        hint=f"probes keep finding this cell {direction} than its traffic's model: set the background-probe "
                              "plugin's max_tokens near the endpoint's mean output length")
 
     async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:

@@ -255,7 +255,9 @@ def test_background_probe_settings_change_live_and_keep_the_schedule() -> None:
 
 def test_declared_changes_are_counted_and_faster_probes_again_and_again_warn_with_the_probe_size() -> None:
     """Each declared change counts under its source and direction (exported from zero); the third probe
-    change "faster" in a row warns naming the probe's max_tokens, a traffic change between clears it."""
+    change "faster" against the traffic's samples in a row warns, naming the probe's max_tokens. A traffic
+    change between clears the count; a probe change that dropped no traffic sample (probes judged against
+    the prior) is no evidence."""
     from structlog.testing import capture_logs
 
     from dlb.ext_proc.leaf_background import LeafBackground
@@ -264,15 +266,17 @@ def test_declared_changes_are_counted_and_faster_probes_again_and_again_warn_wit
     bg.bg_body = b'{"max_tokens":16}'
     assert set(bg.changes) == {("probes", "faster"), ("probes", "slower"), ("traffic", "faster"), ("traffic", "slower")}
     with capture_logs() as logs:
-        bg._changed(0.0, "probes", "faster")
+        bg._changed(0.0, "probes", "faster", against_traffic=True)
         bg._changed(10.0, "traffic", "slower")
-        bg._changed(20.0, "probes", "faster")
-        bg._changed(30.0, "probes", "faster")
+        bg._changed(20.0, "probes", "faster", against_traffic=True)
+        bg._changed(25.0, "probes", "faster", against_traffic=False)
+        bg._changed(30.0, "probes", "faster", against_traffic=True)
         assert not [e for e in logs if e["event"] == "background_probes_unlike_traffic"]
-        bg._changed(40.0, "probes", "faster")
+        bg._changed(40.0, "probes", "faster", against_traffic=True)
     warned = [e for e in logs if e["event"] == "background_probes_unlike_traffic"]
     assert len(warned) == 1 and warned[0]["max_tokens"] == 16 and warned[0]["log_level"] == "warning"
-    assert bg.changes["probes", "faster"] == 4 and bg.changes["traffic", "slower"] == 1
+    assert warned[0]["direction"] == "faster"
+    assert bg.changes["probes", "faster"] == 5 and bg.changes["traffic", "slower"] == 1
 
 
 def test_a_cell_still_completing_its_slow_tail_after_the_roots_left_it_is_probed() -> None:
