@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sim",
         help="run the paper's simulation experiments (discrete-event, production routing code)",
         description="Simulate DLB and the baselines on generated scenarios (paper Appendix B). "
-        "Writes results.json, results.md and one PNG per experiment to --out.",
+        "Writes results.json, results.md and one PNG per experiment (priors: priors.md) to --out.",
     )
     p.add_argument("--experiment", action="append", choices=[*EXPERIMENTS, "all", "priors"],
                    help="experiment to run (repeatable; 'all' = every experiment, priors included: the full protocol in one "
