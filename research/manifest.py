@@ -34,6 +34,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                                 "bench overhead --configs plain root-bare-h2 root --duration 12 --slices 24 (tail of each)"),
     ("bench/overhead*.txt", "the console of the dlb bench overhead run whose --json is the .json beside it"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("compare-stress/probesize/real-twin.json", "dlb bench sim-twin --real research/compare-stress/probesize/records.jsonl "
+                                                "--json FILE (research/compare-stress/probesize/README.md)"),
+    ("compare-stress/probesize/*", "dlb demo --compare --scenarios steady,slow-cell --policies hub-score,Disc-Lat,Flow-Grad "
+                                   "--trials 3 --duration 45 --no-live --out DIR --json DIR/summary.json "
+                                   "(research/compare-stress/probesize-rule.md)"),
     ("compare-stress/slowcell/real-twin-*", "dlb bench sim-twin --real research/compare-stress/quiet-stress-f3335e8/records.jsonl "
                                             "--json FILE (research/compare-stress/slowcell/README.md)"),
     ("compare-stress/twin/real-twin-quiet-*", "dlb bench sim-twin --real research/compare-stress/quiet-453e28c/records.jsonl "
