@@ -248,7 +248,7 @@ class ShapeAlarm:
 
     Why: a leaf judges each probe against the model its traffic fitted, so a probe that generates far
     fewer tokens than the traffic does (``max_tokens`` 16 against a mean output of ~96) runs faster than
-    the model predicts on an unchanged cell — far more, slower. Three such probes declare a change, the
+    the model predicts on an unchanged cell (a far longer one, slower). Three such probes declare a change, the
     traffic's samples are dropped, the traffic brings the model back, and it starts again (a steady 90-s
     demo: ~30 false changes). A real cell cannot get faster (or slower) again and again without changing
     the other way between, so ``after`` same-way changes within ``window_s`` is the mis-sized probe, said
