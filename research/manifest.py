@@ -34,6 +34,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
                                                 "bench overhead --configs plain root-bare-h2 root --duration 12 --slices 24 (tail of each)"),
     ("bench/overhead*.txt", "the console of the dlb bench overhead run whose --json is the .json beside it"),
     ("bench/compare*.json", "dlb demo --compare --duration 40 --json FILE"),
+    ("compare-stress/probesize/recovery-ab/timings.json", ".venv/bin/python research/compare-stress/probesize/recovery_ab.py "
+                                                          "OLD_OUT NEW_OUT (research/compare-stress/probesize/recovery-ab/rule.md)"),
+    ("compare-stress/probesize/recovery-ab/*", "dlb demo --compare --scenarios slow-cell --policies Disc-Lat --trials 3 --duration 45 "
+                                               "--no-live --out DIR, at the record's commit "
+                                               "(research/compare-stress/probesize/recovery-ab/rule.md)"),
     ("compare-stress/probesize/real-twin.json", "dlb bench sim-twin --real research/compare-stress/probesize/records.jsonl "
                                                 "--json FILE (research/compare-stress/probesize/README.md)"),
     ("compare-stress/probesize/*", "dlb demo --compare --scenarios steady,slow-cell --policies hub-score,Disc-Lat,Flow-Grad "

@@ -424,7 +424,7 @@ class BackgroundProbeParams:
     min_interval_ms: float = 1000.0
     max_interval_ms: float = 15000.0
     budget: float = 0.008  # largest share of the cell's request capacity idle probing may use
-    max_tokens: int = 16  # tokens each probe generates: near the endpoint's mean output length
+    max_tokens: int = 16  # tokens each probe generates: shorter than the traffic ends sooner but reads faster than its model
     model: str | None = None  # ``model`` field of the probe request
 
 

@@ -70,7 +70,7 @@ otherwise be a best that no slowdown caused.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
@@ -240,36 +240,3 @@ class BackgroundProber:
         t, self.changed_since = self.changed_since, None
         return t
 
-
-@dataclass
-class ShapeAlarm:
-    """Says when background probes look unlike the cell's traffic: probes that keep declaring the cell
-    changed the same way, with no other change between.
-
-    Why: a leaf judges each probe against the model its traffic fitted, so a probe that generates far
-    fewer tokens than the traffic does (``max_tokens`` 16 against a mean output of ~96) runs faster than
-    the model predicts on an unchanged cell (a far longer one, slower). Three such probes declare a change, the
-    traffic's samples are dropped, the traffic brings the model back, and it starts again (a steady 90-s
-    demo: ~30 false changes). A real cell cannot get faster (or slower) again and again without changing
-    the other way between, so ``after`` same-way changes within ``window_s`` is the mis-sized probe, said
-    at most once per ``window_s``. Pure: the caller logs."""
-
-    window_s: float = 600.0
-    after: int = 3
-    _times: list[float] = field(default_factory=list)
-    _sign: int = 0
-    _said: float = -math.inf
-
-    def on_change(self, now: float, sign: int) -> bool:
-        """A declared change: ``sign`` +1 (slower) or −1 (faster) for one the probes declared against the
-        traffic's samples, 0 for any other (it clears the count). True when the caller should warn."""
-        if sign == 0 or sign != self._sign:
-            self._times.clear()
-        self._sign = sign
-        if sign == 0:
-            return False
-        self._times = [t for t in self._times if now - t < self.window_s] + [now]
-        if len(self._times) < self.after or now - self._said < self.window_s:
-            return False
-        self._said = now
-        return True

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from dlb.config.model import BackgroundProbeParams
-from dlb.core.background import BackgroundProbeConfig, BackgroundProber, ShapeAlarm, capacity_floor, surprise
+from dlb.core.background import BackgroundProbeConfig, BackgroundProber, capacity_floor, surprise
 from dlb.core.latency_model import latency
 from dlb.envoy.contract import LEAF_SERVERS_CLUSTER
 from dlb.envoy.host_health import hosts_out
@@ -54,9 +54,9 @@ class LeafBackground:
         self._bg_tasks: set[asyncio.Task] = set()
         #: Set when background probes declared the cell changed: the fit loop refits at once.
         self.refit_now = False
-        #: Declared changes by (source, direction), a metric; and the warning for probes sized unlike the traffic.
+        #: Declared changes by (source, direction), a metric: probes declaring a steady cell "faster" again and
+        #: again are shorter than its traffic (see ``dlb_leaf_cell_changes`` in docs/data-plane.md).
         self.changes: dict[tuple[str, str], int] = {(s, d): 0 for s in ("probes", "traffic") for d in ("faster", "slower")}
-        self.shape_alarm = ShapeAlarm()
 
     async def fit_loop(self) -> None:
         """Refit the latency model every ``refit_period_s`` in a worker thread.
@@ -79,9 +79,7 @@ class LeafBackground:
                 self.refit_now = True
                 det = est.detector
                 direction = "faster" if det is not None and det.last_sign < 0 else "slower"
-                self._changed(now, "traffic", direction)
-                log.info("cell_change_detected", cell=self.state.cell, source="traffic", direction=direction,
-                         since=round(t_change, 3))
+                self.changed("traffic", direction, since=round(t_change, 3))
             if now - last < est.config.refit_period_s and not first and not self.refit_now:
                 continue
             last, self.refit_now = now, False
@@ -206,28 +204,12 @@ class LeafBackground:
                 # The cell is no longer what its samples say (it recovered, or slowed while idle).
                 dropped = self.state.estimator.forget_before(t_change, by_arrival=True)
                 self.refit_now = True
-                direction = "slower" if surprised > 0 else "faster"
-                # A change that dropped no traffic sample judged the probes against the prior or probes alone.
-                self._changed(self.clock(), "probes", direction, against_traffic=dropped > 0)
-                log.info("cell_change_detected", cell=self.state.cell, source="probes", direction=direction,
-                         samples_dropped=dropped)
+                self.changed("probes", "slower" if surprised > 0 else "faster", samples_dropped=dropped)
 
-    def _changed(self, now: float, source: str, direction: str, against_traffic: bool = False) -> None:
-        """Count a declared change; warn when probes keep finding the cell changed the same way against its
-        traffic's model (:class:`ShapeAlarm`)."""
+    def changed(self, source: str, direction: str, **fields: float) -> None:
+        """A declared change of the cell (its older samples dropped): counted and logged."""
         self.changes[source, direction] += 1
-        if source == "probes" and not against_traffic:
-            return  # judged against the prior or probes alone: says nothing of the probes' size
-        sign = (1 if direction == "slower" else -1) if source == "probes" else 0
-        if self.shape_alarm.on_change(now, sign):
-            try:
-                max_tokens = json.loads(self.bg_body).get("max_tokens")
-            except ValueError:
-                max_tokens = None
-            log.warning("background_probes_unlike_traffic", cell=self.state.cell, max_tokens=max_tokens, direction=direction,
-                        changes=self.shape_alarm.after, window_s=self.shape_alarm.window_s,
-                        hint=f"probes keep finding this cell {direction} than its traffic's model: set the background-probe "
-                             "plugin's max_tokens near the endpoint's mean output length")
+        log.info("cell_change_detected", cell=self.state.cell, source=source, direction=direction, **fields)
 
     async def envoy_check_loop(self, address: str, period_s: float, fail_threshold: int = 2) -> None:
         """TCP-connect to the leaf Envoy's listener every ``period_s``.

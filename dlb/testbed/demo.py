@@ -30,7 +30,7 @@ from dlb.emulator.faults import Faults
 from dlb.launch.supervisor import Child, StartError, Supervisor
 from dlb.launch.up import StopFlag, http_ok, plan
 from dlb.load.generator import CUT, LoadRunner
-from dlb.load.workload import WorkloadSpec, generate, with_phases
+from dlb.load.workload import generate, with_phases
 from dlb.procutil import free_port_block
 from dlb.testbed.demo_run import BASELINE_WEIGHTS, DemoRun, Sample, native_label
 from dlb.testbed.fleet import (
@@ -64,21 +64,6 @@ def apply_policy(cfg: dict[str, Any], policy: str, native_pick: str = DEFAULT_PI
         pol["cost"] = core.cost.value
         if core.cost is Cost.RIF and "affinity" in pol:
             pol["affinity"]["prefix_savings_ms"] = 0
-
-
-def probe_like_traffic(cfg: dict[str, Any], spec: WorkloadSpec) -> None:
-    """Size the leaves' background probes like the run's requests (``max_tokens`` = the workload's mean
-    output), unless the config sets the ``background-probe`` plugin itself.
-
-    Why: a leaf judges each probe against the latency model its traffic fitted, so a probe that generates
-    far fewer tokens than the traffic runs faster than the model for a reason that is not the cell. With
-    the default 16 tokens against the demo's ~96, a steady 90-s run declared 33 false "faster" changes,
-    each dropping the traffic's samples (0 sized like this). The prompt stays short: its prefill would be
-    ~1 % of such a request."""
-    plugins = (cfg.get("policy") or {}).get("plugins") or []
-    if any(isinstance(p, dict) and p.get("type") == "background-probe" for p in plugins):
-        return
-    set_plugins(cfg, {"type": "background-probe", "parameters": {"max_tokens": max(1, round(spec.mean_output()))}})
 
 
 def _policy_name(args: argparse.Namespace) -> str | None:
@@ -172,7 +157,6 @@ def prepare(args: argparse.Namespace, run_dir: Path) -> tuple[DemoRun, Superviso
     set_plugins(cfg_dict, {"type": "latency-fit", "parameters": {"window_s": fleet.fit_window_s,
                                                                  "refit_period_s": fleet.refit_period_s}},
                 *([{"type": weights}] if weights else []))
-    probe_like_traffic(cfg_dict, spec)
     config_path = run_dir / "dlb.yaml"
     config_path.write_text(json.dumps(cfg_dict, indent=1))
     return run, sup, str(config_path.resolve())

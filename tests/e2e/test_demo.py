@@ -88,9 +88,6 @@ def test_demo_serves_every_cell_reacts_to_degradation_and_leaves_nothing(tmp_pat
         assert deg["fell"] and deg["came_back"], deg
         for f in ("report.md", "share_over_time.png", "latency_over_time.png", "latency_cdf.png", "requests.jsonl"):
             assert (out / f).stat().st_size > 0, f
-        # Probes sized like the traffic: no leaf finds them unlike it (16-token probes made every leaf warn in 60 s).
-        warned = [p.name for p in (out / "logs").glob("leaf-*.log") if "background_probes_unlike_traffic" in p.read_text()]
-        assert warned == [], warned
         # The view's share column: what each root's Envoys sent each cell, sampled once a second, adds up
         # to what that root's clients were served (the last second after the final sample is not sampled).
         served: dict[str, dict[str, int]] = {}

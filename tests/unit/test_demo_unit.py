@@ -115,35 +115,6 @@ def test_the_demo_names_the_policies_of_the_config_it_runs(tmp_path: Path) -> No
     assert forced.policy == "Disc-RIF"
 
 
-def test_the_demos_background_probes_are_sized_like_its_requests_unless_the_config_sizes_them(tmp_path: Path) -> None:
-    """The leaves judge probes against the model the traffic fitted, so the demo's probes generate the
-    workload's mean output (not the plugin's default 16), read back from the config file the run uses;
-    a ``--config`` that sets the plugin keeps its own."""
-    import json
-
-    import yaml
-
-    from dlb.cli import build_parser
-    from dlb.config import load_config
-    from dlb.config.policy import POLICY_API_VERSION
-    from dlb.testbed.demo import prepare
-
-    run, _, path = prepare(build_parser().parse_args(["demo", "--out", str(tmp_path / "plain")]), tmp_path / "plain")
-    mean = run.spec.mean_output()
-    assert 80 < mean < 120 and load_config(path).policy.leaf.background_probe.max_tokens == round(mean)
-    doc = {"version": 1,
-           "cells": [{"name": n, "root": {"address": f"127.0.0.1:{4000 + i}"}, "leaf": {"address": f"127.0.0.1:{1000 + i}",
-                      "probe": f"127.0.0.1:{2000 + i}"}, "servers": [f"127.0.0.1:{3000 + i}"]} for i, n in enumerate(["east", "west"])],
-           "network": {"one_way_ms": {"east": {"west": 30}}},
-           "endpoints": [{"name": "comp", "match": {"prefix": "/v1/"}}],
-           "policy": {"apiVersion": POLICY_API_VERSION, "plugins": [{"type": "background-probe", "parameters": {"max_tokens": 40}}]}}
-    mine = tmp_path / "mine.yaml"
-    mine.write_text(yaml.safe_dump(doc))
-    _, _, path = prepare(build_parser().parse_args(["demo", "--config", str(mine), "--out", str(tmp_path / "m")]), tmp_path / "m")
-    assert load_config(path).policy.leaf.background_probe.max_tokens == 40
-    assert [p["type"] for p in json.loads(Path(path).read_text())["policy"]["plugins"]].count("background-probe") == 1
-
-
 def test_a_native_policy_runs_every_endpoint_in_the_root_envoy_with_the_pick_asked(tmp_path: Path) -> None:
     """``--policy Disc-Lat-native --native-pick round-robin``: the config the run uses has every endpoint
     ``native-discrete`` with that pick and no affinity (which would keep the ext_proc); ``--compare``

@@ -253,30 +253,30 @@ def test_background_probe_settings_change_live_and_keep_the_schedule() -> None:
     assert bg.bg_config is None and bg.prober is None
 
 
-def test_declared_changes_are_counted_and_faster_probes_again_and_again_warn_with_the_probe_size() -> None:
-    """Each declared change counts under its source and direction (exported from zero); the third probe
-    change "faster" against the traffic's samples in a row warns, naming the probe's max_tokens. A traffic
-    change between clears the count; a probe change that dropped no traffic sample (probes judged against
-    the prior) is no evidence."""
+def test_declared_changes_are_counted_by_source_and_direction_and_exported_from_zero() -> None:
+    """Every declared change is logged and counted under its source and direction; the leaf exports all four
+    counters from 0, so a rate works from the first change (probes declaring a steady cell "faster" again
+    and again is what probes shorter than the traffic look like)."""
     from structlog.testing import capture_logs
 
-    from dlb.ext_proc.leaf_background import LeafBackground
+    from dlb.ext_proc.leaf import LeafAgent
 
-    bg = LeafBackground(make(2))
-    bg.bg_body = b'{"max_tokens":16}'
-    assert set(bg.changes) == {("probes", "faster"), ("probes", "slower"), ("traffic", "faster"), ("traffic", "slower")}
+    agent = LeafAgent(make(2))
+    bg = agent.background
+
+    def exported() -> dict[tuple[str, str], float]:
+        fam = next(f for f in agent.collect() if f.name == "dlb_leaf_cell_changes")
+        return {(s.labels["source"], s.labels["direction"]): s.value for s in fam.samples}
+
+    assert exported() == {(s, d): 0 for s in ("probes", "traffic") for d in ("faster", "slower")}
     with capture_logs() as logs:
-        bg._changed(0.0, "probes", "faster", against_traffic=True)
-        bg._changed(10.0, "traffic", "slower")
-        bg._changed(20.0, "probes", "faster", against_traffic=True)
-        bg._changed(25.0, "probes", "faster", against_traffic=False)
-        bg._changed(30.0, "probes", "faster", against_traffic=True)
-        assert not [e for e in logs if e["event"] == "background_probes_unlike_traffic"]
-        bg._changed(40.0, "probes", "faster", against_traffic=True)
-    warned = [e for e in logs if e["event"] == "background_probes_unlike_traffic"]
-    assert len(warned) == 1 and warned[0]["max_tokens"] == 16 and warned[0]["log_level"] == "warning"
-    assert warned[0]["direction"] == "faster"
-    assert bg.changes["probes", "faster"] == 5 and bg.changes["traffic", "slower"] == 1
+        bg.changed("probes", "faster", samples_dropped=40)
+        bg.changed("probes", "faster", samples_dropped=35)
+        bg.changed("traffic", "slower", since=12.5)
+    assert [(e["source"], e["direction"]) for e in logs if e["event"] == "cell_change_detected"] == [
+        ("probes", "faster"), ("probes", "faster"), ("traffic", "slower")]
+    assert exported()[("probes", "faster")] == 2 and exported()[("traffic", "slower")] == 1
+    assert exported()[("probes", "slower")] == 0
 
 
 def test_a_cell_still_completing_its_slow_tail_after_the_roots_left_it_is_probed() -> None:

@@ -400,21 +400,3 @@ def test_an_idle_slow_one_server_cell_probes_within_one_percent_and_within_the_c
     assert 1.0 / (interval * 14.0) < 0.01
     assert interval + (cfg.change_after - 1) * cfg.min_interval_s <= 20.0
 
-
-def test_probes_that_keep_finding_a_cell_changed_the_same_way_are_said_to_be_unlike_its_traffic() -> None:
-    """Three same-way changes within the window and none other: the probe is mis-sized (shorter than the
-    traffic: faster; longer: slower), said once per window. A change the other way or from the traffic
-    between clears the count, and changes further apart than the window never add up."""
-    from dlb.core.background import ShapeAlarm
-
-    alarm = ShapeAlarm(window_s=600.0, after=3)
-    assert [alarm.on_change(t, -1) for t in (0.0, 20.0, 40.0)] == [False, False, True]
-    assert not alarm.on_change(60.0, -1)  # said at most once per window
-    assert [alarm.on_change(t, -1) for t in (650.0, 655.0)] == [False, True]  # 60, 650, 655: again, a window later
-    longer = ShapeAlarm()
-    assert [longer.on_change(t, 1) for t in (0.0, 20.0, 40.0)] == [False, False, True]  # longer probes: slower
-    for between in (1, 0):
-        alarm = ShapeAlarm()
-        assert [alarm.on_change(t, s) for t, s in ((0.0, -1), (20.0, -1), (30.0, between), (40.0, -1))] == [False] * 4
-    spread = ShapeAlarm(window_s=600.0)
-    assert not any(spread.on_change(t, -1) for t in (0.0, 400.0, 800.0, 1200.0))
