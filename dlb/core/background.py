@@ -239,4 +239,3 @@ class BackgroundProber:
         """The start of a declared change, once (the caller forgets samples older than it)."""
         t, self.changed_since = self.changed_since, None
         return t
-
