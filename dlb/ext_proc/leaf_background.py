@@ -5,7 +5,8 @@ Scrapes poll each server's ``/metrics`` (vLLM gauges ``vllm:num_requests_running
 ``vllm:num_requests_waiting``); the refit runs in a worker thread; background probes
 (:mod:`dlb.core.background`) are real inference requests POSTed to this cell's own leaf Envoy, so they
 take the data path real traffic takes (leaf Envoy → this agent's server pick → a server → the access
-log), tagged by their ``x-request-id`` so a refusal (4xx) is not taken for a latency sample.
+log). A refusal (4xx but 429) is never a latency sample (:meth:`LeafState.complete`), so a probe the
+servers reject (a wrong ``model``, too many ``max_tokens``) only counts as failed and says why in the log.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class LeafBackground:
         self.bg_body = b""
         self.bg_ok = 0
         self.bg_failed = 0
+        self._bg_failed_logged_at = 1  # the failure count at which the next warning is due (reset by new settings)
         self.bg_seconds = 0.0
         self._bg_tasks: set[asyncio.Task] = set()
         #: Set when background probes declared the cell changed: the fit loop refits at once.
@@ -79,7 +81,7 @@ class LeafBackground:
                 self.refit_now = True
                 det = est.detector
                 direction = "faster" if det is not None and det.last_sign < 0 else "slower"
-                self.changed("traffic", direction, since=round(t_change, 3))
+                self.changed("traffic", direction, since_s_ago=round(now - t_change, 3))
             if now - last < est.config.refit_period_s and not first and not self.refit_now:
                 continue
             last, self.refit_now = now, False
@@ -115,6 +117,7 @@ class LeafBackground:
         tick. The schedule's state (probes sent, surprises, a declared change) is kept, so a settings
         change does not look like a restart; ``None`` turns probing off."""
         self.bg_config, self.bg_body = config, body
+        self._bg_failed_logged_at = self.bg_failed + 1  # new settings: their first failure is said, whatever came before
         if config is None:
             self.prober = None
         elif self.prober is not None:
@@ -169,6 +172,7 @@ class LeafBackground:
         predicted = float(latency(self.state.rif + 1, p.a, p.b, p.c, p.s))
         t0 = self.clock()
         status = 0
+        raw = b""
         writer = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -192,8 +196,15 @@ class LeafBackground:
             self.bg_seconds += elapsed
         else:
             self.bg_failed += 1
-            if self.bg_failed == 1 or self.bg_failed % 100 == 0:
-                log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed)
+            if self.bg_failed >= self._bg_failed_logged_at:
+                self._bg_failed_logged_at = self.bg_failed + 100
+                # The server's own words (first 200 bytes of the body): "model does not exist", "maximum context
+                # length" name the plugin setting to fix; JSON logging escapes whatever a server sends.
+                reason = raw.partition(b"\r\n\r\n")[2][:200].decode("utf-8", "replace") if status else ""
+                log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed,
+                            reason=reason or ("no response" if not status else ""),
+                            hint="a 4xx names a background-probe setting the servers refuse (model, max_tokens)"
+                            if 400 <= status < 500 else "")
         pr = self.prober
         if pr is not None:
             if 200 <= status < 300:

@@ -153,7 +153,9 @@ async def run_leaf(cfg: Config, opts: LeafOptions) -> None:
         def background_from_policy(policy: LeafPolicy) -> None:
             # A prober setting the leaf refuses raises ValueError here: the update is NACKed, the old one stays.
             bg.set_background(background_config(policy.background_probe), background_body(policy.background_probe))
-            log.info("leaf_background_probe", cell=cell_name, on=bg.bg_config is not None)
+            bp = policy.background_probe
+            log.info("leaf_background_probe", cell=cell_name, on=bg.bg_config is not None, max_tokens=bp.max_tokens,
+                     model=bp.model or "", min_interval_ms=bp.min_interval_ms, max_interval_ms=bp.max_interval_ms)
 
         sync = LeafXdsSync(state, opts.xds, cell_name, delta=opts.xds_delta,
                            tls=component_identity(cfg.tls, "leaf", cell_name, cfg.source), on_policy=background_from_policy)

@@ -523,6 +523,11 @@ class LeafState:
             return  # the client left: says nothing about the cell's health or speed
         if c.probe and 400 <= c.status < 500 and c.status != 429:
             return  # a probe the servers refused (e.g. a wrong --background-probe-model): no sample, not the cell's fault
+        # A refusal (4xx but 429: a bad body, an unknown model, a prompt too long) ends in milliseconds
+        # without serving anything: counted, never a latency or done-rate sample. It was one, so a client
+        # sending bad requests (or probes the servers refuse whose tag Envoy replaced) made a cell's model
+        # ~1000x fast and drew every root's traffic to it.
+        refused = 400 <= c.status < 500 and c.status != 429
         if c.status == 429 and server != UNKNOWN:
             s = self.servers[server]
             s.admit_limit = max(s.admit_limit, float(s.rif), s.scraped)  # its own request no longer counted
@@ -541,7 +546,7 @@ class LeafState:
         if server != UNKNOWN:
             s = self.servers[server]
             s.completed += 1
-            if not err and s.done_rate is not None:
+            if not err and not refused and s.done_rate is not None:
                 record_done(s.done_rate, s.stay_floor, now, s.rif)
             if err:
                 s.errors += 1
@@ -553,7 +558,7 @@ class LeafState:
                 s.consecutive_errors = 0
         if err:
             self.failed += 1
-        elif c.duration_s > 0 and rec is not None:
+        elif c.duration_s > 0 and rec is not None and not refused:
             # Only a request seen starting is a latency sample. One that started before this agent did
             # has no known RIF at arrival (``cell_rif`` above is a guess for the error bookkeeping) and may
             # have ended long ago: a restarted agent gets the entries its Envoy kept while it was down all

@@ -279,6 +279,51 @@ def test_declared_changes_are_counted_by_source_and_direction_and_exported_from_
     assert exported()[("probes", "slower")] == 0
 
 
+def test_a_refused_probe_says_the_servers_reason_and_new_settings_get_their_first_failure_said(monkeypatch) -> None:
+    """A probe the servers refuse logs their reason (the body's start) and which plugin settings a 4xx names;
+    then every 100th is said, but new settings (a reload) get their first failure said at once: a second
+    mistake made after a first went unlogged (stranger 39). A fake connection: unit tests open no sockets."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from dlb.core.background import BackgroundProbeConfig
+    from dlb.ext_proc.leaf_background import LeafBackground
+
+    answer = b'HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n\r\n{"error":{"message":"The model nosuch does not exist."}}'
+
+    class Reader:
+        async def read(self, n: int) -> bytes:
+            return answer
+
+    class Writer:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    async def fake_open(host: str, port: int):
+        return Reader(), Writer()
+
+    monkeypatch.setattr(asyncio, "open_connection", fake_open)
+    bg = LeafBackground(make(2))
+    bg.set_background(BackgroundProbeConfig(), b"{}")
+
+    def probe() -> list[dict]:
+        with capture_logs() as logs:
+            asyncio.run(bg._background_probe("127.0.0.1:9", b"{}", "dlb-background-probe-1", 1.0))
+        return [e for e in logs if e["event"] == "background_probe_failed"]
+
+    first = probe()
+    assert len(first) == 1 and first[0]["status"] == 404 and "does not exist" in first[0]["reason"]
+    assert "max_tokens" in first[0]["hint"]
+    assert [len(probe()) for _ in range(100)] == [0] * 99 + [1]  # then every 100th
+    assert not probe()
+    bg.set_background(BackgroundProbeConfig(), b'{"max_tokens":100000}')
+    assert len(probe()) == 1 and bg.bg_failed == 103
+
+
 def test_a_cell_still_completing_its_slow_tail_after_the_roots_left_it_is_probed() -> None:
     """The prober's silence runs from the last request the leaf saw *start*: a cell the roots stopped
     sending to while 20 slow requests were running (the fault bench's overloaded cell completed such a tail
@@ -299,6 +344,23 @@ def test_a_cell_still_completing_its_slow_tail_after_the_roots_left_it_is_probed
         if t < 5.0:
             assert not bg.probe_due(prober, t), t
     assert bg.probe_due(prober, 5.0)
+
+
+def test_a_refused_request_is_counted_but_never_a_latency_sample() -> None:
+    """A 4xx other than 429 (a bad body, an unknown model, a prompt too long; or the leaf's own probe with a
+    wrong model whose tag Envoy replaced) ends in a millisecond without serving anything: it is counted as
+    a completion, not an error, and never reaches the latency model. It did, so 20 such answers made an
+    idle cell's model ~1000x fast (a stranger's `dlb up` with a probe model the servers rejected)."""
+    st = make(2)
+    for k in range(20):
+        st.start(0.0, f"bad{k}", k % 2)
+        st.complete(0.01, Completion(f"bad{k}", st.servers[k % 2].address, 404 if k % 2 else 400, 0.001))
+    assert st.completed == 20 and st.failed == 0 and len(st.estimator) == 0 and st.rif == 0
+    st.start(0.0, "ok", 0)
+    st.complete(0.5, Completion("ok", st.servers[0].address, 200, 0.5))
+    st.start(0.0, "full", 1)
+    st.complete(0.5, Completion("full", st.servers[1].address, 429, 0.001))
+    assert len(st.estimator) == 1 and st.failed == 1  # a 200 is a sample; a 429 is an error, as before
 
 
 def test_capacity_is_learned_from_each_servers_429s_and_unknown_until_all_refused() -> None:
