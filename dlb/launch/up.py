@@ -246,6 +246,24 @@ class Deployment:
     #: each root has waited (its ready file written).
     down_grace_s: float = 30.0
     root_wait_since: dict[str, float] = field(default_factory=dict)
+    #: Root cell -> the cells it started without, until each joins (:meth:`report_joined` says so).
+    started_without: dict[str, set[str]] = field(default_factory=dict)
+
+    def report_joined(self) -> None:
+        """Say when a cell a root started without becomes usable for every endpoint: the console said the
+        root started without it and that it would join, and a stranger waited for a line saying it had."""
+        from dlb.launch.waiting import joined
+
+        for cell, pending in self.started_without.items():
+            root = self.roots.get(cell)
+            if not pending or root is None or not root.metrics_url:
+                continue
+            status, text = http_get(root.metrics_url, 1.0)
+            if status != 200:
+                continue
+            for d in joined(text, self.cfg, cell, pending):
+                pending.discard(d)
+                self.supervisor.say(f"root {cell} service", f"cell {d} joined: usable for every endpoint")
 
     def ports_text(self) -> str:
         """Every address this run listens on, before anything starts: the config's by field, then the
@@ -324,6 +342,7 @@ def _root_ready(ready_file: Path, metrics_url: str, dep: Deployment, cell: str) 
     waiting, without = blocking(text, dep.cfg, cell, now - since >= dep.down_grace_s)
     if waiting:
         return False
+    dep.started_without[cell] = set(without)
     for d in without:
         leaf = _fetch(dep.leaf_metrics[d]) if d in dep.leaf_metrics else None
         dep.supervisor.say(f"root {cell} service", f"starts without cell {d}, which waits for {cell_reason(text, dep.cfg, d, leaf)}; "
@@ -597,8 +616,12 @@ def run_up(config_path: str, run_dir: Path | None, emulate_wan: bool, ready_time
         print("Ctrl-C stops everything.", flush=True)
         end = None if duration_s is None else time.monotonic() + duration_s
         reloads = 0
+        joined_at = 0.0
         while not stop() and (end is None or time.monotonic() < end):
             sup.poll()
+            if any(dep.started_without.values()) and time.monotonic() - joined_at >= 2.0:
+                joined_at = time.monotonic()
+                dep.report_joined()
             if stop.reloads != reloads:
                 reloads = stop.reloads
                 checked = reload_check(config_path, token_env, cfg)

@@ -29,6 +29,12 @@ def unusable(root_metrics: str, cfg: Config, cell: str) -> dict[str, list[str]]:
     return out
 
 
+def joined(root_metrics: str, cfg: Config, cell: str, pending: set[str]) -> list[str]:
+    """Of ``pending`` (cells the root of ``cell`` started without), those now usable for every endpoint."""
+    still = unusable(root_metrics, cfg, cell)
+    return sorted(d for d in pending if d not in still)
+
+
 def known_down(root_metrics: str, cfg: Config, dest: str) -> bool:
     """The root hears the cell (a probe answer within ``stale_after_ms``) and it is still unusable: the cell
     says it cannot serve (no healthy server, drained) — an outage the root routes around, not a start-up race."""

@@ -284,8 +284,11 @@ def test_up_says_what_a_root_waits_for_when_a_cell_has_no_live_server_then_start
             host, port = _ready_root(proc, seen)
             replies = [request(host, port) for _ in range(5)]
             assert [s for s, _, _ in replies] == [200] * 5 and {h.get("x-dlb-server") for _, h, _ in replies} == {"a/0"}
-            proc.send_signal(signal.SIGTERM)  # everything still stops
-            out, _ = proc.communicate(timeout=30)
+            # The server comes up: the console says the cell joined (it said it would, and nothing said when).
+            with ThreadedEmulator(server_id="b/0", profile="fast-test", port=int(dead.rpartition(":")[2])):
+                _read_until(proc, r"root us-east1 service: cell us-west1 joined: usable for every endpoint", seen)
+                proc.send_signal(signal.SIGTERM)  # everything still stops
+                out, _ = proc.communicate(timeout=30)
             assert proc.returncode == 0, "".join(seen) + out
             assert processes_of_run(run_dir) == []
         finally:

@@ -101,6 +101,37 @@ def test_after_its_grace_a_root_starts_without_a_cell_known_to_be_down_but_never
         {c: [eps[0]] for c in cells}, [])
 
 
+def test_a_cell_a_root_started_without_is_said_to_join_once_usable_for_every_endpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console said a root started without a cell and that it would join; nothing said when it did (a
+    stranger waited for it). It is said once, when the cell is usable for every endpoint, not before."""
+    import io
+
+    from dlb.config import config_from_dict
+    from dlb.launch import up
+    from dlb.launch.supervisor import Supervisor
+
+    fleet = Fleet(cells=(CellPlan("us-east1", 1, "fast-test", root=True), CellPlan("us-west1", 1, "fast-test")))
+    cfg = config_from_dict(demo_config(fleet, {"us-east1": ["127.0.0.1:1"], "us-west1": ["127.0.0.1:2"]}))
+    eps = [ep.name for ep in cfg.endpoints]
+    fresh = dict.fromkeys(("us-east1", "us-west1"), (50.0, 0.0, 0.01))
+    usable = {(ep, "us-east1"): 1.0 for ep in eps} | {(ep, "us-west1"): 0.0 for ep in eps}
+    monkeypatch.setattr(up, "http_get", lambda url, timeout=1.0: (200, _root_metrics(usable, fresh)))
+    console = io.StringIO()
+    sup = Supervisor(tmp_path / "logs", console=console)
+    dep = up.Deployment(cfg=cfg, config_path="x", supervisor=sup, status_url="http://127.0.0.1:1")
+    dep.roots["us-east1"] = up.RootInfo("us-east1", "", "", "http://127.0.0.1:9/metrics", tmp_path / "r.json")
+    dep.started_without["us-east1"] = {"us-west1"}
+    dep.report_joined()
+    usable[(eps[0], "us-west1")] = 1.0  # one endpoint only: not yet
+    dep.report_joined()
+    assert "joined" not in console.getvalue()
+    usable.update({(ep, "us-west1"): 1.0 for ep in eps})
+    dep.report_joined()
+    dep.report_joined()
+    assert console.getvalue().count("cell us-west1 joined: usable for every endpoint") == 1
+
+
 def test_up_never_draws_a_port_its_config_names_for_an_admin_or_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The config may come from another process's free_port() (a test, a script): its ports are free
     until ``dlb up`` starts the services, so a draw could otherwise land on one and two children collide."""
