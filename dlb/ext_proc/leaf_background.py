@@ -200,9 +200,8 @@ class LeafBackground:
                 self._bg_failed_logged_at = self.bg_failed + 100
                 # The server's own words (first 200 bytes of the body): "model does not exist", "maximum context
                 # length" name the plugin setting to fix; JSON logging escapes whatever a server sends.
-                reason = raw.partition(b"\r\n\r\n")[2][:200].decode("utf-8", "replace") if status else ""
-                log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed,
-                            reason=reason or ("no response" if not status else ""),
+                reason = raw.partition(b"\r\n\r\n")[2][:200].decode("utf-8", "replace") if status else "no response"
+                log.warning("background_probe_failed", cell=self.state.cell, status=status, failed=self.bg_failed, reason=reason,
                             hint="a 4xx names a background-probe setting the servers refuse (model, max_tokens)"
                             if 400 <= status < 500 else "")
         pr = self.prober

@@ -399,4 +399,3 @@ def test_an_idle_slow_one_server_cell_probes_within_one_percent_and_within_the_c
     interval = BackgroundProber(cfg).interval(capacity_floor(1, 0.25, 0.25 / 16))
     assert 1.0 / (interval * 14.0) < 0.01
     assert interval + (cfg.change_after - 1) * cfg.min_interval_s <= 20.0
-
